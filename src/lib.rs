@@ -1,0 +1,4 @@
+//! trainrun: a declarative distributed training runner. A TOML spec goes in
+//! ([`spec`]), a pure [`plan`] comes out, and the runtime trains it.
+
+pub mod spec;

@@ -1,0 +1,69 @@
+//! The spec: serde types of every section (strict, documented), and loading with layering.
+//!
+//! Only this module sees raw TOML; everything past it works with these types, and only
+//! [`crate::plan`] sees the whole [`Spec`].
+
+mod batch;
+mod data;
+mod device;
+mod diag;
+mod model;
+mod optimizer;
+mod run;
+mod strategy;
+mod train;
+
+pub use batch::BatchSpec;
+pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
+pub use device::{BadDevice, Device, DeviceKind, Devices};
+pub use diag::{Diagnostic, Severity};
+pub use model::{Activation, LayerSpec, ModelSpec, Padding, Size2, ZooModel};
+pub use optimizer::{
+    OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec,
+};
+pub use run::RunSpec;
+pub use strategy::{
+    ClusterSpec, CollectiveImplementation, CommunicationOptions, CrossDeviceOps, StrategySpec,
+    Tasks, VariablePartitioner,
+};
+pub use train::{CallbackSpec, EpochWord, Loss, Metric, Mode, Monitor, SaveFreq, TrainSpec};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// A whole trainrun spec: one TOML file (plus what it extends and its overrides).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// Another spec this one builds on, relative to this file; keys here override it.
+    /// Chains are allowed, cycles are errors. Example: `extends = "base.toml"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extends: Option<PathBuf>,
+    /// `[run]`: name, seed, output folder, threads.
+    #[serde(default)]
+    pub run: RunSpec,
+    /// `[strategy]`: the distribution strategy. Default: `kind = "default"`.
+    #[serde(default)]
+    pub strategy: StrategySpec,
+    /// `[cluster]`: tasks by role. Default: none (one local process).
+    #[serde(default)]
+    pub cluster: ClusterSpec,
+    /// `[data]`: dataset and input pipeline. Default: MNIST.
+    #[serde(default)]
+    pub data: DataSpec,
+    /// `[batch]`: global / per-replica batch and gradient accumulation.
+    #[serde(default)]
+    pub batch: BatchSpec,
+    /// `[optimizer]`: optimizer and learning-rate scaling, warmup, schedule.
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+    /// `[model]`: a zoo model or a list of layers. Required.
+    pub model: ModelSpec,
+    /// `[train]`: epochs, steps, loss, metrics, evaluation.
+    #[serde(default)]
+    pub train: TrainSpec,
+    /// `[[callbacks]]`: checkpoints, backup-and-restore, early stopping, ….
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callbacks: Vec<CallbackSpec>,
+}

@@ -1,0 +1,46 @@
+//! `[run]`: what the run is called, where it writes, how it is seeded and threaded.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+/// `[run]`: identity, seed, output folder and threads of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Name of the run, used in logs and for the default output folder.
+    /// Default: the spec file's stem. Example: `name = "mnist_single"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+
+    /// Seed for every random choice (initial weights, shuffling, dropout). The same spec and
+    /// seed give bit-identical weights. Default: `42`. Example: `seed = 7`.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+
+    /// Folder the run writes (resolved spec, `metrics.jsonl`, `summary.json`), relative to the
+    /// working directory. Default: `runs/<name>`. Example: `out_dir = "runs/lr_sweep/a"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_dir: Option<PathBuf>,
+
+    /// Compute threads per task process. Default: every core the machine has.
+    /// Example: `threads = 2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<NonZeroUsize>,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+
+impl Default for RunSpec {
+    fn default() -> Self {
+        Self {
+            name: None,
+            seed: default_seed(),
+            out_dir: None,
+            threads: None,
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! `[strategy]` and `[cluster]`: how replicas are laid out over devices, processes and hosts.
+
+use super::device::{Device, Devices};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+/// `[strategy]`: the distribution strategy, TensorFlow's `tf.distribute` names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StrategySpec {
+    /// No distribution: one replica on the default device (`tf.distribute.get_strategy()`).
+    Default,
+    /// One replica placed on one named device (`OneDeviceStrategy`).
+    OneDevice {
+        /// The device, `cpu:N` or `gpu:N`. Default: `cpu:0`. Example: `device = "gpu:0"`.
+        #[serde(default)]
+        device: Device,
+    },
+    /// One replica per local device in one process, variables mirrored (`MirroredStrategy`).
+    Mirrored {
+        /// The devices: a list such as `["cpu:0", "cpu:1"]`, or a count of devices
+        /// (GPUs when present, else CPU replicas). Default: `2`. Example: `devices = ["gpu:0", "gpu:1"]`.
+        #[serde(default)]
+        devices: Devices,
+        /// How replicas' gradients are summed. Default: `auto`. Example: `cross_device_ops = "nccl"`.
+        #[serde(default)]
+        cross_device_ops: CrossDeviceOps,
+    },
+    /// Variables live once on the CPU; compute is replicated over local devices
+    /// (`CentralStorageStrategy`).
+    CentralStorage {
+        /// The compute devices, as for `mirrored`. Default: `2`. Example: `devices = 2`.
+        #[serde(default)]
+        devices: Devices,
+    },
+    /// One or more replicas per worker process, on one host or many, with collective
+    /// all-reduce between workers (`MultiWorkerMirroredStrategy`).
+    MultiWorkerMirrored {
+        /// Local devices per worker. Default: `1` (one CPU replica per worker).
+        /// Example: `devices = ["gpu:0", "gpu:1"]`.
+        #[serde(default = "Devices::one")]
+        devices: Devices,
+        /// Cross-worker all-reduce options (TensorFlow's `CommunicationOptions`).
+        #[serde(default)]
+        communication: CommunicationOptions,
+    },
+    /// Variables live on parameter-server tasks; workers push gradients and pull variables
+    /// (`ParameterServerStrategy`).
+    ParameterServer {
+        /// How variables are split across the `ps` tasks. Default: `round_robin`.
+        /// Example: `variable_partitioner = "round_robin"`.
+        #[serde(default)]
+        variable_partitioner: VariablePartitioner,
+    },
+}
+
+impl Default for StrategySpec {
+    fn default() -> Self {
+        Self::Default
+    }
+}
+
+/// `strategy.cross_device_ops`: the single-host reduction algorithm of `mirrored`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CrossDeviceOps {
+    /// NCCL on GPUs, hierarchical copy otherwise; `trainrun check` shows the choice.
+    #[default]
+    Auto,
+    /// NCCL all-reduce between GPUs (`NcclAllReduce`).
+    Nccl,
+    /// Reduce in groups, then across groups, then broadcast (`HierarchicalCopyAllReduce`).
+    HierarchicalCopy,
+    /// Reduce everything on one device, then broadcast (`ReductionToOneDevice`).
+    ReductionToOneDevice,
+}
+
+/// `strategy.variable_partitioner` of `parameter_server`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VariablePartitioner {
+    /// Whole variables assigned to `ps` tasks in turn.
+    #[default]
+    RoundRobin,
+}
+
+/// `[strategy.communication]`: TensorFlow's `tf.distribute.experimental.CommunicationOptions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommunicationOptions {
+    /// The all-reduce algorithm between workers. Default: `auto`. Example: `implementation = "ring"`.
+    #[serde(default)]
+    pub implementation: CollectiveImplementation,
+    /// Gradients travel in packs of about this many bytes, filled from the last layer back so
+    /// finished packs travel while backward continues. Default: `4194304` (4 MiB).
+    /// Example: `bytes_per_pack = 1048576`.
+    #[serde(default = "default_bytes_per_pack")]
+    #[schemars(range(min = 1024))]
+    pub bytes_per_pack: u64,
+    /// A collective that cannot complete within this many seconds fails, naming the task that
+    /// did not answer. Default: `30`. Example: `timeout_s = 10`.
+    #[serde(default = "default_timeout_s")]
+    #[schemars(range(min = 0.001))]
+    pub timeout_s: f64,
+}
+
+fn default_bytes_per_pack() -> u64 {
+    4 << 20
+}
+
+fn default_timeout_s() -> f64 {
+    30.0
+}
+
+impl Default for CommunicationOptions {
+    fn default() -> Self {
+        Self {
+            implementation: CollectiveImplementation::default(),
+            bytes_per_pack: default_bytes_per_pack(),
+            timeout_s: default_timeout_s(),
+        }
+    }
+}
+
+/// `strategy.communication.implementation`: TensorFlow's `CommunicationImplementation`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveImplementation {
+    /// NCCL between GPU workers, ring otherwise; `trainrun check` shows the choice.
+    #[default]
+    Auto,
+    /// Chunked, pipelined ring all-reduce (reduce-scatter + all-gather).
+    Ring,
+    /// NCCL (GPU builds only).
+    Nccl,
+}
+
+/// `[cluster]`: the tasks of the job by role, as TF_CONFIG's `cluster`. Each role is either a
+/// count of local tasks on free ports (`worker = 2`) or a list of `host:port` addresses.
+/// A `TF_CONFIG` environment variable, when set, defines the cluster instead.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// The chief: at most one. Without one, worker 0 is chief. Example: `chief = ["10.0.0.1:2222"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chief: Option<Tasks>,
+    /// The workers. Example: `worker = 2` or `worker = ["localhost:2222", "localhost:2223"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<Tasks>,
+    /// Parameter servers (`parameter_server` only). Example: `ps = 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ps: Option<Tasks>,
+    /// The sidecar evaluator, outside the replicas: at most one. Example: `evaluator = 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluator: Option<Tasks>,
+    /// File holding the job token that authenticates tasks to each other on manual clusters
+    /// (else `TRAINRUN_JOB_TOKEN`; the local launcher makes its own).
+    /// Example: `token_file = "/etc/trainrun/job.token"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Seconds every task has to check in at start-up before the job fails, listing the
+    /// missing tasks. Default: `60`. Example: `startup_timeout_s = 120`.
+    #[serde(default = "default_startup_timeout_s")]
+    #[schemars(range(min = 0.001))]
+    pub startup_timeout_s: f64,
+}
+
+fn default_startup_timeout_s() -> f64 {
+    60.0
+}
+
+/// One role's tasks: a count of local tasks, or their addresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Tasks {
+    /// That many tasks on this host, on free ports.
+    Count(NonZeroU32),
+    /// One `host:port` per task.
+    Addresses(Vec<String>),
+}
+
+impl Tasks {
+    /// How many tasks this role has.
+    pub fn len(&self) -> usize {
+        match self {
+            Tasks::Count(n) => n.get() as usize,
+            Tasks::Addresses(a) => a.len(),
+        }
+    }
+
+    /// Whether the role has no task.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

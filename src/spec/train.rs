@@ -1,0 +1,272 @@
+//! `[train]` and `[[callbacks]]`: Keras's `model.fit` arguments and callbacks.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::num::NonZeroU64;
+use std::path::PathBuf;
+
+/// `[train]`: `model.compile` + `model.fit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    /// Passes of `steps_per_epoch` steps. Default: `1`. Example: `epochs = 3`.
+    #[serde(default = "default_epochs")]
+    pub epochs: NonZeroU64,
+    /// Optimizer steps per epoch; the data iterator continues across epochs, as Keras does.
+    /// Default: one pass over the training data (examples ÷ global batch).
+    /// Example: `steps_per_epoch = 70`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_per_epoch: Option<NonZeroU64>,
+    /// The loss. Example: `loss = "sparse_categorical_crossentropy"`.
+    #[serde(default)]
+    pub loss: Loss,
+    /// The model's last layer outputs logits, not probabilities. Default: `false`, as Keras.
+    /// Example: `from_logits = true`.
+    #[serde(default)]
+    pub from_logits: bool,
+    /// Metrics besides the loss. Default: `["accuracy"]`. Example: `metrics = ["accuracy"]`.
+    #[serde(default = "default_metrics")]
+    pub metrics: Vec<Metric>,
+    /// Evaluate on the test split every this many steps, besides every epoch's end.
+    /// Default: off. Example: `evaluate_every_steps = 200`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluate_every_steps: Option<NonZeroU64>,
+    /// Evaluate on the test split at the end of every epoch. Default: `true`.
+    /// Example: `evaluate_every_epoch = false`.
+    #[serde(default = "yes")]
+    pub evaluate_every_epoch: bool,
+    /// Test batches per evaluation. Default: the whole test split. Example: `validation_steps = 20`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_steps: Option<NonZeroU64>,
+}
+
+fn default_epochs() -> NonZeroU64 {
+    NonZeroU64::MIN
+}
+
+fn default_metrics() -> Vec<Metric> {
+    vec![Metric::Accuracy]
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        Self {
+            epochs: default_epochs(),
+            steps_per_epoch: None,
+            loss: Loss::default(),
+            from_logits: false,
+            metrics: default_metrics(),
+            evaluate_every_steps: None,
+            evaluate_every_epoch: true,
+            validation_steps: None,
+        }
+    }
+}
+
+/// `train.loss`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// Cross-entropy against integer class labels.
+    #[default]
+    SparseCategoricalCrossentropy,
+    /// Cross-entropy against one-hot labels.
+    CategoricalCrossentropy,
+    /// Per-output binary cross-entropy against one-hot labels.
+    BinaryCrossentropy,
+    /// Mean squared error against one-hot labels.
+    MeanSquaredError,
+}
+
+/// `train.metrics` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Fraction of examples whose highest output is the label.
+    Accuracy,
+}
+
+/// A metric a callback watches: training or validation loss and accuracy, Keras's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Monitor {
+    /// Training loss.
+    Loss,
+    /// Training accuracy.
+    Accuracy,
+    /// Test-split loss.
+    #[default]
+    ValLoss,
+    /// Test-split accuracy.
+    ValAccuracy,
+}
+
+/// Whether a watched metric should go down or up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// `min` for losses, `max` for accuracies.
+    #[default]
+    Auto,
+    /// Lower is better.
+    Min,
+    /// Higher is better.
+    Max,
+}
+
+/// How often something is saved: each epoch, or every N steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum SaveFreq {
+    /// Every this many optimizer steps.
+    Steps(NonZeroU64),
+    /// `"epoch"`: at each epoch's end.
+    Epoch(EpochWord),
+}
+
+/// The word `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EpochWord {
+    /// At each epoch's end.
+    Epoch,
+}
+
+impl Default for SaveFreq {
+    fn default() -> Self {
+        SaveFreq::Epoch(EpochWord::Epoch)
+    }
+}
+
+/// `[[callbacks]]`: one callback, chosen by `kind`, with Keras's meanings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CallbackSpec {
+    /// Saves the model (Keras `ModelCheckpoint`); only the chief writes.
+    ModelCheckpoint {
+        /// Folder of checkpoints. Default: `<out_dir>/checkpoints`. Example: `dir = "ckpt"`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dir: Option<PathBuf>,
+        /// `"epoch"` or a step count. Default: `"epoch"`. Example: `save_freq = 500`.
+        #[serde(default)]
+        save_freq: SaveFreq,
+        /// Keep only checkpoints that improve `monitor`. Default: `false`.
+        /// Example: `save_best_only = true`.
+        #[serde(default)]
+        save_best_only: bool,
+        /// The watched metric. Default: `val_loss`. Example: `monitor = "val_accuracy"`.
+        #[serde(default)]
+        monitor: Monitor,
+        /// Direction of improvement. Default: `auto`. Example: `mode = "max"`.
+        #[serde(default)]
+        mode: Mode,
+        /// Newest checkpoints kept; older ones are deleted. Default: all. Example: `max_to_keep = 3`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 1))]
+        max_to_keep: Option<u32>,
+    },
+    /// Backs up the whole training state and resumes from it after a failure
+    /// (Keras `BackupAndRestore`).
+    BackupAndRestore {
+        /// Folder of the backup. Default: `<out_dir>/backup`. Example: `backup_dir = "/scratch/bk"`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backup_dir: Option<PathBuf>,
+        /// `"epoch"` or a step count. Default: `"epoch"`. Example: `save_freq = 50`.
+        #[serde(default)]
+        save_freq: SaveFreq,
+        /// Delete the backup when training finishes. Default: `true`.
+        /// Example: `delete_checkpoint = false`.
+        #[serde(default = "yes")]
+        delete_checkpoint: bool,
+    },
+    /// Stops when `monitor` stops improving (Keras `EarlyStopping`).
+    EarlyStopping {
+        /// The watched metric. Default: `val_loss`. Example: `monitor = "val_accuracy"`.
+        #[serde(default)]
+        monitor: Monitor,
+        /// Smallest change that counts as improvement. Default: `0`. Example: `min_delta = 0.001`.
+        #[serde(default)]
+        #[schemars(range(min = 0.0))]
+        min_delta: f64,
+        /// Evaluations without improvement before stopping. Default: `0`. Example: `patience = 3`.
+        #[serde(default)]
+        patience: u32,
+        /// Direction of improvement. Default: `auto`. Example: `mode = "min"`.
+        #[serde(default)]
+        mode: Mode,
+        /// Go back to the best weights seen when stopping. Default: `false`.
+        /// Example: `restore_best_weights = true`.
+        #[serde(default)]
+        restore_best_weights: bool,
+    },
+    /// Multiplies the learning rate by `factor` when `monitor` stops improving
+    /// (Keras `ReduceLROnPlateau`).
+    ReduceLrOnPlateau {
+        /// The watched metric. Default: `val_loss`. Example: `monitor = "val_loss"`.
+        #[serde(default)]
+        monitor: Monitor,
+        /// Multiplier. Default: `0.1`. Example: `factor = 0.5`.
+        #[serde(default = "default_plateau_factor")]
+        #[schemars(range(min = 0.0, max = 0.999))]
+        factor: f64,
+        /// Evaluations without improvement before reducing. Default: `10`. Example: `patience = 2`.
+        #[serde(default = "default_plateau_patience")]
+        patience: u32,
+        /// Direction of improvement. Default: `auto`. Example: `mode = "min"`.
+        #[serde(default)]
+        mode: Mode,
+        /// Smallest change that counts as improvement. Default: `0.0001`. Example: `min_delta = 0.01`.
+        #[serde(default = "default_plateau_delta")]
+        #[schemars(range(min = 0.0))]
+        min_delta: f64,
+        /// Evaluations to wait after a reduction. Default: `0`. Example: `cooldown = 1`.
+        #[serde(default)]
+        cooldown: u32,
+        /// Floor of the learning rate. Default: `0`. Example: `min_lr = 1e-5`.
+        #[serde(default)]
+        #[schemars(range(min = 0.0))]
+        min_lr: f64,
+    },
+    /// Appends each epoch's metrics to a CSV file (Keras `CSVLogger`).
+    CsvLogger {
+        /// File path, relative to the run folder. Default: `training.csv`. Example: `filename = "log.csv"`.
+        #[serde(default = "default_csv")]
+        filename: PathBuf,
+        /// Append to an existing file instead of replacing it. Default: `false`. Example: `append = true`.
+        #[serde(default)]
+        append: bool,
+    },
+    /// Stops training as soon as an evaluation reaches `target` (time-to-accuracy runs).
+    StopAtTarget {
+        /// The watched metric. Default: `val_accuracy`. Example: `monitor = "val_accuracy"`.
+        #[serde(default = "default_target_monitor")]
+        monitor: Monitor,
+        /// The value to reach (at or above for accuracies, at or below for losses).
+        /// Example: `target = 0.98`.
+        target: f64,
+    },
+}
+
+fn default_plateau_factor() -> f64 {
+    0.1
+}
+
+fn default_plateau_patience() -> u32 {
+    10
+}
+
+fn default_plateau_delta() -> f64 {
+    1e-4
+}
+
+fn default_csv() -> PathBuf {
+    PathBuf::from("training.csv")
+}
+
+fn default_target_monitor() -> Monitor {
+    Monitor::ValAccuracy
+}
