@@ -1,0 +1,136 @@
+//! Finite-difference gradient checks shared by every layer's tests.
+
+use super::init;
+use super::layer::{Layer, Pass};
+use super::shape::Shape;
+use rand::RngExt;
+
+/// Fails unless `analytic` and `numeric` agree within `tol`, relative to their size.
+pub fn assert_close(analytic: f64, numeric: f64, tol: f64, what: &str) {
+    let scale = analytic.abs().max(numeric.abs()).max(5e-2);
+    assert!(
+        (analytic - numeric).abs() / scale <= tol,
+        "{what}: analytic {analytic:.6} vs numeric {numeric:.6}"
+    );
+}
+
+/// Checks `layer`'s parameter and input gradients against central differences of
+/// `L = Σ y ⊙ r` for a random projection `r`, on `n` random examples of `input`.
+pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: bool) {
+    let pass = Pass {
+        training,
+        seed: 7,
+        accumulate: false,
+        threads: 2,
+    };
+    let mut r = init::rng(&[1]);
+    let specs = layer.params();
+    let mut params: Vec<f32> = Vec::new();
+    for (i, p) in specs.iter().enumerate() {
+        let mut t = vec![0.0; p.len()];
+        init::fill(&mut t, p.init, 3, i as u64);
+        // Nudge zero-initialized biases so their gradients are tested off the origin.
+        t.iter_mut().for_each(|v| *v += r.random_range(-0.1..0.1));
+        params.extend(t);
+    }
+    let state_len: usize = layer.state().iter().map(|p| p.len()).sum();
+    let mut state = vec![0.0; state_len];
+    let mut offset = 0;
+    for p in layer.state() {
+        init::fill(&mut state[offset..offset + p.len()], p.init, 3, 0);
+        offset += p.len();
+    }
+    let x: Vec<f32> = (0..n * input.numel())
+        .map(|_| r.random_range(-1.0..1.0))
+        .collect();
+    let out_len = n * layer.output_shape().numel();
+    let proj: Vec<f32> = (0..out_len).map(|_| r.random_range(-1.0..1.0)).collect();
+
+    let mut loss = |layer: &mut dyn Layer, params: &[f32], x: &[f32]| -> f64 {
+        let mut y = vec![0.0; out_len];
+        let mut st = state.clone();
+        layer.forward(pass, params, &mut st, x, &mut y, n);
+        y.iter()
+            .zip(&proj)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum()
+    };
+
+    let mut y = vec![0.0; out_len];
+    let mut st = state.clone();
+    layer.forward(pass, &params, &mut st, &x, &mut y, n);
+    let mut grads = vec![0.0; params.len()];
+    let mut dx = vec![0.0; x.len()];
+    layer.backward(pass, &params, &mut grads, &x, &y, &proj, Some(&mut dx), n);
+
+    let h = 2e-3f32;
+    let name = layer.kind();
+    let center = loss(layer, &params, &x);
+    let (mut checked, mut kinks) = (0, 0);
+    // A step that crosses a kink (relu at 0, a max-pool tie) has one-sided slopes that
+    // disagree: such points are skipped, and only a few may be.
+    let mut check = |analytic: f32, up: f64, down: f64, what: String| {
+        let (fwd, bwd) = ((up - center) / f64::from(h), (center - down) / f64::from(h));
+        if (fwd - bwd).abs() > 0.05 * fwd.abs().max(bwd.abs()).max(0.05) {
+            kinks += 1;
+            return;
+        }
+        checked += 1;
+        assert_close(
+            f64::from(analytic),
+            (up - down) / (2.0 * f64::from(h)),
+            2e-2,
+            &what,
+        );
+    };
+    for i in sample(params.len()) {
+        let (mut up, mut down) = (params.clone(), params.clone());
+        up[i] += h;
+        down[i] -= h;
+        let (u, d) = (loss(layer, &up, &x), loss(layer, &down, &x));
+        check(grads[i], u, d, format!("{name} d/dparam[{i}]"));
+    }
+    for i in sample(x.len()) {
+        let (mut up, mut down) = (x.clone(), x.clone());
+        up[i] += h;
+        down[i] -= h;
+        let (u, d) = (loss(layer, &params, &up), loss(layer, &params, &down));
+        check(dx[i], u, d, format!("{name} d/dx[{i}]"));
+    }
+    assert!(
+        kinks * 5 <= checked,
+        "{name}: {kinks} of {} points sit on kinks",
+        kinks + checked
+    );
+
+    // Accumulation adds onto what is there.
+    let mut twice = grads.clone();
+    layer.forward(pass, &params, &mut state.clone(), &x, &mut y, n);
+    layer.backward(
+        Pass {
+            accumulate: true,
+            ..pass
+        },
+        &params,
+        &mut twice,
+        &x,
+        &y,
+        &proj,
+        None,
+        n,
+    );
+    for (a, b) in twice.iter().zip(&grads) {
+        assert_close(
+            f64::from(*a),
+            2.0 * f64::from(*b),
+            1e-4,
+            &format!("{name} accumulate"),
+        );
+    }
+}
+
+/// Up to 40 indices spread over `0..len`.
+fn sample(len: usize) -> Vec<usize> {
+    let step = (len / 40).max(1);
+    (0..len).step_by(step).collect()
+}

@@ -1,0 +1,367 @@
+//! CPU kernels: row-major matrix products over `gemm`, im2col / col2im, and a fixed partition
+//! of work across threads.
+//!
+//! Work is split into a fixed number of contiguous parts (never rayon's adaptive splitting)
+//! so sums happen in the same order every run: same spec and seed, bit-identical weights.
+
+use gemm::Parallelism;
+use std::ops::Range;
+
+/// `c[m×n] = (accumulate ? c : 0) + op(a) · op(b)`, all row-major.
+///
+/// `a` is `m×k`, or `k×m` when `a_t` (then `aᵀ` is used); `b` is `k×n`, or `n×k` when `b_t`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_t: bool,
+    b: &[f32],
+    b_t: bool,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    // Bounds are checked here because gemm takes raw pointers.
+    assert!(
+        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
+        "matmul operand too small"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let (a_rs, a_cs) = if a_t {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (b_rs, b_cs) = if b_t {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
+    let parallelism = if threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: the assert above keeps every index the strides reach inside the slices, and
+    // `c` does not alias `a` or `b` (it is borrowed mutably).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// Splits `0..n` into `parts` contiguous ranges, the first ones one longer: a pure function of
+/// `(n, parts)`, so per-part partial sums combine in the same order every run.
+pub fn partition(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, n.max(1));
+    let (base, extra) = (n / parts, n % parts);
+    let mut start = 0;
+    (0..parts)
+        .map(|p| {
+            let len = base + usize::from(p < extra);
+            let r = start..start + len;
+            start += len;
+            r
+        })
+        .collect()
+}
+
+/// Splits `data` (`n` rows of `row_len`) into mutable parts along `ranges` of rows.
+pub fn split_rows<'a>(
+    mut data: &'a mut [f32],
+    ranges: &[Range<usize>],
+    row_len: usize,
+) -> Vec<&'a mut [f32]> {
+    let mut parts = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let (head, tail) = std::mem::take(&mut data).split_at_mut(r.len() * row_len);
+        parts.push(head);
+        data = tail;
+    }
+    parts
+}
+
+/// Runs `f(part_index, rows, part)` over `threads` fixed parts of `data` (`n` rows of
+/// `row_len`) in parallel: for elementwise row work such as bias and activation.
+pub fn par_rows(
+    data: &mut [f32],
+    n: usize,
+    row_len: usize,
+    threads: usize,
+    f: impl Fn(usize, Range<usize>, &mut [f32]) + Sync,
+) {
+    use rayon::prelude::*;
+    let ranges = partition(n, threads);
+    let parts = split_rows(&mut data[..n * row_len], &ranges, row_len);
+    parts
+        .into_par_iter()
+        .zip(ranges)
+        .enumerate()
+        .for_each(|(i, (part, r))| f(i, r, part));
+}
+
+/// Geometry of a 2-D window sweep (convolution or pooling) over NHWC images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Input height, width, channels.
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    /// Window height and width.
+    pub kh: usize,
+    pub kw: usize,
+    /// Strides.
+    pub sh: usize,
+    pub sw: usize,
+    /// Padding before the first row and column (`same` padding puts any extra after).
+    pub pad_top: usize,
+    pub pad_left: usize,
+    /// Output height and width.
+    pub oh: usize,
+    pub ow: usize,
+}
+
+impl Window {
+    /// Keras's geometry for `valid` or `same` padding; `None` when the window does not fit.
+    pub fn new(
+        (h, w, c): (usize, usize, usize),
+        (kh, kw): (usize, usize),
+        (sh, sw): (usize, usize),
+        same: bool,
+    ) -> Option<Self> {
+        let axis = |len: usize, k: usize, s: usize| -> Option<(usize, usize)> {
+            if same {
+                let out = len.div_ceil(s);
+                let pad_total = ((out - 1) * s + k).saturating_sub(len);
+                Some((out, pad_total / 2))
+            } else if len >= k {
+                Some(((len - k) / s + 1, 0))
+            } else {
+                None
+            }
+        };
+        let (oh, pad_top) = axis(h, kh, sh)?;
+        let (ow, pad_left) = axis(w, kw, sw)?;
+        Some(Self {
+            h,
+            w,
+            c,
+            kh,
+            kw,
+            sh,
+            sw,
+            pad_top,
+            pad_left,
+            oh,
+            ow,
+        })
+    }
+
+    /// Values in one patch row of im2col: `kh × kw × c`.
+    pub fn patch_len(&self) -> usize {
+        self.kh * self.kw * self.c
+    }
+
+    /// Output positions per image.
+    pub fn positions(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// Input row/column for output row/column `o` and window offset `k`, if inside the image.
+    #[inline]
+    fn source(o: usize, k: usize, stride: usize, pad: usize, len: usize) -> Option<usize> {
+        (o * stride + k).checked_sub(pad).filter(|&i| i < len)
+    }
+
+    /// Writes the patches of `images` (NHWC, consecutive) as rows of `patches`
+    /// (`images × positions` rows of `patch_len`), zero where the window leaves the image.
+    pub fn im2col(&self, x: &[f32], images: usize, patches: &mut [f32]) {
+        let (c, pl) = (self.c, self.patch_len());
+        let image_len = self.h * self.w * c;
+        for e in 0..images {
+            let img = &x[e * image_len..(e + 1) * image_len];
+            for oy in 0..self.oh {
+                for ox in 0..self.ow {
+                    let row = (e * self.positions() + oy * self.ow + ox) * pl;
+                    let row = &mut patches[row..row + pl];
+                    for ky in 0..self.kh {
+                        let iy = Self::source(oy, ky, self.sh, self.pad_top, self.h);
+                        for kx in 0..self.kw {
+                            let dst = &mut row[(ky * self.kw + kx) * c..][..c];
+                            match (iy, Self::source(ox, kx, self.sw, self.pad_left, self.w)) {
+                                (Some(iy), Some(ix)) => {
+                                    dst.copy_from_slice(&img[(iy * self.w + ix) * c..][..c])
+                                }
+                                _ => dst.fill(0.0),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds patch gradients back onto image gradients: the transpose of [`Window::im2col`].
+    /// `dx` must be zeroed by the caller.
+    pub fn col2im(&self, patches: &[f32], images: usize, dx: &mut [f32]) {
+        let (c, pl) = (self.c, self.patch_len());
+        let image_len = self.h * self.w * c;
+        for e in 0..images {
+            let img = &mut dx[e * image_len..(e + 1) * image_len];
+            for oy in 0..self.oh {
+                for ox in 0..self.ow {
+                    let row = (e * self.positions() + oy * self.ow + ox) * pl;
+                    let row = &patches[row..row + pl];
+                    for ky in 0..self.kh {
+                        let Some(iy) = Self::source(oy, ky, self.sh, self.pad_top, self.h) else {
+                            continue;
+                        };
+                        for kx in 0..self.kw {
+                            let Some(ix) = Self::source(ox, kx, self.sw, self.pad_left, self.w)
+                            else {
+                                continue;
+                            };
+                            let src = &row[(ky * self.kw + kx) * c..][..c];
+                            let dst = &mut img[(iy * self.w + ix) * c..][..c];
+                            for (d, s) in dst.iter_mut().zip(src) {
+                                *d += s;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// For each output position and channel, calls `f(output_index, input_indices)` with the
+    /// flat NHWC indices (within one image) the window covers; pooling layers build on this.
+    pub fn for_each_window(&self, mut f: impl FnMut(usize, &mut dyn Iterator<Item = usize>)) {
+        for oy in 0..self.oh {
+            for ox in 0..self.ow {
+                for ch in 0..self.c {
+                    let out = (oy * self.ow + ox) * self.c + ch;
+                    let mut it = (0..self.kh)
+                        .filter_map(move |ky| Self::source(oy, ky, self.sh, self.pad_top, self.h))
+                        .flat_map(move |iy| {
+                            (0..self.kw).filter_map(move |kx| {
+                                Self::source(ox, kx, self.sw, self.pad_left, self.w)
+                                    .map(|ix| (iy * self.w + ix) * self.c + ch)
+                            })
+                        });
+                    f(out, &mut it);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    fn transpose(rows: usize, cols: usize, a: &[f32]) -> Vec<f32> {
+        let mut t = vec![0.0; a.len()];
+        for r in 0..rows {
+            for c in 0..cols {
+                t[c * rows + r] = a[r * cols + c];
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn matmul_matches_naive_in_every_transpose() {
+        let (m, n, k) = (7, 5, 9);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.5).collect();
+        let want = naive(m, n, k, &a, &b);
+        let (at, bt) = (transpose(m, k, &a), transpose(k, n, &b));
+        for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut c = vec![1.0; m * n];
+            let aa = if a_t { &at } else { &a };
+            let bb = if b_t { &bt } else { &b };
+            matmul(m, n, k, aa, a_t, bb, b_t, &mut c, false, 2);
+            assert_eq!(c, want, "a_t={a_t} b_t={b_t}");
+            matmul(m, n, k, aa, a_t, bb, b_t, &mut c, true, 1);
+            let doubled: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+            assert_eq!(c, doubled);
+        }
+    }
+
+    #[test]
+    fn partition_is_contiguous_and_complete() {
+        for (n, parts) in [(10, 3), (2, 4), (0, 2), (64, 2)] {
+            let ranges = partition(n, parts);
+            assert_eq!(ranges.first().map(|r| r.start), Some(0));
+            assert_eq!(ranges.last().map(|r| r.end), Some(n));
+            assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
+        }
+    }
+
+    #[test]
+    fn same_padding_matches_keras() {
+        let w = Window::new((5, 5, 1), (3, 3), (2, 2), true).unwrap();
+        assert_eq!((w.oh, w.ow, w.pad_top, w.pad_left), (3, 3, 1, 1));
+        let w = Window::new((4, 4, 1), (3, 3), (2, 2), true).unwrap();
+        // TensorFlow pads 1 in total here, all of it after.
+        assert_eq!((w.oh, w.pad_top), (2, 0));
+        assert!(Window::new((2, 2, 1), (3, 3), (1, 1), false).is_none());
+    }
+
+    #[test]
+    fn col2im_is_the_transpose_of_im2col() {
+        // <im2col(x), p> == <x, col2im(p)> for any x, p.
+        let win = Window::new((5, 4, 2), (3, 2), (2, 1), true).unwrap();
+        let x: Vec<f32> = (0..2 * 5 * 4 * 2).map(|i| ((i * 7) % 11) as f32).collect();
+        let rows = 2 * win.positions();
+        let p: Vec<f32> = (0..rows * win.patch_len())
+            .map(|i| ((i * 3) % 5) as f32)
+            .collect();
+        let mut cols = vec![0.0; p.len()];
+        win.im2col(&x, 2, &mut cols);
+        let mut back = vec![0.0; x.len()];
+        win.col2im(&p, 2, &mut back);
+        let lhs: f32 = cols.iter().zip(&p).map(|(a, b)| a * b).sum();
+        let rhs: f32 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
+        assert_eq!(lhs, rhs);
+    }
+}

@@ -1,0 +1,116 @@
+//! The `Layer` seam: forward and backward over a flat slice of parameters.
+
+use super::shape::Shape;
+
+/// How a parameter tensor starts (Keras's initializers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Uniform in ±sqrt(6 / (fan_in + fan_out)) (Keras's default for kernels).
+    GlorotUniform { fan_in: usize, fan_out: usize },
+    /// Normal with std sqrt(2 / fan_in), truncated at 2 std (Keras `he_normal`, for ResNets).
+    HeNormal { fan_in: usize },
+    /// All zeros (biases, batch-norm beta and moving mean).
+    Zeros,
+    /// All ones (batch-norm gamma and moving variance).
+    Ones,
+}
+
+/// One parameter tensor of a layer; a layer's tensors sit back to back in its slice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// Name inside the layer (`kernel`, `bias`, `gamma`, …), as Keras names weights.
+    pub name: String,
+    /// Tensor shape in Keras's layout (dense kernel `[in, out]`, conv kernel `[kh, kw, cin, cout]`).
+    pub shape: Vec<usize>,
+    /// Initial values.
+    pub init: Init,
+}
+
+impl ParamSpec {
+    /// A parameter named `name` of `shape`.
+    pub fn new(name: impl Into<String>, shape: Vec<usize>, init: Init) -> Self {
+        Self {
+            name: name.into(),
+            shape,
+            init,
+        }
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tensor holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What one forward or backward pass is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// Training (dropout active, batch-norm uses batch statistics) or inference.
+    pub training: bool,
+    /// Seed for this pass's randomness (dropout masks), derived from the run seed and step so
+    /// that no random state needs saving.
+    pub seed: u64,
+    /// Add into the gradient buffer instead of overwriting it (gradient accumulation).
+    pub accumulate: bool,
+    /// Threads this pass may use.
+    pub threads: usize,
+}
+
+/// A layer: a pure function of its parameters and input, plus its backward pass.
+///
+/// Layers own scratch buffers (pool argmax, dropout mask, im2col patches), so each replica
+/// has its own instance; parameters live outside, in one flat arena shared by the model.
+pub trait Layer: Send {
+    /// Keras-style layer kind (`dense`, `conv2d`, …), used to name weights.
+    fn kind(&self) -> &'static str;
+
+    /// Shape of one output example.
+    fn output_shape(&self) -> &Shape;
+
+    /// Trainable tensors, in the order they sit in the layer's parameter slice.
+    fn params(&self) -> Vec<ParamSpec> {
+        Vec::new()
+    }
+
+    /// Non-trainable tensors (batch-norm moving statistics), in their state-slice order.
+    fn state(&self) -> Vec<ParamSpec> {
+        Vec::new()
+    }
+
+    /// Output equals input reinterpreted (reshape, flatten): the model aliases the buffers and
+    /// calls neither `forward` nor `backward`.
+    fn is_view(&self) -> bool {
+        false
+    }
+
+    /// Computes `y` (n × output_shape) from `x` (n × input_shape).
+    fn forward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        state: &mut [f32],
+        x: &[f32],
+        y: &mut [f32],
+        n: usize,
+    );
+
+    /// Writes (or, with `pass.accumulate`, adds) parameter gradients into `grads` and, when
+    /// `dx` is given, the input gradient into it. `x`, `y` are the forward input and output.
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    );
+}

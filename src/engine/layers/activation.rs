@@ -1,0 +1,78 @@
+//! `activation`: an activation function as a layer of its own (Keras `Activation`).
+
+use crate::engine::activation;
+use crate::engine::kernels::par_rows;
+use crate::engine::layer::{Layer, Pass};
+use crate::engine::shape::Shape;
+use crate::spec::Activation;
+
+/// Applies one activation function; softmax normalizes over the last axis.
+pub struct ActivationLayer {
+    activation: Activation,
+    output: Shape,
+}
+
+impl ActivationLayer {
+    /// `activation` over inputs of `shape`.
+    pub fn new(activation: Activation, shape: Shape) -> Self {
+        Self {
+            activation,
+            output: shape,
+        }
+    }
+
+    fn last_axis(&self) -> usize {
+        self.output.0.last().copied().unwrap_or(1)
+    }
+}
+
+impl Layer for ActivationLayer {
+    fn kind(&self) -> &'static str {
+        "activation"
+    }
+
+    fn output_shape(&self) -> &Shape {
+        &self.output
+    }
+
+    fn forward(
+        &mut self,
+        pass: Pass,
+        _: &[f32],
+        _: &mut [f32],
+        x: &[f32],
+        y: &mut [f32],
+        n: usize,
+    ) {
+        let (act, row) = (self.activation, self.last_axis());
+        let len = n * self.output.numel();
+        y[..len].copy_from_slice(&x[..len]);
+        let rows = len / row;
+        par_rows(y, rows, row, pass.threads, |_, _, part| {
+            activation::forward(act, part, row)
+        });
+    }
+
+    fn backward(
+        &mut self,
+        _: Pass,
+        _: &[f32],
+        _: &mut [f32],
+        _: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        if let Some(dx) = dx {
+            let len = n * self.output.numel();
+            activation::backward(
+                self.activation,
+                &y[..len],
+                &dy[..len],
+                &mut dx[..len],
+                self.last_axis(),
+            );
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! `conv2d`: Keras's `Conv2D` (channels last) as im2col + `gemm`, split over threads by image.
+//!
+//! Each thread takes a fixed share of the batch and works through it in chunks small enough
+//! to stay in cache, with its own partial weight gradient; the partials are summed in thread
+//! order, so results do not depend on scheduling.
+
+use crate::engine::activation;
+use crate::engine::kernels::{Window, matmul, partition, split_rows};
+use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::shape::Shape;
+use crate::spec::Activation;
+use rayon::prelude::*;
+
+/// Patch values one chunk may hold (1 MiB of f32): keeps im2col output cache-resident.
+const CHUNK_VALUES: usize = 1 << 18;
+
+/// One thread's scratch.
+#[derive(Default)]
+struct Part {
+    patches: Vec<f32>,
+    d_kernel: Vec<f32>,
+    d_bias: Vec<f32>,
+}
+
+/// A 2-D convolution layer.
+pub struct Conv2d {
+    win: Window,
+    filters: usize,
+    activation: Activation,
+    use_bias: bool,
+    output: Shape,
+    parts: Vec<Part>,
+    dz: Vec<f32>,
+}
+
+impl Conv2d {
+    /// A convolution with the given geometry and `filters` outputs.
+    pub fn new(win: Window, filters: usize, activation: Activation, use_bias: bool) -> Self {
+        let output = Shape(vec![win.oh, win.ow, filters]);
+        Self {
+            win,
+            filters,
+            activation,
+            use_bias,
+            output,
+            parts: Vec::new(),
+            dz: Vec::new(),
+        }
+    }
+
+    fn kernel_len(&self) -> usize {
+        self.win.patch_len() * self.filters
+    }
+
+    fn images_per_chunk(&self) -> usize {
+        (CHUNK_VALUES / (self.win.positions() * self.win.patch_len()).max(1)).max(1)
+    }
+}
+
+impl Layer for Conv2d {
+    fn kind(&self) -> &'static str {
+        "conv2d"
+    }
+
+    fn output_shape(&self) -> &Shape {
+        &self.output
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let w = &self.win;
+        let mut p = vec![ParamSpec::new(
+            "kernel",
+            vec![w.kh, w.kw, w.c, self.filters],
+            Init::GlorotUniform {
+                fan_in: w.kh * w.kw * w.c,
+                fan_out: w.kh * w.kw * self.filters,
+            },
+        )];
+        if self.use_bias {
+            p.push(ParamSpec::new("bias", vec![self.filters], Init::Zeros));
+        }
+        p
+    }
+
+    fn forward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        _: &mut [f32],
+        x: &[f32],
+        y: &mut [f32],
+        n: usize,
+    ) {
+        let (win, filters, act, use_bias) =
+            (self.win, self.filters, self.activation, self.use_bias);
+        let chunk = self.images_per_chunk();
+        let (kernel, bias) = params.split_at(self.kernel_len());
+        let ranges = partition(n, pass.threads);
+        self.parts.resize_with(ranges.len(), Part::default);
+        let in_len = win.h * win.w * win.c;
+        let out_len = win.positions() * filters;
+        let ys = split_rows(&mut y[..n * out_len], &ranges, out_len);
+        self.parts
+            .par_iter_mut()
+            .zip(ys)
+            .zip(&ranges)
+            .for_each(|((part, y), r)| {
+                let x = &x[r.start * in_len..r.end * in_len];
+                for start in (0..r.len()).step_by(chunk) {
+                    let imgs = chunk.min(r.len() - start);
+                    let rows = imgs * win.positions();
+                    part.patches.resize(rows * win.patch_len(), 0.0);
+                    win.im2col(&x[start * in_len..], imgs, &mut part.patches);
+                    let y = &mut y[start * out_len..(start + imgs) * out_len];
+                    matmul(
+                        rows,
+                        filters,
+                        win.patch_len(),
+                        &part.patches,
+                        false,
+                        kernel,
+                        false,
+                        y,
+                        false,
+                        1,
+                    );
+                    if use_bias {
+                        y.chunks_exact_mut(filters)
+                            .for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+                    }
+                    activation::forward(act, y, filters);
+                }
+            });
+    }
+
+    fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        mut dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let (win, filters, act) = (self.win, self.filters, self.activation);
+        let chunk = self.images_per_chunk();
+        let (kernel_len, pl) = (self.kernel_len(), win.patch_len());
+        let kernel = &params[..kernel_len];
+        let in_len = win.h * win.w * win.c;
+        let out_len = win.positions() * filters;
+        let ranges = partition(n, pass.threads);
+        self.parts.resize_with(ranges.len(), Part::default);
+        self.dz.resize(n * out_len, 0.0);
+        let dzs = split_rows(&mut self.dz[..n * out_len], &ranges, out_len);
+        let dxs: Vec<Option<&mut [f32]>> = match dx.as_deref_mut() {
+            Some(dx) => split_rows(&mut dx[..n * in_len], &ranges, in_len)
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => ranges.iter().map(|_| None).collect(),
+        };
+        self.parts
+            .par_iter_mut()
+            .zip(dzs)
+            .zip(dxs)
+            .zip(&ranges)
+            .for_each(|(((part, dz), mut dx), r)| {
+                let (y, dy) = (
+                    &y[r.start * out_len..r.end * out_len],
+                    &dy[r.start * out_len..r.end * out_len],
+                );
+                activation::backward(act, y, dy, dz, filters);
+                part.d_kernel.resize(kernel_len, 0.0);
+                part.d_bias.clear();
+                part.d_bias.resize(filters, 0.0);
+                if r.is_empty() {
+                    part.d_kernel.fill(0.0);
+                }
+                for start in (0..r.len()).step_by(chunk) {
+                    let imgs = chunk.min(r.len() - start);
+                    let rows = imgs * win.positions();
+                    part.patches.resize(rows * pl, 0.0);
+                    win.im2col(&x[(r.start + start) * in_len..], imgs, &mut part.patches);
+                    let dz = &dz[start * out_len..(start + imgs) * out_len];
+                    matmul(
+                        pl,
+                        filters,
+                        rows,
+                        &part.patches,
+                        true,
+                        dz,
+                        false,
+                        &mut part.d_kernel,
+                        start > 0,
+                        1,
+                    );
+                    for row in dz.chunks_exact(filters) {
+                        part.d_bias.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+                    }
+                    if let Some(dx) = dx.as_deref_mut() {
+                        // The patches are spent; reuse their buffer for the patch gradients.
+                        matmul(
+                            rows,
+                            pl,
+                            filters,
+                            dz,
+                            false,
+                            kernel,
+                            true,
+                            &mut part.patches,
+                            false,
+                            1,
+                        );
+                        let dx = &mut dx[start * in_len..(start + imgs) * in_len];
+                        dx.fill(0.0);
+                        win.col2im(&part.patches, imgs, dx);
+                    }
+                }
+            });
+        let (g_kernel, g_bias) = grads.split_at_mut(kernel_len);
+        if !pass.accumulate {
+            g_kernel.fill(0.0);
+            g_bias.fill(0.0);
+        }
+        for part in &self.parts[..ranges.len()] {
+            g_kernel
+                .iter_mut()
+                .zip(&part.d_kernel)
+                .for_each(|(g, d)| *g += d);
+            if self.use_bias {
+                g_bias
+                    .iter_mut()
+                    .zip(&part.d_bias)
+                    .for_each(|(g, d)| *g += d);
+            }
+        }
+    }
+}

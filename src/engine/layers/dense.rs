@@ -1,0 +1,152 @@
+//! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
+
+use crate::engine::activation;
+use crate::engine::kernels::{matmul, par_rows};
+use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::shape::Shape;
+use crate::spec::Activation;
+
+/// A fully connected layer over flat inputs.
+pub struct Dense {
+    inputs: usize,
+    units: usize,
+    activation: Activation,
+    use_bias: bool,
+    output: Shape,
+    /// Gradient before the activation, reused across steps.
+    dz: Vec<f32>,
+}
+
+impl Dense {
+    /// A dense layer from `inputs` features to `units`.
+    pub fn new(inputs: usize, units: usize, activation: Activation, use_bias: bool) -> Self {
+        Self {
+            inputs,
+            units,
+            activation,
+            use_bias,
+            output: Shape(vec![units]),
+            dz: Vec::new(),
+        }
+    }
+}
+
+impl Layer for Dense {
+    fn kind(&self) -> &'static str {
+        "dense"
+    }
+
+    fn output_shape(&self) -> &Shape {
+        &self.output
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let mut p = vec![ParamSpec::new(
+            "kernel",
+            vec![self.inputs, self.units],
+            Init::GlorotUniform {
+                fan_in: self.inputs,
+                fan_out: self.units,
+            },
+        )];
+        if self.use_bias {
+            p.push(ParamSpec::new("bias", vec![self.units], Init::Zeros));
+        }
+        p
+    }
+
+    fn forward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        _: &mut [f32],
+        x: &[f32],
+        y: &mut [f32],
+        n: usize,
+    ) {
+        let (kernel, bias) = params.split_at(self.inputs * self.units);
+        matmul(
+            n,
+            self.units,
+            self.inputs,
+            x,
+            false,
+            kernel,
+            false,
+            y,
+            false,
+            pass.threads,
+        );
+        let (units, act, use_bias) = (self.units, self.activation, self.use_bias);
+        par_rows(y, n, units, pass.threads, |_, _, rows| {
+            if use_bias {
+                rows.chunks_exact_mut(units)
+                    .for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+            }
+            activation::forward(act, rows, units);
+        });
+    }
+
+    fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let len = n * self.units;
+        let dz: &[f32] = if self.activation == Activation::Linear {
+            &dy[..len]
+        } else {
+            self.dz.resize(len, 0.0);
+            activation::backward(
+                self.activation,
+                &y[..len],
+                &dy[..len],
+                &mut self.dz,
+                self.units,
+            );
+            &self.dz
+        };
+        let kernel = &params[..self.inputs * self.units];
+        let (g_kernel, g_bias) = grads.split_at_mut(self.inputs * self.units);
+        matmul(
+            self.inputs,
+            self.units,
+            n,
+            x,
+            true,
+            dz,
+            false,
+            g_kernel,
+            pass.accumulate,
+            pass.threads,
+        );
+        if self.use_bias {
+            if !pass.accumulate {
+                g_bias.fill(0.0);
+            }
+            for row in dz.chunks_exact(self.units) {
+                g_bias.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+            }
+        }
+        if let Some(dx) = dx {
+            matmul(
+                n,
+                self.inputs,
+                self.units,
+                dz,
+                false,
+                kernel,
+                true,
+                dx,
+                false,
+                pass.threads,
+            );
+        }
+    }
+}

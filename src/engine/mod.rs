@@ -1,0 +1,25 @@
+//! The CPU engine: layers with hand-written backward passes over `gemm` + `rayon`, losses,
+//! optimizers, and a flat parameter arena.
+//!
+//! Hand-written rather than candle or burn: measured on the 2-core target machine, im2col +
+//! `gemm` runs conv 2–4× faster than either, and owning the arena lets all-reduce work on the
+//! gradients in place and optimizer state checkpoint as plain buffers (DEPENDENCIES.md).
+
+pub mod activation;
+pub mod init;
+pub mod kernels;
+pub mod layer;
+pub mod layers;
+pub mod loss;
+pub mod optimizer;
+pub mod sequential;
+pub mod shape;
+
+#[cfg(test)]
+pub(crate) mod gradcheck;
+
+pub use layer::{Init, Layer, ParamSpec, Pass};
+pub use loss::{BatchStats, LossFn};
+pub use optimizer::Optimizer;
+pub use sequential::{LayerSummary, Sequential, TensorInfo};
+pub use shape::Shape;

@@ -1,0 +1,314 @@
+//! A Keras-style `Sequential` model: layers in order over one flat parameter arena.
+//!
+//! The arena holds layers in reverse order, so backward finishes gradients from the front of
+//! the buffer: every finished prefix can start its all-reduce while backward continues.
+
+use super::init;
+use super::layer::{Layer, Pass};
+use super::shape::Shape;
+use std::ops::Range;
+
+/// A named tensor inside the parameter or state arena (`dense_1/kernel`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// `layer_name/weight_name`, Keras's weight path.
+    pub name: String,
+    /// Shape in Keras's layout.
+    pub shape: Vec<usize>,
+    /// Offset in the arena, in values.
+    pub offset: usize,
+}
+
+impl TensorInfo {
+    /// Values in the tensor.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tensor holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The tensor's range in its arena.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// One row of a model summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerSummary {
+    /// Keras-style unique name (`conv2d`, `dense_1`).
+    pub name: String,
+    /// Shape of one output example.
+    pub output_shape: Shape,
+    /// Trainable values.
+    pub params: usize,
+}
+
+/// Where a layer reads or writes its activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Buf {
+    Input,
+    Own(usize),
+}
+
+struct Slot {
+    name: String,
+    params: Range<usize>,
+    state: Range<usize>,
+    input: Buf,
+    output: Buf,
+}
+
+/// Layers applied in order, with their activation buffers.
+pub struct Sequential {
+    input: Shape,
+    layers: Vec<Box<dyn Layer>>,
+    slots: Vec<Slot>,
+    tensors: Vec<TensorInfo>,
+    state_tensors: Vec<TensorInfo>,
+    param_len: usize,
+    state_len: usize,
+    acts: Vec<Vec<f32>>,
+    /// Ping-pong gradient buffers for backward; `[0]` receives the loss gradient.
+    grad_bufs: [Vec<f32>; 2],
+}
+
+impl Sequential {
+    /// Lays out `layers` (built for inputs of `input`) over one arena.
+    pub fn new(input: Shape, layers: Vec<Box<dyn Layer>>) -> Self {
+        let mut counts = std::collections::HashMap::<&str, usize>::new();
+        let mut slots: Vec<Slot> = Vec::with_capacity(layers.len());
+        let mut acts = 0;
+        for layer in &layers {
+            let seen = counts.entry(layer.kind()).or_insert(0);
+            let name = match *seen {
+                0 => layer.kind().to_string(),
+                k => format!("{}_{k}", layer.kind()),
+            };
+            *seen += 1;
+            let input = slots.last().map_or(Buf::Input, |s| s.output);
+            let output = if layer.is_view() {
+                input
+            } else {
+                acts += 1;
+                Buf::Own(acts - 1)
+            };
+            slots.push(Slot {
+                name,
+                params: 0..0,
+                state: 0..0,
+                input,
+                output,
+            });
+        }
+        let (mut tensors, mut state_tensors) = (Vec::new(), Vec::new());
+        let (mut param_len, mut state_len) = (0, 0);
+        for (layer, slot) in layers.iter().zip(&mut slots).rev() {
+            let start = param_len;
+            for p in layer.params() {
+                tensors.push(TensorInfo {
+                    name: format!("{}/{}", slot.name, p.name),
+                    shape: p.shape,
+                    offset: param_len,
+                });
+                param_len += tensors.last().map_or(0, TensorInfo::len);
+            }
+            slot.params = start..param_len;
+            let start = state_len;
+            for p in layer.state() {
+                state_tensors.push(TensorInfo {
+                    name: format!("{}/{}", slot.name, p.name),
+                    shape: p.shape,
+                    offset: state_len,
+                });
+                state_len += state_tensors.last().map_or(0, TensorInfo::len);
+            }
+            slot.state = start..state_len;
+        }
+        Self {
+            input,
+            layers,
+            slots,
+            tensors,
+            state_tensors,
+            param_len,
+            state_len,
+            acts: vec![Vec::new(); acts],
+            grad_bufs: [Vec::new(), Vec::new()],
+        }
+    }
+
+    /// Shape of one input example.
+    pub fn input_shape(&self) -> &Shape {
+        &self.input
+    }
+
+    /// Shape of one output example.
+    pub fn output_shape(&self) -> &Shape {
+        self.layers.last().map_or(&self.input, |l| l.output_shape())
+    }
+
+    /// Trainable values in the arena.
+    pub fn param_len(&self) -> usize {
+        self.param_len
+    }
+
+    /// Non-trainable values (moving statistics).
+    pub fn state_len(&self) -> usize {
+        self.state_len
+    }
+
+    /// Trainable tensors with their arena offsets.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// Non-trainable tensors with their state-arena offsets.
+    pub fn state_tensors(&self) -> &[TensorInfo] {
+        &self.state_tensors
+    }
+
+    /// Layer names, output shapes and parameter counts, as Keras's `model.summary()`.
+    pub fn summary(&self) -> Vec<LayerSummary> {
+        self.layers
+            .iter()
+            .zip(&self.slots)
+            .map(|(l, s)| LayerSummary {
+                name: s.name.clone(),
+                output_shape: l.output_shape().clone(),
+                params: s.params.len(),
+            })
+            .collect()
+    }
+
+    /// Initial parameters and state for `seed`, as Keras's initializers would draw them.
+    pub fn init(&self, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut params = vec![0.0; self.param_len];
+        let mut state = vec![0.0; self.state_len];
+        for (layer, slot) in self.layers.iter().zip(&self.slots) {
+            let mut offset = slot.params.start;
+            for p in layer.params() {
+                let len = p.len();
+                let id = init::tensor_id(&format!("{}/{}", slot.name, p.name));
+                init::fill(&mut params[offset..offset + len], p.init, seed, id);
+                offset += len;
+            }
+            let mut offset = slot.state.start;
+            for p in layer.state() {
+                let len = p.len();
+                init::fill(&mut state[offset..offset + len], p.init, seed, 0);
+                offset += len;
+            }
+        }
+        (params, state)
+    }
+
+    /// Runs the layers on `n` examples `x`; returns the output (`n × output_shape`).
+    pub fn forward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        state: &mut [f32],
+        x: &[f32],
+        n: usize,
+    ) -> &[f32] {
+        assert_eq!(
+            x.len(),
+            n * self.input.numel(),
+            "input batch does not match the model's input shape"
+        );
+        for (layer, slot) in self.layers.iter_mut().zip(&self.slots) {
+            let Buf::Own(out) = slot.output else { continue };
+            let mut y = std::mem::take(&mut self.acts[out]);
+            y.resize(n * layer.output_shape().numel(), 0.0);
+            let x = match slot.input {
+                Buf::Input => x,
+                Buf::Own(i) => &self.acts[i],
+            };
+            layer.forward(
+                pass,
+                &params[slot.params.clone()],
+                &mut state[slot.state.clone()],
+                x,
+                &mut y,
+                n,
+            );
+            self.acts[out] = y;
+        }
+        self.output(n)
+    }
+
+    fn output(&self, n: usize) -> &[f32] {
+        let len = n * self.output_shape().numel();
+        match self.slots.last().map_or(Buf::Input, |s| s.output) {
+            Buf::Own(i) => &self.acts[i][..len],
+            Buf::Input => &[],
+        }
+    }
+
+    /// The last forward output and the buffer the loss writes its gradient into.
+    pub fn output_and_grad(&mut self, n: usize) -> (&[f32], &mut [f32]) {
+        let len = n * self.output_shape().numel();
+        if self.grad_bufs[0].len() < len {
+            self.grad_bufs[0].resize(len, 0.0);
+        }
+        let out = match self.slots.last().map_or(Buf::Input, |s| s.output) {
+            Buf::Own(i) => &self.acts[i][..len],
+            Buf::Input => &[],
+        };
+        (out, &mut self.grad_bufs[0][..len])
+    }
+
+    /// Backpropagates the gradient left by [`Sequential::output_and_grad`] through the layers
+    /// of the last forward pass on input `x`. After each layer, `ready(k)` reports that
+    /// `grads[..k]` is final.
+    pub fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        n: usize,
+        ready: &mut dyn FnMut(usize),
+    ) {
+        let widest = std::iter::once(&self.input)
+            .chain(self.layers.iter().map(|l| l.output_shape()))
+            .map(Shape::numel)
+            .max()
+            .unwrap_or(0);
+        for buf in &mut self.grad_bufs {
+            if buf.len() < n * widest {
+                buf.resize(n * widest, 0.0);
+            }
+        }
+        let mut cur = 0;
+        for (layer, slot) in self.layers.iter_mut().zip(&self.slots).rev() {
+            let Buf::Own(out) = slot.output else { continue };
+            let x = match slot.input {
+                Buf::Input => x,
+                Buf::Own(i) => &self.acts[i],
+            };
+            let [a, b] = &mut self.grad_bufs;
+            let (dy, dx) = if cur == 0 { (&*a, b) } else { (&*b, a) };
+            let need_dx = slot.input != Buf::Input;
+            let p = slot.params.clone();
+            layer.backward(
+                pass,
+                &params[p.clone()],
+                &mut grads[p.clone()],
+                x,
+                &self.acts[out],
+                dy,
+                need_dx.then_some(&mut dx[..]),
+                n,
+            );
+            ready(p.end);
+            if need_dx {
+                cur = 1 - cur;
+            }
+        }
+    }
+}
