@@ -1,0 +1,144 @@
+//! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
+//! `check`, `schema` and `bench` are the only other commands.
+
+use crate::run::{self, Invocation, RunError};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// trainrun: declarative distributed training from one TOML spec.
+#[derive(Debug, Parser)]
+#[command(name = "trainrun", version, args_conflicts_with_subcommands = true, arg_required_else_help = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the plan (strategy, replicas, batch and learning-rate arithmetic, data shards,
+    /// all-reduce, checkpoints) without training.
+    Check {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of specs (editors validate `#:schema` spec files with it).
+    Schema,
+    /// Measure training throughput of the tutorial model (batch 64 and 128, 1 and 2 threads).
+    Bench {
+        /// Fewer steps, for a quick look.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct SpecArgs {
+    /// The spec file.
+    spec: Option<PathBuf>,
+    /// Override a spec value, e.g. `--set optimizer.learning_rate=0.05` (repeatable; applied
+    /// after the file and TRAINRUN_* environment overrides).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Documented exit codes (README "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Training finished (or the command succeeded).
+    Ok = 0,
+    /// A runtime failure: an I/O error, a failed step.
+    Failure = 1,
+    /// The spec or an override is invalid, or the command line is malformed.
+    Spec = 2,
+    /// The spec is valid but this build or machine cannot run it (e.g. a strategy not built
+    /// yet, a GPU device without a GPU build).
+    Unsupported = 3,
+    /// Dataset files are missing or bad and could not be downloaded.
+    Data = 4,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// Parses the command line and runs it; returns the process exit code.
+pub fn main() -> ExitCode {
+    let launched = Instant::now();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { Exit::Spec.into() } else { Exit::Ok.into() };
+        }
+    };
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let invocation = |spec: SpecArgs, quiet: bool| -> Result<Invocation, RunError> {
+        let path = spec.spec.ok_or_else(|| RunError::Usage("a spec file is required, e.g. `trainrun specs/mnist_single.toml`".into()))?;
+        Ok(Invocation { spec: path, sets: spec.sets, env: env.clone(), quiet, launched })
+    };
+    let result = match cli.command {
+        None => invocation(cli.run.spec, cli.run.quiet).and_then(|inv| run::train(&inv)).map(|_| ()),
+        Some(Command::Check { spec, json }) => invocation(spec, false).and_then(|inv| run::check(&inv, json)),
+        Some(Command::Schema) => {
+            print!("{}", crate::spec::schema_json());
+            Ok(())
+        }
+        Some(Command::Bench { quick }) => crate::bench::run(quick).map_err(RunError::Failure),
+    };
+    match result {
+        Ok(()) => Exit::Ok.into(),
+        Err(e) => {
+            eprintln!("{e}");
+            e.exit().into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// The spec is the interface: a new flag needs a reason, and this test makes it visible.
+    #[test]
+    fn the_flag_list_stays_small() {
+        let cmd = Cli::command();
+        let mut flags: Vec<String> = Vec::new();
+        let mut collect = |prefix: &str, c: &clap::Command| {
+            for a in c.get_arguments() {
+                if let Some(l) = a.get_long() {
+                    flags.push(format!("{prefix}--{l}"));
+                }
+            }
+        };
+        collect("", &cmd);
+        for sub in cmd.get_subcommands() {
+            collect(&format!("{} ", sub.get_name()), sub);
+        }
+        flags.sort();
+        assert_eq!(
+            flags,
+            ["--quiet", "--set", "bench --quick", "check --json", "check --set"],
+            "CLI flags changed: keep options in the spec (`--set` reaches every key)"
+        );
+    }
+}

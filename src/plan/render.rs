@@ -1,0 +1,301 @@
+//! The plan as `trainrun check` prints it: one line per decision, with the arithmetic shown.
+
+use super::{Plan, Reduction, Schedule, ShardPolicy};
+use crate::spec::{CallbackSpec, CollectiveImplementation, CrossDeviceOps, SaveFreq};
+use std::fmt::Write;
+
+fn plural(n: impl Into<u64>, word: &str) -> String {
+    let n = n.into();
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
+fn freq(f: &SaveFreq) -> String {
+    match f {
+        SaveFreq::Epoch(_) => "every epoch".to_string(),
+        SaveFreq::Steps(n) => format!("every {}", plural(n.get(), "step")),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// Renders `plan` as aligned `key  value` lines.
+pub fn text(plan: &Plan) -> String {
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    let s = &plan.strategy;
+    rows.push(("strategy", s.kind.name().to_string()));
+    let tasks: Vec<String> = s
+        .tasks
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(r, n)| format!("{r} × {n}"))
+        .collect();
+    if !tasks.is_empty() {
+        let chief = if s.tasks.iter().any(|(r, n)| r == "chief" && *n > 0) {
+            "chief"
+        } else {
+            "worker 0"
+        };
+        rows.push((
+            "cluster",
+            format!("{} (from [cluster]; chief: {chief})", tasks.join(", ")),
+        ));
+    }
+    let devices: Vec<String> = s.devices.iter().map(ToString::to_string).collect();
+    rows.push(("devices", format!("{} per worker", devices.join(", "))));
+    rows.push((
+        "num_replicas_in_sync",
+        format!("{} ({})", s.num_replicas_in_sync, s.replicas_text()),
+    ));
+    let b = &plan.batch;
+    let derived = match b.derived {
+        super::Derived::Global => "global derived",
+        super::Derived::PerReplica => "per_replica derived",
+        super::Derived::AccumulationSteps => "accumulation_steps derived",
+        super::Derived::Nothing => "all three given",
+    };
+    rows.push((
+        "batch",
+        format!(
+            "global {} = per_replica {} × {} × {} ({derived})",
+            b.global,
+            b.per_replica,
+            plural(s.num_replicas_in_sync as u64, "replica"),
+            plural(b.accumulation_steps as u64, "accumulation step"),
+        ),
+    ));
+    let lr = &plan.learning_rate;
+    let scaling = match (lr.rule, lr.base_batch) {
+        (crate::spec::ScalingRule::Linear, Some(bb)) => {
+            format!("linear: {} × {} / {bb}", lr.base, b.global)
+        }
+        (crate::spec::ScalingRule::Sqrt, Some(bb)) => {
+            format!("sqrt: {} × sqrt({} / {bb})", lr.base, b.global)
+        }
+        (crate::spec::ScalingRule::Table, _) => format!("table entry for batch {}", b.global),
+        _ => "no scaling".to_string(),
+    };
+    rows.push(("learning_rate", format!("{} ({scaling})", fmt_f(lr.scaled))));
+    rows.push((
+        "warmup",
+        match lr.warmup {
+            Some(w) => format!(
+                "{} linear from {} to {}",
+                plural(w.steps, "step"),
+                fmt_f(w.start),
+                fmt_f(lr.scaled)
+            ),
+            None => "none".to_string(),
+        },
+    ));
+    rows.push((
+        "schedule",
+        match lr.schedule {
+            Schedule::Constant => "constant".to_string(),
+            Schedule::StepDecay {
+                factor,
+                every_steps,
+            } => format!("× {factor} every {}", plural(every_steps, "step")),
+            Schedule::Cosine { alpha, total_steps } => {
+                format!("cosine to {alpha} × peak at step {total_steps}")
+            }
+        },
+    ));
+    rows.push((
+        "optimizer",
+        match plan.optimizer {
+            super::OptimizerPlan::Sgd { momentum, nesterov, weight_decay } => {
+                format!("sgd, momentum {momentum}{}, weight decay {weight_decay}", if nesterov { " (nesterov)" } else { "" })
+            }
+            super::OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled } => format!(
+                "{}, beta_1 {beta_1}, beta_2 {beta_2}, epsilon {epsilon}, weight decay {weight_decay}",
+                if decoupled { "adamw" } else { "adam" }
+            ),
+        },
+    ));
+    let t = &plan.train;
+    rows.push((
+        "steps",
+        format!(
+            "{} × {} = {} ({} examples per step)",
+            plural(t.epochs, "epoch"),
+            plural(t.steps_per_epoch, "step"),
+            plural(t.total_steps, "step"),
+            b.global
+        ),
+    ));
+    let d = &plan.data;
+    let shape: Vec<String> = d
+        .facts
+        .example_shape
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    rows.push((
+        "data",
+        format!(
+            "{:?}: {} train / {} test examples of {}, {} classes",
+            d.spec.dataset,
+            d.facts.train_examples,
+            d.facts.test_examples,
+            shape.join("×"),
+            d.facts.classes
+        )
+        .to_lowercase(),
+    ));
+    let shuffle = match d.spec.shuffle_buffer {
+        None => "full shuffle each epoch".to_string(),
+        Some(0) => "no shuffle".to_string(),
+        Some(n) => format!("shuffle buffer of {n}"),
+    };
+    let shards = match d.shard {
+        ShardPolicy::None => "one shard".to_string(),
+        ShardPolicy::File => format!("file policy, {} shards", d.num_shards),
+        ShardPolicy::Data => format!(
+            "data policy: worker i keeps every {}th example of each global batch",
+            d.num_shards
+        ),
+        ShardPolicy::Off => format!("off: all {} workers read everything", d.num_shards),
+    };
+    let remainder = if d.spec.drop_remainder {
+        "drop remainder"
+    } else {
+        "keep partial batches"
+    };
+    rows.push((
+        "input",
+        format!(
+            "{shuffle}, {remainder}, prefetch {}, {shards}",
+            d.spec.prefetch
+        ),
+    ));
+    rows.push((
+        "all-reduce",
+        match s.reduction {
+            Reduction::None => "none (one replica)".to_string(),
+            Reduction::CrossDevice { algorithm } => match algorithm {
+                CrossDeviceOps::Nccl => "nccl".to_string(),
+                CrossDeviceOps::HierarchicalCopy => "hierarchical_copy".to_string(),
+                CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => {
+                    "reduction_to_one_device".to_string()
+                }
+            },
+            Reduction::Collective {
+                implementation,
+                bytes_per_pack,
+                timeout_s,
+            } => {
+                let algo = match implementation {
+                    CollectiveImplementation::Nccl => "nccl",
+                    CollectiveImplementation::Ring | CollectiveImplementation::Auto => "ring",
+                };
+                format!(
+                    "{algo}, packs of {}, timeout {timeout_s} s",
+                    bytes(bytes_per_pack)
+                )
+            }
+            Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
+        },
+    ));
+    rows.push((
+        "evaluation",
+        match t.eval {
+            None => "none (no test split)".to_string(),
+            Some(e) => {
+                let mut when = Vec::new();
+                if e.every_epoch {
+                    when.push("every epoch".to_string());
+                }
+                if let Some(n) = e.every_steps {
+                    when.push(format!("every {}", plural(n, "step")));
+                }
+                when.push("at the end".to_string());
+                let on = e
+                    .validation_steps
+                    .map_or(format!("{} test examples", d.facts.test_examples), |v| {
+                        plural(v, "test batch")
+                    });
+                format!("{} on {on}", when.join(", "))
+            }
+        },
+    ));
+    let mut checkpoints = Vec::new();
+    let mut others = Vec::new();
+    for cb in &plan.callbacks {
+        match cb {
+            CallbackSpec::ModelCheckpoint {
+                save_freq,
+                save_best_only,
+                max_to_keep,
+                ..
+            } => {
+                let mut c = format!("model_checkpoint {}", freq(save_freq));
+                if *save_best_only {
+                    c.push_str(", best only");
+                }
+                if let Some(k) = max_to_keep {
+                    c.push_str(&format!(", keep {k}"));
+                }
+                checkpoints.push(c);
+            }
+            CallbackSpec::BackupAndRestore { save_freq, .. } => {
+                checkpoints.push(format!("backup_and_restore {}", freq(save_freq)))
+            }
+            CallbackSpec::EarlyStopping {
+                monitor, patience, ..
+            } => others.push(format!(
+                "early_stopping on {} (patience {patience})",
+                super::monitor_name(*monitor)
+            )),
+            CallbackSpec::ReduceLrOnPlateau {
+                monitor,
+                factor,
+                patience,
+                ..
+            } => others.push(format!(
+                "reduce_lr_on_plateau on {} (× {factor} after {patience})",
+                super::monitor_name(*monitor)
+            )),
+            CallbackSpec::CsvLogger { filename, .. } => {
+                others.push(format!("csv_logger to {}", filename.display()))
+            }
+            CallbackSpec::StopAtTarget { monitor, target } => others.push(format!(
+                "stop when {} reaches {target}",
+                super::monitor_name(*monitor)
+            )),
+        }
+    }
+    rows.push((
+        "checkpoints",
+        if checkpoints.is_empty() {
+            "none".to_string()
+        } else {
+            checkpoints.join("; ")
+        },
+    ));
+    if !others.is_empty() {
+        rows.push(("callbacks", others.join("; ")));
+    }
+    rows.push(("threads", format!("{} per task", plan.threads)));
+    rows.push(("output", plan.out_dir.display().to_string()));
+
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = format!("plan for {} (seed {})\n", plan.name, plan.seed);
+    for (k, v) in rows {
+        let _ = writeln!(out, "  {k:<width$}  {v}");
+    }
+    out
+}
+
+/// A float without noise digits.
+fn fmt_f(v: f64) -> String {
+    let s = format!("{v:.6}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}

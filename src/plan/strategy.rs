@@ -1,0 +1,343 @@
+//! Strategy and cluster: which replicas exist, where, and how their gradients are reduced.
+
+use crate::spec::{
+    ClusterSpec, CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic,
+    StrategySpec, Tasks,
+};
+use serde::Serialize;
+
+/// The distribution strategy, TensorFlow's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrategyKind {
+    /// One replica on the default device.
+    Default,
+    /// One replica on a named device.
+    OneDevice,
+    /// One process, one replica per local device.
+    Mirrored,
+    /// Variables on the CPU, compute on local devices.
+    CentralStorage,
+    /// Collective all-reduce across worker processes.
+    MultiWorkerMirrored,
+    /// Variables on parameter servers.
+    ParameterServer,
+}
+
+impl StrategyKind {
+    /// The spec's name of the strategy.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Default => "default",
+            StrategyKind::OneDevice => "one_device",
+            StrategyKind::Mirrored => "mirrored",
+            StrategyKind::CentralStorage => "central_storage",
+            StrategyKind::MultiWorkerMirrored => "multi_worker_mirrored",
+            StrategyKind::ParameterServer => "parameter_server",
+        }
+    }
+}
+
+/// How gradients of replicas meet.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reduction {
+    /// One replica: nothing to reduce.
+    None,
+    /// Replicas in one process (`mirrored`, `central_storage`), by this algorithm.
+    CrossDevice { algorithm: CrossDeviceOps },
+    /// Across worker processes.
+    Collective {
+        implementation: CollectiveImplementation,
+        bytes_per_pack: u64,
+        timeout_s: f64,
+    },
+    /// Workers push gradients to parameter servers and pull variables.
+    ParameterServer,
+}
+
+/// Where the cluster came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterSource {
+    /// No cluster: one local process.
+    None,
+    /// The spec's `[cluster]`.
+    Spec,
+}
+
+/// The resolved strategy, devices and cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StrategyPlan {
+    /// The strategy.
+    pub kind: StrategyKind,
+    /// Devices of each worker, one replica each.
+    pub devices: Vec<Device>,
+    /// Worker processes that hold replicas (the chief counts as one under MultiWorkerMirrored).
+    pub num_workers: usize,
+    /// `workers × devices`: replicas whose gradients are summed each step.
+    pub num_replicas_in_sync: usize,
+    /// How the gradients are reduced.
+    pub reduction: Reduction,
+    /// Where the cluster was defined.
+    pub cluster_source: ClusterSource,
+    /// Tasks by role: `(role, count)` for chief, worker, ps, evaluator.
+    pub tasks: Vec<(String, usize)>,
+}
+
+impl StrategyPlan {
+    /// "2 workers × 1 device", to explain the replica count in messages.
+    pub fn replicas_text(&self) -> String {
+        let d = self.devices.len();
+        let w = self.num_workers;
+        format!(
+            "{w} worker{} × {d} device{}",
+            if w == 1 { "" } else { "s" },
+            if d == 1 { "" } else { "s" }
+        )
+    }
+}
+
+/// Machine facts the strategy depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hardware {
+    /// GPUs this build can use on this machine.
+    pub gpus: usize,
+}
+
+fn count_devices(devices: &Devices, hw: Hardware) -> Vec<Device> {
+    match devices {
+        Devices::List(list) => list.clone(),
+        Devices::Count(n) => {
+            let kind = if hw.gpus > 0 {
+                DeviceKind::Gpu
+            } else {
+                DeviceKind::Cpu
+            };
+            (0..n.get()).map(|index| Device { kind, index }).collect()
+        }
+    }
+}
+
+fn tasks(t: &Option<Tasks>) -> usize {
+    t.as_ref().map_or(0, Tasks::len)
+}
+
+/// Resolves the strategy against the cluster and hardware.
+pub fn resolve(
+    strategy: &StrategySpec,
+    cluster: &ClusterSpec,
+    hw: Hardware,
+    errors: &mut Vec<Diagnostic>,
+) -> StrategyPlan {
+    let (chief, worker, ps, evaluator) = (
+        tasks(&cluster.chief),
+        tasks(&cluster.worker),
+        tasks(&cluster.ps),
+        tasks(&cluster.evaluator),
+    );
+    let role_counts = vec![
+        ("chief".to_string(), chief),
+        ("worker".to_string(), worker),
+        ("ps".to_string(), ps),
+        ("evaluator".to_string(), evaluator),
+    ];
+    let has_cluster = chief + worker + ps + evaluator > 0;
+    for (key, n) in [("cluster.chief", chief), ("cluster.evaluator", evaluator)] {
+        if n > 1 {
+            errors.push(
+                Diagnostic::error(
+                    key,
+                    format!("{key} lists {n} tasks; a cluster has at most one"),
+                )
+                .help("keep one address"),
+            );
+        }
+    }
+    for (key, t) in [
+        ("cluster.chief", &cluster.chief),
+        ("cluster.worker", &cluster.worker),
+        ("cluster.ps", &cluster.ps),
+        ("cluster.evaluator", &cluster.evaluator),
+    ] {
+        if let Some(Tasks::Addresses(a)) = t {
+            if a.is_empty() {
+                errors.push(
+                    Diagnostic::error(key, format!("{key} is an empty list"))
+                        .help("list host:port addresses, give a count, or remove the key"),
+                );
+            }
+            for (i, addr) in a.iter().enumerate() {
+                if !valid_address(addr) {
+                    errors.push(
+                        Diagnostic::error(
+                            format!("{key}[{i}]"),
+                            format!("`{addr}` is not a host:port address"),
+                        )
+                        .help(
+                            "write it as host:port, e.g. \"10.0.0.5:2222\" or \"localhost:2222\"",
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    let (kind, devices, reduction) = match strategy {
+        StrategySpec::Default => (
+            StrategyKind::Default,
+            vec![Device::default()],
+            Reduction::None,
+        ),
+        StrategySpec::OneDevice { device } => {
+            (StrategyKind::OneDevice, vec![*device], Reduction::None)
+        }
+        StrategySpec::Mirrored {
+            devices,
+            cross_device_ops,
+        } => {
+            let devices = count_devices(devices, hw);
+            let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
+            let algorithm = match cross_device_ops {
+                CrossDeviceOps::Auto if all_gpu => CrossDeviceOps::Nccl,
+                CrossDeviceOps::Auto => CrossDeviceOps::ReductionToOneDevice,
+                CrossDeviceOps::Nccl if !all_gpu => {
+                    errors.push(
+                        Diagnostic::error("strategy.cross_device_ops", "cross_device_ops = \"nccl\" needs GPU devices, but strategy.devices includes CPUs")
+                            .help("use cross_device_ops = \"hierarchical_copy\" or \"reduction_to_one_device\" on CPUs"),
+                    );
+                    *cross_device_ops
+                }
+                other => *other,
+            };
+            (
+                StrategyKind::Mirrored,
+                devices,
+                Reduction::CrossDevice { algorithm },
+            )
+        }
+        StrategySpec::CentralStorage { devices } => {
+            let devices = count_devices(devices, hw);
+            (
+                StrategyKind::CentralStorage,
+                devices,
+                Reduction::CrossDevice {
+                    algorithm: CrossDeviceOps::ReductionToOneDevice,
+                },
+            )
+        }
+        StrategySpec::MultiWorkerMirrored {
+            devices,
+            communication,
+        } => {
+            let devices = count_devices(devices, hw);
+            let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
+            let implementation = match communication.implementation {
+                CollectiveImplementation::Auto if all_gpu => CollectiveImplementation::Nccl,
+                CollectiveImplementation::Auto => CollectiveImplementation::Ring,
+                other => other,
+            };
+            if implementation == CollectiveImplementation::Nccl && !all_gpu {
+                errors.push(
+                    Diagnostic::error("strategy.communication.implementation", "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs")
+                        .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
+                );
+            }
+            let reduction = Reduction::Collective {
+                implementation,
+                bytes_per_pack: communication.bytes_per_pack,
+                timeout_s: communication.timeout_s,
+            };
+            (StrategyKind::MultiWorkerMirrored, devices, reduction)
+        }
+        StrategySpec::ParameterServer { .. } => {
+            if ps == 0 || worker == 0 {
+                errors.push(
+                    Diagnostic::error("cluster", format!("strategy.kind = \"parameter_server\" needs ps and worker tasks; [cluster] has {ps} ps and {worker} workers"))
+                        .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
+                );
+            }
+            (
+                StrategyKind::ParameterServer,
+                vec![Device::default()],
+                Reduction::ParameterServer,
+            )
+        }
+    };
+
+    let mut seen = std::collections::BTreeSet::new();
+    for d in &devices {
+        if !seen.insert(*d) {
+            errors.push(
+                Diagnostic::error(
+                    "strategy.devices",
+                    format!("strategy.devices lists {d} twice"),
+                )
+                .help("list each device once"),
+            );
+        }
+    }
+
+    let num_workers = match kind {
+        StrategyKind::MultiWorkerMirrored => (chief + worker).max(1),
+        StrategyKind::ParameterServer => worker.max(1),
+        _ => 1,
+    };
+    if !matches!(
+        kind,
+        StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer
+    ) && chief + worker > 1
+    {
+        errors.push(
+            Diagnostic::error(
+                "strategy.kind",
+                format!(
+                    "strategy.kind = \"{}\" runs in one process, but [cluster] lists {} tasks",
+                    kind.name(),
+                    chief + worker
+                ),
+            )
+            .help(
+                "use kind = \"multi_worker_mirrored\" to train across workers, or remove [cluster]",
+            ),
+        );
+    }
+    if ps > 0 && kind != StrategyKind::ParameterServer {
+        errors.push(
+            Diagnostic::error(
+                "cluster.ps",
+                format!(
+                    "cluster.ps lists {ps} parameter servers, but strategy.kind = \"{}\"",
+                    kind.name()
+                ),
+            )
+            .help("remove cluster.ps, or use kind = \"parameter_server\""),
+        );
+    }
+    // Under ParameterServerStrategy training is asynchronous: each worker steps on its own.
+    let replicas_per_step = if kind == StrategyKind::ParameterServer {
+        1
+    } else {
+        num_workers
+    };
+    StrategyPlan {
+        kind,
+        num_replicas_in_sync: replicas_per_step * devices.len(),
+        devices,
+        num_workers,
+        reduction,
+        cluster_source: if has_cluster {
+            ClusterSource::Spec
+        } else {
+            ClusterSource::None
+        },
+        tasks: role_counts,
+    }
+}
+
+fn valid_address(addr: &str) -> bool {
+    match addr.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok(),
+        None => false,
+    }
+}

@@ -1,0 +1,172 @@
+//! One run end to end, the edge where I/O happens: load the spec, gather facts, plan, load the
+//! data, build the model and strategy, train, and write the run folder.
+
+use crate::cli::Exit;
+use crate::data::{DataDirs, DataError, Fetcher, Shard, Source};
+use crate::engine::Shape;
+use crate::plan::{Facts, Hardware, Plan};
+use crate::spec::{self, Loaded};
+use crate::strategy::{self, StrategyError, Variables};
+use crate::train::record::{RunDir, Summary};
+use crate::train::{self, FitOptions, Session, TrainError};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the user asked for.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The spec file.
+    pub spec: PathBuf,
+    /// `--set` overrides, in order.
+    pub sets: Vec<String>,
+    /// The process environment.
+    pub env: Vec<(String, String)>,
+    /// `--quiet`.
+    pub quiet: bool,
+    /// When the process started.
+    pub launched: Instant,
+}
+
+/// Why a command failed; each maps to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The command line is malformed.
+    #[error("error: {0}")]
+    Usage(String),
+    /// The spec has problems (already rendered with their locations).
+    #[error("{0}")]
+    Spec(String),
+    /// The dataset could not be found, fetched or read.
+    #[error("error: {0}")]
+    Data(#[from] DataError),
+    /// The spec is valid but cannot run here.
+    #[error("error: {0}")]
+    Unsupported(String),
+    /// Training failed.
+    #[error("error: {0}")]
+    Train(TrainError),
+    /// Anything else at runtime.
+    #[error("error: {0}")]
+    Failure(String),
+}
+
+impl RunError {
+    /// The process exit code for this error.
+    pub fn exit(&self) -> Exit {
+        match self {
+            RunError::Usage(_) | RunError::Spec(_) => Exit::Spec,
+            RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
+            RunError::Unsupported(_) | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
+                Exit::Unsupported
+            }
+            RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
+        }
+    }
+}
+
+impl From<TrainError> for RunError {
+    fn from(e: TrainError) -> Self {
+        RunError::Train(e)
+    }
+}
+
+impl From<StrategyError> for RunError {
+    fn from(e: StrategyError) -> Self {
+        match e {
+            StrategyError::NotBuilt(_) | StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
+        }
+    }
+}
+
+/// A spec that loaded and planned, with what planning needed.
+pub struct Prepared {
+    /// The loaded spec and where its values came from.
+    pub loaded: Loaded,
+    /// The plan.
+    pub plan: Plan,
+    /// Where the data comes from.
+    pub source: Source,
+}
+
+fn data_dirs(env: &[(String, String)]) -> DataDirs {
+    let var = |k: &str| env.iter().find(|(key, v)| key == k && !v.is_empty()).map(|(_, v)| PathBuf::from(v));
+    DataDirs { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
+}
+
+/// Loads and plans the spec, rendering every problem with its location.
+pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
+    let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
+    let source = Source::from_spec(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)?;
+    let facts = Facts {
+        data: source.facts()?,
+        cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        hardware: Hardware { gpus: 0 },
+    };
+    match Plan::new(&loaded.spec, &facts) {
+        Ok(plan) => {
+            if !plan.warnings.is_empty() && !inv.quiet {
+                eprint!("{}", spec::render(&plan.warnings, &loaded.origins));
+            }
+            Ok(Prepared { loaded, plan, source })
+        }
+        Err(diags) => Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
+    }
+}
+
+/// `trainrun check`: prints the plan.
+pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
+    let p = prepare(inv)?;
+    let model = crate::model::build(&p.plan.model, &input_shape(&p.plan), p.plan.data.facts.classes as usize)
+        .map_err(|d| RunError::Spec(spec::render(&d, &p.loaded.origins)))?;
+    if json {
+        let mut value = serde_json::to_value(&p.plan).map_err(|e| RunError::Failure(e.to_string()))?;
+        value["model_params"] = model.param_len().into();
+        println!("{}", serde_json::to_string_pretty(&value).map_err(|e| RunError::Failure(e.to_string()))?);
+    } else {
+        print!("{}", p.plan.render());
+        println!("  {:<20}  {}", "data folder", p.source.dir().map_or("(generated)".to_string(), |d| d.display().to_string()));
+        print!("{}", crate::model::summary(&model));
+    }
+    Ok(())
+}
+
+fn input_shape(plan: &Plan) -> Shape {
+    let s = plan.data.facts.example_shape;
+    Shape(vec![s.height, s.width, s.channels])
+}
+
+/// `trainrun SPEC`: trains and writes the run folder.
+pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
+    let p = prepare(inv)?;
+    let plan = &p.plan;
+    // One model per local replica; planning checked the spec, so every build succeeds alike.
+    let models = (0..plan.strategy.devices.len())
+        .map(|_| crate::model::build(&plan.model, &input_shape(plan), plan.data.facts.classes as usize))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|d| RunError::Spec(spec::render(&d, &p.loaded.origins)))?;
+    let first = &models[0];
+    let (params, state) = first.init(plan.seed);
+    let (tensors, state_tensors) = (first.tensors().to_vec(), first.state_tensors().to_vec());
+    let strategy = strategy::build(plan, models)?;
+
+    p.source.fetch_missing(&Fetcher::default())?;
+    let dataset = Arc::new(p.source.load()?);
+    let shard = Shard::new(0, NonZeroUsize::MIN)?;
+    let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
+    let mut run_dir = RunDir::create(&plan.out_dir, &resolved).map_err(|e| RunError::Train(e.into()))?;
+    let optimizer = plan.optimizer.build(params.len());
+    let mut session = Session { vars: Variables { params, state }, optimizer, strategy, dataset, shard, tensors, state_tensors };
+    let opts = FitOptions { progress: train::progress::Mode::detect(inv.quiet), prefix: String::new(), launched: inv.launched, writes: true };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(plan.threads)
+        .build()
+        .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
+    let summary = pool.install(|| train::fit(plan, &mut session, &mut run_dir, &opts))?;
+    run_dir.summary(&summary).map_err(|e| RunError::Train(e.into()))?;
+    if !inv.quiet {
+        println!("wrote {}", run_dir.path().display());
+    }
+    Ok(summary)
+}

@@ -1,0 +1,43 @@
+//! `default`: no distribution, one replica in this process (`tf.distribute.get_strategy()`).
+
+use super::{Replica, Strategy, StrategyError, Variables};
+use crate::data::Batch;
+use crate::engine::BatchStats;
+use crate::plan::StrategyKind;
+
+/// One replica, nothing to reduce.
+pub struct DefaultStrategy {
+    replica: Replica,
+}
+
+impl DefaultStrategy {
+    /// The strategy over `replica`.
+    pub fn new(replica: Replica) -> Self {
+        Self { replica }
+    }
+}
+
+impl Strategy for DefaultStrategy {
+    fn kind(&self) -> StrategyKind {
+        StrategyKind::Default
+    }
+
+    fn compute_gradients(&mut self, vars: &mut Variables, grads: &mut [f32], micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
+        let total: usize = micro.iter().map(|b| b.global_n).sum();
+        let scale = 1.0 / total.max(1) as f32;
+        let mut stats = BatchStats::default();
+        for (i, batch) in micro.iter().enumerate() {
+            let s = crate::engine::init::derive_seed(&[seed, i as u64]);
+            stats.add(self.replica.forward_backward(vars, grads, batch, scale, s, i > 0, &mut |_| {}));
+        }
+        Ok(stats)
+    }
+
+    fn evaluate(&mut self, vars: &mut Variables, batches: &mut dyn Iterator<Item = Batch>) -> Result<BatchStats, StrategyError> {
+        let mut stats = BatchStats::default();
+        for b in batches {
+            stats.add(self.replica.evaluate(vars, &b));
+        }
+        Ok(stats)
+    }
+}

@@ -1,0 +1,65 @@
+//! Distribution strategies behind one small trait: how a step's gradient is computed over the
+//! replicas and reduced. Adding a strategy is an enum variant, a file, and a match arm.
+
+mod default;
+mod one_device;
+mod replica;
+
+pub use replica::Replica;
+
+use crate::data::Batch;
+use crate::engine::{BatchStats, Optimizer, Sequential};
+use crate::plan::{Plan, StrategyKind};
+
+/// The model's variables: trainable parameters and non-trainable state, each one flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Variables {
+    /// Trainable values, in the model's arena order.
+    pub params: Vec<f32>,
+    /// Non-trainable values (batch-norm moving statistics).
+    pub state: Vec<f32>,
+}
+
+/// A strategy could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum StrategyError {
+    /// The spec is valid but this build cannot run it yet.
+    #[error("strategy.kind = \"{0}\" is not built yet in this version of trainrun; use \"default\" or \"one_device\"")]
+    NotBuilt(&'static str),
+    /// The spec asks for hardware or a build feature that is missing.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// How one task computes and reduces each step's gradient.
+pub trait Strategy {
+    /// The strategy's kind.
+    fn kind(&self) -> StrategyKind;
+
+    /// Forward and backward over this task's `micro` batches of one optimizer step, leaving in
+    /// `grads` the gradient of the mean loss over the whole global batch (all replicas) and
+    /// returning loss and accuracy sums over the whole global batch.
+    fn compute_gradients(&mut self, vars: &mut Variables, grads: &mut [f32], micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError>;
+
+    /// Applies the optimizer. Synchronous strategies update every replica's copy identically.
+    fn apply(&mut self, vars: &mut Variables, grads: &[f32], optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+        optimizer.step(&mut vars.params, grads, lr);
+        Ok(())
+    }
+
+    /// Loss and accuracy sums over `batches` (this task's share), across all replicas.
+    fn evaluate(&mut self, vars: &mut Variables, batches: &mut dyn Iterator<Item = Batch>) -> Result<BatchStats, StrategyError>;
+}
+
+/// The strategy `plan` asks for, over `models`: one per local device of the plan.
+pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
+    let mut replicas = models.into_iter().map(|m| Replica::new(m, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads));
+    let mut one = || replicas.next().ok_or_else(|| StrategyError::Unsupported("no model to place on a device".into()));
+    match plan.strategy.kind {
+        StrategyKind::Default => Ok(Box::new(default::DefaultStrategy::new(one()?))),
+        StrategyKind::OneDevice => Ok(Box::new(one_device::OneDevice::new(plan.strategy.devices.first().copied().unwrap_or_default(), one()?)?)),
+        kind @ (StrategyKind::Mirrored | StrategyKind::CentralStorage | StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) => {
+            Err(StrategyError::NotBuilt(kind.name()))
+        }
+    }
+}

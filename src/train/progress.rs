@@ -1,0 +1,127 @@
+//! Keras-style progress: an indicatif bar per epoch on a terminal, one line per epoch
+//! otherwise, nothing with `--quiet`.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// Metrics shown after the step counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Shown {
+    /// Mean training loss of the epoch so far.
+    pub loss: f64,
+    /// Training accuracy of the epoch so far.
+    pub accuracy: f64,
+    /// Latest test-split loss and accuracy.
+    pub val: Option<(f64, f64)>,
+}
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A live bar (stderr is a terminal).
+    Bar,
+    /// One line per epoch.
+    Lines,
+    /// Nothing.
+    Quiet,
+}
+
+impl Mode {
+    /// A bar on a terminal, lines otherwise, unless `quiet`.
+    pub fn detect(quiet: bool) -> Self {
+        if quiet {
+            Mode::Quiet
+        } else if std::io::stderr().is_terminal() {
+            Mode::Bar
+        } else {
+            Mode::Lines
+        }
+    }
+}
+
+/// The display of one run.
+pub struct Progress {
+    mode: Mode,
+    epochs: u64,
+    bar: Option<ProgressBar>,
+    started: Instant,
+    steps: u64,
+    /// Prefix for every line, e.g. `[worker:0] ` under the launcher.
+    prefix: String,
+}
+
+fn metrics_text(m: &Shown) -> String {
+    let mut s = format!("loss: {:.4} - accuracy: {:.4}", m.loss, m.accuracy);
+    if let Some((l, a)) = m.val {
+        s.push_str(&format!(" - val_loss: {l:.4} - val_accuracy: {a:.4}"));
+    }
+    s
+}
+
+fn per_step(elapsed: Duration, steps: u64) -> String {
+    let ms = elapsed.as_secs_f64() * 1e3 / steps.max(1) as f64;
+    if ms >= 1.0 { format!("{ms:.0}ms/step") } else { format!("{:.0}us/step", ms * 1e3) }
+}
+
+impl Progress {
+    /// A display for `epochs` epochs.
+    pub fn new(mode: Mode, epochs: u64, prefix: impl Into<String>) -> Self {
+        Self { mode, epochs, bar: None, started: Instant::now(), steps: 0, prefix: prefix.into() }
+    }
+
+    /// Starts epoch `epoch` (1-based) of `steps` steps.
+    pub fn start_epoch(&mut self, epoch: u64, steps: u64) {
+        self.started = Instant::now();
+        self.steps = steps;
+        if self.mode == Mode::Bar {
+            let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template("{prefix} {pos}/{len} [{bar:30.=>-}] {elapsed} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=>.");
+            bar.set_style(style);
+            bar.set_prefix(format!("{}Epoch {epoch}/{}", self.prefix, self.epochs));
+            self.bar = Some(bar);
+        }
+    }
+
+    /// Shows `done` steps of the epoch finished with running metrics `m`.
+    pub fn step(&mut self, done: u64, m: &Shown) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            bar.set_message(format!("{} - {}", per_step(self.started.elapsed(), done), metrics_text(m)));
+        }
+    }
+
+    /// Ends epoch `epoch` with its final metrics (including evaluation).
+    pub fn end_epoch(&mut self, epoch: u64, m: &Shown) {
+        let elapsed = self.started.elapsed();
+        let line = format!(
+            "{}Epoch {epoch}/{} - {}/{} - {:.1}s {} - {}",
+            self.prefix,
+            self.epochs,
+            self.steps,
+            self.steps,
+            elapsed.as_secs_f64(),
+            per_step(elapsed, self.steps),
+            metrics_text(m)
+        );
+        match (self.mode, self.bar.take()) {
+            (Mode::Bar, Some(bar)) => {
+                bar.set_message(format!("{} - {}", per_step(elapsed, self.steps), metrics_text(m)));
+                bar.finish();
+            }
+            (Mode::Lines, _) => println!("{line}"),
+            _ => {}
+        }
+    }
+
+    /// Prints a note (evaluation results, early stop) in the current mode.
+    pub fn note(&self, text: &str) {
+        match (&self.bar, self.mode) {
+            (Some(bar), _) => bar.println(format!("{}{text}", self.prefix)),
+            (None, Mode::Quiet) => {}
+            (None, _) => println!("{}{text}", self.prefix),
+        }
+    }
+}

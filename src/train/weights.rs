@@ -1,0 +1,41 @@
+//! Final weights as a safetensors file (tensor names are Keras weight paths, so other tools can
+//! load them), and a digest of the weights for determinism checks.
+
+use super::record::RecordError;
+use crate::engine::TensorInfo;
+use crate::strategy::Variables;
+use safetensors::tensor::{Dtype, TensorView};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::Path;
+
+fn le_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// SHA-256 of the parameters then the state, as little-endian f32.
+pub fn weights_sha256(vars: &Variables) -> String {
+    let mut h = Sha256::new();
+    h.update(le_bytes(&vars.params));
+    h.update(le_bytes(&vars.state));
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `vars` to `path` (temp file, fsync, rename) as safetensors.
+pub fn save_weights(path: &Path, vars: &Variables, tensors: &[TensorInfo], state: &[TensorInfo]) -> Result<(), RecordError> {
+    let err = |source: std::io::Error| RecordError { path: path.to_path_buf(), source };
+    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (t, values) in tensors.iter().map(|t| (t, &vars.params)).chain(state.iter().map(|t| (t, &vars.state))) {
+        bufs.push((t.name.clone(), t.shape.clone(), le_bytes(&values[t.range()])));
+    }
+    let views = bufs
+        .iter()
+        .map(|(name, shape, bytes)| TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (name.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| err(std::io::Error::other(e.to_string())))?;
+    let tmp = path.with_extension("safetensors.tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(&bytes).and_then(|_| f.sync_all()).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
