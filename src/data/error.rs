@@ -1,0 +1,225 @@
+//! [`DataError`]: everything that can go wrong reading, downloading or batching data. Each
+//! message names the file or value at fault and, where there is one, the fix.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// A failure in the data module. The text is part of the contract: tests snapshot it.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The file starts like gzip but does not decompress.
+    #[error("{}: corrupt gzip data ({source}); delete the file and fetch it again", .path.display())]
+    Gzip {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The first two bytes of an IDX file must be zero.
+    #[error(
+        "{}: not an IDX file (it must start with the bytes 00 00, found {:02x} {:02x})",
+        .path.display(), .found[0], .found[1]
+    )]
+    BadMagic { path: PathBuf, found: [u8; 2] },
+
+    /// Only unsigned-byte IDX files are read.
+    #[error(
+        "{}: IDX element type 0x{code:02x} ({}) is not supported; only unsigned bytes (0x08) are",
+        .path.display(), idx_type_name(*.code)
+    )]
+    UnsupportedType { path: PathBuf, code: u8 },
+
+    /// The header's dimensions do not fit what the file is used for.
+    #[error("{}: the header gives dimensions {dims:?}; {expected}", .path.display())]
+    BadDims {
+        path: PathBuf,
+        dims: Vec<usize>,
+        expected: String,
+    },
+
+    /// The file holds fewer bytes than its header describes.
+    #[error(
+        "{}: truncated: the header describes {expected} bytes, the file holds {found}; \
+         delete it and fetch it again",
+        .path.display()
+    )]
+    Truncated {
+        path: PathBuf,
+        expected: u64,
+        found: u64,
+    },
+
+    /// The file holds more bytes than its header describes.
+    #[error(
+        "{}: {found} bytes, but the header describes {expected}; is it the right file?",
+        .path.display()
+    )]
+    TrailingBytes {
+        path: PathBuf,
+        expected: u64,
+        found: u64,
+    },
+
+    /// Image and label files disagree on the number of examples.
+    #[error(
+        "{} holds {images} images but {} holds {labels} labels; they must be the same split",
+        .images_path.display(), .labels_path.display()
+    )]
+    CountMismatch {
+        images_path: PathBuf,
+        images: usize,
+        labels_path: PathBuf,
+        labels: usize,
+    },
+
+    /// A label is not a valid class of the dataset.
+    #[error(
+        "{}: label {label} of example {index} is outside the {classes} classes of {dataset}",
+        .path.display()
+    )]
+    LabelOutOfRange {
+        path: PathBuf,
+        dataset: &'static str,
+        index: usize,
+        label: u8,
+        classes: u32,
+    },
+
+    /// Files of a dataset are not in its folder (and were not downloaded).
+    #[error(
+        "{dataset}: missing in {}: {}; put the files there, or set `data.dir` \
+         (or TRAINRUN_DATA_DIR) to a folder that has them",
+        .dir.display(), .files.join(", ")
+    )]
+    MissingFiles {
+        dataset: &'static str,
+        dir: PathBuf,
+        files: Vec<String>,
+    },
+
+    /// Every mirror failed for at least one file.
+    #[error("{}", DownloadReport { dataset, dir, failures })]
+    DownloadFailed {
+        dataset: &'static str,
+        dir: PathBuf,
+        failures: Vec<FileFailure>,
+    },
+
+    /// No folder could be chosen for a dataset that lives in files.
+    #[error(
+        "{dataset}: no data folder: set `data.dir` or TRAINRUN_DATA_DIR \
+         (neither XDG_CACHE_HOME nor HOME is set, so there is no cache folder either)"
+    )]
+    NoDataDir { dataset: &'static str },
+
+    /// A spec section the dataset needs is absent.
+    #[error("`data.dataset = \"{dataset}\"` needs `{section}`; example: {example}")]
+    MissingSection {
+        dataset: &'static str,
+        section: &'static str,
+        example: &'static str,
+    },
+
+    /// `[data.synthetic]` asks for something that cannot be generated.
+    #[error("data.synthetic: {problem}")]
+    BadSynthetic { problem: String },
+
+    /// The training split has no examples, so no batch can ever be made.
+    #[error("the training set is empty; check the data files")]
+    EmptyTrainingSet,
+
+    /// With `drop_remainder`, a global batch larger than the data gives no batch at all.
+    #[error(
+        "the global batch ({global_batch}) is larger than the {examples} training examples and \
+         `data.drop_remainder = true` drops it whole; use a batch of at most {examples} or \
+         `drop_remainder = false`"
+    )]
+    BatchLargerThanData {
+        global_batch: usize,
+        examples: usize,
+    },
+
+    /// `data.prefetch` beyond any use.
+    #[error("data.prefetch = {prefetch} is more than {max} batches ahead; 2 to 4 is plenty")]
+    PrefetchTooLarge { prefetch: usize, max: usize },
+
+    /// A shard index outside `0..count`.
+    #[error("shard index {index} is out of range for {count} shards")]
+    BadShard { index: usize, count: usize },
+
+    /// A resume cursor that does not fit the dataset.
+    #[error(
+        "cursor offset {offset} is past the {examples} examples of the training set; \
+         the checkpoint belongs to another dataset"
+    )]
+    BadCursor { offset: usize, examples: usize },
+
+    /// The prefetch thread could not be started.
+    #[error("cannot start the input pipeline thread: {source}")]
+    Thread {
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The prefetch thread ended without being asked to.
+    #[error("the input pipeline thread stopped unexpectedly")]
+    PipelineStopped,
+}
+
+/// One file that no mirror could deliver, and why each attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileFailure {
+    pub file: String,
+    /// `(url, problem)` for every mirror tried, in order.
+    pub attempts: Vec<(String, String)>,
+}
+
+struct DownloadReport<'a> {
+    dataset: &'a str,
+    dir: &'a PathBuf,
+    failures: &'a [FileFailure],
+}
+
+impl fmt::Display for DownloadReport<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let files: Vec<&str> = self.failures.iter().map(|x| x.file.as_str()).collect();
+        write!(
+            f,
+            "{}: could not download {} into {}:",
+            self.dataset,
+            files.join(", "),
+            self.dir.display()
+        )?;
+        for failure in self.failures {
+            for (url, problem) in &failure.attempts {
+                write!(f, "\n  {url}: {problem}")?;
+            }
+        }
+        write!(
+            f,
+            "\nput the files in {} yourself, or set `data.dir` (or TRAINRUN_DATA_DIR) to a \
+             folder that has them",
+            self.dir.display()
+        )
+    }
+}
+
+fn idx_type_name(code: u8) -> &'static str {
+    match code {
+        0x08 => "unsigned byte",
+        0x09 => "signed byte",
+        0x0B => "short",
+        0x0C => "int",
+        0x0D => "float",
+        0x0E => "double",
+        _ => "unknown",
+    }
+}

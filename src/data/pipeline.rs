@@ -1,0 +1,414 @@
+//! The input pipeline, with `tf.data` semantics: shuffle (whole-set, buffered, or off),
+//! reshuffled every data-epoch, batched to the global batch, repeated forever, sharded per
+//! worker, and prefetched on a background thread that also turns bytes into `f32`.
+//!
+//! The batch sequence is a pure function of (dataset, seed, options, start [`Cursor`]): the
+//! order of data-epoch `e` comes from a random stream keyed by `(seed, e)`, so any epoch can be
+//! computed without replaying earlier ones, and a run resumed from a checkpoint's cursor sees
+//! exactly the batches it would have seen. Batches never span data-epochs.
+
+use super::error::DataError;
+use super::{Dataset, Shard, Split};
+use crate::spec::DataSpec;
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::thread::JoinHandle;
+
+/// Separates the shuffle's use of the run seed from its other uses.
+const SHUFFLE_DOMAIN: u64 = 0x5348_5546_464c_4531; // "SHUFFLE1"
+
+/// More batches ahead than any training step can use; the channel allocates its slots up
+/// front, so an absurd `data.prefetch` must be refused rather than attempted.
+const MAX_PREFETCH: usize = 64;
+
+/// How the training examples are ordered in each data-epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shuffle {
+    /// File order, every epoch.
+    Off,
+    /// A uniform permutation of the whole training set.
+    Full,
+    /// `tf.data.Dataset.shuffle(buffer_size)`: a buffer of this many examples; each output is
+    /// a uniformly drawn slot, refilled with the next example in file order.
+    Buffer(NonZeroUsize),
+}
+
+impl Shuffle {
+    /// From `data.shuffle_buffer`: unset is the whole set, `0` is off.
+    pub fn from_buffer_size(size: Option<usize>) -> Self {
+        match size.map(NonZeroUsize::new) {
+            None => Shuffle::Full,
+            Some(None) => Shuffle::Off,
+            Some(Some(b)) => Shuffle::Buffer(b),
+        }
+    }
+}
+
+/// A position in the endless batch sequence: a data-epoch and the offset, in examples, of the
+/// next global batch within that epoch's order. Checkpoints store it to resume mid-epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Cursor {
+    pub epoch: u64,
+    pub offset: usize,
+}
+
+/// Everything that decides the batch sequence, plus how far ahead to prepare it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// The run seed.
+    pub seed: u64,
+    pub shuffle: Shuffle,
+    /// Examples per global batch, across all workers.
+    pub global_batch: NonZeroUsize,
+    /// Drop each data-epoch's last partial global batch instead of emitting it short.
+    pub drop_remainder: bool,
+    /// Batches prepared ahead on the background thread.
+    pub prefetch: usize,
+    /// This worker's share of every global batch.
+    pub shard: Shard,
+}
+
+impl PipelineOptions {
+    /// Options from `[data]`, the run seed, the global batch and this worker's shard.
+    pub fn from_spec(spec: &DataSpec, seed: u64, global_batch: NonZeroUsize, shard: Shard) -> Self {
+        Self {
+            seed,
+            shuffle: Shuffle::from_buffer_size(spec.shuffle_buffer),
+            global_batch,
+            drop_remainder: spec.drop_remainder,
+            prefetch: spec.prefetch,
+            shard,
+        }
+    }
+}
+
+/// This worker's part of one global batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// Images, NHWC, each byte divided by 255 (so in `[0, 1]`); `n × h × w × c` values.
+    pub x: Vec<f32>,
+    /// One label per image.
+    pub y: Vec<u32>,
+    /// Examples in this part; may be 0 when a short global batch leaves none for this worker.
+    pub n: usize,
+    /// Examples in the whole global batch (to weight a short batch's loss).
+    pub global_n: usize,
+}
+
+/// The pure arithmetic of the batch sequence.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    examples: usize,
+    seed: u64,
+    shuffle: Shuffle,
+    global_batch: usize,
+    drop_remainder: bool,
+}
+
+impl Schedule {
+    fn new(examples: usize, options: &PipelineOptions) -> Self {
+        Self {
+            examples,
+            seed: options.seed,
+            shuffle: options.shuffle,
+            global_batch: options.global_batch.get(),
+            drop_remainder: options.drop_remainder,
+        }
+    }
+
+    /// Moves a cursor that has no batch left in its epoch to the start of the next epoch.
+    fn normalize(&self, c: Cursor) -> Cursor {
+        let exhausted = if self.drop_remainder {
+            c.offset + self.global_batch > self.examples
+        } else {
+            c.offset >= self.examples
+        };
+        if exhausted {
+            Cursor {
+                epoch: c.epoch.wrapping_add(1),
+                offset: 0,
+            }
+        } else {
+            c
+        }
+    }
+
+    /// Positions, in the epoch's order, of the global batch at a normalized cursor.
+    fn batch_at(&self, c: Cursor) -> Range<usize> {
+        c.offset..(c.offset + self.global_batch).min(self.examples)
+    }
+
+    fn advance(&self, c: Cursor) -> Cursor {
+        let end = self.batch_at(c).end;
+        self.normalize(Cursor { offset: end, ..c })
+    }
+
+    fn batches_per_epoch(&self) -> usize {
+        if self.drop_remainder {
+            self.examples / self.global_batch
+        } else {
+            self.examples.div_ceil(self.global_batch)
+        }
+    }
+
+    /// The order of the training examples in data-epoch `epoch`.
+    fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let n = self.examples;
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ SHUFFLE_DOMAIN);
+        rng.set_stream(epoch);
+        match self.shuffle {
+            Shuffle::Off => (0..n).collect(),
+            Shuffle::Full => {
+                let mut order: Vec<usize> = (0..n).collect();
+                for i in (1..n).rev() {
+                    order.swap(i, below(&mut rng, i + 1));
+                }
+                order
+            }
+            Shuffle::Buffer(size) => buffer_shuffle(n, size.get(), &mut rng),
+        }
+    }
+}
+
+/// `tf.data`'s shuffle buffer over `0..n`. Once the input runs out, the last slot moves into
+/// each emptied one, and draws continue over what remains.
+fn buffer_shuffle(n: usize, size: usize, rng: &mut impl Rng) -> Vec<usize> {
+    let mut buffer: Vec<usize> = (0..size.min(n)).collect();
+    let mut next = buffer.len();
+    let mut out = Vec::with_capacity(n);
+    while !buffer.is_empty() {
+        let slot = below(rng, buffer.len());
+        out.push(buffer[slot]);
+        if next < n {
+            buffer[slot] = next;
+            next += 1;
+        } else {
+            buffer.swap_remove(slot);
+        }
+    }
+    out
+}
+
+/// A uniform draw from `0..n` (Lemire's multiply-and-reject). Written out rather than taken from
+/// `rand` so the sequence, which checkpoints depend on, cannot change with a `rand` release.
+fn below(rng: &mut impl Rng, n: usize) -> usize {
+    let n = n as u64;
+    let threshold = n.wrapping_neg() % n;
+    loop {
+        let m = u128::from(rng.next_u64()) * u128::from(n);
+        if (m as u64) >= threshold {
+            return (m >> 64) as usize;
+        }
+    }
+}
+
+/// Fills `batch` with this shard's part of a global batch of `global_len` examples, where
+/// position `p` of the global batch is example `index(p)`.
+fn fill(
+    batch: &mut Batch,
+    split: &Split,
+    global_len: usize,
+    shard: Shard,
+    index: impl Fn(usize) -> usize,
+) {
+    batch.x.clear();
+    batch.y.clear();
+    batch
+        .x
+        .reserve(shard.len_of(global_len) * split.shape().len());
+    let labels = split.labels();
+    for p in shard.positions(global_len) {
+        let i = index(p);
+        // Division, not multiplication by 1/255, so values are exactly `byte / 255` as the
+        // contract says; it vectorises all the same.
+        batch
+            .x
+            .extend(split.image(i).iter().map(|&b| f32::from(b) / 255.0));
+        batch.y.push(labels.get(i).map_or(0, |&l| u32::from(l)));
+    }
+    batch.n = batch.y.len();
+    batch.global_n = global_len;
+}
+
+/// The training input: an endless sequence of this worker's batches, prepared on a background
+/// thread. Dropping it stops the thread.
+pub struct Pipeline {
+    batches: Option<Receiver<Batch>>,
+    recycled: Sender<Batch>,
+    worker: Option<JoinHandle<()>>,
+    schedule: Schedule,
+    cursor: Cursor,
+}
+
+impl Pipeline {
+    /// Starts the pipeline over `data.train` at `start` (`Cursor::default()` for a new run).
+    pub fn new(
+        data: Arc<Dataset>,
+        options: &PipelineOptions,
+        start: Cursor,
+    ) -> Result<Self, DataError> {
+        let examples = data.train.len();
+        if examples == 0 {
+            return Err(DataError::EmptyTrainingSet);
+        }
+        let global_batch = options.global_batch.get();
+        if options.drop_remainder && global_batch > examples {
+            return Err(DataError::BatchLargerThanData {
+                global_batch,
+                examples,
+            });
+        }
+        if options.prefetch > MAX_PREFETCH {
+            return Err(DataError::PrefetchTooLarge {
+                prefetch: options.prefetch,
+                max: MAX_PREFETCH,
+            });
+        }
+        if start.offset > examples {
+            return Err(DataError::BadCursor {
+                offset: start.offset,
+                examples,
+            });
+        }
+        let schedule = Schedule::new(examples, options);
+        let cursor = schedule.normalize(start);
+        let (send, batches) = mpsc::sync_channel(options.prefetch);
+        let (recycle, recycled) = mpsc::channel();
+        let shard = options.shard;
+        let worker = std::thread::Builder::new()
+            .name("trainrun-input".into())
+            .spawn(move || produce(&data.train, schedule, shard, cursor, &send, &recycled))
+            .map_err(|source| DataError::Thread { source })?;
+        Ok(Self {
+            batches: Some(batches),
+            recycled: recycle,
+            worker: Some(worker),
+            schedule,
+            cursor,
+        })
+    }
+
+    /// The next batch of this worker. Hand it back with [`Pipeline::recycle`] once used, so its
+    /// buffers are reused instead of allocated every step.
+    pub fn next_batch(&mut self) -> Result<Batch, DataError> {
+        let batches = self.batches.as_ref().ok_or(DataError::PipelineStopped)?;
+        let batch = batches.recv().map_err(|_| DataError::PipelineStopped)?;
+        self.cursor = self.schedule.advance(self.cursor);
+        Ok(batch)
+    }
+
+    /// Returns a batch's buffers for reuse.
+    pub fn recycle(&self, batch: Batch) {
+        // The producer may have stopped; then the buffers are simply freed.
+        let _ = self.recycled.send(batch);
+    }
+
+    /// Where the next batch returned by [`Pipeline::next_batch`] starts (not where the
+    /// prefetch thread is), so it is what a checkpoint should store.
+    pub fn cursor(&self) -> Cursor {
+        self.cursor
+    }
+
+    /// Global batches in one data-epoch (steps per epoch, when one step is one global batch).
+    pub fn batches_per_epoch(&self) -> usize {
+        self.schedule.batches_per_epoch()
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // Closing the channel makes the producer's next (or current, blocked) send fail, and
+        // it returns; then joining cannot wait long.
+        drop(self.batches.take());
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn produce(
+    split: &Split,
+    schedule: Schedule,
+    shard: Shard,
+    mut cursor: Cursor,
+    send: &SyncSender<Batch>,
+    recycled: &Receiver<Batch>,
+) {
+    let mut epoch = cursor.epoch;
+    let mut order = schedule.epoch_order(epoch);
+    loop {
+        if cursor.epoch != epoch {
+            epoch = cursor.epoch;
+            order = schedule.epoch_order(epoch);
+        }
+        let range = schedule.batch_at(cursor);
+        let global = &order[range];
+        let mut batch = recycled.try_recv().unwrap_or_default();
+        fill(&mut batch, split, global.len(), shard, |p| global[p]);
+        if send.send(batch).is_err() {
+            return;
+        }
+        cursor = schedule.advance(cursor);
+    }
+}
+
+/// Evaluation batches over a split: in order, unshuffled, every example once, the last batch
+/// short; sharded like training, so every worker walks the same number of global batches.
+#[derive(Debug, Clone)]
+pub struct EvalBatches<'a> {
+    split: &'a Split,
+    global_batch: usize,
+    shard: Shard,
+    next: usize,
+}
+
+impl<'a> EvalBatches<'a> {
+    /// Batches of `global_batch` examples of `split`, this worker's `shard` of each.
+    pub fn new(split: &'a Split, global_batch: NonZeroUsize, shard: Shard) -> Self {
+        Self {
+            split,
+            global_batch: global_batch.get(),
+            shard,
+            next: 0,
+        }
+    }
+}
+
+impl Iterator for EvalBatches<'_> {
+    type Item = Batch;
+
+    fn next(&mut self) -> Option<Batch> {
+        let n = self.split.len();
+        if self.next >= n {
+            return None;
+        }
+        let start = self.next;
+        let end = (start + self.global_batch).min(n);
+        self.next = end;
+        let mut batch = Batch::default();
+        fill(&mut batch, self.split, end - start, self.shard, |p| {
+            start + p
+        });
+        Some(batch)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self
+            .split
+            .len()
+            .saturating_sub(self.next)
+            .div_ceil(self.global_batch);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for EvalBatches<'_> {}
+
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;
