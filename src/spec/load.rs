@@ -194,3 +194,156 @@ impl Provider for LayerData {
         Ok(Profile::Default.collect(self.data.clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// Writes `files` (name, text) into a fresh folder and returns it.
+    fn folder(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("no temporary folder")
+        };
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            if let Some(parent) = path.parent() {
+                let _ = fs::create_dir_all(parent);
+            }
+            if fs::write(&path, text).is_err() {
+                panic!("cannot write {name}")
+            }
+        }
+        dir
+    }
+
+    fn loaded(path: &Path, env: &[(&str, &str)], sets: &[&str]) -> Loaded {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        match load(path, &env, &sets) {
+            Ok(loaded) => loaded,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    fn rendered(result: Result<Loaded, LoadError>) -> String {
+        match result {
+            Ok(loaded) => panic!("should fail: {:?}", loaded.spec),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    const BASE: &str = "[model]\nzoo = \"mnist_cnn\"\n\n[train]\nepochs = 1\nsteps_per_epoch = 10\n\
+                        validation_steps = 5\nevaluate_every_steps = 3\n";
+    const FILE: &str = "extends = \"base.toml\"\n[train]\nsteps_per_epoch = 20\n\
+                        validation_steps = 6\nevaluate_every_steps = 4\n";
+
+    #[test]
+    fn layers_take_precedence_base_file_env_set() {
+        let dir = folder(&[("base.toml", BASE), ("spec.toml", FILE)]);
+        let spec_path = dir.path().join("spec.toml");
+        let env = [
+            ("TRAINRUN_TRAIN__VALIDATION_STEPS", "7"),
+            ("TRAINRUN_TRAIN__EVALUATE_EVERY_STEPS", "8"),
+        ];
+        let spec = loaded(&spec_path, &env, &["train.evaluate_every_steps=9"]).spec;
+        assert_eq!(spec.train.epochs.get(), 1, "base");
+        assert_eq!(
+            spec.train.steps_per_epoch.map(|n| n.get()),
+            Some(20),
+            "file over base"
+        );
+        assert_eq!(
+            spec.train.validation_steps.map(|n| n.get()),
+            Some(7),
+            "env over file"
+        );
+        assert_eq!(
+            spec.train.evaluate_every_steps.map(|n| n.get()),
+            Some(9),
+            "--set over env"
+        );
+        let later = loaded(&spec_path, &[], &["train.epochs=2", "train.epochs=3"]).spec;
+        assert_eq!(later.train.epochs.get(), 3, "the last --set wins");
+    }
+
+    #[test]
+    fn origins_name_each_layer() {
+        let dir = folder(&[("base.toml", BASE), ("spec.toml", FILE)]);
+        let spec_path = dir.path().join("spec.toml");
+        let env = [("TRAINRUN_TRAIN__VALIDATION_STEPS", "7")];
+        let origins = loaded(&spec_path, &env, &["train.evaluate_every_steps=9"]).origins;
+        let name = |key: &str| {
+            let segs = crate::spec::keypath::parse(key).unwrap_or_default();
+            let at = origins.locate(&segs, crate::spec::origins::Aim::Value);
+            at.map(|at| origins.layers()[at.layer].name.clone())
+                .unwrap_or_default()
+        };
+        assert!(name("train.epochs").ends_with("base.toml"));
+        assert!(name("train.steps_per_epoch").ends_with("spec.toml"));
+        assert_eq!(
+            name("train.validation_steps"),
+            "environment variable TRAINRUN_TRAIN__VALIDATION_STEPS"
+        );
+        assert_eq!(
+            name("train.evaluate_every_steps"),
+            "--set train.evaluate_every_steps=9"
+        );
+        assert!(
+            name("batch.global").ends_with("spec.toml"),
+            "defaults: the top file"
+        );
+    }
+
+    #[test]
+    fn extends_is_relative_to_the_extending_file() {
+        let dir = folder(&[
+            ("specs/base/common.toml", BASE),
+            (
+                "specs/base/mid.toml",
+                "extends = \"common.toml\"\n[batch]\nglobal = 32\n",
+            ),
+            ("specs/exp/run.toml", "extends = \"../base/mid.toml\"\n"),
+        ]);
+        let top = dir.path().join("specs/exp/run.toml");
+        let loaded = loaded(&top, &[], &[]);
+        let names: Vec<String> = loaded
+            .files
+            .iter()
+            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        assert_eq!(names, ["run.toml", "mid.toml", "common.toml"]);
+        assert_eq!(loaded.files[1], dir.path().join("specs/base/mid.toml"));
+        assert_eq!(loaded.spec.batch.global.map(|n| n.get()), Some(32));
+        assert_eq!(
+            loaded.spec.run.name.as_deref(),
+            Some("run"),
+            "the top file's stem"
+        );
+    }
+
+    #[test]
+    fn cycles_name_the_chain() {
+        let dir = folder(&[
+            ("a.toml", "extends = \"b.toml\"\n"),
+            ("b.toml", "extends = \"./a.toml\"\n"),
+        ]);
+        let text = rendered(load(&dir.path().join("a.toml"), &[], &[]));
+        let a = dir.path().join("a.toml").display().to_string();
+        let b = dir.path().join("b.toml").display().to_string();
+        assert!(text.contains(&format!("{a} → {b} → {a}")), "{text}");
+        let own = folder(&[("self.toml", "extends = \"self.toml\"\n")]);
+        let text = rendered(load(&own.path().join("self.toml"), &[], &[]));
+        assert!(text.contains("forms a cycle"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_top_file_is_a_read_error() {
+        let dir = folder(&[]);
+        let error = load(&dir.path().join("nope.toml"), &[], &[]);
+        assert!(matches!(error, Err(LoadError::Read { .. })));
+    }
+}

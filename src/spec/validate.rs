@@ -107,6 +107,7 @@ impl<'s> Walker<'s> {
         let allowed = one_of(values);
         let help = match closest(s, values.iter().map(String::as_str)) {
             Some(c) => format!("did you mean {c:?}? (allowed: {allowed})"),
+            None if values.len() > 2 => format!("use one of {allowed}"),
             None => format!("use {allowed}"),
         };
         self.findings.push(
@@ -145,7 +146,6 @@ impl<'s> Walker<'s> {
             };
             return self.wrong_type(value, schema, doc, path, help);
         };
-        let key = keypath::format(path);
         path.push(Seg::Key(tag.to_string()));
         let tag_key = keypath::format(path);
         path.pop();
@@ -169,9 +169,12 @@ impl<'s> Walker<'s> {
                     None => format!("the {what} {tag}s are {listed}"),
                 };
                 self.findings.push(
-                    Finding::new(&tag_key, format!("unknown {what} {tag} {s:?} in `{key}`"))
-                        .label(format!("unknown {what} {tag}"))
-                        .help(help),
+                    Finding::new(
+                        &tag_key,
+                        format!("unknown {what} {tag} {s:?} in {}", table_name(path)),
+                    )
+                    .label(format!("unknown {what} {tag}"))
+                    .help(help),
                 );
                 return;
             }
@@ -350,8 +353,12 @@ impl<'s> Walker<'s> {
             return;
         };
         let key = keypath::format(path);
-        let range = match (min, max) {
+        // The help names the documented range; a format's limit (`u32::MAX`) only when hit.
+        let documented = get("maximum");
+        let range = match (min, documented) {
             (Some(a), Some(b)) => format!("from {} to {}", words::bound(a), words::bound(b)),
+            (Some(a), None) if x < a => format!("of at least {}", words::bound(a)),
+            _ if bound.starts_with("at ") => format!("of {bound}"),
             _ => bound.clone(),
         };
         let help = match example_of(self.root, doc) {
@@ -568,7 +575,11 @@ impl<'s> Walker<'s> {
         let inner_example = resolved
             .get("properties")
             .and_then(Json::as_object)
-            .and_then(|p| p.values().find_map(|v| example(description(self.root, v))));
+            .and_then(|p| {
+                p.values()
+                    .filter_map(|v| example(description(self.root, v)))
+                    .find(|ex| ex.contains(" = "))
+            });
         let help = match (example(text), section) {
             (Some(ex), _) => format!("add {ex}"),
             (None, true) => match inner_example {

@@ -84,7 +84,13 @@ pub(crate) fn noun(root: &Json, schema: &Json) -> Noun {
             let listed = one_of(&values);
             return Noun::new(listed.clone(), listed);
         }
-        let nouns: Vec<Noun> = alternatives.iter().map(|b| noun(root, b)).collect();
+        let mut nouns: Vec<Noun> = Vec::new();
+        for n in alternatives.iter().map(|b| noun(root, b)) {
+            // The variants of a tagged enum are all tables: say so once.
+            if !nouns.contains(&n) {
+                nouns.push(n);
+            }
+        }
         let one: Vec<&str> = nouns.iter().map(|n| n.one.as_str()).collect();
         let many: Vec<&str> = nouns.iter().map(|n| n.many.as_str()).collect();
         return Noun::new(one.join(" or "), many.join(" or "));
