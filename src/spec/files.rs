@@ -158,7 +158,7 @@ fn syntax_finding(error: &toml::de::Error, source: &str) -> Finding {
         Some((first, rest)) => (first.to_string(), rest.trim().to_string()),
         None => (message.clone(), message.clone()),
     };
-    let finding = if headline == "duplicate key" {
+    if headline == "duplicate key" {
         let key = error
             .span()
             .and_then(|s| source.get(s))
@@ -169,8 +169,7 @@ fn syntax_finding(error: &toml::de::Error, source: &str) -> Finding {
             .help("a key can be set once per table; remove one of them")
     } else {
         Finding::new("", format!("TOML syntax: {headline}")).label(label)
-    };
-    finding
+    }
 }
 
 /// The OS error text without the `(os error N)` suffix, which means nothing to a user.

@@ -69,10 +69,10 @@ impl Origins {
         let mut stack = vec![&merged];
         while let Some(value) = stack.pop() {
             let tag = value.tag();
-            if let Some(meta) = figment.get_metadata(tag) {
-                if let Some(layer) = layers.iter().rposition(|l| l.name == meta.name) {
-                    tags.insert(tag, layer);
-                }
+            if let Some(meta) = figment.get_metadata(tag)
+                && let Some(layer) = layers.iter().rposition(|l| l.name == meta.name)
+            {
+                tags.insert(tag, layer);
             }
             match value {
                 Value::Dict(_, dict) => stack.extend(dict.values()),
@@ -107,11 +107,13 @@ impl Origins {
     /// points at its nearest ancestor that a layer does set, else at the top file.
     pub(crate) fn locate(&self, segs: &[Seg], aim: Aim) -> Option<Located> {
         let (depth, node) = descend(&self.merged, segs);
-        if depth == segs.len() && depth > 0 && !matches!(node, Value::Dict(..)) {
-            if let Some(&layer) = self.tags.get(&node.tag()) {
-                let span = self.span_in(layer, segs, aim);
-                return Some(Located { layer, span });
-            }
+        if depth == segs.len()
+            && depth > 0
+            && !matches!(node, Value::Dict(..))
+            && let Some(&layer) = self.tags.get(&node.tag())
+        {
+            let span = self.span_in(layer, segs, aim);
+            return Some(Located { layer, span });
         }
         // A table can come from several layers: prefer a file that writes it (it has a header
         // or key to point at) over an override that only sets something inside it.
@@ -128,10 +130,10 @@ impl Origins {
                 }
             }
             for (layer, l) in self.layers.iter().enumerate().rev() {
-                if let LayerKind::Override { segs: set } = &l.kind {
-                    if set.starts_with(prefix) {
-                        return Some(Located { layer, span: None });
-                    }
+                if let LayerKind::Override { segs: set } = &l.kind
+                    && set.starts_with(prefix)
+                {
+                    return Some(Located { layer, span: None });
                 }
             }
         }

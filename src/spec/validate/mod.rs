@@ -6,12 +6,14 @@
 //! (untagged enums and `Option`s), `type`, `minimum`/`maximum`, `minItems`/`maxItems`,
 //! `pattern`, `properties`/`additionalProperties`/`required`.
 
+mod tables;
+
 use super::keypath::{self, Seg};
 use super::render::Finding;
 use super::words::{
     self, branches, closest, constants, description, example, found, noun, one_of, resolve, show,
 };
-use figment::value::{Dict, Num, Value};
+use figment::value::{Num, Value};
 use regex_lite::Regex;
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap};
@@ -21,7 +23,7 @@ pub(crate) fn validate(value: &Value, schema: &Json) -> Vec<Finding> {
     let mut walker = Walker {
         root: schema,
         findings: Vec::new(),
-        homes: homes(schema),
+        homes: tables::homes(schema),
         patterns: HashMap::new(),
     };
     walker.check(value, schema, schema, &mut Vec::new());
@@ -225,14 +227,14 @@ impl<'s> Walker<'s> {
                 let mut help = None;
                 for branch in alternatives {
                     let (branch, _) = resolve(self.root, branch);
-                    if let Some(items) = branch.get("items") {
-                        if self.trial(value, items, doc, path).is_empty() {
-                            help = Some(format!(
-                                "write a list: `{} = [{}]`",
-                                last_key(path),
-                                show(value)
-                            ));
-                        }
+                    if let Some(items) = branch.get("items")
+                        && self.trial(value, items, doc, path).is_empty()
+                    {
+                        help = Some(format!(
+                            "write a list: `{} = [{}]`",
+                            last_key(path),
+                            show(value)
+                        ));
                     }
                 }
                 self.wrong_type(value, schema, doc, path, help);
@@ -344,10 +346,9 @@ impl<'s> Walker<'s> {
             Some((format!("greater than {}", words::bound(m)), "too small"))
         } else if let Some(m) = max.filter(|m| x > *m) {
             Some((format!("at most {}", words::bound(m)), "above the maximum"))
-        } else if let Some(m) = high.filter(|m| x >= *m) {
-            Some((format!("less than {}", words::bound(m)), "too large"))
         } else {
-            None
+            high.filter(|m| x >= *m)
+                .map(|m| (format!("less than {}", words::bound(m)), "too large"))
         };
         let Some((bound, label)) = problem else {
             return;
@@ -441,168 +442,6 @@ impl<'s> Walker<'s> {
         finding.diag.help = example_of(self.root, doc).map(|ex| format!("e.g. {ex}"));
         self.findings.push(finding);
     }
-
-    fn check_table(
-        &mut self,
-        dict: &Dict,
-        schema: &'s Json,
-        tagged: Option<&Tagged<'s>>,
-        path: &mut Vec<Seg>,
-    ) {
-        let properties = schema.get("properties").and_then(Json::as_object);
-        let property = |key: &str| properties.and_then(|p| p.get(key));
-        for (key, value) in dict {
-            if tagged.is_some_and(|t| t.tag == key) {
-                continue;
-            }
-            path.push(Seg::Key(key.clone()));
-            match (property(key), schema.get("additionalProperties")) {
-                (Some(property), _) => self.check(value, property, property, path),
-                (None, Some(Json::Bool(false))) => {
-                    self.unknown_key(key, value, properties, tagged, path)
-                }
-                (None, Some(other @ Json::Object(_))) => self.check(value, other, other, path),
-                (None, _) => {}
-            }
-            path.pop();
-        }
-        let required = schema.get("required").and_then(Json::as_array);
-        for name in required.into_iter().flatten().filter_map(Json::as_str) {
-            if !dict.contains_key(name) && tagged.is_none_or(|t| t.tag != name) {
-                self.missing(name, property(name).unwrap_or(&Json::Null), tagged, path);
-            }
-        }
-    }
-
-    fn unknown_key(
-        &mut self,
-        key: &str,
-        value: &Value,
-        properties: Option<&serde_json::Map<String, Json>>,
-        tagged: Option<&Tagged<'s>>,
-        path: &[Seg],
-    ) {
-        let parent = &path[..path.len() - 1];
-        let section = parent.is_empty() && matches!(value, Value::Dict(..));
-        let place = describe_table(parent, tagged);
-        let message = if section {
-            format!("unknown section `[{key}]`")
-        } else {
-            format!("unknown key `{key}` in {place}")
-        };
-        let known: Vec<&str> = properties
-            .into_iter()
-            .flat_map(|p| p.keys().map(String::as_str))
-            .collect();
-        let home = keypath::format(parent);
-        let elsewhere: Vec<&String> = self
-            .homes
-            .get(key)
-            .map(|h| h.iter().filter(|s| **s != home && !s.is_empty()).collect())
-            .unwrap_or_default();
-        let other_variants: Vec<String> = tagged
-            .map(|t| {
-                t.branches
-                    .iter()
-                    .filter(|b| b.pointer(&format!("/properties/{key}")).is_some())
-                    .filter_map(|b| b.pointer(&format!("/properties/{}/const", t.tag))?.as_str())
-                    .map(|n| format!("`{n}`"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let listed = known
-            .iter()
-            .map(|k| format!("`{k}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let help = if let Some(c) = closest(key, known.iter().copied()) {
-            if section {
-                format!("did you mean `[{c}]`?")
-            } else {
-                format!("did you mean `{c}`?")
-            }
-        } else if let (Some(t), false) = (tagged, other_variants.is_empty()) {
-            format!(
-                "`{key}` belongs to {} {}s; a `{}` {} takes {listed}",
-                other_variants.join(", "),
-                t.what,
-                t.name,
-                t.what
-            )
-        } else if !elsewhere.is_empty() && elsewhere.len() <= 3 {
-            let places: Vec<String> = elsewhere.iter().map(|s| format!("`{s}.{key}`")).collect();
-            format!("did you mean {}?", places.join(" or "))
-        } else {
-            format!("{} takes {listed}", describe_table(parent, tagged))
-        };
-        self.findings.push(
-            Finding::new(keypath::format(path), message)
-                .at_key()
-                .label(if section {
-                    "unknown section"
-                } else {
-                    "unknown key"
-                })
-                .help(help),
-        );
-    }
-
-    fn missing(
-        &mut self,
-        name: &str,
-        property: &'s Json,
-        tagged: Option<&Tagged<'s>>,
-        path: &mut Vec<Seg>,
-    ) {
-        let place = describe_table(path, tagged);
-        let (resolved, _) = resolve(self.root, property);
-        let is_table = resolved.get("properties").is_some();
-        path.push(Seg::Key(name.to_string()));
-        let key = keypath::format(path);
-        path.pop();
-        let section = path.is_empty() && is_table;
-        let message = if section {
-            format!("missing section `[{name}]`")
-        } else {
-            format!("missing `{name}` in {place}")
-        };
-        let text = description(self.root, property);
-        let summary = text
-            .split_once("`: ")
-            .map_or(text, |(_, s)| s)
-            .trim_end_matches(" Required.")
-            .trim_end_matches('.');
-        let inner_example = resolved
-            .get("properties")
-            .and_then(Json::as_object)
-            .and_then(|p| {
-                p.values()
-                    .filter_map(|v| example(description(self.root, v)))
-                    .find(|ex| ex.contains(" = "))
-            });
-        let help = match (example(text), section) {
-            (Some(ex), _) => format!("add {ex}"),
-            (None, true) => match inner_example {
-                Some(ex) => format!("add a `[{name}]` section ({summary}), e.g. {ex}"),
-                None => format!("add a `[{name}]` section ({summary})"),
-            },
-            (None, false) => format!("add `{name}`: {summary}"),
-        };
-        self.findings.push(
-            Finding::new(key, message)
-                .label(format!("missing `{name}`"))
-                .help(help),
-        );
-    }
-}
-
-/// `[optimizer]`, `` `model.layers[1]`, a `dense` layer ``, or `the top level`.
-fn describe_table(path: &[Seg], tagged: Option<&Tagged<'_>>) -> String {
-    let name = table_name(path);
-    match tagged {
-        Some(t) => format!("{name}, a `{}` {}", t.name, t.what),
-        None => name,
-    }
 }
 
 fn table_name(path: &[Seg]) -> String {
@@ -654,40 +493,71 @@ fn discriminator<'s>(root: &Json, branches: &[&'s Json]) -> Option<&'s str> {
     })
 }
 
-/// Where each key is valid, by section path, for "did you mean `optimizer.learning_rate`?".
-fn homes(root: &Json) -> BTreeMap<String, Vec<String>> {
-    fn walk(
-        root: &Json,
-        schema: &Json,
-        prefix: &str,
-        depth: usize,
-        out: &mut BTreeMap<String, Vec<String>>,
-    ) {
-        let (schema, _) = resolve(root, schema);
-        for keyword in ["oneOf", "anyOf"] {
-            for branch in branches(schema, keyword).unwrap_or_default() {
-                walk(root, branch, prefix, depth, out);
-            }
-        }
-        let Some(properties) = schema.get("properties").and_then(Json::as_object) else {
-            return;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::files::table_to_dict;
+    use crate::spec::schema_value;
+    use figment::value::Tag;
+    use toml::de::DeTable;
+
+    /// The messages for a TOML document, keyed by path.
+    fn problems(doc: &str) -> Vec<(String, String)> {
+        let Ok(table) = DeTable::parse(doc) else {
+            panic!("test TOML parses: {doc}")
         };
-        for (key, property) in properties {
-            let homes = out.entry(key.clone()).or_default();
-            if !homes.iter().any(|h| h == prefix) {
-                homes.push(prefix.to_string());
-            }
-            if depth < 3 {
-                let child = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
-                walk(root, property, &child, depth + 1, out);
-            }
-        }
+        let value = Value::Dict(Tag::Default, table_to_dict(table.get_ref()));
+        validate(&value, &schema_value())
+            .into_iter()
+            .map(|f| (f.diag.key, f.diag.message))
+            .collect()
     }
-    let mut out = BTreeMap::new();
-    walk(root, root, "", 0, &mut out);
-    out
+
+    #[test]
+    fn accepts_a_valid_spec_and_integers_as_numbers() {
+        let doc = "[model]\nzoo = \"resnet20\"\n[optimizer]\nlearning_rate = 1\n\
+                   [strategy]\nkind = \"mirrored\"\ndevices = [\"gpu:0\", \"/GPU:1\"]\n\
+                   [cluster]\nworker = [\"localhost:2222\", \"[::1]:2223\"]\n";
+        assert_eq!(problems(doc), Vec::<(String, String)>::new());
+    }
+
+    #[test]
+    fn reports_every_problem_with_its_path() {
+        let doc = "[model]\nzoo = \"mnist_cnn\"\n[train]\nepochs = 1.0\nsteps_per_epoch = 0\n\
+                   [[callbacks]]\nkind = \"early_stopping\"\npatience = -1\n\
+                   [optimizer.scaling]\ntable = { \"64\" = \"fast\" }\n";
+        let keys: Vec<String> = problems(doc).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            [
+                "callbacks[0].patience",
+                "optimizer.scaling.table.64",
+                "train.epochs",
+                "train.steps_per_epoch"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_the_accepted_forms_of_untagged_enums() {
+        let found = problems("[model]\nzoo = \"mnist_cnn\"\n[cluster]\nworker = true\n");
+        assert_eq!(
+            found,
+            [(
+                "cluster.worker".to_string(),
+                "expected a positive integer or a list of `host:port` addresses for \
+                 `cluster.worker`, found boolean true"
+                    .to_string()
+            )]
+        );
+    }
+
+    #[test]
+    fn missing_tag_and_missing_required_keys() {
+        let found = problems("[[model.layers]]\nunits = 3\n[[model.layers]]\ntype = \"dropout\"\n");
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["model.layers[0].type", "model.layers[1].rate"]);
+        let found = problems("[batch]\nglobal = 8\n");
+        assert_eq!(found[0].1, "missing section `[model]`");
+    }
 }
