@@ -152,23 +152,34 @@ pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>
     }
 }
 
+/// A toml parse error as a finding: toml's description as the message, what it expected
+/// under the caret, and a fix for the common slips.
 fn syntax_finding(error: &toml::de::Error, source: &str) -> Finding {
-    let message = error.message().trim().to_string();
-    let (headline, label) = match message.split_once('\n') {
-        Some((first, rest)) => (first.to_string(), rest.trim().to_string()),
-        None => (message.clone(), message.clone()),
+    let message = error.message().trim().replace('\n', " ");
+    let (what, expected) = message
+        .split_once(", expected ")
+        .unwrap_or((message.as_str(), ""));
+    let text = error
+        .span()
+        .and_then(|s| source.get(s))
+        .unwrap_or_default()
+        .trim();
+    let label = match expected {
+        "" | "nothing" => what.to_string(),
+        expected => format!("expected {expected}"),
     };
-    if headline == "duplicate key" {
-        let key = error
-            .span()
-            .and_then(|s| source.get(s))
-            .unwrap_or_default()
-            .to_string();
-        Finding::new("", format!("TOML syntax: duplicate key `{key}`"))
+    let finding = Finding::new("", format!("invalid TOML: {what}")).label(label);
+    match what {
+        "duplicate key" => Finding::new("", format!("invalid TOML: duplicate key `{text}`"))
             .label("defined a second time here")
-            .help("a key can be set once per table; remove one of them")
-    } else {
-        Finding::new("", format!("TOML syntax: {headline}")).label(label)
+            .help("a key or table can be written once; remove or merge the repeated one"),
+        "string values must be quoted" if text.is_empty() => finding
+            .label("missing value")
+            .help("write a value after `=`"),
+        "string values must be quoted" => finding
+            .label("not quoted")
+            .help(format!("quote it: `\"{text}\"`")),
+        _ => finding,
     }
 }
 

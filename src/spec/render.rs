@@ -88,8 +88,9 @@ pub(crate) fn render_findings(findings: &[Finding], origins: &Origins) -> String
             Severity::Warning => Level::WARNING,
         };
         let mut group = Group::with_title(level.primary_title(finding.diag.message.as_str()));
-        if let Some(at) = at {
-            let layer = &origins.layers()[at.layer];
+        if let Some(at) = at
+            && let Some(layer) = origins.layers().get(at.layer)
+        {
             group = match (&layer.kind, &at.span) {
                 (LayerKind::File { source }, Some(span)) => group.element(
                     Snippet::source(source.as_str())
