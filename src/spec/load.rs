@@ -276,12 +276,7 @@ mod tests {
         let spec_path = dir.path().join("spec.toml");
         let env = [("TRAINRUN_TRAIN__VALIDATION_STEPS", "7")];
         let origins = loaded(&spec_path, &env, &["train.evaluate_every_steps=9"]).origins;
-        let name = |key: &str| {
-            let segs = crate::spec::keypath::parse(key).unwrap_or_default();
-            let at = origins.locate(&segs, crate::spec::origins::Aim::Value);
-            at.map(|at| origins.layers()[at.layer].name.clone())
-                .unwrap_or_default()
-        };
+        let name = |key: &str| origins.origin(key).unwrap_or_default().to_string();
         assert!(name("train.epochs").ends_with("base.toml"));
         assert!(name("train.steps_per_epoch").ends_with("spec.toml"));
         assert_eq!(

@@ -87,6 +87,15 @@ impl Origins {
         }
     }
 
+    /// The name of the layer that gave the value at `key` (a dotted path such as
+    /// `model.layers[1].units`): a file path, `environment variable NAME` or `--set …` as
+    /// given. A key no layer set names the nearest layer that sets its table, else the file.
+    pub fn origin(&self, key: &str) -> Option<&str> {
+        let segs = super::keypath::parse(key).ok()?;
+        let at = self.locate(&segs, Aim::Value)?;
+        self.layers.get(at.layer).map(|l| l.name.as_str())
+    }
+
     /// The merged value of every layer.
     pub(crate) fn value(&self) -> &Value {
         &self.merged

@@ -50,7 +50,7 @@ impl<'s> Walker<'s> {
         tagged: Option<&Tagged<'s>>,
         path: &[Seg],
     ) {
-        let parent = &path[..path.len() - 1];
+        let parent = path.split_last().map_or(path, |(_, parent)| parent);
         let section = parent.is_empty() && matches!(value, Value::Dict(..));
         let place = describe_table(parent, tagged);
         let message = if section {
@@ -72,7 +72,7 @@ impl<'s> Walker<'s> {
             .map(|t| {
                 t.branches
                     .iter()
-                    .filter(|b| b.pointer(&format!("/properties/{key}")).is_some())
+                    .filter(|b| b.get("properties").and_then(|p| p.get(key)).is_some())
                     .filter_map(|b| b.pointer(&format!("/properties/{}/const", t.tag))?.as_str())
                     .map(|n| format!("`{n}`"))
                     .collect()
