@@ -88,6 +88,7 @@ impl JsonSchema for Device {
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
+            "title": "device",
             "description": "A device: `cpu:N` or `gpu:N`.",
             "type": "string",
             "pattern": "^/?([cC][pP][uU]|[gG][pP][uU]|[cC][uU][dD][aA])(:[0-9]+)?$",

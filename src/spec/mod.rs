@@ -2,26 +2,44 @@
 //!
 //! Only this module sees raw TOML; everything past it works with these types, and only
 //! [`crate::plan`] sees the whole [`Spec`].
+//!
+//! [`load`] reads a spec file, its `extends` chain and its overrides, validates the merged
+//! value against [`schema_value`] (reporting every problem at once), and returns the typed
+//! [`Spec`] with the [`Origins`] that [`render`] uses to point any [`Diagnostic`] at the file
+//! and line, environment variable or `--set` its key came from.
 
 mod batch;
 mod data;
 mod device;
 mod diag;
+mod files;
+mod keypath;
+mod load;
 mod model;
 mod optimizer;
+mod origins;
+mod overrides;
+mod render;
 mod run;
+mod schema;
 mod strategy;
 mod train;
+mod validate;
+mod words;
 
 pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
 pub use device::{BadDevice, Device, DeviceKind, Devices};
 pub use diag::{Diagnostic, Severity};
+pub use load::{LoadError, Loaded, load};
 pub use model::{Activation, LayerSpec, ModelSpec, Padding, Size2, ZooModel};
 pub use optimizer::{
     OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec,
 };
+pub use origins::Origins;
+pub use render::render;
 pub use run::RunSpec;
+pub use schema::{schema_json, schema_value};
 pub use strategy::{
     ClusterSpec, CollectiveImplementation, CommunicationOptions, CrossDeviceOps, StrategySpec,
     Tasks, VariablePartitioner,

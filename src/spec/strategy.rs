@@ -178,7 +178,22 @@ pub enum Tasks {
     /// That many tasks on this host, on free ports.
     Count(NonZeroU32),
     /// One `host:port` per task.
-    Addresses(Vec<String>),
+    Addresses(#[schemars(schema_with = "addresses_schema")] Vec<String>),
+}
+
+/// The address list checks each entry's form, so a missing port is reported with the spec's
+/// other problems rather than when the cluster starts.
+fn addresses_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {
+            "title": "`host:port` address",
+            "description": "A task address: `host:port`.",
+            "type": "string",
+            "pattern": "^([^\\s:\\[\\]]+|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}$",
+            "examples": ["localhost:2222", "10.0.0.1:2222"]
+        }
+    })
 }
 
 impl Tasks {
