@@ -6,7 +6,7 @@ pub mod bench;
 pub mod cli;
 pub mod data;
 pub mod engine;
-pub mod model;
+// pub mod model;
 pub mod plan;
 pub mod run;
 pub mod spec;

@@ -95,6 +95,11 @@ fn data_dirs(env: &[(String, String)]) -> DataDirs {
     DataDirs { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
 }
 
+/// Whether an environment flag is set to something other than empty, `0` or `false`.
+fn flag(env: &[(String, String)], key: &str) -> bool {
+    env.iter().any(|(k, v)| k == key && !matches!(v.as_str(), "" | "0" | "false"))
+}
+
 /// Loads and plans the spec, rendering every problem with its location.
 pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
     let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
@@ -151,7 +156,11 @@ pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
     let (tensors, state_tensors) = (first.tensors().to_vec(), first.state_tensors().to_vec());
     let strategy = strategy::build(plan, models)?;
 
-    p.source.fetch_missing(&Fetcher::default())?;
+    // TRAINRUN_OFFLINE (as HF_HUB_OFFLINE): never download; missing files are an error
+    // naming them and the folder to put them in.
+    if !flag(&inv.env, "TRAINRUN_OFFLINE") {
+        p.source.fetch_missing(&Fetcher::default())?;
+    }
     let dataset = Arc::new(p.source.load()?);
     let shard = Shard::new(0, NonZeroUsize::MIN)?;
     let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;

@@ -32,7 +32,7 @@ pub use shard::Shard;
 pub use sources::{DataDirs, Preset, Source};
 
 /// The shape of one example: height × width × channels (NHWC without the N).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct ExampleShape {
     pub height: usize,
     pub width: usize,
@@ -52,7 +52,7 @@ impl ExampleShape {
 }
 
 /// What the planner needs to know about a dataset without loading it (`trainrun check`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DataFacts {
     pub train_examples: usize,
     /// `0` when the dataset has no test split.

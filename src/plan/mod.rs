@@ -11,6 +11,7 @@ pub use batch::{BatchPlan, Derived};
 pub use lr::{LrPlan, Schedule, Warmup};
 pub use strategy::{ClusterSource, Hardware, Reduction, StrategyKind, StrategyPlan};
 
+use crate::data::DataFacts;
 use crate::engine::LossFn;
 use crate::engine::optimizer::{Adam, Optimizer, Sgd};
 use crate::spec::{
@@ -29,21 +30,6 @@ pub struct Facts {
     pub cores: usize,
     /// GPUs and the like.
     pub hardware: Hardware,
-}
-
-/// Sizes of the dataset, read from file headers or known for built-in datasets.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DataFacts {
-    /// Training examples.
-    pub train_examples: usize,
-    /// Test examples (0 when there is no test split).
-    pub test_examples: usize,
-    /// Shape of one example, channels last: `[h, w]` or `[h, w, c]`.
-    pub example_shape: Vec<usize>,
-    /// Number of classes.
-    pub classes: usize,
-    /// Training files, for the `file` shard policy.
-    pub train_files: usize,
 }
 
 /// The resolved optimizer.

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// `[optimizer]`: Keras's optimizer arguments. Options of one kind given to another are errors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OptimizerSpec {
     /// The optimizer. Default: `sgd`. Example: `kind = "adamw"`.
@@ -49,24 +49,6 @@ pub struct OptimizerSpec {
     /// `[optimizer.schedule]`: decay after warmup. Default: `constant`.
     #[serde(default)]
     pub schedule: ScheduleSpec,
-}
-
-impl Default for OptimizerSpec {
-    fn default() -> Self {
-        Self {
-            kind: OptimizerKind::default(),
-            learning_rate: None,
-            momentum: None,
-            nesterov: None,
-            weight_decay: None,
-            beta_1: None,
-            beta_2: None,
-            epsilon: None,
-            scaling: ScalingSpec::default(),
-            warmup: None,
-            schedule: ScheduleSpec::default(),
-        }
-    }
 }
 
 /// `optimizer.kind`.

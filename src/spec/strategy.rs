@@ -7,10 +7,11 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 /// `[strategy]`: the distribution strategy, TensorFlow's `tf.distribute` names.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum StrategySpec {
     /// No distribution: one replica on the default device (`tf.distribute.get_strategy()`).
+    #[default]
     Default,
     /// One replica placed on one named device (`OneDeviceStrategy`).
     OneDevice {
@@ -54,12 +55,6 @@ pub enum StrategySpec {
         #[serde(default)]
         variable_partitioner: VariablePartitioner,
     },
-}
-
-impl Default for StrategySpec {
-    fn default() -> Self {
-        Self::Default
-    }
 }
 
 /// `strategy.cross_device_ops`: the single-host reduction algorithm of `mirrored`.
@@ -140,7 +135,7 @@ pub enum CollectiveImplementation {
 /// `[cluster]`: the tasks of the job by role, as TF_CONFIG's `cluster`. Each role is either a
 /// count of local tasks on free ports (`worker = 2`) or a list of `host:port` addresses.
 /// A `TF_CONFIG` environment variable, when set, defines the cluster instead.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSpec {
     /// The chief: at most one. Without one, worker 0 is chief. Example: `chief = ["10.0.0.1:2222"]`.
@@ -169,6 +164,12 @@ pub struct ClusterSpec {
 
 fn default_startup_timeout_s() -> f64 {
     60.0
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        Self { chief: None, worker: None, ps: None, evaluator: None, token_file: None, startup_timeout_s: default_startup_timeout_s() }
+    }
 }
 
 /// One role's tasks: a count of local tasks, or their addresses.
