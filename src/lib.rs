@@ -2,4 +2,5 @@
 //! ([`spec`]), a pure [`plan`] comes out, and the runtime trains it.
 
 pub mod engine;
+pub mod model;
 pub mod spec;
