@@ -1,12 +1,12 @@
 //! trainrun: a declarative distributed training runner. A TOML spec goes in ([`spec`]), a
 //! pure [`plan`] comes out, and the runtime trains it: [`data`] feeds a [`strategy`], which
-//! runs the [`engine`]'s model replicas; [`train`] drives the loop and writes the run folder.
+//! runs [`model`] replicas on the [`engine`]; [`train`] drives the loop and writes the run folder.
 
 pub mod bench;
 pub mod cli;
 pub mod data;
 pub mod engine;
-// pub mod model;
+pub mod model;
 pub mod plan;
 pub mod run;
 pub mod spec;

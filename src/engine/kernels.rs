@@ -196,6 +196,22 @@ impl Window {
         self.oh * self.ow
     }
 
+    /// Input rows the window at output row `oy` covers inside the image (padding excluded):
+    /// pooling visits real pixels only.
+    pub fn rows_at(&self, oy: usize) -> Range<usize> {
+        Self::span(oy, self.kh, self.sh, self.pad_top, self.h)
+    }
+
+    /// Input columns the window at output column `ox` covers inside the image.
+    pub fn cols_at(&self, ox: usize) -> Range<usize> {
+        Self::span(ox, self.kw, self.sw, self.pad_left, self.w)
+    }
+
+    fn span(o: usize, k: usize, stride: usize, pad: usize, len: usize) -> Range<usize> {
+        let end = (o * stride + k).saturating_sub(pad).min(len);
+        (o * stride).saturating_sub(pad).min(end)..end
+    }
+
     /// Input row/column for output row/column `o` and window offset `k`, if inside the image.
     #[inline]
     fn source(o: usize, k: usize, stride: usize, pad: usize, len: usize) -> Option<usize> {
@@ -205,7 +221,7 @@ impl Window {
     /// Writes the patches of `images` (NHWC, consecutive) as rows of `patches`
     /// (`images × positions` rows of `patch_len`), zero where the window leaves the image.
     pub fn im2col(&self, x: &[f32], images: usize, patches: &mut [f32]) {
-        let (c, pl) = (self.c, self.patch_len());
+        let (c, pl, seg) = (self.c, self.patch_len(), self.kw * self.c);
         let image_len = self.h * self.w * c;
         for e in 0..images {
             let img = &x[e * image_len..(e + 1) * image_len];
@@ -213,16 +229,20 @@ impl Window {
                 for ox in 0..self.ow {
                     let row = (e * self.positions() + oy * self.ow + ox) * pl;
                     let row = &mut patches[row..row + pl];
+                    // A window row's pixels are contiguous in the image: copy the in-image
+                    // run of `kx` at once (a few values per copy matter when `c` is 1 or 3).
+                    let (kx, ix) = self.kx_span(ox);
                     for ky in 0..self.kh {
-                        let iy = Self::source(oy, ky, self.sh, self.pad_top, self.h);
-                        for kx in 0..self.kw {
-                            let dst = &mut row[(ky * self.kw + kx) * c..][..c];
-                            match (iy, Self::source(ox, kx, self.sw, self.pad_left, self.w)) {
-                                (Some(iy), Some(ix)) => {
-                                    dst.copy_from_slice(&img[(iy * self.w + ix) * c..][..c])
-                                }
-                                _ => dst.fill(0.0),
+                        let dst = &mut row[ky * seg..(ky + 1) * seg];
+                        match Self::source(oy, ky, self.sh, self.pad_top, self.h) {
+                            Some(iy) if !kx.is_empty() => {
+                                let src = (iy * self.w + ix) * c;
+                                dst[..kx.start * c].fill(0.0);
+                                dst[kx.start * c..kx.end * c]
+                                    .copy_from_slice(&img[src..src + kx.len() * c]);
+                                dst[kx.end * c..].fill(0.0);
                             }
+                            _ => dst.fill(0.0),
                         }
                     }
                 }
@@ -233,7 +253,7 @@ impl Window {
     /// Adds patch gradients back onto image gradients: the transpose of [`Window::im2col`].
     /// `dx` must be zeroed by the caller.
     pub fn col2im(&self, patches: &[f32], images: usize, dx: &mut [f32]) {
-        let (c, pl) = (self.c, self.patch_len());
+        let (c, pl, seg) = (self.c, self.patch_len(), self.kw * self.c);
         let image_len = self.h * self.w * c;
         for e in 0..images {
             let img = &mut dx[e * image_len..(e + 1) * image_len];
@@ -241,25 +261,29 @@ impl Window {
                 for ox in 0..self.ow {
                     let row = (e * self.positions() + oy * self.ow + ox) * pl;
                     let row = &patches[row..row + pl];
+                    let (kx, ix) = self.kx_span(ox);
                     for ky in 0..self.kh {
                         let Some(iy) = Self::source(oy, ky, self.sh, self.pad_top, self.h) else {
                             continue;
                         };
-                        for kx in 0..self.kw {
-                            let Some(ix) = Self::source(ox, kx, self.sw, self.pad_left, self.w)
-                            else {
-                                continue;
-                            };
-                            let src = &row[(ky * self.kw + kx) * c..][..c];
-                            let dst = &mut img[(iy * self.w + ix) * c..][..c];
-                            for (d, s) in dst.iter_mut().zip(src) {
-                                *d += s;
-                            }
+                        let src = &row[ky * seg + kx.start * c..ky * seg + kx.end * c];
+                        let at = (iy * self.w + ix) * c;
+                        let dst = &mut img[at..at + src.len()];
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += s;
                         }
                     }
                 }
             }
         }
+    }
+
+    /// The window offsets `kx` that fall inside the image at output column `ox`, and the input
+    /// column of the first.
+    fn kx_span(&self, ox: usize) -> (Range<usize>, usize) {
+        let cols = self.cols_at(ox);
+        let first = cols.start + self.pad_left - ox * self.sw;
+        (first..first + cols.len(), cols.start)
     }
 
     /// For each output position and channel, calls `f(output_index, input_indices)` with the
@@ -345,6 +369,25 @@ mod tests {
         // TensorFlow pads 1 in total here, all of it after.
         assert_eq!((w.oh, w.pad_top), (2, 0));
         assert!(Window::new((2, 2, 1), (3, 3), (1, 1), false).is_none());
+    }
+
+    #[test]
+    fn window_spans_match_for_each_window() {
+        let win = Window::new((5, 4, 1), (3, 2), (2, 1), true).unwrap();
+        let mut visited = Vec::new();
+        win.for_each_window(|_, it| visited.push(it.collect::<Vec<_>>()));
+        let mut spans = Vec::new();
+        for oy in 0..win.oh {
+            for ox in 0..win.ow {
+                let cols = win.cols_at(ox);
+                spans.push(
+                    win.rows_at(oy)
+                        .flat_map(|iy| cols.clone().map(move |ix| iy * win.w + ix))
+                        .collect::<Vec<_>>(),
+                );
+            }
+        }
+        assert_eq!(visited, spans);
     }
 
     #[test]

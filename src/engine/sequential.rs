@@ -221,7 +221,10 @@ impl Sequential {
             "input batch does not match the model's input shape"
         );
         for (layer, slot) in self.layers.iter_mut().zip(&self.slots) {
-            let Buf::Own(out) = slot.output else { continue };
+            // Views alias their input buffer: nothing to compute.
+            let (Buf::Own(out), false) = (slot.output, layer.is_view()) else {
+                continue;
+            };
             let mut y = std::mem::take(&mut self.acts[out]);
             y.resize(n * layer.output_shape().numel(), 0.0);
             let x = match slot.input {
@@ -286,7 +289,9 @@ impl Sequential {
         }
         let mut cur = 0;
         for (layer, slot) in self.layers.iter_mut().zip(&self.slots).rev() {
-            let Buf::Own(out) = slot.output else { continue };
+            let (Buf::Own(out), false) = (slot.output, layer.is_view()) else {
+                continue;
+            };
             let x = match slot.input {
                 Buf::Input => x,
                 Buf::Own(i) => &self.acts[i],

@@ -14,6 +14,16 @@ use rayon::prelude::*;
 /// Patch values one chunk may hold (1 MiB of f32): keeps im2col output cache-resident.
 const CHUNK_VALUES: usize = 1 << 18;
 
+/// How a convolution's kernel starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KernelInit {
+    /// Keras's default for `Conv2D`.
+    #[default]
+    GlorotUniform,
+    /// He et al.'s normal, as ResNets use: keeps activations' variance through relu stacks.
+    HeNormal,
+}
+
 /// One thread's scratch.
 #[derive(Default)]
 struct Part {
@@ -28,6 +38,7 @@ pub struct Conv2d {
     filters: usize,
     activation: Activation,
     use_bias: bool,
+    kernel_init: KernelInit,
     output: Shape,
     parts: Vec<Part>,
     dz: Vec<f32>,
@@ -42,10 +53,17 @@ impl Conv2d {
             filters,
             activation,
             use_bias,
+            kernel_init: KernelInit::default(),
             output,
             parts: Vec::new(),
             dz: Vec::new(),
         }
+    }
+
+    /// The same convolution with its kernel drawn by `init` instead of Glorot-uniform.
+    pub fn with_kernel_init(mut self, init: KernelInit) -> Self {
+        self.kernel_init = init;
+        self
     }
 
     fn kernel_len(&self) -> usize {
@@ -68,13 +86,18 @@ impl Layer for Conv2d {
 
     fn params(&self) -> Vec<ParamSpec> {
         let w = &self.win;
+        let fan_in = w.kh * w.kw * w.c;
+        let init = match self.kernel_init {
+            KernelInit::GlorotUniform => Init::GlorotUniform {
+                fan_in,
+                fan_out: w.kh * w.kw * self.filters,
+            },
+            KernelInit::HeNormal => Init::HeNormal { fan_in },
+        };
         let mut p = vec![ParamSpec::new(
             "kernel",
             vec![w.kh, w.kw, w.c, self.filters],
-            Init::GlorotUniform {
-                fan_in: w.kh * w.kw * w.c,
-                fan_out: w.kh * w.kw * self.filters,
-            },
+            init,
         )];
         if self.use_bias {
             p.push(ParamSpec::new("bias", vec![self.filters], Init::Zeros));

@@ -1,13 +1,25 @@
 //! One file per layer.
 
 mod activation;
+mod avg_pool2d;
+mod batch_norm;
 mod conv2d;
 mod dense;
+mod dropout;
+mod global_avg_pool2d;
+mod max_pool2d;
+mod residual;
 mod view;
 
 pub use activation::ActivationLayer;
-pub use conv2d::Conv2d;
+pub use avg_pool2d::AvgPool2d;
+pub use batch_norm::BatchNorm;
+pub use conv2d::{Conv2d, KernelInit};
 pub use dense::Dense;
+pub use dropout::Dropout;
+pub use global_avg_pool2d::GlobalAvgPool2d;
+pub use max_pool2d::MaxPool2d;
+pub use residual::Residual;
 pub use view::View;
 
 #[cfg(test)]
@@ -15,6 +27,7 @@ mod tests {
     use super::*;
     use crate::engine::gradcheck::check_layer;
     use crate::engine::kernels::Window;
+    use crate::engine::layer::{Layer, Pass};
     use crate::engine::shape::Shape;
     use crate::spec::Activation;
 
@@ -78,5 +91,200 @@ mod tests {
             2,
             true,
         );
+    }
+
+    fn pass(training: bool) -> Pass {
+        Pass {
+            training,
+            seed: 1,
+            accumulate: false,
+            threads: 2,
+        }
+    }
+
+    /// `layer` run forward on `x` (`n` examples) with `params` and `state`.
+    fn run(
+        layer: &mut dyn Layer,
+        training: bool,
+        params: &[f32],
+        state: &mut [f32],
+        x: &[f32],
+        n: usize,
+    ) -> Vec<f32> {
+        let mut y = vec![0.0; n * layer.output_shape().numel()];
+        layer.forward(pass(training), params, state, x, &mut y, n);
+        y
+    }
+
+    #[test]
+    fn max_pool2d_gradients() {
+        for (pool, stride, same) in [(2, 2, false), (3, 2, true), (2, 1, false), (3, 3, true)] {
+            let win = Window::new((5, 6, 2), (pool, pool), (stride, stride), same).unwrap();
+            for training in [true, false] {
+                check_layer(&mut MaxPool2d::new(win), &Shape(vec![5, 6, 2]), 3, training);
+            }
+        }
+    }
+
+    #[test]
+    fn max_pool2d_routes_ties_to_the_first() {
+        let win = Window::new((2, 2, 1), (2, 2), (2, 2), false).unwrap();
+        let mut pool = MaxPool2d::new(win);
+        let x = [1.0, 3.0, 3.0, 2.0];
+        assert_eq!(run(&mut pool, true, &[], &mut [], &x, 1), [3.0]);
+        let mut dx = [9.0; 4];
+        pool.backward(
+            pass(true),
+            &[],
+            &mut [],
+            &x,
+            &[3.0],
+            &[1.0],
+            Some(&mut dx),
+            1,
+        );
+        assert_eq!(dx, [0.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn max_pool2d_same_padding_ignores_the_padding() {
+        // All-negative input: a zero from padding would win if padding took part.
+        let win = Window::new((3, 3, 1), (2, 2), (2, 2), true).unwrap();
+        let x: Vec<f32> = (1..=9).map(|v| -(v as f32)).collect();
+        let y = run(&mut MaxPool2d::new(win), true, &[], &mut [], &x, 1);
+        assert_eq!(y, [-1.0, -3.0, -7.0, -9.0]);
+    }
+
+    #[test]
+    fn avg_pool2d_gradients() {
+        for (pool, stride, same) in [(2, 2, false), (3, 2, true), (2, 1, true)] {
+            let win = Window::new((5, 6, 2), (pool, pool), (stride, stride), same).unwrap();
+            check_layer(&mut AvgPool2d::new(win), &Shape(vec![5, 6, 2]), 3, true);
+        }
+    }
+
+    #[test]
+    fn avg_pool2d_same_padding_counts_real_pixels_only() {
+        // TensorFlow: avg_pool2d(1..9 as 3×3, 2, 2, SAME) = [3, 4.5, 7.5, 9].
+        let win = Window::new((3, 3, 1), (2, 2), (2, 2), true).unwrap();
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let y = run(&mut AvgPool2d::new(win), true, &[], &mut [], &x, 1);
+        assert_eq!(y, [3.0, 4.5, 7.5, 9.0]);
+    }
+
+    #[test]
+    fn global_avg_pool2d_gradients_and_value() {
+        let mut pool = GlobalAvgPool2d::new((3, 2, 2));
+        check_layer(&mut pool, &Shape(vec![3, 2, 2]), 3, true);
+        let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        assert_eq!(run(&mut pool, true, &[], &mut [], &x, 1), [5.0, 6.0]);
+    }
+
+    #[test]
+    fn dropout_gradients() {
+        for training in [true, false] {
+            let mut d = Dropout::new(0.4, 2, Shape(vec![3, 4]));
+            check_layer(&mut d, &Shape(vec![3, 4]), 4, training);
+        }
+    }
+
+    #[test]
+    fn batch_norm_gradients() {
+        for (shape, training) in [
+            (vec![3, 2, 4], true),
+            (vec![5], true),
+            (vec![3, 2, 4], false),
+        ] {
+            let mut bn = BatchNorm::new(Shape(shape.clone()), 0.9, 1e-3);
+            check_layer(&mut bn, &Shape(shape), 4, training);
+        }
+    }
+
+    #[test]
+    fn batch_norm_normalizes_and_moves_statistics_as_keras() {
+        // Two channels; channel 0 holds 1, 2, 3, 4 (mean 2.5, biased variance 1.25).
+        let mut bn = BatchNorm::new(Shape(vec![2]), 0.9, 1e-3);
+        let params = [2.0, 1.0, 0.5, -1.0]; // gamma, beta
+        let mut state = [0.0, 0.0, 1.0, 1.0]; // moving mean, moving variance
+        let x = [1.0, 5.0, 2.0, 5.0, 3.0, 5.0, 4.0, 5.0];
+        let y = run(&mut bn, true, &params, &mut state, &x, 4);
+        let inv = 1.0 / (1.25f32 + 1e-3).sqrt();
+        for (i, v) in [1.0f32, 2.0, 3.0, 4.0].iter().enumerate() {
+            assert!((y[2 * i] - (2.0 * (v - 2.5) * inv + 0.5)).abs() < 1e-5);
+            assert!(
+                (y[2 * i + 1] + 1.0).abs() < 1e-5,
+                "a constant channel maps to beta"
+            );
+        }
+        let want = [0.25, 0.5, 0.9 + 0.1 * 1.25, 0.9];
+        for (s, w) in state.iter().zip(want) {
+            assert!((s - w).abs() < 1e-6, "{state:?}");
+        }
+        // Inference uses the moving statistics and leaves them alone.
+        let before = state;
+        let y = run(&mut bn, false, &params, &mut state, &x[..2], 1);
+        assert!((y[0] - (2.0 * (1.0 - 0.25) / (1.025f32 + 1e-3).sqrt() + 0.5)).abs() < 1e-5);
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn batch_norm_is_bit_identical_run_to_run() {
+        let x: Vec<f32> = (0..64 * 8).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
+        let params = [1.0; 16];
+        let once = || {
+            let mut state = [
+                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0,
+            ];
+            run(
+                &mut BatchNorm::new(Shape(vec![8]), 0.99, 1e-3),
+                true,
+                &params,
+                &mut state,
+                &x,
+                64,
+            )
+        };
+        assert_eq!(once(), once());
+    }
+
+    #[test]
+    fn residual_gradients() {
+        // Identity shortcut, then a strided projection that also widens.
+        for (input, filters, stride) in [((4, 4, 3), 3, 1), ((5, 4, 2), 3, 2)] {
+            let (h, w, c) = input;
+            for training in [true, false] {
+                let mut block = Residual::new(input, filters, (stride, stride), 0.9, 1e-3).unwrap();
+                check_layer(&mut block, &Shape(vec![h, w, c]), 3, training);
+            }
+        }
+    }
+
+    #[test]
+    fn residual_names_and_sizes_its_children() {
+        let block = Residual::new((8, 8, 16), 32, (2, 2), 0.99, 1e-3).unwrap();
+        let names: Vec<String> = block.params().into_iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            [
+                "conv_1/kernel",
+                "bn_1/gamma",
+                "bn_1/beta",
+                "conv_2/kernel",
+                "bn_2/gamma",
+                "bn_2/beta",
+                "shortcut_conv/kernel",
+                "shortcut_bn/gamma",
+                "shortcut_bn/beta"
+            ]
+        );
+        let total: usize = block.params().iter().map(|p| p.len()).sum();
+        assert_eq!(
+            total,
+            3 * 3 * 16 * 32 + 3 * 3 * 32 * 32 + 32 * 16 + 3 * 2 * 32
+        );
+        assert_eq!(block.state().len(), 6);
+        assert_eq!(block.output_shape(), &Shape(vec![4, 4, 32]));
+        let identity = Residual::new((8, 8, 16), 16, (1, 1), 0.99, 1e-3).unwrap();
+        assert_eq!(identity.params().len(), 6);
     }
 }

@@ -49,3 +49,81 @@ impl Sgd {
         self.iterations += 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(got: &[f32], want: &[f32]) {
+        assert!(
+            got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6) && got.len() == want.len(),
+            "got {got:?}, want {want:?}"
+        );
+    }
+
+    /// Three steps of a constant gradient `g` on one weight starting at 1, learning rate 0.1.
+    fn three_steps(mut sgd: Sgd, g: f32) -> Vec<f32> {
+        let mut p = vec![1.0];
+        (0..3)
+            .map(|_| {
+                sgd.step(&mut p, &[g], 0.1);
+                p[0]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plain_sgd_steps_against_the_gradient() {
+        let sgd = Sgd::new(1, 0.0, false, 0.0);
+        assert!(sgd.velocity.is_none());
+        close(&three_steps(sgd, 0.5), &[0.95, 0.9, 0.85]);
+    }
+
+    #[test]
+    fn momentum_matches_hand_computed_values() {
+        // v1 = −0.1, w = 0.9; v2 = 0.9·v1 − 0.1 = −0.19, w = 0.71; v3 = −0.271, w = 0.439.
+        close(
+            &three_steps(Sgd::new(1, 0.9, false, 0.0), 1.0),
+            &[0.9, 0.71, 0.439],
+        );
+    }
+
+    #[test]
+    fn nesterov_matches_hand_computed_values() {
+        // w += 0.9·v − 0.1·g: v1 = −0.1 → w = 1 − 0.19; v2 = −0.19 → w −= 0.271;
+        // v3 = −0.271 → w −= 0.3439.
+        close(
+            &three_steps(Sgd::new(1, 0.9, true, 0.0), 1.0),
+            &[0.81, 0.539, 0.1951],
+        );
+    }
+
+    #[test]
+    fn weight_decay_adds_l2_to_the_gradient() {
+        // g' = g + 0.1·w: 2 − 0.5·(0 + 0.2) = 1.9, and through momentum on the next step:
+        // v1 = −0.1, v2 = 0.9·v1 − 0.5·0.19 = −0.185.
+        let mut sgd = Sgd::new(1, 0.0, false, 0.1);
+        let mut p = vec![2.0];
+        sgd.step(&mut p, &[0.0], 0.5);
+        close(&p, &[1.9]);
+        let mut sgd = Sgd::new(1, 0.9, false, 0.1);
+        let mut p = vec![2.0];
+        sgd.step(&mut p, &[0.0], 0.5);
+        sgd.step(&mut p, &[0.0], 0.5);
+        close(&p, &[2.0 - 0.1 - 0.185]);
+        assert_eq!(sgd.iterations, 2);
+    }
+
+    #[test]
+    fn every_chunk_gets_the_same_update() {
+        // More values than one parallel chunk holds.
+        let len = 3 * super::super::CHUNK + 7;
+        let mut sgd = Sgd::new(len, 0.9, true, 0.01);
+        let mut p = vec![1.0; len];
+        let g = vec![0.5; len];
+        sgd.step(&mut p, &g, 0.1);
+        sgd.step(&mut p, &g, 0.1);
+        assert!(p.iter().all(|v| *v == p[0]));
+        assert!(sgd.velocity.is_some_and(|v| v.iter().all(|x| *x == v[0])));
+    }
+}

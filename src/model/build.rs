@@ -1,0 +1,367 @@
+//! Layer specs → engine layers, checking shapes as it goes and collecting every problem.
+//!
+//! After a layer that cannot be built, checking goes on with the shape the layer would have
+//! produced when that is known without its input (`reshape`, `dense`, shape-keeping layers),
+//! so independent mistakes further down are reported in the same run.
+
+use crate::engine::kernels::Window;
+use crate::engine::layers::{
+    ActivationLayer, AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, GlobalAvgPool2d, KernelInit,
+    MaxPool2d, Residual, View,
+};
+use crate::engine::{Layer, Shape};
+use crate::spec::{Diagnostic, LayerSpec, Padding, Size2, ZooModel};
+
+/// Keras's `BatchNormalization` defaults, used inside `residual` blocks.
+const BN_MOMENTUM: f32 = 0.99;
+const BN_EPSILON: f32 = 1e-3;
+
+/// Where the layers come from, for keys and messages.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Source {
+    /// `[[model.layers]]`: diagnostics name `model.layers[i].field`.
+    Layers,
+    /// A zoo model: diagnostics name `model.zoo` and say which of its layers failed.
+    Zoo(ZooModel),
+}
+
+impl Source {
+    pub(super) fn diag(
+        self,
+        i: usize,
+        field: Option<&str>,
+        kind: &str,
+        message: String,
+    ) -> Diagnostic {
+        match self {
+            Source::Layers => {
+                let key = match field {
+                    Some(f) => format!("model.layers[{i}].{f}"),
+                    None => format!("model.layers[{i}]"),
+                };
+                Diagnostic::error(key, message)
+            }
+            Source::Zoo(zoo) => Diagnostic::error(
+                "model.zoo",
+                format!("{} layer {i} ({kind}): {message}", super::zoo::name(zoo)),
+            ),
+        }
+    }
+}
+
+/// The `type` name of a layer spec, as written in TOML.
+pub(super) fn kind(spec: &LayerSpec) -> &'static str {
+    match spec {
+        LayerSpec::Dense { .. } => "dense",
+        LayerSpec::Conv2d { .. } => "conv2d",
+        LayerSpec::MaxPool2d { .. } => "max_pool2d",
+        LayerSpec::AvgPool2d { .. } => "avg_pool2d",
+        LayerSpec::GlobalAvgPool2d => "global_avg_pool2d",
+        LayerSpec::Flatten => "flatten",
+        LayerSpec::Reshape { .. } => "reshape",
+        LayerSpec::Dropout { .. } => "dropout",
+        LayerSpec::BatchNorm { .. } => "batch_norm",
+        LayerSpec::Activation { .. } => "activation",
+        LayerSpec::Residual { .. } => "residual",
+    }
+}
+
+/// The layers built from specs, the output shape when known, and every problem found.
+pub(super) struct Checked {
+    pub layers: Vec<Box<dyn Layer>>,
+    pub output: Option<Shape>,
+    pub diags: Vec<Diagnostic>,
+}
+
+/// Builds `specs` on inputs of `input`, convolutions drawing their kernels by `conv_init`.
+pub(super) fn layers(
+    specs: &[LayerSpec],
+    input: &Shape,
+    conv_init: KernelInit,
+    source: Source,
+) -> Checked {
+    let mut layers: Vec<Box<dyn Layer>> = Vec::with_capacity(specs.len());
+    let mut diags = Vec::new();
+    let mut shape = Some(input.clone());
+    for (i, spec) in specs.iter().enumerate() {
+        let ctx = Ctx {
+            i,
+            kind: kind(spec),
+            source,
+        };
+        let mut problems = ctx.values(spec);
+        match &shape {
+            Some(s) if problems.is_empty() => match ctx.layer(spec, s, conv_init) {
+                Ok(layer) => {
+                    shape = Some(layer.output_shape().clone());
+                    layers.push(layer);
+                    continue;
+                }
+                Err(d) => problems.push(d),
+            },
+            _ => {}
+        }
+        diags.extend(problems);
+        shape = intended_output(spec, shape.as_ref());
+    }
+    Checked {
+        layers,
+        output: shape,
+        diags,
+    }
+}
+
+/// A layer's output shape when it can be told without building it.
+fn intended_output(spec: &LayerSpec, input: Option<&Shape>) -> Option<Shape> {
+    match spec {
+        LayerSpec::Dense { units, .. } => Some(Shape(vec![units.get()])),
+        LayerSpec::Reshape { target_shape } => {
+            Some(Shape(target_shape.iter().map(|d| d.get()).collect()))
+        }
+        LayerSpec::Flatten => input.map(|s| Shape(vec![s.numel()])),
+        LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. } => {
+            input.cloned()
+        }
+        LayerSpec::Conv2d { .. }
+        | LayerSpec::MaxPool2d { .. }
+        | LayerSpec::AvgPool2d { .. }
+        | LayerSpec::GlobalAvgPool2d
+        | LayerSpec::Residual { .. } => None,
+    }
+}
+
+/// One layer being built.
+struct Ctx {
+    i: usize,
+    kind: &'static str,
+    source: Source,
+}
+
+impl Ctx {
+    fn diag(&self, field: Option<&str>, message: String) -> Diagnostic {
+        self.source.diag(self.i, field, self.kind, message)
+    }
+
+    /// Checks of values that do not depend on the input shape.
+    fn values(&self, spec: &LayerSpec) -> Vec<Diagnostic> {
+        let mut d = Vec::new();
+        match spec {
+            LayerSpec::Dropout { rate } if !(0.0..1.0).contains(rate) => d.push(
+                self.diag(Some("rate"), format!("rate = {rate} is outside [0, 1)"))
+                    .help("use a fraction such as `rate = 0.5`; 1 would drop everything"),
+            ),
+            LayerSpec::BatchNorm { momentum, epsilon } => {
+                if !(0.0..=1.0).contains(momentum) {
+                    d.push(
+                        self.diag(
+                            Some("momentum"),
+                            format!("momentum = {momentum} is outside [0, 1]"),
+                        )
+                        .help("Keras's default is `momentum = 0.99`"),
+                    );
+                }
+                if !(epsilon.is_finite() && *epsilon > 0.0) {
+                    d.push(
+                        self.diag(
+                            Some("epsilon"),
+                            format!("epsilon = {epsilon} must be a positive number"),
+                        )
+                        .help("Keras's default is `epsilon = 0.001`"),
+                    );
+                }
+            }
+            _ => {}
+        }
+        d
+    }
+
+    /// Builds `spec` on inputs of `input`.
+    fn layer(
+        &self,
+        spec: &LayerSpec,
+        input: &Shape,
+        conv_init: KernelInit,
+    ) -> Result<Box<dyn Layer>, Diagnostic> {
+        Ok(match spec {
+            // A multi-axis input is taken flat, as after a `flatten` (Keras would apply the
+            // layer to the last axis only).
+            LayerSpec::Dense {
+                units,
+                activation,
+                use_bias,
+            } => Box::new(Dense::new(
+                input.numel(),
+                units.get(),
+                *activation,
+                *use_bias,
+            )),
+            LayerSpec::Conv2d {
+                filters,
+                kernel_size,
+                strides,
+                padding,
+                activation,
+                use_bias,
+            } => {
+                let win = self.window(input, "kernel_size", *kernel_size, *strides, *padding)?;
+                Box::new(
+                    Conv2d::new(win, filters.get(), *activation, *use_bias)
+                        .with_kernel_init(conv_init),
+                )
+            }
+            LayerSpec::MaxPool2d {
+                pool_size,
+                strides,
+                padding,
+            } => Box::new(MaxPool2d::new(self.window(
+                input,
+                "pool_size",
+                *pool_size,
+                strides.unwrap_or(*pool_size),
+                *padding,
+            )?)),
+            LayerSpec::AvgPool2d {
+                pool_size,
+                strides,
+                padding,
+            } => Box::new(AvgPool2d::new(self.window(
+                input,
+                "pool_size",
+                *pool_size,
+                strides.unwrap_or(*pool_size),
+                *padding,
+            )?)),
+            LayerSpec::GlobalAvgPool2d => Box::new(GlobalAvgPool2d::new(self.image(input)?)),
+            LayerSpec::Flatten => Box::new(View::flatten(input)),
+            LayerSpec::Reshape { target_shape } => {
+                let target = Shape(target_shape.iter().map(|d| d.get()).collect());
+                if target.numel() != input.numel() {
+                    return Err(self.reshape_mismatch(&target, input));
+                }
+                Box::new(View::reshape(target))
+            }
+            LayerSpec::Dropout { rate } => {
+                Box::new(Dropout::new(*rate as f32, self.i as u64, input.clone()))
+            }
+            LayerSpec::BatchNorm { momentum, epsilon } => Box::new(BatchNorm::new(
+                input.clone(),
+                *momentum as f32,
+                *epsilon as f32,
+            )),
+            LayerSpec::Activation { activation } => {
+                Box::new(ActivationLayer::new(*activation, input.clone()))
+            }
+            LayerSpec::Residual { filters, strides } => {
+                let hwc = self.image(input)?;
+                let block =
+                    Residual::new(hwc, filters.get(), strides.hw(), BN_MOMENTUM, BN_EPSILON)
+                        .ok_or_else(|| {
+                            self.diag(None, format!("cannot build a block on input {input}"))
+                        })?;
+                Box::new(block)
+            }
+        })
+    }
+
+    /// `input` as `(h, w, c)`, or the reshape that would make it one.
+    fn image(&self, input: &Shape) -> Result<(usize, usize, usize), Diagnostic> {
+        if let Some(hwc) = input.hwc().filter(|_| input.numel() > 0) {
+            return Ok(hwc);
+        }
+        let d = self.diag(
+            None,
+            format!(
+                "{} needs an image input (h, w, c) but gets {input}",
+                self.kind
+            ),
+        );
+        Err(match suggest_image(input) {
+            Some(t) => d.help(format!(
+                "add a reshape layer before it with `target_shape = [{}, {}, {}]`",
+                t.0, t.1, t.2
+            )),
+            None => d.help(format!(
+                "add a reshape layer before it whose `target_shape = [h, w, c]` holds {} values",
+                input.numel()
+            )),
+        })
+    }
+
+    /// The window geometry, or why the window does not fit.
+    fn window(
+        &self,
+        input: &Shape,
+        field: &str,
+        size: Size2,
+        strides: Size2,
+        padding: Padding,
+    ) -> Result<Window, Diagnostic> {
+        let hwc = self.image(input)?;
+        let same = match padding {
+            Padding::Same => true,
+            Padding::Valid => false,
+        };
+        let (kh, kw) = size.hw();
+        Window::new(hwc, (kh, kw), strides.hw(), same).ok_or_else(|| {
+            self.diag(
+                Some(field),
+                format!(
+                    "{field} {kh}×{kw} is larger than its {}×{} input under `valid` padding",
+                    hwc.0, hwc.1
+                ),
+            )
+            .help(format!(
+                "use `padding = \"same\"`, or a {field} of at most {}×{}",
+                hwc.0, hwc.1
+            ))
+        })
+    }
+
+    fn reshape_mismatch(&self, target: &Shape, input: &Shape) -> Diagnostic {
+        let dims = |s: &Shape| {
+            let d: Vec<String> = s.0.iter().map(|d| d.to_string()).collect();
+            format!("[{}]", d.join(", "))
+        };
+        let have = input.numel();
+        // Keep the leading axes and fix the last, when that works; else one flat axis.
+        let lead: usize = target.0[..target.0.len().saturating_sub(1)]
+            .iter()
+            .product();
+        let fix = if lead > 0 && have.is_multiple_of(lead) && target.rank() > 1 {
+            let mut d = target.0.clone();
+            if let Some(last) = d.last_mut() {
+                *last = have / lead;
+            }
+            Shape(d)
+        } else {
+            Shape(vec![have])
+        };
+        self.diag(
+            Some("target_shape"),
+            format!(
+                "target_shape {} holds {} values, input {input} has {have}",
+                dims(target),
+                target.numel()
+            ),
+        )
+        .help(format!("use `target_shape = {}`", dims(&fix)))
+    }
+}
+
+/// An `(h, w, c)` shape with `input`'s values: a channel axis for `(h, w)`, a square with 1
+/// or 3 channels for a flat input.
+pub(super) fn suggest_image(input: &Shape) -> Option<(usize, usize, usize)> {
+    let square = |k: usize| {
+        let s = (k as f64).sqrt().round() as usize;
+        (s > 0 && s * s == k).then_some(s)
+    };
+    match input.0.as_slice() {
+        [h, w] => Some((*h, *w, 1)),
+        [k] => match (square(*k), square(k / 3)) {
+            (Some(s), _) => Some((s, s, 1)),
+            (None, Some(s)) if k.is_multiple_of(3) => Some((s, s, 3)),
+            _ => None,
+        },
+        _ => None,
+    }
+}

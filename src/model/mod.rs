@@ -1,0 +1,163 @@
+//! `[model]` → an engine [`Sequential`]: a zoo model or `[[model.layers]]`, shaped to the
+//! data's examples and classes, with every shape problem reported at once.
+//!
+//! Inputs are channels last, `(h, w)` or `(h, w, c)` as the data gives them. Layers that need
+//! an image (`conv2d`, pooling, `residual`) do not add a channel axis to `(h, w)` by
+//! themselves: that is an error whose help names the `reshape` to add, as Keras would fail
+//! too, so the spec says what the model sees. `dense` takes any input flat (as after a
+//! `flatten`), so `(h, w)` data can go straight into an MLP.
+
+mod build;
+pub mod zoo;
+
+#[cfg(test)]
+mod bench;
+#[cfg(test)]
+mod tests;
+
+use crate::engine::layers::KernelInit;
+use crate::engine::{Sequential, Shape};
+use crate::spec::{Diagnostic, LayerSpec, ModelSpec};
+use build::Source;
+use std::borrow::Cow;
+
+/// Builds the model `spec` describes for examples of `input` and `classes` classes.
+pub fn build(
+    spec: &ModelSpec,
+    input: &Shape,
+    classes: usize,
+) -> Result<Sequential, Vec<Diagnostic>> {
+    if input.numel() == 0 {
+        return Err(vec![Diagnostic::error(
+            "data",
+            format!("examples have shape {input}, which holds no values"),
+        )]);
+    }
+    let (specs, conv_init, source) = match (spec.zoo, spec.layers.is_empty()) {
+        (Some(zoo), false) => {
+            return Err(vec![
+                Diagnostic::error(
+                    "model",
+                    format!(
+                        "both `zoo = \"{}\"` and {} `[[model.layers]]` are given",
+                        zoo::name(zoo),
+                        spec.layers.len()
+                    ),
+                )
+                .help(
+                    "keep one: remove `zoo` to use your layers, or the layers to use the zoo model",
+                ),
+            ]);
+        }
+        (None, true) => {
+            return Err(vec![
+                Diagnostic::error("model", "no model: neither `zoo` nor `[[model.layers]]` is given")
+                    .help("add `zoo = \"mnist_cnn\"` (or `resnet20`, `resnet56`), or list `[[model.layers]]`"),
+            ]);
+        }
+        (Some(zoo), true) => {
+            let (layers, init) = zoo::layers(zoo, input, classes).map_err(|d| vec![d])?;
+            (Cow::Owned(layers), init, Source::Zoo(zoo))
+        }
+        (None, false) => (
+            Cow::Borrowed(spec.layers.as_slice()),
+            KernelInit::GlorotUniform,
+            Source::Layers,
+        ),
+    };
+    let mut checked = build::layers(&specs, input, conv_init, source);
+    if let Some(out) = checked.output.as_ref().filter(|o| o.numel() != classes) {
+        let mismatch = class_mismatch(&specs, out.numel(), classes, source);
+        checked.diags.push(mismatch);
+    }
+    if checked.diags.is_empty() {
+        Ok(Sequential::new(input.clone(), checked.layers))
+    } else {
+        Err(checked.diags)
+    }
+}
+
+/// The model's output size differs from the class count: point at the dense layer that sets
+/// it, when the layers after it keep its shape.
+fn class_mismatch(
+    specs: &[LayerSpec],
+    outputs: usize,
+    classes: usize,
+    source: Source,
+) -> Diagnostic {
+    let message =
+        format!("model outputs {outputs} values per example but the dataset has {classes} classes");
+    let last_dense = specs.iter().rposition(|s| {
+        !matches!(
+            s,
+            LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. }
+        )
+    });
+    match last_dense.map(|i| (i, &specs[i])) {
+        Some((i, LayerSpec::Dense { .. })) => source
+            .diag(i, Some("units"), "dense", message)
+            .help(format!("make the last dense layer `units = {classes}`")),
+        _ => source
+            .diag(
+                specs.len().saturating_sub(1),
+                None,
+                specs.last().map_or("", build::kind),
+                message,
+            )
+            .help(format!(
+                "end the model with a dense layer of `units = {classes}` (after a flatten or global_avg_pool2d for images)"
+            )),
+    }
+}
+
+/// A text table like Keras's `model.summary()`: each layer's name, output shape (with the
+/// batch axis as `None`) and values (trainable and moving statistics), then the totals.
+pub fn summary(model: &Sequential) -> String {
+    let state_of = |layer: &str| -> usize {
+        model
+            .state_tensors()
+            .iter()
+            .filter(|t| t.name.split('/').next() == Some(layer))
+            .map(|t| t.len())
+            .sum()
+    };
+    let shape = |s: &Shape| {
+        let dims: Vec<String> = s.0.iter().map(|d| d.to_string()).collect();
+        format!("(None, {})", dims.join(", "))
+    };
+    let rule = "─".repeat(64);
+    let mut out = format!(
+        "{:<28}{:<24}{:>12}\n{rule}\n",
+        "Layer", "Output shape", "Param #"
+    );
+    for row in model.summary() {
+        let values = row.params + state_of(&row.name);
+        out += &format!(
+            "{:<28}{:<24}{:>12}\n",
+            row.name,
+            shape(&row.output_shape),
+            thousands(values)
+        );
+    }
+    let (trainable, state) = (model.param_len(), model.state_len());
+    out += &format!(
+        "{rule}\nTotal params: {}\nTrainable params: {}\nNon-trainable params: {}\n",
+        thousands(trainable + state),
+        thousands(trainable),
+        thousands(state)
+    );
+    out
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(v: usize) -> String {
+    let digits = v.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
