@@ -92,7 +92,9 @@ pub fn main() -> ExitCode {
     };
     let env: Vec<(String, String)> = std::env::vars().collect();
     let invocation = |spec: SpecArgs, quiet: bool| -> Result<Invocation, RunError> {
-        let path = spec.spec.ok_or_else(|| RunError::Usage("a spec file is required, e.g. `trainrun specs/mnist_single.toml`".into()))?;
+        let path = spec.spec.ok_or_else(|| {
+            RunError::Usage("a spec file is required, e.g. `trainrun specs/mnist_single.toml`".into())
+        })?;
         Ok(Invocation { spec: path, sets: spec.sets, env: env.clone(), quiet, launched })
     };
     let result = match cli.command {

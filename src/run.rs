@@ -58,7 +58,8 @@ impl RunError {
         match self {
             RunError::Usage(_) | RunError::Spec(_) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
-            RunError::Unsupported(_) | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
+            RunError::Unsupported(_)
+            | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
                 Exit::Unsupported
             }
             RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
@@ -131,7 +132,11 @@ pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
         println!("{}", serde_json::to_string_pretty(&value).map_err(|e| RunError::Failure(e.to_string()))?);
     } else {
         print!("{}", p.plan.render());
-        println!("  {:<20}  {}", "data folder", p.source.dir().map_or("(generated)".to_string(), |d| d.display().to_string()));
+        println!(
+            "  {:<20}  {}",
+            "data folder",
+            p.source.dir().map_or("(generated)".to_string(), |d| d.display().to_string())
+        );
         print!("{}", crate::model::summary(&model));
     }
     Ok(())
@@ -154,6 +159,7 @@ pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
     let first = &models[0];
     let (params, state) = first.init(plan.seed);
     let (tensors, state_tensors) = (first.tensors().to_vec(), first.state_tensors().to_vec());
+    let activation_len = first.activation_len();
     let strategy = strategy::build(plan, models)?;
 
     // TRAINRUN_OFFLINE (as HF_HUB_OFFLINE): never download; missing files are an error
@@ -166,8 +172,22 @@ pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
     let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
     let mut run_dir = RunDir::create(&plan.out_dir, &resolved).map_err(|e| RunError::Train(e.into()))?;
     let optimizer = plan.optimizer.build(params.len());
-    let mut session = Session { vars: Variables { params, state }, optimizer, strategy, dataset, shard, tensors, state_tensors };
-    let opts = FitOptions { progress: train::progress::Mode::detect(inv.quiet), prefix: String::new(), launched: inv.launched, writes: true };
+    let mut session = Session {
+        vars: Variables { params, state },
+        optimizer,
+        strategy,
+        dataset,
+        shard,
+        tensors,
+        state_tensors,
+        activation_len,
+    };
+    let opts = FitOptions {
+        progress: train::progress::Mode::detect(inv.quiet),
+        prefix: String::new(),
+        launched: inv.launched,
+        writes: true,
+    };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(plan.threads)
         .build()

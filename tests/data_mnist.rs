@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trainrun::data::download::verify;
 use trainrun::data::{
-    Cursor, DataDirs, EvalBatches, Fetcher, Pipeline, PipelineOptions, Preset, Shard, Shuffle,
-    Source,
+    Cursor, DataDirs, EvalBatches, Fetcher, Pipeline, PipelineOptions, Preset, Shard, Shuffle, Source,
 };
 use trainrun::spec::DataSpec;
 
@@ -23,34 +22,21 @@ fn mnist_dir() -> PathBuf {
 }
 
 fn mnist() -> Source {
-    let dirs = DataDirs {
-        trainrun_data_dir: Some(mnist_dir()),
-        ..DataDirs::default()
-    };
+    let dirs = DataDirs { trainrun_data_dir: Some(mnist_dir()), ..DataDirs::default() };
     Source::from_spec(&DataSpec::default(), &dirs, 42).unwrap()
 }
 
 #[test]
 fn real_mnist_loads_with_its_published_shape() {
     let source = mnist();
-    assert!(
-        source.missing_files().is_empty(),
-        "MNIST not found in {:?}",
-        source.dir()
-    );
+    assert!(source.missing_files().is_empty(), "MNIST not found in {:?}", source.dir());
     let data = source.load().unwrap();
     assert_eq!(data.train.len(), 60_000);
     assert_eq!(data.train.images().len(), 60_000 * 28 * 28);
     assert_eq!(data.train.shape().len(), 784);
     let test = data.test.as_ref().unwrap();
     assert_eq!(test.len(), 10_000);
-    assert!(
-        data.train
-            .labels()
-            .iter()
-            .chain(test.labels())
-            .all(|&l| l < 10)
-    );
+    assert!(data.train.labels().iter().chain(test.labels()).all(|&l| l < 10));
     // Every digit occurs, and the first training label is the well-known 5.
     assert!((0..10).all(|d| data.train.labels().contains(&d)));
     assert_eq!(data.train.labels()[0], 5);
@@ -62,18 +48,8 @@ fn real_mnist_loads_with_its_published_shape() {
 fn real_mnist_matches_the_published_sha256() {
     let dir = mnist_dir();
     let preset = Preset::mnist();
-    for file in [
-        &preset.train_images,
-        &preset.train_labels,
-        &preset.test_images,
-        &preset.test_labels,
-    ] {
-        assert_eq!(
-            verify(&dir.join(&file.name), &file.checksum),
-            Ok(()),
-            "{}",
-            file.name
-        );
+    for file in [&preset.train_images, &preset.train_labels, &preset.test_images, &preset.test_labels] {
+        assert_eq!(verify(&dir.join(&file.name), &file.checksum), Ok(()), "{}", file.name);
     }
 }
 
@@ -102,27 +78,10 @@ fn real_mnist_epoch_is_a_permutation_and_resumes() {
     }
     // Each label as often as in the training set: the epoch used every example once.
     let mut want = [0usize; 10];
-    data.train
-        .labels()
-        .iter()
-        .for_each(|&l| want[l as usize] += 1);
+    data.train.labels().iter().for_each(|&l| want[l as usize] += 1);
     assert_eq!(counts, want);
-    assert_eq!(
-        pipeline.cursor(),
-        Cursor {
-            epoch: 1,
-            offset: 0
-        }
-    );
-    let mut resumed = Pipeline::new(
-        data,
-        &options,
-        Cursor {
-            epoch: 0,
-            offset: 30_000,
-        },
-    )
-    .unwrap();
+    assert_eq!(pipeline.cursor(), Cursor { epoch: 1, offset: 0 });
+    let mut resumed = Pipeline::new(data, &options, Cursor { epoch: 0, offset: 30_000 }).unwrap();
     assert_eq!(resumed.next_batch().unwrap().x, first);
 }
 
@@ -180,16 +139,8 @@ fn serve(files: HashMap<String, Vec<u8>>, max: usize) -> String {
 fn mnist_downloads_from_a_local_mirror_verifies_and_loads() {
     let preset = Preset::mnist();
     let mut files = HashMap::new();
-    for file in [
-        &preset.train_images,
-        &preset.train_labels,
-        &preset.test_images,
-        &preset.test_labels,
-    ] {
-        files.insert(
-            file.name.clone(),
-            std::fs::read(mnist_dir().join(&file.name)).unwrap(),
-        );
+    for file in [&preset.train_images, &preset.train_labels, &preset.test_images, &preset.test_labels] {
+        files.insert(file.name.clone(), std::fs::read(mnist_dir().join(&file.name)).unwrap());
     }
     // A first mirror with corrupt training images (the first file fetched): rejected by
     // checksum, then the second mirror is used.
@@ -199,34 +150,21 @@ fn mnist_downloads_from_a_local_mirror_verifies_and_loads() {
     let bad = serve(corrupt, 1);
     let good = serve(files, 4);
     let target = tempfile::tempdir().unwrap();
-    let dirs = DataDirs {
-        xdg_cache_home: Some(target.path().to_path_buf()),
-        ..DataDirs::default()
-    };
+    let dirs = DataDirs { xdg_cache_home: Some(target.path().to_path_buf()), ..DataDirs::default() };
     let source = Source::from_spec(&DataSpec::default(), &dirs, 0).unwrap();
-    assert_eq!(
-        source.dir(),
-        Some(target.path().join("trainrun/mnist").as_path())
-    );
+    assert_eq!(source.dir(), Some(target.path().join("trainrun/mnist").as_path()));
     // The bad mirror answers one request and stops, so later files meet a refused connection
     // there before the good mirror serves them.
-    let written = source
-        .fetch_missing(&Fetcher::with_mirrors(vec![bad, good]))
-        .unwrap();
+    let written = source.fetch_missing(&Fetcher::with_mirrors(vec![bad, good])).unwrap();
     assert_eq!(written.len(), 4);
     let data = source.load().unwrap();
-    assert_eq!(
-        (data.train.len(), data.test.map(|t| t.len())),
-        (60_000, Some(10_000))
-    );
+    assert_eq!((data.train.len(), data.test.map(|t| t.len())), (60_000, Some(10_000)));
 }
 
 /// A valid gzip of the same IDX file with one pixel changed: only the checksum can tell.
 fn gz_with_one_pixel_changed(gz: &[u8]) -> Vec<u8> {
     let mut raw = vec![];
-    flate2::read::GzDecoder::new(gz)
-        .read_to_end(&mut raw)
-        .unwrap();
+    flate2::read::GzDecoder::new(gz).read_to_end(&mut raw).unwrap();
     raw[1000] ^= 1;
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     enc.write_all(&raw).unwrap();
@@ -259,10 +197,7 @@ fn measure() {
     let data = Arc::new(data.unwrap());
     let t = Instant::now();
     let synthetic = Source::from_spec(
-        &DataSpec {
-            dataset: trainrun::spec::DatasetKind::Synthetic,
-            ..DataSpec::default()
-        },
+        &DataSpec { dataset: trainrun::spec::DatasetKind::Synthetic, ..DataSpec::default() },
         &DataDirs::default(),
         1,
     )
@@ -273,11 +208,7 @@ fn measure() {
     println!("facts (headers only): {facts_time:?} -> {facts:?}");
     println!("MNIST load train+test, 5 runs: {loads:?}");
     println!("synthetic 60k+10k x 784: {synthetic_time:?}");
-    println!(
-        "bytes held: MNIST {} synthetic {}",
-        data.bytes_held(),
-        synthetic.bytes_held()
-    );
+    println!("bytes held: MNIST {} synthetic {}", data.bytes_held(), synthetic.bytes_held());
     drop(synthetic);
     for global in [64, 128] {
         let options = PipelineOptions {
@@ -309,10 +240,7 @@ fn peak_rss() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let pick = |key: &str| {
         let line = status.lines().find(|l| l.starts_with(key)).unwrap_or("");
-        line.split_whitespace()
-            .skip(1)
-            .collect::<Vec<_>>()
-            .join(" ")
+        line.split_whitespace().skip(1).collect::<Vec<_>>().join(" ")
     };
     format!("peak RSS {}, RSS {}", pick("VmHWM"), pick("VmRSS"))
 }

@@ -26,10 +26,7 @@ fn corpus() -> Vec<(String, PathBuf)> {
 }
 
 fn failure(path: &str, env: &[(&str, &str)], sets: &[&str]) -> String {
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     match load(Path::new(path), &env, &sets) {
         Ok(loaded) => panic!("{path} loaded but should fail: {:?}", loaded.spec),
@@ -60,24 +57,13 @@ fn set_value_of_the_wrong_type() {
 
 #[test]
 fn set_without_equals_and_past_the_end() {
-    let text = failure(
-        GOOD,
-        &[],
-        &["optimizer.learning_rate", "model.layers[7].units=64", "=3"],
-    );
+    let text = failure(GOOD, &[], &["optimizer.learning_rate", "model.layers[7].units=64", "=3"]);
     insta::assert_snapshot!("set_malformed", text);
 }
 
 #[test]
 fn unknown_key_from_the_environment() {
-    let text = failure(
-        GOOD,
-        &[
-            ("TRAINRUN_OPTIMIZER__LERNING_RATE", "0.1"),
-            ("TRAINRUN_DATA_DIR", "/data"),
-        ],
-        &[],
-    );
+    let text = failure(GOOD, &[("TRAINRUN_OPTIMIZER__LERNING_RATE", "0.1"), ("TRAINRUN_DATA_DIR", "/data")], &[]);
     insta::assert_snapshot!("env_unknown_key", text);
 }
 
@@ -89,15 +75,10 @@ fn set_out_of_range_inside_a_layer() {
 
 #[test]
 fn planner_diagnostics_render_at_their_keys() {
-    let Ok(loaded) = load(Path::new(GOOD), &[], &["train.epochs=4".to_string()]) else {
-        panic!("{GOOD} loads")
-    };
+    let Ok(loaded) = load(Path::new(GOOD), &[], &["train.epochs=4".to_string()]) else { panic!("{GOOD} loads") };
     let diagnostics = [
-        Diagnostic::error(
-            "batch.global",
-            "`batch.global = 64` is not divisible by 3 replicas (3 workers × 1 device)",
-        )
-        .help("use 63 or 66"),
+        Diagnostic::error("batch.global", "`batch.global = 64` is not divisible by 3 replicas (3 workers × 1 device)")
+            .help("use 63 or 66"),
         Diagnostic::warning("model.layers[1].filters", "32 filters on 28×28 inputs"),
         Diagnostic::error("batch.per_replica", "`batch.per_replica` defaults to 32"),
         Diagnostic::warning("train.epochs", "4 epochs may overfit"),

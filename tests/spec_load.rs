@@ -19,10 +19,7 @@ fn the_tutorial_spec_loads() {
     assert_eq!(spec.train.steps_per_epoch.map(|s| s.get()), Some(70));
     assert_eq!(spec.train.loss, Loss::SparseCategoricalCrossentropy);
     assert!(spec.train.from_logits);
-    assert!(matches!(
-        spec.strategy,
-        StrategySpec::MultiWorkerMirrored { .. }
-    ));
+    assert!(matches!(spec.strategy, StrategySpec::MultiWorkerMirrored { .. }));
     assert_eq!(spec.cluster.worker.as_ref().map(|w| w.len()), Some(2));
     let layers = &spec.model.layers;
     assert_eq!(layers.len(), 5);
@@ -37,18 +34,13 @@ fn the_tutorial_spec_loads() {
 
 #[test]
 fn overrides_reach_into_layers() {
-    let sets = [
-        "model.layers[3].units=256".to_string(),
-        "run.name=tuned".to_string(),
-    ];
+    let sets = ["model.layers[3].units=256".to_string(), "run.name=tuned".to_string()];
     let env = [("TRAINRUN_TRAIN__EPOCHS".to_string(), "7".to_string())];
     let loaded = match load(Path::new("tests/fixtures/mnist_tutorial.toml"), &env, &sets) {
         Ok(loaded) => loaded,
         Err(error) => panic!("{error}"),
     };
-    assert!(
-        matches!(&loaded.spec.model.layers[3], LayerSpec::Dense { units, .. } if units.get() == 256)
-    );
+    assert!(matches!(&loaded.spec.model.layers[3], LayerSpec::Dense { units, .. } if units.get() == 256));
     assert_eq!(loaded.spec.model.layers.len(), 5);
     assert_eq!(loaded.spec.train.epochs.get(), 7);
     assert_eq!(loaded.spec.run.name.as_deref(), Some("tuned"));

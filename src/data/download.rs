@@ -61,11 +61,7 @@ impl Default for Fetcher {
 impl Fetcher {
     /// A fetcher that uses exactly `mirrors` and no proxy.
     pub fn with_mirrors(mirrors: Vec<String>) -> Self {
-        Self {
-            mirrors: Some(mirrors),
-            proxy_from_env: false,
-            ..Self::default()
-        }
+        Self { mirrors: Some(mirrors), proxy_from_env: false, ..Self::default() }
     }
 
     /// Downloads each of `files` into `dir` (created if needed), trying the mirrors in order.
@@ -106,29 +102,18 @@ impl Fetcher {
             }
             match done {
                 Some(path) => written.push(path),
-                None => failures.push(FileFailure {
-                    file: file.name.clone(),
-                    attempts,
-                }),
+                None => failures.push(FileFailure { file: file.name.clone(), attempts }),
             }
         }
         if failures.is_empty() {
             Ok(written)
         } else {
-            Err(DataError::DownloadFailed {
-                dataset,
-                dir: dir.to_path_buf(),
-                failures,
-            })
+            Err(DataError::DownloadFailed { dataset, dir: dir.to_path_buf(), failures })
         }
     }
 
     fn agent(&self) -> ureq::Agent {
-        let proxy = if self.proxy_from_env {
-            ureq::Proxy::try_from_env()
-        } else {
-            None
-        };
+        let proxy = if self.proxy_from_env { ureq::Proxy::try_from_env() } else { None };
         let config = ureq::Agent::config_builder()
             .timeout_connect(Some(self.connect_timeout))
             .timeout_per_read(Some(self.read_timeout))
@@ -140,19 +125,13 @@ impl Fetcher {
 
 /// One attempt: download to a temporary file, verify, sync, rename. The problem comes back as
 /// text for the report; the temporary file is removed whatever happens.
-fn fetch_one(
-    agent: &ureq::Agent,
-    url: &str,
-    dir: &Path,
-    file: &RemoteFile,
-) -> Result<PathBuf, String> {
+fn fetch_one(agent: &ureq::Agent, url: &str, dir: &Path, file: &RemoteFile) -> Result<PathBuf, String> {
     let target = dir.join(&file.name);
     // The process id keeps workers sharing a folder from writing into each other's files;
     // whichever renames last wins with an identical, verified file.
     let temp = dir.join(format!(".{}.{}.part", file.name, std::process::id()));
-    let result = fetch_into(agent, url, &temp, &file.checksum).and_then(|()| {
-        fs::rename(&temp, &target).map_err(|e| format!("cannot rename into place: {e}"))
-    });
+    let result = fetch_into(agent, url, &temp, &file.checksum)
+        .and_then(|()| fs::rename(&temp, &target).map_err(|e| format!("cannot rename into place: {e}")));
     match result {
         Ok(()) => {
             // Makes the rename itself durable; some platforms cannot open folders, and the
@@ -167,23 +146,15 @@ fn fetch_one(
     }
 }
 
-fn fetch_into(
-    agent: &ureq::Agent,
-    url: &str,
-    temp: &Path,
-    checksum: &Checksum,
-) -> Result<(), String> {
+fn fetch_into(agent: &ureq::Agent, url: &str, temp: &Path, checksum: &Checksum) -> Result<(), String> {
     let mut response = agent.get(url).call().map_err(|e| e.to_string())?;
     let mut body = response.body_mut().with_config().limit(MAX_BODY).reader();
     let out = File::create(temp).map_err(|e| format!("cannot create {}: {e}", temp.display()))?;
     let mut out = BufWriter::new(out);
     io::copy(&mut body, &mut out).map_err(|e| format!("download interrupted: {e}"))?;
-    let out = out
-        .into_inner()
-        .map_err(|e| format!("cannot write {}: {}", temp.display(), e.error()))?;
+    let out = out.into_inner().map_err(|e| format!("cannot write {}: {}", temp.display(), e.error()))?;
     verify(temp, checksum)?;
-    out.sync_all()
-        .map_err(|e| format!("cannot sync {}: {e}", temp.display()))
+    out.sync_all().map_err(|e| format!("cannot sync {}: {e}", temp.display()))
 }
 
 /// Checks a file against its checksum; the problem as text when it does not match.
@@ -193,23 +164,16 @@ pub fn verify(path: &Path, checksum: &Checksum) -> Result<(), String> {
     let (algo, expected, got) = match checksum {
         Checksum::Md5File(expected) => ("md5", expected, hash::<Md5>(&mut file)?),
         Checksum::Sha256Decompressed(expected) => {
-            let is_gzip = io::BufRead::fill_buf(&mut file)
-                .map_err(|e| e.to_string())?
-                .starts_with(&[0x1f, 0x8b]);
-            let got = if is_gzip {
-                hash::<Sha256>(&mut MultiGzDecoder::new(file))?
-            } else {
-                hash::<Sha256>(&mut file)?
-            };
+            let is_gzip = io::BufRead::fill_buf(&mut file).map_err(|e| e.to_string())?.starts_with(&[0x1f, 0x8b]);
+            let got =
+                if is_gzip { hash::<Sha256>(&mut MultiGzDecoder::new(file))? } else { hash::<Sha256>(&mut file)? };
             ("sha256 of the decompressed bytes", expected, got)
         }
     };
     if got.eq_ignore_ascii_case(expected) {
         Ok(())
     } else {
-        Err(format!(
-            "checksum mismatch: {algo} is {got}, expected {expected}"
-        ))
+        Err(format!("checksum mismatch: {algo} is {got}, expected {expected}"))
     }
 }
 
@@ -224,11 +188,7 @@ fn hash<D: Digest>(reader: &mut dyn Read) -> Result<String, String> {
             Err(e) => return Err(format!("unreadable: {e}")),
         }
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]
@@ -258,20 +218,14 @@ pub(crate) mod tests {
                 let _ = conn.set_nonblocking(false);
                 let mut request = vec![];
                 let mut byte = [0u8; 1];
-                while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1)
-                {
+                while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1) {
                     request.push(byte[0]);
                 }
                 let line = String::from_utf8_lossy(&request);
-                let path = line
-                    .split_whitespace()
-                    .nth(1)
-                    .unwrap_or("/")
-                    .trim_start_matches('/');
+                let path = line.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/');
                 let reply = match files.get(path) {
                     Some(body) => [
-                        format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n", body.len())
-                            .into_bytes(),
+                        format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes(),
                         body.clone(),
                     ]
                     .concat(),
@@ -292,18 +246,13 @@ pub(crate) mod tests {
     }
 
     fn sha256_hex(bytes: &[u8]) -> String {
-        Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
     }
 
     fn fixture() -> (Vec<u8>, RemoteFile) {
         let raw = encode_idx(&[3, 2, 2], &[1; 12]);
-        let file = RemoteFile {
-            name: "tiny-idx3-ubyte.gz".into(),
-            checksum: Checksum::Sha256Decompressed(sha256_hex(&raw)),
-        };
+        let file =
+            RemoteFile { name: "tiny-idx3-ubyte.gz".into(), checksum: Checksum::Sha256Decompressed(sha256_hex(&raw)) };
         (gzip(&raw), file)
     }
 
@@ -329,23 +278,18 @@ pub(crate) mod tests {
         let a = serve(files.clone(), 1);
         let b = serve(files, 1);
         let fetcher = Fetcher::with_mirrors(vec![format!("http://{a}"), format!("http://{b}")]);
-        let err = fetcher
-            .download("tiny", dir.path(), &[&file], &[])
-            .unwrap_err();
-        let DataError::DownloadFailed { failures, .. } = &err else {
-            panic!("{err}")
-        };
+        let err = fetcher.download("tiny", dir.path(), &[&file], &[]).unwrap_err();
+        let DataError::DownloadFailed { failures, .. } = &err else { panic!("{err}") };
         assert_eq!(failures[0].attempts.len(), 2);
         let text = err.to_string();
+        assert!(text.starts_with("tiny: could not download tiny-idx3-ubyte.gz into "), "{text}");
         assert!(
-            text.starts_with("tiny: could not download tiny-idx3-ubyte.gz into "),
+            text.contains(&format!(
+                "http://{a}/tiny-idx3-ubyte.gz: checksum mismatch: sha256 of the decompressed bytes is "
+            )),
             "{text}"
         );
-        assert!(text.contains(&format!("http://{a}/tiny-idx3-ubyte.gz: checksum mismatch: sha256 of the decompressed bytes is ")), "{text}");
-        assert!(
-            text.contains("set `data.dir` (or TRAINRUN_DATA_DIR)"),
-            "{text}"
-        );
+        assert!(text.contains("set `data.dir` (or TRAINRUN_DATA_DIR)"), "{text}");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
@@ -353,24 +297,12 @@ pub(crate) mod tests {
     fn unreachable_and_missing_mirrors_name_each_file() {
         let dir = tempfile::tempdir().unwrap();
         let (_, file) = fixture();
-        let other = RemoteFile {
-            name: "other.gz".into(),
-            checksum: Checksum::Md5File("00".into()),
-        };
+        let other = RemoteFile { name: "other.gz".into(), checksum: Checksum::Md5File("00".into()) };
         let addr = serve(HashMap::new(), 2);
         let fetcher = Fetcher::with_mirrors(vec![unreachable(), format!("http://{addr}")]);
-        let err = fetcher
-            .download("tiny", dir.path(), &[&file, &other], &[])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("could not download tiny-idx3-ubyte.gz, other.gz into"),
-            "{err}"
-        );
-        assert!(
-            err.contains(&format!("http://{addr}/other.gz: http status: 404")),
-            "{err}"
-        );
+        let err = fetcher.download("tiny", dir.path(), &[&file, &other], &[]).unwrap_err().to_string();
+        assert!(err.contains("could not download tiny-idx3-ubyte.gz, other.gz into"), "{err}");
+        assert!(err.contains(&format!("http://{addr}/other.gz: http status: 404")), "{err}");
         assert_eq!(err.matches("\n  http://").count(), 4, "{err}");
     }
 
@@ -382,10 +314,6 @@ pub(crate) mod tests {
         let ok = Checksum::Md5File("900150983cd24fb0d6963f7d28e17f72".into());
         assert_eq!(verify(&path, &ok), Ok(()));
         let bad = Checksum::Md5File("00".into());
-        assert!(
-            verify(&path, &bad)
-                .unwrap_err()
-                .starts_with("checksum mismatch: md5 is 9001")
-        );
+        assert!(verify(&path, &bad).unwrap_err().starts_with("checksum mismatch: md5 is 9001"));
     }
 }

@@ -39,11 +39,7 @@ pub enum DataError {
 
     /// The header's dimensions do not fit what the file is used for.
     #[error("{}: the header gives dimensions {dims:?}; {expected}", .path.display())]
-    BadDims {
-        path: PathBuf,
-        dims: Vec<usize>,
-        expected: String,
-    },
+    BadDims { path: PathBuf, dims: Vec<usize>, expected: String },
 
     /// The file holds fewer bytes than its header describes.
     #[error(
@@ -51,47 +47,28 @@ pub enum DataError {
          delete it and fetch it again",
         .path.display()
     )]
-    Truncated {
-        path: PathBuf,
-        expected: u64,
-        found: u64,
-    },
+    Truncated { path: PathBuf, expected: u64, found: u64 },
 
     /// The file holds more bytes than its header describes.
     #[error(
         "{}: {found} bytes, but the header describes {expected}; is it the right file?",
         .path.display()
     )]
-    TrailingBytes {
-        path: PathBuf,
-        expected: u64,
-        found: u64,
-    },
+    TrailingBytes { path: PathBuf, expected: u64, found: u64 },
 
     /// Image and label files disagree on the number of examples.
     #[error(
         "{} holds {images} images but {} holds {labels} labels; they must be the same split",
         .images_path.display(), .labels_path.display()
     )]
-    CountMismatch {
-        images_path: PathBuf,
-        images: usize,
-        labels_path: PathBuf,
-        labels: usize,
-    },
+    CountMismatch { images_path: PathBuf, images: usize, labels_path: PathBuf, labels: usize },
 
     /// A label is not a valid class of the dataset.
     #[error(
         "{}: label {label} of example {index} is outside the {classes} classes of {dataset}",
         .path.display()
     )]
-    LabelOutOfRange {
-        path: PathBuf,
-        dataset: &'static str,
-        index: usize,
-        label: u8,
-        classes: u32,
-    },
+    LabelOutOfRange { path: PathBuf, dataset: &'static str, index: usize, label: u8, classes: u32 },
 
     /// Files of a dataset are not in its folder (and were not downloaded).
     #[error(
@@ -99,19 +76,11 @@ pub enum DataError {
          (or TRAINRUN_DATA_DIR) to a folder that has them",
         .dir.display(), .files.join(", ")
     )]
-    MissingFiles {
-        dataset: &'static str,
-        dir: PathBuf,
-        files: Vec<String>,
-    },
+    MissingFiles { dataset: &'static str, dir: PathBuf, files: Vec<String> },
 
     /// Every mirror failed for at least one file.
     #[error("{}", DownloadReport { dataset, dir, failures })]
-    DownloadFailed {
-        dataset: &'static str,
-        dir: PathBuf,
-        failures: Vec<FileFailure>,
-    },
+    DownloadFailed { dataset: &'static str, dir: PathBuf, failures: Vec<FileFailure> },
 
     /// No folder could be chosen for a dataset that lives in files.
     #[error(
@@ -122,11 +91,7 @@ pub enum DataError {
 
     /// A spec section the dataset needs is absent.
     #[error("`data.dataset = \"{dataset}\"` needs `{section}`; example: {example}")]
-    MissingSection {
-        dataset: &'static str,
-        section: &'static str,
-        example: &'static str,
-    },
+    MissingSection { dataset: &'static str, section: &'static str, example: &'static str },
 
     /// `[data.synthetic]` asks for something that cannot be generated.
     #[error("data.synthetic: {problem}")]
@@ -142,10 +107,7 @@ pub enum DataError {
          `data.drop_remainder = true` drops it whole; use a batch of at most {examples} or \
          `drop_remainder = false`"
     )]
-    BatchLargerThanData {
-        global_batch: usize,
-        examples: usize,
-    },
+    BatchLargerThanData { global_batch: usize, examples: usize },
 
     /// `data.prefetch` beyond any use.
     #[error("data.prefetch = {prefetch} is more than {max} batches ahead; 2 to 4 is plenty")]
@@ -191,13 +153,7 @@ struct DownloadReport<'a> {
 impl fmt::Display for DownloadReport<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let files: Vec<&str> = self.failures.iter().map(|x| x.file.as_str()).collect();
-        write!(
-            f,
-            "{}: could not download {} into {}:",
-            self.dataset,
-            files.join(", "),
-            self.dir.display()
-        )?;
+        write!(f, "{}: could not download {} into {}:", self.dataset, files.join(", "), self.dir.display())?;
         for failure in self.failures {
             for (url, problem) in &failure.attempts {
                 write!(f, "\n  {url}: {problem}")?;

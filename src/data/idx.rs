@@ -26,11 +26,7 @@ pub struct IdxArray {
 impl IdxArray {
     /// An array from its parts; `data.len()` must be the product of `dims`.
     pub(crate) fn from_parts(dims: Vec<usize>, data: Vec<u8>) -> Self {
-        Self {
-            dims,
-            buf: data,
-            start: 0,
-        }
+        Self { dims, buf: data, start: 0 }
     }
 
     /// The dimensions from the header, e.g. `[60000, 28, 28]`.
@@ -52,11 +48,7 @@ impl IdxArray {
 /// Reads a whole IDX file, inflating it first when it is gzip.
 pub fn read_idx(path: &Path) -> Result<IdxArray, DataError> {
     let raw = std::fs::read(path).map_err(|source| read_error(path, source))?;
-    let bytes = if raw.starts_with(&GZIP_MAGIC) {
-        inflate(&raw, path)?
-    } else {
-        raw
-    };
+    let bytes = if raw.starts_with(&GZIP_MAGIC) { inflate(&raw, path)? } else { raw };
     parse_idx(bytes, path)
 }
 
@@ -65,15 +57,8 @@ pub fn read_idx(path: &Path) -> Result<IdxArray, DataError> {
 pub fn read_idx_dims(path: &Path) -> Result<Vec<usize>, DataError> {
     let file = File::open(path).map_err(|source| read_error(path, source))?;
     let mut file = BufReader::new(file);
-    let is_gzip = file
-        .fill_buf()
-        .map_err(|source| read_error(path, source))?
-        .starts_with(&GZIP_MAGIC);
-    let mut reader: Box<dyn Read> = if is_gzip {
-        Box::new(MultiGzDecoder::new(file))
-    } else {
-        Box::new(file)
-    };
+    let is_gzip = file.fill_buf().map_err(|source| read_error(path, source))?.starts_with(&GZIP_MAGIC);
+    let mut reader: Box<dyn Read> = if is_gzip { Box::new(MultiGzDecoder::new(file)) } else { Box::new(file) };
     let mut head = Vec::with_capacity(16);
     read_head(&mut reader, &mut head, 4, path, is_gzip)?;
     let header_len = 4 + 4 * usize::from(head[3]);
@@ -91,22 +76,12 @@ fn read_head(
     is_gzip: bool,
 ) -> Result<(), DataError> {
     let need = want.saturating_sub(head.len()) as u64;
-    reader
-        .take(need)
-        .read_to_end(head)
-        .map_err(|source| match is_gzip {
-            true => DataError::Gzip {
-                path: path.to_path_buf(),
-                source,
-            },
-            false => read_error(path, source),
-        })?;
+    reader.take(need).read_to_end(head).map_err(|source| match is_gzip {
+        true => DataError::Gzip { path: path.to_path_buf(), source },
+        false => read_error(path, source),
+    })?;
     if head.len() < want {
-        return Err(DataError::Truncated {
-            path: path.to_path_buf(),
-            expected: want as u64,
-            found: head.len() as u64,
-        });
+        return Err(DataError::Truncated { path: path.to_path_buf(), expected: want as u64, found: head.len() as u64 });
     }
     Ok(())
 }
@@ -126,48 +101,31 @@ fn inflate(gz: &[u8], path: &Path) -> Result<Vec<u8>, DataError> {
     let _ = out.try_reserve_exact(hint + 1);
     MultiGzDecoder::new(gz)
         .read_to_end(&mut out)
-        .map_err(|source| DataError::Gzip {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
     Ok(out)
 }
 
 /// Checks a decompressed IDX file and wraps it without copying.
 pub(crate) fn parse_idx(bytes: Vec<u8>, path: &Path) -> Result<IdxArray, DataError> {
     let (dims, header_len) = parse_header(&bytes, path)?;
-    let expected = element_count(&dims)
-        .and_then(|n| n.checked_add(header_len as u64))
-        .ok_or_else(|| DataError::BadDims {
+    let expected =
+        element_count(&dims).and_then(|n| n.checked_add(header_len as u64)).ok_or_else(|| DataError::BadDims {
             path: path.to_path_buf(),
             dims: dims.clone(),
             expected: "their product is too large for any file".into(),
         })?;
     let found = bytes.len() as u64;
     if found < expected {
-        return Err(DataError::Truncated {
-            path: path.to_path_buf(),
-            expected,
-            found,
-        });
+        return Err(DataError::Truncated { path: path.to_path_buf(), expected, found });
     }
     if found > expected {
-        return Err(DataError::TrailingBytes {
-            path: path.to_path_buf(),
-            expected,
-            found,
-        });
+        return Err(DataError::TrailingBytes { path: path.to_path_buf(), expected, found });
     }
-    Ok(IdxArray {
-        dims,
-        buf: bytes,
-        start: header_len,
-    })
+    Ok(IdxArray { dims, buf: bytes, start: header_len })
 }
 
 fn element_count(dims: &[usize]) -> Option<u64> {
-    dims.iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+    dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
 }
 
 /// Parses the header at the start of `bytes`: the dimensions and the header's length.
@@ -181,33 +139,19 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, usize), DataEr
         return Err(truncated(4));
     };
     if [z0, z1] != [0, 0] {
-        return Err(DataError::BadMagic {
-            path: path.to_path_buf(),
-            found: [z0, z1],
-        });
+        return Err(DataError::BadMagic { path: path.to_path_buf(), found: [z0, z1] });
     }
     if code != TYPE_U8 {
-        return Err(DataError::UnsupportedType {
-            path: path.to_path_buf(),
-            code,
-        });
+        return Err(DataError::UnsupportedType { path: path.to_path_buf(), code });
     }
     let header_len = 4 + 4 * usize::from(rank);
-    let dim_bytes = bytes
-        .get(4..header_len)
-        .ok_or_else(|| truncated(header_len))?;
-    let dims = dim_bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .collect();
+    let dim_bytes = bytes.get(4..header_len).ok_or_else(|| truncated(header_len))?;
+    let dims = dim_bytes.chunks_exact(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize).collect();
     Ok((dims, header_len))
 }
 
 fn read_error(path: &Path, source: io::Error) -> DataError {
-    DataError::Read {
-        path: path.to_path_buf(),
-        source,
-    }
+    DataError::Read { path: path.to_path_buf(), source }
 }
 
 /// Encodes an IDX file of bytes (used by tests and by synthetic fixtures).
@@ -268,30 +212,15 @@ mod tests {
         let p = Path::new("bad.idx");
         let good = encode_idx(&[2, 2, 2], &[0; 8]);
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (
-                vec![],
-                "bad.idx: truncated: the header describes 4 bytes, the file holds 0",
-            ),
-            (
-                vec![0, 0, 8, 3, 0, 0],
-                "bad.idx: truncated: the header describes 16 bytes",
-            ),
-            (
-                good[..good.len() - 1].to_vec(),
-                "bad.idx: truncated: the header describes 24 bytes, the file holds 23",
-            ),
-            (
-                [&good[..], &[1]].concat(),
-                "bad.idx: 25 bytes, but the header describes 24",
-            ),
+            (vec![], "bad.idx: truncated: the header describes 4 bytes, the file holds 0"),
+            (vec![0, 0, 8, 3, 0, 0], "bad.idx: truncated: the header describes 16 bytes"),
+            (good[..good.len() - 1].to_vec(), "bad.idx: truncated: the header describes 24 bytes, the file holds 23"),
+            ([&good[..], &[1]].concat(), "bad.idx: 25 bytes, but the header describes 24"),
             (
                 [&[1, 0], &good[2..]].concat(),
                 "bad.idx: not an IDX file (it must start with the bytes 00 00, found 01 00)",
             ),
-            (
-                [&[0, 0, 0x0D], &good[3..]].concat(),
-                "bad.idx: IDX element type 0x0d (float) is not supported",
-            ),
+            ([&[0, 0, 0x0D], &good[3..]].concat(), "bad.idx: IDX element type 0x0d (float) is not supported"),
         ];
         for (bytes, want) in cases {
             let err = parse_idx(bytes, p).unwrap_err().to_string();
@@ -314,25 +243,29 @@ mod tests {
         assert!(read_idx(&bad).is_err());
         let tiny = write(dir.path(), "tiny", &[0, 0]);
         let err = read_idx_dims(&tiny).unwrap_err().to_string();
-        assert!(err.ends_with("tiny: truncated: the header describes 4 bytes, the file holds 2; delete it and fetch it again"), "{err}");
-        let header_cut = write(dir.path(), "cut", &gzip(&[0, 0, 8, 3, 0, 0, 0]));
-        let err = read_idx_dims(&header_cut).unwrap_err().to_string();
-        assert!(err.ends_with("cut: truncated: the header describes 16 bytes, the file holds 7; delete it and fetch it again"), "{err}");
-        let missing = dir.path().join("nope");
-        let err = read_idx(&missing).unwrap_err().to_string();
         assert!(
-            err.starts_with("cannot read ") && err.contains("nope"),
+            err.ends_with(
+                "tiny: truncated: the header describes 4 bytes, the file holds 2; delete it and fetch it again"
+            ),
             "{err}"
         );
+        let header_cut = write(dir.path(), "cut", &gzip(&[0, 0, 8, 3, 0, 0, 0]));
+        let err = read_idx_dims(&header_cut).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "cut: truncated: the header describes 16 bytes, the file holds 7; delete it and fetch it again"
+            ),
+            "{err}"
+        );
+        let missing = dir.path().join("nope");
+        let err = read_idx(&missing).unwrap_err().to_string();
+        assert!(err.starts_with("cannot read ") && err.contains("nope"), "{err}");
     }
 
     #[test]
     fn absurd_dims_are_an_error_not_an_allocation() {
         let bytes = encode_idx(&[u32::MAX, u32::MAX, u32::MAX], &[]);
         let err = parse_idx(bytes, Path::new("huge")).unwrap_err();
-        assert!(matches!(
-            err,
-            DataError::BadDims { .. } | DataError::Truncated { .. }
-        ));
+        assert!(matches!(err, DataError::BadDims { .. } | DataError::Truncated { .. }));
     }
 }

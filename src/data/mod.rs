@@ -76,11 +76,7 @@ impl Split {
     /// A split from an IDX images array (3-D or 4-D) and labels array (1-D). The caller has
     /// already checked that the counts agree.
     pub(crate) fn new(images: idx::IdxArray, labels: idx::IdxArray, shape: ExampleShape) -> Self {
-        Self {
-            images,
-            labels,
-            shape,
-        }
+        Self { images, labels, shape }
     }
 
     /// Number of examples.
@@ -111,9 +107,7 @@ impl Split {
     /// Image `i` (`shape().len()` bytes); empty when `i` is out of range.
     pub fn image(&self, i: usize) -> &[u8] {
         let len = self.shape.len();
-        self.images()
-            .get(i * len..(i + 1) * len)
-            .unwrap_or_default()
+        self.images().get(i * len..(i + 1) * len).unwrap_or_default()
     }
 
     /// Heap bytes held by this split.

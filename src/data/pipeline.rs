@@ -123,19 +123,9 @@ impl Schedule {
 
     /// Moves a cursor that has no batch left in its epoch to the start of the next epoch.
     fn normalize(&self, c: Cursor) -> Cursor {
-        let exhausted = if self.drop_remainder {
-            c.offset + self.global_batch > self.examples
-        } else {
-            c.offset >= self.examples
-        };
-        if exhausted {
-            Cursor {
-                epoch: c.epoch.wrapping_add(1),
-                offset: 0,
-            }
-        } else {
-            c
-        }
+        let exhausted =
+            if self.drop_remainder { c.offset + self.global_batch > self.examples } else { c.offset >= self.examples };
+        if exhausted { Cursor { epoch: c.epoch.wrapping_add(1), offset: 0 } } else { c }
     }
 
     /// Positions, in the epoch's order, of the global batch at a normalized cursor.
@@ -149,11 +139,7 @@ impl Schedule {
     }
 
     fn batches_per_epoch(&self) -> usize {
-        if self.drop_remainder {
-            self.examples / self.global_batch
-        } else {
-            self.examples.div_ceil(self.global_batch)
-        }
+        if self.drop_remainder { self.examples / self.global_batch } else { self.examples.div_ceil(self.global_batch) }
     }
 
     /// The order of the training examples in data-epoch `epoch`.
@@ -209,26 +195,16 @@ fn below(rng: &mut impl Rng, n: usize) -> usize {
 
 /// Fills `batch` with this shard's part of a global batch of `global_len` examples, where
 /// position `p` of the global batch is example `index(p)`.
-fn fill(
-    batch: &mut Batch,
-    split: &Split,
-    global_len: usize,
-    shard: Shard,
-    index: impl Fn(usize) -> usize,
-) {
+fn fill(batch: &mut Batch, split: &Split, global_len: usize, shard: Shard, index: impl Fn(usize) -> usize) {
     batch.x.clear();
     batch.y.clear();
-    batch
-        .x
-        .reserve(shard.len_of(global_len) * split.shape().len());
+    batch.x.reserve(shard.len_of(global_len) * split.shape().len());
     let labels = split.labels();
     for p in shard.positions(global_len) {
         let i = index(p);
         // Division, not multiplication by 1/255, so values are exactly `byte / 255` as the
         // contract says; it vectorises all the same.
-        batch
-            .x
-            .extend(split.image(i).iter().map(|&b| f32::from(b) / 255.0));
+        batch.x.extend(split.image(i).iter().map(|&b| f32::from(b) / 255.0));
         batch.y.push(labels.get(i).map_or(0, |&l| u32::from(l)));
     }
     batch.n = batch.y.len();
@@ -247,33 +223,20 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts the pipeline over `data.train` at `start` (`Cursor::default()` for a new run).
-    pub fn new(
-        data: Arc<Dataset>,
-        options: &PipelineOptions,
-        start: Cursor,
-    ) -> Result<Self, DataError> {
+    pub fn new(data: Arc<Dataset>, options: &PipelineOptions, start: Cursor) -> Result<Self, DataError> {
         let examples = data.train.len();
         if examples == 0 {
             return Err(DataError::EmptyTrainingSet);
         }
         let global_batch = options.global_batch.get();
         if options.drop_remainder && global_batch > examples {
-            return Err(DataError::BatchLargerThanData {
-                global_batch,
-                examples,
-            });
+            return Err(DataError::BatchLargerThanData { global_batch, examples });
         }
         if options.prefetch > MAX_PREFETCH {
-            return Err(DataError::PrefetchTooLarge {
-                prefetch: options.prefetch,
-                max: MAX_PREFETCH,
-            });
+            return Err(DataError::PrefetchTooLarge { prefetch: options.prefetch, max: MAX_PREFETCH });
         }
         if start.offset > examples {
-            return Err(DataError::BadCursor {
-                offset: start.offset,
-                examples,
-            });
+            return Err(DataError::BadCursor { offset: start.offset, examples });
         }
         let schedule = Schedule::new(examples, options);
         let cursor = schedule.normalize(start);
@@ -284,13 +247,7 @@ impl Pipeline {
             .name("trainrun-input".into())
             .spawn(move || produce(&data.train, schedule, shard, cursor, &send, &recycled))
             .map_err(|source| DataError::Thread { source })?;
-        Ok(Self {
-            batches: Some(batches),
-            recycled: recycle,
-            worker: Some(worker),
-            schedule,
-            cursor,
-        })
+        Ok(Self { batches: Some(batches), recycled: recycle, worker: Some(worker), schedule, cursor })
     }
 
     /// The next batch of this worker. Hand it back with [`Pipeline::recycle`] once used, so its
@@ -370,12 +327,7 @@ pub struct EvalBatches<'a> {
 impl<'a> EvalBatches<'a> {
     /// Batches of `global_batch` examples of `split`, this worker's `shard` of each.
     pub fn new(split: &'a Split, global_batch: NonZeroUsize, shard: Shard) -> Self {
-        Self {
-            split,
-            global_batch: global_batch.get(),
-            shard,
-            next: 0,
-        }
+        Self { split, global_batch: global_batch.get(), shard, next: 0 }
     }
 }
 
@@ -391,18 +343,12 @@ impl Iterator for EvalBatches<'_> {
         let end = (start + self.global_batch).min(n);
         self.next = end;
         let mut batch = Batch::default();
-        fill(&mut batch, self.split, end - start, self.shard, |p| {
-            start + p
-        });
+        fill(&mut batch, self.split, end - start, self.shard, |p| start + p);
         Some(batch)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self
-            .split
-            .len()
-            .saturating_sub(self.next)
-            .div_ceil(self.global_batch);
+        let left = self.split.len().saturating_sub(self.next).div_ceil(self.global_batch);
         (left, Some(left))
     }
 }

@@ -7,35 +7,18 @@ use crate::data::idx::IdxArray;
 /// `n` examples of shape 1×2×1 whose pixels encode their index (`i % 256`, `i / 256`), so a
 /// batch can be decoded back into example indices.
 fn dataset(n: usize) -> Arc<Dataset> {
-    let images: Vec<u8> = (0..n)
-        .flat_map(|i| [(i % 256) as u8, (i / 256) as u8])
-        .collect();
+    let images: Vec<u8> = (0..n).flat_map(|i| [(i % 256) as u8, (i / 256) as u8]).collect();
     let labels: Vec<u8> = (0..n).map(|i| (i % 7) as u8).collect();
-    let shape = ExampleShape {
-        height: 1,
-        width: 2,
-        channels: 1,
-    };
-    let train = Split::new(
-        IdxArray::from_parts(vec![n, 1, 2], images),
-        IdxArray::from_parts(vec![n], labels),
-        shape,
-    );
-    Arc::new(Dataset {
-        test: Some(train.clone()),
-        train,
-        classes: 7,
-    })
+    let shape = ExampleShape { height: 1, width: 2, channels: 1 };
+    let train = Split::new(IdxArray::from_parts(vec![n, 1, 2], images), IdxArray::from_parts(vec![n], labels), shape);
+    Arc::new(Dataset { test: Some(train.clone()), train, classes: 7 })
 }
 
 fn indices(batch: &Batch) -> Vec<usize> {
     assert_eq!(batch.x.len(), batch.n * 2);
     assert_eq!(batch.y.len(), batch.n);
-    let ids: Vec<usize> = batch
-        .x
-        .chunks(2)
-        .map(|p| (p[0] * 255.0).round() as usize + 256 * (p[1] * 255.0).round() as usize)
-        .collect();
+    let ids: Vec<usize> =
+        batch.x.chunks(2).map(|p| (p[0] * 255.0).round() as usize + 256 * (p[1] * 255.0).round() as usize).collect();
     for (&i, &y) in ids.iter().zip(&batch.y) {
         assert_eq!(y as usize, i % 7, "label travels with its image");
     }
@@ -74,14 +57,8 @@ fn same_seed_same_batches_other_seed_other_batches() {
     let data = dataset(100);
     for shuffle in [Shuffle::Full, buf(10)] {
         let a = take(&data, &options(1, shuffle, 8, true), Cursor::default(), 40);
-        assert_eq!(
-            a,
-            take(&data, &options(1, shuffle, 8, true), Cursor::default(), 40)
-        );
-        assert_ne!(
-            a,
-            take(&data, &options(2, shuffle, 8, true), Cursor::default(), 40)
-        );
+        assert_eq!(a, take(&data, &options(1, shuffle, 8, true), Cursor::default(), 40));
+        assert_ne!(a, take(&data, &options(2, shuffle, 8, true), Cursor::default(), 40));
         // Epochs are reshuffled: the second epoch's first batch differs from the first's.
         assert_ne!(a[0], a[12]);
     }
@@ -99,12 +76,7 @@ fn every_epoch_covers_every_example_once() {
             assert_eq!(seen, (0..103).collect::<Vec<_>>(), "{shuffle:?}");
         }
     }
-    let off = take(
-        &data,
-        &options(9, Shuffle::Off, 10, false),
-        Cursor::default(),
-        1,
-    );
+    let off = take(&data, &options(9, Shuffle::Off, 10, false), Cursor::default(), 1);
     assert_eq!(off[0], (0..10).collect::<Vec<_>>());
 }
 
@@ -138,15 +110,7 @@ impl<I: Iterator<Item = usize>> Iterator for ReferenceBuffer<I> {
 
 #[test]
 fn shuffle_buffer_matches_the_reference() {
-    for (n, b) in [
-        (1, 1),
-        (10, 1),
-        (10, 3),
-        (50, 7),
-        (50, 50),
-        (50, 80),
-        (1000, 64),
-    ] {
+    for (n, b) in [(1, 1), (10, 1), (10, 3), (50, 7), (50, 50), (50, 80), (1000, 64)] {
         for epoch in 0..3 {
             let opts = options(5, buf(b), 1, false);
             let ours = Schedule::new(n, &opts).epoch_order(epoch);
@@ -175,30 +139,19 @@ fn full_shuffle_is_roughly_uniform() {
         let order = schedule.epoch_order(epoch);
         counts[order.iter().position(|&i| i == 0).unwrap()] += 1;
     }
-    assert!(
-        counts.iter().all(|&c| (850..1150).contains(&c)),
-        "{counts:?}"
-    );
+    assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{counts:?}");
 }
 
 #[test]
 fn resume_from_any_cursor_continues_exactly() {
     let data = dataset(50);
-    for (shuffle, drop_remainder) in [
-        (Shuffle::Full, true),
-        (buf(6), false),
-        (Shuffle::Off, false),
-    ] {
+    for (shuffle, drop_remainder) in [(Shuffle::Full, true), (buf(6), false), (Shuffle::Off, false)] {
         let opts = options(11, shuffle, 8, drop_remainder);
         let whole = take(&data, &opts, Cursor::default(), 30);
         let mut p = Pipeline::new(data.clone(), &opts, Cursor::default()).unwrap();
         for k in 0..30 {
             let cursor = p.cursor();
-            assert_eq!(
-                take(&data, &opts, cursor, 30 - k),
-                whole[k..],
-                "from {cursor:?}"
-            );
+            assert_eq!(take(&data, &opts, cursor, 30 - k), whole[k..], "from {cursor:?}");
             p.next_batch().unwrap();
         }
     }
@@ -207,12 +160,7 @@ fn resume_from_any_cursor_continues_exactly() {
 #[test]
 fn cursor_counts_examples_and_rolls_over_epochs() {
     let data = dataset(10);
-    let mut p = Pipeline::new(
-        data.clone(),
-        &options(0, Shuffle::Off, 4, false),
-        Cursor::default(),
-    )
-    .unwrap();
+    let mut p = Pipeline::new(data.clone(), &options(0, Shuffle::Off, 4, false), Cursor::default()).unwrap();
     let mut seen = vec![];
     for _ in 0..4 {
         seen.push(p.cursor());
@@ -224,53 +172,28 @@ fn cursor_counts_examples_and_rolls_over_epochs() {
     let p = Pipeline::new(data.clone(), &options(0, Shuffle::Off, 4, true), c(2, 8)).unwrap();
     assert_eq!(p.cursor(), c(3, 0));
     assert_eq!(p.batches_per_epoch(), 2);
-    let err = Pipeline::new(data, &options(0, Shuffle::Off, 4, true), c(0, 11))
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string()
-            .starts_with("cursor offset 11 is past the 10 examples")
-    );
+    let err = Pipeline::new(data, &options(0, Shuffle::Off, 4, true), c(0, 11)).err().unwrap();
+    assert!(err.to_string().starts_with("cursor offset 11 is past the 10 examples"));
 }
 
 #[test]
 fn drop_remainder_both_ways() {
     let data = dataset(10);
     let sizes = |drop| -> Vec<usize> {
-        take(
-            &data,
-            &options(4, Shuffle::Full, 4, drop),
-            Cursor::default(),
-            6,
-        )
-        .iter()
-        .map(Vec::len)
-        .collect()
+        take(&data, &options(4, Shuffle::Full, 4, drop), Cursor::default(), 6).iter().map(Vec::len).collect()
     };
     assert_eq!(sizes(true), [4, 4, 4, 4, 4, 4]);
     assert_eq!(sizes(false), [4, 4, 2, 4, 4, 2]);
     // With drop_remainder the epoch's first 8 positions are kept: the same examples as the
     // unbatched order's first 8, and the 2 dropped ones change from epoch to epoch.
-    let keep = take(
-        &data,
-        &options(4, Shuffle::Full, 4, true),
-        Cursor::default(),
-        4,
-    );
-    let whole = take(
-        &data,
-        &options(4, Shuffle::Full, 4, false),
-        Cursor::default(),
-        6,
-    );
+    let keep = take(&data, &options(4, Shuffle::Full, 4, true), Cursor::default(), 4);
+    let whole = take(&data, &options(4, Shuffle::Full, 4, false), Cursor::default(), 6);
     assert_eq!(keep[..2], whole[..2]);
     assert_eq!(keep[2..], whole[3..5]);
     let dropped = |epoch: &[Vec<usize>]| {
         let mut all: Vec<usize> = epoch.concat();
         all.sort_unstable();
-        (0..10)
-            .filter(|i| all.binary_search(i).is_err())
-            .collect::<Vec<_>>()
+        (0..10).filter(|i| all.binary_search(i).is_err()).collect::<Vec<_>>()
     };
     assert_ne!(dropped(&keep[..2]), dropped(&keep[2..]));
 }
@@ -280,12 +203,7 @@ fn shards_union_to_the_global_batch_in_order() {
     let data = dataset(10);
     for shuffle in [Shuffle::Full, buf(3)] {
         for drop_remainder in [false, true] {
-            let global = take(
-                &data,
-                &options(8, shuffle, 4, drop_remainder),
-                Cursor::default(),
-                9,
-            );
+            let global = take(&data, &options(8, shuffle, 4, drop_remainder), Cursor::default(), 9);
             for count in 1..=4 {
                 let count = NonZeroUsize::new(count).unwrap();
                 let workers: Vec<Vec<Vec<usize>>> = (0..count.get())
@@ -296,9 +214,8 @@ fn shards_union_to_the_global_batch_in_order() {
                     })
                     .collect();
                 for (step, want) in global.iter().enumerate() {
-                    let rebuilt: Vec<usize> = (0..want.len())
-                        .map(|pos| workers[pos % count][step][pos / count])
-                        .collect();
+                    let rebuilt: Vec<usize> =
+                        (0..want.len()).map(|pos| workers[pos % count][step][pos / count]).collect();
                     assert_eq!(&rebuilt, want, "step {step} of {count} shards");
                     let total: usize = workers.iter().map(|w| w[step].len()).sum();
                     assert_eq!(total, want.len());
@@ -326,14 +243,8 @@ fn short_batches_can_leave_a_worker_empty_without_hanging() {
 #[test]
 fn values_are_bytes_over_255() {
     let data = dataset(300);
-    let batch = Pipeline::new(
-        data,
-        &options(0, Shuffle::Off, 300, true),
-        Cursor::default(),
-    )
-    .unwrap()
-    .next_batch()
-    .unwrap();
+    let batch =
+        Pipeline::new(data, &options(0, Shuffle::Off, 300, true), Cursor::default()).unwrap().next_batch().unwrap();
     for (i, pair) in batch.x.chunks(2).enumerate() {
         assert_eq!(pair[0], (i % 256) as f32 / 255.0);
         assert!((0.0..=1.0).contains(&pair[1]));
@@ -356,47 +267,26 @@ fn dropping_the_pipeline_stops_its_thread() {
         assert_eq!(Arc::strong_count(&data), 1);
     }
     // Never consumed at all.
-    drop(Pipeline::new(
-        data.clone(),
-        &options(0, Shuffle::Off, 10, true),
-        Cursor::default(),
-    ));
+    drop(Pipeline::new(data.clone(), &options(0, Shuffle::Off, 10, true), Cursor::default()));
     assert_eq!(Arc::strong_count(&data), 1);
 }
 
 #[test]
 fn impossible_setups_are_errors() {
-    let err = Pipeline::new(
-        dataset(10),
-        &options(0, Shuffle::Off, 11, true),
-        Cursor::default(),
-    )
-    .err();
+    let err = Pipeline::new(dataset(10), &options(0, Shuffle::Off, 11, true), Cursor::default()).err();
     assert_eq!(
         err.map(|e| e.to_string()).unwrap_or_default(),
         "the global batch (11) is larger than the 10 training examples and \
          `data.drop_remainder = true` drops it whole; use a batch of at most 10 or \
          `drop_remainder = false`"
     );
-    let ok = take(
-        &dataset(10),
-        &options(0, Shuffle::Off, 11, false),
-        Cursor::default(),
-        2,
-    );
+    let ok = take(&dataset(10), &options(0, Shuffle::Off, 11, false), Cursor::default(), 2);
     assert_eq!(ok, [(0..10).collect::<Vec<_>>(), (0..10).collect()]);
     let mut greedy = options(0, Shuffle::Off, 1, false);
     greedy.prefetch = 1 << 40;
     let err = Pipeline::new(dataset(10), &greedy, Cursor::default()).err();
-    assert!(matches!(
-        err,
-        Some(DataError::PrefetchTooLarge { max: 64, .. })
-    ));
-    let empty = Pipeline::new(
-        dataset(0),
-        &options(0, Shuffle::Full, 1, false),
-        Cursor::default(),
-    );
+    assert!(matches!(err, Some(DataError::PrefetchTooLarge { max: 64, .. })));
+    let empty = Pipeline::new(dataset(0), &options(0, Shuffle::Full, 1, false), Cursor::default());
     assert!(matches!(empty.err(), Some(DataError::EmptyTrainingSet)));
 }
 
@@ -405,16 +295,12 @@ fn eval_walks_the_split_in_order_sharded() {
     let data = dataset(10);
     let split = data.test.as_ref().unwrap();
     let g = NonZeroUsize::new(4).unwrap();
-    let all: Vec<Vec<usize>> = EvalBatches::new(split, g, Shard::WHOLE)
-        .map(|b| indices(&b))
-        .collect();
+    let all: Vec<Vec<usize>> = EvalBatches::new(split, g, Shard::WHOLE).map(|b| indices(&b)).collect();
     assert_eq!(all, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
     assert_eq!(EvalBatches::new(split, g, Shard::WHOLE).len(), 3);
     let three = NonZeroUsize::new(3).unwrap();
     let last = Shard::new(2, three).unwrap();
-    let mine: Vec<Vec<usize>> = EvalBatches::new(split, g, last)
-        .map(|b| indices(&b))
-        .collect();
+    let mine: Vec<Vec<usize>> = EvalBatches::new(split, g, last).map(|b| indices(&b)).collect();
     assert_eq!(mine, [vec![2], vec![6], vec![]]);
 }
 

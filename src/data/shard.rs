@@ -17,18 +17,12 @@ pub struct Shard {
 
 impl Shard {
     /// The whole data, unsharded.
-    pub const WHOLE: Shard = Shard {
-        index: 0,
-        count: NonZeroUsize::MIN,
-    };
+    pub const WHOLE: Shard = Shard { index: 0, count: NonZeroUsize::MIN };
 
     /// Shard `index` of `count`; `index` must be below `count`.
     pub fn new(index: usize, count: NonZeroUsize) -> Result<Self, DataError> {
         if index >= count.get() {
-            return Err(DataError::BadShard {
-                index,
-                count: count.get(),
-            });
+            return Err(DataError::BadShard { index, count: count.get() });
         }
         Ok(Self { index, count })
     }
@@ -45,9 +39,7 @@ impl Shard {
 
     /// How many of a global batch of `global_len` examples this shard keeps.
     pub fn len_of(&self, global_len: usize) -> usize {
-        global_len
-            .saturating_sub(self.index)
-            .div_ceil(self.count.get())
+        global_len.saturating_sub(self.index).div_ceil(self.count.get())
     }
 
     /// The positions this shard keeps within a global batch of `global_len`, in order.
@@ -81,9 +73,6 @@ mod tests {
     #[test]
     fn index_out_of_range_is_an_error() {
         let err = Shard::new(3, NonZeroUsize::new(3).unwrap()).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "shard index 3 is out of range for 3 shards"
-        );
+        assert_eq!(err.to_string(), "shard index 3 is out of range for 3 shards");
     }
 }

@@ -28,16 +28,8 @@ pub struct DataDirs {
 impl DataDirs {
     /// Reads the three variables from the process environment (empty counts as unset).
     pub fn from_process_env() -> Self {
-        let var = |key| {
-            std::env::var_os(key)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        Self {
-            trainrun_data_dir: var("TRAINRUN_DATA_DIR"),
-            xdg_cache_home: var("XDG_CACHE_HOME"),
-            home: var("HOME"),
-        }
+        let var = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Self { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
     }
 
     /// The folder for `dataset`: `data.dir`, else `TRAINRUN_DATA_DIR`, else
@@ -73,10 +65,8 @@ pub struct Preset {
     pub classes: u32,
 }
 
-const MNIST_MIRRORS: &[&str] = &[
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-];
+const MNIST_MIRRORS: &[&str] =
+    &["https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/"];
 const FASHION_MIRRORS: &[&str] = &["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"];
 
 /// The standard file names of MNIST-shaped datasets, in `Preset::files()` order.
@@ -119,16 +109,9 @@ impl Preset {
         )
     }
 
-    fn mnist_shaped(
-        name: &'static str,
-        mirrors: &'static [&'static str],
-        checksums: [Checksum; 4],
-    ) -> Self {
+    fn mnist_shaped(name: &'static str, mirrors: &'static [&'static str], checksums: [Checksum; 4]) -> Self {
         let [train_images, train_labels, test_images, test_labels] =
-            std::array::from_fn(|i| RemoteFile {
-                name: MNIST_NAMES[i].into(),
-                checksum: checksums[i].clone(),
-            });
+            std::array::from_fn(|i| RemoteFile { name: MNIST_NAMES[i].into(), checksum: checksums[i].clone() });
         Self {
             name,
             train_images,
@@ -138,22 +121,13 @@ impl Preset {
             mirrors,
             train_examples: 60_000,
             test_examples: 10_000,
-            shape: ExampleShape {
-                height: 28,
-                width: 28,
-                channels: 1,
-            },
+            shape: ExampleShape { height: 28, width: 28, channels: 1 },
             classes: 10,
         }
     }
 
     fn files(&self) -> [&RemoteFile; 4] {
-        [
-            &self.train_images,
-            &self.train_labels,
-            &self.test_images,
-            &self.test_labels,
-        ]
+        [&self.train_images, &self.train_labels, &self.test_images, &self.test_labels]
     }
 
     /// The facts the published files have.
@@ -202,19 +176,11 @@ pub enum Source {
 impl Source {
     /// Resolves `[data]`; `seed` (the run seed) drives the synthetic generator.
     pub fn from_spec(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Self, DataError> {
-        let dir = |name: &'static str| {
-            dirs.resolve(spec.dir.as_deref(), name)
-                .ok_or(DataError::NoDataDir { dataset: name })
-        };
+        let dir =
+            |name: &'static str| dirs.resolve(spec.dir.as_deref(), name).ok_or(DataError::NoDataDir { dataset: name });
         Ok(match spec.dataset {
-            DatasetKind::Mnist => Source::Preset {
-                dir: dir("mnist")?,
-                preset: Preset::mnist(),
-            },
-            DatasetKind::FashionMnist => Source::Preset {
-                dir: dir("fashion_mnist")?,
-                preset: Preset::fashion_mnist(),
-            },
+            DatasetKind::Mnist => Source::Preset { dir: dir("mnist")?, preset: Preset::mnist() },
+            DatasetKind::FashionMnist => Source::Preset { dir: dir("fashion_mnist")?, preset: Preset::fashion_mnist() },
             DatasetKind::Idx => Source::Idx {
                 files: spec.files.clone().ok_or(DataError::MissingSection {
                     dataset: "idx",
@@ -224,10 +190,7 @@ impl Source {
                 })?,
                 dir: dir("idx")?,
             },
-            DatasetKind::Synthetic => Source::Synthetic {
-                spec: spec.synthetic.clone().unwrap_or_default(),
-                seed,
-            },
+            DatasetKind::Synthetic => Source::Synthetic { spec: spec.synthetic.clone().unwrap_or_default(), seed },
         })
     }
 
@@ -242,17 +205,12 @@ impl Source {
     /// Files the dataset needs that are not in its folder.
     pub fn missing_files(&self) -> Vec<String> {
         match self {
-            Source::Preset { preset, dir } => preset
-                .files()
-                .iter()
-                .filter(|f| locate(dir, &f.name).is_none())
-                .map(|f| f.name.clone())
-                .collect(),
-            Source::Idx { dir, files } => idx_names(files)
-                .into_iter()
-                .filter(|name| !dir.join(name).is_file())
-                .map(str::to_string)
-                .collect(),
+            Source::Preset { preset, dir } => {
+                preset.files().iter().filter(|f| locate(dir, &f.name).is_none()).map(|f| f.name.clone()).collect()
+            }
+            Source::Idx { dir, files } => {
+                idx_names(files).into_iter().filter(|name| !dir.join(name).is_file()).map(str::to_string).collect()
+            }
             Source::Synthetic { .. } => vec![],
         }
     }
@@ -262,11 +220,8 @@ impl Source {
     pub fn fetch_missing(&self, fetcher: &Fetcher) -> Result<Vec<PathBuf>, DataError> {
         match self {
             Source::Preset { preset, dir } => {
-                let missing: Vec<&RemoteFile> = preset
-                    .files()
-                    .into_iter()
-                    .filter(|f| locate(dir, &f.name).is_none())
-                    .collect();
+                let missing: Vec<&RemoteFile> =
+                    preset.files().into_iter().filter(|f| locate(dir, &f.name).is_none()).collect();
                 fetcher.download(preset.name, dir, &missing, preset.mirrors)
             }
             Source::Idx { .. } | Source::Synthetic { .. } => Ok(vec![]),
@@ -288,11 +243,8 @@ impl Source {
             }
             Source::Idx { dir, files } => {
                 self.require_files()?;
-                let (train, train_labels) =
-                    idx_dims_and_labels(dir, &files.train_images, &files.train_labels)?;
-                let test = test_paths(files)?
-                    .map(|(i, l)| idx_dims_and_labels(dir, i, l))
-                    .transpose()?;
+                let (train, train_labels) = idx_dims_and_labels(dir, &files.train_images, &files.train_labels)?;
+                let test = test_paths(files)?.map(|(i, l)| idx_dims_and_labels(dir, i, l)).transpose()?;
                 let classes = max_label(&train_labels, test.as_ref().map(|t| &t.1));
                 Ok(DataFacts {
                     train_examples: train_labels.data().len(),
@@ -311,8 +263,7 @@ impl Source {
         self.require_files()?;
         match self {
             Source::Preset { preset, dir } => {
-                let path =
-                    |f: &RemoteFile| locate(dir, &f.name).unwrap_or_else(|| dir.join(&f.name));
+                let path = |f: &RemoteFile| locate(dir, &f.name).unwrap_or_else(|| dir.join(&f.name));
                 let [ti, tl, vi, vl] = preset.files().map(path);
                 let (train, test) = both(|| load_split(&ti, &tl), || load_split(&vi, &vl));
                 let (train, test) = (train?, test?);
@@ -321,33 +272,17 @@ impl Source {
                 check_dims(preset, &vi, test.images.dims().to_vec(), &dims[2])?;
                 check_labels(preset, &tl, train.labels())?;
                 check_labels(preset, &vl, test.labels())?;
-                Ok(Dataset {
-                    train,
-                    test: Some(test),
-                    classes: preset.classes,
-                })
+                Ok(Dataset { train, test: Some(test), classes: preset.classes })
             }
             Source::Idx { dir, files } => {
                 let test = test_paths(files)?;
                 let (train, test) = both(
-                    || {
-                        load_split(
-                            &dir.join(&files.train_images),
-                            &dir.join(&files.train_labels),
-                        )
-                    },
-                    || {
-                        test.map(|(i, l)| load_split(&dir.join(i), &dir.join(l)))
-                            .transpose()
-                    },
+                    || load_split(&dir.join(&files.train_images), &dir.join(&files.train_labels)),
+                    || test.map(|(i, l)| load_split(&dir.join(i), &dir.join(l))).transpose(),
                 );
                 let (train, test) = (train?, test?);
                 let classes = max_label(&train.labels, test.as_ref().map(|t| &t.labels));
-                Ok(Dataset {
-                    train,
-                    test,
-                    classes,
-                })
+                Ok(Dataset { train, test, classes })
             }
             Source::Synthetic { spec, seed } => synthetic::generate(spec, *seed),
         }
@@ -357,16 +292,12 @@ impl Source {
         let missing = self.missing_files();
         match (self, missing.is_empty()) {
             (_, true) | (Source::Synthetic { .. }, _) => Ok(()),
-            (Source::Preset { preset, dir }, false) => Err(DataError::MissingFiles {
-                dataset: preset.name,
-                dir: dir.clone(),
-                files: missing,
-            }),
-            (Source::Idx { dir, .. }, false) => Err(DataError::MissingFiles {
-                dataset: "idx",
-                dir: dir.clone(),
-                files: missing,
-            }),
+            (Source::Preset { preset, dir }, false) => {
+                Err(DataError::MissingFiles { dataset: preset.name, dir: dir.clone(), files: missing })
+            }
+            (Source::Idx { dir, .. }, false) => {
+                Err(DataError::MissingFiles { dataset: "idx", dir: dir.clone(), files: missing })
+            }
         }
     }
 }
@@ -378,9 +309,7 @@ fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + 
         let handle = s.spawn(b);
         let a = a();
         // A panic here is a bug in this module, not a user error: pass it on unchanged.
-        let b = handle
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let b = handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         (a, b)
     })
 }
@@ -413,28 +342,12 @@ fn test_paths(files: &IdxFiles) -> Result<Option<(&str, &str)>, DataError> {
 /// The example shape of an images file's dimensions (`n,h,w` or `n,h,w,c`).
 fn image_shape(path: &Path, dims: &[usize]) -> Result<(usize, ExampleShape), DataError> {
     match *dims {
-        [n, height, width] => Ok((
-            n,
-            ExampleShape {
-                height,
-                width,
-                channels: 1,
-            },
-        )),
-        [n, height, width, channels] => Ok((
-            n,
-            ExampleShape {
-                height,
-                width,
-                channels,
-            },
-        )),
+        [n, height, width] => Ok((n, ExampleShape { height, width, channels: 1 })),
+        [n, height, width, channels] => Ok((n, ExampleShape { height, width, channels })),
         _ => Err(DataError::BadDims {
             path: path.to_path_buf(),
             dims: dims.to_vec(),
-            expected:
-                "images need 3 dimensions (n, height, width) or 4 (n, height, width, channels)"
-                    .into(),
+            expected: "images need 3 dimensions (n, height, width) or 4 (n, height, width, channels)".into(),
         }),
     }
 }
@@ -467,22 +380,13 @@ fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split, DataError
 }
 
 /// Header of the images, whole labels (small), both checked against each other.
-fn idx_dims_and_labels(
-    dir: &Path,
-    images: &str,
-    labels: &str,
-) -> Result<(ExampleShape, IdxArray), DataError> {
+fn idx_dims_and_labels(dir: &Path, images: &str, labels: &str) -> Result<(ExampleShape, IdxArray), DataError> {
     let (images_path, labels_path) = (dir.join(images), dir.join(labels));
     let (n, shape) = image_shape(&images_path, &read_idx_dims(&images_path)?)?;
     let labels = read_idx(&labels_path)?;
     let labels_n = check_label_dims(&labels_path, labels.dims())?;
     if n != labels_n {
-        return Err(DataError::CountMismatch {
-            images_path,
-            images: n,
-            labels_path,
-            labels: labels_n,
-        });
+        return Err(DataError::CountMismatch { images_path, images: n, labels_path, labels: labels_n });
     }
     Ok((shape, labels))
 }
@@ -498,24 +402,12 @@ fn bad_dims(preset: &Preset, path: &Path, dims: Vec<usize>, expected: &[usize]) 
     DataError::BadDims {
         path: path.to_path_buf(),
         dims,
-        expected: format!(
-            "{} needs {expected:?}; delete the file so it is downloaded again",
-            preset.name
-        ),
+        expected: format!("{} needs {expected:?}; delete the file so it is downloaded again", preset.name),
     }
 }
 
-fn check_dims(
-    preset: &Preset,
-    path: &Path,
-    dims: Vec<usize>,
-    expected: &[usize],
-) -> Result<(), DataError> {
-    if dims == expected {
-        Ok(())
-    } else {
-        Err(bad_dims(preset, path, dims, expected))
-    }
+fn check_dims(preset: &Preset, path: &Path, dims: Vec<usize>, expected: &[usize]) -> Result<(), DataError> {
+    if dims == expected { Ok(()) } else { Err(bad_dims(preset, path, dims, expected)) }
 }
 
 fn check_labels(preset: &Preset, path: &Path, labels: &[u8]) -> Result<(), DataError> {

@@ -37,11 +37,7 @@ pub fn shape_of(spec: &SyntheticSpec) -> Result<ExampleShape, DataError> {
             });
         }
     };
-    Ok(ExampleShape {
-        height,
-        width,
-        channels,
-    })
+    Ok(ExampleShape { height, width, channels })
 }
 
 /// The facts of a synthetic dataset, straight from the spec.
@@ -59,18 +55,12 @@ pub fn facts(spec: &SyntheticSpec) -> Result<DataFacts, DataError> {
 fn check(spec: &SyntheticSpec) -> Result<(), DataError> {
     if !(2..=256).contains(&spec.classes) {
         return Err(DataError::BadSynthetic {
-            problem: format!(
-                "classes = {} is out of range; labels are bytes, so use 2 to 256",
-                spec.classes
-            ),
+            problem: format!("classes = {} is out of range; labels are bytes, so use 2 to 256", spec.classes),
         });
     }
     let len = shape_of(spec)?.len();
     let examples = spec.train_examples.get().saturating_add(spec.test_examples);
-    if len
-        .checked_mul(examples)
-        .is_none_or(|b| b > isize::MAX as usize)
-    {
+    if len.checked_mul(examples).is_none_or(|b| b > isize::MAX as usize) {
         return Err(DataError::BadSynthetic {
             problem: format!("{examples} examples of {len} bytes do not fit in memory"),
         });
@@ -86,28 +76,18 @@ pub fn generate(spec: &SyntheticSpec, seed: u64) -> Result<Dataset, DataError> {
     let classes = spec.classes as usize;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ DOMAIN);
     // About a quarter of the pixels are bright in each class's pattern.
-    let patterns: Vec<u8> = (0..classes * len)
-        .map(|_| if rng.next_u32() % 4 == 0 { PATTERN } else { 0 })
-        .collect();
+    let patterns: Vec<u8> = (0..classes * len).map(|_| if rng.next_u32() % 4 == 0 { PATTERN } else { 0 }).collect();
     let make = |n: usize, stream: u64| split(&patterns, shape, classes, n, mix(seed, stream));
     let train = make(spec.train_examples.get(), 0);
     let test = (spec.test_examples > 0).then(|| make(spec.test_examples, 1));
-    Ok(Dataset {
-        train,
-        test,
-        classes: spec.classes,
-    })
+    Ok(Dataset { train, test, classes: spec.classes })
 }
 
 fn split(patterns: &[u8], shape: ExampleShape, classes: usize, n: usize, base: u64) -> Split {
     let len = shape.len();
     let mut images = vec![0u8; n * len];
     let mut labels = vec![0u8; n];
-    for (i, (image, label)) in images
-        .chunks_exact_mut(len.max(1))
-        .zip(labels.iter_mut())
-        .enumerate()
-    {
+    for (i, (image, label)) in images.chunks_exact_mut(len.max(1)).zip(labels.iter_mut()).enumerate() {
         let mut stream = SplitMix64(mix(base, i as u64));
         let class = (stream.next() % classes as u64) as usize;
         *label = class as u8;
@@ -121,21 +101,12 @@ fn split(patterns: &[u8], shape: ExampleShape, classes: usize, n: usize, base: u
             p.copy_from_slice(&(b + (stream.next() & NOISE_MASK)).to_le_bytes());
         }
         let noise = stream.next().to_le_bytes();
-        for ((p, &b), &r) in pixels
-            .into_remainder()
-            .iter_mut()
-            .zip(bright.remainder())
-            .zip(&noise)
-        {
+        for ((p, &b), &r) in pixels.into_remainder().iter_mut().zip(bright.remainder()).zip(&noise) {
             *p = b + (r & 0x7f);
         }
     }
     let dims = vec![n, shape.height, shape.width, shape.channels];
-    Split::new(
-        IdxArray::from_parts(dims, images),
-        IdxArray::from_parts(vec![n], labels),
-        shape,
-    )
+    Split::new(IdxArray::from_parts(dims, images), IdxArray::from_parts(vec![n], labels), shape)
 }
 
 /// A well-mixed 64-bit hash of two words (MurmurHash3's finaliser over their combination), so
@@ -169,10 +140,7 @@ mod tests {
         SyntheticSpec {
             train_examples: NonZeroUsize::new(train).unwrap(),
             test_examples: test,
-            shape: shape
-                .iter()
-                .map(|&d| NonZeroUsize::new(d).unwrap())
-                .collect(),
+            shape: shape.iter().map(|&d| NonZeroUsize::new(d).unwrap()).collect(),
             classes,
         }
     }
@@ -207,19 +175,14 @@ mod tests {
             }
         }
         for c in 0..10 {
-            means[c * len..(c + 1) * len]
-                .iter_mut()
-                .for_each(|m| *m /= counts[c]);
+            means[c * len..(c + 1) * len].iter_mut().for_each(|m| *m /= counts[c]);
         }
         let test = data.test.as_ref().unwrap();
         let correct = (0..test.len())
             .filter(|&i| {
                 let dist = |c: usize| -> f64 {
                     let m = &means[c * len..(c + 1) * len];
-                    m.iter()
-                        .zip(test.image(i))
-                        .map(|(a, &b)| (a - f64::from(b)).powi(2))
-                        .sum()
+                    m.iter().zip(test.image(i)).map(|(a, &b)| (a - f64::from(b)).powi(2)).sum()
                 };
                 let best = (0..10).min_by(|&a, &b| dist(a).total_cmp(&dist(b)));
                 best == Some(test.labels()[i] as usize)
@@ -230,17 +193,11 @@ mod tests {
 
     #[test]
     fn bad_specs_are_errors() {
-        let err = generate(&spec(10, 0, &[4, 4], 1), 0)
-            .unwrap_err()
-            .to_string();
+        let err = generate(&spec(10, 0, &[4, 4], 1), 0).unwrap_err().to_string();
         assert!(err.contains("classes = 1 is out of range"), "{err}");
-        let err = shape_of(&spec(10, 0, &[2, 2, 2, 2], 3))
-            .unwrap_err()
-            .to_string();
+        let err = shape_of(&spec(10, 0, &[2, 2, 2, 2], 3)).unwrap_err().to_string();
         assert!(err.contains("has 4 dimensions"), "{err}");
-        let err = facts(&spec(usize::MAX, 0, &[1 << 20], 3))
-            .unwrap_err()
-            .to_string();
+        let err = facts(&spec(usize::MAX, 0, &[1 << 20], 3)).unwrap_err().to_string();
         assert!(err.contains("do not fit in memory"), "{err}");
         assert!(generate(&spec(3, 0, &[5], 256), 0).unwrap().test.is_none());
     }

@@ -23,10 +23,7 @@ pub fn backward(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len:
         Activation::Sigmoid => zip.for_each(|((y, dy), dz)| *dz = dy * y * (1.0 - y)),
         Activation::Tanh => zip.for_each(|((y, dy), dz)| *dz = dy * (1.0 - y * y)),
         Activation::Softmax => {
-            for ((y, dy), dz) in y
-                .chunks_exact(row_len)
-                .zip(dy.chunks_exact(row_len))
-                .zip(dz.chunks_exact_mut(row_len))
+            for ((y, dy), dz) in y.chunks_exact(row_len).zip(dy.chunks_exact(row_len)).zip(dz.chunks_exact_mut(row_len))
             {
                 let dot: f32 = y.iter().zip(dy).map(|(a, b)| a * b).sum();
                 for ((y, dy), dz) in y.iter().zip(dy).zip(dz.iter_mut()) {

@@ -8,21 +8,13 @@ use rand::RngExt;
 /// Fails unless `analytic` and `numeric` agree within `tol`, relative to their size.
 pub fn assert_close(analytic: f64, numeric: f64, tol: f64, what: &str) {
     let scale = analytic.abs().max(numeric.abs()).max(5e-2);
-    assert!(
-        (analytic - numeric).abs() / scale <= tol,
-        "{what}: analytic {analytic:.6} vs numeric {numeric:.6}"
-    );
+    assert!((analytic - numeric).abs() / scale <= tol, "{what}: analytic {analytic:.6} vs numeric {numeric:.6}");
 }
 
 /// Checks `layer`'s parameter and input gradients against central differences of
 /// `L = Σ y ⊙ r` for a random projection `r`, on `n` random examples of `input`.
 pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: bool) {
-    let pass = Pass {
-        training,
-        seed: 7,
-        accumulate: false,
-        threads: 2,
-    };
+    let pass = Pass { training, seed: 7, accumulate: false, threads: 2 };
     let mut r = init::rng(&[1]);
     let specs = layer.params();
     let mut params: Vec<f32> = Vec::new();
@@ -40,9 +32,7 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
         init::fill(&mut state[offset..offset + p.len()], p.init, 3, 0);
         offset += p.len();
     }
-    let x: Vec<f32> = (0..n * input.numel())
-        .map(|_| r.random_range(-1.0..1.0))
-        .collect();
+    let x: Vec<f32> = (0..n * input.numel()).map(|_| r.random_range(-1.0..1.0)).collect();
     let out_len = n * layer.output_shape().numel();
     let proj: Vec<f32> = (0..out_len).map(|_| r.random_range(-1.0..1.0)).collect();
 
@@ -50,10 +40,7 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
         let mut y = vec![0.0; out_len];
         let mut st = state.clone();
         layer.forward(pass, params, &mut st, x, &mut y, n);
-        y.iter()
-            .zip(&proj)
-            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-            .sum()
+        y.iter().zip(&proj).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum()
     };
 
     let mut y = vec![0.0; out_len];
@@ -76,12 +63,7 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
             return;
         }
         checked += 1;
-        assert_close(
-            f64::from(analytic),
-            (up - down) / (2.0 * f64::from(h)),
-            2e-2,
-            &what,
-        );
+        assert_close(f64::from(analytic), (up - down) / (2.0 * f64::from(h)), 2e-2, &what);
     };
     for i in sample(params.len()) {
         let (mut up, mut down) = (params.clone(), params.clone());
@@ -97,35 +79,14 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
         let (u, d) = (loss(layer, &params, &up), loss(layer, &params, &down));
         check(dx[i], u, d, format!("{name} d/dx[{i}]"));
     }
-    assert!(
-        kinks * 5 <= checked,
-        "{name}: {kinks} of {} points sit on kinks",
-        kinks + checked
-    );
+    assert!(kinks * 5 <= checked, "{name}: {kinks} of {} points sit on kinks", kinks + checked);
 
     // Accumulation adds onto what is there.
     let mut twice = grads.clone();
     layer.forward(pass, &params, &mut state.clone(), &x, &mut y, n);
-    layer.backward(
-        Pass {
-            accumulate: true,
-            ..pass
-        },
-        &params,
-        &mut twice,
-        &x,
-        &y,
-        &proj,
-        None,
-        n,
-    );
+    layer.backward(Pass { accumulate: true, ..pass }, &params, &mut twice, &x, &y, &proj, None, n);
     for (a, b) in twice.iter().zip(&grads) {
-        assert_close(
-            f64::from(*a),
-            2.0 * f64::from(*b),
-            1e-4,
-            &format!("{name} accumulate"),
-        );
+        assert_close(f64::from(*a), 2.0 * f64::from(*b), 1e-4, &format!("{name} accumulate"));
     }
 }
 

@@ -10,10 +10,7 @@ use rand_chacha::ChaCha8Rng;
 pub fn derive_seed(words: &[u64]) -> u64 {
     let mut h = 0x9E37_79B9_7F4A_7C15u64;
     for w in words {
-        h ^= w
-            .wrapping_add(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(h << 6)
-            .wrapping_add(h >> 2);
+        h ^= w.wrapping_add(0x9E37_79B9_7F4A_7C15).wrapping_add(h << 6).wrapping_add(h >> 2);
         h = splitmix(h);
     }
     h
@@ -27,9 +24,7 @@ fn splitmix(mut z: u64) -> u64 {
 
 /// A stable id for a tensor name (FNV-1a), so adding a layer elsewhere does not reseed it.
 pub fn tensor_id(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// A generator for `words`.
@@ -45,8 +40,7 @@ pub fn fill(out: &mut [f32], init: Init, seed: u64, tensor: u64) {
         Init::GlorotUniform { fan_in, fan_out } => {
             let limit = (6.0 / (fan_in + fan_out).max(1) as f64).sqrt() as f32;
             let mut r = rng(&[seed, tensor]);
-            out.iter_mut()
-                .for_each(|v| *v = r.random_range(-limit..limit));
+            out.iter_mut().for_each(|v| *v = r.random_range(-limit..limit));
         }
         Init::HeNormal { fan_in } => {
             // Keras's truncated normal: redraw beyond 2 std, then correct the std the

@@ -24,10 +24,7 @@ pub fn matmul(
     threads: usize,
 ) {
     // Bounds are checked here because gemm takes raw pointers.
-    assert!(
-        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
-        "matmul operand too small"
-    );
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "matmul operand too small");
     if m == 0 || n == 0 {
         return;
     }
@@ -37,21 +34,9 @@ pub fn matmul(
         }
         return;
     }
-    let (a_rs, a_cs) = if a_t {
-        (1, m as isize)
-    } else {
-        (k as isize, 1)
-    };
-    let (b_rs, b_cs) = if b_t {
-        (1, k as isize)
-    } else {
-        (n as isize, 1)
-    };
-    let parallelism = if threads > 1 {
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    };
+    let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
+    let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
+    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
     // SAFETY: the assert above keeps every index the strides reach inside the slices, and
     // `c` does not alias `a` or `b` (it is borrowed mutably).
     unsafe {
@@ -96,11 +81,7 @@ pub fn partition(n: usize, parts: usize) -> Vec<Range<usize>> {
 }
 
 /// Splits `data` (`n` rows of `row_len`) into mutable parts along `ranges` of rows.
-pub fn split_rows<'a>(
-    mut data: &'a mut [f32],
-    ranges: &[Range<usize>],
-    row_len: usize,
-) -> Vec<&'a mut [f32]> {
+pub fn split_rows<'a>(mut data: &'a mut [f32], ranges: &[Range<usize>], row_len: usize) -> Vec<&'a mut [f32]> {
     let mut parts = Vec::with_capacity(ranges.len());
     for r in ranges {
         let (head, tail) = std::mem::take(&mut data).split_at_mut(r.len() * row_len);
@@ -122,11 +103,7 @@ pub fn par_rows(
     use rayon::prelude::*;
     let ranges = partition(n, threads);
     let parts = split_rows(&mut data[..n * row_len], &ranges, row_len);
-    parts
-        .into_par_iter()
-        .zip(ranges)
-        .enumerate()
-        .for_each(|(i, (part, r))| f(i, r, part));
+    parts.into_par_iter().zip(ranges).enumerate().for_each(|(i, (part, r))| f(i, r, part));
 }
 
 /// Geometry of a 2-D window sweep (convolution or pooling) over NHWC images.
@@ -171,19 +148,7 @@ impl Window {
         };
         let (oh, pad_top) = axis(h, kh, sh)?;
         let (ow, pad_left) = axis(w, kw, sw)?;
-        Some(Self {
-            h,
-            w,
-            c,
-            kh,
-            kw,
-            sh,
-            sw,
-            pad_top,
-            pad_left,
-            oh,
-            ow,
-        })
+        Some(Self { h, w, c, kh, kw, sh, sw, pad_top, pad_left, oh, ow })
     }
 
     /// Values in one patch row of im2col: `kh × kw × c`.
@@ -238,8 +203,7 @@ impl Window {
                             Some(iy) if !kx.is_empty() => {
                                 let src = (iy * self.w + ix) * c;
                                 dst[..kx.start * c].fill(0.0);
-                                dst[kx.start * c..kx.end * c]
-                                    .copy_from_slice(&img[src..src + kx.len() * c]);
+                                dst[kx.start * c..kx.end * c].copy_from_slice(&img[src..src + kx.len() * c]);
                                 dst[kx.end * c..].fill(0.0);
                             }
                             _ => dst.fill(0.0),
@@ -381,9 +345,7 @@ mod tests {
             for ox in 0..win.ow {
                 let cols = win.cols_at(ox);
                 spans.push(
-                    win.rows_at(oy)
-                        .flat_map(|iy| cols.clone().map(move |ix| iy * win.w + ix))
-                        .collect::<Vec<_>>(),
+                    win.rows_at(oy).flat_map(|iy| cols.clone().map(move |ix| iy * win.w + ix)).collect::<Vec<_>>(),
                 );
             }
         }
@@ -396,9 +358,7 @@ mod tests {
         let win = Window::new((5, 4, 2), (3, 2), (2, 1), true).unwrap();
         let x: Vec<f32> = (0..2 * 5 * 4 * 2).map(|i| ((i * 7) % 11) as f32).collect();
         let rows = 2 * win.positions();
-        let p: Vec<f32> = (0..rows * win.patch_len())
-            .map(|i| ((i * 3) % 5) as f32)
-            .collect();
+        let p: Vec<f32> = (0..rows * win.patch_len()).map(|i| ((i * 3) % 5) as f32).collect();
         let mut cols = vec![0.0; p.len()];
         win.im2col(&x, 2, &mut cols);
         let mut back = vec![0.0; x.len()];

@@ -29,11 +29,7 @@ pub struct ParamSpec {
 impl ParamSpec {
     /// A parameter named `name` of `shape`.
     pub fn new(name: impl Into<String>, shape: Vec<usize>, init: Init) -> Self {
-        Self {
-            name: name.into(),
-            shape,
-            init,
-        }
+        Self { name: name.into(), shape, init }
     }
 
     /// Number of values.
@@ -89,15 +85,7 @@ pub trait Layer: Send {
     }
 
     /// Computes `y` (n × output_shape) from `x` (n × input_shape).
-    fn forward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        state: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    );
+    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize);
 
     /// Writes (or, with `pass.accumulate`, adds) parameter gradients into `grads` and, when
     /// `dx` is given, the input gradient into it. `x`, `y` are the forward input and output.

@@ -40,20 +40,12 @@ impl BatchStats {
 
     /// Mean loss (0 with no examples).
     pub fn loss(&self) -> f64 {
-        if self.examples == 0 {
-            0.0
-        } else {
-            self.loss_sum / self.examples as f64
-        }
+        if self.examples == 0 { 0.0 } else { self.loss_sum / self.examples as f64 }
     }
 
     /// Accuracy (0 with no examples).
     pub fn accuracy(&self) -> f64 {
-        if self.examples == 0 {
-            0.0
-        } else {
-            self.correct as f64 / self.examples as f64
-        }
+        if self.examples == 0 { 0.0 } else { self.correct as f64 / self.examples as f64 }
     }
 }
 
@@ -68,19 +60,14 @@ impl LossFn {
         scale: f32,
         mut grad: Option<&mut [f32]>,
     ) -> BatchStats {
-        let mut stats = BatchStats {
-            examples: labels.len() as u64,
-            ..BatchStats::default()
-        };
+        let mut stats = BatchStats { examples: labels.len() as u64, ..BatchStats::default() };
         for (i, &label) in labels.iter().enumerate() {
             let row = &out[i * classes..(i + 1) * classes];
             let label = label as usize;
             if argmax(row) == label {
                 stats.correct += 1;
             }
-            let g = grad
-                .as_deref_mut()
-                .map(|g| &mut g[i * classes..(i + 1) * classes]);
+            let g = grad.as_deref_mut().map(|g| &mut g[i * classes..(i + 1) * classes]);
             stats.loss_sum += f64::from(self.example(row, label, scale, g));
         }
         stats
@@ -111,11 +98,8 @@ impl LossFn {
                     let inside = p == clipped;
                     for (j, g) in g.iter_mut().enumerate() {
                         // d(-ln(x_l / s))/dx_j = 1/s - [j = l]/x_l, zero where the clip holds.
-                        let d = if j == label {
-                            1.0 / sum - 1.0 / row[label].max(f32::MIN_POSITIVE)
-                        } else {
-                            1.0 / sum
-                        };
+                        let d =
+                            if j == label { 1.0 / sum - 1.0 / row[label].max(f32::MIN_POSITIVE) } else { 1.0 / sum };
                         *g = if inside { scale * d } else { 0.0 };
                     }
                 }
@@ -154,11 +138,7 @@ impl LossFn {
                         *g = scale * 2.0 * (o - target(j)) / classes;
                     }
                 }
-                row.iter()
-                    .enumerate()
-                    .map(|(j, o)| (o - target(j)).powi(2))
-                    .sum::<f32>()
-                    / classes
+                row.iter().enumerate().map(|(j, o)| (o - target(j)).powi(2)).sum::<f32>() / classes
             }
         }
     }
@@ -196,13 +176,7 @@ mod tests {
                 let f = LossFn { kind, from_logits };
                 // Probabilities for the non-logit case: positive rows inside (0, 1).
                 let out: Vec<f32> = (0..12)
-                    .map(|i| {
-                        if from_logits {
-                            (i as f32 * 0.37).sin() * 2.0
-                        } else {
-                            0.05 + 0.07 * (i % 5) as f32
-                        }
-                    })
+                    .map(|i| if from_logits { (i as f32 * 0.37).sin() * 2.0 } else { 0.05 + 0.07 * (i % 5) as f32 })
                     .collect();
                 let mut grad = vec![0.0; out.len()];
                 f.evaluate(&out, &labels, classes, 1.0, Some(&mut grad));
@@ -213,12 +187,7 @@ mod tests {
                     up[i] += h;
                     down[i] -= h;
                     let numeric = (loss(&up) - loss(&down)) / (2.0 * f64::from(h));
-                    assert_close(
-                        f64::from(grad[i]),
-                        numeric,
-                        2e-2,
-                        &format!("{kind:?} logits={from_logits} [{i}]"),
-                    );
+                    assert_close(f64::from(grad[i]), numeric, 2e-2, &format!("{kind:?} logits={from_logits} [{i}]"));
                 }
             }
         }
@@ -226,20 +195,14 @@ mod tests {
 
     #[test]
     fn sparse_crossentropy_of_uniform_logits_is_ln_classes() {
-        let f = LossFn {
-            kind: Loss::SparseCategoricalCrossentropy,
-            from_logits: true,
-        };
+        let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
         let s = f.evaluate(&[0.0; 10], &[3], 10, 1.0, None);
         assert!((s.loss() - 10f64.ln()).abs() < 1e-6);
     }
 
     #[test]
     fn accuracy_counts_argmax_hits() {
-        let f = LossFn {
-            kind: Loss::MeanSquaredError,
-            from_logits: false,
-        };
+        let f = LossFn { kind: Loss::MeanSquaredError, from_logits: false };
         let s = f.evaluate(&[0.1, 0.9, 0.8, 0.2], &[1, 1], 2, 1.0, None);
         assert_eq!((s.correct, s.examples), (1, 2));
         assert_eq!(s.accuracy(), 0.5);

@@ -96,13 +96,7 @@ impl Sequential {
                 acts += 1;
                 Buf::Own(acts - 1)
             };
-            slots.push(Slot {
-                name,
-                params: 0..0,
-                state: 0..0,
-                input,
-                output,
-            });
+            slots.push(Slot { name, params: 0..0, state: 0..0, input, output });
         }
         let (mut tensors, mut state_tensors) = (Vec::new(), Vec::new());
         let (mut param_len, mut state_len) = (0, 0);
@@ -149,6 +143,11 @@ impl Sequential {
     /// Shape of one output example.
     pub fn output_shape(&self) -> &Shape {
         self.layers.last().map_or(&self.input, |l| l.output_shape())
+    }
+
+    /// Activation values one example keeps during a forward pass (every layer's output).
+    pub fn activation_len(&self) -> usize {
+        self.layers.iter().filter(|l| !l.is_view()).map(|l| l.output_shape().numel()).sum()
     }
 
     /// Trainable values in the arena.
@@ -207,19 +206,8 @@ impl Sequential {
     }
 
     /// Runs the layers on `n` examples `x`; returns the output (`n × output_shape`).
-    pub fn forward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        state: &mut [f32],
-        x: &[f32],
-        n: usize,
-    ) -> &[f32] {
-        assert_eq!(
-            x.len(),
-            n * self.input.numel(),
-            "input batch does not match the model's input shape"
-        );
+    pub fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], n: usize) -> &[f32] {
+        assert_eq!(x.len(), n * self.input.numel(), "input batch does not match the model's input shape");
         for (layer, slot) in self.layers.iter_mut().zip(&self.slots) {
             // Views alias their input buffer: nothing to compute.
             let (Buf::Own(out), false) = (slot.output, layer.is_view()) else {
@@ -231,14 +219,7 @@ impl Sequential {
                 Buf::Input => x,
                 Buf::Own(i) => &self.acts[i],
             };
-            layer.forward(
-                pass,
-                &params[slot.params.clone()],
-                &mut state[slot.state.clone()],
-                x,
-                &mut y,
-                n,
-            );
+            layer.forward(pass, &params[slot.params.clone()], &mut state[slot.state.clone()], x, &mut y, n);
             self.acts[out] = y;
         }
         self.output(n)

@@ -10,29 +10,15 @@ use rand::RngExt;
 use std::time::{Duration, Instant};
 
 /// Median times of forward, backward, optimizer and the whole step over `steps` steps.
-fn time_steps(
-    zoo: ZooModel,
-    input: &[usize],
-    batch: usize,
-    threads: usize,
-    steps: usize,
-) -> [Duration; 4] {
-    let spec = ModelSpec {
-        zoo: Some(zoo),
-        layers: Vec::new(),
-    };
+fn time_steps(zoo: ZooModel, input: &[usize], batch: usize, threads: usize, steps: usize) -> [Duration; 4] {
+    let spec = ModelSpec { zoo: Some(zoo), layers: Vec::new() };
     let Ok(mut model) = build(&spec, &Shape(input.to_vec()), 10) else {
         panic!("zoo model failed to build");
     };
     let mut r = init::rng(&[3]);
-    let x: Vec<f32> = (0..batch * input.iter().product::<usize>())
-        .map(|_| r.random_range(0.0..1.0))
-        .collect();
+    let x: Vec<f32> = (0..batch * input.iter().product::<usize>()).map(|_| r.random_range(0.0..1.0)).collect();
     let labels: Vec<u32> = (0..batch).map(|i| (i % 10) as u32).collect();
-    let loss = LossFn {
-        kind: Loss::SparseCategoricalCrossentropy,
-        from_logits: true,
-    };
+    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
     let (mut params, mut state) = model.init(1);
     let mut grads = vec![0.0; params.len()];
     let mut opt = Optimizer::Sgd(Sgd::new(params.len(), 0.9, false, 0.0));
@@ -42,12 +28,7 @@ fn time_steps(
     let mut times: Vec<[Duration; 4]> = pool.install(|| {
         (0..steps + 3)
             .map(|step| {
-                let pass = Pass {
-                    training: true,
-                    seed: step as u64,
-                    accumulate: false,
-                    threads,
-                };
+                let pass = Pass { training: true, seed: step as u64, accumulate: false, threads };
                 let t0 = Instant::now();
                 model.forward(pass, &params, &mut state, &x, batch);
                 let (out, g) = model.output_and_grad(batch);
@@ -88,14 +69,7 @@ fn report(name: &str, zoo: ZooModel, input: &[usize], batch: usize, threads: usi
 fn mnist_cnn_step_time() {
     for batch in [64, 128] {
         for threads in [1, 2] {
-            report(
-                "mnist_cnn",
-                ZooModel::MnistCnn,
-                &[28, 28],
-                batch,
-                threads,
-                30,
-            );
+            report("mnist_cnn", ZooModel::MnistCnn, &[28, 28], batch, threads, 30);
         }
     }
 }
@@ -104,14 +78,7 @@ fn mnist_cnn_step_time() {
 #[ignore = "timing; run on an idle machine"]
 fn resnet20_step_time() {
     for threads in [1, 2] {
-        report(
-            "resnet20",
-            ZooModel::Resnet20,
-            &[32, 32, 3],
-            128,
-            threads,
-            5,
-        );
+        report("resnet20", ZooModel::Resnet20, &[32, 32, 3], 128, threads, 5);
     }
 }
 

@@ -6,8 +6,8 @@
 
 use crate::engine::kernels::Window;
 use crate::engine::layers::{
-    ActivationLayer, AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, GlobalAvgPool2d, KernelInit,
-    MaxPool2d, Residual, View,
+    ActivationLayer, AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, GlobalAvgPool2d, KernelInit, MaxPool2d, Residual,
+    View,
 };
 use crate::engine::{Layer, Shape};
 use crate::spec::{Diagnostic, LayerSpec, Padding, Size2, ZooModel};
@@ -26,13 +26,7 @@ pub(super) enum Source {
 }
 
 impl Source {
-    pub(super) fn diag(
-        self,
-        i: usize,
-        field: Option<&str>,
-        kind: &str,
-        message: String,
-    ) -> Diagnostic {
+    pub(super) fn diag(self, i: usize, field: Option<&str>, kind: &str, message: String) -> Diagnostic {
         match self {
             Source::Layers => {
                 let key = match field {
@@ -41,10 +35,9 @@ impl Source {
                 };
                 Diagnostic::error(key, message)
             }
-            Source::Zoo(zoo) => Diagnostic::error(
-                "model.zoo",
-                format!("{} layer {i} ({kind}): {message}", super::zoo::name(zoo)),
-            ),
+            Source::Zoo(zoo) => {
+                Diagnostic::error("model.zoo", format!("{} layer {i} ({kind}): {message}", super::zoo::name(zoo)))
+            }
         }
     }
 }
@@ -74,21 +67,12 @@ pub(super) struct Checked {
 }
 
 /// Builds `specs` on inputs of `input`, convolutions drawing their kernels by `conv_init`.
-pub(super) fn layers(
-    specs: &[LayerSpec],
-    input: &Shape,
-    conv_init: KernelInit,
-    source: Source,
-) -> Checked {
+pub(super) fn layers(specs: &[LayerSpec], input: &Shape, conv_init: KernelInit, source: Source) -> Checked {
     let mut layers: Vec<Box<dyn Layer>> = Vec::with_capacity(specs.len());
     let mut diags = Vec::new();
     let mut shape = Some(input.clone());
     for (i, spec) in specs.iter().enumerate() {
-        let ctx = Ctx {
-            i,
-            kind: kind(spec),
-            source,
-        };
+        let ctx = Ctx { i, kind: kind(spec), source };
         let mut problems = ctx.values(spec);
         match &shape {
             Some(s) if problems.is_empty() => match ctx.layer(spec, s, conv_init) {
@@ -104,24 +88,16 @@ pub(super) fn layers(
         diags.extend(problems);
         shape = intended_output(spec, shape.as_ref());
     }
-    Checked {
-        layers,
-        output: shape,
-        diags,
-    }
+    Checked { layers, output: shape, diags }
 }
 
 /// A layer's output shape when it can be told without building it.
 fn intended_output(spec: &LayerSpec, input: Option<&Shape>) -> Option<Shape> {
     match spec {
         LayerSpec::Dense { units, .. } => Some(Shape(vec![units.get()])),
-        LayerSpec::Reshape { target_shape } => {
-            Some(Shape(target_shape.iter().map(|d| d.get()).collect()))
-        }
+        LayerSpec::Reshape { target_shape } => Some(Shape(target_shape.iter().map(|d| d.get()).collect())),
         LayerSpec::Flatten => input.map(|s| Shape(vec![s.numel()])),
-        LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. } => {
-            input.cloned()
-        }
+        LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. } => input.cloned(),
         LayerSpec::Conv2d { .. }
         | LayerSpec::MaxPool2d { .. }
         | LayerSpec::AvgPool2d { .. }
@@ -153,20 +129,14 @@ impl Ctx {
             LayerSpec::BatchNorm { momentum, epsilon } => {
                 if !(0.0..=1.0).contains(momentum) {
                     d.push(
-                        self.diag(
-                            Some("momentum"),
-                            format!("momentum = {momentum} is outside [0, 1]"),
-                        )
-                        .help("Keras's default is `momentum = 0.99`"),
+                        self.diag(Some("momentum"), format!("momentum = {momentum} is outside [0, 1]"))
+                            .help("Keras's default is `momentum = 0.99`"),
                     );
                 }
                 if !(epsilon.is_finite() && *epsilon > 0.0) {
                     d.push(
-                        self.diag(
-                            Some("epsilon"),
-                            format!("epsilon = {epsilon} must be a positive number"),
-                        )
-                        .help("Keras's default is `epsilon = 0.001`"),
+                        self.diag(Some("epsilon"), format!("epsilon = {epsilon} must be a positive number"))
+                            .help("Keras's default is `epsilon = 0.001`"),
                     );
                 }
             }
@@ -176,55 +146,25 @@ impl Ctx {
     }
 
     /// Builds `spec` on inputs of `input`.
-    fn layer(
-        &self,
-        spec: &LayerSpec,
-        input: &Shape,
-        conv_init: KernelInit,
-    ) -> Result<Box<dyn Layer>, Diagnostic> {
+    fn layer(&self, spec: &LayerSpec, input: &Shape, conv_init: KernelInit) -> Result<Box<dyn Layer>, Diagnostic> {
         Ok(match spec {
             // A multi-axis input is taken flat, as after a `flatten` (Keras would apply the
             // layer to the last axis only).
-            LayerSpec::Dense {
-                units,
-                activation,
-                use_bias,
-            } => Box::new(Dense::new(
-                input.numel(),
-                units.get(),
-                *activation,
-                *use_bias,
-            )),
-            LayerSpec::Conv2d {
-                filters,
-                kernel_size,
-                strides,
-                padding,
-                activation,
-                use_bias,
-            } => {
-                let win = self.window(input, "kernel_size", *kernel_size, *strides, *padding)?;
-                Box::new(
-                    Conv2d::new(win, filters.get(), *activation, *use_bias)
-                        .with_kernel_init(conv_init),
-                )
+            LayerSpec::Dense { units, activation, use_bias } => {
+                Box::new(Dense::new(input.numel(), units.get(), *activation, *use_bias))
             }
-            LayerSpec::MaxPool2d {
-                pool_size,
-                strides,
-                padding,
-            } => Box::new(MaxPool2d::new(self.window(
+            LayerSpec::Conv2d { filters, kernel_size, strides, padding, activation, use_bias } => {
+                let win = self.window(input, "kernel_size", *kernel_size, *strides, *padding)?;
+                Box::new(Conv2d::new(win, filters.get(), *activation, *use_bias).with_kernel_init(conv_init))
+            }
+            LayerSpec::MaxPool2d { pool_size, strides, padding } => Box::new(MaxPool2d::new(self.window(
                 input,
                 "pool_size",
                 *pool_size,
                 strides.unwrap_or(*pool_size),
                 *padding,
             )?)),
-            LayerSpec::AvgPool2d {
-                pool_size,
-                strides,
-                padding,
-            } => Box::new(AvgPool2d::new(self.window(
+            LayerSpec::AvgPool2d { pool_size, strides, padding } => Box::new(AvgPool2d::new(self.window(
                 input,
                 "pool_size",
                 *pool_size,
@@ -240,24 +180,15 @@ impl Ctx {
                 }
                 Box::new(View::reshape(target))
             }
-            LayerSpec::Dropout { rate } => {
-                Box::new(Dropout::new(*rate as f32, self.i as u64, input.clone()))
+            LayerSpec::Dropout { rate } => Box::new(Dropout::new(*rate as f32, self.i as u64, input.clone())),
+            LayerSpec::BatchNorm { momentum, epsilon } => {
+                Box::new(BatchNorm::new(input.clone(), *momentum as f32, *epsilon as f32))
             }
-            LayerSpec::BatchNorm { momentum, epsilon } => Box::new(BatchNorm::new(
-                input.clone(),
-                *momentum as f32,
-                *epsilon as f32,
-            )),
-            LayerSpec::Activation { activation } => {
-                Box::new(ActivationLayer::new(*activation, input.clone()))
-            }
+            LayerSpec::Activation { activation } => Box::new(ActivationLayer::new(*activation, input.clone())),
             LayerSpec::Residual { filters, strides } => {
                 let hwc = self.image(input)?;
-                let block =
-                    Residual::new(hwc, filters.get(), strides.hw(), BN_MOMENTUM, BN_EPSILON)
-                        .ok_or_else(|| {
-                            self.diag(None, format!("cannot build a block on input {input}"))
-                        })?;
+                let block = Residual::new(hwc, filters.get(), strides.hw(), BN_MOMENTUM, BN_EPSILON)
+                    .ok_or_else(|| self.diag(None, format!("cannot build a block on input {input}")))?;
                 Box::new(block)
             }
         })
@@ -268,18 +199,11 @@ impl Ctx {
         if let Some(hwc) = input.hwc().filter(|_| input.numel() > 0) {
             return Ok(hwc);
         }
-        let d = self.diag(
-            None,
-            format!(
-                "{} needs an image input (h, w, c) but gets {input}",
-                self.kind
-            ),
-        );
+        let d = self.diag(None, format!("{} needs an image input (h, w, c) but gets {input}", self.kind));
         Err(match suggest_image(input) {
-            Some(t) => d.help(format!(
-                "add a reshape layer before it with `target_shape = [{}, {}, {}]`",
-                t.0, t.1, t.2
-            )),
+            Some(t) => {
+                d.help(format!("add a reshape layer before it with `target_shape = [{}, {}, {}]`", t.0, t.1, t.2))
+            }
             None => d.help(format!(
                 "add a reshape layer before it whose `target_shape = [h, w, c]` holds {} values",
                 input.numel()
@@ -305,15 +229,9 @@ impl Ctx {
         Window::new(hwc, (kh, kw), strides.hw(), same).ok_or_else(|| {
             self.diag(
                 Some(field),
-                format!(
-                    "{field} {kh}×{kw} is larger than its {}×{} input under `valid` padding",
-                    hwc.0, hwc.1
-                ),
+                format!("{field} {kh}×{kw} is larger than its {}×{} input under `valid` padding", hwc.0, hwc.1),
             )
-            .help(format!(
-                "use `padding = \"same\"`, or a {field} of at most {}×{}",
-                hwc.0, hwc.1
-            ))
+            .help(format!("use `padding = \"same\"`, or a {field} of at most {}×{}", hwc.0, hwc.1))
         })
     }
 
@@ -324,9 +242,7 @@ impl Ctx {
         };
         let have = input.numel();
         // Keep the leading axes and fix the last, when that works; else one flat axis.
-        let lead: usize = target.0[..target.0.len().saturating_sub(1)]
-            .iter()
-            .product();
+        let lead: usize = target.0[..target.0.len().saturating_sub(1)].iter().product();
         let fix = if lead > 0 && have.is_multiple_of(lead) && target.rank() > 1 {
             let mut d = target.0.clone();
             if let Some(last) = d.last_mut() {
@@ -338,11 +254,7 @@ impl Ctx {
         };
         self.diag(
             Some("target_shape"),
-            format!(
-                "target_shape {} holds {} values, input {input} has {have}",
-                dims(target),
-                target.numel()
-            ),
+            format!("target_shape {} holds {} values, input {input} has {have}", dims(target), target.numel()),
         )
         .help(format!("use `target_shape = {}`", dims(&fix)))
     }

@@ -22,16 +22,9 @@ use build::Source;
 use std::borrow::Cow;
 
 /// Builds the model `spec` describes for examples of `input` and `classes` classes.
-pub fn build(
-    spec: &ModelSpec,
-    input: &Shape,
-    classes: usize,
-) -> Result<Sequential, Vec<Diagnostic>> {
+pub fn build(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequential, Vec<Diagnostic>> {
     if input.numel() == 0 {
-        return Err(vec![Diagnostic::error(
-            "data",
-            format!("examples have shape {input}, which holds no values"),
-        )]);
+        return Err(vec![Diagnostic::error("data", format!("examples have shape {input}, which holds no values"))]);
     }
     let (specs, conv_init, source) = match (spec.zoo, spec.layers.is_empty()) {
         (Some(zoo), false) => {
@@ -44,9 +37,7 @@ pub fn build(
                         spec.layers.len()
                     ),
                 )
-                .help(
-                    "keep one: remove `zoo` to use your layers, or the layers to use the zoo model",
-                ),
+                .help("keep one: remove `zoo` to use your layers, or the layers to use the zoo model"),
             ]);
         }
         (None, true) => {
@@ -59,39 +50,22 @@ pub fn build(
             let (layers, init) = zoo::layers(zoo, input, classes).map_err(|d| vec![d])?;
             (Cow::Owned(layers), init, Source::Zoo(zoo))
         }
-        (None, false) => (
-            Cow::Borrowed(spec.layers.as_slice()),
-            KernelInit::GlorotUniform,
-            Source::Layers,
-        ),
+        (None, false) => (Cow::Borrowed(spec.layers.as_slice()), KernelInit::GlorotUniform, Source::Layers),
     };
     let mut checked = build::layers(&specs, input, conv_init, source);
     if let Some(out) = checked.output.as_ref().filter(|o| o.numel() != classes) {
         let mismatch = class_mismatch(&specs, out.numel(), classes, source);
         checked.diags.push(mismatch);
     }
-    if checked.diags.is_empty() {
-        Ok(Sequential::new(input.clone(), checked.layers))
-    } else {
-        Err(checked.diags)
-    }
+    if checked.diags.is_empty() { Ok(Sequential::new(input.clone(), checked.layers)) } else { Err(checked.diags) }
 }
 
 /// The model's output size differs from the class count: point at the dense layer that sets
 /// it, when the layers after it keep its shape.
-fn class_mismatch(
-    specs: &[LayerSpec],
-    outputs: usize,
-    classes: usize,
-    source: Source,
-) -> Diagnostic {
-    let message =
-        format!("model outputs {outputs} values per example but the dataset has {classes} classes");
+fn class_mismatch(specs: &[LayerSpec], outputs: usize, classes: usize, source: Source) -> Diagnostic {
+    let message = format!("model outputs {outputs} values per example but the dataset has {classes} classes");
     let last_dense = specs.iter().rposition(|s| {
-        !matches!(
-            s,
-            LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. }
-        )
+        !matches!(s, LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. })
     });
     match last_dense.map(|i| (i, &specs[i])) {
         Some((i, LayerSpec::Dense { .. })) => source
@@ -114,30 +88,17 @@ fn class_mismatch(
 /// batch axis as `None`) and values (trainable and moving statistics), then the totals.
 pub fn summary(model: &Sequential) -> String {
     let state_of = |layer: &str| -> usize {
-        model
-            .state_tensors()
-            .iter()
-            .filter(|t| t.name.split('/').next() == Some(layer))
-            .map(|t| t.len())
-            .sum()
+        model.state_tensors().iter().filter(|t| t.name.split('/').next() == Some(layer)).map(|t| t.len()).sum()
     };
     let shape = |s: &Shape| {
         let dims: Vec<String> = s.0.iter().map(|d| d.to_string()).collect();
         format!("(None, {})", dims.join(", "))
     };
     let rule = "─".repeat(64);
-    let mut out = format!(
-        "{:<28}{:<24}{:>12}\n{rule}\n",
-        "Layer", "Output shape", "Param #"
-    );
+    let mut out = format!("{:<28}{:<24}{:>12}\n{rule}\n", "Layer", "Output shape", "Param #");
     for row in model.summary() {
         let values = row.params + state_of(&row.name);
-        out += &format!(
-            "{:<28}{:<24}{:>12}\n",
-            row.name,
-            shape(&row.output_shape),
-            thousands(values)
-        );
+        out += &format!("{:<28}{:<24}{:>12}\n", row.name, shape(&row.output_shape), thousands(values));
     }
     let (trainable, state) = (model.param_len(), model.state_len());
     out += &format!(

@@ -7,10 +7,7 @@ use crate::spec::{Diagnostic, Loss, ModelSpec, ZooModel};
 use rand::RngExt;
 
 fn zoo(z: ZooModel, input: &[usize], classes: usize) -> Sequential {
-    let spec = ModelSpec {
-        zoo: Some(z),
-        layers: Vec::new(),
-    };
+    let spec = ModelSpec { zoo: Some(z), layers: Vec::new() };
     match build(&spec, &Shape(input.to_vec()), classes) {
         Ok(m) => m,
         Err(d) => panic!("{}", render(&d)),
@@ -26,11 +23,7 @@ fn spec(toml_text: &str) -> ModelSpec {
 
 /// Diagnostics as a user reads them: key, message, help.
 fn render(diags: &[Diagnostic]) -> String {
-    diags
-        .iter()
-        .map(|d| format!("{}: {d}", d.key))
-        .collect::<Vec<_>>()
-        .join("\n")
+    diags.iter().map(|d| format!("{}: {d}", d.key)).collect::<Vec<_>>().join("\n")
 }
 
 fn errors(toml_text: &str, input: &[usize], classes: usize) -> String {
@@ -76,18 +69,8 @@ fn resnet20_has_272_474_trainable_params() {
     assert_eq!(rows.len(), 3 + 9 + 2);
     assert_eq!(rows[4].name, "residual_1");
     assert_eq!(rows[12].output_shape, Shape(vec![64]));
-    assert!(
-        model
-            .tensors()
-            .iter()
-            .any(|t| t.name == "residual_2/conv_1/kernel" && t.shape == [3, 3, 16, 16])
-    );
-    assert!(
-        model
-            .state_tensors()
-            .iter()
-            .any(|t| t.name == "residual_3/shortcut_bn/moving_variance")
-    );
+    assert!(model.tensors().iter().any(|t| t.name == "residual_2/conv_1/kernel" && t.shape == [3, 3, 16, 16]));
+    assert!(model.state_tensors().iter().any(|t| t.name == "residual_3/shortcut_bn/moving_variance"));
     let text = summary(&model);
     assert!(text.contains("Total params: 274,042\n"), "{text}");
     assert!(text.contains("Non-trainable params: 1,568\n"), "{text}");
@@ -229,21 +212,13 @@ fn bands(n: usize) -> (Vec<f32>, Vec<u32>) {
 fn train(model: &mut Sequential, steps: u64) -> (f64, f64, Vec<f32>, Vec<f32>) {
     let (x, labels) = bands(48);
     let n = labels.len();
-    let loss = LossFn {
-        kind: Loss::SparseCategoricalCrossentropy,
-        from_logits: true,
-    };
+    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
     let (mut params, mut state) = model.init(7);
     let mut grads = vec![0.0; model.param_len()];
     let mut opt = Optimizer::Sgd(Sgd::new(params.len(), 0.9, false, 0.0));
     let mut losses = Vec::new();
     for step in 0..steps {
-        let pass = Pass {
-            training: true,
-            seed: init::derive_seed(&[7, step]),
-            accumulate: false,
-            threads: 2,
-        };
+        let pass = Pass { training: true, seed: init::derive_seed(&[7, step]), accumulate: false, threads: 2 };
         model.forward(pass, &params, &mut state, &x, n);
         let (out, g) = model.output_and_grad(n);
         let stats = loss.evaluate(out, &labels, 3, 1.0 / n as f32, Some(g));
@@ -290,17 +265,9 @@ fn a_spec_built_cnn_learns_and_is_deterministic() {
 
     // Inference (moving statistics, no dropout) classifies the training set.
     let (x, labels) = bands(48);
-    let pass = Pass {
-        training: false,
-        seed: 0,
-        accumulate: false,
-        threads: 2,
-    };
+    let pass = Pass { training: false, seed: 0, accumulate: false, threads: 2 };
     let out = model.forward(pass, &params, &mut state, &x, labels.len());
-    let f = LossFn {
-        kind: Loss::SparseCategoricalCrossentropy,
-        from_logits: true,
-    };
+    let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
     let acc = f.evaluate(out, &labels, 3, 1.0, None).accuracy();
     assert!(acc > 0.9, "accuracy {acc}");
 

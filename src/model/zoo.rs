@@ -21,17 +21,9 @@ pub fn name(zoo: ZooModel) -> &'static str {
 
 /// The layers of `zoo` for inputs of `input` and `classes` classes, and how its convolution
 /// kernels start (Keras's Glorot-uniform for the tutorial CNN, He-normal for ResNets).
-pub fn layers(
-    zoo: ZooModel,
-    input: &Shape,
-    classes: usize,
-) -> Result<(Vec<LayerSpec>, KernelInit), Diagnostic> {
-    let classes = NonZeroUsize::new(classes).ok_or_else(|| {
-        Diagnostic::error(
-            "model.zoo",
-            "the dataset has 0 classes: nothing to classify",
-        )
-    })?;
+pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<LayerSpec>, KernelInit), Diagnostic> {
+    let classes = NonZeroUsize::new(classes)
+        .ok_or_else(|| Diagnostic::error("model.zoo", "the dataset has 0 classes: nothing to classify"))?;
     if input.numel() == 0 {
         return Err(Diagnostic::error(
             "model.zoo",
@@ -43,10 +35,7 @@ pub fn layers(
         let (h, w, c) = suggest_image(input).ok_or_else(|| {
             Diagnostic::error(
                 "model.zoo",
-                format!(
-                    "{} needs image examples (h, w) or (h, w, c), but the data gives {input}",
-                    name(zoo)
-                ),
+                format!("{} needs image examples (h, w) or (h, w, c), but the data gives {input}", name(zoo)),
             )
             .help("use `[[model.layers]]` starting with a reshape to the image's shape")
         })?;
@@ -74,27 +63,16 @@ pub fn layers(
 fn resnet(mut specs: Vec<LayerSpec>, n: usize, classes: NonZeroUsize) -> Vec<LayerSpec> {
     specs.extend([
         conv(16, Padding::Same, Activation::Linear, false),
-        LayerSpec::BatchNorm {
-            momentum: 0.99,
-            epsilon: 1e-3,
-        },
-        LayerSpec::Activation {
-            activation: Activation::Relu,
-        },
+        LayerSpec::BatchNorm { momentum: 0.99, epsilon: 1e-3 },
+        LayerSpec::Activation { activation: Activation::Relu },
     ]);
     for stage in 0..3 {
         for block in 0..n {
             let stride = if stage > 0 && block == 0 { 2 } else { 1 };
-            specs.push(LayerSpec::Residual {
-                filters: nz(16 << stage),
-                strides: Size2::Square(nz(stride)),
-            });
+            specs.push(LayerSpec::Residual { filters: nz(16 << stage), strides: Size2::Square(nz(stride)) });
         }
     }
-    specs.extend([
-        LayerSpec::GlobalAvgPool2d,
-        dense(classes, Activation::Linear),
-    ]);
+    specs.extend([LayerSpec::GlobalAvgPool2d, dense(classes, Activation::Linear)]);
     specs
 }
 
@@ -104,9 +82,7 @@ fn nz(v: usize) -> NonZeroUsize {
 }
 
 fn reshape(dims: &[usize]) -> LayerSpec {
-    LayerSpec::Reshape {
-        target_shape: dims.iter().map(|&d| nz(d)).collect(),
-    }
+    LayerSpec::Reshape { target_shape: dims.iter().map(|&d| nz(d)).collect() }
 }
 
 /// A 3×3, stride-1 convolution.
@@ -122,9 +98,5 @@ fn conv(filters: usize, padding: Padding, activation: Activation, use_bias: bool
 }
 
 fn dense(units: NonZeroUsize, activation: Activation) -> LayerSpec {
-    LayerSpec::Dense {
-        units,
-        activation,
-        use_bias: true,
-    }
+    LayerSpec::Dense { units, activation, use_bias: true }
 }

@@ -37,20 +37,12 @@ const DEFAULT_GLOBAL: usize = 32;
 fn nearest_multiples(n: usize, unit: usize) -> String {
     let below = n / unit * unit;
     let above = below + unit;
-    if below == 0 {
-        format!("{above}")
-    } else {
-        format!("{below} or {above}")
-    }
+    if below == 0 { format!("{above}") } else { format!("{below} or {above}") }
 }
 
 /// Resolves the batch triple for `replicas` replicas (`replicas_text` explains the count,
 /// e.g. "2 workers × 1 device").
-pub fn resolve(
-    spec: &BatchSpec,
-    replicas: usize,
-    replicas_text: &str,
-) -> Result<BatchPlan, Diagnostic> {
+pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result<BatchPlan, Diagnostic> {
     let g = spec.global.map(|n| n.get());
     let p = spec.per_replica.map(|n| n.get());
     let a = spec.accumulation_steps.map(|n| n.get());
@@ -58,12 +50,7 @@ pub fn resolve(
     match (g, p, a) {
         (Some(g), Some(p), Some(a)) => {
             if g == p * r * a {
-                Ok(BatchPlan {
-                    global: g,
-                    per_replica: p,
-                    accumulation_steps: a,
-                    derived: Derived::Nothing,
-                })
+                Ok(BatchPlan { global: g, per_replica: p, accumulation_steps: a, derived: Derived::Nothing })
             } else {
                 Err(Diagnostic::error(
                     "batch.global",
@@ -120,21 +107,14 @@ pub fn resolve(
             } else {
                 Err(Diagnostic::error(
                     "batch.global",
-                    format!(
-                        "batch.global = {g} is not divisible by {r} replicas ({replicas_text})"
-                    ),
+                    format!("batch.global = {g} is not divisible by {r} replicas ({replicas_text})"),
                 )
                 .help(format!("use global = {}", nearest_multiples(g, r))))
             }
         }
         (None, Some(p), a) => {
             let a = a.unwrap_or(1);
-            Ok(BatchPlan {
-                global: p * r * a,
-                per_replica: p,
-                accumulation_steps: a,
-                derived: Derived::Global,
-            })
+            Ok(BatchPlan { global: p * r * a, per_replica: p, accumulation_steps: a, derived: Derived::Global })
         }
         (None, None, Some(a)) => Err(Diagnostic::error(
             "batch.accumulation_steps",
@@ -167,11 +147,7 @@ mod tests {
 
     fn spec(g: Option<usize>, p: Option<usize>, a: Option<usize>) -> BatchSpec {
         let nz = |v: Option<usize>| v.and_then(NonZeroUsize::new);
-        BatchSpec {
-            global: nz(g),
-            per_replica: nz(p),
-            accumulation_steps: nz(a),
-        }
+        BatchSpec { global: nz(g), per_replica: nz(p), accumulation_steps: nz(a) }
     }
 
     #[test]
@@ -202,18 +178,13 @@ mod tests {
     #[test]
     fn indivisible_batches_name_the_numbers_and_the_nearest_fix() {
         let e = resolve(&spec(Some(100), None, None), 8, "2 workers × 4 devices").unwrap_err();
-        assert_eq!(
-            e.message,
-            "batch.global = 100 is not divisible by 8 replicas (2 workers × 4 devices)"
-        );
+        assert_eq!(e.message, "batch.global = 100 is not divisible by 8 replicas (2 workers × 4 devices)");
         assert_eq!(e.help.as_deref(), Some("use global = 96 or 104"));
         let e = resolve(&spec(Some(100), Some(64), None), 2, "2 workers × 1 device").unwrap_err();
         assert!(e.message.contains("64 × 2 = 128"), "{}", e.message);
         assert_eq!(
             e.help.as_deref(),
-            Some(
-                "use global = 128 (a multiple of per_replica × replicas = 64 × 2 = 128), or per_replica = 50"
-            )
+            Some("use global = 128 (a multiple of per_replica × replicas = 64 × 2 = 128), or per_replica = 50")
         );
         let e = resolve(&spec(Some(100), Some(10), Some(2)), 2, "x").unwrap_err();
         assert!(e.message.contains("10 × 2 × 2 = 40"), "{}", e.message);

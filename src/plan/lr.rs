@@ -51,12 +51,8 @@ impl LrPlan {
         }
         match self.schedule {
             Schedule::Constant => self.scaled,
-            Schedule::StepDecay {
-                factor,
-                every_steps,
-            } => {
-                self.scaled
-                    * factor.powi(i32::try_from(step / every_steps.max(1)).unwrap_or(i32::MAX))
+            Schedule::StepDecay { factor, every_steps } => {
+                self.scaled * factor.powi(i32::try_from(step / every_steps.max(1)).unwrap_or(i32::MAX))
             }
             Schedule::Cosine { alpha, total_steps } => {
                 let span = total_steps.saturating_sub(warm).max(1) as f64;
@@ -83,11 +79,8 @@ pub fn resolve(
     let before = errors.len();
     if base <= 0.0 || !base.is_finite() {
         errors.push(
-            Diagnostic::error(
-                "optimizer.learning_rate",
-                format!("optimizer.learning_rate = {base} must be positive"),
-            )
-            .help("use a small positive rate such as 0.01"),
+            Diagnostic::error("optimizer.learning_rate", format!("optimizer.learning_rate = {base} must be positive"))
+                .help("use a small positive rate such as 0.01"),
         );
     }
     let sc = &spec.scaling;
@@ -97,7 +90,10 @@ pub fn resolve(
             errors.push(
                 Diagnostic::error(
                     "optimizer.scaling.base_batch",
-                    format!("optimizer.scaling.rule = {} needs the global batch that learning_rate = {base} was tuned for", rule_name(sc.rule)),
+                    format!(
+                        "optimizer.scaling.rule = {} needs the global batch that learning_rate = {base} was tuned for",
+                        rule_name(sc.rule)
+                    ),
                 )
                 .help(format!("add base_batch = {global} to [optimizer.scaling] (no scaling at this batch)")),
             );
@@ -107,10 +103,7 @@ pub fn resolve(
             errors.push(
                 Diagnostic::warning(
                     "optimizer.scaling.base_batch",
-                    format!(
-                        "optimizer.scaling.base_batch = {b} has no effect with rule = {}",
-                        rule_name(sc.rule)
-                    ),
+                    format!("optimizer.scaling.base_batch = {b} has no effect with rule = {}", rule_name(sc.rule)),
                 )
                 .help("set rule = \"linear\" or \"sqrt\", or remove base_batch"),
             );
@@ -122,10 +115,7 @@ pub fn resolve(
         errors.push(
             Diagnostic::warning(
                 "optimizer.scaling.table",
-                format!(
-                    "optimizer.scaling.table is ignored with rule = {}",
-                    rule_name(sc.rule)
-                ),
+                format!("optimizer.scaling.table is ignored with rule = {}", rule_name(sc.rule)),
             )
             .help("set rule = \"table\" to use it"),
         );
@@ -153,11 +143,8 @@ pub fn resolve(
             }
             (None, None) => {
                 errors.push(
-                    Diagnostic::error("optimizer.warmup", "optimizer.warmup needs a length").help(
-                        format!(
-                            "add steps = N or epochs = N (one epoch is {steps_per_epoch} steps)"
-                        ),
-                    ),
+                    Diagnostic::error("optimizer.warmup", "optimizer.warmup needs a length")
+                        .help(format!("add steps = N or epochs = N (one epoch is {steps_per_epoch} steps)")),
                 );
                 return None;
             }
@@ -166,34 +153,20 @@ pub fn resolve(
             errors.push(
                 Diagnostic::warning(
                     "optimizer.warmup",
-                    format!(
-                        "warmup of {steps} steps is longer than training ({total_steps} steps)"
-                    ),
+                    format!("warmup of {steps} steps is longer than training ({total_steps} steps)"),
                 )
                 .help(format!("use at most {total_steps} steps")),
             );
         }
-        let start = w
-            .start_learning_rate
-            .unwrap_or(if scaled > base { base } else { 0.0 });
+        let start = w.start_learning_rate.unwrap_or(if scaled > base { base } else { 0.0 });
         (steps > 0).then_some(Warmup { steps, start })
     });
 
     let schedule = match spec.schedule {
         ScheduleSpec::Constant => Schedule::Constant,
-        ScheduleSpec::StepDecay {
-            factor,
-            every_epochs,
-            every_steps,
-        } => match (every_epochs, every_steps) {
-            (Some(e), None) => Schedule::StepDecay {
-                factor,
-                every_steps: (e * steps_per_epoch).max(1),
-            },
-            (None, Some(s)) => Schedule::StepDecay {
-                factor,
-                every_steps: s,
-            },
+        ScheduleSpec::StepDecay { factor, every_epochs, every_steps } => match (every_epochs, every_steps) {
+            (Some(e), None) => Schedule::StepDecay { factor, every_steps: (e * steps_per_epoch).max(1) },
+            (None, Some(s)) => Schedule::StepDecay { factor, every_steps: s },
             (e, s) => {
                 let what = if e.is_some() && s.is_some() {
                     "gives both every_epochs and every_steps"
@@ -201,28 +174,16 @@ pub fn resolve(
                     "needs a period"
                 };
                 errors.push(
-                    Diagnostic::error(
-                        "optimizer.schedule",
-                        format!("optimizer.schedule step_decay {what}"),
-                    )
-                    .help("give exactly one of every_epochs = N or every_steps = N"),
+                    Diagnostic::error("optimizer.schedule", format!("optimizer.schedule step_decay {what}"))
+                        .help("give exactly one of every_epochs = N or every_steps = N"),
                 );
                 Schedule::Constant
             }
         },
         ScheduleSpec::Cosine { alpha } => Schedule::Cosine { alpha, total_steps },
     };
-    let failed = errors[before..]
-        .iter()
-        .any(|d| d.severity == crate::spec::Severity::Error);
-    (!failed).then_some(LrPlan {
-        base,
-        rule: sc.rule,
-        base_batch,
-        scaled,
-        warmup,
-        schedule,
-    })
+    let failed = errors[before..].iter().any(|d| d.severity == crate::spec::Severity::Error);
+    (!failed).then_some(LrPlan { base, rule: sc.rule, base_batch, scaled, warmup, schedule })
 }
 
 fn table_lookup(
@@ -245,30 +206,26 @@ fn table_lookup(
     }
     if entries.is_empty() {
         errors.push(
-            Diagnostic::error("optimizer.scaling.table", "optimizer.scaling.rule = \"table\" needs a table of learning rates by global batch")
-                .help(format!("add table = {{ \"{global}\" = 0.1 }}")),
+            Diagnostic::error(
+                "optimizer.scaling.table",
+                "optimizer.scaling.rule = \"table\" needs a table of learning rates by global batch",
+            )
+            .help(format!("add table = {{ \"{global}\" = 0.1 }}")),
         );
         return None;
     }
+    entries.sort_by_key(|(b, _)| *b);
     if let Some((_, lr)) = entries.iter().find(|(b, _)| *b == global) {
         return Some(*lr);
     }
     let known: Vec<String> = entries.iter().map(|(b, _)| b.to_string()).collect();
-    let nearest = entries
-        .iter()
-        .min_by_key(|(b, _)| b.abs_diff(global))
-        .map_or(0, |(b, _)| *b);
+    let nearest = entries.iter().min_by_key(|(b, _)| b.abs_diff(global)).map_or(0, |(b, _)| *b);
     errors.push(
         Diagnostic::error(
             "optimizer.scaling.table",
-            format!(
-                "optimizer.scaling.table has no entry for the global batch {global} (it has {})",
-                known.join(", ")
-            ),
+            format!("optimizer.scaling.table has no entry for the global batch {global} (it has {})", known.join(", ")),
         )
-        .help(format!(
-            "add \"{global}\" = <rate> to the table, or use batch.global = {nearest}"
-        )),
+        .help(format!("add \"{global}\" = <rate> to the table, or use batch.global = {nearest}")),
     );
     None
 }
@@ -290,11 +247,7 @@ mod tests {
     fn opt(rule: ScalingRule, base_batch: Option<usize>) -> OptimizerSpec {
         OptimizerSpec {
             learning_rate: Some(0.1),
-            scaling: ScalingSpec {
-                rule,
-                base_batch,
-                ..Default::default()
-            },
+            scaling: ScalingSpec { rule, base_batch, ..Default::default() },
             ..Default::default()
         }
     }
@@ -307,39 +260,15 @@ mod tests {
 
     #[test]
     fn scaling_rules() {
-        assert_eq!(
-            plan(&opt(ScalingRule::None, None), 512).0.unwrap().scaled,
-            0.1
-        );
-        assert!(
-            (plan(&opt(ScalingRule::Linear, Some(128)), 512)
-                .0
-                .unwrap()
-                .scaled
-                - 0.4)
-                .abs()
-                < 1e-12
-        );
-        assert!(
-            (plan(&opt(ScalingRule::Sqrt, Some(128)), 512)
-                .0
-                .unwrap()
-                .scaled
-                - 0.2)
-                .abs()
-                < 1e-12
-        );
+        assert_eq!(plan(&opt(ScalingRule::None, None), 512).0.unwrap().scaled, 0.1);
+        assert!((plan(&opt(ScalingRule::Linear, Some(128)), 512).0.unwrap().scaled - 0.4).abs() < 1e-12);
+        assert!((plan(&opt(ScalingRule::Sqrt, Some(128)), 512).0.unwrap().scaled - 0.2).abs() < 1e-12);
         let mut t = opt(ScalingRule::Table, None);
         t.scaling.table = [("128".to_string(), 0.05), ("512".to_string(), 0.3)].into();
         assert_eq!(plan(&t, 512).0.unwrap().scaled, 0.3);
         let (p, e) = plan(&t, 256);
         assert!(p.is_none());
-        assert!(
-            e[0].message
-                .contains("no entry for the global batch 256 (it has 128, 512)"),
-            "{}",
-            e[0].message
-        );
+        assert!(e[0].message.contains("no entry for the global batch 256 (it has 128, 512)"), "{}", e[0].message);
     }
 
     #[test]
@@ -356,19 +285,9 @@ mod tests {
     #[test]
     fn goyal_warmup_ramps_from_the_base_rate_to_the_scaled_one() {
         let mut s = opt(ScalingRule::Linear, Some(128));
-        s.warmup = Some(WarmupSpec {
-            steps: None,
-            epochs: Some(2.0),
-            start_learning_rate: None,
-        });
+        s.warmup = Some(WarmupSpec { steps: None, epochs: Some(2.0), start_learning_rate: None });
         let p = plan(&s, 512).0.unwrap();
-        assert_eq!(
-            p.warmup,
-            Some(Warmup {
-                steps: 200,
-                start: 0.1
-            })
-        );
+        assert_eq!(p.warmup, Some(Warmup { steps: 200, start: 0.1 }));
         assert!((p.at(0) - 0.1).abs() < 1e-12);
         assert!((p.at(100) - 0.25).abs() < 1e-12);
         assert!((p.at(200) - 0.4).abs() < 1e-12);
@@ -377,20 +296,12 @@ mod tests {
     #[test]
     fn schedules() {
         let mut s = opt(ScalingRule::None, None);
-        s.schedule = ScheduleSpec::StepDecay {
-            factor: 0.1,
-            every_epochs: Some(3),
-            every_steps: None,
-        };
+        s.schedule = ScheduleSpec::StepDecay { factor: 0.1, every_epochs: Some(3), every_steps: None };
         let p = plan(&s, 64).0.unwrap();
         assert_eq!(p.at(299), 0.1);
         assert!((p.at(300) - 0.01).abs() < 1e-12);
         s.schedule = ScheduleSpec::Cosine { alpha: 0.0 };
-        s.warmup = Some(WarmupSpec {
-            steps: Some(100),
-            epochs: None,
-            start_learning_rate: Some(0.0),
-        });
+        s.warmup = Some(WarmupSpec { steps: Some(100), epochs: None, start_learning_rate: Some(0.0) });
         let p = plan(&s, 64).0.unwrap();
         assert_eq!(p.at(0), 0.0);
         assert!((p.at(100) - 0.1).abs() < 1e-12);

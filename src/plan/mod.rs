@@ -15,8 +15,8 @@ use crate::data::DataFacts;
 use crate::engine::LossFn;
 use crate::engine::optimizer::{Adam, Optimizer, Sgd};
 use crate::spec::{
-    AutoShardPolicy, CallbackSpec, DataSpec, Diagnostic, Loss, Metric, Mode, ModelSpec, Monitor,
-    OptimizerKind, Severity, Spec,
+    AutoShardPolicy, CallbackSpec, DataSpec, Diagnostic, Loss, Metric, Mode, ModelSpec, Monitor, OptimizerKind,
+    Severity, Spec,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -37,42 +37,19 @@ pub struct Facts {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OptimizerPlan {
     /// SGD.
-    Sgd {
-        momentum: f64,
-        nesterov: bool,
-        weight_decay: f64,
-    },
+    Sgd { momentum: f64, nesterov: bool, weight_decay: f64 },
     /// Adam (`decoupled = false`) or AdamW.
-    Adam {
-        beta_1: f64,
-        beta_2: f64,
-        epsilon: f64,
-        weight_decay: f64,
-        decoupled: bool,
-    },
+    Adam { beta_1: f64, beta_2: f64, epsilon: f64, weight_decay: f64, decoupled: bool },
 }
 
 impl OptimizerPlan {
     /// A fresh optimizer for `len` parameters.
     pub fn build(&self, len: usize) -> Optimizer {
         match *self {
-            OptimizerPlan::Sgd {
-                momentum,
-                nesterov,
-                weight_decay,
-            } => Optimizer::Sgd(Sgd::new(
-                len,
-                momentum as f32,
-                nesterov,
-                weight_decay as f32,
-            )),
-            OptimizerPlan::Adam {
-                beta_1,
-                beta_2,
-                epsilon,
-                weight_decay,
-                decoupled,
-            } => Optimizer::Adam(Adam::new(
+            OptimizerPlan::Sgd { momentum, nesterov, weight_decay } => {
+                Optimizer::Sgd(Sgd::new(len, momentum as f32, nesterov, weight_decay as f32))
+            }
+            OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled } => Optimizer::Adam(Adam::new(
                 len,
                 beta_1 as f32,
                 beta_2 as f32,
@@ -144,10 +121,7 @@ pub struct TrainPlan {
 impl TrainPlan {
     /// The engine's loss function.
     pub fn loss_fn(&self) -> LossFn {
-        LossFn {
-            kind: self.loss,
-            from_logits: self.from_logits,
-        }
+        LossFn { kind: self.loss, from_logits: self.from_logits }
     }
 }
 
@@ -174,6 +148,8 @@ pub struct Plan {
     pub data: DataPlan,
     /// The model as specified.
     pub model: ModelSpec,
+    /// Trainable parameters of the model.
+    pub model_params: usize,
     /// Training loop.
     pub train: TrainPlan,
     /// Callbacks, with `auto` modes resolved.
@@ -188,26 +164,25 @@ impl Plan {
     pub fn new(spec: &Spec, facts: &Facts) -> Result<Plan, Vec<Diagnostic>> {
         let mut diags = Vec::new();
         let strategy = strategy::resolve(&spec.strategy, &spec.cluster, facts.hardware, &mut diags);
-        let batch = batch::resolve(
-            &spec.batch,
-            strategy.num_replicas_in_sync,
-            &strategy.replicas_text(),
-        )
-        .map_err(|e| diags.push(e))
-        .ok();
+        let batch = batch::resolve(&spec.batch, strategy.num_replicas_in_sync, &strategy.replicas_text())
+            .map_err(|e| diags.push(e))
+            .ok();
         let data = plan_data(&spec.data, &facts.data, &strategy, &mut diags);
         let global = batch.map_or(1, |b| b.global);
         let train = plan_train(spec, &facts.data, global, &mut diags);
         let (default_lr, optimizer) = plan_optimizer(spec, &mut diags);
-        let learning_rate = lr::resolve(
-            &spec.optimizer,
-            default_lr,
-            global,
-            train.steps_per_epoch,
-            train.total_steps,
-            &mut diags,
-        );
+        let learning_rate =
+            lr::resolve(&spec.optimizer, default_lr, global, train.steps_per_epoch, train.total_steps, &mut diags);
         let callbacks = plan_callbacks(&spec.callbacks, train.eval.is_some(), &mut diags);
+        let e = facts.data.example_shape;
+        let input = crate::engine::Shape(vec![e.height, e.width, e.channels]);
+        let model_params = match crate::model::build(&spec.model, &input, facts.data.classes as usize) {
+            Ok(model) => model.param_len(),
+            Err(model_diags) => {
+                diags.extend(model_diags);
+                0
+            }
+        };
 
         let failed = diags.iter().any(|d| d.severity == Severity::Error);
         match (batch, learning_rate, failed) {
@@ -215,23 +190,17 @@ impl Plan {
                 let name = spec.run.name.clone().unwrap_or_else(|| "run".to_string());
                 let local_tasks = strategy.num_workers.max(1);
                 Ok(Plan {
-                    out_dir: spec
-                        .run
-                        .out_dir
-                        .clone()
-                        .unwrap_or_else(|| PathBuf::from("runs").join(&name)),
+                    out_dir: spec.run.out_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name)),
                     name,
                     seed: spec.run.seed,
-                    threads: spec
-                        .run
-                        .threads
-                        .map_or((facts.cores / local_tasks).max(1), |t| t.get()),
+                    threads: spec.run.threads.map_or((facts.cores / local_tasks).max(1), |t| t.get()),
                     strategy,
                     batch,
                     learning_rate,
                     optimizer,
                     data,
                     model: spec.model.clone(),
+                    model_params,
                     train,
                     callbacks,
                     warnings: diags,
@@ -247,12 +216,7 @@ impl Plan {
     }
 }
 
-fn plan_data(
-    spec: &DataSpec,
-    facts: &DataFacts,
-    strategy: &StrategyPlan,
-    diags: &mut Vec<Diagnostic>,
-) -> DataPlan {
+fn plan_data(spec: &DataSpec, facts: &DataFacts, strategy: &StrategyPlan, diags: &mut Vec<Diagnostic>) -> DataPlan {
     let workers = strategy.num_workers;
     let shard = if workers <= 1 {
         ShardPolicy::None
@@ -287,56 +251,38 @@ fn plan_data(
     };
     if spec.prefetch == 0 {
         diags.push(
-            Diagnostic::warning(
-                "data.prefetch",
-                "data.prefetch = 0 prepares batches on the training thread",
-            )
-            .help("use prefetch = 2"),
+            Diagnostic::warning("data.prefetch", "data.prefetch = 0 prepares batches on the training thread")
+                .help("use prefetch = 2"),
         );
     }
     DataPlan {
         spec: spec.clone(),
         facts: facts.clone(),
         shard,
-        num_shards: if shard == ShardPolicy::None {
-            1
-        } else {
-            workers
-        },
+        num_shards: if shard == ShardPolicy::None { 1 } else { workers },
     }
 }
 
-fn plan_train(
-    spec: &Spec,
-    facts: &DataFacts,
-    global: usize,
-    diags: &mut Vec<Diagnostic>,
-) -> TrainPlan {
+fn plan_train(spec: &Spec, facts: &DataFacts, global: usize, diags: &mut Vec<Diagnostic>) -> TrainPlan {
     let t = &spec.train;
-    let per_epoch = if spec.data.drop_remainder {
-        facts.train_examples / global
-    } else {
-        facts.train_examples.div_ceil(global)
-    };
-    let steps_per_epoch = match t.steps_per_epoch {
-        Some(s) => s.get(),
-        None => {
-            if per_epoch == 0 {
-                diags.push(
-                    Diagnostic::error(
-                        "batch.global",
-                        format!("the global batch of {global} is larger than the {} training examples, so an epoch has no full batch", facts.train_examples),
-                    )
-                    .help(format!("use a global batch of at most {}, or data.drop_remainder = false", facts.train_examples)),
-                );
-            }
-            per_epoch as u64
-        }
-    };
+    let per_epoch =
+        if spec.data.drop_remainder { facts.train_examples / global } else { facts.train_examples.div_ceil(global) };
+    if per_epoch == 0 {
+        diags.push(
+            Diagnostic::error(
+                "batch.global",
+                format!(
+                    "the global batch of {global} is larger than the {} training examples, so the data has no full batch",
+                    facts.train_examples
+                ),
+            )
+            .help(format!("use a global batch of at most {}, or data.drop_remainder = false", facts.train_examples)),
+        );
+    }
+    let steps_per_epoch = t.steps_per_epoch.map_or(per_epoch as u64, |s| s.get());
     if (1..t.metrics.len()).any(|i| t.metrics[..i].contains(&t.metrics[i])) {
         diags.push(
-            Diagnostic::warning("train.metrics", "train.metrics lists a metric twice")
-                .help("list each metric once"),
+            Diagnostic::warning("train.metrics", "train.metrics lists a metric twice").help("list each metric once"),
         );
     }
     let eval = (facts.test_examples > 0).then_some(EvalPlan {
@@ -346,17 +292,17 @@ fn plan_train(
     });
     if eval.is_none() && t.evaluate_every_steps.is_some() {
         diags.push(
-            Diagnostic::warning(
-                "train.evaluate_every_steps",
-                "the dataset has no test split, so nothing is evaluated",
-            )
-            .help("add test files to [data.files]"),
+            Diagnostic::warning("train.evaluate_every_steps", "the dataset has no test split, so nothing is evaluated")
+                .help("add test files to [data.files]"),
         );
     }
     if !t.from_logits && outputs_logits(&spec.model) && t.loss != Loss::MeanSquaredError {
         diags.push(
-            Diagnostic::warning("train.from_logits", "the model's last layer outputs logits (no softmax or sigmoid), but train.from_logits = false")
-                .help("set train.from_logits = true, or end the model with a softmax activation"),
+            Diagnostic::warning(
+                "train.from_logits",
+                "the model's last layer outputs logits (no softmax or sigmoid), but train.from_logits = false",
+            )
+            .help("set train.from_logits = true, or end the model with a softmax activation"),
         );
     }
     TrainPlan {
@@ -396,8 +342,11 @@ fn plan_optimizer(spec: &Spec, diags: &mut Vec<Diagnostic>) -> (f64, OptimizerPl
     let mut only = |key: &str, given: bool, for_kind: &str| {
         if given {
             diags.push(
-                Diagnostic::error(format!("optimizer.{key}"), format!("optimizer.{key} applies to {for_kind} only, but optimizer.kind = \"{kind}\""))
-                    .help(format!("remove {key}, or change optimizer.kind")),
+                Diagnostic::error(
+                    format!("optimizer.{key}"),
+                    format!("optimizer.{key} applies to {for_kind} only, but optimizer.kind = \"{kind}\""),
+                )
+                .help(format!("remove {key}, or change optimizer.kind")),
             );
         }
     };
@@ -417,14 +366,7 @@ fn plan_optimizer(spec: &Spec, diags: &mut Vec<Diagnostic>) -> (f64, OptimizerPl
                     .help("set optimizer.momentum, e.g. 0.9"),
                 );
             }
-            (
-                0.01,
-                OptimizerPlan::Sgd {
-                    momentum,
-                    nesterov,
-                    weight_decay: o.weight_decay.unwrap_or(0.0),
-                },
-            )
+            (0.01, OptimizerPlan::Sgd { momentum, nesterov, weight_decay: o.weight_decay.unwrap_or(0.0) })
         }
         OptimizerKind::Adam | OptimizerKind::Adamw => {
             only("momentum", o.momentum.is_some(), "sgd");
@@ -436,9 +378,7 @@ fn plan_optimizer(spec: &Spec, diags: &mut Vec<Diagnostic>) -> (f64, OptimizerPl
                     beta_1: o.beta_1.unwrap_or(0.9),
                     beta_2: o.beta_2.unwrap_or(0.999),
                     epsilon: o.epsilon.unwrap_or(1e-7),
-                    weight_decay: o
-                        .weight_decay
-                        .unwrap_or(if decoupled { 0.004 } else { 0.0 }),
+                    weight_decay: o.weight_decay.unwrap_or(if decoupled { 0.004 } else { 0.0 }),
                     decoupled,
                 },
             )
@@ -446,11 +386,7 @@ fn plan_optimizer(spec: &Spec, diags: &mut Vec<Diagnostic>) -> (f64, OptimizerPl
     }
 }
 
-fn plan_callbacks(
-    callbacks: &[CallbackSpec],
-    has_eval: bool,
-    diags: &mut Vec<Diagnostic>,
-) -> Vec<CallbackSpec> {
+fn plan_callbacks(callbacks: &[CallbackSpec], has_eval: bool, diags: &mut Vec<Diagnostic>) -> Vec<CallbackSpec> {
     let resolve = |monitor: Monitor, mode: Mode| match mode {
         Mode::Auto if matches!(monitor, Monitor::Loss | Monitor::ValLoss) => Mode::Min,
         Mode::Auto => Mode::Max,
@@ -460,11 +396,7 @@ fn plan_callbacks(
     let mut out = Vec::with_capacity(callbacks.len());
     for (i, cb) in callbacks.iter().enumerate() {
         let monitor = match cb {
-            CallbackSpec::ModelCheckpoint {
-                monitor,
-                save_best_only: true,
-                ..
-            } => Some(*monitor),
+            CallbackSpec::ModelCheckpoint { monitor, save_best_only: true, .. } => Some(*monitor),
             CallbackSpec::EarlyStopping { monitor, .. }
             | CallbackSpec::ReduceLrOnPlateau { monitor, .. }
             | CallbackSpec::StopAtTarget { monitor, .. } => Some(*monitor),
@@ -475,10 +407,7 @@ fn plan_callbacks(
                 diags.push(
                     Diagnostic::error(
                         format!("callbacks[{i}].monitor"),
-                        format!(
-                            "callbacks[{i}] watches {} but the dataset has no test split",
-                            monitor_name(m)
-                        ),
+                        format!("callbacks[{i}] watches {} but the dataset has no test split", monitor_name(m)),
                     )
                     .help("watch \"loss\" or \"accuracy\", or add a test split"),
                 );
@@ -488,9 +417,7 @@ fn plan_callbacks(
         match &mut cb {
             CallbackSpec::ModelCheckpoint { monitor, mode, .. }
             | CallbackSpec::EarlyStopping { monitor, mode, .. }
-            | CallbackSpec::ReduceLrOnPlateau { monitor, mode, .. } => {
-                *mode = resolve(*monitor, *mode)
-            }
+            | CallbackSpec::ReduceLrOnPlateau { monitor, mode, .. } => *mode = resolve(*monitor, *mode),
             CallbackSpec::BackupAndRestore { .. } => backups += 1,
             CallbackSpec::CsvLogger { .. } | CallbackSpec::StopAtTarget { .. } => {}
         }
@@ -498,11 +425,8 @@ fn plan_callbacks(
     }
     if backups > 1 {
         diags.push(
-            Diagnostic::error(
-                "callbacks",
-                format!("{backups} backup_and_restore callbacks; a run has at most one"),
-            )
-            .help("keep one"),
+            Diagnostic::error("callbacks", format!("{backups} backup_and_restore callbacks; a run has at most one"))
+                .help("keep one"),
         );
     }
     out

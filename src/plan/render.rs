@@ -31,29 +31,14 @@ pub fn text(plan: &Plan) -> String {
     let mut rows: Vec<(&str, String)> = Vec::new();
     let s = &plan.strategy;
     rows.push(("strategy", s.kind.name().to_string()));
-    let tasks: Vec<String> = s
-        .tasks
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(r, n)| format!("{r} × {n}"))
-        .collect();
+    let tasks: Vec<String> = s.tasks.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{r} × {n}")).collect();
     if !tasks.is_empty() {
-        let chief = if s.tasks.iter().any(|(r, n)| r == "chief" && *n > 0) {
-            "chief"
-        } else {
-            "worker 0"
-        };
-        rows.push((
-            "cluster",
-            format!("{} (from [cluster]; chief: {chief})", tasks.join(", ")),
-        ));
+        let chief = if s.tasks.iter().any(|(r, n)| r == "chief" && *n > 0) { "chief" } else { "worker 0" };
+        rows.push(("cluster", format!("{} (from [cluster]; chief: {chief})", tasks.join(", "))));
     }
     let devices: Vec<String> = s.devices.iter().map(ToString::to_string).collect();
     rows.push(("devices", format!("{} per worker", devices.join(", "))));
-    rows.push((
-        "num_replicas_in_sync",
-        format!("{} ({})", s.num_replicas_in_sync, s.replicas_text()),
-    ));
+    rows.push(("num_replicas_in_sync", format!("{} ({})", s.num_replicas_in_sync, s.replicas_text())));
     let b = &plan.batch;
     let derived = match b.derived {
         super::Derived::Global => "global derived",
@@ -86,12 +71,7 @@ pub fn text(plan: &Plan) -> String {
     rows.push((
         "warmup",
         match lr.warmup {
-            Some(w) => format!(
-                "{} linear from {} to {}",
-                plural(w.steps, "step"),
-                fmt_f(w.start),
-                fmt_f(lr.scaled)
-            ),
+            Some(w) => format!("{} linear from {} to {}", plural(w.steps, "step"), fmt_f(w.start), fmt_f(lr.scaled)),
             None => "none".to_string(),
         },
     ));
@@ -99,10 +79,7 @@ pub fn text(plan: &Plan) -> String {
         "schedule",
         match lr.schedule {
             Schedule::Constant => "constant".to_string(),
-            Schedule::StepDecay {
-                factor,
-                every_steps,
-            } => format!("× {factor} every {}", plural(every_steps, "step")),
+            Schedule::StepDecay { factor, every_steps } => format!("× {factor} every {}", plural(every_steps, "step")),
             Schedule::Cosine { alpha, total_steps } => {
                 format!("cosine to {alpha} × peak at step {total_steps}")
             }
@@ -112,7 +89,10 @@ pub fn text(plan: &Plan) -> String {
         "optimizer",
         match plan.optimizer {
             super::OptimizerPlan::Sgd { momentum, nesterov, weight_decay } => {
-                format!("sgd, momentum {momentum}{}, weight decay {weight_decay}", if nesterov { " (nesterov)" } else { "" })
+                format!(
+                    "sgd, momentum {momentum}{}, weight decay {weight_decay}",
+                    if nesterov { " (nesterov)" } else { "" }
+                )
             }
             super::OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled } => format!(
                 "{}, beta_1 {beta_1}, beta_2 {beta_2}, epsilon {epsilon}, weight decay {weight_decay}",
@@ -132,12 +112,8 @@ pub fn text(plan: &Plan) -> String {
         ),
     ));
     let d = &plan.data;
-    let shape: Vec<String> = d
-        .facts
-        .example_shape
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let e = d.facts.example_shape;
+    let shape = [e.height, e.width, e.channels].map(|v| v.to_string());
     rows.push((
         "data",
         format!(
@@ -158,24 +134,13 @@ pub fn text(plan: &Plan) -> String {
     let shards = match d.shard {
         ShardPolicy::None => "one shard".to_string(),
         ShardPolicy::File => format!("file policy, {} shards", d.num_shards),
-        ShardPolicy::Data => format!(
-            "data policy: worker i keeps every {}th example of each global batch",
-            d.num_shards
-        ),
+        ShardPolicy::Data => {
+            format!("data policy: worker i keeps every {}th example of each global batch", d.num_shards)
+        }
         ShardPolicy::Off => format!("off: all {} workers read everything", d.num_shards),
     };
-    let remainder = if d.spec.drop_remainder {
-        "drop remainder"
-    } else {
-        "keep partial batches"
-    };
-    rows.push((
-        "input",
-        format!(
-            "{shuffle}, {remainder}, prefetch {}, {shards}",
-            d.spec.prefetch
-        ),
-    ));
+    let remainder = if d.spec.drop_remainder { "drop remainder" } else { "keep partial batches" };
+    rows.push(("input", format!("{shuffle}, {remainder}, prefetch {}, {shards}", d.spec.prefetch)));
     rows.push((
         "all-reduce",
         match s.reduction {
@@ -183,23 +148,14 @@ pub fn text(plan: &Plan) -> String {
             Reduction::CrossDevice { algorithm } => match algorithm {
                 CrossDeviceOps::Nccl => "nccl".to_string(),
                 CrossDeviceOps::HierarchicalCopy => "hierarchical_copy".to_string(),
-                CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => {
-                    "reduction_to_one_device".to_string()
-                }
+                CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => "reduction_to_one_device".to_string(),
             },
-            Reduction::Collective {
-                implementation,
-                bytes_per_pack,
-                timeout_s,
-            } => {
+            Reduction::Collective { implementation, bytes_per_pack, timeout_s } => {
                 let algo = match implementation {
                     CollectiveImplementation::Nccl => "nccl",
                     CollectiveImplementation::Ring | CollectiveImplementation::Auto => "ring",
                 };
-                format!(
-                    "{algo}, packs of {}, timeout {timeout_s} s",
-                    bytes(bytes_per_pack)
-                )
+                format!("{algo}, packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
             }
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
         },
@@ -219,9 +175,7 @@ pub fn text(plan: &Plan) -> String {
                 when.push("at the end".to_string());
                 let on = e
                     .validation_steps
-                    .map_or(format!("{} test examples", d.facts.test_examples), |v| {
-                        plural(v, "test batch")
-                    });
+                    .map_or(format!("{} test examples", d.facts.test_examples), |v| plural(v, "test batch"));
                 format!("{} on {on}", when.join(", "))
             }
         },
@@ -230,12 +184,7 @@ pub fn text(plan: &Plan) -> String {
     let mut others = Vec::new();
     for cb in &plan.callbacks {
         match cb {
-            CallbackSpec::ModelCheckpoint {
-                save_freq,
-                save_best_only,
-                max_to_keep,
-                ..
-            } => {
+            CallbackSpec::ModelCheckpoint { save_freq, save_best_only, max_to_keep, .. } => {
                 let mut c = format!("model_checkpoint {}", freq(save_freq));
                 if *save_best_only {
                     c.push_str(", best only");
@@ -248,38 +197,20 @@ pub fn text(plan: &Plan) -> String {
             CallbackSpec::BackupAndRestore { save_freq, .. } => {
                 checkpoints.push(format!("backup_and_restore {}", freq(save_freq)))
             }
-            CallbackSpec::EarlyStopping {
-                monitor, patience, ..
-            } => others.push(format!(
-                "early_stopping on {} (patience {patience})",
-                super::monitor_name(*monitor)
-            )),
-            CallbackSpec::ReduceLrOnPlateau {
-                monitor,
-                factor,
-                patience,
-                ..
-            } => others.push(format!(
+            CallbackSpec::EarlyStopping { monitor, patience, .. } => {
+                others.push(format!("early_stopping on {} (patience {patience})", super::monitor_name(*monitor)))
+            }
+            CallbackSpec::ReduceLrOnPlateau { monitor, factor, patience, .. } => others.push(format!(
                 "reduce_lr_on_plateau on {} (× {factor} after {patience})",
                 super::monitor_name(*monitor)
             )),
-            CallbackSpec::CsvLogger { filename, .. } => {
-                others.push(format!("csv_logger to {}", filename.display()))
+            CallbackSpec::CsvLogger { filename, .. } => others.push(format!("csv_logger to {}", filename.display())),
+            CallbackSpec::StopAtTarget { monitor, target } => {
+                others.push(format!("stop when {} reaches {target}", super::monitor_name(*monitor)))
             }
-            CallbackSpec::StopAtTarget { monitor, target } => others.push(format!(
-                "stop when {} reaches {target}",
-                super::monitor_name(*monitor)
-            )),
         }
     }
-    rows.push((
-        "checkpoints",
-        if checkpoints.is_empty() {
-            "none".to_string()
-        } else {
-            checkpoints.join("; ")
-        },
-    ));
+    rows.push(("checkpoints", if checkpoints.is_empty() { "none".to_string() } else { checkpoints.join("; ") }));
     if !others.is_empty() {
         rows.push(("callbacks", others.join("; ")));
     }

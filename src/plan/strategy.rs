@@ -1,8 +1,7 @@
 //! Strategy and cluster: which replicas exist, where, and how their gradients are reduced.
 
 use crate::spec::{
-    ClusterSpec, CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic,
-    StrategySpec, Tasks,
+    ClusterSpec, CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic, StrategySpec, Tasks,
 };
 use serde::Serialize;
 
@@ -47,11 +46,7 @@ pub enum Reduction {
     /// Replicas in one process (`mirrored`, `central_storage`), by this algorithm.
     CrossDevice { algorithm: CrossDeviceOps },
     /// Across worker processes.
-    Collective {
-        implementation: CollectiveImplementation,
-        bytes_per_pack: u64,
-        timeout_s: f64,
-    },
+    Collective { implementation: CollectiveImplementation, bytes_per_pack: u64, timeout_s: f64 },
     /// Workers push gradients to parameter servers and pull variables.
     ParameterServer,
 }
@@ -90,11 +85,7 @@ impl StrategyPlan {
     pub fn replicas_text(&self) -> String {
         let d = self.devices.len();
         let w = self.num_workers;
-        format!(
-            "{w} worker{} × {d} device{}",
-            if w == 1 { "" } else { "s" },
-            if d == 1 { "" } else { "s" }
-        )
+        format!("{w} worker{} × {d} device{}", if w == 1 { "" } else { "s" }, if d == 1 { "" } else { "s" })
     }
 }
 
@@ -109,11 +100,7 @@ fn count_devices(devices: &Devices, hw: Hardware) -> Vec<Device> {
     match devices {
         Devices::List(list) => list.clone(),
         Devices::Count(n) => {
-            let kind = if hw.gpus > 0 {
-                DeviceKind::Gpu
-            } else {
-                DeviceKind::Cpu
-            };
+            let kind = if hw.gpus > 0 { DeviceKind::Gpu } else { DeviceKind::Cpu };
             (0..n.get()).map(|index| Device { kind, index }).collect()
         }
     }
@@ -130,12 +117,8 @@ pub fn resolve(
     hw: Hardware,
     errors: &mut Vec<Diagnostic>,
 ) -> StrategyPlan {
-    let (chief, worker, ps, evaluator) = (
-        tasks(&cluster.chief),
-        tasks(&cluster.worker),
-        tasks(&cluster.ps),
-        tasks(&cluster.evaluator),
-    );
+    let (chief, worker, ps, evaluator) =
+        (tasks(&cluster.chief), tasks(&cluster.worker), tasks(&cluster.ps), tasks(&cluster.evaluator));
     let role_counts = vec![
         ("chief".to_string(), chief),
         ("worker".to_string(), worker),
@@ -146,11 +129,8 @@ pub fn resolve(
     for (key, n) in [("cluster.chief", chief), ("cluster.evaluator", evaluator)] {
         if n > 1 {
             errors.push(
-                Diagnostic::error(
-                    key,
-                    format!("{key} lists {n} tasks; a cluster has at most one"),
-                )
-                .help("keep one address"),
+                Diagnostic::error(key, format!("{key} lists {n} tasks; a cluster has at most one"))
+                    .help("keep one address"),
             );
         }
     }
@@ -170,13 +150,8 @@ pub fn resolve(
             for (i, addr) in a.iter().enumerate() {
                 if !valid_address(addr) {
                     errors.push(
-                        Diagnostic::error(
-                            format!("{key}[{i}]"),
-                            format!("`{addr}` is not a host:port address"),
-                        )
-                        .help(
-                            "write it as host:port, e.g. \"10.0.0.5:2222\" or \"localhost:2222\"",
-                        ),
+                        Diagnostic::error(format!("{key}[{i}]"), format!("`{addr}` is not a host:port address"))
+                            .help("write it as host:port, e.g. \"10.0.0.5:2222\" or \"localhost:2222\""),
                     );
                 }
             }
@@ -184,18 +159,9 @@ pub fn resolve(
     }
 
     let (kind, devices, reduction) = match strategy {
-        StrategySpec::Default => (
-            StrategyKind::Default,
-            vec![Device::default()],
-            Reduction::None,
-        ),
-        StrategySpec::OneDevice { device } => {
-            (StrategyKind::OneDevice, vec![*device], Reduction::None)
-        }
-        StrategySpec::Mirrored {
-            devices,
-            cross_device_ops,
-        } => {
+        StrategySpec::Default => (StrategyKind::Default, vec![Device::default()], Reduction::None),
+        StrategySpec::OneDevice { device } => (StrategyKind::OneDevice, vec![*device], Reduction::None),
+        StrategySpec::Mirrored { devices, cross_device_ops } => {
             let devices = count_devices(devices, hw);
             let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
             let algorithm = match cross_device_ops {
@@ -203,33 +169,27 @@ pub fn resolve(
                 CrossDeviceOps::Auto => CrossDeviceOps::ReductionToOneDevice,
                 CrossDeviceOps::Nccl if !all_gpu => {
                     errors.push(
-                        Diagnostic::error("strategy.cross_device_ops", "cross_device_ops = \"nccl\" needs GPU devices, but strategy.devices includes CPUs")
-                            .help("use cross_device_ops = \"hierarchical_copy\" or \"reduction_to_one_device\" on CPUs"),
+                        Diagnostic::error(
+                            "strategy.cross_device_ops",
+                            "cross_device_ops = \"nccl\" needs GPU devices, but strategy.devices includes CPUs",
+                        )
+                        .help("use cross_device_ops = \"hierarchical_copy\" or \"reduction_to_one_device\" on CPUs"),
                     );
                     *cross_device_ops
                 }
                 other => *other,
             };
-            (
-                StrategyKind::Mirrored,
-                devices,
-                Reduction::CrossDevice { algorithm },
-            )
+            (StrategyKind::Mirrored, devices, Reduction::CrossDevice { algorithm })
         }
         StrategySpec::CentralStorage { devices } => {
             let devices = count_devices(devices, hw);
             (
                 StrategyKind::CentralStorage,
                 devices,
-                Reduction::CrossDevice {
-                    algorithm: CrossDeviceOps::ReductionToOneDevice,
-                },
+                Reduction::CrossDevice { algorithm: CrossDeviceOps::ReductionToOneDevice },
             )
         }
-        StrategySpec::MultiWorkerMirrored {
-            devices,
-            communication,
-        } => {
+        StrategySpec::MultiWorkerMirrored { devices, communication } => {
             let devices = count_devices(devices, hw);
             let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
             let implementation = match communication.implementation {
@@ -239,8 +199,11 @@ pub fn resolve(
             };
             if implementation == CollectiveImplementation::Nccl && !all_gpu {
                 errors.push(
-                    Diagnostic::error("strategy.communication.implementation", "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs")
-                        .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
+                    Diagnostic::error(
+                        "strategy.communication.implementation",
+                        "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs",
+                    )
+                    .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
                 );
             }
             let reduction = Reduction::Collective {
@@ -253,15 +216,11 @@ pub fn resolve(
         StrategySpec::ParameterServer { .. } => {
             if ps == 0 || worker == 0 {
                 errors.push(
-                    Diagnostic::error("cluster", format!("strategy.kind = \"parameter_server\" needs ps and worker tasks; [cluster] has {ps} ps and {worker} workers"))
+                    Diagnostic::error("strategy.kind", format!("strategy.kind = \"parameter_server\" needs ps and worker tasks; [cluster] has {ps} ps and {worker} workers"))
                         .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
                 );
             }
-            (
-                StrategyKind::ParameterServer,
-                vec![Device::default()],
-                Reduction::ParameterServer,
-            )
+            (StrategyKind::ParameterServer, vec![Device::default()], Reduction::ParameterServer)
         }
     };
 
@@ -269,11 +228,8 @@ pub fn resolve(
     for d in &devices {
         if !seen.insert(*d) {
             errors.push(
-                Diagnostic::error(
-                    "strategy.devices",
-                    format!("strategy.devices lists {d} twice"),
-                )
-                .help("list each device once"),
+                Diagnostic::error("strategy.devices", format!("strategy.devices lists {d} twice"))
+                    .help("list each device once"),
             );
         }
     }
@@ -283,54 +239,37 @@ pub fn resolve(
         StrategyKind::ParameterServer => worker.max(1),
         _ => 1,
     };
-    if !matches!(
-        kind,
-        StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer
-    ) && chief + worker > 1
-    {
+    if !matches!(kind, StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) && chief + worker > 1 {
         errors.push(
             Diagnostic::error(
-                "strategy.kind",
+                "cluster.worker",
                 format!(
                     "strategy.kind = \"{}\" runs in one process, but [cluster] lists {} tasks",
                     kind.name(),
                     chief + worker
                 ),
             )
-            .help(
-                "use kind = \"multi_worker_mirrored\" to train across workers, or remove [cluster]",
-            ),
+            .help("use kind = \"multi_worker_mirrored\" to train across workers, or remove [cluster]"),
         );
     }
     if ps > 0 && kind != StrategyKind::ParameterServer {
         errors.push(
             Diagnostic::error(
                 "cluster.ps",
-                format!(
-                    "cluster.ps lists {ps} parameter servers, but strategy.kind = \"{}\"",
-                    kind.name()
-                ),
+                format!("cluster.ps lists {ps} parameter servers, but strategy.kind = \"{}\"", kind.name()),
             )
             .help("remove cluster.ps, or use kind = \"parameter_server\""),
         );
     }
     // Under ParameterServerStrategy training is asynchronous: each worker steps on its own.
-    let replicas_per_step = if kind == StrategyKind::ParameterServer {
-        1
-    } else {
-        num_workers
-    };
+    let replicas_per_step = if kind == StrategyKind::ParameterServer { 1 } else { num_workers };
     StrategyPlan {
         kind,
         num_replicas_in_sync: replicas_per_step * devices.len(),
         devices,
         num_workers,
         reduction,
-        cluster_source: if has_cluster {
-            ClusterSource::Spec
-        } else {
-            ClusterSource::None
-        },
+        cluster_source: if has_cluster { ClusterSource::Spec } else { ClusterSource::None },
         tasks: role_counts,
     }
 }

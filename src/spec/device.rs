@@ -26,10 +26,7 @@ pub struct Device {
 
 impl Default for Device {
     fn default() -> Self {
-        Self {
-            kind: DeviceKind::Cpu,
-            index: 0,
-        }
+        Self { kind: DeviceKind::Cpu, index: 0 }
     }
 }
 
@@ -127,41 +124,11 @@ mod tests {
     #[test]
     fn parses_tensorflow_spellings() {
         for (text, want) in [
-            (
-                "cpu:0",
-                Device {
-                    kind: DeviceKind::Cpu,
-                    index: 0,
-                },
-            ),
-            (
-                "/gpu:1",
-                Device {
-                    kind: DeviceKind::Gpu,
-                    index: 1,
-                },
-            ),
-            (
-                "GPU:3",
-                Device {
-                    kind: DeviceKind::Gpu,
-                    index: 3,
-                },
-            ),
-            (
-                "/device:CPU:2",
-                Device {
-                    kind: DeviceKind::Cpu,
-                    index: 2,
-                },
-            ),
-            (
-                "cpu",
-                Device {
-                    kind: DeviceKind::Cpu,
-                    index: 0,
-                },
-            ),
+            ("cpu:0", Device { kind: DeviceKind::Cpu, index: 0 }),
+            ("/gpu:1", Device { kind: DeviceKind::Gpu, index: 1 }),
+            ("GPU:3", Device { kind: DeviceKind::Gpu, index: 3 }),
+            ("/device:CPU:2", Device { kind: DeviceKind::Cpu, index: 2 }),
+            ("cpu", Device { kind: DeviceKind::Cpu, index: 0 }),
         ] {
             assert_eq!(text.parse::<Device>(), Ok(want), "{text}");
         }

@@ -29,22 +29,12 @@ pub struct Diagnostic {
 impl Diagnostic {
     /// An error at `key`.
     pub fn error(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Error,
-            key: key.into(),
-            message: message.into(),
-            help: None,
-        }
+        Self { severity: Severity::Error, key: key.into(), message: message.into(), help: None }
     }
 
     /// A warning at `key`.
     pub fn warning(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Warning,
-            key: key.into(),
-            message: message.into(),
-            help: None,
-        }
+        Self { severity: Severity::Warning, key: key.into(), message: message.into(), help: None }
     }
 
     /// Adds the fix to suggest.

@@ -22,12 +22,7 @@ pub(crate) struct SpecFile {
 impl SpecFile {
     /// The layer of this file for [`Origins`].
     pub fn layer(&self) -> Layer {
-        Layer {
-            name: self.path.display().to_string(),
-            kind: LayerKind::File {
-                source: self.source.clone(),
-            },
-        }
+        Layer { name: self.path.display().to_string(), kind: LayerKind::File { source: self.source.clone() } }
     }
 }
 
@@ -48,10 +43,7 @@ impl ChainError {
             .problems
             .into_iter()
             .map(|(file, span, mut finding)| {
-                finding.place = Place::Layer {
-                    layer: count - 1 - file,
-                    span,
-                };
+                finding.place = Place::Layer { layer: count - 1 - file, span };
                 finding
             })
             .collect();
@@ -68,14 +60,8 @@ pub(crate) struct Unreadable {
 
 /// Reads `top` and every file it extends, top first.
 pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>, Unreadable> {
-    let source = std::fs::read_to_string(top).map_err(|error| Unreadable {
-        path: top.to_path_buf(),
-        error,
-    })?;
-    let mut files = vec![SpecFile {
-        path: top.to_path_buf(),
-        source,
-    }];
+    let source = std::fs::read_to_string(top).map_err(|error| Unreadable { path: top.to_path_buf(), error })?;
+    let mut files = vec![SpecFile { path: top.to_path_buf(), source }];
     // Canonical paths find a cycle even when two spellings name one file.
     let mut seen = vec![canonical(top)];
     loop {
@@ -83,10 +69,7 @@ pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>
         let current = &files[index];
         let (table, errors) = DeTable::parse_recoverable(&current.source);
         if !errors.is_empty() {
-            let problems = errors
-                .iter()
-                .map(|e| (index, e.span(), syntax_finding(e, &current.source)))
-                .collect();
+            let problems = errors.iter().map(|e| (index, e.span(), syntax_finding(e, &current.source))).collect();
             return Ok(Err(ChainError { files, problems }));
         }
         let Some((_, extends)) = table.get_ref().get_key_value("extends") else {
@@ -96,37 +79,22 @@ pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>
         let Some(name) = extends.get_ref().as_str() else {
             let finding = Finding::new(
                 "extends",
-                format!(
-                    "`extends` must be a path string, found {}",
-                    extends.get_ref().type_str()
-                ),
+                format!("`extends` must be a path string, found {}", extends.get_ref().type_str()),
             )
             .label("not a path")
             .help("write `extends = \"base.toml\"`, relative to this file");
-            return Ok(Err(ChainError {
-                files,
-                problems: vec![(index, span, finding)],
-            }));
+            return Ok(Err(ChainError { files, problems: vec![(index, span, finding)] }));
         };
         let folder = current.path.parent().unwrap_or(Path::new(""));
         let next = normalize(&folder.join(name));
         let next_canonical = canonical(&next);
         if seen.contains(&next_canonical) {
-            let chain: Vec<String> = files
-                .iter()
-                .map(|f| f.path.display().to_string())
-                .chain([next.display().to_string()])
-                .collect();
-            let finding = Finding::new(
-                "extends",
-                format!("`extends` forms a cycle: {}", chain.join(" → ")),
-            )
-            .label("extended again here")
-            .help("remove one `extends` so that the chain ends in a file without one");
-            return Ok(Err(ChainError {
-                files,
-                problems: vec![(index, span, finding)],
-            }));
+            let chain: Vec<String> =
+                files.iter().map(|f| f.path.display().to_string()).chain([next.display().to_string()]).collect();
+            let finding = Finding::new("extends", format!("`extends` forms a cycle: {}", chain.join(" → ")))
+                .label("extended again here")
+                .help("remove one `extends` so that the chain ends in a file without one");
+            return Ok(Err(ChainError { files, problems: vec![(index, span, finding)] }));
         }
         match std::fs::read_to_string(&next) {
             Ok(source) => {
@@ -134,19 +102,11 @@ pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>
                 seen.push(next_canonical);
             }
             Err(error) => {
-                let finding = Finding::new(
-                    "extends",
-                    format!("cannot read `{}`: {}", next.display(), io_reason(&error)),
-                )
-                .label("extended here")
-                .help(format!(
-                    "`extends` is relative to the folder of `{}`",
-                    current.path.display()
-                ));
-                return Ok(Err(ChainError {
-                    files,
-                    problems: vec![(index, span, finding)],
-                }));
+                let finding =
+                    Finding::new("extends", format!("cannot read `{}`: {}", next.display(), io_reason(&error)))
+                        .label("extended here")
+                        .help(format!("`extends` is relative to the folder of `{}`", current.path.display()));
+                return Ok(Err(ChainError { files, problems: vec![(index, span, finding)] }));
             }
         }
     }
@@ -156,14 +116,8 @@ pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>
 /// under the caret, and a fix for the common slips.
 fn syntax_finding(error: &toml::de::Error, source: &str) -> Finding {
     let message = error.message().trim().replace('\n', " ");
-    let (what, expected) = message
-        .split_once(", expected ")
-        .unwrap_or((message.as_str(), ""));
-    let text = error
-        .span()
-        .and_then(|s| source.get(s))
-        .unwrap_or_default()
-        .trim();
+    let (what, expected) = message.split_once(", expected ").unwrap_or((message.as_str(), ""));
+    let text = error.span().and_then(|s| source.get(s)).unwrap_or_default().trim();
     let label = match expected {
         "" | "nothing" => what.to_string(),
         expected => format!("expected {expected}"),
@@ -173,12 +127,10 @@ fn syntax_finding(error: &toml::de::Error, source: &str) -> Finding {
         "duplicate key" => Finding::new("", format!("invalid TOML: duplicate key `{text}`"))
             .label("defined a second time here")
             .help("a key or table can be written once; remove or merge the repeated one"),
-        "string values must be quoted" if text.is_empty() => finding
-            .label("missing value")
-            .help("write a value after `=`"),
-        "string values must be quoted" => finding
-            .label("not quoted")
-            .help(format!("quote it: `\"{text}\"`")),
+        "string values must be quoted" if text.is_empty() => {
+            finding.label("missing value").help("write a value after `=`")
+        }
+        "string values must be quoted" => finding.label("not quoted").help(format!("quote it: `\"{text}\"`")),
         _ => finding,
     }
 }
@@ -214,10 +166,7 @@ pub(crate) fn normalize(path: &Path) -> PathBuf {
 
 /// The values of a parsed TOML document, for figment.
 pub(crate) fn table_to_dict(table: &DeTable<'_>) -> Dict {
-    table
-        .iter()
-        .map(|(k, v)| (k.get_ref().to_string(), to_value(v.get_ref())))
-        .collect::<BTreeMap<_, _>>()
+    table.iter().map(|(k, v)| (k.get_ref().to_string(), to_value(v.get_ref()))).collect::<BTreeMap<_, _>>()
 }
 
 /// One TOML value as a figment value. figment's own `toml` feature would pull a second toml
@@ -235,10 +184,7 @@ pub(crate) fn to_value(value: &DeValue<'_>) -> Value {
         },
         DeValue::Boolean(b) => Value::from(*b),
         DeValue::Datetime(d) => Value::from(d.to_string()),
-        DeValue::Array(items) => Value::Array(
-            Tag::Default,
-            items.iter().map(|v| to_value(v.get_ref())).collect(),
-        ),
+        DeValue::Array(items) => Value::Array(Tag::Default, items.iter().map(|v| to_value(v.get_ref())).collect()),
         DeValue::Table(t) => Value::Dict(Tag::Default, table_to_dict(t)),
     }
 }
@@ -249,26 +195,15 @@ mod tests {
 
     #[test]
     fn normalizes_lexically() {
-        assert_eq!(
-            normalize(Path::new("specs/sub/../base.toml")),
-            PathBuf::from("specs/base.toml")
-        );
-        assert_eq!(
-            normalize(Path::new("./a/./b.toml")),
-            PathBuf::from("a/b.toml")
-        );
-        assert_eq!(
-            normalize(Path::new("../x/../y.toml")),
-            PathBuf::from("../y.toml")
-        );
+        assert_eq!(normalize(Path::new("specs/sub/../base.toml")), PathBuf::from("specs/base.toml"));
+        assert_eq!(normalize(Path::new("./a/./b.toml")), PathBuf::from("a/b.toml"));
+        assert_eq!(normalize(Path::new("../x/../y.toml")), PathBuf::from("../y.toml"));
     }
 
     #[test]
     fn converts_toml_values() {
         let doc = "a = 0x10\nb = 1.5\nc = [1, \"x\"]\nd = { e = true }";
-        let Ok(table) = DeTable::parse(doc) else {
-            panic!("test document parses")
-        };
+        let Ok(table) = DeTable::parse(doc) else { panic!("test document parses") };
         let dict = table_to_dict(table.get_ref());
         assert_eq!(dict["a"].to_i128(), Some(16));
         assert_eq!(dict["b"].to_f64(), Some(1.5));

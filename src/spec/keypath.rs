@@ -38,10 +38,7 @@ pub(crate) fn format(segs: &[Seg]) -> String {
 
 /// Whether `key` can be written without quotes in TOML.
 pub(crate) fn is_bare(key: &str) -> bool {
-    !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Reads a key path written as [`format`] writes it. The error says what is wrong with it.
@@ -61,9 +58,7 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Seg>, String> {
                 .ok_or_else(|| format!("the quote in `{text}` is not closed"))?;
             (quoted[..end].to_string(), &quoted[end + 1..])
         } else {
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-                .unwrap_or(rest.len());
+            let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).unwrap_or(rest.len());
             if end == 0 {
                 return Err(match rest.chars().next() {
                     Some('.') | None => format!("`{text}` has an empty key between dots"),
@@ -75,14 +70,9 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Seg>, String> {
         segs.push(Seg::Key(key));
         rest = after;
         while let Some(inner) = rest.strip_prefix('[') {
-            let end = inner
-                .find(']')
-                .ok_or_else(|| format!("the `[` in `{text}` is not closed"))?;
+            let end = inner.find(']').ok_or_else(|| format!("the `[` in `{text}` is not closed"))?;
             let index = inner[..end].trim().parse::<usize>().map_err(|_| {
-                format!(
-                    "`[{}]` in `{text}` is not an array index; write a number such as `[0]`",
-                    &inner[..end]
-                )
+                format!("`[{}]` in `{text}` is not an array index; write a number such as `[0]`", &inner[..end])
             })?;
             segs.push(Seg::Index(index));
             rest = &inner[end + 1..];
@@ -90,12 +80,9 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Seg>, String> {
         if rest.is_empty() {
             return Ok(segs);
         }
-        rest = rest.strip_prefix('.').ok_or_else(|| {
-            format!(
-                "`{text}` has `{}` where a `.` should be",
-                rest.chars().next().unwrap_or('.')
-            )
-        })?;
+        rest = rest
+            .strip_prefix('.')
+            .ok_or_else(|| format!("`{text}` has `{}` where a `.` should be", rest.chars().next().unwrap_or('.')))?;
         if rest.is_empty() {
             return Err(format!("`{text}` ends with a `.`"));
         }

@@ -72,10 +72,7 @@ impl LoadError {
 pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Loaded, LoadError> {
     let chain = match files::read_chain(path) {
         Err(Unreadable { path, error }) => {
-            return Err(LoadError::Read {
-                path,
-                source: error,
-            });
+            return Err(LoadError::Read { path, source: error });
         }
         Ok(Err(problem)) => {
             let (origins, findings) = problem.into_findings();
@@ -92,9 +89,7 @@ pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Lo
     }
 
     let mut findings = Vec::new();
-    let parsed = overrides::from_env(env)
-        .into_iter()
-        .chain(sets.iter().map(|s| overrides::from_set(s)));
+    let parsed = overrides::from_env(env).into_iter().chain(sets.iter().map(|s| overrides::from_set(s)));
     for parsed in parsed {
         let applied = parsed.and_then(|ov| {
             let below = merged(&figment);
@@ -107,26 +102,13 @@ pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Lo
                     metadata: Metadata::from(ov.name.clone(), Source::Custom(ov.name.clone())),
                     data,
                 });
-                layers.push(Layer {
-                    name: ov.name,
-                    kind: LayerKind::Override { segs: ov.segs },
-                });
+                layers.push(Layer { name: ov.name, kind: LayerKind::Override { segs: ov.segs } });
             }
-            Err(BadOverride {
-                name,
-                message,
-                help,
-            }) => {
+            Err(BadOverride { name, message, help }) => {
                 let mut finding = Finding::new("", message).help(help);
-                finding.place = Place::Layer {
-                    layer: layers.len(),
-                    span: None,
-                };
+                finding.place = Place::Layer { layer: layers.len(), span: None };
                 findings.push(finding);
-                layers.push(Layer {
-                    name,
-                    kind: LayerKind::Override { segs: Vec::new() },
-                });
+                layers.push(Layer { name, kind: LayerKind::Override { segs: Vec::new() } });
             }
         }
     }
@@ -140,41 +122,27 @@ pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Lo
     let mut spec: Spec = match figment.extract() {
         Ok(spec) => spec,
         Err(errors) => {
-            let findings = errors
-                .into_iter()
-                .map(|e| Finding::new(e.path.join("."), e.kind.to_string()))
-                .collect();
+            let findings = errors.into_iter().map(|e| Finding::new(e.path.join("."), e.kind.to_string())).collect();
             return Err(LoadError::invalid(findings, &origins));
         }
     };
     if spec.run.name.is_none() {
-        spec.run.name = path
-            .file_stem()
-            .map(|stem| stem.to_string_lossy().into_owned());
+        spec.run.name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned());
     }
-    Ok(Loaded {
-        spec,
-        files: chain.into_iter().map(|f| f.path).collect(),
-        origins,
-    })
+    Ok(Loaded { spec, files: chain.into_iter().map(|f| f.path).collect(), origins })
 }
 
 /// The value merged so far. Only our own providers are merged and they cannot fail, so an
 /// error here would be a figment bug; an empty spec then lets validation report what is
 /// missing rather than panicking.
 fn merged(figment: &Figment) -> Value {
-    figment
-        .extract::<Value>()
-        .unwrap_or_else(|_| Value::from(Dict::new()))
+    figment.extract::<Value>().unwrap_or_else(|_| Value::from(Dict::new()))
 }
 
 fn file_layer(file: &SpecFile) -> LayerData {
     let (table, _) = DeTable::parse_recoverable(&file.source);
     LayerData {
-        metadata: Metadata::from(
-            file.path.display().to_string(),
-            Source::File(file.path.clone()),
-        ),
+        metadata: Metadata::from(file.path.display().to_string(), Source::File(file.path.clone())),
         data: table_to_dict(table.get_ref()),
     }
 }
@@ -202,9 +170,7 @@ mod tests {
 
     /// Writes `files` (name, text) into a fresh folder and returns it.
     fn folder(files: &[(&str, &str)]) -> tempfile::TempDir {
-        let Ok(dir) = tempfile::tempdir() else {
-            panic!("no temporary folder")
-        };
+        let Ok(dir) = tempfile::tempdir() else { panic!("no temporary folder") };
         for (name, text) in files {
             let path = dir.path().join(name);
             if let Some(parent) = path.parent() {
@@ -218,10 +184,7 @@ mod tests {
     }
 
     fn loaded(path: &Path, env: &[(&str, &str)], sets: &[&str]) -> Loaded {
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         match load(path, &env, &sets) {
             Ok(loaded) => loaded,
@@ -245,27 +208,12 @@ mod tests {
     fn layers_take_precedence_base_file_env_set() {
         let dir = folder(&[("base.toml", BASE), ("spec.toml", FILE)]);
         let spec_path = dir.path().join("spec.toml");
-        let env = [
-            ("TRAINRUN_TRAIN__VALIDATION_STEPS", "7"),
-            ("TRAINRUN_TRAIN__EVALUATE_EVERY_STEPS", "8"),
-        ];
+        let env = [("TRAINRUN_TRAIN__VALIDATION_STEPS", "7"), ("TRAINRUN_TRAIN__EVALUATE_EVERY_STEPS", "8")];
         let spec = loaded(&spec_path, &env, &["train.evaluate_every_steps=9"]).spec;
         assert_eq!(spec.train.epochs.get(), 1, "base");
-        assert_eq!(
-            spec.train.steps_per_epoch.map(|n| n.get()),
-            Some(20),
-            "file over base"
-        );
-        assert_eq!(
-            spec.train.validation_steps.map(|n| n.get()),
-            Some(7),
-            "env over file"
-        );
-        assert_eq!(
-            spec.train.evaluate_every_steps.map(|n| n.get()),
-            Some(9),
-            "--set over env"
-        );
+        assert_eq!(spec.train.steps_per_epoch.map(|n| n.get()), Some(20), "file over base");
+        assert_eq!(spec.train.validation_steps.map(|n| n.get()), Some(7), "env over file");
+        assert_eq!(spec.train.evaluate_every_steps.map(|n| n.get()), Some(9), "--set over env");
         let later = loaded(&spec_path, &[], &["train.epochs=2", "train.epochs=3"]).spec;
         assert_eq!(later.train.epochs.get(), 3, "the last --set wins");
     }
@@ -279,53 +227,31 @@ mod tests {
         let name = |key: &str| origins.origin(key).unwrap_or_default().to_string();
         assert!(name("train.epochs").ends_with("base.toml"));
         assert!(name("train.steps_per_epoch").ends_with("spec.toml"));
-        assert_eq!(
-            name("train.validation_steps"),
-            "environment variable TRAINRUN_TRAIN__VALIDATION_STEPS"
-        );
-        assert_eq!(
-            name("train.evaluate_every_steps"),
-            "--set train.evaluate_every_steps=9"
-        );
-        assert!(
-            name("batch.global").ends_with("spec.toml"),
-            "defaults: the top file"
-        );
+        assert_eq!(name("train.validation_steps"), "environment variable TRAINRUN_TRAIN__VALIDATION_STEPS");
+        assert_eq!(name("train.evaluate_every_steps"), "--set train.evaluate_every_steps=9");
+        assert!(name("batch.global").ends_with("spec.toml"), "defaults: the top file");
     }
 
     #[test]
     fn extends_is_relative_to_the_extending_file() {
         let dir = folder(&[
             ("specs/base/common.toml", BASE),
-            (
-                "specs/base/mid.toml",
-                "extends = \"common.toml\"\n[batch]\nglobal = 32\n",
-            ),
+            ("specs/base/mid.toml", "extends = \"common.toml\"\n[batch]\nglobal = 32\n"),
             ("specs/exp/run.toml", "extends = \"../base/mid.toml\"\n"),
         ]);
         let top = dir.path().join("specs/exp/run.toml");
         let loaded = loaded(&top, &[], &[]);
-        let names: Vec<String> = loaded
-            .files
-            .iter()
-            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
+        let names: Vec<String> =
+            loaded.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         assert_eq!(names, ["run.toml", "mid.toml", "common.toml"]);
         assert_eq!(loaded.files[1], dir.path().join("specs/base/mid.toml"));
         assert_eq!(loaded.spec.batch.global.map(|n| n.get()), Some(32));
-        assert_eq!(
-            loaded.spec.run.name.as_deref(),
-            Some("run"),
-            "the top file's stem"
-        );
+        assert_eq!(loaded.spec.run.name.as_deref(), Some("run"), "the top file's stem");
     }
 
     #[test]
     fn cycles_name_the_chain() {
-        let dir = folder(&[
-            ("a.toml", "extends = \"b.toml\"\n"),
-            ("b.toml", "extends = \"./a.toml\"\n"),
-        ]);
+        let dir = folder(&[("a.toml", "extends = \"b.toml\"\n"), ("b.toml", "extends = \"./a.toml\"\n")]);
         let text = rendered(load(&dir.path().join("a.toml"), &[], &[]));
         let a = dir.path().join("a.toml").display().to_string();
         let b = dir.path().join("b.toml").display().to_string();

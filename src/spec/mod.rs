@@ -33,16 +33,14 @@ pub use device::{BadDevice, Device, DeviceKind, Devices};
 pub use diag::{Diagnostic, Severity};
 pub use load::{LoadError, Loaded, load};
 pub use model::{Activation, LayerSpec, ModelSpec, Padding, Size2, ZooModel};
-pub use optimizer::{
-    OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec,
-};
+pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
 pub use origins::Origins;
 pub use render::render;
 pub use run::RunSpec;
 pub use schema::{schema_json, schema_value};
 pub use strategy::{
-    ClusterSpec, CollectiveImplementation, CommunicationOptions, CrossDeviceOps, StrategySpec,
-    Tasks, VariablePartitioner,
+    ClusterSpec, CollectiveImplementation, CommunicationOptions, CrossDeviceOps, StrategySpec, Tasks,
+    VariablePartitioner,
 };
 pub use train::{CallbackSpec, EpochWord, Loss, Metric, Mode, Monitor, SaveFreq, TrainSpec};
 

@@ -56,11 +56,7 @@ pub(crate) struct Located {
 impl Origins {
     /// Layers that were never merged (the load stopped while reading files).
     pub(crate) fn unmerged(layers: Vec<Layer>) -> Self {
-        Self {
-            layers,
-            merged: Value::Dict(Tag::Default, Default::default()),
-            tags: HashMap::new(),
-        }
+        Self { layers, merged: Value::Dict(Tag::Default, Default::default()), tags: HashMap::new() }
     }
 
     /// The layers of `figment`, lowest first, and the value they merged into.
@@ -80,11 +76,7 @@ impl Origins {
                 _ => {}
             }
         }
-        Self {
-            layers,
-            merged,
-            tags,
-        }
+        Self { layers, merged, tags }
     }
 
     /// The name of the layer that gave the value at `key` (a dotted path such as
@@ -107,9 +99,7 @@ impl Origins {
 
     /// The highest-precedence file: the one the user named.
     pub(crate) fn top_file(&self) -> Option<usize> {
-        self.layers
-            .iter()
-            .rposition(|l| matches!(l.kind, LayerKind::File { .. }))
+        self.layers.iter().rposition(|l| matches!(l.kind, LayerKind::File { .. }))
     }
 
     /// Where the value at `segs` came from. A path no layer set (a missing key, a default)
@@ -132,10 +122,7 @@ impl Origins {
             let files = self.layers.iter().enumerate().rev();
             for (layer, _) in files.filter(|(_, l)| matches!(l.kind, LayerKind::File { .. })) {
                 if let Some(span) = self.span_in(layer, prefix, aim) {
-                    return Some(Located {
-                        layer,
-                        span: Some(span),
-                    });
+                    return Some(Located { layer, span: Some(span) });
                 }
             }
             for (layer, l) in self.layers.iter().enumerate().rev() {
@@ -226,34 +213,18 @@ callback = { kind = "csv_logger", append = true }
 "#;
 
     fn text(source: &str, path: &str) -> (Option<String>, String) {
-        let Ok(segs) = parse(path) else {
-            panic!("bad test path {path}")
-        };
-        let Some((key, value)) = spans(source, &segs) else {
-            panic!("{path} not found")
-        };
-        (
-            key.map(|k| source[k].to_string()),
-            source[value].to_string(),
-        )
+        let Ok(segs) = parse(path) else { panic!("bad test path {path}") };
+        let Some((key, value)) = spans(source, &segs) else { panic!("{path} not found") };
+        (key.map(|k| source[k].to_string()), source[value].to_string())
     }
 
     #[test]
     fn finds_keys_and_values() {
-        assert_eq!(
-            text(DOC, "batch.global"),
-            (Some("global".into()), "64".into())
-        );
+        assert_eq!(text(DOC, "batch.global"), (Some("global".into()), "64".into()));
         assert_eq!(text(DOC, "batch"), (Some("batch".into()), "[batch]".into()));
-        assert_eq!(
-            text(DOC, "optimizer.kind"),
-            (Some("kind".into()), "\"sgd\"".into())
-        );
+        assert_eq!(text(DOC, "optimizer.kind"), (Some("kind".into()), "\"sgd\"".into()));
         assert_eq!(text(DOC, "optimizer").1, "optimizer");
-        assert_eq!(
-            text(DOC, "model.layers[0].type"),
-            (Some("type".into()), "\"flatten\"".into())
-        );
+        assert_eq!(text(DOC, "model.layers[0].type"), (Some("type".into()), "\"flatten\"".into()));
         assert_eq!(text(DOC, "model.layers[0]").1, "{ type = \"flatten\" }");
         assert_eq!(text(DOC, "train.metrics[1]"), (None, "\"loss\"".into()));
         assert_eq!(text(DOC, "train.callback.append").1, "true");
@@ -264,13 +235,9 @@ callback = { kind = "csv_logger", append = true }
     fn finds_arrays_of_tables() {
         let doc = "[[model.layers]]\ntype = \"flatten\"\n\n[[model.layers]]\ntype = \"dense\"\nunits = 10\n";
         assert_eq!(text(doc, "model.layers[1]").1, "[[model.layers]]");
-        let (_, span) =
-            spans(doc, &parse("model.layers[1]").unwrap_or_default()).unwrap_or_default();
+        let (_, span) = spans(doc, &parse("model.layers[1]").unwrap_or_default()).unwrap_or_default();
         assert_eq!(span.start, doc.rfind("[[").unwrap_or_default());
-        assert_eq!(
-            text(doc, "model.layers[1].units"),
-            (Some("units".into()), "10".into())
-        );
+        assert_eq!(text(doc, "model.layers[1].units"), (Some("units".into()), "10".into()));
         assert_eq!(text(doc, "model").1, "model");
     }
 }

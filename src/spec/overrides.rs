@@ -34,15 +34,12 @@ pub(crate) fn from_env(env: &[(String, String)]) -> Vec<Result<Override, BadOver
     let mut vars: Vec<&(String, String)> = env
         .iter()
         .filter(|(name, _)| {
-            name.get(..PREFIX.len())
-                .is_some_and(|p| p.eq_ignore_ascii_case(PREFIX))
+            name.get(..PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(PREFIX))
                 && name[PREFIX.len()..].contains("__")
         })
         .collect();
     vars.sort();
-    vars.into_iter()
-        .map(|(name, value)| env_override(name, value))
-        .collect()
+    vars.into_iter().map(|(name, value)| env_override(name, value)).collect()
 }
 
 fn env_override(var: &str, value: &str) -> Result<Override, BadOverride> {
@@ -66,11 +63,7 @@ fn env_override(var: &str, value: &str) -> Result<Override, BadOverride> {
         }
         segs.push(Seg::Key(key));
     }
-    checked(Override {
-        name,
-        segs,
-        value: parse_value(value),
-    })
+    checked(Override { name, segs, value: parse_value(value) })
 }
 
 /// Parses one `--set KEY=VALUE` argument.
@@ -90,20 +83,13 @@ pub(crate) fn from_set(text: &str) -> Result<Override, BadOverride> {
         return Err(bad("the key before `=` is empty".to_string()));
     }
     let segs = keypath::parse(key).map_err(bad)?;
-    checked(Override {
-        name: name.clone(),
-        segs,
-        value: parse_value(value),
-    })
+    checked(Override { name: name.clone(), segs, value: parse_value(value) })
 }
 
 fn checked(ov: Override) -> Result<Override, BadOverride> {
     if ov.segs.first() == Some(&Seg::Key("extends".to_string())) {
         return Err(BadOverride {
-            message: format!(
-                "cannot apply {}: `extends` is only read from spec files",
-                quoted(&ov.name)
-            ),
+            message: format!("cannot apply {}: `extends` is only read from spec files", quoted(&ov.name)),
             help: "write `extends = \"base.toml\"` in the spec file instead".to_string(),
             name: ov.name,
         });
@@ -153,9 +139,7 @@ fn resolve_indices(segs: &[Seg], below: &Value) -> Vec<Seg> {
     segs.iter()
         .map(|seg| {
             let seg = match (seg, node) {
-                (Seg::Key(k), Some(Value::Array(..))) => {
-                    k.parse().map_or_else(|_| seg.clone(), Seg::Index)
-                }
+                (Seg::Key(k), Some(Value::Array(..))) => k.parse().map_or_else(|_| seg.clone(), Seg::Index),
                 _ => seg.clone(),
             };
             node = match (&seg, node) {
@@ -169,21 +153,13 @@ fn resolve_indices(segs: &[Seg], below: &Value) -> Vec<Seg> {
 }
 
 /// Nested tables holding only the override, until an array index; from there, a copy.
-fn sparse(
-    segs: &[Seg],
-    depth: usize,
-    below: Option<&Value>,
-    value: Value,
-) -> Result<Value, String> {
+fn sparse(segs: &[Seg], depth: usize, below: Option<&Value>, value: Value) -> Result<Value, String> {
     match segs.get(depth) {
         None => Ok(value),
         Some(Seg::Key(key)) => {
             let child = below.and_then(Value::as_dict).and_then(|d| d.get(key));
             let inner = sparse(segs, depth + 1, child, value)?;
-            Ok(Value::Dict(
-                Tag::Default,
-                Dict::from([(key.clone(), inner)]),
-            ))
+            Ok(Value::Dict(Tag::Default, Dict::from([(key.clone(), inner)])))
         }
         Some(Seg::Index(_)) => {
             let mut copy = below.cloned().ok_or_else(|| {
@@ -206,9 +182,7 @@ fn set(target: &mut Value, segs: &[Seg], depth: usize, value: Value) -> Result<(
             let Value::Dict(_, dict) = target else {
                 return Err(format!("`{}` is not a table", here()));
             };
-            let child = dict
-                .entry(key.clone())
-                .or_insert_with(|| Value::Dict(Tag::Default, Dict::new()));
+            let child = dict.entry(key.clone()).or_insert_with(|| Value::Dict(Tag::Default, Dict::new()));
             set(child, segs, depth + 1, value)?;
         }
         Some(Seg::Index(i)) => {
@@ -219,11 +193,7 @@ fn set(target: &mut Value, segs: &[Seg], depth: usize, value: Value) -> Result<(
             let item = items.get_mut(*i).ok_or_else(|| match len {
                 0 => format!("`{}` is empty, so it has no item [{i}]", here()),
                 1 => format!("`{}` has 1 item, so the only index is [0]", here()),
-                n => format!(
-                    "`{}` has {n} items, so [{i}] is past its end (use [0] to [{}])",
-                    here(),
-                    n - 1
-                ),
+                n => format!("`{}` has {n} items, so [{i}] is past its end (use [0] to [{}])", here(), n - 1),
             })?;
             set(item, segs, depth + 1, value)?;
         }
@@ -240,10 +210,7 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
@@ -257,18 +224,11 @@ mod tests {
             ("PATH", "/bin"),
         ]));
         assert_eq!(found.len(), 2);
-        let Some(Ok(lr)) = found.first() else {
-            panic!("the learning rate override parses: {found:?}")
-        };
+        let Some(Ok(lr)) = found.first() else { panic!("the learning rate override parses: {found:?}") };
         assert_eq!(lr.segs, vec![key("optimizer"), key("learning_rate")]);
         assert_eq!(lr.value.to_f64(), Some(0.1));
-        assert_eq!(
-            lr.name,
-            "environment variable TRAINRUN_OPTIMIZER__LEARNING_RATE"
-        );
-        let Some(Ok(epochs)) = found.get(1) else {
-            panic!("lower-case names are overrides too")
-        };
+        assert_eq!(lr.name, "environment variable TRAINRUN_OPTIMIZER__LEARNING_RATE");
+        let Some(Ok(epochs)) = found.get(1) else { panic!("lower-case names are overrides too") };
         assert_eq!(epochs.segs, vec![key("train"), key("epochs")]);
         assert!(from_env(&env(&[("TRAINRUN_OPTIMIZER__", "1")]))[0].is_err());
     }
@@ -287,28 +247,14 @@ mod tests {
         assert_eq!(value("run.name=foo").as_str(), Some("foo"));
         assert_eq!(value("data.dir=/data/mnist").as_str(), Some("/data/mnist"));
         assert_eq!(value("run.name=").as_str(), Some(""));
-        let Ok(indexed) = from_set("model.layers[1].units=64") else {
-            panic!("indexed keys parse")
-        };
-        assert_eq!(
-            indexed.segs,
-            vec![key("model"), key("layers"), Seg::Index(1), key("units")]
-        );
+        let Ok(indexed) = from_set("model.layers[1].units=64") else { panic!("indexed keys parse") };
+        assert_eq!(indexed.segs, vec![key("model"), key("layers"), Seg::Index(1), key("units")]);
     }
 
     #[test]
     fn rejects_malformed_sets() {
-        for text in [
-            "optimizer.learning_rate",
-            "=0.1",
-            " =1",
-            "a..b=1",
-            "a[x]=1",
-            "extends=b.toml",
-        ] {
-            let Err(bad) = from_set(text) else {
-                panic!("{text} should be rejected")
-            };
+        for text in ["optimizer.learning_rate", "=0.1", " =1", "a..b=1", "a[x]=1", "extends=b.toml"] {
+            let Err(bad) = from_set(text) else { panic!("{text} should be rejected") };
             assert_eq!(bad.name, format!("--set {text}"));
             assert!(bad.message.contains(text), "{}", bad.message);
         }
@@ -316,53 +262,24 @@ mod tests {
 
     #[test]
     fn changes_one_item_of_an_array() {
-        let item = |units: i64| {
-            Value::Dict(
-                Tag::Default,
-                Dict::from([("units".to_string(), Value::from(units))]),
-            )
-        };
+        let item = |units: i64| Value::Dict(Tag::Default, Dict::from([("units".to_string(), Value::from(units))]));
         let layers = Value::Array(Tag::Default, vec![item(1), item(2)]);
         let model = Value::Dict(Tag::Default, Dict::from([("layers".to_string(), layers)]));
         let below = Value::Dict(Tag::Default, Dict::from([("model".to_string(), model)]));
-        let Ok(ov) = from_set("model.layers[1].units=64") else {
-            panic!("parses")
-        };
-        let Ok(data) = layer_data(&ov, &below) else {
-            panic!("applies")
-        };
+        let Ok(ov) = from_set("model.layers[1].units=64") else { panic!("parses") };
+        let Ok(data) = layer_data(&ov, &below) else { panic!("applies") };
         let data = Value::Dict(Tag::Default, data);
-        assert_eq!(
-            data.find_ref("model.layers")
-                .and_then(|v| v.as_array())
-                .map(|a| a.len()),
-            Some(2)
-        );
-        let Some(Value::Array(_, items)) = data.find_ref("model.layers") else {
-            panic!("an array")
-        };
+        assert_eq!(data.find_ref("model.layers").and_then(|v| v.as_array()).map(|a| a.len()), Some(2));
+        let Some(Value::Array(_, items)) = data.find_ref("model.layers") else { panic!("an array") };
         assert_eq!(items[0].find_ref("units").and_then(Value::to_i128), Some(1));
-        assert_eq!(
-            items[1].find_ref("units").and_then(Value::to_i128),
-            Some(64)
-        );
-        let Ok(far) = from_set("model.layers[5].units=64") else {
-            panic!("parses")
-        };
-        let Err(bad) = layer_data(&far, &below) else {
-            panic!("index 5 is past the end")
-        };
+        assert_eq!(items[1].find_ref("units").and_then(Value::to_i128), Some(64));
+        let Ok(far) = from_set("model.layers[5].units=64") else { panic!("parses") };
+        let Err(bad) = layer_data(&far, &below) else { panic!("index 5 is past the end") };
         assert!(bad.message.contains("has 2 items"), "{}", bad.message);
-        let Ok(env) = from_env(&env(&[("TRAINRUN_MODEL__LAYERS__0__UNITS", "8")])).remove(0) else {
-            panic!("parses")
-        };
-        let Ok(data) = layer_data(&env, &below) else {
-            panic!("numeric keys index arrays")
-        };
+        let Ok(env) = from_env(&env(&[("TRAINRUN_MODEL__LAYERS__0__UNITS", "8")])).remove(0) else { panic!("parses") };
+        let Ok(data) = layer_data(&env, &below) else { panic!("numeric keys index arrays") };
         let data = Value::Dict(Tag::Default, data);
-        let Some(Value::Array(_, items)) = data.find_ref("model.layers") else {
-            panic!("an array")
-        };
+        let Some(Value::Array(_, items)) = data.find_ref("model.layers") else { panic!("an array") };
         assert_eq!(items[0].find_ref("units").and_then(Value::to_i128), Some(8));
     }
 }

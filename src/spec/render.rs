@@ -14,10 +14,7 @@ pub(crate) enum Place {
     /// Found through the diagnostic's key path.
     Key(Aim),
     /// A known layer and, in a file, the bytes (syntax errors, `extends`, bad overrides).
-    Layer {
-        layer: usize,
-        span: Option<Range<usize>>,
-    },
+    Layer { layer: usize, span: Option<Range<usize>> },
 }
 
 /// A diagnostic with what the loader knows beyond its key: where exactly to point and a short
@@ -33,11 +30,7 @@ pub(crate) struct Finding {
 impl Finding {
     /// An error at `key`, pointing at its value.
     pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            diag: Diagnostic::error(key, message),
-            place: Place::Key(Aim::Value),
-            label: None,
-        }
+        Self { diag: Diagnostic::error(key, message), place: Place::Key(Aim::Value), label: None }
     }
 
     /// Points at the key rather than the value.
@@ -65,11 +58,7 @@ impl Finding {
 pub fn render(diagnostics: &[Diagnostic], origins: &Origins) -> String {
     let findings: Vec<Finding> = diagnostics
         .iter()
-        .map(|diag| Finding {
-            diag: diag.clone(),
-            place: Place::Key(Aim::Value),
-            label: None,
-        })
+        .map(|diag| Finding { diag: diag.clone(), place: Place::Key(Aim::Value), label: None })
         .collect();
     render_findings(&findings, origins)
 }
@@ -78,8 +67,7 @@ pub fn render(diagnostics: &[Diagnostic], origins: &Origins) -> String {
 /// the overrides, then the summary.
 pub(crate) fn render_findings(findings: &[Finding], origins: &Origins) -> String {
     let renderer = Renderer::plain();
-    let mut placed: Vec<(&Finding, Option<Located>)> =
-        findings.iter().map(|f| (f, place(f, origins))).collect();
+    let mut placed: Vec<(&Finding, Option<Located>)> = findings.iter().map(|f| (f, place(f, origins))).collect();
     placed.sort_by_key(|(_, at)| order(at.as_ref(), origins));
     let mut out = String::new();
     for (finding, at) in &placed {
@@ -96,11 +84,7 @@ pub(crate) fn render_findings(findings: &[Finding], origins: &Origins) -> String
                     Snippet::source(source.as_str())
                         .path(layer.name.as_str())
                         .fold(true)
-                        .annotation(
-                            AnnotationKind::Primary
-                                .span(span.clone())
-                                .label(finding.label.as_deref()),
-                        ),
+                        .annotation(AnnotationKind::Primary.span(span.clone()).label(finding.label.as_deref())),
                 ),
                 _ => group.element(Origin::path(layer.name.as_str())),
             };
@@ -118,10 +102,7 @@ pub(crate) fn render_findings(findings: &[Finding], origins: &Origins) -> String
 
 fn place(finding: &Finding, origins: &Origins) -> Option<Located> {
     match &finding.place {
-        Place::Layer { layer, span } => Some(Located {
-            layer: *layer,
-            span: span.clone(),
-        }),
+        Place::Layer { layer, span } => Some(Located { layer: *layer, span: span.clone() }),
         Place::Key(aim) => {
             // A key that does not parse (a planner bug) still gets its message, at the file.
             let segs = keypath::parse(&finding.diag.key).unwrap_or_default();
@@ -144,30 +125,16 @@ fn order(at: Option<&Located>, origins: &Origins) -> (usize, usize, usize) {
 }
 
 fn summary(findings: &[Finding], origins: &Origins) -> String {
-    let errors = findings
-        .iter()
-        .filter(|f| f.diag.severity == Severity::Error)
-        .count();
+    let errors = findings.iter().filter(|f| f.diag.severity == Severity::Error).count();
     let warnings = findings.len() - errors;
-    let subject = origins.top_file().map_or_else(
-        || "the spec".to_string(),
-        |i| origins.layers()[i].name.clone(),
-    );
+    let subject = origins.top_file().map_or_else(|| "the spec".to_string(), |i| origins.layers()[i].name.clone());
     let plural = |n: usize, word: &str| {
-        if n == 1 {
-            format!("1 {word}")
-        } else {
-            format!("{n} {word}s")
-        }
+        if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") }
     };
     match (errors, warnings) {
         (0, 0) => format!("no problems in {subject}"),
         (0, w) => format!("warning: {} in {subject}", plural(w, "warning")),
         (e, 0) => format!("error: {} in {subject}", plural(e, "problem")),
-        (e, w) => format!(
-            "error: {} and {} in {subject}",
-            plural(e, "problem"),
-            plural(w, "warning")
-        ),
+        (e, w) => format!("error: {} and {} in {subject}", plural(e, "problem"), plural(w, "warning")),
     }
 }

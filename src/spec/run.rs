@@ -36,11 +36,6 @@ fn default_seed() -> u64 {
 
 impl Default for RunSpec {
     fn default() -> Self {
-        Self {
-            name: None,
-            seed: default_seed(),
-            out_dir: None,
-            threads: None,
-        }
+        Self { name: None, seed: default_seed(), out_dir: None, threads: None }
     }
 }

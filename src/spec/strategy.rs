@@ -168,7 +168,14 @@ fn default_startup_timeout_s() -> f64 {
 
 impl Default for ClusterSpec {
     fn default() -> Self {
-        Self { chief: None, worker: None, ps: None, evaluator: None, token_file: None, startup_timeout_s: default_startup_timeout_s() }
+        Self {
+            chief: None,
+            worker: None,
+            ps: None,
+            evaluator: None,
+            token_file: None,
+            startup_timeout_s: default_startup_timeout_s(),
+        }
     }
 }
 

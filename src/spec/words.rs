@@ -14,10 +14,7 @@ pub(crate) struct Noun {
 
 impl Noun {
     fn new(one: impl Into<String>, many: impl Into<String>) -> Self {
-        Self {
-            one: one.into(),
-            many: many.into(),
-        }
+        Self { one: one.into(), many: many.into() }
     }
 }
 
@@ -47,32 +44,21 @@ pub(crate) fn resolve<'s>(root: &'s Json, mut schema: &'s Json) -> (&'s Json, Op
 /// only marks `Option`s).
 pub(crate) fn branches<'s>(schema: &'s Json, keyword: &str) -> Option<Vec<&'s Json>> {
     let all = schema.get(keyword)?.as_array()?;
-    Some(
-        all.iter()
-            .filter(|b| b.get("type").and_then(Json::as_str) != Some("null"))
-            .collect(),
-    )
+    Some(all.iter().filter(|b| b.get("type").and_then(Json::as_str) != Some("null")).collect())
 }
 
 /// The `type`s a schema allows, without `null`.
 pub(crate) fn types(schema: &Json) -> Vec<&str> {
     match schema.get("type") {
         Some(Json::String(t)) => vec![t.as_str()],
-        Some(Json::Array(ts)) => ts
-            .iter()
-            .filter_map(Json::as_str)
-            .filter(|t| *t != "null")
-            .collect(),
+        Some(Json::Array(ts)) => ts.iter().filter_map(Json::as_str).filter(|t| *t != "null").collect(),
         _ => Vec::new(),
     }
 }
 
 /// The constant strings of a unit enum's `oneOf`, or `None` when a branch is not a constant.
 pub(crate) fn constants(branches: &[&Json]) -> Option<Vec<String>> {
-    branches
-        .iter()
-        .map(|b| b.get("const").and_then(Json::as_str).map(str::to_string))
-        .collect()
+    branches.iter().map(|b| b.get("const").and_then(Json::as_str).map(str::to_string)).collect()
 }
 
 /// What a schema accepts, in words.
@@ -116,20 +102,14 @@ pub(crate) fn noun(root: &Json, schema: &Json) -> Noun {
         },
         "boolean" => Noun::new("`true` or `false`", "booleans"),
         "array" => {
-            let items = schema
-                .get("items")
-                .map_or_else(|| Noun::new("a value", "values"), |i| noun(root, i));
+            let items = schema.get("items").map_or_else(|| Noun::new("a value", "values"), |i| noun(root, i));
             let min = schema.get("minItems").and_then(Json::as_u64);
             let max = schema.get("maxItems").and_then(Json::as_u64);
             match (min, max) {
-                (Some(a), Some(b)) if a == b => Noun::new(
-                    format!("a list of {a} {}", items.many),
-                    format!("lists of {a} {}", items.many),
-                ),
-                _ => Noun::new(
-                    format!("a list of {}", items.many),
-                    format!("lists of {}", items.many),
-                ),
+                (Some(a), Some(b)) if a == b => {
+                    Noun::new(format!("a list of {a} {}", items.many), format!("lists of {a} {}", items.many))
+                }
+                _ => Noun::new(format!("a list of {}", items.many), format!("lists of {}", items.many)),
             }
         }
         "object" => Noun::new("a table", "tables"),
@@ -139,19 +119,11 @@ pub(crate) fn noun(root: &Json, schema: &Json) -> Noun {
 
 fn article(word: &str) -> &'static str {
     let first = word.trim_start_matches('`').chars().next().unwrap_or('x');
-    if "aeiouAEIOU".contains(first) {
-        "an"
-    } else {
-        "a"
-    }
+    if "aeiouAEIOU".contains(first) { "an" } else { "a" }
 }
 
 fn plural(word: &str) -> String {
-    if word.ends_with('s') {
-        format!("{word}es")
-    } else {
-        format!("{word}s")
-    }
+    if word.ends_with('s') { format!("{word}es") } else { format!("{word}s") }
 }
 
 /// `"a", "b" or "c"`.
@@ -186,9 +158,7 @@ pub(crate) fn found(value: &Value) -> String {
 pub(crate) fn show(value: &Value) -> String {
     match value {
         Value::Num(_, n) if is_float(n) => format!("{:?}", n.to_f64().unwrap_or(f64::NAN)),
-        Value::Num(_, n) => n
-            .to_i128()
-            .map_or_else(|| format!("{:?}", n.to_f64()), |i| i.to_string()),
+        Value::Num(_, n) => n.to_i128().map_or_else(|| format!("{:?}", n.to_f64()), |i| i.to_string()),
         Value::String(_, s) => format!("{s:?}"),
         Value::Bool(_, b) => b.to_string(),
         Value::Char(_, c) => format!("\"{c}\""),
@@ -225,20 +195,12 @@ pub(crate) fn description<'s>(root: &'s Json, schema: &'s Json) -> &'s str {
     schema
         .get("description")
         .and_then(Json::as_str)
-        .or_else(|| {
-            resolve(root, schema)
-                .0
-                .get("description")
-                .and_then(Json::as_str)
-        })
+        .or_else(|| resolve(root, schema).0.get("description").and_then(Json::as_str))
         .unwrap_or("")
 }
 
 /// The closest of `candidates` to `word`, when it is close enough to be a likely typo.
-pub(crate) fn closest<'c>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'c str>,
-) -> Option<&'c str> {
+pub(crate) fn closest<'c>(word: &str, candidates: impl IntoIterator<Item = &'c str>) -> Option<&'c str> {
     let word = word.to_ascii_lowercase();
     candidates
         .into_iter()
@@ -260,15 +222,9 @@ mod tests {
         assert_eq!(closest("learningrate", keys), Some("learning_rate"));
         assert_eq!(closest("Momentum", keys), Some("momentum"));
         assert_eq!(closest("batch_size", keys), None);
-        assert_eq!(
-            closest("conv3d", ["dense", "conv2d", "flatten"]),
-            Some("conv2d")
-        );
+        assert_eq!(closest("conv3d", ["dense", "conv2d", "flatten"]), Some("conv2d"));
         assert_eq!(closest("full", ["valid", "same"]), None);
-        assert_eq!(
-            closest("optimiser", ["optimizer", "model"]),
-            Some("optimizer")
-        );
+        assert_eq!(closest("optimiser", ["optimizer", "model"]), Some("optimizer"));
     }
 
     #[test]
@@ -278,18 +234,12 @@ mod tests {
             {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2}
         ]}}});
         let size = json!({"$ref": "#/$defs/Size2"});
-        assert_eq!(
-            noun(&root, &size).one,
-            "a positive integer or a list of 2 positive integers"
-        );
+        assert_eq!(noun(&root, &size).one, "a positive integer or a list of 2 positive integers");
         let tasks = json!({"anyOf": [
             {"type": "integer", "minimum": 1},
             {"type": "array", "items": {"type": "string", "title": "`host:port` address"}}
         ]});
-        assert_eq!(
-            noun(&root, &tasks).one,
-            "a positive integer or a list of `host:port` addresses"
-        );
+        assert_eq!(noun(&root, &tasks).one, "a positive integer or a list of `host:port` addresses");
         let unit = json!({"oneOf": [{"const": "valid"}, {"const": "same"}]});
         assert_eq!(noun(&root, &unit).one, "\"valid\" or \"same\"");
     }
@@ -301,10 +251,7 @@ mod tests {
         assert_eq!(found(&Value::from(3)), "integer 3");
         assert_eq!(bound(0.0), "0");
         assert_eq!(bound(0.999), "0.999");
-        assert_eq!(
-            example("Output features. Example: `units = 128`."),
-            Some("`units = 128`")
-        );
+        assert_eq!(example("Output features. Example: `units = 128`."), Some("`units = 128`"));
         assert_eq!(example("No example."), None);
     }
 }

@@ -22,7 +22,13 @@ impl Strategy for DefaultStrategy {
         StrategyKind::Default
     }
 
-    fn compute_gradients(&mut self, vars: &mut Variables, grads: &mut [f32], micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        grads: &mut [f32],
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError> {
         let total: usize = micro.iter().map(|b| b.global_n).sum();
         let scale = 1.0 / total.max(1) as f32;
         let mut stats = BatchStats::default();
@@ -33,7 +39,11 @@ impl Strategy for DefaultStrategy {
         Ok(stats)
     }
 
-    fn evaluate(&mut self, vars: &mut Variables, batches: &mut dyn Iterator<Item = Batch>) -> Result<BatchStats, StrategyError> {
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<BatchStats, StrategyError> {
         let mut stats = BatchStats::default();
         for b in batches {
             stats.add(self.replica.evaluate(vars, &b));

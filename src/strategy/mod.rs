@@ -32,34 +32,56 @@ pub enum StrategyError {
 }
 
 /// How one task computes and reduces each step's gradient.
-pub trait Strategy {
+pub trait Strategy: Send {
     /// The strategy's kind.
     fn kind(&self) -> StrategyKind;
 
     /// Forward and backward over this task's `micro` batches of one optimizer step, leaving in
     /// `grads` the gradient of the mean loss over the whole global batch (all replicas) and
     /// returning loss and accuracy sums over the whole global batch.
-    fn compute_gradients(&mut self, vars: &mut Variables, grads: &mut [f32], micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError>;
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        grads: &mut [f32],
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError>;
 
     /// Applies the optimizer. Synchronous strategies update every replica's copy identically.
-    fn apply(&mut self, vars: &mut Variables, grads: &[f32], optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+    fn apply(
+        &mut self,
+        vars: &mut Variables,
+        grads: &[f32],
+        optimizer: &mut Optimizer,
+        lr: f32,
+    ) -> Result<(), StrategyError> {
         optimizer.step(&mut vars.params, grads, lr);
         Ok(())
     }
 
     /// Loss and accuracy sums over `batches` (this task's share), across all replicas.
-    fn evaluate(&mut self, vars: &mut Variables, batches: &mut dyn Iterator<Item = Batch>) -> Result<BatchStats, StrategyError>;
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<BatchStats, StrategyError>;
 }
 
 /// The strategy `plan` asks for, over `models`: one per local device of the plan.
 pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
-    let mut replicas = models.into_iter().map(|m| Replica::new(m, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads));
+    let mut replicas = models
+        .into_iter()
+        .map(|m| Replica::new(m, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads));
     let mut one = || replicas.next().ok_or_else(|| StrategyError::Unsupported("no model to place on a device".into()));
     match plan.strategy.kind {
         StrategyKind::Default => Ok(Box::new(default::DefaultStrategy::new(one()?))),
-        StrategyKind::OneDevice => Ok(Box::new(one_device::OneDevice::new(plan.strategy.devices.first().copied().unwrap_or_default(), one()?)?)),
-        kind @ (StrategyKind::Mirrored | StrategyKind::CentralStorage | StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) => {
-            Err(StrategyError::NotBuilt(kind.name()))
-        }
+        StrategyKind::OneDevice => Ok(Box::new(one_device::OneDevice::new(
+            plan.strategy.devices.first().copied().unwrap_or_default(),
+            one()?,
+        )?)),
+        kind @ (StrategyKind::Mirrored
+        | StrategyKind::CentralStorage
+        | StrategyKind::MultiWorkerMirrored
+        | StrategyKind::ParameterServer) => Err(StrategyError::NotBuilt(kind.name())),
     }
 }

@@ -30,11 +30,21 @@ impl Strategy for OneDevice {
         StrategyKind::OneDevice
     }
 
-    fn compute_gradients(&mut self, vars: &mut Variables, grads: &mut [f32], micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        grads: &mut [f32],
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError> {
         self.inner.compute_gradients(vars, grads, micro, seed)
     }
 
-    fn evaluate(&mut self, vars: &mut Variables, batches: &mut dyn Iterator<Item = Batch>) -> Result<BatchStats, StrategyError> {
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<BatchStats, StrategyError> {
         self.inner.evaluate(vars, batches)
     }
 }

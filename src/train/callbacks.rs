@@ -62,10 +62,35 @@ fn worst(mode: Mode) -> f64 {
 }
 
 enum Runtime {
-    EarlyStopping { monitor: Monitor, mode: Mode, min_delta: f64, patience: u32, restore: bool, best: f64, wait: u32 },
-    Plateau { monitor: Monitor, mode: Mode, min_delta: f64, patience: u32, factor: f64, cooldown: u32, min_lr: f64, best: f64, wait: u32, cooling: u32 },
-    Csv { path: PathBuf, out: BufWriter<File> },
-    Target { monitor: Monitor, target: f64 },
+    EarlyStopping {
+        monitor: Monitor,
+        mode: Mode,
+        min_delta: f64,
+        patience: u32,
+        restore: bool,
+        best: f64,
+        wait: u32,
+    },
+    Plateau {
+        monitor: Monitor,
+        mode: Mode,
+        min_delta: f64,
+        patience: u32,
+        factor: f64,
+        cooldown: u32,
+        min_lr: f64,
+        best: f64,
+        wait: u32,
+        cooling: u32,
+    },
+    Csv {
+        path: PathBuf,
+        out: BufWriter<File>,
+    },
+    Target {
+        monitor: Monitor,
+        target: f64,
+    },
 }
 
 /// A callback could not start (its file could not be opened).
@@ -93,27 +118,31 @@ impl Callbacks {
         let mut items = Vec::new();
         for spec in specs {
             match spec {
-                CallbackSpec::EarlyStopping { monitor, min_delta, patience, mode, restore_best_weights } => items.push(Runtime::EarlyStopping {
-                    monitor: *monitor,
-                    mode: *mode,
-                    min_delta: *min_delta,
-                    patience: *patience,
-                    restore: *restore_best_weights,
-                    best: worst(*mode),
-                    wait: 0,
-                }),
-                CallbackSpec::ReduceLrOnPlateau { monitor, factor, patience, mode, min_delta, cooldown, min_lr } => items.push(Runtime::Plateau {
-                    monitor: *monitor,
-                    mode: *mode,
-                    min_delta: *min_delta,
-                    patience: *patience,
-                    factor: *factor,
-                    cooldown: *cooldown,
-                    min_lr: *min_lr,
-                    best: worst(*mode),
-                    wait: 0,
-                    cooling: 0,
-                }),
+                CallbackSpec::EarlyStopping { monitor, min_delta, patience, mode, restore_best_weights } => {
+                    items.push(Runtime::EarlyStopping {
+                        monitor: *monitor,
+                        mode: *mode,
+                        min_delta: *min_delta,
+                        patience: *patience,
+                        restore: *restore_best_weights,
+                        best: worst(*mode),
+                        wait: 0,
+                    })
+                }
+                CallbackSpec::ReduceLrOnPlateau { monitor, factor, patience, mode, min_delta, cooldown, min_lr } => {
+                    items.push(Runtime::Plateau {
+                        monitor: *monitor,
+                        mode: *mode,
+                        min_delta: *min_delta,
+                        patience: *patience,
+                        factor: *factor,
+                        cooldown: *cooldown,
+                        min_lr: *min_lr,
+                        best: worst(*mode),
+                        wait: 0,
+                        cooling: 0,
+                    })
+                }
                 CallbackSpec::CsvLogger { filename, append } => {
                     let path = run_dir.join(filename);
                     let fresh = !*append || !path.exists();
@@ -126,11 +155,14 @@ impl Callbacks {
                         .map_err(|source| CallbackError { path: path.clone(), source })?;
                     let mut out = BufWriter::new(file);
                     if fresh {
-                        writeln!(out, "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss").map_err(|source| CallbackError { path: path.clone(), source })?;
+                        writeln!(out, "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss")
+                            .map_err(|source| CallbackError { path: path.clone(), source })?;
                     }
                     items.push(Runtime::Csv { path, out });
                 }
-                CallbackSpec::StopAtTarget { monitor, target } => items.push(Runtime::Target { monitor: *monitor, target: *target }),
+                CallbackSpec::StopAtTarget { monitor, target } => {
+                    items.push(Runtime::Target { monitor: *monitor, target: *target })
+                }
                 CallbackSpec::ModelCheckpoint { .. } | CallbackSpec::BackupAndRestore { .. } => {}
             }
         }
@@ -171,10 +203,25 @@ impl Callbacks {
                             out.push(Control::SaveBest);
                         }
                     } else if *wait >= *patience && logs.epoch > 1 {
-                        out.push(if *restore { Control::StopAndRestore("early_stopping") } else { Control::Stop("early_stopping") });
+                        out.push(if *restore {
+                            Control::StopAndRestore("early_stopping")
+                        } else {
+                            Control::Stop("early_stopping")
+                        });
                     }
                 }
-                Runtime::Plateau { monitor, mode, min_delta, patience, factor, cooldown, min_lr, best, wait, cooling } => {
+                Runtime::Plateau {
+                    monitor,
+                    mode,
+                    min_delta,
+                    patience,
+                    factor,
+                    cooldown,
+                    min_lr,
+                    best,
+                    wait,
+                    cooling,
+                } => {
                     let Some(current) = logs.get(*monitor) else { continue };
                     if *cooling > 0 {
                         *cooling -= 1;
@@ -234,12 +281,26 @@ mod tests {
     use super::*;
 
     fn logs(epoch: u64, val_loss: f64) -> Logs {
-        Logs { epoch, step: epoch * 10, loss: 1.0, accuracy: 0.5, val_loss: Some(val_loss), val_accuracy: Some(0.9), learning_rate: 0.1 }
+        Logs {
+            epoch,
+            step: epoch * 10,
+            loss: 1.0,
+            accuracy: 0.5,
+            val_loss: Some(val_loss),
+            val_accuracy: Some(0.9),
+            learning_rate: 0.1,
+        }
     }
 
     #[test]
     fn early_stopping_waits_patience_epochs() {
-        let spec = CallbackSpec::EarlyStopping { monitor: Monitor::ValLoss, min_delta: 0.0, patience: 2, mode: Mode::Min, restore_best_weights: false };
+        let spec = CallbackSpec::EarlyStopping {
+            monitor: Monitor::ValLoss,
+            min_delta: 0.0,
+            patience: 2,
+            mode: Mode::Min,
+            restore_best_weights: false,
+        };
         let mut cb = Callbacks::new(&[spec], Path::new(".")).unwrap();
         assert!(cb.on_epoch_end(&logs(1, 1.0)).unwrap().is_empty());
         assert!(cb.on_epoch_end(&logs(2, 1.1)).unwrap().is_empty());
@@ -248,7 +309,15 @@ mod tests {
 
     #[test]
     fn plateau_multiplies_the_rate_and_respects_the_floor() {
-        let spec = CallbackSpec::ReduceLrOnPlateau { monitor: Monitor::ValLoss, factor: 0.5, patience: 1, mode: Mode::Min, min_delta: 0.0, cooldown: 0, min_lr: 0.03 };
+        let spec = CallbackSpec::ReduceLrOnPlateau {
+            monitor: Monitor::ValLoss,
+            factor: 0.5,
+            patience: 1,
+            mode: Mode::Min,
+            min_delta: 0.0,
+            cooldown: 0,
+            min_lr: 0.03,
+        };
         let mut cb = Callbacks::new(&[spec], Path::new(".")).unwrap();
         cb.on_epoch_end(&logs(1, 1.0)).unwrap();
         cb.on_epoch_end(&logs(2, 1.0)).unwrap();

@@ -20,6 +20,10 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Activation memory an evaluation batch may use: bigger batches run the forward pass's
+/// products more efficiently, and per-example results do not depend on the batch size.
+const EVAL_BYTES: usize = 32 << 20;
+
 /// Separates per-step randomness (dropout) from the run seed's other uses.
 const STEP_DOMAIN: u64 = 0x5354_4550; // "STEP"
 
@@ -56,6 +60,8 @@ pub struct Session {
     pub tensors: Vec<TensorInfo>,
     /// Named state tensors.
     pub state_tensors: Vec<TensorInfo>,
+    /// Activation values per example of one replica's model, to size evaluation batches.
+    pub activation_len: usize,
 }
 
 /// How the loop reports.
@@ -80,13 +86,15 @@ struct Eval {
 /// Trains `session` as `plan` says, writing the run folder `run_dir`.
 pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitOptions) -> Result<Summary, TrainError> {
     let t = &plan.train;
-    let micro_global = NonZeroUsize::new(plan.batch.per_replica * plan.strategy.num_replicas_in_sync).unwrap_or(NonZeroUsize::MIN);
+    let micro_global =
+        NonZeroUsize::new(plan.batch.per_replica * plan.strategy.num_replicas_in_sync).unwrap_or(NonZeroUsize::MIN);
     let options = PipelineOptions::from_spec(&plan.data.spec, plan.seed, micro_global, session.shard);
     let mut pipeline = Pipeline::new(session.dataset.clone(), &options, Cursor::default())?;
     let mut callbacks = Callbacks::new(&plan.callbacks, run_dir.path())?;
     let mut progress = Progress::new(opts.progress, t.epochs, opts.prefix.clone());
     let mut grads = vec![0.0f32; session.vars.params.len()];
     let mut micro: Vec<Batch> = Vec::with_capacity(plan.batch.accumulation_steps);
+    let eval_batch = eval_batch_size(micro_global, plan.strategy.num_replicas_in_sync, session.activation_len);
     let steady_from = if t.epochs >= 2 { t.steps_per_epoch } else { (t.steps_per_epoch / 5).min(10) };
 
     let (mut step, mut examples) = (0u64, 0u64);
@@ -123,20 +131,30 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
                 steady_time += took;
                 steady_examples += stats.examples;
             }
-            let shown = Shown { loss: epoch_stats.loss(), accuracy: epoch_stats.accuracy(), val: last_eval.map(|e| (e.stats.loss(), e.stats.accuracy())) };
+            let shown = Shown {
+                loss: epoch_stats.loss(),
+                accuracy: epoch_stats.accuracy(),
+                val: last_eval.map(|e| (e.stats.loss(), e.stats.accuracy())),
+            };
             progress.step(s + 1, &shown);
 
             let epoch_end = s + 1 == t.steps_per_epoch;
             let due = t.eval.and_then(|e| e.every_steps).is_some_and(|n| step % n == 0);
             if due && !(epoch_end && t.eval.is_some_and(|e| e.every_epoch)) {
-                let stats = evaluate(plan, session, micro_global)?;
+                let stats = evaluate(plan, session, eval_batch)?;
                 last_eval = Some(Eval { step, stats });
                 let logs = logs(epoch, step, &epoch_stats, last_eval, lr);
                 run_dir.metrics(&metrics_line("evaluation", &logs, &epoch_stats, epoch_time, opts))?;
-                progress.note(&format!("step {step}: val_loss: {:.4} - val_accuracy: {:.4}", stats.loss(), stats.accuracy()));
+                progress.note(&format!(
+                    "step {step}: val_loss: {:.4} - val_accuracy: {:.4}",
+                    stats.loss(),
+                    stats.accuracy()
+                ));
                 if let Control::Stop(why) = callbacks.on_evaluation(&logs) {
                     stopped = why;
-                    progress.end_epoch(epoch, &shown);
+                    let shown = Shown { val: Some((stats.loss(), stats.accuracy())), ..shown };
+                    progress.end_epoch(epoch, s + 1, &shown);
+                    progress.note(&format!("stopped: {stopped}"));
                     last_epoch = epoch_stats;
                     break 'epochs;
                 }
@@ -144,12 +162,12 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
         }
         last_epoch = epoch_stats;
         if t.eval.is_some_and(|e| e.every_epoch) {
-            last_eval = Some(Eval { step, stats: evaluate(plan, session, micro_global)? });
+            last_eval = Some(Eval { step, stats: evaluate(plan, session, eval_batch)? });
         }
         let logs = logs(epoch, step, &epoch_stats, last_eval.filter(|e| e.step == step), lr);
         run_dir.metrics(&metrics_line("epoch", &logs, &epoch_stats, epoch_time, opts))?;
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
-        progress.end_epoch(epoch, &shown);
+        progress.end_epoch(epoch, t.steps_per_epoch, &shown);
         for control in callbacks.on_epoch_end(&logs)? {
             match control {
                 Control::Continue => {}
@@ -173,7 +191,7 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
 
     let final_eval = match last_eval {
         Some(e) if e.step == step => Some(e.stats),
-        _ if t.eval.is_some() => Some(evaluate(plan, session, micro_global)?),
+        _ if t.eval.is_some() => Some(evaluate(plan, session, eval_batch)?),
         _ => None,
     };
     if let Some(e) = final_eval {
@@ -181,9 +199,18 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
     }
     let sha = weights_sha256(&session.vars);
     if opts.writes {
-        save_weights(&run_dir.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
+        save_weights(
+            &run_dir.path().join("model.safetensors"),
+            &session.vars,
+            &session.tensors,
+            &session.state_tensors,
+        )?;
     }
-    let steady = if steady_examples > 0 { steady_examples as f64 / steady_time.as_secs_f64() } else { examples as f64 / all_time.as_secs_f64().max(1e-9) };
+    let steady = if steady_examples > 0 {
+        steady_examples as f64 / steady_time.as_secs_f64()
+    } else {
+        examples as f64 / all_time.as_secs_f64().max(1e-9)
+    };
     Ok(Summary {
         trainrun_version: env!("CARGO_PKG_VERSION"),
         name: plan.name.clone(),
@@ -204,6 +231,14 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
         threads: plan.threads,
         num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
     })
+}
+
+/// The largest multiple of the training micro-batch (at most 1024 examples per replica) whose
+/// activations fit [`EVAL_BYTES`] on each replica.
+fn eval_batch_size(micro: NonZeroUsize, replicas: usize, activation_len: usize) -> NonZeroUsize {
+    let per_replica = (EVAL_BYTES / (4 * activation_len.max(1))).clamp(1, 1024);
+    let multiple = (per_replica * replicas.max(1) / micro.get()).max(1);
+    NonZeroUsize::new(micro.get() * multiple).unwrap_or(micro)
 }
 
 fn evaluate(plan: &Plan, session: &mut Session, batch: NonZeroUsize) -> Result<BatchStats, TrainError> {
@@ -227,7 +262,13 @@ fn logs(epoch: u64, step: u64, train: &BatchStats, eval: Option<Eval>, lr: f64) 
     }
 }
 
-fn metrics_line(event: &'static str, logs: &Logs, train: &BatchStats, time: Duration, opts: &FitOptions) -> MetricsLine {
+fn metrics_line(
+    event: &'static str,
+    logs: &Logs,
+    train: &BatchStats,
+    time: Duration,
+    opts: &FitOptions,
+) -> MetricsLine {
     MetricsLine {
         event,
         epoch: logs.epoch,

@@ -93,23 +93,24 @@ impl Progress {
         }
     }
 
-    /// Ends epoch `epoch` with its final metrics (including evaluation).
-    pub fn end_epoch(&mut self, epoch: u64, m: &Shown) {
+    /// Ends epoch `epoch` after `done` steps (fewer when training stops early) with its final
+    /// metrics (including evaluation).
+    pub fn end_epoch(&mut self, epoch: u64, done: u64, m: &Shown) {
         let elapsed = self.started.elapsed();
         let line = format!(
-            "{}Epoch {epoch}/{} - {}/{} - {:.1}s {} - {}",
+            "{}Epoch {epoch}/{} - {done}/{} - {:.1}s {} - {}",
             self.prefix,
             self.epochs,
             self.steps,
-            self.steps,
             elapsed.as_secs_f64(),
-            per_step(elapsed, self.steps),
+            per_step(elapsed, done),
             metrics_text(m)
         );
         match (self.mode, self.bar.take()) {
             (Mode::Bar, Some(bar)) => {
-                bar.set_message(format!("{} - {}", per_step(elapsed, self.steps), metrics_text(m)));
-                bar.finish();
+                bar.set_position(done);
+                bar.set_message(format!("{} - {}", per_step(elapsed, done), metrics_text(m)));
+                bar.abandon();
             }
             (Mode::Lines, _) => println!("{line}"),
             _ => {}

@@ -122,7 +122,8 @@ impl RunDir {
     /// Writes `summary.json`.
     pub fn summary(&self, summary: &Summary) -> Result<(), RecordError> {
         let path = self.dir.join("summary.json");
-        let text = serde_json::to_string_pretty(summary).map_err(|e| RecordError { path: path.clone(), source: e.into() })?;
+        let text =
+            serde_json::to_string_pretty(summary).map_err(|e| RecordError { path: path.clone(), source: e.into() })?;
         std::fs::write(&path, text + "\n").map_err(io(&path))
     }
 }

@@ -22,7 +22,12 @@ pub fn weights_sha256(vars: &Variables) -> String {
 }
 
 /// Writes `vars` to `path` (temp file, fsync, rename) as safetensors.
-pub fn save_weights(path: &Path, vars: &Variables, tensors: &[TensorInfo], state: &[TensorInfo]) -> Result<(), RecordError> {
+pub fn save_weights(
+    path: &Path,
+    vars: &Variables,
+    tensors: &[TensorInfo],
+    state: &[TensorInfo],
+) -> Result<(), RecordError> {
     let err = |source: std::io::Error| RecordError { path: path.to_path_buf(), source };
     let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (t, values) in tensors.iter().map(|t| (t, &vars.params)).chain(state.iter().map(|t| (t, &vars.state))) {

@@ -15,10 +15,7 @@ pub struct ActivationLayer {
 impl ActivationLayer {
     /// `activation` over inputs of `shape`.
     pub fn new(activation: Activation, shape: Shape) -> Self {
-        Self {
-            activation,
-            output: shape,
-        }
+        Self { activation, output: shape }
     }
 
     fn last_axis(&self) -> usize {
@@ -35,22 +32,12 @@ impl Layer for ActivationLayer {
         &self.output
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let (act, row) = (self.activation, self.last_axis());
         let len = n * self.output.numel();
         y[..len].copy_from_slice(&x[..len]);
         let rows = len / row;
-        par_rows(y, rows, row, pass.threads, |_, _, part| {
-            activation::forward(act, part, row)
-        });
+        par_rows(y, rows, row, pass.threads, |_, _, part| activation::forward(act, part, row));
     }
 
     fn backward(
@@ -66,13 +53,7 @@ impl Layer for ActivationLayer {
     ) {
         if let Some(dx) = dx {
             let len = n * self.output.numel();
-            activation::backward(
-                self.activation,
-                &y[..len],
-                &dy[..len],
-                &mut dx[..len],
-                self.last_axis(),
-            );
+            activation::backward(self.activation, &y[..len], &dy[..len], &mut dx[..len], self.last_axis());
         }
     }
 }

@@ -16,10 +16,7 @@ pub struct AvgPool2d {
 impl AvgPool2d {
     /// Pooling with the given geometry (`win.kh × win.kw` windows).
     pub fn new(win: Window) -> Self {
-        Self {
-            win,
-            output: Shape(vec![win.oh, win.ow, win.c]),
-        }
+        Self { win, output: Shape(vec![win.oh, win.ow, win.c]) }
     }
 }
 
@@ -71,30 +68,19 @@ impl Layer for AvgPool2d {
         &self.output
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let win = self.win;
         let (in_len, out_len) = (win.h * win.w * win.c, self.output.numel());
         if n == 0 || out_len == 0 {
             return;
         }
         let per = images_per_part(n, pass.threads);
-        y[..n * out_len]
-            .par_chunks_mut(per * out_len)
-            .enumerate()
-            .for_each(|(p, y)| {
-                for (e, y) in y.chunks_exact_mut(out_len).enumerate() {
-                    let x = &x[(p * per + e) * in_len..][..in_len];
-                    forward_image(&win, x, y);
-                }
-            });
+        y[..n * out_len].par_chunks_mut(per * out_len).enumerate().for_each(|(p, y)| {
+            for (e, y) in y.chunks_exact_mut(out_len).enumerate() {
+                let x = &x[(p * per + e) * in_len..][..in_len];
+                forward_image(&win, x, y);
+            }
+        });
     }
 
     fn backward(
@@ -115,20 +101,14 @@ impl Layer for AvgPool2d {
             return;
         }
         let per = images_per_part(n, pass.threads);
-        dx[..n * in_len]
-            .par_chunks_mut(per * in_len)
-            .enumerate()
-            .for_each(|(p, dx)| {
-                for (e, dx) in dx.chunks_exact_mut(in_len).enumerate() {
-                    let dy = &dy[(p * per + e) * out_len..][..out_len];
-                    dx.fill(0.0);
-                    sweep(&win, |o, i, inv| {
-                        dx[i..i + c]
-                            .iter_mut()
-                            .zip(&dy[o..o + c])
-                            .for_each(|(d, g)| *d += g * inv);
-                    });
-                }
-            });
+        dx[..n * in_len].par_chunks_mut(per * in_len).enumerate().for_each(|(p, dx)| {
+            for (e, dx) in dx.chunks_exact_mut(in_len).enumerate() {
+                let dy = &dy[(p * per + e) * out_len..][..out_len];
+                dx.fill(0.0);
+                sweep(&win, |o, i, inv| {
+                    dx[i..i + c].iter_mut().zip(&dy[o..o + c]).for_each(|(d, g)| *d += g * inv);
+                });
+            }
+        });
     }
 }

@@ -44,21 +44,18 @@ impl BatchNorm {
         let c = self.channels;
         let ranges = partition(rows, threads);
         self.partials.resize_with(ranges.len(), Vec::new);
-        self.partials[..ranges.len()]
-            .par_iter_mut()
-            .zip(&ranges)
-            .for_each(|(p, r)| {
-                p.clear();
-                p.resize(2 * c, 0.0);
-                let (s, sp) = p.split_at_mut(c);
-                let (a, b) = (&a[r.start * c..r.end * c], &b[r.start * c..r.end * c]);
-                for (a, b) in a.chunks_exact(c).zip(b.chunks_exact(c)) {
-                    for (((s, sp), &a), &b) in s.iter_mut().zip(sp.iter_mut()).zip(a).zip(b) {
-                        *s += f64::from(a);
-                        *sp += f64::from(a) * f64::from(b);
-                    }
+        self.partials[..ranges.len()].par_iter_mut().zip(&ranges).for_each(|(p, r)| {
+            p.clear();
+            p.resize(2 * c, 0.0);
+            let (s, sp) = p.split_at_mut(c);
+            let (a, b) = (&a[r.start * c..r.end * c], &b[r.start * c..r.end * c]);
+            for (a, b) in a.chunks_exact(c).zip(b.chunks_exact(c)) {
+                for (((s, sp), &a), &b) in s.iter_mut().zip(sp.iter_mut()).zip(a).zip(b) {
+                    *s += f64::from(a);
+                    *sp += f64::from(a) * f64::from(b);
                 }
-            });
+            }
+        });
         let (mut s, mut sp) = (vec![0.0; c], vec![0.0; c]);
         for p in &self.partials[..ranges.len()] {
             s.iter_mut().zip(&p[..c]).for_each(|(t, v)| *t += v);
@@ -81,11 +78,7 @@ fn affine(
 ) {
     par_rows(out, rows, c, threads, |_, r, part| {
         let (u, v) = (&u[r.start * c..r.end * c], &v[r.start * c..r.end * c]);
-        for ((o, u), v) in part
-            .chunks_exact_mut(c)
-            .zip(u.chunks_exact(c))
-            .zip(v.chunks_exact(c))
-        {
+        for ((o, u), v) in part.chunks_exact_mut(c).zip(u.chunks_exact(c)).zip(v.chunks_exact(c)) {
             for ch in 0..c {
                 o[ch] = a[ch] * u[ch] + b[ch] * v[ch] + d[ch];
             }
@@ -116,15 +109,7 @@ impl Layer for BatchNorm {
         ]
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        state: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let c = self.channels;
         let rows = n * self.output.numel() / c.max(1);
         let (gamma, beta) = params.split_at(c);
@@ -135,18 +120,12 @@ impl Layer for BatchNorm {
             let (s, sq) = self.sums(x, x, rows, pass.threads);
             let m = rows.max(1) as f64;
             self.mean = s.iter().map(|s| (s / m) as f32).collect();
-            let var: Vec<f32> = s
-                .iter()
-                .zip(&sq)
-                .map(|(s, sq)| (sq / m - (s / m) * (s / m)).max(0.0) as f32)
-                .collect();
+            let var: Vec<f32> = s.iter().zip(&sq).map(|(s, sq)| (sq / m - (s / m) * (s / m)).max(0.0) as f32).collect();
             // Keras 3 moves both statistics towards the batch's, with the *biased* batch
             // variance (`ops.moments`), unlike Keras 2's fused kernel (Bessel-corrected).
             let mom = self.momentum;
-            for ((mm, mv), (bm, bv)) in moving_mean
-                .iter_mut()
-                .zip(moving_var.iter_mut())
-                .zip(self.mean.iter().zip(&var))
+            for ((mm, mv), (bm, bv)) in
+                moving_mean.iter_mut().zip(moving_var.iter_mut()).zip(self.mean.iter().zip(&var))
             {
                 *mm = *mm * mom + bm * (1.0 - mom);
                 *mv = *mv * mom + bv * (1.0 - mom);
@@ -156,22 +135,10 @@ impl Layer for BatchNorm {
             self.mean = moving_mean.to_vec();
             moving_var.to_vec()
         };
-        self.inv_std = var
-            .iter()
-            .map(|v| 1.0 / (v + self.epsilon).sqrt())
-            .collect();
+        self.inv_std = var.iter().map(|v| 1.0 / (v + self.epsilon).sqrt()).collect();
         // y = γ·(x − μ)/σ + β = scale·x + shift.
-        let scale: Vec<f32> = gamma
-            .iter()
-            .zip(&self.inv_std)
-            .map(|(g, s)| g * s)
-            .collect();
-        let shift: Vec<f32> = beta
-            .iter()
-            .zip(&scale)
-            .zip(&self.mean)
-            .map(|((b, s), m)| b - m * s)
-            .collect();
+        let scale: Vec<f32> = gamma.iter().zip(&self.inv_std).map(|(g, s)| g * s).collect();
+        let shift: Vec<f32> = beta.iter().zip(&scale).zip(&self.mean).map(|((b, s), m)| b - m * s).collect();
         let zeros = vec![0.0; c];
         affine(y, x, x, (&scale, &zeros, &shift), rows, c, pass.threads);
     }
@@ -192,9 +159,8 @@ impl Layer for BatchNorm {
         let (sum_dy, sum_dy_x) = self.sums(dy, x, rows, pass.threads);
         // Σ dy·x̂ = inv_std · (Σ dy·x − μ Σ dy).
         let (mean, inv_std) = (&self.mean, &self.inv_std);
-        let d_gamma: Vec<f64> = (0..c)
-            .map(|ch| f64::from(inv_std[ch]) * (sum_dy_x[ch] - f64::from(mean[ch]) * sum_dy[ch]))
-            .collect();
+        let d_gamma: Vec<f64> =
+            (0..c).map(|ch| f64::from(inv_std[ch]) * (sum_dy_x[ch] - f64::from(mean[ch]) * sum_dy[ch])).collect();
         let (g_gamma, g_beta) = grads.split_at_mut(c);
         if !pass.accumulate {
             g_gamma.fill(0.0);
@@ -213,11 +179,7 @@ impl Layer for BatchNorm {
             let m = rows.max(1) as f64;
             (0..c)
                 .map(|ch| {
-                    let (a, s, mu) = (
-                        f64::from(a[ch]),
-                        f64::from(inv_std[ch]),
-                        f64::from(mean[ch]),
-                    );
+                    let (a, s, mu) = (f64::from(a[ch]), f64::from(inv_std[ch]), f64::from(mean[ch]));
                     let k = -a * s * d_gamma[ch] / m;
                     let d = -a * sum_dy[ch] / m - k * mu;
                     (k as f32, d as f32)

@@ -27,10 +27,20 @@ pub enum KernelInit {
 /// One thread's scratch.
 #[derive(Default)]
 struct Part {
+    /// im2col patches: one chunk's, or (see [`KEEP_VALUES`]) the whole part's, kept from
+    /// forward for backward.
     patches: Vec<f32>,
+    /// Patch gradients of one chunk.
+    d_patches: Vec<f32>,
+    /// Gradient before the activation, one chunk.
+    dz: Vec<f32>,
     d_kernel: Vec<f32>,
     d_bias: Vec<f32>,
 }
+
+/// Patch values a training forward keeps for backward instead of redoing im2col (8 MiB of
+/// f32 across the batch): the tutorial's first layer fits; big ResNet layers recompute.
+const KEEP_VALUES: usize = 1 << 21;
 
 /// A 2-D convolution layer.
 pub struct Conv2d {
@@ -41,7 +51,8 @@ pub struct Conv2d {
     kernel_init: KernelInit,
     output: Shape,
     parts: Vec<Part>,
-    dz: Vec<f32>,
+    /// Batch size whose patches the parts hold from the last training forward.
+    kept: Option<usize>,
 }
 
 impl Conv2d {
@@ -56,7 +67,7 @@ impl Conv2d {
             kernel_init: KernelInit::default(),
             output,
             parts: Vec::new(),
-            dz: Vec::new(),
+            kept: None,
         }
     }
 
@@ -88,72 +99,43 @@ impl Layer for Conv2d {
         let w = &self.win;
         let fan_in = w.kh * w.kw * w.c;
         let init = match self.kernel_init {
-            KernelInit::GlorotUniform => Init::GlorotUniform {
-                fan_in,
-                fan_out: w.kh * w.kw * self.filters,
-            },
+            KernelInit::GlorotUniform => Init::GlorotUniform { fan_in, fan_out: w.kh * w.kw * self.filters },
             KernelInit::HeNormal => Init::HeNormal { fan_in },
         };
-        let mut p = vec![ParamSpec::new(
-            "kernel",
-            vec![w.kh, w.kw, w.c, self.filters],
-            init,
-        )];
+        let mut p = vec![ParamSpec::new("kernel", vec![w.kh, w.kw, w.c, self.filters], init)];
         if self.use_bias {
             p.push(ParamSpec::new("bias", vec![self.filters], Init::Zeros));
         }
         p
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
-        let (win, filters, act, use_bias) =
-            (self.win, self.filters, self.activation, self.use_bias);
+    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+        let (win, filters, act, use_bias) = (self.win, self.filters, self.activation, self.use_bias);
         let chunk = self.images_per_chunk();
         let (kernel, bias) = params.split_at(self.kernel_len());
         let ranges = partition(n, pass.threads);
         self.parts.resize_with(ranges.len(), Part::default);
-        let in_len = win.h * win.w * win.c;
-        let out_len = win.positions() * filters;
+        let (in_len, out_len, per_image) =
+            (win.h * win.w * win.c, win.positions() * filters, win.positions() * win.patch_len());
+        let keep = pass.training && n * per_image <= KEEP_VALUES;
+        self.kept = keep.then_some(n);
         let ys = split_rows(&mut y[..n * out_len], &ranges, out_len);
-        self.parts
-            .par_iter_mut()
-            .zip(ys)
-            .zip(&ranges)
-            .for_each(|((part, y), r)| {
-                let x = &x[r.start * in_len..r.end * in_len];
-                for start in (0..r.len()).step_by(chunk) {
-                    let imgs = chunk.min(r.len() - start);
-                    let rows = imgs * win.positions();
-                    part.patches.resize(rows * win.patch_len(), 0.0);
-                    win.im2col(&x[start * in_len..], imgs, &mut part.patches);
-                    let y = &mut y[start * out_len..(start + imgs) * out_len];
-                    matmul(
-                        rows,
-                        filters,
-                        win.patch_len(),
-                        &part.patches,
-                        false,
-                        kernel,
-                        false,
-                        y,
-                        false,
-                        1,
-                    );
-                    if use_bias {
-                        y.chunks_exact_mut(filters)
-                            .for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
-                    }
-                    activation::forward(act, y, filters);
+        self.parts.par_iter_mut().zip(ys).zip(&ranges).for_each(|((part, y), r)| {
+            let x = &x[r.start * in_len..r.end * in_len];
+            part.patches.resize(if keep { r.len() } else { chunk.min(r.len()) } * per_image, 0.0);
+            for start in (0..r.len()).step_by(chunk) {
+                let imgs = chunk.min(r.len() - start);
+                let at = if keep { start * per_image } else { 0 };
+                let patches = &mut part.patches[at..at + imgs * per_image];
+                win.im2col(&x[start * in_len..], imgs, patches);
+                let y = &mut y[start * out_len..(start + imgs) * out_len];
+                matmul(imgs * win.positions(), filters, win.patch_len(), patches, false, kernel, false, y, false, 1);
+                if use_bias {
+                    y.chunks_exact_mut(filters).for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
                 }
-            });
+                activation::forward(act, y, filters);
+            }
+        });
     }
 
     fn backward(
@@ -171,92 +153,63 @@ impl Layer for Conv2d {
         let chunk = self.images_per_chunk();
         let (kernel_len, pl) = (self.kernel_len(), win.patch_len());
         let kernel = &params[..kernel_len];
-        let in_len = win.h * win.w * win.c;
-        let out_len = win.positions() * filters;
+        let (in_len, out_len, per_image) = (win.h * win.w * win.c, win.positions() * filters, win.positions() * pl);
+        let kept = self.kept.take() == Some(n);
         let ranges = partition(n, pass.threads);
         self.parts.resize_with(ranges.len(), Part::default);
-        self.dz.resize(n * out_len, 0.0);
-        let dzs = split_rows(&mut self.dz[..n * out_len], &ranges, out_len);
         let dxs: Vec<Option<&mut [f32]>> = match dx.as_deref_mut() {
-            Some(dx) => split_rows(&mut dx[..n * in_len], &ranges, in_len)
-                .into_iter()
-                .map(Some)
-                .collect(),
+            Some(dx) => split_rows(&mut dx[..n * in_len], &ranges, in_len).into_iter().map(Some).collect(),
             None => ranges.iter().map(|_| None).collect(),
         };
-        self.parts
-            .par_iter_mut()
-            .zip(dzs)
-            .zip(dxs)
-            .zip(&ranges)
-            .for_each(|(((part, dz), mut dx), r)| {
-                let (y, dy) = (
-                    &y[r.start * out_len..r.end * out_len],
-                    &dy[r.start * out_len..r.end * out_len],
-                );
-                activation::backward(act, y, dy, dz, filters);
-                part.d_kernel.resize(kernel_len, 0.0);
-                part.d_bias.clear();
-                part.d_bias.resize(filters, 0.0);
-                if r.is_empty() {
-                    part.d_kernel.fill(0.0);
-                }
-                for start in (0..r.len()).step_by(chunk) {
-                    let imgs = chunk.min(r.len() - start);
-                    let rows = imgs * win.positions();
-                    part.patches.resize(rows * pl, 0.0);
+        self.parts.par_iter_mut().zip(dxs).zip(&ranges).for_each(|((part, mut dx), r)| {
+            part.d_kernel.resize(kernel_len, 0.0);
+            part.d_bias.clear();
+            part.d_bias.resize(filters, 0.0);
+            if r.is_empty() {
+                part.d_kernel.fill(0.0);
+            }
+            for start in (0..r.len()).step_by(chunk) {
+                let imgs = chunk.min(r.len() - start);
+                let rows = imgs * win.positions();
+                let at = (r.start + start) * out_len;
+                let (y, dy) = (&y[at..at + imgs * out_len], &dy[at..at + imgs * out_len]);
+                // Per chunk, so the activation gradient is still in cache for the products.
+                let dz: &[f32] = if act == Activation::Linear {
+                    dy
+                } else {
+                    part.dz.resize(imgs * out_len, 0.0);
+                    activation::backward(act, y, dy, &mut part.dz, filters);
+                    &part.dz
+                };
+                let patches: &[f32] = if kept {
+                    &part.patches[start * per_image..(start + imgs) * per_image]
+                } else {
+                    part.patches.resize(imgs * per_image, 0.0);
                     win.im2col(&x[(r.start + start) * in_len..], imgs, &mut part.patches);
-                    let dz = &dz[start * out_len..(start + imgs) * out_len];
-                    matmul(
-                        pl,
-                        filters,
-                        rows,
-                        &part.patches,
-                        true,
-                        dz,
-                        false,
-                        &mut part.d_kernel,
-                        start > 0,
-                        1,
-                    );
-                    for row in dz.chunks_exact(filters) {
-                        part.d_bias.iter_mut().zip(row).for_each(|(g, d)| *g += d);
-                    }
-                    if let Some(dx) = dx.as_deref_mut() {
-                        // The patches are spent; reuse their buffer for the patch gradients.
-                        matmul(
-                            rows,
-                            pl,
-                            filters,
-                            dz,
-                            false,
-                            kernel,
-                            true,
-                            &mut part.patches,
-                            false,
-                            1,
-                        );
-                        let dx = &mut dx[start * in_len..(start + imgs) * in_len];
-                        dx.fill(0.0);
-                        win.col2im(&part.patches, imgs, dx);
-                    }
+                    &part.patches
+                };
+                matmul(pl, filters, rows, patches, true, dz, false, &mut part.d_kernel, start > 0, 1);
+                for row in dz.chunks_exact(filters) {
+                    part.d_bias.iter_mut().zip(row).for_each(|(g, d)| *g += d);
                 }
-            });
+                if let Some(dx) = dx.as_deref_mut() {
+                    part.d_patches.resize(rows * pl, 0.0);
+                    matmul(rows, pl, filters, dz, false, kernel, true, &mut part.d_patches, false, 1);
+                    let dx = &mut dx[start * in_len..(start + imgs) * in_len];
+                    dx.fill(0.0);
+                    win.col2im(&part.d_patches, imgs, dx);
+                }
+            }
+        });
         let (g_kernel, g_bias) = grads.split_at_mut(kernel_len);
         if !pass.accumulate {
             g_kernel.fill(0.0);
             g_bias.fill(0.0);
         }
         for part in &self.parts[..ranges.len()] {
-            g_kernel
-                .iter_mut()
-                .zip(&part.d_kernel)
-                .for_each(|(g, d)| *g += d);
+            g_kernel.iter_mut().zip(&part.d_kernel).for_each(|(g, d)| *g += d);
             if self.use_bias {
-                g_bias
-                    .iter_mut()
-                    .zip(&part.d_bias)
-                    .for_each(|(g, d)| *g += d);
+                g_bias.iter_mut().zip(&part.d_bias).for_each(|(g, d)| *g += d);
             }
         }
     }

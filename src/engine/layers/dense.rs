@@ -20,14 +20,7 @@ pub struct Dense {
 impl Dense {
     /// A dense layer from `inputs` features to `units`.
     pub fn new(inputs: usize, units: usize, activation: Activation, use_bias: bool) -> Self {
-        Self {
-            inputs,
-            units,
-            activation,
-            use_bias,
-            output: Shape(vec![units]),
-            dz: Vec::new(),
-        }
+        Self { inputs, units, activation, use_bias, output: Shape(vec![units]), dz: Vec::new() }
     }
 }
 
@@ -44,10 +37,7 @@ impl Layer for Dense {
         let mut p = vec![ParamSpec::new(
             "kernel",
             vec![self.inputs, self.units],
-            Init::GlorotUniform {
-                fan_in: self.inputs,
-                fan_out: self.units,
-            },
+            Init::GlorotUniform { fan_in: self.inputs, fan_out: self.units },
         )];
         if self.use_bias {
             p.push(ParamSpec::new("bias", vec![self.units], Init::Zeros));
@@ -55,33 +45,13 @@ impl Layer for Dense {
         p
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let (kernel, bias) = params.split_at(self.inputs * self.units);
-        matmul(
-            n,
-            self.units,
-            self.inputs,
-            x,
-            false,
-            kernel,
-            false,
-            y,
-            false,
-            pass.threads,
-        );
+        matmul(n, self.units, self.inputs, x, false, kernel, false, y, false, pass.threads);
         let (units, act, use_bias) = (self.units, self.activation, self.use_bias);
         par_rows(y, n, units, pass.threads, |_, _, rows| {
             if use_bias {
-                rows.chunks_exact_mut(units)
-                    .for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+                rows.chunks_exact_mut(units).for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
             }
             activation::forward(act, rows, units);
         });
@@ -103,29 +73,12 @@ impl Layer for Dense {
             &dy[..len]
         } else {
             self.dz.resize(len, 0.0);
-            activation::backward(
-                self.activation,
-                &y[..len],
-                &dy[..len],
-                &mut self.dz,
-                self.units,
-            );
+            activation::backward(self.activation, &y[..len], &dy[..len], &mut self.dz, self.units);
             &self.dz
         };
         let kernel = &params[..self.inputs * self.units];
         let (g_kernel, g_bias) = grads.split_at_mut(self.inputs * self.units);
-        matmul(
-            self.inputs,
-            self.units,
-            n,
-            x,
-            true,
-            dz,
-            false,
-            g_kernel,
-            pass.accumulate,
-            pass.threads,
-        );
+        matmul(self.inputs, self.units, n, x, true, dz, false, g_kernel, pass.accumulate, pass.threads);
         if self.use_bias {
             if !pass.accumulate {
                 g_bias.fill(0.0);
@@ -135,18 +88,7 @@ impl Layer for Dense {
             }
         }
         if let Some(dx) = dx {
-            matmul(
-                n,
-                self.inputs,
-                self.units,
-                dz,
-                false,
-                kernel,
-                true,
-                dx,
-                false,
-                pass.threads,
-            );
+            matmul(n, self.inputs, self.units, dz, false, kernel, true, dx, false, pass.threads);
         }
     }
 }

@@ -23,11 +23,7 @@ impl Dropout {
     /// tells this layer's mask from other dropout layers' in the same pass (the model builder
     /// gives the layer's position).
     pub fn new(rate: f32, salt: u64, shape: Shape) -> Self {
-        Self {
-            rate,
-            salt,
-            output: shape,
-        }
+        Self { rate, salt, output: shape }
     }
 
     /// The multiplier of value `i`'s mask: 0 (dropped) or `1 / (1 − rate)`. Values are kept
@@ -38,11 +34,7 @@ impl Dropout {
         let scale = 1.0 / (1.0 - self.rate);
         move |i| {
             let z = key.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            if mix(z) >> 32 >= threshold {
-                scale
-            } else {
-                0.0
-            }
+            if mix(z) >> 32 >= threshold { scale } else { 0.0 }
         }
     }
 
@@ -81,15 +73,7 @@ impl Layer for Dropout {
         &self.output
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         self.apply(pass, x, y, n);
     }
 
@@ -117,12 +101,7 @@ mod tests {
     use super::*;
 
     fn pass(training: bool, seed: u64, threads: usize) -> Pass {
-        Pass {
-            training,
-            seed,
-            accumulate: false,
-            threads,
-        }
+        Pass { training, seed, accumulate: false, threads }
     }
 
     #[test]
@@ -144,14 +123,7 @@ mod tests {
         let x: Vec<f32> = (0..600).map(|i| i as f32).collect();
         let run = |salt: u64, seed: u64, threads: usize| {
             let mut y = vec![0.0; x.len()];
-            Dropout::new(0.5, salt, Shape(vec![100])).forward(
-                pass(true, seed, threads),
-                &[],
-                &mut [],
-                &x,
-                &mut y,
-                6,
-            );
+            Dropout::new(0.5, salt, Shape(vec![100])).forward(pass(true, seed, threads), &[], &mut [], &x, &mut y, 6);
             y
         };
         assert_eq!(run(1, 5, 1), run(1, 5, 2));
@@ -163,14 +135,7 @@ mod tests {
     fn inference_is_the_identity() {
         let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
         let mut y = vec![0.0; 20];
-        Dropout::new(0.9, 0, Shape(vec![10])).forward(
-            pass(false, 1, 2),
-            &[],
-            &mut [],
-            &x,
-            &mut y,
-            2,
-        );
+        Dropout::new(0.9, 0, Shape(vec![10])).forward(pass(false, 1, 2), &[], &mut [], &x, &mut y, 2);
         assert_eq!(x, y);
     }
 }

@@ -15,10 +15,7 @@ pub struct GlobalAvgPool2d {
 impl GlobalAvgPool2d {
     /// Pooling over `(h, w, c)` images.
     pub fn new((h, w, c): (usize, usize, usize)) -> Self {
-        Self {
-            positions: h * w,
-            output: Shape(vec![c]),
-        }
+        Self { positions: h * w, output: Shape(vec![c]) }
     }
 }
 
@@ -31,34 +28,23 @@ impl Layer for GlobalAvgPool2d {
         &self.output
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let (c, hw) = (self.output.numel(), self.positions);
         if n == 0 || c == 0 {
             return;
         }
         let inv = 1.0 / hw.max(1) as f32;
         let per = images_per_part(n, pass.threads);
-        y[..n * c]
-            .par_chunks_mut(per * c)
-            .enumerate()
-            .for_each(|(p, y)| {
-                for (e, y) in y.chunks_exact_mut(c).enumerate() {
-                    let x = &x[(p * per + e) * hw * c..][..hw * c];
-                    y.fill(0.0);
-                    for px in x.chunks_exact(c) {
-                        y.iter_mut().zip(px).for_each(|(s, v)| *s += v);
-                    }
-                    y.iter_mut().for_each(|s| *s *= inv);
+        y[..n * c].par_chunks_mut(per * c).enumerate().for_each(|(p, y)| {
+            for (e, y) in y.chunks_exact_mut(c).enumerate() {
+                let x = &x[(p * per + e) * hw * c..][..hw * c];
+                y.fill(0.0);
+                for px in x.chunks_exact(c) {
+                    y.iter_mut().zip(px).for_each(|(s, v)| *s += v);
                 }
-            });
+                y.iter_mut().for_each(|s| *s *= inv);
+            }
+        });
     }
 
     fn backward(
@@ -79,16 +65,13 @@ impl Layer for GlobalAvgPool2d {
         }
         let inv = 1.0 / hw as f32;
         let per = images_per_part(n, pass.threads);
-        dx[..n * hw * c]
-            .par_chunks_mut(per * hw * c)
-            .enumerate()
-            .for_each(|(p, dx)| {
-                for (e, dx) in dx.chunks_exact_mut(hw * c).enumerate() {
-                    let dy = &dy[(p * per + e) * c..][..c];
-                    for px in dx.chunks_exact_mut(c) {
-                        px.iter_mut().zip(dy).for_each(|(d, g)| *d = g * inv);
-                    }
+        dx[..n * hw * c].par_chunks_mut(per * hw * c).enumerate().for_each(|(p, dx)| {
+            for (e, dx) in dx.chunks_exact_mut(hw * c).enumerate() {
+                let dy = &dy[(p * per + e) * c..][..c];
+                for px in dx.chunks_exact_mut(c) {
+                    px.iter_mut().zip(dy).for_each(|(d, g)| *d = g * inv);
                 }
-            });
+            }
+        });
     }
 }

@@ -18,11 +18,7 @@ pub struct MaxPool2d {
 impl MaxPool2d {
     /// Pooling with the given geometry (`win.kh × win.kw` windows).
     pub fn new(win: Window) -> Self {
-        Self {
-            win,
-            output: Shape(vec![win.oh, win.ow, win.c]),
-            argmax: Vec::new(),
-        }
+        Self { win, output: Shape(vec![win.oh, win.ow, win.c]), argmax: Vec::new() }
     }
 }
 
@@ -53,9 +49,7 @@ fn forward_image(win: &Window, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
                         first = false;
                         continue;
                     }
-                    for (ch, (&v, (m, a))) in
-                        src.iter().zip(y.iter_mut().zip(arg.iter_mut())).enumerate()
-                    {
+                    for (ch, (&v, (m, a))) in src.iter().zip(y.iter_mut().zip(arg.iter_mut())).enumerate() {
                         if v > *m {
                             *m = v;
                             *a = (base + ch) as u32;
@@ -76,15 +70,7 @@ impl Layer for MaxPool2d {
         &self.output
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let win = self.win;
         let (in_len, out_len) = (win.h * win.w * win.c, self.output.numel());
         if n == 0 || out_len == 0 {
@@ -98,11 +84,7 @@ impl Layer for MaxPool2d {
             .enumerate()
             .for_each(|(p, (y, arg))| {
                 let x = &x[p * per * in_len..];
-                for (e, (y, arg)) in y
-                    .chunks_exact_mut(out_len)
-                    .zip(arg.chunks_exact_mut(out_len))
-                    .enumerate()
-                {
+                for (e, (y, arg)) in y.chunks_exact_mut(out_len).zip(arg.chunks_exact_mut(out_len)).enumerate() {
                     forward_image(&win, &x[e * in_len..(e + 1) * in_len], y, arg);
                 }
             });
@@ -127,18 +109,15 @@ impl Layer for MaxPool2d {
         }
         let per = images_per_part(n, pass.threads);
         let argmax = &self.argmax;
-        dx[..n * in_len]
-            .par_chunks_mut(per * in_len)
-            .enumerate()
-            .for_each(|(p, dx)| {
-                for (e, dx) in dx.chunks_exact_mut(in_len).enumerate() {
-                    let at = (p * per + e) * out_len;
-                    dx.fill(0.0);
-                    // Overlapping windows (stride < pool) may pick one input twice: add.
-                    for (&i, &g) in argmax[at..at + out_len].iter().zip(&dy[at..at + out_len]) {
-                        dx[i as usize] += g;
-                    }
+        dx[..n * in_len].par_chunks_mut(per * in_len).enumerate().for_each(|(p, dx)| {
+            for (e, dx) in dx.chunks_exact_mut(in_len).enumerate() {
+                let at = (p * per + e) * out_len;
+                dx.fill(0.0);
+                // Overlapping windows (stride < pool) may pick one input twice: add.
+                for (&i, &g) in argmax[at..at + out_len].iter().zip(&dy[at..at + out_len]) {
+                    dx[i as usize] += g;
                 }
-            });
+            }
+        });
     }
 }

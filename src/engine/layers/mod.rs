@@ -31,34 +31,22 @@ mod tests {
     use crate::engine::shape::Shape;
     use crate::spec::Activation;
 
-    const ACTIVATIONS: [Activation; 5] = [
-        Activation::Linear,
-        Activation::Relu,
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Softmax,
-    ];
+    const ACTIVATIONS: [Activation; 5] =
+        [Activation::Linear, Activation::Relu, Activation::Sigmoid, Activation::Tanh, Activation::Softmax];
 
     #[test]
     fn dense_gradients() {
         for act in ACTIVATIONS {
             check_layer(&mut Dense::new(6, 4, act, true), &Shape(vec![6]), 3, true);
         }
-        check_layer(
-            &mut Dense::new(5, 3, Activation::Linear, false),
-            &Shape(vec![5]),
-            2,
-            true,
-        );
+        check_layer(&mut Dense::new(5, 3, Activation::Linear, false), &Shape(vec![5]), 2, true);
     }
 
     #[test]
     fn conv2d_gradients() {
-        for (same, stride, act) in [
-            (false, 1, Activation::Relu),
-            (true, 2, Activation::Tanh),
-            (true, 1, Activation::Linear),
-        ] {
+        for (same, stride, act) in
+            [(false, 1, Activation::Relu), (true, 2, Activation::Tanh), (true, 1, Activation::Linear)]
+        {
             let input = Shape(vec![6, 5, 2]);
             let win = Window::new((6, 5, 2), (3, 3), (stride, stride), same).unwrap();
             check_layer(&mut Conv2d::new(win, 3, act, true), &input, 3, true);
@@ -68,49 +56,22 @@ mod tests {
     #[test]
     fn activation_layer_gradients() {
         for act in ACTIVATIONS {
-            check_layer(
-                &mut ActivationLayer::new(act, Shape(vec![2, 5])),
-                &Shape(vec![2, 5]),
-                3,
-                true,
-            );
+            check_layer(&mut ActivationLayer::new(act, Shape(vec![2, 5])), &Shape(vec![2, 5]), 3, true);
         }
     }
 
     #[test]
     fn view_gradients() {
-        check_layer(
-            &mut View::flatten(&Shape(vec![2, 3, 2])),
-            &Shape(vec![2, 3, 2]),
-            2,
-            true,
-        );
-        check_layer(
-            &mut View::reshape(Shape(vec![3, 4])),
-            &Shape(vec![12]),
-            2,
-            true,
-        );
+        check_layer(&mut View::flatten(&Shape(vec![2, 3, 2])), &Shape(vec![2, 3, 2]), 2, true);
+        check_layer(&mut View::reshape(Shape(vec![3, 4])), &Shape(vec![12]), 2, true);
     }
 
     fn pass(training: bool) -> Pass {
-        Pass {
-            training,
-            seed: 1,
-            accumulate: false,
-            threads: 2,
-        }
+        Pass { training, seed: 1, accumulate: false, threads: 2 }
     }
 
     /// `layer` run forward on `x` (`n` examples) with `params` and `state`.
-    fn run(
-        layer: &mut dyn Layer,
-        training: bool,
-        params: &[f32],
-        state: &mut [f32],
-        x: &[f32],
-        n: usize,
-    ) -> Vec<f32> {
+    fn run(layer: &mut dyn Layer, training: bool, params: &[f32], state: &mut [f32], x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0.0; n * layer.output_shape().numel()];
         layer.forward(pass(training), params, state, x, &mut y, n);
         y
@@ -133,16 +94,7 @@ mod tests {
         let x = [1.0, 3.0, 3.0, 2.0];
         assert_eq!(run(&mut pool, true, &[], &mut [], &x, 1), [3.0]);
         let mut dx = [9.0; 4];
-        pool.backward(
-            pass(true),
-            &[],
-            &mut [],
-            &x,
-            &[3.0],
-            &[1.0],
-            Some(&mut dx),
-            1,
-        );
+        pool.backward(pass(true), &[], &mut [], &x, &[3.0], &[1.0], Some(&mut dx), 1);
         assert_eq!(dx, [0.0, 1.0, 0.0, 0.0]);
     }
 
@@ -190,11 +142,7 @@ mod tests {
 
     #[test]
     fn batch_norm_gradients() {
-        for (shape, training) in [
-            (vec![3, 2, 4], true),
-            (vec![5], true),
-            (vec![3, 2, 4], false),
-        ] {
+        for (shape, training) in [(vec![3, 2, 4], true), (vec![5], true), (vec![3, 2, 4], false)] {
             let mut bn = BatchNorm::new(Shape(shape.clone()), 0.9, 1e-3);
             check_layer(&mut bn, &Shape(shape), 4, training);
         }
@@ -211,10 +159,7 @@ mod tests {
         let inv = 1.0 / (1.25f32 + 1e-3).sqrt();
         for (i, v) in [1.0f32, 2.0, 3.0, 4.0].iter().enumerate() {
             assert!((y[2 * i] - (2.0 * (v - 2.5) * inv + 0.5)).abs() < 1e-5);
-            assert!(
-                (y[2 * i + 1] + 1.0).abs() < 1e-5,
-                "a constant channel maps to beta"
-            );
+            assert!((y[2 * i + 1] + 1.0).abs() < 1e-5, "a constant channel maps to beta");
         }
         let want = [0.25, 0.5, 0.9 + 0.1 * 1.25, 0.9];
         for (s, w) in state.iter().zip(want) {
@@ -232,17 +177,8 @@ mod tests {
         let x: Vec<f32> = (0..64 * 8).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
         let params = [1.0; 16];
         let once = || {
-            let mut state = [
-                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0,
-            ];
-            run(
-                &mut BatchNorm::new(Shape(vec![8]), 0.99, 1e-3),
-                true,
-                &params,
-                &mut state,
-                &x,
-                64,
-            )
+            let mut state = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+            run(&mut BatchNorm::new(Shape(vec![8]), 0.99, 1e-3), true, &params, &mut state, &x, 64)
         };
         assert_eq!(once(), once());
     }
@@ -278,10 +214,7 @@ mod tests {
             ]
         );
         let total: usize = block.params().iter().map(|p| p.len()).sum();
-        assert_eq!(
-            total,
-            3 * 3 * 16 * 32 + 3 * 3 * 32 * 32 + 32 * 16 + 3 * 2 * 32
-        );
+        assert_eq!(total, 3 * 3 * 16 * 32 + 3 * 3 * 32 * 32 + 32 * 16 + 3 * 2 * 32);
         assert_eq!(block.state().len(), 6);
         assert_eq!(block.output_shape(), &Shape(vec![4, 4, 32]));
         let identity = Residual::new((8, 8, 16), 16, (1, 1), 0.99, 1e-3).unwrap();

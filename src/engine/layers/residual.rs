@@ -79,10 +79,7 @@ impl Residual {
         }
         let conv = |input, k, s| -> Option<Conv2d> {
             let win = Window::new(input, (k, k), s, true)?;
-            Some(
-                Conv2d::new(win, filters, Activation::Linear, false)
-                    .with_kernel_init(KernelInit::HeNormal),
-            )
+            Some(Conv2d::new(win, filters, Activation::Linear, false).with_kernel_init(KernelInit::HeNormal))
         };
         let conv1 = conv((h, w, c), 3, strides)?;
         let out = conv1.output_shape().clone();
@@ -90,11 +87,7 @@ impl Residual {
         let conv2 = conv((oh, ow, filters), 3, (1, 1))?;
         let bn = || BatchNorm::new(out.clone(), momentum, epsilon);
         let shortcut = if strides != (1, 1) || c != filters {
-            Some(Projection {
-                conv: conv((h, w, c), 1, strides)?,
-                bn: bn(),
-                out: Vec::new(),
-            })
+            Some(Projection { conv: conv((h, w, c), 1, strides)?, bn: bn(), out: Vec::new() })
         } else {
             None
         };
@@ -118,29 +111,18 @@ impl Residual {
         };
         let total = |specs: Vec<ParamSpec>| specs.iter().map(ParamSpec::len).sum::<usize>();
         block.params = ranges(block.children().map(|(_, l)| total(l.params())));
-        block.state = ranges(
-            block
-                .children()
-                .map(|(_, l)| total(l.state()))
-                .filter(|&len| len > 0),
-        );
+        block.state = ranges(block.children().map(|(_, l)| total(l.state())).filter(|&len| len > 0));
         Some(block)
     }
 
     /// Children with their weight-path prefixes, in slice order.
     fn children(&self) -> impl Iterator<Item = (&'static str, &dyn Layer)> {
-        let main: [(&'static str, &dyn Layer); 4] = [
-            ("conv_1", &self.conv1),
-            ("bn_1", &self.bn1),
-            ("conv_2", &self.conv2),
-            ("bn_2", &self.bn2),
-        ];
-        let shortcut = self.shortcut.iter().flat_map(|p| {
-            [
-                ("shortcut_conv", &p.conv as &dyn Layer),
-                ("shortcut_bn", &p.bn as &dyn Layer),
-            ]
-        });
+        let main: [(&'static str, &dyn Layer); 4] =
+            [("conv_1", &self.conv1), ("bn_1", &self.bn1), ("conv_2", &self.conv2), ("bn_2", &self.bn2)];
+        let shortcut = self
+            .shortcut
+            .iter()
+            .flat_map(|p| [("shortcut_conv", &p.conv as &dyn Layer), ("shortcut_bn", &p.bn as &dyn Layer)]);
         main.into_iter().chain(shortcut)
     }
 
@@ -167,27 +149,21 @@ fn relu(v: &mut [f32], rows: usize, row: usize, threads: usize) {
 fn relu_mask(g: &mut [f32], y: &[f32], rows: usize, row: usize, threads: usize) {
     par_rows(g, rows, row, threads, |_, r, part| {
         let y = &y[r.start * row..r.end * row];
-        part.iter_mut()
-            .zip(y)
-            .for_each(|(g, y)| *g = if *y > 0.0 { *g } else { 0.0 });
+        part.iter_mut().zip(y).for_each(|(g, y)| *g = if *y > 0.0 { *g } else { 0.0 });
     });
 }
 
 /// `a = max(a + b, 0)`, in parallel: the block's join.
 fn add_relu(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
     par_rows(a, rows, row, threads, |_, r, part| {
-        part.iter_mut()
-            .zip(&b[r.start * row..r.end * row])
-            .for_each(|(a, b)| *a = (*a + b).max(0.0));
+        part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a = (*a + b).max(0.0));
     });
 }
 
 /// `a += b`, in parallel.
 fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
     par_rows(a, rows, row, threads, |_, r, part| {
-        part.iter_mut()
-            .zip(&b[r.start * row..r.end * row])
-            .for_each(|(a, b)| *a += b);
+        part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a += b);
     });
 }
 
@@ -208,61 +184,25 @@ impl Layer for Residual {
         self.prefixed(|l| l.state())
     }
 
-    fn forward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        state: &mut [f32],
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-    ) {
+    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let (p, s) = (&self.params, &self.state);
         let row = self.output.numel();
         let (len, t) = (n * row, pass.threads);
-        let (c1, a1, c2) = (
-            sized(&mut self.c1, len),
-            sized(&mut self.a1, len),
-            sized(&mut self.c2, len),
-        );
+        let (c1, a1, c2) = (sized(&mut self.c1, len), sized(&mut self.a1, len), sized(&mut self.c2, len));
         let y = &mut y[..len];
-        self.conv1
-            .forward(pass, &params[p[0].clone()], &mut [], x, c1, n);
-        self.bn1.forward(
-            pass,
-            &params[p[1].clone()],
-            &mut state[s[0].clone()],
-            c1,
-            a1,
-            n,
-        );
+        self.conv1.forward(pass, &params[p[0].clone()], &mut [], x, c1, n);
+        self.bn1.forward(pass, &params[p[1].clone()], &mut state[s[0].clone()], c1, a1, n);
         relu(a1, n, row, t);
-        self.conv2
-            .forward(pass, &params[p[2].clone()], &mut [], a1, c2, n);
-        self.bn2.forward(
-            pass,
-            &params[p[3].clone()],
-            &mut state[s[1].clone()],
-            c2,
-            y,
-            n,
-        );
+        self.conv2.forward(pass, &params[p[2].clone()], &mut [], a1, c2, n);
+        self.bn2.forward(pass, &params[p[3].clone()], &mut state[s[1].clone()], c2, y, n);
         match &mut self.shortcut {
             None => add_relu(y, x, n, row, t),
             Some(proj) => {
                 // g0 is backward scratch, free here: it holds the shortcut until added.
                 let out = sized(&mut proj.out, len);
                 let sc = sized(&mut self.g0, len);
-                proj.conv
-                    .forward(pass, &params[p[4].clone()], &mut [], x, out, n);
-                proj.bn.forward(
-                    pass,
-                    &params[p[5].clone()],
-                    &mut state[s[2].clone()],
-                    out,
-                    sc,
-                    n,
-                );
+                proj.conv.forward(pass, &params[p[4].clone()], &mut [], x, out, n);
+                proj.bn.forward(pass, &params[p[5].clone()], &mut state[s[2].clone()], out, sc, n);
                 add_relu(y, sc, n, row, t);
             }
         }
@@ -290,47 +230,11 @@ impl Layer for Residual {
         let g0 = &*g0;
         let (g1, g2) = (sized(&mut self.g1, len), sized(&mut self.g2, len));
         // Main branch, back to front: g2 = d c2, g1 = d a1, then g2 = d c1.
-        self.bn2.backward(
-            pass,
-            &params[p[3].clone()],
-            &mut grads[p[3].clone()],
-            c2,
-            y,
-            g0,
-            Some(g2),
-            n,
-        );
-        self.conv2.backward(
-            pass,
-            &params[p[2].clone()],
-            &mut grads[p[2].clone()],
-            a1,
-            c2,
-            g2,
-            Some(g1),
-            n,
-        );
+        self.bn2.backward(pass, &params[p[3].clone()], &mut grads[p[3].clone()], c2, y, g0, Some(g2), n);
+        self.conv2.backward(pass, &params[p[2].clone()], &mut grads[p[2].clone()], a1, c2, g2, Some(g1), n);
         relu_mask(g1, a1, n, row, t);
-        self.bn1.backward(
-            pass,
-            &params[p[1].clone()],
-            &mut grads[p[1].clone()],
-            c1,
-            a1,
-            g1,
-            Some(g2),
-            n,
-        );
-        self.conv1.backward(
-            pass,
-            &params[p[0].clone()],
-            &mut grads[p[0].clone()],
-            x,
-            c1,
-            g2,
-            dx.as_deref_mut(),
-            n,
-        );
+        self.bn1.backward(pass, &params[p[1].clone()], &mut grads[p[1].clone()], c1, a1, g1, Some(g2), n);
+        self.conv1.backward(pass, &params[p[0].clone()], &mut grads[p[0].clone()], x, c1, g2, dx.as_deref_mut(), n);
         match &mut self.shortcut {
             None => {
                 if let Some(dx) = dx {
@@ -339,27 +243,9 @@ impl Layer for Residual {
             }
             Some(proj) => {
                 let out = &proj.out[..len];
-                proj.bn.backward(
-                    pass,
-                    &params[p[5].clone()],
-                    &mut grads[p[5].clone()],
-                    out,
-                    out,
-                    g0,
-                    Some(g1),
-                    n,
-                );
+                proj.bn.backward(pass, &params[p[5].clone()], &mut grads[p[5].clone()], out, out, g0, Some(g1), n);
                 let gx = dx.is_some().then(|| sized(&mut self.gx, in_len));
-                proj.conv.backward(
-                    pass,
-                    &params[p[4].clone()],
-                    &mut grads[p[4].clone()],
-                    x,
-                    out,
-                    g1,
-                    gx,
-                    n,
-                );
+                proj.conv.backward(pass, &params[p[4].clone()], &mut grads[p[4].clone()], x, out, g1, gx, n);
                 if let Some(dx) = dx {
                     add(&mut dx[..in_len], &self.gx[..in_len], n, self.input, t);
                 }

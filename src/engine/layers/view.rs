@@ -12,18 +12,12 @@ pub struct View {
 impl View {
     /// Keras `Flatten`: one axis of `numel` values.
     pub fn flatten(input: &Shape) -> Self {
-        Self {
-            kind: "flatten",
-            output: Shape(vec![input.numel()]),
-        }
+        Self { kind: "flatten", output: Shape(vec![input.numel()]) }
     }
 
     /// Keras `Reshape`; the caller checks that the value counts agree.
     pub fn reshape(target: Shape) -> Self {
-        Self {
-            kind: "reshape",
-            output: target,
-        }
+        Self { kind: "reshape", output: target }
     }
 }
 

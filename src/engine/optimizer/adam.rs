@@ -25,35 +25,13 @@ pub struct Adam {
 
 impl Adam {
     /// Adam (or AdamW when `decoupled`) for `len` parameters.
-    pub fn new(
-        len: usize,
-        beta_1: f32,
-        beta_2: f32,
-        epsilon: f32,
-        weight_decay: f32,
-        decoupled: bool,
-    ) -> Self {
-        Self {
-            beta_1,
-            beta_2,
-            epsilon,
-            weight_decay,
-            decoupled,
-            m: vec![0.0; len],
-            v: vec![0.0; len],
-            iterations: 0,
-        }
+    pub fn new(len: usize, beta_1: f32, beta_2: f32, epsilon: f32, weight_decay: f32, decoupled: bool) -> Self {
+        Self { beta_1, beta_2, epsilon, weight_decay, decoupled, m: vec![0.0; len], v: vec![0.0; len], iterations: 0 }
     }
 
     pub(super) fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
         self.iterations += 1;
-        let (b1, b2, eps, wd, decoupled) = (
-            self.beta_1,
-            self.beta_2,
-            self.epsilon,
-            self.weight_decay,
-            self.decoupled,
-        );
+        let (b1, b2, eps, wd, decoupled) = (self.beta_1, self.beta_2, self.epsilon, self.weight_decay, self.decoupled);
         let t = self.iterations as i32;
         // Keras folds the bias corrections into the step size.
         let alpha = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
@@ -83,10 +61,7 @@ mod tests {
         let mut adam = Adam::new(3, 0.9, 0.999, 1e-7, 0.0, false);
         let mut p = vec![1.0, 1.0, 1.0];
         adam.step(&mut p, &[0.5, -2.0, 0.0], 0.1);
-        assert!(
-            (p[0] - 0.9).abs() < 1e-4 && (p[1] - 1.1).abs() < 1e-4 && p[2] == 1.0,
-            "{p:?}"
-        );
+        assert!((p[0] - 0.9).abs() < 1e-4 && (p[1] - 1.1).abs() < 1e-4 && p[2] == 1.0, "{p:?}");
     }
 
     #[test]

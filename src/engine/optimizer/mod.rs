@@ -34,11 +34,7 @@ impl Optimizer {
     /// Named state buffers, for checkpoints (`momentum`; `m`, `v`).
     pub fn state(&self) -> Vec<(&'static str, &[f32])> {
         match self {
-            Optimizer::Sgd(o) => o
-                .velocity
-                .iter()
-                .map(|v| ("momentum", v.as_slice()))
-                .collect(),
+            Optimizer::Sgd(o) => o.velocity.iter().map(|v| ("momentum", v.as_slice())).collect(),
             Optimizer::Adam(o) => vec![("m", o.m.as_slice()), ("v", o.v.as_slice())],
         }
     }
@@ -69,11 +65,7 @@ impl Optimizer {
 }
 
 fn split(s: &mut [f32], chunks: usize) -> Vec<&mut [f32]> {
-    if s.is_empty() {
-        (0..chunks).map(|_| <&mut [f32]>::default()).collect()
-    } else {
-        s.chunks_mut(CHUNK).collect()
-    }
+    if s.is_empty() { (0..chunks).map(|_| <&mut [f32]>::default()).collect() } else { s.chunks_mut(CHUNK).collect() }
 }
 
 /// Runs `f` over aligned chunks of the parameter, gradient and up to two state buffers.

@@ -21,13 +21,7 @@ impl Sgd {
     /// SGD for `len` parameters.
     pub fn new(len: usize, momentum: f32, nesterov: bool, weight_decay: f32) -> Self {
         let velocity = (momentum > 0.0).then(|| vec![0.0; len]);
-        Self {
-            momentum,
-            nesterov,
-            weight_decay,
-            velocity,
-            iterations: 0,
-        }
+        Self { momentum, nesterov, weight_decay, velocity, iterations: 0 }
     }
 
     pub(super) fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
@@ -35,9 +29,7 @@ impl Sgd {
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
         for_chunks(params, grads, velocity, &mut [], |p, g, v, _| {
             if v.is_empty() {
-                p.iter_mut()
-                    .zip(g)
-                    .for_each(|(p, g)| *p -= lr * (g + wd * *p));
+                p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * (g + wd * *p));
                 return;
             }
             for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
@@ -82,20 +74,14 @@ mod tests {
     #[test]
     fn momentum_matches_hand_computed_values() {
         // v1 = −0.1, w = 0.9; v2 = 0.9·v1 − 0.1 = −0.19, w = 0.71; v3 = −0.271, w = 0.439.
-        close(
-            &three_steps(Sgd::new(1, 0.9, false, 0.0), 1.0),
-            &[0.9, 0.71, 0.439],
-        );
+        close(&three_steps(Sgd::new(1, 0.9, false, 0.0), 1.0), &[0.9, 0.71, 0.439]);
     }
 
     #[test]
     fn nesterov_matches_hand_computed_values() {
         // w += 0.9·v − 0.1·g: v1 = −0.1 → w = 1 − 0.19; v2 = −0.19 → w −= 0.271;
         // v3 = −0.271 → w −= 0.3439.
-        close(
-            &three_steps(Sgd::new(1, 0.9, true, 0.0), 1.0),
-            &[0.81, 0.539, 0.1951],
-        );
+        close(&three_steps(Sgd::new(1, 0.9, true, 0.0), 1.0), &[0.81, 0.539, 0.1951]);
     }
 
     #[test]

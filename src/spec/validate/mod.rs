@@ -10,9 +10,7 @@ mod tables;
 
 use super::keypath::{self, Seg};
 use super::render::Finding;
-use super::words::{
-    self, branches, closest, constants, description, example, found, noun, one_of, resolve, show,
-};
+use super::words::{self, branches, closest, constants, description, example, found, noun, one_of, resolve, show};
 use figment::value::{Num, Value};
 use regex_lite::Regex;
 use serde_json::Value as Json;
@@ -20,12 +18,8 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Every problem of `value` against `schema` (the spec's root schema).
 pub(crate) fn validate(value: &Value, schema: &Json) -> Vec<Finding> {
-    let mut walker = Walker {
-        root: schema,
-        findings: Vec::new(),
-        homes: tables::homes(schema),
-        patterns: HashMap::new(),
-    };
+    let mut walker =
+        Walker { root: schema, findings: Vec::new(), homes: tables::homes(schema), patterns: HashMap::new() };
     walker.check(value, schema, schema, &mut Vec::new());
     walker.findings
 }
@@ -91,14 +85,7 @@ impl<'s> Walker<'s> {
         }
     }
 
-    fn check_constant(
-        &mut self,
-        value: &Value,
-        values: &[String],
-        schema: &'s Json,
-        doc: &'s Json,
-        path: &[Seg],
-    ) {
+    fn check_constant(&mut self, value: &Value, values: &[String], schema: &'s Json, doc: &'s Json, path: &[Seg]) {
         let Value::String(_, s) = value else {
             return self.wrong_type(value, schema, doc, path, None);
         };
@@ -130,9 +117,7 @@ impl<'s> Walker<'s> {
         doc: &'s Json,
         path: &mut Vec<Seg>,
     ) {
-        let what = def
-            .map(|d| d.trim_end_matches("Spec").to_ascii_lowercase())
-            .unwrap_or_else(|| "value".to_string());
+        let what = def.map(|d| d.trim_end_matches("Spec").to_ascii_lowercase()).unwrap_or_else(|| "value".to_string());
         let names: Vec<String> = branches
             .iter()
             .filter_map(|b| b.pointer(&format!("/properties/{tag}/const"))?.as_str())
@@ -140,10 +125,9 @@ impl<'s> Walker<'s> {
             .collect();
         let Value::Dict(_, dict) = value else {
             let help = match value {
-                Value::String(_, s) if names.contains(s) => Some(format!(
-                    "write a table: `{} = {{ {tag} = {s:?} }}`",
-                    last_key(path)
-                )),
+                Value::String(_, s) if names.contains(s) => {
+                    Some(format!("write a table: `{} = {{ {tag} = {s:?} }}`", last_key(path)))
+                }
                 _ => None,
             };
             return self.wrong_type(value, schema, doc, path, help);
@@ -158,9 +142,7 @@ impl<'s> Walker<'s> {
                 self.findings.push(
                     Finding::new(&tag_key, format!("{} has no `{tag}`", table_name(path)))
                         .label(format!("missing `{tag}`"))
-                        .help(format!(
-                            "add `{tag} = {first:?}` or another {what} {tag}: {listed}"
-                        )),
+                        .help(format!("add `{tag} = {first:?}` or another {what} {tag}: {listed}")),
                 );
                 return;
             }
@@ -171,39 +153,28 @@ impl<'s> Walker<'s> {
                     None => format!("the {what} {tag}s are {listed}"),
                 };
                 self.findings.push(
-                    Finding::new(
-                        &tag_key,
-                        format!("unknown {what} {tag} {s:?} in {}", table_name(path)),
-                    )
-                    .label(format!("unknown {what} {tag}"))
-                    .help(help),
+                    Finding::new(&tag_key, format!("unknown {what} {tag} {s:?} in {}", table_name(path)))
+                        .label(format!("unknown {what} {tag}"))
+                        .help(help),
                 );
                 return;
             }
             Some(other) => {
                 self.findings.push(
-                    Finding::new(
-                        &tag_key,
-                        format!("expected {listed} for `{tag_key}`, found {}", found(other)),
-                    )
-                    .label(format!("expected a {what} {tag}")),
+                    Finding::new(&tag_key, format!("expected {listed} for `{tag_key}`, found {}", found(other)))
+                        .label(format!("expected a {what} {tag}")),
                 );
                 return;
             }
         };
-        let Some(branch) = branches.iter().copied().find(|b| {
-            b.pointer(&format!("/properties/{tag}/const"))
-                .and_then(Json::as_str)
-                == Some(name.as_str())
-        }) else {
+        let Some(branch) = branches
+            .iter()
+            .copied()
+            .find(|b| b.pointer(&format!("/properties/{tag}/const")).and_then(Json::as_str) == Some(name.as_str()))
+        else {
             return;
         };
-        let tagged = Tagged {
-            tag,
-            name,
-            what,
-            branches,
-        };
+        let tagged = Tagged { tag, name, what, branches };
         self.check_table(dict, branch, Some(&tagged), path);
     }
 
@@ -215,11 +186,7 @@ impl<'s> Walker<'s> {
         doc: &'s Json,
         path: &mut Vec<Seg>,
     ) {
-        let fitting: Vec<&'s Json> = alternatives
-            .iter()
-            .copied()
-            .filter(|b| self.fits(value, b))
-            .collect();
+        let fitting: Vec<&'s Json> = alternatives.iter().copied().filter(|b| self.fits(value, b)).collect();
         match fitting.as_slice() {
             // One form has the value's type: its own, more precise, problems are the answer.
             [only] => self.check(value, only, doc, path),
@@ -230,11 +197,7 @@ impl<'s> Walker<'s> {
                     if let Some(items) = branch.get("items")
                         && self.trial(value, items, doc, path).is_empty()
                     {
-                        help = Some(format!(
-                            "write a list: `{} = [{}]`",
-                            last_key(path),
-                            show(value)
-                        ));
+                        help = Some(format!("write a list: `{} = [{}]`", last_key(path), show(value)));
                     }
                 }
                 self.wrong_type(value, schema, doc, path, help);
@@ -255,13 +218,7 @@ impl<'s> Walker<'s> {
     }
 
     /// The problems `value` would have against `schema`, without reporting them.
-    fn trial(
-        &mut self,
-        value: &Value,
-        schema: &'s Json,
-        doc: &'s Json,
-        path: &mut Vec<Seg>,
-    ) -> Vec<Finding> {
+    fn trial(&mut self, value: &Value, schema: &'s Json, doc: &'s Json, path: &mut Vec<Seg>) -> Vec<Finding> {
         let outer = std::mem::take(&mut self.findings);
         self.check(value, schema, doc, path);
         std::mem::replace(&mut self.findings, outer)
@@ -277,14 +234,7 @@ impl<'s> Walker<'s> {
         types.is_empty() || types.iter().any(|t| is_kind(value, t))
     }
 
-    fn wrong_type(
-        &mut self,
-        value: &Value,
-        schema: &'s Json,
-        doc: &'s Json,
-        path: &[Seg],
-        help: Option<String>,
-    ) {
+    fn wrong_type(&mut self, value: &Value, schema: &'s Json, doc: &'s Json, path: &[Seg], help: Option<String>) {
         let key = keypath::format(path);
         let expected = noun(self.root, schema).one;
         let (resolved, _) = resolve(self.root, schema);
@@ -297,30 +247,19 @@ impl<'s> Walker<'s> {
                     || (wants("number") && number_text(s))
                     || (wants("boolean") && (s == "true" || s == "false")) =>
             {
-                Some(format!(
-                    "remove the quotes: `{} = {}`",
-                    last_key(path),
-                    s.trim()
-                ))
+                Some(format!("remove the quotes: `{} = {}`", last_key(path), s.trim()))
             }
-            Value::Num(_, n) if wants("integer") && words::is_float(n) => {
-                Some(match example_of(self.root, doc) {
-                    Some(ex) => format!("use a whole number, e.g. {ex}"),
-                    None => "use a whole number".to_string(),
-                })
+            Value::Num(_, n) if wants("integer") && words::is_float(n) => Some(match example_of(self.root, doc) {
+                Some(ex) => format!("use a whole number, e.g. {ex}"),
+                None => "use a whole number".to_string(),
+            }),
+            Value::Num(..) | Value::Bool(..) if wants("string") => {
+                Some(format!("quote it: `{} = \"{}\"`", last_key(path), show(value)))
             }
-            Value::Num(..) | Value::Bool(..) if wants("string") => Some(format!(
-                "quote it: `{} = \"{}\"`",
-                last_key(path),
-                show(value)
-            )),
             _ => example_of(self.root, doc).map(|ex| format!("e.g. {ex}")),
         });
-        let mut finding = Finding::new(
-            &key,
-            format!("expected {expected} for `{key}`, found {}", found(value)),
-        )
-        .label(format!("expected {expected}"));
+        let mut finding = Finding::new(&key, format!("expected {expected} for `{key}`, found {}", found(value)))
+            .label(format!("expected {expected}"));
         finding.diag.help = help;
         self.findings.push(finding);
     }
@@ -347,8 +286,7 @@ impl<'s> Walker<'s> {
         } else if let Some(m) = max.filter(|m| x > *m) {
             Some((format!("at most {}", words::bound(m)), "above the maximum"))
         } else {
-            high.filter(|m| x >= *m)
-                .map(|m| (format!("less than {}", words::bound(m)), "too large"))
+            high.filter(|m| x >= *m).map(|m| (format!("less than {}", words::bound(m)), "too large"))
         };
         let Some((bound, label)) = problem else {
             return;
@@ -367,12 +305,7 @@ impl<'s> Walker<'s> {
             None => format!("use a value {range}"),
         };
         self.findings.push(
-            Finding::new(
-                &key,
-                format!("`{key}` must be {bound}, found {}", show(value)),
-            )
-            .label(label)
-            .help(help),
+            Finding::new(&key, format!("`{key}` must be {bound}, found {}", show(value))).label(label).help(help),
         );
     }
 
@@ -380,27 +313,17 @@ impl<'s> Walker<'s> {
         let Some(pattern) = schema.get("pattern").and_then(Json::as_str) else {
             return;
         };
-        let regex = self
-            .patterns
-            .entry(pattern.to_string())
-            .or_insert_with(|| Regex::new(pattern).ok());
+        let regex = self.patterns.entry(pattern.to_string()).or_insert_with(|| Regex::new(pattern).ok());
         if regex.as_ref().is_none_or(|r| r.is_match(s)) {
             return;
         }
         let key = keypath::format(path);
         let what = noun(self.root, schema).one;
-        let form = description(self.root, schema)
-            .split_once(": ")
-            .map_or("", |(_, form)| form.trim_end_matches('.'));
+        let form = description(self.root, schema).split_once(": ").map_or("", |(_, form)| form.trim_end_matches('.'));
         let examples: Vec<String> = schema
             .get("examples")
             .and_then(Json::as_array)
-            .map(|e| {
-                e.iter()
-                    .filter_map(Json::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
+            .map(|e| e.iter().filter_map(Json::as_str).map(str::to_string).collect())
             .unwrap_or_default();
         let help = match (form.is_empty(), examples.is_empty()) {
             (false, false) => Some(format!("write {form}, e.g. {}", one_of(&examples))),
@@ -408,27 +331,19 @@ impl<'s> Walker<'s> {
             (true, false) => Some(format!("e.g. {}", one_of(&examples))),
             (true, true) => None,
         };
-        let mut finding = Finding::new(&key, format!("{s:?} is not {what} for `{key}`"))
-            .label(format!("not {what}"));
+        let mut finding = Finding::new(&key, format!("{s:?} is not {what} for `{key}`")).label(format!("not {what}"));
         finding.diag.help = help;
         self.findings.push(finding);
     }
 
     fn check_length(&mut self, len: usize, schema: &Json, doc: &Json, path: &[Seg]) {
         let min = schema.get("minItems").and_then(Json::as_u64).unwrap_or(0) as usize;
-        let max = schema
-            .get("maxItems")
-            .and_then(Json::as_u64)
-            .map(|m| m as usize);
+        let max = schema.get("maxItems").and_then(Json::as_u64).map(|m| m as usize);
         if len >= min && max.is_none_or(|m| len <= m) {
             return;
         }
         let items = |n: usize| {
-            if n == 1 {
-                "1 item".to_string()
-            } else {
-                format!("{n} items")
-            }
+            if n == 1 { "1 item".to_string() } else { format!("{n} items") }
         };
         let need = match max {
             Some(m) if m == min => format!("exactly {}", items(m)),
@@ -437,8 +352,8 @@ impl<'s> Walker<'s> {
             None => format!("at least {}", items(min)),
         };
         let key = keypath::format(path);
-        let mut finding = Finding::new(&key, format!("`{key}` must have {need}, found {len}"))
-            .label(format!("{len} items"));
+        let mut finding =
+            Finding::new(&key, format!("`{key}` must have {need}, found {len}")).label(format!("{len} items"));
         finding.diag.help = example_of(self.root, doc).map(|ex| format!("e.g. {ex}"));
         self.findings.push(finding);
     }
@@ -503,14 +418,9 @@ mod tests {
 
     /// The messages for a TOML document, keyed by path.
     fn problems(doc: &str) -> Vec<(String, String)> {
-        let Ok(table) = DeTable::parse(doc) else {
-            panic!("test TOML parses: {doc}")
-        };
+        let Ok(table) = DeTable::parse(doc) else { panic!("test TOML parses: {doc}") };
         let value = Value::Dict(Tag::Default, table_to_dict(table.get_ref()));
-        validate(&value, &schema_value())
-            .into_iter()
-            .map(|f| (f.diag.key, f.diag.message))
-            .collect()
+        validate(&value, &schema_value()).into_iter().map(|f| (f.diag.key, f.diag.message)).collect()
     }
 
     #[test]
@@ -529,12 +439,7 @@ mod tests {
         let keys: Vec<String> = problems(doc).into_iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,
-            [
-                "callbacks[0].patience",
-                "optimizer.scaling.table.64",
-                "train.epochs",
-                "train.steps_per_epoch"
-            ]
+            ["callbacks[0].patience", "optimizer.scaling.table.64", "train.epochs", "train.steps_per_epoch"]
         );
     }
 

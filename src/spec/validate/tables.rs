@@ -26,9 +26,7 @@ impl<'s> Walker<'s> {
             path.push(Seg::Key(key.clone()));
             match (property(key), schema.get("additionalProperties")) {
                 (Some(property), _) => self.check(value, property, property, path),
-                (None, Some(Json::Bool(false))) => {
-                    self.unknown_key(key, value, properties, tagged, path)
-                }
+                (None, Some(Json::Bool(false))) => self.unknown_key(key, value, properties, tagged, path),
                 (None, Some(other @ Json::Object(_))) => self.check(value, other, other, path),
                 (None, _) => {}
             }
@@ -53,15 +51,9 @@ impl<'s> Walker<'s> {
         let parent = path.split_last().map_or(path, |(_, parent)| parent);
         let section = parent.is_empty() && matches!(value, Value::Dict(..));
         let place = describe_table(parent, tagged);
-        let message = if section {
-            format!("unknown section `[{key}]`")
-        } else {
-            format!("unknown key `{key}` in {place}")
-        };
-        let known: Vec<&str> = properties
-            .into_iter()
-            .flat_map(|p| p.keys().map(String::as_str))
-            .collect();
+        let message =
+            if section { format!("unknown section `[{key}]`") } else { format!("unknown key `{key}` in {place}") };
+        let known: Vec<&str> = properties.into_iter().flat_map(|p| p.keys().map(String::as_str)).collect();
         let home = keypath::format(parent);
         let elsewhere: Vec<&String> = self
             .homes
@@ -78,17 +70,9 @@ impl<'s> Walker<'s> {
                     .collect()
             })
             .unwrap_or_default();
-        let listed = known
-            .iter()
-            .map(|k| format!("`{k}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let listed = known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
         let help = if let Some(c) = closest(key, known.iter().copied()) {
-            if section {
-                format!("did you mean `[{c}]`?")
-            } else {
-                format!("did you mean `{c}`?")
-            }
+            if section { format!("did you mean `[{c}]`?") } else { format!("did you mean `{c}`?") }
         } else if let (Some(t), false) = (tagged, other_variants.is_empty()) {
             format!(
                 "`{key}` belongs to {} {}s; a `{}` {} takes {listed}",
@@ -106,22 +90,12 @@ impl<'s> Walker<'s> {
         self.findings.push(
             Finding::new(keypath::format(path), message)
                 .at_key()
-                .label(if section {
-                    "unknown section"
-                } else {
-                    "unknown key"
-                })
+                .label(if section { "unknown section" } else { "unknown key" })
                 .help(help),
         );
     }
 
-    fn missing(
-        &mut self,
-        name: &str,
-        property: &'s Json,
-        tagged: Option<&Tagged<'s>>,
-        path: &mut Vec<Seg>,
-    ) {
+    fn missing(&mut self, name: &str, property: &'s Json, tagged: Option<&Tagged<'s>>, path: &mut Vec<Seg>) {
         let place = describe_table(path, tagged);
         let (resolved, _) = resolve(self.root, property);
         let is_table = resolved.get("properties").is_some();
@@ -129,25 +103,15 @@ impl<'s> Walker<'s> {
         let key = keypath::format(path);
         path.pop();
         let section = path.is_empty() && is_table;
-        let message = if section {
-            format!("missing section `[{name}]`")
-        } else {
-            format!("missing `{name}` in {place}")
-        };
+        let message =
+            if section { format!("missing section `[{name}]`") } else { format!("missing `{name}` in {place}") };
         let text = description(self.root, property);
-        let summary = text
-            .split_once("`: ")
-            .map_or(text, |(_, s)| s)
-            .trim_end_matches(" Required.")
-            .trim_end_matches('.');
+        let summary =
+            text.split_once("`: ").map_or(text, |(_, s)| s).trim_end_matches(" Required.").trim_end_matches('.');
         let inner_example = resolved
             .get("properties")
             .and_then(Json::as_object)
-            .and_then(|p| {
-                p.values()
-                    .filter_map(|v| example(description(self.root, v)))
-                    .find(|ex| ex.contains(" = "))
-            });
+            .and_then(|p| p.values().filter_map(|v| example(description(self.root, v))).find(|ex| ex.contains(" = ")));
         let help = match (example(text), section) {
             (Some(ex), _) => format!("add {ex}"),
             (None, true) => match inner_example {
@@ -156,11 +120,7 @@ impl<'s> Walker<'s> {
             },
             (None, false) => format!("add `{name}`: {summary}"),
         };
-        self.findings.push(
-            Finding::new(key, message)
-                .label(format!("missing `{name}`"))
-                .help(help),
-        );
+        self.findings.push(Finding::new(key, message).label(format!("missing `{name}`")).help(help));
     }
 }
 
@@ -175,13 +135,7 @@ fn describe_table(path: &[Seg], tagged: Option<&Tagged<'_>>) -> String {
 
 /// Where each key is valid, by section path, for "did you mean `optimizer.learning_rate`?".
 pub(super) fn homes(root: &Json) -> BTreeMap<String, Vec<String>> {
-    fn walk(
-        root: &Json,
-        schema: &Json,
-        prefix: &str,
-        depth: usize,
-        out: &mut BTreeMap<String, Vec<String>>,
-    ) {
+    fn walk(root: &Json, schema: &Json, prefix: &str, depth: usize, out: &mut BTreeMap<String, Vec<String>>) {
         let (schema, _) = resolve(root, schema);
         for keyword in ["oneOf", "anyOf"] {
             for branch in branches(schema, keyword).unwrap_or_default() {
@@ -197,11 +151,7 @@ pub(super) fn homes(root: &Json) -> BTreeMap<String, Vec<String>> {
                 homes.push(prefix.to_string());
             }
             if depth < 3 {
-                let child = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
+                let child = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
                 walk(root, property, &child, depth + 1, out);
             }
         }

@@ -1,0 +1,53 @@
+//! A custom training loop written against the trainrun library: load a spec, plan it, build
+//! the model and the input pipeline from the plan, and step by hand, printing the loss.
+//!
+//! ```text
+//! TRAINRUN_DATA_DIR=../shared/data/mnist cargo run --release --example custom_loop -- specs/mnist_single.toml
+//! ```
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use trainrun::data::{Cursor, DataDirs, Pipeline, PipelineOptions, Shard, Source};
+use trainrun::engine::{Pass, Shape};
+use trainrun::plan::{Facts, Hardware, Plan};
+
+fn main() -> anyhow::Result<()> {
+    let path = std::env::args().nth(1).unwrap_or_else(|| "specs/mnist_single.toml".into());
+    let env: Vec<(String, String)> = std::env::vars().collect();
+
+    // Spec → plan, exactly as `trainrun` does it.
+    let loaded = trainrun::spec::load(path.as_ref(), &env, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let source = Source::from_spec(&loaded.spec.data, &DataDirs::from_process_env(), loaded.spec.run.seed)?;
+    let facts = Facts { data: source.facts()?, cores: 2, hardware: Hardware { gpus: 0 } };
+    let plan = Plan::new(&loaded.spec, &facts)
+        .map_err(|d| anyhow::anyhow!("{}", trainrun::spec::render(&d, &loaded.origins)))?;
+
+    // The model from the spec, its initial weights, and the optimizer the plan chose.
+    let e = facts.data.example_shape;
+    let mut model = trainrun::model::build(&plan.model, &Shape(vec![e.height, e.width, e.channels]), 10)
+        .map_err(|d| anyhow::anyhow!("{d:?}"))?;
+    let (mut params, mut state) = model.init(plan.seed);
+    let mut grads = vec![0.0; params.len()];
+    let mut optimizer = plan.optimizer.build(params.len());
+    let loss = plan.train.loss_fn();
+
+    // The input pipeline: shuffled, batched, prefetched on a background thread.
+    let batch = NonZeroUsize::new(plan.batch.global).unwrap_or(NonZeroUsize::MIN);
+    let options = PipelineOptions::from_spec(&plan.data.spec, plan.seed, batch, Shard::WHOLE);
+    let mut pipeline = Pipeline::new(Arc::new(source.load()?), &options, Cursor::default())?;
+
+    for step in 0..100u64 {
+        let b = pipeline.next_batch()?;
+        let pass = Pass { training: true, seed: step, accumulate: false, threads: plan.threads };
+        model.forward(pass, &params, &mut state, &b.x, b.n);
+        let (out, dout) = model.output_and_grad(b.n);
+        let stats = loss.evaluate(out, &b.y, 10, 1.0 / b.n as f32, Some(dout));
+        model.backward(pass, &params, &mut grads, &b.x, b.n, &mut |_| {});
+        optimizer.step(&mut params, &grads, plan.learning_rate.at(step) as f32);
+        if step % 10 == 0 {
+            println!("step {step:3}  loss {:.4}  accuracy {:.3}", stats.loss(), stats.accuracy());
+        }
+        pipeline.recycle(b);
+    }
+    Ok(())
+}

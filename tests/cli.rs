@@ -1,0 +1,177 @@
+//! The command line end to end: `check`, `schema`, exit codes, and every broken spec giving a
+//! clear error with exit code 2 and never a panic.
+
+mod common;
+
+use common::{assert_exit, run, text};
+use std::path::Path;
+
+fn specs() -> Vec<String> {
+    let mut specs: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("specs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .map(|p| format!("specs/{}", p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()))
+        .collect();
+    specs.sort();
+    specs
+}
+
+#[test]
+fn check_plans_every_checked_in_spec() {
+    let specs = specs();
+    assert!(specs.len() >= 3, "{specs:?}");
+    for spec in specs {
+        let out = run(&["check", &spec]);
+        assert_exit(&out, 0);
+        let (stdout, _) = text(&out);
+        for line in ["strategy", "num_replicas_in_sync", "batch", "learning_rate", "steps", "all-reduce", "checkpoints"]
+        {
+            assert!(stdout.contains(line), "{spec}: no `{line}` in\n{stdout}");
+        }
+    }
+}
+
+#[test]
+fn check_shows_the_multiworker_arithmetic() {
+    let out = run(&["check", "specs/mnist_multiworker.toml"]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("multi_worker_mirrored"), "{stdout}");
+    assert!(stdout.contains("2 (2 workers × 1 device)"), "{stdout}");
+    assert!(
+        stdout.contains("global 128 = per_replica 64 × 2 replicas × 1 accumulation step (global derived)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("data policy"), "{stdout}");
+}
+
+#[test]
+fn check_json_is_the_plan() {
+    let out = run(&["check", "specs/mnist_multiworker.toml", "--json"]);
+    assert_exit(&out, 0);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON: {e}"));
+    assert_eq!(plan["batch"]["global"], 128);
+    assert_eq!(plan["batch"]["per_replica"], 64);
+    assert_eq!(plan["strategy"]["num_replicas_in_sync"], 2);
+    assert_eq!(plan["model_params"], 2_770_634);
+    assert_eq!(plan["learning_rate"]["scaled"], 0.001);
+}
+
+#[test]
+fn overrides_reach_the_plan() {
+    let out = common::trainrun()
+        .args(["check", "specs/mnist_single.toml", "--json", "--set", "batch.global=128"])
+        .env("TRAINRUN_OPTIMIZER__LEARNING_RATE", "0.05")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_exit(&out, 0);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plan["batch"]["global"], 128);
+    assert_eq!(plan["learning_rate"]["base"], 0.05);
+}
+
+#[test]
+fn schema_command_prints_the_checked_in_schema() {
+    let out = run(&["schema"]);
+    assert_exit(&out, 0);
+    let file = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/trainrun.schema.json"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout) == file,
+        "schemas/trainrun.schema.json is stale: run `cargo run --release -- schema > schemas/trainrun.schema.json`"
+    );
+}
+
+#[test]
+fn every_checked_in_spec_names_the_schema() {
+    for spec in specs() {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&spec)).unwrap_or_default();
+        assert!(text.starts_with("#:schema ../schemas/trainrun.schema.json"), "{spec} must start with a #:schema line");
+    }
+}
+
+/// Every broken spec — load-level (`tests/broken`) and plan-level (`tests/broken_plan`) —
+/// exits with 2 and a located error; the plan-level texts are snapshotted here (the load-level
+/// ones in `spec_corpus.rs`).
+#[test]
+fn every_broken_spec_exits_2_with_a_clear_error() {
+    let mut cases = Vec::new();
+    for dir in ["tests/broken", "tests/broken_plan"] {
+        for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(dir)).into_iter().flatten().flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if entry.path().is_dir() { format!("{dir}/{name}/spec.toml") } else { format!("{dir}/{name}") };
+            if path.ends_with(".toml") {
+                cases.push((dir, name.trim_end_matches(".toml").to_string(), path));
+            }
+        }
+    }
+    cases.sort();
+    assert!(cases.len() >= 40, "{} broken specs", cases.len());
+    for (dir, name, path) in cases {
+        let out = run(&["check", &path]);
+        assert_exit(&out, 2);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains("error: ") && stderr.contains("problem"), "{path}:\n{stderr}");
+        if dir == "tests/broken_plan" {
+            insta::assert_snapshot!(format!("plan_{name}"), stderr);
+        }
+    }
+}
+
+#[test]
+fn an_override_error_names_the_override() {
+    let out = run(&["check", "specs/mnist_single.toml", "--set", "optimizer.learning_rate=-1"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("--set optimizer.learning_rate=-1"), "{stderr}");
+}
+
+#[test]
+fn a_missing_spec_file_is_a_clear_error() {
+    let out = run(&["check", "specs/does_not_exist.toml"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("specs/does_not_exist.toml"));
+}
+
+#[test]
+fn strategies_not_built_yet_exit_3_naming_them() {
+    for kind in ["central_storage", "mirrored"] {
+        let out = run(&[
+            "specs/mnist_single.toml",
+            "-q",
+            "--set",
+            &format!("strategy.kind={kind}"),
+            "--set",
+            "batch.global=64",
+        ]);
+        assert_exit(&out, 3);
+        assert!(text(&out).1.contains(&format!("strategy.kind = \"{kind}\" is not built yet")), "{}", text(&out).1);
+    }
+}
+
+#[test]
+fn missing_data_offline_names_the_files_and_the_folder() {
+    let dir = common::tempdir();
+    let out = common::trainrun()
+        .args(["specs/mnist_single.toml", "-q"])
+        .env("TRAINRUN_DATA_DIR", dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_exit(&out, 4);
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("train-images-idx3-ubyte.gz") && stderr.contains(&dir.path().display().to_string()),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn no_arguments_prints_help_and_fails() {
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("Usage"));
+}
