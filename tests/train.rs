@@ -107,3 +107,17 @@ fn gradient_accumulation_matches_the_larger_batch() {
     let (x, y) = (whole["test_loss"].as_f64().unwrap_or(0.0), split["test_loss"].as_f64().unwrap_or(1.0));
     assert!((x - y).abs() / x < 1e-4, "{x} vs {y}");
 }
+
+#[test]
+fn weights_do_not_depend_on_the_thread_count() {
+    // Same spec on a 1-core and a 2-core machine: the same weights, bit for bit.
+    let (a, b) = (tempdir(), tempdir());
+    let short = ["--set", "train.steps_per_epoch=20", "--set", "train.epochs=1"];
+    let mut one = short.to_vec();
+    one.extend(["--set", "run.threads=1"]);
+    let mut two = short.to_vec();
+    two.extend(["--set", "run.threads=2"]);
+    let s1 = train("specs/mnist_single.toml", a.path(), &one);
+    let s2 = train("specs/mnist_single.toml", b.path(), &two);
+    assert_eq!(s1["weights_sha256"], s2["weights_sha256"]);
+}

@@ -36,7 +36,7 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
     let out_len = n * layer.output_shape().numel();
     let proj: Vec<f32> = (0..out_len).map(|_| r.random_range(-1.0..1.0)).collect();
 
-    let mut loss = |layer: &mut dyn Layer, params: &[f32], x: &[f32]| -> f64 {
+    let loss = |layer: &mut dyn Layer, params: &[f32], x: &[f32]| -> f64 {
         let mut y = vec![0.0; out_len];
         let mut st = state.clone();
         layer.forward(pass, params, &mut st, x, &mut y, n);

@@ -64,6 +64,11 @@ pub fn matmul(
     }
 }
 
+/// Parts every sum across a batch is split into, whatever the thread count: partial sums
+/// combine in the same order on a laptop with 16 cores and on a 2-core CI machine, so a spec
+/// gives bit-identical weights on both (gemm itself splits outputs, never sums).
+pub const SUM_PARTS: usize = 8;
+
 /// Splits `0..n` into `parts` contiguous ranges, the first ones one longer: a pure function of
 /// `(n, parts)`, so per-part partial sums combine in the same order every run.
 pub fn partition(n: usize, parts: usize) -> Vec<Range<usize>> {
@@ -366,5 +371,32 @@ mod tests {
         let lhs: f32 = cols.iter().zip(&p).map(|(a, b)| a * b).sum();
         let rhs: f32 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
         assert_eq!(lhs, rhs);
+    }
+}
+
+#[cfg(test)]
+mod thread_invariance {
+    use super::matmul;
+
+    /// Results must not depend on how many threads run them, so a spec gives the same weights
+    /// on any machine: gemm splits the output, never a sum, across threads.
+    #[test]
+    fn matmul_bits_do_not_depend_on_threads() {
+        for (m, n, k, a_t, b_t) in
+            [(64, 128, 2000, false, false), (2000, 128, 64, true, false), (64, 2000, 128, false, true)]
+        {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut c = vec![0.0f32; m * n];
+                pool.install(|| matmul(m, n, k, &a, a_t, &b, b_t, &mut c, false, threads));
+                c
+            };
+            let one = run(1);
+            for t in [2, 3, 4] {
+                assert!(run(t) == one, "{m}×{n}×{k} differs between 1 and {t} threads");
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! in `f64` over a fixed partition of the rows and combined in part order, so they are
 //! bit-identical run to run on a given thread count.
 
-use crate::engine::kernels::{par_rows, partition};
+use crate::engine::kernels::{SUM_PARTS, par_rows, partition};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
@@ -39,10 +39,10 @@ impl BatchNorm {
     }
 
     /// Per-channel sums `(Σ a, Σ a·b)` over `rows` rows of `a` and `b`, on a fixed
-    /// partition: parts are summed in order, so the result depends only on the thread count.
-    fn sums(&mut self, a: &[f32], b: &[f32], rows: usize, threads: usize) -> (Vec<f64>, Vec<f64>) {
+    /// partition of [`SUM_PARTS`] parts summed in order: the result does not depend on threads.
+    fn sums(&mut self, a: &[f32], b: &[f32], rows: usize) -> (Vec<f64>, Vec<f64>) {
         let c = self.channels;
-        let ranges = partition(rows, threads);
+        let ranges = partition(rows, SUM_PARTS);
         self.partials.resize_with(ranges.len(), Vec::new);
         self.partials[..ranges.len()].par_iter_mut().zip(&ranges).for_each(|(p, r)| {
             p.clear();
@@ -117,7 +117,7 @@ impl Layer for BatchNorm {
         let var: Vec<f32> = if pass.training {
             // One pass for Σx and Σx²: in f64 the cancellation in E[x²] − E[x]² is harmless
             // for activations, and it reads the batch once instead of twice.
-            let (s, sq) = self.sums(x, x, rows, pass.threads);
+            let (s, sq) = self.sums(x, x, rows);
             let m = rows.max(1) as f64;
             self.mean = s.iter().map(|s| (s / m) as f32).collect();
             let var: Vec<f32> = s.iter().zip(&sq).map(|(s, sq)| (sq / m - (s / m) * (s / m)).max(0.0) as f32).collect();
@@ -156,7 +156,7 @@ impl Layer for BatchNorm {
     ) {
         let c = self.channels;
         let rows = n * self.output.numel() / c.max(1);
-        let (sum_dy, sum_dy_x) = self.sums(dy, x, rows, pass.threads);
+        let (sum_dy, sum_dy_x) = self.sums(dy, x, rows);
         // Σ dy·x̂ = inv_std · (Σ dy·x − μ Σ dy).
         let (mean, inv_std) = (&self.mean, &self.inv_std);
         let d_gamma: Vec<f64> =

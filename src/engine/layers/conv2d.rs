@@ -1,11 +1,11 @@
 //! `conv2d`: Keras's `Conv2D` (channels last) as im2col + `gemm`, split over threads by image.
 //!
-//! Each thread takes a fixed share of the batch and works through it in chunks small enough
-//! to stay in cache, with its own partial weight gradient; the partials are summed in thread
-//! order, so results do not depend on scheduling.
+//! The batch is split into a fixed number of parts ([`SUM_PARTS`]), each worked through in
+//! chunks small enough to stay in cache with its own partial weight gradient; the partials are
+//! summed in part order, so results depend neither on scheduling nor on the thread count.
 
 use crate::engine::activation;
-use crate::engine::kernels::{Window, matmul, partition, split_rows};
+use crate::engine::kernels::{SUM_PARTS, Window, matmul, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use crate::spec::Activation;
@@ -113,7 +113,7 @@ impl Layer for Conv2d {
         let (win, filters, act, use_bias) = (self.win, self.filters, self.activation, self.use_bias);
         let chunk = self.images_per_chunk();
         let (kernel, bias) = params.split_at(self.kernel_len());
-        let ranges = partition(n, pass.threads);
+        let ranges = partition(n, SUM_PARTS);
         self.parts.resize_with(ranges.len(), Part::default);
         let (in_len, out_len, per_image) =
             (win.h * win.w * win.c, win.positions() * filters, win.positions() * win.patch_len());
@@ -155,7 +155,7 @@ impl Layer for Conv2d {
         let kernel = &params[..kernel_len];
         let (in_len, out_len, per_image) = (win.h * win.w * win.c, win.positions() * filters, win.positions() * pl);
         let kept = self.kept.take() == Some(n);
-        let ranges = partition(n, pass.threads);
+        let ranges = partition(n, SUM_PARTS);
         self.parts.resize_with(ranges.len(), Part::default);
         let dxs: Vec<Option<&mut [f32]>> = match dx.as_deref_mut() {
             Some(dx) => split_rows(&mut dx[..n * in_len], &ranges, in_len).into_iter().map(Some).collect(),

@@ -221,3 +221,46 @@ mod tests {
         assert_eq!(identity.params().len(), 6);
     }
 }
+
+#[cfg(test)]
+mod thread_invariance {
+    use crate::engine::Shape;
+    use crate::engine::kernels::Window;
+    use crate::engine::layer::{Layer, Pass};
+    use crate::engine::layers::{BatchNorm, Conv2d};
+    use crate::spec::Activation;
+
+    /// Forward output and parameter gradients of `make()` on 1 and 3 threads must be equal bits.
+    fn same_bits_on_any_thread_count(make: &(dyn Fn() -> Box<dyn Layer> + Sync), input: &Shape, n: usize) {
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut layer = make();
+                let params: Vec<f32> = (0..layer.params().iter().map(|p| p.len()).sum::<usize>())
+                    .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+                    .collect();
+                let mut state = vec![0.0; layer.state().iter().map(|p| p.len()).sum::<usize>()];
+                let x: Vec<f32> = (0..n * input.numel()).map(|i| ((i * 7) % 23) as f32 / 23.0).collect();
+                let out = n * layer.output_shape().numel();
+                let (mut y, dy) =
+                    (vec![0.0; out], (0..out).map(|i| ((i * 13) % 29) as f32 / 29.0 - 0.5).collect::<Vec<_>>());
+                let pass = Pass { training: true, seed: 1, accumulate: false, threads };
+                layer.forward(pass, &params, &mut state, &x, &mut y, n);
+                let mut grads = vec![0.0; params.len()];
+                let mut dx = vec![0.0; x.len()];
+                layer.backward(pass, &params, &mut grads, &x, &y, &dy, Some(&mut dx), n);
+                (y, grads, dx, state)
+            })
+        };
+        let one = run(1);
+        assert!(run(3) == one, "results differ between 1 and 3 threads");
+    }
+
+    #[test]
+    fn conv_and_batch_norm_do_not_depend_on_threads() {
+        let input = Shape(vec![9, 9, 3]);
+        let win = Window::new((9, 9, 3), (3, 3), (1, 1), true).unwrap();
+        same_bits_on_any_thread_count(&|| Box::new(Conv2d::new(win, 4, Activation::Relu, true)), &input, 13);
+        same_bits_on_any_thread_count(&|| Box::new(BatchNorm::new(input.clone(), 0.99, 1e-3)), &input, 13);
+    }
+}
