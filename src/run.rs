@@ -5,7 +5,7 @@ use crate::cli::Exit;
 use crate::data::{DataDirs, DataError, Fetcher, Shard, Source};
 use crate::engine::Shape;
 use crate::plan::{Facts, Hardware, Plan};
-use crate::spec::{self, Loaded};
+use crate::spec::{self, Diagnostic, Loaded};
 use crate::strategy::{self, StrategyError, Variables};
 use crate::train::record::{RunDir, Summary};
 use crate::train::{self, FitOptions, Session, TrainError};
@@ -106,7 +106,7 @@ pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
     let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
     let source = Source::from_spec(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)?;
     let facts = Facts {
-        data: source.facts()?,
+        data: source.facts().map_err(|e| named_files_missing(&loaded, e))?,
         cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
         hardware: Hardware { gpus: 0 },
     };
@@ -119,6 +119,29 @@ pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
         }
         Err(diags) => Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
     }
+}
+
+/// Files the spec itself names (`[data.files]`) that do not exist are a spec error at their
+/// key; other data problems stay data errors.
+fn named_files_missing(loaded: &Loaded, e: DataError) -> RunError {
+    let (DataError::MissingFiles { dir, files, .. }, Some(named)) = (&e, &loaded.spec.data.files) else {
+        return e.into();
+    };
+    let keys = [
+        ("train_images", Some(&named.train_images)),
+        ("train_labels", Some(&named.train_labels)),
+        ("test_images", named.test_images.as_ref()),
+        ("test_labels", named.test_labels.as_ref()),
+    ];
+    let diags: Vec<Diagnostic> = keys
+        .iter()
+        .filter_map(|(key, name)| name.filter(|n| files.contains(n)).map(|n| (key, n)))
+        .map(|(key, name)| {
+            Diagnostic::error(format!("data.files.{key}"), format!("data.files.{key} = \"{name}\" is not in {}", dir.display()))
+                .help("fix the file name, or point data.dir (or TRAINRUN_DATA_DIR) at the folder that holds it")
+        })
+        .collect();
+    if diags.is_empty() { e.into() } else { RunError::Spec(spec::render(&diags, &loaded.origins)) }
 }
 
 /// `trainrun check`: prints the plan.
