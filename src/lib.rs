@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod data;
 pub mod engine;
 pub mod model;

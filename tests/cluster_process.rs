@@ -1,0 +1,210 @@
+//! The control plane across real processes: this test binary re-runs itself as each task (the
+//! `child_task` test, which does nothing unless `TRAINRUN_CLUSTER_CHILD` is set), then kills
+//! or freezes one and measures how long the others take to fail naming it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use trainrun::cluster::{ClusterConfig, ClusterError, ControlPlane, JobToken, TaskId, Timeouts};
+
+const CHILD: &str = "TRAINRUN_CLUSTER_CHILD";
+const TASKS: [&str; 3] = ["worker:0", "worker:1", "worker:2"];
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// One task, configured by `TRAINRUN_CLUSTER_CHILD=task;chief_address;failure_ms`. Reports on
+/// stdout as `@@` lines: its port, its readiness, then the failure it saw and when.
+#[test]
+fn child_task() {
+    let Ok(setup) = std::env::var(CHILD) else {
+        return;
+    };
+    let [task, chief_address, failure_ms] = setup.split(';').collect::<Vec<_>>()[..] else {
+        panic!("bad {CHILD}: {setup}");
+    };
+    let task: TaskId = task.parse().unwrap();
+    let mut roster: BTreeMap<TaskId, String> = TASKS
+        .iter()
+        .map(|t| (t.parse().unwrap(), "127.0.0.1:0".to_owned()))
+        .collect();
+    roster.insert("worker:0".parse().unwrap(), chief_address.to_owned());
+    let config = ClusterConfig {
+        task,
+        chief: TaskId::chief_of(roster.keys()).unwrap(),
+        roster,
+        token: JobToken::new("process-test-token-0123456789", "the test").unwrap(),
+        spec_hash: "spec".into(),
+        version: "0.1.0".into(),
+        timeouts: Timeouts {
+            startup: Duration::from_secs(20),
+            failure: Duration::from_millis(failure_ms.parse().unwrap()),
+            heartbeat: Duration::from_millis(100),
+        },
+        payload: Vec::new(),
+    };
+    let plane = ControlPlane::start(config).unwrap();
+    println!("@@listening {}", plane.local_addr().port());
+    plane.rendezvous().unwrap();
+    println!("@@ready");
+    // Orphans end themselves, should the parent test die without killing them.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        match plane.check() {
+            Err(ClusterError::Failed(f)) => {
+                println!("@@failed {} {f}", now_ms());
+                std::process::exit(0);
+            }
+            Err(other) => panic!("{other}"),
+            Ok(()) => thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    std::process::exit(1);
+}
+
+/// A task process, killed when the test ends however it ends.
+struct Task {
+    child: Child,
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Task {
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) takes plain integers; the child is ours and not yet reaped.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+}
+
+/// The job's processes, and each one's `@@` lines.
+struct Job {
+    tasks: Vec<Task>,
+    lines: Vec<mpsc::Receiver<String>>,
+}
+
+impl Job {
+    fn spawn(failure_ms: u64) -> Job {
+        let mut job = Job {
+            tasks: Vec::new(),
+            lines: Vec::new(),
+        };
+        let mut chief_address = "127.0.0.1:0".to_owned();
+        for (i, task) in TASKS.iter().enumerate() {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "child_task", "--nocapture", "--test-threads=1"])
+                .env(CHILD, format!("{task};{chief_address};{failure_ms}"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let stdout = BufReader::new(child.stdout.take().unwrap());
+            job.tasks.push(Task { child });
+            let (tx, lines) = mpsc::channel();
+            job.lines.push(lines);
+            thread::spawn(move || {
+                for line in stdout.lines().map_while(Result::ok) {
+                    // libtest's `test child_task ... ` may precede the first line.
+                    if let Some((_, line)) = line.split_once("@@") {
+                        let _ = tx.send(line.to_owned());
+                    }
+                }
+            });
+            // Every other task must know the chief's port, which it picks at start.
+            if i == 0 {
+                let port = job.expect(0, "listening ");
+                chief_address = format!("127.0.0.1:{port}");
+            }
+        }
+        for i in 0..TASKS.len() {
+            job.expect(i, "ready");
+        }
+        job
+    }
+
+    /// The rest of task `i`'s next line that starts with `prefix`.
+    fn expect(&self, i: usize, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = (self.lines[i].recv_timeout(left))
+                .unwrap_or_else(|_| panic!("{} never said `{prefix}`", TASKS[i]));
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        }
+    }
+
+    /// Task `i`'s failure message and how many ms after `since_ms` it saw it.
+    fn failure(&self, i: usize, since_ms: u128) -> (String, u128) {
+        let line = self.expect(i, "failed ");
+        let (at, message) = line.split_once(' ').unwrap();
+        (
+            message.to_owned(),
+            at.parse::<u128>().unwrap().saturating_sub(since_ms),
+        )
+    }
+}
+
+#[test]
+fn a_killed_worker_fails_the_others_at_once() {
+    let job = Job::spawn(10_000);
+    let killed = now_ms();
+    job.tasks[2].signal(libc::SIGKILL);
+    for i in [0, 1] {
+        let (message, ms) = job.failure(i, killed);
+        eprintln!("{}: {ms} ms after the SIGKILL: {message}", TASKS[i]);
+        assert!(
+            message.starts_with("worker:2 died: "),
+            "{}: {message}",
+            TASKS[i]
+        );
+        // Far below the 10 s failure timeout: the closed connection gives the death away.
+        assert!(ms < 1_000, "{ms} ms");
+    }
+}
+
+#[test]
+fn a_killed_chief_fails_the_workers_at_once() {
+    let job = Job::spawn(10_000);
+    let killed = now_ms();
+    job.tasks[0].signal(libc::SIGKILL);
+    for i in [1, 2] {
+        let (message, ms) = job.failure(i, killed);
+        eprintln!("{}: {ms} ms after the SIGKILL: {message}", TASKS[i]);
+        assert!(
+            message.starts_with("worker:0 died: "),
+            "{}: {message}",
+            TASKS[i]
+        );
+        assert!(ms < 1_000, "{ms} ms");
+    }
+}
+
+#[test]
+fn a_frozen_worker_fails_the_others_at_the_failure_timeout() {
+    // Generous, so that a loaded machine cannot starve a healthy task's heartbeats that long.
+    let job = Job::spawn(3_000);
+    let frozen = now_ms();
+    job.tasks[2].signal(libc::SIGSTOP);
+    for i in [0, 1] {
+        let (message, ms) = job.failure(i, frozen);
+        eprintln!("{}: {ms} ms after the SIGSTOP: {message}", TASKS[i]);
+        let expected = "worker:2 went silent: no heartbeat for 3 s";
+        assert!(message.starts_with(expected), "{}: {message}", TASKS[i]);
+        assert!((2_500..5_000).contains(&ms), "{ms} ms");
+    }
+}
