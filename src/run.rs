@@ -137,8 +137,11 @@ fn named_files_missing(loaded: &Loaded, e: DataError) -> RunError {
         .iter()
         .filter_map(|(key, name)| name.filter(|n| files.contains(n)).map(|n| (key, n)))
         .map(|(key, name)| {
-            Diagnostic::error(format!("data.files.{key}"), format!("data.files.{key} = \"{name}\" is not in {}", dir.display()))
-                .help("fix the file name, or point data.dir (or TRAINRUN_DATA_DIR) at the folder that holds it")
+            Diagnostic::error(
+                format!("data.files.{key}"),
+                format!("data.files.{key} = \"{name}\" is not in {}", dir.display()),
+            )
+            .help("fix the file name, or point data.dir (or TRAINRUN_DATA_DIR) at the folder that holds it")
         })
         .collect();
     if diags.is_empty() { e.into() } else { RunError::Spec(spec::render(&diags, &loaded.origins)) }

@@ -48,12 +48,9 @@ fn id(s: &str) -> TaskId {
 
 /// A config per task and a listener already bound for it on loopback.
 fn job(tasks: &[&str], timeouts: Timeouts) -> Vec<(ClusterConfig, TcpListener)> {
-    let listeners: Vec<TcpListener> = (tasks.iter())
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let roster: BTreeMap<TaskId, String> = (tasks.iter().zip(&listeners))
-        .map(|(t, l)| (id(t), l.local_addr().unwrap().to_string()))
-        .collect();
+    let listeners: Vec<TcpListener> = (tasks.iter()).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let roster: BTreeMap<TaskId, String> =
+        (tasks.iter().zip(&listeners)).map(|(t, l)| (id(t), l.local_addr().unwrap().to_string())).collect();
     let chief = TaskId::chief_of(roster.keys()).unwrap();
     (tasks.iter().zip(listeners))
         .map(|(t, listener)| {
@@ -73,9 +70,7 @@ fn job(tasks: &[&str], timeouts: Timeouts) -> Vec<(ClusterConfig, TcpListener)> 
 }
 
 fn start(job: Vec<(ClusterConfig, TcpListener)>) -> Vec<ControlPlane> {
-    (job.into_iter())
-        .map(|(config, listener)| ControlPlane::start_on(config, listener).unwrap())
-        .collect()
+    (job.into_iter()).map(|(config, listener)| ControlPlane::start_on(config, listener).unwrap()).collect()
 }
 
 /// Calls `f` on every plane at once, as separate processes would.
@@ -113,10 +108,7 @@ fn failed(result: Result<impl std::fmt::Debug, ClusterError>) -> Failure {
 #[test]
 fn three_tasks_get_the_same_roster_in_rank_order() {
     within(Duration::from_secs(20), || {
-        let mut tasks = job(
-            &["worker:1", "chief:0", "worker:0"],
-            timeouts(10_000, 3_000),
-        );
+        let mut tasks = job(&["worker:1", "chief:0", "worker:0"], timeouts(10_000, 3_000));
         // The chief starts last, on an address nobody listens on yet: the others retry.
         let (chief, listener) = tasks.remove(1);
         drop(listener);
@@ -129,11 +121,7 @@ fn three_tasks_get_the_same_roster_in_rank_order() {
         });
         let rosters = rendezvous(&planes);
         let (chief, chief_roster) = chief.join().unwrap();
-        let order: Vec<String> = chief_roster
-            .members
-            .iter()
-            .map(|m| m.task.to_string())
-            .collect();
+        let order: Vec<String> = chief_roster.members.iter().map(|m| m.task.to_string()).collect();
         assert_eq!(order, ["chief:0", "worker:0", "worker:1"]);
         for (rank, m) in chief_roster.members.iter().enumerate() {
             assert_eq!(m.rank, rank);
@@ -148,11 +136,7 @@ fn three_tasks_get_the_same_roster_in_rank_order() {
         let chief = thread::spawn(move || chief.shutdown());
         planes.into_iter().for_each(ControlPlane::shutdown);
         chief.join().unwrap();
-        assert!(
-            begin.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            begin.elapsed()
-        );
+        assert!(begin.elapsed() < Duration::from_secs(2), "{:?}", begin.elapsed());
     });
 }
 
@@ -160,10 +144,7 @@ fn three_tasks_get_the_same_roster_in_rank_order() {
 fn a_task_on_another_spec_or_version_is_refused_naming_both() {
     for (spec, version) in [("a1b2c3d4", "0.1.0"), (SPEC, "0.2.0")] {
         within(Duration::from_secs(10), move || {
-            let mut tasks = job(
-                &["worker:0", "worker:1", "worker:2"],
-                timeouts(5_000, 2_000),
-            );
+            let mut tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 2_000));
             tasks[1].0.spec_hash = spec.into();
             tasks[1].0.version = version.into();
             let planes = start(tasks);
@@ -174,11 +155,7 @@ fn a_task_on_another_spec_or_version_is_refused_naming_both() {
                 format!(
                     "worker:1 runs spec {} (trainrun {version}) but the chief worker:0 runs spec \
                      9f8e7d6c5b4a… (trainrun 0.1.0): start every task with the same spec and trainrun",
-                    if spec == SPEC {
-                        "9f8e7d6c5b4a…"
-                    } else {
-                        spec
-                    }
+                    if spec == SPEC { "9f8e7d6c5b4a…" } else { spec }
                 )
             );
             // A launch mistake fails the whole job at once rather than at the startup timeout.
@@ -199,18 +176,12 @@ fn a_wrong_token_is_refused() {
         match &worker {
             Err(e @ ClusterError::Unauthenticated { chief, .. }) => {
                 assert_eq!(*chief, id("worker:0"));
-                assert!(
-                    e.to_string().contains("refused this task's job token"),
-                    "{e}"
-                );
+                assert!(e.to_string().contains("refused this task's job token"), "{e}");
             }
             other => panic!("{other:?}"),
         }
         let missing = failed(chief);
-        assert_eq!(
-            missing.to_string(),
-            "rendezvous timed out after 1.5 s: worker:1 never checked in"
-        );
+        assert_eq!(missing.to_string(), "rendezvous timed out after 1.5 s: worker:1 never checked in");
         assert!(begin.elapsed() < Duration::from_secs(3));
     });
 }
@@ -218,19 +189,13 @@ fn a_wrong_token_is_refused() {
 #[test]
 fn a_task_that_never_starts_fails_the_rendezvous_at_the_startup_timeout() {
     within(Duration::from_secs(10), || {
-        let mut tasks = job(
-            &["worker:0", "worker:1", "worker:2", "worker:3"],
-            timeouts(1_000, 1_000),
-        );
+        let mut tasks = job(&["worker:0", "worker:1", "worker:2", "worker:3"], timeouts(1_000, 1_000));
         tasks.truncate(2);
         let begin = Instant::now();
         let planes = start(tasks);
         let outcomes = each(&planes, |p| (failed(p.rendezvous()), begin.elapsed()));
         for (failure, elapsed) in outcomes {
-            assert_eq!(
-                failure.to_string(),
-                "rendezvous timed out after 1 s: worker:2, worker:3 never checked in"
-            );
+            assert_eq!(failure.to_string(), "rendezvous timed out after 1 s: worker:2, worker:3 never checked in");
             assert!(elapsed >= Duration::from_millis(950), "{elapsed:?}");
             assert!(elapsed < Duration::from_millis(2_000), "{elapsed:?}");
         }
@@ -240,10 +205,7 @@ fn a_task_that_never_starts_fails_the_rendezvous_at_the_startup_timeout() {
 #[test]
 fn a_task_started_twice_or_outside_the_cluster_fails_everyone() {
     within(Duration::from_secs(10), || {
-        let tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(5_000, 1_000),
-        );
+        let tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 1_000));
         let twin = {
             let (config, _) = &tasks[1];
             (config.clone(), TcpListener::bind("127.0.0.1:0").unwrap())
@@ -255,14 +217,8 @@ fn a_task_started_twice_or_outside_the_cluster_fails_everyone() {
             let twin = start(vec![twin]);
             let refused = failed(twin[0].rendezvous());
             let message = refused.to_string();
-            assert!(
-                message.starts_with("worker:1 checked in twice, from pid "),
-                "{message}"
-            );
-            assert!(
-                message.ends_with(": start one process per task"),
-                "{message}"
-            );
+            assert!(message.starts_with("worker:1 checked in twice, from pid "), "{message}");
+            assert!(message.ends_with(": start one process per task"), "{message}");
             assert!(waiting.join().unwrap().iter().all(|f| *f == refused));
         });
 
@@ -285,10 +241,7 @@ fn a_task_started_twice_or_outside_the_cluster_fails_everyone() {
 #[test]
 fn a_task_pointed_at_a_worker_instead_of_the_chief_is_told_so() {
     within(Duration::from_secs(10), || {
-        let mut tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(2_000, 1_000),
-        );
+        let mut tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(2_000, 1_000));
         let worker2 = tasks[0].0.roster[&id("worker:2")].clone();
         tasks[1].0.roster.insert(id("worker:0"), worker2.clone());
         let planes = start(tasks);
@@ -312,22 +265,13 @@ fn failures(planes: &[ControlPlane], limit: Duration) -> Vec<(Failure, Duration)
 #[test]
 fn a_task_that_dies_fails_every_other_task_naming_it() {
     within(Duration::from_secs(20), || {
-        let tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(5_000, 3_000),
-        );
+        let tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 3_000));
         let mut planes = start(tasks);
         rendezvous(&planes);
         drop(planes.pop());
         for (failure, after) in failures(&planes, Duration::from_secs(5)) {
-            assert!(
-                matches!(&failure, Failure::Died { task, .. } if *task == id("worker:2")),
-                "{failure}"
-            );
-            assert!(
-                failure.to_string().starts_with("worker:2 died: "),
-                "{failure}"
-            );
+            assert!(matches!(&failure, Failure::Died { task, .. } if *task == id("worker:2")), "{failure}");
+            assert!(failure.to_string().starts_with("worker:2 died: "), "{failure}");
             // A closed connection is noticed at once, well within the failure timeout.
             assert!(after < Duration::from_millis(1_000), "{after:?}");
         }
@@ -342,10 +286,7 @@ fn a_chief_that_dies_fails_every_worker_naming_it() {
         rendezvous(&planes);
         drop(planes.remove(0));
         for (failure, after) in failures(&planes, Duration::from_secs(5)) {
-            assert!(
-                failure.to_string().starts_with("chief:0 died: "),
-                "{failure}"
-            );
+            assert!(failure.to_string().starts_with("chief:0 died: "), "{failure}");
             assert!(after < Duration::from_millis(1_000), "{after:?}");
         }
     });
@@ -354,19 +295,14 @@ fn a_chief_that_dies_fails_every_worker_naming_it() {
 #[test]
 fn barriers_pass_when_all_arrive_and_name_the_missing_task_otherwise() {
     within(Duration::from_secs(20), || {
-        let tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(5_000, 1_500),
-        );
+        let tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 1_500));
         let planes = start(tasks);
         rendezvous(&planes);
         for _ in 0..3 {
             each(&planes, |p| p.barrier("epoch").unwrap());
         }
         let begin = Instant::now();
-        let outcomes = each(&planes[..2], |p| {
-            (failed(p.barrier("end")), begin.elapsed())
-        });
+        let outcomes = each(&planes[..2], |p| (failed(p.barrier("end")), begin.elapsed()));
         let expected = "barrier `end` timed out after 1.5 s: worker:2 never arrived";
         for (failure, elapsed) in outcomes {
             assert_eq!(failure.to_string(), expected);
@@ -382,17 +318,12 @@ fn barriers_pass_when_all_arrive_and_name_the_missing_task_otherwise() {
 #[test]
 fn commands_reach_every_task_in_order_and_metrics_reach_the_chief() {
     within(Duration::from_secs(20), || {
-        let tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(5_000, 2_000),
-        );
+        let tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 2_000));
         let planes = start(tasks);
         rendezvous(&planes);
         assert!(planes[1].broadcast(Command::Save { step: 1 }).is_err());
         planes[0].broadcast(Command::Save { step: 7 }).unwrap();
-        let stop = Command::Stop {
-            reason: "target accuracy reached".into(),
-        };
+        let stop = Command::Stop { reason: "target accuracy reached".into() };
         planes[0].broadcast(stop.clone()).unwrap();
         let received = each(&planes, |p| {
             let mut got = Vec::new();
@@ -407,10 +338,7 @@ fn commands_reach_every_task_in_order_and_metrics_reach_the_chief() {
         for got in received {
             assert_eq!(got, [Command::Save { step: 7 }, stop.clone()]);
         }
-        each(&planes, |p| {
-            p.send_metrics(&format!(r#"{{"task":"{}","loss":0.5}}"#, p.task()))
-                .unwrap()
-        });
+        each(&planes, |p| p.send_metrics(&format!(r#"{{"task":"{}","loss":0.5}}"#, p.task())).unwrap());
         let mut records = planes[0].take_metrics().unwrap();
         records.sort_by_key(|r| r.task);
         let tasks: Vec<String> = records.iter().map(|r| r.task.to_string()).collect();
@@ -423,10 +351,7 @@ fn commands_reach_every_task_in_order_and_metrics_reach_the_chief() {
 #[test]
 fn a_chief_that_finishes_tells_the_workers_to_stop() {
     within(Duration::from_secs(20), || {
-        let tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(5_000, 3_000),
-        );
+        let tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 3_000));
         let mut planes = start(tasks);
         rendezvous(&planes);
         let chief = planes.remove(0);
@@ -446,29 +371,19 @@ fn a_chief_that_finishes_tells_the_workers_to_stop() {
         }
         planes.into_iter().for_each(ControlPlane::shutdown);
         chief.join().unwrap();
-        assert!(
-            begin.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            begin.elapsed()
-        );
+        assert!(begin.elapsed() < Duration::from_secs(2), "{:?}", begin.elapsed());
     });
 }
 
 #[test]
 fn a_task_that_aborts_fails_the_job_with_its_reason() {
     within(Duration::from_secs(20), || {
-        let tasks = job(
-            &["worker:0", "worker:1", "worker:2"],
-            timeouts(5_000, 3_000),
-        );
+        let tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 3_000));
         let planes = start(tasks);
         rendezvous(&planes);
         planes[1].abort("the loss is NaN at step 12");
         for (failure, _) in failures(&planes, Duration::from_secs(2)) {
-            assert_eq!(
-                failure.to_string(),
-                "worker:1 failed: the loss is NaN at step 12"
-            );
+            assert_eq!(failure.to_string(), "worker:1 failed: the loss is NaN at step 12");
         }
     });
 }

@@ -15,10 +15,7 @@ const CHILD: &str = "TRAINRUN_CLUSTER_CHILD";
 const TASKS: [&str; 3] = ["worker:0", "worker:1", "worker:2"];
 
 fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
 }
 
 /// One task, configured by `TRAINRUN_CLUSTER_CHILD=task;chief_address;failure_ms`. Reports on
@@ -32,10 +29,8 @@ fn child_task() {
         panic!("bad {CHILD}: {setup}");
     };
     let task: TaskId = task.parse().unwrap();
-    let mut roster: BTreeMap<TaskId, String> = TASKS
-        .iter()
-        .map(|t| (t.parse().unwrap(), "127.0.0.1:0".to_owned()))
-        .collect();
+    let mut roster: BTreeMap<TaskId, String> =
+        TASKS.iter().map(|t| (t.parse().unwrap(), "127.0.0.1:0".to_owned())).collect();
     roster.insert("worker:0".parse().unwrap(), chief_address.to_owned());
     let config = ClusterConfig {
         task,
@@ -98,10 +93,7 @@ struct Job {
 
 impl Job {
     fn spawn(failure_ms: u64) -> Job {
-        let mut job = Job {
-            tasks: Vec::new(),
-            lines: Vec::new(),
-        };
+        let mut job = Job { tasks: Vec::new(), lines: Vec::new() };
         let mut chief_address = "127.0.0.1:0".to_owned();
         for (i, task) in TASKS.iter().enumerate() {
             let mut child = Command::new(std::env::current_exe().unwrap())
@@ -140,8 +132,8 @@ impl Job {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = (self.lines[i].recv_timeout(left))
-                .unwrap_or_else(|_| panic!("{} never said `{prefix}`", TASKS[i]));
+            let line =
+                (self.lines[i].recv_timeout(left)).unwrap_or_else(|_| panic!("{} never said `{prefix}`", TASKS[i]));
             if let Some(rest) = line.strip_prefix(prefix) {
                 return rest.to_owned();
             }
@@ -152,10 +144,7 @@ impl Job {
     fn failure(&self, i: usize, since_ms: u128) -> (String, u128) {
         let line = self.expect(i, "failed ");
         let (at, message) = line.split_once(' ').unwrap();
-        (
-            message.to_owned(),
-            at.parse::<u128>().unwrap().saturating_sub(since_ms),
-        )
+        (message.to_owned(), at.parse::<u128>().unwrap().saturating_sub(since_ms))
     }
 }
 
@@ -167,11 +156,7 @@ fn a_killed_worker_fails_the_others_at_once() {
     for i in [0, 1] {
         let (message, ms) = job.failure(i, killed);
         eprintln!("{}: {ms} ms after the SIGKILL: {message}", TASKS[i]);
-        assert!(
-            message.starts_with("worker:2 died: "),
-            "{}: {message}",
-            TASKS[i]
-        );
+        assert!(message.starts_with("worker:2 died: "), "{}: {message}", TASKS[i]);
         // Far below the 10 s failure timeout: the closed connection gives the death away.
         assert!(ms < 1_000, "{ms} ms");
     }
@@ -185,11 +170,7 @@ fn a_killed_chief_fails_the_workers_at_once() {
     for i in [1, 2] {
         let (message, ms) = job.failure(i, killed);
         eprintln!("{}: {ms} ms after the SIGKILL: {message}", TASKS[i]);
-        assert!(
-            message.starts_with("worker:0 died: "),
-            "{}: {message}",
-            TASKS[i]
-        );
+        assert!(message.starts_with("worker:0 died: "), "{}: {message}", TASKS[i]);
         assert!(ms < 1_000, "{ms} ms");
     }
 }

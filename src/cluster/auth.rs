@@ -24,10 +24,7 @@ pub struct JobToken(String);
 impl JobToken {
     /// Checks a token given by a person: long enough, and printable ASCII so it fits a header.
     pub fn new(token: &str, origin: &str) -> Result<JobToken, ClusterError> {
-        let bad = |problem| ClusterError::BadToken {
-            origin: origin.to_owned(),
-            problem,
-        };
+        let bad = |problem| ClusterError::BadToken { origin: origin.to_owned(), problem };
         let token = token.trim();
         if token.is_empty() {
             return Err(bad("is empty"));
@@ -36,9 +33,7 @@ impl JobToken {
             return Err(bad("has characters other than printable ASCII"));
         }
         if token.len() < MIN_TOKEN_LEN {
-            return Err(bad(
-                "is shorter than 16 characters, which is too easy to guess",
-            ));
+            return Err(bad("is shorter than 16 characters, which is too easy to guess"));
         }
         Ok(JobToken(token.to_owned()))
     }
@@ -70,16 +65,11 @@ pub fn new_job_token() -> Result<JobToken, ClusterError> {
 /// The job's token: from `cluster.token_file` when the spec names one, else from the
 /// `TRAINRUN_JOB_TOKEN` value the caller read. The file wins because it is the explicit choice
 /// in the spec; the variable is how the local launcher passes its token to its tasks.
-pub fn resolve_token(
-    env_value: Option<&str>,
-    file: Option<&Path>,
-) -> Result<JobToken, ClusterError> {
+pub fn resolve_token(env_value: Option<&str>, file: Option<&Path>) -> Result<JobToken, ClusterError> {
     match (file, env_value) {
         (Some(path), _) => {
-            let text = std::fs::read_to_string(path).map_err(|source| ClusterError::TokenFile {
-                path: path.to_owned(),
-                source,
-            })?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| ClusterError::TokenFile { path: path.to_owned(), source })?;
             JobToken::new(&text, &path.display().to_string())
         }
         (None, Some(value)) => JobToken::new(value, "TRAINRUN_JOB_TOKEN"),
@@ -106,18 +96,13 @@ impl AddToken {
         // `JobToken::new` admits only printable ASCII, which is always a valid header value.
         MetadataValue::try_from(token.header())
             .map(AddToken)
-            .map_err(|_| ClusterError::BadToken {
-                origin: "the config".into(),
-                problem: "is not a valid header value",
-            })
+            .map_err(|_| ClusterError::BadToken { origin: "the config".into(), problem: "is not a valid header value" })
     }
 }
 
 impl Interceptor for AddToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        request
-            .metadata_mut()
-            .insert("authorization", self.0.clone());
+        request.metadata_mut().insert("authorization", self.0.clone());
         Ok(request)
     }
 }
@@ -134,9 +119,7 @@ pub(crate) struct CheckToken {
 
 impl CheckToken {
     pub(crate) fn new(token: &JobToken) -> CheckToken {
-        CheckToken {
-            expected: token.header().into_bytes().into(),
-        }
+        CheckToken { expected: token.header().into_bytes().into() }
     }
 }
 
@@ -146,13 +129,8 @@ impl Interceptor for CheckToken {
         if given.is_some_and(|v| constant_time_eq(v.as_bytes(), &self.expected)) {
             return Ok(request);
         }
-        let peer = request
-            .remote_addr()
-            .map_or_else(|| "an unknown peer".to_owned(), |a| a.to_string());
-        let rpc = request
-            .extensions()
-            .get::<RpcPath>()
-            .map_or("an unknown RPC", |p| p.0.as_str());
+        let peer = request.remote_addr().map_or_else(|| "an unknown peer".to_owned(), |a| a.to_string());
+        let rpc = request.extensions().get::<RpcPath>().map_or("an unknown RPC", |p| p.0.as_str());
         let what = if given.is_some() { "a wrong" } else { "no" };
         eprintln!("trainrun: control plane refused {rpc} from {peer}: {what} job token");
         Err(Status::unauthenticated("missing or wrong job token"))
@@ -208,25 +186,16 @@ mod tests {
 
     #[test]
     fn missing_empty_short_and_unreadable_tokens_are_errors() {
-        assert!(matches!(
-            resolve_token(None, None),
-            Err(ClusterError::NoToken)
-        ));
+        assert!(matches!(resolve_token(None, None), Err(ClusterError::NoToken)));
         let err = resolve_token(Some("  \n"), None).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "the job token from TRAINRUN_JOB_TOKEN is empty"
-        );
+        assert_eq!(err.to_string(), "the job token from TRAINRUN_JOB_TOKEN is empty");
         let err = resolve_token(Some("short"), None).unwrap_err();
         assert!(err.to_string().contains("shorter than 16"), "{err}");
         let err = resolve_token(Some("has a space in it, sadly"), None).unwrap_err();
         assert!(err.to_string().contains("printable ASCII"), "{err}");
         let missing = Path::new("/nonexistent/trainrun/job.token");
         let err = resolve_token(None, Some(missing)).unwrap_err();
-        assert!(
-            err.to_string().contains("/nonexistent/trainrun/job.token"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("/nonexistent/trainrun/job.token"), "{err}");
     }
 
     #[test]

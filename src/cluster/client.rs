@@ -47,11 +47,7 @@ pub(crate) struct ChiefLink {
 
 impl ChiefLink {
     /// Connects lazily: the chief may not be listening yet. Call inside the runtime.
-    pub(crate) fn new(
-        settings: Arc<Settings>,
-        local: Arc<Local>,
-        token: &JobToken,
-    ) -> Result<ChiefLink, ClusterError> {
+    pub(crate) fn new(settings: Arc<Settings>, local: Arc<Local>, token: &JobToken) -> Result<ChiefLink, ClusterError> {
         let address = (settings.roster.get(&settings.chief).cloned()).unwrap_or_default();
         let (stream_window, connection_window) = window_sizes();
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
@@ -61,22 +57,12 @@ impl ChiefLink {
             .initial_stream_window_size(stream_window)
             .initial_connection_window_size(connection_window);
         let channel = InterceptedService::new(endpoint.connect_lazy(), AddToken::new(token)?);
-        let client = Client::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
-        Ok(ChiefLink {
-            settings,
-            local,
-            client,
-            address,
-        })
+        let client = Client::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
+        Ok(ChiefLink { settings, local, client, address })
     }
 
     fn caller(&self) -> pb::Caller {
-        pb::Caller {
-            task: self.settings.task.to_string(),
-            incarnation: self.settings.incarnation,
-        }
+        pb::Caller { task: self.settings.task.to_string(), incarnation: self.settings.incarnation }
     }
 
     fn chief(&self) -> TaskId {
@@ -84,20 +70,15 @@ impl ChiefLink {
     }
 
     fn malformed(&self, m: Malformed) -> ClusterError {
-        ClusterError::Protocol {
-            chief: self.chief(),
-            address: self.address.clone(),
-            message: m.0,
-        }
+        ClusterError::Protocol { chief: self.chief(), address: self.address.clone(), message: m.0 }
     }
 
     /// The chief's answer as an error, unless the chief is only unreachable for now.
     fn classify(&self, status: Status) -> Attempt {
         match status.code() {
-            Code::Unauthenticated => Attempt::Fatal(ClusterError::Unauthenticated {
-                chief: self.chief(),
-                address: self.address.clone(),
-            }),
+            Code::Unauthenticated => {
+                Attempt::Fatal(ClusterError::Unauthenticated { chief: self.chief(), address: self.address.clone() })
+            }
             Code::FailedPrecondition | Code::InvalidArgument | Code::Unimplemented => {
                 Attempt::Fatal(ClusterError::Protocol {
                     chief: self.chief(),
@@ -114,10 +95,7 @@ impl ChiefLink {
             "the connection to it broke: the process exited, was killed, or the network \
              failed ({cause})"
         );
-        Failure::Died {
-            task: self.chief(),
-            detail,
-        }
+        Failure::Died { task: self.chief(), detail }
     }
 
     /// Checks in with the chief, retrying until `deadline`.
@@ -146,12 +124,9 @@ impl ChiefLink {
         let after = s.timeouts.startup;
         Err(match missing {
             Some(missing) => Failure::RendezvousTimeout { after, missing }.into(),
-            None => ClusterError::ChiefUnreachable {
-                chief: self.chief(),
-                address: self.address.clone(),
-                after,
-                last_error,
-            },
+            None => {
+                ClusterError::ChiefUnreachable { chief: self.chief(), address: self.address.clone(), after, last_error }
+            }
         })
     }
 
@@ -189,10 +164,7 @@ impl ChiefLink {
     /// every task reports; otherwise the chief is gone.
     async fn explain(&self, status: Status) -> ClusterError {
         if status.code() == Code::Unauthenticated {
-            return ClusterError::Unauthenticated {
-                chief: self.chief(),
-                address: self.address.clone(),
-            };
+            return ClusterError::Unauthenticated { chief: self.chief(), address: self.address.clone() };
         }
         let wait = self.settings.timeouts.heartbeat * 2;
         match timeout(wait, self.local.failed()).await {
@@ -203,10 +175,7 @@ impl ChiefLink {
 
     pub(crate) async fn barrier(&self, name: &str) -> Result<(), ClusterError> {
         let t = self.settings.timeouts;
-        let request = pb::BarrierRequest {
-            caller: Some(self.caller()),
-            name: name.to_owned(),
-        };
+        let request = pb::BarrierRequest { caller: Some(self.caller()), name: name.to_owned() };
         let mut client = self.client.clone();
         // The chief times barriers out itself; this bound only catches a chief that hangs.
         let limit = t.failure + t.heartbeat * 4;
@@ -224,36 +193,21 @@ impl ChiefLink {
     }
 
     pub(crate) async fn send_metrics(&self, json: String) -> Result<(), ClusterError> {
-        let request = pb::MetricsRecord {
-            caller: Some(self.caller()),
-            json,
-        };
+        let request = pb::MetricsRecord { caller: Some(self.caller()), json };
         let mut client = self.client.clone();
         let limit = self.settings.timeouts.failure;
         match timeout(limit, client.send_metrics(request)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(status)) => Err(self.explain(status).await),
-            Err(_) => Err(Failure::Silent {
-                task: self.chief(),
-                after: limit,
-            }
-            .into()),
+            Err(_) => Err(Failure::Silent { task: self.chief(), after: limit }.into()),
         }
     }
 
     /// Pings the chief until the job ends, recording what the chief says in `local`. `ready`
     /// fires at the first answer: from then on the chief watches this task's stream.
-    pub(crate) async fn heartbeats(
-        self: Arc<Self>,
-        ready: oneshot::Sender<()>,
-        mut control: mpsc::Receiver<Control>,
-    ) {
+    pub(crate) async fn heartbeats(self: Arc<Self>, ready: oneshot::Sender<()>, mut control: mpsc::Receiver<Control>) {
         let t = self.settings.timeouts;
-        let ping = |leaving, abort| pb::Ping {
-            caller: Some(self.caller()),
-            leaving,
-            abort,
-        };
+        let ping = |leaving, abort| pb::Ping { caller: Some(self.caller()), leaving, abort };
         let (tx, rx) = mpsc::channel(8);
         // The chief reads the first ping before it answers the call.
         let _ = tx.try_send(ping(false, None));

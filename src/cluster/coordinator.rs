@@ -158,10 +158,7 @@ impl Coordinator {
             return Err(f.clone());
         }
         let refusal = if !s.roster.contains_key(&c.task) {
-            Some(Failure::UnknownTask {
-                task: c.task,
-                known: s.roster.keys().copied().collect(),
-            })
+            Some(Failure::UnknownTask { task: c.task, known: s.roster.keys().copied().collect() })
         } else if c.spec_hash != s.spec_hash || c.version != s.version {
             Some(Failure::SpecMismatch {
                 task: c.task,
@@ -174,11 +171,7 @@ impl Coordinator {
         } else {
             match inner.arrivals.get(&c.task) {
                 Some((_, first)) if first.incarnation != c.incarnation => {
-                    Some(Failure::DuplicateTask {
-                        task: c.task,
-                        first: first.describe(),
-                        second: c.describe(),
-                    })
+                    Some(Failure::DuplicateTask { task: c.task, first: first.describe(), second: c.describe() })
                 }
                 _ => None,
             }
@@ -222,13 +215,7 @@ impl Coordinator {
         let now = Instant::now();
         for &task in s.roster.keys().filter(|&&t| t != s.chief) {
             let link = Link::Expected;
-            inner.liveness.insert(
-                task,
-                Liveness {
-                    link,
-                    last_seen: now,
-                },
-            );
+            inner.liveness.insert(task, Liveness { link, last_seen: now });
         }
     }
 
@@ -260,23 +247,18 @@ impl Coordinator {
     /// job has started.
     pub(crate) fn caller(&self, caller: Option<&pb::Caller>) -> Result<TaskId, tonic::Status> {
         use tonic::Status;
-        let caller =
-            caller.ok_or_else(|| Status::invalid_argument("a request without a caller"))?;
+        let caller = caller.ok_or_else(|| Status::invalid_argument("a request without a caller"))?;
         let task = wire::task(&caller.task)?;
         let inner = self.lock();
         if inner.roster.is_none() {
-            return Err(Status::failed_precondition(
-                "the job has not started: check in first",
-            ));
+            return Err(Status::failed_precondition("the job has not started: check in first"));
         }
         match inner.arrivals.get(&task) {
             Some((_, c)) if c.incarnation == caller.incarnation => Ok(task),
-            Some(_) => Err(Status::failed_precondition(format!(
-                "{task} is a different process from the one that checked in"
-            ))),
-            None => Err(Status::failed_precondition(format!(
-                "{task} is not in this job"
-            ))),
+            Some(_) => {
+                Err(Status::failed_precondition(format!("{task} is a different process from the one that checked in")))
+            }
+            None => Err(Status::failed_precondition(format!("{task} is not in this job"))),
         }
     }
 
@@ -306,10 +288,7 @@ impl Coordinator {
             generation
         };
         self.wait_for(|inner| {
-            let passed = inner
-                .barriers
-                .get(name)
-                .is_some_and(|b| b.generation > generation);
+            let passed = inner.barriers.get(name).is_some_and(|b| b.generation > generation);
             match (&inner.failure, passed) {
                 (_, true) => Some(Ok(())),
                 (Some(f), false) => Some(Err(f.clone())),
@@ -335,25 +314,18 @@ impl Coordinator {
             return;
         };
         let after = s.timeouts.failure;
-        let late_barrier = inner
-            .barriers
-            .iter()
-            .find(|(_, b)| !b.arrived.is_empty() && now.duration_since(b.since) >= after)
-            .map(|(name, b)| Failure::BarrierTimeout {
-                name: name.clone(),
-                after,
-                missing: (roster.members.iter())
-                    .map(|m| m.task)
-                    .filter(|t| !b.arrived.contains(t))
-                    .collect(),
-            });
+        let late_barrier =
+            inner.barriers.iter().find(|(_, b)| !b.arrived.is_empty() && now.duration_since(b.since) >= after).map(
+                |(name, b)| Failure::BarrierTimeout {
+                    name: name.clone(),
+                    after,
+                    missing: (roster.members.iter()).map(|m| m.task).filter(|t| !b.arrived.contains(t)).collect(),
+                },
+            );
         let silent = inner
             .liveness
             .iter()
-            .find(|(_, l)| {
-                matches!(l.link, Link::Expected | Link::Open)
-                    && now.duration_since(l.last_seen) >= after
-            })
+            .find(|(_, l)| matches!(l.link, Link::Expected | Link::Open) && now.duration_since(l.last_seen) >= after)
             .map(|(&task, _)| Failure::Silent { task, after });
         // A dead task also misses barriers; naming its silence says more.
         if let Some(f) = silent.or(late_barrier) {
@@ -418,11 +390,7 @@ impl Coordinator {
         cursor.commands = inner.commands.len();
         cursor.failure |= failure.is_some();
         cursor.finished |= finished;
-        Some(pb::Pong {
-            commands,
-            failure: failure.map(pb::Failure::from),
-            finished,
-        })
+        Some(pb::Pong { commands, failure: failure.map(pb::Failure::from), finished })
     }
 
     pub(crate) fn broadcast(&self, command: Command) {
@@ -458,10 +426,7 @@ impl Coordinator {
 }
 
 fn missing(inner: &Inner, s: &Settings) -> Vec<TaskId> {
-    (s.roster.keys())
-        .filter(|t| !inner.arrivals.contains_key(t))
-        .copied()
-        .collect()
+    (s.roster.keys()).filter(|t| !inner.arrivals.contains_key(t)).copied().collect()
 }
 
 fn view(inner: &Inner, s: &Settings) -> Rendezvous {

@@ -28,26 +28,15 @@ pub enum Failure {
     )]
     UnknownTask { task: TaskId, known: Vec<TaskId> },
     #[error("{task} checked in twice, from {first} and from {second}: start one process per task")]
-    DuplicateTask {
-        task: TaskId,
-        first: String,
-        second: String,
-    },
+    DuplicateTask { task: TaskId, first: String, second: String },
     #[error("rendezvous timed out after {}: {} never checked in", human(*after), list(missing))]
-    RendezvousTimeout {
-        after: Duration,
-        missing: Vec<TaskId>,
-    },
+    RendezvousTimeout { after: Duration, missing: Vec<TaskId> },
     #[error(
         "barrier `{name}` timed out after {}: {} never arrived",
         human(*after),
         list(missing)
     )]
-    BarrierTimeout {
-        name: String,
-        after: Duration,
-        missing: Vec<TaskId>,
-    },
+    BarrierTimeout { name: String, after: Duration, missing: Vec<TaskId> },
     #[error("{task} died: {detail}")]
     Died { task: TaskId, detail: String },
     #[error(
@@ -88,12 +77,7 @@ pub enum ClusterError {
         "rendezvous timed out after {}: the chief {chief} at {address} never answered (last error: {last_error})",
         human(*after)
     )]
-    ChiefUnreachable {
-        chief: TaskId,
-        address: String,
-        after: Duration,
-        last_error: String,
-    },
+    ChiefUnreachable { chief: TaskId, address: String, after: Duration, last_error: String },
     #[error(
         "the chief {chief} at {address} refused this task's job token: give every task the job's token (TRAINRUN_JOB_TOKEN or cluster.token_file)"
     )]
@@ -101,19 +85,10 @@ pub enum ClusterError {
     /// The chief answered something this task cannot use: a different cluster layout or a
     /// different trainrun build.
     #[error("the chief {chief} at {address} answered: {message}")]
-    Protocol {
-        chief: TaskId,
-        address: String,
-        message: String,
-    },
+    Protocol { chief: TaskId, address: String, message: String },
     #[error("{call} needs {what}")]
-    Usage {
-        call: &'static str,
-        what: &'static str,
-    },
-    #[error(
-        "no job token: set TRAINRUN_JOB_TOKEN or cluster.token_file (`trainrun` makes one for local clusters)"
-    )]
+    Usage { call: &'static str, what: &'static str },
+    #[error("no job token: set TRAINRUN_JOB_TOKEN or cluster.token_file (`trainrun` makes one for local clusters)")]
     NoToken,
     #[error("cannot read the job token file {path}: {source}")]
     TokenFile {
@@ -122,10 +97,7 @@ pub enum ClusterError {
         source: std::io::Error,
     },
     #[error("the job token from {origin} {problem}")]
-    BadToken {
-        origin: String,
-        problem: &'static str,
-    },
+    BadToken { origin: String, problem: &'static str },
     #[error("cannot draw a random job token: {0}")]
     Random(String),
 }
@@ -158,9 +130,6 @@ mod tests {
             after: Duration::from_secs(60),
             missing: vec![TaskId::new(Role::Worker, 2), TaskId::new(Role::Worker, 3)],
         };
-        assert_eq!(
-            f.to_string(),
-            "rendezvous timed out after 60 s: worker:2, worker:3 never checked in"
-        );
+        assert_eq!(f.to_string(), "rendezvous timed out after 60 s: worker:2, worker:3 never checked in");
     }
 }

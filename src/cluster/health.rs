@@ -24,10 +24,7 @@ struct LocalState {
 
 impl Local {
     pub(crate) fn new() -> Arc<Local> {
-        Arc::new(Local {
-            state: Mutex::new(LocalState::default()),
-            changed: watch::Sender::new(0),
-        })
+        Arc::new(Local { state: Mutex::new(LocalState::default()), changed: watch::Sender::new(0) })
     }
 
     fn lock(&self) -> MutexGuard<'_, LocalState> {
@@ -100,9 +97,7 @@ mod tests {
     #[test]
     fn a_command_is_queued_once_however_often_it_arrives() {
         let local = Local::new();
-        let stop = Command::Stop {
-            reason: "done".into(),
-        };
+        let stop = Command::Stop { reason: "done".into() };
         local.deliver(1, Command::Save { step: 3 });
         local.deliver(1, Command::Save { step: 3 });
         local.deliver(2, stop.clone());

@@ -17,7 +17,10 @@ mod coordinator;
 mod error;
 mod health;
 mod plane;
+pub mod resolve;
 mod service;
+mod slurm;
+mod tf_config;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -29,6 +32,7 @@ pub use auth::{JobToken, new_job_token, resolve_token};
 pub use error::{ClusterError, Failure};
 pub use health::Health;
 pub use plane::ControlPlane;
+pub use resolve::{Address, Cluster, Resolution, Source};
 
 /// A task's role, in rank order: the chief comes first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -83,9 +87,7 @@ impl fmt::Display for TaskId {
 
 /// A string that is not `role:index`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "`{0}` is not a task id: write role:index with role chief, worker, ps or evaluator (e.g. worker:1)"
-)]
+#[error("`{0}` is not a task id: write role:index with role chief, worker, ps or evaluator (e.g. worker:1)")]
 pub struct ParseTaskIdError(pub String);
 
 impl FromStr for TaskId {
@@ -223,31 +225,18 @@ mod tests {
 
     #[test]
     fn task_ids_round_trip_and_order_by_rank() {
-        let ids: Vec<TaskId> = ["evaluator:0", "worker:10", "ps:0", "worker:2", "chief:0"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let ids: Vec<TaskId> =
+            ["evaluator:0", "worker:10", "ps:0", "worker:2", "chief:0"].iter().map(|s| s.parse().unwrap()).collect();
         let mut sorted = ids.clone();
         sorted.sort();
         let shown: Vec<String> = sorted.iter().map(ToString::to_string).collect();
-        assert_eq!(
-            shown,
-            ["chief:0", "worker:2", "worker:10", "ps:0", "evaluator:0"]
-        );
+        assert_eq!(shown, ["chief:0", "worker:2", "worker:10", "ps:0", "evaluator:0"]);
         assert_eq!(TaskId::chief_of(&ids), Some(TaskId::new(Role::Chief, 0)));
     }
 
     #[test]
     fn bad_task_ids_are_refused() {
-        for bad in [
-            "worker",
-            "worker:",
-            "worker:+1",
-            "boss:0",
-            ":1",
-            "worker:1:2",
-            "worker:-1",
-        ] {
+        for bad in ["worker", "worker:", "worker:+1", "boss:0", ":1", "worker:1:2", "worker:-1"] {
             assert!(bad.parse::<TaskId>().is_err(), "{bad}");
         }
     }

@@ -23,9 +23,7 @@ use super::coordinator::{CheckIn, Coordinator};
 use super::health::{Health, Local};
 use super::service::ClusterService;
 use super::wire::pb;
-use super::{
-    ClusterConfig, ClusterError, Command, Failure, MetricRecord, Roster, TaskId, Timeouts,
-};
+use super::{ClusterConfig, ClusterError, Command, Failure, MetricRecord, Roster, TaskId, Timeouts};
 
 /// Control messages are small, but a roster carries every task's payload; 4 MiB (tonic's
 /// default) could cut a large job short.
@@ -74,22 +72,13 @@ impl ControlPlane {
         validate(&config)?;
         let runtime = runtime()?;
         let address = (config.roster.get(&config.task).cloned()).unwrap_or_default();
-        let bind = |source| ClusterError::Bind {
-            task: config.task,
-            address: address.clone(),
-            source,
-        };
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(address.as_str()))
-            .map_err(bind)?;
+        let bind = |source| ClusterError::Bind { task: config.task, address: address.clone(), source };
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(address.as_str())).map_err(bind)?;
         ControlPlane::launch(config, runtime, listener)
     }
 
     /// Like [`ControlPlane::start`] on a listener the caller bound, e.g. to port 0 in tests.
-    pub fn start_on(
-        config: ClusterConfig,
-        listener: std::net::TcpListener,
-    ) -> Result<ControlPlane, ClusterError> {
+    pub fn start_on(config: ClusterConfig, listener: std::net::TcpListener) -> Result<ControlPlane, ClusterError> {
         validate(&config)?;
         let runtime = runtime()?;
         let bind = |source| ClusterError::Bind {
@@ -124,10 +113,7 @@ impl ControlPlane {
             started: Instant::now(),
         });
         let own = pb::CheckInRequest {
-            caller: Some(pb::Caller {
-                task: settings.task.to_string(),
-                incarnation: settings.incarnation,
-            }),
+            caller: Some(pb::Caller { task: settings.task.to_string(), incarnation: settings.incarnation }),
             spec_hash: settings.spec_hash.clone(),
             version: settings.version.clone(),
             host: hostname(),
@@ -137,11 +123,7 @@ impl ControlPlane {
         let local = Local::new();
         let _context = runtime.enter();
         let side = if settings.task == settings.chief {
-            let coordinator = Coordinator::new(
-                settings.clone(),
-                local.clone(),
-                check_in(&settings, &own, local_addr),
-            );
+            let coordinator = Coordinator::new(settings.clone(), local.clone(), check_in(&settings, &own, local_addr));
             let ticking = coordinator.clone();
             let period = settings.timeouts.heartbeat / 2;
             runtime.spawn(async move {
@@ -153,11 +135,7 @@ impl ControlPlane {
             });
             Side::Chief(coordinator)
         } else {
-            Side::Worker(Arc::new(ChiefLink::new(
-                settings.clone(),
-                local.clone(),
-                &config.token,
-            )?))
+            Side::Worker(Arc::new(ChiefLink::new(settings.clone(), local.clone(), &config.token)?))
         };
         let service = ClusterService {
             me: settings.task,
@@ -171,10 +149,7 @@ impl ControlPlane {
         let server = pb::cluster_server::ClusterServer::new(service)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
-        let server = TagRpc(InterceptedService::new(
-            server,
-            CheckToken::new(&config.token),
-        ));
+        let server = TagRpc(InterceptedService::new(server, CheckToken::new(&config.token)));
         let (stream_window, connection_window) = window_sizes();
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let serving = Server::builder()
@@ -223,10 +198,7 @@ impl ControlPlane {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(usage("a thread outside any async runtime"));
         }
-        let runtime = self
-            .runtime
-            .as_ref()
-            .ok_or(usage("a running control plane"))?;
+        let runtime = self.runtime.as_ref().ok_or(usage("a running control plane"))?;
         Ok(runtime.block_on(f))
     }
 
@@ -234,20 +206,14 @@ impl ControlPlane {
         self.local.check()?;
         match lock(&self.roster).is_some() {
             true => Ok(()),
-            false => Err(ClusterError::Usage {
-                call,
-                what: "a completed rendezvous: call rendezvous() first",
-            }),
+            false => Err(ClusterError::Usage { call, what: "a completed rendezvous: call rendezvous() first" }),
         }
     }
 
     fn coordinator(&self, call: &'static str) -> Result<&Arc<Coordinator>, ClusterError> {
         match &self.side {
             Side::Chief(c) => Ok(c),
-            Side::Worker(_) => Err(ClusterError::Usage {
-                call,
-                what: "the chief's control plane",
-            }),
+            Side::Worker(_) => Err(ClusterError::Usage { call, what: "the chief's control plane" }),
         }
     }
 
@@ -326,9 +292,7 @@ impl ControlPlane {
                 c.add_metrics(self.settings.task, json.to_owned());
                 Ok(())
             }
-            Side::Worker(link) => {
-                self.block_on("send_metrics", link.send_metrics(json.to_owned()))?
-            }
+            Side::Worker(link) => self.block_on("send_metrics", link.send_metrics(json.to_owned()))?,
         }
     }
 
@@ -340,10 +304,7 @@ impl ControlPlane {
     /// Fails the job for `reason`, naming this task at every task. Returns once the chief has
     /// heard (or is known gone); then call [`ControlPlane::shutdown`].
     pub fn abort(&self, reason: &str) {
-        let failure = Failure::Aborted {
-            task: self.settings.task,
-            reason: reason.to_owned(),
-        };
+        let failure = Failure::Aborted { task: self.settings.task, reason: reason.to_owned() };
         match &self.side {
             Side::Chief(c) => c.fail(failure),
             Side::Worker(_) => {
@@ -451,9 +412,7 @@ fn validate(config: &ClusterConfig) -> Result<(), ClusterError> {
     }
     let day = Duration::from_secs(24 * 3600);
     if t.heartbeat < Duration::from_millis(1) || t.startup.is_zero() {
-        return err(
-            "the heartbeat interval must be at least 1 ms, the startup timeout positive".into(),
-        );
+        return err("the heartbeat interval must be at least 1 ms, the startup timeout positive".into());
     }
     if t.startup > day || t.failure > day {
         return err("the startup and failure timeouts must be at most a day".into());
@@ -487,9 +446,7 @@ mod tests {
         let roster = [("chief:0", "10.0.0.1:2222"), ("worker:0", "10.0.0.2:2222")];
         ClusterConfig {
             task: TaskId::new(Role::Worker, 0),
-            roster: roster
-                .map(|(t, a)| (t.parse().unwrap(), a.to_owned()))
-                .into(),
+            roster: roster.map(|(t, a)| (t.parse().unwrap(), a.to_owned())).into(),
             chief: TaskId::new(Role::Chief, 0),
             token: JobToken::new("a-token-of-sixteen-chars", "the test").unwrap(),
             spec_hash: "spec".into(),

@@ -34,9 +34,7 @@ impl ClusterService {
 }
 
 fn peer<T>(request: &Request<T>) -> String {
-    request
-        .remote_addr()
-        .map_or_else(|| "an unknown address".to_owned(), |a| a.to_string())
+    request.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string())
 }
 
 type Stream<T> = ReceiverStream<Result<T, Status>>;
@@ -45,15 +43,11 @@ type Stream<T> = ReceiverStream<Result<T, Status>>;
 impl pb::cluster_server::Cluster for ClusterService {
     type CheckInStream = Stream<pb::RendezvousUpdate>;
 
-    async fn check_in(
-        &self,
-        request: Request<pb::CheckInRequest>,
-    ) -> Result<Response<Self::CheckInStream>, Status> {
+    async fn check_in(&self, request: Request<pb::CheckInRequest>) -> Result<Response<Self::CheckInStream>, Status> {
         let coordinator = self.coordinator()?;
         let peer = peer(&request);
         let r = request.into_inner();
-        let caller =
-            (r.caller).ok_or_else(|| Status::invalid_argument("a check-in without a caller"))?;
+        let caller = (r.caller).ok_or_else(|| Status::invalid_argument("a check-in without a caller"))?;
         let task = wire::task(&caller.task)?;
         let outcome = coordinator.check_in(CheckIn {
             task,
@@ -70,10 +64,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn barrier(
-        &self,
-        request: Request<pb::BarrierRequest>,
-    ) -> Result<Response<pb::BarrierReply>, Status> {
+    async fn barrier(&self, request: Request<pb::BarrierRequest>) -> Result<Response<pb::BarrierReply>, Status> {
         let coordinator = self.coordinator()?;
         let r = request.into_inner();
         let task = coordinator.caller(r.caller.as_ref())?;
@@ -90,8 +81,8 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<Self::HeartbeatStream>, Status> {
         let coordinator = self.coordinator()?;
         let mut pings = request.into_inner();
-        let first = (pings.message().await?)
-            .ok_or_else(|| Status::invalid_argument("a heartbeat stream without a ping"))?;
+        let first =
+            (pings.message().await?).ok_or_else(|| Status::invalid_argument("a heartbeat stream without a ping"))?;
         let task = coordinator.caller(first.caller.as_ref())?;
         if task == self.chief {
             return Err(Status::invalid_argument("the chief does not ping itself"));
@@ -101,10 +92,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn send_metrics(
-        &self,
-        request: Request<pb::MetricsRecord>,
-    ) -> Result<Response<pb::MetricsReply>, Status> {
+    async fn send_metrics(&self, request: Request<pb::MetricsRecord>) -> Result<Response<pb::MetricsReply>, Status> {
         let coordinator = self.coordinator()?;
         let r = request.into_inner();
         let task = coordinator.caller(r.caller.as_ref())?;
@@ -120,9 +108,7 @@ async fn rendezvous_updates(
     outcome: Result<u64, Failure>,
     tx: mpsc::Sender<Result<pb::RendezvousUpdate, Status>>,
 ) {
-    let send = |update| pb::RendezvousUpdate {
-        update: Some(update),
-    };
+    let send = |update| pb::RendezvousUpdate { update: Some(update) };
     let attempt = match outcome {
         Ok(attempt) => attempt,
         Err(refusal) => {
@@ -139,11 +125,7 @@ async fn rendezvous_updates(
             Rendezvous::Waiting(missing) if told.as_ref() != Some(&missing) => {
                 let names = missing.iter().map(TaskId::to_string).collect();
                 told = Some(missing);
-                if tx
-                    .send(Ok(send(Update::Waiting(pb::Waiting { missing: names }))))
-                    .await
-                    .is_err()
-                {
+                if tx.send(Ok(send(Update::Waiting(pb::Waiting { missing: names })))).await.is_err() {
                     coordinator.withdraw(task, attempt);
                     return;
                 }
@@ -247,10 +229,7 @@ mod tests {
             payload: Vec::new(),
         };
         let plane = ControlPlane::start_on(config, listener).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let codes = runtime.block_on(async {
             let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
             let channel = endpoint.connect().await.unwrap();
@@ -264,8 +243,7 @@ mod tests {
             let record = pb::MetricsRecord::default();
             let mut bare = ClusterClient::new(channel.clone());
             let mut wrong = ClusterClient::with_interceptor(channel.clone(), with("wrong-token"));
-            let mut right =
-                ClusterClient::with_interceptor(channel, with("the-right-token-0123456789"));
+            let mut right = ClusterClient::with_interceptor(channel, with("the-right-token-0123456789"));
             [
                 bare.send_metrics(record.clone()).await.unwrap_err().code(),
                 wrong.send_metrics(record.clone()).await.unwrap_err().code(),
@@ -273,14 +251,7 @@ mod tests {
                 right.send_metrics(record).await.unwrap_err().code(),
             ]
         });
-        assert_eq!(
-            codes,
-            [
-                Code::Unauthenticated,
-                Code::Unauthenticated,
-                Code::InvalidArgument
-            ]
-        );
+        assert_eq!(codes, [Code::Unauthenticated, Code::Unauthenticated, Code::InvalidArgument]);
         drop(plane);
     }
 }

@@ -23,8 +23,7 @@ impl From<Malformed> for tonic::Status {
 }
 
 pub(crate) fn task(s: &str) -> Result<TaskId, Malformed> {
-    s.parse()
-        .map_err(|e: super::ParseTaskIdError| Malformed(e.to_string()))
+    s.parse().map_err(|e: super::ParseTaskIdError| Malformed(e.to_string()))
 }
 
 fn tasks(v: &[String]) -> Result<Vec<TaskId>, Malformed> {
@@ -42,70 +41,44 @@ fn ms(d: Duration) -> u64 {
 impl From<&Failure> for pb::Failure {
     fn from(f: &Failure) -> pb::Failure {
         let kind = match f {
-            Failure::SpecMismatch {
-                task,
-                spec_hash,
-                version,
-                chief,
-                chief_spec_hash,
-                chief_version,
-            } => Fk::SpecMismatch(pb::SpecMismatch {
-                task: task.to_string(),
-                spec_hash: spec_hash.clone(),
-                version: version.clone(),
-                chief: chief.to_string(),
-                chief_spec_hash: chief_spec_hash.clone(),
-                chief_version: chief_version.clone(),
-            }),
-            Failure::UnknownTask { task, known } => Fk::UnknownTask(pb::UnknownTask {
-                task: task.to_string(),
-                known: names(known),
-            }),
-            Failure::DuplicateTask {
-                task,
-                first,
-                second,
-            } => Fk::DuplicateTask(pb::DuplicateTask {
+            Failure::SpecMismatch { task, spec_hash, version, chief, chief_spec_hash, chief_version } => {
+                Fk::SpecMismatch(pb::SpecMismatch {
+                    task: task.to_string(),
+                    spec_hash: spec_hash.clone(),
+                    version: version.clone(),
+                    chief: chief.to_string(),
+                    chief_spec_hash: chief_spec_hash.clone(),
+                    chief_version: chief_version.clone(),
+                })
+            }
+            Failure::UnknownTask { task, known } => {
+                Fk::UnknownTask(pb::UnknownTask { task: task.to_string(), known: names(known) })
+            }
+            Failure::DuplicateTask { task, first, second } => Fk::DuplicateTask(pb::DuplicateTask {
                 task: task.to_string(),
                 first: first.clone(),
                 second: second.clone(),
             }),
             Failure::RendezvousTimeout { after, missing } => {
-                Fk::RendezvousTimeout(pb::RendezvousTimeout {
-                    after_ms: ms(*after),
-                    missing: names(missing),
-                })
+                Fk::RendezvousTimeout(pb::RendezvousTimeout { after_ms: ms(*after), missing: names(missing) })
             }
-            Failure::BarrierTimeout {
-                name,
-                after,
-                missing,
-            } => Fk::BarrierTimeout(pb::BarrierTimeout {
+            Failure::BarrierTimeout { name, after, missing } => Fk::BarrierTimeout(pb::BarrierTimeout {
                 name: name.clone(),
                 after_ms: ms(*after),
                 missing: names(missing),
             }),
-            Failure::Died { task, detail } => Fk::Died(pb::Died {
-                task: task.to_string(),
-                detail: detail.clone(),
-            }),
-            Failure::Silent { task, after } => Fk::Silent(pb::Silent {
-                task: task.to_string(),
-                after_ms: ms(*after),
-            }),
-            Failure::Aborted { task, reason } => Fk::Aborted(pb::Aborted {
-                task: task.to_string(),
-                reason: reason.clone(),
-            }),
+            Failure::Died { task, detail } => Fk::Died(pb::Died { task: task.to_string(), detail: detail.clone() }),
+            Failure::Silent { task, after } => Fk::Silent(pb::Silent { task: task.to_string(), after_ms: ms(*after) }),
+            Failure::Aborted { task, reason } => {
+                Fk::Aborted(pb::Aborted { task: task.to_string(), reason: reason.clone() })
+            }
         };
         pb::Failure { kind: Some(kind) }
     }
 }
 
 pub(crate) fn failure(f: pb::Failure) -> Result<Failure, Malformed> {
-    let kind = f
-        .kind
-        .ok_or_else(|| Malformed("a failure without a kind".into()))?;
+    let kind = f.kind.ok_or_else(|| Malformed("a failure without a kind".into()))?;
     Ok(match kind {
         Fk::SpecMismatch(m) => Failure::SpecMismatch {
             task: task(&m.task)?,
@@ -115,50 +88,28 @@ pub(crate) fn failure(f: pb::Failure) -> Result<Failure, Malformed> {
             chief_spec_hash: m.chief_spec_hash,
             chief_version: m.chief_version,
         },
-        Fk::UnknownTask(m) => Failure::UnknownTask {
-            task: task(&m.task)?,
-            known: tasks(&m.known)?,
-        },
-        Fk::DuplicateTask(m) => Failure::DuplicateTask {
-            task: task(&m.task)?,
-            first: m.first,
-            second: m.second,
-        },
-        Fk::RendezvousTimeout(m) => Failure::RendezvousTimeout {
-            after: Duration::from_millis(m.after_ms),
-            missing: tasks(&m.missing)?,
-        },
+        Fk::UnknownTask(m) => Failure::UnknownTask { task: task(&m.task)?, known: tasks(&m.known)? },
+        Fk::DuplicateTask(m) => Failure::DuplicateTask { task: task(&m.task)?, first: m.first, second: m.second },
+        Fk::RendezvousTimeout(m) => {
+            Failure::RendezvousTimeout { after: Duration::from_millis(m.after_ms), missing: tasks(&m.missing)? }
+        }
         Fk::BarrierTimeout(m) => Failure::BarrierTimeout {
             name: m.name,
             after: Duration::from_millis(m.after_ms),
             missing: tasks(&m.missing)?,
         },
-        Fk::Died(m) => Failure::Died {
-            task: task(&m.task)?,
-            detail: m.detail,
-        },
-        Fk::Silent(m) => Failure::Silent {
-            task: task(&m.task)?,
-            after: Duration::from_millis(m.after_ms),
-        },
-        Fk::Aborted(m) => Failure::Aborted {
-            task: task(&m.task)?,
-            reason: m.reason,
-        },
+        Fk::Died(m) => Failure::Died { task: task(&m.task)?, detail: m.detail },
+        Fk::Silent(m) => Failure::Silent { task: task(&m.task)?, after: Duration::from_millis(m.after_ms) },
+        Fk::Aborted(m) => Failure::Aborted { task: task(&m.task)?, reason: m.reason },
     })
 }
 
 pub(crate) fn command(seq: u64, c: &Command) -> pb::Command {
     let kind = match c {
-        Command::Stop { reason } => pb::command::Kind::Stop(pb::Stop {
-            reason: reason.clone(),
-        }),
+        Command::Stop { reason } => pb::command::Kind::Stop(pb::Stop { reason: reason.clone() }),
         Command::Save { step } => pb::command::Kind::Save(pb::Save { step: *step }),
     };
-    pb::Command {
-        seq,
-        kind: Some(kind),
-    }
+    pb::Command { seq, kind: Some(kind) }
 }
 
 /// A command and its sequence number.
@@ -215,19 +166,9 @@ mod tests {
     fn failures_survive_the_wire() {
         let w = |i| TaskId::new(Role::Worker, i);
         let all = [
-            Failure::UnknownTask {
-                task: w(9),
-                known: vec![w(0), w(1)],
-            },
-            Failure::BarrierTimeout {
-                name: "epoch-1".into(),
-                after: Duration::from_millis(1500),
-                missing: vec![w(2)],
-            },
-            Failure::Silent {
-                task: w(0),
-                after: Duration::from_secs(3),
-            },
+            Failure::UnknownTask { task: w(9), known: vec![w(0), w(1)] },
+            Failure::BarrierTimeout { name: "epoch-1".into(), after: Duration::from_millis(1500), missing: vec![w(2)] },
+            Failure::Silent { task: w(0), after: Duration::from_secs(3) },
         ];
         for f in all {
             let back = failure(pb::Failure::from(&f)).unwrap();
@@ -237,21 +178,11 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_errors() {
-        let bad = pb::Failure {
-            kind: Some(Fk::Died(pb::Died {
-                task: "boss:1".into(),
-                detail: String::new(),
-            })),
-        };
+        let bad = pb::Failure { kind: Some(Fk::Died(pb::Died { task: "boss:1".into(), detail: String::new() })) };
         assert!(failure(bad).is_err());
         assert!(failure(pb::Failure { kind: None }).is_err());
         let unordered = pb::Roster {
-            members: ["worker:1", "worker:0"]
-                .map(|t| pb::Member {
-                    task: t.into(),
-                    ..Default::default()
-                })
-                .into(),
+            members: ["worker:1", "worker:0"].map(|t| pb::Member { task: t.into(), ..Default::default() }).into(),
         };
         assert!(roster(unordered).is_err());
     }

@@ -1,0 +1,256 @@
+//! Which cluster this job is and which task this process is. Like TensorFlow, a `TF_CONFIG`
+//! that is set defines the cluster (overriding the spec's `[cluster]`); else `srun`'s Slurm
+//! variables do; else the spec. The task comes from `--task`, `TRAINRUN_TASK`, `TF_CONFIG` or
+//! Slurm. Pure: the environment comes in as an argument.
+
+use super::{Role, TaskId, slurm, tf_config};
+use crate::spec::{ClusterSpec, Diagnostic, Tasks};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Where the cluster definition came from (`trainrun check` shows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// No cluster: one process.
+    Single,
+    /// The spec's `[cluster]`.
+    Spec,
+    /// The `TF_CONFIG` environment variable.
+    TfConfig,
+    /// Slurm's variables under `srun`.
+    Slurm,
+}
+
+impl Source {
+    /// How `trainrun check` names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::Single => "no cluster",
+            Source::Spec => "[cluster] in the spec",
+            Source::TfConfig => "TF_CONFIG (overrides [cluster])",
+            Source::Slurm => "Slurm (srun)",
+        }
+    }
+}
+
+/// A task's address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Address {
+    /// On this host, on a free port the local launcher picks.
+    Local,
+    /// `host:port`.
+    At(String),
+}
+
+impl Address {
+    /// Whether the address is on this machine.
+    pub fn is_local(&self) -> bool {
+        match self {
+            Address::Local => true,
+            Address::At(a) => {
+                let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+                matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1")
+            }
+        }
+    }
+}
+
+/// Every task of the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// Where this definition came from.
+    pub source: Source,
+    /// Tasks and their addresses, in rank order.
+    pub tasks: BTreeMap<TaskId, Address>,
+}
+
+impl Cluster {
+    /// One process, no cluster.
+    pub fn single() -> Self {
+        Cluster { source: Source::Single, tasks: BTreeMap::new() }
+    }
+
+    /// Tasks of `role`.
+    pub fn count(&self, role: Role) -> usize {
+        self.tasks.keys().filter(|t| t.role == role).count()
+    }
+
+    /// The chief: `chief:0`, or `worker:0` without one.
+    pub fn chief(&self) -> Option<TaskId> {
+        TaskId::chief_of(self.tasks.keys().filter(|t| matches!(t.role, Role::Chief | Role::Worker)))
+    }
+
+    /// Whether every task runs on this machine.
+    pub fn is_local(&self) -> bool {
+        self.tasks.values().all(Address::is_local)
+    }
+}
+
+/// The cluster and this process's task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// The whole job.
+    pub cluster: Cluster,
+    /// This process's task; `None` when this process is the launcher of a local cluster (or
+    /// there is no cluster).
+    pub task: Option<TaskId>,
+}
+
+fn spec_cluster(spec: &ClusterSpec) -> Cluster {
+    let mut tasks = BTreeMap::new();
+    for (role, list) in [
+        (Role::Chief, &spec.chief),
+        (Role::Worker, &spec.worker),
+        (Role::Ps, &spec.ps),
+        (Role::Evaluator, &spec.evaluator),
+    ] {
+        match list {
+            None => {}
+            Some(Tasks::Count(n)) => (0..n.get()).for_each(|i| {
+                tasks.insert(TaskId::new(role, i), Address::Local);
+            }),
+            Some(Tasks::Addresses(a)) => a.iter().enumerate().for_each(|(i, addr)| {
+                tasks.insert(TaskId::new(role, i as u32), Address::At(addr.clone()));
+            }),
+        }
+    }
+    Cluster { source: if tasks.is_empty() { Source::Single } else { Source::Spec }, tasks }
+}
+
+/// Resolves the cluster for a spec whose strategy spans processes (`multi_process`) from
+/// `[cluster]`, the environment `env` and the `--task` flag.
+pub fn resolve(
+    spec: &ClusterSpec,
+    multi_process: bool,
+    env: &[(String, String)],
+    task_flag: Option<&str>,
+) -> Result<Resolution, Diagnostic> {
+    let var = |k: &str| env.iter().find(|(key, v)| key == k && !v.trim().is_empty()).map(|(_, v)| v.clone());
+    let parse_task = |text: &str, from: &str| {
+        text.trim().parse::<TaskId>().map_err(|e| Diagnostic::error("cluster", format!("{from}: {e}")))
+    };
+    let named = match (task_flag, var("TRAINRUN_TASK")) {
+        (Some(t), _) => Some(parse_task(t, "--task")?),
+        (None, Some(t)) => Some(parse_task(&t, "TRAINRUN_TASK")?),
+        (None, None) => None,
+    };
+
+    let (cluster, task) = if let Some(text) = var("TF_CONFIG") {
+        let (cluster, task) = tf_config::parse(&text).map_err(|m| Diagnostic::error("cluster", m))?;
+        (cluster, named.or(task))
+    } else if let Some((cluster, task)) =
+        if multi_process { slurm::resolve(&var).map_err(|m| Diagnostic::error("cluster", m))? } else { None }
+    {
+        (cluster, named.or(Some(task)))
+    } else {
+        (spec_cluster(spec), named)
+    };
+
+    for role in [Role::Chief, Role::Evaluator] {
+        let n = cluster.count(role);
+        if n > 1 {
+            return Err(Diagnostic::error(
+                "cluster",
+                format!("the cluster ({}) has {n} {role} tasks; at most one is allowed", cluster.source.describe()),
+            )
+            .help(format!("keep one {role}")));
+        }
+    }
+    if let Some(t) = task {
+        if !cluster.tasks.contains_key(&t) && cluster.source != Source::Single {
+            let have: Vec<String> = cluster.tasks.keys().map(ToString::to_string).collect();
+            return Err(Diagnostic::error(
+                "cluster",
+                format!(
+                    "this task is {t}, but the cluster ({}) has only {}",
+                    cluster.source.describe(),
+                    have.join(", ")
+                ),
+            )
+            .help("start each process with a task of the cluster"));
+        }
+    }
+    if task.is_none() && cluster.tasks.len() > 1 && !cluster.is_local() {
+        return Err(Diagnostic::error(
+            "cluster",
+            format!(
+                "the cluster ({}) spans other hosts, so this process must be told which task it is",
+                cluster.source.describe()
+            ),
+        )
+        .help("pass --task worker:N (or set TRAINRUN_TASK, or TF_CONFIG's \"task\") on every host"));
+    }
+    Ok(Resolution { cluster, task })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU32;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn workers(n: u32) -> ClusterSpec {
+        ClusterSpec { worker: NonZeroU32::new(n).map(Tasks::Count), ..ClusterSpec::default() }
+    }
+
+    #[test]
+    fn a_count_of_local_workers_and_no_task_means_launch_them() {
+        let r = resolve(&workers(2), true, &[], None).unwrap();
+        assert_eq!((r.cluster.source, r.task, r.cluster.tasks.len()), (Source::Spec, None, 2));
+        assert!(r.cluster.is_local());
+        assert_eq!(r.cluster.chief(), Some(TaskId::new(Role::Worker, 0)));
+    }
+
+    #[test]
+    fn tf_config_overrides_the_spec_and_names_the_task() {
+        let tf = r#"{"cluster": {"worker": ["a:1", "b:1", "c:1"]}, "task": {"type": "worker", "index": 2}}"#;
+        let r = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), None).unwrap();
+        assert_eq!((r.cluster.source, r.cluster.tasks.len()), (Source::TfConfig, 3));
+        assert_eq!(r.task, Some(TaskId::new(Role::Worker, 2)));
+        // --task wins over TF_CONFIG's task, TRAINRUN_TASK over nothing.
+        let r = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), Some("worker:1")).unwrap();
+        assert_eq!(r.task, Some(TaskId::new(Role::Worker, 1)));
+        let r = resolve(&workers(2), true, &env(&[("TRAINRUN_TASK", "worker:1")]), None).unwrap();
+        assert_eq!(r.task, Some(TaskId::new(Role::Worker, 1)));
+    }
+
+    #[test]
+    fn role_rules_are_errors() {
+        let tf = r#"{"cluster": {"chief": ["a:1", "b:1"], "worker": ["c:1"]}, "task": {"type": "worker", "index": 0}}"#;
+        let e = resolve(&workers(1), true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
+        assert!(e.message.contains("2 chief tasks"), "{}", e.message);
+        let e = resolve(&workers(2), true, &[], Some("worker:5")).unwrap_err();
+        assert!(e.message.contains("this task is worker:5"), "{}", e.message);
+        let e = resolve(&workers(2), true, &[], Some("boss:1")).unwrap_err();
+        assert!(e.message.contains("--task"), "{}", e.message);
+    }
+
+    #[test]
+    fn remote_clusters_need_a_task() {
+        let spec = ClusterSpec {
+            worker: Some(Tasks::Addresses(vec!["10.0.0.1:2222".into(), "10.0.0.2:2222".into()])),
+            ..ClusterSpec::default()
+        };
+        let e = resolve(&spec, true, &[], None).unwrap_err();
+        assert!(e.help.unwrap_or_default().contains("--task worker:N"));
+    }
+
+    #[test]
+    fn slurm_only_for_multi_process_strategies() {
+        let e = env(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_NODELIST", "n1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2"),
+        ]);
+        let r = resolve(&ClusterSpec::default(), true, &e, None).unwrap();
+        assert_eq!((r.cluster.source, r.task), (Source::Slurm, Some(TaskId::new(Role::Worker, 1))));
+        let r = resolve(&ClusterSpec::default(), false, &e, None).unwrap();
+        assert_eq!(r.cluster.source, Source::Single);
+    }
+}
