@@ -18,7 +18,8 @@ fn main() -> anyhow::Result<()> {
     // Spec → plan, exactly as `trainrun` does it.
     let loaded = trainrun::spec::load(path.as_ref(), &env, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
     let source = Source::from_spec(&loaded.spec.data, &DataDirs::from_process_env(), loaded.spec.run.seed)?;
-    let facts = Facts { data: source.facts()?, cores: 2, hardware: Hardware { gpus: 0 } };
+    let cluster = trainrun::cluster::Resolution { cluster: trainrun::cluster::Cluster::single(), task: None };
+    let facts = Facts { data: source.facts()?, cores: 2, hardware: Hardware { gpus: 0 }, cluster };
     let plan = Plan::new(&loaded.spec, &facts)
         .map_err(|d| anyhow::anyhow!("{}", trainrun::spec::render(&d, &loaded.origins)))?;
 

@@ -55,6 +55,10 @@ struct RunArgs {
     /// Print nothing but errors.
     #[arg(long, short)]
     quiet: bool,
+    /// Which task of the cluster this process is, e.g. `worker:1` (else `TRAINRUN_TASK`, or
+    /// TF_CONFIG's `task`). Without one, a local cluster's tasks are started by this process.
+    #[arg(long, value_name = "ROLE:INDEX")]
+    task: Option<String>,
 }
 
 /// Documented exit codes (README "Exit codes").
@@ -91,15 +95,15 @@ pub fn main() -> ExitCode {
         }
     };
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let invocation = |spec: SpecArgs, quiet: bool| -> Result<Invocation, RunError> {
+    let invocation = |spec: SpecArgs, quiet: bool, task: Option<String>| -> Result<Invocation, RunError> {
         let path = spec.spec.ok_or_else(|| {
             RunError::Usage("a spec file is required, e.g. `trainrun specs/mnist_single.toml`".into())
         })?;
-        Ok(Invocation { spec: path, sets: spec.sets, env: env.clone(), quiet, launched })
+        Ok(Invocation { spec: path, sets: spec.sets, env: env.clone(), quiet, task, launched })
     };
     let result = match cli.command {
-        None => invocation(cli.run.spec, cli.run.quiet).and_then(|inv| run::train(&inv)).map(|_| ()),
-        Some(Command::Check { spec, json }) => invocation(spec, false).and_then(|inv| run::check(&inv, json)),
+        None => invocation(cli.run.spec, cli.run.quiet, cli.run.task).and_then(|inv| run::train(&inv)).map(|_| ()),
+        Some(Command::Check { spec, json }) => invocation(spec, false, None).and_then(|inv| run::check(&inv, json)),
         Some(Command::Schema) => {
             print!("{}", crate::spec::schema_json());
             Ok(())
@@ -139,7 +143,7 @@ mod tests {
         flags.sort();
         assert_eq!(
             flags,
-            ["--quiet", "--set", "bench --quick", "check --json", "check --set"],
+            ["--quiet", "--set", "--task", "bench --quick", "check --json", "check --set"],
             "CLI flags changed: keep options in the spec (`--set` reaches every key)"
         );
     }

@@ -25,6 +25,8 @@ pub struct Invocation {
     pub env: Vec<(String, String)>,
     /// `--quiet`.
     pub quiet: bool,
+    /// `--task`: which task of the cluster this process is.
+    pub task: Option<String>,
     /// When the process started.
     pub launched: Instant,
 }
@@ -105,10 +107,17 @@ fn flag(env: &[(String, String)], key: &str) -> bool {
 pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
     let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
     let source = Source::from_spec(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)?;
+    let multi_process = matches!(
+        loaded.spec.strategy,
+        spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
+    );
+    let cluster = crate::cluster::resolve::resolve(&loaded.spec.cluster, multi_process, &inv.env, inv.task.as_deref())
+        .map_err(|d| RunError::Spec(spec::render(&[d], &loaded.origins)))?;
     let facts = Facts {
         data: source.facts().map_err(|e| named_files_missing(&loaded, e))?,
         cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
         hardware: Hardware { gpus: 0 },
+        cluster,
     };
     match Plan::new(&loaded.spec, &facts) {
         Ok(plan) => {

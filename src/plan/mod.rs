@@ -9,7 +9,7 @@ mod strategy;
 
 pub use batch::{BatchPlan, Derived};
 pub use lr::{LrPlan, Schedule, Warmup};
-pub use strategy::{ClusterSource, Hardware, Reduction, StrategyKind, StrategyPlan};
+pub use strategy::{ClusterPlan, Hardware, Reduction, StrategyKind, StrategyPlan};
 
 use crate::data::DataFacts;
 use crate::engine::LossFn;
@@ -30,6 +30,8 @@ pub struct Facts {
     pub cores: usize,
     /// GPUs and the like.
     pub hardware: Hardware,
+    /// The cluster (spec, TF_CONFIG or Slurm) and this process's task.
+    pub cluster: crate::cluster::Resolution,
 }
 
 /// The resolved optimizer.
@@ -163,7 +165,7 @@ impl Plan {
     /// Plans `spec` given `facts`; on failure returns every problem found (errors and warnings).
     pub fn new(spec: &Spec, facts: &Facts) -> Result<Plan, Vec<Diagnostic>> {
         let mut diags = Vec::new();
-        let strategy = strategy::resolve(&spec.strategy, &spec.cluster, facts.hardware, &mut diags);
+        let strategy = strategy::resolve(&spec.strategy, &facts.cluster, facts.hardware, &mut diags);
         let batch = batch::resolve(&spec.batch, strategy.num_replicas_in_sync, &strategy.replicas_text())
             .map_err(|e| diags.push(e))
             .ok();
@@ -188,7 +190,9 @@ impl Plan {
         match (batch, learning_rate, failed) {
             (Some(batch), Some(learning_rate), false) => {
                 let name = spec.run.name.clone().unwrap_or_else(|| "run".to_string());
-                let local_tasks = strategy.num_workers.max(1);
+                // Tasks on this machine share its cores.
+                let c = &facts.cluster.cluster;
+                let local_tasks = if c.is_local() { c.tasks.len().max(1) } else { 1 };
                 Ok(Plan {
                     out_dir: spec.run.out_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name)),
                     name,

@@ -31,10 +31,17 @@ pub fn text(plan: &Plan) -> String {
     let mut rows: Vec<(&str, String)> = Vec::new();
     let s = &plan.strategy;
     rows.push(("strategy", s.kind.name().to_string()));
-    let tasks: Vec<String> = s.tasks.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{r} × {n}")).collect();
-    if !tasks.is_empty() {
-        let chief = if s.tasks.iter().any(|(r, n)| r == "chief" && *n > 0) { "chief" } else { "worker 0" };
-        rows.push(("cluster", format!("{} (from [cluster]; chief: {chief})", tasks.join(", "))));
+    let c = &s.cluster;
+    if !c.tasks.is_empty() {
+        let tasks: Vec<String> = c.tasks.iter().map(|(t, a)| format!("{t} on {a}")).collect();
+        rows.push(("cluster", format!("{} (from {})", tasks.join(", "), c.source.describe())));
+        rows.push(("chief", c.chief.clone().unwrap_or_else(|| "none".into())));
+        let this = match (&c.task, c.launches_local_tasks) {
+            (Some(t), _) => t.clone(),
+            (None, true) => format!("launcher: starts and supervises the {} local tasks", c.tasks.len()),
+            (None, false) => "the only task".into(),
+        };
+        rows.push(("this process", this));
     }
     let devices: Vec<String> = s.devices.iter().map(ToString::to_string).collect();
     rows.push(("devices", format!("{} per worker", devices.join(", "))));

@@ -1,8 +1,7 @@
 //! Strategy and cluster: which replicas exist, where, and how their gradients are reduced.
 
-use crate::spec::{
-    ClusterSpec, CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic, StrategySpec, Tasks,
-};
+use crate::cluster::{Address, Resolution, Role, Source};
+use crate::spec::{CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic, StrategySpec};
 use serde::Serialize;
 
 /// The distribution strategy, TensorFlow's names.
@@ -51,14 +50,19 @@ pub enum Reduction {
     ParameterServer,
 }
 
-/// Where the cluster came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClusterSource {
-    /// No cluster: one local process.
-    None,
-    /// The spec's `[cluster]`.
-    Spec,
+/// The job's tasks as resolved, and this process's place among them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterPlan {
+    /// Where the cluster was defined.
+    pub source: Source,
+    /// Every task (`worker:1`) with its address (`a free local port` when the launcher picks it).
+    pub tasks: Vec<(String, String)>,
+    /// The chief: `chief:0`, or `worker:0` without one.
+    pub chief: Option<String>,
+    /// This process's task; `None` when it launches the local tasks (or there is no cluster).
+    pub task: Option<String>,
+    /// This process starts one process per task of a local cluster and supervises them.
+    pub launches_local_tasks: bool,
 }
 
 /// The resolved strategy, devices and cluster.
@@ -74,10 +78,8 @@ pub struct StrategyPlan {
     pub num_replicas_in_sync: usize,
     /// How the gradients are reduced.
     pub reduction: Reduction,
-    /// Where the cluster was defined.
-    pub cluster_source: ClusterSource,
-    /// Tasks by role: `(role, count)` for chief, worker, ps, evaluator.
-    pub tasks: Vec<(String, usize)>,
+    /// The cluster.
+    pub cluster: ClusterPlan,
 }
 
 impl StrategyPlan {
@@ -106,54 +108,30 @@ fn count_devices(devices: &Devices, hw: Hardware) -> Vec<Device> {
     }
 }
 
-fn tasks(t: &Option<Tasks>) -> usize {
-    t.as_ref().map_or(0, Tasks::len)
-}
-
-/// Resolves the strategy against the cluster and hardware.
+/// Resolves the strategy against the resolved cluster and the hardware.
 pub fn resolve(
     strategy: &StrategySpec,
-    cluster: &ClusterSpec,
+    resolution: &Resolution,
     hw: Hardware,
     errors: &mut Vec<Diagnostic>,
 ) -> StrategyPlan {
-    let (chief, worker, ps, evaluator) =
-        (tasks(&cluster.chief), tasks(&cluster.worker), tasks(&cluster.ps), tasks(&cluster.evaluator));
-    let role_counts = vec![
-        ("chief".to_string(), chief),
-        ("worker".to_string(), worker),
-        ("ps".to_string(), ps),
-        ("evaluator".to_string(), evaluator),
-    ];
-    let has_cluster = chief + worker + ps + evaluator > 0;
-    for (key, n) in [("cluster.chief", chief), ("cluster.evaluator", evaluator)] {
-        if n > 1 {
-            errors.push(
-                Diagnostic::error(key, format!("{key} lists {n} tasks; a cluster has at most one"))
-                    .help("keep one address"),
-            );
-        }
-    }
-    for (key, t) in [
-        ("cluster.chief", &cluster.chief),
-        ("cluster.worker", &cluster.worker),
-        ("cluster.ps", &cluster.ps),
-        ("cluster.evaluator", &cluster.evaluator),
-    ] {
-        if let Some(Tasks::Addresses(a)) = t {
-            if a.is_empty() {
+    let cluster = &resolution.cluster;
+    let (chief, worker, ps) = (cluster.count(Role::Chief), cluster.count(Role::Worker), cluster.count(Role::Ps));
+    // Where to point a problem: the spec's key, or the variable that defined the cluster.
+    let key = |spec_key: &str| match cluster.source {
+        Source::TfConfig | Source::Slurm => "cluster".to_string(),
+        Source::Spec | Source::Single => spec_key.to_string(),
+    };
+    for (task, address) in &cluster.tasks {
+        if let Address::At(a) = address {
+            if !valid_address(a) {
                 errors.push(
-                    Diagnostic::error(key, format!("{key} is an empty list"))
-                        .help("list host:port addresses, give a count, or remove the key"),
+                    Diagnostic::error(
+                        key("cluster"),
+                        format!("{task}'s address `{a}` ({}) is not host:port", cluster.source.describe()),
+                    )
+                    .help("write it as host:port, e.g. \"10.0.0.5:2222\""),
                 );
-            }
-            for (i, addr) in a.iter().enumerate() {
-                if !valid_address(addr) {
-                    errors.push(
-                        Diagnostic::error(format!("{key}[{i}]"), format!("`{addr}` is not a host:port address"))
-                            .help("write it as host:port, e.g. \"10.0.0.5:2222\" or \"localhost:2222\""),
-                    );
-                }
             }
         }
     }
@@ -216,7 +194,7 @@ pub fn resolve(
         StrategySpec::ParameterServer { .. } => {
             if ps == 0 || worker == 0 {
                 errors.push(
-                    Diagnostic::error("strategy.kind", format!("strategy.kind = \"parameter_server\" needs ps and worker tasks; [cluster] has {ps} ps and {worker} workers"))
+                    Diagnostic::error("strategy.kind", format!("strategy.kind = \"parameter_server\" needs ps and worker tasks; the cluster ({}) has {ps} ps and {worker} workers", cluster.source.describe()))
                         .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
                 );
             }
@@ -242,10 +220,11 @@ pub fn resolve(
     if !matches!(kind, StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) && chief + worker > 1 {
         errors.push(
             Diagnostic::error(
-                "cluster.worker",
+                key("cluster.worker"),
                 format!(
-                    "strategy.kind = \"{}\" runs in one process, but [cluster] lists {} tasks",
+                    "strategy.kind = \"{}\" runs in one process, but the cluster ({}) lists {} tasks",
                     kind.name(),
+                    cluster.source.describe(),
                     chief + worker
                 ),
             )
@@ -255,8 +234,12 @@ pub fn resolve(
     if ps > 0 && kind != StrategyKind::ParameterServer {
         errors.push(
             Diagnostic::error(
-                "cluster.ps",
-                format!("cluster.ps lists {ps} parameter servers, but strategy.kind = \"{}\"", kind.name()),
+                key("cluster.ps"),
+                format!(
+                    "the cluster ({}) lists {ps} parameter servers, but strategy.kind = \"{}\"",
+                    cluster.source.describe(),
+                    kind.name()
+                ),
             )
             .help("remove cluster.ps, or use kind = \"parameter_server\""),
         );
@@ -269,8 +252,25 @@ pub fn resolve(
         devices,
         num_workers,
         reduction,
-        cluster_source: if has_cluster { ClusterSource::Spec } else { ClusterSource::None },
-        tasks: role_counts,
+        cluster: ClusterPlan {
+            source: cluster.source,
+            tasks: cluster
+                .tasks
+                .iter()
+                .map(|(t, a)| {
+                    (
+                        t.to_string(),
+                        match a {
+                            Address::Local => "a free local port".to_string(),
+                            Address::At(a) => a.clone(),
+                        },
+                    )
+                })
+                .collect(),
+            chief: cluster.chief().map(|t| t.to_string()),
+            task: resolution.task.map(|t| t.to_string()),
+            launches_local_tasks: resolution.task.is_none() && cluster.tasks.len() > 1,
+        },
     }
 }
 
