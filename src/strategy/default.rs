@@ -2,18 +2,20 @@
 
 use super::{Replica, Strategy, StrategyError, Variables};
 use crate::data::Batch;
-use crate::engine::BatchStats;
+use crate::engine::{BatchStats, Optimizer};
 use crate::plan::StrategyKind;
 
 /// One replica, nothing to reduce.
 pub struct DefaultStrategy {
     replica: Replica,
+    grads: Vec<f32>,
 }
 
 impl DefaultStrategy {
     /// The strategy over `replica`.
     pub fn new(replica: Replica) -> Self {
-        Self { replica }
+        let grads = vec![0.0; replica.model().param_len()];
+        Self { replica, grads }
     }
 }
 
@@ -22,21 +24,20 @@ impl Strategy for DefaultStrategy {
         StrategyKind::Default
     }
 
-    fn compute_gradients(
-        &mut self,
-        vars: &mut Variables,
-        grads: &mut [f32],
-        micro: &[Batch],
-        seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
+    fn compute_gradients(&mut self, vars: &mut Variables, micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
         let total: usize = micro.iter().map(|b| b.global_n).sum();
         let scale = 1.0 / total.max(1) as f32;
         let mut stats = BatchStats::default();
         for (i, batch) in micro.iter().enumerate() {
             let s = crate::engine::init::derive_seed(&[seed, i as u64]);
-            stats.add(self.replica.forward_backward(vars, grads, batch, scale, s, i > 0, &mut |_| {}));
+            stats.add(self.replica.forward_backward(vars, &mut self.grads, batch, scale, s, i > 0, &mut |_| {}));
         }
         Ok(stats)
+    }
+
+    fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+        optimizer.step(&mut vars.params, &self.grads, lr);
+        Ok(())
     }
 
     fn evaluate(

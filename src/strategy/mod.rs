@@ -37,27 +37,13 @@ pub trait Strategy: Send {
     fn kind(&self) -> StrategyKind;
 
     /// Forward and backward over this task's `micro` batches of one optimizer step, leaving in
-    /// `grads` the gradient of the mean loss over the whole global batch (all replicas) and
-    /// returning loss and accuracy sums over the whole global batch.
-    fn compute_gradients(
-        &mut self,
-        vars: &mut Variables,
-        grads: &mut [f32],
-        micro: &[Batch],
-        seed: u64,
-    ) -> Result<BatchStats, StrategyError>;
+    /// the strategy's gradient buffer the gradient of the mean loss over the whole global
+    /// batch (all replicas), and returning loss and accuracy sums over the whole global batch.
+    fn compute_gradients(&mut self, vars: &mut Variables, micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError>;
 
-    /// Applies the optimizer. Synchronous strategies update every replica's copy identically.
-    fn apply(
-        &mut self,
-        vars: &mut Variables,
-        grads: &[f32],
-        optimizer: &mut Optimizer,
-        lr: f32,
-    ) -> Result<(), StrategyError> {
-        optimizer.step(&mut vars.params, grads, lr);
-        Ok(())
-    }
+    /// Applies the optimizer with the gradients of the last [`Strategy::compute_gradients`].
+    /// Synchronous strategies update every replica's copy identically.
+    fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError>;
 
     /// Loss and accuracy sums over `batches` (this task's share), across all replicas.
     fn evaluate(

@@ -4,7 +4,7 @@
 use super::default::DefaultStrategy;
 use super::{Replica, Strategy, StrategyError, Variables};
 use crate::data::Batch;
-use crate::engine::BatchStats;
+use crate::engine::{BatchStats, Optimizer};
 use crate::plan::StrategyKind;
 use crate::spec::{Device, DeviceKind};
 
@@ -30,14 +30,12 @@ impl Strategy for OneDevice {
         StrategyKind::OneDevice
     }
 
-    fn compute_gradients(
-        &mut self,
-        vars: &mut Variables,
-        grads: &mut [f32],
-        micro: &[Batch],
-        seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
-        self.inner.compute_gradients(vars, grads, micro, seed)
+    fn compute_gradients(&mut self, vars: &mut Variables, micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
+        self.inner.compute_gradients(vars, micro, seed)
+    }
+
+    fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+        self.inner.apply(vars, optimizer, lr)
     }
 
     fn evaluate(

@@ -92,7 +92,6 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
     let mut pipeline = Pipeline::new(session.dataset.clone(), &options, Cursor::default())?;
     let mut callbacks = Callbacks::new(&plan.callbacks, run_dir.path())?;
     let mut progress = Progress::new(opts.progress, t.epochs, opts.prefix.clone());
-    let mut grads = vec![0.0f32; session.vars.params.len()];
     let mut micro: Vec<Batch> = Vec::with_capacity(plan.batch.accumulation_steps);
     let eval_batch = eval_batch_size(micro_global, plan.strategy.num_replicas_in_sync, session.activation_len);
     let steady_from = if t.epochs >= 2 { t.steps_per_epoch } else { (t.steps_per_epoch / 5).min(10) };
@@ -117,9 +116,9 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
                 micro.push(pipeline.next_batch()?);
             }
             let seed = derive_seed(&[plan.seed, STEP_DOMAIN, step]);
-            let stats = session.strategy.compute_gradients(&mut session.vars, &mut grads, &micro, seed)?;
+            let stats = session.strategy.compute_gradients(&mut session.vars, &micro, seed)?;
             lr = callbacks.learning_rate(plan.learning_rate.at(step));
-            session.strategy.apply(&mut session.vars, &grads, &mut session.optimizer, lr as f32)?;
+            session.strategy.apply(&mut session.vars, &mut session.optimizer, lr as f32)?;
             micro.drain(..).for_each(|b| pipeline.recycle(b));
             step += 1;
             examples += stats.examples;

@@ -1,12 +1,17 @@
 //! Keras-style progress: an indicatif bar per epoch on a terminal, one line per epoch
-//! otherwise, nothing with `--quiet`.
+//! otherwise, nothing with `--quiet`. Under the local launcher the chief streams [`Event`]s
+//! to the launcher, which shows them: one display for the whole job.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+/// Marks a progress event line in a task's output (ASCII record separator).
+pub const EVENT_MARK: char = '\u{1e}';
+
 /// Metrics shown after the step counter.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Shown {
     /// Mean training loss of the epoch so far.
     pub loss: f64,
@@ -25,6 +30,22 @@ pub enum Mode {
     Lines,
     /// Nothing.
     Quiet,
+    /// [`Event`] lines on stdout, for the launcher to show.
+    Events,
+}
+
+/// One thing the display shows, as the chief streams it to the launcher.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// Epoch `epoch` of `steps` steps begins.
+    StartEpoch { epoch: u64, steps: u64 },
+    /// `done` steps of the epoch are finished.
+    Step { done: u64, shown: Shown },
+    /// The epoch ended after `done` steps.
+    EndEpoch { epoch: u64, done: u64, shown: Shown },
+    /// A line of text (evaluation results, why training stopped).
+    Note { text: String },
 }
 
 impl Mode {
@@ -72,57 +93,78 @@ impl Progress {
 
     /// Starts epoch `epoch` (1-based) of `steps` steps.
     pub fn start_epoch(&mut self, epoch: u64, steps: u64) {
-        self.started = Instant::now();
-        self.steps = steps;
-        if self.mode == Mode::Bar {
-            let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("{prefix} {pos}/{len} [{bar:30.=>-}] {elapsed} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=>.");
-            bar.set_style(style);
-            bar.set_prefix(format!("{}Epoch {epoch}/{}", self.prefix, self.epochs));
-            self.bar = Some(bar);
-        }
+        self.show(Event::StartEpoch { epoch, steps });
     }
 
-    /// Shows `done` steps of the epoch finished with running metrics `m`.
-    pub fn step(&mut self, done: u64, m: &Shown) {
-        if let Some(bar) = &self.bar {
-            bar.set_position(done);
-            bar.set_message(format!("{} - {}", per_step(self.started.elapsed(), done), metrics_text(m)));
-        }
+    /// Shows `done` steps of the epoch finished with running metrics `shown`.
+    pub fn step(&mut self, done: u64, shown: &Shown) {
+        self.show(Event::Step { done, shown: *shown });
     }
 
     /// Ends epoch `epoch` after `done` steps (fewer when training stops early) with its final
     /// metrics (including evaluation).
-    pub fn end_epoch(&mut self, epoch: u64, done: u64, m: &Shown) {
-        let elapsed = self.started.elapsed();
-        let line = format!(
-            "{}Epoch {epoch}/{} - {done}/{} - {:.1}s {} - {}",
-            self.prefix,
-            self.epochs,
-            self.steps,
-            elapsed.as_secs_f64(),
-            per_step(elapsed, done),
-            metrics_text(m)
-        );
-        match (self.mode, self.bar.take()) {
-            (Mode::Bar, Some(bar)) => {
-                bar.set_position(done);
-                bar.set_message(format!("{} - {}", per_step(elapsed, done), metrics_text(m)));
-                bar.abandon();
-            }
-            (Mode::Lines, _) => println!("{line}"),
-            _ => {}
-        }
+    pub fn end_epoch(&mut self, epoch: u64, done: u64, shown: &Shown) {
+        self.show(Event::EndEpoch { epoch, done, shown: *shown });
     }
 
-    /// Prints a note (evaluation results, early stop) in the current mode.
-    pub fn note(&self, text: &str) {
-        match (&self.bar, self.mode) {
-            (Some(bar), _) => bar.println(format!("{}{text}", self.prefix)),
-            (None, Mode::Quiet) => {}
-            (None, _) => println!("{}{text}", self.prefix),
+    /// Prints a note (evaluation results, early stop).
+    pub fn note(&mut self, text: &str) {
+        self.show(Event::Note { text: text.to_string() });
+    }
+
+    /// Shows `event`: draws it, or in [`Mode::Events`] passes it on.
+    pub fn show(&mut self, event: Event) {
+        if self.mode == Mode::Events {
+            if let Ok(json) = serde_json::to_string(&event) {
+                println!("{EVENT_MARK}{json}");
+            }
+            return;
+        }
+        match event {
+            Event::StartEpoch { epoch, steps } => {
+                self.started = Instant::now();
+                self.steps = steps;
+                if self.mode == Mode::Bar {
+                    let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+                    let style = ProgressStyle::with_template("{prefix} {pos}/{len} [{bar:30}] {elapsed} {msg}")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("=>.");
+                    bar.set_style(style);
+                    bar.set_prefix(format!("{}Epoch {epoch}/{}", self.prefix, self.epochs));
+                    self.bar = Some(bar);
+                }
+            }
+            Event::Step { done, shown } => {
+                if let Some(bar) = &self.bar {
+                    bar.set_position(done);
+                    bar.set_message(format!("{} - {}", per_step(self.started.elapsed(), done), metrics_text(&shown)));
+                }
+            }
+            Event::EndEpoch { epoch, done, shown } => {
+                let elapsed = self.started.elapsed();
+                match (self.mode, self.bar.take()) {
+                    (Mode::Bar, Some(bar)) => {
+                        bar.set_position(done);
+                        bar.set_message(format!("{} - {}", per_step(elapsed, done), metrics_text(&shown)));
+                        bar.abandon();
+                    }
+                    (Mode::Lines, _) => println!(
+                        "{}Epoch {epoch}/{} - {done}/{} - {:.1}s {} - {}",
+                        self.prefix,
+                        self.epochs,
+                        self.steps,
+                        elapsed.as_secs_f64(),
+                        per_step(elapsed, done),
+                        metrics_text(&shown)
+                    ),
+                    _ => {}
+                }
+            }
+            Event::Note { text } => match (&self.bar, self.mode) {
+                (Some(bar), _) => bar.println(format!("{}{text}", self.prefix)),
+                (None, Mode::Quiet) => {}
+                (None, _) => println!("{}{text}", self.prefix),
+            },
         }
     }
 }

@@ -1,0 +1,256 @@
+//! The local launcher: when every task of the cluster is on this machine and no task is named,
+//! `trainrun SPEC` starts one process per task (the same binary, told its task through
+//! TF_CONFIG), prefixes each task's log lines with its role, shows the chief's progress as the
+//! job's one display, and propagates the outcome. If any task fails, the others are stopped
+//! within the timeout and the launcher exits non-zero naming the failed task and showing its
+//! last log lines.
+
+use super::{Address, Cluster, TaskId, new_job_token};
+use crate::train::progress::{EVENT_MARK, Event, Mode, Progress};
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Log lines kept per task for the failure report.
+const TAIL: usize = 20;
+
+/// What to launch.
+pub struct Launch {
+    /// The binary to run for each task.
+    pub exe: PathBuf,
+    /// Arguments every task gets (the spec and its `--set` overrides).
+    pub args: Vec<String>,
+    /// The cluster; `Local` addresses get free ports on 127.0.0.1.
+    pub cluster: Cluster,
+    /// How long a task that lost a peer may take to notice and exit before it is killed.
+    pub grace: Duration,
+    /// How the launcher shows progress.
+    pub progress: Mode,
+    /// Epochs, for the progress display.
+    pub epochs: u64,
+}
+
+/// Why the job failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A task could not be started.
+    #[error("cannot start {task}: {source}")]
+    Spawn {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No free port or no job token.
+    #[error("cannot prepare the local cluster: {0}")]
+    Setup(String),
+    /// A task failed; the others were stopped.
+    #[error("{task} failed ({status}); the other tasks were stopped. Its last lines:\n{tail}")]
+    TaskFailed {
+        /// The first task to fail.
+        task: TaskId,
+        /// How it ended.
+        status: String,
+        /// Its last log lines.
+        tail: String,
+        /// The exit code the launcher returns.
+        code: u8,
+    },
+}
+
+enum Line {
+    Log(TaskId, String),
+    Event(Event),
+}
+
+fn free_port() -> Result<u16, LaunchError> {
+    // The port is released before the task binds it; another process taking it in between
+    // makes that task fail to bind, which is reported like any failure.
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| LaunchError::Setup(format!("no free port on 127.0.0.1: {e}")))
+}
+
+/// TF_CONFIG's JSON for `task` of `addresses`.
+fn tf_config(addresses: &BTreeMap<TaskId, String>, task: TaskId) -> String {
+    let mut cluster: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (t, a) in addresses {
+        cluster.entry(t.role.as_str()).or_default().push(a);
+    }
+    serde_json::json!({ "cluster": cluster, "task": { "type": task.role.as_str(), "index": task.index } }).to_string()
+}
+
+fn describe(status: ExitStatus) -> (String, u8) {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => (format!("exit code {c}"), u8::try_from(c).unwrap_or(1)),
+        (None, Some(s)) => (format!("killed by signal {s}"), u8::try_from(128 + s).unwrap_or(1)),
+        (None, None) => ("ended abnormally".into(), 1),
+    }
+}
+
+fn forward(task: TaskId, stream: impl Read + Send + 'static, events: bool, out: mpsc::Sender<Line>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            let msg = match line.strip_prefix(EVENT_MARK) {
+                Some(json) if events => match serde_json::from_str(json) {
+                    Ok(e) => Line::Event(e),
+                    Err(_) => continue,
+                },
+                _ => Line::Log(task, line),
+            };
+            if out.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn terminate(children: &mut BTreeMap<TaskId, Child>, grace: Duration) {
+    for child in children.values() {
+        // SAFETY: kill(2) on our own child's pid; a stale pid at worst gets ESRCH.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && children.values_mut().any(|c| matches!(c.try_wait(), Ok(None))) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for child in children.values_mut() {
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+}
+
+/// Starts every task, supervises them to the end, and returns the first failure.
+pub fn run(launch: Launch) -> Result<(), LaunchError> {
+    let token = new_job_token().map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let mut addresses = BTreeMap::new();
+    for (task, address) in &launch.cluster.tasks {
+        let a = match address {
+            Address::Local => format!("127.0.0.1:{}", free_port()?),
+            Address::At(a) => a.clone(),
+        };
+        addresses.insert(*task, a);
+    }
+    let chief = launch.cluster.chief();
+    let (tx, rx) = mpsc::channel();
+    let mut children = BTreeMap::new();
+    for task in addresses.keys().copied() {
+        let is_chief = Some(task) == chief;
+        let mut cmd = Command::new(&launch.exe);
+        cmd.args(&launch.args)
+            .env("TF_CONFIG", tf_config(&addresses, task))
+            .env("TRAINRUN_JOB_TOKEN", token.as_str())
+            .env("TRAINRUN_PROGRESS", if is_chief { "events" } else { "quiet" })
+            .env_remove("TRAINRUN_TASK")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl in the child between fork and exec touches no shared state. A task
+            // whose launcher dies gets SIGTERM instead of training on alone.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                terminate(&mut children, launch.grace);
+                return Err(LaunchError::Spawn { task, source });
+            }
+        };
+        if let Some(out) = child.stdout.take() {
+            forward(task, out, is_chief, tx.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            forward(task, err, false, tx.clone());
+        }
+        children.insert(task, child);
+    }
+    drop(tx);
+
+    let mut progress = Progress::new(launch.progress, launch.epochs, "");
+    let mut tails: BTreeMap<TaskId, VecDeque<String>> = BTreeMap::new();
+    let mut failure: Option<(TaskId, ExitStatus)> = None;
+    loop {
+        while let Ok(line) = rx.recv_timeout(Duration::from_millis(20)) {
+            match line {
+                Line::Event(e) => progress.show(e),
+                Line::Log(task, text) => {
+                    if launch.progress != Mode::Quiet || failure.is_some() {
+                        eprintln!("[{task}] {text}");
+                    }
+                    let tail = tails.entry(task).or_default();
+                    tail.push_back(text);
+                    if tail.len() > TAIL {
+                        tail.pop_front();
+                    }
+                }
+            }
+        }
+        let mut running = 0;
+        let mut failed = Vec::new();
+        for (task, child) in children.iter_mut() {
+            match child.try_wait() {
+                Ok(None) => running += 1,
+                Ok(Some(status)) if !status.success() => failed.push((*task, status)),
+                _ => {}
+            }
+        }
+        // When several end in one poll, a task killed by a signal is the cause; the others
+        // are exiting because they lost it.
+        use std::os::unix::process::ExitStatusExt;
+        failed.sort_by_key(|(_, s)| s.signal().is_none());
+        if failure.is_none() {
+            failure = failed.into_iter().next();
+        }
+        if failure.is_some() || running == 0 {
+            break;
+        }
+    }
+    if let Some((task, status)) = failure {
+        // Survivors usually notice the failure themselves and exit with an error naming it;
+        // whoever has not after the grace period is killed.
+        terminate(&mut children, launch.grace);
+        // Drain what the tasks said on the way out.
+        while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+            if let Line::Log(t, text) = line {
+                let tail = tails.entry(t).or_default();
+                tail.push_back(text);
+                if tail.len() > TAIL {
+                    tail.pop_front();
+                }
+            }
+        }
+        let (status, code) = describe(status);
+        let tail = tails.get(&task).map_or(String::from("  (no output)"), |t| {
+            t.iter().map(|l| format!("  [{task}] {l}")).collect::<Vec<_>>().join("\n")
+        });
+        return Err(LaunchError::TaskFailed { task, status, tail, code });
+    }
+    // Every task exited; drain remaining output in order.
+    while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+        match line {
+            Line::Event(e) => progress.show(e),
+            Line::Log(task, text) if launch.progress != Mode::Quiet => eprintln!("[{task}] {text}"),
+            Line::Log(..) => {}
+        }
+    }
+    Ok(())
+}
