@@ -63,6 +63,8 @@ pub(crate) struct Cell {
     pub kind: AtomicU64,
     pub len: AtomicU64,
     pub aux: AtomicU64,
+    /// The CPU this rank last published from, so a waiter can tell it shares the peer's CPU.
+    pub cpu: AtomicU64,
 }
 
 /// Byte layout for a world and region sizes; `None` when it overflows.
