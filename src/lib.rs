@@ -1,10 +1,13 @@
 //! trainrun: a declarative distributed training runner. A TOML spec goes in ([`spec`]), a
 //! pure [`plan`] comes out, and the runtime trains it: [`data`] feeds a [`strategy`], which
-//! runs [`model`] replicas on the [`engine`]; [`train`] drives the loop and writes the run folder.
+//! runs [`model`] replicas on the [`engine`]; [`train`] drives the loop and writes the run
+//! folder. Across processes, [`cluster`] is the control plane and [`collective`] moves
+//! gradients.
 
 pub mod bench;
 pub mod cli;
 pub mod cluster;
+pub mod collective;
 pub mod data;
 pub mod engine;
 pub mod model;

@@ -1,0 +1,250 @@
+//! `trainrun bench`'s collective table: all-reduce of 1, 11 and 64 MB between 2 and 4 real
+//! worker processes (this binary, started as peers through environment variables: see
+//! [`peer_main_from_env`]) on every transport, reported as median time and bus bandwidth the
+//! nccl-tests way: size × 2(N−1)/N ÷ time, the bytes each rank's link must carry, comparable
+//! across world sizes.
+
+use super::Timeouts;
+use super::group::{GroupError, Launcher, PeerGroup, PeerSpec};
+pub use super::peer::{
+    EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env,
+    peer_main_from_env,
+};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub launcher: Launcher,
+    pub wires: Vec<Wire>,
+    pub worlds: Vec<usize>,
+    /// Float counts.
+    pub sizes: Vec<usize>,
+}
+
+impl BenchOptions {
+    /// Every transport, 2 and 4 ranks, 1 MB, 11.08 MB (the reference model's 2.77 M
+    /// gradients) and 64 MB.
+    pub fn standard(launcher: Launcher) -> BenchOptions {
+        BenchOptions {
+            launcher,
+            wires: vec![Wire::Shm, Wire::ShmArena, Wire::Tcp],
+            worlds: vec![2, 4],
+            sizes: vec![250_000, 2_770_000, 16_000_000],
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    pub wire: Wire,
+    pub world: usize,
+    pub bytes: usize,
+    /// Median over the timed rounds of the slowest rank's time.
+    pub median: Duration,
+    pub min: Duration,
+}
+
+impl BenchRow {
+    /// Bus bandwidth, GB/s: bytes × 2(N−1)/N ÷ median time.
+    pub fn bus_gb_per_s(&self) -> f64 {
+        let n = self.world as f64;
+        self.bytes as f64 * 2.0 * (n - 1.0) / n / self.median.as_secs_f64() / 1e9
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    #[error("{wire} with {world} ranks: worker:{rank} failed (exit code {code:?}): {stderr}")]
+    Peer {
+        wire: &'static str,
+        world: usize,
+        rank: usize,
+        code: Option<i32>,
+        stderr: String,
+    },
+    #[error("{wire} with {world} ranks: rank 0 reported no result for {bytes} bytes")]
+    NoResult {
+        wire: &'static str,
+        world: usize,
+        bytes: usize,
+    },
+}
+
+/// Rounds to time: enough for a stable median, about a second of work per size.
+fn rounds(floats: usize) -> usize {
+    (50_000_000 / floats.max(1)).clamp(10, 100)
+}
+
+/// Runs every configuration, one process group per transport, world and size.
+pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
+    let mut rows = Vec::new();
+    for &wire in &opts.wires {
+        for &world in &opts.worlds {
+            for &floats in &opts.sizes {
+                let spec = PeerSpec {
+                    label: format!("bench-{}-{world}-{floats}", wire.as_str()),
+                    mode: PeerMode::Bench,
+                    wire,
+                    world,
+                    sizes: vec![floats],
+                    iters: rounds(floats),
+                    timeouts: Timeouts {
+                        connect: Duration::from_secs(30),
+                        op: Duration::from_secs(30),
+                    },
+                };
+                let group = PeerGroup::spawn(&opts.launcher, &spec)?;
+                let outcomes = group.finish(Duration::from_secs(300));
+                for o in &outcomes {
+                    if o.code != Some(0) {
+                        return Err(BenchError::Peer {
+                            wire: wire.as_str(),
+                            world,
+                            rank: o.rank,
+                            code: o.code,
+                            stderr: o.stderr.trim().to_string(),
+                        });
+                    }
+                }
+                let bytes = floats * 4;
+                let result = outcomes
+                    .first()
+                    .and_then(|o| o.lines.iter().find_map(|l| parse_result(l)))
+                    .filter(|r| r.0 == bytes)
+                    .ok_or(BenchError::NoResult {
+                        wire: wire.as_str(),
+                        world,
+                        bytes,
+                    })?;
+                rows.push(BenchRow {
+                    wire,
+                    world,
+                    bytes,
+                    median: result.1,
+                    min: result.2,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn parse_result(line: &str) -> Option<(usize, Duration, Duration)> {
+    let mut it = line.strip_prefix("TRAINRUN-RESULT ")?.split_whitespace();
+    let bytes = it.next()?.parse().ok()?;
+    let median: f64 = it.next()?.parse().ok()?;
+    let min: f64 = it.next()?.parse().ok()?;
+    Some((
+        bytes,
+        Duration::try_from_secs_f64(median).ok()?,
+        Duration::try_from_secs_f64(min).ok()?,
+    ))
+}
+
+/// Runs the overlap measurement ([`PeerMode::Overlap`]) for each transport and world over an
+/// arena of `arena` floats with packs of `packs` floats; rows of (transport, world, label,
+/// median seconds per step).
+pub fn run_overlap(
+    opts: &BenchOptions,
+    arena: usize,
+    packs: &[usize],
+    steps: usize,
+) -> Result<Vec<(Wire, usize, String, Duration)>, BenchError> {
+    let mut rows = Vec::new();
+    for &wire in &opts.wires {
+        for &world in &opts.worlds {
+            let mut sizes = vec![arena];
+            sizes.extend_from_slice(packs);
+            let spec = PeerSpec {
+                label: format!("overlap-{}-{world}", wire.as_str()),
+                mode: PeerMode::Overlap,
+                wire,
+                world,
+                sizes,
+                iters: steps,
+                timeouts: Timeouts {
+                    connect: Duration::from_secs(30),
+                    op: Duration::from_secs(30),
+                },
+            };
+            let outcomes =
+                PeerGroup::spawn(&opts.launcher, &spec)?.finish(Duration::from_secs(300));
+            for o in &outcomes {
+                if o.code != Some(0) {
+                    return Err(BenchError::Peer {
+                        wire: wire.as_str(),
+                        world,
+                        rank: o.rank,
+                        code: o.code,
+                        stderr: o.stderr.trim().to_string(),
+                    });
+                }
+            }
+            for line in outcomes
+                .first()
+                .map(|o| o.lines.as_slice())
+                .unwrap_or_default()
+            {
+                let mut it = line
+                    .strip_prefix("TRAINRUN-OVERLAP ")
+                    .unwrap_or_default()
+                    .split_whitespace();
+                if let (Some(label), Some(secs)) =
+                    (it.next(), it.next().and_then(|s| s.parse::<f64>().ok()))
+                {
+                    rows.push((
+                        wire,
+                        world,
+                        label.to_string(),
+                        Duration::from_secs_f64(secs.max(0.0)),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The rows as a table.
+pub fn table(rows: &[BenchRow]) -> String {
+    let mut s = String::from("transport   ranks      size   median ms   min ms   busbw GB/s\n");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<10} {:>6} {:>6.1} MB {:>11.3} {:>8.3} {:>12.2}",
+            r.wire.as_str(),
+            r.world,
+            r.bytes as f64 / 1e6,
+            r.median.as_secs_f64() * 1e3,
+            r.min.as_secs_f64() * 1e3,
+            r.bus_gb_per_s()
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_bandwidth_is_the_nccl_tests_formula() {
+        let r = BenchRow {
+            wire: Wire::Shm,
+            world: 4,
+            bytes: 1_000_000_000,
+            median: Duration::from_secs(1),
+            min: Duration::from_secs(1),
+        };
+        assert!((r.bus_gb_per_s() - 1.5).abs() < 1e-12);
+        assert_eq!(
+            parse_result("TRAINRUN-RESULT 44 1.5e-3 1e-3"),
+            Some((44, Duration::from_micros(1500), Duration::from_millis(1)))
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! Starting and watching a group of peer processes ([`super::peer`]): the benchmark and the
+//! multi-process tests use it. A dropped group kills and reaps whatever still runs and
+//! removes its shared-memory segment, so no test leaves processes or files behind.
+
+use super::Timeouts;
+use super::peer::{
+    ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH,
+    ENV_SIZES, ENV_WIRE, ENV_WORLD, PeerMode, Wire,
+};
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// Which program to start as a peer, with which arguments: this binary with none in
+/// production, a test binary filtered to its peer entry in tests.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+impl Launcher {
+    /// This very executable, no arguments.
+    pub fn current_exe() -> io::Result<Launcher> {
+        Ok(Launcher {
+            program: std::env::current_exe()?,
+            args: Vec::new(),
+        })
+    }
+}
+
+/// What every peer of a group does.
+#[derive(Debug, Clone)]
+pub struct PeerSpec {
+    /// Unique among groups running at once; names the shared-memory segment.
+    pub label: String,
+    pub mode: PeerMode,
+    pub wire: Wire,
+    pub world: usize,
+    /// Float counts.
+    pub sizes: Vec<usize>,
+    pub iters: usize,
+    pub timeouts: Timeouts,
+}
+
+/// How one peer ended.
+#[derive(Debug, Clone)]
+pub struct PeerOutcome {
+    pub rank: usize,
+    /// Exit code, `None` when a signal ended it or it was still running at the deadline.
+    pub code: Option<i32>,
+    /// `TRAINRUN-…` lines it printed.
+    pub lines: Vec<String>,
+    pub stderr: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    #[error("cannot start peer {rank} ({program}): {source}")]
+    Spawn {
+        rank: usize,
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("peer {rank} did not report its TCP address within {secs} s; its stderr: {stderr}")]
+    NoAddress {
+        rank: usize,
+        secs: u64,
+        stderr: String,
+    },
+    #[error("cannot send the address list to peer {rank}: {source}")]
+    Addresses {
+        rank: usize,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A running group of peers.
+pub struct PeerGroup {
+    children: Vec<Child>,
+    stdins: Vec<Option<ChildStdin>>,
+    lines: mpsc::Receiver<(usize, String)>,
+    seen: Vec<Vec<String>>,
+    stderr: Vec<Option<JoinHandle<String>>>,
+    shm_path: PathBuf,
+}
+
+impl PeerGroup {
+    /// Starts `spec.world` peers; for TCP, also brokers their addresses.
+    pub fn spawn(launcher: &Launcher, spec: &PeerSpec) -> Result<PeerGroup, GroupError> {
+        let shm_path = PathBuf::from(format!(
+            "/dev/shm/trainrun-{}-{}",
+            spec.label,
+            std::process::id()
+        ));
+        let sizes: Vec<String> = spec.sizes.iter().map(|s| s.to_string()).collect();
+        let (tx, lines) = mpsc::channel();
+        let mut group = PeerGroup {
+            children: Vec::new(),
+            stdins: Vec::new(),
+            lines,
+            seen: vec![Vec::new(); spec.world],
+            stderr: Vec::new(),
+            shm_path,
+        };
+        for rank in 0..spec.world {
+            let mut child = Command::new(&launcher.program)
+                .args(&launcher.args)
+                .env(ENV_MODE, spec.mode.as_str())
+                .env(ENV_RANK, rank.to_string())
+                .env(ENV_WORLD, spec.world.to_string())
+                .env(ENV_WIRE, spec.wire.as_str())
+                .env(ENV_SHM_PATH, &group.shm_path)
+                .env(ENV_SIZES, sizes.join(","))
+                .env(ENV_ITERS, spec.iters.to_string())
+                .env(ENV_OP_TIMEOUT_MS, spec.timeouts.op.as_millis().to_string())
+                .env(
+                    ENV_CONNECT_TIMEOUT_MS,
+                    spec.timeouts.connect.as_millis().to_string(),
+                )
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|source| GroupError::Spawn {
+                    rank,
+                    program: launcher.program.display().to_string(),
+                    source,
+                })?;
+            if let Some(out) = child.stdout.take() {
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    for line in BufReader::new(out).lines().map_while(Result::ok) {
+                        // A test harness may print its own text ahead of ours on a line.
+                        let Some(at) = line.find("TRAINRUN-") else {
+                            continue;
+                        };
+                        if tx.send((rank, line[at..].to_string())).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            group.stderr.push(child.stderr.take().map(|mut err| {
+                thread::spawn(move || {
+                    let mut s = String::new();
+                    let _ = err.read_to_string(&mut s);
+                    s
+                })
+            }));
+            group.stdins.push(child.stdin.take());
+            group.children.push(child);
+        }
+        if spec.wire == Wire::Tcp {
+            group.broker_addresses(spec)?;
+        }
+        Ok(group)
+    }
+
+    fn broker_addresses(&mut self, spec: &PeerSpec) -> Result<(), GroupError> {
+        let mut addrs = vec![String::new(); spec.world];
+        for (rank, addr) in addrs.iter_mut().enumerate() {
+            let line = self.wait_for_line(rank, "TRAINRUN-PORT ", spec.timeouts.connect);
+            let Some(line) = line else {
+                let stderr = self.kill_all_and_collect_stderr(rank);
+                return Err(GroupError::NoAddress {
+                    rank,
+                    secs: spec.timeouts.connect.as_secs(),
+                    stderr,
+                });
+            };
+            *addr = line.trim_start_matches("TRAINRUN-PORT ").to_string();
+        }
+        let list = format!("TRAINRUN-ADDRS {}\n", addrs.join(","));
+        for (rank, stdin) in self.stdins.iter_mut().enumerate() {
+            if let Some(mut s) = stdin.take() {
+                s.write_all(list.as_bytes())
+                    .map_err(|source| GroupError::Addresses { rank, source })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn kill_all_and_collect_stderr(&mut self, rank: usize) -> String {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.stderr
+            .get_mut(rank)
+            .and_then(Option::take)
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+
+    /// The process id of a peer.
+    pub fn pid(&self, rank: usize) -> Option<u32> {
+        self.children.get(rank).map(Child::id)
+    }
+
+    /// SIGKILLs a peer and leaves it unreaped (a zombie) until the group finishes, the way a
+    /// launcher that is busy elsewhere would.
+    pub fn kill(&mut self, rank: usize) -> io::Result<()> {
+        match self.children.get_mut(rank) {
+            Some(c) => c.kill(),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no peer {rank}"),
+            )),
+        }
+    }
+
+    /// Waits until `rank` prints a line starting with `prefix`; returns it.
+    pub fn wait_for_line(
+        &mut self,
+        rank: usize,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        if let Some(l) = self.seen.get(rank)?.iter().find(|l| l.starts_with(prefix)) {
+            return Some(l.clone());
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (r, line) = self.lines.recv_timeout(left).ok()?;
+            self.seen.get_mut(r)?.push(line.clone());
+            if r == rank && line.starts_with(prefix) {
+                return Some(line);
+            }
+        }
+    }
+
+    /// Waits for every peer to exit, up to `timeout` in all, kills the ones still running,
+    /// and reports how each ended.
+    pub fn finish(mut self, timeout: Duration) -> Vec<PeerOutcome> {
+        let deadline = Instant::now() + timeout;
+        let mut codes = vec![None; self.children.len()];
+        for (rank, child) in self.children.iter_mut().enumerate() {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        codes[rank] = status.code();
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        thread::sleep(Duration::from_millis(5))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        // Every child has exited, so its stdout reader ends and the channel drains fully.
+        for stdin in &mut self.stdins {
+            stdin.take();
+        }
+        while let Ok((r, line)) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            if let Some(seen) = self.seen.get_mut(r) {
+                seen.push(line);
+            }
+        }
+        let stderr: Vec<String> = self
+            .stderr
+            .iter_mut()
+            .map(|h| h.take().and_then(|h| h.join().ok()).unwrap_or_default())
+            .collect();
+        codes
+            .into_iter()
+            .zip(stderr)
+            .enumerate()
+            .map(|(rank, (code, stderr))| PeerOutcome {
+                rank,
+                code,
+                lines: std::mem::take(&mut self.seen[rank]),
+                stderr,
+            })
+            .collect()
+    }
+}
+
+impl Drop for PeerGroup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.shm_path);
+    }
+}

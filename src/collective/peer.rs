@@ -1,0 +1,445 @@
+//! The worker side of benchmarks and multi-process tests: a process started with
+//! `TRAINRUN_COLLECTIVE_PEER` set joins a communicator described by environment variables,
+//! does what the mode says, reports on stdout in `TRAINRUN-…` lines, and exits.
+//! [`super::group::PeerGroup`] is the other end.
+//!
+//! TCP needs addresses nobody knows in advance: each peer binds `127.0.0.1:0`, prints
+//! `TRAINRUN-PORT <addr>`, and reads `TRAINRUN-ADDRS <a0>,<a1>,…` from stdin.
+
+use super::reduce::sequential_sum;
+use super::{Collective, Communicator, Peers, ShmOptions, TcpOptions, Timeouts, Transport};
+use std::io::{self, BufRead, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+pub(crate) const ENV_MODE: &str = "TRAINRUN_COLLECTIVE_PEER";
+pub(crate) const ENV_RANK: &str = "TRAINRUN_COLLECTIVE_RANK";
+pub(crate) const ENV_WORLD: &str = "TRAINRUN_COLLECTIVE_WORLD";
+pub(crate) const ENV_WIRE: &str = "TRAINRUN_COLLECTIVE_TRANSPORT";
+pub(crate) const ENV_SHM_PATH: &str = "TRAINRUN_COLLECTIVE_SHM_PATH";
+pub(crate) const ENV_SIZES: &str = "TRAINRUN_COLLECTIVE_SIZES";
+pub(crate) const ENV_ITERS: &str = "TRAINRUN_COLLECTIVE_ITERS";
+pub(crate) const ENV_OP_TIMEOUT_MS: &str = "TRAINRUN_COLLECTIVE_OP_TIMEOUT_MS";
+pub(crate) const ENV_CONNECT_TIMEOUT_MS: &str = "TRAINRUN_COLLECTIVE_CONNECT_TIMEOUT_MS";
+/// Optional tuning knobs: shared-memory staging bytes per rank, TCP segment and socket buffer
+/// bytes.
+pub(crate) const ENV_STAGING: &str = "TRAINRUN_COLLECTIVE_STAGING_BYTES";
+pub(crate) const ENV_SEGMENT: &str = "TRAINRUN_COLLECTIVE_SEGMENT_BYTES";
+pub(crate) const ENV_SOCKET_BUFFER: &str = "TRAINRUN_COLLECTIVE_SOCKET_BUFFER_BYTES";
+
+/// Exit codes of a peer process.
+pub const EXIT_OK: u8 = 0;
+/// The environment did not describe a peer correctly.
+pub const EXIT_USAGE: u8 = 2;
+/// A collective failed; stderr has the error.
+pub const EXIT_COLLECTIVE: u8 = 3;
+/// Verify mode found a wrong sum.
+pub const EXIT_WRONG_SUM: u8 = 4;
+
+/// What a peer process does once connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerMode {
+    /// Times all-reduces of each size; rank 0 prints `TRAINRUN-RESULT <bytes> <median s> <min s>`.
+    Bench,
+    /// All-reduces the first size over and over (printing `TRAINRUN-READY` after the first),
+    /// for `iters` rounds or until an error: something to kill mid-collective.
+    Soak,
+    /// All-reduces seeded data of each size, checks it against the sequential sum and prints
+    /// `TRAINRUN-SUM <bytes> <hash of the result bits>`.
+    Verify,
+    /// Times a synthetic backward over an arena of the first size alone, then followed by an
+    /// all-reduce, then overlapped with it through [`super::BucketReducer`] with packs of each
+    /// further size (floats); rank 0 prints `TRAINRUN-OVERLAP <label> <median s>`.
+    Overlap,
+}
+
+/// How the peers talk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// Shared memory, through `all_reduce_sum` (a copy in and out).
+    Shm,
+    /// Shared memory, zero-copy through the arena.
+    ShmArena,
+    /// TCP ring over loopback.
+    Tcp,
+}
+
+impl Wire {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wire::Shm => "shm",
+            Wire::ShmArena => "shm-arena",
+            Wire::Tcp => "tcp",
+        }
+    }
+}
+
+impl FromStr for Wire {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Wire, String> {
+        [Wire::Shm, Wire::ShmArena, Wire::Tcp]
+            .into_iter()
+            .find(|w| w.as_str() == s)
+            .ok_or_else(|| format!("unknown transport {s:?}; use shm, shm-arena or tcp"))
+    }
+}
+
+impl PeerMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            PeerMode::Bench => "bench",
+            PeerMode::Soak => "soak",
+            PeerMode::Verify => "verify",
+            PeerMode::Overlap => "overlap",
+        }
+    }
+}
+
+/// Everything a peer reads from its environment, parsed once.
+#[derive(Debug, Clone)]
+struct PeerEnv {
+    mode: PeerMode,
+    rank: usize,
+    world: usize,
+    wire: Wire,
+    shm_path: String,
+    sizes: Vec<usize>,
+    iters: usize,
+    timeouts: Timeouts,
+    staging_bytes: Option<usize>,
+    segment_bytes: Option<usize>,
+    socket_buffer_bytes: Option<usize>,
+}
+
+fn parse<T: FromStr>(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<T, String> {
+    let v = get(key).ok_or_else(|| format!("{key} is not set"))?;
+    v.trim()
+        .parse()
+        .map_err(|_| format!("{key}={v:?} is not a valid value"))
+}
+
+impl PeerEnv {
+    /// Reads the peer description through `get` (the environment, in production).
+    fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<PeerEnv>, String> {
+        let Some(mode) = get(ENV_MODE) else {
+            return Ok(None);
+        };
+        let mode = [
+            PeerMode::Bench,
+            PeerMode::Soak,
+            PeerMode::Verify,
+            PeerMode::Overlap,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == mode)
+        .ok_or_else(|| format!("{ENV_MODE}={mode:?}: use bench, soak, verify or overlap"))?;
+        let sizes = get(ENV_SIZES).unwrap_or_default();
+        let sizes = sizes
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| format!("{ENV_SIZES}: {s:?} is not a count of floats"))
+            })
+            .collect::<Result<Vec<usize>, String>>()?;
+        let ms = |key: &str| parse::<u64>(&get, key).map(Duration::from_millis);
+        Ok(Some(PeerEnv {
+            mode,
+            rank: parse(&get, ENV_RANK)?,
+            world: parse(&get, ENV_WORLD)?,
+            wire: parse(&get, ENV_WIRE)?,
+            shm_path: get(ENV_SHM_PATH).unwrap_or_default(),
+            sizes,
+            iters: parse(&get, ENV_ITERS)?,
+            timeouts: Timeouts {
+                connect: ms(ENV_CONNECT_TIMEOUT_MS)?,
+                op: ms(ENV_OP_TIMEOUT_MS)?,
+            },
+            staging_bytes: get(ENV_STAGING)
+                .map(|_| parse(&get, ENV_STAGING))
+                .transpose()?,
+            segment_bytes: get(ENV_SEGMENT)
+                .map(|_| parse(&get, ENV_SEGMENT))
+                .transpose()?,
+            socket_buffer_bytes: get(ENV_SOCKET_BUFFER)
+                .map(|_| parse(&get, ENV_SOCKET_BUFFER))
+                .transpose()?,
+        }))
+    }
+}
+
+/// For a binary's `main`, first thing: when this process was started as a collective peer
+/// (by `trainrun bench` or a test), runs it and returns its exit code; otherwise `None`.
+pub fn peer_main_from_env() -> Option<ExitCode> {
+    peer_exit_code_from_env().map(ExitCode::from)
+}
+
+/// [`peer_main_from_env`] with the raw exit code (tests need it for `process::exit`).
+pub fn peer_exit_code_from_env() -> Option<u8> {
+    let env = match PeerEnv::from_vars(|k| std::env::var(k).ok()) {
+        Ok(None) => return None,
+        Ok(Some(env)) => env,
+        Err(e) => {
+            eprintln!("collective peer: {e}");
+            return Some(EXIT_USAGE);
+        }
+    };
+    Some(match run(&env) {
+        Ok(()) => EXIT_OK,
+        Err((code, message)) => {
+            eprintln!("worker:{}: {message}", env.rank);
+            code
+        }
+    })
+}
+
+pub(crate) fn say(line: &str) {
+    // Straight to the stdout handle, not print!, which test harnesses capture.
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+type Failure = (u8, String);
+
+fn collective(e: super::CollectiveError) -> Failure {
+    (EXIT_COLLECTIVE, e.to_string())
+}
+
+fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, Failure> {
+    let names = (0..env.world).map(|r| format!("worker:{r}")).collect();
+    let peers = Peers::new(env.rank, names).map_err(|e| (EXIT_USAGE, e.to_string()))?;
+    let transport = match env.wire {
+        Wire::Shm | Wire::ShmArena => {
+            let defaults = ShmOptions::new(&env.shm_path);
+            Transport::SharedMemory(ShmOptions {
+                arena_bytes: if env.wire == Wire::ShmArena {
+                    arena_floats * 4
+                } else {
+                    0
+                },
+                staging_bytes: env.staging_bytes.unwrap_or(defaults.staging_bytes),
+                ..defaults
+            })
+        }
+        Wire::Tcp => {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
+            let me = listener
+                .local_addr()
+                .map_err(|e| (EXIT_USAGE, e.to_string()))?;
+            say(&format!("TRAINRUN-PORT {me}"));
+            let mut line = String::new();
+            io::stdin()
+                .lock()
+                .read_line(&mut line)
+                .map_err(|e| (EXIT_USAGE, format!("no address list: {e}")))?;
+            let addrs = line
+                .trim()
+                .strip_prefix("TRAINRUN-ADDRS ")
+                .ok_or_else(|| {
+                    (
+                        EXIT_USAGE,
+                        format!("expected the address list, got {line:?}"),
+                    )
+                })?
+                .split(',')
+                .map(|a| {
+                    a.parse::<SocketAddr>()
+                        .map_err(|e| (EXIT_USAGE, format!("address {a:?}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let defaults = TcpOptions::new(addrs, listener);
+            Transport::TcpRing(TcpOptions {
+                segment_bytes: env.segment_bytes.unwrap_or(defaults.segment_bytes),
+                socket_buffer_bytes: env.socket_buffer_bytes.or(defaults.socket_buffer_bytes),
+                ..defaults
+            })
+        }
+    };
+    Collective::connect(peers, transport, env.timeouts).map_err(collective)
+}
+
+/// Seeded data, different per rank and size.
+pub(crate) fn seeded(rank: usize, len: usize) -> Vec<f32> {
+    let mut x = (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ len as u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi((x % 8) as i32 - 4)
+        })
+        .collect()
+}
+
+/// All-reduces `data` through whichever path the wire names.
+fn reduce(c: &mut Collective, wire: Wire, data: &mut [f32]) -> Result<(), Failure> {
+    match (wire, c) {
+        (Wire::ShmArena, Collective::SharedMemory(s)) => {
+            s.arena_mut()[..data.len()].copy_from_slice(data);
+            s.all_reduce_arena(0..data.len()).map_err(collective)?;
+            data.copy_from_slice(&s.arena_mut()[..data.len()]);
+            Ok(())
+        }
+        (_, c) => c.all_reduce_sum(data).map_err(collective),
+    }
+}
+
+fn run(env: &PeerEnv) -> Result<(), Failure> {
+    let biggest = env.sizes.iter().copied().max().unwrap_or(0);
+    let mut c = connect(env, biggest)?;
+    match env.mode {
+        PeerMode::Bench => bench(env, &mut c),
+        PeerMode::Soak => soak(env, &mut c),
+        PeerMode::Verify => verify(env, &mut c),
+        PeerMode::Overlap => {
+            super::overlap::measure(env.rank, env.world, env.wire, &env.sizes, env.iters, &mut c)
+                .map(|rows| {
+                    if env.rank == 0 {
+                        for (label, secs) in rows {
+                            say(&format!("TRAINRUN-OVERLAP {label} {secs:e}"));
+                        }
+                    }
+                })
+                .map_err(collective)
+        }
+    }
+}
+
+fn soak(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+    let mut data = seeded(env.rank, env.sizes.first().copied().unwrap_or(1));
+    for i in 0..env.iters {
+        data.fill(1.0);
+        reduce(c, env.wire, &mut data)?;
+        if i == 0 {
+            say("TRAINRUN-READY");
+        }
+    }
+    Ok(())
+}
+
+fn verify(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+    for &len in &env.sizes {
+        let mut data = seeded(env.rank, len);
+        reduce(c, env.wire, &mut data)?;
+        let inputs: Vec<Vec<f32>> = (0..env.world).map(|r| seeded(r, len)).collect();
+        let want = sequential_sum(&inputs);
+        // Shared memory sums in rank order exactly; a ring of more than two rotates it.
+        let exact = env.wire != Wire::Tcp || env.world == 2;
+        for (i, (g, w)) in data.iter().zip(&want).enumerate() {
+            let scale: f32 = inputs.iter().map(|x| x[i].abs()).sum();
+            let ok = if exact {
+                g.to_bits() == w.to_bits()
+            } else {
+                (g - w).abs() <= scale * 4.0 * f32::EPSILON
+            };
+            if !ok {
+                return Err((
+                    EXIT_WRONG_SUM,
+                    format!("{len} floats: element {i} is {g}, the sequential sum is {w}"),
+                ));
+            }
+        }
+        let hash = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        say(&format!("TRAINRUN-SUM {} {hash:016x}", len * 4));
+    }
+    Ok(())
+}
+
+fn bench(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+    let world = env.world;
+    for &len in &env.sizes {
+        let mut data = vec![1.0f32; len];
+        if let Collective::SharedMemory(s) = &mut *c {
+            s.arena_mut().fill(1.0);
+        }
+        let warmup = 3;
+        let mut mine = vec![0.0f64; env.iters * world];
+        for i in 0..warmup + env.iters {
+            c.barrier().map_err(collective)?;
+            let t = Instant::now();
+            match (env.wire, &mut *c) {
+                // Zero-copy: the trainer writes gradients into the arena; only the reduction counts.
+                (Wire::ShmArena, Collective::SharedMemory(s)) => {
+                    s.all_reduce_arena(0..len).map_err(collective)?
+                }
+                _ => c.all_reduce_sum(&mut data).map_err(collective)?,
+            }
+            let dt = t.elapsed().as_secs_f64();
+            if i >= warmup {
+                mine[(i - warmup) * world + env.rank] = dt;
+            }
+            // Keep values finite and normal however many rounds run.
+            if data.first().is_some_and(|x| *x > 1e20) {
+                data.fill(1.0);
+            }
+            if let Collective::SharedMemory(s) = &mut *c
+                && s.arena_mut().first().is_some_and(|x| *x > 1e20)
+            {
+                s.arena_mut().fill(1.0);
+            }
+        }
+        // Each slot is written by one rank, so the sum gathers everyone's times.
+        c.all_reduce_sum_f64(&mut mine).map_err(collective)?;
+        let mut per_iter: Vec<f64> = mine
+            .chunks(world)
+            .map(|t| t.iter().copied().fold(0.0, f64::max))
+            .collect();
+        per_iter.sort_by(f64::total_cmp);
+        if env.rank == 0 && !per_iter.is_empty() {
+            let median = per_iter[per_iter.len() / 2];
+            say(&format!(
+                "TRAINRUN-RESULT {} {median:e} {:e}",
+                len * 4,
+                per_iter[0]
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn reads_its_description_from_the_given_variables() {
+        let vars: HashMap<&str, &str> = [
+            (ENV_MODE, "verify"),
+            (ENV_RANK, "1"),
+            (ENV_WORLD, "2"),
+            (ENV_WIRE, "shm-arena"),
+            (ENV_SHM_PATH, "/dev/shm/x"),
+            (ENV_SIZES, "1,2"),
+            (ENV_ITERS, "3"),
+            (ENV_OP_TIMEOUT_MS, "1000"),
+            (ENV_CONNECT_TIMEOUT_MS, "2000"),
+        ]
+        .into();
+        let env = PeerEnv::from_vars(|k| vars.get(k).map(|v| v.to_string()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (env.mode, env.rank, env.world, env.wire),
+            (PeerMode::Verify, 1, 2, Wire::ShmArena)
+        );
+        assert_eq!(env.sizes, vec![1, 2]);
+        assert_eq!(env.timeouts.op, Duration::from_secs(1));
+        assert!(PeerEnv::from_vars(|_| None).unwrap().is_none());
+        let err = PeerEnv::from_vars(|k| {
+            if k == ENV_MODE {
+                Some("dance".into())
+            } else {
+                None
+            }
+        })
+        .unwrap_err();
+        assert!(err.contains("use bench, soak, verify or overlap"), "{err}");
+    }
+}
