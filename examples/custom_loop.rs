@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         model.forward(pass, &params, &mut state, &b.x, b.n);
         let (out, dout) = model.output_and_grad(b.n);
         let stats = loss.evaluate(out, &b.y, 10, 1.0 / b.n as f32, Some(dout));
-        model.backward(pass, &params, &mut grads, &b.x, b.n, &mut |_| {});
+        model.backward(pass, &params, &mut grads, &b.x, b.n);
         optimizer.step(&mut params, &grads, plan.learning_rate.at(step) as f32);
         if step % 10 == 0 {
             println!("step {step:3}  loss {:.4}  accuracy {:.3}", stats.loss(), stats.accuracy());

@@ -76,6 +76,9 @@ pub enum Exit {
     Unsupported = 3,
     /// Dataset files are missing or bad and could not be downloaded.
     Data = 4,
+    /// The job failed across processes: a task died, hung, or was refused (wrong spec,
+    /// version or token), or the cluster could not start in time.
+    Cluster = 5,
 }
 
 impl From<Exit> for ExitCode {
@@ -114,7 +117,7 @@ pub fn main() -> ExitCode {
         Ok(()) => Exit::Ok.into(),
         Err(e) => {
             eprintln!("{e}");
-            e.exit().into()
+            ExitCode::from(e.exit())
         }
     }
 }

@@ -2,17 +2,23 @@
 //! data, build the model and strategy, train, and write the run folder.
 
 use crate::cli::Exit;
+use crate::cluster::job::{self, Job, JobConfig};
+use crate::cluster::{Address, Resolution, TaskId, launch, resolve_token};
+use crate::collective::Communicator;
 use crate::data::{DataDirs, DataError, Fetcher, Shard, Source};
 use crate::engine::Shape;
-use crate::plan::{Facts, Hardware, Plan};
-use crate::spec::{self, Diagnostic, Loaded};
+use crate::plan::{Facts, Hardware, Plan, ShardPolicy, StrategyKind};
+use crate::spec::{self, CollectiveTransport, CommunicationOptions, Diagnostic, Loaded};
 use crate::strategy::{self, StrategyError, Variables};
+use crate::train::progress::Mode;
 use crate::train::record::{RunDir, Summary};
 use crate::train::{self, FitOptions, Session, TrainError};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
@@ -46,9 +52,15 @@ pub enum RunError {
     /// The spec is valid but cannot run here.
     #[error("error: {0}")]
     Unsupported(String),
+    /// The job failed across processes (a task died, hung or was refused).
+    #[error("error: {0}")]
+    Cluster(String),
     /// Training failed.
     #[error("error: {0}")]
     Train(TrainError),
+    /// A task of the local cluster failed.
+    #[error("error: {0}")]
+    Launch(launch::LaunchError),
     /// Anything else at runtime.
     #[error("error: {0}")]
     Failure(String),
@@ -56,16 +68,24 @@ pub enum RunError {
 
 impl RunError {
     /// The process exit code for this error.
-    pub fn exit(&self) -> Exit {
-        match self {
+    pub fn exit(&self) -> u8 {
+        let code = match self {
+            // The launcher passes on the code of the task that failed.
+            RunError::Launch(launch::LaunchError::TaskFailed { code, .. }) => return *code,
+            RunError::Launch(_) => Exit::Cluster,
             RunError::Usage(_) | RunError::Spec(_) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
             RunError::Unsupported(_)
             | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
                 Exit::Unsupported
             }
+            RunError::Cluster(_)
+            | RunError::Train(TrainError::Strategy(
+                StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished,
+            )) => Exit::Cluster,
             RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
-        }
+        };
+        code as u8
     }
 }
 
@@ -79,6 +99,9 @@ impl From<StrategyError> for RunError {
     fn from(e: StrategyError) -> Self {
         match e {
             StrategyError::NotBuilt(_) | StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
+            StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished => {
+                RunError::Cluster(e.to_string())
+            }
         }
     }
 }
@@ -91,6 +114,8 @@ pub struct Prepared {
     pub plan: Plan,
     /// Where the data comes from.
     pub source: Source,
+    /// The cluster and this process's task.
+    pub cluster: Resolution,
 }
 
 fn data_dirs(env: &[(String, String)]) -> DataDirs {
@@ -124,7 +149,7 @@ pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
             if !plan.warnings.is_empty() && !inv.quiet {
                 eprint!("{}", spec::render(&plan.warnings, &loaded.origins));
             }
-            Ok(Prepared { loaded, plan, source })
+            Ok(Prepared { loaded, plan, source, cluster: facts.cluster })
         }
         Err(diags) => Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
     }
@@ -182,9 +207,112 @@ fn input_shape(plan: &Plan) -> Shape {
     Shape(vec![s.height, s.width, s.channels])
 }
 
-/// `trainrun SPEC`: trains and writes the run folder.
-pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
+/// How this process takes part in the run.
+enum Role {
+    /// Everything in this process.
+    Single,
+    /// Starts and supervises every task of a local cluster.
+    Launcher,
+    /// One task of a multi-process job.
+    Task(TaskId),
+}
+
+fn role(p: &Prepared) -> Role {
+    let multi = matches!(p.plan.strategy.kind, StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer);
+    match (multi && p.cluster.cluster.tasks.len() > 1, p.cluster.task) {
+        (false, _) => Role::Single,
+        (true, None) => Role::Launcher,
+        (true, Some(task)) => Role::Task(task),
+    }
+}
+
+/// `trainrun SPEC`: trains (or launches the tasks that train) and writes the run folder.
+pub fn train(inv: &Invocation) -> Result<(), RunError> {
     let p = prepare(inv)?;
+    match role(&p) {
+        Role::Launcher => launch(inv, &p),
+        Role::Single => train_here(inv, &p, None).map(|_| ()),
+        Role::Task(task) => train_here(inv, &p, Some(task)).map(|_| ()),
+    }
+}
+
+/// The communication options of a multi-worker plan.
+fn communication(p: &Prepared) -> (f64, u64, CollectiveTransport) {
+    match &p.loaded.spec.strategy {
+        spec::StrategySpec::MultiWorkerMirrored { communication: c, .. } => {
+            (c.timeout_s, c.bytes_per_pack, c.transport)
+        }
+        _ => (
+            CommunicationOptions::default().timeout_s,
+            CommunicationOptions::default().bytes_per_pack,
+            CollectiveTransport::Auto,
+        ),
+    }
+}
+
+/// Starts every task of the local cluster as a process of this binary and supervises them.
+fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
+    let exe =
+        std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
+    let mut args = vec![inv.spec.display().to_string()];
+    for s in &inv.sets {
+        args.extend(["--set".to_string(), s.clone()]);
+    }
+    let (timeout_s, _, _) = communication(p);
+    let run = launch::Launch {
+        exe,
+        args,
+        cluster: p.cluster.cluster.clone(),
+        grace: Duration::from_secs_f64(timeout_s + 2.0),
+        progress: Mode::detect(inv.quiet),
+        epochs: p.plan.train.epochs,
+    };
+    launch::run(run).map_err(RunError::Launch)?;
+    if !inv.quiet {
+        println!("wrote {}", p.plan.out_dir.display());
+    }
+    Ok(())
+}
+
+/// Joins the job as `task`: control plane, rendezvous, data plane.
+fn join_job(inv: &Invocation, p: &Prepared, task: TaskId, params: usize) -> Result<Job, RunError> {
+    let mut addresses = BTreeMap::new();
+    for (t, a) in &p.cluster.cluster.tasks {
+        match a {
+            Address::At(a) => addresses.insert(*t, a.clone()),
+            Address::Local => {
+                return Err(RunError::Spec(spec::render(
+                    &[Diagnostic::error(
+                        "cluster",
+                        format!("{t} has no address: a count of local tasks is started by `trainrun SPEC` itself"),
+                    )
+                    .help("run without --task / TRAINRUN_TASK, or list host:port addresses in [cluster]")],
+                    &p.loaded.origins,
+                )));
+            }
+        };
+    }
+    let env_token = inv.env.iter().find(|(k, _)| k == "TRAINRUN_JOB_TOKEN").map(|(_, v)| v.as_str());
+    let token = resolve_token(env_token, p.loaded.spec.cluster.token_file.as_deref())
+        .map_err(|e| RunError::Cluster(e.to_string()))?;
+    let (timeout_s, _, transport) = communication(p);
+    let spec_json = serde_json::to_vec(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
+    let spec_hash: String = Sha256::digest(&spec_json).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    job::join(JobConfig {
+        task,
+        addresses,
+        token,
+        spec_hash,
+        startup: Duration::from_secs_f64(p.loaded.spec.cluster.startup_timeout_s),
+        timeout: Duration::from_secs_f64(timeout_s),
+        transport,
+        arena_floats: params,
+    })
+    .map_err(|e| RunError::Cluster(e.to_string()))
+}
+
+/// Trains in this process: the whole run, or `task`'s part of a job.
+fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Summary, RunError> {
     let plan = &p.plan;
     // One model per local replica; planning checked the spec, so every build succeeds alike.
     let models = (0..plan.strategy.devices.len())
@@ -195,7 +323,6 @@ pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
     let (params, state) = first.init(plan.seed);
     let (tensors, state_tensors) = (first.tensors().to_vec(), first.state_tensors().to_vec());
     let activation_len = first.activation_len();
-    let strategy = strategy::build(plan, models)?;
 
     // TRAINRUN_OFFLINE (as HF_HUB_OFFLINE): never download; missing files are an error
     // naming them and the folder to put them in.
@@ -203,9 +330,36 @@ pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
         p.source.fetch_missing(&Fetcher::default())?;
     }
     let dataset = Arc::new(p.source.load()?);
-    let shard = Shard::new(0, NonZeroUsize::MIN)?;
+
+    let (strategy, shard, chief, prefix): (Box<dyn strategy::Strategy>, Shard, bool, String) = match task {
+        None => (strategy::build(plan, models)?, Shard::WHOLE, true, String::new()),
+        Some(task) => {
+            let job = join_job(inv, p, task, params.len())?;
+            let (rank, workers) = job.comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
+            let count = NonZeroUsize::new(workers).unwrap_or(NonZeroUsize::MIN);
+            let shard = match plan.data.shard {
+                ShardPolicy::Data => Shard::new(rank, count)?,
+                // Every worker reads the same examples: the duplicates `off` asks for.
+                ShardPolicy::Off => Shard::new(0, count)?,
+                ShardPolicy::None | ShardPolicy::File => Shard::WHOLE,
+            };
+            let is_chief = job.is_chief;
+            let replica = models.into_iter().next().map(|m| {
+                strategy::Replica::new(m, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads)
+            });
+            let replica = replica.ok_or_else(|| RunError::Failure("no model to train".into()))?;
+            let (_, bytes_per_pack, _) = communication(p);
+            let s = strategy::MultiWorkerMirrored::new(replica, job, bytes_per_pack)?;
+            (Box::new(s) as Box<dyn strategy::Strategy>, shard, is_chief, format!("[{task}] "))
+        }
+    };
+
     let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
-    let mut run_dir = RunDir::create(&plan.out_dir, &resolved).map_err(|e| RunError::Train(e.into()))?;
+    let mut run_dir = if chief {
+        Some(RunDir::create(&plan.out_dir, &resolved).map_err(|e| RunError::Train(e.into()))?)
+    } else {
+        None
+    };
     let optimizer = plan.optimizer.build(params.len());
     let mut session = Session {
         vars: Variables { params, state },
@@ -217,20 +371,23 @@ pub fn train(inv: &Invocation) -> Result<Summary, RunError> {
         state_tensors,
         activation_len,
     };
-    let opts = FitOptions {
-        progress: train::progress::Mode::detect(inv.quiet),
-        prefix: String::new(),
-        launched: inv.launched,
-        writes: true,
+    let progress = match inv.env.iter().find(|(k, _)| k == "TRAINRUN_PROGRESS").map(|(_, v)| v.as_str()) {
+        Some("events") => Mode::Events,
+        Some("quiet") => Mode::Quiet,
+        _ => Mode::detect(inv.quiet),
     };
+    let prefix = if progress == Mode::Events { String::new() } else { prefix };
+    let opts = FitOptions { progress, prefix, launched: inv.launched };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(plan.threads)
         .build()
         .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
-    let summary = pool.install(|| train::fit(plan, &mut session, &mut run_dir, &opts))?;
-    run_dir.summary(&summary).map_err(|e| RunError::Train(e.into()))?;
-    if !inv.quiet {
-        println!("wrote {}", run_dir.path().display());
+    let summary = pool.install(|| train::fit(plan, &mut session, run_dir.as_mut(), &opts))?;
+    if let Some(d) = &run_dir {
+        d.summary(&summary).map_err(|e| RunError::Train(e.into()))?;
+        if progress != Mode::Quiet && progress != Mode::Events {
+            println!("wrote {}", d.path().display());
+        }
     }
     Ok(summary)
 }

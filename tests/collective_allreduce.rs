@@ -11,15 +11,12 @@ use std::thread;
 use std::time::Duration;
 use trainrun::collective::reduce::sequential_sum;
 use trainrun::collective::{
-    BucketReducer, Collective, CollectiveError, Communicator, PackReduce, Packs, Peers,
-    ShmCommunicator, ShmOptions, TcpOptions, Timeouts, Transport,
+    BucketReducer, Collective, CollectiveError, Communicator, PackReduce, Packs, Peers, ShmCommunicator, ShmOptions,
+    TcpOptions, Timeouts, Transport,
 };
 
 const HARD_LIMIT: Duration = Duration::from_secs(120);
-const TIMEOUTS: Timeouts = Timeouts {
-    connect: Duration::from_secs(20),
-    op: Duration::from_secs(20),
-};
+const TIMEOUTS: Timeouts = Timeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) };
 /// Small on purpose: 1 KiB staging (256 floats) and 1 KiB TCP segments.
 const SMALL: usize = 1024;
 
@@ -42,20 +39,12 @@ fn on_ranks<T: Send + 'static>(
 ) -> Vec<T> {
     let names: Vec<String> = (0..world).map(|r| format!("worker:{r}")).collect();
     let path = format!("/dev/shm/trainrun-test-{}-{label}", std::process::id());
-    let listeners: Vec<TcpListener> = (0..world)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
+    let listeners: Vec<TcpListener> = (0..world).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let body = std::sync::Arc::new(body);
     let (tx, rx) = mpsc::channel();
     for (rank, listener) in listeners.into_iter().enumerate() {
-        let (tx, body, names, path, addrs) = (
-            tx.clone(),
-            body.clone(),
-            names.clone(),
-            path.clone(),
-            addrs.clone(),
-        );
+        let (tx, body, names, path, addrs) = (tx.clone(), body.clone(), names.clone(), path.clone(), addrs.clone());
         thread::spawn(move || {
             let peers = Peers::new(rank, names).unwrap();
             let transport = match kind {
@@ -71,8 +60,7 @@ fn on_ranks<T: Send + 'static>(
                     ..TcpOptions::new(addrs, listener)
                 }),
             };
-            let out = Collective::connect(peers, transport, TIMEOUTS)
-                .and_then(|mut c| body(rank, &mut c));
+            let out = Collective::connect(peers, transport, TIMEOUTS).and_then(|mut c| body(rank, &mut c));
             let _ = tx.send((rank, out));
         });
     }
@@ -88,10 +76,7 @@ fn on_ranks<T: Send + 'static>(
         };
         results[rank] = Some(out.unwrap_or_else(|e| panic!("worker:{rank} failed: {e}")));
     }
-    assert!(
-        !std::path::Path::new(&path).exists(),
-        "the segment file was left behind"
-    );
+    assert!(!std::path::Path::new(&path).exists(), "the segment file was left behind");
     results.into_iter().map(|r| r.unwrap()).collect()
 }
 
@@ -114,22 +99,13 @@ fn input(rank: usize, len: usize, seed: u64) -> Vec<f32> {
 fn same_bits(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
     if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
-        let n = (0..a.len())
-            .filter(|&i| a[i].to_bits() != b[i].to_bits())
-            .count();
-        panic!(
-            "{what}: {n} elements differ, first at {i}: {} vs {}",
-            a[i], b[i]
-        );
+        let n = (0..a.len()).filter(|&i| a[i].to_bits() != b[i].to_bits()).count();
+        panic!("{what}: {n} elements differ, first at {i}: {} vs {}", a[i], b[i]);
     }
 }
 
 /// All-reduces each rank's input twice (the second run must give the same bits).
-fn reduce_twice(
-    kind: Kind,
-    c: &mut Collective,
-    mine: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>), CollectiveError> {
+fn reduce_twice(kind: Kind, c: &mut Collective, mine: &[f32]) -> Result<(Vec<f32>, Vec<f32>), CollectiveError> {
     let mut once = || -> Result<Vec<f32>, CollectiveError> {
         match (kind, &mut *c) {
             (Kind::ShmArena, Collective::SharedMemory(s)) => arena_reduce(s, mine),
@@ -161,21 +137,11 @@ fn every_transport_matches_the_sequential_sum() {
                 let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, len, 42)).collect();
                 let want = sequential_sum(&inputs);
                 let shared = inputs.clone();
-                let got = on_ranks(kind, world, &label, len + 3, move |rank, c| {
-                    reduce_twice(kind, c, &shared[rank])
-                });
+                let got = on_ranks(kind, world, &label, len + 3, move |rank, c| reduce_twice(kind, c, &shared[rank]));
                 let case = format!("{kind:?}, world {world}, {len} floats");
                 for (rank, (first, second)) in got.iter().enumerate() {
-                    same_bits(
-                        first,
-                        second,
-                        &format!("{case}: worker:{rank}, second run vs first"),
-                    );
-                    same_bits(
-                        first,
-                        &got[0].0,
-                        &format!("{case}: worker:{rank} vs worker:0"),
-                    );
+                    same_bits(first, second, &format!("{case}: worker:{rank}, second run vs first"));
+                    same_bits(first, &got[0].0, &format!("{case}: worker:{rank} vs worker:0"));
                 }
                 let exact = kind != Kind::Tcp || world == 2;
                 for (i, (g, w)) in got[0].0.iter().zip(&want).enumerate() {
@@ -183,21 +149,14 @@ fn every_transport_matches_the_sequential_sum() {
                         assert_eq!(g.to_bits(), w.to_bits(), "{case}: element {i}: {g} != {w}");
                     } else {
                         let scale: f32 = inputs.iter().map(|x| x[i].abs()).sum();
-                        assert!(
-                            (g - w).abs() <= scale * 4.0 * f32::EPSILON,
-                            "{case}: element {i}: {g} vs {w}"
-                        );
+                        assert!((g - w).abs() <= scale * 4.0 * f32::EPSILON, "{case}: element {i}: {g} vs {w}");
                     }
                 }
                 // A second communicator, a second run: the same bits again.
                 let shared = inputs.clone();
-                let again = on_ranks(
-                    kind,
-                    world,
-                    &format!("{label}-again"),
-                    len + 3,
-                    move |rank, c| reduce_twice(kind, c, &shared[rank]),
-                );
+                let again = on_ranks(kind, world, &format!("{label}-again"), len + 3, move |rank, c| {
+                    reduce_twice(kind, c, &shared[rank])
+                });
                 same_bits(&again[0].0, &got[0].0, &format!("{case}: a fresh run"));
             }
         }
@@ -210,22 +169,13 @@ fn integer_valued_data_is_exact_on_every_transport() {
     for kind in [Kind::Shm, Kind::ShmArena, Kind::Tcp] {
         for world in [3, 4] {
             let len = 3001;
-            let inputs: Vec<Vec<f32>> = (0..world)
-                .map(|r| {
-                    (0..len)
-                        .map(|i| ((i * 31 + r * 7) % 1000) as f32 - 500.0)
-                        .collect()
-                })
-                .collect();
+            let inputs: Vec<Vec<f32>> =
+                (0..world).map(|r| (0..len).map(|i| ((i * 31 + r * 7) % 1000) as f32 - 500.0).collect()).collect();
             let want = sequential_sum(&inputs);
             let shared = inputs.clone();
-            let got = on_ranks(
-                kind,
-                world,
-                &format!("int-{kind:?}-{world}"),
-                len + 3,
-                move |rank, c| reduce_twice(kind, c, &shared[rank]),
-            );
+            let got = on_ranks(kind, world, &format!("int-{kind:?}-{world}"), len + 3, move |rank, c| {
+                reduce_twice(kind, c, &shared[rank])
+            });
             for (first, _) in &got {
                 same_bits(first, &want, &format!("{kind:?}, world {world}"));
             }
@@ -245,15 +195,8 @@ fn f64_broadcast_and_barrier_work_on_every_transport() {
                 c.all_reduce_sum_f64(&mut many)?;
                 let mut roots = Vec::new();
                 for root in 0..world {
-                    let mut w: Vec<f32> = (0..2000)
-                        .map(|i| {
-                            if rank == root {
-                                (i + root) as f32
-                            } else {
-                                -1.0
-                            }
-                        })
-                        .collect();
+                    let mut w: Vec<f32> =
+                        (0..2000).map(|i| if rank == root { (i + root) as f32 } else { -1.0 }).collect();
                     c.broadcast(&mut w, root)?;
                     roots.push(w);
                 }
@@ -315,17 +258,11 @@ fn ranks_out_of_step_are_caught_before_mixing_data() {
             Ok((first.map(|e| e.to_string()), then.map(|e| e.to_string())))
         });
         // Whichever rank checks first names the other; that one may see it give up instead.
-        let first: Vec<String> = got
-            .iter()
-            .map(|(f, _)| f.clone().expect("must fail"))
-            .collect();
+        let first: Vec<String> = got.iter().map(|(f, _)| f.clone().expect("must fail")).collect();
         assert!(first.iter().any(|e| e == want), "{kind:?}: {first:?}");
         for (_, then) in &got {
             let then = then.as_deref().unwrap_or_default();
-            assert!(
-                then.starts_with("the communicator is unusable after an earlier error"),
-                "{kind:?}: {then}"
-            );
+            assert!(then.starts_with("the communicator is unusable after an earlier error"), "{kind:?}: {then}");
         }
     }
 }
@@ -337,9 +274,7 @@ fn backward(p: &mut Packs<'_>, mine: &[f32]) {
     let mut at = 0;
     for layer in [1, 999, 3000, 17, 2500, len] {
         let end = (at + layer).min(len);
-        let g = p
-            .get_mut(at..end)
-            .expect("backward's own range is still writable");
+        let g = p.get_mut(at..end).expect("backward's own range is still writable");
         g.copy_from_slice(&mine[at..end]);
         p.ready(end);
         at = end;
@@ -357,45 +292,32 @@ fn bucketed_reduction_overlapping_backward_matches_the_sequential_sum() {
             let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, len, 7)).collect();
             let want = sequential_sum(&inputs);
             let shared = inputs.clone();
-            let got = on_ranks(
-                kind,
-                world,
-                &format!("bucket-{kind:?}-{world}"),
-                len,
-                move |rank, c| {
-                    let bucket = BucketReducer::new(1000 * 4);
-                    let mine = &shared[rank];
-                    match (kind, c) {
-                        (Kind::ShmArena, Collective::SharedMemory(s)) => {
-                            let (reducer, arena) = s.split_arena();
-                            bucket.run(reducer, &mut arena[..len], |p| backward(p, mine))?;
-                            Ok(s.arena_mut()[..len].to_vec())
-                        }
-                        (_, c) => {
-                            let mut grads = vec![f32::NAN; len];
-                            bucket.run(c.as_dyn(), &mut grads, |p| backward(p, mine))?;
-                            Ok(grads)
-                        }
+            let got = on_ranks(kind, world, &format!("bucket-{kind:?}-{world}"), len, move |rank, c| {
+                let bucket = BucketReducer::new(1000 * 4);
+                let mine = &shared[rank];
+                match (kind, c) {
+                    (Kind::ShmArena, Collective::SharedMemory(s)) => {
+                        let (reducer, arena) = s.split_arena();
+                        bucket.run(reducer, &mut arena[..len], |p| backward(p, mine))?;
+                        Ok(s.arena_mut()[..len].to_vec())
                     }
-                },
-            );
+                    (_, c) => {
+                        let mut grads = vec![f32::NAN; len];
+                        bucket.run(c.as_dyn(), &mut grads, |p| backward(p, mine))?;
+                        Ok(grads)
+                    }
+                }
+            });
             let exact = kind != Kind::Tcp || world == 2;
             for (rank, g) in got.iter().enumerate() {
-                same_bits(
-                    g,
-                    &got[0],
-                    &format!("{kind:?}, world {world}: worker:{rank} vs worker:0"),
-                );
+                same_bits(g, &got[0], &format!("{kind:?}, world {world}: worker:{rank} vs worker:0"));
             }
             if exact {
                 same_bits(&got[0], &want, &format!("{kind:?}, world {world}"));
             } else {
                 for (i, (g, w)) in got[0].iter().zip(&want).enumerate() {
                     let scale: f32 = inputs.iter().map(|x| x[i].abs()).sum();
-                    assert!(
-                        (g - w).abs() <= scale * 4.0 * f32::EPSILON,
-                        "{kind:?}: element {i}"
-                    );
+                    assert!((g - w).abs() <= scale * 4.0 * f32::EPSILON, "{kind:?}: element {i}");
                 }
             }
         }
@@ -405,25 +327,15 @@ fn bucketed_reduction_overlapping_backward_matches_the_sequential_sum() {
 #[test]
 fn the_arena_reducer_refuses_a_pack_from_elsewhere_and_stays_usable() {
     let got = on_ranks(Kind::ShmArena, 2, "foreign-pack", 64, |rank, c| {
-        let Collective::SharedMemory(s) = c else {
-            unreachable!()
-        };
+        let Collective::SharedMemory(s) = c else { unreachable!() };
         let mut elsewhere = vec![1.0f32; 8];
-        let refused = s
-            .split_arena()
-            .0
-            .reduce_pack(&mut elsewhere)
-            .err()
-            .map(|e| e.to_string());
+        let refused = s.split_arena().0.reduce_pack(&mut elsewhere).err().map(|e| e.to_string());
         s.arena_mut()[..4].fill(rank as f32 + 1.0);
         s.all_reduce_arena(0..4)?;
         Ok((refused, s.arena_mut()[..4].to_vec()))
     });
     for (refused, sum) in got {
-        assert_eq!(
-            refused.as_deref(),
-            Some("the pack is not part of this communicator's arena")
-        );
+        assert_eq!(refused.as_deref(), Some("the pack is not part of this communicator's arena"));
         assert_eq!(sum, vec![3.0; 4]);
     }
 }

@@ -15,10 +15,7 @@ use trainrun::collective::{
 
 const HARD_LIMIT: Duration = Duration::from_secs(60);
 const CONNECT: Duration = Duration::from_secs(1);
-const TIMEOUTS: Timeouts = Timeouts {
-    connect: CONNECT,
-    op: Duration::from_secs(10),
-};
+const TIMEOUTS: Timeouts = Timeouts { connect: CONNECT, op: Duration::from_secs(10) };
 
 fn names(world: usize) -> Vec<String> {
     (0..world).map(|r| format!("worker:{r}")).collect()
@@ -65,10 +62,7 @@ fn redact(s: &str) -> String {
 }
 
 fn shm(path: &str, token: u64) -> Transport {
-    Transport::SharedMemory(ShmOptions {
-        job_token: token,
-        ..ShmOptions::new(path)
-    })
+    Transport::SharedMemory(ShmOptions { job_token: token, ..ShmOptions::new(path) })
 }
 
 fn shm_path(label: &str) -> String {
@@ -83,10 +77,7 @@ fn connect_alone(rank: usize, world: usize, t: Transport) -> (CollectiveError, D
 
 #[track_caller]
 fn assert_after_connect_timeout(took: Duration) {
-    assert!(
-        took >= CONNECT && took < CONNECT + Duration::from_secs(2),
-        "took {took:?}"
-    );
+    assert!(took >= CONNECT && took < CONNECT + Duration::from_secs(2), "took {took:?}");
 }
 
 #[test]
@@ -96,10 +87,7 @@ fn shm_rank_0_names_the_peer_that_never_joins_and_removes_the_segment() {
     let (err, took) = bounded(move || connect_alone(0, 2, shm(&p, 1)));
     assert_after_connect_timeout(took);
     insta::assert_snapshot!(redact(&err.to_string()), @"worker:1 did not join within 1 s: it never opened the shared-memory segment /dev/shm/trainrun-fail-nojoin-shm-N");
-    assert!(
-        !Path::new(&path).exists(),
-        "the segment file was left behind"
-    );
+    assert!(!Path::new(&path).exists(), "the segment file was left behind");
 }
 
 #[test]
@@ -124,33 +112,19 @@ fn shm_segment_of_another_job_is_refused() {
         }
         connect_alone(1, 2, shm(&p, 2))
     });
-    assert!(
-        took < CONNECT,
-        "the stranger should be refused at once, took {took:?}"
-    );
+    assert!(took < CONNECT, "the stranger should be refused at once, took {took:?}");
     insta::assert_snapshot!(redact(&err.to_string()), @"shared-memory segment /dev/shm/trainrun-fail-token-shm-N: it belongs to another job (its job token differs; its rank 0 is pid N)");
     let (owner_err, _) = owner.join().unwrap();
-    assert!(
-        owner_err
-            .to_string()
-            .starts_with("worker:1 did not join within 1 s"),
-        "{owner_err}"
-    );
+    assert!(owner_err.to_string().starts_with("worker:1 did not join within 1 s"), "{owner_err}");
 }
 
 /// A port nothing listens on.
 fn dead_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 fn tcp(listener: TcpListener, addrs: Vec<SocketAddr>, token: u64) -> Transport {
-    Transport::TcpRing(TcpOptions {
-        job_token: token,
-        ..TcpOptions::new(addrs, listener)
-    })
+    Transport::TcpRing(TcpOptions { job_token: token, ..TcpOptions::new(addrs, listener) })
 }
 
 #[test]
@@ -167,19 +141,14 @@ fn tcp_names_the_peer_that_never_shows_up_after_the_connect_timeout() {
 #[test]
 fn tcp_refuses_another_jobs_worker_at_once_and_keeps_waiting_for_its_own() {
     bounded(|| {
-        let ls: Vec<TcpListener> = (0..3)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
+        let ls: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
         let mut ls = ls.into_iter();
         let (l0, l1, stranger_l) = (ls.next().unwrap(), ls.next().unwrap(), ls.next().unwrap());
         let ours = vec![addrs[0], addrs[1]];
         let a = ours.clone();
         let zero = thread::spawn(move || -> Result<f32, CollectiveError> {
-            let t = Timeouts {
-                connect: Duration::from_secs(10),
-                ..TIMEOUTS
-            };
+            let t = Timeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
             let mut c = Collective::connect(Peers::new(0, names(2))?, tcp(l0, a, 1), t)?;
             let mut v = [1.0f32];
             c.all_reduce_sum(&mut v)?;
@@ -187,17 +156,11 @@ fn tcp_refuses_another_jobs_worker_at_once_and_keeps_waiting_for_its_own() {
         });
         // Another job's rank 1 (token 2) whose address list names our rank 0 as its rank 0.
         let (err, took) = connect_alone(1, 2, tcp(stranger_l, vec![addrs[0], addrs[2]], 2));
-        assert!(
-            took < CONNECT,
-            "a refusal should come back at once, took {took:?}"
-        );
+        assert!(took < CONNECT, "a refusal should come back at once, took {took:?}");
         insta::assert_snapshot!(redact(&err.to_string()), @"worker:0 (127.0.0.1:PORT) refused this rank: the job tokens differ (is it another job's worker?)");
         // Our own rank 1 still gets in.
         let one = thread::spawn(move || -> Result<f32, CollectiveError> {
-            let t = Timeouts {
-                connect: Duration::from_secs(10),
-                ..TIMEOUTS
-            };
+            let t = Timeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
             let mut c = Collective::connect(Peers::new(1, names(2))?, tcp(l1, ours, 1), t)?;
             let mut v = [2.0f32];
             c.all_reduce_sum(&mut v)?;
@@ -218,11 +181,7 @@ fn tcp_rank_0_lists_the_refused_stranger_when_its_own_peer_never_comes() {
         let stranger_l = TcpListener::bind("127.0.0.1:0").unwrap();
         let stranger = vec![zero_addr, stranger_l.local_addr().unwrap()];
         thread::spawn(move || connect_alone(1, 2, tcp(stranger_l, stranger, 2)));
-        let r = connect_alone(
-            0,
-            2,
-            tcp(l0, vec![zero_addr, mute.local_addr().unwrap()], 1),
-        );
+        let r = connect_alone(0, 2, tcp(l0, vec![zero_addr, mute.local_addr().unwrap()], 1));
         drop(mute);
         r
     });
@@ -233,14 +192,11 @@ fn tcp_rank_0_lists_the_refused_stranger_when_its_own_peer_never_comes() {
 #[test]
 fn strangers_do_not_break_the_real_setup() {
     bounded(|| {
-        let ls: Vec<TcpListener> = (0..2)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
+        let ls: Vec<TcpListener> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
         // One speaks HTTP, one says nothing at all; both knock on rank 0 before the peers start.
         let mut http = TcpStream::connect(addrs[0]).unwrap();
-        http.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\nmore bytes")
-            .unwrap();
+        http.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\nmore bytes").unwrap();
         let _silent = TcpStream::connect(addrs[0]).unwrap();
         let handles: Vec<_> = ls
             .into_iter()
@@ -248,12 +204,8 @@ fn strangers_do_not_break_the_real_setup() {
             .map(|(rank, l)| {
                 let addrs = addrs.clone();
                 thread::spawn(move || -> Result<Vec<f32>, CollectiveError> {
-                    let t = Timeouts {
-                        connect: Duration::from_secs(10),
-                        ..TIMEOUTS
-                    };
-                    let mut c =
-                        Collective::connect(Peers::new(rank, names(2))?, tcp(l, addrs, 5), t)?;
+                    let t = Timeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
+                    let mut c = Collective::connect(Peers::new(rank, names(2))?, tcp(l, addrs, 5), t)?;
                     let mut v = vec![rank as f32 + 1.0; 10];
                     c.all_reduce_sum(&mut v)?;
                     Ok(v)
@@ -269,9 +221,7 @@ fn strangers_do_not_break_the_real_setup() {
 #[test]
 fn a_rank_with_the_wrong_world_or_rank_is_refused_at_setup() {
     bounded(|| {
-        let ls: Vec<TcpListener> = (0..2)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
+        let ls: Vec<TcpListener> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
         let mut it = ls.into_iter();
         let (l0, l1) = (it.next().unwrap(), it.next().unwrap());
@@ -283,16 +233,10 @@ fn a_rank_with_the_wrong_world_or_rank_is_refused_at_setup() {
         let three = vec![addrs[0], dead_addr(), addrs[1]];
         let two = thread::spawn(move || connect_alone(2, 3, tcp(l1, three, 1)).0);
         let e2 = two.join().unwrap().to_string();
-        assert_eq!(
-            redact(&e2),
-            "worker:0 (127.0.0.1:PORT) refused this rank: the world sizes differ"
-        );
+        assert_eq!(redact(&e2), "worker:0 (127.0.0.1:PORT) refused this rank: the world sizes differ");
         let e0 = zero.join().unwrap().to_string();
         assert!(e0.contains("refused meanwhile: 127.0.0.1:"), "{e0}");
-        assert!(
-            e0.ends_with("claiming rank 2: the world sizes differ"),
-            "{e0}"
-        );
+        assert!(e0.ends_with("claiming rank 2: the world sizes differ"), "{e0}");
         drop(mute);
     });
 }
@@ -303,15 +247,10 @@ fn a_rank_with_the_wrong_world_or_rank_is_refused_at_setup() {
 fn a_silent_peer_is_named_after_the_operation_timeout() {
     for kind in ["shm", "tcp"] {
         let (err, took) = bounded(move || {
-            let ls: Vec<TcpListener> = (0..2)
-                .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-                .collect();
+            let ls: Vec<TcpListener> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
             let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
             let path = shm_path("silent");
-            let timeouts = Timeouts {
-                connect: Duration::from_secs(10),
-                op: Duration::from_millis(500),
-            };
+            let timeouts = Timeouts { connect: Duration::from_secs(10), op: Duration::from_millis(500) };
             let transport = move |l: TcpListener| match kind {
                 "shm" => shm(&path, 3),
                 _ => tcp(l, addrs.clone(), 3),
@@ -320,13 +259,11 @@ fn a_silent_peer_is_named_after_the_operation_timeout() {
             let (t0, t1) = (transport(ls.next().unwrap()), transport(ls.next().unwrap()));
             let (done, wait) = mpsc::channel::<()>();
             let silent = thread::spawn(move || {
-                let _c =
-                    Collective::connect(Peers::new(1, names(2)).unwrap(), t1, timeouts).unwrap();
+                let _c = Collective::connect(Peers::new(1, names(2)).unwrap(), t1, timeouts).unwrap();
                 // Stay connected and say nothing until worker:0 has given up.
                 let _ = wait.recv_timeout(Duration::from_secs(20));
             });
-            let mut c =
-                Collective::connect(Peers::new(0, names(2)).unwrap(), t0, timeouts).unwrap();
+            let mut c = Collective::connect(Peers::new(0, names(2)).unwrap(), t0, timeouts).unwrap();
             let start = Instant::now();
             let r = c.all_reduce_sum(&mut [1.0f32; 64]);
             let took = start.elapsed();
@@ -334,14 +271,7 @@ fn a_silent_peer_is_named_after_the_operation_timeout() {
             let _ = silent.join();
             (r.expect_err("should time out"), took)
         });
-        assert_eq!(
-            err.to_string(),
-            "worker:1 did not answer the all-reduce within 500 ms",
-            "{kind}"
-        );
-        assert!(
-            took >= Duration::from_millis(500) && took < Duration::from_secs(2),
-            "{kind}: took {took:?}"
-        );
+        assert_eq!(err.to_string(), "worker:1 did not answer the all-reduce within 500 ms", "{kind}");
+        assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(2), "{kind}: took {took:?}");
     }
 }

@@ -37,9 +37,7 @@ fn peer_entry() {
 fn launcher() -> Launcher {
     Launcher {
         program: std::env::current_exe().expect("the test binary's path"),
-        args: ["peer_entry", "--exact", "--nocapture", "--test-threads=1"]
-            .map(Into::into)
-            .to_vec(),
+        args: ["peer_entry", "--exact", "--nocapture", "--test-threads=1"].map(Into::into).to_vec(),
     }
 }
 
@@ -59,10 +57,7 @@ fn spec(
         world,
         sizes,
         iters,
-        timeouts: Timeouts {
-            connect: Duration::from_secs(20),
-            op,
-        },
+        timeouts: Timeouts { connect: Duration::from_secs(20), op },
     }
 }
 
@@ -78,13 +73,7 @@ fn every_transport_sums_correctly_between_processes() {
     bounded(|| {
         // 300 001 floats is more than a shared-memory piece (2 MiB staging, 1 MiB pieces).
         let sizes = vec![1, 1000, 300_001];
-        for (wire, world) in [
-            (Wire::Shm, 2),
-            (Wire::ShmArena, 2),
-            (Wire::Tcp, 2),
-            (Wire::Shm, 3),
-            (Wire::Tcp, 3),
-        ] {
+        for (wire, world) in [(Wire::Shm, 2), (Wire::ShmArena, 2), (Wire::Tcp, 2), (Wire::Shm, 3), (Wire::Tcp, 3)] {
             let spec = spec(
                 &format!("verify-{world}"),
                 PeerMode::Verify,
@@ -94,25 +83,13 @@ fn every_transport_sums_correctly_between_processes() {
                 1,
                 Duration::from_secs(20),
             );
-            let outcomes = PeerGroup::spawn(&launcher(), &spec)
-                .unwrap()
-                .finish(Duration::from_secs(60));
+            let outcomes = PeerGroup::spawn(&launcher(), &spec).unwrap().finish(Duration::from_secs(60));
             assert_all_ok(&outcomes);
-            let sums: Vec<Vec<&String>> = outcomes
-                .iter()
-                .map(|o| {
-                    o.lines
-                        .iter()
-                        .filter(|l| l.starts_with("TRAINRUN-SUM"))
-                        .collect()
-                })
-                .collect();
+            let sums: Vec<Vec<&String>> =
+                outcomes.iter().map(|o| o.lines.iter().filter(|l| l.starts_with("TRAINRUN-SUM")).collect()).collect();
             assert_eq!(sums[0].len(), sizes.len(), "{wire:?}: {:?}", sums[0]);
             for s in &sums {
-                assert_eq!(
-                    s, &sums[0],
-                    "{wire:?}, world {world}: ranks disagree on the bits"
-                );
+                assert_eq!(s, &sums[0], "{wire:?}, world {world}: ranks disagree on the bits");
             }
         }
     });
@@ -122,21 +99,11 @@ fn every_transport_sums_correctly_between_processes() {
 /// naming it, long before the 30 s operation timeout. Returns worker:0's error and how long
 /// it took to exit after the kill.
 fn kill_mid_collective(wire: Wire) -> (String, Duration, u32) {
-    let spec = spec(
-        "kill",
-        PeerMode::Soak,
-        wire,
-        2,
-        vec![250_000],
-        1_000_000,
-        Duration::from_secs(30),
-    );
+    let spec = spec("kill", PeerMode::Soak, wire, 2, vec![250_000], 1_000_000, Duration::from_secs(30));
     let mut group = PeerGroup::spawn(&launcher(), &spec).unwrap();
     for rank in 0..2 {
         assert!(
-            group
-                .wait_for_line(rank, "TRAINRUN-READY", Duration::from_secs(30))
-                .is_some(),
+            group.wait_for_line(rank, "TRAINRUN-READY", Duration::from_secs(30)).is_some(),
             "worker:{rank} never got going"
         );
     }
@@ -147,12 +114,7 @@ fn kill_mid_collective(wire: Wire) -> (String, Duration, u32) {
     let outcomes = group.finish(Duration::from_secs(60));
     let took = killed.elapsed();
     let survivor = &outcomes[0];
-    assert_eq!(
-        survivor.code,
-        Some(i32::from(bench::EXIT_COLLECTIVE)),
-        "worker:0: {}",
-        survivor.stderr
-    );
+    assert_eq!(survivor.code, Some(i32::from(bench::EXIT_COLLECTIVE)), "worker:0: {}", survivor.stderr);
     (survivor.stderr.trim().to_string(), took, victim)
 }
 
@@ -161,20 +123,14 @@ fn a_peer_killed_mid_collective_is_named_quickly_over_shared_memory() {
     let (err, took, pid) = bounded(|| kill_mid_collective(Wire::Shm));
     assert!(took < Duration::from_secs(3), "took {took:?}");
     // The victim is not reaped until the group finishes: found gone as a zombie.
-    assert_eq!(
-        err,
-        format!("worker:0: worker:1 is gone: its process exited (pid {pid})")
-    );
+    assert_eq!(err, format!("worker:0: worker:1 is gone: its process exited (pid {pid})"));
 }
 
 #[test]
 fn a_peer_killed_mid_collective_is_named_quickly_over_tcp() {
     let (err, took, _) = bounded(|| kill_mid_collective(Wire::Tcp));
     assert!(took < Duration::from_secs(3), "took {took:?}");
-    assert!(
-        err.starts_with("worker:0: connection to worker:1 (127.0.0.1:"),
-        "{err}"
-    );
+    assert!(err.starts_with("worker:0: connection to worker:1 (127.0.0.1:"), "{err}");
     assert!(err.ends_with(") closed during the all-reduce"), "{err}");
 }
 
@@ -206,13 +162,8 @@ fn overlap_table() {
         opts.wires = w.split(',').map(|w| w.parse().unwrap()).collect();
     }
     opts.worlds = vec![2];
-    let rows = bench::run_overlap(&opts, 2_770_000, &[262_144, 1_048_576], 15)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rows = bench::run_overlap(&opts, 2_770_000, &[262_144, 1_048_576], 15).unwrap_or_else(|e| panic!("{e}"));
     for (wire, world, label, t) in rows {
-        println!(
-            "{:<10} {world} {label:<18} {:>8.3} ms",
-            wire.as_str(),
-            t.as_secs_f64() * 1e3
-        );
+        println!("{:<10} {world} {label:<18} {:>8.3} ms", wire.as_str(), t.as_secs_f64() * 1e3);
     }
 }

@@ -16,6 +16,7 @@ mod client;
 mod coordinator;
 mod error;
 mod health;
+pub mod job;
 pub mod launch;
 mod plane;
 pub mod resolve;

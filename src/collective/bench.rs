@@ -7,8 +7,7 @@
 use super::Timeouts;
 use super::group::{GroupError, Launcher, PeerGroup, PeerSpec};
 pub use super::peer::{
-    EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env,
-    peer_main_from_env,
+    EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env, peer_main_from_env,
 };
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -60,19 +59,9 @@ pub enum BenchError {
     #[error(transparent)]
     Group(#[from] GroupError),
     #[error("{wire} with {world} ranks: worker:{rank} failed (exit code {code:?}): {stderr}")]
-    Peer {
-        wire: &'static str,
-        world: usize,
-        rank: usize,
-        code: Option<i32>,
-        stderr: String,
-    },
+    Peer { wire: &'static str, world: usize, rank: usize, code: Option<i32>, stderr: String },
     #[error("{wire} with {world} ranks: rank 0 reported no result for {bytes} bytes")]
-    NoResult {
-        wire: &'static str,
-        world: usize,
-        bytes: usize,
-    },
+    NoResult { wire: &'static str, world: usize, bytes: usize },
 }
 
 /// Rounds to time: enough for a stable median, about a second of work per size.
@@ -93,10 +82,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
                     world,
                     sizes: vec![floats],
                     iters: rounds(floats),
-                    timeouts: Timeouts {
-                        connect: Duration::from_secs(30),
-                        op: Duration::from_secs(30),
-                    },
+                    timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
                 };
                 let group = PeerGroup::spawn(&opts.launcher, &spec)?;
                 let outcomes = group.finish(Duration::from_secs(300));
@@ -116,18 +102,8 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
                     .first()
                     .and_then(|o| o.lines.iter().find_map(|l| parse_result(l)))
                     .filter(|r| r.0 == bytes)
-                    .ok_or(BenchError::NoResult {
-                        wire: wire.as_str(),
-                        world,
-                        bytes,
-                    })?;
-                rows.push(BenchRow {
-                    wire,
-                    world,
-                    bytes,
-                    median: result.1,
-                    min: result.2,
-                });
+                    .ok_or(BenchError::NoResult { wire: wire.as_str(), world, bytes })?;
+                rows.push(BenchRow { wire, world, bytes, median: result.1, min: result.2 });
             }
         }
     }
@@ -139,11 +115,7 @@ fn parse_result(line: &str) -> Option<(usize, Duration, Duration)> {
     let bytes = it.next()?.parse().ok()?;
     let median: f64 = it.next()?.parse().ok()?;
     let min: f64 = it.next()?.parse().ok()?;
-    Some((
-        bytes,
-        Duration::try_from_secs_f64(median).ok()?,
-        Duration::try_from_secs_f64(min).ok()?,
-    ))
+    Some((bytes, Duration::try_from_secs_f64(median).ok()?, Duration::try_from_secs_f64(min).ok()?))
 }
 
 /// Runs the overlap measurement ([`PeerMode::Overlap`]) for each transport and world over an
@@ -167,13 +139,9 @@ pub fn run_overlap(
                 world,
                 sizes,
                 iters: steps,
-                timeouts: Timeouts {
-                    connect: Duration::from_secs(30),
-                    op: Duration::from_secs(30),
-                },
+                timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
             };
-            let outcomes =
-                PeerGroup::spawn(&opts.launcher, &spec)?.finish(Duration::from_secs(300));
+            let outcomes = PeerGroup::spawn(&opts.launcher, &spec)?.finish(Duration::from_secs(300));
             for o in &outcomes {
                 if o.code != Some(0) {
                     return Err(BenchError::Peer {
@@ -185,24 +153,10 @@ pub fn run_overlap(
                     });
                 }
             }
-            for line in outcomes
-                .first()
-                .map(|o| o.lines.as_slice())
-                .unwrap_or_default()
-            {
-                let mut it = line
-                    .strip_prefix("TRAINRUN-OVERLAP ")
-                    .unwrap_or_default()
-                    .split_whitespace();
-                if let (Some(label), Some(secs)) =
-                    (it.next(), it.next().and_then(|s| s.parse::<f64>().ok()))
-                {
-                    rows.push((
-                        wire,
-                        world,
-                        label.to_string(),
-                        Duration::from_secs_f64(secs.max(0.0)),
-                    ));
+            for line in outcomes.first().map(|o| o.lines.as_slice()).unwrap_or_default() {
+                let mut it = line.strip_prefix("TRAINRUN-OVERLAP ").unwrap_or_default().split_whitespace();
+                if let (Some(label), Some(secs)) = (it.next(), it.next().and_then(|s| s.parse::<f64>().ok())) {
+                    rows.push((wire, world, label.to_string(), Duration::from_secs_f64(secs.max(0.0))));
                 }
             }
         }

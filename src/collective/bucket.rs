@@ -29,9 +29,7 @@ pub struct BucketReducer {
 impl BucketReducer {
     /// Packs of `bytes_per_pack` (at least one float).
     pub fn new(bytes_per_pack: usize) -> BucketReducer {
-        BucketReducer {
-            pack: (bytes_per_pack / 4).max(1),
-        }
+        BucketReducer { pack: (bytes_per_pack / 4).max(1) }
     }
 
     /// Floats per pack.
@@ -60,23 +58,14 @@ impl BucketReducer {
                 }
                 Ok(())
             });
-            let mut packs = Packs {
-                rest: grads,
-                offset: 0,
-                ready: 0,
-                len,
-                pack: self.pack,
-                tx,
-            };
+            let mut packs = Packs { rest: grads, offset: 0, ready: 0, len, pack: self.pack, tx };
             let out = backward(&mut packs);
             packs.ready(len);
             drop(packs);
             match comm.join() {
                 Ok(Ok(())) => Ok(out),
                 Ok(Err(e)) => Err(e),
-                Err(_) => Err(CollectiveError::Invalid(
-                    "the communication thread panicked".into(),
-                )),
+                Err(_) => Err(CollectiveError::Invalid("the communication thread panicked".into())),
             }
         })
     }
@@ -155,16 +144,10 @@ mod tests {
             .run(Recorder(&mut seen), &mut grads, |p| {
                 for layer in [0..4, 4..5, 5..10] {
                     assert!(p.offset() <= layer.start);
-                    p.get_mut(layer.clone())
-                        .unwrap()
-                        .iter_mut()
-                        .for_each(|x| *x = 1.0);
+                    p.get_mut(layer.clone()).unwrap().iter_mut().for_each(|x| *x = 1.0);
                     p.ready(layer.end);
                 }
-                assert!(
-                    p.get_mut(0..1).is_none(),
-                    "handed-off floats are out of reach"
-                );
+                assert!(p.get_mut(0..1).is_none(), "handed-off floats are out of reach");
                 7
             })
             .unwrap();
@@ -177,9 +160,7 @@ mod tests {
     fn what_backward_leaves_unreported_is_reduced_at_the_end() {
         let mut grads = vec![1.0f32; 5];
         let mut seen = Vec::new();
-        BucketReducer::new(8)
-            .run(Recorder(&mut seen), &mut grads, |_| ())
-            .unwrap();
+        BucketReducer::new(8).run(Recorder(&mut seen), &mut grads, |_| ()).unwrap();
         assert_eq!(seen, vec![2, 2, 1]);
         assert!(grads.iter().all(|&x| x == 2.0));
     }

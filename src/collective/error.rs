@@ -63,17 +63,11 @@ impl OpDesc {
         let (len, aux) = (self.len, self.aux);
         match self.kind {
             ALL_REDUCE => format!("an all-reduce of {len} f32"),
-            ARENA => format!(
-                "an arena all-reduce of floats {aux}..{}",
-                aux.saturating_add(len)
-            ),
+            ARENA => format!("an arena all-reduce of floats {aux}..{}", aux.saturating_add(len)),
             F64 => format!("an f64 all-reduce of {len} values"),
             BROADCAST => {
                 let root = usize::try_from(aux).ok().filter(|&r| r < peers.world());
-                format!(
-                    "a broadcast of {len} f32 from {}",
-                    root.map_or("an unknown rank", |r| peers.name(r))
-                )
+                format!("a broadcast of {len} f32 from {}", root.map_or("an unknown rank", |r| peers.name(r)))
             }
             BARRIER => "a barrier".to_string(),
             k => format!("an unknown collective (code {k})"),
@@ -105,46 +99,26 @@ impl fmt::Display for Secs {
 pub enum CollectiveError {
     /// A peer stayed silent for the whole operation timeout.
     #[error("{peer} did not answer the {op} within {}", Secs(*after))]
-    Timeout {
-        peer: String,
-        op: Op,
-        after: Duration,
-    },
+    Timeout { peer: String, op: Op, after: Duration },
     /// A peer's process no longer exists (shared memory checks peers' pids while waiting).
     #[error("{peer} is gone: its process exited (pid {pid})")]
     PeerExited { peer: String, pid: u32 },
     /// A peer closed or reset its connection.
     #[error("connection to {peer} ({addr}) closed during the {op}")]
-    ConnectionClosed {
-        peer: String,
-        addr: SocketAddr,
-        op: Op,
-    },
+    ConnectionClosed { peer: String, addr: SocketAddr, op: Op },
     /// A peer hit an error of its own and marked the shared segment as abandoned.
     #[error("{peer} gave up the {op} after an error of its own; its log names the cause")]
     PeerAborted { peer: String, op: Op },
     /// The ranks disagree about which collective they are in: a trainer bug (different
     /// sizes, a skipped call), caught before any data was mixed.
     #[error("{peer} is out of step: it started {theirs} while this rank started {ours}")]
-    OutOfStep {
-        peer: String,
-        ours: String,
-        theirs: String,
-    },
+    OutOfStep { peer: String, ours: String, theirs: String },
     /// A peer never joined before the connect timeout.
     #[error("{peer} did not join within {}: {detail}", Secs(*after))]
-    NotJoined {
-        peer: String,
-        after: Duration,
-        detail: String,
-    },
+    NotJoined { peer: String, after: Duration, detail: String },
     /// A peer answered the handshake with a refusal (wrong job token, world, rank).
     #[error("{peer} ({addr}) refused this rank: {reason}")]
-    Refused {
-        peer: String,
-        addr: SocketAddr,
-        reason: String,
-    },
+    Refused { peer: String, addr: SocketAddr, reason: String },
     /// Any other I/O failure on a peer's connection.
     #[error("talking to {peer} ({addr}) during the {op}: {source}")]
     Io {
@@ -169,10 +143,7 @@ pub enum CollectiveError {
 impl CollectiveError {
     /// Whether this error leaves the communicator usable (nothing reached the peers).
     pub(crate) fn breaks(&self) -> bool {
-        !matches!(
-            self,
-            CollectiveError::Invalid(_) | CollectiveError::Broken(_)
-        )
+        !matches!(self, CollectiveError::Invalid(_) | CollectiveError::Broken(_))
     }
 }
 
@@ -189,31 +160,15 @@ mod tests {
 
     #[test]
     fn messages_name_the_peer() {
-        let e = CollectiveError::Timeout {
-            peer: "worker:1".into(),
-            op: Op::AllReduce,
-            after: Duration::from_secs(30),
-        };
-        assert_eq!(
-            e.to_string(),
-            "worker:1 did not answer the all-reduce within 30 s"
-        );
-        let e = CollectiveError::PeerExited {
-            peer: "worker:1".into(),
-            pid: 1234,
-        };
-        assert_eq!(
-            e.to_string(),
-            "worker:1 is gone: its process exited (pid 1234)"
-        );
+        let e = CollectiveError::Timeout { peer: "worker:1".into(), op: Op::AllReduce, after: Duration::from_secs(30) };
+        assert_eq!(e.to_string(), "worker:1 did not answer the all-reduce within 30 s");
+        let e = CollectiveError::PeerExited { peer: "worker:1".into(), pid: 1234 };
+        assert_eq!(e.to_string(), "worker:1 is gone: its process exited (pid 1234)");
         let e = CollectiveError::ConnectionClosed {
             peer: "worker:1".into(),
             addr: "10.0.0.2:4001".parse().unwrap(),
             op: Op::AllReduce,
         };
-        assert_eq!(
-            e.to_string(),
-            "connection to worker:1 (10.0.0.2:4001) closed during the all-reduce"
-        );
+        assert_eq!(e.to_string(), "connection to worker:1 (10.0.0.2:4001) closed during the all-reduce");
     }
 }

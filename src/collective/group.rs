@@ -4,8 +4,8 @@
 
 use super::Timeouts;
 use super::peer::{
-    ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH,
-    ENV_SIZES, ENV_WIRE, ENV_WORLD, PeerMode, Wire,
+    ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH, ENV_SIZES, ENV_WIRE,
+    ENV_WORLD, PeerMode, Wire,
 };
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -26,10 +26,7 @@ pub struct Launcher {
 impl Launcher {
     /// This very executable, no arguments.
     pub fn current_exe() -> io::Result<Launcher> {
-        Ok(Launcher {
-            program: std::env::current_exe()?,
-            args: Vec::new(),
-        })
+        Ok(Launcher { program: std::env::current_exe()?, args: Vec::new() })
     }
 }
 
@@ -68,11 +65,7 @@ pub enum GroupError {
         source: io::Error,
     },
     #[error("peer {rank} did not report its TCP address within {secs} s; its stderr: {stderr}")]
-    NoAddress {
-        rank: usize,
-        secs: u64,
-        stderr: String,
-    },
+    NoAddress { rank: usize, secs: u64, stderr: String },
     #[error("cannot send the address list to peer {rank}: {source}")]
     Addresses {
         rank: usize,
@@ -94,11 +87,7 @@ pub struct PeerGroup {
 impl PeerGroup {
     /// Starts `spec.world` peers; for TCP, also brokers their addresses.
     pub fn spawn(launcher: &Launcher, spec: &PeerSpec) -> Result<PeerGroup, GroupError> {
-        let shm_path = PathBuf::from(format!(
-            "/dev/shm/trainrun-{}-{}",
-            spec.label,
-            std::process::id()
-        ));
+        let shm_path = PathBuf::from(format!("/dev/shm/trainrun-{}-{}", spec.label, std::process::id()));
         let sizes: Vec<String> = spec.sizes.iter().map(|s| s.to_string()).collect();
         let (tx, lines) = mpsc::channel();
         let mut group = PeerGroup {
@@ -120,10 +109,7 @@ impl PeerGroup {
                 .env(ENV_SIZES, sizes.join(","))
                 .env(ENV_ITERS, spec.iters.to_string())
                 .env(ENV_OP_TIMEOUT_MS, spec.timeouts.op.as_millis().to_string())
-                .env(
-                    ENV_CONNECT_TIMEOUT_MS,
-                    spec.timeouts.connect.as_millis().to_string(),
-                )
+                .env(ENV_CONNECT_TIMEOUT_MS, spec.timeouts.connect.as_millis().to_string())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -169,19 +155,14 @@ impl PeerGroup {
             let line = self.wait_for_line(rank, "TRAINRUN-PORT ", spec.timeouts.connect);
             let Some(line) = line else {
                 let stderr = self.kill_all_and_collect_stderr(rank);
-                return Err(GroupError::NoAddress {
-                    rank,
-                    secs: spec.timeouts.connect.as_secs(),
-                    stderr,
-                });
+                return Err(GroupError::NoAddress { rank, secs: spec.timeouts.connect.as_secs(), stderr });
             };
             *addr = line.trim_start_matches("TRAINRUN-PORT ").to_string();
         }
         let list = format!("TRAINRUN-ADDRS {}\n", addrs.join(","));
         for (rank, stdin) in self.stdins.iter_mut().enumerate() {
             if let Some(mut s) = stdin.take() {
-                s.write_all(list.as_bytes())
-                    .map_err(|source| GroupError::Addresses { rank, source })?;
+                s.write_all(list.as_bytes()).map_err(|source| GroupError::Addresses { rank, source })?;
             }
         }
         Ok(())
@@ -192,11 +173,7 @@ impl PeerGroup {
             let _ = c.kill();
             let _ = c.wait();
         }
-        self.stderr
-            .get_mut(rank)
-            .and_then(Option::take)
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default()
+        self.stderr.get_mut(rank).and_then(Option::take).and_then(|h| h.join().ok()).unwrap_or_default()
     }
 
     /// The process id of a peer.
@@ -209,20 +186,12 @@ impl PeerGroup {
     pub fn kill(&mut self, rank: usize) -> io::Result<()> {
         match self.children.get_mut(rank) {
             Some(c) => c.kill(),
-            None => Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no peer {rank}"),
-            )),
+            None => Err(io::Error::new(io::ErrorKind::NotFound, format!("no peer {rank}"))),
         }
     }
 
     /// Waits until `rank` prints a line starting with `prefix`; returns it.
-    pub fn wait_for_line(
-        &mut self,
-        rank: usize,
-        prefix: &str,
-        timeout: Duration,
-    ) -> Option<String> {
+    pub fn wait_for_line(&mut self, rank: usize, prefix: &str, timeout: Duration) -> Option<String> {
         let deadline = Instant::now() + timeout;
         if let Some(l) = self.seen.get(rank)?.iter().find(|l| l.starts_with(prefix)) {
             return Some(l.clone());
@@ -249,9 +218,7 @@ impl PeerGroup {
                         codes[rank] = status.code();
                         break;
                     }
-                    Ok(None) if Instant::now() < deadline => {
-                        thread::sleep(Duration::from_millis(5))
-                    }
+                    Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
                     _ => {
                         let _ = child.kill();
                         let _ = child.wait();
@@ -269,11 +236,8 @@ impl PeerGroup {
                 seen.push(line);
             }
         }
-        let stderr: Vec<String> = self
-            .stderr
-            .iter_mut()
-            .map(|h| h.take().and_then(|h| h.join().ok()).unwrap_or_default())
-            .collect();
+        let stderr: Vec<String> =
+            self.stderr.iter_mut().map(|h| h.take().and_then(|h| h.join().ok()).unwrap_or_default()).collect();
         codes
             .into_iter()
             .zip(stderr)

@@ -39,15 +39,9 @@ enum Refusal {
 
 impl Refusal {
     fn from_code(c: u32) -> Option<Refusal> {
-        [
-            Refusal::Version,
-            Refusal::Token,
-            Refusal::World,
-            Refusal::NotMe,
-            Refusal::NotPrev,
-        ]
-        .into_iter()
-        .find(|r| *r as u32 == c)
+        [Refusal::Version, Refusal::Token, Refusal::World, Refusal::NotMe, Refusal::NotPrev]
+            .into_iter()
+            .find(|r| *r as u32 == c)
     }
 
     fn reason(self) -> &'static str {
@@ -55,12 +49,8 @@ impl Refusal {
             Refusal::Version => "it runs another version of the trainrun ring protocol",
             Refusal::Token => "the job tokens differ (is it another job's worker?)",
             Refusal::World => "the world sizes differ",
-            Refusal::NotMe => {
-                "it is not the rank this one meant to reach: the address lists differ"
-            }
-            Refusal::NotPrev => {
-                "only the previous rank in the ring may connect to it: the address lists differ"
-            }
+            Refusal::NotMe => "it is not the rank this one meant to reach: the address lists differ",
+            Refusal::NotPrev => "only the previous rank in the ring may connect to it: the address lists differ",
         }
     }
 }
@@ -149,9 +139,7 @@ pub(crate) fn connect(
         op: Op::Setup,
         source: e,
     };
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| setup_err(p.prev(), addrs[p.prev()], e))?;
+    listener.set_nonblocking(true).map_err(|e| setup_err(p.prev(), addrs[p.prev()], e))?;
     let hello = hello_bytes(&Hello {
         version: VERSION,
         world: p.world() as u32,
@@ -195,20 +183,10 @@ pub(crate) fn connect(
                     Dial::Done(s)
                 }
                 Ok(n) => Dial::Answer(s, b, got + n),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
                     Dial::Answer(s, b, got)
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted) => {
                     return Err(hung_up(p, next_addr));
                 }
                 Err(e) => return Err(setup_err(p.next(), next_addr, e)),
@@ -218,20 +196,10 @@ pub(crate) fn connect(
         if prev.is_none() {
             match listener.accept() {
                 Ok((s, from)) => match s.set_nonblocking(true) {
-                    Ok(()) => pending.push(Greeting {
-                        stream: s,
-                        from,
-                        hello: [0; HELLO],
-                        got: 0,
-                        since: now,
-                    }),
+                    Ok(()) => pending.push(Greeting { stream: s, from, hello: [0; HELLO], got: 0, since: now }),
                     Err(e) => refused.push(format!("{from}: {e}")),
                 },
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
                 Err(e) => return Err(setup_err(p.prev(), addrs[p.prev()], e)),
             }
             let mut i = 0;
@@ -240,11 +208,7 @@ pub(crate) fn connect(
                     Progress::Waiting => i += 1,
                     Progress::Accepted => {
                         let g = pending.swap_remove(i);
-                        prev = Some(Link {
-                            stream: g.stream,
-                            peer: p.prev(),
-                            addr: addrs[p.prev()],
-                        });
+                        prev = Some(Link { stream: g.stream, peer: p.prev(), addr: addrs[p.prev()] });
                         break;
                     }
                     Progress::Refused(why) => {
@@ -264,23 +228,15 @@ pub(crate) fn connect(
                 (Dial::Idle(_) | Dial::Connecting(_), _) => CollectiveError::NotJoined {
                     peer: p.name(p.next()).to_string(),
                     after: connect,
-                    detail: format!(
-                        "nothing accepted a connection at {next_addr} (last attempt: {last_attempt})"
-                    ),
+                    detail: format!("nothing accepted a connection at {next_addr} (last attempt: {last_attempt})"),
                 },
                 (_, None) => CollectiveError::NotJoined {
                     peer: p.name(p.prev()).to_string(),
                     after: connect,
                     detail: if refused.is_empty() {
-                        format!(
-                            "it never connected to this rank (listening on {})",
-                            addr_of(listener)
-                        )
+                        format!("it never connected to this rank (listening on {})", addr_of(listener))
                     } else {
-                        format!(
-                            "it never connected; refused meanwhile: {}",
-                            refused.join("; ")
-                        )
+                        format!("it never connected; refused meanwhile: {}", refused.join("; "))
                     },
                 },
                 _ => CollectiveError::Refused {
@@ -293,17 +249,8 @@ pub(crate) fn connect(
         thread::sleep(Duration::from_millis(1));
     }
     match (dial, prev) {
-        (Dial::Done(s), Some(prev)) => Ok((
-            Link {
-                stream: s,
-                peer: p.next(),
-                addr: next_addr,
-            },
-            prev,
-        )),
-        _ => Err(CollectiveError::Invalid(
-            "internal error: setup ended unfinished".into(),
-        )),
+        (Dial::Done(s), Some(prev)) => Ok((Link { stream: s, peer: p.next(), addr: next_addr }, prev)),
+        _ => Err(CollectiveError::Invalid("internal error: setup ended unfinished".into())),
     }
 }
 
@@ -312,23 +259,14 @@ fn start_connect(addr: SocketAddr) -> io::Result<Socket> {
     s.set_nonblocking(true)?;
     match s.connect(&SockAddr::from(addr)) {
         Ok(()) => Ok(s),
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINPROGRESS)
-                || e.kind() == io::ErrorKind::WouldBlock =>
-        {
-            Ok(s)
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => Ok(s),
         Err(e) => Err(e),
     }
 }
 
 /// Whether a nonblocking connect finished (Ok(true)), is still going (Ok(false)) or failed.
 fn connected(s: &Socket) -> io::Result<bool> {
-    let mut fd = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
+    let mut fd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
     // SAFETY: one live pollfd for the duration of the call; a zero timeout never blocks.
     let n = unsafe { libc::poll(&mut fd, 1, 0) };
     if n <= 0 {
@@ -378,24 +316,15 @@ impl Greeting {
         match self.stream.read(&mut self.hello[self.got..]) {
             Ok(0) => return Progress::Refused(format!("{from} hung up before greeting")),
             Ok(n) => self.got += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
             Err(e) => return Progress::Refused(format!("{from} failed before greeting ({e})")),
         }
         if self.got < HELLO {
             if self.got >= 8 && self.hello[..8] != MAGIC {
-                return Progress::Refused(format!(
-                    "{from} is not a trainrun worker (wrong greeting)"
-                ));
+                return Progress::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
             }
             if now.saturating_duration_since(self.since) > GREETING_LIMIT {
-                return Progress::Refused(format!(
-                    "{from} sent no greeting within {}",
-                    Secs(GREETING_LIMIT)
-                ));
+                return Progress::Refused(format!("{from} sent no greeting within {}", Secs(GREETING_LIMIT)));
             }
             return Progress::Waiting;
         }
@@ -411,12 +340,8 @@ impl Greeting {
         let sent = self.stream.write_all(&reply);
         match (verdict, sent) {
             (None, Ok(())) => Progress::Accepted,
-            (None, Err(e)) => {
-                Progress::Refused(format!("{from} vanished during the handshake ({e})"))
-            }
-            (Some(v), _) => {
-                Progress::Refused(format!("{from} claiming rank {}: {}", h.from, v.reason()))
-            }
+            (None, Err(e)) => Progress::Refused(format!("{from} vanished during the handshake ({e})")),
+            (Some(v), _) => Progress::Refused(format!("{from} claiming rank {}: {}", h.from, v.reason())),
         }
     }
 }
@@ -430,25 +355,19 @@ fn hung_up(p: &Peers, addr: SocketAddr) -> CollectiveError {
 }
 
 fn addr_of(l: &TcpListener) -> String {
-    l.local_addr()
-        .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string())
+    l.local_addr().map_or_else(|_| "an unknown address".to_string(), |a| a.to_string())
 }
 
 fn check_answer(p: &Peers, b: &[u8; REPLY], addr: SocketAddr) -> Result<(), CollectiveError> {
-    let refused = |reason: String| CollectiveError::Refused {
-        peer: p.name(p.next()).to_string(),
-        addr,
-        reason,
-    };
+    let refused = |reason: String| CollectiveError::Refused { peer: p.name(p.next()).to_string(), addr, reason };
     if b[..8] != MAGIC {
         return Err(refused("it answered, but not as a trainrun worker".into()));
     }
     match u32_at(b, 8) {
         0 => Ok(()),
-        c => Err(refused(Refusal::from_code(c).map_or_else(
-            || format!("refusal code {c}"),
-            |r| r.reason().to_string(),
-        ))),
+        c => {
+            Err(refused(Refusal::from_code(c).map_or_else(|| format!("refusal code {c}"), |r| r.reason().to_string())))
+        }
     }
 }
 
@@ -458,47 +377,16 @@ mod tests {
 
     #[test]
     fn hellos_round_trip_and_strangers_are_judged() {
-        let h = Hello {
-            version: VERSION,
-            world: 3,
-            from: 2,
-            to: 0,
-            token: 9,
-        };
+        let h = Hello { version: VERSION, world: 3, from: 2, to: 0, token: 9 };
         let back = parse_hello(&hello_bytes(&h)).unwrap();
-        assert_eq!(
-            (back.version, back.world, back.from, back.to, back.token),
-            (VERSION, 3, 2, 0, 9)
-        );
+        assert_eq!((back.version, back.world, back.from, back.to, back.token), (VERSION, 3, 2, 0, 9));
         let p = Peers::new(0, vec!["a".into(), "b".into(), "c".into()]).unwrap();
         assert_eq!(judge(&p, &back, 9), None);
         assert_eq!(judge(&p, &back, 8), Some(Refusal::Token));
-        assert_eq!(
-            judge(&p, &Hello { from: 1, ..back }, 9),
-            Some(Refusal::NotPrev)
-        );
-        assert_eq!(
-            judge(
-                &p,
-                &Hello {
-                    to: 1,
-                    from: 2,
-                    version: VERSION,
-                    world: 3,
-                    token: 9
-                },
-                9
-            ),
-            Some(Refusal::NotMe)
-        );
+        assert_eq!(judge(&p, &Hello { from: 1, ..back }, 9), Some(Refusal::NotPrev));
+        assert_eq!(judge(&p, &Hello { to: 1, from: 2, version: VERSION, world: 3, token: 9 }, 9), Some(Refusal::NotMe));
         assert!(parse_hello(&[0u8; HELLO]).is_none());
-        for r in [
-            Refusal::Version,
-            Refusal::Token,
-            Refusal::World,
-            Refusal::NotMe,
-            Refusal::NotPrev,
-        ] {
+        for r in [Refusal::Version, Refusal::Token, Refusal::World, Refusal::NotMe, Refusal::NotPrev] {
             assert_eq!(Refusal::from_code(r as u32), Some(r));
         }
     }

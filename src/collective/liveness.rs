@@ -22,10 +22,7 @@ pub(crate) fn process_exited(pid: u64) -> bool {
     match fs::read(format!("/proc/{pid}/stat")) {
         // The state letter follows the last ')' (the command name may contain one).
         Ok(stat) => {
-            let state = stat
-                .iter()
-                .rposition(|&b| b == b')')
-                .and_then(|i| stat.get(i + 2).copied());
+            let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2).copied());
             matches!(state, Some(b'Z' | b'X'))
         }
         Err(e) => e.kind() == io::ErrorKind::NotFound,

@@ -93,9 +93,7 @@ impl Peers {
         }
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
-                return Err(CollectiveError::Invalid(format!(
-                    "task name {n:?} appears twice in {names:?}"
-                )));
+                return Err(CollectiveError::Invalid(format!("task name {n:?} appears twice in {names:?}")));
             }
         }
         Ok(Peers { rank, names })
@@ -135,10 +133,7 @@ impl Peers {
         if root < self.world() {
             Ok(())
         } else {
-            Err(CollectiveError::Invalid(format!(
-                "broadcast root {root} is out of range for {} ranks",
-                self.world()
-            )))
+            Err(CollectiveError::Invalid(format!("broadcast root {root} is out of range for {} ranks", self.world())))
         }
     }
 }
@@ -155,10 +150,7 @@ pub struct Timeouts {
 impl Default for Timeouts {
     /// 60 s to connect, 30 s per collective.
     fn default() -> Timeouts {
-        Timeouts {
-            connect: Duration::from_secs(60),
-            op: Duration::from_secs(30),
-        }
+        Timeouts { connect: Duration::from_secs(60), op: Duration::from_secs(30) }
     }
 }
 
@@ -190,18 +182,12 @@ pub enum Collective {
 
 impl Collective {
     /// Builds and connects the transport `transport` names.
-    pub fn connect(
-        peers: Peers,
-        transport: Transport,
-        timeouts: Timeouts,
-    ) -> Result<Collective, CollectiveError> {
+    pub fn connect(peers: Peers, transport: Transport, timeouts: Timeouts) -> Result<Collective, CollectiveError> {
         match transport {
             Transport::SharedMemory(opts) => {
                 ShmCommunicator::join(peers, &opts, timeouts).map(Collective::SharedMemory)
             }
-            Transport::TcpRing(opts) => {
-                TcpRing::connect(peers, opts, timeouts).map(Collective::TcpRing)
-            }
+            Transport::TcpRing(opts) => TcpRing::connect(peers, opts, timeouts).map(Collective::TcpRing),
         }
     }
 

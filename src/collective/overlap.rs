@@ -63,25 +63,19 @@ pub(crate) fn measure(
     let mut rows = Vec::new();
     let warmup = 2;
     // The slowest rank's time per step, gathered by summing one-hot vectors.
-    let timed =
-        |c: &mut Collective,
-         f: &mut dyn FnMut(&mut Collective, usize) -> Result<(), CollectiveError>| {
-            let mut all = vec![0.0f64; iters * world];
-            for i in 0..warmup + iters {
-                c.barrier()?;
-                let t = Instant::now();
-                f(c, i)?;
-                if i >= warmup {
-                    all[(i - warmup) * world + rank] = t.elapsed().as_secs_f64();
-                }
+    let timed = |c: &mut Collective, f: &mut dyn FnMut(&mut Collective, usize) -> Result<(), CollectiveError>| {
+        let mut all = vec![0.0f64; iters * world];
+        for i in 0..warmup + iters {
+            c.barrier()?;
+            let t = Instant::now();
+            f(c, i)?;
+            if i >= warmup {
+                all[(i - warmup) * world + rank] = t.elapsed().as_secs_f64();
             }
-            c.all_reduce_sum_f64(&mut all)?;
-            Ok::<f64, CollectiveError>(median(
-                all.chunks(world)
-                    .map(|t| t.iter().copied().fold(0.0, f64::max))
-                    .collect(),
-            ))
-        };
+        }
+        c.all_reduce_sum_f64(&mut all)?;
+        Ok::<f64, CollectiveError>(median(all.chunks(world).map(|t| t.iter().copied().fold(0.0, f64::max)).collect()))
+    };
     let arena = wire == Wire::ShmArena;
     let alone = timed(c, &mut |_, i| {
         backward_plain(&mut own, i);

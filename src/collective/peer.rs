@@ -115,9 +115,7 @@ struct PeerEnv {
 
 fn parse<T: FromStr>(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<T, String> {
     let v = get(key).ok_or_else(|| format!("{key} is not set"))?;
-    v.trim()
-        .parse()
-        .map_err(|_| format!("{key}={v:?} is not a valid value"))
+    v.trim().parse().map_err(|_| format!("{key}={v:?} is not a valid value"))
 }
 
 impl PeerEnv {
@@ -126,23 +124,15 @@ impl PeerEnv {
         let Some(mode) = get(ENV_MODE) else {
             return Ok(None);
         };
-        let mode = [
-            PeerMode::Bench,
-            PeerMode::Soak,
-            PeerMode::Verify,
-            PeerMode::Overlap,
-        ]
-        .into_iter()
-        .find(|m| m.as_str() == mode)
-        .ok_or_else(|| format!("{ENV_MODE}={mode:?}: use bench, soak, verify or overlap"))?;
+        let mode = [PeerMode::Bench, PeerMode::Soak, PeerMode::Verify, PeerMode::Overlap]
+            .into_iter()
+            .find(|m| m.as_str() == mode)
+            .ok_or_else(|| format!("{ENV_MODE}={mode:?}: use bench, soak, verify or overlap"))?;
         let sizes = get(ENV_SIZES).unwrap_or_default();
         let sizes = sizes
             .split(',')
             .filter(|s| !s.is_empty())
-            .map(|s| {
-                s.parse()
-                    .map_err(|_| format!("{ENV_SIZES}: {s:?} is not a count of floats"))
-            })
+            .map(|s| s.parse().map_err(|_| format!("{ENV_SIZES}: {s:?} is not a count of floats")))
             .collect::<Result<Vec<usize>, String>>()?;
         let ms = |key: &str| parse::<u64>(&get, key).map(Duration::from_millis);
         Ok(Some(PeerEnv {
@@ -153,19 +143,10 @@ impl PeerEnv {
             shm_path: get(ENV_SHM_PATH).unwrap_or_default(),
             sizes,
             iters: parse(&get, ENV_ITERS)?,
-            timeouts: Timeouts {
-                connect: ms(ENV_CONNECT_TIMEOUT_MS)?,
-                op: ms(ENV_OP_TIMEOUT_MS)?,
-            },
-            staging_bytes: get(ENV_STAGING)
-                .map(|_| parse(&get, ENV_STAGING))
-                .transpose()?,
-            segment_bytes: get(ENV_SEGMENT)
-                .map(|_| parse(&get, ENV_SEGMENT))
-                .transpose()?,
-            socket_buffer_bytes: get(ENV_SOCKET_BUFFER)
-                .map(|_| parse(&get, ENV_SOCKET_BUFFER))
-                .transpose()?,
+            timeouts: Timeouts { connect: ms(ENV_CONNECT_TIMEOUT_MS)?, op: ms(ENV_OP_TIMEOUT_MS)? },
+            staging_bytes: get(ENV_STAGING).map(|_| parse(&get, ENV_STAGING)).transpose()?,
+            segment_bytes: get(ENV_SEGMENT).map(|_| parse(&get, ENV_SEGMENT)).transpose()?,
+            socket_buffer_bytes: get(ENV_SOCKET_BUFFER).map(|_| parse(&get, ENV_SOCKET_BUFFER)).transpose()?,
         }))
     }
 }
@@ -215,41 +196,23 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, Failure> {
         Wire::Shm | Wire::ShmArena => {
             let defaults = ShmOptions::new(&env.shm_path);
             Transport::SharedMemory(ShmOptions {
-                arena_bytes: if env.wire == Wire::ShmArena {
-                    arena_floats * 4
-                } else {
-                    0
-                },
+                arena_bytes: if env.wire == Wire::ShmArena { arena_floats * 4 } else { 0 },
                 staging_bytes: env.staging_bytes.unwrap_or(defaults.staging_bytes),
                 ..defaults
             })
         }
         Wire::Tcp => {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
-            let me = listener
-                .local_addr()
-                .map_err(|e| (EXIT_USAGE, e.to_string()))?;
+            let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
+            let me = listener.local_addr().map_err(|e| (EXIT_USAGE, e.to_string()))?;
             say(&format!("TRAINRUN-PORT {me}"));
             let mut line = String::new();
-            io::stdin()
-                .lock()
-                .read_line(&mut line)
-                .map_err(|e| (EXIT_USAGE, format!("no address list: {e}")))?;
+            io::stdin().lock().read_line(&mut line).map_err(|e| (EXIT_USAGE, format!("no address list: {e}")))?;
             let addrs = line
                 .trim()
                 .strip_prefix("TRAINRUN-ADDRS ")
-                .ok_or_else(|| {
-                    (
-                        EXIT_USAGE,
-                        format!("expected the address list, got {line:?}"),
-                    )
-                })?
+                .ok_or_else(|| (EXIT_USAGE, format!("expected the address list, got {line:?}")))?
                 .split(',')
-                .map(|a| {
-                    a.parse::<SocketAddr>()
-                        .map_err(|e| (EXIT_USAGE, format!("address {a:?}: {e}")))
-                })
+                .map(|a| a.parse::<SocketAddr>().map_err(|e| (EXIT_USAGE, format!("address {a:?}: {e}"))))
                 .collect::<Result<Vec<_>, _>>()?;
             let defaults = TcpOptions::new(addrs, listener);
             Transport::TcpRing(TcpOptions {
@@ -295,17 +258,15 @@ fn run(env: &PeerEnv) -> Result<(), Failure> {
         PeerMode::Bench => bench(env, &mut c),
         PeerMode::Soak => soak(env, &mut c),
         PeerMode::Verify => verify(env, &mut c),
-        PeerMode::Overlap => {
-            super::overlap::measure(env.rank, env.world, env.wire, &env.sizes, env.iters, &mut c)
-                .map(|rows| {
-                    if env.rank == 0 {
-                        for (label, secs) in rows {
-                            say(&format!("TRAINRUN-OVERLAP {label} {secs:e}"));
-                        }
+        PeerMode::Overlap => super::overlap::measure(env.rank, env.world, env.wire, &env.sizes, env.iters, &mut c)
+            .map(|rows| {
+                if env.rank == 0 {
+                    for (label, secs) in rows {
+                        say(&format!("TRAINRUN-OVERLAP {label} {secs:e}"));
                     }
-                })
-                .map_err(collective)
-        }
+                }
+            })
+            .map_err(collective),
     }
 }
 
@@ -331,21 +292,13 @@ fn verify(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
         let exact = env.wire != Wire::Tcp || env.world == 2;
         for (i, (g, w)) in data.iter().zip(&want).enumerate() {
             let scale: f32 = inputs.iter().map(|x| x[i].abs()).sum();
-            let ok = if exact {
-                g.to_bits() == w.to_bits()
-            } else {
-                (g - w).abs() <= scale * 4.0 * f32::EPSILON
-            };
+            let ok = if exact { g.to_bits() == w.to_bits() } else { (g - w).abs() <= scale * 4.0 * f32::EPSILON };
             if !ok {
-                return Err((
-                    EXIT_WRONG_SUM,
-                    format!("{len} floats: element {i} is {g}, the sequential sum is {w}"),
-                ));
+                return Err((EXIT_WRONG_SUM, format!("{len} floats: element {i} is {g}, the sequential sum is {w}")));
             }
         }
-        let hash = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
-            (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
-        });
+        let hash =
+            data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3));
         say(&format!("TRAINRUN-SUM {} {hash:016x}", len * 4));
     }
     Ok(())
@@ -365,9 +318,7 @@ fn bench(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
             let t = Instant::now();
             match (env.wire, &mut *c) {
                 // Zero-copy: the trainer writes gradients into the arena; only the reduction counts.
-                (Wire::ShmArena, Collective::SharedMemory(s)) => {
-                    s.all_reduce_arena(0..len).map_err(collective)?
-                }
+                (Wire::ShmArena, Collective::SharedMemory(s)) => s.all_reduce_arena(0..len).map_err(collective)?,
                 _ => c.all_reduce_sum(&mut data).map_err(collective)?,
             }
             let dt = t.elapsed().as_secs_f64();
@@ -386,18 +337,11 @@ fn bench(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
         }
         // Each slot is written by one rank, so the sum gathers everyone's times.
         c.all_reduce_sum_f64(&mut mine).map_err(collective)?;
-        let mut per_iter: Vec<f64> = mine
-            .chunks(world)
-            .map(|t| t.iter().copied().fold(0.0, f64::max))
-            .collect();
+        let mut per_iter: Vec<f64> = mine.chunks(world).map(|t| t.iter().copied().fold(0.0, f64::max)).collect();
         per_iter.sort_by(f64::total_cmp);
         if env.rank == 0 && !per_iter.is_empty() {
             let median = per_iter[per_iter.len() / 2];
-            say(&format!(
-                "TRAINRUN-RESULT {} {median:e} {:e}",
-                len * 4,
-                per_iter[0]
-            ));
+            say(&format!("TRAINRUN-RESULT {} {median:e} {:e}", len * 4, per_iter[0]));
         }
     }
     Ok(())
@@ -422,24 +366,12 @@ mod tests {
             (ENV_CONNECT_TIMEOUT_MS, "2000"),
         ]
         .into();
-        let env = PeerEnv::from_vars(|k| vars.get(k).map(|v| v.to_string()))
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (env.mode, env.rank, env.world, env.wire),
-            (PeerMode::Verify, 1, 2, Wire::ShmArena)
-        );
+        let env = PeerEnv::from_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap().unwrap();
+        assert_eq!((env.mode, env.rank, env.world, env.wire), (PeerMode::Verify, 1, 2, Wire::ShmArena));
         assert_eq!(env.sizes, vec![1, 2]);
         assert_eq!(env.timeouts.op, Duration::from_secs(1));
         assert!(PeerEnv::from_vars(|_| None).unwrap().is_none());
-        let err = PeerEnv::from_vars(|k| {
-            if k == ENV_MODE {
-                Some("dance".into())
-            } else {
-                None
-            }
-        })
-        .unwrap_err();
+        let err = PeerEnv::from_vars(|k| if k == ENV_MODE { Some("dance".into()) } else { None }).unwrap_err();
         assert!(err.contains("use bench, soak, verify or overlap"), "{err}");
     }
 }

@@ -95,13 +95,8 @@ mod tests {
     #[test]
     fn sum_to_all_matches_the_sequential_fold_even_in_place() {
         let n = 3 * 2048 + 17;
-        let inputs: Vec<Vec<f32>> = (0..3)
-            .map(|r| {
-                (0..n)
-                    .map(|i| ((i * 7 + r * 13) % 101) as f32 * 0.1 - 3.3)
-                    .collect()
-            })
-            .collect();
+        let inputs: Vec<Vec<f32>> =
+            (0..3).map(|r| (0..n).map(|i| ((i * 7 + r * 13) % 101) as f32 * 0.1 - 3.3).collect()).collect();
         let want = sequential_sum(&inputs);
         let mut bufs = inputs.clone();
         let mut out = vec![0.0f32; n];
@@ -154,22 +149,10 @@ mod speed {
             black_box(&mut big).copy_from_slice(black_box(&src));
         });
         // SAFETY: distinct buffers of 2n.
-        let own_copy = time(|| unsafe {
-            copy(
-                black_box(&src).as_ptr(),
-                black_box(&mut big).as_mut_ptr(),
-                2 * n,
-            )
-        });
+        let own_copy = time(|| unsafe { copy(black_box(&src).as_ptr(), black_box(&mut big).as_mut_ptr(), 2 * n) });
         let add = time(|| add_assign_f32(black_box(&mut c), black_box(&a)));
         // SAFETY: all four buffers are n long and distinct.
-        let sum = time(|| unsafe {
-            sum_to_all(
-                &[a.as_ptr(), b.as_ptr()],
-                &[c.as_mut_ptr(), d.as_mut_ptr()],
-                n,
-            )
-        });
+        let sum = time(|| unsafe { sum_to_all(&[a.as_ptr(), b.as_ptr()], &[c.as_mut_ptr(), d.as_mut_ptr()], n) });
         let gbs = |bytes: usize, t: Duration| bytes as f64 / t.as_secs_f64() / 1e9;
         println!(
             "n={n}: copy 2n: memcpy {:.1} GB/s, ours {:.1}; c += a {:.1}; sum of 2 into 2 {:.1} (GB/s of data touched)",

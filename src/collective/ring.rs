@@ -68,9 +68,7 @@ fn chunk(elems: usize, world: usize, c: usize) -> Range<usize> {
 /// Byte ranges of the segments of an element range.
 fn segments(r: Range<usize>, seg_elems: usize, esize: usize) -> impl Iterator<Item = Range<usize>> {
     let seg = seg_elems.max(1);
-    (r.start..r.end)
-        .step_by(seg)
-        .map(move |s| s * esize..(s + seg).min(r.end) * esize)
+    (r.start..r.end).step_by(seg).map(move |s| s * esize..(s + seg).min(r.end) * esize)
 }
 
 /// Ring all-reduce (reduce-scatter, then all-gather) of `elems` elements of `esize` bytes.
@@ -86,19 +84,11 @@ pub(crate) fn all_reduce(
     let mut recvs = Vec::new();
     for t in 0..world - 1 {
         let items = segments(ring(t + 1), seg_elems, esize);
-        recvs.extend(items.map(|range| RecvItem {
-            range,
-            combine: sum,
-            forward: true,
-        }));
+        recvs.extend(items.map(|range| RecvItem { range, combine: sum, forward: true }));
     }
     for t in 0..world - 1 {
         let items = segments(ring(t), seg_elems, esize);
-        recvs.extend(items.map(|range| RecvItem {
-            range,
-            combine: Combine::Copy,
-            forward: t + 2 < world,
-        }));
+        recvs.extend(items.map(|range| RecvItem { range, combine: Combine::Copy, forward: t + 2 < world }));
     }
     Schedule {
         sends: segments(ring(0), seg_elems, esize).collect(),
@@ -109,41 +99,18 @@ pub(crate) fn all_reduce(
 }
 
 /// Pipelined chain broadcast from `root` around the ring.
-pub(crate) fn broadcast(
-    rank: usize,
-    world: usize,
-    root: usize,
-    elems: usize,
-    seg_elems: usize,
-) -> Schedule {
+pub(crate) fn broadcast(rank: usize, world: usize, root: usize, elems: usize, seg_elems: usize) -> Schedule {
     let pos = (rank + world - root) % world;
     let all: Vec<Range<usize>> = segments(0..elems, seg_elems, 4).collect();
     if world == 1 {
         return Schedule::default();
     }
     if pos == 0 {
-        return Schedule {
-            sends: all,
-            recvs: Vec::new(),
-            send_header: true,
-            recv_header: false,
-        };
+        return Schedule { sends: all, recvs: Vec::new(), send_header: true, recv_header: false };
     }
     let forward = pos + 1 < world;
-    let recvs = all
-        .into_iter()
-        .map(|range| RecvItem {
-            range,
-            combine: Combine::Copy,
-            forward,
-        })
-        .collect();
-    Schedule {
-        sends: Vec::new(),
-        recvs,
-        send_header: forward,
-        recv_header: true,
-    }
+    let recvs = all.into_iter().map(|range| RecvItem { range, combine: Combine::Copy, forward }).collect();
+    Schedule { sends: Vec::new(), recvs, send_header: forward, recv_header: true }
 }
 
 /// One direction of the ring: the socket, and whom it leads to.
@@ -172,14 +139,7 @@ fn parse_header(h: &[u8; HEADER]) -> (OpDesc, u64) {
         b.copy_from_slice(&h[i * 8..i * 8 + 8]);
         u64::from_le_bytes(b)
     };
-    (
-        OpDesc {
-            kind: w(0),
-            len: w(2),
-            aux: w(3),
-        },
-        w(1),
-    )
+    (OpDesc { kind: w(0), len: w(2), aux: w(3) }, w(1))
 }
 
 /// Everything a run needs besides the schedule.
@@ -195,11 +155,7 @@ pub(crate) struct Run<'a> {
 }
 
 fn closed(link: &Link, peers: &Peers, op: Op) -> CollectiveError {
-    CollectiveError::ConnectionClosed {
-        peer: peers.name(link.peer).to_string(),
-        addr: link.addr,
-        op,
-    }
+    CollectiveError::ConnectionClosed { peer: peers.name(link.peer).to_string(), addr: link.addr, op }
 }
 
 fn io_error(link: &Link, peers: &Peers, op: Op, e: io::Error) -> CollectiveError {
@@ -208,12 +164,7 @@ fn io_error(link: &Link, peers: &Peers, op: Op, e: io::Error) -> CollectiveError
         | io::ErrorKind::ConnectionAborted
         | io::ErrorKind::BrokenPipe
         | io::ErrorKind::UnexpectedEof => closed(link, peers, op),
-        _ => CollectiveError::Io {
-            peer: peers.name(link.peer).to_string(),
-            addr: link.addr,
-            op,
-            source: e,
-        },
+        _ => CollectiveError::Io { peer: peers.name(link.peer).to_string(), addr: link.addr, op, source: e },
     }
 }
 
@@ -239,24 +190,11 @@ fn combine(dst: &mut [u8], src: &[u8], how: Combine) -> Result<(), CollectiveErr
 
 /// Runs `sched` over `data` until every send is written and every receipt applied.
 pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), CollectiveError> {
-    let Run {
-        next,
-        prev,
-        peers,
-        desc,
-        seq,
-        timeout,
-        staging,
-    } = r;
+    let Run { next, prev, peers, desc, seq, timeout, staging } = r;
     let op = desc.op();
     let hdr_out = header(&desc, seq);
     let mut hdr_in = [0u8; HEADER];
-    let biggest = sched
-        .recvs
-        .iter()
-        .filter(|i| i.combine != Combine::Copy)
-        .map(|i| i.range.len())
-        .max();
+    let biggest = sched.recvs.iter().filter(|i| i.combine != Combine::Copy).map(|i| i.range.len()).max();
     if staging.len() * 8 < biggest.unwrap_or(0) {
         staging.resize(biggest.unwrap_or(0).div_ceil(8), 0);
     }
@@ -264,10 +202,8 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
 
     let total_sends = sched.sends.len() + sched.recvs.iter().filter(|i| i.forward).count();
     let mut forwarded: Vec<Range<usize>> = Vec::with_capacity(total_sends - sched.sends.len());
-    let (mut hdr_sent, mut send_idx, mut send_off) =
-        (if sched.send_header { 0 } else { HEADER }, 0, 0);
-    let (mut hdr_got, mut recv_idx, mut recv_off) =
-        (if sched.recv_header { 0 } else { HEADER }, 0, 0);
+    let (mut hdr_sent, mut send_idx, mut send_off) = (if sched.send_header { 0 } else { HEADER }, 0, 0);
+    let (mut hdr_got, mut recv_idx, mut recv_off) = (if sched.recv_header { 0 } else { HEADER }, 0, 0);
     let mut last_send = Instant::now();
     let mut last_recv = last_send;
 
@@ -334,11 +270,7 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
                     recv_off += n;
                     if recv_off == item.range.len() {
                         if item.combine != Combine::Copy {
-                            combine(
-                                &mut data[item.range.clone()],
-                                &staging[..item.range.len()],
-                                item.combine,
-                            )?;
+                            combine(&mut data[item.range.clone()], &staging[..item.range.len()], item.combine)?;
                         }
                         if item.forward {
                             forwarded.push(item.range.clone());
@@ -364,19 +296,10 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
         let stalled = now.saturating_duration_since(last_send.max(last_recv));
         if stalled >= timeout {
             // Blame the direction that went quiet first.
-            let blame = if can_send && (!receiving || last_send < last_recv) {
-                &*next
-            } else {
-                &*prev
-            };
-            return Err(CollectiveError::Timeout {
-                peer: peers.name(blame.peer).to_string(),
-                op,
-                after: timeout,
-            });
+            let blame = if can_send && (!receiving || last_send < last_recv) { &*next } else { &*prev };
+            return Err(CollectiveError::Timeout { peer: peers.name(blame.peer).to_string(), op, after: timeout });
         }
-        wait(next, prev, can_send, receiving, timeout - stalled)
-            .map_err(|e| io_error(prev, peers, op, e))?;
+        wait(next, prev, can_send, receiving, timeout - stalled).map_err(|e| io_error(prev, peers, op, e))?;
     }
 }
 
@@ -401,16 +324,8 @@ fn check_header(
 /// Blocks until the next link can take data or the previous one has some, or `limit`.
 fn wait(next: &Link, prev: &Link, out: bool, input: bool, limit: Duration) -> io::Result<()> {
     let mut fds = [
-        libc::pollfd {
-            fd: if out { next.stream.as_raw_fd() } else { -1 },
-            events: libc::POLLOUT,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: if input { prev.stream.as_raw_fd() } else { -1 },
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        libc::pollfd { fd: if out { next.stream.as_raw_fd() } else { -1 }, events: libc::POLLOUT, revents: 0 },
+        libc::pollfd { fd: if input { prev.stream.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
     ];
     let ms = limit.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
     // SAFETY: fds is a live array of two pollfd for the duration of the call; negative fds
@@ -454,12 +369,7 @@ mod tests {
                     let me = all_reduce(rank, world, elems, 4, 7, Combine::SumF32);
                     let next = all_reduce((rank + 1) % world, world, elems, 4, 7, Combine::SumF32);
                     let mut sent = me.sends.clone();
-                    sent.extend(
-                        me.recvs
-                            .iter()
-                            .filter(|i| i.forward)
-                            .map(|i| i.range.clone()),
-                    );
+                    sent.extend(me.recvs.iter().filter(|i| i.forward).map(|i| i.range.clone()));
                     let expected: Vec<_> = next.recvs.iter().map(|i| i.range.clone()).collect();
                     assert_eq!(sent, expected, "world {world} elems {elems} rank {rank}");
                 }
@@ -469,11 +379,7 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let d = OpDesc {
-            kind: 4,
-            len: 123,
-            aux: 2,
-        };
+        let d = OpDesc { kind: 4, len: 123, aux: 2 };
         assert_eq!(parse_header(&header(&d, 9)), (d, 9));
     }
 }

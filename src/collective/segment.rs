@@ -77,22 +77,13 @@ struct Layout {
 
 impl Layout {
     fn new(world: usize, staging: usize, arena: usize) -> Option<Layout> {
-        let data_off = CELLS_OFF
-            .checked_add(CELL.checked_mul(world)?)?
-            .next_multiple_of(4096);
-        let region = staging
-            .checked_add(arena)?
-            .checked_mul(4)?
-            .next_multiple_of(4096);
+        let data_off = CELLS_OFF.checked_add(CELL.checked_mul(world)?)?.next_multiple_of(4096);
+        let region = staging.checked_add(arena)?.checked_mul(4)?.next_multiple_of(4096);
         // An odd number of cache lines past a page keeps slots from sharing their low 12
         // address bits, so loads from one slot never falsely wait on stores to another.
         let stride = region.checked_add(5 * 64)?;
         let total = data_off.checked_add(stride.checked_mul(world)?)?;
-        Some(Layout {
-            data_off,
-            stride,
-            total,
-        })
+        Some(Layout { data_off, stride, total })
     }
 }
 
@@ -149,19 +140,9 @@ impl Segment {
         })?;
         let deadline = Instant::now() + connect;
         let mut seg = if peers.rank() == 0 {
-            create(
-                path,
-                peers.world(),
-                staging,
-                arena,
-                job_token,
-                layout,
-                deadline,
-            )?
+            create(path, peers.world(), staging, arena, job_token, layout, deadline)?
         } else {
-            open(
-                peers, path, staging, arena, job_token, layout, deadline, connect,
-            )?
+            open(peers, path, staging, arena, job_token, layout, deadline, connect)?
         };
         seg.register(peers)?;
         seg.wait_for_all(peers, deadline, connect)?;
@@ -193,11 +174,7 @@ impl Segment {
     pub(crate) fn staging_ptr(&self, rank: usize) -> *mut f32 {
         let rank = rank.min(self.world - 1);
         // SAFETY: data_off + rank * stride + region <= total, the mapping's length.
-        unsafe {
-            self.map
-                .as_mut_ptr()
-                .add(self.layout.data_off + rank * self.layout.stride) as *mut f32
-        }
+        unsafe { self.map.as_mut_ptr().add(self.layout.data_off + rank * self.layout.stride) as *mut f32 }
     }
 
     /// Start of rank `rank`'s arena (`arena_floats` long).
@@ -213,12 +190,7 @@ impl Segment {
 
     /// Tells every peer this rank gave up, unless someone already did.
     pub(crate) fn abort(&self, rank: usize) {
-        let _ = self.header().abort.compare_exchange(
-            0,
-            rank as u64 + 1,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        let _ = self.header().abort.compare_exchange(0, rank as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
         self.ring();
     }
 
@@ -237,15 +209,7 @@ impl Segment {
             // does not access memory beyond it. Shared (not PRIVATE) because the waiters are
             // other processes.
             unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    h.bell.as_ptr(),
-                    libc::FUTEX_WAKE,
-                    i32::MAX,
-                    0usize,
-                    0usize,
-                    0u32,
-                )
+                libc::syscall(libc::SYS_futex, h.bell.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32)
             };
         }
     }
@@ -276,12 +240,7 @@ impl Segment {
 
     fn register(&self, peers: &Peers) -> Result<(), CollectiveError> {
         let me = std::process::id() as u64;
-        match self.cell(peers.rank()).pid.compare_exchange(
-            0,
-            me,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        match self.cell(peers.rank()).pid.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => Ok(()),
             // Rank 0 wrote its pid while creating the header.
             Err(other) if other == me => Ok(()),
@@ -292,12 +251,7 @@ impl Segment {
         }
     }
 
-    fn wait_for_all(
-        &self,
-        peers: &Peers,
-        deadline: Instant,
-        connect: Duration,
-    ) -> Result<(), CollectiveError> {
+    fn wait_for_all(&self, peers: &Peers, deadline: Instant, connect: Duration) -> Result<(), CollectiveError> {
         loop {
             let mut missing = None;
             for q in 0..peers.world() {
@@ -305,10 +259,7 @@ impl Segment {
                 if pid == 0 {
                     missing.get_or_insert(q);
                 } else if process_exited(pid) {
-                    return Err(CollectiveError::PeerExited {
-                        peer: peers.name(q).to_string(),
-                        pid: pid as u32,
-                    });
+                    return Err(CollectiveError::PeerExited { peer: peers.name(q).to_string(), pid: pid as u32 });
                 }
             }
             let Some(q) = missing else { return Ok(()) };
@@ -316,10 +267,7 @@ impl Segment {
                 return Err(CollectiveError::NotJoined {
                     peer: peers.name(q).to_string(),
                     after: connect,
-                    detail: format!(
-                        "it never opened the shared-memory segment {}",
-                        self.path.display()
-                    ),
+                    detail: format!("it never opened the shared-memory segment {}", self.path.display()),
                 });
             }
             thread::sleep(Duration::from_millis(1));
@@ -327,27 +275,17 @@ impl Segment {
     }
 
     fn error(&self, detail: String) -> CollectiveError {
-        CollectiveError::Segment {
-            path: self.path.clone(),
-            detail,
-        }
+        CollectiveError::Segment { path: self.path.clone(), detail }
     }
 }
 
 fn seg_err(path: &Path, what: &str, e: io::Error) -> CollectiveError {
-    CollectiveError::Segment {
-        path: path.to_path_buf(),
-        detail: format!("{what}: {e}"),
-    }
+    CollectiveError::Segment { path: path.to_path_buf(), detail: format!("{what}: {e}") }
 }
 
 fn map(file: &File, path: &Path, len: usize) -> Result<MmapRaw, CollectiveError> {
     // Faulting every page in now keeps first-touch page faults out of the first collectives.
-    MmapOptions::new()
-        .len(len)
-        .populate()
-        .map_raw(file)
-        .map_err(|e| seg_err(path, "cannot map it", e))
+    MmapOptions::new().len(len).populate().map_raw(file).map_err(|e| seg_err(path, "cannot map it", e))
 }
 
 fn create(
@@ -360,13 +298,7 @@ fn create(
     deadline: Instant,
 ) -> Result<Segment, CollectiveError> {
     let file = loop {
-        match File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-        {
+        match File::options().read(true).write(true).create_new(true).mode(0o600).open(path) {
             Ok(f) => break f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && Instant::now() < deadline => {
                 remove_if_stale(path, deadline)?;
@@ -374,12 +306,8 @@ fn create(
             Err(e) => return Err(seg_err(path, "cannot create it", e)),
         }
     };
-    let guard = FileGuard {
-        path: path.to_path_buf(),
-        owned: true,
-    };
-    file.set_len(layout.total as u64)
-        .map_err(|e| seg_err(path, "cannot size it", e))?;
+    let guard = FileGuard { path: path.to_path_buf(), owned: true };
+    file.set_len(layout.total as u64).map_err(|e| seg_err(path, "cannot size it", e))?;
     let seg = Segment {
         map: map(&file, path, layout.total)?,
         path: path.to_path_buf(),
@@ -395,9 +323,7 @@ fn create(
     h.staging_floats.store(staging as u64, Ordering::Relaxed);
     h.arena_floats.store(arena as u64, Ordering::Relaxed);
     h.job_token.store(job_token, Ordering::Relaxed);
-    seg.cell(0)
-        .pid
-        .store(std::process::id() as u64, Ordering::Relaxed);
+    seg.cell(0).pid.store(std::process::id() as u64, Ordering::Relaxed);
     h.magic.store(MAGIC, Ordering::Release);
     Ok(seg)
 }
@@ -460,11 +386,7 @@ fn remove_if_stale(path: &Path, deadline: Instant) -> Result<(), CollectiveError
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(seg_err(
-            path,
-            "a stale copy is in the way and cannot be removed",
-            e,
-        )),
+        Err(e) => Err(seg_err(path, "a stale copy is in the way and cannot be removed", e)),
     }
 }
 
@@ -479,17 +401,10 @@ fn open(
     deadline: Instant,
     connect: Duration,
 ) -> Result<Segment, CollectiveError> {
-    let mut seen = format!(
-        "it never created the shared-memory segment {}",
-        path.display()
-    );
+    let mut seen = format!("it never created the shared-memory segment {}", path.display());
     loop {
         if Instant::now() >= deadline {
-            return Err(CollectiveError::NotJoined {
-                peer: peers.name(0).to_string(),
-                after: connect,
-                detail: seen,
-            });
+            return Err(CollectiveError::NotJoined { peer: peers.name(0).to_string(), after: connect, detail: seen });
         }
         let file = match File::options().read(true).write(true).open(path) {
             Ok(f) => f,
@@ -504,21 +419,14 @@ fn open(
             continue;
         };
         if process_exited(p.pid0) {
-            seen = format!(
-                "{} holds only a stale segment whose creator (pid {}) exited",
-                path.display(),
-                p.pid0
-            );
+            seen = format!("{} holds only a stale segment whose creator (pid {}) exited", path.display(), p.pid0);
             thread::sleep(POLL);
             continue;
         }
         if p.job_token != job_token {
             return Err(seg_err_text(
                 path,
-                format!(
-                    "it belongs to another job (its job token differs; its rank 0 is pid {})",
-                    p.pid0
-                ),
+                format!("it belongs to another job (its job token differs; its rank 0 is pid {})", p.pid0),
             ));
         }
         if (p.world, p.staging, p.arena) != (peers.world() as u64, staging as u64, arena as u64) {
@@ -535,10 +443,7 @@ fn open(
                 ),
             ));
         }
-        let len = file
-            .metadata()
-            .map_err(|e| seg_err(path, "cannot stat it", e))?
-            .len();
+        let len = file.metadata().map_err(|e| seg_err(path, "cannot stat it", e))?.len();
         if len != layout.total as u64 {
             thread::sleep(POLL);
             continue;
@@ -550,10 +455,7 @@ fn open(
             staging,
             arena,
             layout,
-            file: FileGuard {
-                path: path.to_path_buf(),
-                owned: false,
-            },
+            file: FileGuard { path: path.to_path_buf(), owned: false },
         };
         // The pread above was a hint; the mapping is the truth.
         if seg.header().magic.load(Ordering::Acquire) != MAGIC
@@ -568,10 +470,7 @@ fn open(
 }
 
 fn seg_err_text(path: &Path, detail: String) -> CollectiveError {
-    CollectiveError::Segment {
-        path: path.to_path_buf(),
-        detail,
-    }
+    CollectiveError::Segment { path: path.to_path_buf(), detail }
 }
 
 #[cfg(test)]

@@ -54,12 +54,7 @@ impl ShmOptions {
     /// 2 MiB staging (1 MiB pieces: they stay in cache; measured fastest for 11 MB), no
     /// arena, token 0.
     pub fn new(path: impl Into<PathBuf>) -> ShmOptions {
-        ShmOptions {
-            path: path.into(),
-            staging_bytes: 2 << 20,
-            arena_bytes: 0,
-            job_token: 0,
-        }
+        ShmOptions { path: path.into(), staging_bytes: 2 << 20, arena_bytes: 0, job_token: 0 }
     }
 }
 
@@ -143,14 +138,8 @@ fn phase(seg: &Segment, peers: &Peers, st: &mut Sync, desc: &Desc) -> Result<(),
         }
         let by = seg.aborted_by();
         if by != 0 && by - 1 != rank as u64 {
-            let peer = usize::try_from(by - 1)
-                .ok()
-                .filter(|&r| r < peers.world())
-                .map_or("a peer", |r| peers.name(r));
-            return Err(CollectiveError::PeerAborted {
-                peer: peer.to_string(),
-                op: desc.op(),
-            });
+            let peer = usize::try_from(by - 1).ok().filter(|&r| r < peers.world()).map_or("a peer", |r| peers.name(r));
+            return Err(CollectiveError::PeerAborted { peer: peer.to_string(), op: desc.op() });
         }
         if spinning {
             polls = polls.wrapping_add(1);
@@ -163,10 +152,7 @@ fn phase(seg: &Segment, peers: &Peers, st: &mut Sync, desc: &Desc) -> Result<(),
         if now >= next_liveness {
             let pid = seg.cell(q).pid.load(Ordering::Relaxed);
             if process_exited(pid) {
-                return Err(CollectiveError::PeerExited {
-                    peer: peers.name(q).to_string(),
-                    pid: pid as u32,
-                });
+                return Err(CollectiveError::PeerExited { peer: peers.name(q).to_string(), pid: pid as u32 });
             }
             next_liveness = now + LIVENESS_EVERY;
         }
@@ -197,11 +183,7 @@ fn phase(seg: &Segment, peers: &Peers, st: &mut Sync, desc: &Desc) -> Result<(),
 /// boundaries so no two ranks write the same cache line and the sum loop runs aligned.
 fn share(n: usize, world: usize, p: usize) -> Range<usize> {
     let bound = |q: usize| {
-        if q >= world {
-            n
-        } else {
-            ((n as u128 * q as u128 / world as u128) as usize) & !15
-        }
+        if q >= world { n } else { ((n as u128 * q as u128 / world as u128) as usize) & !15 }
     };
     bound(p)..bound(p + 1)
 }
@@ -216,40 +198,15 @@ pub struct ShmCommunicator {
 impl ShmCommunicator {
     /// Joins the segment: rank 0 creates it, the others open it (retrying until
     /// `timeouts.connect`); returns once every rank is in.
-    pub fn join(
-        peers: Peers,
-        opts: &ShmOptions,
-        timeouts: Timeouts,
-    ) -> Result<ShmCommunicator, CollectiveError> {
+    pub fn join(peers: Peers, opts: &ShmOptions, timeouts: Timeouts) -> Result<ShmCommunicator, CollectiveError> {
         let staging = (opts.staging_bytes / 4).max(64);
         let arena = opts.arena_bytes / 4;
-        let seg = Segment::join(
-            &peers,
-            &opts.path,
-            staging,
-            arena,
-            opts.job_token,
-            timeouts.connect,
-        )?;
+        let seg = Segment::join(&peers, &opts.path, staging, arena, opts.job_token, timeouts.connect)?;
         let cores = thread::available_parallelism().map_or(1, |n| n.get());
         // Spinning pays only while every rank has a core of its own; it covers the usual skew
         // between ranks in lockstep, and anything longer sleeps on the futex bell.
-        let spin = if peers.world() <= cores {
-            Duration::from_micros(50)
-        } else {
-            Duration::ZERO
-        };
-        Ok(ShmCommunicator {
-            peers,
-            seg,
-            st: Sync {
-                seq: 0,
-                pieces: 0,
-                op_timeout: timeouts.op,
-                spin,
-                broken: None,
-            },
-        })
+        let spin = if peers.world() <= cores { Duration::from_micros(50) } else { Duration::ZERO };
+        Ok(ShmCommunicator { peers, seg, st: Sync { seq: 0, pieces: 0, op_timeout: timeouts.op, spin, broken: None } })
     }
 
     /// This rank's zero-copy arena (`arena_bytes / 4` floats): write gradients here and
@@ -259,12 +216,7 @@ impl ShmCommunicator {
         // into it only while this rank is inside all_reduce_arena or ArenaReducer::reduce_pack,
         // which need &mut self or a pack borrowed from this very slice, so they cannot overlap
         // any use of the slice returned here.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.seg.arena_ptr(self.peers.rank()),
-                self.seg.arena_floats(),
-            )
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.seg.arena_ptr(self.peers.rank()), self.seg.arena_floats()) }
     }
 
     /// Sums `range` of every rank's arena, in place, into every rank's arena.
@@ -275,14 +227,9 @@ impl ShmCommunicator {
                 self.seg.arena_floats()
             )));
         }
-        let own = self
-            .seg
-            .arena_ptr(self.peers.rank())
-            .wrapping_add(range.start);
+        let own = self.seg.arena_ptr(self.peers.rank()).wrapping_add(range.start);
         let (seg, peers) = (&self.seg, &self.peers);
-        guarded(seg, peers, &mut self.st, |st| {
-            reduce_arena(seg, peers, st, own, range.start, range.len())
-        })
+        guarded(seg, peers, &mut self.st, |st| reduce_arena(seg, peers, st, own, range.start, range.len()))
     }
 
     /// The arena plus a reducer for packs cut from it, so backward can write one part of the
@@ -291,17 +238,8 @@ impl ShmCommunicator {
         let rank = self.peers.rank();
         // SAFETY: as in arena_mut; the reducer only touches this rank's arena through the
         // packs it is handed, which are borrowed from the slice returned here.
-        let arena = unsafe {
-            std::slice::from_raw_parts_mut(self.seg.arena_ptr(rank), self.seg.arena_floats())
-        };
-        (
-            ArenaReducer {
-                seg: &self.seg,
-                peers: &self.peers,
-                st: &mut self.st,
-            },
-            arena,
-        )
+        let arena = unsafe { std::slice::from_raw_parts_mut(self.seg.arena_ptr(rank), self.seg.arena_floats()) };
+        (ArenaReducer { seg: &self.seg, peers: &self.peers, st: &mut self.st }, arena)
     }
 }
 
@@ -340,21 +278,11 @@ fn reduce_arena(
     if peers.world() == 1 || len == 0 {
         return Ok(());
     }
-    let desc = Desc {
-        kind: ARENA,
-        len: len as u64,
-        aux: start as u64,
-    };
+    let desc = Desc { kind: ARENA, len: len as u64, aux: start as u64 };
     phase(seg, peers, st, &desc)?;
     let r = share(len, peers.world(), peers.rank());
     let ptrs: Vec<*mut f32> = (0..peers.world())
-        .map(|q| {
-            if q == peers.rank() {
-                own
-            } else {
-                seg.arena_ptr(q).wrapping_add(start)
-            }
-        })
+        .map(|q| if q == peers.rank() { own } else { seg.arena_ptr(q).wrapping_add(start) })
         .map(|p| p.wrapping_add(r.start))
         .collect();
     let srcs: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
@@ -397,13 +325,7 @@ fn all_reduce_piece(
     phase(seg, peers, st, desc)?;
     let r = share(n, world, rank);
     let srcs: Vec<*const f32> = (0..world)
-        .map(|q| {
-            if q == rank {
-                base as *const f32
-            } else {
-                half(q) as *const f32
-            }
-        })
+        .map(|q| if q == rank { base as *const f32 } else { half(q) as *const f32 })
         .map(|p| p.wrapping_add(r.start))
         .collect();
     // SAFETY: between A and B only this rank touches share r of the staging areas, and the
@@ -479,15 +401,10 @@ impl Communicator for ShmCommunicator {
         if self.peers.world() == 1 || data.is_empty() {
             return Ok(());
         }
-        let desc = Desc {
-            kind: ALL_REDUCE,
-            len: data.len() as u64,
-            aux: 0,
-        };
+        let desc = Desc { kind: ALL_REDUCE, len: data.len() as u64, aux: 0 };
         let (seg, peers) = (&self.seg, &self.peers);
         guarded(seg, peers, &mut self.st, |st| {
-            data.chunks_mut(half_floats(seg))
-                .try_for_each(|piece| all_reduce_piece(seg, peers, st, piece, &desc))
+            data.chunks_mut(half_floats(seg)).try_for_each(|piece| all_reduce_piece(seg, peers, st, piece, &desc))
         })
     }
 
@@ -495,15 +412,10 @@ impl Communicator for ShmCommunicator {
         if self.peers.world() == 1 || data.is_empty() {
             return Ok(());
         }
-        let desc = Desc {
-            kind: F64,
-            len: data.len() as u64,
-            aux: 0,
-        };
+        let desc = Desc { kind: F64, len: data.len() as u64, aux: 0 };
         let (seg, peers) = (&self.seg, &self.peers);
         guarded(seg, peers, &mut self.st, |st| {
-            data.chunks_mut(half_floats(seg) / 2)
-                .try_for_each(|piece| f64_piece(seg, peers, st, piece, &desc))
+            data.chunks_mut(half_floats(seg) / 2).try_for_each(|piece| f64_piece(seg, peers, st, piece, &desc))
         })
     }
 
@@ -512,15 +424,10 @@ impl Communicator for ShmCommunicator {
         if self.peers.world() == 1 || data.is_empty() {
             return Ok(());
         }
-        let desc = Desc {
-            kind: BROADCAST,
-            len: data.len() as u64,
-            aux: root as u64,
-        };
+        let desc = Desc { kind: BROADCAST, len: data.len() as u64, aux: root as u64 };
         let (seg, peers) = (&self.seg, &self.peers);
         guarded(seg, peers, &mut self.st, |st| {
-            data.chunks_mut(half_floats(seg))
-                .try_for_each(|piece| broadcast_piece(seg, peers, st, piece, root, &desc))
+            data.chunks_mut(half_floats(seg)).try_for_each(|piece| broadcast_piece(seg, peers, st, piece, root, &desc))
         })
     }
 
@@ -528,11 +435,7 @@ impl Communicator for ShmCommunicator {
         if self.peers.world() == 1 {
             return Ok(());
         }
-        let desc = Desc {
-            kind: BARRIER,
-            len: 0,
-            aux: 0,
-        };
+        let desc = Desc { kind: BARRIER, len: 0, aux: 0 };
         let (seg, peers) = (&self.seg, &self.peers);
         guarded(seg, peers, &mut self.st, |st| {
             phase(seg, peers, st, &desc)?;
@@ -555,19 +458,12 @@ impl PackReduce for ArenaReducer<'_> {
         let base = self.seg.arena_ptr(self.peers.rank()) as usize;
         let at = (pack.as_ptr() as usize).wrapping_sub(base);
         let start = at / 4;
-        if !at.is_multiple_of(4)
-            || start > self.seg.arena_floats()
-            || pack.len() > self.seg.arena_floats() - start
-        {
-            return Err(CollectiveError::Invalid(
-                "the pack is not part of this communicator's arena".into(),
-            ));
+        if !at.is_multiple_of(4) || start > self.seg.arena_floats() || pack.len() > self.seg.arena_floats() - start {
+            return Err(CollectiveError::Invalid("the pack is not part of this communicator's arena".into()));
         }
         let own = pack.as_mut_ptr();
         let (seg, peers) = (self.seg, self.peers);
-        guarded(seg, peers, self.st, |st| {
-            reduce_arena(seg, peers, st, own, start, pack.len())
-        })
+        guarded(seg, peers, self.st, |st| reduce_arena(seg, peers, st, own, start, pack.len()))
     }
 }
 

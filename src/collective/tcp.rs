@@ -33,13 +33,7 @@ pub struct TcpOptions {
 impl TcpOptions {
     /// Token 0 and 512 KiB segments, the fastest size measured over loopback here.
     pub fn new(addrs: Vec<SocketAddr>, listener: TcpListener) -> TcpOptions {
-        TcpOptions {
-            addrs,
-            listener,
-            job_token: 0,
-            segment_bytes: 512 << 10,
-            socket_buffer_bytes: None,
-        }
+        TcpOptions { addrs, listener, job_token: 0, segment_bytes: 512 << 10, socket_buffer_bytes: None }
     }
 }
 
@@ -57,11 +51,7 @@ pub struct TcpRing {
 
 impl TcpRing {
     /// Connects the ring; see the module docs. Returns once both neighbours shook hands.
-    pub fn connect(
-        peers: Peers,
-        opts: TcpOptions,
-        timeouts: Timeouts,
-    ) -> Result<TcpRing, CollectiveError> {
+    pub fn connect(peers: Peers, opts: TcpOptions, timeouts: Timeouts) -> Result<TcpRing, CollectiveError> {
         if opts.addrs.len() != peers.world() {
             return Err(CollectiveError::Invalid(format!(
                 "{} addresses for {} ranks: every rank needs one",
@@ -82,13 +72,7 @@ impl TcpRing {
             return Ok(ring);
         }
         let p = &ring.peers;
-        let (next, prev) = handshake::connect(
-            p,
-            &opts.addrs,
-            &opts.listener,
-            opts.job_token,
-            timeouts.connect,
-        )?;
+        let (next, prev) = handshake::connect(p, &opts.addrs, &opts.listener, opts.job_token, timeouts.connect)?;
         for link in [&next, &prev] {
             tune(&link.stream, opts.socket_buffer_bytes).map_err(|e| CollectiveError::Io {
                 peer: p.name(link.peer).to_string(),
@@ -101,12 +85,7 @@ impl TcpRing {
         Ok(ring)
     }
 
-    fn run(
-        &mut self,
-        desc: OpDesc,
-        data: &mut [u8],
-        sched: &Schedule,
-    ) -> Result<(), CollectiveError> {
+    fn run(&mut self, desc: OpDesc, data: &mut [u8], sched: &Schedule) -> Result<(), CollectiveError> {
         if let Some(why) = &self.broken {
             return Err(CollectiveError::Broken(why.clone()));
         }
@@ -166,19 +145,8 @@ impl Communicator for TcpRing {
             return Ok(());
         }
         let (rank, world) = (self.peers.rank(), self.peers.world());
-        let sched = ring::all_reduce(
-            rank,
-            world,
-            data.len(),
-            4,
-            self.segment_elems(4),
-            Combine::SumF32,
-        );
-        let desc = OpDesc {
-            kind: ALL_REDUCE,
-            len: data.len() as u64,
-            aux: 0,
-        };
+        let sched = ring::all_reduce(rank, world, data.len(), 4, self.segment_elems(4), Combine::SumF32);
+        let desc = OpDesc { kind: ALL_REDUCE, len: data.len() as u64, aux: 0 };
         self.run(desc, bytemuck::cast_slice_mut(data), &sched)
     }
 
@@ -187,19 +155,8 @@ impl Communicator for TcpRing {
             return Ok(());
         }
         let (rank, world) = (self.peers.rank(), self.peers.world());
-        let sched = ring::all_reduce(
-            rank,
-            world,
-            data.len(),
-            8,
-            self.segment_elems(8),
-            Combine::SumF64,
-        );
-        let desc = OpDesc {
-            kind: F64,
-            len: data.len() as u64,
-            aux: 0,
-        };
+        let sched = ring::all_reduce(rank, world, data.len(), 8, self.segment_elems(8), Combine::SumF64);
+        let desc = OpDesc { kind: F64, len: data.len() as u64, aux: 0 };
         self.run(desc, bytemuck::cast_slice_mut(data), &sched)
     }
 
@@ -210,11 +167,7 @@ impl Communicator for TcpRing {
         }
         let (rank, world) = (self.peers.rank(), self.peers.world());
         let sched = ring::broadcast(rank, world, root, data.len(), self.segment_elems(4));
-        let desc = OpDesc {
-            kind: BROADCAST,
-            len: data.len() as u64,
-            aux: root as u64,
-        };
+        let desc = OpDesc { kind: BROADCAST, len: data.len() as u64, aux: root as u64 };
         self.run(desc, bytemuck::cast_slice_mut(data), &sched)
     }
 
@@ -224,11 +177,7 @@ impl Communicator for TcpRing {
         let world = self.peers.world();
         let mut token = vec![0.0f32; world];
         let sched = ring::all_reduce(self.peers.rank(), world, world, 4, 1, Combine::SumF32);
-        let desc = OpDesc {
-            kind: BARRIER,
-            len: 0,
-            aux: 0,
-        };
+        let desc = OpDesc { kind: BARRIER, len: 0, aux: 0 };
         self.run(desc, bytemuck::cast_slice_mut(&mut token), &sched)
     }
 }

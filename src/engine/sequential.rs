@@ -36,6 +36,29 @@ impl TensorInfo {
     }
 }
 
+/// Where backward writes parameter gradients: a plain buffer, or the part of the arena a
+/// collective has not yet taken away for reduction (`collective::Packs`).
+pub trait GradSink {
+    /// `grads[range]`, by arena index. Backward asks only for ranges starting at or after the
+    /// last [`GradSink::ready`] mark.
+    fn slice(&mut self, range: Range<usize>) -> &mut [f32];
+
+    /// `grads[..k]` is final.
+    fn ready(&mut self, _k: usize) {}
+}
+
+impl GradSink for &mut [f32] {
+    fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
+        &mut self[range]
+    }
+}
+
+impl GradSink for Vec<f32> {
+    fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
+        &mut self[range]
+    }
+}
+
 /// One row of a model summary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSummary {
@@ -247,17 +270,9 @@ impl Sequential {
     }
 
     /// Backpropagates the gradient left by [`Sequential::output_and_grad`] through the layers
-    /// of the last forward pass on input `x`. After each layer, `ready(k)` reports that
-    /// `grads[..k]` is final.
-    pub fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        n: usize,
-        ready: &mut dyn FnMut(usize),
-    ) {
+    /// of the last forward pass on input `x`, writing parameter gradients into `grads` and
+    /// marking each finished prefix ready.
+    pub fn backward(&mut self, pass: Pass, params: &[f32], grads: &mut dyn GradSink, x: &[f32], n: usize) {
         let widest = std::iter::once(&self.input)
             .chain(self.layers.iter().map(|l| l.output_shape()))
             .map(Shape::numel)
@@ -284,14 +299,14 @@ impl Sequential {
             layer.backward(
                 pass,
                 &params[p.clone()],
-                &mut grads[p.clone()],
+                grads.slice(p.clone()),
                 x,
                 &self.acts[out],
                 dy,
                 need_dx.then_some(&mut dx[..]),
                 n,
             );
-            ready(p.end);
+            grads.ready(p.end);
             if need_dx {
                 cur = 1 - cur;
             }

@@ -39,8 +39,8 @@ pub use render::render;
 pub use run::RunSpec;
 pub use schema::{schema_json, schema_value};
 pub use strategy::{
-    ClusterSpec, CollectiveImplementation, CommunicationOptions, CrossDeviceOps, StrategySpec, Tasks,
-    VariablePartitioner,
+    ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, StrategySpec,
+    Tasks, VariablePartitioner,
 };
 pub use train::{CallbackSpec, EpochWord, Loss, Metric, Mode, Monitor, SaveFreq, TrainSpec};
 

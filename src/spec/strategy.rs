@@ -94,8 +94,12 @@ pub struct CommunicationOptions {
     #[serde(default = "default_bytes_per_pack")]
     #[schemars(range(min = 1024))]
     pub bytes_per_pack: u64,
+    /// How gradients travel between workers. Default: `auto`. Example: `transport = "tcp"`.
+    #[serde(default)]
+    pub transport: CollectiveTransport,
     /// A collective that cannot complete within this many seconds fails, naming the task that
-    /// did not answer. Default: `30`. Example: `timeout_s = 10`.
+    /// did not answer; a task that stops answering the chief's heartbeats for this long is
+    /// declared dead. Default: `30`. Example: `timeout_s = 10`.
     #[serde(default = "default_timeout_s")]
     #[schemars(range(min = 0.001))]
     pub timeout_s: f64,
@@ -114,6 +118,7 @@ impl Default for CommunicationOptions {
         Self {
             implementation: CollectiveImplementation::default(),
             bytes_per_pack: default_bytes_per_pack(),
+            transport: CollectiveTransport::default(),
             timeout_s: default_timeout_s(),
         }
     }
@@ -130,6 +135,21 @@ pub enum CollectiveImplementation {
     Ring,
     /// NCCL (GPU builds only).
     Nccl,
+}
+
+/// `strategy.communication.transport`: the data plane between workers, chosen by measurement
+/// (an 11 MB all-reduce between two processes on one host: ~0.2–0.8 ms through shared memory,
+/// ~4 ms through loopback TCP).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveTransport {
+    /// Shared memory when every worker runs on one host, else the TCP ring.
+    #[default]
+    Auto,
+    /// A shared-memory segment (every worker on one host).
+    SharedMemory,
+    /// A TCP ring (works across hosts).
+    Tcp,
 }
 
 /// `[cluster]`: the tasks of the job by role, as TF_CONFIG's `cluster`. Each role is either a

@@ -24,13 +24,18 @@ impl Strategy for DefaultStrategy {
         StrategyKind::Default
     }
 
-    fn compute_gradients(&mut self, vars: &mut Variables, micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError> {
         let total: usize = micro.iter().map(|b| b.global_n).sum();
         let scale = 1.0 / total.max(1) as f32;
         let mut stats = BatchStats::default();
         for (i, batch) in micro.iter().enumerate() {
             let s = crate::engine::init::derive_seed(&[seed, i as u64]);
-            stats.add(self.replica.forward_backward(vars, &mut self.grads, batch, scale, s, i > 0, &mut |_| {}));
+            stats.add(self.replica.forward_backward(vars, &mut self.grads, batch, scale, s, i > 0));
         }
         Ok(stats)
     }

@@ -2,9 +2,11 @@
 //! replicas and reduced. Adding a strategy is an enum variant, a file, and a match arm.
 
 mod default;
+mod multi_worker_mirrored;
 mod one_device;
 mod replica;
 
+pub use multi_worker_mirrored::MultiWorkerMirrored;
 pub use replica::Replica;
 
 use crate::data::Batch;
@@ -29,6 +31,15 @@ pub enum StrategyError {
     /// The spec asks for hardware or a build feature that is missing.
     #[error("{0}")]
     Unsupported(String),
+    /// The control plane failed: a task died, went silent, or was refused.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
+    /// The data plane failed: a peer is gone or did not answer in time.
+    #[error(transparent)]
+    Collective(#[from] crate::collective::CollectiveError),
+    /// The job was already left.
+    #[error("the job was already left")]
+    Finished,
 }
 
 /// How one task computes and reduces each step's gradient.
@@ -39,11 +50,21 @@ pub trait Strategy: Send {
     /// Forward and backward over this task's `micro` batches of one optimizer step, leaving in
     /// the strategy's gradient buffer the gradient of the mean loss over the whole global
     /// batch (all replicas), and returning loss and accuracy sums over the whole global batch.
-    fn compute_gradients(&mut self, vars: &mut Variables, micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError>;
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError>;
 
     /// Applies the optimizer with the gradients of the last [`Strategy::compute_gradients`].
     /// Synchronous strategies update every replica's copy identically.
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError>;
+
+    /// Leaves the job cleanly at the end of training (the chief waits for the workers).
+    fn finish(&mut self) -> Result<(), StrategyError> {
+        Ok(())
+    }
 
     /// Loss and accuracy sums over `batches` (this task's share), across all replicas.
     fn evaluate(

@@ -30,7 +30,12 @@ impl Strategy for OneDevice {
         StrategyKind::OneDevice
     }
 
-    fn compute_gradients(&mut self, vars: &mut Variables, micro: &[Batch], seed: u64) -> Result<BatchStats, StrategyError> {
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError> {
         self.inner.compute_gradients(vars, micro, seed)
     }
 

@@ -2,6 +2,7 @@
 
 use super::Variables;
 use crate::data::Batch;
+use crate::engine::sequential::GradSink;
 use crate::engine::{BatchStats, LossFn, Pass, Sequential};
 
 /// A model copy with its loss.
@@ -24,31 +25,30 @@ impl Replica {
     }
 
     /// Adds (or, unless `accumulate`, writes) the gradient of `batch` into `grads`, each
-    /// example's loss weighted by `scale` (1 / examples in the whole step). `ready(k)` reports
-    /// that `grads[..k]` is final.
+    /// example's loss weighted by `scale` (1 / examples in the whole step).
     pub fn forward_backward(
         &mut self,
         vars: &mut Variables,
-        grads: &mut [f32],
+        grads: &mut dyn GradSink,
         batch: &Batch,
         scale: f32,
         seed: u64,
         accumulate: bool,
-        ready: &mut dyn FnMut(usize),
     ) -> BatchStats {
         if batch.n == 0 {
             // A short global batch can leave this replica nothing: it adds no gradient.
+            let len = self.model.param_len();
             if !accumulate {
-                grads.fill(0.0);
+                grads.slice(0..len).fill(0.0);
             }
-            ready(grads.len());
+            grads.ready(len);
             return BatchStats::default();
         }
         let pass = Pass { training: true, seed, accumulate, threads: self.threads };
         self.model.forward(pass, &vars.params, &mut vars.state, &batch.x, batch.n);
         let (out, dout) = self.model.output_and_grad(batch.n);
         let stats = self.loss.evaluate(out, &batch.y, self.classes, scale, Some(dout));
-        self.model.backward(pass, &vars.params, grads, &batch.x, batch.n, ready);
+        self.model.backward(pass, &vars.params, grads, &batch.x, batch.n);
         stats
     }
 

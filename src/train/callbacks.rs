@@ -113,8 +113,8 @@ pub struct Callbacks {
 
 impl Callbacks {
     /// Builds the loop callbacks among `specs` (checkpoint callbacks live elsewhere); files are
-    /// relative to `run_dir`.
-    pub fn new(specs: &[CallbackSpec], run_dir: &Path) -> Result<Self, CallbackError> {
+    /// relative to `run_dir`, and a task without one (a worker that is not the chief) writes none.
+    pub fn new(specs: &[CallbackSpec], run_dir: Option<&Path>) -> Result<Self, CallbackError> {
         let mut items = Vec::new();
         for spec in specs {
             match spec {
@@ -144,6 +144,7 @@ impl Callbacks {
                     })
                 }
                 CallbackSpec::CsvLogger { filename, append } => {
+                    let Some(run_dir) = run_dir else { continue };
                     let path = run_dir.join(filename);
                     let fresh = !*append || !path.exists();
                     let file = OpenOptions::new()
@@ -301,7 +302,7 @@ mod tests {
             mode: Mode::Min,
             restore_best_weights: false,
         };
-        let mut cb = Callbacks::new(&[spec], Path::new(".")).unwrap();
+        let mut cb = Callbacks::new(&[spec], Some(Path::new("."))).unwrap();
         assert!(cb.on_epoch_end(&logs(1, 1.0)).unwrap().is_empty());
         assert!(cb.on_epoch_end(&logs(2, 1.1)).unwrap().is_empty());
         assert_eq!(cb.on_epoch_end(&logs(3, 1.2)).unwrap(), vec![Control::Stop("early_stopping")]);
@@ -318,7 +319,7 @@ mod tests {
             cooldown: 0,
             min_lr: 0.03,
         };
-        let mut cb = Callbacks::new(&[spec], Path::new(".")).unwrap();
+        let mut cb = Callbacks::new(&[spec], Some(Path::new("."))).unwrap();
         cb.on_epoch_end(&logs(1, 1.0)).unwrap();
         cb.on_epoch_end(&logs(2, 1.0)).unwrap();
         assert_eq!(cb.learning_rate(0.1), 0.05);
@@ -330,7 +331,7 @@ mod tests {
     #[test]
     fn target_stops_mid_epoch() {
         let spec = CallbackSpec::StopAtTarget { monitor: Monitor::ValAccuracy, target: 0.9 };
-        let mut cb = Callbacks::new(&[spec], Path::new(".")).unwrap();
+        let mut cb = Callbacks::new(&[spec], Some(Path::new("."))).unwrap();
         assert_eq!(cb.on_evaluation(&logs(1, 0.5)), Control::Stop("target_reached"));
     }
 }

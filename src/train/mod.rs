@@ -72,8 +72,6 @@ pub struct FitOptions {
     pub prefix: String,
     /// When the process started, for `wall_s` and `first_step_s`.
     pub launched: Instant,
-    /// Whether this task writes the run folder (the chief does).
-    pub writes: bool,
 }
 
 /// What an evaluation found.
@@ -83,14 +81,20 @@ struct Eval {
     stats: BatchStats,
 }
 
-/// Trains `session` as `plan` says, writing the run folder `run_dir`.
-pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitOptions) -> Result<Summary, TrainError> {
+/// Trains `session` as `plan` says, writing the run folder `run_dir` (the chief's; other
+/// workers of a job write nothing).
+pub fn fit(
+    plan: &Plan,
+    session: &mut Session,
+    mut run_dir: Option<&mut RunDir>,
+    opts: &FitOptions,
+) -> Result<Summary, TrainError> {
     let t = &plan.train;
     let micro_global =
         NonZeroUsize::new(plan.batch.per_replica * plan.strategy.num_replicas_in_sync).unwrap_or(NonZeroUsize::MIN);
     let options = PipelineOptions::from_spec(&plan.data.spec, plan.seed, micro_global, session.shard);
     let mut pipeline = Pipeline::new(session.dataset.clone(), &options, Cursor::default())?;
-    let mut callbacks = Callbacks::new(&plan.callbacks, run_dir.path())?;
+    let mut callbacks = Callbacks::new(&plan.callbacks, run_dir.as_deref().map(RunDir::path))?;
     let mut progress = Progress::new(opts.progress, t.epochs, opts.prefix.clone());
     let mut micro: Vec<Batch> = Vec::with_capacity(plan.batch.accumulation_steps);
     let eval_batch = eval_batch_size(micro_global, plan.strategy.num_replicas_in_sync, session.activation_len);
@@ -143,7 +147,9 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
                 let stats = evaluate(plan, session, eval_batch)?;
                 last_eval = Some(Eval { step, stats });
                 let logs = logs(epoch, step, &epoch_stats, last_eval, lr);
-                run_dir.metrics(&metrics_line("evaluation", &logs, &epoch_stats, epoch_time, opts))?;
+                if let Some(d) = run_dir.as_deref_mut() {
+                    d.metrics(&metrics_line("evaluation", &logs, &epoch_stats, epoch_time, opts))?;
+                }
                 progress.note(&format!(
                     "step {step}: val_loss: {:.4} - val_accuracy: {:.4}",
                     stats.loss(),
@@ -164,7 +170,9 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
             last_eval = Some(Eval { step, stats: evaluate(plan, session, eval_batch)? });
         }
         let logs = logs(epoch, step, &epoch_stats, last_eval.filter(|e| e.step == step), lr);
-        run_dir.metrics(&metrics_line("epoch", &logs, &epoch_stats, epoch_time, opts))?;
+        if let Some(d) = run_dir.as_deref_mut() {
+            d.metrics(&metrics_line("epoch", &logs, &epoch_stats, epoch_time, opts))?;
+        }
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         progress.end_epoch(epoch, t.steps_per_epoch, &shown);
         for control in callbacks.on_epoch_end(&logs)? {
@@ -197,13 +205,9 @@ pub fn fit(plan: &Plan, session: &mut Session, run_dir: &mut RunDir, opts: &FitO
         progress.note(&format!("test: loss: {:.4} - accuracy: {:.4}", e.loss(), e.accuracy()));
     }
     let sha = weights_sha256(&session.vars);
-    if opts.writes {
-        save_weights(
-            &run_dir.path().join("model.safetensors"),
-            &session.vars,
-            &session.tensors,
-            &session.state_tensors,
-        )?;
+    session.strategy.finish()?;
+    if let Some(d) = run_dir.as_deref() {
+        save_weights(&d.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
     }
     let steady = if steady_examples > 0 {
         steady_examples as f64 / steady_time.as_secs_f64()

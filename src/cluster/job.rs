@@ -1,0 +1,144 @@
+//! Joining a job: this task starts its control plane, checks in with the chief (same spec,
+//! same trainrun version, right token), and connects the data plane among the training
+//! workers: shared memory when they all run on one host, else a TCP ring.
+
+use super::{ClusterConfig, ClusterError, ControlPlane, JobToken, Role, TaskId, Timeouts};
+use crate::collective::{Collective, CollectiveError, Peers, ShmOptions, TcpOptions, Transport, job_token_hash};
+use crate::spec::CollectiveTransport;
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How often tasks ping the chief; several pings fit in any sensible timeout.
+const HEARTBEAT: Duration = Duration::from_millis(250);
+
+/// What joining needs.
+pub struct JobConfig {
+    /// This task.
+    pub task: TaskId,
+    /// Every task's control-plane `host:port`.
+    pub addresses: BTreeMap<TaskId, String>,
+    /// The job's shared secret.
+    pub token: JobToken,
+    /// Hash of the resolved spec; the chief refuses tasks with another.
+    pub spec_hash: String,
+    /// How long every task has to check in.
+    pub startup: Duration,
+    /// How long a collective may stall, or a task stay silent, before the job fails.
+    pub timeout: Duration,
+    /// The data plane to use.
+    pub transport: CollectiveTransport,
+    /// Gradient values the shared-memory arena holds, so backward writes straight into it.
+    pub arena_floats: usize,
+}
+
+/// This task's place in a running job.
+pub struct Job {
+    /// The control plane (heartbeats, commands, barriers).
+    pub plane: ControlPlane,
+    /// The data plane among training workers; `None` for tasks outside the replicas.
+    pub comm: Option<Collective>,
+    /// Whether this task is the chief.
+    pub is_chief: bool,
+}
+
+/// Joining failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The control plane failed (refused, timed out, a task died).
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The data plane could not connect.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// The data-plane port could not be bound.
+    #[error("{task} cannot listen for the data plane on {host}: {source}")]
+    Bind {
+        /// This task.
+        task: TaskId,
+        /// The host it tried.
+        host: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The spec asks for a transport the placement cannot give.
+    #[error("{0}")]
+    Transport(String),
+}
+
+fn segment_dir() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() { shm } else { std::env::temp_dir() }
+}
+
+/// Joins the job as `config.task`.
+pub fn join(config: JobConfig) -> Result<Job, JoinError> {
+    let task = config.task;
+    let own = config.addresses.get(&task).cloned().unwrap_or_default();
+    let host = own.rsplit_once(':').map_or(own.as_str(), |(h, _)| h).to_string();
+    let data = TcpListener::bind((host.trim_matches(['[', ']']), 0)).map_err(|source| JoinError::Bind {
+        task,
+        host: host.clone(),
+        source,
+    })?;
+    let data_addr = data.local_addr().map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;
+    let chief = TaskId::chief_of(config.addresses.keys().filter(|t| matches!(t.role, Role::Chief | Role::Worker)))
+        .unwrap_or(task);
+    let plane = ControlPlane::start(ClusterConfig {
+        task,
+        roster: config.addresses.clone(),
+        chief,
+        token: config.token.clone(),
+        spec_hash: config.spec_hash.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        timeouts: Timeouts { startup: config.startup, failure: config.timeout, heartbeat: HEARTBEAT },
+        payload: data_addr.to_string().into_bytes(),
+    })?;
+    let roster = plane.rendezvous()?;
+    let workers: Vec<_> = roster.members.iter().filter(|m| matches!(m.task.role, Role::Chief | Role::Worker)).collect();
+    let Some(rank) = workers.iter().position(|m| m.task == task) else {
+        return Ok(Job { plane, comm: None, is_chief: task == chief });
+    };
+    let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
+    let one_host = workers.iter().all(|m| m.host == workers[0].host);
+    let token = job_token_hash(config.token.as_str());
+    let shared_memory = match config.transport {
+        CollectiveTransport::Auto => one_host,
+        CollectiveTransport::SharedMemory if !one_host => {
+            let hosts: Vec<String> = workers.iter().map(|m| format!("{} on {}", m.task, m.host)).collect();
+            return Err(JoinError::Transport(format!(
+                "transport = \"shared_memory\" needs every worker on one host, but they run on several ({}); use \"auto\" or \"tcp\"",
+                hosts.join(", ")
+            )));
+        }
+        CollectiveTransport::SharedMemory => true,
+        CollectiveTransport::Tcp => false,
+    };
+    let transport = if shared_memory {
+        // Unique per job and per launch: the token, and the chief's process id.
+        let path = segment_dir().join(format!("trainrun-{token:016x}-{}", workers[0].pid));
+        Transport::SharedMemory(ShmOptions {
+            arena_bytes: 4 * config.arena_floats,
+            job_token: token,
+            ..ShmOptions::new(path)
+        })
+    } else {
+        let mut addrs = Vec::with_capacity(workers.len());
+        for m in &workers {
+            let text = String::from_utf8_lossy(&m.payload);
+            let addr: SocketAddr = text
+                .parse()
+                .map_err(|_| JoinError::Transport(format!("{} sent a bad data-plane address `{text}`", m.task)))?;
+            addrs.push(addr);
+        }
+        Transport::TcpRing(TcpOptions { job_token: token, ..TcpOptions::new(addrs, data) })
+    };
+    let comm = Collective::connect(
+        peers,
+        transport,
+        crate::collective::Timeouts { connect: config.startup, op: config.timeout },
+    )?;
+    Ok(Job { plane, comm: Some(comm), is_chief: task == chief })
+}

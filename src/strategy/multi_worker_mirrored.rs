@@ -1,0 +1,157 @@
+//! `multi_worker_mirrored`: TensorFlow's `MultiWorkerMirroredStrategy`. Every worker process
+//! holds a replica; each step, gradients are summed across workers by the collective data
+//! plane, so every worker applies the same update to identical variables.
+//!
+//! With shared memory, backward writes gradients straight into this worker's slot of the
+//! segment and one all-reduce follows (0.2 ms for 11 MB between two processes): overlapping
+//! it with backward measured slower on 2 cores, where the reduction competes with the other
+//! worker's backward. Over TCP, gradients travel in `bytes_per_pack` packs while backward
+//! continues, which hides about a third of the transfer.
+
+use super::{Replica, Strategy, StrategyError, Variables};
+use crate::cluster::job::Job;
+use crate::collective::{BucketReducer, Collective, Communicator, Packs};
+use crate::data::Batch;
+use crate::engine::init::derive_seed;
+use crate::engine::sequential::GradSink;
+use crate::engine::{BatchStats, Optimizer};
+use crate::plan::StrategyKind;
+use std::ops::Range;
+
+impl GradSink for Packs<'_> {
+    fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
+        let (start, len) = (range.start, range.len());
+        match self.get_mut(range) {
+            Some(s) => s,
+            // Backward writes layers back to front and marks each finished prefix, so it never
+            // asks for a range it already handed off.
+            None => panic!("backward asked for gradients {start}..{} after handing them off", start + len),
+        }
+    }
+
+    fn ready(&mut self, k: usize) {
+        Packs::ready(self, k);
+    }
+}
+
+/// A worker of a multi-worker job.
+pub struct MultiWorkerMirrored {
+    replica: Replica,
+    job: Option<Job>,
+    /// Gradients, unless they live in the shared-memory arena.
+    grads: Vec<f32>,
+    packs: BucketReducer,
+    rank: u64,
+}
+
+impl MultiWorkerMirrored {
+    /// The strategy for `replica` in `job` (which must hold a data plane).
+    pub fn new(replica: Replica, job: Job, bytes_per_pack: u64) -> Result<Self, StrategyError> {
+        let len = replica.model().param_len();
+        let rank = job.comm.as_ref().map(|c| c.rank() as u64).unwrap_or_default();
+        let grads = match &job.comm {
+            Some(Collective::SharedMemory(_)) => Vec::new(),
+            _ => vec![0.0; len],
+        };
+        let packs = BucketReducer::new(usize::try_from(bytes_per_pack).unwrap_or(usize::MAX));
+        Ok(Self { replica, job: Some(job), grads, packs, rank })
+    }
+
+    fn job(&mut self) -> Result<&mut Job, StrategyError> {
+        self.job.as_mut().ok_or(StrategyError::Finished)
+    }
+}
+
+fn sums(stats: BatchStats) -> [f64; 3] {
+    [stats.loss_sum, stats.correct as f64, stats.examples as f64]
+}
+
+fn from_sums(s: [f64; 3]) -> BatchStats {
+    BatchStats { loss_sum: s[0], correct: s[1] as u64, examples: s[2] as u64 }
+}
+
+impl Strategy for MultiWorkerMirrored {
+    fn kind(&self) -> StrategyKind {
+        StrategyKind::MultiWorkerMirrored
+    }
+
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError> {
+        let len = self.replica.model().param_len();
+        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        let (rank, packs) = (self.rank, self.packs);
+        let Self { replica, job, grads, .. } = self;
+        let job = job.as_mut().ok_or(StrategyError::Finished)?;
+        // A peer that died shows here at once, not at the next collective's timeout.
+        job.plane.check()?;
+        let comm = job.comm.as_mut().ok_or(StrategyError::Finished)?;
+        let mut local = BatchStats::default();
+        let last = micro.len().saturating_sub(1);
+        for (i, batch) in micro.iter().enumerate() {
+            let s = derive_seed(&[seed, i as u64, rank]);
+            let accumulate = i > 0;
+            match comm {
+                Collective::SharedMemory(c) => {
+                    let mut arena = &mut c.arena_mut()[..len];
+                    local.add(replica.forward_backward(vars, &mut arena, batch, scale, s, accumulate));
+                    if i == last {
+                        c.all_reduce_arena(0..len)?;
+                    }
+                }
+                Collective::TcpRing(c) if i == last => {
+                    let stats = packs
+                        .run(&mut *c, grads, |p| replica.forward_backward(vars, p, batch, scale, s, accumulate))?;
+                    local.add(stats);
+                }
+                Collective::TcpRing(_) => local.add(replica.forward_backward(vars, grads, batch, scale, s, accumulate)),
+            }
+        }
+        // Batch-norm moving statistics are averaged so every worker keeps the same ones.
+        if !vars.state.is_empty() {
+            comm.all_reduce_sum(&mut vars.state)?;
+            let world = comm.world() as f32;
+            vars.state.iter_mut().for_each(|v| *v /= world);
+        }
+        let mut global = sums(local);
+        comm.all_reduce_sum_f64(&mut global)?;
+        Ok(from_sums(global))
+    }
+
+    fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+        let len = self.replica.model().param_len();
+        let Self { job, grads, .. } = self;
+        let comm = job.as_mut().and_then(|j| j.comm.as_mut()).ok_or(StrategyError::Finished)?;
+        match comm {
+            Collective::SharedMemory(c) => optimizer.step(&mut vars.params, &c.arena_mut()[..len], lr),
+            Collective::TcpRing(_) => optimizer.step(&mut vars.params, grads, lr),
+        }
+        Ok(())
+    }
+
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<BatchStats, StrategyError> {
+        let mut local = BatchStats::default();
+        for b in batches {
+            local.add(self.replica.evaluate(vars, &b));
+        }
+        let comm = self.job()?.comm.as_mut().ok_or(StrategyError::Finished)?;
+        let mut global = sums(local);
+        comm.all_reduce_sum_f64(&mut global)?;
+        Ok(from_sums(global))
+    }
+
+    fn finish(&mut self) -> Result<(), StrategyError> {
+        if let Some(job) = self.job.take() {
+            drop(job.comm);
+            job.plane.shutdown();
+        }
+        Ok(())
+    }
+}
