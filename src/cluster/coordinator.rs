@@ -135,8 +135,8 @@ impl Coordinator {
     }
 
     fn fail_locked(&self, inner: &mut Inner, failure: Failure) {
+        // Not logged here: every task's trainer reports the failure as its exit error.
         if inner.failure.is_none() && !inner.finished {
-            eprintln!("trainrun: job failed: {failure}");
             inner.failure = Some(failure.clone());
             self.local.fail(failure);
             self.notify();

@@ -61,6 +61,11 @@ pub trait Strategy: Send {
     /// Synchronous strategies update every replica's copy identically.
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError>;
 
+    /// How gradients travel between worker processes, if they do.
+    fn transport(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Leaves the job cleanly at the end of training (the chief waits for the workers).
     fn finish(&mut self) -> Result<(), StrategyError> {
         Ok(())

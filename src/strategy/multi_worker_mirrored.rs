@@ -147,6 +147,14 @@ impl Strategy for MultiWorkerMirrored {
         Ok(from_sums(global))
     }
 
+    fn transport(&self) -> Option<&'static str> {
+        match self.job.as_ref().and_then(|j| j.comm.as_ref()) {
+            Some(Collective::SharedMemory(_)) => Some("shared_memory"),
+            Some(Collective::TcpRing(_)) => Some("tcp"),
+            None => None,
+        }
+    }
+
     fn finish(&mut self) -> Result<(), StrategyError> {
         if let Some(job) = self.job.take() {
             drop(job.comm);

@@ -205,6 +205,7 @@ pub fn fit(
         progress.note(&format!("test: loss: {:.4} - accuracy: {:.4}", e.loss(), e.accuracy()));
     }
     let sha = weights_sha256(&session.vars);
+    let transport = session.strategy.transport();
     session.strategy.finish()?;
     if let Some(d) = run_dir.as_deref() {
         save_weights(&d.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
@@ -233,6 +234,8 @@ pub fn fit(
         params: session.vars.params.len(),
         threads: plan.threads,
         num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
+        num_workers: plan.strategy.num_workers,
+        transport,
     })
 }
 

@@ -73,6 +73,10 @@ pub struct Summary {
     pub threads: usize,
     /// Replicas whose gradients were summed each step.
     pub num_replicas_in_sync: usize,
+    /// Worker processes that trained.
+    pub num_workers: usize,
+    /// How gradients travelled between workers (`shared_memory`, `tcp`), if they did.
+    pub transport: Option<&'static str>,
 }
 
 /// Writes the files of one run folder.

@@ -63,3 +63,87 @@ pub fn json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+        Ok(a) => a.port(),
+        Err(e) => panic!("no free port: {e}"),
+    }
+}
+
+/// TF_CONFIG for `task` (`("worker", 1)`) of a cluster of local workers on `ports`.
+pub fn tf_config(ports: &[u16], task: (&str, usize)) -> String {
+    let workers: Vec<String> = ports.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+    format!(
+        r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "{}", "index": {}}}}}"#,
+        workers.join(", "),
+        task.0,
+        task.1
+    )
+}
+
+/// Starts one task of a manual cluster, as an operator would on each host.
+pub fn spawn_task(tf_config: &str, token: &str, args: &[&str]) -> std::process::Child {
+    let mut cmd = trainrun();
+    cmd.args(args)
+        .env("TF_CONFIG", tf_config)
+        .env("TRAINRUN_JOB_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start trainrun: {e}"),
+    }
+}
+
+/// Waits for `child` at most `limit`; kills it and fails if it takes longer. Returns its
+/// output and how long it took.
+pub fn wait_within(mut child: std::process::Child, limit: std::time::Duration) -> (Output, std::time::Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().ok();
+                panic!("still running after {limit:?}: {:?}", out.map(|o| text(&o)));
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    let took = start.elapsed();
+    match child.wait_with_output() {
+        Ok(out) => (out, took),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Reads a safetensors file into `(name, values)`, sorted by name.
+pub fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let mut out: Vec<(String, Vec<f32>)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            (name, values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// ‖a − b‖ / ‖b‖ over all tensors.
+pub fn relative_difference(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
+    assert_eq!(a.iter().map(|t| &t.0).collect::<Vec<_>>(), b.iter().map(|t| &t.0).collect::<Vec<_>>());
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for ((_, x), (_, y)) in a.iter().zip(b) {
+        for (p, q) in x.iter().zip(y) {
+            diff += f64::from(p - q).powi(2);
+            norm += f64::from(*q).powi(2);
+        }
+    }
+    (diff / norm).sqrt()
+}
