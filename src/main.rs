@@ -8,5 +8,10 @@ fn main() -> std::process::ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // `trainrun bench` measures all-reduce between copies of this binary, told their part
+    // through the environment.
+    if let Some(code) = trainrun::collective::bench::peer_main_from_env() {
+        return code;
+    }
     trainrun::cli::main()
 }

@@ -4,6 +4,11 @@ use crate::spec::Activation;
 
 /// Applies `act` to `y` in place; rows of `row_len` values matter for softmax.
 pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {
+    super::simd::vectorized(|| forward_rows(act, y, row_len));
+}
+
+#[inline(always)]
+fn forward_rows(act: Activation, y: &mut [f32], row_len: usize) {
     match act {
         Activation::Linear => {}
         Activation::Relu => y.iter_mut().for_each(|v| *v = v.max(0.0)),
@@ -16,6 +21,11 @@ pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {
 /// `dz = dy ⊙ act'(·)`, computed from the activation's output `y` (every supported function's
 /// derivative is a function of its output, so the pre-activation need not be kept).
 pub fn backward(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len: usize) {
+    super::simd::vectorized(|| backward_rows(act, y, dy, dz, row_len));
+}
+
+#[inline(always)]
+fn backward_rows(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len: usize) {
     let zip = y.iter().zip(dy).zip(dz.iter_mut());
     match act {
         Activation::Linear => dz.copy_from_slice(dy),

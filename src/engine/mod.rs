@@ -14,6 +14,7 @@ pub mod loss;
 pub mod optimizer;
 pub mod sequential;
 pub mod shape;
+pub mod simd;
 
 #[cfg(test)]
 pub(crate) mod gradcheck;

@@ -5,7 +5,7 @@
 //! summed in part order, so results depend neither on scheduling nor on the thread count.
 
 use crate::engine::activation;
-use crate::engine::kernels::{SUM_PARTS, Window, matmul, partition, split_rows};
+use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, matmul, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use crate::spec::Activation;
@@ -131,7 +131,7 @@ impl Layer for Conv2d {
                 let y = &mut y[start * out_len..(start + imgs) * out_len];
                 matmul(imgs * win.positions(), filters, win.patch_len(), patches, false, kernel, false, y, false, 1);
                 if use_bias {
-                    y.chunks_exact_mut(filters).for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+                    add_bias(y, &bias[..filters]);
                 }
                 activation::forward(act, y, filters);
             }
@@ -189,9 +189,7 @@ impl Layer for Conv2d {
                     &part.patches
                 };
                 matmul(pl, filters, rows, patches, true, dz, false, &mut part.d_kernel, start > 0, 1);
-                for row in dz.chunks_exact(filters) {
-                    part.d_bias.iter_mut().zip(row).for_each(|(g, d)| *g += d);
-                }
+                add_rows(&mut part.d_bias, dz);
                 if let Some(dx) = dx.as_deref_mut() {
                     part.d_patches.resize(rows * pl, 0.0);
                     matmul(rows, pl, filters, dz, false, kernel, true, &mut part.d_patches, false, 1);

@@ -1,7 +1,7 @@
 //! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
 
 use crate::engine::activation;
-use crate::engine::kernels::{matmul, par_rows};
+use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use crate::spec::Activation;
@@ -51,7 +51,7 @@ impl Layer for Dense {
         let (units, act, use_bias) = (self.units, self.activation, self.use_bias);
         par_rows(y, n, units, pass.threads, |_, _, rows| {
             if use_bias {
-                rows.chunks_exact_mut(units).for_each(|r| r.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+                add_bias(rows, &bias[..units]);
             }
             activation::forward(act, rows, units);
         });
@@ -83,9 +83,7 @@ impl Layer for Dense {
             if !pass.accumulate {
                 g_bias.fill(0.0);
             }
-            for row in dz.chunks_exact(self.units) {
-                g_bias.iter_mut().zip(row).for_each(|(g, d)| *g += d);
-            }
+            add_rows(g_bias, dz);
         }
         if let Some(dx) = dx {
             matmul(n, self.inputs, self.units, dz, false, kernel, true, dx, false, pass.threads);

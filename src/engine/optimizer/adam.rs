@@ -36,17 +36,19 @@ impl Adam {
         // Keras folds the bias corrections into the step size.
         let alpha = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
         for_chunks(params, grads, &mut self.m, &mut self.v, |p, g, m, v| {
-            for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                let g = if decoupled {
-                    *p -= lr * wd * *p;
-                    *g
-                } else {
-                    g + wd * *p
-                };
-                *m += (g - *m) * (1.0 - b1);
-                *v += (g * g - *v) * (1.0 - b2);
-                *p -= alpha * *m / (v.sqrt() + eps);
-            }
+            crate::engine::simd::vectorized(|| {
+                for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    let g = if decoupled {
+                        *p -= lr * wd * *p;
+                        *g
+                    } else {
+                        g + wd * *p
+                    };
+                    *m += (g - *m) * (1.0 - b1);
+                    *v += (g * g - *v) * (1.0 - b2);
+                    *p -= alpha * *m / (v.sqrt() + eps);
+                }
+            })
         });
     }
 }
