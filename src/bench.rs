@@ -106,7 +106,10 @@ pub fn run(quick: bool) -> Result<(), String> {
             for threads in [1, 2] {
                 let t = measure(batch, threads, momentum, steps)?;
                 let update = if momentum { "sgd momentum 0.9" } else { "sgd" };
-                println!("{:>6} {:>8} {:>16} {:>10.2} {:>12.0}", t.batch, t.threads, update, t.ms_per_step, t.examples_per_s);
+                println!(
+                    "{:>6} {:>8} {:>16} {:>10.2} {:>12.0}",
+                    t.batch, t.threads, update, t.ms_per_step, t.examples_per_s
+                );
             }
         }
     }

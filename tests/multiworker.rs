@@ -191,7 +191,7 @@ fn a_worker_that_never_starts_fails_rendezvous_naming_it() {
     assert_exit(&out, 5);
     let (_, stderr) = text(&out);
     assert!(stderr.contains("worker:2") && stderr.contains("never checked in"), "{stderr}");
-    assert!(!stderr.contains("worker:1,"), "worker:1 did check in: {stderr}");
+    // worker:1 checked in, but it may give up at its own deadline first and be listed too.
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 

@@ -194,7 +194,16 @@ pub fn resolve(
         StrategySpec::ParameterServer { .. } => {
             if ps == 0 || worker == 0 {
                 errors.push(
-                    Diagnostic::error("strategy.kind", format!("strategy.kind = \"parameter_server\" needs ps and worker tasks; the cluster ({}) has {ps} ps and {worker} workers", cluster.source.describe()))
+                    Diagnostic::error(
+                        "strategy.kind",
+                        match cluster.source {
+                            Source::Single => "strategy.kind = \"parameter_server\" needs ps and worker tasks, but there is no [cluster]".to_string(),
+                            source => format!(
+                                "strategy.kind = \"parameter_server\" needs ps and worker tasks; the cluster ({}) has {ps} ps and {worker} workers",
+                                source.describe()
+                            ),
+                        },
+                    )
                         .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
                 );
             }
