@@ -158,19 +158,16 @@ pub fn resolve(
             .help(format!("keep one {role}")));
         }
     }
-    if let Some(t) = task {
-        if !cluster.tasks.contains_key(&t) && cluster.source != Source::Single {
-            let have: Vec<String> = cluster.tasks.keys().map(ToString::to_string).collect();
-            return Err(Diagnostic::error(
-                "cluster",
-                format!(
-                    "this task is {t}, but the cluster ({}) has only {}",
-                    cluster.source.describe(),
-                    have.join(", ")
-                ),
-            )
-            .help("start each process with a task of the cluster"));
-        }
+    if let Some(t) = task
+        && !cluster.tasks.contains_key(&t)
+        && cluster.source != Source::Single
+    {
+        let have: Vec<String> = cluster.tasks.keys().map(ToString::to_string).collect();
+        return Err(Diagnostic::error(
+            "cluster",
+            format!("this task is {t}, but the cluster ({}) has only {}", cluster.source.describe(), have.join(", ")),
+        )
+        .help("start each process with a task of the cluster"));
     }
     if task.is_none() && cluster.tasks.len() > 1 && !cluster.is_local() {
         return Err(Diagnostic::error(

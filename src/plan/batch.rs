@@ -122,7 +122,7 @@ pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result
         )
         .help("also give batch.global or batch.per_replica")),
         (None, None, None) => {
-            if DEFAULT_GLOBAL % r == 0 {
+            if DEFAULT_GLOBAL.is_multiple_of(r) {
                 Ok(BatchPlan {
                     global: DEFAULT_GLOBAL,
                     per_replica: DEFAULT_GLOBAL / r,

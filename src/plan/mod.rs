@@ -406,16 +406,16 @@ fn plan_callbacks(callbacks: &[CallbackSpec], has_eval: bool, diags: &mut Vec<Di
             | CallbackSpec::StopAtTarget { monitor, .. } => Some(*monitor),
             _ => None,
         };
-        if let Some(m) = monitor.filter(|m| matches!(m, Monitor::ValLoss | Monitor::ValAccuracy)) {
-            if !has_eval {
-                diags.push(
-                    Diagnostic::error(
-                        format!("callbacks[{i}].monitor"),
-                        format!("callbacks[{i}] watches {} but the dataset has no test split", monitor_name(m)),
-                    )
-                    .help("watch \"loss\" or \"accuracy\", or add a test split"),
-                );
-            }
+        if let Some(m) = monitor.filter(|m| matches!(m, Monitor::ValLoss | Monitor::ValAccuracy))
+            && !has_eval
+        {
+            diags.push(
+                Diagnostic::error(
+                    format!("callbacks[{i}].monitor"),
+                    format!("callbacks[{i}] watches {} but the dataset has no test split", monitor_name(m)),
+                )
+                .help("watch \"loss\" or \"accuracy\", or add a test split"),
+            );
         }
         let mut cb = cb.clone();
         match &mut cb {

@@ -123,16 +123,16 @@ pub fn resolve(
         Source::Spec | Source::Single => spec_key.to_string(),
     };
     for (task, address) in &cluster.tasks {
-        if let Address::At(a) = address {
-            if !valid_address(a) {
-                errors.push(
-                    Diagnostic::error(
-                        key("cluster"),
-                        format!("{task}'s address `{a}` ({}) is not host:port", cluster.source.describe()),
-                    )
-                    .help("write it as host:port, e.g. \"10.0.0.5:2222\""),
-                );
-            }
+        if let Address::At(a) = address
+            && !valid_address(a)
+        {
+            errors.push(
+                Diagnostic::error(
+                    key("cluster"),
+                    format!("{task}'s address `{a}` ({}) is not host:port", cluster.source.describe()),
+                )
+                .help("write it as host:port, e.g. \"10.0.0.5:2222\""),
+            );
         }
     }
 

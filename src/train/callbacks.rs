@@ -178,10 +178,10 @@ impl Callbacks {
     /// After a step-interval evaluation: only targets act mid-epoch, as in Keras.
     pub fn on_evaluation(&mut self, logs: &Logs) -> Control {
         for item in &self.items {
-            if let Runtime::Target { monitor, target } = item {
-                if reached(*monitor, logs, *target) {
-                    return Control::Stop("target_reached");
-                }
+            if let Runtime::Target { monitor, target } = item
+                && reached(*monitor, logs, *target)
+            {
+                return Control::Stop("target_reached");
             }
         }
         Control::Continue

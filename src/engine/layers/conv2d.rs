@@ -146,7 +146,7 @@ impl Layer for Conv2d {
         x: &[f32],
         y: &[f32],
         dy: &[f32],
-        mut dx: Option<&mut [f32]>,
+        dx: Option<&mut [f32]>,
         n: usize,
     ) {
         let (win, filters, act) = (self.win, self.filters, self.activation);
@@ -157,7 +157,7 @@ impl Layer for Conv2d {
         let kept = self.kept.take() == Some(n);
         let ranges = partition(n, SUM_PARTS);
         self.parts.resize_with(ranges.len(), Part::default);
-        let dxs: Vec<Option<&mut [f32]>> = match dx.as_deref_mut() {
+        let dxs: Vec<Option<&mut [f32]>> = match dx {
             Some(dx) => split_rows(&mut dx[..n * in_len], &ranges, in_len).into_iter().map(Some).collect(),
             None => ranges.iter().map(|_| None).collect(),
         };
