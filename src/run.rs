@@ -229,6 +229,10 @@ fn role(p: &Prepared) -> Role {
 /// `trainrun SPEC`: trains (or launches the tasks that train) and writes the run folder.
 pub fn train(inv: &Invocation) -> Result<(), RunError> {
     let p = prepare(inv)?;
+    // Refused before any process starts, not from inside every task.
+    if p.plan.strategy.kind == StrategyKind::ParameterServer {
+        return Err(RunError::from(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())));
+    }
     match role(&p) {
         Role::Launcher => launch(inv, &p),
         Role::Single => train_here(inv, &p, None).map(|_| ()),

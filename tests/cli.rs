@@ -141,18 +141,30 @@ fn a_missing_spec_file_is_a_clear_error() {
 
 #[test]
 fn strategies_not_built_yet_exit_3_naming_them() {
-    for kind in ["central_storage", "mirrored"] {
-        let out = run(&[
-            "specs/mnist_single.toml",
-            "-q",
-            "--set",
-            &format!("strategy.kind={kind}"),
-            "--set",
-            "batch.global=64",
-        ]);
-        assert_exit(&out, 3);
-        assert!(text(&out).1.contains(&format!("strategy.kind = \"{kind}\" is not built yet")), "{}", text(&out).1);
-    }
+    let out = run(&[
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        "strategy.kind=parameter_server",
+        "--set",
+        "cluster={ worker = 2, ps = 1 }",
+        "--set",
+        "batch.global=64",
+    ]);
+    assert_exit(&out, 3);
+    assert!(text(&out).1.contains("strategy.kind = \"parameter_server\" is not built yet"), "{}", text(&out).1);
+}
+
+#[test]
+fn gpu_devices_need_a_gpu_build() {
+    let out = run(&[
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        "strategy={ kind = \"mirrored\", devices = [\"gpu:0\", \"gpu:1\"] }",
+    ]);
+    assert_exit(&out, 3);
+    assert!(text(&out).1.contains("needs a GPU build"), "{}", text(&out).1);
 }
 
 #[test]

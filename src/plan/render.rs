@@ -152,16 +152,21 @@ pub fn text(plan: &Plan) -> String {
         "all-reduce",
         match s.reduction {
             Reduction::None => "none (one replica)".to_string(),
-            Reduction::CrossDevice { algorithm } => match algorithm {
-                CrossDeviceOps::Nccl => "nccl".to_string(),
-                CrossDeviceOps::HierarchicalCopy => "hierarchical_copy".to_string(),
-                CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => "reduction_to_one_device".to_string(),
-            },
-            Reduction::Collective { implementation, bytes_per_pack, timeout_s } => {
-                let algo = match implementation {
-                    CollectiveImplementation::Nccl => "nccl",
-                    CollectiveImplementation::Ring | CollectiveImplementation::Auto => "ring",
+            Reduction::CrossDevice { algorithm, auto } => {
+                let name = match algorithm {
+                    CrossDeviceOps::Nccl => "nccl",
+                    CrossDeviceOps::HierarchicalCopy => "hierarchical_copy",
+                    CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => "reduction_to_one_device",
                 };
+                let why = if algorithm == CrossDeviceOps::Nccl { "GPU devices" } else { "CPU devices" };
+                if auto { format!("{name} (auto: {why})") } else { name.to_string() }
+            }
+            Reduction::Collective { implementation, auto, bytes_per_pack, timeout_s } => {
+                let (algo, why) = match implementation {
+                    CollectiveImplementation::Nccl => ("nccl", "GPU workers"),
+                    CollectiveImplementation::Ring | CollectiveImplementation::Auto => ("ring", "CPU workers"),
+                };
+                let algo = if auto { format!("{algo} (auto: {why})") } else { algo.to_string() };
                 format!("{algo}, packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
             }
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),

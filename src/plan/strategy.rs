@@ -43,9 +43,19 @@ pub enum Reduction {
     /// One replica: nothing to reduce.
     None,
     /// Replicas in one process (`mirrored`, `central_storage`), by this algorithm.
-    CrossDevice { algorithm: CrossDeviceOps },
+    CrossDevice {
+        algorithm: CrossDeviceOps,
+        /// Chosen by `auto` from the device kind.
+        auto: bool,
+    },
     /// Across worker processes.
-    Collective { implementation: CollectiveImplementation, bytes_per_pack: u64, timeout_s: f64 },
+    Collective {
+        implementation: CollectiveImplementation,
+        /// Chosen by `auto` from the device kind.
+        auto: bool,
+        bytes_per_pack: u64,
+        timeout_s: f64,
+    },
     /// Workers push gradients to parameter servers and pull variables.
     ParameterServer,
 }
@@ -157,14 +167,15 @@ pub fn resolve(
                 }
                 other => *other,
             };
-            (StrategyKind::Mirrored, devices, Reduction::CrossDevice { algorithm })
+            let auto = *cross_device_ops == CrossDeviceOps::Auto;
+            (StrategyKind::Mirrored, devices, Reduction::CrossDevice { algorithm, auto })
         }
         StrategySpec::CentralStorage { devices } => {
             let devices = count_devices(devices, hw);
             (
                 StrategyKind::CentralStorage,
                 devices,
-                Reduction::CrossDevice { algorithm: CrossDeviceOps::ReductionToOneDevice },
+                Reduction::CrossDevice { algorithm: CrossDeviceOps::ReductionToOneDevice, auto: false },
             )
         }
         StrategySpec::MultiWorkerMirrored { devices, communication } => {
@@ -185,6 +196,7 @@ pub fn resolve(
                 );
             }
             let reduction = Reduction::Collective {
+                auto: communication.implementation == CollectiveImplementation::Auto,
                 implementation,
                 bytes_per_pack: communication.bytes_per_pack,
                 timeout_s: communication.timeout_s,

@@ -1,13 +1,17 @@
 //! Distribution strategies behind one small trait: how a step's gradient is computed over the
 //! replicas and reduced. Adding a strategy is an enum variant, a file, and a match arm.
 
+mod central_storage;
+mod cross_device;
 mod default;
+mod local;
+mod mirrored;
 mod multi_worker_mirrored;
 mod one_device;
 mod replica;
 
 pub use multi_worker_mirrored::MultiWorkerMirrored;
-pub use replica::Replica;
+pub use replica::{BatchView, Replica};
 
 use crate::data::Batch;
 use crate::engine::{BatchStats, Optimizer, Sequential};
@@ -26,7 +30,9 @@ pub struct Variables {
 #[derive(Debug, thiserror::Error)]
 pub enum StrategyError {
     /// The spec is valid but this build cannot run it yet.
-    #[error("strategy.kind = \"{0}\" is not built yet in this version of trainrun; use \"default\" or \"one_device\"")]
+    #[error(
+        "strategy.kind = \"{0}\" is not built yet in this version of trainrun; use \"multi_worker_mirrored\" for several workers, or \"mirrored\" for several replicas in one process"
+    )]
     NotBuilt(&'static str),
     /// The spec asks for hardware or a build feature that is missing.
     #[error("{0}")]
@@ -81,19 +87,48 @@ pub trait Strategy: Send {
 
 /// The strategy `plan` asks for, over `models`: one per local device of the plan.
 pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
-    let mut replicas = models
-        .into_iter()
-        .map(|m| Replica::new(m, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads));
-    let mut one = || replicas.next().ok_or_else(|| StrategyError::Unsupported("no model to place on a device".into()));
+    // The process's threads are shared out among its replicas.
+    let threads = (plan.threads / models.len().max(1)).max(1);
+    let classes = plan.data.facts.classes as usize;
+    let mut replicas: Vec<Replica> =
+        models.into_iter().map(|m| Replica::new(m, plan.train.loss_fn(), classes, threads)).collect();
+    let mut one = || {
+        if replicas.is_empty() {
+            Err(StrategyError::Unsupported("no model to place on a device".into()))
+        } else {
+            Ok(replicas.remove(0))
+        }
+    };
     match plan.strategy.kind {
         StrategyKind::Default => Ok(Box::new(default::DefaultStrategy::new(one()?))),
         StrategyKind::OneDevice => Ok(Box::new(one_device::OneDevice::new(
             plan.strategy.devices.first().copied().unwrap_or_default(),
             one()?,
         )?)),
-        kind @ (StrategyKind::Mirrored
-        | StrategyKind::CentralStorage
-        | StrategyKind::MultiWorkerMirrored
-        | StrategyKind::ParameterServer) => Err(StrategyError::NotBuilt(kind.name())),
+        StrategyKind::Mirrored => {
+            let algorithm = match plan.strategy.reduction {
+                crate::plan::Reduction::CrossDevice { algorithm, .. } => algorithm,
+                _ => crate::spec::CrossDeviceOps::ReductionToOneDevice,
+            };
+            gpu_free(&plan.strategy.devices)?;
+            Ok(Box::new(mirrored::new(replicas, algorithm)))
+        }
+        StrategyKind::CentralStorage => {
+            gpu_free(&plan.strategy.devices)?;
+            Ok(Box::new(central_storage::new(replicas)))
+        }
+        kind @ (StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) => {
+            Err(StrategyError::NotBuilt(kind.name()))
+        }
+    }
+}
+
+/// Replicas on GPUs need the CUDA build.
+fn gpu_free(devices: &[crate::spec::Device]) -> Result<(), StrategyError> {
+    match devices.iter().find(|d| d.kind == crate::spec::DeviceKind::Gpu) {
+        Some(d) => Err(StrategyError::Unsupported(format!(
+            "strategy.devices includes \"{d}\", which needs a GPU build of trainrun (cargo build --release --features cuda); this one runs on CPUs only"
+        ))),
+        None => Ok(()),
     }
 }

@@ -35,6 +35,23 @@ impl Replica {
         seed: u64,
         accumulate: bool,
     ) -> BatchStats {
+        let view = BatchView { x: &batch.x, y: &batch.y, n: batch.n };
+        self.forward_backward_view(&vars.params, &mut vars.state, grads, view, scale, seed, accumulate)
+    }
+
+    /// [`Replica::forward_backward`] on part of a batch, with the parameters read-only, so
+    /// several replicas can share one copy of them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_view(
+        &mut self,
+        params: &[f32],
+        state: &mut [f32],
+        grads: &mut dyn GradSink,
+        batch: BatchView<'_>,
+        scale: f32,
+        seed: u64,
+        accumulate: bool,
+    ) -> BatchStats {
         if batch.n == 0 {
             // A short global batch can leave this replica nothing: it adds no gradient.
             let len = self.model.param_len();
@@ -45,20 +62,49 @@ impl Replica {
             return BatchStats::default();
         }
         let pass = Pass { training: true, seed, accumulate, threads: self.threads };
-        self.model.forward(pass, &vars.params, &mut vars.state, &batch.x, batch.n);
+        self.model.forward(pass, params, state, batch.x, batch.n);
         let (out, dout) = self.model.output_and_grad(batch.n);
-        let stats = self.loss.evaluate(out, &batch.y, self.classes, scale, Some(dout));
-        self.model.backward(pass, &vars.params, grads, &batch.x, batch.n);
+        let stats = self.loss.evaluate(out, batch.y, self.classes, scale, Some(dout));
+        self.model.backward(pass, params, grads, batch.x, batch.n);
         stats
     }
 
     /// Loss and accuracy sums of `batch` in inference mode.
     pub fn evaluate(&mut self, vars: &mut Variables, batch: &Batch) -> BatchStats {
+        self.evaluate_view(&vars.params, &mut vars.state, BatchView { x: &batch.x, y: &batch.y, n: batch.n })
+    }
+
+    /// [`Replica::evaluate`] on part of a batch.
+    pub fn evaluate_view(&mut self, params: &[f32], state: &mut [f32], batch: BatchView<'_>) -> BatchStats {
         if batch.n == 0 {
             return BatchStats::default();
         }
         let pass = Pass { training: false, seed: 0, accumulate: false, threads: self.threads };
-        let out = self.model.forward(pass, &vars.params, &mut vars.state, &batch.x, batch.n);
-        self.loss.evaluate(out, &batch.y, self.classes, 1.0, None)
+        let out = self.model.forward(pass, params, state, batch.x, batch.n);
+        self.loss.evaluate(out, batch.y, self.classes, 1.0, None)
+    }
+}
+
+/// Part of a batch: `n` examples' images and labels.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchView<'a> {
+    /// Images, NHWC.
+    pub x: &'a [f32],
+    /// Labels.
+    pub y: &'a [u32],
+    /// Examples.
+    pub n: usize,
+}
+
+impl<'a> BatchView<'a> {
+    /// Part `part` of `batch` cut into `parts` contiguous views, the first ones one example
+    /// longer (and the last ones empty when the batch is smaller than `parts`).
+    pub fn part(batch: &'a Batch, part: usize, parts: usize) -> BatchView<'a> {
+        let per = if batch.n == 0 { 0 } else { batch.x.len() / batch.n };
+        let parts = parts.max(1);
+        let (base, extra) = (batch.n / parts, batch.n % parts);
+        let start = part * base + part.min(extra);
+        let len = if part < parts { base + usize::from(part < extra) } else { 0 };
+        BatchView { x: &batch.x[start * per..(start + len) * per], y: &batch.y[start..start + len], n: len }
     }
 }

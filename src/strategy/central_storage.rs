@@ -1,0 +1,13 @@
+//! `central_storage`: TensorFlow's `CentralStorageStrategy`: the variables live once on the
+//! CPU, compute is replicated over the local devices, and their gradients are summed onto the
+//! central copy before the update. With one device, everything lives on it.
+
+use super::Replica;
+use super::mirrored::Replicated;
+use crate::plan::StrategyKind;
+use crate::spec::CrossDeviceOps;
+
+/// The central-storage strategy over `replicas`: gradients always meet on the CPU.
+pub fn new(replicas: Vec<Replica>) -> Replicated {
+    Replicated::new(StrategyKind::CentralStorage, replicas, CrossDeviceOps::ReductionToOneDevice)
+}
