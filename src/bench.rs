@@ -131,11 +131,13 @@ pub fn run(quick: bool) -> Result<(), String> {
     };
     let single128 = job(&exe, "specs/mnist_single.toml", &["batch.global=128"])?;
     let multi = job(&exe, "specs/mnist_multiworker.toml", &[])?;
+    let mirrored = job(&exe, "specs/mnist_single.toml", &["strategy={ kind = \"mirrored\", devices = 2 }", "batch.global=128"])?;
     println!("{:<44} {:>12} {:>8} {:>10} {:>9}", "job", "examples/s", "wall s", "peak MB", "test acc");
     for (name, j) in [
         ("tutorial, 1 process × 2 threads, batch 64", &single),
         ("tutorial, 1 process × 2 threads, batch 128", &single128),
         ("tutorial, 2 workers × 1 thread, 64 each", &multi),
+        ("tutorial, mirrored 2 replicas × 1 thread", &mirrored),
     ] {
         let s = &j.summary;
         println!(
@@ -151,6 +153,10 @@ pub fn run(quick: bool) -> Result<(), String> {
         "scaling: 2 workers reach {:.2}× the single process at batch 64 and {:.2}× at batch 128 (the same global batch)",
         m / f(&single.summary, "steady_examples_per_s").max(1.0),
         m / f(&single128.summary, "steady_examples_per_s").max(1.0)
+    );
+    println!(
+        "mirrored: 2 replicas × 1 thread reach {:.2}× one replica with 2 threads at the same global batch (128)",
+        f(&mirrored.summary, "steady_examples_per_s") / f(&single128.summary, "steady_examples_per_s").max(1.0)
     );
     println!("launch to first step: {:.2} s (single process)", f(&single.summary, "first_step_s"));
     if quick {
