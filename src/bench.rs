@@ -131,7 +131,8 @@ pub fn run(quick: bool) -> Result<(), String> {
     };
     let single128 = job(&exe, "specs/mnist_single.toml", &["batch.global=128"])?;
     let multi = job(&exe, "specs/mnist_multiworker.toml", &[])?;
-    let mirrored = job(&exe, "specs/mnist_single.toml", &["strategy={ kind = \"mirrored\", devices = 2 }", "batch.global=128"])?;
+    let mirrored =
+        job(&exe, "specs/mnist_single.toml", &["strategy={ kind = \"mirrored\", devices = 2 }", "batch.global=128"])?;
     println!("{:<44} {:>12} {:>8} {:>10} {:>9}", "job", "examples/s", "wall s", "peak MB", "test acc");
     for (name, j) in [
         ("tutorial, 1 process × 2 threads, batch 64", &single),

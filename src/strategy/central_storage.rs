@@ -3,7 +3,7 @@
 //! central copy before the update. With one device, everything lives on it.
 
 use super::Replica;
-use super::mirrored::Replicated;
+use super::local::Replicated;
 use crate::plan::StrategyKind;
 use crate::spec::CrossDeviceOps;
 

@@ -1,4 +1,4 @@
-//! Several replicas in one process: each takes a contiguous share of every batch and runs
+//! Several replicas in one process (one for `default` and `one_device`): each takes a contiguous share of every batch and runs
 //! forward and backward on its own thread with its own activations and gradient buffer; the
 //! buffers are then summed by a cross-device algorithm. On CPU devices the replicas read one
 //! shared copy of the variables (TensorFlow's mirrored copies would be bit-identical
@@ -6,10 +6,11 @@
 
 use super::cross_device;
 use super::replica::BatchView;
-use super::{Replica, StrategyError, Variables};
+use super::{Replica, Strategy, StrategyError, Variables};
 use crate::data::Batch;
-use crate::engine::BatchStats;
 use crate::engine::init::derive_seed;
+use crate::engine::{BatchStats, Optimizer};
+use crate::plan::StrategyKind;
 use crate::spec::CrossDeviceOps;
 
 /// The replicas of this process.
@@ -114,5 +115,55 @@ impl LocalReplicas {
         let mut total = BatchStats::default();
         results.into_iter().for_each(|s| total.add(s));
         total
+    }
+}
+
+/// The in-process strategies (`default`, `one_device`, `mirrored`, `central_storage`):
+/// replicas in this process, their gradients reduced in place, one update.
+pub struct Replicated {
+    local: LocalReplicas,
+    grads: Vec<f32>,
+    kind: StrategyKind,
+}
+
+impl Replicated {
+    /// `replicas` of strategy `kind`, summed with `algorithm`.
+    pub fn new(kind: StrategyKind, replicas: Vec<Replica>, algorithm: CrossDeviceOps) -> Self {
+        let local = LocalReplicas::new(replicas, algorithm, 0);
+        let grads = vec![0.0; local.param_len()];
+        Self { local, grads, kind }
+    }
+}
+
+impl Strategy for Replicated {
+    fn kind(&self) -> StrategyKind {
+        self.kind
+    }
+
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        micro: &[Batch],
+        seed: u64,
+    ) -> Result<BatchStats, StrategyError> {
+        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        self.local.gradients(vars, &mut self.grads, micro, scale, seed)
+    }
+
+    fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+        optimizer.step(&mut vars.params, &self.grads, lr);
+        Ok(())
+    }
+
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<BatchStats, StrategyError> {
+        let mut stats = BatchStats::default();
+        for b in batches {
+            stats.add(self.local.evaluate(vars, &b));
+        }
+        Ok(stats)
     }
 }

@@ -100,8 +100,8 @@ pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, 
         }
     };
     match plan.strategy.kind {
-        StrategyKind::Default => Ok(Box::new(default::DefaultStrategy::new(one()?))),
-        StrategyKind::OneDevice => Ok(Box::new(one_device::OneDevice::new(
+        StrategyKind::Default => Ok(Box::new(default::new(one()?))),
+        StrategyKind::OneDevice => Ok(Box::new(one_device::new(
             plan.strategy.devices.first().copied().unwrap_or_default(),
             one()?,
         )?)),

@@ -32,6 +32,9 @@ pub fn reduce(algorithm: CrossDeviceOps, buffers: &mut [&mut [f32]]) -> Result<(
 /// Runs `sum(dst, sources)` over aligned chunks of the buffers in parallel.
 fn chunked(buffers: &mut [&mut [f32]], sum: fn(&mut [f32], &[&[f32]])) {
     let Some((first, rest)) = buffers.split_first_mut() else { return };
+    if rest.is_empty() {
+        return;
+    }
     let rest: Vec<&[f32]> = rest.iter().map(|b| &**b).collect();
     first.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
         let range = c * CHUNK..c * CHUNK + dst.len();
