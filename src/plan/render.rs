@@ -161,13 +161,17 @@ pub fn text(plan: &Plan) -> String {
                 let why = if algorithm == CrossDeviceOps::Nccl { "GPU devices" } else { "CPU devices" };
                 if auto { format!("{name} (auto: {why})") } else { name.to_string() }
             }
-            Reduction::Collective { implementation, auto, bytes_per_pack, timeout_s } => {
+            Reduction::Collective { implementation, auto, transport, bytes_per_pack, timeout_s } => {
                 let (algo, why) = match implementation {
                     CollectiveImplementation::Nccl => ("nccl", "GPU workers"),
                     CollectiveImplementation::Ring | CollectiveImplementation::Auto => ("ring", "CPU workers"),
                 };
                 let algo = if auto { format!("{algo} (auto: {why})") } else { algo.to_string() };
-                format!("{algo}, packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
+                let over = match transport {
+                    crate::spec::CollectiveTransport::SharedMemory => "shared memory (every worker on this host)",
+                    crate::spec::CollectiveTransport::Tcp | crate::spec::CollectiveTransport::Auto => "TCP",
+                };
+                format!("{algo} over {over}, packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
             }
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
         },

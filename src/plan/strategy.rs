@@ -1,6 +1,7 @@
 //! Strategy and cluster: which replicas exist, where, and how their gradients are reduced.
 
 use crate::cluster::{Address, Resolution, Role, Source};
+use crate::spec::CollectiveTransport;
 use crate::spec::{CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic, StrategySpec};
 use serde::Serialize;
 
@@ -53,6 +54,8 @@ pub enum Reduction {
         implementation: CollectiveImplementation,
         /// Chosen by `auto` from the device kind.
         auto: bool,
+        /// How gradients travel: shared memory when every worker is on this host.
+        transport: CollectiveTransport,
         bytes_per_pack: u64,
         timeout_s: f64,
     },
@@ -195,8 +198,14 @@ pub fn resolve(
                     .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
                 );
             }
+            let transport = match communication.transport {
+                CollectiveTransport::Auto if cluster.is_local() => CollectiveTransport::SharedMemory,
+                CollectiveTransport::Auto => CollectiveTransport::Tcp,
+                other => other,
+            };
             let reduction = Reduction::Collective {
                 auto: communication.implementation == CollectiveImplementation::Auto,
+                transport,
                 implementation,
                 bytes_per_pack: communication.bytes_per_pack,
                 timeout_s: communication.timeout_s,

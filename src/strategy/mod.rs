@@ -101,10 +101,9 @@ pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, 
     };
     match plan.strategy.kind {
         StrategyKind::Default => Ok(Box::new(default::new(one()?))),
-        StrategyKind::OneDevice => Ok(Box::new(one_device::new(
-            plan.strategy.devices.first().copied().unwrap_or_default(),
-            one()?,
-        )?)),
+        StrategyKind::OneDevice => {
+            Ok(Box::new(one_device::new(plan.strategy.devices.first().copied().unwrap_or_default(), one()?)?))
+        }
         StrategyKind::Mirrored => {
             let algorithm = match plan.strategy.reduction {
                 crate::plan::Reduction::CrossDevice { algorithm, .. } => algorithm,
