@@ -162,16 +162,15 @@ pub fn text(plan: &Plan) -> String {
                 if auto { format!("{name} (auto: {why})") } else { name.to_string() }
             }
             Reduction::Collective { implementation, auto, transport, bytes_per_pack, timeout_s } => {
-                let (algo, why) = match implementation {
-                    CollectiveImplementation::Nccl => ("nccl", "GPU workers"),
-                    CollectiveImplementation::Ring | CollectiveImplementation::Auto => ("ring", "CPU workers"),
+                let how = match (implementation, transport) {
+                    (CollectiveImplementation::Nccl, _) => "nccl".to_string(),
+                    (_, crate::spec::CollectiveTransport::SharedMemory) => {
+                        "shared memory, every worker summing its share of the slots (every worker on this host)".to_string()
+                    }
+                    _ => "ring over TCP (reduce-scatter, then all-gather)".to_string(),
                 };
-                let algo = if auto { format!("{algo} (auto: {why})") } else { algo.to_string() };
-                let over = match transport {
-                    crate::spec::CollectiveTransport::SharedMemory => "shared memory (every worker on this host)",
-                    crate::spec::CollectiveTransport::Tcp | crate::spec::CollectiveTransport::Auto => "TCP",
-                };
-                format!("{algo} over {over}, packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
+                let how = if auto { format!("{how}, chosen by auto") } else { how };
+                format!("{how}; packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
             }
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
         },
