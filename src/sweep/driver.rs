@@ -236,13 +236,16 @@ fn merged(list: &[(String, Vec<usize>)], sweep: &Sweep) -> String {
     for (part, trials) in list {
         out.push_str(part);
         let n = sweep.trials.len();
+        // Under the diagnostic's own `= help:` line.
+        let indent = part.lines().rev().find_map(|l| l.find("= ").filter(|i| l[..*i].trim().is_empty())).unwrap_or(2);
+        let pad = " ".repeat(indent);
         match trials.as_slice() {
             [one] if n > 1 => {
-                out.push_str(&format!("\n  = note: in trial {one} of {n} ({})", sweep.trials[one - 1].name))
+                out.push_str(&format!("\n{pad}= note: in trial {one} of {n} ({})", sweep.trials[one - 1].name));
             }
             some if some.len() < n => {
                 let list: Vec<String> = some.iter().map(usize::to_string).collect();
-                out.push_str(&format!("\n  = note: in trials {} of {n}", list.join(", ")));
+                out.push_str(&format!("\n{pad}= note: in trials {} of {n}", list.join(", ")));
             }
             _ => {}
         }
