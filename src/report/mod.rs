@@ -51,11 +51,17 @@ impl From<ReportError> for RunError {
     }
 }
 
+/// (step, value) points.
+type Points = Vec<(f64, f64)>;
+
+/// Training and validation points of one quantity.
+type Pair = (Points, Points);
+
 /// The curves of one run folder.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct RunCurves {
-    loss: (Vec<(f64, f64)>, Vec<(f64, f64)>),
-    accuracy: (Vec<(f64, f64)>, Vec<(f64, f64)>),
+    loss: Pair,
+    accuracy: Pair,
 }
 
 /// Reads `metrics.jsonl`: training points from `step` lines (or epochs, for runs logged
@@ -117,7 +123,7 @@ fn name_of(dir: &Path) -> String {
 }
 
 fn charts(title: &str, runs: &[(String, RunCurves)]) -> [Chart; 2] {
-    let of = |pick: fn(&RunCurves) -> &(Vec<(f64, f64)>, Vec<(f64, f64)>)| {
+    let of = |pick: fn(&RunCurves) -> &Pair| {
         runs.iter()
             .map(|(label, c)| Curves { label: label.clone(), train: pick(c).0.clone(), val: pick(c).1.clone() })
             .collect()

@@ -116,7 +116,9 @@ fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
                 );
             }
             let bad = match dist {
-                Distribution::Uniform { low, high } if !(low < high) => Some(format!("low = {low} ≥ high = {high}")),
+                Distribution::Uniform { low, high } if low.partial_cmp(high) != Some(std::cmp::Ordering::Less) => {
+                    Some(format!("low = {low} ≥ high = {high}"))
+                }
                 Distribution::LogUniform { low, high } if !(*low > 0.0 && low < high) => {
                     Some(format!("needs 0 < low < high, found low = {low}, high = {high}"))
                 }

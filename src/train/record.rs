@@ -220,7 +220,7 @@ impl RunDir {
     ) -> Result<(), RecordError> {
         self.interval.stats.add(stats);
         self.interval.time += took;
-        if step % self.options.log_every_steps.max(1) != 0 {
+        if !step.is_multiple_of(self.options.log_every_steps.max(1)) {
             return Ok(());
         }
         let Interval { stats, time } = std::mem::take(&mut self.interval);
