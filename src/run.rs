@@ -238,7 +238,7 @@ pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
         );
         print!("{}", crate::model::summary(&model));
         if let Some(sweep) = &p.loaded.spec.sweep {
-            println!("{}", crate::sweep::check_note(&p.loaded, sweep));
+            println!("{}", crate::sweep::check_note(&p.loaded, sweep)?);
         }
     }
     Ok(())

@@ -183,6 +183,14 @@ fn dry_run_lists_the_trials_and_runs_nothing() {
         assert!(stdout.lines().any(|l| l.contains(t) && l.contains("to run")), "{t}:\n{stdout}");
     }
     assert!(!out_dir.exists(), "a dry run writes nothing");
+
+    // `check` plans the base spec and counts the trials; an empty sweep is a spec error.
+    let out = run(&["check", SPEC]);
+    assert_exit(&out, 0);
+    assert!(text(&out).0.lines().any(|l| l.trim_start().starts_with("sweep") && l.contains("4 trials")));
+    let out = run(&["check", "specs/mnist_single.toml", "--set", "sweep.metric=test_loss"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("the sweep has no trials"), "{}", text(&out).1);
 }
 
 #[test]

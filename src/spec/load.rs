@@ -362,6 +362,34 @@ mod tests {
     }
 
     #[test]
+    fn trial_values_layer_last_and_their_problems_point_at_the_sweep() {
+        let sweep = "extends = \"base.toml\"\n[sweep.grid]\n\"train.steps_per_epoch\" = [30, 0]\n\
+                     \"train.validatoin_steps\" = [2]\n";
+        let dir = folder(&[("base.toml", BASE), ("sweep.toml", sweep)]);
+        let path = dir.path().join("sweep.toml");
+        let value = |key: &str, value: serde_json::Value, source: &str| Assignment {
+            key: key.into(),
+            value,
+            source: source.into(),
+        };
+        let good = [value("train.steps_per_epoch", 30.into(), "sweep.grid.\"train.steps_per_epoch\"[0]")];
+        let Ok(trial) = load_trial(&path, &[], &["train.steps_per_epoch=7".into()], &good) else {
+            panic!("the trial loads")
+        };
+        assert_eq!(trial.spec.train.steps_per_epoch.map(|n| n.get()), Some(30), "the trial's value wins");
+        assert!(trial.spec.sweep.is_none(), "a trial is an ordinary run");
+        assert!(trial.origins.origin("train.steps_per_epoch").is_some_and(|o| o.ends_with("sweep.toml")));
+
+        let bad = [
+            value("train.steps_per_epoch", 0.into(), "sweep.grid.\"train.steps_per_epoch\"[1]"),
+            value("train.validatoin_steps", 2.into(), "sweep.grid.\"train.validatoin_steps\"[0]"),
+        ];
+        let text = rendered(load_trial(&path, &[], &[], &bad));
+        assert!(text.contains("sweep.toml:3:32"), "the zero in the grid: {text}");
+        assert!(text.contains("sweep.toml:4:1") && text.contains("did you mean `validation_steps`?"), "{text}");
+    }
+
+    #[test]
     fn a_missing_top_file_is_a_read_error() {
         let dir = folder(&[]);
         let error = load(&dir.path().join("nope.toml"), &[], &[]);

@@ -158,34 +158,34 @@ pub fn load_trial(inv: &Invocation, base: &Loaded, wanted: &WantedTrial) -> Resu
     Ok((loaded, TrialRun { origin, sweep_seed: sweep.seed }))
 }
 
-/// `trainrun check`'s line about a spec's sweep.
-pub fn check_note(loaded: &Loaded, section: &SweepSpec) -> String {
-    let what = match Sweep::new(loaded) {
-        Ok(Some(s)) => {
-            let order = if s.higher_is_better { "higher is better" } else { "lower is better" };
-            let mut ways: Vec<String> = Vec::new();
-            if !section.grid.is_empty() {
-                ways.push(format!("grid {}", section.grid.keys().cloned().collect::<Vec<_>>().join(" × ")));
-            }
-            if let Some(r) = &section.random {
-                ways.push(format!("{} random samples", r.samples));
-            }
-            if !section.trials.is_empty() {
-                ways.push(format!("{} listed", section.trials.len()));
-            }
-            format!(
-                "{} trials ({}) in {}, ranked by {} ({order}); the plan above is the base spec's: \
-                 `trainrun sweep --dry-run` lists the trials",
-                s.trials.len(),
-                ways.join(", "),
-                s.dir.display(),
-                s.metric.as_str()
-            )
-        }
-        Ok(None) => "none".to_string(),
-        Err(diags) => format!("invalid: {}", diags.iter().map(|d| d.message.as_str()).collect::<Vec<_>>().join("; ")),
+/// `trainrun check`'s line about a spec's sweep, or the problems of its `[sweep]` section
+/// (`trainrun sweep --dry-run` also loads and plans every trial).
+pub fn check_note(loaded: &Loaded, section: &SweepSpec) -> Result<String, RunError> {
+    let s = match Sweep::new(loaded) {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(format!("  {:<20}  none", "sweep")),
+        Err(diags) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
     };
-    format!("  {:<20}  {what}", "sweep")
+    let order = if s.higher_is_better { "higher is better" } else { "lower is better" };
+    let mut ways: Vec<String> = Vec::new();
+    if !section.grid.is_empty() {
+        ways.push(format!("grid {}", section.grid.keys().cloned().collect::<Vec<_>>().join(" × ")));
+    }
+    if let Some(r) = &section.random {
+        ways.push(format!("{} random samples", r.samples));
+    }
+    if !section.trials.is_empty() {
+        ways.push(format!("{} listed", section.trials.len()));
+    }
+    Ok(format!(
+        "  {:<20}  {} trials ({}) in {}, ranked by {} ({order}); the plan above is the base spec's: \
+         `trainrun sweep --dry-run` lists the trials",
+        "sweep",
+        s.trials.len(),
+        ways.join(", "),
+        s.dir.display(),
+        s.metric.as_str()
+    ))
 }
 
 /// The error for `trainrun SPEC` on a spec with a `[sweep]`: which command to use instead.
