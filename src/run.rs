@@ -467,7 +467,10 @@ fn run_record(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> RunRecord
         status: RunStatus::Running,
         exit_code: None,
         error: None,
-        started_at: rfc3339(std::time::SystemTime::now() - inv.launched.elapsed()),
+        started_at: {
+            let now = std::time::SystemTime::now();
+            rfc3339(now.checked_sub(inv.launched.elapsed()).unwrap_or(now))
+        },
         ended_at: None,
         wall_s: None,
         command: std::env::args().collect(),

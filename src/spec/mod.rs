@@ -103,3 +103,27 @@ impl Spec {
         Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+
+    #[test]
+    fn the_results_hash_ignores_where_and_how_many_threads_only() {
+        let spec = Spec::default();
+        let hash = spec.results_sha256();
+        assert_eq!(hash.len(), 64);
+        assert_eq!(hash, spec.clone().results_sha256(), "stable");
+        let mut moved = spec.clone();
+        moved.run.out_dir = Some(PathBuf::from("elsewhere"));
+        moved.run.threads = NonZeroUsize::new(7);
+        assert_eq!(moved.results_sha256(), hash, "folder and threads do not change results");
+        let mut other = spec.clone();
+        other.optimizer.learning_rate = Some(0.5);
+        assert_ne!(other.results_sha256(), hash);
+        let mut reseeded = spec;
+        reseeded.run.seed = 1;
+        assert_ne!(reseeded.results_sha256(), hash);
+    }
+}
