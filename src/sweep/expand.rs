@@ -1,5 +1,5 @@
-//! Expanding a `[sweep]` into its trials, purely: the grid's cartesian product crossed with
-//! the random samples, then the explicit trials; each with a readable, stable folder name and
+//! Expanding a `[sweep]` into its trials, purely: each random sample crossed with the grid's
+//! cartesian product, then the explicit trials; each with a readable, stable folder name and
 //! a seed derived from the sweep seed and the trial's values.
 
 use crate::engine::init::{derive_seed, rng};
@@ -50,9 +50,11 @@ pub fn expand(sweep: &SweepSpec, seed: u64) -> Result<Vec<Trial>, Vec<Diagnostic
     }
     let mut combos: Vec<Vec<Assignment>> = Vec::new();
     if !sweep.grid.is_empty() || sweep.random.is_some() {
-        let samples = samples(sweep, seed);
-        for point in grid(sweep) {
-            for sample in &samples {
+        // Samples outermost: drawing more samples appends trials and keeps the numbers (and
+        // so the folders) of the earlier ones.
+        let points = grid(sweep);
+        for sample in samples(sweep, seed) {
+            for point in &points {
                 let mut values = point.clone();
                 values.extend(sample.iter().cloned());
                 combos.push(values);

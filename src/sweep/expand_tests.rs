@@ -105,9 +105,16 @@ fn random_samples_cross_the_grid_and_explicit_trials_follow() {
     assert_eq!(t.len(), 2 * 3 + 1);
     // Each sample is crossed with every grid point: the same three rates at both batches.
     let lr = |t: &Trial| t.values.iter().find(|a| a.key == "optimizer.learning_rate").map(|a| a.value.clone());
-    let small: Vec<_> = t[..3].iter().map(lr).collect();
-    let large: Vec<_> = t[3..6].iter().map(lr).collect();
-    assert_eq!(small, large);
+    let batch = |t: &Trial| t.values.iter().find(|a| a.key == "batch.global").map(|a| a.value.clone());
+    for pair in t[..6].chunks(2) {
+        assert_eq!(lr(&pair[0]), lr(&pair[1]));
+        assert_eq!((batch(&pair[0]), batch(&pair[1])), (Some(json!(32)), Some(json!(64))));
+    }
+    // More samples append trials: the first ones keep their numbers, names and values.
+    let mut more = sweep.clone();
+    more.random = random(4, &[("optimizer.learning_rate", Distribution::Uniform { low: 0.01, high: 0.1 })]);
+    more.trials.clear();
+    assert_eq!(trials(&more, 1)[..6], t[..6]);
     assert_eq!(t[6].name, "trial-007-lr0.5");
     assert_eq!(t[6].values[0].source, "sweep.trials[0].\"optimizer.learning_rate\"");
 }
