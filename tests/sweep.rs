@@ -90,6 +90,16 @@ fn a_sweep_runs_ranks_and_records_every_trial_the_same_twice_and_reports() {
         assert!(!spec.contains("[sweep"), "a trial's resolved spec is an ordinary run:\n{spec}");
         assert!(dir.join("train.log").is_file() && dir.join("model.safetensors").is_file());
     }
+    // A trial's resolved spec runs again on its own, to the same weights.
+    let again = tempdir();
+    let spec = a.path().join(TRIALS[1]).join("spec.toml").display().to_string();
+    let o = format!("run.out_dir={}", again.path().display());
+    assert_exit(&run(&[&spec, "-q", "--set", &o]), 0);
+    let (first, second) =
+        (json(&a.path().join(TRIALS[1]).join("summary.json")), json(&again.path().join("summary.json")));
+    assert_eq!(first["weights_sha256"], second["weights_sha256"]);
+    assert_eq!(first["spec_sha256"], second["spec_sha256"]);
+
     let record = json(&a.path().join("sweep.json"));
     assert_eq!(record["trials"].as_array().map(Vec::len), Some(4));
     assert!(record["ended_at"].is_string(), "{record}");

@@ -229,6 +229,9 @@ fn load_layers(
     if spec.run.name.is_none() {
         spec.run.name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned());
     }
+    // The chain is merged in (`Loaded::files` lists it): the resolved spec stands alone, so
+    // the `spec.toml` a run writes runs again from anywhere.
+    spec.extends = None;
     Ok(Loaded { spec, files: chain.into_iter().map(|f| f.path).collect(), origins })
 }
 
