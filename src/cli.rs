@@ -1,8 +1,9 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `schema` and `bench` are the only other commands.
+//! `check`, `sweep`, `report`, `schema` and `bench` are the only other commands.
 
 use crate::run::{self, Invocation, RunError};
 use clap::{Args, Parser, Subcommand};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -27,6 +28,27 @@ enum Command {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Run every trial of the spec's [sweep] as its own run under the sweep folder (the spec's
+    /// run.out_dir), skipping trials already complete, then rank them in results.csv.
+    Sweep {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Run this many trials at once (at most the machine's cores; each gets its share).
+        #[arg(long, value_name = "K", default_value_t = NonZeroUsize::MIN)]
+        parallel: NonZeroUsize,
+        /// List the trials, their folders, seeds and values, and which are complete; run nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print nothing but errors.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Draw the loss and accuracy curves of a run folder, or of every trial of a sweep folder,
+    /// to SVG and PNG, with an HTML page (report.html) of the results and plots.
+    Report {
+        /// A run folder (with metrics.jsonl) or a sweep folder (with sweep.json).
+        dir: PathBuf,
     },
     /// Print the JSON Schema of specs (editors validate `#:schema` spec files with it).
     Schema,
@@ -107,6 +129,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         None => invocation(cli.run.spec, cli.run.quiet, cli.run.task).and_then(|inv| run::train(&inv)).map(|_| ()),
         Some(Command::Check { spec, json }) => invocation(spec, false, None).and_then(|inv| run::check(&inv, json)),
+        Some(Command::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
+            .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
+        Some(Command::Report { dir }) => crate::report::run(&dir),
         Some(Command::Schema) => {
             print!("{}", crate::spec::schema_json());
             Ok(())
@@ -146,7 +171,18 @@ mod tests {
         flags.sort();
         assert_eq!(
             flags,
-            ["--quiet", "--set", "--task", "bench --quick", "check --json", "check --set"],
+            [
+                "--quiet",
+                "--set",
+                "--task",
+                "bench --quick",
+                "check --json",
+                "check --set",
+                "sweep --dry-run",
+                "sweep --parallel",
+                "sweep --quiet",
+                "sweep --set",
+            ],
             "CLI flags changed: keep options in the spec (`--set` reaches every key)"
         );
     }

@@ -8,10 +8,12 @@ use crate::collective::Communicator;
 use crate::data::{DataDirs, DataError, Fetcher, Shard, Source};
 use crate::engine::Shape;
 use crate::plan::{Facts, Hardware, Plan, ShardPolicy, StrategyKind};
+use crate::provenance::{Git, Host, rfc3339};
 use crate::spec::{self, CollectiveTransport, CommunicationOptions, Diagnostic, Loaded};
 use crate::strategy::{self, StrategyError, Variables};
 use crate::train::progress::Mode;
-use crate::train::record::{RunDir, Summary};
+use crate::train::record::{RunDir, RunDirOptions, Summary};
+use crate::train::run_record::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
 use crate::train::{self, FitOptions, Session, TrainError};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -64,6 +66,14 @@ pub enum RunError {
     /// Anything else at runtime.
     #[error("error: {0}")]
     Failure(String),
+    /// Trials of a sweep failed; the sweep exits with the first one's code.
+    #[error("error: {message}")]
+    TrialFailed {
+        /// The first failed trial's exit code.
+        code: u8,
+        /// Which trials failed.
+        message: String,
+    },
 }
 
 impl RunError {
@@ -71,7 +81,9 @@ impl RunError {
     pub fn exit(&self) -> u8 {
         let code = match self {
             // The launcher passes on the code of the task that failed.
-            RunError::Launch(launch::LaunchError::TaskFailed { code, .. }) => return *code,
+            RunError::Launch(launch::LaunchError::TaskFailed { code, .. }) | RunError::TrialFailed { code, .. } => {
+                return *code;
+            }
             RunError::Launch(_) => Exit::Cluster,
             RunError::Usage(_) | RunError::Spec(_) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
@@ -116,6 +128,17 @@ pub struct Prepared {
     pub source: Source,
     /// The cluster and this process's task.
     pub cluster: Resolution,
+    /// The sweep trial this run is (`TRAINRUN_SWEEP_TRIAL`), if it is one.
+    pub trial: Option<crate::sweep::TrialRun>,
+}
+
+/// Why a loaded spec did not plan.
+#[derive(Debug)]
+pub enum Unplanned {
+    /// Problems of the spec, to render against its origins.
+    Spec(Vec<Diagnostic>),
+    /// Anything else (data that cannot be read).
+    Run(RunError),
 }
 
 fn data_dirs(env: &[(String, String)]) -> DataDirs {
@@ -128,38 +151,54 @@ fn flag(env: &[(String, String)], key: &str) -> bool {
     env.iter().any(|(k, v)| k == key && !matches!(v.as_str(), "" | "0" | "false"))
 }
 
-/// Loads and plans the spec, rendering every problem with its location.
+/// Loads and plans the spec, rendering every problem with its location. Under a sweep
+/// (`TRAINRUN_SWEEP_TRIAL`), the spec is that trial's.
 pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
-    let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
-    let source = Source::from_spec(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)?;
+    let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
+    let (loaded, trial) = match crate::sweep::trial_from_env(&inv.env)? {
+        Some(wanted) => {
+            let (loaded, trial) = crate::sweep::load_trial(inv, &base, &wanted)?;
+            (loaded, Some(trial))
+        }
+        None => (base, None),
+    };
+    let (plan, source, cluster) = match plan(&loaded, inv) {
+        Ok(planned) => planned,
+        Err(Unplanned::Spec(diags)) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
+        Err(Unplanned::Run(e)) => return Err(e),
+    };
+    if !plan.warnings.is_empty() && !inv.quiet {
+        eprint!("{}", spec::render(&plan.warnings, &loaded.origins));
+    }
+    Ok(Prepared { loaded, plan, source, cluster, trial })
+}
+
+/// Plans a loaded spec: gathers the facts (data sizes, cores, cluster) and calls the pure
+/// planner.
+pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<(Plan, Source, Resolution), Unplanned> {
+    let source = Source::from_spec(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)
+        .map_err(|e| Unplanned::Run(e.into()))?;
     let multi_process = matches!(
         loaded.spec.strategy,
         spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
     );
     let cluster = crate::cluster::resolve::resolve(&loaded.spec.cluster, multi_process, &inv.env, inv.task.as_deref())
-        .map_err(|d| RunError::Spec(spec::render(&[d], &loaded.origins)))?;
+        .map_err(|d| Unplanned::Spec(vec![d]))?;
     let facts = Facts {
-        data: source.facts().map_err(|e| named_files_missing(&loaded, e))?,
+        data: source.facts().map_err(|e| named_files_missing(loaded, e))?,
         cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
         hardware: Hardware { gpus: 0 },
         cluster,
     };
-    match Plan::new(&loaded.spec, &facts) {
-        Ok(plan) => {
-            if !plan.warnings.is_empty() && !inv.quiet {
-                eprint!("{}", spec::render(&plan.warnings, &loaded.origins));
-            }
-            Ok(Prepared { loaded, plan, source, cluster: facts.cluster })
-        }
-        Err(diags) => Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
-    }
+    let plan = Plan::new(&loaded.spec, &facts).map_err(Unplanned::Spec)?;
+    Ok((plan, source, facts.cluster))
 }
 
 /// Files the spec itself names (`[data.files]`) that do not exist are a spec error at their
 /// key; other data problems stay data errors.
-fn named_files_missing(loaded: &Loaded, e: DataError) -> RunError {
+fn named_files_missing(loaded: &Loaded, e: DataError) -> Unplanned {
     let (DataError::MissingFiles { dir, files, .. }, Some(named)) = (&e, &loaded.spec.data.files) else {
-        return e.into();
+        return Unplanned::Run(e.into());
     };
     let keys = [
         ("train_images", Some(&named.train_images)),
@@ -178,7 +217,7 @@ fn named_files_missing(loaded: &Loaded, e: DataError) -> RunError {
             .help("fix the file name, or point data.dir (or TRAINRUN_DATA_DIR) at the folder that holds it")
         })
         .collect();
-    if diags.is_empty() { e.into() } else { RunError::Spec(spec::render(&diags, &loaded.origins)) }
+    if diags.is_empty() { Unplanned::Run(e.into()) } else { Unplanned::Spec(diags) }
 }
 
 /// `trainrun check`: prints the plan.
@@ -198,6 +237,9 @@ pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
             p.source.dir().map_or("(generated)".to_string(), |d| d.display().to_string())
         );
         print!("{}", crate::model::summary(&model));
+        if let Some(sweep) = &p.loaded.spec.sweep {
+            println!("{}", crate::sweep::check_note(&p.loaded, sweep)?);
+        }
     }
     Ok(())
 }
@@ -229,6 +271,9 @@ fn role(p: &Prepared) -> Role {
 /// `trainrun SPEC`: trains (or launches the tasks that train) and writes the run folder.
 pub fn train(inv: &Invocation) -> Result<(), RunError> {
     let p = prepare(inv)?;
+    if p.loaded.spec.sweep.is_some() {
+        return Err(crate::sweep::not_a_run(&inv.spec, &p.loaded));
+    }
     // Refused before any process starts, not from inside every task.
     if p.plan.strategy.kind == StrategyKind::ParameterServer {
         return Err(RunError::from(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())));
@@ -271,7 +316,12 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         progress: Mode::detect(inv.quiet),
         epochs: p.plan.train.epochs,
     };
-    launch::run(run).map_err(RunError::Launch)?;
+    if let Err(e) = launch::run(run) {
+        let error = RunError::Launch(e);
+        // A chief killed before it could say so leaves `run.json` at `running`.
+        crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string());
+        return Err(error);
+    }
     if !inv.quiet {
         println!("wrote {}", p.plan.out_dir.display());
     }
@@ -358,14 +408,8 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
         }
     };
 
-    let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
-    let mut run_dir = if chief {
-        Some(RunDir::create(&plan.out_dir, &resolved).map_err(|e| RunError::Train(e.into()))?)
-    } else {
-        None
-    };
     let optimizer = plan.optimizer.build(params.len());
-    let mut session = Session {
+    let session = Session {
         vars: Variables { params, state },
         optimizer,
         strategy,
@@ -375,6 +419,98 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
         state_tensors,
         activation_len,
     };
+    let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
+    let mut run_dir = if chief {
+        let options = RunDirOptions {
+            resolved_spec: resolved,
+            spec_sha256: p.loaded.spec.results_sha256(),
+            log_every_steps: p.loaded.spec.run.log_every_steps.get(),
+            launched: inv.launched,
+        };
+        Some(RunDir::create(&plan.out_dir, options).map_err(|e| RunError::Train(e.into()))?)
+    } else {
+        None
+    };
+    let mut record = run_dir.as_ref().map(|_| run_record(inv, p, task));
+    if let (Some(d), Some(r)) = (&run_dir, &record) {
+        d.record(r).map_err(|e| RunError::Train(e.into()))?;
+    }
+    let result = fit_session(inv, p, session, prefix, run_dir.as_mut());
+    if let (Some(d), Some(r)) = (&run_dir, &mut record) {
+        r.finish(inv.launched, result.as_ref().err().map(|e| (e.exit(), e.to_string())));
+        d.record(r).map_err(|e| RunError::Train(e.into()))?;
+    }
+    result
+}
+
+/// `run.json` as training starts.
+fn run_record(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> RunRecord {
+    let folder = inv.spec.parent().unwrap_or(std::path::Path::new("."));
+    let mut env_overrides: Vec<String> = inv
+        .env
+        .iter()
+        .filter(|(k, _)| k.to_ascii_uppercase().starts_with("TRAINRUN_") && k.contains("__"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env_overrides.sort();
+    let tasks = p
+        .cluster
+        .cluster
+        .tasks
+        .iter()
+        .map(|(t, a)| {
+            let address = match a {
+                Address::Local => "local".to_string(),
+                Address::At(a) => a.clone(),
+            };
+            (t.to_string(), address)
+        })
+        .collect();
+    RunRecord {
+        trainrun_version: env!("CARGO_PKG_VERSION"),
+        status: RunStatus::Running,
+        exit_code: None,
+        error: None,
+        started_at: {
+            let now = std::time::SystemTime::now();
+            rfc3339(now.checked_sub(inv.launched.elapsed()).unwrap_or(now))
+        },
+        ended_at: None,
+        wall_s: None,
+        command: std::env::args().collect(),
+        cwd: std::env::current_dir().ok().map(|d| d.display().to_string()),
+        spec: SpecSource {
+            path: inv.spec.display().to_string(),
+            files: p.loaded.files.iter().map(|f| f.display().to_string()).collect(),
+            sets: inv.sets.clone(),
+            env_overrides,
+            sha256: p.loaded.spec.results_sha256(),
+        },
+        seeds: Seeds { run: p.plan.seed, sweep: p.trial.as_ref().map(|t| t.sweep_seed) },
+        sweep: p.trial.as_ref().map(|t| t.origin.clone()),
+        git: Git::of(folder),
+        cluster: Topology {
+            strategy: p.plan.strategy.kind,
+            source: p.cluster.cluster.source,
+            tasks,
+            task: task.map(|t| t.to_string()),
+            num_workers: p.plan.strategy.num_workers,
+            num_replicas_in_sync: p.plan.strategy.num_replicas_in_sync,
+            threads: p.plan.threads,
+        },
+        host: Host::here(),
+    }
+}
+
+/// The parts of training after the run folder exists, so that their failure is recorded.
+fn fit_session(
+    inv: &Invocation,
+    p: &Prepared,
+    mut session: Session,
+    prefix: String,
+    mut run_dir: Option<&mut RunDir>,
+) -> Result<Summary, RunError> {
+    let plan = &p.plan;
     let progress = match inv.env.iter().find(|(k, _)| k == "TRAINRUN_PROGRESS").map(|(_, v)| v.as_str()) {
         Some("events") => Mode::Events,
         Some("quiet") => Mode::Quiet,
@@ -386,8 +522,8 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
         .num_threads(plan.threads)
         .build()
         .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
-    let summary = pool.install(|| train::fit(plan, &mut session, run_dir.as_mut(), &opts))?;
-    if let Some(d) = &run_dir {
+    let summary = pool.install(|| train::fit(plan, &mut session, run_dir.as_deref_mut(), &opts))?;
+    if let Some(d) = run_dir {
         d.summary(&summary).map_err(|e| RunError::Train(e.into()))?;
         if progress != Mode::Quiet && progress != Mode::Events {
             println!("wrote {}", d.path().display());

@@ -33,7 +33,9 @@ fn the_tutorial_job_trains_across_two_worker_processes() {
     let losses: Vec<f64> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
         .unwrap_or_default()
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "epoch")
+        .filter_map(|v| v["loss"].as_f64())
         .collect();
     assert!(losses.len() == 3 && losses.windows(2).all(|w| w[1] < w[0]), "{losses:?}");
 }

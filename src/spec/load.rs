@@ -4,9 +4,10 @@
 
 use super::diag::{Diagnostic, Severity};
 use super::files::{self, SpecFile, Unreadable, io_reason, table_to_dict};
-use super::origins::{Layer, LayerKind, Origins};
-use super::overrides::{self, BadOverride};
-use super::render::{Finding, Place, render_findings};
+use super::keypath::{self, Seg};
+use super::origins::{self, Layer, LayerKind, Origins, SweepAt};
+use super::overrides::{self, BadOverride, Override};
+use super::render::{Finding, Place, render_findings, render_parts};
 use super::{Spec, schema_value, validate};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
@@ -45,6 +46,8 @@ pub enum LoadError {
         diagnostics: Vec<Diagnostic>,
         /// The problems as text, ready to print.
         rendered: String,
+        /// Each problem as text, without the summary line (a sweep merges its trials' problems).
+        parts: Vec<String>,
     },
 }
 
@@ -60,6 +63,7 @@ impl LoadError {
     fn invalid(findings: Vec<Finding>, origins: &Origins) -> Self {
         LoadError::Invalid {
             rendered: render_findings(&findings, origins),
+            parts: render_parts(&findings, origins),
             diagnostics: findings.into_iter().map(|f| f.diag).collect(),
         }
     }
@@ -70,6 +74,90 @@ impl LoadError {
 /// `KEY=VALUE`), lowest to highest precedence: base files (deepest first), the file, the
 /// environment, `--set` in order.
 pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Loaded, LoadError> {
+    load_layers(path, env, sets, &[])
+}
+
+/// One value a sweep trial sets: a key path, its value, and where the spec's `[sweep]` gives
+/// it, so that its problems point there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// The key path it sets, written as for `--set`: `optimizer.learning_rate`.
+    pub key: String,
+    /// The value.
+    pub value: serde_json::Value,
+    /// Where the sweep gives it, as a key path: `sweep.grid."optimizer.learning_rate"[1]`.
+    pub source: String,
+}
+
+/// Loads one trial of a sweep: [`load`], then `trial`'s values on top of every other layer,
+/// through the same machinery as `--set` (so a bad key gets the same "did you mean", pointing
+/// at the sweep). The trial's spec has no `[sweep]`: it is an ordinary run.
+pub fn load_trial(
+    path: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+    trial: &[Assignment],
+) -> Result<Loaded, LoadError> {
+    let mut loaded = load_layers(path, env, sets, trial)?;
+    loaded.spec.sweep = None;
+    Ok(loaded)
+}
+
+/// A trial value as an override, and where its sweep entry is written.
+fn trial_override(a: &Assignment, files: &[(usize, &str)]) -> (Result<Override, BadOverride>, Option<SweepAt>) {
+    let source = keypath::parse(&a.source).unwrap_or_default();
+    // The key of a grid value is its list's key.
+    let owner = match source.split_last() {
+        Some((Seg::Index(_), owner)) => owner,
+        _ => source.as_slice(),
+    };
+    let at = files.iter().rev().find_map(|&(file, text)| {
+        let (key, value) = origins::spans(text, &source)?;
+        let key = key.or_else(|| origins::spans(text, owner).and_then(|(k, _)| k));
+        Some(SweepAt { file, key, value: Some(value) })
+    });
+    let name = format!("[sweep] {} = {}", a.key, a.value);
+    let parsed = match keypath::parse(&a.key) {
+        Ok(segs) if !segs.is_empty() => Ok(Override { name, segs, value: json_value(&a.value) }),
+        Ok(_) => Err(BadOverride {
+            message: format!("cannot apply the sweep's `{}`: the key is empty", a.source),
+            help: "name a key path, e.g. `\"optimizer.learning_rate\" = [0.1, 0.01]`".to_string(),
+            name,
+        }),
+        Err(why) => Err(BadOverride {
+            message: format!("cannot apply the sweep's `{}`: {why}", a.key),
+            help: "write key paths as for `--set`, e.g. `\"model.layers[1].units\" = [64, 128]`".to_string(),
+            name,
+        }),
+    };
+    (parsed, at)
+}
+
+/// A JSON value as figment's.
+fn json_value(json: &serde_json::Value) -> Value {
+    use figment::value::{Num, Tag};
+    match json {
+        serde_json::Value::Null => Value::from(String::new()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Value::Num(Tag::Default, Num::I64(i)),
+            (None, Some(u), _) => Value::Num(Tag::Default, Num::U64(u)),
+            (None, None, f) => Value::Num(Tag::Default, Num::F64(f.unwrap_or(f64::NAN))),
+        },
+        serde_json::Value::String(s) => Value::from(s.clone()),
+        serde_json::Value::Array(items) => Value::Array(Tag::Default, items.iter().map(json_value).collect()),
+        serde_json::Value::Object(map) => {
+            Value::Dict(Tag::Default, map.iter().map(|(k, v)| (k.clone(), json_value(v))).collect())
+        }
+    }
+}
+
+fn load_layers(
+    path: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+    trial: &[Assignment],
+) -> Result<Loaded, LoadError> {
     let chain = match files::read_chain(path) {
         Err(Unreadable { path, error }) => {
             return Err(LoadError::Read { path, source: error });
@@ -88,27 +176,39 @@ pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Lo
         layers.push(file.layer());
     }
 
+    let files: Vec<(usize, &str)> = chain.iter().rev().enumerate().map(|(i, f)| (i, f.source.as_str())).collect();
     let mut findings = Vec::new();
-    let parsed = overrides::from_env(env).into_iter().chain(sets.iter().map(|s| overrides::from_set(s)));
-    for parsed in parsed {
+    let parsed = overrides::from_env(env)
+        .into_iter()
+        .chain(sets.iter().map(|s| overrides::from_set(s)))
+        .map(|p| (p, None))
+        .chain(trial.iter().map(|a| trial_override(a, &files)).map(|(p, at)| (p, Some(at))));
+    for (parsed, sweep) in parsed {
         let applied = parsed.and_then(|ov| {
             let below = merged(&figment);
             let data = overrides::layer_data(&ov, &below)?;
             Ok((ov, data))
         });
+        let kind = |segs: Vec<Seg>| match &sweep {
+            Some(at) => LayerKind::Sweep { segs, at: at.clone() },
+            None => LayerKind::Override { segs },
+        };
         match applied {
             Ok((ov, data)) => {
                 figment = figment.merge(LayerData {
                     metadata: Metadata::from(ov.name.clone(), Source::Custom(ov.name.clone())),
                     data,
                 });
-                layers.push(Layer { name: ov.name, kind: LayerKind::Override { segs: ov.segs } });
+                layers.push(Layer { name: ov.name, kind: kind(ov.segs) });
             }
             Err(BadOverride { name, message, help }) => {
                 let mut finding = Finding::new("", message).help(help);
-                finding.place = Place::Layer { layer: layers.len(), span: None };
+                finding.place = match sweep.as_ref().and_then(|at| at.as_ref()) {
+                    Some(at) => Place::Layer { layer: at.file, span: at.key.clone().or_else(|| at.value.clone()) },
+                    None => Place::Layer { layer: layers.len(), span: None },
+                };
                 findings.push(finding);
-                layers.push(Layer { name, kind: LayerKind::Override { segs: Vec::new() } });
+                layers.push(Layer { name, kind: kind(Vec::new()) });
             }
         }
     }
@@ -129,6 +229,9 @@ pub fn load(path: &Path, env: &[(String, String)], sets: &[String]) -> Result<Lo
     if spec.run.name.is_none() {
         spec.run.name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned());
     }
+    // The chain is merged in (`Loaded::files` lists it): the resolved spec stands alone, so
+    // the `spec.toml` a run writes runs again from anywhere.
+    spec.extends = None;
     Ok(Loaded { spec, files: chain.into_iter().map(|f| f.path).collect(), origins })
 }
 
@@ -259,6 +362,34 @@ mod tests {
         let own = folder(&[("self.toml", "extends = \"self.toml\"\n")]);
         let text = rendered(load(&own.path().join("self.toml"), &[], &[]));
         assert!(text.contains("forms a cycle"), "{text}");
+    }
+
+    #[test]
+    fn trial_values_layer_last_and_their_problems_point_at_the_sweep() {
+        let sweep = "extends = \"base.toml\"\n[sweep.grid]\n\"train.steps_per_epoch\" = [30, 0]\n\
+                     \"train.validatoin_steps\" = [2]\n";
+        let dir = folder(&[("base.toml", BASE), ("sweep.toml", sweep)]);
+        let path = dir.path().join("sweep.toml");
+        let value = |key: &str, value: serde_json::Value, source: &str| Assignment {
+            key: key.into(),
+            value,
+            source: source.into(),
+        };
+        let good = [value("train.steps_per_epoch", 30.into(), "sweep.grid.\"train.steps_per_epoch\"[0]")];
+        let Ok(trial) = load_trial(&path, &[], &["train.steps_per_epoch=7".into()], &good) else {
+            panic!("the trial loads")
+        };
+        assert_eq!(trial.spec.train.steps_per_epoch.map(|n| n.get()), Some(30), "the trial's value wins");
+        assert!(trial.spec.sweep.is_none(), "a trial is an ordinary run");
+        assert!(trial.origins.origin("train.steps_per_epoch").is_some_and(|o| o.ends_with("sweep.toml")));
+
+        let bad = [
+            value("train.steps_per_epoch", 0.into(), "sweep.grid.\"train.steps_per_epoch\"[1]"),
+            value("train.validatoin_steps", 2.into(), "sweep.grid.\"train.validatoin_steps\"[0]"),
+        ];
+        let text = rendered(load_trial(&path, &[], &[], &bad));
+        assert!(text.contains("sweep.toml:3:32"), "the zero in the grid: {text}");
+        assert!(text.contains("sweep.toml:4:1") && text.contains("did you mean `validation_steps`?"), "{text}");
     }
 
     #[test]

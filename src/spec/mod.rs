@@ -23,6 +23,7 @@ mod render;
 mod run;
 mod schema;
 mod strategy;
+mod sweep;
 mod train;
 mod validate;
 mod words;
@@ -31,17 +32,18 @@ pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
 pub use device::{BadDevice, Device, DeviceKind, Devices};
 pub use diag::{Diagnostic, Severity};
-pub use load::{LoadError, Loaded, load};
+pub use load::{Assignment, LoadError, Loaded, load, load_trial};
 pub use model::{Activation, LayerSpec, ModelSpec, Padding, Size2, ZooModel};
 pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
 pub use origins::Origins;
-pub use render::render;
+pub use render::{render, render_each};
 pub use run::RunSpec;
 pub use schema::{schema_json, schema_value};
 pub use strategy::{
     ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, StrategySpec,
     Tasks, VariablePartitioner,
 };
+pub use sweep::{Distribution, GridValues, RandomSpec, SweepMetric, SweepSpec};
 pub use train::{CallbackSpec, EpochWord, Loss, Metric, Mode, Monitor, SaveFreq, TrainSpec};
 
 use schemars::JsonSchema;
@@ -82,4 +84,46 @@ pub struct Spec {
     /// `[[callbacks]]`: checkpoints, backup-and-restore, early stopping, ….
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub callbacks: Vec<CallbackSpec>,
+    /// `[sweep]`: trials over key paths of this spec, run by `trainrun sweep`. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepSpec>,
+}
+
+impl Spec {
+    /// SHA-256 (hex) of what determines the run's results: the resolved spec without where it
+    /// writes (`run.out_dir`) and how many threads compute (weights do not depend on it). A
+    /// sweep skips a trial whose folder recorded the same hash.
+    pub fn results_sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut spec = self.clone();
+        spec.run.out_dir = None;
+        spec.run.threads = None;
+        // Serializing plain data to JSON cannot fail; an empty hash would only ever mismatch.
+        let json = serde_json::to_vec(&spec).unwrap_or_default();
+        Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+
+    #[test]
+    fn the_results_hash_ignores_where_and_how_many_threads_only() {
+        let spec = Spec::default();
+        let hash = spec.results_sha256();
+        assert_eq!(hash.len(), 64);
+        assert_eq!(hash, spec.clone().results_sha256(), "stable");
+        let mut moved = spec.clone();
+        moved.run.out_dir = Some(PathBuf::from("elsewhere"));
+        moved.run.threads = NonZeroUsize::new(7);
+        assert_eq!(moved.results_sha256(), hash, "folder and threads do not change results");
+        let mut other = spec.clone();
+        other.optimizer.learning_rate = Some(0.5);
+        assert_ne!(other.results_sha256(), hash);
+        let mut reseeded = spec;
+        reseeded.run.seed = 1;
+        assert_ne!(reseeded.results_sha256(), hash);
+    }
 }

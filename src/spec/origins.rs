@@ -25,6 +25,17 @@ pub(crate) enum LayerKind {
     File { source: String },
     /// An environment variable or `--set`, which sets one key path.
     Override { segs: Vec<Seg> },
+    /// A value a sweep trial sets at `segs`, written in the spec at `at` (when a file holds
+    /// the sweep), where its problems point.
+    Sweep { segs: Vec<Seg>, at: Option<SweepAt> },
+}
+
+/// Where a sweep writes one trial value: in file layer `file`, its key and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SweepAt {
+    pub file: usize,
+    pub key: Option<Range<usize>>,
+    pub value: Option<Range<usize>>,
 }
 
 /// Which part of a `key = value` line a diagnostic points at.
@@ -111,6 +122,9 @@ impl Origins {
             && !matches!(node, Value::Dict(..))
             && let Some(&layer) = self.tags.get(&node.tag())
         {
+            if let Some(at) = self.in_sweep(layer, aim) {
+                return Some(at);
+            }
             let span = self.span_in(layer, segs, aim);
             return Some(Located { layer, span });
         }
@@ -126,14 +140,27 @@ impl Origins {
                 }
             }
             for (layer, l) in self.layers.iter().enumerate().rev() {
-                if let LayerKind::Override { segs: set } = &l.kind
+                if let LayerKind::Override { segs: set } | LayerKind::Sweep { segs: set, .. } = &l.kind
                     && set.starts_with(prefix)
                 {
-                    return Some(Located { layer, span: None });
+                    return Some(self.in_sweep(layer, aim).unwrap_or(Located { layer, span: None }));
                 }
             }
         }
         self.top_file().map(|layer| Located { layer, span: None })
+    }
+
+    /// A sweep trial's value points at where the sweep writes it: its key for unknown keys,
+    /// else its value.
+    fn in_sweep(&self, layer: usize, aim: Aim) -> Option<Located> {
+        let LayerKind::Sweep { at: Some(at), .. } = &self.layers.get(layer)?.kind else {
+            return None;
+        };
+        let span = match aim {
+            Aim::Key => at.key.clone().or_else(|| at.value.clone()),
+            Aim::Value => at.value.clone().or_else(|| at.key.clone()),
+        };
+        Some(Located { layer: at.file, span })
     }
 
     fn span_in(&self, layer: usize, segs: &[Seg], aim: Aim) -> Option<Range<usize>> {
@@ -145,7 +172,7 @@ impl Origins {
                     Aim::Value => Some(value),
                 }
             }
-            LayerKind::Override { .. } => None,
+            LayerKind::Override { .. } | LayerKind::Sweep { .. } => None,
         }
     }
 }

@@ -66,10 +66,32 @@ pub fn render(diagnostics: &[Diagnostic], origins: &Origins) -> String {
 /// Renders findings in the order of the files they point into (the named file first), then
 /// the overrides, then the summary.
 pub(crate) fn render_findings(findings: &[Finding], origins: &Origins) -> String {
+    let mut out = String::new();
+    for part in render_parts(findings, origins) {
+        out.push_str(&part);
+        out.push_str("\n\n");
+    }
+    out.push_str(&summary(findings, origins));
+    out.push('\n');
+    out
+}
+
+/// Renders each of `diagnostics` on its own, in [`render`]'s order and without the summary
+/// line, so a sweep can merge the problems its trials share.
+pub fn render_each(diagnostics: &[Diagnostic], origins: &Origins) -> Vec<String> {
+    let findings: Vec<Finding> = diagnostics
+        .iter()
+        .map(|diag| Finding { diag: diag.clone(), place: Place::Key(Aim::Value), label: None })
+        .collect();
+    render_parts(&findings, origins)
+}
+
+/// Each finding rendered, in order.
+pub(crate) fn render_parts(findings: &[Finding], origins: &Origins) -> Vec<String> {
     let renderer = Renderer::plain();
     let mut placed: Vec<(&Finding, Option<Located>)> = findings.iter().map(|f| (f, place(f, origins))).collect();
     placed.sort_by_key(|(_, at)| order(at.as_ref(), origins));
-    let mut out = String::new();
+    let mut out = Vec::new();
     for (finding, at) in &placed {
         let level = match finding.diag.severity {
             Severity::Error => Level::ERROR,
@@ -92,11 +114,8 @@ pub(crate) fn render_findings(findings: &[Finding], origins: &Origins) -> String
         if let Some(help) = &finding.diag.help {
             group = group.element(Level::HELP.message(help.as_str()));
         }
-        out.push_str(&renderer.render(&[group]));
-        out.push_str("\n\n");
+        out.push(renderer.render(&[group]));
     }
-    out.push_str(&summary(findings, origins));
-    out.push('\n');
     out
 }
 

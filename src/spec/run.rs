@@ -2,7 +2,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 
 /// `[run]`: identity, seed, output folder and threads of one run.
@@ -19,8 +19,8 @@ pub struct RunSpec {
     #[serde(default = "default_seed")]
     pub seed: u64,
 
-    /// Folder the run writes (resolved spec, `metrics.jsonl`, `summary.json`), relative to the
-    /// working directory. Default: `runs/<name>`. Example: `out_dir = "runs/lr_sweep/a"`.
+    /// Folder the run writes (resolved spec, `run.json`, `metrics.jsonl`, TensorBoard events,
+    /// `summary.json`; a sweep's trial folders), relative to the working directory. Default: `runs/<name>`. Example: `out_dir = "runs/lr_sweep/a"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out_dir: Option<PathBuf>,
 
@@ -28,14 +28,30 @@ pub struct RunSpec {
     /// Example: `threads = 2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<NonZeroUsize>,
+
+    /// The chief logs training loss, accuracy, learning rate and examples/s, averaged over
+    /// this many steps, to `metrics.jsonl` (`step` lines) and TensorBoard (`batch_*` scalars);
+    /// epochs and evaluations are always logged. Default: `10`. Example: `log_every_steps = 50`.
+    #[serde(default = "default_log_every_steps")]
+    pub log_every_steps: NonZeroU64,
 }
 
 fn default_seed() -> u64 {
     42
 }
 
+fn default_log_every_steps() -> NonZeroU64 {
+    NonZeroU64::new(10).unwrap_or(NonZeroU64::MIN)
+}
+
 impl Default for RunSpec {
     fn default() -> Self {
-        Self { name: None, seed: default_seed(), out_dir: None, threads: None }
+        Self {
+            name: None,
+            seed: default_seed(),
+            out_dir: None,
+            threads: None,
+            log_every_steps: default_log_every_steps(),
+        }
     }
 }

@@ -4,6 +4,8 @@
 pub mod callbacks;
 pub mod progress;
 pub mod record;
+pub mod run_record;
+pub mod tensorboard;
 mod weights;
 
 pub use weights::{save_weights, weights_sha256};
@@ -15,7 +17,7 @@ use crate::plan::Plan;
 use crate::strategy::{Strategy, StrategyError, Variables};
 use callbacks::{CallbackError, Callbacks, Control, Logs};
 use progress::{Progress, Shown};
-use record::{MetricsLine, RecordError, RunDir, Summary};
+use record::{MetricsEvent, MetricsLine, RecordError, RunDir, Summary};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,6 +130,9 @@ pub fn fit(
             examples += stats.examples;
             epoch_stats.add(stats);
             let took = started.elapsed();
+            if let Some(d) = run_dir.as_deref_mut() {
+                d.step(epoch, step, stats, lr, took)?;
+            }
             epoch_time += took;
             all_time += took;
             if step > steady_from {
@@ -148,7 +153,7 @@ pub fn fit(
                 last_eval = Some(Eval { step, stats });
                 let logs = logs(epoch, step, &epoch_stats, last_eval, lr);
                 if let Some(d) = run_dir.as_deref_mut() {
-                    d.metrics(&metrics_line("evaluation", &logs, &epoch_stats, epoch_time, opts))?;
+                    d.metrics(&metrics_line(MetricsEvent::Evaluation, &logs, &epoch_stats, epoch_time, opts))?;
                 }
                 progress.note(&format!(
                     "step {step}: val_loss: {:.4} - val_accuracy: {:.4}",
@@ -171,7 +176,7 @@ pub fn fit(
         }
         let logs = logs(epoch, step, &epoch_stats, last_eval.filter(|e| e.step == step), lr);
         if let Some(d) = run_dir.as_deref_mut() {
-            d.metrics(&metrics_line("epoch", &logs, &epoch_stats, epoch_time, opts))?;
+            d.metrics(&metrics_line(MetricsEvent::Epoch, &logs, &epoch_stats, epoch_time, opts))?;
         }
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         progress.end_epoch(epoch, t.steps_per_epoch, &shown);
@@ -269,7 +274,7 @@ fn logs(epoch: u64, step: u64, train: &BatchStats, eval: Option<Eval>, lr: f64) 
 }
 
 fn metrics_line(
-    event: &'static str,
+    event: MetricsEvent,
     logs: &Logs,
     train: &BatchStats,
     time: Duration,

@@ -1,23 +1,41 @@
-//! The run folder: the resolved spec, `metrics.jsonl` (one line per epoch and evaluation), and
-//! `summary.json` at the end.
+//! The run folder: the resolved spec, `run.json` (how to reproduce the run and how it ended),
+//! `metrics.jsonl` (one line every `run.log_every_steps` steps, per epoch and per
+//! evaluation), TensorBoard event files under `tensorboard/` (Keras's layout: `train/` and
+//! `validation/`), and `summary.json` at the end.
 
+use super::run_record::RunRecord;
+use super::tensorboard::EventWriter;
+use crate::engine::BatchStats;
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What a line of `metrics.jsonl` is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsEvent {
+    /// The last `run.log_every_steps` training steps.
+    Step,
+    /// The end of an epoch.
+    Epoch,
+    /// An evaluation on the test split (every N steps, or the final one).
+    Evaluation,
+}
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MetricsLine {
-    /// `epoch` (end of an epoch) or `evaluation` (a step-interval evaluation).
-    pub event: &'static str,
+    /// What the line is about.
+    pub event: MetricsEvent,
     /// 1-based epoch.
     pub epoch: u64,
     /// Optimizer steps done.
     pub step: u64,
-    /// Mean training loss of the epoch so far.
+    /// Mean training loss of the epoch so far (of the last steps for `step` lines).
     pub loss: f64,
-    /// Training accuracy of the epoch so far.
+    /// Training accuracy of the epoch so far (of the last steps for `step` lines).
     pub accuracy: f64,
     /// Test-split loss, when evaluated.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -27,7 +45,8 @@ pub struct MetricsLine {
     pub val_accuracy: Option<f64>,
     /// Learning rate of the last step.
     pub learning_rate: f64,
-    /// Training examples per second over the epoch (steps only, not evaluation).
+    /// Training examples per second over the epoch or the last steps (steps only, not
+    /// evaluation).
     pub examples_per_s: f64,
     /// Seconds since launch.
     pub wall_s: f64,
@@ -79,10 +98,49 @@ pub struct Summary {
     pub transport: Option<&'static str>,
 }
 
+/// `summary.json`: the summary and the hash of the spec that produced it.
+#[derive(Serialize)]
+struct SummaryFile<'a> {
+    #[serde(flatten)]
+    summary: &'a Summary,
+    /// [`crate::spec::Spec::results_sha256`] of the resolved spec: a sweep skips a trial
+    /// whose folder holds the same.
+    spec_sha256: &'a str,
+}
+
+/// How a run folder is written.
+#[derive(Debug, Clone)]
+pub struct RunDirOptions {
+    /// The resolved spec, as TOML.
+    pub resolved_spec: String,
+    /// [`crate::spec::Spec::results_sha256`] of it.
+    pub spec_sha256: String,
+    /// Steps per `step` line and TensorBoard `batch_*` scalars.
+    pub log_every_steps: u64,
+    /// When the process started, for `wall_s`.
+    pub launched: Instant,
+}
+
+/// Training steps since the last `step` line.
+#[derive(Debug, Default)]
+struct Interval {
+    stats: BatchStats,
+    time: Duration,
+}
+
 /// Writes the files of one run folder.
 pub struct RunDir {
     dir: PathBuf,
     metrics: BufWriter<File>,
+    options: RunDirOptions,
+    interval: Interval,
+    train: EventWriter,
+    /// Opened at the first evaluation, so runs that never evaluate have no empty curve.
+    validation: Option<EventWriter>,
+    /// The last line written, whose epoch and learning rate the final evaluation repeats.
+    last: Option<MetricsLine>,
+    /// The step of the last evaluation written.
+    evaluated_at: Option<u64>,
 }
 
 /// A file could not be written.
@@ -100,15 +158,44 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RecordError + '_ {
     move |source| RecordError { path: path.to_path_buf(), source }
 }
 
+/// Writes `value` as pretty JSON to `path` through a temporary file, so readers (a sweep
+/// deciding what is complete) never see half a file.
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<(), RecordError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| RecordError { path: path.into(), source: e.into() })?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text + "\n").and_then(|_| std::fs::rename(&tmp, path)).map_err(io(path))
+}
+
 impl RunDir {
-    /// Creates `dir` and writes the resolved spec into it.
-    pub fn create(dir: &Path, resolved_spec: &str) -> Result<Self, RecordError> {
+    /// Creates `dir`, writes the resolved spec into it and starts `metrics.jsonl` and the
+    /// TensorBoard files. Event files of an earlier run into the same folder are removed:
+    /// TensorBoard would draw both.
+    pub fn create(dir: &Path, options: RunDirOptions) -> Result<Self, RecordError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let spec = dir.join("spec.toml");
-        std::fs::write(&spec, resolved_spec).map_err(io(&spec))?;
+        std::fs::write(&spec, &options.resolved_spec).map_err(io(&spec))?;
         let path = dir.join("metrics.jsonl");
         let metrics = BufWriter::new(File::create(&path).map_err(io(&path))?);
-        Ok(Self { dir: dir.to_path_buf(), metrics })
+        for sub in ["train", "validation"] {
+            let events = dir.join("tensorboard").join(sub);
+            for entry in std::fs::read_dir(&events).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
+                    std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+                }
+            }
+        }
+        let events = dir.join("tensorboard").join("train");
+        let train = EventWriter::create(&events).map_err(io(&events))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            metrics,
+            options,
+            interval: Interval::default(),
+            train,
+            validation: None,
+            last: None,
+            evaluated_at: None,
+        })
     }
 
     /// The folder.
@@ -116,20 +203,126 @@ impl RunDir {
         &self.dir
     }
 
-    /// Appends a line to `metrics.jsonl` (flushed, so a killed run keeps its history).
+    /// Writes `run.json`.
+    pub fn record(&self, record: &RunRecord) -> Result<(), RecordError> {
+        write_json(&self.dir.join("run.json"), record)
+    }
+
+    /// Counts one training step; every `log_every_steps` steps, writes a `step` line and
+    /// TensorBoard's `batch_*` scalars averaged over them.
+    pub fn step(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        stats: BatchStats,
+        lr: f64,
+        took: Duration,
+    ) -> Result<(), RecordError> {
+        self.interval.stats.add(stats);
+        self.interval.time += took;
+        if !step.is_multiple_of(self.options.log_every_steps.max(1)) {
+            return Ok(());
+        }
+        let Interval { stats, time } = std::mem::take(&mut self.interval);
+        let line = MetricsLine {
+            event: MetricsEvent::Step,
+            epoch,
+            step,
+            loss: stats.loss(),
+            accuracy: stats.accuracy(),
+            val_loss: None,
+            val_accuracy: None,
+            learning_rate: lr,
+            examples_per_s: stats.examples as f64 / time.as_secs_f64().max(1e-9),
+            wall_s: self.options.launched.elapsed().as_secs_f64(),
+        };
+        self.metrics(&line)
+    }
+
+    /// Appends a line to `metrics.jsonl` (flushed, so a killed run keeps its history) and
+    /// its scalars to the TensorBoard files.
     pub fn metrics(&mut self, line: &MetricsLine) -> Result<(), RecordError> {
         let path = self.dir.join("metrics.jsonl");
         let text = serde_json::to_string(line).map_err(|e| RecordError { path: path.clone(), source: e.into() })?;
-        writeln!(self.metrics, "{text}").and_then(|_| self.metrics.flush()).map_err(io(&path))
+        writeln!(self.metrics, "{text}").and_then(|_| self.metrics.flush()).map_err(io(&path))?;
+        self.events(line)?;
+        if line.event != MetricsEvent::Step {
+            self.last = Some(line.clone());
+        }
+        Ok(())
     }
 
-    /// Writes `summary.json`.
-    pub fn summary(&self, summary: &Summary) -> Result<(), RecordError> {
-        let path = self.dir.join("summary.json");
-        let text =
-            serde_json::to_string_pretty(summary).map_err(|e| RecordError { path: path.clone(), source: e.into() })?;
-        std::fs::write(&path, text + "\n").map_err(io(&path))
+    /// TensorBoard scalars with Keras's names: `batch_*` every N steps and `epoch_*` per
+    /// epoch (step = epoch) in `train/`; in `validation/`, `epoch_*` and
+    /// `evaluation_*_vs_iterations` (step = optimizer step).
+    fn events(&mut self, line: &MetricsLine) -> Result<(), RecordError> {
+        let train = [
+            ("loss", line.loss),
+            ("accuracy", line.accuracy),
+            ("learning_rate", line.learning_rate),
+            ("examples_per_s", line.examples_per_s),
+        ];
+        let named = |prefix: &str| train.iter().map(|(k, v)| (format!("{prefix}_{k}"), *v)).collect::<Vec<_>>();
+        let train_path = self.train.path().to_path_buf();
+        match line.event {
+            MetricsEvent::Step => write(&mut self.train, line.step, &named("batch")).map_err(io(&train_path))?,
+            MetricsEvent::Epoch => write(&mut self.train, line.epoch, &named("epoch")).map_err(io(&train_path))?,
+            MetricsEvent::Evaluation => {}
+        }
+        let (Some(loss), Some(accuracy)) = (line.val_loss, line.val_accuracy) else {
+            return Ok(());
+        };
+        // An epoch's line repeats an evaluation made at the same step: one point per step.
+        let repeated = self.evaluated_at == Some(line.step);
+        self.evaluated_at = Some(line.step);
+        let events = self.dir.join("tensorboard").join("validation");
+        let validation = match &mut self.validation {
+            Some(v) => v,
+            None => self.validation.insert(EventWriter::create(&events).map_err(io(&events))?),
+        };
+        if line.event == MetricsEvent::Epoch {
+            let per_epoch = [("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
+            write(validation, line.epoch, &per_epoch).map_err(io(&events))?;
+        }
+        if repeated {
+            return Ok(());
+        }
+        let per_step = [
+            ("evaluation_loss_vs_iterations".to_string(), loss),
+            ("evaluation_accuracy_vs_iterations".to_string(), accuracy),
+        ];
+        write(validation, line.step, &per_step).map_err(io(&events))
     }
+
+    /// Writes `summary.json`; a final evaluation not logged yet (runs that evaluate only at
+    /// the end) gets its `evaluation` line and scalars first.
+    pub fn summary(&mut self, summary: &Summary) -> Result<(), RecordError> {
+        if let (Some(loss), Some(accuracy)) = (summary.test_loss, summary.test_accuracy)
+            && self.evaluated_at != Some(summary.steps)
+        {
+            let last = self.last.as_ref();
+            let line = MetricsLine {
+                event: MetricsEvent::Evaluation,
+                epoch: last.map_or(1, |l| l.epoch),
+                step: summary.steps,
+                loss: summary.train_loss,
+                accuracy: summary.train_accuracy,
+                val_loss: Some(loss),
+                val_accuracy: Some(accuracy),
+                learning_rate: last.map_or(0.0, |l| l.learning_rate),
+                examples_per_s: last.map_or(0.0, |l| l.examples_per_s),
+                wall_s: self.options.launched.elapsed().as_secs_f64(),
+            };
+            self.metrics(&line)?;
+        }
+        let file = SummaryFile { summary, spec_sha256: &self.options.spec_sha256 };
+        write_json(&self.dir.join("summary.json"), &file)
+    }
+}
+
+fn write(w: &mut EventWriter, step: u64, scalars: &[(String, f64)]) -> std::io::Result<()> {
+    let refs: Vec<(&str, f64)> = scalars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    w.scalars(step, &refs)
 }
 
 /// Peak resident set size of this process in MB (0 where the OS does not say).

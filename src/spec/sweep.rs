@@ -1,0 +1,138 @@
+//! `[sweep]`: a research sweep over key paths of the rest of the spec. `trainrun sweep SPEC`
+//! runs each trial as an ordinary run; plain `trainrun SPEC` refuses a spec with a sweep.
+
+use super::train::Mode;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+
+/// `[sweep]`: the trials of a sweep and how to rank them.
+///
+/// Trials are every combination of the `grid` values (a cartesian product) crossed with each
+/// of the `random` samples, followed by the explicit `trials`. Keys are `--set` key paths, in
+/// quotes because they contain dots: `"optimizer.learning_rate" = [0.1, 0.01]`. Each trial
+/// runs in its own folder under `run.out_dir` with a seed derived from the sweep seed and its
+/// values (unless it sets `run.seed` itself).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSpec {
+    /// The result trials are ranked by (a column of `results.csv`). Default: `test_accuracy`.
+    /// Example: `metric = "test_loss"`.
+    #[serde(default)]
+    pub metric: SweepMetric,
+    /// Whether a higher or a lower `metric` is better. Default: `auto` (`max` for accuracies,
+    /// `min` for losses). Example: `mode = "max"`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Seed of the random samples and of every trial's seed. Default: `run.seed`.
+    /// Example: `seed = 7`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Values to try for each key path; every combination is a trial.
+    /// Example: `grid = { "optimizer.learning_rate" = [0.1, 0.01], "batch.global" = [32, 64] }`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grid: BTreeMap<String, GridValues>,
+    /// `[sweep.random]`: trials sampled at random, seeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random: Option<RandomSpec>,
+    /// `[[sweep.trials]]`: explicit trials, each a table of key paths and values.
+    /// Example: `trials = [{ "optimizer.learning_rate" = 0.2, "batch.global" = 128 }]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trials: Vec<BTreeMap<String, Json>>,
+}
+
+/// The values one grid key takes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct GridValues(
+    /// At least one value. Example: `[0.1, 0.01]`.
+    #[schemars(length(min = 1))]
+    pub Vec<Json>,
+);
+
+/// `[sweep.random]`: `samples` draws from the distribution of each key path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RandomSpec {
+    /// Random trials to draw (each crossed with every grid point). Example: `samples = 8`.
+    pub samples: NonZeroU32,
+    /// The distribution of each key path. Example:
+    /// `parameters = { "optimizer.learning_rate" = { kind = "log_uniform", low = 1e-4, high = 0.1 } }`.
+    pub parameters: BTreeMap<String, Distribution>,
+}
+
+/// How a random key path is drawn. Real values are rounded to 4 significant digits, so they
+/// read well in tables and folder names and can be typed back in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Distribution {
+    /// Uniform between `low` and `high`.
+    Uniform {
+        /// Lowest value. Example: `low = 0.0`.
+        low: f64,
+        /// Highest value. Example: `high = 0.9`.
+        high: f64,
+    },
+    /// Uniform in the logarithm between `low` and `high`, both positive (learning rates).
+    LogUniform {
+        /// Lowest value, above 0. Example: `low = 1e-4`.
+        #[schemars(range(min = 0.0))]
+        low: f64,
+        /// Highest value. Example: `high = 0.1`.
+        high: f64,
+    },
+    /// A whole number from `low` to `high`, both included.
+    IntUniform {
+        /// Lowest value. Example: `low = 1`.
+        low: i64,
+        /// Highest value. Example: `high = 5`.
+        high: i64,
+    },
+    /// One of `values`, each equally likely.
+    Choice {
+        /// The values. Example: `values = [32, 64, 128]`.
+        #[schemars(length(min = 1))]
+        values: Vec<Json>,
+    },
+}
+
+/// `sweep.metric`: a result of every trial (a column of `results.csv`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SweepMetric {
+    /// Accuracy on the test split at the end of training.
+    #[default]
+    TestAccuracy,
+    /// Loss on the test split at the end of training.
+    TestLoss,
+    /// Training accuracy of the last epoch.
+    TrainAccuracy,
+    /// Mean training loss of the last epoch.
+    TrainLoss,
+}
+
+impl SweepMetric {
+    /// The column name: `test_accuracy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SweepMetric::TestAccuracy => "test_accuracy",
+            SweepMetric::TestLoss => "test_loss",
+            SweepMetric::TrainAccuracy => "train_accuracy",
+            SweepMetric::TrainLoss => "train_loss",
+        }
+    }
+
+    /// Whether higher is better under `mode`.
+    pub fn higher_is_better(self, mode: Mode) -> bool {
+        match mode {
+            Mode::Max => true,
+            Mode::Min => false,
+            Mode::Auto => match self {
+                SweepMetric::TestAccuracy | SweepMetric::TrainAccuracy => true,
+                SweepMetric::TestLoss | SweepMetric::TrainLoss => false,
+            },
+        }
+    }
+}

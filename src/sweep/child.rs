@@ -1,0 +1,106 @@
+//! Running trials as child processes of this binary, at most K at once, each writing its
+//! output to `train.log` in its folder. A child dies with the sweep (Linux: parent-death
+//! signal), so an interrupted sweep leaves no trial training on alone.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// One trial to run.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// 1-based trial number.
+    pub index: usize,
+    /// Its folder (created here, for the log).
+    pub dir: PathBuf,
+    /// The binary.
+    pub exe: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Environment variables to add.
+    pub env: Vec<(String, String)>,
+}
+
+/// What happened to a job.
+#[derive(Debug)]
+pub enum Event {
+    /// It started.
+    Started(usize),
+    /// It ended: exit code (128 + signal when killed) and how long it ran.
+    Ended { index: usize, code: u8, took: Duration, error: Option<String> },
+}
+
+/// Runs `jobs` in order, `parallel` at a time, calling `on_event` on this thread as each
+/// starts and ends.
+pub fn run_all(jobs: Vec<Job>, parallel: usize, mut on_event: impl FnMut(Event)) {
+    let queue = Mutex::new(jobs.into_iter().collect::<VecDeque<Job>>());
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.max(1) {
+            let tx = tx.clone();
+            let queue = &queue;
+            // The spawning thread must outlive its children: the parent-death signal fires
+            // when the thread that forked a child exits.
+            scope.spawn(move || {
+                loop {
+                    let job = match queue.lock() {
+                        Ok(mut q) => q.pop_front(),
+                        Err(_) => None,
+                    };
+                    let Some(job) = job else { break };
+                    if tx.send(Event::Started(job.index)).is_err() {
+                        break;
+                    }
+                    let started = Instant::now();
+                    let (code, error) = match run_one(&job) {
+                        Ok(status) => (exit_code(status), None),
+                        Err(e) => (1, Some(e)),
+                    };
+                    let ended = Event::Ended { index: job.index, code, took: started.elapsed(), error };
+                    if tx.send(ended).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for event in rx {
+            on_event(event);
+        }
+    });
+}
+
+fn run_one(job: &Job) -> Result<ExitStatus, String> {
+    std::fs::create_dir_all(&job.dir).map_err(|e| format!("cannot create {}: {e}", job.dir.display()))?;
+    let log = job.dir.join("train.log");
+    let out = std::fs::File::create(&log).map_err(|e| format!("cannot write {}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| format!("cannot write {}: {e}", log.display()))?;
+    let mut cmd = Command::new(&job.exe);
+    cmd.args(&job.args).envs(job.env.iter().cloned()).stdin(Stdio::null()).stdout(out).stderr(err);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl in the child between fork and exec touches no shared state. A trial
+        // whose sweep dies gets SIGTERM instead of training on alone.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", job.exe.display()))?;
+    child.wait().map_err(|e| format!("lost trial {}: {e}", job.index))
+}
+
+/// The exit code of a process, 128 + the signal when it was killed (as shells report it).
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(s)) => u8::try_from(128 + s).unwrap_or(1),
+        (None, None) => 1,
+    }
+}

@@ -1,0 +1,336 @@
+//! `trainrun sweep SPEC`: validate every trial up front (every problem at once, exit 2), list
+//! them (`--dry-run`), or run the trials not complete yet and rank them all.
+
+use super::child::{self, Event, Job};
+use super::results::{self, Row, Status, SweepRecord, TrialRecord};
+use super::{Sweep, TRIAL_VAR, Trial};
+use crate::provenance::{Git, Host, rfc3339};
+use crate::run::{Invocation, RunError, Unplanned};
+use crate::spec::{self, LoadError, render_each};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::SystemTime;
+
+/// `trainrun sweep`'s options.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepOptions {
+    /// Trials run at once (at most the cores of the machine).
+    pub parallel: usize,
+    /// Only list the trials.
+    pub dry_run: bool,
+}
+
+/// A trial that validated.
+struct Checked {
+    /// Hash of its resolved spec.
+    sha256: String,
+    /// Threads its plan gives each task, and whether the spec chose them.
+    threads: usize,
+    threads_set: bool,
+}
+
+/// Runs the sweep of `inv.spec`.
+pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if opts.parallel > cores {
+        return Err(RunError::Usage(format!(
+            "--parallel {} is more than the {cores} cores of this machine; use --parallel {cores} or less",
+            opts.parallel
+        )));
+    }
+    let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
+    let sweep = match Sweep::new(&base) {
+        Ok(Some(sweep)) => sweep,
+        Ok(None) => {
+            return Err(RunError::Usage(format!(
+                "{} has no [sweep] section; add one (README: \"Sweeps\") or train it with `trainrun {}`",
+                inv.spec.display(),
+                inv.spec.display()
+            )));
+        }
+        Err(diags) => return Err(RunError::Spec(spec::render(&diags, &base.origins))),
+    };
+    let checked = validate(inv, &sweep)?;
+    let done: Vec<bool> = sweep
+        .trials
+        .iter()
+        .zip(&checked)
+        .map(|(t, c)| results::completed(&sweep.trial_dir(t), &c.sha256).is_some())
+        .collect();
+    if opts.dry_run {
+        print!("{}", dry_run(&sweep, &checked, &done));
+        return Ok(());
+    }
+
+    let mut record = sweep_record(inv, &sweep, &checked, opts.parallel);
+    let record_path = sweep.dir.join("sweep.json");
+    std::fs::create_dir_all(&sweep.dir)
+        .map_err(|e| RunError::Failure(format!("cannot create {}: {e}", sweep.dir.display())))?;
+    write(&record_path, &record)?;
+    let missing = done.iter().filter(|d| !**d).count();
+    if !inv.quiet {
+        println!(
+            "sweep {}: {} trials in {}, {} to run ({} complete), {} at a time",
+            sweep.name,
+            sweep.trials.len(),
+            sweep.dir.display(),
+            missing,
+            sweep.trials.len() - missing,
+            opts.parallel
+        );
+        for (t, _) in sweep.trials.iter().zip(&done).filter(|(_, d)| **d) {
+            println!("[{}/{}] {}: complete, skipped", t.index, sweep.trials.len(), t.name);
+        }
+    }
+
+    let exe =
+        std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
+    let jobs: Vec<Job> = sweep
+        .trials
+        .iter()
+        .zip(&checked)
+        .zip(&done)
+        .filter(|(_, d)| !**d)
+        .map(|((t, c), _)| job(inv, &sweep, t, c, &exe, opts.parallel))
+        .collect();
+    let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
+    let n = sweep.trials.len();
+    child::run_all(jobs, opts.parallel, |event| match event {
+        Event::Started(i) => {
+            if !inv.quiet {
+                let name = &sweep.trials[i - 1].name;
+                println!("[{i}/{n}] {name}: running (log: {})", sweep.dir.join(name).join("train.log").display());
+            }
+        }
+        Event::Ended { index, code, took, error } => {
+            let trial = &sweep.trials[index - 1];
+            let dir = sweep.trial_dir(trial);
+            let complete = code == 0 && results::completed(&dir, &checked[index - 1].sha256).is_some();
+            if !complete {
+                failures.insert(index, if code == 0 { 1 } else { code });
+            }
+            if !inv.quiet || !complete {
+                let what = match results::completed(&dir, &checked[index - 1].sha256) {
+                    Some(s) if complete => {
+                        let m = s.get(sweep.metric.as_str()).and_then(|v| v.as_f64());
+                        format!(
+                            "done in {:.1} s, {} {}",
+                            took.as_secs_f64(),
+                            sweep.metric.as_str(),
+                            m.map_or("-".into(), |m| format!("{m:.4}"))
+                        )
+                    }
+                    _ => format!(
+                        "FAILED (exit {code}) after {:.1} s{}",
+                        took.as_secs_f64(),
+                        tail(&dir, error.as_deref())
+                    ),
+                };
+                println!("[{index}/{n}] {}: {what}", trial.name);
+            }
+            // Results so far, so an interrupted sweep leaves them too.
+            let rows = ranked(&sweep, &record, &failures);
+            let _ = write_results(&sweep.dir, &rows);
+        }
+    });
+
+    record.ended_at = Some(rfc3339(SystemTime::now()));
+    write(&record_path, &record)?;
+    let rows = ranked(&sweep, &record, &failures);
+    write_results(&sweep.dir, &rows)?;
+    if !inv.quiet {
+        let order = if sweep.higher_is_better { "higher is better" } else { "lower is better" };
+        println!("\nranked by {} ({order}):", sweep.metric.as_str());
+        print!("{}", results::table(&rows, sweep.metric.as_str()));
+        println!("wrote {}", sweep.dir.join("results.csv").display());
+    }
+    // The first failed trial's code, as the launcher does for tasks.
+    match rows
+        .iter()
+        .filter_map(|r| if let Status::Failed(c) = r.status { Some((r.trial.index, c)) } else { None })
+        .min()
+    {
+        Some((index, code)) => Err(RunError::TrialFailed {
+            code,
+            message: format!(
+                "{} of {n} trials failed; the first, trial {index} ({}), with exit code {code}",
+                failures.len().max(1),
+                sweep.trials[index - 1].name
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn ranked(sweep: &Sweep, record: &SweepRecord, failures: &BTreeMap<usize, u8>) -> Vec<Row> {
+    results::rank(results::rows(&sweep.dir, record, failures), sweep.metric.as_str(), sweep.higher_is_better)
+}
+
+/// The last lines of a failed trial's log, indented, or why it did not start.
+fn tail(dir: &Path, error: Option<&str>) -> String {
+    if let Some(e) = error {
+        return format!(": {e}");
+    }
+    let log = std::fs::read_to_string(dir.join("train.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let last: Vec<String> = lines[lines.len().saturating_sub(8)..].iter().map(|l| format!("    {l}")).collect();
+    format!("; the end of {}:\n{}", dir.join("train.log").display(), last.join("\n"))
+}
+
+/// Loads and plans every trial, reporting every problem of every trial at once; problems
+/// that several trials share are shown once.
+fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<Checked>, RunError> {
+    let mut problems: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut warnings: Vec<(String, Vec<usize>)> = Vec::new();
+    let add = |list: &mut Vec<(String, Vec<usize>)>, parts: Vec<String>, trial: usize| {
+        for part in parts {
+            match list.iter_mut().find(|(p, _)| *p == part) {
+                Some((_, trials)) => trials.push(trial),
+                None => list.push((part, vec![trial])),
+            }
+        }
+    };
+    let mut checked = Vec::with_capacity(sweep.trials.len());
+    for trial in &sweep.trials {
+        let loaded = match spec::load_trial(&inv.spec, &inv.env, &inv.sets, &sweep.assignments(trial)) {
+            Ok(loaded) => loaded,
+            Err(LoadError::Invalid { parts, .. }) => {
+                add(&mut problems, parts, trial.index);
+                continue;
+            }
+            Err(e @ LoadError::Read { .. }) => return Err(RunError::Spec(e.to_string())),
+        };
+        match crate::run::plan(&loaded, inv) {
+            Ok((plan, _, cluster)) => {
+                add(&mut warnings, render_each(&plan.warnings, &loaded.origins), trial.index);
+                let _ = cluster;
+                checked.push(Checked {
+                    sha256: loaded.spec.results_sha256(),
+                    threads: plan.threads,
+                    threads_set: loaded.spec.run.threads.is_some(),
+                });
+            }
+            Err(Unplanned::Spec(diags)) => add(&mut problems, render_each(&diags, &loaded.origins), trial.index),
+            Err(Unplanned::Run(e)) => return Err(e),
+        }
+    }
+    if !warnings.is_empty() && !inv.quiet {
+        eprint!("{}", merged(&warnings, sweep));
+    }
+    if problems.is_empty() {
+        return Ok(checked);
+    }
+    let count = problems.len();
+    let plural = if count == 1 { "problem" } else { "problems" };
+    Err(RunError::Spec(format!(
+        "{}error: {count} {plural} in {} (its {} trials checked)\n",
+        merged(&problems, sweep),
+        inv.spec.display(),
+        sweep.trials.len()
+    )))
+}
+
+/// Rendered problems, each once, with the trials it is in when not all of them.
+fn merged(list: &[(String, Vec<usize>)], sweep: &Sweep) -> String {
+    let mut out = String::new();
+    for (part, trials) in list {
+        out.push_str(part);
+        let n = sweep.trials.len();
+        // Under the diagnostic's own `= help:` line.
+        let indent = part.lines().rev().find_map(|l| l.find("= ").filter(|i| l[..*i].trim().is_empty())).unwrap_or(2);
+        let pad = " ".repeat(indent);
+        match trials.as_slice() {
+            [one] if n > 1 => {
+                out.push_str(&format!("\n{pad}= note: in trial {one} of {n} ({})", sweep.trials[one - 1].name));
+            }
+            some if some.len() < n => {
+                let list: Vec<String> = some.iter().map(usize::to_string).collect();
+                out.push_str(&format!("\n{pad}= note: in trials {} of {n}", list.join(", ")));
+            }
+            _ => {}
+        }
+        out.push_str("\n\n");
+    }
+    out
+}
+
+/// The child process that runs `trial`.
+fn job(inv: &Invocation, sweep: &Sweep, trial: &Trial, checked: &Checked, exe: &Path, parallel: usize) -> Job {
+    let mut args = vec![inv.spec.display().to_string()];
+    for s in &inv.sets {
+        args.extend(["--set".to_string(), s.clone()]);
+    }
+    // Trials side by side share the cores, unless the spec says otherwise; threads do not
+    // change results, so the spec's hash leaves them out.
+    if parallel > 1 && !checked.threads_set {
+        args.extend(["--set".to_string(), format!("run.threads={}", (checked.threads / parallel).max(1))]);
+    }
+    Job {
+        index: trial.index,
+        dir: sweep.trial_dir(trial),
+        exe: exe.to_path_buf(),
+        args,
+        env: vec![(TRIAL_VAR.to_string(), format!("{}:{}", trial.index, checked.sha256))],
+    }
+}
+
+fn dry_run(sweep: &Sweep, checked: &[Checked], done: &[bool]) -> String {
+    let order = if sweep.higher_is_better { "higher is better" } else { "lower is better" };
+    let mut out = format!(
+        "sweep {}: {} trials in {}, ranked by {} ({order}), sweep seed {}\n",
+        sweep.name,
+        sweep.trials.len(),
+        sweep.dir.display(),
+        sweep.metric.as_str(),
+        sweep.seed
+    );
+    let width = sweep.trials.iter().map(|t| t.name.len()).max().unwrap_or(5);
+    out.push_str(&format!("{:<5}  {:<width$}  {:<10}  {:<8}  values\n", "trial", "folder", "seed", "status"));
+    for ((t, _), d) in sweep.trials.iter().zip(checked).zip(done) {
+        let status = if *d { "complete" } else { "to run" };
+        out.push_str(&format!("{:<5}  {:<width$}  {:<10}  {status:<8}  {}\n", t.index, t.name, t.seed, t.describe()));
+    }
+    out
+}
+
+fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[Checked], parallel: usize) -> SweepRecord {
+    SweepRecord {
+        trainrun_version: env!("CARGO_PKG_VERSION").to_string(),
+        name: sweep.name.clone(),
+        spec: inv.spec.display().to_string(),
+        sets: inv.sets.clone(),
+        metric: sweep.metric.as_str().to_string(),
+        higher_is_better: sweep.higher_is_better,
+        seed: sweep.seed,
+        parallel,
+        started_at: rfc3339(SystemTime::now()),
+        ended_at: None,
+        command: std::env::args().collect(),
+        git: Some(Git::of(inv.spec.parent().unwrap_or(Path::new(".")))),
+        host: Some(Host::here()),
+        trials: sweep
+            .trials
+            .iter()
+            .zip(checked)
+            .map(|(t, c)| TrialRecord {
+                index: t.index,
+                name: t.name.clone(),
+                seed: t.seed,
+                values: t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect(),
+                spec_sha256: c.sha256.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn write(path: &Path, record: &SweepRecord) -> Result<(), RunError> {
+    crate::train::record::write_json(path, record).map_err(|e| RunError::Failure(e.to_string()))
+}
+
+fn write_results(dir: &Path, rows: &[Row]) -> Result<(), RunError> {
+    let path = dir.join("results.csv");
+    let tmp = dir.join("results.csv.tmp");
+    std::fs::write(&tmp, results::csv(rows))
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
+}

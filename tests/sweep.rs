@@ -1,0 +1,280 @@
+//! Sweeps end to end, as a user runs them: `trainrun sweep` over learning rate × batch size on
+//! real MNIST, twice with the same results; an interrupted sweep finishing only the missing
+//! trials; `--dry-run`; errors located in the sweep; failing and multi-worker trials;
+//! `trainrun report` on what it wrote.
+
+mod common;
+
+use common::{assert_exit, json, run, tempdir, text};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const SPEC: &str = "specs/mnist_sweep.toml";
+
+/// Shorter trials than the checked-in spec's, with the same shape.
+const SHORT: [&str; 6] =
+    ["--set", "train.steps_per_epoch=20", "--set", "train.evaluate_every_steps=10", "--set", "run.log_every_steps=5"];
+
+fn sweep(out: &Path, extra: &[&str]) -> std::process::Output {
+    let dir = format!("run.out_dir={}", out.display());
+    let mut args = vec!["sweep", SPEC, "--set", &dir];
+    args.extend_from_slice(&SHORT);
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// `results.csv` as rows of cells, without the timing columns (the only ones that may differ
+/// between identical runs).
+fn results(dir: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("results.csv")).unwrap_or_else(|e| panic!("results.csv: {e}"));
+    let rows: Vec<Vec<String>> = text.lines().map(|l| l.split(',').map(String::from).collect()).collect();
+    let timing: Vec<usize> = rows[0]
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| *h == "wall_s" || *h == "steady_examples_per_s")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(timing.len(), 2, "{:?}", rows[0]);
+    rows.into_iter()
+        .map(|r| r.into_iter().enumerate().filter(|(i, _)| !timing.contains(i)).map(|(_, c)| c).collect())
+        .collect()
+}
+
+const TRIALS: [&str; 4] =
+    ["trial-001-batch32-lr0.01", "trial-002-batch32-lr0.05", "trial-003-batch64-lr0.01", "trial-004-batch64-lr0.05"];
+
+#[test]
+fn a_sweep_runs_ranks_and_records_every_trial_the_same_twice_and_reports() {
+    let (a, b) = (tempdir(), tempdir());
+    let out = sweep(a.path(), &[]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("4 trials"), "{stdout}");
+    assert!(stdout.contains("ranked by test_accuracy (higher is better)"), "{stdout}");
+    for t in TRIALS {
+        assert!(stdout.contains(t), "{t} not in\n{stdout}");
+    }
+
+    // The results: one row per trial, ranked, with values, seed and final metrics.
+    let rows = results(a.path());
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert_eq!(
+        rows[0][..8],
+        ["rank", "trial", "name", "status", "exit_code", "batch.global", "optimizer.learning_rate", "seed"]
+    );
+    let acc = rows[0].iter().position(|h| h == "test_accuracy").unwrap_or(usize::MAX);
+    let accs: Vec<f64> = rows[1..].iter().map(|r| r[acc].parse().unwrap_or(f64::NAN)).collect();
+    assert!(accs.windows(2).all(|w| w[0] >= w[1]) && accs.iter().all(|a| *a > 0.5), "{accs:?}");
+    assert!(rows[1..].iter().all(|r| r[3] == "ok" && r[4] == "0"), "{rows:?}");
+    assert_eq!(rows[1..].iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["1", "2", "3", "4"]);
+
+    // Every trial is an ordinary run folder that records how to reproduce it.
+    for (i, t) in TRIALS.iter().enumerate() {
+        let dir = a.path().join(t);
+        let summary = json(&dir.join("summary.json"));
+        assert_eq!(summary["spec_sha256"].as_str().map(str::len), Some(64), "{summary}");
+        let record = json(&dir.join("run.json"));
+        assert_eq!(record["status"], "completed", "{record}");
+        assert_eq!(record["exit_code"], 0);
+        assert_eq!(record["sweep"]["trial"], i + 1);
+        assert_eq!(record["sweep"]["name"], *t);
+        assert_eq!(record["seeds"]["sweep"], 42);
+        assert_eq!(record["seeds"]["run"], summary["seed"]);
+        assert_eq!(record["spec"]["sha256"], summary["spec_sha256"]);
+        assert_eq!(record["spec"]["path"], SPEC);
+        assert!(record["git"].get("commit").is_some() && record["git"].get("dirty").is_some(), "{record}");
+        assert_eq!(record["cluster"]["strategy"], "default");
+        assert!(record["host"]["cores"].as_u64().unwrap_or(0) >= 1);
+        assert!(record["started_at"].as_str().is_some_and(|s| s.ends_with('Z')));
+        let spec = std::fs::read_to_string(dir.join("spec.toml")).unwrap_or_default();
+        assert!(!spec.contains("[sweep"), "a trial's resolved spec is an ordinary run:\n{spec}");
+        assert!(dir.join("train.log").is_file() && dir.join("model.safetensors").is_file());
+    }
+    // A trial's resolved spec runs again on its own, to the same weights.
+    let again = tempdir();
+    let spec = a.path().join(TRIALS[1]).join("spec.toml").display().to_string();
+    let o = format!("run.out_dir={}", again.path().display());
+    assert_exit(&run(&[&spec, "-q", "--set", &o]), 0);
+    let (first, second) =
+        (json(&a.path().join(TRIALS[1]).join("summary.json")), json(&again.path().join("summary.json")));
+    assert_eq!(first["weights_sha256"], second["weights_sha256"]);
+    assert_eq!(first["spec_sha256"], second["spec_sha256"]);
+
+    let record = json(&a.path().join("sweep.json"));
+    assert_eq!(record["trials"].as_array().map(Vec::len), Some(4));
+    assert!(record["ended_at"].is_string(), "{record}");
+
+    // The same sweep elsewhere, two trials at a time: the same results, bit for bit.
+    assert_exit(&sweep(b.path(), &["--parallel", "2"]), 0);
+    assert_eq!(results(a.path()), results(b.path()));
+
+    // Running it again finds every trial complete.
+    let again = sweep(a.path(), &[]);
+    assert_exit(&again, 0);
+    let (stdout, _) = text(&again);
+    assert!(stdout.contains("0 to run (4 complete)"), "{stdout}");
+    assert!(!stdout.contains("running"), "{stdout}");
+    assert_eq!(results(a.path()), results(b.path()));
+
+    // The report: curves of every trial, the ranked table.
+    let out = run(&["report", &a.path().display().to_string()]);
+    assert_exit(&out, 0);
+    for file in ["loss.svg", "loss.png", "accuracy.svg", "accuracy.png", "report.html"] {
+        let bytes = std::fs::read(a.path().join(file)).unwrap_or_default();
+        assert!(bytes.len() > 2000, "{file}: {} bytes", bytes.len());
+        if file.ends_with(".png") {
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{file}");
+        }
+    }
+    let svg = std::fs::read_to_string(a.path().join("loss.svg")).unwrap_or_default();
+    assert!(TRIALS.iter().all(|t| svg.contains(t)) && svg.contains("step"), "every trial in the legend");
+    let html = std::fs::read_to_string(a.path().join("report.html")).unwrap_or_default();
+    assert!(html.contains("<table>") && html.contains("loss.svg") && TRIALS.iter().all(|t| html.contains(t)));
+    let trial = a.path().join(TRIALS[0]);
+    assert_exit(&run(&["report", &trial.display().to_string()]), 0);
+    assert!(std::fs::metadata(trial.join("accuracy.png")).map(|m| m.len()).unwrap_or(0) > 2000);
+}
+
+#[test]
+fn an_interrupted_sweep_runs_only_the_missing_trials() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let mut args = vec!["sweep", SPEC, "--set", &o];
+    args.extend_from_slice(&SHORT);
+    let mut child = common::trainrun()
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first = dir.path().join(TRIALS[0]).join("summary.json");
+    let start = Instant::now();
+    while !first.exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the first trial never completed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let kept = std::fs::read(&first).unwrap_or_default();
+
+    // The trial that was running dies with the sweep.
+    std::thread::sleep(Duration::from_millis(500));
+    let second = dir.path().join(TRIALS[1]);
+    if let Ok(text) = std::fs::read_to_string(second.join("run.json")) {
+        let record: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let pid = record["host"]["pid"].as_u64().unwrap_or(0);
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "trial 2 (pid {pid}) outlived its sweep");
+    }
+    assert!(!second.join("summary.json").exists(), "trial 2 should have been interrupted");
+
+    let out = run(&args);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("3 to run (1 complete)"), "{stdout}");
+    assert!(stdout.contains(&format!("[1/4] {}: complete, skipped", TRIALS[0])), "{stdout}");
+    for t in &TRIALS[1..] {
+        assert!(stdout.contains(&format!("{t}: running")), "{t} should run:\n{stdout}");
+    }
+    assert_eq!(std::fs::read(&first).unwrap_or_default(), kept, "the complete trial was left alone");
+    let rows = results(dir.path());
+    assert!(rows.len() == 5 && rows[1..].iter().all(|r| r[3] == "ok"), "{rows:?}");
+}
+
+#[test]
+fn dry_run_lists_the_trials_and_runs_nothing() {
+    let dir = tempdir();
+    let out_dir = dir.path().join("sweep");
+    let out = sweep(&out_dir, &["--dry-run"]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("4 trials") && stdout.contains("sweep seed 42"), "{stdout}");
+    assert!(stdout.contains("batch.global = 64, optimizer.learning_rate = 0.05"), "{stdout}");
+    for t in TRIALS {
+        assert!(stdout.lines().any(|l| l.contains(t) && l.contains("to run")), "{t}:\n{stdout}");
+    }
+    assert!(!out_dir.exists(), "a dry run writes nothing");
+
+    // `check` plans the base spec and counts the trials; an empty sweep is a spec error.
+    let out = run(&["check", SPEC]);
+    assert_exit(&out, 0);
+    assert!(text(&out).0.lines().any(|l| l.trim_start().starts_with("sweep") && l.contains("4 trials")));
+    let out = run(&["check", "specs/mnist_single.toml", "--set", "sweep.metric=test_loss"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("the sweep has no trials"), "{}", text(&out).1);
+}
+
+#[test]
+fn problems_in_a_sweep_exit_2_all_at_once_located_in_the_sweep() {
+    let out = run(&["sweep", "tests/fixtures/sweeps/bad_key.toml", "--dry-run"]);
+    assert_exit(&out, 2);
+    insta::assert_snapshot!("sweep_bad_key", text(&out).1);
+}
+
+#[test]
+fn plain_trainrun_on_a_sweep_spec_points_at_trainrun_sweep() {
+    let out = run(&[SPEC, "-q"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("has a [sweep] section") && stderr.contains("trainrun sweep specs/mnist_sweep.toml"));
+    assert!(stderr.contains("specs/mnist_sweep.toml:"), "located at [sweep]: {stderr}");
+    let out = run(&["sweep", "specs/mnist_single.toml", "--dry-run"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("has no [sweep] section"));
+    let out = run(&["sweep", SPEC, "--parallel", "999"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("--parallel 999 is more than"));
+}
+
+#[test]
+fn a_failing_trial_is_reported_and_the_others_still_run() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    // `mirrored` plans but is not built yet: its trial exits 3 at run time.
+    let out = run(&[
+        "sweep",
+        "specs/mnist_single.toml",
+        "--set",
+        &o,
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=10",
+        "--set",
+        "sweep.grid.\"strategy.kind\"=[\"mirrored\", \"default\"]",
+    ]);
+    assert_exit(&out, 3);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("trial-001-kindmirrored: FAILED (exit 3)"), "{stdout}");
+    assert!(stdout.contains("is not built yet"), "the failed trial's log tail: {stdout}");
+    assert!(stdout.lines().any(|l| l.contains("trial-001-kindmirrored") && l.ends_with("failed (exit 3)")), "{stdout}");
+    assert!(stderr.contains("1 of 2 trials failed"), "{stderr}");
+    let rows = results(dir.path());
+    assert_eq!(rows[1][..5], ["1", "2", "trial-002-kinddefault", "ok", "0"]);
+    assert_eq!(rows[2][..5], ["", "1", "trial-001-kindmirrored", "failed", "3"]);
+}
+
+#[test]
+fn multi_worker_trials_are_ordinary_runs() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let out = run(&[
+        "sweep",
+        "specs/mnist_multiworker.toml",
+        "--set",
+        &o,
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=10",
+        "--set",
+        "sweep.grid.\"optimizer.learning_rate\"=[0.01, 0.05]",
+    ]);
+    assert_exit(&out, 0);
+    for t in ["trial-001-lr0.01", "trial-002-lr0.05"] {
+        let summary = json(&dir.path().join(t).join("summary.json"));
+        assert_eq!(summary["num_workers"], 2, "{summary}");
+        let record = json(&dir.path().join(t).join("run.json"));
+        assert_eq!(record["cluster"]["num_workers"], 2, "{record}");
+        assert_eq!(record["cluster"]["task"], "worker:0", "the chief records the run: {record}");
+    }
+}
