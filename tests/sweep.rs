@@ -229,7 +229,7 @@ fn plain_trainrun_on_a_sweep_spec_points_at_trainrun_sweep() {
 fn a_failing_trial_is_reported_and_the_others_still_run() {
     let dir = tempdir();
     let o = format!("run.out_dir={}", dir.path().display());
-    // `mirrored` plans but is not built yet: its trial exits 3 at run time.
+    // A GPU device plans, but a CPU build cannot run it: its trial exits 3 at run time.
     let out = run(&[
         "sweep",
         "specs/mnist_single.toml",
@@ -240,17 +240,19 @@ fn a_failing_trial_is_reported_and_the_others_still_run() {
         "--set",
         "train.steps_per_epoch=10",
         "--set",
-        "sweep.grid.\"strategy.kind\"=[\"mirrored\", \"default\"]",
+        "strategy.kind=one_device",
+        "--set",
+        "sweep.grid.\"strategy.device\"=[\"gpu:0\", \"cpu:0\"]",
     ]);
     assert_exit(&out, 3);
     let (stdout, stderr) = text(&out);
-    assert!(stdout.contains("trial-001-kindmirrored: FAILED (exit 3)"), "{stdout}");
-    assert!(stdout.contains("is not built yet"), "the failed trial's log tail: {stdout}");
-    assert!(stdout.lines().any(|l| l.contains("trial-001-kindmirrored") && l.ends_with("failed (exit 3)")), "{stdout}");
+    assert!(stdout.contains("trial-001-devicegpu_0: FAILED (exit 3)"), "{stdout}");
+    assert!(stdout.contains("needs a GPU build"), "the failed trial's log tail: {stdout}");
+    assert!(stdout.lines().any(|l| l.contains("trial-001-devicegpu_0") && l.ends_with("failed (exit 3)")), "{stdout}");
     assert!(stderr.contains("1 of 2 trials failed"), "{stderr}");
     let rows = results(dir.path());
-    assert_eq!(rows[1][..5], ["1", "2", "trial-002-kinddefault", "ok", "0"]);
-    assert_eq!(rows[2][..5], ["", "1", "trial-001-kindmirrored", "failed", "3"]);
+    assert_eq!(rows[1][..5], ["1", "2", "trial-002-devicecpu_0", "ok", "0"]);
+    assert_eq!(rows[2][..5], ["", "1", "trial-001-devicegpu_0", "failed", "3"]);
 }
 
 #[test]
