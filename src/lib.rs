@@ -5,6 +5,7 @@
 //! gradients.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod collective;
