@@ -1,5 +1,5 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `schema` and `bench` are the only other commands.
+//! `check`, `eval`, `schema` and `bench` are the only other commands.
 
 use crate::run::{self, Invocation, RunError};
 use clap::{Args, Parser, Subcommand};
@@ -27,6 +27,14 @@ enum Command {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Evaluate one checkpoint on the test split (the spec gives the model and the data).
+    Eval {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The checkpoint folder, e.g. `runs/mnist/checkpoints/ckpt-0000000140`.
+        #[arg(long, value_name = "PATH")]
+        checkpoint: PathBuf,
     },
     /// Print the JSON Schema of specs (editors validate `#:schema` spec files with it).
     Schema,
@@ -79,6 +87,9 @@ pub enum Exit {
     /// The job failed across processes: a task died, hung, or was refused (wrong spec,
     /// version or token), or the cluster could not start in time.
     Cluster = 5,
+    /// Stopped on request (SIGTERM to a task or the launcher): every task stopped after the
+    /// same step and the chief saved a backup; running the same command again resumes.
+    Preempted = 6,
 }
 
 impl From<Exit> for ExitCode {
@@ -107,6 +118,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         None => invocation(cli.run.spec, cli.run.quiet, cli.run.task).and_then(|inv| run::train(&inv)).map(|_| ()),
         Some(Command::Check { spec, json }) => invocation(spec, false, None).and_then(|inv| run::check(&inv, json)),
+        Some(Command::Eval { spec, checkpoint }) => {
+            invocation(spec, false, None).and_then(|inv| run::eval(&inv, &checkpoint))
+        }
         Some(Command::Schema) => {
             print!("{}", crate::spec::schema_json());
             Ok(())
@@ -146,7 +160,16 @@ mod tests {
         flags.sort();
         assert_eq!(
             flags,
-            ["--quiet", "--set", "--task", "bench --quick", "check --json", "check --set"],
+            [
+                "--quiet",
+                "--set",
+                "--task",
+                "bench --quick",
+                "check --json",
+                "check --set",
+                "eval --checkpoint",
+                "eval --set"
+            ],
             "CLI flags changed: keep options in the spec (`--set` reaches every key)"
         );
     }

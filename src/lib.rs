@@ -14,6 +14,7 @@ pub mod engine;
 pub mod model;
 pub mod plan;
 pub mod run;
+pub mod signals;
 pub mod spec;
 pub mod strategy;
 pub mod train;

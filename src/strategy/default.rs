@@ -1,6 +1,6 @@
 //! `default`: no distribution, one replica in this process (`tf.distribute.get_strategy()`).
 
-use super::{Replica, Strategy, StrategyError, Variables};
+use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::data::Batch;
 use crate::engine::{BatchStats, Optimizer};
 use crate::plan::StrategyKind;
@@ -29,7 +29,8 @@ impl Strategy for DefaultStrategy {
         vars: &mut Variables,
         micro: &[Batch],
         seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
+        stop: bool,
+    ) -> Result<Step, StrategyError> {
         let total: usize = micro.iter().map(|b| b.global_n).sum();
         let scale = 1.0 / total.max(1) as f32;
         let mut stats = BatchStats::default();
@@ -37,7 +38,7 @@ impl Strategy for DefaultStrategy {
             let s = crate::engine::init::derive_seed(&[seed, i as u64]);
             stats.add(self.replica.forward_backward(vars, &mut self.grads, batch, scale, s, i > 0));
         }
-        Ok(stats)
+        Ok(Step { stats, stop })
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {

@@ -2,7 +2,7 @@
 //! the default strategy with an explicit placement.
 
 use super::default::DefaultStrategy;
-use super::{Replica, Strategy, StrategyError, Variables};
+use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::data::Batch;
 use crate::engine::{BatchStats, Optimizer};
 use crate::plan::StrategyKind;
@@ -35,8 +35,9 @@ impl Strategy for OneDevice {
         vars: &mut Variables,
         micro: &[Batch],
         seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
-        self.inner.compute_gradients(vars, micro, seed)
+        stop: bool,
+    ) -> Result<Step, StrategyError> {
+        self.inner.compute_gradients(vars, micro, seed, stop)
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {

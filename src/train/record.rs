@@ -77,6 +77,14 @@ pub struct Summary {
     pub num_workers: usize,
     /// How gradients travelled between workers (`shared_memory`, `tcp`), if they did.
     pub transport: Option<&'static str>,
+    /// The step of the backup this run resumed from, if it did.
+    pub resumed_from_step: Option<u64>,
+    /// Checkpoints this process wrote (model checkpoints and backups), when it saves any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints_written: Option<u64>,
+    /// The longest a save blocked a training step (snapshot and queueing), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_block_ms_max: Option<f64>,
 }
 
 /// Writes the files of one run folder.
@@ -109,6 +117,33 @@ impl RunDir {
         let path = dir.join("metrics.jsonl");
         let metrics = BufWriter::new(File::create(&path).map_err(io(&path))?);
         Ok(Self { dir: dir.to_path_buf(), metrics })
+    }
+
+    /// Reopens `dir` for a run resumed after `step`: `metrics.jsonl` keeps its lines up to
+    /// that step (later ones are trained again) and continues.
+    pub fn resume(dir: &Path, resolved_spec: &str, step: u64) -> Result<Self, RecordError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let spec = dir.join("spec.toml");
+        std::fs::write(&spec, resolved_spec).map_err(io(&spec))?;
+        let path = dir.join("metrics.jsonl");
+        let old = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let mut kept = String::new();
+        for line in old.lines() {
+            let at = serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64());
+            if at.is_some_and(|s| s <= step) {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        let tmp = dir.join("metrics.jsonl.tmp");
+        std::fs::write(&tmp, kept).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(io(&path))?;
+        Ok(Self { dir: dir.to_path_buf(), metrics: BufWriter::new(file) })
     }
 
     /// The folder.
