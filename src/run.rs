@@ -397,7 +397,10 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         restart_backoff: Duration::from_secs_f64(c.restart_backoff_s),
         stop: crate::signals::stop_requested(),
     };
-    launch::run(run).map_err(RunError::Launch)?;
+    launch::run(run).map_err(|e| match e {
+        launch::LaunchError::Preempted => RunError::Preempted(e.to_string()),
+        e => RunError::Launch(e),
+    })?;
     if !inv.quiet {
         println!("wrote {}", p.plan.out_dir.display());
     }

@@ -101,10 +101,15 @@ pub struct CallbacksState {
     /// Its floor (`min_lr`).
     #[serde(with = "float")]
     pub lr_floor: f64,
-    /// `model_checkpoint`'s best monitored value (`save_best_only`), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_opt")]
-    pub checkpoint_best: Option<f64>,
+    /// Each `model_checkpoint`'s best monitored value so far (`save_best_only`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoint_best: Vec<Best>,
 }
+
+/// A best value, or none yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Best(#[serde(with = "float_opt")] pub Option<f64>);
 
 /// Where the loop stood: enough to continue as if never stopped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -263,7 +268,7 @@ mod tests {
             ],
             lr_multiplier: 0.1f64 * 0.1 * 0.1,
             lr_floor: 1e-300,
-            checkpoint_best: Some(0.123_456_789_012_345_67),
+            checkpoint_best: vec![Best(Some(0.123_456_789_012_345_67)), Best(None), Best(Some(f64::INFINITY))],
         };
         let text = serde_json::to_string(&state).unwrap();
         let back: CallbacksState = serde_json::from_str(&text).unwrap();

@@ -50,7 +50,7 @@ fn manifest(step: u64) -> Manifest {
             epoch_sums: Sums { loss_sum: 1.25, correct: 3, examples: 4 },
             last_epoch_sums: Sums::default(),
             last_eval: None,
-            callbacks: CallbacksState { items: vec![], lr_multiplier: 1.0, lr_floor: 0.0, checkpoint_best: None },
+            callbacks: CallbacksState { items: vec![], lr_multiplier: 1.0, lr_floor: 0.0, checkpoint_best: vec![] },
             best_weights: false,
         },
         metrics: Metrics::default(),

@@ -220,7 +220,12 @@ impl Callbacks {
                 Runtime::Target { .. } => CallbackState::StopAtTarget,
             })
             .collect();
-        CallbacksState { items, lr_multiplier: self.lr_multiplier, lr_floor: self.lr_floor, checkpoint_best: None }
+        CallbacksState {
+            items,
+            lr_multiplier: self.lr_multiplier,
+            lr_floor: self.lr_floor,
+            checkpoint_best: Vec::new(),
+        }
     }
 
     /// The learning rate to use where the schedule says `scheduled`.

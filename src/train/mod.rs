@@ -59,24 +59,29 @@ pub enum TrainError {
     Resume(String),
     /// A task was asked to stop (SIGTERM): every task stopped at the same step, after the
     /// chief saved a backup to resume from.
-    #[error("{}", preempted_text(*step, backup.as_deref()))]
+    #[error("{}", preempted_text(*step, backup.as_deref(), *chief))]
     Preempted {
         /// The step every task stopped after.
         step: u64,
         /// The backup written there, when the run backs up.
         backup: Option<PathBuf>,
+        /// Whether this task is the chief (the one that saves).
+        chief: bool,
     },
 }
 
-fn preempted_text(step: u64, backup: Option<&std::path::Path>) -> String {
-    match backup {
-        Some(b) => format!(
+fn preempted_text(step: u64, backup: Option<&std::path::Path>, chief: bool) -> String {
+    match (backup, chief) {
+        (Some(b), _) => format!(
             "preempted: stopped after step {step} and saved {}; run the same command again to resume",
             b.display()
         ),
-        None => format!(
+        (None, true) => format!(
             "preempted: stopped after step {step}; without a backup_and_restore callback the next run starts over"
         ),
+        (None, false) => {
+            format!("preempted: stopped after step {step} with the other tasks; the chief saves the backup")
+        }
     }
 }
 
@@ -158,7 +163,7 @@ pub fn fit(
     let restored = resume.as_ref().map(|r| (&r.loop_state.callbacks, r.epochs_done));
     let mut callbacks = Callbacks::new(&plan.callbacks, run_dir.as_deref().map(RunDir::path), restored)?;
     if let (Some(s), Some(r)) = (saver.as_mut(), resume.as_ref()) {
-        s.restore_best(r.loop_state.callbacks.checkpoint_best);
+        s.restore_best(&r.loop_state.callbacks.checkpoint_best);
     }
     let mut progress = Progress::new(opts.progress, t.epochs, opts.prefix.clone());
     let mut micro: Vec<Batch> = Vec::with_capacity(plan.batch.accumulation_steps);
@@ -261,7 +266,7 @@ pub fn fit(
                 }
             }
             if vote {
-                return Err(preempt(session, saver, step, &mut progress));
+                return Err(preempt(session, saver, step, run_dir.is_some()));
             }
         }
         last_epoch = epoch_stats;
@@ -312,7 +317,7 @@ pub fn fit(
             break;
         }
         if vote {
-            return Err(preempt(session, saver, step, &mut progress));
+            return Err(preempt(session, saver, step, run_dir.is_some()));
         }
     }
 
@@ -384,7 +389,7 @@ fn loop_state(
 
 /// Every task stops after `step`: the chief's backup (already queued) goes to disk, and the
 /// job is left cleanly, so nobody mistakes the stop for a failure.
-fn preempt(session: &mut Session, saver: Option<Saver>, step: u64, progress: &mut Progress) -> TrainError {
+fn preempt(session: &mut Session, saver: Option<Saver>, step: u64, chief: bool) -> TrainError {
     let backup = match saver {
         Some(mut s) => match s.flush() {
             Ok(b) => {
@@ -398,9 +403,7 @@ fn preempt(session: &mut Session, saver: Option<Saver>, step: u64, progress: &mu
     if let Err(e) = session.strategy.finish() {
         return e.into();
     }
-    let e = TrainError::Preempted { step, backup };
-    progress.note(&e.to_string());
-    e
+    TrainError::Preempted { step, backup, chief }
 }
 
 /// The largest multiple of the training micro-batch (at most 1024 examples per replica) whose

@@ -4,7 +4,7 @@
 //! memcpy. Only the chief has a saver.
 
 use super::callbacks::Logs;
-use crate::checkpoint::manifest::{FORMAT, LoopState, Metrics, OptimizerState, RngState, Topology};
+use crate::checkpoint::manifest::{Best, FORMAT, LoopState, Metrics, OptimizerState, RngState, Topology};
 use crate::checkpoint::policy::{self, Action, Policy};
 use crate::checkpoint::writer::Job;
 use crate::checkpoint::{CheckpointError, Kind, Layout, Manifest, SaveStats, Store, Writer, copy_into};
@@ -18,14 +18,22 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Where `model_checkpoint` writes, when the plan has one.
+/// Where each `model_checkpoint` writes, in order.
+pub fn model_dirs(plan: &Plan) -> Vec<PathBuf> {
+    plan.callbacks
+        .iter()
+        .filter_map(|c| match c {
+            CallbackSpec::ModelCheckpoint { dir, .. } => {
+                Some(dir.clone().unwrap_or_else(|| plan.out_dir.join("checkpoints")))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where the first `model_checkpoint` writes (what the evaluator watches), when there is one.
 pub fn model_dir(plan: &Plan) -> Option<PathBuf> {
-    plan.callbacks.iter().find_map(|c| match c {
-        CallbackSpec::ModelCheckpoint { dir, .. } => {
-            Some(dir.clone().unwrap_or_else(|| plan.out_dir.join("checkpoints")))
-        }
-        _ => None,
-    })
+    model_dirs(plan).into_iter().next()
 }
 
 /// Where `backup_and_restore` writes, when the plan has one.
@@ -64,12 +72,14 @@ struct Target {
     monitor: Monitor,
     /// Committed steps in the store.
     kept: Vec<u64>,
+    /// The best monitored value so far (`save_best_only`).
+    best: Option<f64>,
 }
 
 impl Target {
     fn new(store: Store, freq: SaveFreq, policy: Policy, monitor: Monitor) -> Result<Self, CheckpointError> {
         let kept = store.list()?.into_iter().filter(|l| l.committed).map(|l| l.step).collect();
-        Ok(Self { store, freq, policy, monitor, kept })
+        Ok(Self { store, freq, policy, monitor, kept, best: None })
     }
 
     fn due(&self, step: u64, epoch_end: bool) -> bool {
@@ -127,9 +137,8 @@ pub struct SavePoint<'a> {
 pub struct Saver {
     writer: Writer,
     layout: Arc<Layout>,
-    model: Option<Target>,
+    models: Vec<Target>,
     backup: Option<(Target, bool)>,
-    model_best: Option<f64>,
     spec_hash: String,
     topology: Topology,
     seed: u64,
@@ -145,7 +154,8 @@ impl Saver {
         spec_hash: String,
         optimizer: &Optimizer,
     ) -> Result<Option<Self>, CheckpointError> {
-        let mut model = None;
+        let mut models = Vec::new();
+        let mut dirs = model_dirs(plan).into_iter();
         let mut backup = None;
         for c in &plan.callbacks {
             match c {
@@ -154,8 +164,8 @@ impl Saver {
                         max_to_keep: max_to_keep.and_then(|n| NonZeroUsize::new(n as usize)),
                         best_only: save_best_only.then_some(*mode),
                     };
-                    let dir = model_dir(plan).unwrap_or_default();
-                    model = Some(Target::new(Store::new(dir), *save_freq, policy, *monitor)?);
+                    let dir = dirs.next().unwrap_or_default();
+                    models.push(Target::new(Store::new(dir), *save_freq, policy, *monitor)?);
                 }
                 CallbackSpec::BackupAndRestore { save_freq, delete_checkpoint, .. } => {
                     let dir = backup_dir(plan).unwrap_or_default();
@@ -168,7 +178,7 @@ impl Saver {
                 | CallbackSpec::StopAtTarget { .. } => {}
             }
         }
-        if model.is_none() && backup.is_none() {
+        if models.is_empty() && backup.is_none() {
             return Ok(None);
         }
         let mut writer = Writer::start()?;
@@ -177,9 +187,8 @@ impl Saver {
         Ok(Some(Self {
             writer,
             layout: Arc::new(layout),
-            model,
+            models,
             backup,
-            model_best: None,
             spec_hash,
             topology: topology(plan),
             seed: plan.seed,
@@ -188,14 +197,16 @@ impl Saver {
         }))
     }
 
-    /// Puts back `model_checkpoint`'s best value from a backup.
-    pub fn restore_best(&mut self, best: Option<f64>) {
-        self.model_best = best;
+    /// Puts back each `model_checkpoint`'s best value from a backup.
+    pub fn restore_best(&mut self, best: &[Best]) {
+        for (t, b) in self.models.iter_mut().zip(best) {
+            t.best = b.0;
+        }
     }
 
     /// Whether a save is due after `step`. Cheap: called every step.
     pub fn due(&self, step: u64, epoch_end: bool) -> bool {
-        self.model.as_ref().is_some_and(|t| t.due(step, epoch_end))
+        self.models.iter().any(|t| t.due(step, epoch_end))
             || self.backup.as_ref().is_some_and(|(t, _)| t.due(step, epoch_end))
     }
 
@@ -209,10 +220,10 @@ impl Saver {
     pub fn save(&mut self, mut p: SavePoint<'_>, force_backup: bool) -> Result<Vec<String>, CheckpointError> {
         let started = Instant::now();
         let mut notes = Vec::new();
-        let mut model_job = None;
-        if let Some(t) = self.model.as_mut().filter(|t| t.due(p.step, p.epoch_end)) {
+        let mut model_jobs = Vec::new();
+        for t in self.models.iter_mut().filter(|t| t.due(p.step, p.epoch_end)) {
             let value = t.policy.best_only.and(p.logs.get(t.monitor));
-            let d = policy::decide(&t.policy, &t.kept, p.step, value, self.model_best);
+            let d = policy::decide(&t.policy, &t.kept, p.step, value, t.best);
             if d.actions.contains(&Action::SkipNoValue) && !self.warned_no_value {
                 self.warned_no_value = true;
                 notes.push(format!(
@@ -221,10 +232,10 @@ impl Saver {
                     p.step
                 ));
             }
-            self.model_best = d.best;
+            t.best = d.best;
             let (write, deletes) = t.plan(&d.actions);
             if write {
-                model_job = Some((t.store.clone(), deletes));
+                model_jobs.push((t.store.clone(), deletes));
             }
         }
         let mut backup_job = None;
@@ -234,10 +245,10 @@ impl Saver {
             backup_job = Some((t.store.clone(), deletes));
             self.last_backup = Some(p.step);
         }
-        if model_job.is_none() && backup_job.is_none() {
+        if model_jobs.is_empty() && backup_job.is_none() {
             return Ok(notes);
         }
-        p.loop_state.callbacks.checkpoint_best = self.model_best;
+        p.loop_state.callbacks.checkpoint_best = self.models.iter().map(|t| Best(t.best)).collect();
         let mut snap = self.writer.take_snapshot();
         copy_into(&mut snap.params, &p.vars.params);
         copy_into(&mut snap.state, &p.vars.state);
@@ -279,8 +290,9 @@ impl Saver {
             files: Vec::new(),
         };
         let mut jobs = Vec::new();
-        for (job, kind) in [(model_job, Kind::Model), (backup_job, Kind::Backup)] {
-            if let Some((store, deletes)) = job {
+        let jobs_to_do = model_jobs.into_iter().map(|j| (j, Kind::Model)).chain(backup_job.map(|j| (j, Kind::Backup)));
+        for ((store, deletes), kind) in jobs_to_do {
+            {
                 jobs.push(Job {
                     store,
                     layout: self.layout.clone(),
@@ -291,7 +303,11 @@ impl Saver {
             }
         }
         drop(snapshot);
+        let copied = started.elapsed();
         self.writer.submit(jobs, started)?;
+        if std::env::var_os("TRAINRUN_DEBUG_SAVES").is_some() {
+            eprintln!("save at {}: copy {:?}, blocked {:?}", p.step, copied, started.elapsed());
+        }
         Ok(notes)
     }
 
