@@ -317,9 +317,9 @@ pub fn eval(inv: &Invocation, checkpoint: &std::path::Path) -> Result<(), RunErr
 fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
     // The evaluator has no step to finish: SIGTERM ends it at once, as before.
     let plan = &p.plan;
-    let dir = saver::model_dir(plan).ok_or_else(|| {
-        RunError::Spec("error: the evaluator evaluates the checkpoints of a model_checkpoint callback, but the spec has none\n  = help: add [[callbacks]] kind = \"model_checkpoint\"\n".into())
-    })?;
+    // Planning refused an evaluator without a model_checkpoint callback.
+    let dir =
+        saver::model_dir(plan).ok_or_else(|| RunError::Failure("the evaluator has no checkpoints to watch".into()))?;
     let model = crate::model::build(&plan.model, &input_shape(plan), plan.data.facts.classes as usize)
         .map_err(|d| RunError::Spec(spec::render(&d, &p.loaded.origins)))?;
     let (params, state) = model.init(plan.seed);

@@ -303,11 +303,7 @@ impl Saver {
             }
         }
         drop(snapshot);
-        let copied = started.elapsed();
         self.writer.submit(jobs, started)?;
-        if std::env::var_os("TRAINRUN_DEBUG_SAVES").is_some() {
-            eprintln!("save at {}: copy {:?}, blocked {:?}", p.step, copied, started.elapsed());
-        }
         Ok(notes)
     }
 
