@@ -315,7 +315,8 @@ pub fn eval(inv: &Invocation, checkpoint: &std::path::Path) -> Result<(), RunErr
 /// The evaluator task: joins the job's control plane (not the collective) and evaluates every
 /// new checkpoint until training finishes.
 fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
-    // The evaluator has no step to finish: SIGTERM ends it at once, as before.
+    // SIGTERM (a preemption of the job) ends the evaluator after the checkpoint at hand.
+    let stop = crate::signals::stop_requested();
     let plan = &p.plan;
     // Planning refused an evaluator without a model_checkpoint callback.
     let dir =
@@ -342,7 +343,7 @@ fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(),
     let watch = evaluator::Watch { dir, out: plan.out_dir.join("eval.jsonl"), layout: &layout, test, batch };
     let plane = &job.plane;
     let finished = || -> Result<bool, TrainError> {
-        let mut done = false;
+        let mut done = stop.load(std::sync::atomic::Ordering::SeqCst);
         while let Some(c) = plane.poll_command().map_err(|e| TrainError::Strategy(e.into()))? {
             done |= matches!(c, Command::Stop { .. });
         }
@@ -351,6 +352,9 @@ fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(),
     let count = pool.install(|| evaluator::watch(&watch, &mut replica, finished, |t| say(quiet, &prefix, t)))?;
     say(quiet, &prefix, &format!("evaluated {count} checkpoint{}", if count == 1 { "" } else { "s" }));
     job.plane.shutdown();
+    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(RunError::Preempted("preempted: the evaluator stopped on SIGTERM".into()));
+    }
     Ok(())
 }
 

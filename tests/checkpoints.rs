@@ -416,3 +416,62 @@ fn the_evaluator_evaluates_every_checkpoint_exactly_once() {
     assert_eq!(last["test_accuracy"], s["test_accuracy"]);
     assert!(lines.iter().all(|l| l["examples"] == 10_000));
 }
+
+/// Across hosts without shared storage: each task is started by hand (as each host's
+/// supervisor would) in its own folder, over TCP. Only the chief's folder holds the backup;
+/// after a worker dies and both are started again, the chief sends the restored state to the
+/// worker, and the job ends as an uninterrupted one.
+#[test]
+fn restarted_tasks_on_separate_hosts_resume_from_the_chiefs_backup() {
+    let (chief_dir, worker_dir) = (tempdir(), tempdir());
+    let ports = [common::free_port(), common::free_port()];
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/mnist_fault_tolerant.toml");
+    let spec = spec.display().to_string();
+    let args = [
+        spec.as_str(),
+        "-q",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "train.steps_per_epoch=50",
+        "--set",
+        "optimizer.momentum=0.9",
+        "--set",
+        "strategy.communication.transport=\"tcp\"",
+        "--set",
+        "strategy.communication.timeout_s=10",
+        // Relative: each task's own folder.
+        "--set",
+        "run.out_dir=\"out\"",
+    ];
+    let task = |dir: &Path, index: usize| -> Child {
+        common::trainrun()
+            .current_dir(dir)
+            .args(args)
+            .env("TF_CONFIG", common::tf_config(&ports, ("worker", index)))
+            .env("TRAINRUN_JOB_TOKEN", "test-token-0123456789abcdef")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
+    };
+    let backup = chief_dir.path().join("out/backup");
+    let (chief, mut worker) = (task(chief_dir.path(), 0), task(worker_dir.path(), 1));
+    assert!(wait_for(&ckpt(&backup, 10).join("manifest.json"), LIMIT), "no first backup");
+    std::thread::sleep(jitter(300));
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let (failed, _) = wait_within(chief, LIMIT);
+    assert_exit(&failed, 5);
+
+    let (chief, worker) = (task(chief_dir.path(), 0), task(worker_dir.path(), 1));
+    let (w, _) = wait_within(worker, LIMIT);
+    let (c, _) = wait_within(chief, LIMIT);
+    assert_exit(&c, 0);
+    assert_exit(&w, 0);
+    let s = summary(&chief_dir.path().join("out"));
+    assert!(s["resumed_from_step"].as_u64().is_some(), "{s}");
+    assert_eq!(s["transport"], "tcp");
+    same_result(&s, two_worker_reference());
+    assert!(!worker_dir.path().join("out").exists(), "the worker writes nothing, backups included");
+}

@@ -186,7 +186,15 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
                     launch.max_restarts,
                     wait.as_secs_f64()
                 );
-                std::thread::sleep(wait);
+                let until = Instant::now() + wait;
+                while Instant::now() < until {
+                    // Asked to stop while waiting: the last backup is where the next launch
+                    // resumes, as after any preemption.
+                    if launch.stop.load(Ordering::SeqCst) {
+                        return Err(LaunchError::Preempted);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 failed = Some((at, task));
             }
         }

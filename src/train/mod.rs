@@ -186,7 +186,7 @@ pub fn fit(
 
     'epochs: for epoch in (start / spe + 1)..=t.epochs {
         let first = if epoch == start / spe + 1 { start % spe } else { 0 };
-        progress.start_epoch(epoch, t.steps_per_epoch);
+        progress.start_epoch(epoch, t.steps_per_epoch, first);
         let mut epoch_stats = resumed_sums.take().unwrap_or_default();
         let mut epoch_time = Duration::ZERO;
         let mut vote = false;
