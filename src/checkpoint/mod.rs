@@ -15,7 +15,7 @@ pub mod tensors;
 pub mod writer;
 
 pub use manifest::{Kind, Manifest};
-pub use policy::{Action, Decision, Policy};
+pub use policy::{Admit, Policy};
 pub use store::{Listed, Loaded, Store};
 pub use writer::{SaveStats, Writer};
 

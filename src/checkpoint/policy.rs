@@ -1,5 +1,6 @@
-//! Which checkpoints to write and which to delete: a pure decision over the steps already
-//! kept, the new checkpoint's monitored value and the best so far. The writer acts on it.
+//! Which checkpoints to write and which to delete: pure decisions over the monitored value and
+//! the best so far ([`admit`]), and over the steps already kept ([`prune`]). The saver and
+//! the background writer act on them.
 
 use crate::spec::Mode;
 use std::num::NonZeroUsize;
@@ -20,31 +21,20 @@ impl Policy {
     pub const BACKUP: Policy = Policy { max_to_keep: NonZeroUsize::new(2), best_only: None };
 }
 
-/// One thing to do.
+/// Whether to write a checkpoint now.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Action {
-    /// Write the checkpoint at this step.
-    Write(u64),
-    /// Delete the checkpoint at this step.
-    Delete(u64),
+pub enum Admit {
+    /// Write it.
+    Write,
     /// Write nothing: the monitored value did not improve on the best.
-    SkipNotImproved {
+    NotImproved {
         /// The value now.
         value: f64,
         /// The best so far.
         best: f64,
     },
     /// Write nothing: the monitored value is not known at this save (no evaluation here).
-    SkipNoValue,
-}
-
-/// The actions for one save and the best value afterwards.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// In order: write first, then delete, so the newest is never missing.
-    pub actions: Vec<Action>,
-    /// The best monitored value after this save.
-    pub best: Option<f64>,
+    NoValue,
 }
 
 fn improves(mode: Mode, value: f64, best: Option<f64>) -> bool {
@@ -57,31 +47,28 @@ fn improves(mode: Mode, value: f64, best: Option<f64>) -> bool {
     }
 }
 
-/// Decides a save at `step` given the steps `kept` (committed, any order), the monitored
-/// `value` at this step, and the `best` so far.
-pub fn decide(policy: &Policy, kept: &[u64], step: u64, value: Option<f64>, best: Option<f64>) -> Decision {
-    let mut best_after = best;
-    if let Some(mode) = policy.best_only {
-        match value {
-            None => return Decision { actions: vec![Action::SkipNoValue], best },
-            Some(v) if !improves(mode, v, best) => {
-                return Decision { actions: vec![Action::SkipNotImproved { value: v, best: best.unwrap_or(v) }], best };
-            }
-            Some(v) => best_after = Some(v),
-        }
+/// Decides whether to save given the monitored `value` now and the `best` so far; returns
+/// the decision and the best value afterwards.
+pub fn admit(policy: &Policy, value: Option<f64>, best: Option<f64>) -> (Admit, Option<f64>) {
+    let Some(mode) = policy.best_only else { return (Admit::Write, best) };
+    match value {
+        None => (Admit::NoValue, best),
+        Some(v) if !improves(mode, v, best) => (Admit::NotImproved { value: v, best: best.unwrap_or(v) }, best),
+        Some(v) => (Admit::Write, Some(v)),
     }
-    let mut actions = vec![Action::Write(step)];
-    if let Some(max) = policy.max_to_keep {
-        // Checkpoints past `step` are left from a run that crashed after them and resumed
-        // from an older backup: they are stale, and go first.
-        let mut steps: Vec<u64> = kept.iter().copied().filter(|&s| s != step).collect();
-        steps.sort_unstable();
-        let (older, newer): (Vec<u64>, Vec<u64>) = steps.into_iter().partition(|&s| s < step);
-        actions.extend(newer.into_iter().map(Action::Delete));
-        let extra = (older.len() + 1).saturating_sub(max.get());
-        actions.extend(older.into_iter().take(extra).map(Action::Delete));
-    }
-    Decision { actions, best: best_after }
+}
+
+/// The checkpoints to delete once the one at `step` is written, given the steps `kept`
+/// (committed, any order): the oldest beyond `max_to_keep`, and any past `step`, which are
+/// left from a run that crashed after them and resumed from an older backup.
+pub fn prune(policy: &Policy, kept: &[u64], step: u64) -> Vec<u64> {
+    let Some(max) = policy.max_to_keep else { return Vec::new() };
+    let mut steps: Vec<u64> = kept.iter().copied().filter(|&s| s != step).collect();
+    steps.sort_unstable();
+    let (older, mut newer): (Vec<u64>, Vec<u64>) = steps.into_iter().partition(|&s| s < step);
+    let extra = (older.len() + 1).saturating_sub(max.get());
+    newer.extend(older.into_iter().take(extra));
+    newer
 }
 
 #[cfg(test)]
@@ -94,33 +81,28 @@ mod tests {
 
     #[test]
     fn keeps_the_newest_n() {
-        let d = decide(&keep(2), &[10, 20, 30], 40, None, None);
-        assert_eq!(d.actions, [Action::Write(40), Action::Delete(10), Action::Delete(20)]);
-        let d = decide(&keep(3), &[10], 20, None, None);
-        assert_eq!(d.actions, [Action::Write(20)]);
+        assert_eq!(prune(&keep(2), &[10, 20, 30], 40), [10, 20]);
+        assert_eq!(prune(&keep(3), &[10], 20), Vec::<u64>::new());
         let all = Policy { max_to_keep: None, best_only: None };
-        assert_eq!(decide(&all, &[1, 2, 3], 4, None, None).actions, [Action::Write(4)]);
+        assert_eq!(prune(&all, &[1, 2, 3], 4), Vec::<u64>::new());
     }
 
     #[test]
     fn a_rewritten_step_is_not_counted_twice_and_stale_newer_ones_go() {
-        let d = decide(&keep(2), &[10, 20, 30], 20, None, None);
-        assert_eq!(d.actions, [Action::Write(20), Action::Delete(30)]);
+        assert_eq!(prune(&keep(2), &[10, 20, 30], 20), [30]);
     }
 
     #[test]
     fn best_only_writes_improvements_in_the_right_direction() {
         let min = Policy { max_to_keep: None, best_only: Some(Mode::Min) };
-        let d = decide(&min, &[], 10, Some(0.5), None);
-        assert_eq!((d.actions, d.best), (vec![Action::Write(10)], Some(0.5)));
-        let d = decide(&min, &[10], 20, Some(0.6), Some(0.5));
-        assert_eq!((d.actions, d.best), (vec![Action::SkipNotImproved { value: 0.6, best: 0.5 }], Some(0.5)));
-        let d = decide(&min, &[10], 20, Some(0.5), Some(0.5));
-        assert!(matches!(d.actions[0], Action::SkipNotImproved { .. }), "equal is no improvement");
+        assert_eq!(admit(&min, Some(0.5), None), (Admit::Write, Some(0.5)));
+        assert_eq!(admit(&min, Some(0.6), Some(0.5)), (Admit::NotImproved { value: 0.6, best: 0.5 }, Some(0.5)));
+        assert!(matches!(admit(&min, Some(0.5), Some(0.5)).0, Admit::NotImproved { .. }), "equal is no improvement");
         let max = Policy { max_to_keep: NonZeroUsize::new(1), best_only: Some(Mode::Max) };
-        let d = decide(&max, &[10], 20, Some(0.9), Some(0.8));
-        assert_eq!((d.actions, d.best), (vec![Action::Write(20), Action::Delete(10)], Some(0.9)));
-        assert_eq!(decide(&max, &[], 5, None, Some(0.8)).actions, [Action::SkipNoValue]);
-        assert!(matches!(decide(&max, &[], 5, Some(f64::NAN), None).actions[0], Action::SkipNotImproved { .. }));
+        assert_eq!(admit(&max, Some(0.9), Some(0.8)), (Admit::Write, Some(0.9)));
+        assert_eq!(admit(&max, None, Some(0.8)), (Admit::NoValue, Some(0.8)));
+        assert!(matches!(admit(&max, Some(f64::NAN), None).0, Admit::NotImproved { .. }));
+        let every = Policy { max_to_keep: None, best_only: None };
+        assert_eq!(admit(&every, None, None), (Admit::Write, None));
     }
 }

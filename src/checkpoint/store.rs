@@ -300,4 +300,4 @@ pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
 
 #[cfg(test)]
 #[path = "store_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -27,7 +27,7 @@ fn snapshot(x: f32) -> Snapshot {
     }
 }
 
-fn manifest(step: u64) -> Manifest {
+pub(crate) fn manifest(step: u64) -> Manifest {
     Manifest {
         format: crate::checkpoint::manifest::FORMAT,
         trainrun_version: "test".into(),

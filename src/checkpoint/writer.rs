@@ -1,15 +1,22 @@
 //! The background writer: the step loop hands it a [`Snapshot`] (a memcpy of the buffers) and
 //! goes on training while this thread writes, fsyncs and prunes. Snapshots come back for reuse,
 //! so steady-state saves allocate nothing and fault in no pages.
+//!
+//! When writes are slower than saves come (a slow disk, a loaded machine), a backup waiting
+//! in the queue is replaced by the newer one: only the latest state matters for resuming, so
+//! training never waits for an obsolete backup. Model checkpoints are each kept, so a second
+//! one waiting blocks the step loop until the first is taken (back-pressure, not unbounded
+//! memory).
 
+use super::policy::{self, Policy};
 use super::{CheckpointError, Layout, Manifest, Snapshot, Store};
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// One checkpoint to write, and the old ones to delete after it.
+/// One checkpoint to write, and how to prune its store after.
 pub struct Job {
     /// Where.
     pub store: Store,
@@ -19,13 +26,10 @@ pub struct Job {
     pub snapshot: Arc<Snapshot>,
     /// The manifest, `files` still empty.
     pub manifest: Manifest,
-    /// Steps to delete from `store` once this one is written.
-    pub deletes: Vec<u64>,
-}
-
-enum Message {
-    Write(Box<Job>),
-    Flush(Sender<()>),
+    /// Retention, applied to the store once this checkpoint is written.
+    pub policy: Policy,
+    /// A newer job for the same store may replace this one while it waits (backups).
+    pub supersedable: bool,
 }
 
 /// How saving went: the time the step loop was blocked, the time writing took.
@@ -33,6 +37,8 @@ enum Message {
 pub struct SaveStats {
     /// Checkpoints written.
     pub saves: u64,
+    /// Saves replaced by a newer one before they were written.
+    pub superseded: u64,
     /// Longest time a save blocked the step loop.
     pub block_max: Duration,
     /// Total time saves blocked the step loop.
@@ -42,120 +48,158 @@ pub struct SaveStats {
 }
 
 #[derive(Default)]
-struct Shared {
+struct State {
+    jobs: VecDeque<Job>,
+    busy: bool,
+    closed: bool,
     error: Option<CheckpointError>,
-    saves: u64,
-    write_max: Duration,
+    pool: Vec<Snapshot>,
+    /// Snapshots made so far: two suffice (one being written, one being filled).
+    made: usize,
+    stats: SaveStats,
     last: Option<PathBuf>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A snapshot of these sizes with every page already faulted in.
+fn touched(params: usize, state: usize, optimizer: &[(String, usize)]) -> Snapshot {
+    let touch = |n: usize| {
+        let mut v = Vec::with_capacity(n);
+        v.resize(n, 0.5f32);
+        v
+    };
+    Snapshot {
+        params: touch(params),
+        state: touch(state),
+        optimizer: optimizer.iter().map(|(name, n)| (name.clone(), touch(*n))).collect(),
+        best: None,
+    }
+}
+
+/// Returns a snapshot to the pool when nobody else holds it.
+fn recycle(state: &mut State, snapshot: Arc<Snapshot>) {
+    if let Ok(s) = Arc::try_unwrap(snapshot) {
+        state.pool.push(s);
+    }
 }
 
 /// The writer thread and its queue.
 pub struct Writer {
-    queue: Option<SyncSender<Message>>,
-    recycled: Receiver<Snapshot>,
-    pool: Vec<Snapshot>,
-    shared: Arc<Mutex<Shared>>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    block_max: Duration,
-    block_total: Duration,
 }
 
 impl Writer {
-    /// Starts the thread. One job waits while another is written; a third save blocks until
-    /// the first is on disk (back-pressure instead of unbounded memory).
+    /// Starts the thread.
     pub fn start() -> Result<Self, CheckpointError> {
-        let (queue, jobs) = mpsc::sync_channel::<Message>(1);
-        let (recycle, recycled) = mpsc::channel();
-        let shared = Arc::new(Mutex::new(Shared::default()));
+        let shared = Arc::new(Shared::default());
         let state = shared.clone();
         let thread = std::thread::Builder::new()
             .name("trainrun-ckpt".into())
-            .spawn(move || run(&jobs, &recycle, &state))
-            .map_err(|e| CheckpointError::io(std::path::Path::new("(writer thread)"))(e))?;
-        Ok(Self {
-            queue: Some(queue),
-            recycled,
-            pool: Vec::new(),
-            shared,
-            thread: Some(thread),
-            block_max: Duration::ZERO,
-            block_total: Duration::ZERO,
-        })
+            .spawn(move || run(&state))
+            .map_err(|e| CheckpointError::io(std::path::Path::new("(checkpoint writer thread)"))(e))?;
+        Ok(Self { shared, thread: Some(thread) })
     }
 
     /// A snapshot to fill: one the writer is done with, else a new one.
     pub fn take_snapshot(&mut self) -> Snapshot {
-        self.pool.extend(self.recycled.try_iter());
-        self.pool.pop().unwrap_or_default()
+        self.shared.lock().pool.pop().unwrap_or_default()
     }
 
     /// Makes a snapshot ready in advance, its pages touched, so that the first save does not
     /// pay for page faults inside a step.
     pub fn prepare(&mut self, params: usize, state: usize, optimizer: &[&str]) {
-        let touched = |n: usize| {
-            let mut v = Vec::with_capacity(n);
-            v.resize(n, 0.5f32);
-            v
-        };
-        self.pool.push(Snapshot {
-            params: touched(params),
-            state: touched(state),
-            optimizer: optimizer.iter().map(|name| (name.to_string(), touched(params))).collect(),
-            best: None,
-        });
+        let optimizer: Vec<(String, usize)> = optimizer.iter().map(|n| (n.to_string(), params)).collect();
+        let snapshot = touched(params, state, &optimizer);
+        let mut s = self.shared.lock();
+        s.pool.push(snapshot);
+        s.made += 1;
+    }
+
+    /// Takes back the snapshot of a backup still waiting in the queue for `store`, which the
+    /// save about to be made supersedes, so its buffers can be reused at once.
+    pub fn reclaim(&mut self, store: &Store) {
+        let mut state = self.shared.lock();
+        if let Some(i) = state.jobs.iter().position(|j| j.supersedable && &j.store == store) {
+            if let Some(old) = state.jobs.remove(i) {
+                state.stats.superseded += 1;
+                recycle(&mut state, old.snapshot);
+            }
+        }
     }
 
     /// Queues `jobs`; `blocked_since` is when the step loop stopped to save, so the time it
     /// was blocked (snapshot and queueing) is recorded.
     pub fn submit(&mut self, jobs: Vec<Job>, blocked_since: Instant) -> Result<(), CheckpointError> {
-        self.check()?;
-        let queue = self.queue.as_ref().ok_or(CheckpointError::WriterGone)?;
+        let mut state = self.shared.lock();
+        if let Some(e) = state.error.take() {
+            return Err(e);
+        }
         for job in jobs {
-            queue.send(Message::Write(Box::new(job))).map_err(|_| CheckpointError::WriterGone)?;
+            if job.supersedable {
+                if let Some(i) = state.jobs.iter().position(|j| j.supersedable && j.store == job.store) {
+                    if let Some(old) = state.jobs.remove(i) {
+                        state.stats.superseded += 1;
+                        recycle(&mut state, old.snapshot);
+                    }
+                }
+            } else {
+                while state.jobs.iter().any(|j| !j.supersedable) && state.error.is_none() && !state.closed {
+                    state = self.shared.wait(state);
+                }
+            }
+            state.jobs.push_back(job);
         }
         let blocked = blocked_since.elapsed();
-        self.block_max = self.block_max.max(blocked);
-        self.block_total += blocked;
+        state.stats.block_max = state.stats.block_max.max(blocked);
+        state.stats.block_total += blocked;
+        drop(state);
+        self.shared.changed.notify_all();
         Ok(())
     }
 
-    /// The first background failure, if any.
-    pub fn check(&mut self) -> Result<(), CheckpointError> {
-        match self.shared.lock().unwrap_or_else(PoisonError::into_inner).error.take() {
+    /// Waits until everything queued is on disk; returns the first failure.
+    pub fn flush(&mut self) -> Result<(), CheckpointError> {
+        let mut state = self.shared.lock();
+        while (!state.jobs.is_empty() || state.busy) && !state.closed {
+            state = self.shared.wait(state);
+        }
+        match state.error.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    /// Waits until everything queued is on disk.
-    pub fn flush(&mut self) -> Result<(), CheckpointError> {
-        let queue = self.queue.as_ref().ok_or(CheckpointError::WriterGone)?;
-        let (tx, rx) = mpsc::channel();
-        queue.send(Message::Flush(tx)).map_err(|_| CheckpointError::WriterGone)?;
-        rx.recv().map_err(|_| CheckpointError::WriterGone)?;
-        self.check()
-    }
-
     /// The folder of the last checkpoint written.
     pub fn last_written(&self) -> Option<PathBuf> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner).last.clone()
+        self.shared.lock().last.clone()
     }
 
     /// Waits for every queued write and stops the thread.
     pub fn finish(mut self) -> Result<SaveStats, CheckpointError> {
         self.flush()?;
         self.stop();
-        let s = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(SaveStats {
-            saves: s.saves,
-            block_max: self.block_max,
-            block_total: self.block_total,
-            write_max: s.write_max,
-        })
+        Ok(self.shared.lock().stats)
     }
 
     fn stop(&mut self) {
-        drop(self.queue.take());
+        self.shared.lock().closed = true;
+        self.shared.changed.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -163,13 +207,13 @@ impl Writer {
 }
 
 impl Drop for Writer {
-    /// Even when training fails, a checkpoint being written is finished: it is a good one.
+    /// Even when training fails, the checkpoints already queued are written: they are good.
     fn drop(&mut self) {
         self.stop();
     }
 }
 
-fn run(jobs: &Receiver<Message>, recycle: &Sender<Snapshot>, shared: &Mutex<Shared>) {
+fn run(shared: &Shared) {
     // Writing yields to training: on a machine with as many compute threads as cores, the
     // checkpoint waits rather than the step.
     #[cfg(target_os = "linux")]
@@ -178,37 +222,90 @@ fn run(jobs: &Receiver<Message>, recycle: &Sender<Snapshot>, shared: &Mutex<Shar
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
-    for message in jobs {
-        let job = match message {
-            Message::Write(job) => job,
-            Message::Flush(done) => {
-                let _ = done.send(());
-                continue;
+    loop {
+        let mut state = shared.lock();
+        let job = loop {
+            if let Some(job) = state.jobs.pop_front() {
+                break job;
             }
+            if state.closed {
+                return;
+            }
+            state = shared.wait(state);
         };
-        let Job { store, layout, snapshot, manifest, deletes } = *job;
+        state.busy = true;
+        // The next save would find the pool empty while this one is written: make its
+        // snapshot here, off the step loop, rather than fault its pages in during a step.
+        let spare = state.pool.is_empty() && state.made < 2;
+        if spare {
+            state.made += 1;
+        }
+        drop(state);
+        shared.changed.notify_all();
+        if spare {
+            let s = &job.snapshot;
+            let optimizer: Vec<(String, usize)> = s.optimizer.iter().map(|(n, v)| (n.clone(), v.len())).collect();
+            let made = touched(s.params.len(), s.state.len(), &optimizer);
+            shared.lock().pool.push(made);
+        }
+
+        let Job { store, layout, snapshot, manifest, policy, .. } = job;
         let started = Instant::now();
+        let step = manifest.step;
         let result = store.write(&snapshot, &layout, manifest).and_then(|dir| {
-            for step in deletes {
-                store.delete(step)?;
+            let kept: Vec<u64> = store.list()?.into_iter().filter(|l| l.committed).map(|l| l.step).collect();
+            for old in policy::prune(&policy, &kept, step) {
+                store.delete(old)?;
             }
             Ok(dir)
         });
         let took = started.elapsed();
-        let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
+
+        let mut state = shared.lock();
+        state.busy = false;
         match result {
             Ok(dir) => {
-                s.saves += 1;
-                s.write_max = s.write_max.max(took);
-                s.last = Some(dir);
+                state.stats.saves += 1;
+                state.stats.write_max = state.stats.write_max.max(took);
+                state.last = Some(dir);
             }
             Err(e) => {
-                s.error.get_or_insert(e);
+                state.error.get_or_insert(e);
             }
         }
-        drop(s);
-        if let Ok(snapshot) = Arc::try_unwrap(snapshot) {
-            let _ = recycle.send(snapshot);
-        }
+        recycle(&mut state, snapshot);
+        drop(state);
+        shared.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_backup_is_superseded_and_everything_else_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("b"));
+        let layout = Arc::new(Layout { tensors: vec![], state_tensors: vec![], params: 0, state: 0 });
+        let mut w = Writer::start().unwrap();
+        let manifest = crate::checkpoint::store::tests::manifest;
+        let job = |step| Job {
+            store: store.clone(),
+            layout: layout.clone(),
+            snapshot: Arc::new(Snapshot::default()),
+            manifest: manifest(step),
+            policy: Policy::BACKUP,
+            supersedable: true,
+        };
+        // Three backups in a row: whichever still waits when the next comes is replaced.
+        w.submit(vec![job(1)], Instant::now()).unwrap();
+        w.submit(vec![job(2)], Instant::now()).unwrap();
+        w.submit(vec![job(3)], Instant::now()).unwrap();
+        let stats = w.finish().unwrap();
+        assert_eq!(stats.saves + stats.superseded, 3);
+        let steps: Vec<u64> = store.list().unwrap().iter().map(|l| l.step).collect();
+        assert_eq!(steps.last(), Some(&3));
+        assert!(steps.len() <= 2);
     }
 }

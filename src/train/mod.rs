@@ -366,6 +366,7 @@ pub fn fit(
         resumed_from_step,
         checkpoints_written: saves.map(|s| s.saves),
         save_block_ms_max: saves.map(|s| s.block_max.as_secs_f64() * 1e3),
+        save_write_ms_max: saves.map(|s| s.write_max.as_secs_f64() * 1e3),
     })
 }
 

@@ -85,6 +85,9 @@ pub struct Summary {
     /// The longest a save blocked a training step (snapshot and queueing), ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub save_block_ms_max: Option<f64>,
+    /// The longest background write of one checkpoint (files, fsyncs, pruning), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_write_ms_max: Option<f64>,
 }
 
 /// Writes the files of one run folder.

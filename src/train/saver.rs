@@ -5,7 +5,7 @@
 
 use super::callbacks::Logs;
 use crate::checkpoint::manifest::{Best, FORMAT, LoopState, Metrics, OptimizerState, RngState, Topology};
-use crate::checkpoint::policy::{self, Action, Policy};
+use crate::checkpoint::policy::{self, Admit, Policy};
 use crate::checkpoint::writer::Job;
 use crate::checkpoint::{CheckpointError, Kind, Layout, Manifest, SaveStats, Store, Writer, copy_into};
 use crate::data::Cursor;
@@ -70,16 +70,13 @@ struct Target {
     freq: SaveFreq,
     policy: Policy,
     monitor: Monitor,
-    /// Committed steps in the store.
-    kept: Vec<u64>,
     /// The best monitored value so far (`save_best_only`).
     best: Option<f64>,
 }
 
 impl Target {
-    fn new(store: Store, freq: SaveFreq, policy: Policy, monitor: Monitor) -> Result<Self, CheckpointError> {
-        let kept = store.list()?.into_iter().filter(|l| l.committed).map(|l| l.step).collect();
-        Ok(Self { store, freq, policy, monitor, kept, best: None })
+    fn new(store: Store, freq: SaveFreq, policy: Policy, monitor: Monitor) -> Self {
+        Self { store, freq, policy, monitor, best: None }
     }
 
     fn due(&self, step: u64, epoch_end: bool) -> bool {
@@ -87,27 +84,6 @@ impl Target {
             SaveFreq::Steps(n) => step.is_multiple_of(n.get()),
             SaveFreq::Epoch(_) => epoch_end,
         }
-    }
-
-    /// Applies `actions` to the kept list and returns (write?, deletes).
-    fn plan(&mut self, actions: &[Action]) -> (bool, Vec<u64>) {
-        let (mut write, mut deletes) = (false, Vec::new());
-        for a in actions {
-            match *a {
-                Action::Write(step) => {
-                    write = true;
-                    if !self.kept.contains(&step) {
-                        self.kept.push(step);
-                    }
-                }
-                Action::Delete(step) => {
-                    deletes.push(step);
-                    self.kept.retain(|&s| s != step);
-                }
-                Action::SkipNotImproved { .. } | Action::SkipNoValue => {}
-            }
-        }
-        (write, deletes)
     }
 }
 
@@ -165,11 +141,11 @@ impl Saver {
                         best_only: save_best_only.then_some(*mode),
                     };
                     let dir = dirs.next().unwrap_or_default();
-                    models.push(Target::new(Store::new(dir), *save_freq, policy, *monitor)?);
+                    models.push(Target::new(Store::new(dir), *save_freq, policy, *monitor));
                 }
                 CallbackSpec::BackupAndRestore { save_freq, delete_checkpoint, .. } => {
                     let dir = backup_dir(plan).unwrap_or_default();
-                    let target = Target::new(Store::new(dir), *save_freq, Policy::BACKUP, Monitor::Loss)?;
+                    let target = Target::new(Store::new(dir), *save_freq, Policy::BACKUP, Monitor::Loss);
                     backup = Some((target, *delete_checkpoint));
                 }
                 CallbackSpec::EarlyStopping { .. }
@@ -223,26 +199,27 @@ impl Saver {
         let mut model_jobs = Vec::new();
         for t in self.models.iter_mut().filter(|t| t.due(p.step, p.epoch_end)) {
             let value = t.policy.best_only.and(p.logs.get(t.monitor));
-            let d = policy::decide(&t.policy, &t.kept, p.step, value, t.best);
-            if d.actions.contains(&Action::SkipNoValue) && !self.warned_no_value {
-                self.warned_no_value = true;
-                notes.push(format!(
-                    "model_checkpoint: {} is not known at step {}, so save_best_only skips this save (evaluate at the saves: train.evaluate_every_steps or save_freq = \"epoch\")",
-                    crate::plan::monitor_name(t.monitor),
-                    p.step
-                ));
-            }
-            t.best = d.best;
-            let (write, deletes) = t.plan(&d.actions);
-            if write {
-                model_jobs.push((t.store.clone(), deletes));
+            let (admit, best) = policy::admit(&t.policy, value, t.best);
+            t.best = best;
+            match admit {
+                Admit::Write => model_jobs.push((t.store.clone(), t.policy, false)),
+                Admit::NotImproved { .. } => {}
+                Admit::NoValue if !self.warned_no_value => {
+                    self.warned_no_value = true;
+                    notes.push(format!(
+                        "model_checkpoint: {} is not known at step {}, so save_best_only skips this save (evaluate at the saves: train.evaluate_every_steps or save_freq = \"epoch\")",
+                        crate::plan::monitor_name(t.monitor),
+                        p.step
+                    ));
+                }
+                Admit::NoValue => {}
             }
         }
         let mut backup_job = None;
-        if let Some((t, _)) = self.backup.as_mut().filter(|(t, _)| force_backup || t.due(p.step, p.epoch_end)) {
-            let d = policy::decide(&t.policy, &t.kept, p.step, None, None);
-            let (_, deletes) = t.plan(&d.actions);
-            backup_job = Some((t.store.clone(), deletes));
+        if let Some((t, _)) = self.backup.as_ref().filter(|(t, _)| force_backup || t.due(p.step, p.epoch_end)) {
+            // The backup still waiting to be written is obsolete now: reuse its buffers.
+            self.writer.reclaim(&t.store);
+            backup_job = Some((t.store.clone(), t.policy, true));
             self.last_backup = Some(p.step);
         }
         if model_jobs.is_empty() && backup_job.is_none() {
@@ -290,17 +267,16 @@ impl Saver {
             files: Vec::new(),
         };
         let mut jobs = Vec::new();
-        let jobs_to_do = model_jobs.into_iter().map(|j| (j, Kind::Model)).chain(backup_job.map(|j| (j, Kind::Backup)));
-        for ((store, deletes), kind) in jobs_to_do {
-            {
-                jobs.push(Job {
-                    store,
-                    layout: self.layout.clone(),
-                    snapshot: snapshot.clone(),
-                    manifest: manifest(kind),
-                    deletes,
-                });
-            }
+        let all = model_jobs.into_iter().map(|j| (j, Kind::Model)).chain(backup_job.map(|j| (j, Kind::Backup)));
+        for ((store, policy, supersedable), kind) in all {
+            jobs.push(Job {
+                store,
+                layout: self.layout.clone(),
+                snapshot: snapshot.clone(),
+                manifest: manifest(kind),
+                policy,
+                supersedable,
+            });
         }
         drop(snapshot);
         self.writer.submit(jobs, started)?;
