@@ -150,18 +150,20 @@ impl Writer {
         if let Some(e) = state.error.take() {
             return Err(e);
         }
+        // Back-pressure for checkpoints that must all be written: the previous save's must have
+        // been taken up by the writer before this save's join the queue.
+        if jobs.iter().any(|j| !j.supersedable) {
+            while state.jobs.iter().any(|j| !j.supersedable) && state.error.is_none() && !state.closed {
+                state = self.shared.wait(state);
+            }
+        }
         for job in jobs {
-            if job.supersedable {
-                if let Some(i) = state.jobs.iter().position(|j| j.supersedable && j.store == job.store) {
-                    if let Some(old) = state.jobs.remove(i) {
-                        state.stats.superseded += 1;
-                        recycle(&mut state, old.snapshot);
-                    }
-                }
-            } else {
-                while state.jobs.iter().any(|j| !j.supersedable) && state.error.is_none() && !state.closed {
-                    state = self.shared.wait(state);
-                }
+            if job.supersedable
+                && let Some(i) = state.jobs.iter().position(|j| j.supersedable && j.store == job.store)
+                && let Some(old) = state.jobs.remove(i)
+            {
+                state.stats.superseded += 1;
+                recycle(&mut state, old.snapshot);
             }
             state.jobs.push_back(job);
         }
@@ -307,5 +309,36 @@ mod tests {
         let steps: Vec<u64> = store.list().unwrap().iter().map(|l| l.step).collect();
         assert_eq!(steps.last(), Some(&3));
         assert!(steps.len() <= 2);
+    }
+
+    #[test]
+    fn checkpoints_that_must_all_be_written_are_written_one_save_after_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (Store::new(dir.path().join("a")), Store::new(dir.path().join("b")));
+        let layout = Arc::new(Layout { tensors: vec![], state_tensors: vec![], params: 0, state: 0 });
+        let every = Policy { max_to_keep: None, best_only: None };
+        let job = |store: &Store, step| Job {
+            store: store.clone(),
+            layout: layout.clone(),
+            snapshot: Arc::new(Snapshot::default()),
+            manifest: crate::checkpoint::store::tests::manifest(step),
+            policy: every,
+            supersedable: false,
+        };
+        let jobs: Vec<Vec<Job>> = (1..=4).map(|step| vec![job(&a, step), job(&b, step)]).collect();
+        // Bounded, so a lost wake-up fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut w = Writer::start().unwrap();
+            for j in jobs {
+                w.submit(j, Instant::now()).unwrap();
+            }
+            let _ = tx.send(w.finish().unwrap());
+        });
+        let stats = rx.recv_timeout(Duration::from_secs(30)).expect("the writer hung");
+        assert_eq!(stats.saves, 8);
+        for store in [&a, &b] {
+            assert_eq!(store.list().unwrap().iter().map(|l| l.step).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        }
     }
 }
