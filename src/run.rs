@@ -332,8 +332,11 @@ fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(),
     let test = dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
     let batch = train::eval_batch_size(NonZeroUsize::MIN, 1, model.activation_len());
     let job = join_job(inv, p, task, 0)?;
-    let quiet = progress_mode(inv) == Mode::Quiet;
-    let prefix = if progress_mode(inv) == Mode::Events { String::new() } else { format!("[{task}] ") };
+    // Its lines are the evaluator's output, shown unless `--quiet`: the launcher prefixes
+    // them with the task itself.
+    let quiet = inv.quiet;
+    let prefix =
+        if inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS") { String::new() } else { format!("[{task}] ") };
     let mut replica =
         strategy::Replica::new(model, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads);
     let pool = rayon::ThreadPoolBuilder::new()
