@@ -129,11 +129,30 @@ pub struct LoopState {
     pub best_weights: bool,
 }
 
+/// Which optimizer wrote the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    /// SGD (with or without momentum).
+    Sgd,
+    /// Adam or AdamW.
+    Adam,
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+        })
+    }
+}
+
 /// The optimizer's kind and counters; its buffers are in `optimizer.safetensors`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OptimizerState {
-    /// `sgd` or `adam`.
-    pub kind: String,
+    /// Which optimizer.
+    pub kind: OptimizerKind,
     /// Updates applied.
     pub iterations: u64,
     /// Names of the state buffers (`momentum`; `m`, `v`).

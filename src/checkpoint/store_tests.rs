@@ -1,7 +1,9 @@
 //! The store: round trips, and every kind of damage detected with the previous checkpoint used.
 
 use super::*;
-use crate::checkpoint::manifest::{CallbacksState, LoopState, Metrics, OptimizerState, RngState, Sums, Topology};
+use crate::checkpoint::manifest::{
+    CallbacksState, LoopState, Metrics, OptimizerKind, OptimizerState, RngState, Sums, Topology,
+};
 use crate::checkpoint::{Kind, Layout, Snapshot};
 use crate::data::Cursor;
 use crate::engine::TensorInfo;
@@ -44,7 +46,7 @@ pub(crate) fn manifest(step: u64) -> Manifest {
             global_batch: 64,
             accumulation_steps: 1,
         },
-        optimizer: OptimizerState { kind: "sgd".into(), iterations: step, buffers: vec!["momentum".into()] },
+        optimizer: OptimizerState { kind: OptimizerKind::Sgd, iterations: step, buffers: vec!["momentum".into()] },
         loop_state: LoopState {
             examples: step * 64,
             epoch_sums: Sums { loss_sum: 1.25, correct: 3, examples: 4 },

@@ -6,7 +6,7 @@
 //! set the batch.
 
 use super::{Session, TrainError};
-use crate::checkpoint::manifest::LoopState;
+use crate::checkpoint::manifest::{LoopState, OptimizerKind};
 use crate::checkpoint::{Loaded, Manifest};
 use crate::data::Cursor;
 use crate::plan::Plan;
@@ -39,7 +39,13 @@ struct Header {
 }
 
 /// Checks that `m` can resume under `plan`; the error says what to change.
-pub fn check(plan: &Plan, m: &Manifest, dir: &Path, optimizer_buffers: &[&str]) -> Result<(), TrainError> {
+pub fn check(
+    plan: &Plan,
+    m: &Manifest,
+    dir: &Path,
+    kind: OptimizerKind,
+    optimizer_buffers: &[&str],
+) -> Result<(), TrainError> {
     let t = &m.topology;
     if t.global_batch != plan.batch.global {
         let accum = if t.accumulation_steps > 1 {
@@ -65,12 +71,13 @@ pub fn check(plan: &Plan, m: &Manifest, dir: &Path, optimizer_buffers: &[&str]) 
         )));
     }
     let saved: Vec<&str> = m.optimizer.buffers.iter().map(String::as_str).collect();
-    if saved != optimizer_buffers {
+    if saved != optimizer_buffers || m.optimizer.kind != kind {
         return Err(TrainError::Resume(format!(
-            "the backup {} holds {} optimizer state [{}], but this spec's optimizer keeps [{}]: resume with the optimizer settings that wrote it, or move the backup away to start afresh",
+            "the backup {} holds {} optimizer state [{}], but this spec's optimizer is {} and keeps [{}]: resume with the optimizer settings that wrote it, or move the backup away to start afresh",
             dir.display(),
             m.optimizer.kind,
             saved.join(", "),
+            kind,
             optimizer_buffers.join(", ")
         )));
     }
@@ -123,9 +130,10 @@ pub fn restore(
     mut note: impl FnMut(&str),
 ) -> Result<Option<ResumePoint>, TrainError> {
     let buffers: Vec<&'static str> = session.optimizer.state().iter().map(|(n, _)| *n).collect();
+    let kind = super::saver::optimizer_kind(&session.optimizer);
     let header = match &loaded {
         Some(l) => {
-            check(plan, &l.manifest, &l.path, &buffers)?;
+            check(plan, &l.manifest, &l.path, kind, &buffers)?;
             let h = Header { from: l.path.display().to_string(), manifest: l.manifest.clone() };
             Some(serde_json::to_vec(&h).map_err(|e| TrainError::Resume(e.to_string()))?)
         }
@@ -138,7 +146,7 @@ pub fn restore(
     }
     let Header { from, manifest } = serde_json::from_slice(&bytes).map_err(|e| TrainError::Resume(e.to_string()))?;
     if !is_chief {
-        check(plan, &manifest, Path::new(&from), &buffers)?;
+        check(plan, &manifest, Path::new(&from), kind, &buffers)?;
     }
     let Session { vars, optimizer, .. } = session;
     let mut best = manifest.loop_state.best_weights.then(|| vars.clone());

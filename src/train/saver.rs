@@ -4,7 +4,9 @@
 //! memcpy. Only the chief has a saver.
 
 use super::callbacks::Logs;
-use crate::checkpoint::manifest::{Best, FORMAT, LoopState, Metrics, OptimizerState, RngState, Topology};
+use crate::checkpoint::manifest::{
+    Best, FORMAT, LoopState, Metrics, OptimizerKind, OptimizerState, RngState, Topology,
+};
 use crate::checkpoint::policy::{self, Admit, Policy};
 use crate::checkpoint::writer::Job;
 use crate::checkpoint::{CheckpointError, Kind, Layout, Manifest, SaveStats, Store, Writer, copy_into};
@@ -58,10 +60,10 @@ pub fn topology(plan: &Plan) -> Topology {
 }
 
 /// The optimizer's kind as manifests name it.
-pub fn optimizer_kind(o: &Optimizer) -> &'static str {
+pub fn optimizer_kind(o: &Optimizer) -> OptimizerKind {
     match o {
-        Optimizer::Sgd(_) => "sgd",
-        Optimizer::Adam(_) => "adam",
+        Optimizer::Sgd(_) => OptimizerKind::Sgd,
+        Optimizer::Adam(_) => OptimizerKind::Adam,
     }
 }
 
@@ -250,7 +252,7 @@ impl Saver {
             spec_hash: self.spec_hash.clone(),
             topology: self.topology,
             optimizer: OptimizerState {
-                kind: optimizer_kind(p.optimizer).to_string(),
+                kind: optimizer_kind(p.optimizer),
                 iterations: p.optimizer.iterations(),
                 buffers: buffers.iter().map(|(n, _)| n.to_string()).collect(),
             },
