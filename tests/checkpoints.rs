@@ -477,3 +477,38 @@ fn restarted_tasks_on_separate_hosts_resume_from_the_chiefs_backup() {
     same_result(&s, two_worker_reference());
     assert!(!worker_dir.path().join("out").exists(), "the worker writes nothing, backups included");
 }
+
+/// Early stopping's memory (best value, wait count, best weights) travels in the backup: a run
+/// continued from a backup stops at the same epoch and restores the same best weights.
+#[test]
+fn early_stopping_decides_the_same_after_a_resume() {
+    // val_accuracy rises every epoch, so with mode = "min" epoch 1 stays the best; patience 2
+    // stops at epoch 3 and puts epoch 1's weights back.
+    let cbs = "callbacks=[{ kind = \"backup_and_restore\", delete_checkpoint = false }, \
+               { kind = \"early_stopping\", monitor = \"val_accuracy\", mode = \"min\", patience = 2, restore_best_weights = true }]";
+    let base = [
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        "train.steps_per_epoch=10",
+        "--set",
+        "train.evaluate_every_epoch=true",
+        "--set",
+        "optimizer.learning_rate=0.05",
+        "--set",
+        cbs,
+    ];
+    let (whole, split) = (tempdir(), tempdir());
+    let o = out(whole.path());
+    assert_exit(&finish(&with(&base, &["--set", &o, "--set", "train.epochs=4"])), 0);
+    let o = out(split.path());
+    assert_exit(&finish(&with(&base, &["--set", &o, "--set", "train.epochs=2"])), 0);
+    assert!(ckpt(&split.path().join("backup"), 20).join("best.safetensors").exists());
+    assert_exit(&finish(&with(&base, &["--set", &o, "--set", "train.epochs=4"])), 0);
+    let (a, b) = (summary(whole.path()), summary(split.path()));
+    assert_eq!(a["stopped"], "early_stopping");
+    assert_eq!(b["resumed_from_step"], 20);
+    for key in ["stopped", "steps", "weights_sha256", "test_loss"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+}

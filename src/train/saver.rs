@@ -239,7 +239,14 @@ impl Saver {
             }
             copy_into(dst, src);
         }
-        snap.best = p.best.map(|b| (b.params.clone(), b.state.clone()));
+        match (p.best, &mut snap.best) {
+            (Some(b), Some((params, state))) => {
+                copy_into(params, &b.params);
+                copy_into(state, &b.state);
+            }
+            (Some(b), slot) => *slot = Some((b.params.clone(), b.state.clone())),
+            (None, slot) => *slot = None,
+        }
         let snapshot = Arc::new(snap);
         let manifest = |kind| Manifest {
             format: FORMAT,
