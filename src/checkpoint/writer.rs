@@ -135,11 +135,11 @@ impl Writer {
     /// save about to be made supersedes, so its buffers can be reused at once.
     pub fn reclaim(&mut self, store: &Store) {
         let mut state = self.shared.lock();
-        if let Some(i) = state.jobs.iter().position(|j| j.supersedable && &j.store == store) {
-            if let Some(old) = state.jobs.remove(i) {
-                state.stats.superseded += 1;
-                recycle(&mut state, old.snapshot);
-            }
+        if let Some(i) = state.jobs.iter().position(|j| j.supersedable && &j.store == store)
+            && let Some(old) = state.jobs.remove(i)
+        {
+            state.stats.superseded += 1;
+            recycle(&mut state, old.snapshot);
         }
     }
 
