@@ -92,9 +92,6 @@ pub enum CheckpointError {
     /// The manifest could not be encoded.
     #[error("cannot encode a checkpoint manifest: {0}")]
     Encode(String),
-    /// The background writer stopped.
-    #[error("the checkpoint writer stopped unexpectedly")]
-    WriterGone,
 }
 
 impl CheckpointError {

@@ -11,7 +11,6 @@
 use super::policy::{self, Policy};
 use super::{CheckpointError, Layout, Manifest, Snapshot, Store};
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -57,7 +56,6 @@ struct State {
     /// Snapshots made so far: two suffice (one being written, one being filled).
     made: usize,
     stats: SaveStats,
-    last: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -187,11 +185,6 @@ impl Writer {
         }
     }
 
-    /// The folder of the last checkpoint written.
-    pub fn last_written(&self) -> Option<PathBuf> {
-        self.shared.lock().last.clone()
-    }
-
     /// Waits for every queued write and stops the thread.
     pub fn finish(mut self) -> Result<SaveStats, CheckpointError> {
         self.flush()?;
@@ -266,10 +259,9 @@ fn run(shared: &Shared) {
         let mut state = shared.lock();
         state.busy = false;
         match result {
-            Ok(dir) => {
+            Ok(_) => {
                 state.stats.saves += 1;
                 state.stats.write_max = state.stats.write_max.max(took);
-                state.last = Some(dir);
             }
             Err(e) => {
                 state.error.get_or_insert(e);
