@@ -281,7 +281,7 @@ fn a_worker_killed_at_a_random_step_is_restarted_and_the_job_ends_bit_identical(
     let launcher = spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
     assert!(wait_for(&ckpt(&dir.path().join("backup"), 10).join("manifest.json"), LIMIT), "no first backup");
-    std::thread::sleep(jitter(600));
+    std::thread::sleep(jitter(400));
     common::signal(victim, libc::SIGKILL);
     let (done, _) = wait_within(launcher, LIMIT);
     assert_exit(&done, 0);
