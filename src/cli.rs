@@ -1,5 +1,5 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `sweep`, `report`, `schema` and `bench` are the only other commands.
+//! `check`, `eval`, `sweep`, `report`, `schema` and `bench` are the only other commands.
 
 use crate::run::{self, Invocation, RunError};
 use clap::{Args, Parser, Subcommand};
@@ -28,6 +28,14 @@ enum Command {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Evaluate one checkpoint on the test split (the spec gives the model and the data).
+    Eval {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The checkpoint folder, e.g. `runs/mnist/checkpoints/ckpt-0000000140`.
+        #[arg(long, value_name = "PATH")]
+        checkpoint: PathBuf,
     },
     /// Run every trial of the spec's [sweep] as its own run under the sweep folder (the spec's
     /// run.out_dir), skipping trials already complete, then rank them in results.csv.
@@ -101,6 +109,9 @@ pub enum Exit {
     /// The job failed across processes: a task died, hung, or was refused (wrong spec,
     /// version or token), or the cluster could not start in time.
     Cluster = 5,
+    /// Stopped on request (SIGTERM to a task or the launcher): every task stopped after the
+    /// same step and the chief saved a backup; running the same command again resumes.
+    Preempted = 6,
 }
 
 impl From<Exit> for ExitCode {
@@ -129,6 +140,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         None => invocation(cli.run.spec, cli.run.quiet, cli.run.task).and_then(|inv| run::train(&inv)).map(|_| ()),
         Some(Command::Check { spec, json }) => invocation(spec, false, None).and_then(|inv| run::check(&inv, json)),
+        Some(Command::Eval { spec, checkpoint }) => {
+            invocation(spec, false, None).and_then(|inv| run::eval(&inv, &checkpoint))
+        }
         Some(Command::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
             .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
         Some(Command::Report { dir }) => crate::report::run(&dir),
@@ -178,6 +192,8 @@ mod tests {
                 "bench --quick",
                 "check --json",
                 "check --set",
+                "eval --checkpoint",
+                "eval --set",
                 "sweep --dry-run",
                 "sweep --parallel",
                 "sweep --quiet",

@@ -5,6 +5,7 @@
 //! gradients.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod collective;
@@ -15,6 +16,7 @@ pub mod plan;
 pub mod provenance;
 pub mod report;
 pub mod run;
+pub mod signals;
 pub mod spec;
 pub mod strategy;
 pub mod sweep;

@@ -1,9 +1,10 @@
 //! One run end to end, the edge where I/O happens: load the spec, gather facts, plan, load the
 //! data, build the model and strategy, train, and write the run folder.
 
+use crate::checkpoint::{Layout, Store};
 use crate::cli::Exit;
 use crate::cluster::job::{self, Job, JobConfig};
-use crate::cluster::{Address, Resolution, TaskId, launch, resolve_token};
+use crate::cluster::{Address, Command, Resolution, Role as TaskRole, TaskId, launch, resolve_token};
 use crate::collective::Communicator;
 use crate::data::{DataDirs, DataError, Fetcher, Shard, Source};
 use crate::engine::Shape;
@@ -14,7 +15,8 @@ use crate::strategy::{self, StrategyError, Variables};
 use crate::train::progress::Mode;
 use crate::train::record::{RunDir, RunDirOptions, Summary};
 use crate::train::run_record::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
-use crate::train::{self, FitOptions, Session, TrainError};
+use crate::train::saver::{self, Saver};
+use crate::train::{self, FitOptions, Persistence, Session, TrainError, evaluator, resume};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -74,6 +76,9 @@ pub enum RunError {
         /// Which trials failed.
         message: String,
     },
+    /// Stopped on request (SIGTERM) after saving a backup: not an error, a pause.
+    #[error("trainrun: {0}")]
+    Preempted(String),
 }
 
 impl RunError {
@@ -84,8 +89,9 @@ impl RunError {
             RunError::Launch(launch::LaunchError::TaskFailed { code, .. }) | RunError::TrialFailed { code, .. } => {
                 return *code;
             }
+            RunError::Launch(launch::LaunchError::Preempted) | RunError::Preempted(_) => Exit::Preempted,
             RunError::Launch(_) => Exit::Cluster,
-            RunError::Usage(_) | RunError::Spec(_) => Exit::Spec,
+            RunError::Usage(_) | RunError::Spec(_) | RunError::Train(TrainError::Resume(_)) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
             RunError::Unsupported(_)
             | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
@@ -103,7 +109,16 @@ impl RunError {
 
 impl From<TrainError> for RunError {
     fn from(e: TrainError) -> Self {
-        RunError::Train(e)
+        match e {
+            TrainError::Preempted { .. } => RunError::Preempted(e.to_string()),
+            e => RunError::Train(e),
+        }
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for RunError {
+    fn from(e: crate::checkpoint::CheckpointError) -> Self {
+        RunError::Train(e.into())
     }
 }
 
@@ -281,7 +296,125 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     match role(&p) {
         Role::Launcher => launch(inv, &p),
         Role::Single => train_here(inv, &p, None).map(|_| ()),
+        Role::Task(task) if task.role == TaskRole::Evaluator => sidecar_evaluator(inv, &p, task),
         Role::Task(task) => train_here(inv, &p, Some(task)).map(|_| ()),
+    }
+}
+
+/// SHA-256 of the resolved spec without what may change between a backup and its resume
+/// without changing the training: the cluster, the strategy, the batch split (the global batch
+/// is checked on its own) and output settings.
+pub fn training_hash(spec: &spec::Spec) -> String {
+    let mut s = spec.clone();
+    s.cluster = Default::default();
+    s.strategy = Default::default();
+    s.batch = Default::default();
+    s.run.name = None;
+    s.run.out_dir = None;
+    s.run.threads = None;
+    s.extends = None;
+    let json = serde_json::to_vec(&s).unwrap_or_default();
+    Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The model's tensors, as checkpoints name them.
+fn layout(model: &crate::engine::Sequential, params: usize, state: usize) -> Layout {
+    Layout { tensors: model.tensors().to_vec(), state_tensors: model.state_tensors().to_vec(), params, state }
+}
+
+/// Prints a line unless quiet.
+fn say(quiet: bool, prefix: &str, text: &str) {
+    if !quiet {
+        eprintln!("{prefix}{text}");
+    }
+}
+
+/// `trainrun eval SPEC --checkpoint PATH`: evaluates one checkpoint on the test split.
+pub fn eval(inv: &Invocation, checkpoint: &std::path::Path) -> Result<(), RunError> {
+    let p = prepare(inv)?;
+    let plan = &p.plan;
+    let model = crate::model::build(&plan.model, &input_shape(plan), plan.data.facts.classes as usize)
+        .map_err(|d| RunError::Spec(spec::render(&d, &p.loaded.origins)))?;
+    let (params, state) = model.init(plan.seed);
+    let layout = layout(&model, params.len(), state.len());
+    let loaded = crate::checkpoint::store::load(checkpoint, &layout)?;
+    if !flag(&inv.env, "TRAINRUN_OFFLINE") {
+        p.source.fetch_missing(&Fetcher::default())?;
+    }
+    let dataset = p.source.load()?;
+    let test = dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
+    let batch = train::eval_batch_size(NonZeroUsize::MIN, 1, model.activation_len());
+    let step = loaded.manifest.step;
+    let mut replica =
+        strategy::Replica::new(model, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(plan.threads)
+        .build()
+        .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
+    let stats = pool.install(|| evaluator::evaluate_checkpoint(&mut replica, test, batch, loaded));
+    println!("checkpoint {} (step {step})", checkpoint.display());
+    println!("test: loss: {:.4} - accuracy: {:.4}", stats.loss(), stats.accuracy());
+    println!(
+        "{}",
+        serde_json::json!({ "step": step, "test_loss": stats.loss(), "test_accuracy": stats.accuracy(), "examples": stats.examples })
+    );
+    Ok(())
+}
+
+/// The evaluator task: joins the job's control plane (not the collective) and evaluates every
+/// new checkpoint until training finishes.
+fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
+    // SIGTERM (a preemption of the job) ends the evaluator after the checkpoint at hand.
+    let stop = crate::signals::stop_requested();
+    let plan = &p.plan;
+    // Planning refused an evaluator without a model_checkpoint callback.
+    let dir =
+        saver::model_dir(plan).ok_or_else(|| RunError::Failure("the evaluator has no checkpoints to watch".into()))?;
+    let model = crate::model::build(&plan.model, &input_shape(plan), plan.data.facts.classes as usize)
+        .map_err(|d| RunError::Spec(spec::render(&d, &p.loaded.origins)))?;
+    let (params, state) = model.init(plan.seed);
+    let layout = layout(&model, params.len(), state.len());
+    if !flag(&inv.env, "TRAINRUN_OFFLINE") {
+        p.source.fetch_missing(&Fetcher::default())?;
+    }
+    let dataset = p.source.load()?;
+    let test = dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
+    let batch = train::eval_batch_size(NonZeroUsize::MIN, 1, model.activation_len());
+    let job = join_job(inv, p, task, 0)?;
+    // Its lines are the evaluator's output, shown unless `--quiet`: the launcher prefixes
+    // them with the task itself.
+    let quiet = inv.quiet;
+    let prefix =
+        if inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS") { String::new() } else { format!("[{task}] ") };
+    let mut replica =
+        strategy::Replica::new(model, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(plan.threads)
+        .build()
+        .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
+    let watch = evaluator::Watch { dir, out: plan.out_dir.join("eval.jsonl"), layout: &layout, test, batch };
+    let plane = &job.plane;
+    let finished = || -> Result<bool, TrainError> {
+        let mut done = stop.load(std::sync::atomic::Ordering::SeqCst);
+        while let Some(c) = plane.poll_command().map_err(|e| TrainError::Strategy(e.into()))? {
+            done |= matches!(c, Command::Stop { .. });
+        }
+        Ok(done)
+    };
+    let count = pool.install(|| evaluator::watch(&watch, &mut replica, finished, |t| say(quiet, &prefix, t)))?;
+    say(quiet, &prefix, &format!("evaluated {count} checkpoint{}", if count == 1 { "" } else { "s" }));
+    job.plane.shutdown();
+    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(RunError::Preempted("preempted: the evaluator stopped on SIGTERM".into()));
+    }
+    Ok(())
+}
+
+fn progress_mode(inv: &Invocation) -> Mode {
+    match inv.env.iter().find(|(k, _)| k == "TRAINRUN_PROGRESS").map(|(_, v)| v.as_str()) {
+        Some("events") => Mode::Events,
+        Some("quiet") => Mode::Quiet,
+        _ => Mode::detect(inv.quiet),
     }
 }
 
@@ -308,6 +441,7 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         args.extend(["--set".to_string(), s.clone()]);
     }
     let (timeout_s, _, _) = communication(p);
+    let c = &p.loaded.spec.cluster;
     let run = launch::Launch {
         exe,
         args,
@@ -315,11 +449,19 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         grace: Duration::from_secs_f64(timeout_s + 2.0),
         progress: Mode::detect(inv.quiet),
         epochs: p.plan.train.epochs,
+        max_restarts: c.max_restarts,
+        restart_backoff: Duration::from_secs_f64(c.restart_backoff_s),
+        stop: crate::signals::stop_requested(),
     };
     if let Err(e) = launch::run(run) {
-        let error = RunError::Launch(e);
+        let error = match e {
+            launch::LaunchError::Preempted => RunError::Preempted(e.to_string()),
+            e => RunError::Launch(e),
+        };
         // A chief killed before it could say so leaves `run.json` at `running`.
-        crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string());
+        if !matches!(error, RunError::Preempted(_)) {
+            crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string());
+        }
         return Err(error);
     }
     if !inv.quiet {
@@ -367,6 +509,8 @@ fn join_job(inv: &Invocation, p: &Prepared, task: TaskId, params: usize) -> Resu
 
 /// Trains in this process: the whole run, or `task`'s part of a job.
 fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Summary, RunError> {
+    // First thing: a SIGTERM from here on is a request to stop cleanly, not death.
+    let stop = crate::signals::stop_requested();
     let plan = &p.plan;
     // One model per local replica; planning checked the spec, so every build succeeds alike.
     let models = (0..plan.strategy.devices.len())
@@ -409,7 +553,13 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
     };
 
     let optimizer = plan.optimizer.build(params.len());
-    let session = Session {
+    let layout = Layout {
+        tensors: tensors.clone(),
+        state_tensors: state_tensors.clone(),
+        params: params.len(),
+        state: state.len(),
+    };
+    let mut session = Session {
         vars: Variables { params, state },
         optimizer,
         strategy,
@@ -419,25 +569,39 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
         state_tensors,
         activation_len,
     };
+    let progress = progress_mode(inv);
+    let prefix = if progress == Mode::Events { String::new() } else { prefix };
+    let quiet = progress == Mode::Quiet;
+    let hash = training_hash(&p.loaded.spec);
+    let loaded = match (chief, saver::backup_dir(plan)) {
+        (true, Some(dir)) => Store::new(dir).latest_good(&layout, |w| eprintln!("{prefix}warning: {w}"))?,
+        _ => None,
+    };
+    let resumed = resume::restore(plan, &mut session, chief, loaded, &hash, |t| say(quiet, &prefix, t))?;
     let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
-    let mut run_dir = if chief {
-        let options = RunDirOptions {
-            resolved_spec: resolved,
-            spec_sha256: p.loaded.spec.results_sha256(),
-            log_every_steps: p.loaded.spec.run.log_every_steps.get(),
-            launched: inv.launched,
-        };
-        Some(RunDir::create(&plan.out_dir, options).map_err(|e| RunError::Train(e.into()))?)
-    } else {
-        None
+    let options = RunDirOptions {
+        resolved_spec: resolved,
+        spec_sha256: p.loaded.spec.results_sha256(),
+        log_every_steps: p.loaded.spec.run.log_every_steps.get(),
+        launched: inv.launched,
+    };
+    let mut run_dir = match (chief, &resumed) {
+        (false, _) => None,
+        (true, None) => Some(RunDir::create(&plan.out_dir, options).map_err(|e| RunError::Train(e.into()))?),
+        (true, Some(r)) => Some(RunDir::resume(&plan.out_dir, options, r.step).map_err(|e| RunError::Train(e.into()))?),
     };
     let mut record = run_dir.as_ref().map(|_| run_record(inv, p, task));
     if let (Some(d), Some(r)) = (&run_dir, &record) {
         d.record(r).map_err(|e| RunError::Train(e.into()))?;
     }
-    let result = fit_session(inv, p, session, prefix, run_dir.as_mut());
+    let saver = if chief { Saver::new(plan, layout, hash, &session.optimizer)? } else { None };
+    let persist = Persistence { resume: resumed, saver };
+    let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
+    let result = fit_session(p, session, &opts, persist, run_dir.as_mut());
     if let (Some(d), Some(r)) = (&run_dir, &mut record) {
-        r.finish(inv.launched, result.as_ref().err().map(|e| (e.exit(), e.to_string())));
+        // A preempted run is paused, not failed: the next launch resumes it.
+        let failure = result.as_ref().err().filter(|e| !matches!(e, RunError::Preempted(_)));
+        r.finish(inv.launched, failure.map(|e| (e.exit(), e.to_string())));
         d.record(r).map_err(|e| RunError::Train(e.into()))?;
     }
     result
@@ -504,28 +668,21 @@ fn run_record(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> RunRecord
 
 /// The parts of training after the run folder exists, so that their failure is recorded.
 fn fit_session(
-    inv: &Invocation,
     p: &Prepared,
     mut session: Session,
-    prefix: String,
+    opts: &FitOptions,
+    persist: Persistence,
     mut run_dir: Option<&mut RunDir>,
 ) -> Result<Summary, RunError> {
     let plan = &p.plan;
-    let progress = match inv.env.iter().find(|(k, _)| k == "TRAINRUN_PROGRESS").map(|(_, v)| v.as_str()) {
-        Some("events") => Mode::Events,
-        Some("quiet") => Mode::Quiet,
-        _ => Mode::detect(inv.quiet),
-    };
-    let prefix = if progress == Mode::Events { String::new() } else { prefix };
-    let opts = FitOptions { progress, prefix, launched: inv.launched };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(plan.threads)
         .build()
         .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
-    let summary = pool.install(|| train::fit(plan, &mut session, run_dir.as_deref_mut(), &opts))?;
+    let summary = pool.install(|| train::fit(plan, &mut session, run_dir.as_deref_mut(), opts, persist))?;
     if let Some(d) = run_dir {
         d.summary(&summary).map_err(|e| RunError::Train(e.into()))?;
-        if progress != Mode::Quiet && progress != Mode::Events {
+        if opts.progress != Mode::Quiet && opts.progress != Mode::Events {
             println!("wrote {}", d.path().display());
         }
     }

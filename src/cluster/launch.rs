@@ -2,8 +2,10 @@
 //! `trainrun SPEC` starts one process per task (the same binary, told its task through
 //! TF_CONFIG), prefixes each task's log lines with its role, shows the chief's progress as the
 //! job's one display, and propagates the outcome. If any task fails, the others are stopped
-//! within the timeout and the launcher exits non-zero naming the failed task and showing its
-//! last log lines.
+//! within the timeout and, while `max_restarts` allows, every task is started again after a
+//! back-off (the job resumes from its last backup); otherwise the launcher exits non-zero
+//! naming the failed task and showing its last log lines. SIGTERM to the launcher is passed
+//! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
 use super::{Address, Cluster, TaskId, new_job_token};
 use crate::train::progress::{EVENT_MARK, Event, Mode, Progress};
@@ -12,8 +14,19 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// A task's exit code when it stopped on SIGTERM after a backup (`cli::Exit::Preempted`).
+const PREEMPTED: i32 = 6;
+
+/// Exit codes a restart cannot cure: a bad spec, an unsupported plan, missing data, a
+/// preemption (`cli::Exit` 2, 3, 4 and 6).
+const NOT_RESTARTED: [u8; 4] = [2, 3, 4, 6];
+
+/// The longest wait between restarts.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Log lines kept per task for the failure report.
 const TAIL: usize = 20;
@@ -32,6 +45,12 @@ pub struct Launch {
     pub progress: Mode,
     /// Epochs, for the progress display.
     pub epochs: u64,
+    /// How often a failed job is started again.
+    pub max_restarts: u32,
+    /// The wait before the first restart; it doubles for each further one.
+    pub restart_backoff: Duration,
+    /// Set on SIGTERM: pass it on to every task.
+    pub stop: &'static AtomicBool,
 }
 
 /// Why the job failed.
@@ -61,6 +80,16 @@ pub enum LaunchError {
         /// The exit code the launcher returns.
         code: u8,
     },
+    /// The tasks stopped on SIGTERM after saving a backup.
+    #[error("every task stopped on SIGTERM after the chief saved a backup; run the same command again to resume")]
+    Preempted,
+}
+
+/// How one start of every task ended.
+enum Outcome {
+    Done,
+    Preempted,
+    Failed { task: TaskId, status: String, tail: String, code: u8, at: Instant },
 }
 
 enum Line {
@@ -131,8 +160,49 @@ fn terminate(children: &mut BTreeMap<TaskId, Child>, grace: Duration) {
     }
 }
 
-/// Starts every task, supervises them to the end, and returns the first failure.
+/// The wait before restart number `n` (1-based).
+fn backoff(base: Duration, n: u32) -> Duration {
+    base.saturating_mul(1u32 << (n.saturating_sub(1)).min(16)).min(MAX_BACKOFF)
+}
+
+/// Starts every task and supervises them to the end, restarting them all after a failure
+/// while `max_restarts` allows.
 pub fn run(launch: Launch) -> Result<(), LaunchError> {
+    let mut restarts = 0;
+    let mut failed: Option<(Instant, TaskId)> = None;
+    loop {
+        match incarnation(&launch, failed.take())? {
+            Outcome::Done => return Ok(()),
+            Outcome::Preempted => return Err(LaunchError::Preempted),
+            Outcome::Failed { task, status, tail, code, at } => {
+                let stopping = launch.stop.load(Ordering::SeqCst);
+                if restarts >= launch.max_restarts || NOT_RESTARTED.contains(&code) || stopping {
+                    return Err(LaunchError::TaskFailed { task, status, tail, code });
+                }
+                restarts += 1;
+                let wait = backoff(launch.restart_backoff, restarts);
+                eprintln!(
+                    "[launcher] {task} failed ({status}); restarting every task ({restarts} of {}) in {:.1} s, resuming from the last backup",
+                    launch.max_restarts,
+                    wait.as_secs_f64()
+                );
+                let until = Instant::now() + wait;
+                while Instant::now() < until {
+                    // Asked to stop while waiting: the last backup is where the next launch
+                    // resumes, as after any preemption.
+                    if launch.stop.load(Ordering::SeqCst) {
+                        return Err(LaunchError::Preempted);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                failed = Some((at, task));
+            }
+        }
+    }
+}
+
+/// One start of every task, supervised to the end.
+fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Result<Outcome, LaunchError> {
     let token = new_job_token().map_err(|e| LaunchError::Setup(e.to_string()))?;
     let mut addresses = BTreeMap::new();
     for (task, address) in &launch.cluster.tasks {
@@ -188,10 +258,19 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     let mut progress = Progress::new(launch.progress, launch.epochs, "");
     let mut tails: BTreeMap<TaskId, VecDeque<String>> = BTreeMap::new();
     let mut failure: Option<(TaskId, ExitStatus)> = None;
+    let mut waiting = after_failure;
+    let mut forwarded: Option<Instant> = None;
+    let mut preempted = false;
     loop {
         while let Ok(line) = rx.recv_timeout(Duration::from_millis(20)) {
             match line {
-                Line::Event(e) => progress.show(e),
+                Line::Event(e) => {
+                    if let (Event::Step { .. }, Some((at, task))) = (&e, waiting) {
+                        waiting = None;
+                        eprintln!("[launcher] training again {:.2} s after {task} failed", at.elapsed().as_secs_f64());
+                    }
+                    progress.show(e)
+                }
                 Line::Log(task, text) => {
                     if launch.progress != Mode::Quiet || failure.is_some() {
                         eprintln!("[{task}] {text}");
@@ -204,14 +283,24 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
                 }
             }
         }
+        if forwarded.is_none() && launch.stop.load(Ordering::SeqCst) {
+            // Preemption of the whole job: every task stops after the same step.
+            forwarded = Some(Instant::now());
+            signal(&children, libc::SIGTERM);
+        }
         let mut running = 0;
         let mut failed = Vec::new();
         for (task, child) in children.iter_mut() {
             match child.try_wait() {
                 Ok(None) => running += 1,
+                Ok(Some(status)) if status.code() == Some(PREEMPTED) => preempted = true,
                 Ok(Some(status)) if !status.success() => failed.push((*task, status)),
                 _ => {}
             }
+        }
+        // Stopping tasks get the grace period to reach a step boundary and save.
+        if forwarded.is_some_and(|f| f.elapsed() > launch.grace) && running > 0 {
+            signal(&children, libc::SIGKILL);
         }
         // When several end in one poll, a task killed by a signal is the cause; the others
         // are exiting because they lost it.
@@ -225,6 +314,7 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
         }
     }
     if let Some((task, status)) = failure {
+        let at = Instant::now();
         // Survivors usually notice the failure themselves and exit with an error naming it;
         // whoever has not after the grace period is killed.
         terminate(&mut children, launch.grace);
@@ -242,7 +332,7 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
         let tail = tails.get(&task).map_or(String::from("  (no output)"), |t| {
             t.iter().map(|l| format!("  [{task}] {l}")).collect::<Vec<_>>().join("\n")
         });
-        return Err(LaunchError::TaskFailed { task, status, tail, code });
+        return Ok(Outcome::Failed { task, status, tail, code, at });
     }
     // Every task exited; drain remaining output in order.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
@@ -252,5 +342,14 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
             Line::Log(..) => {}
         }
     }
-    Ok(())
+    Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
+}
+
+fn signal(children: &BTreeMap<TaskId, Child>, sig: libc::c_int) {
+    for child in children.values() {
+        // SAFETY: kill(2) on our own child's pid; a stale pid at worst gets ESRCH.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, sig);
+        }
+    }
 }

@@ -127,6 +127,15 @@ impl TrainPlan {
     }
 }
 
+/// How the local launcher restarts a failed job (`[cluster] max_restarts`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Restarts {
+    /// Restarts allowed.
+    pub max_restarts: u32,
+    /// Wait before the first, doubling after.
+    pub backoff_s: f64,
+}
+
 /// Everything a run will do.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
@@ -156,6 +165,8 @@ pub struct Plan {
     pub train: TrainPlan,
     /// Callbacks, with `auto` modes resolved.
     pub callbacks: Vec<CallbackSpec>,
+    /// How the local launcher restarts a failed job.
+    pub restarts: Restarts,
     /// Warnings to show before running.
     #[serde(skip)]
     pub warnings: Vec<Diagnostic>,
@@ -176,6 +187,7 @@ impl Plan {
         let learning_rate =
             lr::resolve(&spec.optimizer, default_lr, global, train.steps_per_epoch, train.total_steps, &mut diags);
         let callbacks = plan_callbacks(&spec.callbacks, train.eval.is_some(), &mut diags);
+        let restarts = plan_fault_tolerance(spec, &facts.cluster, train.eval.is_some(), &mut diags);
         let e = facts.data.example_shape;
         let input = crate::engine::Shape(vec![e.height, e.width, e.channels]);
         let model_params = match crate::model::build(&spec.model, &input, facts.data.classes as usize) {
@@ -207,6 +219,7 @@ impl Plan {
                     model_params,
                     train,
                     callbacks,
+                    restarts,
                     warnings: diags,
                 })
             }
@@ -434,6 +447,50 @@ fn plan_callbacks(callbacks: &[CallbackSpec], has_eval: bool, diags: &mut Vec<Di
         );
     }
     out
+}
+
+/// Restarts and the evaluator: what they need from the rest of the spec.
+fn plan_fault_tolerance(
+    spec: &Spec,
+    cluster: &crate::cluster::Resolution,
+    has_eval: bool,
+    diags: &mut Vec<Diagnostic>,
+) -> Restarts {
+    let c = &spec.cluster;
+    let has = |f: fn(&CallbackSpec) -> bool| spec.callbacks.iter().any(f);
+    if cluster.cluster.count(crate::cluster::Role::Evaluator) > 0 {
+        if !has(|c| matches!(c, CallbackSpec::ModelCheckpoint { .. })) {
+            diags.push(
+                Diagnostic::error(
+                    "cluster.evaluator",
+                    "the evaluator evaluates the checkpoints of a model_checkpoint callback, but the spec has none",
+                )
+                .help("add [[callbacks]] kind = \"model_checkpoint\" (e.g. save_freq = \"epoch\")"),
+            );
+        }
+        if !has_eval {
+            diags.push(
+                Diagnostic::error(
+                    "cluster.evaluator",
+                    "the evaluator evaluates on the test split, but the dataset has none",
+                )
+                .help("remove the evaluator, or use a dataset with a test split"),
+            );
+        }
+    }
+    if c.max_restarts > 0 && !has(|c| matches!(c, CallbackSpec::BackupAndRestore { .. })) {
+        diags.push(
+            Diagnostic::warning(
+                "cluster.max_restarts",
+                format!(
+                    "cluster.max_restarts = {} without a backup_and_restore callback: each restart trains from step 0",
+                    c.max_restarts
+                ),
+            )
+            .help("add [[callbacks]] kind = \"backup_and_restore\" with a save_freq"),
+        );
+    }
+    Restarts { max_restarts: c.max_restarts, backoff_s: c.restart_backoff_s }
 }
 
 /// Keras's name of a watched metric.

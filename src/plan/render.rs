@@ -165,7 +165,8 @@ pub fn text(plan: &Plan) -> String {
                 let how = match (implementation, transport) {
                     (CollectiveImplementation::Nccl, _) => "nccl".to_string(),
                     (_, crate::spec::CollectiveTransport::SharedMemory) => {
-                        "shared memory, every worker summing its share of the slots (every worker on this host)".to_string()
+                        "shared memory, every worker summing its share of the slots (every worker on this host)"
+                            .to_string()
                     }
                     _ => "ring over TCP (reduce-scatter, then all-gather)".to_string(),
                 };
@@ -226,6 +227,16 @@ pub fn text(plan: &Plan) -> String {
         }
     }
     rows.push(("checkpoints", if checkpoints.is_empty() { "none".to_string() } else { checkpoints.join("; ") }));
+    if plan.strategy.cluster.launches_local_tasks {
+        let r = plan.restarts;
+        rows.push((
+            "restarts",
+            match r.max_restarts {
+                0 => "none: a failed task ends the job".to_string(),
+                n => format!("up to {n} of every task, from the last backup (wait {} s, doubling)", r.backoff_s),
+            },
+        ));
+    }
     if !others.is_empty() {
         rows.push(("callbacks", others.join("; ")));
     }

@@ -180,6 +180,21 @@ pub struct ClusterSpec {
     #[serde(default = "default_startup_timeout_s")]
     #[schemars(range(min = 0.001))]
     pub startup_timeout_s: f64,
+    /// Times the local launcher restarts every task after one fails (exits non-zero or is
+    /// killed), each time resuming from the last `backup_and_restore` backup. Spec, data and
+    /// preemption exits (codes 2, 3, 4, 6) are not restarted. Default: `0` (a failure ends the
+    /// job). Example: `max_restarts = 3`.
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// Seconds the launcher waits before the first restart; the wait doubles with each further
+    /// restart, up to 60 s. Default: `0.5`. Example: `restart_backoff_s = 2`.
+    #[serde(default = "default_restart_backoff_s")]
+    #[schemars(range(min = 0.0, max = 3600.0))]
+    pub restart_backoff_s: f64,
+}
+
+fn default_restart_backoff_s() -> f64 {
+    0.5
 }
 
 fn default_startup_timeout_s() -> f64 {
@@ -195,6 +210,8 @@ impl Default for ClusterSpec {
             evaluator: None,
             token_file: None,
             startup_timeout_s: default_startup_timeout_s(),
+            max_restarts: 0,
+            restart_backoff_s: default_restart_backoff_s(),
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use super::cross_device;
 use super::replica::BatchView;
-use super::{Replica, Strategy, StrategyError, Variables};
+use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::data::Batch;
 use crate::engine::init::derive_seed;
 use crate::engine::{BatchStats, Optimizer};
@@ -145,9 +145,11 @@ impl Strategy for Replicated {
         vars: &mut Variables,
         micro: &[Batch],
         seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
+        stop: bool,
+    ) -> Result<Step, StrategyError> {
         let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
-        self.local.gradients(vars, &mut self.grads, micro, scale, seed)
+        let stats = self.local.gradients(vars, &mut self.grads, micro, scale, seed)?;
+        Ok(Step { stats, stop })
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {

@@ -48,6 +48,16 @@ pub enum StrategyError {
     Finished,
 }
 
+/// What one step's gradient computation found, the same at every task.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Step {
+    /// Loss and accuracy sums over the whole global batch.
+    pub stats: BatchStats,
+    /// Some task was asked to stop (SIGTERM) before this step: every task sees it at the same
+    /// step, so they stop together.
+    pub stop: bool,
+}
+
 /// How one task computes and reduces each step's gradient.
 pub trait Strategy: Send {
     /// The strategy's kind.
@@ -56,12 +66,14 @@ pub trait Strategy: Send {
     /// Forward and backward over this task's `micro` batches of one optimizer step, leaving in
     /// the strategy's gradient buffer the gradient of the mean loss over the whole global
     /// batch (all replicas), and returning loss and accuracy sums over the whole global batch.
+    /// `stop` is this task's vote to stop; the result says whether any task voted.
     fn compute_gradients(
         &mut self,
         vars: &mut Variables,
         micro: &[Batch],
         seed: u64,
-    ) -> Result<BatchStats, StrategyError>;
+        stop: bool,
+    ) -> Result<Step, StrategyError>;
 
     /// Applies the optimizer with the gradients of the last [`Strategy::compute_gradients`].
     /// Synchronous strategies update every replica's copy identically.
@@ -70,6 +82,12 @@ pub trait Strategy: Send {
     /// How gradients travel between worker processes, if they do.
     fn transport(&self) -> Option<&'static str> {
         None
+    }
+
+    /// Copies the chief's `data` to every task (restored state at start); a no-op in one
+    /// process.
+    fn broadcast(&mut self, _data: &mut [f32]) -> Result<(), StrategyError> {
+        Ok(())
     }
 
     /// Leaves the job cleanly at the end of training (the chief waits for the workers).

@@ -8,7 +8,7 @@
 //! worker's backward. Over TCP, gradients travel in `bytes_per_pack` packs while backward
 //! continues, which hides about a third of the transfer.
 
-use super::{Replica, Strategy, StrategyError, Variables};
+use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::cluster::job::Job;
 use crate::collective::{BucketReducer, Collective, Communicator, Packs};
 use crate::data::Batch;
@@ -66,7 +66,7 @@ fn sums(stats: BatchStats) -> [f64; 3] {
     [stats.loss_sum, stats.correct as f64, stats.examples as f64]
 }
 
-fn from_sums(s: [f64; 3]) -> BatchStats {
+fn from_sums(s: &[f64]) -> BatchStats {
     BatchStats { loss_sum: s[0], correct: s[1] as u64, examples: s[2] as u64 }
 }
 
@@ -80,7 +80,8 @@ impl Strategy for MultiWorkerMirrored {
         vars: &mut Variables,
         micro: &[Batch],
         seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
+        stop: bool,
+    ) -> Result<Step, StrategyError> {
         let len = self.replica.model().param_len();
         let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
         let (rank, packs) = (self.rank, self.packs);
@@ -116,9 +117,17 @@ impl Strategy for MultiWorkerMirrored {
             let world = comm.world() as f32;
             vars.state.iter_mut().for_each(|v| *v /= world);
         }
-        let mut global = sums(local);
+        // The stop votes ride on the statistics' all-reduce: every worker learns at the same
+        // step that some task was asked to stop, at no extra round trip.
+        let [loss, correct, examples] = sums(local);
+        let mut global = [loss, correct, examples, if stop { 1.0 } else { 0.0 }];
         comm.all_reduce_sum_f64(&mut global)?;
-        Ok(from_sums(global))
+        Ok(Step { stats: from_sums(&global), stop: global[3] > 0.0 })
+    }
+
+    fn broadcast(&mut self, data: &mut [f32]) -> Result<(), StrategyError> {
+        let comm = self.job()?.comm.as_mut().ok_or(StrategyError::Finished)?;
+        Ok(comm.broadcast(data, 0)?)
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
@@ -144,7 +153,7 @@ impl Strategy for MultiWorkerMirrored {
         let comm = self.job()?.comm.as_mut().ok_or(StrategyError::Finished)?;
         let mut global = sums(local);
         comm.all_reduce_sum_f64(&mut global)?;
-        Ok(from_sums(global))
+        Ok(from_sums(&global))
     }
 
     fn transport(&self) -> Option<&'static str> {

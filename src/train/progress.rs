@@ -38,8 +38,13 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    /// Epoch `epoch` of `steps` steps begins.
-    StartEpoch { epoch: u64, steps: u64 },
+    /// Epoch `epoch` of `steps` steps begins (after `done` steps when a run resumes mid-epoch).
+    StartEpoch {
+        epoch: u64,
+        steps: u64,
+        #[serde(default)]
+        done: u64,
+    },
     /// `done` steps of the epoch are finished.
     Step { done: u64, shown: Shown },
     /// The epoch ended after `done` steps.
@@ -68,6 +73,8 @@ pub struct Progress {
     bar: Option<ProgressBar>,
     started: Instant,
     steps: u64,
+    /// Steps of the epoch done before this process started (a resumed run).
+    resumed: u64,
     /// Prefix for every line, e.g. `[worker:0] ` under the launcher.
     prefix: String,
 }
@@ -88,12 +95,13 @@ fn per_step(elapsed: Duration, steps: u64) -> String {
 impl Progress {
     /// A display for `epochs` epochs.
     pub fn new(mode: Mode, epochs: u64, prefix: impl Into<String>) -> Self {
-        Self { mode, epochs, bar: None, started: Instant::now(), steps: 0, prefix: prefix.into() }
+        Self { mode, epochs, bar: None, started: Instant::now(), steps: 0, resumed: 0, prefix: prefix.into() }
     }
 
-    /// Starts epoch `epoch` (1-based) of `steps` steps.
-    pub fn start_epoch(&mut self, epoch: u64, steps: u64) {
-        self.show(Event::StartEpoch { epoch, steps });
+    /// Starts epoch `epoch` (1-based) of `steps` steps, `done` of them already trained before
+    /// a resume.
+    pub fn start_epoch(&mut self, epoch: u64, steps: u64, done: u64) {
+        self.show(Event::StartEpoch { epoch, steps, done });
     }
 
     /// Shows `done` steps of the epoch finished with running metrics `shown`.
@@ -121,9 +129,10 @@ impl Progress {
             return;
         }
         match event {
-            Event::StartEpoch { epoch, steps } => {
+            Event::StartEpoch { epoch, steps, done } => {
                 self.started = Instant::now();
                 self.steps = steps;
+                self.resumed = done;
                 if self.mode == Mode::Bar {
                     let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
                     let style = ProgressStyle::with_template("{prefix} {pos}/{len} [{bar:30}] {elapsed} {msg}")
@@ -131,21 +140,24 @@ impl Progress {
                         .progress_chars("=>.");
                     bar.set_style(style);
                     bar.set_prefix(format!("{}Epoch {epoch}/{}", self.prefix, self.epochs));
+                    bar.set_position(done);
                     self.bar = Some(bar);
                 }
             }
             Event::Step { done, shown } => {
                 if let Some(bar) = &self.bar {
                     bar.set_position(done);
-                    bar.set_message(format!("{} - {}", per_step(self.started.elapsed(), done), metrics_text(&shown)));
+                    let timed = done.saturating_sub(self.resumed);
+                    bar.set_message(format!("{} - {}", per_step(self.started.elapsed(), timed), metrics_text(&shown)));
                 }
             }
             Event::EndEpoch { epoch, done, shown } => {
                 let elapsed = self.started.elapsed();
+                let timed = done.saturating_sub(self.resumed);
                 match (self.mode, self.bar.take()) {
                     (Mode::Bar, Some(bar)) => {
                         bar.set_position(done);
-                        bar.set_message(format!("{} - {}", per_step(elapsed, done), metrics_text(&shown)));
+                        bar.set_message(format!("{} - {}", per_step(elapsed, timed), metrics_text(&shown)));
                         bar.abandon();
                     }
                     (Mode::Lines, _) => println!(
@@ -154,7 +166,7 @@ impl Progress {
                         self.epochs,
                         self.steps,
                         elapsed.as_secs_f64(),
-                        per_step(elapsed, done),
+                        per_step(elapsed, timed),
                         metrics_text(&shown)
                     ),
                     _ => {}

@@ -96,6 +96,17 @@ pub struct Summary {
     pub num_workers: usize,
     /// How gradients travelled between workers (`shared_memory`, `tcp`), if they did.
     pub transport: Option<&'static str>,
+    /// The step of the backup this run resumed from, if it did.
+    pub resumed_from_step: Option<u64>,
+    /// Checkpoints this process wrote (model checkpoints and backups), when it saves any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints_written: Option<u64>,
+    /// The longest a save blocked a training step (snapshot and queueing), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_block_ms_max: Option<f64>,
+    /// The longest background write of one checkpoint (files, fsyncs, pruning), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_write_ms_max: Option<f64>,
 }
 
 /// `summary.json`: the summary and the hash of the spec that produced it.
@@ -172,8 +183,6 @@ impl RunDir {
     /// TensorBoard would draw both.
     pub fn create(dir: &Path, options: RunDirOptions) -> Result<Self, RecordError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let spec = dir.join("spec.toml");
-        std::fs::write(&spec, &options.resolved_spec).map_err(io(&spec))?;
         let path = dir.join("metrics.jsonl");
         let metrics = BufWriter::new(File::create(&path).map_err(io(&path))?);
         for sub in ["train", "validation"] {
@@ -184,6 +193,38 @@ impl RunDir {
                 }
             }
         }
+        Self::open(dir, options, metrics)
+    }
+
+    /// Reopens `dir` for a run resumed after `step`: `metrics.jsonl` keeps its lines up to
+    /// that step (later ones are trained again) and continues; TensorBoard gets a new event
+    /// file, and its reader drops the old file's steps past the resumed one.
+    pub fn resume(dir: &Path, options: RunDirOptions, step: u64) -> Result<Self, RecordError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join("metrics.jsonl");
+        let old = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let mut kept = String::new();
+        for line in old.lines() {
+            let at = serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64());
+            if at.is_some_and(|s| s <= step) {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        let tmp = dir.join("metrics.jsonl.tmp");
+        std::fs::write(&tmp, kept).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(io(&path))?;
+        Self::open(dir, options, BufWriter::new(file))
+    }
+
+    fn open(dir: &Path, options: RunDirOptions, metrics: BufWriter<File>) -> Result<Self, RecordError> {
+        let spec = dir.join("spec.toml");
+        std::fs::write(&spec, &options.resolved_spec).map_err(io(&spec))?;
         let events = dir.join("tensorboard").join("train");
         let train = EventWriter::create(&events).map_err(io(&events))?;
         Ok(Self {

@@ -147,3 +147,41 @@ pub fn relative_difference(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -
     }
     (diff / norm).sqrt()
 }
+
+/// The pid of the launcher `parent`'s child task whose TF_CONFIG names `task`
+/// (`("worker", 1)`), waiting for it at most `limit`.
+pub fn launched_task(parent: u32, task: (&str, usize), limit: std::time::Duration) -> Option<u32> {
+    let needle = format!("\"task\":{{\"index\":{},\"type\":\"{}\"}}", task.1, task.0);
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap_or_default();
+        for c in children.split_whitespace() {
+            let env = std::fs::read(format!("/proc/{c}/environ")).unwrap_or_default();
+            if String::from_utf8_lossy(&env).contains(&needle) {
+                return c.parse().ok();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
+}
+
+/// Sends `signal` to `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) with a pid this test started (or its launcher did); ESRCH at worst.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// Waits until `path` exists, at most `limit`.
+pub fn wait_for(path: &Path, limit: std::time::Duration) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}

@@ -1,0 +1,299 @@
+//! `manifest.json`: everything about a checkpoint besides its tensors (step, epoch, data
+//! cursor, RNG state, spec hash, topology, the loop's and callbacks' state) and the SHA-256 of
+//! every file. It is written last: a folder without one is an unfinished checkpoint.
+
+use crate::data::Cursor;
+use serde::{Deserialize, Serialize};
+
+/// The manifest's format; a reader refuses others.
+pub const FORMAT: u32 = 1;
+
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+
+/// Which callback wrote a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// `backup_and_restore`: the run resumes from it.
+    Backup,
+    /// `model_checkpoint`: kept for people and the evaluator.
+    Model,
+}
+
+/// The randomness of the run: every step's seed derives from `(seed, step)`, so this is all
+/// there is to restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RngState {
+    /// The run seed.
+    pub seed: u64,
+    /// The next step's index.
+    pub step: u64,
+}
+
+/// The job's shape when the checkpoint was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Worker processes that held replicas.
+    pub num_workers: usize,
+    /// Replicas whose gradients were summed each step.
+    pub num_replicas_in_sync: usize,
+    /// Examples per replica per micro-batch.
+    pub per_replica_batch: usize,
+    /// Examples per optimizer step, across replicas and accumulation.
+    pub global_batch: usize,
+    /// Micro-batches per optimizer step.
+    pub accumulation_steps: usize,
+}
+
+/// Loss and accuracy sums, exactly as the loop accumulates them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sums {
+    /// Sum of per-example losses.
+    #[serde(with = "float")]
+    pub loss_sum: f64,
+    /// Correct predictions.
+    pub correct: u64,
+    /// Examples.
+    pub examples: u64,
+}
+
+/// The last evaluation on the test split.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalState {
+    /// The step it was taken at.
+    pub step: u64,
+    /// Its sums.
+    pub sums: Sums,
+}
+
+/// One loop callback's memory, in `[[callbacks]]` order (checkpoint callbacks excluded).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CallbackState {
+    /// `early_stopping`: best value so far and epochs without improvement.
+    EarlyStopping {
+        #[serde(with = "float")]
+        best: f64,
+        wait: u32,
+    },
+    /// `reduce_lr_on_plateau`: best value, epochs without improvement, cooldown left.
+    ReduceLrOnPlateau {
+        #[serde(with = "float")]
+        best: f64,
+        wait: u32,
+        cooling: u32,
+    },
+    /// `csv_logger`: whether the header row was written.
+    CsvLogger { header: bool },
+    /// `stop_at_target`: nothing to remember.
+    StopAtTarget,
+}
+
+/// The loop callbacks' memory and the learning-rate multiplier they control.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbacksState {
+    /// Per callback.
+    pub items: Vec<CallbackState>,
+    /// `reduce_lr_on_plateau`'s multiplier of the scheduled rate.
+    #[serde(with = "float")]
+    pub lr_multiplier: f64,
+    /// Its floor (`min_lr`).
+    #[serde(with = "float")]
+    pub lr_floor: f64,
+    /// Each `model_checkpoint`'s best monitored value so far (`save_best_only`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoint_best: Vec<Best>,
+}
+
+/// A best value, or none yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Best(#[serde(with = "float_opt")] pub Option<f64>);
+
+/// Where the loop stood: enough to continue as if never stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// Training examples processed so far (all replicas).
+    pub examples: u64,
+    /// Sums of the epoch in progress (empty at an epoch boundary).
+    pub epoch_sums: Sums,
+    /// Sums of the last finished epoch (the summary's `train_loss`).
+    pub last_epoch_sums: Sums,
+    /// The last evaluation, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_eval: Option<EvalState>,
+    /// Callbacks.
+    pub callbacks: CallbacksState,
+    /// Whether `best.safetensors` holds early stopping's best weights.
+    pub best_weights: bool,
+}
+
+/// Which optimizer wrote the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    /// SGD (with or without momentum).
+    Sgd,
+    /// Adam or AdamW.
+    Adam,
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+        })
+    }
+}
+
+/// The optimizer's kind and counters; its buffers are in `optimizer.safetensors`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OptimizerState {
+    /// Which optimizer.
+    pub kind: OptimizerKind,
+    /// Updates applied.
+    pub iterations: u64,
+    /// Names of the state buffers (`momentum`; `m`, `v`).
+    pub buffers: Vec<String>,
+}
+
+/// Metrics at the time of the save, for people and for `save_best_only`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Training loss of the epoch so far.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_opt")]
+    pub loss: Option<f64>,
+    /// Training accuracy of the epoch so far.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_opt")]
+    pub accuracy: Option<f64>,
+    /// Test-split loss, when evaluated at this step.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_opt")]
+    pub val_loss: Option<f64>,
+    /// Test-split accuracy, when evaluated at this step.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "float_opt")]
+    pub val_accuracy: Option<f64>,
+}
+
+/// One file of the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name inside the checkpoint folder.
+    pub name: String,
+    /// Its length.
+    pub bytes: u64,
+    /// SHA-256 of its content, hex.
+    pub sha256: String,
+}
+
+/// `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The trainrun that wrote it.
+    pub trainrun_version: String,
+    /// Which callback wrote it.
+    pub kind: Kind,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Epochs finished.
+    pub epoch: u64,
+    /// The input pipeline's position: the next global batch, in examples of the global order.
+    pub cursor: Cursor,
+    /// The randomness.
+    pub rng: RngState,
+    /// SHA-256 of the resolved spec without its topology (cluster, strategy, batch) and
+    /// output settings.
+    pub spec_hash: String,
+    /// The job's shape.
+    pub topology: Topology,
+    /// Optimizer kind and counters.
+    pub optimizer: OptimizerState,
+    /// The loop's state.
+    #[serde(rename = "loop")]
+    pub loop_state: LoopState,
+    /// Metrics at the save.
+    pub metrics: Metrics,
+    /// Seconds since the Unix epoch.
+    pub unix_time: f64,
+    /// Every other file, with its checksum.
+    pub files: Vec<FileEntry>,
+}
+
+/// f64 that may be infinite or NaN: JSON numbers when finite, else the strings `"inf"`,
+/// `"-inf"`, `"NaN"` (JSON has no such numbers, and a best value starts at infinity).
+pub(crate) mod float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        match *v {
+            v if v.is_finite() => s.serialize_f64(v),
+            v if v.is_nan() => s.serialize_str("NaN"),
+            v if v > 0.0 => s.serialize_str("inf"),
+            _ => s.serialize_str("-inf"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Number(v) => Ok(v),
+            Repr::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!("`{other}` is not a number"))),
+            },
+        }
+    }
+}
+
+/// [`float`] for optional values.
+pub(crate) mod float_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => super::float::serialize(v, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrap(#[serde(with = "super::float")] f64);
+        Ok(Option::<Wrap>::deserialize(d)?.map(|w| w.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn infinities_and_exact_values_round_trip() {
+        let state = CallbacksState {
+            items: vec![
+                CallbackState::EarlyStopping { best: f64::INFINITY, wait: 2 },
+                CallbackState::ReduceLrOnPlateau { best: f64::NEG_INFINITY, wait: 0, cooling: 1 },
+            ],
+            lr_multiplier: 0.1f64 * 0.1 * 0.1,
+            lr_floor: 1e-300,
+            checkpoint_best: vec![Best(Some(0.123_456_789_012_345_67)), Best(None), Best(Some(f64::INFINITY))],
+        };
+        let text = serde_json::to_string(&state).unwrap();
+        let back: CallbacksState = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, state);
+        let sums = Sums { loss_sum: f64::NAN, correct: 1, examples: 2 };
+        let back: Sums = serde_json::from_str(&serde_json::to_string(&sums).unwrap()).unwrap();
+        assert!(back.loss_sum.is_nan());
+    }
+}

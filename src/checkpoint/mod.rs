@@ -1,0 +1,102 @@
+//! Checkpoints: the format ([`manifest`], [`tensors`]), the atomic [`store`], the retention
+//! [`policy`] (which decides, purely) and the background [`writer`] (which acts), so that a save
+//! costs the step loop one memcpy of the buffers.
+//!
+//! A checkpoint is a folder `ckpt-<step>` holding `model.safetensors` (weights named by Keras
+//! weight path, loadable by any safetensors reader), `optimizer.safetensors` (each state buffer
+//! per weight, `momentum/dense_1/kernel`), `best.safetensors` when early stopping keeps best
+//! weights, and `manifest.json` (step, epoch, data cursor, RNG state, spec hash, topology,
+//! loop and callback state, and every file's SHA-256), written last as the commit marker.
+
+pub mod manifest;
+pub mod policy;
+pub mod store;
+pub mod tensors;
+pub mod writer;
+
+pub use manifest::{Kind, Manifest};
+pub use policy::{Admit, Policy};
+pub use store::{Listed, Loaded, Store};
+pub use writer::{SaveStats, Writer};
+
+use crate::engine::TensorInfo;
+use std::path::{Path, PathBuf};
+
+/// Where each named tensor lives in the flat arenas, and their lengths.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// Trainable tensors.
+    pub tensors: Vec<TensorInfo>,
+    /// Non-trainable tensors.
+    pub state_tensors: Vec<TensorInfo>,
+    /// Trainable values.
+    pub params: usize,
+    /// Non-trainable values.
+    pub state: usize,
+}
+
+/// A copy of the training state's buffers, taken at a step boundary and written in the
+/// background while training goes on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Trainable values.
+    pub params: Vec<f32>,
+    /// Non-trainable values.
+    pub state: Vec<f32>,
+    /// Optimizer buffers by name (`momentum`; `m`, `v`).
+    pub optimizer: Vec<(String, Vec<f32>)>,
+    /// Early stopping's best weights (params, state), when it keeps them.
+    pub best: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// Copies `src` into `dst`, reusing `dst`'s allocation.
+pub fn copy_into(dst: &mut Vec<f32>, src: &[f32]) {
+    dst.clear();
+    dst.extend_from_slice(src);
+}
+
+/// A checkpoint could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file operation failed (full disk, permissions, …).
+    #[error("checkpoint file {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The folder has no manifest: the save never finished.
+    #[error("{dir} has no manifest.json: its save did not finish")]
+    Unfinished {
+        /// The checkpoint folder.
+        dir: PathBuf,
+    },
+    /// A file does not match its manifest, or the manifest is damaged.
+    #[error("{path} is damaged: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint is whole but belongs to another model or optimizer.
+    #[error("{path} does not fit this spec's model: {reason}")]
+    Incompatible {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+    /// The manifest could not be encoded.
+    #[error("cannot encode a checkpoint manifest: {0}")]
+    Encode(String),
+}
+
+impl CheckpointError {
+    /// Wraps an I/O error about `path`.
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+        move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+    }
+}

@@ -1,0 +1,303 @@
+//! A folder of checkpoints, one sub-folder each (`ckpt-0000000140`), written atomically and
+//! durably: every file goes to a temp name in the checkpoint's folder, is fsynced and renamed,
+//! and the folder is fsynced; `manifest.json`, holding every other file's SHA-256, comes last
+//! as the commit marker. A reader skips a folder without a manifest (unfinished) or whose
+//! files do not match it (truncated, flipped, missing), saying why, and takes the one before.
+
+use super::manifest::{FileEntry, MANIFEST, Manifest};
+use super::tensors::{self, Entry, Reader, hex};
+use super::{CheckpointError, Layout, Snapshot};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MODEL: &str = "model.safetensors";
+const OPTIMIZER: &str = "optimizer.safetensors";
+const BEST: &str = "best.safetensors";
+
+/// A checkpoint folder as listed, before it is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its step, from its name.
+    pub step: u64,
+    /// Its folder.
+    pub path: PathBuf,
+    /// Whether its manifest (the commit marker) is there.
+    pub committed: bool,
+}
+
+/// A checkpoint read and verified.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// Its folder.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Trainable values.
+    pub params: Vec<f32>,
+    /// Non-trainable values.
+    pub state: Vec<f32>,
+    /// Optimizer buffers by name.
+    pub optimizer: Vec<(String, Vec<f32>)>,
+    /// Early stopping's best weights (params, state), when saved.
+    pub best: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// The folder name of the checkpoint at `step`.
+pub fn name(step: u64) -> String {
+    format!("ckpt-{step:010}")
+}
+
+fn step_of(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("ckpt-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Fsyncs a folder, so the names created or renamed in it survive a crash.
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(CheckpointError::io(dir))
+}
+
+/// Writes `bytes` to `dir/name` atomically and durably.
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
+    let mut f = File::create(&tmp).map_err(CheckpointError::io(&tmp))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(CheckpointError::io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(CheckpointError::io(&path))
+}
+
+/// The manifest file: the manifest and the SHA-256 of its compact JSON, so that a flipped
+/// digit in the manifest itself is caught like one in a tensor file.
+fn manifest_bytes(m: &Manifest) -> Result<Vec<u8>, CheckpointError> {
+    let value = serde_json::to_value(m).map_err(|e| CheckpointError::Encode(e.to_string()))?;
+    let compact = serde_json::to_vec(&value).map_err(|e| CheckpointError::Encode(e.to_string()))?;
+    let file = serde_json::json!({ "sha256": hex(&Sha256::digest(&compact)), "manifest": value });
+    let mut text = serde_json::to_vec_pretty(&file).map_err(|e| CheckpointError::Encode(e.to_string()))?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+/// Reads and checks a manifest file.
+pub fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
+    let path = dir.join(MANIFEST);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::Unfinished { dir: dir.to_path_buf() });
+        }
+        Err(e) => return Err(CheckpointError::io(&path)(e)),
+    };
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.clone(), reason };
+    let file: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+    let (Some(sha), Some(value)) = (file.get("sha256").and_then(|s| s.as_str()), file.get("manifest")) else {
+        return Err(corrupt("it lacks `sha256` or `manifest`".into()));
+    };
+    let compact = serde_json::to_vec(value).map_err(|e| corrupt(e.to_string()))?;
+    let found = hex(&Sha256::digest(&compact));
+    if found != sha {
+        return Err(corrupt(format!("its checksum is {found}, but it says {sha}")));
+    }
+    let manifest: Manifest = serde_json::from_value(value.clone()).map_err(|e| corrupt(e.to_string()))?;
+    if manifest.format != super::manifest::FORMAT {
+        return Err(corrupt(format!("format {} (this trainrun reads {})", manifest.format, super::manifest::FORMAT)));
+    }
+    Ok(manifest)
+}
+
+/// A folder of checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// The store in `root` (created at the first write).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// Its folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The checkpoints present, oldest first; an absent folder holds none.
+    pub fn list(&self) -> Result<Vec<Listed>, CheckpointError> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(CheckpointError::io(&self.root)(e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let Some(step) = entry.file_name().to_str().and_then(step_of) else { continue };
+            let path = entry.path();
+            if path.is_dir() {
+                out.push(Listed { step, committed: path.join(MANIFEST).is_file(), path });
+            }
+        }
+        out.sort_by_key(|l| l.step);
+        Ok(out)
+    }
+
+    /// Writes `snapshot` as the checkpoint at `manifest.step`; `manifest.files` is filled in
+    /// here. Returns its folder.
+    pub fn write(
+        &self,
+        snapshot: &Snapshot,
+        layout: &Layout,
+        mut manifest: Manifest,
+    ) -> Result<PathBuf, CheckpointError> {
+        std::fs::create_dir_all(&self.root).map_err(CheckpointError::io(&self.root))?;
+        let dir = self.root.join(name(manifest.step));
+        if dir.exists() {
+            // Rewriting a step (a resumed run passing it again): uncommit first, so nobody
+            // reads the old manifest against new files.
+            remove_if_present(&dir.join(MANIFEST))?;
+            sync_dir(&dir)?;
+        } else {
+            std::fs::create_dir(&dir).map_err(CheckpointError::io(&dir))?;
+        }
+        let meta = |what: &str| BTreeMap::from([("trainrun".to_string(), what.to_string())]);
+        let mut files = Vec::new();
+        let mut put = |name: &str, entries: Vec<Entry<'_>>, what: &str| -> Result<(), CheckpointError> {
+            let tmp = dir.join(format!("{name}.tmp"));
+            let written = tensors::write(&tmp, &entries, &meta(what))?;
+            std::fs::rename(&tmp, dir.join(name)).map_err(CheckpointError::io(&dir.join(name)))?;
+            files.push(FileEntry { name: name.to_string(), bytes: written.bytes, sha256: written.sha256 });
+            Ok(())
+        };
+        let mut model = tensors::entries("", &layout.tensors, &snapshot.params);
+        model.extend(tensors::entries("", &layout.state_tensors, &snapshot.state));
+        put(MODEL, model, "weights")?;
+        let mut optimizer = Vec::new();
+        for (buffer, values) in &snapshot.optimizer {
+            optimizer.extend(tensors::entries(&format!("{buffer}/"), &layout.tensors, values));
+        }
+        put(OPTIMIZER, optimizer, "optimizer")?;
+        if let Some((params, state)) = &snapshot.best {
+            let mut best = tensors::entries("", &layout.tensors, params);
+            best.extend(tensors::entries("", &layout.state_tensors, state));
+            put(BEST, best, "best weights")?;
+        } else {
+            remove_if_present(&dir.join(BEST))?;
+        }
+        manifest.files = files;
+        sync_dir(&dir)?;
+        write_file(&dir, MANIFEST, &manifest_bytes(&manifest)?)?;
+        sync_dir(&dir)?;
+        sync_dir(&self.root)?;
+        Ok(dir)
+    }
+
+    /// Removes the checkpoint at `step`: its manifest first, so that a reader meanwhile sees an
+    /// unfinished checkpoint rather than missing files.
+    pub fn delete(&self, step: u64) -> Result<(), CheckpointError> {
+        let dir = self.root.join(name(step));
+        remove_if_present(&dir.join(MANIFEST))?;
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CheckpointError::io(&dir)(e)),
+        }
+    }
+
+    /// Removes the whole store (a finished run's backup).
+    pub fn delete_all(&self) -> Result<(), CheckpointError> {
+        for l in self.list()? {
+            self.delete(l.step)?;
+        }
+        match std::fs::remove_dir(&self.root) {
+            // Something else lives there too: leave it.
+            Ok(()) | Err(_) => Ok(()),
+        }
+    }
+
+    /// The newest checkpoint that reads back whole, skipping (and reporting through `warn`)
+    /// every newer one that is unfinished or damaged.
+    pub fn latest_good(&self, layout: &Layout, mut warn: impl FnMut(&str)) -> Result<Option<Loaded>, CheckpointError> {
+        for l in self.list()?.iter().rev() {
+            match load(&l.path, layout) {
+                Ok(loaded) => return Ok(Some(loaded)),
+                Err(e @ (CheckpointError::Incompatible { .. } | CheckpointError::Io { .. })) => return Err(e),
+                Err(e) => warn(&format!("skipping checkpoint {}: {e}; using the one before", l.path.display())),
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn remove_if_present(path: &Path) -> Result<(), CheckpointError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CheckpointError::io(path)(e)),
+    }
+}
+
+/// Reads a file the manifest lists, checking its length and checksum.
+fn verified(dir: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>, CheckpointError> {
+    let path = dir.join(name);
+    let Some(entry) = manifest.files.iter().find(|f| f.name == name) else {
+        return Err(CheckpointError::Corrupt { path, reason: "the manifest does not list it".into() });
+    };
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::Corrupt { path, reason: "it is missing".into() });
+        }
+        Err(e) => return Err(CheckpointError::io(&path)(e)),
+    };
+    if bytes.len() as u64 != entry.bytes {
+        let reason = format!("it has {} bytes, the manifest says {} (truncated?)", bytes.len(), entry.bytes);
+        return Err(CheckpointError::Corrupt { path, reason });
+    }
+    let sha = hex(&Sha256::digest(&bytes));
+    if sha != entry.sha256 {
+        let reason = format!("its SHA-256 is {sha}, the manifest says {}", entry.sha256);
+        return Err(CheckpointError::Corrupt { path, reason });
+    }
+    Ok(bytes)
+}
+
+/// Reads and verifies the checkpoint in `dir` for a model of `layout`.
+pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
+    let manifest = read_manifest(dir)?;
+    let model = verified(dir, &manifest, MODEL)?;
+    let path = dir.join(MODEL);
+    let reader = Reader::new(&path, &model)?;
+    let mut params = vec![0.0; layout.params];
+    let mut state = vec![0.0; layout.state];
+    reader.fill("", &layout.tensors, &mut params)?;
+    reader.fill("", &layout.state_tensors, &mut state)?;
+    let opt_bytes = verified(dir, &manifest, OPTIMIZER)?;
+    let opt_path = dir.join(OPTIMIZER);
+    let reader = Reader::new(&opt_path, &opt_bytes)?;
+    let mut optimizer = Vec::new();
+    for buffer in &manifest.optimizer.buffers {
+        let mut values = vec![0.0; layout.params];
+        reader.fill(&format!("{buffer}/"), &layout.tensors, &mut values)?;
+        optimizer.push((buffer.clone(), values));
+    }
+    let best = if manifest.loop_state.best_weights {
+        let bytes = verified(dir, &manifest, BEST)?;
+        let path = dir.join(BEST);
+        let reader = Reader::new(&path, &bytes)?;
+        let (mut p, mut s) = (vec![0.0; layout.params], vec![0.0; layout.state]);
+        reader.fill("", &layout.tensors, &mut p)?;
+        reader.fill("", &layout.state_tensors, &mut s)?;
+        Some((p, s))
+    } else {
+        None
+    };
+    Ok(Loaded { path: dir.to_path_buf(), manifest, params, state, optimizer, best })
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+pub(crate) mod tests;

@@ -1,0 +1,136 @@
+//! The sidecar evaluator (TensorFlow's `SidecarEvaluator`): a task outside the replicas that
+//! watches the `model_checkpoint` folder, evaluates each new checkpoint on the test split
+//! exactly once (also across restarts: `eval.jsonl` says which are done), and stops once
+//! training has finished and the last checkpoint is evaluated. The same evaluation serves
+//! `trainrun eval SPEC --checkpoint PATH`.
+
+use super::TrainError;
+use crate::checkpoint::{CheckpointError, Layout, Loaded, Store, store};
+use crate::data::{EvalBatches, Shard, Split};
+use crate::engine::BatchStats;
+use crate::strategy::{Replica, Variables};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How often the evaluator looks for new checkpoints.
+const POLL: Duration = Duration::from_millis(100);
+
+/// One line of `eval.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalLine {
+    /// The checkpoint's folder name.
+    pub checkpoint: String,
+    /// Its step.
+    pub step: u64,
+    /// Epochs finished at it.
+    pub epoch: u64,
+    /// Test-split loss.
+    pub test_loss: f64,
+    /// Test-split accuracy.
+    pub test_accuracy: f64,
+    /// Test examples evaluated.
+    pub examples: u64,
+    /// Seconds the evaluation took.
+    pub eval_s: f64,
+}
+
+/// Evaluates `loaded` on all of `test` with `replica`.
+pub fn evaluate_checkpoint(replica: &mut Replica, test: &Split, batch: NonZeroUsize, loaded: Loaded) -> BatchStats {
+    let mut vars = Variables { params: loaded.params, state: loaded.state };
+    let mut stats = BatchStats::default();
+    for b in EvalBatches::new(test, batch, Shard::WHOLE) {
+        stats.add(replica.evaluate(&mut vars, &b));
+    }
+    stats
+}
+
+/// The steps `eval.jsonl` already has.
+fn done(path: &Path) -> BTreeSet<u64> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["step"].as_u64()).collect()
+}
+
+/// What the watcher needs.
+pub struct Watch<'a> {
+    /// The `model_checkpoint` folder.
+    pub dir: PathBuf,
+    /// `eval.jsonl`.
+    pub out: PathBuf,
+    /// The model's tensors.
+    pub layout: &'a Layout,
+    /// The test split.
+    pub test: &'a Split,
+    /// Examples per evaluation batch.
+    pub batch: NonZeroUsize,
+}
+
+/// Watches until `finished` says training is over (it errs when the job failed), evaluating
+/// every committed checkpoint once. Returns how many it evaluated.
+pub fn watch(
+    w: &Watch<'_>,
+    replica: &mut Replica,
+    mut finished: impl FnMut() -> Result<bool, TrainError>,
+    mut note: impl FnMut(&str),
+) -> Result<usize, TrainError> {
+    let store = Store::new(&w.dir);
+    let mut seen = done(&w.out);
+    let mut count = 0;
+    loop {
+        // Read before scanning: a checkpoint committed before the end is then always seen.
+        let last_round = finished()?;
+        let new: Vec<_> = store.list()?.into_iter().filter(|l| l.committed && !seen.contains(&l.step)).collect();
+        for listed in new {
+            let started = Instant::now();
+            let loaded = match store::load(&listed.path, w.layout) {
+                Ok(l) => l,
+                Err(e @ CheckpointError::Incompatible { .. }) => return Err(e.into()),
+                Err(e) => {
+                    // Damaged, or deleted by retention while read: it cannot be evaluated.
+                    if listed.path.exists() {
+                        note(&format!("skipping checkpoint {}: {e}", listed.path.display()));
+                    }
+                    seen.insert(listed.step);
+                    continue;
+                }
+            };
+            let epoch = loaded.manifest.epoch;
+            let stats = evaluate_checkpoint(replica, w.test, w.batch, loaded);
+            let line = EvalLine {
+                checkpoint: store::name(listed.step),
+                step: listed.step,
+                epoch,
+                test_loss: stats.loss(),
+                test_accuracy: stats.accuracy(),
+                examples: stats.examples,
+                eval_s: started.elapsed().as_secs_f64(),
+            };
+            append(&w.out, &line)?;
+            note(&format!(
+                "{} (step {}): test_loss: {:.4} - test_accuracy: {:.4}",
+                line.checkpoint, line.step, line.test_loss, line.test_accuracy
+            ));
+            seen.insert(listed.step);
+            count += 1;
+        }
+        if last_round {
+            return Ok(count);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+fn append(path: &Path, line: &EvalLine) -> Result<(), TrainError> {
+    let err = |source| super::RecordError { path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let text = serde_json::to_string(line).map_err(|e| err(e.into()))?;
+    let mut f = OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
+    writeln!(f, "{text}").map_err(err)?;
+    Ok(())
+}
