@@ -542,12 +542,13 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
                 ShardPolicy::None | ShardPolicy::File => Shard::WHOLE,
             };
             let is_chief = job.is_chief;
-            let replica = models.into_iter().next().map(|m| {
-                strategy::Replica::new(m, plan.train.loss_fn(), plan.data.facts.classes as usize, plan.threads)
-            });
-            let replica = replica.ok_or_else(|| RunError::Failure("no model to train".into()))?;
+            // The worker's threads are shared out among its local replicas.
+            let threads = (plan.threads / models.len().max(1)).max(1);
+            let classes = plan.data.facts.classes as usize;
+            let replicas =
+                models.into_iter().map(|m| strategy::Replica::new(m, plan.train.loss_fn(), classes, threads)).collect();
             let (_, bytes_per_pack, _) = communication(p);
-            let s = strategy::MultiWorkerMirrored::new(replica, job, bytes_per_pack)?;
+            let s = strategy::MultiWorkerMirrored::new(replicas, job, bytes_per_pack)?;
             (Box::new(s) as Box<dyn strategy::Strategy>, shard, is_chief, format!("[{task}] "))
         }
     };

@@ -71,6 +71,36 @@ fn two_workers_of_64_match_one_process_of_128() {
 }
 
 #[test]
+fn two_workers_of_two_devices_match_one_process_and_transports_agree() {
+    // Hierarchical all-reduce: each worker sums its two replicas, then the workers sum.
+    let (shm, tcp, one) = (tempdir(), tempdir(), tempdir());
+    let steps = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=40"];
+    let devices = ["--set", r#"strategy.devices=["cpu:0","cpu:1"]"#, "--set", "batch.per_replica=32"];
+    let go = |dir: &Path, extra: &[&str]| {
+        let o = out(dir);
+        let mut args = vec!["specs/mnist_multiworker.toml", "-q", "--set", &o];
+        args.extend(steps.iter().chain(&LIVELY).chain(&devices).chain(extra));
+        assert_exit(&run(&args), 0);
+        summary(dir)
+    };
+    let s_shm = go(shm.path(), &[]);
+    let s_tcp = go(tcp.path(), &["--set", "strategy.communication.transport=\"tcp\""]);
+    assert_eq!(s_shm["weights_sha256"], s_tcp["weights_sha256"]);
+    assert_eq!(s_shm["examples"], 40 * 128, "{s_shm}");
+
+    let o = out(one.path());
+    let mut b = vec!["specs/mnist_single.toml", "-q", "--set", &o, "--set", "batch.global=128"];
+    b.extend(steps.iter().chain(&LIVELY));
+    assert_exit(&run(&b), 0);
+    let d = common::relative_difference(
+        &weights(&shm.path().join("model.safetensors")),
+        &weights(&one.path().join("model.safetensors")),
+    );
+    // Four partial sums instead of one, amplified by momentum (as in the test above).
+    assert!(d <= 1e-4, "relative difference {d}");
+}
+
+#[test]
 fn multiworker_runs_are_bit_identical_and_transports_agree() {
     let (a, b, c) = (tempdir(), tempdir(), tempdir());
     let short = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=30"];

@@ -142,7 +142,7 @@ pub fn text(plan: &Plan) -> String {
         ShardPolicy::None => "one shard".to_string(),
         ShardPolicy::File => format!("file policy, {} shards", d.num_shards),
         ShardPolicy::Data => {
-            format!("data policy: worker i keeps every {}th example of each global batch", d.num_shards)
+            format!("data policy: worker i keeps every {} example of each global batch", ordinal(d.num_shards))
         }
         ShardPolicy::Off => format!("off: all {} workers read everything", d.num_shards),
     };
@@ -171,6 +171,11 @@ pub fn text(plan: &Plan) -> String {
                     _ => "ring over TCP (reduce-scatter, then all-gather)".to_string(),
                 };
                 let how = if auto { format!("{how}, chosen by auto") } else { how };
+                let how = match s.devices.len() {
+                    1 => how,
+                    // Several devices per worker: TensorFlow's hierarchical all-reduce.
+                    d => format!("hierarchical: the {d} local replicas summed on the first, then {how}, then shared"),
+                };
                 format!("{how}; packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
             }
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
@@ -255,4 +260,27 @@ pub fn text(plan: &Plan) -> String {
 fn fmt_f(v: f64) -> String {
     let s = format!("{v:.6}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// `2nd`, `3rd`, `11th`, `21st`: English ordinals for shard counts.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ordinal;
+
+    #[test]
+    fn ordinals_read_as_english() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111].into_iter().map(ordinal).collect();
+        assert_eq!(got, ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd", "111th"]);
+    }
 }

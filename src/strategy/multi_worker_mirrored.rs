@@ -7,7 +7,13 @@
 //! it with backward measured slower on 2 cores, where the reduction competes with the other
 //! worker's backward. Over TCP, gradients travel in `bytes_per_pack` packs while backward
 //! continues, which hides about a third of the transfer.
+//!
+//! With several devices per worker the reduction is hierarchical, as in TensorFlow: the local
+//! replicas' gradients are summed onto the first one (`reduction_to_one_device`), that sum
+//! crosses workers, and the local "broadcast" is free because the local replicas read one
+//! shared copy of the variables.
 
+use super::local::LocalReplicas;
 use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::cluster::job::Job;
 use crate::collective::{BucketReducer, Collective, Communicator, Packs};
@@ -16,6 +22,7 @@ use crate::engine::init::derive_seed;
 use crate::engine::sequential::GradSink;
 use crate::engine::{BatchStats, Optimizer};
 use crate::plan::StrategyKind;
+use crate::spec::CrossDeviceOps;
 use std::ops::Range;
 
 impl GradSink for Packs<'_> {
@@ -34,9 +41,26 @@ impl GradSink for Packs<'_> {
     }
 }
 
+/// This worker's replicas.
+enum Replicas {
+    /// One device: backward can feed the all-reduce pack by pack.
+    One(Replica),
+    /// Several devices: summed locally before the cross-worker all-reduce.
+    Many(LocalReplicas),
+}
+
+impl Replicas {
+    fn param_len(&self) -> usize {
+        match self {
+            Replicas::One(r) => r.model().param_len(),
+            Replicas::Many(l) => l.param_len(),
+        }
+    }
+}
+
 /// A worker of a multi-worker job.
 pub struct MultiWorkerMirrored {
-    replica: Replica,
+    replicas: Replicas,
     job: Option<Job>,
     /// Gradients, unless they live in the shared-memory arena.
     grads: Vec<f32>,
@@ -45,16 +69,24 @@ pub struct MultiWorkerMirrored {
 }
 
 impl MultiWorkerMirrored {
-    /// The strategy for `replica` in `job` (which must hold a data plane).
-    pub fn new(replica: Replica, job: Job, bytes_per_pack: u64) -> Result<Self, StrategyError> {
-        let len = replica.model().param_len();
+    /// The strategy for this worker's `replicas` (one per local device) in `job`, which must
+    /// hold a data plane.
+    pub fn new(mut replicas: Vec<Replica>, job: Job, bytes_per_pack: u64) -> Result<Self, StrategyError> {
         let rank = job.comm.as_ref().map(|c| c.rank() as u64).unwrap_or_default();
+        let per_worker = replicas.len() as u64;
+        let replicas = match replicas.len() {
+            0 => return Err(StrategyError::Unsupported("no model to place on a device".into())),
+            1 => Replicas::One(replicas.remove(0)),
+            // Replicas are numbered across the job so that dropout masks differ between them.
+            _ => Replicas::Many(LocalReplicas::new(replicas, CrossDeviceOps::ReductionToOneDevice, rank * per_worker)),
+        };
+        let len = replicas.param_len();
         let grads = match &job.comm {
             Some(Collective::SharedMemory(_)) => Vec::new(),
             _ => vec![0.0; len],
         };
         let packs = BucketReducer::new(usize::try_from(bytes_per_pack).unwrap_or(usize::MAX));
-        Ok(Self { replica, job: Some(job), grads, packs, rank })
+        Ok(Self { replicas, job: Some(job), grads, packs, rank })
     }
 
     fn job(&mut self) -> Result<&mut Job, StrategyError> {
@@ -82,35 +114,29 @@ impl Strategy for MultiWorkerMirrored {
         seed: u64,
         stop: bool,
     ) -> Result<Step, StrategyError> {
-        let len = self.replica.model().param_len();
+        let len = self.replicas.param_len();
         let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
         let (rank, packs) = (self.rank, self.packs);
-        let Self { replica, job, grads, .. } = self;
+        let Self { replicas, job, grads, .. } = self;
         let job = job.as_mut().ok_or(StrategyError::Finished)?;
         // A peer that died shows here at once, not at the next collective's timeout.
         job.plane.check()?;
         let comm = job.comm.as_mut().ok_or(StrategyError::Finished)?;
-        let mut local = BatchStats::default();
-        let last = micro.len().saturating_sub(1);
-        for (i, batch) in micro.iter().enumerate() {
-            let s = derive_seed(&[seed, i as u64, rank]);
-            let accumulate = i > 0;
-            match comm {
+        let local = match replicas {
+            Replicas::One(replica) => one_replica(replica, comm, grads, packs, vars, micro, (scale, seed, rank))?,
+            Replicas::Many(local) => match comm {
                 Collective::SharedMemory(c) => {
-                    let mut arena = &mut c.arena_mut()[..len];
-                    local.add(replica.forward_backward(vars, &mut arena, batch, scale, s, accumulate));
-                    if i == last {
-                        c.all_reduce_arena(0..len)?;
-                    }
+                    let stats = local.gradients(vars, &mut c.arena_mut()[..len], micro, scale, seed)?;
+                    c.all_reduce_arena(0..len)?;
+                    stats
                 }
-                Collective::TcpRing(c) if i == last => {
-                    let stats = packs
-                        .run(&mut *c, grads, |p| replica.forward_backward(vars, p, batch, scale, s, accumulate))?;
-                    local.add(stats);
+                Collective::TcpRing(c) => {
+                    let stats = local.gradients(vars, grads, micro, scale, seed)?;
+                    c.all_reduce_sum(grads)?;
+                    stats
                 }
-                Collective::TcpRing(_) => local.add(replica.forward_backward(vars, grads, batch, scale, s, accumulate)),
-            }
-        }
+            },
+        };
         // Batch-norm moving statistics are averaged so every worker keeps the same ones.
         if !vars.state.is_empty() {
             comm.all_reduce_sum(&mut vars.state)?;
@@ -131,7 +157,7 @@ impl Strategy for MultiWorkerMirrored {
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
-        let len = self.replica.model().param_len();
+        let len = self.replicas.param_len();
         let Self { job, grads, .. } = self;
         let comm = job.as_mut().and_then(|j| j.comm.as_mut()).ok_or(StrategyError::Finished)?;
         match comm {
@@ -148,7 +174,10 @@ impl Strategy for MultiWorkerMirrored {
     ) -> Result<BatchStats, StrategyError> {
         let mut local = BatchStats::default();
         for b in batches {
-            local.add(self.replica.evaluate(vars, &b));
+            local.add(match &mut self.replicas {
+                Replicas::One(r) => r.evaluate(vars, &b),
+                Replicas::Many(l) => l.evaluate(vars, &b),
+            });
         }
         let comm = self.job()?.comm.as_mut().ok_or(StrategyError::Finished)?;
         let mut global = sums(local);
@@ -171,4 +200,39 @@ impl Strategy for MultiWorkerMirrored {
         }
         Ok(())
     }
+}
+
+/// One replica's forward and backward over `micro`, its gradients summed across workers.
+fn one_replica(
+    replica: &mut Replica,
+    comm: &mut Collective,
+    grads: &mut Vec<f32>,
+    packs: BucketReducer,
+    vars: &mut Variables,
+    micro: &[Batch],
+    (scale, seed, rank): (f32, u64, u64),
+) -> Result<BatchStats, StrategyError> {
+    let len = replica.model().param_len();
+    let mut local = BatchStats::default();
+    let last = micro.len().saturating_sub(1);
+    for (i, batch) in micro.iter().enumerate() {
+        let s = derive_seed(&[seed, i as u64, rank]);
+        let accumulate = i > 0;
+        match comm {
+            Collective::SharedMemory(c) => {
+                let mut arena = &mut c.arena_mut()[..len];
+                local.add(replica.forward_backward(vars, &mut arena, batch, scale, s, accumulate));
+                if i == last {
+                    c.all_reduce_arena(0..len)?;
+                }
+            }
+            Collective::TcpRing(c) if i == last => {
+                let stats =
+                    packs.run(&mut *c, grads, |p| replica.forward_backward(vars, p, batch, scale, s, accumulate))?;
+                local.add(stats);
+            }
+            Collective::TcpRing(_) => local.add(replica.forward_backward(vars, grads, batch, scale, s, accumulate)),
+        }
+    }
+    Ok(local)
 }
