@@ -100,7 +100,7 @@ impl<'a> BatchView<'a> {
     /// Part `part` of `batch` cut into `parts` contiguous views, the first ones one example
     /// longer (and the last ones empty when the batch is smaller than `parts`).
     pub fn part(batch: &'a Batch, part: usize, parts: usize) -> BatchView<'a> {
-        let per = if batch.n == 0 { 0 } else { batch.x.len() / batch.n };
+        let per = batch.x.len().checked_div(batch.n).unwrap_or(0);
         let parts = parts.max(1);
         let (base, extra) = (batch.n / parts, batch.n % parts);
         let start = part * base + part.min(extra);
