@@ -6,6 +6,8 @@
 //! gradients in place and optimizer state checkpoint as plain buffers (DEPENDENCIES.md).
 
 pub mod activation;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod init;
 pub mod kernels;
 pub mod layer;

@@ -4,6 +4,8 @@
 mod central_storage;
 mod cross_device;
 mod default;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod local;
 mod mirrored;
 mod multi_worker_mirrored;
@@ -120,9 +122,18 @@ pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, 
     match plan.strategy.kind {
         StrategyKind::Default => Ok(Box::new(default::new(one()?))),
         StrategyKind::OneDevice => {
-            Ok(Box::new(one_device::new(plan.strategy.devices.first().copied().unwrap_or_default(), one()?)?))
+            let device = plan.strategy.devices.first().copied().unwrap_or_default();
+            #[cfg(feature = "cuda")]
+            if device.kind == crate::spec::DeviceKind::Gpu {
+                return Ok(Box::new(gpu::new(plan)?));
+            }
+            Ok(Box::new(one_device::new(device, one()?)?))
         }
         StrategyKind::Mirrored => {
+            #[cfg(feature = "cuda")]
+            if plan.strategy.devices.iter().any(|d| d.kind == crate::spec::DeviceKind::Gpu) {
+                return Ok(Box::new(gpu::new(plan)?));
+            }
             let algorithm = match plan.strategy.reduction {
                 crate::plan::Reduction::CrossDevice { algorithm, .. } => algorithm,
                 _ => crate::spec::CrossDeviceOps::ReductionToOneDevice,
@@ -140,12 +151,14 @@ pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, 
     }
 }
 
-/// Replicas on GPUs need the CUDA build.
+/// Replicas on GPUs need the CUDA build, and there only `one_device` and `mirrored` use them.
 fn gpu_free(devices: &[crate::spec::Device]) -> Result<(), StrategyError> {
+    #[cfg(not(feature = "cuda"))]
+    let why = "which needs a GPU build of trainrun (cargo build --release --features cuda); this one runs on CPUs only";
+    #[cfg(feature = "cuda")]
+    let why = "but this strategy runs on CPUs only; use strategy.kind = \"mirrored\" or \"one_device\" for GPUs";
     match devices.iter().find(|d| d.kind == crate::spec::DeviceKind::Gpu) {
-        Some(d) => Err(StrategyError::Unsupported(format!(
-            "strategy.devices includes \"{d}\", which needs a GPU build of trainrun (cargo build --release --features cuda); this one runs on CPUs only"
-        ))),
+        Some(d) => Err(StrategyError::Unsupported(format!("strategy.devices includes \"{d}\", {why}"))),
         None => Ok(()),
     }
 }

@@ -1,0 +1,278 @@
+//! `one_device` on a GPU and `mirrored` over GPUs (`--features cuda`): one replica per GPU,
+//! each driven by its own thread, gradients summed with NCCL, the SGD update applied on every
+//! GPU alike.
+//!
+//! The training loop keeps the variables (and the optimizer's velocity) on the host, where
+//! checkpoints read them. The GPUs keep their own copies; a host copy is uploaded only when it
+//! differs from what the GPUs were last given (a restored checkpoint), and the results are
+//! downloaded after each update, so both sides always agree.
+
+use super::replica::BatchView;
+use super::{Step, Strategy, StrategyError, Variables};
+use crate::data::Batch;
+use crate::engine::cuda::worker::{Pending, Worker};
+use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, model, probe};
+use crate::engine::{BatchStats, Optimizer, Shape};
+use crate::plan::{OptimizerPlan, Plan, Reduction, StrategyKind};
+use crate::spec::{CrossDeviceOps, DeviceKind};
+use std::sync::Arc;
+
+/// Replicas on GPUs.
+pub struct Gpus {
+    kind: StrategyKind,
+    workers: Vec<Worker>,
+    /// What the GPUs hold, as last uploaded or downloaded.
+    params: Vec<f32>,
+    state: Vec<f32>,
+    velocity: Vec<f32>,
+    /// Whether the GPUs hold anything yet.
+    loaded: bool,
+}
+
+/// One replica's share of a batch: images, labels, examples.
+type Part = (Vec<f32>, Vec<u32>, usize);
+
+/// A GPU problem as the strategy reports it: the spec cannot run here.
+fn err(e: CudaError) -> StrategyError {
+    StrategyError::Unsupported(format!("GPU: {e}"))
+}
+
+/// The GPU strategy for `plan` (`one_device` on a GPU, or `mirrored` over GPUs).
+pub fn new(plan: &Plan) -> Result<Gpus, StrategyError> {
+    let devices = &plan.strategy.devices;
+    if let Some(cpu) = devices.iter().find(|d| d.kind == DeviceKind::Cpu) {
+        return Err(StrategyError::Unsupported(format!(
+            "strategy.devices mixes GPUs with \"{cpu}\"; list only GPUs (or only CPUs)"
+        )));
+    }
+    if let Reduction::CrossDevice { algorithm, .. } = plan.strategy.reduction
+        && devices.len() > 1
+        && algorithm != CrossDeviceOps::Nccl
+    {
+        return Err(StrategyError::Unsupported(format!(
+            "strategy.cross_device_ops = \"{}\" on GPUs is not built; use \"nccl\" (or \"auto\")",
+            ops_name(algorithm)
+        )));
+    }
+    let momentum = match plan.optimizer {
+        OptimizerPlan::Sgd { momentum, .. } => momentum > 0.0,
+        OptimizerPlan::Adam { .. } => {
+            return Err(StrategyError::Unsupported(
+                "GPU: optimizer.kind = \"adam\" has no GPU kernel yet; use \"sgd\", or train on CPUs".into(),
+            ));
+        }
+    };
+    model::check_loss(plan.train.loss_fn()).map_err(err)?;
+    let indices: Vec<usize> = devices.iter().map(|d| d.index as usize).collect();
+    probe::training(&indices).map_err(err)?;
+    let ptx: Arc<str> = kernels::compile().map_err(err)?.to_src().into();
+    let id = if indices.len() > 1 { Some(crate::engine::cuda::nccl::new_id().map_err(err)?) } else { None };
+    let s = plan.data.facts.example_shape;
+    let input = Shape(vec![s.height, s.width, s.channels]);
+    let classes = plan.data.facts.classes as usize;
+    let world = indices.len();
+    let mut workers = Vec::with_capacity(world);
+    let mut ready = Vec::with_capacity(world);
+    for (rank, &index) in indices.iter().enumerate() {
+        let (spec, input, ptx) = (plan.model.clone(), input.clone(), ptx.clone());
+        let (worker, init) = Worker::spawn(index, move || {
+            let cpu = crate::model::build(&spec, &input, classes)
+                .map_err(|d| CudaError::Unsupported(format!("the model does not build: {d:?}")))?;
+            let mut replica = GpuReplica::new(index, &ptx, &spec, &cpu, classes, momentum)?;
+            if let Some(id) = id {
+                // Blocks until every GPU's thread has joined.
+                replica.join(rank, world, id)?;
+            }
+            Ok(replica)
+        })
+        .map_err(err)?;
+        workers.push(worker);
+        ready.push(init);
+    }
+    wait_all(ready)?;
+    let kind = plan.strategy.kind;
+    Ok(Gpus { kind, workers, params: Vec::new(), state: Vec::new(), velocity: Vec::new(), loaded: false })
+}
+
+/// `cross_device_ops` as the spec spells it.
+fn ops_name(ops: CrossDeviceOps) -> &'static str {
+    match ops {
+        CrossDeviceOps::Auto => "auto",
+        CrossDeviceOps::Nccl => "nccl",
+        CrossDeviceOps::HierarchicalCopy => "hierarchical_copy",
+        CrossDeviceOps::ReductionToOneDevice => "reduction_to_one_device",
+    }
+}
+
+fn wait_all<R>(pending: Vec<Pending<R>>) -> Result<Vec<R>, StrategyError> {
+    // Wait for every answer before reporting the first error, so no thread is left mid-call.
+    let results: Vec<Result<R, CudaError>> = pending.into_iter().map(Pending::wait).collect();
+    results.into_iter().map(|r| r.map_err(err)).collect()
+}
+
+impl Gpus {
+    /// Uploads whatever the host holds that the GPUs do not.
+    fn sync_in(&mut self, vars: &Variables, velocity: Option<&[f32]>) -> Result<(), StrategyError> {
+        let params = (!self.loaded || self.params != vars.params).then(|| Arc::new(vars.params.clone()));
+        let state = (!self.loaded || self.state != vars.state).then(|| Arc::new(vars.state.clone()));
+        let velocity = velocity.filter(|v| !self.loaded || self.velocity != *v).map(|v| Arc::new(v.to_vec()));
+        if params.is_none() && state.is_none() && velocity.is_none() {
+            return Ok(());
+        }
+        let mut pending = Vec::with_capacity(self.workers.len());
+        for w in &self.workers {
+            let (p, s, v) = (params.clone(), state.clone(), velocity.clone());
+            pending.push(
+                w.submit(move |r| {
+                    let (gpu, arena) = (r.gpu(), r.arena());
+                    if let Some(p) = p {
+                        arena.upload_params(gpu, &p)?;
+                    }
+                    if let Some(s) = s {
+                        arena.upload_state(gpu, &s)?;
+                    }
+                    if let Some(v) = v {
+                        arena.upload_velocity(gpu, &v)?;
+                    }
+                    Ok(())
+                })
+                .map_err(err)?,
+            );
+        }
+        wait_all(pending)?;
+        self.params.clone_from(&vars.params);
+        self.state.clone_from(&vars.state);
+        if let Some(v) = velocity {
+            self.velocity = v.to_vec();
+        }
+        self.loaded = true;
+        Ok(())
+    }
+
+    /// Each replica's contiguous part of every batch, copied for its thread.
+    fn parts(&self, micro: &[Batch]) -> Vec<Vec<Part>> {
+        let n = self.workers.len();
+        (0..n)
+            .map(|r| {
+                micro
+                    .iter()
+                    .map(|b| {
+                        let v = BatchView::part(b, r, n);
+                        (v.x.to_vec(), v.y.to_vec(), v.n)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Strategy for Gpus {
+    fn kind(&self) -> StrategyKind {
+        self.kind
+    }
+
+    fn compute_gradients(
+        &mut self,
+        vars: &mut Variables,
+        micro: &[Batch],
+        _seed: u64,
+        stop: bool,
+    ) -> Result<Step, StrategyError> {
+        self.sync_in(vars, None)?;
+        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        let mut pending = Vec::with_capacity(self.workers.len());
+        for (w, parts) in self.workers.iter().zip(self.parts(micro)) {
+            let state_len = vars.state.len();
+            pending.push(
+                w.submit(move |r| {
+                    let mut stats = BatchStats::default();
+                    for (i, (x, y, n)) in parts.iter().enumerate() {
+                        stats.add(r.train_step(x, y, *n, scale, i > 0)?);
+                    }
+                    r.all_reduce()?;
+                    let mut state = vec![0.0; state_len];
+                    r.arena().download_state(r.gpu(), &mut state)?;
+                    Ok((stats, state))
+                })
+                .map_err(err)?,
+            );
+        }
+        let results = wait_all(pending)?;
+        let mut total = BatchStats::default();
+        let count = results.len() as f32;
+        let mut state: Option<Vec<f32>> = None;
+        for (stats, s) in results {
+            total.add(stats);
+            match &mut state {
+                None => state = Some(s),
+                Some(acc) => acc.iter_mut().zip(&s).for_each(|(a, v)| *a += v),
+            }
+        }
+        // Every replica saw different examples: keep the mean of their statistics, as the CPU
+        // mirrored strategy does (the GPUs get it with the next upload).
+        if let Some(mut s) = state {
+            if count > 1.0 {
+                s.iter_mut().for_each(|v| *v /= count);
+            } else {
+                self.state.clone_from(&s);
+            }
+            vars.state = s;
+        }
+        Ok(Step { stats: total, stop })
+    }
+
+    fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
+        let Optimizer::Sgd(sgd) = optimizer else {
+            return Err(StrategyError::Unsupported("GPU: only SGD runs on the GPU".into()));
+        };
+        let cfg = SgdConfig { momentum: sgd.momentum, nesterov: sgd.nesterov, weight_decay: sgd.weight_decay };
+        self.sync_in(vars, sgd.velocity.as_deref())?;
+        let (len, momentum) = (vars.params.len(), sgd.velocity.is_some());
+        let mut pending = Vec::with_capacity(self.workers.len());
+        for (rank, w) in self.workers.iter().enumerate() {
+            pending.push(
+                w.submit(move |r| {
+                    r.sgd(lr, cfg)?;
+                    // Every GPU applied the same update to the same values: one copy is enough.
+                    if rank > 0 {
+                        return Ok(None);
+                    }
+                    let mut params = vec![0.0; len];
+                    r.arena().download_params(r.gpu(), &mut params)?;
+                    let mut velocity = vec![0.0; if momentum { len } else { 0 }];
+                    r.arena().download_velocity(r.gpu(), &mut velocity)?;
+                    Ok(Some((params, velocity)))
+                })
+                .map_err(err)?,
+            );
+        }
+        if let Some(Some((params, velocity))) = wait_all(pending)?.into_iter().next() {
+            vars.params.clone_from(&params);
+            self.params = params;
+            if let Some(v) = sgd.velocity.as_mut() {
+                v.clone_from(&velocity);
+                self.velocity = velocity;
+            }
+        }
+        sgd.iterations += 1;
+        Ok(())
+    }
+
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut dyn Iterator<Item = Batch>,
+    ) -> Result<BatchStats, StrategyError> {
+        self.sync_in(vars, None)?;
+        let mut total = BatchStats::default();
+        for batch in batches {
+            let mut pending = Vec::with_capacity(self.workers.len());
+            for (w, mut parts) in self.workers.iter().zip(self.parts(std::slice::from_ref(&batch))) {
+                let (x, y, n) = parts.pop().unwrap_or_default();
+                pending.push(w.submit(move |r| r.evaluate(&x, &y, n)).map_err(err)?);
+            }
+            wait_all(pending)?.into_iter().for_each(|s| total.add(s));
+        }
+        Ok(total)
+    }
+}
