@@ -126,6 +126,7 @@ impl From<StrategyError> for RunError {
     fn from(e: StrategyError) -> Self {
         match e {
             StrategyError::NotBuilt(_) | StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
+            StrategyError::Device(_) => RunError::Failure(e.to_string()),
             StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished => {
                 RunError::Cluster(e.to_string())
             }
@@ -292,6 +293,9 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     // Refused before any process starts, not from inside every task.
     if p.plan.strategy.kind == StrategyKind::ParameterServer {
         return Err(RunError::from(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())));
+    }
+    if p.plan.strategy.kind == StrategyKind::MultiWorkerMirrored {
+        strategy::check_multi_worker_devices(&p.plan.strategy.devices)?;
     }
     match role(&p) {
         Role::Launcher => launch(inv, &p),

@@ -170,6 +170,16 @@ fn gpu_devices_need_a_gpu_build() {
 }
 
 #[test]
+fn multi_worker_on_gpus_is_refused_before_any_worker_starts() {
+    let out = run(&["specs/mnist_multiworker.toml", "-q", "--set", r#"strategy.devices=["gpu:0"]"#]);
+    assert_exit(&out, 3);
+    let (stdout, stderr) = text(&out);
+    assert!(stderr.contains("multi_worker_mirrored runs on CPU devices only"), "{stderr}");
+    // Refused by the launcher itself: no task was started, so no task-prefixed lines.
+    assert!(!stderr.contains("[worker:") && !stdout.contains("[worker:"), "{stdout}{stderr}");
+}
+
+#[test]
 fn missing_data_offline_names_the_files_and_the_folder() {
     let dir = common::tempdir();
     let out = common::trainrun()

@@ -32,9 +32,14 @@ pub struct Gpus {
 /// One replica's share of a batch: images, labels, examples.
 type Part = (Vec<f32>, Vec<u32>, usize);
 
-/// A GPU problem as the strategy reports it: the spec cannot run here.
+/// A GPU problem found while setting up: the spec cannot run here (exit code 3).
 fn err(e: CudaError) -> StrategyError {
     StrategyError::Unsupported(format!("GPU: {e}"))
+}
+
+/// A GPU problem while training: the run failed (exit code 1).
+fn failed(e: CudaError) -> StrategyError {
+    StrategyError::Device(format!("GPU: {e}"))
 }
 
 /// The GPU strategy for `plan` (`one_device` on a GPU, or `mirrored` over GPUs).
@@ -89,7 +94,7 @@ pub fn new(plan: &Plan) -> Result<Gpus, StrategyError> {
         workers.push(worker);
         ready.push(init);
     }
-    wait_all(ready)?;
+    wait_all(ready, err)?;
     let kind = plan.strategy.kind;
     Ok(Gpus { kind, workers, params: Vec::new(), state: Vec::new(), velocity: Vec::new(), loaded: false })
 }
@@ -104,10 +109,11 @@ fn ops_name(ops: CrossDeviceOps) -> &'static str {
     }
 }
 
-fn wait_all<R>(pending: Vec<Pending<R>>) -> Result<Vec<R>, StrategyError> {
+/// Every GPU thread's answer, the first error reported through `report` (set-up or training).
+fn wait_all<R>(pending: Vec<Pending<R>>, report: fn(CudaError) -> StrategyError) -> Result<Vec<R>, StrategyError> {
     // Wait for every answer before reporting the first error, so no thread is left mid-call.
     let results: Vec<Result<R, CudaError>> = pending.into_iter().map(Pending::wait).collect();
-    results.into_iter().map(|r| r.map_err(err)).collect()
+    results.into_iter().map(|r| r.map_err(report)).collect()
 }
 
 impl Gpus {
@@ -136,10 +142,10 @@ impl Gpus {
                     }
                     Ok(())
                 })
-                .map_err(err)?,
+                .map_err(failed)?,
             );
         }
-        wait_all(pending)?;
+        wait_all(pending, failed)?;
         self.params.clone_from(&vars.params);
         self.state.clone_from(&vars.state);
         if let Some(v) = velocity {
@@ -194,10 +200,10 @@ impl Strategy for Gpus {
                     r.arena().download_state(r.gpu(), &mut state)?;
                     Ok((stats, state))
                 })
-                .map_err(err)?,
+                .map_err(failed)?,
             );
         }
-        let results = wait_all(pending)?;
+        let results = wait_all(pending, failed)?;
         let mut total = BatchStats::default();
         let count = results.len() as f32;
         let mut state: Option<Vec<f32>> = None;
@@ -243,10 +249,10 @@ impl Strategy for Gpus {
                     r.arena().download_velocity(r.gpu(), &mut velocity)?;
                     Ok(Some((params, velocity)))
                 })
-                .map_err(err)?,
+                .map_err(failed)?,
             );
         }
-        if let Some(Some((params, velocity))) = wait_all(pending)?.into_iter().next() {
+        if let Some(Some((params, velocity))) = wait_all(pending, failed)?.into_iter().next() {
             vars.params.clone_from(&params);
             self.params = params;
             if let Some(v) = sgd.velocity.as_mut() {
@@ -269,9 +275,9 @@ impl Strategy for Gpus {
             let mut pending = Vec::with_capacity(self.workers.len());
             for (w, mut parts) in self.workers.iter().zip(self.parts(std::slice::from_ref(&batch))) {
                 let (x, y, n) = parts.pop().unwrap_or_default();
-                pending.push(w.submit(move |r| r.evaluate(&x, &y, n)).map_err(err)?);
+                pending.push(w.submit(move |r| r.evaluate(&x, &y, n)).map_err(failed)?);
             }
-            wait_all(pending)?.into_iter().for_each(|s| total.add(s));
+            wait_all(pending, failed)?.into_iter().for_each(|s| total.add(s));
         }
         Ok(total)
     }

@@ -12,7 +12,7 @@ mod multi_worker_mirrored;
 mod one_device;
 mod replica;
 
-pub use multi_worker_mirrored::MultiWorkerMirrored;
+pub use multi_worker_mirrored::{MultiWorkerMirrored, check_devices as check_multi_worker_devices};
 pub use replica::{BatchView, Replica};
 
 use crate::data::Batch;
@@ -39,6 +39,9 @@ pub enum StrategyError {
     /// The spec asks for hardware or a build feature that is missing.
     #[error("{0}")]
     Unsupported(String),
+    /// A device failed while training (a kernel launch, a copy, an out-of-memory).
+    #[error("{0}")]
+    Device(String),
     /// The control plane failed: a task died, went silent, or was refused.
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
