@@ -13,8 +13,8 @@ use crate::engine::{Layer, Shape};
 use crate::spec::{Diagnostic, LayerSpec, Padding, Size2, ZooModel};
 
 /// Keras's `BatchNormalization` defaults, used inside `residual` blocks.
-const BN_MOMENTUM: f32 = 0.99;
-const BN_EPSILON: f32 = 1e-3;
+pub(crate) const BN_MOMENTUM: f32 = 0.99;
+pub(crate) const BN_EPSILON: f32 = 1e-3;
 
 /// Where the layers come from, for keys and messages.
 #[derive(Debug, Clone, Copy)]

@@ -8,6 +8,9 @@
 //! `flatten`), so `(h, w)` data can go straight into an MLP.
 
 mod build;
+
+#[cfg(feature = "cuda")]
+pub(crate) use build::{BN_EPSILON, BN_MOMENTUM};
 pub mod zoo;
 
 #[cfg(test)]

@@ -15,9 +15,8 @@ use crate::engine::{BatchStats, LossFn, Sequential, Shape};
 use crate::spec::{Activation, LayerSpec, Loss, ModelSpec, Padding};
 use std::borrow::Cow;
 
-/// Keras's `BatchNormalization` defaults, which `model/build.rs` uses inside residual blocks.
-const BN_MOMENTUM: f32 = 0.99;
-const BN_EPSILON: f32 = 1e-3;
+// The residual blocks' batch norms use the CPU model's settings, so both engines agree.
+use crate::model::{BN_EPSILON, BN_MOMENTUM};
 
 /// What one layer computes.
 enum Op {
