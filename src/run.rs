@@ -12,7 +12,7 @@ use crate::plan::{Facts, Hardware, Plan, ShardPolicy, StrategyKind};
 use crate::provenance::{Git, Host, rfc3339};
 use crate::spec::{self, CollectiveTransport, CommunicationOptions, Diagnostic, Loaded};
 use crate::strategy::{self, StrategyError, Variables};
-use crate::train::progress::Mode;
+use crate::progress::Mode;
 use crate::train::record::{RunDir, RunDirOptions, Summary};
 use crate::train::run_record::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
 use crate::train::saver::{self, Saver};

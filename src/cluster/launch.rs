@@ -8,7 +8,7 @@
 //! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
 use super::{Address, Cluster, TaskId, new_job_token};
-use crate::train::progress::{EVENT_MARK, Event, Mode, Progress};
+use crate::progress::{EVENT_MARK, Event, Mode, Progress};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;

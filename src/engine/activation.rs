@@ -1,6 +1,6 @@
 //! Activation functions, applied in place after a layer and differentiated from its output.
 
-use crate::spec::Activation;
+use crate::vocab::Activation;
 
 /// Applies `act` to `y` in place; rows of `row_len` values matter for softmax.
 pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {

@@ -5,7 +5,7 @@
 //! replicas give exactly the gradient of the global batch's mean loss.
 
 use super::activation::sigmoid;
-use crate::spec::Loss;
+use crate::vocab::Loss;
 
 /// Keras's `backend.epsilon()`: probabilities are clipped to `[EPS, 1 - EPS]`.
 const EPS: f32 = 1e-7;

@@ -102,7 +102,7 @@ fn mnist_cnn_breakdown() {
     use crate::engine::Layer;
     use crate::engine::kernels::{Window, matmul};
     use crate::engine::layers::{Conv2d, Dense};
-    use crate::spec::Activation;
+    use crate::vocab::Activation;
     for threads in [1, 2] {
         let Ok(pool) = rayon::ThreadPoolBuilder::new().num_threads(threads).build() else {
             panic!("no thread pool");

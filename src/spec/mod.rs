@@ -30,10 +30,11 @@ mod words;
 
 pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
-pub use device::{BadDevice, Device, DeviceKind, Devices};
+pub use crate::vocab::{Activation, BadDevice, Device, DeviceKind, Loss, Metric, Monitor};
+pub use device::Devices;
 pub use diag::{Diagnostic, Severity};
 pub use load::{Assignment, LoadError, Loaded, load, load_trial};
-pub use model::{Activation, LayerSpec, ModelSpec, Padding, Size2, ZooModel};
+pub use model::{LayerSpec, ModelSpec, Padding, Size2, ZooModel};
 pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
 pub use origins::Origins;
 pub use render::{render, render_each};
@@ -44,7 +45,7 @@ pub use strategy::{
     Tasks, VariablePartitioner,
 };
 pub use sweep::{Distribution, GridValues, RandomSpec, SweepMetric, SweepSpec};
-pub use train::{CallbackSpec, EpochWord, Loss, Metric, Mode, Monitor, SaveFreq, TrainSpec};
+pub use train::{CallbackSpec, EpochWord, Mode, SaveFreq, TrainSpec};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -2,6 +2,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use crate::vocab::Activation;
 use std::num::NonZeroUsize;
 
 /// `[model]`: give `zoo` or `layers`, not both.
@@ -145,23 +146,6 @@ fn default_bn_momentum() -> f64 {
 
 fn default_bn_epsilon() -> f64 {
     0.001
-}
-
-/// An activation function.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// Identity.
-    #[default]
-    Linear,
-    /// `max(x, 0)`.
-    Relu,
-    /// `1 / (1 + e^-x)`.
-    Sigmoid,
-    /// `tanh(x)`.
-    Tanh,
-    /// Normalized exponentials over the last axis.
-    Softmax,
 }
 
 /// `valid` or `same` padding, as Keras.

@@ -1,6 +1,7 @@
 //! `[strategy]` and `[cluster]`: how replicas are laid out over devices, processes and hosts.
 
-use super::device::{Device, Devices};
+use super::device::Devices;
+use crate::vocab::Device;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;

@@ -2,6 +2,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use crate::vocab::{Loss, Metric, Monitor};
 use std::num::NonZeroU64;
 use std::path::PathBuf;
 
@@ -65,44 +66,6 @@ impl Default for TrainSpec {
             validation_steps: None,
         }
     }
-}
-
-/// `train.loss`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Loss {
-    /// Cross-entropy against integer class labels.
-    #[default]
-    SparseCategoricalCrossentropy,
-    /// Cross-entropy against one-hot labels.
-    CategoricalCrossentropy,
-    /// Per-output binary cross-entropy against one-hot labels.
-    BinaryCrossentropy,
-    /// Mean squared error against one-hot labels.
-    MeanSquaredError,
-}
-
-/// `train.metrics` entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    /// Fraction of examples whose highest output is the label.
-    Accuracy,
-}
-
-/// A metric a callback watches: training or validation loss and accuracy, Keras's names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Monitor {
-    /// Training loss.
-    Loss,
-    /// Training accuracy.
-    Accuracy,
-    /// Test-split loss.
-    #[default]
-    ValLoss,
-    /// Test-split accuracy.
-    ValAccuracy,
 }
 
 /// Whether a watched metric should go down or up.

@@ -127,14 +127,14 @@ pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, 
         StrategyKind::OneDevice => {
             let device = plan.strategy.devices.first().copied().unwrap_or_default();
             #[cfg(feature = "cuda")]
-            if device.kind == crate::spec::DeviceKind::Gpu {
+            if device.kind == crate::vocab::DeviceKind::Gpu {
                 return Ok(Box::new(gpu::new(plan)?));
             }
             Ok(Box::new(one_device::new(device, one()?)?))
         }
         StrategyKind::Mirrored => {
             #[cfg(feature = "cuda")]
-            if plan.strategy.devices.iter().any(|d| d.kind == crate::spec::DeviceKind::Gpu) {
+            if plan.strategy.devices.iter().any(|d| d.kind == crate::vocab::DeviceKind::Gpu) {
                 return Ok(Box::new(gpu::new(plan)?));
             }
             let algorithm = match plan.strategy.reduction {
@@ -155,12 +155,12 @@ pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, 
 }
 
 /// Replicas on GPUs need the CUDA build, and there only `one_device` and `mirrored` use them.
-fn gpu_free(devices: &[crate::spec::Device]) -> Result<(), StrategyError> {
+fn gpu_free(devices: &[crate::vocab::Device]) -> Result<(), StrategyError> {
     #[cfg(not(feature = "cuda"))]
     let why = "which needs a GPU build of trainrun (cargo build --release --features cuda); this one runs on CPUs only";
     #[cfg(feature = "cuda")]
     let why = "but this strategy runs on CPUs only; use strategy.kind = \"mirrored\" or \"one_device\" for GPUs";
-    match devices.iter().find(|d| d.kind == crate::spec::DeviceKind::Gpu) {
+    match devices.iter().find(|d| d.kind == crate::vocab::DeviceKind::Gpu) {
         Some(d) => Err(StrategyError::Unsupported(format!("strategy.devices includes \"{d}\", {why}"))),
         None => Ok(()),
     }

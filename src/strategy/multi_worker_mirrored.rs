@@ -60,8 +60,8 @@ impl Replicas {
 
 /// Workers run CPU replicas only: NCCL across processes is not built yet, and silently
 /// training on CPUs what the spec places on GPUs would mislead.
-pub fn check_devices(devices: &[crate::spec::Device]) -> Result<(), StrategyError> {
-    match devices.iter().find(|d| d.kind == crate::spec::DeviceKind::Gpu) {
+pub fn check_devices(devices: &[crate::vocab::Device]) -> Result<(), StrategyError> {
+    match devices.iter().find(|d| d.kind == crate::vocab::DeviceKind::Gpu) {
         Some(d) => Err(StrategyError::Unsupported(format!(
             "strategy.devices includes \"{d}\", but multi_worker_mirrored runs on CPU devices only in this version \
              (NCCL between processes is not built yet); use strategy.kind = \"mirrored\" for the GPUs of one machine"

@@ -3,7 +3,6 @@
 
 pub mod callbacks;
 pub mod evaluator;
-pub mod progress;
 pub mod record;
 pub mod resume;
 pub mod run_record;
@@ -21,7 +20,7 @@ use crate::engine::{BatchStats, Optimizer, TensorInfo};
 use crate::plan::Plan;
 use crate::strategy::{Strategy, StrategyError, Variables};
 use callbacks::{CallbackError, Callbacks, Control, Logs};
-use progress::{Progress, Shown};
+use crate::progress::{self, Progress, Shown};
 use record::{MetricsEvent, MetricsLine, RecordError, RunDir, Summary};
 use resume::ResumePoint;
 use saver::{SavePoint, Saver};

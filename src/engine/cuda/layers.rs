@@ -6,7 +6,7 @@ use super::device::{Buf, DevPtr, Gpu, at, launch};
 use super::error::CudaError;
 use super::kernels::{ACT_LINEAR, ACT_RELU, ACT_SIGMOID, ACT_TANH};
 use crate::engine::kernels::Window;
-use crate::spec::Activation;
+use crate::vocab::Activation;
 
 /// Patch values one im2col chunk may hold (128 MiB of f32); bigger batches go in chunks.
 pub const PATCH_VALUES: usize = 1 << 25;

@@ -5,7 +5,7 @@
 use super::device::{Buf, DevPtr, Gpu};
 use super::error::CudaError;
 use super::layers::{BatchNorm, Conv, Scratch, add, add_relu, bias_act, relu_mask};
-use crate::spec::Activation;
+use crate::vocab::Activation;
 
 /// The block's children and the activations it keeps for backward.
 pub struct Block {

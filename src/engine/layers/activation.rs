@@ -4,7 +4,7 @@ use crate::engine::activation;
 use crate::engine::kernels::par_rows;
 use crate::engine::layer::{Layer, Pass};
 use crate::engine::shape::Shape;
-use crate::spec::Activation;
+use crate::vocab::Activation;
 
 /// Applies one activation function; softmax normalizes over the last axis.
 pub struct ActivationLayer {

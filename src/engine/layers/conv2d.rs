@@ -8,7 +8,7 @@ use crate::engine::activation;
 use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, matmul, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
-use crate::spec::Activation;
+use crate::vocab::Activation;
 use rayon::prelude::*;
 
 /// Patch values one chunk may hold (1 MiB of f32): keeps im2col output cache-resident.

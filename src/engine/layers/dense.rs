@@ -4,7 +4,7 @@ use crate::engine::activation;
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
-use crate::spec::Activation;
+use crate::vocab::Activation;
 
 /// A fully connected layer over flat inputs.
 pub struct Dense {

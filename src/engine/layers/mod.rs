@@ -29,7 +29,7 @@ mod tests {
     use crate::engine::kernels::Window;
     use crate::engine::layer::{Layer, Pass};
     use crate::engine::shape::Shape;
-    use crate::spec::Activation;
+    use crate::vocab::Activation;
 
     const ACTIVATIONS: [Activation; 5] =
         [Activation::Linear, Activation::Relu, Activation::Sigmoid, Activation::Tanh, Activation::Softmax];
@@ -228,7 +228,7 @@ mod thread_invariance {
     use crate::engine::kernels::Window;
     use crate::engine::layer::{Layer, Pass};
     use crate::engine::layers::{BatchNorm, Conv2d};
-    use crate::spec::Activation;
+    use crate::vocab::Activation;
 
     /// Forward output and parameter gradients of `make()` on 1 and 3 threads must be equal bits.
     fn same_bits_on_any_thread_count(make: &(dyn Fn() -> Box<dyn Layer> + Sync), input: &Shape, n: usize) {

@@ -11,7 +11,7 @@ use super::conv2d::{Conv2d, KernelInit};
 use crate::engine::kernels::{Window, par_rows};
 use crate::engine::layer::{Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
-use crate::spec::Activation;
+use crate::vocab::Activation;
 use std::ops::Range;
 
 /// The 1×1 projection used when the block changes resolution or width.

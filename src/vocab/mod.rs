@@ -1,0 +1,88 @@
+//! TensorFlow's vocabulary, shared by the spec, the plan and the runtime: the enums a spec
+//! names and the runtime acts on. They derive serde and schema because specs deserialize them
+//! directly; nothing here reads a spec, so the runtime can use them without importing `spec`.
+
+mod device;
+
+pub use device::{BadDevice, Device, DeviceKind};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// An activation function.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// Identity.
+    #[default]
+    Linear,
+    /// `max(x, 0)`.
+    Relu,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `tanh(x)`.
+    Tanh,
+    /// Normalized exponentials over the last axis.
+    Softmax,
+}
+
+/// `train.loss`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// Cross-entropy against integer class labels.
+    #[default]
+    SparseCategoricalCrossentropy,
+    /// Cross-entropy against one-hot labels.
+    CategoricalCrossentropy,
+    /// Per-output binary cross-entropy against one-hot labels.
+    BinaryCrossentropy,
+    /// Mean squared error against one-hot labels.
+    MeanSquaredError,
+}
+
+/// `train.metrics` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Fraction of examples whose highest output is the label.
+    Accuracy,
+}
+
+/// A metric a callback watches: training or validation loss and accuracy, Keras's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Monitor {
+    /// Training loss.
+    Loss,
+    /// Training accuracy.
+    Accuracy,
+    /// Test-split loss.
+    #[default]
+    ValLoss,
+    /// Test-split accuracy.
+    ValAccuracy,
+}
+
+impl Monitor {
+    /// Keras's name of the watched metric.
+    pub fn name(self) -> &'static str {
+        match self {
+            Monitor::Loss => "loss",
+            Monitor::Accuracy => "accuracy",
+            Monitor::ValLoss => "val_loss",
+            Monitor::ValAccuracy => "val_accuracy",
+        }
+    }
+}
+
+/// Which way a watched metric improves, resolved from a spec's `mode` (`auto` is `min` for
+/// losses and `max` for accuracies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Lower is better.
+    Min,
+    /// Higher is better.
+    Max,
+}
