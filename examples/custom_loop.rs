@@ -7,8 +7,8 @@
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use trainrun::data::{Cursor, DataDirs, Pipeline, PipelineOptions, Shard, Source};
-use trainrun::engine::{Pass, Shape};
+use trainrun::data::{Cursor, DataDirs, Pipeline, PipelineOptions, Shard};
+use trainrun::engine::Pass;
 use trainrun::plan::{Facts, Hardware, Plan};
 
 fn main() -> anyhow::Result<()> {
@@ -17,32 +17,38 @@ fn main() -> anyhow::Result<()> {
 
     // Spec → plan, exactly as `trainrun` does it.
     let loaded = trainrun::spec::load(path.as_ref(), &env, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let source = Source::from_spec(&loaded.spec.data, &DataDirs::from_process_env(), loaded.spec.run.seed)?;
+    let source = trainrun::plan::source(&loaded.spec.data, &DataDirs::from_process_env(), loaded.spec.run.seed)?;
     let cluster = trainrun::cluster::Resolution { cluster: trainrun::cluster::Cluster::single(), task: None };
-    let facts = Facts { data: source.facts()?, cores: 2, hardware: Hardware { gpus: 0 }, cluster };
+    let facts = Facts { data: source.facts()?, source, cores: 2, hardware: Hardware { gpus: 0 }, cluster };
     let plan = Plan::new(&loaded.spec, &facts)
         .map_err(|d| anyhow::anyhow!("{}", trainrun::spec::render(&d, &loaded.origins)))?;
 
-    // The model from the spec, its initial weights, and the optimizer the plan chose.
-    let e = facts.data.example_shape;
-    let mut model = trainrun::model::build(&plan.model, &Shape(vec![e.height, e.width, e.channels]), 10)
-        .map_err(|d| anyhow::anyhow!("{d:?}"))?;
+    // The planned model, its initial weights, and the optimizer the plan chose.
+    let mut model = plan.model.build()?;
     let (mut params, mut state) = model.init(plan.seed);
     let mut grads = vec![0.0; params.len()];
-    let mut optimizer = plan.optimizer.build(params.len());
+    let mut optimizer = trainrun::builder::optimizer(&plan.optimizer, params.len());
     let loss = plan.train.loss_fn();
 
     // The input pipeline: shuffled, batched, prefetched on a background thread.
     let batch = NonZeroUsize::new(plan.batch.global).unwrap_or(NonZeroUsize::MIN);
-    let options = PipelineOptions::from_spec(&plan.data.spec, plan.seed, batch, Shard::WHOLE);
-    let mut pipeline = Pipeline::new(Arc::new(source.load()?), &options, Cursor::default())?;
+    let d = &plan.data;
+    let options = PipelineOptions {
+        seed: plan.seed,
+        shuffle: d.shuffle,
+        global_batch: batch,
+        drop_remainder: d.drop_remainder,
+        prefetch: d.prefetch,
+        shard: Shard::WHOLE,
+    };
+    let mut pipeline = Pipeline::new(Arc::new(d.source.load()?), &options, Cursor::default())?;
 
     for step in 0..100u64 {
         let b = pipeline.next_batch()?;
         let pass = Pass { training: true, seed: step, accumulate: false, threads: plan.threads };
         model.forward(pass, &params, &mut state, &b.x, b.n);
         let (out, dout) = model.output_and_grad(b.n);
-        let stats = loss.evaluate(out, &b.y, 10, 1.0 / b.n as f32, Some(dout));
+        let stats = loss.evaluate(out, &b.y, plan.model.classes, 1.0 / b.n as f32, Some(dout));
         model.backward(pass, &params, &mut grads, &b.x, b.n);
         optimizer.step(&mut params, &grads, plan.learning_rate.at(step) as f32);
         if step % 10 == 0 {

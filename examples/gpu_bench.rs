@@ -12,8 +12,8 @@
 
 use std::process::ExitCode;
 use trainrun::engine::Shape;
-use trainrun::engine::cuda::check::{self, TOLERANCE};
 use trainrun::engine::cuda::{CudaError, SgdConfig, probe};
+use trainrun::gpu_check::{self as check, TOLERANCE};
 use trainrun::spec::{ModelSpec, ZooModel};
 
 fn main() -> ExitCode {

@@ -32,7 +32,7 @@ pub struct Throughput {
 /// update is plain SGD (the tutorial's) or SGD with momentum 0.9.
 pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Result<Throughput, String> {
     let spec = ModelSpec { zoo: Some(ZooModel::MnistCnn), layers: Vec::new() };
-    let model = crate::model::build(&spec, &Shape(vec![28, 28, 1]), 10).map_err(|d| format!("{d:?}"))?;
+    let model = crate::model::build_spec(&spec, &Shape(vec![28, 28, 1]), 10).map_err(|d| format!("{d:?}"))?;
     let (params, state) = model.init(42);
     let mut vars = Variables { params, state };
     let mut optimizer = Optimizer::Sgd(Sgd::new(vars.params.len(), if momentum { 0.9 } else { 0.0 }, false, 0.0));

@@ -1,7 +1,9 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
 //! `check`, `eval`, `sweep`, `report`, `schema` and `bench` are the only other commands.
 
-use crate::run::{self, Invocation, RunError};
+use crate::exit::{Exit, RunError};
+use crate::prepare::Invocation;
+use crate::run;
 use clap::{Args, Parser, Subcommand};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -89,35 +91,6 @@ struct RunArgs {
     /// TF_CONFIG's `task`). Without one, a local cluster's tasks are started by this process.
     #[arg(long, value_name = "ROLE:INDEX")]
     task: Option<String>,
-}
-
-/// Documented exit codes (README "Exit codes").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Exit {
-    /// Training finished (or the command succeeded).
-    Ok = 0,
-    /// A runtime failure: an I/O error, a failed step.
-    Failure = 1,
-    /// The spec or an override is invalid, or the command line is malformed.
-    Spec = 2,
-    /// The spec is valid but this build or machine cannot run it (e.g. a strategy not built
-    /// yet, a GPU device without a GPU build).
-    Unsupported = 3,
-    /// Dataset files are missing or bad and could not be downloaded.
-    Data = 4,
-    /// The job failed across processes: a task died, hung, or was refused (wrong spec,
-    /// version or token), or the cluster could not start in time.
-    Cluster = 5,
-    /// Stopped on request (SIGTERM to a task or the launcher): every task stopped after the
-    /// same step and the chief saved a backup; running the same command again resumes.
-    Preempted = 6,
-}
-
-impl From<Exit> for ExitCode {
-    fn from(e: Exit) -> Self {
-        ExitCode::from(e as u8)
-    }
 }
 
 /// Parses the command line and runs it; returns the process exit code.

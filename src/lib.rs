@@ -5,14 +5,20 @@
 //! gradients.
 
 pub mod bench;
+pub mod builder;
 pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod collective;
 pub mod data;
+pub mod diagnostic;
 pub mod engine;
+pub mod exit;
+#[cfg(feature = "cuda")]
+pub mod gpu_check;
 pub mod model;
 pub mod plan;
+pub mod prepare;
 pub mod progress;
 pub mod provenance;
 pub mod report;

@@ -9,11 +9,11 @@ mod common;
 
 use common::{assert_exit, run, text};
 use trainrun::engine::Shape;
-use trainrun::engine::cuda::check::{self, TOLERANCE};
 use trainrun::engine::cuda::device::Gpu;
 use trainrun::engine::cuda::nccl::{AllReduce, new_id};
 use trainrun::engine::cuda::probe::{self, Library};
 use trainrun::engine::cuda::{SgdConfig, kernels};
+use trainrun::gpu_check::{self as check, TOLERANCE};
 use trainrun::spec::{ModelSpec, ZooModel};
 
 /// Whether gpu:0 can train here; says why not when it cannot.

@@ -23,7 +23,7 @@ fn mnist_dir() -> PathBuf {
 
 fn mnist() -> Source {
     let dirs = DataDirs { trainrun_data_dir: Some(mnist_dir()), ..DataDirs::default() };
-    Source::from_spec(&DataSpec::default(), &dirs, 42).unwrap()
+    trainrun::plan::source(&DataSpec::default(), &dirs, 42).unwrap()
 }
 
 #[test]
@@ -151,7 +151,7 @@ fn mnist_downloads_from_a_local_mirror_verifies_and_loads() {
     let good = serve(files, 4);
     let target = tempfile::tempdir().unwrap();
     let dirs = DataDirs { xdg_cache_home: Some(target.path().to_path_buf()), ..DataDirs::default() };
-    let source = Source::from_spec(&DataSpec::default(), &dirs, 0).unwrap();
+    let source = trainrun::plan::source(&DataSpec::default(), &dirs, 0).unwrap();
     assert_eq!(source.dir(), Some(target.path().join("trainrun/mnist").as_path()));
     // The bad mirror answers one request and stops, so later files meet a refused connection
     // there before the good mirror serves them.
@@ -196,7 +196,7 @@ fn measure() {
     drop(train_images);
     let data = Arc::new(data.unwrap());
     let t = Instant::now();
-    let synthetic = Source::from_spec(
+    let synthetic = trainrun::plan::source(
         &DataSpec { dataset: trainrun::spec::DatasetKind::Synthetic, ..DataSpec::default() },
         &DataDirs::default(),
         1,

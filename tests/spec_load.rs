@@ -2,7 +2,7 @@
 
 use std::num::NonZeroUsize;
 use std::path::Path;
-use trainrun::spec::{Activation, LayerSpec, Loss, OptimizerKind, Size2, StrategySpec, load};
+use trainrun::spec::{Activation, LayerConfig, Loss, OptimizerKind, Size2, StrategySpec, load};
 
 #[test]
 fn the_tutorial_spec_loads() {
@@ -25,10 +25,10 @@ fn the_tutorial_spec_loads() {
     assert_eq!(layers.len(), 5);
     assert!(matches!(
         &layers[1],
-        LayerSpec::Conv2d { filters, kernel_size: Size2::Square(k), activation: Activation::Relu, .. }
+        LayerConfig::Conv2d { filters, kernel_size: Size2::Square(k), activation: Activation::Relu, .. }
             if filters.get() == 32 && k.get() == 3
     ));
-    assert!(matches!(&layers[4], LayerSpec::Dense { units, .. } if units.get() == 10));
+    assert!(matches!(&layers[4], LayerConfig::Dense { units, .. } if units.get() == 10));
     assert_eq!(loaded.files.len(), 1);
 }
 
@@ -40,7 +40,7 @@ fn overrides_reach_into_layers() {
         Ok(loaded) => loaded,
         Err(error) => panic!("{error}"),
     };
-    assert!(matches!(&loaded.spec.model.layers[3], LayerSpec::Dense { units, .. } if units.get() == 256));
+    assert!(matches!(&loaded.spec.model.layers[3], LayerConfig::Dense { units, .. } if units.get() == 256));
     assert_eq!(loaded.spec.model.layers.len(), 5);
     assert_eq!(loaded.spec.train.epochs.get(), 7);
     assert_eq!(loaded.spec.run.name.as_deref(), Some("tuned"));

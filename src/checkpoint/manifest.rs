@@ -6,7 +6,7 @@ use crate::data::Cursor;
 use serde::{Deserialize, Serialize};
 
 /// The manifest's format; a reader refuses others.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
@@ -67,49 +67,9 @@ pub struct EvalState {
     pub sums: Sums,
 }
 
-/// One loop callback's memory, in `[[callbacks]]` order (checkpoint callbacks excluded).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum CallbackState {
-    /// `early_stopping`: best value so far and epochs without improvement.
-    EarlyStopping {
-        #[serde(with = "float")]
-        best: f64,
-        wait: u32,
-    },
-    /// `reduce_lr_on_plateau`: best value, epochs without improvement, cooldown left.
-    ReduceLrOnPlateau {
-        #[serde(with = "float")]
-        best: f64,
-        wait: u32,
-        cooling: u32,
-    },
-    /// `csv_logger`: whether the header row was written.
-    CsvLogger { header: bool },
-    /// `stop_at_target`: nothing to remember.
-    StopAtTarget,
-}
-
-/// The loop callbacks' memory and the learning-rate multiplier they control.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CallbacksState {
-    /// Per callback.
-    pub items: Vec<CallbackState>,
-    /// `reduce_lr_on_plateau`'s multiplier of the scheduled rate.
-    #[serde(with = "float")]
-    pub lr_multiplier: f64,
-    /// Its floor (`min_lr`).
-    #[serde(with = "float")]
-    pub lr_floor: f64,
-    /// Each `model_checkpoint`'s best monitored value so far (`save_best_only`), in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub checkpoint_best: Vec<Best>,
-}
-
-/// A best value, or none yet.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Best(#[serde(with = "float_opt")] pub Option<f64>);
+/// Every callback's memory, by callback name (`early_stopping`, `model_checkpoint_1`, …):
+/// each callback writes and reads its own value.
+pub type CallbacksState = std::collections::BTreeMap<String, serde_json::Value>;
 
 /// Where the loop stood: enough to continue as if never stopped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -224,7 +184,7 @@ pub struct Manifest {
 
 /// f64 that may be infinite or NaN: JSON numbers when finite, else the strings `"inf"`,
 /// `"-inf"`, `"NaN"` (JSON has no such numbers, and a best value starts at infinity).
-pub(crate) mod float {
+pub mod float {
     use serde::{Deserialize, Deserializer, Serializer};
 
     #[derive(Deserialize)]
@@ -257,7 +217,7 @@ pub(crate) mod float {
 }
 
 /// [`float`] for optional values.
-pub(crate) mod float_opt {
+pub mod float_opt {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
@@ -278,20 +238,30 @@ pub(crate) mod float_opt {
 mod tests {
     use super::*;
 
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Memory {
+        #[serde(with = "float")]
+        best: f64,
+        #[serde(with = "float_opt")]
+        kept: Option<f64>,
+        wait: u32,
+    }
+
     #[test]
     fn infinities_and_exact_values_round_trip() {
-        let state = CallbacksState {
-            items: vec![
-                CallbackState::EarlyStopping { best: f64::INFINITY, wait: 2 },
-                CallbackState::ReduceLrOnPlateau { best: f64::NEG_INFINITY, wait: 0, cooling: 1 },
-            ],
-            lr_multiplier: 0.1f64 * 0.1 * 0.1,
-            lr_floor: 1e-300,
-            checkpoint_best: vec![Best(Some(0.123_456_789_012_345_67)), Best(None), Best(Some(f64::INFINITY))],
-        };
+        let mut state = CallbacksState::new();
+        for (name, m) in [
+            ("early_stopping", Memory { best: f64::INFINITY, kept: None, wait: 2 }),
+            ("reduce_lr_on_plateau", Memory { best: f64::NEG_INFINITY, kept: Some(1e-300), wait: 0 }),
+            ("model_checkpoint", Memory { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 }),
+        ] {
+            state.insert(name.to_string(), serde_json::to_value(&m).unwrap());
+        }
         let text = serde_json::to_string(&state).unwrap();
         let back: CallbacksState = serde_json::from_str(&text).unwrap();
         assert_eq!(back, state);
+        let m: Memory = serde_json::from_value(back["model_checkpoint"].clone()).unwrap();
+        assert_eq!(m, Memory { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 });
         let sums = Sums { loss_sum: f64::NAN, correct: 1, examples: 2 };
         let back: Sums = serde_json::from_str(&serde_json::to_string(&sums).unwrap()).unwrap();
         assert!(back.loss_sum.is_nan());

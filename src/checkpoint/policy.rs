@@ -2,7 +2,7 @@
 //! the best so far ([`admit`]), and over the steps already kept ([`prune`]). The saver and
 //! the background writer act on them.
 
-use crate::spec::Mode;
+use crate::vocab::Direction;
 use std::num::NonZeroUsize;
 
 /// How a store keeps checkpoints.
@@ -11,8 +11,8 @@ pub struct Policy {
     /// Newest checkpoints kept (`None`: all).
     pub max_to_keep: Option<NonZeroUsize>,
     /// Write only when the monitored value improves on the best, in this direction
-    /// (`save_best_only`); `Auto` was resolved by the plan.
-    pub best_only: Option<Mode>,
+    /// (`save_best_only`).
+    pub best_only: Option<Direction>,
 }
 
 impl Policy {
@@ -37,13 +37,13 @@ pub enum Admit {
     NoValue,
 }
 
-fn improves(mode: Mode, value: f64, best: Option<f64>) -> bool {
+fn improves(direction: Direction, value: f64, best: Option<f64>) -> bool {
     // Keras's ModelCheckpoint: strictly better, no min_delta; NaN never improves.
-    match (mode, best) {
+    match (direction, best) {
         (_, _) if value.is_nan() => false,
         (_, None) => true,
-        (Mode::Max, Some(b)) => value > b,
-        (Mode::Min | Mode::Auto, Some(b)) => value < b,
+        (Direction::Max, Some(b)) => value > b,
+        (Direction::Min, Some(b)) => value < b,
     }
 }
 
@@ -94,11 +94,11 @@ mod tests {
 
     #[test]
     fn best_only_writes_improvements_in_the_right_direction() {
-        let min = Policy { max_to_keep: None, best_only: Some(Mode::Min) };
+        let min = Policy { max_to_keep: None, best_only: Some(Direction::Min) };
         assert_eq!(admit(&min, Some(0.5), None), (Admit::Write, Some(0.5)));
         assert_eq!(admit(&min, Some(0.6), Some(0.5)), (Admit::NotImproved { value: 0.6, best: 0.5 }, Some(0.5)));
         assert!(matches!(admit(&min, Some(0.5), Some(0.5)).0, Admit::NotImproved { .. }), "equal is no improvement");
-        let max = Policy { max_to_keep: NonZeroUsize::new(1), best_only: Some(Mode::Max) };
+        let max = Policy { max_to_keep: NonZeroUsize::new(1), best_only: Some(Direction::Max) };
         assert_eq!(admit(&max, Some(0.9), Some(0.8)), (Admit::Write, Some(0.9)));
         assert_eq!(admit(&max, None, Some(0.8)), (Admit::NoValue, Some(0.8)));
         assert!(matches!(admit(&max, Some(f64::NAN), None).0, Admit::NotImproved { .. }));

@@ -52,7 +52,7 @@ pub(crate) fn manifest(step: u64) -> Manifest {
             epoch_sums: Sums { loss_sum: 1.25, correct: 3, examples: 4 },
             last_epoch_sums: Sums::default(),
             last_eval: None,
-            callbacks: CallbacksState { items: vec![], lr_multiplier: 1.0, lr_floor: 0.0, checkpoint_best: vec![] },
+            callbacks: CallbacksState::new(),
             best_weights: false,
         },
         metrics: Metrics::default(),

@@ -3,8 +3,9 @@
 //! workers: shared memory when they all run on one host, else a TCP ring.
 
 use super::{ClusterConfig, ClusterError, ControlPlane, JobToken, Role, TaskId, Timeouts};
-use crate::collective::{Collective, CollectiveError, Peers, ShmOptions, TcpOptions, Transport, job_token_hash};
-use crate::spec::CollectiveTransport;
+use crate::collective::{
+    Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, Transport, TransportKind, job_token_hash,
+};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -27,8 +28,8 @@ pub struct JobConfig {
     pub startup: Duration,
     /// How long a collective may stall, or a task stay silent, before the job fails.
     pub timeout: Duration,
-    /// The data plane to use.
-    pub transport: CollectiveTransport,
+    /// The data plane the plan chose.
+    pub transport: TransportKind,
     /// Gradient values the shared-memory arena holds, so backward writes straight into it.
     pub arena_floats: usize,
 }
@@ -38,7 +39,7 @@ pub struct Job {
     /// The control plane (heartbeats, commands, barriers).
     pub plane: ControlPlane,
     /// The data plane among training workers; `None` for tasks outside the replicas.
-    pub comm: Option<Collective>,
+    pub comm: Option<Box<dyn Communicator>>,
     /// Whether this task is the chief.
     pub is_chief: bool,
 }
@@ -76,7 +77,9 @@ fn segment_dir() -> PathBuf {
 /// Joins the job as `config.task`.
 pub fn join(config: JobConfig) -> Result<Job, JoinError> {
     let task = config.task;
-    let own = config.addresses.get(&task).cloned().unwrap_or_default();
+    let own = config.addresses.get(&task).cloned().ok_or_else(|| {
+        JoinError::Transport(format!("{task} has no address in the cluster ({} tasks listed)", config.addresses.len()))
+    })?;
     let host = own.rsplit_once(':').map_or(own.as_str(), |(h, _)| h).to_string();
     let data = TcpListener::bind((host.trim_matches(['[', ']']), 0)).map_err(|source| JoinError::Bind {
         task,
@@ -104,19 +107,14 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
     let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
     let one_host = workers.iter().all(|m| m.host == workers[0].host);
     let token = job_token_hash(config.token.as_str());
-    let shared_memory = match config.transport {
-        CollectiveTransport::Auto => one_host,
-        CollectiveTransport::SharedMemory if !one_host => {
-            let hosts: Vec<String> = workers.iter().map(|m| format!("{} on {}", m.task, m.host)).collect();
-            return Err(JoinError::Transport(format!(
-                "transport = \"shared_memory\" needs every worker on one host, but they run on several ({}); use \"auto\" or \"tcp\"",
-                hosts.join(", ")
-            )));
-        }
-        CollectiveTransport::SharedMemory => true,
-        CollectiveTransport::Tcp => false,
-    };
-    let transport = if shared_memory {
+    if config.transport == TransportKind::SharedMemory && !one_host {
+        let hosts: Vec<String> = workers.iter().map(|m| format!("{} on {}", m.task, m.host)).collect();
+        return Err(JoinError::Transport(format!(
+            "the shared-memory transport needs every worker on one host, but they run on several ({}); set strategy.communication.transport = \"tcp\"",
+            hosts.join(", ")
+        )));
+    }
+    let transport = if config.transport == TransportKind::SharedMemory {
         // Unique per job and per launch: the token, and the chief's process id.
         let path = segment_dir().join(format!("trainrun-{token:016x}-{}", workers[0].pid));
         Transport::SharedMemory(ShmOptions {
@@ -140,5 +138,5 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
         transport,
         crate::collective::Timeouts { connect: config.startup, op: config.timeout },
     )?;
-    Ok(Job { plane, comm: Some(comm), is_chief: task == chief })
+    Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief })
 }

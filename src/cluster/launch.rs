@@ -201,8 +201,9 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     }
 }
 
-/// One start of every task, supervised to the end.
-fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Result<Outcome, LaunchError> {
+/// Starts every task with its TF_CONFIG and a fresh job token, forwarding their output to
+/// `tx`; on a failed start, stops those already started.
+fn spawn_all(launch: &Launch, tx: &mpsc::Sender<Line>) -> Result<BTreeMap<TaskId, Child>, LaunchError> {
     let token = new_job_token().map_err(|e| LaunchError::Setup(e.to_string()))?;
     let mut addresses = BTreeMap::new();
     for (task, address) in &launch.cluster.tasks {
@@ -213,7 +214,6 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         addresses.insert(*task, a);
     }
     let chief = launch.cluster.chief();
-    let (tx, rx) = mpsc::channel();
     let mut children = BTreeMap::new();
     for task in addresses.keys().copied() {
         let is_chief = Some(task) == chief;
@@ -253,6 +253,13 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
         children.insert(task, child);
     }
+    Ok(children)
+}
+
+/// One start of every task, supervised to the end.
+fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Result<Outcome, LaunchError> {
+    let (tx, rx) = mpsc::channel();
+    let mut children = spawn_all(launch, &tx)?;
     drop(tx);
 
     let mut progress = Progress::new(launch.progress, launch.epochs, "");

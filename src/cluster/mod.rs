@@ -87,6 +87,12 @@ impl fmt::Display for TaskId {
     }
 }
 
+impl serde::Serialize for TaskId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A string that is not `role:index`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{0}` is not a task id: write role:index with role chief, worker, ps or evaluator (e.g. worker:1)")]

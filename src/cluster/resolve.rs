@@ -36,7 +36,7 @@ impl Source {
 
 /// A task's address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", untagged)]
 pub enum Address {
     /// On this host, on a free port the local launcher picks.
     Local,

@@ -154,45 +154,7 @@ pub(crate) fn connect(
     let mut refused: Vec<String> = Vec::new();
     loop {
         let now = Instant::now();
-        dial = match dial {
-            Dial::Idle(at) if now >= at => match start_connect(next_addr) {
-                Ok(s) => Dial::Connecting(s),
-                Err(e) => {
-                    last_attempt = e.to_string();
-                    Dial::Idle(now + RETRY)
-                }
-            },
-            Dial::Connecting(s) => match connected(&s) {
-                Ok(false) => Dial::Connecting(s),
-                Ok(true) => match send_hello(s, &hello) {
-                    Ok(stream) => Dial::Answer(stream, [0; REPLY], 0),
-                    Err(e) => {
-                        last_attempt = e.to_string();
-                        Dial::Idle(now + RETRY)
-                    }
-                },
-                Err(e) => {
-                    last_attempt = e.to_string();
-                    Dial::Idle(now + RETRY)
-                }
-            },
-            Dial::Answer(mut s, mut b, got) => match s.read(&mut b[got..]) {
-                Ok(0) => return Err(hung_up(p, next_addr)),
-                Ok(n) if got + n == REPLY => {
-                    check_answer(p, &b, next_addr)?;
-                    Dial::Done(s)
-                }
-                Ok(n) => Dial::Answer(s, b, got + n),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
-                    Dial::Answer(s, b, got)
-                }
-                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted) => {
-                    return Err(hung_up(p, next_addr));
-                }
-                Err(e) => return Err(setup_err(p.next(), next_addr, e)),
-            },
-            d => d,
-        };
+        dial = advance(dial, now, p, next_addr, &hello, &mut last_attempt)?;
         if prev.is_none() {
             match listener.accept() {
                 Ok((s, from)) => match s.set_nonblocking(true) {
@@ -224,33 +186,103 @@ pub(crate) fn connect(
             break;
         }
         if Instant::now() >= deadline {
-            return Err(match (&dial, &prev) {
-                (Dial::Idle(_) | Dial::Connecting(_), _) => CollectiveError::NotJoined {
-                    peer: p.name(p.next()).to_string(),
-                    after: connect,
-                    detail: format!("nothing accepted a connection at {next_addr} (last attempt: {last_attempt})"),
-                },
-                (_, None) => CollectiveError::NotJoined {
-                    peer: p.name(p.prev()).to_string(),
-                    after: connect,
-                    detail: if refused.is_empty() {
-                        format!("it never connected to this rank (listening on {})", addr_of(listener))
-                    } else {
-                        format!("it never connected; refused meanwhile: {}", refused.join("; "))
-                    },
-                },
-                _ => CollectiveError::Refused {
-                    peer: p.name(p.next()).to_string(),
-                    addr: next_addr,
-                    reason: format!("it did not answer the handshake within {}", Secs(connect)),
-                },
-            });
+            return Err(timed_out(p, &dial, prev.is_some(), &refused, listener, (next_addr, &last_attempt), connect));
         }
         thread::sleep(Duration::from_millis(1));
     }
     match (dial, prev) {
         (Dial::Done(s), Some(prev)) => Ok((Link { stream: s, peer: p.next(), addr: next_addr }, prev)),
         _ => Err(CollectiveError::Invalid("internal error: setup ended unfinished".into())),
+    }
+}
+
+/// One step of dialing the next rank: connect, send the hello, read the answer.
+fn advance(
+    dial: Dial,
+    now: Instant,
+    p: &Peers,
+    next_addr: SocketAddr,
+    hello: &[u8; HELLO],
+    last_attempt: &mut String,
+) -> Result<Dial, CollectiveError> {
+    Ok(match dial {
+        Dial::Idle(at) if now >= at => match start_connect(next_addr) {
+            Ok(s) => Dial::Connecting(s),
+            Err(e) => {
+                *last_attempt = e.to_string();
+                Dial::Idle(now + RETRY)
+            }
+        },
+        Dial::Connecting(s) => match connected(&s) {
+            Ok(false) => Dial::Connecting(s),
+            Ok(true) => match send_hello(s, hello) {
+                Ok(stream) => Dial::Answer(stream, [0; REPLY], 0),
+                Err(e) => {
+                    *last_attempt = e.to_string();
+                    Dial::Idle(now + RETRY)
+                }
+            },
+            Err(e) => {
+                *last_attempt = e.to_string();
+                Dial::Idle(now + RETRY)
+            }
+        },
+        Dial::Answer(mut s, mut b, got) => match s.read(&mut b[got..]) {
+            Ok(0) => return Err(hung_up(p, next_addr)),
+            Ok(n) if got + n == REPLY => {
+                check_answer(p, &b, next_addr)?;
+                Dial::Done(s)
+            }
+            Ok(n) => Dial::Answer(s, b, got + n),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+                Dial::Answer(s, b, got)
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted) => {
+                return Err(hung_up(p, next_addr));
+            }
+            Err(e) => {
+                return Err(CollectiveError::Io {
+                    peer: p.name(p.next()).to_string(),
+                    addr: next_addr,
+                    op: Op::Setup,
+                    source: e,
+                });
+            }
+        },
+        d => d,
+    })
+}
+
+/// Why setup did not finish in time: who did not connect, accept or answer.
+fn timed_out(
+    p: &Peers,
+    dial: &Dial,
+    accepted: bool,
+    refused: &[String],
+    listener: &TcpListener,
+    (next_addr, last_attempt): (SocketAddr, &str),
+    connect: Duration,
+) -> CollectiveError {
+    match (dial, accepted) {
+        (Dial::Idle(_) | Dial::Connecting(_), _) => CollectiveError::NotJoined {
+            peer: p.name(p.next()).to_string(),
+            after: connect,
+            detail: format!("nothing accepted a connection at {next_addr} (last attempt: {last_attempt})"),
+        },
+        (_, false) => CollectiveError::NotJoined {
+            peer: p.name(p.prev()).to_string(),
+            after: connect,
+            detail: if refused.is_empty() {
+                format!("it never connected to this rank (listening on {})", addr_of(listener))
+            } else {
+                format!("it never connected; refused meanwhile: {}", refused.join("; "))
+            },
+        },
+        _ => CollectiveError::Refused {
+            peer: p.name(p.next()).to_string(),
+            addr: next_addr,
+            reason: format!("it did not answer the handshake within {}", Secs(connect)),
+        },
     }
 }
 

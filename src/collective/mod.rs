@@ -59,6 +59,26 @@ pub trait Communicator: Send {
     fn broadcast(&mut self, data: &mut [f32], root: usize) -> Result<(), CollectiveError>;
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<(), CollectiveError>;
+    /// How gradients travel.
+    fn transport(&self) -> TransportKind;
+    /// The transport's own gradient buffer, when backward can write into it directly and
+    /// [`Communicator::all_reduce_arena`] sums it in place (zero-copy shared memory); `None`
+    /// when gradients live in the caller's buffer.
+    fn arena(&mut self) -> Option<&mut [f32]> {
+        None
+    }
+    /// Sums the first `len` values of [`Communicator::arena`] over all ranks, in place.
+    fn all_reduce_arena(&mut self, len: usize) -> Result<(), CollectiveError> {
+        Err(CollectiveError::Invalid(format!(
+            "the {} transport has no arena to reduce {len} values in",
+            self.transport().name()
+        )))
+    }
+    /// Whether backward should hand gradients over pack by pack while it continues
+    /// ([`BucketReducer`]): worth it where the transfer itself is slow (TCP).
+    fn overlaps_backward(&self) -> bool {
+        false
+    }
 }
 
 /// Something that can all-reduce one contiguous pack of gradients in place; what
@@ -163,6 +183,26 @@ pub fn job_token_hash(token: &str) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// Which data plane carries gradients between workers, as the plan decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    /// A shared-memory segment: every worker on one host.
+    SharedMemory,
+    /// A TCP ring: workers anywhere.
+    Tcp,
+}
+
+impl TransportKind {
+    /// The name `summary.json` and `trainrun check` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::SharedMemory => "shared_memory",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
 /// Which transport to build, with its settings.
 #[derive(Debug)]
 pub enum Transport {
@@ -229,5 +269,27 @@ impl Communicator for Collective {
 
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         self.as_dyn().barrier()
+    }
+
+    fn transport(&self) -> TransportKind {
+        match self {
+            Collective::SharedMemory(c) => c.transport(),
+            Collective::TcpRing(c) => c.transport(),
+        }
+    }
+
+    fn arena(&mut self) -> Option<&mut [f32]> {
+        self.as_dyn().arena()
+    }
+
+    fn all_reduce_arena(&mut self, len: usize) -> Result<(), CollectiveError> {
+        self.as_dyn().all_reduce_arena(len)
+    }
+
+    fn overlaps_backward(&self) -> bool {
+        match self {
+            Collective::SharedMemory(c) => c.overlaps_backward(),
+            Collective::TcpRing(c) => c.overlaps_backward(),
+        }
     }
 }

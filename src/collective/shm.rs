@@ -442,6 +442,18 @@ impl Communicator for ShmCommunicator {
             phase(seg, peers, st, &desc)
         })
     }
+
+    fn transport(&self) -> super::TransportKind {
+        super::TransportKind::SharedMemory
+    }
+
+    fn arena(&mut self) -> Option<&mut [f32]> {
+        Some(self.arena_mut())
+    }
+
+    fn all_reduce_arena(&mut self, len: usize) -> Result<(), CollectiveError> {
+        ShmCommunicator::all_reduce_arena(self, 0..len)
+    }
 }
 
 /// Reduces packs of a [`ShmCommunicator`]'s arena in place, zero-copy; made by

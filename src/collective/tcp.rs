@@ -180,4 +180,12 @@ impl Communicator for TcpRing {
         let desc = OpDesc { kind: BARRIER, len: 0, aux: 0 };
         self.run(desc, bytemuck::cast_slice_mut(&mut token), &sched)
     }
+
+    fn transport(&self) -> super::TransportKind {
+        super::TransportKind::Tcp
+    }
+
+    fn overlaps_backward(&self) -> bool {
+        true
+    }
 }

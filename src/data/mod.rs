@@ -8,10 +8,9 @@
 //! Typical use at the edge:
 //! ```no_run
 //! # use trainrun::data::*;
-//! # use trainrun::spec::DataSpec;
 //! # fn main() -> Result<(), DataError> {
-//! let spec = DataSpec::default();
-//! let source = Source::from_spec(&spec, &DataDirs::from_process_env(), 42)?;
+//! let dir = DataDirs::from_process_env().resolve(None, "mnist").ok_or(DataError::NoDataDir { dataset: "mnist" })?;
+//! let source = Source::Preset { preset: Preset::mnist(), dir };
 //! source.fetch_missing(&Fetcher::default())?;
 //! let data = std::sync::Arc::new(source.load()?);
 //! # Ok(()) }
@@ -29,7 +28,8 @@ pub use download::{Checksum, Fetcher, RemoteFile};
 pub use error::{DataError, FileFailure};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use shard::Shard;
-pub use sources::{DataDirs, Preset, Source};
+pub use sources::{DataDirs, IdxFiles, Preset, Source};
+pub use synthetic::SyntheticConfig;
 
 /// The shape of one example: height × width × channels (NHWC without the N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

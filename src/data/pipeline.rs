@@ -9,7 +9,6 @@
 
 use super::error::DataError;
 use super::{Dataset, Shard, Split};
-use crate::spec::DataSpec;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -71,20 +70,6 @@ pub struct PipelineOptions {
     pub prefetch: usize,
     /// This worker's share of every global batch.
     pub shard: Shard,
-}
-
-impl PipelineOptions {
-    /// Options from `[data]`, the run seed, the global batch and this worker's shard.
-    pub fn from_spec(spec: &DataSpec, seed: u64, global_batch: NonZeroUsize, shard: Shard) -> Self {
-        Self {
-            seed,
-            shuffle: Shuffle::from_buffer_size(spec.shuffle_buffer),
-            global_batch,
-            drop_remainder: spec.drop_remainder,
-            prefetch: spec.prefetch,
-            shard,
-        }
-    }
 }
 
 /// This worker's part of one global batch.

@@ -10,8 +10,10 @@
 use super::download::{Checksum, Fetcher, RemoteFile};
 use super::error::DataError;
 use super::idx::{IdxArray, read_idx, read_idx_dims};
-use super::{DataFacts, Dataset, ExampleShape, Split, synthetic};
-use crate::spec::{DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
+use super::synthetic::{self, SyntheticConfig};
+use super::{DataFacts, Dataset, ExampleShape, Split};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The environment that decides the data folder, read once at the edge.
@@ -153,6 +155,22 @@ impl Preset {
     }
 }
 
+/// `[data.files]`: IDX file names, relative to `data.dir`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdxFiles {
+    /// Training images (IDX3, `u8`). Example: `train_images = "train-images-idx3-ubyte.gz"`.
+    pub train_images: String,
+    /// Training labels (IDX1, `u8`). Example: `train_labels = "train-labels-idx1-ubyte.gz"`.
+    pub train_labels: String,
+    /// Test images, for evaluation. Example: `test_images = "t10k-images-idx3-ubyte.gz"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_images: Option<String>,
+    /// Test labels, for evaluation. Example: `test_labels = "t10k-labels-idx1-ubyte.gz"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_labels: Option<String>,
+}
+
 /// Finds a preset file: the published `.gz` name, or the same name decompressed.
 fn locate(dir: &Path, name: &str) -> Option<PathBuf> {
     let gz = dir.join(name);
@@ -170,28 +188,17 @@ fn locate(dir: &Path, name: &str) -> Option<PathBuf> {
 pub enum Source {
     Preset { preset: Preset, dir: PathBuf },
     Idx { dir: PathBuf, files: IdxFiles },
-    Synthetic { spec: SyntheticSpec, seed: u64 },
+    Synthetic { config: SyntheticConfig, seed: u64 },
 }
 
 impl Source {
-    /// Resolves `[data]`; `seed` (the run seed) drives the synthetic generator.
-    pub fn from_spec(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Self, DataError> {
-        let dir =
-            |name: &'static str| dirs.resolve(spec.dir.as_deref(), name).ok_or(DataError::NoDataDir { dataset: name });
-        Ok(match spec.dataset {
-            DatasetKind::Mnist => Source::Preset { dir: dir("mnist")?, preset: Preset::mnist() },
-            DatasetKind::FashionMnist => Source::Preset { dir: dir("fashion_mnist")?, preset: Preset::fashion_mnist() },
-            DatasetKind::Idx => Source::Idx {
-                files: spec.files.clone().ok_or(DataError::MissingSection {
-                    dataset: "idx",
-                    section: "[data.files]",
-                    example: "[data.files] train_images = \"train-images-idx3-ubyte.gz\", \
-                              train_labels = \"train-labels-idx1-ubyte.gz\"",
-                })?,
-                dir: dir("idx")?,
-            },
-            DatasetKind::Synthetic => Source::Synthetic { spec: spec.synthetic.clone().unwrap_or_default(), seed },
-        })
+    /// The dataset's name, as `data.dataset` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Source::Preset { preset, .. } => preset.name,
+            Source::Idx { .. } => "idx",
+            Source::Synthetic { .. } => "synthetic",
+        }
     }
 
     /// The folder the files are read from (none for synthetic data).
@@ -254,7 +261,7 @@ impl Source {
                     train_files: 1,
                 })
             }
-            Source::Synthetic { spec, .. } => synthetic::facts(spec),
+            Source::Synthetic { config, .. } => synthetic::facts(config),
         }
     }
 
@@ -284,7 +291,7 @@ impl Source {
                 let classes = max_label(&train.labels, test.as_ref().map(|t| &t.labels));
                 Ok(Dataset { train, test, classes })
             }
-            Source::Synthetic { spec, seed } => synthetic::generate(spec, *seed),
+            Source::Synthetic { config, seed } => synthetic::generate(config, *seed),
         }
     }
 

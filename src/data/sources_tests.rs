@@ -27,13 +27,6 @@ fn data_dir_resolution_order() {
     let home = Some(PathBuf::from("/home/u/.cache/trainrun/fashion_mnist"));
     assert_eq!(relative.resolve(None, "fashion_mnist"), home);
     assert_eq!(dirs(None, None, None).resolve(None, "mnist"), None);
-
-    let err = Source::from_spec(&DataSpec::default(), &DataDirs::default(), 0).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "mnist: no data folder: set `data.dir` or TRAINRUN_DATA_DIR (neither XDG_CACHE_HOME nor \
-         HOME is set, so there is no cache folder either)"
-    );
 }
 
 #[test]
@@ -169,9 +162,6 @@ fn idx_files_load_with_classes_from_labels() {
 
 #[test]
 fn idx_needs_its_files_section_and_both_test_files() {
-    let spec = DataSpec { dataset: DatasetKind::Idx, ..DataSpec::default() };
-    let err = Source::from_spec(&spec, &dirs(Some("/d"), None, None), 0).unwrap_err();
-    assert!(err.to_string().starts_with("`data.dataset = \"idx\"` needs `[data.files]`"));
     let mut files = match idx_source(Path::new("/nonexistent"), true) {
         Source::Idx { files, .. } => files,
         _ => unreachable!(),
@@ -179,13 +169,4 @@ fn idx_needs_its_files_section_and_both_test_files() {
     files.test_labels = None;
     let err = test_paths(&files).unwrap_err().to_string();
     assert!(err.contains("needs `both data.files.test_images and data.files.test_labels"), "{err}");
-}
-
-#[test]
-fn synthetic_needs_no_folder() {
-    let spec = DataSpec { dataset: DatasetKind::Synthetic, ..DataSpec::default() };
-    let source = Source::from_spec(&spec, &DataDirs::default(), 3).unwrap();
-    assert_eq!(source.dir(), None);
-    let facts = source.facts().unwrap();
-    assert_eq!((facts.train_examples, facts.test_examples, facts.train_files), (60_000, 10_000, 0));
 }

@@ -8,9 +8,63 @@
 use super::error::DataError;
 use super::idx::IdxArray;
 use super::{DataFacts, Dataset, ExampleShape, Split};
-use crate::spec::SyntheticSpec;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::num::NonZeroUsize;
+
+/// `[data.synthetic]`: a seeded random dataset for benchmarks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticConfig {
+    /// Training examples. Default: `60000`. Example: `train_examples = 50000`.
+    #[serde(default = "default_synthetic_train")]
+    pub train_examples: NonZeroUsize,
+    /// Test examples. Default: `10000`. Example: `test_examples = 10000`.
+    #[serde(default = "default_synthetic_test")]
+    pub test_examples: usize,
+    /// Shape of one example, height × width or height × width × channels.
+    /// Default: `[28, 28]`. Example: `shape = [32, 32, 3]`.
+    #[serde(default = "default_synthetic_shape")]
+    #[schemars(length(min = 1, max = 3))]
+    pub shape: Vec<NonZeroUsize>,
+    /// Number of classes. Default: `10`. Example: `classes = 100`.
+    #[serde(default = "default_synthetic_classes")]
+    #[schemars(range(min = 2, max = 256))]
+    pub classes: u32,
+}
+
+fn nz(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_synthetic_train() -> NonZeroUsize {
+    nz(60_000)
+}
+
+fn default_synthetic_test() -> usize {
+    10_000
+}
+
+fn default_synthetic_shape() -> Vec<NonZeroUsize> {
+    vec![nz(28), nz(28)]
+}
+
+fn default_synthetic_classes() -> u32 {
+    10
+}
+
+impl Default for SyntheticConfig {
+    fn default() -> Self {
+        Self {
+            train_examples: default_synthetic_train(),
+            test_examples: default_synthetic_test(),
+            shape: default_synthetic_shape(),
+            classes: default_synthetic_classes(),
+        }
+    }
+}
 
 /// Separates this use of the run seed from its other uses (weights, shuffling).
 const DOMAIN: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
@@ -21,7 +75,7 @@ const PATTERN: u8 = 64;
 const NOISE_MASK: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 
 /// The example shape `[data.synthetic]` describes: `[w]`, `[h, w]` or `[h, w, c]`.
-pub fn shape_of(spec: &SyntheticSpec) -> Result<ExampleShape, DataError> {
+pub fn shape_of(spec: &SyntheticConfig) -> Result<ExampleShape, DataError> {
     let dims: Vec<usize> = spec.shape.iter().map(|d| d.get()).collect();
     let (height, width, channels) = match dims[..] {
         [w] => (1, w, 1),
@@ -41,7 +95,7 @@ pub fn shape_of(spec: &SyntheticSpec) -> Result<ExampleShape, DataError> {
 }
 
 /// The facts of a synthetic dataset, straight from the spec.
-pub fn facts(spec: &SyntheticSpec) -> Result<DataFacts, DataError> {
+pub fn facts(spec: &SyntheticConfig) -> Result<DataFacts, DataError> {
     check(spec)?;
     Ok(DataFacts {
         train_examples: spec.train_examples.get(),
@@ -52,7 +106,7 @@ pub fn facts(spec: &SyntheticSpec) -> Result<DataFacts, DataError> {
     })
 }
 
-fn check(spec: &SyntheticSpec) -> Result<(), DataError> {
+fn check(spec: &SyntheticConfig) -> Result<(), DataError> {
     if !(2..=256).contains(&spec.classes) {
         return Err(DataError::BadSynthetic {
             problem: format!("classes = {} is out of range; labels are bytes, so use 2 to 256", spec.classes),
@@ -69,7 +123,7 @@ fn check(spec: &SyntheticSpec) -> Result<(), DataError> {
 }
 
 /// Generates the dataset `[data.synthetic]` describes, deterministically from `seed`.
-pub fn generate(spec: &SyntheticSpec, seed: u64) -> Result<Dataset, DataError> {
+pub fn generate(spec: &SyntheticConfig, seed: u64) -> Result<Dataset, DataError> {
     check(spec)?;
     let shape = shape_of(spec)?;
     let len = shape.len();
@@ -136,8 +190,8 @@ mod tests {
     use super::*;
     use std::num::NonZeroUsize;
 
-    fn spec(train: usize, test: usize, shape: &[usize], classes: u32) -> SyntheticSpec {
-        SyntheticSpec {
+    fn spec(train: usize, test: usize, shape: &[usize], classes: u32) -> SyntheticConfig {
+        SyntheticConfig {
             train_examples: NonZeroUsize::new(train).unwrap(),
             test_examples: test,
             shape: shape.iter().map(|&d| NonZeroUsize::new(d).unwrap()).collect(),

@@ -84,6 +84,12 @@ pub trait Layer: Send {
         false
     }
 
+    /// What the layer computes, for engines other than this one (the GPU's); `None` for a
+    /// layer that runs on CPUs only.
+    fn op(&self) -> Option<super::op::Op> {
+        None
+    }
+
     /// Computes `y` (n × output_shape) from `x` (n × input_shape).
     fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize);
 

@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod layer;
 pub mod layers;
 pub mod loss;
+pub mod op;
 pub mod optimizer;
 pub mod sequential;
 pub mod shape;
@@ -23,6 +24,7 @@ pub(crate) mod gradcheck;
 
 pub use layer::{Init, Layer, ParamSpec, Pass};
 pub use loss::{BatchStats, LossFn};
+pub use op::Op;
 pub use optimizer::Optimizer;
 pub use sequential::{LayerSummary, Sequential, TensorInfo};
 pub use shape::Shape;

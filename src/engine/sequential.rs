@@ -70,6 +70,21 @@ pub struct LayerSummary {
     pub params: usize,
 }
 
+/// One built layer as other engines see it.
+#[derive(Debug, Clone)]
+pub struct LayerView<'a> {
+    /// Keras-style unique name (`conv2d`, `dense_1`).
+    pub name: &'a str,
+    /// The layer kind.
+    pub kind: &'static str,
+    /// What it computes, its tensors placed in the model's arenas; `None`: CPUs only.
+    pub op: Option<super::op::Op>,
+    /// Shape of one input example.
+    pub input_shape: Shape,
+    /// Shape of one output example.
+    pub output_shape: &'a Shape,
+}
+
 /// Where a layer reads or writes its activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Buf {
@@ -171,6 +186,26 @@ impl Sequential {
     /// Activation values one example keeps during a forward pass (every layer's output).
     pub fn activation_len(&self) -> usize {
         self.layers.iter().filter(|l| !l.is_view()).map(|l| l.output_shape().numel()).sum()
+    }
+
+    /// Every layer, in order, as other engines see it.
+    pub fn layer_views(&self) -> Vec<LayerView<'_>> {
+        let mut input = self.input.clone();
+        self.layers
+            .iter()
+            .zip(&self.slots)
+            .map(|(layer, slot)| {
+                let view = LayerView {
+                    name: &slot.name,
+                    kind: layer.kind(),
+                    op: layer.op().map(|op| op.placed(slot.params.start, slot.state.start)),
+                    input_shape: input.clone(),
+                    output_shape: layer.output_shape(),
+                };
+                input = layer.output_shape().clone();
+                view
+            })
+            .collect()
     }
 
     /// Trainable values in the arena.

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// The shape of one example, channels last: `[h, w, c]` for images, `[features]` for vectors.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Shape(pub Vec<usize>);
 
 impl Shape {

@@ -4,13 +4,14 @@
 //! produced when that is known without its input (`reshape`, `dense`, shape-keeping layers),
 //! so independent mistakes further down are reported in the same run.
 
+use super::config::{LayerConfig, Padding, Size2, ZooModel};
+use crate::diagnostic::Diagnostic;
 use crate::engine::kernels::Window;
 use crate::engine::layers::{
     ActivationLayer, AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, GlobalAvgPool2d, KernelInit, MaxPool2d, Residual,
     View,
 };
 use crate::engine::{Layer, Shape};
-use crate::spec::{Diagnostic, LayerSpec, Padding, Size2, ZooModel};
 
 /// Keras's `BatchNormalization` defaults, used inside `residual` blocks.
 pub(crate) const BN_MOMENTUM: f32 = 0.99;
@@ -42,23 +43,6 @@ impl Source {
     }
 }
 
-/// The `type` name of a layer spec, as written in TOML.
-pub(super) fn kind(spec: &LayerSpec) -> &'static str {
-    match spec {
-        LayerSpec::Dense { .. } => "dense",
-        LayerSpec::Conv2d { .. } => "conv2d",
-        LayerSpec::MaxPool2d { .. } => "max_pool2d",
-        LayerSpec::AvgPool2d { .. } => "avg_pool2d",
-        LayerSpec::GlobalAvgPool2d => "global_avg_pool2d",
-        LayerSpec::Flatten => "flatten",
-        LayerSpec::Reshape { .. } => "reshape",
-        LayerSpec::Dropout { .. } => "dropout",
-        LayerSpec::BatchNorm { .. } => "batch_norm",
-        LayerSpec::Activation { .. } => "activation",
-        LayerSpec::Residual { .. } => "residual",
-    }
-}
-
 /// The layers built from specs, the output shape when known, and every problem found.
 pub(super) struct Checked {
     pub layers: Vec<Box<dyn Layer>>,
@@ -67,12 +51,12 @@ pub(super) struct Checked {
 }
 
 /// Builds `specs` on inputs of `input`, convolutions drawing their kernels by `conv_init`.
-pub(super) fn layers(specs: &[LayerSpec], input: &Shape, conv_init: KernelInit, source: Source) -> Checked {
+pub(super) fn layers(specs: &[LayerConfig], input: &Shape, conv_init: KernelInit, source: Source) -> Checked {
     let mut layers: Vec<Box<dyn Layer>> = Vec::with_capacity(specs.len());
     let mut diags = Vec::new();
     let mut shape = Some(input.clone());
     for (i, spec) in specs.iter().enumerate() {
-        let ctx = Ctx { i, kind: kind(spec), source };
+        let ctx = Ctx { i, kind: spec.kind(), source };
         let mut problems = ctx.values(spec);
         match &shape {
             Some(s) if problems.is_empty() => match ctx.layer(spec, s, conv_init) {
@@ -86,24 +70,9 @@ pub(super) fn layers(specs: &[LayerSpec], input: &Shape, conv_init: KernelInit, 
             _ => {}
         }
         diags.extend(problems);
-        shape = intended_output(spec, shape.as_ref());
+        shape = spec.intended_output(shape.as_ref());
     }
     Checked { layers, output: shape, diags }
-}
-
-/// A layer's output shape when it can be told without building it.
-fn intended_output(spec: &LayerSpec, input: Option<&Shape>) -> Option<Shape> {
-    match spec {
-        LayerSpec::Dense { units, .. } => Some(Shape(vec![units.get()])),
-        LayerSpec::Reshape { target_shape } => Some(Shape(target_shape.iter().map(|d| d.get()).collect())),
-        LayerSpec::Flatten => input.map(|s| Shape(vec![s.numel()])),
-        LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. } => input.cloned(),
-        LayerSpec::Conv2d { .. }
-        | LayerSpec::MaxPool2d { .. }
-        | LayerSpec::AvgPool2d { .. }
-        | LayerSpec::GlobalAvgPool2d
-        | LayerSpec::Residual { .. } => None,
-    }
 }
 
 /// One layer being built.
@@ -119,14 +88,14 @@ impl Ctx {
     }
 
     /// Checks of values that do not depend on the input shape.
-    fn values(&self, spec: &LayerSpec) -> Vec<Diagnostic> {
+    fn values(&self, spec: &LayerConfig) -> Vec<Diagnostic> {
         let mut d = Vec::new();
         match spec {
-            LayerSpec::Dropout { rate } if !(0.0..1.0).contains(rate) => d.push(
+            LayerConfig::Dropout { rate } if !(0.0..1.0).contains(rate) => d.push(
                 self.diag(Some("rate"), format!("rate = {rate} is outside [0, 1)"))
                     .help("use a fraction such as `rate = 0.5`; 1 would drop everything"),
             ),
-            LayerSpec::BatchNorm { momentum, epsilon } => {
+            LayerConfig::BatchNorm { momentum, epsilon } => {
                 if !(0.0..=1.0).contains(momentum) {
                     d.push(
                         self.diag(Some("momentum"), format!("momentum = {momentum} is outside [0, 1]"))
@@ -140,52 +109,61 @@ impl Ctx {
                     );
                 }
             }
-            _ => {}
+            LayerConfig::Dropout { .. }
+            | LayerConfig::Dense { .. }
+            | LayerConfig::Conv2d { .. }
+            | LayerConfig::MaxPool2d { .. }
+            | LayerConfig::AvgPool2d { .. }
+            | LayerConfig::GlobalAvgPool2d
+            | LayerConfig::Flatten
+            | LayerConfig::Reshape { .. }
+            | LayerConfig::Activation { .. }
+            | LayerConfig::Residual { .. } => {}
         }
         d
     }
 
     /// Builds `spec` on inputs of `input`.
-    fn layer(&self, spec: &LayerSpec, input: &Shape, conv_init: KernelInit) -> Result<Box<dyn Layer>, Diagnostic> {
+    fn layer(&self, spec: &LayerConfig, input: &Shape, conv_init: KernelInit) -> Result<Box<dyn Layer>, Diagnostic> {
         Ok(match spec {
             // A multi-axis input is taken flat, as after a `flatten` (Keras would apply the
             // layer to the last axis only).
-            LayerSpec::Dense { units, activation, use_bias } => {
+            LayerConfig::Dense { units, activation, use_bias } => {
                 Box::new(Dense::new(input.numel(), units.get(), *activation, *use_bias))
             }
-            LayerSpec::Conv2d { filters, kernel_size, strides, padding, activation, use_bias } => {
+            LayerConfig::Conv2d { filters, kernel_size, strides, padding, activation, use_bias } => {
                 let win = self.window(input, "kernel_size", *kernel_size, *strides, *padding)?;
                 Box::new(Conv2d::new(win, filters.get(), *activation, *use_bias).with_kernel_init(conv_init))
             }
-            LayerSpec::MaxPool2d { pool_size, strides, padding } => Box::new(MaxPool2d::new(self.window(
+            LayerConfig::MaxPool2d { pool_size, strides, padding } => Box::new(MaxPool2d::new(self.window(
                 input,
                 "pool_size",
                 *pool_size,
                 strides.unwrap_or(*pool_size),
                 *padding,
             )?)),
-            LayerSpec::AvgPool2d { pool_size, strides, padding } => Box::new(AvgPool2d::new(self.window(
+            LayerConfig::AvgPool2d { pool_size, strides, padding } => Box::new(AvgPool2d::new(self.window(
                 input,
                 "pool_size",
                 *pool_size,
                 strides.unwrap_or(*pool_size),
                 *padding,
             )?)),
-            LayerSpec::GlobalAvgPool2d => Box::new(GlobalAvgPool2d::new(self.image(input)?)),
-            LayerSpec::Flatten => Box::new(View::flatten(input)),
-            LayerSpec::Reshape { target_shape } => {
+            LayerConfig::GlobalAvgPool2d => Box::new(GlobalAvgPool2d::new(self.image(input)?)),
+            LayerConfig::Flatten => Box::new(View::flatten(input)),
+            LayerConfig::Reshape { target_shape } => {
                 let target = Shape(target_shape.iter().map(|d| d.get()).collect());
                 if target.numel() != input.numel() {
                     return Err(self.reshape_mismatch(&target, input));
                 }
                 Box::new(View::reshape(target))
             }
-            LayerSpec::Dropout { rate } => Box::new(Dropout::new(*rate as f32, self.i as u64, input.clone())),
-            LayerSpec::BatchNorm { momentum, epsilon } => {
+            LayerConfig::Dropout { rate } => Box::new(Dropout::new(*rate as f32, self.i as u64, input.clone())),
+            LayerConfig::BatchNorm { momentum, epsilon } => {
                 Box::new(BatchNorm::new(input.clone(), *momentum as f32, *epsilon as f32))
             }
-            LayerSpec::Activation { activation } => Box::new(ActivationLayer::new(*activation, input.clone())),
-            LayerSpec::Residual { filters, strides } => {
+            LayerConfig::Activation { activation } => Box::new(ActivationLayer::new(*activation, input.clone())),
+            LayerConfig::Residual { filters, strides } => {
                 let hwc = self.image(input)?;
                 let block = Residual::new(hwc, filters.get(), strides.hw(), BN_MOMENTUM, BN_EPSILON)
                     .ok_or_else(|| self.diag(None, format!("cannot build a block on input {input}")))?;

@@ -8,28 +8,67 @@
 //! `flatten`), so `(h, w)` data can go straight into an MLP.
 
 mod build;
+mod config;
 
-#[cfg(feature = "cuda")]
-pub(crate) use build::{BN_EPSILON, BN_MOMENTUM};
+pub use config::{LayerConfig, ModelSpec, Padding, Size2, ZooModel};
+
 pub mod zoo;
 
 #[cfg(test)]
+#[path = "bench_tests.rs"]
 mod bench;
 #[cfg(test)]
 mod tests;
 
+use crate::diagnostic::Diagnostic;
 use crate::engine::layers::KernelInit;
 use crate::engine::{Sequential, Shape};
-use crate::spec::{Diagnostic, LayerSpec, ModelSpec};
 use build::Source;
-use std::borrow::Cow;
+use serde::Serialize;
 
-/// Builds the model `spec` describes for examples of `input` and `classes` classes.
-pub fn build(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequential, Vec<Diagnostic>> {
+/// A model as planned: the layers (a zoo model expanded into its layers), checked against
+/// the data's example shape and classes. The builder makes one engine model per replica from
+/// it, and the GPU engine maps those models' layers to its kernels: nothing past the plan
+/// reads `[model]` again.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelPlan {
+    /// Shape of one input example.
+    pub input: Shape,
+    /// Outputs per example: the dataset's classes.
+    pub classes: usize,
+    /// The layers in order.
+    pub layers: Vec<LayerConfig>,
+    /// How convolution kernels start.
+    pub conv_init: KernelInit,
+    /// Trainable values.
+    pub params: usize,
+    /// Non-trainable values (batch-norm moving statistics).
+    pub state: usize,
+}
+
+/// A planned model that did not build (planning checked it, so this is a bug).
+#[derive(Debug, thiserror::Error)]
+#[error("the planned model does not build: {0}")]
+pub struct BuildError(String);
+
+impl ModelPlan {
+    /// A fresh engine model: one per replica, each with its own activation buffers.
+    pub fn build(&self) -> Result<Sequential, BuildError> {
+        let checked = build::layers(&self.layers, &self.input, self.conv_init, Source::Layers);
+        match checked.diags.first() {
+            None => Ok(Sequential::new(self.input.clone(), checked.layers)),
+            Some(d) => Err(BuildError(d.message.clone())),
+        }
+    }
+}
+
+/// Plans the model `spec` describes for examples of `input` and `classes` classes, reporting
+/// every problem at once.
+pub fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<ModelPlan, Vec<Diagnostic>> {
     if input.numel() == 0 {
         return Err(vec![Diagnostic::error("data", format!("examples have shape {input}, which holds no values"))]);
     }
-    let (specs, conv_init, source) = match (spec.zoo, spec.layers.is_empty()) {
+    let (layers, conv_init, source) = match (spec.zoo, spec.layers.is_empty()) {
         (Some(zoo), false) => {
             return Err(vec![
                 Diagnostic::error(
@@ -51,34 +90,51 @@ pub fn build(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequenti
         }
         (Some(zoo), true) => {
             let (layers, init) = zoo::layers(zoo, input, classes).map_err(|d| vec![d])?;
-            (Cow::Owned(layers), init, Source::Zoo(zoo))
+            (layers, init, Source::Zoo(zoo))
         }
-        (None, false) => (Cow::Borrowed(spec.layers.as_slice()), KernelInit::GlorotUniform, Source::Layers),
+        (None, false) => (spec.layers.clone(), KernelInit::GlorotUniform, Source::Layers),
     };
-    let mut checked = build::layers(&specs, input, conv_init, source);
+    let mut checked = build::layers(&layers, input, conv_init, source);
     if let Some(out) = checked.output.as_ref().filter(|o| o.numel() != classes) {
-        let mismatch = class_mismatch(&specs, out.numel(), classes, source);
+        let mismatch = class_mismatch(&layers, out.numel(), classes, source);
         checked.diags.push(mismatch);
     }
-    if checked.diags.is_empty() { Ok(Sequential::new(input.clone(), checked.layers)) } else { Err(checked.diags) }
+    if !checked.diags.is_empty() {
+        return Err(checked.diags);
+    }
+    let model = Sequential::new(input.clone(), checked.layers);
+    Ok(ModelPlan {
+        input: input.clone(),
+        classes,
+        layers,
+        conv_init,
+        params: model.param_len(),
+        state: model.state_len(),
+    })
+}
+
+/// Plans and builds the model `spec` describes: for tools and tests that start from a spec.
+pub fn build_spec(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequential, Vec<Diagnostic>> {
+    let plan = describe(spec, input, classes)?;
+    plan.build().map_err(|e| vec![Diagnostic::error("model", e.to_string())])
 }
 
 /// The model's output size differs from the class count: point at the dense layer that sets
 /// it, when the layers after it keep its shape.
-fn class_mismatch(specs: &[LayerSpec], outputs: usize, classes: usize, source: Source) -> Diagnostic {
+fn class_mismatch(specs: &[LayerConfig], outputs: usize, classes: usize, source: Source) -> Diagnostic {
     let message = format!("model outputs {outputs} values per example but the dataset has {classes} classes");
     let last_dense = specs.iter().rposition(|s| {
-        !matches!(s, LayerSpec::Dropout { .. } | LayerSpec::BatchNorm { .. } | LayerSpec::Activation { .. })
+        !matches!(s, LayerConfig::Dropout { .. } | LayerConfig::BatchNorm { .. } | LayerConfig::Activation { .. })
     });
     match last_dense.map(|i| (i, &specs[i])) {
-        Some((i, LayerSpec::Dense { .. })) => source
+        Some((i, LayerConfig::Dense { .. })) => source
             .diag(i, Some("units"), "dense", message)
             .help(format!("make the last dense layer `units = {classes}`")),
         _ => source
             .diag(
                 specs.len().saturating_sub(1),
                 None,
-                specs.last().map_or("", build::kind),
+                specs.last().map_or("", LayerConfig::kind),
                 message,
             )
             .help(format!(

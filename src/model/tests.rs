@@ -1,14 +1,16 @@
 //! Model building: zoo sizes, the diagnostics' text, and a spec-built model that learns.
 
-use super::{build, summary};
+use super::{ModelSpec, ZooModel};
+use super::{build_spec, summary};
+use crate::diagnostic::Diagnostic;
 use crate::engine::optimizer::Sgd;
 use crate::engine::{LossFn, Optimizer, Pass, Sequential, Shape, init};
-use crate::spec::{Diagnostic, Loss, ModelSpec, ZooModel};
+use crate::vocab::Loss;
 use rand::RngExt;
 
 fn zoo(z: ZooModel, input: &[usize], classes: usize) -> Sequential {
     let spec = ModelSpec { zoo: Some(z), layers: Vec::new() };
-    match build(&spec, &Shape(input.to_vec()), classes) {
+    match build_spec(&spec, &Shape(input.to_vec()), classes) {
         Ok(m) => m,
         Err(d) => panic!("{}", render(&d)),
     }
@@ -27,7 +29,7 @@ fn render(diags: &[Diagnostic]) -> String {
 }
 
 fn errors(toml_text: &str, input: &[usize], classes: usize) -> String {
-    match build(&spec(toml_text), &Shape(input.to_vec()), classes) {
+    match build_spec(&spec(toml_text), &Shape(input.to_vec()), classes) {
         Ok(_) => panic!("expected diagnostics"),
         Err(d) => render(&d),
     }
@@ -255,7 +257,7 @@ fn a_spec_built_cnn_learns_and_is_deterministic() {
         type = "dense"
         units = 3
     "#;
-    let make = || match build(&spec(layers), &Shape(vec![6, 6]), 3) {
+    let make = || match build_spec(&spec(layers), &Shape(vec![6, 6]), 3) {
         Ok(m) => m,
         Err(d) => panic!("{}", render(&d)),
     };
@@ -288,7 +290,7 @@ fn a_two_axis_input_feeds_a_dense_mlp() {
         type = "dense"
         units = 3
     "#;
-    let mut model = match build(&spec(layers), &Shape(vec![6, 6]), 3) {
+    let mut model = match build_spec(&spec(layers), &Shape(vec![6, 6]), 3) {
         Ok(m) => m,
         Err(d) => panic!("{}", render(&d)),
     };

@@ -5,9 +5,11 @@
 //! Zoo models end in a linear dense layer: train them with `from_logits = true`.
 
 use super::build::suggest_image;
+use super::config::{LayerConfig, Padding, Size2, ZooModel};
+use crate::diagnostic::Diagnostic;
 use crate::engine::Shape;
 use crate::engine::layers::KernelInit;
-use crate::spec::{Activation, Diagnostic, LayerSpec, Padding, Size2, ZooModel};
+use crate::vocab::Activation;
 use std::num::NonZeroUsize;
 
 /// The name as written in `model.zoo`.
@@ -21,7 +23,7 @@ pub fn name(zoo: ZooModel) -> &'static str {
 
 /// The layers of `zoo` for inputs of `input` and `classes` classes, and how its convolution
 /// kernels start (Keras's Glorot-uniform for the tutorial CNN, He-normal for ResNets).
-pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<LayerSpec>, KernelInit), Diagnostic> {
+pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<LayerConfig>, KernelInit), Diagnostic> {
     let classes = NonZeroUsize::new(classes)
         .ok_or_else(|| Diagnostic::error("model.zoo", "the dataset has 0 classes: nothing to classify"))?;
     if input.numel() == 0 {
@@ -46,7 +48,7 @@ pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<Layer
         ZooModel::MnistCnn => {
             specs.extend([
                 conv(32, Padding::Valid, Activation::Relu, true),
-                LayerSpec::Flatten,
+                LayerConfig::Flatten,
                 dense(nz(128), Activation::Relu),
                 dense(classes, Activation::Linear),
             ]);
@@ -60,19 +62,19 @@ pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<Layer
 /// He et al.'s CIFAR ResNet-(6n+2): a 3×3 stem, three stages of `n` basic blocks with 16, 32
 /// and 64 filters (the second and third start with stride 2, through a projection shortcut),
 /// global average pooling and a dense head.
-fn resnet(mut specs: Vec<LayerSpec>, n: usize, classes: NonZeroUsize) -> Vec<LayerSpec> {
+fn resnet(mut specs: Vec<LayerConfig>, n: usize, classes: NonZeroUsize) -> Vec<LayerConfig> {
     specs.extend([
         conv(16, Padding::Same, Activation::Linear, false),
-        LayerSpec::BatchNorm { momentum: 0.99, epsilon: 1e-3 },
-        LayerSpec::Activation { activation: Activation::Relu },
+        LayerConfig::BatchNorm { momentum: 0.99, epsilon: 1e-3 },
+        LayerConfig::Activation { activation: Activation::Relu },
     ]);
     for stage in 0..3 {
         for block in 0..n {
             let stride = if stage > 0 && block == 0 { 2 } else { 1 };
-            specs.push(LayerSpec::Residual { filters: nz(16 << stage), strides: Size2::Square(nz(stride)) });
+            specs.push(LayerConfig::Residual { filters: nz(16 << stage), strides: Size2::Square(nz(stride)) });
         }
     }
-    specs.extend([LayerSpec::GlobalAvgPool2d, dense(classes, Activation::Linear)]);
+    specs.extend([LayerConfig::GlobalAvgPool2d, dense(classes, Activation::Linear)]);
     specs
 }
 
@@ -81,13 +83,13 @@ fn nz(v: usize) -> NonZeroUsize {
     NonZeroUsize::new(v).unwrap_or(NonZeroUsize::MIN)
 }
 
-fn reshape(dims: &[usize]) -> LayerSpec {
-    LayerSpec::Reshape { target_shape: dims.iter().map(|&d| nz(d)).collect() }
+fn reshape(dims: &[usize]) -> LayerConfig {
+    LayerConfig::Reshape { target_shape: dims.iter().map(|&d| nz(d)).collect() }
 }
 
 /// A 3×3, stride-1 convolution.
-fn conv(filters: usize, padding: Padding, activation: Activation, use_bias: bool) -> LayerSpec {
-    LayerSpec::Conv2d {
+fn conv(filters: usize, padding: Padding, activation: Activation, use_bias: bool) -> LayerConfig {
+    LayerConfig::Conv2d {
         filters: nz(filters),
         kernel_size: Size2::Square(nz(3)),
         strides: Size2::Square(NonZeroUsize::MIN),
@@ -97,6 +99,6 @@ fn conv(filters: usize, padding: Padding, activation: Activation, use_bias: bool
     }
 }
 
-fn dense(units: NonZeroUsize, activation: Activation) -> LayerSpec {
-    LayerSpec::Dense { units, activation, use_bias: true }
+fn dense(units: NonZeroUsize, activation: Activation) -> LayerConfig {
+    LayerConfig::Dense { units, activation, use_bias: true }
 }

@@ -9,16 +9,28 @@ use serde::Serialize;
 pub struct LrPlan {
     /// `optimizer.learning_rate` (or the optimizer's default) before scaling.
     pub base: f64,
-    /// The scaling rule applied.
-    pub rule: ScalingRule,
-    /// The batch `base` was tuned for, when the rule uses one.
-    pub base_batch: Option<usize>,
+    /// How `base` was scaled to the global batch.
+    pub scaling: Scaling,
     /// The learning rate after scaling: the peak the schedule starts from.
     pub scaled: f64,
     /// Warmup, when asked for.
     pub warmup: Option<Warmup>,
     /// Decay after warmup.
     pub schedule: Schedule,
+}
+
+/// How the learning rate follows the global batch (`[optimizer.scaling]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum Scaling {
+    /// `learning_rate` as given.
+    None,
+    /// `× global / base_batch` (Goyal et al.).
+    Linear { base_batch: usize },
+    /// `× sqrt(global / base_batch)`.
+    Sqrt { base_batch: usize },
+    /// The table's entry for the global batch.
+    Table,
 }
 
 /// A linear ramp over the first `steps` steps.
@@ -162,10 +174,23 @@ pub fn resolve(
         (steps > 0).then_some(Warmup { steps, start })
     });
 
-    let schedule = match spec.schedule {
+    let schedule = schedule(spec, steps_per_epoch, total_steps, errors);
+    let failed = errors[before..].iter().any(|d| d.severity == crate::spec::Severity::Error);
+    let scaling = match (sc.rule, base_batch) {
+        (ScalingRule::Linear, Some(base_batch)) => Scaling::Linear { base_batch },
+        (ScalingRule::Sqrt, Some(base_batch)) => Scaling::Sqrt { base_batch },
+        (ScalingRule::Table, _) => Scaling::Table,
+        (ScalingRule::None | ScalingRule::Linear | ScalingRule::Sqrt, _) => Scaling::None,
+    };
+    (!failed).then_some(LrPlan { base, scaling, scaled, warmup, schedule })
+}
+
+/// The decay after warmup, with epochs converted into steps.
+fn schedule(spec: &OptimizerSpec, steps_per_epoch: u64, total_steps: u64, errors: &mut Vec<Diagnostic>) -> Schedule {
+    match spec.schedule {
         ScheduleSpec::Constant => Schedule::Constant,
         ScheduleSpec::StepDecay { factor, every_epochs, every_steps } => match (every_epochs, every_steps) {
-            (Some(e), None) => Schedule::StepDecay { factor, every_steps: (e * steps_per_epoch).max(1) },
+            (Some(e), None) => Schedule::StepDecay { factor, every_steps: e.saturating_mul(steps_per_epoch).max(1) },
             (None, Some(s)) => Schedule::StepDecay { factor, every_steps: s },
             (e, s) => {
                 let what = if e.is_some() && s.is_some() {
@@ -181,9 +206,7 @@ pub fn resolve(
             }
         },
         ScheduleSpec::Cosine { alpha } => Schedule::Cosine { alpha, total_steps },
-    };
-    let failed = errors[before..].iter().any(|d| d.severity == crate::spec::Severity::Error);
-    (!failed).then_some(LrPlan { base, rule: sc.rule, base_batch, scaled, warmup, schedule })
+    }
 }
 
 fn table_lookup(

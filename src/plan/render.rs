@@ -1,7 +1,9 @@
 //! The plan as `trainrun check` prints it: one line per decision, with the arithmetic shown.
 
-use super::{Plan, Reduction, Schedule, ShardPolicy};
-use crate::spec::{CallbackSpec, CollectiveImplementation, CrossDeviceOps, SaveFreq};
+use super::{AllReduce, CallbackKind, CrossDevice, Part, Plan, Reduction, SaveEvery, Scaling, Schedule, ShardPolicy};
+use crate::cluster::Address;
+use crate::collective::TransportKind;
+use crate::data::Shuffle;
 use std::fmt::Write;
 
 fn plural(n: impl Into<u64>, word: &str) -> String {
@@ -9,10 +11,10 @@ fn plural(n: impl Into<u64>, word: &str) -> String {
     format!("{n} {word}{}", if n == 1 { "" } else { "s" })
 }
 
-fn freq(f: &SaveFreq) -> String {
+fn freq(f: SaveEvery) -> String {
     match f {
-        SaveFreq::Epoch(_) => "every epoch".to_string(),
-        SaveFreq::Steps(n) => format!("every {}", plural(n.get(), "step")),
+        SaveEvery::Epoch => "every epoch".to_string(),
+        SaveEvery::Steps(n) => format!("every {}", plural(n.get(), "step")),
     }
 }
 
@@ -26,26 +28,58 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// Rows of `key  value`.
+type Rows = Vec<(&'static str, String)>;
+
 /// Renders `plan` as aligned `key  value` lines.
 pub fn text(plan: &Plan) -> String {
-    let mut rows: Vec<(&str, String)> = Vec::new();
-    let s = &plan.strategy;
-    rows.push(("strategy", s.kind.name().to_string()));
-    let c = &s.cluster;
+    let mut rows: Rows = vec![("strategy", plan.strategy.kind.name().to_string())];
+    for section in [cluster, replicas, batch_and_learning_rate, steps_and_data, reduction, evaluation, callbacks] {
+        section(plan, &mut rows);
+    }
+    rows.push(("threads", format!("{} per task", plan.threads)));
+    rows.push(("output", plan.out_dir.display().to_string()));
+
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = format!("plan for {} (seed {})\n", plan.name, plan.seed);
+    for (k, v) in rows {
+        let _ = writeln!(out, "  {k:<width$}  {v}");
+    }
+    out
+}
+
+/// The cluster, the chief and what this process does.
+fn cluster(plan: &Plan, rows: &mut Rows) {
+    let c = &plan.cluster;
     if !c.tasks.is_empty() {
-        let tasks: Vec<String> = c.tasks.iter().map(|(t, a)| format!("{t} on {a}")).collect();
+        let at = |a: &Address| match a {
+            Address::Local => "a free local port".to_string(),
+            Address::At(a) => a.clone(),
+        };
+        let tasks: Vec<String> = c.tasks.iter().map(|(t, a)| format!("{t} on {}", at(a))).collect();
         rows.push(("cluster", format!("{} (from {})", tasks.join(", "), c.source.describe())));
-        rows.push(("chief", c.chief.clone().unwrap_or_else(|| "none".into())));
-        let this = match (&c.task, c.launches_local_tasks) {
-            (Some(t), _) => t.clone(),
-            (None, true) => format!("launcher: starts and supervises the {} local tasks", c.tasks.len()),
-            (None, false) => "the only task".into(),
+        rows.push(("chief", c.chief.map_or_else(|| "none".into(), |t| t.to_string())));
+        let this = match c.part {
+            Part::Task(t) => t.to_string(),
+            Part::Launcher => format!("launcher: starts and supervises the {} local tasks", c.tasks.len()),
+            // A one-process strategy inside a cluster's task still names it.
+            Part::Single => c.task.map_or_else(|| "the only task".into(), |t| t.to_string()),
         };
         rows.push(("this process", this));
     }
+}
+
+/// Devices and replicas.
+fn replicas(plan: &Plan, rows: &mut Rows) {
+    let s = &plan.strategy;
     let devices: Vec<String> = s.devices.iter().map(ToString::to_string).collect();
     rows.push(("devices", format!("{} per worker", devices.join(", "))));
     rows.push(("num_replicas_in_sync", format!("{} ({})", s.num_replicas_in_sync, s.replicas_text())));
+}
+
+/// The batch arithmetic, the learning rate, warmup, schedule and optimizer.
+fn batch_and_learning_rate(plan: &Plan, rows: &mut Rows) {
+    let s = &plan.strategy;
     let b = &plan.batch;
     let derived = match b.derived {
         super::Derived::Global => "global derived",
@@ -64,15 +98,11 @@ pub fn text(plan: &Plan) -> String {
         ),
     ));
     let lr = &plan.learning_rate;
-    let scaling = match (lr.rule, lr.base_batch) {
-        (crate::spec::ScalingRule::Linear, Some(bb)) => {
-            format!("linear: {} × {} / {bb}", lr.base, b.global)
-        }
-        (crate::spec::ScalingRule::Sqrt, Some(bb)) => {
-            format!("sqrt: {} × sqrt({} / {bb})", lr.base, b.global)
-        }
-        (crate::spec::ScalingRule::Table, _) => format!("table entry for batch {}", b.global),
-        _ => "no scaling".to_string(),
+    let scaling = match lr.scaling {
+        Scaling::Linear { base_batch } => format!("linear: {} × {} / {base_batch}", lr.base, b.global),
+        Scaling::Sqrt { base_batch } => format!("sqrt: {} × sqrt({} / {base_batch})", lr.base, b.global),
+        Scaling::Table => format!("table entry for batch {}", b.global),
+        Scaling::None => "no scaling".to_string(),
     };
     rows.push(("learning_rate", format!("{} ({scaling})", fmt_f(lr.scaled))));
     rows.push((
@@ -107,6 +137,11 @@ pub fn text(plan: &Plan) -> String {
             ),
         },
     ));
+}
+
+/// Steps, data and the input pipeline.
+fn steps_and_data(plan: &Plan, rows: &mut Rows) {
+    let b = &plan.batch;
     let t = &plan.train;
     rows.push((
         "steps",
@@ -124,8 +159,8 @@ pub fn text(plan: &Plan) -> String {
     rows.push((
         "data",
         format!(
-            "{:?}: {} train / {} test examples of {}, {} classes",
-            d.spec.dataset,
+            "{}: {} train / {} test examples of {}, {} classes",
+            d.source.name(),
             d.facts.train_examples,
             d.facts.test_examples,
             shape.join("×"),
@@ -133,10 +168,10 @@ pub fn text(plan: &Plan) -> String {
         )
         .to_lowercase(),
     ));
-    let shuffle = match d.spec.shuffle_buffer {
-        None => "full shuffle each epoch".to_string(),
-        Some(0) => "no shuffle".to_string(),
-        Some(n) => format!("shuffle buffer of {n}"),
+    let shuffle = match d.shuffle {
+        Shuffle::Full => "full shuffle each epoch".to_string(),
+        Shuffle::Off => "no shuffle".to_string(),
+        Shuffle::Buffer(n) => format!("shuffle buffer of {n}"),
     };
     let shards = match d.shard {
         ShardPolicy::None => "one shard".to_string(),
@@ -146,41 +181,52 @@ pub fn text(plan: &Plan) -> String {
         }
         ShardPolicy::Off => format!("off: all {} workers read everything", d.num_shards),
     };
-    let remainder = if d.spec.drop_remainder { "drop remainder" } else { "keep partial batches" };
-    rows.push(("input", format!("{shuffle}, {remainder}, prefetch {}, {shards}", d.spec.prefetch)));
+    let remainder = if d.drop_remainder { "drop remainder" } else { "keep partial batches" };
+    rows.push(("input", format!("{shuffle}, {remainder}, prefetch {}, {shards}", d.prefetch)));
+}
+
+/// How gradients are reduced.
+fn reduction(plan: &Plan, rows: &mut Rows) {
+    let s = &plan.strategy;
     rows.push((
         "all-reduce",
         match s.reduction {
             Reduction::None => "none (one replica)".to_string(),
             Reduction::CrossDevice { algorithm, auto } => {
-                let name = match algorithm {
-                    CrossDeviceOps::Nccl => "nccl",
-                    CrossDeviceOps::HierarchicalCopy => "hierarchical_copy",
-                    CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => "reduction_to_one_device",
-                };
-                let why = if algorithm == CrossDeviceOps::Nccl { "GPU devices" } else { "CPU devices" };
-                if auto { format!("{name} (auto: {why})") } else { name.to_string() }
+                let why = if algorithm == CrossDevice::Nccl { "GPU devices" } else { "CPU devices" };
+                if auto { format!("{} (auto: {why})", algorithm.name()) } else { algorithm.name().to_string() }
             }
-            Reduction::Collective { implementation, auto, transport, bytes_per_pack, timeout_s } => {
-                let how = match (implementation, transport) {
-                    (CollectiveImplementation::Nccl, _) => "nccl".to_string(),
-                    (_, crate::spec::CollectiveTransport::SharedMemory) => {
+            Reduction::Collective(cp) => {
+                let how = match (cp.implementation, cp.transport) {
+                    (AllReduce::Nccl, _) => "nccl".to_string(),
+                    (AllReduce::Ring, TransportKind::SharedMemory) => {
                         "shared memory, every worker summing its share of the slots (every worker on this host)"
                             .to_string()
                     }
-                    _ => "ring over TCP (reduce-scatter, then all-gather)".to_string(),
+                    (AllReduce::Ring, TransportKind::Tcp) => {
+                        "ring over TCP (reduce-scatter, then all-gather)".to_string()
+                    }
                 };
-                let how = if auto { format!("{how}, chosen by auto") } else { how };
+                let how = if cp.auto || cp.auto_transport { format!("{how}, chosen by auto") } else { how };
                 let how = match s.devices.len() {
                     1 => how,
                     // Several devices per worker: TensorFlow's hierarchical all-reduce.
                     d => format!("hierarchical: the {d} local replicas summed on the first, then {how}, then shared"),
                 };
-                format!("{how}; packs of {}, timeout {timeout_s} s", bytes(bytes_per_pack))
+                format!(
+                    "{how}; packs of {}, timeout {} s",
+                    bytes(cp.bytes_per_pack.get() as u64),
+                    plan.cluster.timeout.as_secs_f64()
+                )
             }
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
         },
     ));
+}
+
+/// When the test split is evaluated.
+fn evaluation(plan: &Plan, rows: &mut Rows) {
+    let (t, d) = (&plan.train, &plan.data);
     rows.push((
         "evaluation",
         match t.eval {
@@ -201,13 +247,17 @@ pub fn text(plan: &Plan) -> String {
             }
         },
     ));
+}
+
+/// Checkpoints, restarts and the other callbacks.
+fn callbacks(plan: &Plan, rows: &mut Rows) {
     let mut checkpoints = Vec::new();
     let mut others = Vec::new();
-    for cb in &plan.callbacks {
-        match cb {
-            CallbackSpec::ModelCheckpoint { save_freq, save_best_only, max_to_keep, .. } => {
-                let mut c = format!("model_checkpoint {}", freq(save_freq));
-                if *save_best_only {
+    for cb in &plan.callbacks.items {
+        match &cb.kind {
+            CallbackKind::ModelCheckpoint { every, best_only, max_to_keep, .. } => {
+                let mut c = format!("model_checkpoint {}", freq(*every));
+                if best_only.is_some() {
                     c.push_str(", best only");
                 }
                 if let Some(k) = max_to_keep {
@@ -215,45 +265,40 @@ pub fn text(plan: &Plan) -> String {
                 }
                 checkpoints.push(c);
             }
-            CallbackSpec::BackupAndRestore { save_freq, .. } => {
-                checkpoints.push(format!("backup_and_restore {}", freq(save_freq)))
+            CallbackKind::BackupAndRestore { every, .. } => {
+                checkpoints.push(format!("backup_and_restore {}", freq(*every)))
             }
-            CallbackSpec::EarlyStopping { monitor, patience, .. } => {
-                others.push(format!("early_stopping on {} (patience {patience})", super::monitor_name(*monitor)))
+            CallbackKind::EarlyStopping { watch, patience, .. } => {
+                others.push(format!("early_stopping on {} (patience {patience})", watch.monitor.name()))
             }
-            CallbackSpec::ReduceLrOnPlateau { monitor, factor, patience, .. } => others.push(format!(
-                "reduce_lr_on_plateau on {} (× {factor} after {patience})",
-                super::monitor_name(*monitor)
-            )),
-            CallbackSpec::CsvLogger { filename, .. } => others.push(format!("csv_logger to {}", filename.display())),
-            CallbackSpec::StopAtTarget { monitor, target } => {
-                others.push(format!("stop when {} reaches {target}", super::monitor_name(*monitor)))
+            CallbackKind::ReduceLrOnPlateau { watch, factor, patience, .. } => {
+                others.push(format!("reduce_lr_on_plateau on {} (× {factor} after {patience})", watch.monitor.name()))
+            }
+            CallbackKind::CsvLogger { path, .. } => {
+                others.push(format!("csv_logger to {}", path.strip_prefix(&plan.out_dir).unwrap_or(path).display()))
+            }
+            CallbackKind::StopAtTarget { monitor, target } => {
+                others.push(format!("stop when {} reaches {target}", monitor.name()))
             }
         }
     }
     rows.push(("checkpoints", if checkpoints.is_empty() { "none".to_string() } else { checkpoints.join("; ") }));
-    if plan.strategy.cluster.launches_local_tasks {
-        let r = plan.restarts;
+    if plan.cluster.part == Part::Launcher {
+        let r = plan.cluster.restarts;
         rows.push((
             "restarts",
             match r.max_restarts {
                 0 => "none: a failed task ends the job".to_string(),
-                n => format!("up to {n} of every task, from the last backup (wait {} s, doubling)", r.backoff_s),
+                n => format!(
+                    "up to {n} of every task, from the last backup (wait {} s, doubling)",
+                    r.backoff.as_secs_f64()
+                ),
             },
         ));
     }
     if !others.is_empty() {
         rows.push(("callbacks", others.join("; ")));
     }
-    rows.push(("threads", format!("{} per task", plan.threads)));
-    rows.push(("output", plan.out_dir.display().to_string()));
-
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    let mut out = format!("plan for {} (seed {})\n", plan.name, plan.seed);
-    for (k, v) in rows {
-        let _ = writeln!(out, "  {k:<width$}  {v}");
-    }
-    out
 }
 
 /// A float without noise digits.

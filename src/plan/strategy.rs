@@ -1,9 +1,15 @@
-//! Strategy and cluster: which replicas exist, where, and how their gradients are reduced.
+//! The strategy: which replicas exist, on which devices, and how their gradients are reduced.
 
-use crate::cluster::{Address, Resolution, Role, Source};
-use crate::spec::CollectiveTransport;
-use crate::spec::{CollectiveImplementation, CrossDeviceOps, Device, DeviceKind, Devices, Diagnostic, StrategySpec};
+use super::ClusterPlan;
+use crate::cluster::{Address, Role, Source};
+use crate::collective::TransportKind;
+use crate::spec::{
+    CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, Devices, Diagnostic,
+    StrategySpec,
+};
+use crate::vocab::{Device, DeviceKind};
 use serde::Serialize;
+use std::num::NonZeroUsize;
 
 /// The distribution strategy, TensorFlow's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -37,6 +43,56 @@ impl StrategyKind {
     }
 }
 
+/// The in-process reduction of `mirrored` and `central_storage`, resolved from
+/// `cross_device_ops` (TensorFlow's `CrossDeviceOps` classes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CrossDevice {
+    /// Sum everything on the first replica (`ReductionToOneDevice`).
+    ReductionToOneDevice,
+    /// Sum within two halves, then across them (`HierarchicalCopyAllReduce`).
+    HierarchicalCopy,
+    /// NCCL between GPUs (`NcclAllReduce`).
+    Nccl,
+}
+
+impl CrossDevice {
+    /// The spec's name of the algorithm.
+    pub fn name(self) -> &'static str {
+        match self {
+            CrossDevice::ReductionToOneDevice => "reduction_to_one_device",
+            CrossDevice::HierarchicalCopy => "hierarchical_copy",
+            CrossDevice::Nccl => "nccl",
+        }
+    }
+}
+
+/// The cross-worker all-reduce algorithm, resolved from `communication.implementation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllReduce {
+    /// Chunked, pipelined ring (reduce-scatter, then all-gather); over shared memory every
+    /// worker sums its share of the slots.
+    Ring,
+    /// NCCL between GPU workers.
+    Nccl,
+}
+
+/// How workers' gradients meet, as `[strategy.communication]` resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CollectivePlan {
+    /// The algorithm.
+    pub implementation: AllReduce,
+    /// Whether `auto` chose it.
+    pub auto: bool,
+    /// The data plane.
+    pub transport: TransportKind,
+    /// Whether `auto` chose the transport.
+    pub auto_transport: bool,
+    /// Gradients travel in packs of about this many bytes while backward continues.
+    pub bytes_per_pack: NonZeroUsize,
+}
+
 /// How gradients of replicas meet.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -45,40 +101,17 @@ pub enum Reduction {
     None,
     /// Replicas in one process (`mirrored`, `central_storage`), by this algorithm.
     CrossDevice {
-        algorithm: CrossDeviceOps,
+        algorithm: CrossDevice,
         /// Chosen by `auto` from the device kind.
         auto: bool,
     },
     /// Across worker processes.
-    Collective {
-        implementation: CollectiveImplementation,
-        /// Chosen by `auto` from the device kind.
-        auto: bool,
-        /// How gradients travel: shared memory when every worker is on this host.
-        transport: CollectiveTransport,
-        bytes_per_pack: u64,
-        timeout_s: f64,
-    },
+    Collective(CollectivePlan),
     /// Workers push gradients to parameter servers and pull variables.
     ParameterServer,
 }
 
-/// The job's tasks as resolved, and this process's place among them.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ClusterPlan {
-    /// Where the cluster was defined.
-    pub source: Source,
-    /// Every task (`worker:1`) with its address (`a free local port` when the launcher picks it).
-    pub tasks: Vec<(String, String)>,
-    /// The chief: `chief:0`, or `worker:0` without one.
-    pub chief: Option<String>,
-    /// This process's task; `None` when it launches the local tasks (or there is no cluster).
-    pub task: Option<String>,
-    /// This process starts one process per task of a local cluster and supervises them.
-    pub launches_local_tasks: bool,
-}
-
-/// The resolved strategy, devices and cluster.
+/// The resolved strategy and devices.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StrategyPlan {
     /// The strategy.
@@ -91,8 +124,30 @@ pub struct StrategyPlan {
     pub num_replicas_in_sync: usize,
     /// How the gradients are reduced.
     pub reduction: Reduction,
-    /// The cluster.
-    pub cluster: ClusterPlan,
+}
+
+impl StrategyKind {
+    /// Whether the strategy runs one process per task of a cluster.
+    pub fn multi_process(self) -> bool {
+        match self {
+            StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer => true,
+            StrategyKind::Default | StrategyKind::OneDevice | StrategyKind::Mirrored | StrategyKind::CentralStorage => {
+                false
+            }
+        }
+    }
+
+    /// The kind of a strategy section.
+    pub fn of(spec: &StrategySpec) -> StrategyKind {
+        match spec {
+            StrategySpec::Default => StrategyKind::Default,
+            StrategySpec::OneDevice { .. } => StrategyKind::OneDevice,
+            StrategySpec::Mirrored { .. } => StrategyKind::Mirrored,
+            StrategySpec::CentralStorage { .. } => StrategyKind::CentralStorage,
+            StrategySpec::MultiWorkerMirrored { .. } => StrategyKind::MultiWorkerMirrored,
+            StrategySpec::ParameterServer { .. } => StrategyKind::ParameterServer,
+        }
+    }
 }
 
 impl StrategyPlan {
@@ -121,96 +176,35 @@ fn count_devices(devices: &Devices, hw: Hardware) -> Vec<Device> {
     }
 }
 
-/// Resolves the strategy against the resolved cluster and the hardware.
+/// Resolves the strategy against the planned cluster and the hardware.
 pub fn resolve(
     strategy: &StrategySpec,
-    resolution: &Resolution,
+    cluster: &ClusterPlan,
     hw: Hardware,
     errors: &mut Vec<Diagnostic>,
 ) -> StrategyPlan {
-    let cluster = &resolution.cluster;
     let (chief, worker, ps) = (cluster.count(Role::Chief), cluster.count(Role::Worker), cluster.count(Role::Ps));
     // Where to point a problem: the spec's key, or the variable that defined the cluster.
     let key = |spec_key: &str| match cluster.source {
         Source::TfConfig | Source::Slurm => "cluster".to_string(),
         Source::Spec | Source::Single => spec_key.to_string(),
     };
-    for (task, address) in &cluster.tasks {
-        if let Address::At(a) = address
-            && !valid_address(a)
-        {
-            errors.push(
-                Diagnostic::error(
-                    key("cluster"),
-                    format!("{task}'s address `{a}` ({}) is not host:port", cluster.source.describe()),
-                )
-                .help("write it as host:port, e.g. \"10.0.0.5:2222\""),
-            );
-        }
-    }
-
-    let (kind, devices, reduction) = match strategy {
-        StrategySpec::Default => (StrategyKind::Default, vec![Device::default()], Reduction::None),
-        StrategySpec::OneDevice { device } => (StrategyKind::OneDevice, vec![*device], Reduction::None),
+    let (devices, reduction) = match strategy {
+        StrategySpec::Default => (vec![Device::default()], Reduction::None),
+        StrategySpec::OneDevice { device } => (vec![*device], Reduction::None),
         StrategySpec::Mirrored { devices, cross_device_ops } => {
             let devices = count_devices(devices, hw);
-            let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
-            let algorithm = match cross_device_ops {
-                CrossDeviceOps::Auto if all_gpu => CrossDeviceOps::Nccl,
-                CrossDeviceOps::Auto => CrossDeviceOps::ReductionToOneDevice,
-                CrossDeviceOps::Nccl if !all_gpu => {
-                    errors.push(
-                        Diagnostic::error(
-                            "strategy.cross_device_ops",
-                            "cross_device_ops = \"nccl\" needs GPU devices, but strategy.devices includes CPUs",
-                        )
-                        .help("use cross_device_ops = \"hierarchical_copy\" or \"reduction_to_one_device\" on CPUs"),
-                    );
-                    *cross_device_ops
-                }
-                other => *other,
-            };
+            let algorithm = cross_device(&devices, *cross_device_ops, errors);
             let auto = *cross_device_ops == CrossDeviceOps::Auto;
-            (StrategyKind::Mirrored, devices, Reduction::CrossDevice { algorithm, auto })
+            (devices, Reduction::CrossDevice { algorithm, auto })
         }
-        StrategySpec::CentralStorage { devices } => {
-            let devices = count_devices(devices, hw);
-            (
-                StrategyKind::CentralStorage,
-                devices,
-                Reduction::CrossDevice { algorithm: CrossDeviceOps::ReductionToOneDevice, auto: false },
-            )
-        }
+        StrategySpec::CentralStorage { devices } => (
+            count_devices(devices, hw),
+            Reduction::CrossDevice { algorithm: CrossDevice::ReductionToOneDevice, auto: false },
+        ),
         StrategySpec::MultiWorkerMirrored { devices, communication } => {
             let devices = count_devices(devices, hw);
-            let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
-            let implementation = match communication.implementation {
-                CollectiveImplementation::Auto if all_gpu => CollectiveImplementation::Nccl,
-                CollectiveImplementation::Auto => CollectiveImplementation::Ring,
-                other => other,
-            };
-            if implementation == CollectiveImplementation::Nccl && !all_gpu {
-                errors.push(
-                    Diagnostic::error(
-                        "strategy.communication.implementation",
-                        "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs",
-                    )
-                    .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
-                );
-            }
-            let transport = match communication.transport {
-                CollectiveTransport::Auto if cluster.is_local() => CollectiveTransport::SharedMemory,
-                CollectiveTransport::Auto => CollectiveTransport::Tcp,
-                other => other,
-            };
-            let reduction = Reduction::Collective {
-                auto: communication.implementation == CollectiveImplementation::Auto,
-                transport,
-                implementation,
-                bytes_per_pack: communication.bytes_per_pack,
-                timeout_s: communication.timeout_s,
-            };
-            (StrategyKind::MultiWorkerMirrored, devices, reduction)
+            (devices.clone(), Reduction::Collective(collective(&devices, communication, cluster, errors)))
         }
         StrategySpec::ParameterServer { .. } => {
             if ps == 0 || worker == 0 {
@@ -228,9 +222,10 @@ pub fn resolve(
                         .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
                 );
             }
-            (StrategyKind::ParameterServer, vec![Device::default()], Reduction::ParameterServer)
+            (vec![Device::default()], Reduction::ParameterServer)
         }
     };
+    let kind = StrategyKind::of(strategy);
 
     let mut seen = std::collections::BTreeSet::new();
     for d in &devices {
@@ -245,9 +240,9 @@ pub fn resolve(
     let num_workers = match kind {
         StrategyKind::MultiWorkerMirrored => (chief + worker).max(1),
         StrategyKind::ParameterServer => worker.max(1),
-        _ => 1,
+        StrategyKind::Default | StrategyKind::OneDevice | StrategyKind::Mirrored | StrategyKind::CentralStorage => 1,
     };
-    if !matches!(kind, StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) && chief + worker > 1 {
+    if !kind.multi_process() && chief + worker > 1 {
         errors.push(
             Diagnostic::error(
                 key("cluster.worker"),
@@ -276,37 +271,87 @@ pub fn resolve(
     }
     // Under ParameterServerStrategy training is asynchronous: each worker steps on its own.
     let replicas_per_step = if kind == StrategyKind::ParameterServer { 1 } else { num_workers };
-    StrategyPlan {
-        kind,
-        num_replicas_in_sync: replicas_per_step * devices.len(),
-        devices,
-        num_workers,
-        reduction,
-        cluster: ClusterPlan {
-            source: cluster.source,
-            tasks: cluster
-                .tasks
-                .iter()
-                .map(|(t, a)| {
-                    (
-                        t.to_string(),
-                        match a {
-                            Address::Local => "a free local port".to_string(),
-                            Address::At(a) => a.clone(),
-                        },
+    StrategyPlan { kind, num_replicas_in_sync: replicas_per_step * devices.len(), devices, num_workers, reduction }
+}
+
+/// `cross_device_ops`, with `auto` resolved by the device kind.
+fn cross_device(devices: &[Device], ops: CrossDeviceOps, errors: &mut Vec<Diagnostic>) -> CrossDevice {
+    let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
+    match ops {
+        CrossDeviceOps::Auto if all_gpu => CrossDevice::Nccl,
+        CrossDeviceOps::Auto | CrossDeviceOps::ReductionToOneDevice => CrossDevice::ReductionToOneDevice,
+        CrossDeviceOps::HierarchicalCopy => CrossDevice::HierarchicalCopy,
+        CrossDeviceOps::Nccl => {
+            if !all_gpu {
+                errors.push(
+                    Diagnostic::error(
+                        "strategy.cross_device_ops",
+                        "cross_device_ops = \"nccl\" needs GPU devices, but strategy.devices includes CPUs",
                     )
-                })
-                .collect(),
-            chief: cluster.chief().map(|t| t.to_string()),
-            task: resolution.task.map(|t| t.to_string()),
-            launches_local_tasks: resolution.task.is_none() && cluster.tasks.len() > 1,
-        },
+                    .help("use cross_device_ops = \"hierarchical_copy\" or \"reduction_to_one_device\" on CPUs"),
+                );
+            }
+            CrossDevice::Nccl
+        }
     }
 }
 
-fn valid_address(addr: &str) -> bool {
-    match addr.rsplit_once(':') {
-        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok(),
-        None => false,
+/// `[strategy.communication]`, with `auto` resolved: NCCL for GPU workers, else the ring;
+/// shared memory when every task runs on one host, else TCP.
+fn collective(
+    devices: &[Device],
+    c: &CommunicationOptions,
+    cluster: &ClusterPlan,
+    errors: &mut Vec<Diagnostic>,
+) -> CollectivePlan {
+    let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
+    let implementation = match c.implementation {
+        CollectiveImplementation::Auto if all_gpu => AllReduce::Nccl,
+        CollectiveImplementation::Auto | CollectiveImplementation::Ring => AllReduce::Ring,
+        CollectiveImplementation::Nccl => AllReduce::Nccl,
+    };
+    if implementation == AllReduce::Nccl && !all_gpu {
+        errors.push(
+            Diagnostic::error(
+                "strategy.communication.implementation",
+                "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs",
+            )
+            .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
+        );
     }
+    let transport = match c.transport {
+        CollectiveTransport::Auto if one_host(cluster) => TransportKind::SharedMemory,
+        CollectiveTransport::Auto | CollectiveTransport::Tcp => TransportKind::Tcp,
+        CollectiveTransport::SharedMemory => TransportKind::SharedMemory,
+    };
+    let bytes_per_pack = usize::try_from(c.bytes_per_pack).ok().and_then(NonZeroUsize::new).unwrap_or_else(|| {
+        errors.push(
+            Diagnostic::error(
+                "strategy.communication.bytes_per_pack",
+                format!("bytes_per_pack = {} is not a usable pack size", c.bytes_per_pack),
+            )
+            .help("use a size such as 4194304 (4 MiB)"),
+        );
+        NonZeroUsize::MIN
+    });
+    CollectivePlan {
+        implementation,
+        auto: c.implementation == CollectiveImplementation::Auto,
+        transport,
+        auto_transport: c.transport == CollectiveTransport::Auto,
+        bytes_per_pack,
+    }
+}
+
+/// Whether every task runs on one host: local tasks, loopback addresses, or one host name.
+fn one_host(cluster: &ClusterPlan) -> bool {
+    if cluster.is_local() {
+        return true;
+    }
+    let host = |a: &Address| match a {
+        Address::Local => None,
+        Address::At(a) => Some(a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h).to_string()),
+    };
+    let hosts: std::collections::BTreeSet<Option<String>> = cluster.tasks.iter().map(|(_, a)| host(a)).collect();
+    hosts.len() <= 1
 }

@@ -1,7 +1,7 @@
 //! `report.html`: a self-contained page (inline CSS, the SVG plots beside it) with a run's
 //! summary or a sweep's ranked results table.
 
-use crate::sweep::expand::value_text;
+use crate::spec::sweep::value_text;
 use crate::sweep::results::{Row, Status, SweepRecord};
 use serde_json::Value as Json;
 use std::fmt::Write as _;

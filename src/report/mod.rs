@@ -5,7 +5,7 @@
 mod chart;
 mod html;
 
-use crate::run::RunError;
+use crate::exit::RunError;
 use crate::sweep::results::{self, SweepRecord};
 use chart::{Chart, Curves};
 use serde_json::Value as Json;

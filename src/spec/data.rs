@@ -1,8 +1,8 @@
 //! `[data]`: which dataset, where it lives, and how the input pipeline shuffles and batches it.
 
+use crate::data::{IdxFiles, SyntheticConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 /// `[data]`: the dataset and the input pipeline (`tf.data` vocabulary).
@@ -25,7 +25,7 @@ pub struct DataSpec {
 
     /// Shape and size of `dataset = "synthetic"` (seeded random images, for benchmarks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub synthetic: Option<SyntheticSpec>,
+    pub synthetic: Option<SyntheticConfig>,
 
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
@@ -85,74 +85,6 @@ pub enum DatasetKind {
     Idx,
     /// Seeded random images shaped by `[data.synthetic]`.
     Synthetic,
-}
-
-/// `[data.files]`: IDX file names, relative to `data.dir`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct IdxFiles {
-    /// Training images (IDX3, `u8`). Example: `train_images = "train-images-idx3-ubyte.gz"`.
-    pub train_images: String,
-    /// Training labels (IDX1, `u8`). Example: `train_labels = "train-labels-idx1-ubyte.gz"`.
-    pub train_labels: String,
-    /// Test images, for evaluation. Example: `test_images = "t10k-images-idx3-ubyte.gz"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub test_images: Option<String>,
-    /// Test labels, for evaluation. Example: `test_labels = "t10k-labels-idx1-ubyte.gz"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub test_labels: Option<String>,
-}
-
-/// `[data.synthetic]`: a seeded random dataset for benchmarks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SyntheticSpec {
-    /// Training examples. Default: `60000`. Example: `train_examples = 50000`.
-    #[serde(default = "default_synthetic_train")]
-    pub train_examples: NonZeroUsize,
-    /// Test examples. Default: `10000`. Example: `test_examples = 10000`.
-    #[serde(default = "default_synthetic_test")]
-    pub test_examples: usize,
-    /// Shape of one example, height × width or height × width × channels.
-    /// Default: `[28, 28]`. Example: `shape = [32, 32, 3]`.
-    #[serde(default = "default_synthetic_shape")]
-    #[schemars(length(min = 1, max = 3))]
-    pub shape: Vec<NonZeroUsize>,
-    /// Number of classes. Default: `10`. Example: `classes = 100`.
-    #[serde(default = "default_synthetic_classes")]
-    #[schemars(range(min = 2, max = 256))]
-    pub classes: u32,
-}
-
-fn nz(n: usize) -> NonZeroUsize {
-    NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
-}
-
-fn default_synthetic_train() -> NonZeroUsize {
-    nz(60_000)
-}
-
-fn default_synthetic_test() -> usize {
-    10_000
-}
-
-fn default_synthetic_shape() -> Vec<NonZeroUsize> {
-    vec![nz(28), nz(28)]
-}
-
-fn default_synthetic_classes() -> u32 {
-    10
-}
-
-impl Default for SyntheticSpec {
-    fn default() -> Self {
-        Self {
-            train_examples: default_synthetic_train(),
-            test_examples: default_synthetic_test(),
-            shape: default_synthetic_shape(),
-            classes: default_synthetic_classes(),
-        }
-    }
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.

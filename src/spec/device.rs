@@ -1,9 +1,9 @@
 //! Device lists: a count or named devices (the names themselves are `vocab::Device`).
 
+use crate::vocab::Device;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
-use crate::vocab::Device;
 
 /// The devices of one worker: a list, or a count.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

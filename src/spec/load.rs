@@ -2,13 +2,13 @@
 //! merged with figment, validated against the schema (every problem at once), and only then
 //! deserialized into [`Spec`].
 
-use super::diag::{Diagnostic, Severity};
 use super::files::{self, SpecFile, Unreadable, io_reason, table_to_dict};
 use super::keypath::{self, Seg};
 use super::origins::{self, Layer, LayerKind, Origins, SweepAt};
 use super::overrides::{self, BadOverride, Override};
 use super::render::{Finding, Place, render_findings, render_parts};
 use super::{Spec, schema_value, validate};
+use crate::diagnostic::{Diagnostic, Severity};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 use std::path::{Path, PathBuf};

@@ -11,11 +11,9 @@
 mod batch;
 mod data;
 mod device;
-mod diag;
 mod files;
 mod keypath;
 mod load;
-mod model;
 mod optimizer;
 mod origins;
 mod overrides;
@@ -23,18 +21,19 @@ mod render;
 mod run;
 mod schema;
 mod strategy;
-mod sweep;
+pub mod sweep;
 mod train;
 mod validate;
 mod words;
 
-pub use batch::BatchSpec;
-pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
+pub use crate::data::{IdxFiles, SyntheticConfig};
+pub use crate::diagnostic::{Diagnostic, Severity};
+pub use crate::model::{LayerConfig, ModelSpec, Padding, Size2, ZooModel};
 pub use crate::vocab::{Activation, BadDevice, Device, DeviceKind, Loss, Metric, Monitor};
+pub use batch::BatchSpec;
+pub use data::{AutoShardPolicy, DataSpec, DatasetKind};
 pub use device::Devices;
-pub use diag::{Diagnostic, Severity};
 pub use load::{Assignment, LoadError, Loaded, load, load_trial};
-pub use model::{LayerSpec, ModelSpec, Padding, Size2, ZooModel};
 pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
 pub use origins::Origins;
 pub use render::{render, render_each};
@@ -95,14 +94,19 @@ impl Spec {
     /// writes (`run.out_dir`) and how many threads compute (weights do not depend on it). A
     /// sweep skips a trial whose folder recorded the same hash.
     pub fn results_sha256(&self) -> String {
-        use sha2::{Digest, Sha256};
         let mut spec = self.clone();
         spec.run.out_dir = None;
         spec.run.threads = None;
-        // Serializing plain data to JSON cannot fail; an empty hash would only ever mismatch.
-        let json = serde_json::to_vec(&spec).unwrap_or_default();
-        Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
+        sha256_json(&spec)
     }
+}
+
+/// SHA-256 (hex) of `spec` serialized as JSON.
+pub fn sha256_json(spec: &Spec) -> String {
+    use sha2::{Digest, Sha256};
+    // Serializing plain data to JSON cannot fail; an empty hash would only ever mismatch.
+    let json = serde_json::to_vec(spec).unwrap_or_default();
+    Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -2,9 +2,9 @@
 //! snippet), the environment variable or the `--set` its key came from, then one summary line.
 //! Plain text without colors, so the output is the same everywhere and can be snapshotted.
 
-use super::diag::{Diagnostic, Severity};
 use super::keypath;
 use super::origins::{Aim, LayerKind, Located, Origins};
+use crate::diagnostic::{Diagnostic, Severity};
 use annotate_snippets::{AnnotationKind, Group, Level, Origin, Renderer, Snippet};
 use std::ops::Range;
 

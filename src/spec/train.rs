@@ -1,8 +1,8 @@
 //! `[train]` and `[[callbacks]]`: Keras's `model.fit` arguments and callbacks.
 
+use crate::vocab::{Loss, Metric, Monitor};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use crate::vocab::{Loss, Metric, Monitor};
 use std::num::NonZeroU64;
 use std::path::PathBuf;
 

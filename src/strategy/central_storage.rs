@@ -4,10 +4,10 @@
 
 use super::Replica;
 use super::local::Replicated;
+use crate::plan::CrossDevice;
 use crate::plan::StrategyKind;
-use crate::spec::CrossDeviceOps;
 
 /// The central-storage strategy over `replicas`: gradients always meet on the CPU.
 pub fn new(replicas: Vec<Replica>) -> Replicated {
-    Replicated::new(StrategyKind::CentralStorage, replicas, CrossDeviceOps::ReductionToOneDevice)
+    Replicated::new(StrategyKind::CentralStorage, replicas, CrossDevice::ReductionToOneDevice)
 }

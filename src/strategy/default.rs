@@ -2,10 +2,10 @@
 
 use super::Replica;
 use super::local::Replicated;
+use crate::plan::CrossDevice;
 use crate::plan::StrategyKind;
-use crate::spec::CrossDeviceOps;
 
 /// The default strategy over one replica.
 pub fn new(replica: Replica) -> Replicated {
-    Replicated::new(StrategyKind::Default, vec![replica], CrossDeviceOps::ReductionToOneDevice)
+    Replicated::new(StrategyKind::Default, vec![replica], CrossDevice::ReductionToOneDevice)
 }

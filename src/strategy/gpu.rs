@@ -12,9 +12,10 @@ use super::{Step, Strategy, StrategyError, Variables};
 use crate::data::Batch;
 use crate::engine::cuda::worker::{Pending, Worker};
 use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, model, probe};
-use crate::engine::{BatchStats, Optimizer, Shape};
+use crate::engine::{BatchStats, Optimizer, Sequential};
+use crate::plan::CrossDevice;
 use crate::plan::{OptimizerPlan, Plan, Reduction, StrategyKind};
-use crate::spec::{CrossDeviceOps, DeviceKind};
+use crate::vocab::DeviceKind;
 use std::sync::Arc;
 
 /// Replicas on GPUs.
@@ -42,8 +43,9 @@ fn failed(e: CudaError) -> StrategyError {
     StrategyError::Device(format!("GPU: {e}"))
 }
 
-/// The GPU strategy for `plan` (`one_device` on a GPU, or `mirrored` over GPUs).
-pub fn new(plan: &Plan) -> Result<Gpus, StrategyError> {
+/// The GPU strategy for `plan` (`one_device` on a GPU, or `mirrored` over GPUs), placing the
+/// GPU twin of each of `models` (one per GPU) on its device.
+pub fn new(plan: &Plan, models: Vec<Sequential>) -> Result<Gpus, StrategyError> {
     let devices = &plan.strategy.devices;
     if let Some(cpu) = devices.iter().find(|d| d.kind == DeviceKind::Cpu) {
         return Err(StrategyError::Unsupported(format!(
@@ -52,11 +54,11 @@ pub fn new(plan: &Plan) -> Result<Gpus, StrategyError> {
     }
     if let Reduction::CrossDevice { algorithm, .. } = plan.strategy.reduction
         && devices.len() > 1
-        && algorithm != CrossDeviceOps::Nccl
+        && algorithm != CrossDevice::Nccl
     {
         return Err(StrategyError::Unsupported(format!(
             "strategy.cross_device_ops = \"{}\" on GPUs is not built; use \"nccl\" (or \"auto\")",
-            ops_name(algorithm)
+            algorithm.name()
         )));
     }
     let momentum = match plan.optimizer {
@@ -72,18 +74,14 @@ pub fn new(plan: &Plan) -> Result<Gpus, StrategyError> {
     probe::training(&indices).map_err(err)?;
     let ptx: Arc<str> = kernels::compile().map_err(err)?.to_src().into();
     let id = if indices.len() > 1 { Some(crate::engine::cuda::nccl::new_id().map_err(err)?) } else { None };
-    let s = plan.data.facts.example_shape;
-    let input = Shape(vec![s.height, s.width, s.channels]);
-    let classes = plan.data.facts.classes as usize;
+    let classes = plan.model.classes;
     let world = indices.len();
     let mut workers = Vec::with_capacity(world);
     let mut ready = Vec::with_capacity(world);
-    for (rank, &index) in indices.iter().enumerate() {
-        let (spec, input, ptx) = (plan.model.clone(), input.clone(), ptx.clone());
+    for ((rank, &index), cpu) in indices.iter().enumerate().zip(models) {
+        let ptx = ptx.clone();
         let (worker, init) = Worker::spawn(index, move || {
-            let cpu = crate::model::build(&spec, &input, classes)
-                .map_err(|d| CudaError::Unsupported(format!("the model does not build: {d:?}")))?;
-            let mut replica = GpuReplica::new(index, &ptx, &spec, &cpu, classes, momentum)?;
+            let mut replica = GpuReplica::new(index, &ptx, &cpu, classes, momentum)?;
             if let Some(id) = id {
                 // Blocks until every GPU's thread has joined.
                 replica.join(rank, world, id)?;
@@ -97,16 +95,6 @@ pub fn new(plan: &Plan) -> Result<Gpus, StrategyError> {
     wait_all(ready, err)?;
     let kind = plan.strategy.kind;
     Ok(Gpus { kind, workers, params: Vec::new(), state: Vec::new(), velocity: Vec::new(), loaded: false })
-}
-
-/// `cross_device_ops` as the spec spells it.
-fn ops_name(ops: CrossDeviceOps) -> &'static str {
-    match ops {
-        CrossDeviceOps::Auto => "auto",
-        CrossDeviceOps::Nccl => "nccl",
-        CrossDeviceOps::HierarchicalCopy => "hierarchical_copy",
-        CrossDeviceOps::ReductionToOneDevice => "reduction_to_one_device",
-    }
 }
 
 /// Every GPU thread's answer, the first error reported through `report` (set-up or training).

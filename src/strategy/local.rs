@@ -10,8 +10,8 @@ use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::data::Batch;
 use crate::engine::init::derive_seed;
 use crate::engine::{BatchStats, Optimizer};
+use crate::plan::CrossDevice;
 use crate::plan::StrategyKind;
-use crate::spec::CrossDeviceOps;
 
 /// The replicas of this process.
 pub struct LocalReplicas {
@@ -20,14 +20,14 @@ pub struct LocalReplicas {
     grads: Vec<Vec<f32>>,
     /// Batch-norm state of replicas 1.. (replica 0 uses the variables' own).
     states: Vec<Vec<f32>>,
-    algorithm: CrossDeviceOps,
+    algorithm: CrossDevice,
     /// This process's first replica among all replicas of the job, to seed dropout apart.
     first_replica: u64,
 }
 
 impl LocalReplicas {
     /// `replicas` summed with `algorithm`; `first_replica` numbers them within the job.
-    pub fn new(replicas: Vec<Replica>, algorithm: CrossDeviceOps, first_replica: u64) -> Self {
+    pub fn new(replicas: Vec<Replica>, algorithm: CrossDevice, first_replica: u64) -> Self {
         let len = replicas.first().map_or(0, |r| r.model().param_len());
         let extra = replicas.len().saturating_sub(1);
         Self { replicas, grads: vec![vec![0.0; len]; extra], states: vec![Vec::new(); extra], algorithm, first_replica }
@@ -128,7 +128,7 @@ pub struct Replicated {
 
 impl Replicated {
     /// `replicas` of strategy `kind`, summed with `algorithm`.
-    pub fn new(kind: StrategyKind, replicas: Vec<Replica>, algorithm: CrossDeviceOps) -> Self {
+    pub fn new(kind: StrategyKind, replicas: Vec<Replica>, algorithm: CrossDevice) -> Self {
         let local = LocalReplicas::new(replicas, algorithm, 0);
         let grads = vec![0.0; local.param_len()];
         Self { local, grads, kind }

@@ -3,10 +3,10 @@
 
 use super::Replica;
 use super::local::Replicated;
+use crate::plan::CrossDevice;
 use crate::plan::StrategyKind;
-use crate::spec::CrossDeviceOps;
 
 /// The mirrored strategy over `replicas` (one per device), reduced with `algorithm`.
-pub fn new(replicas: Vec<Replica>, algorithm: CrossDeviceOps) -> Replicated {
+pub fn new(replicas: Vec<Replica>, algorithm: CrossDevice) -> Replicated {
     Replicated::new(StrategyKind::Mirrored, replicas, algorithm)
 }

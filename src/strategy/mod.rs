@@ -15,9 +15,11 @@ mod replica;
 pub use multi_worker_mirrored::{MultiWorkerMirrored, check_devices as check_multi_worker_devices};
 pub use replica::{BatchView, Replica};
 
+use crate::cluster::job::Job;
 use crate::data::Batch;
 use crate::engine::{BatchStats, Optimizer, Sequential};
-use crate::plan::{Plan, StrategyKind};
+use crate::plan::{CrossDevice, Plan, Reduction, StrategyKind};
+use crate::vocab::{Device, DeviceKind};
 
 /// The model's variables: trainable parameters and non-trainable state, each one flat buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,59 +110,93 @@ pub trait Strategy: Send {
     ) -> Result<BatchStats, StrategyError>;
 }
 
-/// The strategy `plan` asks for, over `models`: one per local device of the plan.
-pub fn build(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
-    // The process's threads are shared out among its replicas.
-    let threads = (plan.threads / models.len().max(1)).max(1);
-    let classes = plan.data.facts.classes as usize;
-    let mut replicas: Vec<Replica> =
-        models.into_iter().map(|m| Replica::new(m, plan.train.loss_fn(), classes, threads)).collect();
-    let mut one = || {
-        if replicas.is_empty() {
-            Err(StrategyError::Unsupported("no model to place on a device".into()))
-        } else {
-            Ok(replicas.remove(0))
-        }
-    };
+/// The strategy `plan` asks for, over `models` (one per local device of the plan) and, for a
+/// task of a multi-process job, the `job` it joined. One exhaustive match: adding a strategy
+/// is a variant, a file and an arm here.
+pub fn build(plan: &Plan, models: Vec<Sequential>, job: Option<Job>) -> Result<Box<dyn Strategy>, StrategyError> {
+    let devices = &plan.strategy.devices;
+    let on_gpus = devices.iter().any(|d| d.kind == DeviceKind::Gpu);
     match plan.strategy.kind {
-        StrategyKind::Default => Ok(Box::new(default::new(one()?))),
-        StrategyKind::OneDevice => {
-            let device = plan.strategy.devices.first().copied().unwrap_or_default();
-            #[cfg(feature = "cuda")]
-            if device.kind == crate::vocab::DeviceKind::Gpu {
-                return Ok(Box::new(gpu::new(plan)?));
-            }
-            Ok(Box::new(one_device::new(device, one()?)?))
-        }
+        StrategyKind::Default => Ok(Box::new(default::new(one(replicas(plan, models))?))),
+        StrategyKind::OneDevice | StrategyKind::Mirrored if on_gpus => gpus(plan, models),
+        StrategyKind::OneDevice => Ok(Box::new(one_device::new(one(replicas(plan, models))?))),
         StrategyKind::Mirrored => {
-            #[cfg(feature = "cuda")]
-            if plan.strategy.devices.iter().any(|d| d.kind == crate::vocab::DeviceKind::Gpu) {
-                return Ok(Box::new(gpu::new(plan)?));
-            }
             let algorithm = match plan.strategy.reduction {
-                crate::plan::Reduction::CrossDevice { algorithm, .. } => algorithm,
-                _ => crate::spec::CrossDeviceOps::ReductionToOneDevice,
+                Reduction::CrossDevice { algorithm, .. } => algorithm,
+                Reduction::None | Reduction::Collective(_) | Reduction::ParameterServer => {
+                    CrossDevice::ReductionToOneDevice
+                }
             };
-            gpu_free(&plan.strategy.devices)?;
-            Ok(Box::new(mirrored::new(replicas, algorithm)))
+            Ok(Box::new(mirrored::new(replicas(plan, models), algorithm)))
         }
         StrategyKind::CentralStorage => {
-            gpu_free(&plan.strategy.devices)?;
-            Ok(Box::new(central_storage::new(replicas)))
+            cpus_only(devices)?;
+            Ok(Box::new(central_storage::new(replicas(plan, models))))
         }
-        kind @ (StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer) => {
-            Err(StrategyError::NotBuilt(kind.name()))
+        StrategyKind::MultiWorkerMirrored => {
+            check_multi_worker_devices(devices)?;
+            let bytes_per_pack = match plan.strategy.reduction {
+                Reduction::Collective(c) => c.bytes_per_pack.get(),
+                Reduction::None | Reduction::CrossDevice { .. } | Reduction::ParameterServer => usize::MAX,
+            };
+            let job = job.ok_or_else(|| {
+                StrategyError::Unsupported(
+                    "multi_worker_mirrored runs in a task of a job: name the task with --task".into(),
+                )
+            })?;
+            Ok(Box::new(MultiWorkerMirrored::new(replicas(plan, models), job, bytes_per_pack)?))
         }
+        StrategyKind::ParameterServer => Err(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())),
     }
 }
 
-/// Replicas on GPUs need the CUDA build, and there only `one_device` and `mirrored` use them.
-fn gpu_free(devices: &[crate::vocab::Device]) -> Result<(), StrategyError> {
+/// Refuses, before anything starts, a plan this build cannot run: strategies not built yet,
+/// and GPU devices where only CPUs run.
+pub fn runnable(plan: &Plan) -> Result<(), StrategyError> {
+    let devices = &plan.strategy.devices;
+    match plan.strategy.kind {
+        StrategyKind::Default | StrategyKind::OneDevice | StrategyKind::Mirrored => Ok(()),
+        StrategyKind::CentralStorage => cpus_only(devices),
+        StrategyKind::MultiWorkerMirrored => check_multi_worker_devices(devices),
+        StrategyKind::ParameterServer => Err(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())),
+    }
+}
+
+/// One replica per model, the process's threads shared out among them.
+fn replicas(plan: &Plan, models: Vec<Sequential>) -> Vec<Replica> {
+    let threads = (plan.threads / models.len().max(1)).max(1);
+    let classes = plan.model.classes;
+    models.into_iter().map(|m| Replica::new(m, plan.train.loss_fn(), classes, threads)).collect()
+}
+
+fn one(mut replicas: Vec<Replica>) -> Result<Replica, StrategyError> {
+    if replicas.is_empty() {
+        Err(StrategyError::Unsupported("no model to place on a device".into()))
+    } else {
+        Ok(replicas.remove(0))
+    }
+}
+
+/// Replicas on GPUs: the CUDA engine.
+#[cfg(feature = "cuda")]
+fn gpus(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
+    Ok(Box::new(gpu::new(plan, models)?))
+}
+
+/// Replicas on GPUs need the CUDA build.
+#[cfg(not(feature = "cuda"))]
+fn gpus(plan: &Plan, _models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
+    cpus_only(&plan.strategy.devices)?;
+    Err(StrategyError::Unsupported("GPU devices need a GPU build of trainrun".into()))
+}
+
+/// Strategies whose replicas run on CPUs only refuse GPU devices, saying what would run them.
+fn cpus_only(devices: &[Device]) -> Result<(), StrategyError> {
     #[cfg(not(feature = "cuda"))]
     let why = "which needs a GPU build of trainrun (cargo build --release --features cuda); this one runs on CPUs only";
     #[cfg(feature = "cuda")]
     let why = "but this strategy runs on CPUs only; use strategy.kind = \"mirrored\" or \"one_device\" for GPUs";
-    match devices.iter().find(|d| d.kind == crate::vocab::DeviceKind::Gpu) {
+    match devices.iter().find(|d| d.kind == DeviceKind::Gpu) {
         Some(d) => Err(StrategyError::Unsupported(format!("strategy.devices includes \"{d}\", {why}"))),
         None => Ok(()),
     }

@@ -16,13 +16,13 @@
 use super::local::LocalReplicas;
 use super::{Replica, Step, Strategy, StrategyError, Variables};
 use crate::cluster::job::Job;
-use crate::collective::{BucketReducer, Collective, Communicator, Packs};
+use crate::collective::{BucketReducer, Communicator, Packs};
 use crate::data::Batch;
 use crate::engine::init::derive_seed;
 use crate::engine::sequential::GradSink;
 use crate::engine::{BatchStats, Optimizer};
-use crate::plan::StrategyKind;
-use crate::spec::CrossDeviceOps;
+use crate::plan::{CrossDevice, StrategyKind};
+use crate::vocab::{Device, DeviceKind};
 use std::ops::Range;
 
 impl GradSink for Packs<'_> {
@@ -60,8 +60,8 @@ impl Replicas {
 
 /// Workers run CPU replicas only: NCCL across processes is not built yet, and silently
 /// training on CPUs what the spec places on GPUs would mislead.
-pub fn check_devices(devices: &[crate::vocab::Device]) -> Result<(), StrategyError> {
-    match devices.iter().find(|d| d.kind == crate::vocab::DeviceKind::Gpu) {
+pub fn check_devices(devices: &[Device]) -> Result<(), StrategyError> {
+    match devices.iter().find(|d| d.kind == DeviceKind::Gpu) {
         Some(d) => Err(StrategyError::Unsupported(format!(
             "strategy.devices includes \"{d}\", but multi_worker_mirrored runs on CPU devices only in this version \
              (NCCL between processes is not built yet); use strategy.kind = \"mirrored\" for the GPUs of one machine"
@@ -83,26 +83,24 @@ pub struct MultiWorkerMirrored {
 impl MultiWorkerMirrored {
     /// The strategy for this worker's `replicas` (one per local device) in `job`, which must
     /// hold a data plane.
-    pub fn new(mut replicas: Vec<Replica>, job: Job, bytes_per_pack: u64) -> Result<Self, StrategyError> {
-        let rank = job.comm.as_ref().map(|c| c.rank() as u64).unwrap_or_default();
+    pub fn new(mut replicas: Vec<Replica>, mut job: Job, bytes_per_pack: usize) -> Result<Self, StrategyError> {
+        let comm = job.comm.as_deref_mut().ok_or(StrategyError::Finished)?;
+        let rank = comm.rank() as u64;
         let per_worker = replicas.len() as u64;
         let replicas = match replicas.len() {
             0 => return Err(StrategyError::Unsupported("no model to place on a device".into())),
             1 => Replicas::One(replicas.remove(0)),
             // Replicas are numbered across the job so that dropout masks differ between them.
-            _ => Replicas::Many(LocalReplicas::new(replicas, CrossDeviceOps::ReductionToOneDevice, rank * per_worker)),
+            _ => Replicas::Many(LocalReplicas::new(replicas, CrossDevice::ReductionToOneDevice, rank * per_worker)),
         };
         let len = replicas.param_len();
-        let grads = match &job.comm {
-            Some(Collective::SharedMemory(_)) => Vec::new(),
-            _ => vec![0.0; len],
-        };
-        let packs = BucketReducer::new(usize::try_from(bytes_per_pack).unwrap_or(usize::MAX));
-        Ok(Self { replicas, job: Some(job), grads, packs, rank })
+        // Backward writes straight into the transport's arena when it has one.
+        let grads = if comm.arena().is_some() { Vec::new() } else { vec![0.0; len] };
+        Ok(Self { replicas, job: Some(job), grads, packs: BucketReducer::new(bytes_per_pack), rank })
     }
 
-    fn job(&mut self) -> Result<&mut Job, StrategyError> {
-        self.job.as_mut().ok_or(StrategyError::Finished)
+    fn comm(&mut self) -> Result<&mut (dyn Communicator + 'static), StrategyError> {
+        self.job.as_mut().and_then(|j| j.comm.as_deref_mut()).ok_or(StrategyError::Finished)
     }
 }
 
@@ -133,21 +131,20 @@ impl Strategy for MultiWorkerMirrored {
         let job = job.as_mut().ok_or(StrategyError::Finished)?;
         // A peer that died shows here at once, not at the next collective's timeout.
         job.plane.check()?;
-        let comm = job.comm.as_mut().ok_or(StrategyError::Finished)?;
+        let comm = job.comm.as_deref_mut().ok_or(StrategyError::Finished)?;
         let local = match replicas {
             Replicas::One(replica) => one_replica(replica, comm, grads, packs, vars, micro, (scale, seed, rank))?,
-            Replicas::Many(local) => match comm {
-                Collective::SharedMemory(c) => {
-                    let stats = local.gradients(vars, &mut c.arena_mut()[..len], micro, scale, seed)?;
-                    c.all_reduce_arena(0..len)?;
+            Replicas::Many(local) => {
+                if let Some(arena) = comm.arena() {
+                    let stats = local.gradients(vars, &mut arena[..len], micro, scale, seed)?;
+                    comm.all_reduce_arena(len)?;
                     stats
-                }
-                Collective::TcpRing(c) => {
+                } else {
                     let stats = local.gradients(vars, grads, micro, scale, seed)?;
-                    c.all_reduce_sum(grads)?;
+                    comm.all_reduce_sum(grads)?;
                     stats
                 }
-            },
+            }
         };
         // Batch-norm moving statistics are averaged so every worker keeps the same ones.
         if !vars.state.is_empty() {
@@ -164,17 +161,16 @@ impl Strategy for MultiWorkerMirrored {
     }
 
     fn broadcast(&mut self, data: &mut [f32]) -> Result<(), StrategyError> {
-        let comm = self.job()?.comm.as_mut().ok_or(StrategyError::Finished)?;
-        Ok(comm.broadcast(data, 0)?)
+        Ok(self.comm()?.broadcast(data, 0)?)
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
         let len = self.replicas.param_len();
         let Self { job, grads, .. } = self;
-        let comm = job.as_mut().and_then(|j| j.comm.as_mut()).ok_or(StrategyError::Finished)?;
-        match comm {
-            Collective::SharedMemory(c) => optimizer.step(&mut vars.params, &c.arena_mut()[..len], lr),
-            Collective::TcpRing(_) => optimizer.step(&mut vars.params, grads, lr),
+        let comm = job.as_mut().and_then(|j| j.comm.as_deref_mut()).ok_or(StrategyError::Finished)?;
+        match comm.arena() {
+            Some(arena) => optimizer.step(&mut vars.params, &arena[..len], lr),
+            None => optimizer.step(&mut vars.params, grads, lr),
         }
         Ok(())
     }
@@ -191,18 +187,13 @@ impl Strategy for MultiWorkerMirrored {
                 Replicas::Many(l) => l.evaluate(vars, &b),
             });
         }
-        let comm = self.job()?.comm.as_mut().ok_or(StrategyError::Finished)?;
         let mut global = sums(local);
-        comm.all_reduce_sum_f64(&mut global)?;
+        self.comm()?.all_reduce_sum_f64(&mut global)?;
         Ok(from_sums(&global))
     }
 
     fn transport(&self) -> Option<&'static str> {
-        match self.job.as_ref().and_then(|j| j.comm.as_ref()) {
-            Some(Collective::SharedMemory(_)) => Some("shared_memory"),
-            Some(Collective::TcpRing(_)) => Some("tcp"),
-            None => None,
-        }
+        self.job.as_ref().and_then(|j| j.comm.as_deref()).map(|c| c.transport().name())
     }
 
     fn finish(&mut self) -> Result<(), StrategyError> {
@@ -214,10 +205,12 @@ impl Strategy for MultiWorkerMirrored {
     }
 }
 
-/// One replica's forward and backward over `micro`, its gradients summed across workers.
+/// One replica's forward and backward over `micro`, its gradients summed across workers:
+/// straight in the transport's arena when it has one, else in `grads`, handed over pack by
+/// pack during the last backward when the transport gains from overlap.
 fn one_replica(
     replica: &mut Replica,
-    comm: &mut Collective,
+    comm: &mut dyn Communicator,
     grads: &mut Vec<f32>,
     packs: BucketReducer,
     vars: &mut Variables,
@@ -230,20 +223,21 @@ fn one_replica(
     for (i, batch) in micro.iter().enumerate() {
         let s = derive_seed(&[seed, i as u64, rank]);
         let accumulate = i > 0;
-        match comm {
-            Collective::SharedMemory(c) => {
-                let mut arena = &mut c.arena_mut()[..len];
-                local.add(replica.forward_backward(vars, &mut arena, batch, scale, s, accumulate));
-                if i == last {
-                    c.all_reduce_arena(0..len)?;
-                }
+        if let Some(arena) = comm.arena() {
+            let mut arena = &mut arena[..len];
+            local.add(replica.forward_backward(vars, &mut arena, batch, scale, s, accumulate));
+            if i == last {
+                comm.all_reduce_arena(len)?;
             }
-            Collective::TcpRing(c) if i == last => {
-                let stats =
-                    packs.run(&mut *c, grads, |p| replica.forward_backward(vars, p, batch, scale, s, accumulate))?;
-                local.add(stats);
+        } else if i == last && comm.overlaps_backward() {
+            let stats =
+                packs.run(&mut *comm, grads, |p| replica.forward_backward(vars, p, batch, scale, s, accumulate))?;
+            local.add(stats);
+        } else {
+            local.add(replica.forward_backward(vars, grads, batch, scale, s, accumulate));
+            if i == last {
+                comm.all_reduce_sum(grads)?;
             }
-            Collective::TcpRing(_) => local.add(replica.forward_backward(vars, grads, batch, scale, s, accumulate)),
         }
     }
     Ok(local)

@@ -4,8 +4,9 @@
 use super::child::{self, Event, Job};
 use super::results::{self, Row, Status, SweepRecord, TrialRecord};
 use super::{Sweep, TRIAL_VAR, Trial};
+use crate::exit::RunError;
+use crate::prepare::{Invocation, Unplanned};
 use crate::provenance::{Git, Host, rfc3339};
-use crate::run::{Invocation, RunError, Unplanned};
 use crate::spec::{self, LoadError, render_each};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,6 +30,71 @@ struct Checked {
     threads_set: bool,
 }
 
+/// Shows a trial starting or ending, and rewrites the results after each end, so an
+/// interrupted sweep leaves them too.
+fn on_event(
+    inv: &Invocation,
+    sweep: &Sweep,
+    checked: &[Checked],
+    record: &SweepRecord,
+    failures: &mut BTreeMap<usize, u8>,
+    event: Event,
+) {
+    let n = sweep.trials.len();
+    match event {
+        Event::Started(i) => {
+            if !inv.quiet {
+                let name = &sweep.trials[i - 1].name;
+                println!("[{i}/{n}] {name}: running (log: {})", sweep.dir.join(name).join("train.log").display());
+            }
+        }
+        Event::Ended { index, code, took, error } => {
+            let trial = &sweep.trials[index - 1];
+            let dir = sweep.trial_dir(trial);
+            let complete = code == 0 && results::completed(&dir, &checked[index - 1].sha256).is_some();
+            if !complete {
+                failures.insert(index, if code == 0 { 1 } else { code });
+            }
+            if !inv.quiet || !complete {
+                let what = match results::completed(&dir, &checked[index - 1].sha256) {
+                    Some(s) if complete => {
+                        let m = s.get(sweep.metric.as_str()).and_then(|v| v.as_f64());
+                        format!(
+                            "done in {:.1} s, {} {}",
+                            took.as_secs_f64(),
+                            sweep.metric.as_str(),
+                            m.map_or("-".into(), |m| format!("{m:.4}"))
+                        )
+                    }
+                    _ => format!(
+                        "FAILED (exit {code}) after {:.1} s{}",
+                        took.as_secs_f64(),
+                        tail(&dir, error.as_deref())
+                    ),
+                };
+                println!("[{index}/{n}] {}: {what}", trial.name);
+            }
+            // Results so far, so an interrupted sweep leaves them too.
+            let rows = ranked(sweep, record, failures);
+            let _ = write_results(&sweep.dir, &rows);
+        }
+    }
+}
+
+/// The sweep of `inv`'s spec, which must have a `[sweep]`.
+fn load(inv: &Invocation) -> Result<Sweep, RunError> {
+    let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
+    match Sweep::new(&base) {
+        Ok(Some(sweep)) => Ok(sweep),
+        Ok(None) => Err(RunError::Usage(format!(
+            "{} has no [sweep] section; add one (README: \"Sweeps\") or train it with `trainrun {}`",
+            inv.spec.display(),
+            inv.spec.display()
+        ))),
+        Err(diags) => Err(RunError::Spec(spec::render(&diags, &base.origins))),
+    }
+}
+
 /// Runs the sweep of `inv.spec`.
 pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -38,18 +104,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
             opts.parallel
         )));
     }
-    let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
-    let sweep = match Sweep::new(&base) {
-        Ok(Some(sweep)) => sweep,
-        Ok(None) => {
-            return Err(RunError::Usage(format!(
-                "{} has no [sweep] section; add one (README: \"Sweeps\") or train it with `trainrun {}`",
-                inv.spec.display(),
-                inv.spec.display()
-            )));
-        }
-        Err(diags) => return Err(RunError::Spec(spec::render(&diags, &base.origins))),
-    };
+    let sweep = load(inv)?;
     let checked = validate(inv, &sweep)?;
     let done: Vec<bool> = sweep
         .trials
@@ -95,44 +150,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         .collect();
     let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
     let n = sweep.trials.len();
-    child::run_all(jobs, opts.parallel, |event| match event {
-        Event::Started(i) => {
-            if !inv.quiet {
-                let name = &sweep.trials[i - 1].name;
-                println!("[{i}/{n}] {name}: running (log: {})", sweep.dir.join(name).join("train.log").display());
-            }
-        }
-        Event::Ended { index, code, took, error } => {
-            let trial = &sweep.trials[index - 1];
-            let dir = sweep.trial_dir(trial);
-            let complete = code == 0 && results::completed(&dir, &checked[index - 1].sha256).is_some();
-            if !complete {
-                failures.insert(index, if code == 0 { 1 } else { code });
-            }
-            if !inv.quiet || !complete {
-                let what = match results::completed(&dir, &checked[index - 1].sha256) {
-                    Some(s) if complete => {
-                        let m = s.get(sweep.metric.as_str()).and_then(|v| v.as_f64());
-                        format!(
-                            "done in {:.1} s, {} {}",
-                            took.as_secs_f64(),
-                            sweep.metric.as_str(),
-                            m.map_or("-".into(), |m| format!("{m:.4}"))
-                        )
-                    }
-                    _ => format!(
-                        "FAILED (exit {code}) after {:.1} s{}",
-                        took.as_secs_f64(),
-                        tail(&dir, error.as_deref())
-                    ),
-                };
-                println!("[{index}/{n}] {}: {what}", trial.name);
-            }
-            // Results so far, so an interrupted sweep leaves them too.
-            let rows = ranked(&sweep, &record, &failures);
-            let _ = write_results(&sweep.dir, &rows);
-        }
-    });
+    child::run_all(jobs, opts.parallel, |event| on_event(inv, &sweep, &checked, &record, &mut failures, event));
 
     record.ended_at = Some(rfc3339(SystemTime::now()));
     write(&record_path, &record)?;
@@ -200,10 +218,9 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<Checked>, RunError> {
             }
             Err(e @ LoadError::Read { .. }) => return Err(RunError::Spec(e.to_string())),
         };
-        match crate::run::plan(&loaded, inv) {
-            Ok((plan, _, cluster)) => {
+        match crate::prepare::plan(&loaded, inv) {
+            Ok(plan) => {
                 add(&mut warnings, render_each(&plan.warnings, &loaded.origins), trial.index);
-                let _ = cluster;
                 checked.push(Checked {
                     sha256: loaded.spec.results_sha256(),
                     threads: plan.threads,

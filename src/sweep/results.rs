@@ -193,12 +193,12 @@ pub fn csv(rows: &[Row]) -> String {
             Status::Pending => String::new(),
         });
         for key in &keys {
-            cells.push(value_of(row, key).map(super::expand::value_text).unwrap_or_default());
+            cells.push(value_of(row, key).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         cells.push(row.trial.seed.to_string());
         for key in RESULTS.iter().chain(["steady_examples_per_s"].iter()) {
             let v = row.summary.as_ref().and_then(|s| s.get(*key));
-            cells.push(v.filter(|v| !v.is_null()).map(super::expand::value_text).unwrap_or_default());
+            cells.push(v.filter(|v| !v.is_null()).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         out.push_str(&line(&cells));
     }
@@ -236,7 +236,7 @@ pub fn table(rows: &[Row], metric: &str) -> String {
             row.trial.name.clone(),
         ];
         for key in &keys {
-            cells.push(value_of(row, key).map_or("-".into(), super::expand::value_text));
+            cells.push(value_of(row, key).map_or("-".into(), crate::spec::sweep::value_text));
         }
         for c in &columns {
             cells.push(row.get(c).map_or("-".into(), |v| format!("{v:.4}")));

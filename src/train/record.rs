@@ -62,7 +62,7 @@ pub struct Summary {
     /// Run seed.
     pub seed: u64,
     /// Why training stopped: `completed`, `early_stopping`, `target_reached`.
-    pub stopped: &'static str,
+    pub stopped: super::callbacks::StopReason,
     /// Mean training loss of the last epoch.
     pub train_loss: f64,
     /// Training accuracy of the last epoch.

@@ -130,7 +130,7 @@ pub fn restore(
     mut note: impl FnMut(&str),
 ) -> Result<Option<ResumePoint>, TrainError> {
     let buffers: Vec<&'static str> = session.optimizer.state().iter().map(|(n, _)| *n).collect();
-    let kind = super::saver::optimizer_kind(&session.optimizer);
+    let kind = super::checkpointer::optimizer_kind(&session.optimizer);
     let header = match &loaded {
         Some(l) => {
             check(plan, &l.manifest, &l.path, kind, &buffers)?;

@@ -26,6 +26,16 @@ pub enum Activation {
     Softmax,
 }
 
+impl Activation {
+    /// Whether the function maps into a bounded range (probabilities), not logits.
+    pub fn squashes(self) -> bool {
+        match self {
+            Activation::Softmax | Activation::Sigmoid => true,
+            Activation::Linear | Activation::Relu | Activation::Tanh => false,
+        }
+    }
+}
+
 /// `train.loss`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

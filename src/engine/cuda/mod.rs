@@ -7,7 +7,6 @@
 //! device buffer with the CPU model's offsets ([`arena`]).
 
 pub mod arena;
-pub mod check;
 pub mod device;
 pub mod error;
 pub mod kernels;

@@ -1,22 +1,16 @@
-//! A model on one GPU: the layer list of the CPU `Sequential` built from the same spec, with
-//! the same parameter and state offsets (looked up by weight name), run forward and backward
-//! with the loss, over one device arena.
-//!
-//! The layer geometry comes from the spec (the zoo expanded like `model::build` does); the
-//! layout comes from the CPU model, so both engines agree on every offset by construction.
+//! A model on one GPU: the layers of a built CPU `Sequential`, each mapped to its kernels from
+//! the layer's own description (`engine::op`), with the same parameter and state offsets, run
+//! forward and backward with the loss, over one device arena. A layer without a description
+//! is refused here, once, for every kind.
 
 use super::arena::Arena;
 use super::device::{Buf, DevPtr, Gpu, at, launch};
 use super::error::CudaError;
 use super::layers::{BatchNorm, Conv, Dense, MaxPool, Scratch, bias_act, gap_backward, gap_forward};
 use super::residual::{Block, Vars};
-use crate::engine::kernels::Window;
+use crate::engine::op::{BatchNormOp, ConvOp, Op as EngineOp};
 use crate::engine::{BatchStats, LossFn, Sequential, Shape};
-use crate::spec::{Activation, LayerSpec, Loss, ModelSpec, Padding};
-use std::borrow::Cow;
-
-// The residual blocks' batch norms use the CPU model's settings, so both engines agree.
-use crate::model::{BN_EPSILON, BN_MOMENTUM};
+use crate::vocab::{Activation, Loss};
 
 /// What one layer computes.
 enum Op {
@@ -71,29 +65,6 @@ pub struct GpuModel {
     correct: Option<Buf>,
 }
 
-/// Offsets of a model's tensors by weight name.
-struct Layout<'a> {
-    model: &'a Sequential,
-}
-
-impl Layout<'_> {
-    fn param(&self, name: &str) -> Result<usize, CudaError> {
-        find(self.model.tensors(), name)
-    }
-
-    fn state(&self, name: &str) -> Result<usize, CudaError> {
-        find(self.model.state_tensors(), name)
-    }
-}
-
-fn find(tensors: &[crate::engine::TensorInfo], name: &str) -> Result<usize, CudaError> {
-    tensors
-        .iter()
-        .find(|t| t.name == name)
-        .map(|t| t.offset)
-        .ok_or_else(|| CudaError::Unsupported(format!("the model has no tensor {name} (GPU and CPU layouts disagree)")))
-}
-
 fn unsupported(name: &str, kind: &str) -> CudaError {
     CudaError::Unsupported(format!(
         "layer {name} ({kind}) has no GPU kernel yet; the GPU runs dense, conv2d, max_pool2d, global_avg_pool2d, batch_norm, activation, residual, flatten and reshape; train this model on CPUs (strategy.device = \"cpu:0\")"
@@ -110,150 +81,82 @@ pub fn check_loss(loss: LossFn) -> Result<(), CudaError> {
     }
 }
 
-fn conv(
-    win: Window,
-    filters: usize,
-    act: Activation,
-    prefix: &str,
-    bias: bool,
-    layout: &Layout<'_>,
-) -> Result<Conv, CudaError> {
-    Ok(Conv {
-        win,
-        filters,
-        act,
-        kernel: layout.param(&format!("{prefix}/kernel"))?,
-        bias: if bias { Some(layout.param(&format!("{prefix}/bias"))?) } else { None },
-    })
+fn conv(c: ConvOp) -> Conv {
+    Conv { win: c.window, filters: c.filters, act: c.activation, kernel: c.kernel, bias: c.bias }
 }
 
-fn batch_norm(
-    gpu: &Gpu,
-    shape: &Shape,
-    (momentum, epsilon): (f32, f32),
-    prefix: &str,
-    layout: &Layout<'_>,
-) -> Result<BatchNorm, CudaError> {
-    let channels = shape.0.last().copied().unwrap_or(1);
+/// A batch norm over examples of `numel` values.
+fn batch_norm(gpu: &Gpu, b: BatchNormOp, numel: usize) -> Result<BatchNorm, CudaError> {
     Ok(BatchNorm {
-        channels,
-        numel: shape.numel(),
-        momentum,
-        epsilon,
-        gamma: layout.param(&format!("{prefix}/gamma"))?,
-        beta: layout.param(&format!("{prefix}/beta"))?,
-        moving_mean: layout.state(&format!("{prefix}/moving_mean"))?,
-        moving_var: layout.state(&format!("{prefix}/moving_variance"))?,
-        mean: gpu.alloc_f32(channels)?,
-        inv_std: gpu.alloc_f32(channels)?,
+        channels: b.channels,
+        numel,
+        momentum: b.momentum,
+        epsilon: b.epsilon,
+        gamma: b.gamma,
+        beta: b.beta,
+        moving_mean: b.moving_mean,
+        moving_var: b.moving_variance,
+        mean: gpu.alloc_f32(b.channels)?,
+        inv_std: gpu.alloc_f32(b.channels)?,
     })
 }
 
-fn window(
-    input: &Shape,
-    size: (usize, usize),
-    strides: (usize, usize),
-    padding: Padding,
-    name: &str,
-) -> Result<Window, CudaError> {
-    let hwc = input.hwc().ok_or_else(|| CudaError::Unsupported(format!("layer {name} needs an image input")))?;
-    Window::new(hwc, size, strides, padding == Padding::Same)
-        .ok_or_else(|| CudaError::Unsupported(format!("layer {name}: the window does not fit its input")))
+/// The GPU op of a layer the CPU model built as `op` on inputs of `input`.
+fn gpu_op(gpu: &Gpu, op: EngineOp, input: &Shape, output: &Shape) -> Result<Op, CudaError> {
+    Ok(match op {
+        EngineOp::View => Op::View,
+        EngineOp::Dense { inputs, units, activation, kernel, bias } => {
+            Op::Dense(Dense { inputs, units, act: activation, kernel, bias })
+        }
+        EngineOp::Conv2d(c) => Op::Conv(conv(c)),
+        EngineOp::MaxPool2d(win) => Op::MaxPool(MaxPool { win, argmax: None }),
+        EngineOp::GlobalAvgPool2d { positions, channels } => Op::GlobalAvgPool { hw: positions, c: channels },
+        EngineOp::BatchNorm(b) => Op::BatchNorm(batch_norm(gpu, b, input.numel())?),
+        EngineOp::Activation(act) => Op::Activation { act, row: output.0.last().copied().unwrap_or(1) },
+        EngineOp::Residual(r) => {
+            let numel = output.numel();
+            let shortcut = match r.shortcut {
+                Some((c, b)) => Some((conv(c), batch_norm(gpu, b, numel)?)),
+                None => None,
+            };
+            Op::Residual(Box::new(Block {
+                bn1: batch_norm(gpu, r.bn1, numel)?,
+                bn2: batch_norm(gpu, r.bn2, numel)?,
+                conv1: conv(r.conv1),
+                conv2: conv(r.conv2),
+                shortcut,
+                in_len: input.numel(),
+                out_len: numel,
+                kept: None,
+            }))
+        }
+    })
 }
 
 impl GpuModel {
-    /// The GPU twin of `model`, which `crate::model::build(spec, input, classes)` returned.
-    pub fn new(gpu: &Gpu, spec: &ModelSpec, model: &Sequential, classes: usize) -> Result<Self, CudaError> {
+    /// The GPU twin of `model`, a built CPU model: each layer's kernels come from its
+    /// [`EngineOp`] description, at the same offsets as on the CPU, so both engines agree on
+    /// every tensor by construction.
+    pub fn new(gpu: &Gpu, model: &Sequential, classes: usize) -> Result<Self, CudaError> {
         let input = model.input_shape().clone();
-        let specs: Cow<'_, [LayerSpec]> = match spec.zoo {
-            Some(zoo) => Cow::Owned(
-                crate::model::zoo::layers(zoo, &input, classes)
-                    .map_err(|d| CudaError::Unsupported(format!("{d:?}")))?
-                    .0,
-            ),
-            None => Cow::Borrowed(&spec.layers),
-        };
-        let summary = model.summary();
-        if summary.len() != specs.len() {
-            return Err(CudaError::Unsupported("the spec and the built model have different layer counts".into()));
-        }
-        let layout = Layout { model };
-        let mut shape = input.clone();
         let (mut widest, mut channels) = (input.numel(), 1);
-        let mut layers: Vec<Layer> = Vec::with_capacity(specs.len());
+        let views = model.layer_views();
+        let mut layers: Vec<Layer> = Vec::with_capacity(views.len());
         let mut own = 0;
-        for (spec, row) in specs.iter().zip(&summary) {
-            let name = row.name.as_str();
-            let op = match spec {
-                LayerSpec::Flatten | LayerSpec::Reshape { .. } => Op::View,
-                LayerSpec::Dense { units, activation, use_bias } => Op::Dense(Dense {
-                    inputs: shape.numel(),
-                    units: units.get(),
-                    act: *activation,
-                    kernel: layout.param(&format!("{name}/kernel"))?,
-                    bias: if *use_bias { Some(layout.param(&format!("{name}/bias"))?) } else { None },
-                }),
-                LayerSpec::Conv2d { filters, kernel_size, strides, padding, activation, use_bias } => {
-                    let win = window(&shape, kernel_size.hw(), strides.hw(), *padding, name)?;
-                    Op::Conv(conv(win, filters.get(), *activation, name, *use_bias, &layout)?)
-                }
-                LayerSpec::MaxPool2d { pool_size, strides, padding } => {
-                    let win = window(&shape, pool_size.hw(), strides.unwrap_or(*pool_size).hw(), *padding, name)?;
-                    Op::MaxPool(MaxPool { win, argmax: None })
-                }
-                LayerSpec::GlobalAvgPool2d => {
-                    let (h, w, c) =
-                        shape.hwc().ok_or_else(|| CudaError::Unsupported(format!("layer {name} needs an image")))?;
-                    Op::GlobalAvgPool { hw: h * w, c }
-                }
-                LayerSpec::BatchNorm { momentum, epsilon } => {
-                    Op::BatchNorm(batch_norm(gpu, &shape, (*momentum as f32, *epsilon as f32), name, &layout)?)
-                }
-                LayerSpec::Activation { activation } => {
-                    Op::Activation { act: *activation, row: shape.0.last().copied().unwrap_or(1) }
-                }
-                LayerSpec::Residual { filters, strides } => {
-                    let (h, w, c) =
-                        shape.hwc().ok_or_else(|| CudaError::Unsupported(format!("layer {name} needs an image")))?;
-                    let f = filters.get();
-                    let bn = (BN_MOMENTUM, BN_EPSILON);
-                    let c3 = |input, k, s, child: &str| -> Result<Conv, CudaError> {
-                        let win = Window::new(input, (k, k), s, true)
-                            .ok_or_else(|| CudaError::Unsupported(format!("layer {name}: empty input")))?;
-                        conv(win, f, Activation::Linear, &format!("{name}/{child}"), false, &layout)
-                    };
-                    let conv1 = c3((h, w, c), 3, strides.hw(), "conv_1")?;
-                    let out = Shape(vec![conv1.win.oh, conv1.win.ow, f]);
-                    let conv2 = c3((conv1.win.oh, conv1.win.ow, f), 3, (1, 1), "conv_2")?;
-                    let shortcut = if strides.hw() != (1, 1) || c != f {
-                        Some((
-                            c3((h, w, c), 1, strides.hw(), "shortcut_conv")?,
-                            batch_norm(gpu, &out, bn, &format!("{name}/shortcut_bn"), &layout)?,
-                        ))
-                    } else {
-                        None
-                    };
-                    Op::Residual(Box::new(Block {
-                        bn1: batch_norm(gpu, &out, bn, &format!("{name}/bn_1"), &layout)?,
-                        bn2: batch_norm(gpu, &out, bn, &format!("{name}/bn_2"), &layout)?,
-                        conv1,
-                        conv2,
-                        shortcut,
-                        in_len: h * w * c,
-                        out_len: out.numel(),
-                        kept: None,
-                    }))
-                }
-                LayerSpec::Dropout { .. } => return Err(unsupported(name, "dropout")),
-                LayerSpec::AvgPool2d { .. } => return Err(unsupported(name, "avg_pool2d")),
-            };
-            shape = row.output_shape.clone();
+        for view in &views {
+            let op = view.op.ok_or_else(|| unsupported(view.name, view.kind))?;
+            let op = gpu_op(gpu, op, &view.input_shape, view.output_shape)?;
+            let shape = view.output_shape;
             widest = widest.max(shape.numel());
-            if let Op::BatchNorm(bn) = &op {
-                channels = channels.max(bn.channels);
-            }
-            if let Op::Residual(b) = &op {
-                channels = channels.max(b.bn1.channels);
+            match &op {
+                Op::BatchNorm(bn) => channels = channels.max(bn.channels),
+                Op::Residual(b) => channels = channels.max(b.bn1.channels),
+                Op::View
+                | Op::Dense(_)
+                | Op::Conv(_)
+                | Op::MaxPool(_)
+                | Op::GlobalAvgPool { .. }
+                | Op::Activation { .. } => {}
             }
             let input = layers.last().map_or(Slot::Input, |l| l.output);
             let output = if matches!(op, Op::View) {
@@ -264,11 +167,9 @@ impl GpuModel {
             };
             layers.push(Layer { op, input, output, out_len: shape.numel() });
         }
-        if shape.numel() != classes {
-            return Err(CudaError::Unsupported(format!(
-                "the model outputs {} values for {classes} classes",
-                shape.numel()
-            )));
+        let outputs = views.last().map_or(input.numel(), |v| v.output_shape.numel());
+        if outputs != classes {
+            return Err(CudaError::Unsupported(format!("the model outputs {outputs} values for {classes} classes")));
         }
         Ok(Self {
             layers,
@@ -308,7 +209,7 @@ impl GpuModel {
                         patches = patches.max(c.patch_values(n));
                     }
                 }
-                _ => {}
+                Op::View | Op::Dense(_) | Op::GlobalAvgPool { .. } | Op::BatchNorm(_) | Op::Activation { .. } => {}
             }
         }
         self.scratch = Some(Scratch {

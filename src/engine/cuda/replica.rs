@@ -7,7 +7,6 @@ use super::error::CudaError;
 use super::model::GpuModel;
 use super::nccl::AllReduce;
 use crate::engine::{BatchStats, Sequential};
-use crate::spec::ModelSpec;
 
 /// A model replica on one GPU.
 pub struct GpuReplica {
@@ -18,18 +17,11 @@ pub struct GpuReplica {
 }
 
 impl GpuReplica {
-    /// Opens `gpu:index` with the kernels `ptx` and places the model `spec` describes (whose
-    /// CPU build is `cpu`) on it; `momentum` keeps an SGD velocity.
-    pub fn new(
-        index: usize,
-        ptx: &str,
-        spec: &ModelSpec,
-        cpu: &Sequential,
-        classes: usize,
-        momentum: bool,
-    ) -> Result<Self, CudaError> {
+    /// Opens `gpu:index` with the kernels `ptx` and places the GPU twin of the built CPU model
+    /// `cpu` on it; `momentum` keeps an SGD velocity.
+    pub fn new(index: usize, ptx: &str, cpu: &Sequential, classes: usize, momentum: bool) -> Result<Self, CudaError> {
         let gpu = Gpu::open(index, ptx)?;
-        let model = GpuModel::new(&gpu, spec, cpu, classes)?;
+        let model = GpuModel::new(&gpu, cpu, classes)?;
         let arena = Arena::new(&gpu, cpu.param_len(), cpu.state_len(), momentum)?;
         Ok(Self { gpu, model, arena, comm: None })
     }

@@ -3,6 +3,7 @@
 use crate::engine::activation;
 use crate::engine::kernels::par_rows;
 use crate::engine::layer::{Layer, Pass};
+use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
 
@@ -24,6 +25,10 @@ impl ActivationLayer {
 }
 
 impl Layer for ActivationLayer {
+    fn op(&self) -> Option<Op> {
+        Some(Op::Activation(self.activation))
+    }
+
     fn kind(&self) -> &'static str {
         "activation"
     }

@@ -7,6 +7,7 @@
 
 use crate::engine::kernels::{SUM_PARTS, par_rows, partition};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::op::{BatchNormOp, Op};
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
 
@@ -86,7 +87,27 @@ fn affine(
     });
 }
 
+impl BatchNorm {
+    /// This normalization as other engines describe it, its tensors at the start of its slices.
+    pub(crate) fn batch_norm_op(&self) -> BatchNormOp {
+        let c = self.channels;
+        BatchNormOp {
+            channels: c,
+            momentum: self.momentum,
+            epsilon: self.epsilon,
+            gamma: 0,
+            beta: c,
+            moving_mean: 0,
+            moving_variance: c,
+        }
+    }
+}
+
 impl Layer for BatchNorm {
+    fn op(&self) -> Option<Op> {
+        Some(Op::BatchNorm(self.batch_norm_op()))
+    }
+
     fn kind(&self) -> &'static str {
         "batch_norm"
     }

@@ -7,6 +7,7 @@
 use crate::engine::activation;
 use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, matmul, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::op::{ConvOp, Op};
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
 use rayon::prelude::*;
@@ -15,7 +16,8 @@ use rayon::prelude::*;
 const CHUNK_VALUES: usize = 1 << 18;
 
 /// How a convolution's kernel starts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum KernelInit {
     /// Keras's default for `Conv2D`.
     #[default]
@@ -86,7 +88,20 @@ impl Conv2d {
     }
 }
 
+impl Conv2d {
+    /// This convolution as other engines describe it, its tensors at the start of its slice.
+    pub(crate) fn conv_op(&self) -> ConvOp {
+        let w = &self.win;
+        let bias = self.use_bias.then_some(w.kh * w.kw * w.c * self.filters);
+        ConvOp { window: self.win, filters: self.filters, activation: self.activation, kernel: 0, bias }
+    }
+}
+
 impl Layer for Conv2d {
+    fn op(&self) -> Option<Op> {
+        Some(Op::Conv2d(self.conv_op()))
+    }
+
     fn kind(&self) -> &'static str {
         "conv2d"
     }

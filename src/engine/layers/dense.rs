@@ -3,6 +3,7 @@
 use crate::engine::activation;
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
 
@@ -25,6 +26,11 @@ impl Dense {
 }
 
 impl Layer for Dense {
+    fn op(&self) -> Option<Op> {
+        let bias = self.use_bias.then_some(self.inputs * self.units);
+        Some(Op::Dense { inputs: self.inputs, units: self.units, activation: self.activation, kernel: 0, bias })
+    }
+
     fn kind(&self) -> &'static str {
         "dense"
     }

@@ -3,6 +3,7 @@
 
 use super::max_pool2d::images_per_part;
 use crate::engine::layer::{Layer, Pass};
+use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
 
@@ -20,6 +21,10 @@ impl GlobalAvgPool2d {
 }
 
 impl Layer for GlobalAvgPool2d {
+    fn op(&self) -> Option<Op> {
+        Some(Op::GlobalAvgPool2d { positions: self.positions, channels: self.output.numel() })
+    }
+
     fn kind(&self) -> &'static str {
         "global_avg_pool2d"
     }

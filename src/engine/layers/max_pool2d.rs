@@ -3,6 +3,7 @@
 
 use crate::engine::kernels::Window;
 use crate::engine::layer::{Layer, Pass};
+use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
 
@@ -62,6 +63,10 @@ fn forward_image(win: &Window, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
 }
 
 impl Layer for MaxPool2d {
+    fn op(&self) -> Option<Op> {
+        Some(Op::MaxPool2d(self.win))
+    }
+
     fn kind(&self) -> &'static str {
         "max_pool2d"
     }

@@ -10,6 +10,7 @@ use super::batch_norm::BatchNorm;
 use super::conv2d::{Conv2d, KernelInit};
 use crate::engine::kernels::{Window, par_rows};
 use crate::engine::layer::{Layer, ParamSpec, Pass};
+use crate::engine::op::{BatchNormOp, ConvOp, Op, ResidualOp};
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
 use std::ops::Range;
@@ -168,6 +169,35 @@ fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
 }
 
 impl Layer for Residual {
+    fn op(&self) -> Option<Op> {
+        // Children lie back to back in slice order: conv_1, bn_1, conv_2, bn_2 (and the
+        // projection's conv and bn); only the batch norms have state.
+        let (p, s) = (&self.params, &self.state);
+        let at = |i: usize| p.get(i).map_or(0, |r| r.start);
+        let st = |i: usize| s.get(i).map_or(0, |r| r.start);
+        let conv = |c: &Conv2d, i: usize| {
+            let op = c.conv_op();
+            ConvOp { kernel: op.kernel + at(i), bias: op.bias.map(|b| b + at(i)), ..op }
+        };
+        let bn = |b: &BatchNorm, i: usize, j: usize| {
+            let op = b.batch_norm_op();
+            BatchNormOp {
+                gamma: op.gamma + at(i),
+                beta: op.beta + at(i),
+                moving_mean: op.moving_mean + st(j),
+                moving_variance: op.moving_variance + st(j),
+                ..op
+            }
+        };
+        Some(Op::Residual(ResidualOp {
+            conv1: conv(&self.conv1, 0),
+            bn1: bn(&self.bn1, 1, 0),
+            conv2: conv(&self.conv2, 2),
+            bn2: bn(&self.bn2, 3, 1),
+            shortcut: self.shortcut.as_ref().map(|sc| (conv(&sc.conv, 4), bn(&sc.bn, 5, 2))),
+        }))
+    }
+
     fn kind(&self) -> &'static str {
         "residual"
     }

@@ -1,6 +1,7 @@
 //! `flatten` and `reshape`: the same values seen with another shape, so no work at all.
 
 use crate::engine::layer::{Layer, Pass};
+use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 
 /// A layer whose output is its input reinterpreted; the model aliases the buffers.
@@ -22,6 +23,10 @@ impl View {
 }
 
 impl Layer for View {
+    fn op(&self) -> Option<Op> {
+        Some(Op::View)
+    }
+
     fn kind(&self) -> &'static str {
         self.kind
     }

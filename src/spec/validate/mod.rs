@@ -117,7 +117,9 @@ impl<'s> Walker<'s> {
         doc: &'s Json,
         path: &mut Vec<Seg>,
     ) {
-        let what = def.map(|d| d.trim_end_matches("Spec").to_ascii_lowercase()).unwrap_or_else(|| "value".to_string());
+        let what = def
+            .map(|d| d.trim_end_matches("Spec").trim_end_matches("Config").to_ascii_lowercase())
+            .unwrap_or_else(|| "value".to_string());
         let names: Vec<String> = branches
             .iter()
             .filter_map(|b| b.pointer(&format!("/properties/{tag}/const"))?.as_str())

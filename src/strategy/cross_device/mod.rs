@@ -7,7 +7,7 @@ mod nccl;
 mod reduction_to_one_device;
 
 use super::StrategyError;
-use crate::spec::CrossDeviceOps;
+use crate::plan::CrossDevice;
 use rayon::prelude::*;
 
 /// Values one task sums at a time: every chunk is independent, so the split only sets the
@@ -15,17 +15,17 @@ use rayon::prelude::*;
 const CHUNK: usize = 1 << 14;
 
 /// Sums `buffers[1..]` into `buffers[0]` with `algorithm`.
-pub fn reduce(algorithm: CrossDeviceOps, buffers: &mut [&mut [f32]]) -> Result<(), StrategyError> {
+pub fn reduce(algorithm: CrossDevice, buffers: &mut [&mut [f32]]) -> Result<(), StrategyError> {
     match algorithm {
-        CrossDeviceOps::ReductionToOneDevice | CrossDeviceOps::Auto => {
+        CrossDevice::ReductionToOneDevice => {
             chunked(buffers, reduction_to_one_device::sum);
             Ok(())
         }
-        CrossDeviceOps::HierarchicalCopy => {
+        CrossDevice::HierarchicalCopy => {
             chunked(buffers, hierarchical_copy::sum);
             Ok(())
         }
-        CrossDeviceOps::Nccl => nccl::reduce(buffers),
+        CrossDevice::Nccl => nccl::reduce(buffers),
     }
 }
 
@@ -51,7 +51,7 @@ mod tests {
     /// smaller and larger than a chunk) against a plain sum.
     #[test]
     fn every_algorithm_sums_like_a_plain_sum() {
-        for algorithm in [CrossDeviceOps::ReductionToOneDevice, CrossDeviceOps::HierarchicalCopy] {
+        for algorithm in [CrossDevice::ReductionToOneDevice, CrossDevice::HierarchicalCopy] {
             for replicas in [2, 3, 4] {
                 for len in [0, 1, 7, 1000, CHUNK + 3, 3 * CHUNK + 1] {
                     let mut bufs: Vec<Vec<f32>> = (0..replicas)
@@ -76,13 +76,13 @@ mod tests {
             reduce(alg, &mut [x.as_mut_slice(), y.as_mut_slice()]).unwrap();
             x
         };
-        assert_eq!(run(CrossDeviceOps::ReductionToOneDevice), run(CrossDeviceOps::HierarchicalCopy));
+        assert_eq!(run(CrossDevice::ReductionToOneDevice), run(CrossDevice::HierarchicalCopy));
     }
 
     #[test]
     fn nccl_needs_gpus() {
         let (mut a, mut b) = (vec![1.0], vec![2.0]);
-        let e = reduce(CrossDeviceOps::Nccl, &mut [a.as_mut_slice(), b.as_mut_slice()]).unwrap_err();
+        let e = reduce(CrossDevice::Nccl, &mut [a.as_mut_slice(), b.as_mut_slice()]).unwrap_err();
         assert!(e.to_string().contains("nccl"), "{e}");
     }
 }

@@ -2,16 +2,13 @@
 //! numerics against the CPU engine (same spec, seed and batch, a few SGD steps) and training
 //! throughput on synthetic data.
 
-use super::arena::SgdConfig;
-use super::error::CudaError;
-use super::kernels;
-use super::probe;
-use super::replica::GpuReplica;
 use crate::data::Batch;
+use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, probe};
 use crate::engine::optimizer::{Optimizer, Sgd};
 use crate::engine::{LossFn, Sequential, Shape, init};
-use crate::spec::{Loss, ModelSpec};
+use crate::spec::ModelSpec;
 use crate::strategy::{Replica, Variables};
+use crate::vocab::Loss;
 use rand::RngExt;
 use std::time::Instant;
 
@@ -32,7 +29,7 @@ pub struct Comparison {
 
 /// The model `spec` builds for `input` and `classes`, or why it does not.
 fn build(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequential, CudaError> {
-    crate::model::build(spec, input, classes)
+    crate::model::build_spec(spec, input, classes)
         .map_err(|d| CudaError::Unsupported(format!("the model does not build: {d:?}")))
 }
 
@@ -47,17 +44,12 @@ pub fn synthetic_batch(input: &Shape, classes: usize, n: usize, seed: u64) -> Ba
     }
 }
 
-/// Opens `gpu:index` and places `spec`'s model on it, after probing everything it needs.
-fn gpu_replica(
-    index: usize,
-    spec: &ModelSpec,
-    layout: &Sequential,
-    classes: usize,
-    momentum: bool,
-) -> Result<GpuReplica, CudaError> {
+/// Opens `gpu:index` and places the GPU twin of `layout` on it, after probing everything it
+/// needs.
+fn gpu_replica(index: usize, layout: &Sequential, classes: usize, momentum: bool) -> Result<GpuReplica, CudaError> {
     probe::training(&[index])?;
     let ptx = kernels::compile()?.to_src();
-    GpuReplica::new(index, &ptx, spec, layout, classes, momentum)
+    GpuReplica::new(index, &ptx, layout, classes, momentum)
 }
 
 /// Trains `spec`'s model `steps` SGD steps on one seeded batch on the CPU and on `gpu:index`
@@ -75,7 +67,7 @@ pub fn compare_with_cpu(
 ) -> Result<Comparison, CudaError> {
     let seed = 42;
     let layout = build(spec, input, classes)?;
-    let mut gpu = gpu_replica(index, spec, &layout, classes, sgd.momentum > 0.0)?;
+    let mut gpu = gpu_replica(index, &layout, classes, sgd.momentum > 0.0)?;
     let (params, state) = layout.init(seed);
     gpu.arena().upload_params(gpu.gpu(), &params)?;
     gpu.arena().upload_state(gpu.gpu(), &state)?;
@@ -138,7 +130,7 @@ pub fn throughput(
     steps: usize,
 ) -> Result<GpuThroughput, CudaError> {
     let layout = build(spec, input, classes)?;
-    let mut gpu = gpu_replica(index, spec, &layout, classes, true)?;
+    let mut gpu = gpu_replica(index, &layout, classes, true)?;
     let (params, state) = layout.init(7);
     gpu.arena().upload_params(gpu.gpu(), &params)?;
     gpu.arena().upload_state(gpu.gpu(), &state)?;

@@ -2,17 +2,18 @@
 //! random inputs, in a rayon pool of the measured thread count. Run with
 //! `cargo test --release --lib model::bench -- --ignored --nocapture --test-threads 1`.
 
-use super::build;
+use super::build_spec;
+use super::{ModelSpec, ZooModel};
 use crate::engine::optimizer::Sgd;
 use crate::engine::{LossFn, Optimizer, Pass, Shape, init};
-use crate::spec::{Loss, ModelSpec, ZooModel};
+use crate::vocab::Loss;
 use rand::RngExt;
 use std::time::{Duration, Instant};
 
 /// Median times of forward, backward, optimizer and the whole step over `steps` steps.
 fn time_steps(zoo: ZooModel, input: &[usize], batch: usize, threads: usize, steps: usize) -> [Duration; 4] {
     let spec = ModelSpec { zoo: Some(zoo), layers: Vec::new() };
-    let Ok(mut model) = build(&spec, &Shape(input.to_vec()), 10) else {
+    let Ok(mut model) = build_spec(&spec, &Shape(input.to_vec()), 10) else {
         panic!("zoo model failed to build");
     };
     let mut r = init::rng(&[3]);

@@ -1,12 +1,18 @@
 //! `[sweep]`: a research sweep over key paths of the rest of the spec. `trainrun sweep SPEC`
 //! runs each trial as an ordinary run; plain `trainrun SPEC` refuses a spec with a sweep.
 
+mod expand;
+
+pub use expand::{Trial, expand, value_text};
+
+use super::Assignment;
 use super::train::Mode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 
 /// `[sweep]`: the trials of a sweep and how to rank them.
 ///
@@ -134,5 +140,63 @@ impl SweepMetric {
                 SweepMetric::TestLoss | SweepMetric::TrainLoss => false,
             },
         }
+    }
+}
+
+/// A sweep as its spec describes it.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    /// The base spec's `run.name`.
+    pub name: String,
+    /// The sweep folder: the base spec's `run.out_dir`.
+    pub dir: PathBuf,
+    /// What trials are ranked by.
+    pub metric: SweepMetric,
+    /// Whether a higher metric is better.
+    pub higher_is_better: bool,
+    /// The sweep seed.
+    pub seed: u64,
+    /// The trials.
+    pub trials: Vec<Trial>,
+}
+
+impl Sweep {
+    /// The sweep of a loaded spec (`None` without `[sweep]`), or the problems of its section.
+    pub fn new(loaded: &super::Loaded) -> Result<Option<Sweep>, Vec<super::Diagnostic>> {
+        let Some(section) = &loaded.spec.sweep else {
+            return Ok(None);
+        };
+        let run = &loaded.spec.run;
+        let name = run.name.clone().unwrap_or_else(|| "sweep".to_string());
+        let seed = section.seed.unwrap_or(run.seed);
+        Ok(Some(Sweep {
+            dir: run.out_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name)),
+            name,
+            metric: section.metric,
+            higher_is_better: section.metric.higher_is_better(section.mode),
+            seed,
+            trials: expand(section, seed)?,
+        }))
+    }
+
+    /// A trial's folder.
+    pub fn trial_dir(&self, trial: &Trial) -> PathBuf {
+        self.dir.join(&trial.name)
+    }
+
+    /// What a trial sets on top of the spec: its values, then its folder, name and seed.
+    pub fn assignments(&self, trial: &Trial) -> Vec<Assignment> {
+        let own = |key: &str, value: serde_json::Value| Assignment {
+            key: key.to_string(),
+            value,
+            source: "sweep".to_string(),
+        };
+        let mut all = trial.values.clone();
+        all.push(own("run.out_dir", self.trial_dir(trial).display().to_string().into()));
+        all.push(own("run.name", format!("{}/{}", self.name, trial.name).into()));
+        if !trial.values.iter().any(|a| a.key.trim() == "run.seed") {
+            all.push(own("run.seed", trial.seed.into()));
+        }
+        all
     }
 }

@@ -1,8 +1,11 @@
-//! `[model]`: a zoo model by name, or a Keras-style list of `[[model.layers]]`.
+//! `[model]` and its `[[model.layers]]` entries: the description of a model, as a spec writes
+//! it and as the plan carries it to the builder (zoo models expand into the same list of
+//! layers). The engine builds its layers from these; nothing past the plan reads the spec.
 
+use crate::engine::Shape;
+use crate::vocab::Activation;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use crate::vocab::Activation;
 use std::num::NonZeroUsize;
 
 /// `[model]`: give `zoo` or `layers`, not both.
@@ -16,7 +19,7 @@ pub struct ModelSpec {
     /// The layers in order, as a Keras `Sequential` model; the input shape comes from the data.
     /// Example: `[[model.layers]]` / `type = "dense"` / `units = 10`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layers: Vec<LayerSpec>,
+    pub layers: Vec<LayerConfig>,
 }
 
 /// `model.zoo`: ready-made models.
@@ -35,7 +38,7 @@ pub enum ZooModel {
 /// `[[model.layers]]`: one layer, chosen by `type`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum LayerSpec {
+pub enum LayerConfig {
     /// Fully connected: `activation(x · W + b)` (Keras `Dense`).
     Dense {
         /// Output features. Example: `units = 128`.
@@ -134,6 +137,60 @@ pub enum LayerSpec {
         #[serde(default = "Size2::one")]
         strides: Size2,
     },
+}
+
+impl LayerConfig {
+    /// The `type` name, as written in TOML.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LayerConfig::Dense { .. } => "dense",
+            LayerConfig::Conv2d { .. } => "conv2d",
+            LayerConfig::MaxPool2d { .. } => "max_pool2d",
+            LayerConfig::AvgPool2d { .. } => "avg_pool2d",
+            LayerConfig::GlobalAvgPool2d => "global_avg_pool2d",
+            LayerConfig::Flatten => "flatten",
+            LayerConfig::Reshape { .. } => "reshape",
+            LayerConfig::Dropout { .. } => "dropout",
+            LayerConfig::BatchNorm { .. } => "batch_norm",
+            LayerConfig::Activation { .. } => "activation",
+            LayerConfig::Residual { .. } => "residual",
+        }
+    }
+
+    /// The activation this layer ends in, when it applies one.
+    pub fn output_activation(&self) -> Option<Activation> {
+        match self {
+            LayerConfig::Dense { activation, .. }
+            | LayerConfig::Conv2d { activation, .. }
+            | LayerConfig::Activation { activation } => Some(*activation),
+            LayerConfig::MaxPool2d { .. }
+            | LayerConfig::AvgPool2d { .. }
+            | LayerConfig::GlobalAvgPool2d
+            | LayerConfig::Flatten
+            | LayerConfig::Reshape { .. }
+            | LayerConfig::Dropout { .. }
+            | LayerConfig::BatchNorm { .. }
+            | LayerConfig::Residual { .. } => None,
+        }
+    }
+
+    /// The output shape when it can be told without the input's (`input` when known), so
+    /// checking can go on past a layer that failed.
+    pub fn intended_output(&self, input: Option<&Shape>) -> Option<Shape> {
+        match self {
+            LayerConfig::Dense { units, .. } => Some(Shape(vec![units.get()])),
+            LayerConfig::Reshape { target_shape } => Some(Shape(target_shape.iter().map(|d| d.get()).collect())),
+            LayerConfig::Flatten => input.map(|s| Shape(vec![s.numel()])),
+            LayerConfig::Dropout { .. } | LayerConfig::BatchNorm { .. } | LayerConfig::Activation { .. } => {
+                input.cloned()
+            }
+            LayerConfig::Conv2d { .. }
+            | LayerConfig::MaxPool2d { .. }
+            | LayerConfig::AvgPool2d { .. }
+            | LayerConfig::GlobalAvgPool2d
+            | LayerConfig::Residual { .. } => None,
+        }
+    }
 }
 
 fn yes() -> bool {

@@ -1,0 +1,144 @@
+//! The one builder: the running job from the plan and what exists only at run time (the
+//! loaded data, the joined cluster). It makes one model per local device, the strategy over
+//! them (one exhaustive match in `strategy::build`), the optimizer, the callbacks and, when a
+//! backup exists, the restored state. Nothing here reads the spec.
+
+use crate::checkpoint::{CheckpointError, Layout, Store};
+use crate::cluster::job::Job;
+use crate::collective::Communicator;
+use crate::data::{DataError, Dataset, Shard};
+use crate::engine::Sequential;
+use crate::engine::optimizer::{Adam, Optimizer, Sgd};
+use crate::model::BuildError;
+use crate::plan::{OptimizerPlan, Plan, ShardPolicy};
+use crate::strategy::{self, StrategyError, Variables};
+use crate::train::callbacks::{self, Callbacks};
+use crate::train::resume::{self, ResumePoint};
+use crate::train::{Session, TrainError};
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+/// What the builder needs besides the plan.
+pub struct Resources {
+    /// The loaded dataset.
+    pub dataset: Arc<Dataset>,
+    /// The job this process joined, when it is a task of a multi-process one.
+    pub job: Option<Job>,
+}
+
+/// The running job, ready for `train::fit`.
+pub struct Built {
+    /// Variables, optimizer, strategy and data.
+    pub session: Session,
+    /// The callbacks (with the chief's checkpoint writer).
+    pub callbacks: Callbacks,
+    /// Where training continues, when a backup was restored.
+    pub resume: Option<ResumePoint>,
+    /// Whether this task is the chief (writes the run folder and checkpoints).
+    pub chief: bool,
+}
+
+/// Building failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildFailure {
+    /// The planned model did not build.
+    #[error(transparent)]
+    Model(#[from] BuildError),
+    /// The strategy could not be set up.
+    #[error(transparent)]
+    Strategy(#[from] StrategyError),
+    /// The data cannot be split as planned.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The checkpoint writer did not start.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The backup could not be restored.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+}
+
+/// One engine model per local device of the plan.
+pub fn models(plan: &Plan) -> Result<Vec<Sequential>, BuildError> {
+    (0..plan.strategy.devices.len().max(1)).map(|_| plan.model.build()).collect()
+}
+
+/// A fresh optimizer for `len` parameters.
+pub fn optimizer(plan: &OptimizerPlan, len: usize) -> Optimizer {
+    match *plan {
+        OptimizerPlan::Sgd { momentum, nesterov, weight_decay } => {
+            Optimizer::Sgd(Sgd::new(len, momentum as f32, nesterov, weight_decay as f32))
+        }
+        OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled } => Optimizer::Adam(Adam::new(
+            len,
+            beta_1 as f32,
+            beta_2 as f32,
+            epsilon as f32,
+            weight_decay as f32,
+            decoupled,
+        )),
+    }
+}
+
+/// Where the model's tensors lie, as checkpoints name them.
+pub fn layout(model: &Sequential) -> Layout {
+    Layout {
+        tensors: model.tensors().to_vec(),
+        state_tensors: model.state_tensors().to_vec(),
+        params: model.param_len(),
+        state: model.state_len(),
+    }
+}
+
+/// This task's share of every batch under `plan`'s shard policy, as worker `rank` of `workers`.
+fn shard(plan: &Plan, job: Option<&Job>) -> Result<Shard, DataError> {
+    let comm: Option<&dyn Communicator> = job.and_then(|j| j.comm.as_deref());
+    let (rank, workers) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
+    let count = NonZeroUsize::new(workers).unwrap_or(NonZeroUsize::MIN);
+    match plan.data.shard {
+        ShardPolicy::Data => Shard::new(rank, count),
+        // Every worker reads the same examples: the duplicates `off` asks for.
+        ShardPolicy::Off => Shard::new(0, count),
+        ShardPolicy::None | ShardPolicy::File => Ok(Shard::WHOLE),
+    }
+}
+
+/// Builds the running job `plan` describes from `resources`; `note` shows what happened (a
+/// resumed backup), `warn` what went wrong on the way (a damaged backup, skipped).
+pub fn build(
+    plan: &Plan,
+    resources: Resources,
+    note: impl FnMut(&str),
+    mut warn: impl FnMut(&str),
+) -> Result<Built, BuildFailure> {
+    let Resources { dataset, job } = resources;
+    let chief = job.as_ref().is_none_or(|j| j.is_chief);
+    let shard = shard(plan, job.as_ref())?;
+    let models = models(plan)?;
+    let first = models.first().ok_or(StrategyError::Unsupported("no model to place on a device".into()))?;
+    let (params, state) = first.init(plan.seed);
+    let layout = layout(first);
+    let activation_len = first.activation_len();
+    let strategy = strategy::build(plan, models, job)?;
+    let optimizer = optimizer(&plan.optimizer, params.len());
+    let buffers: Vec<&str> = optimizer.state().iter().map(|(n, _)| *n).collect();
+    let hash = plan.hashes.training.clone();
+    let callbacks = callbacks::build(plan, chief, layout.clone(), hash.clone(), &buffers)?;
+    let Layout { tensors, state_tensors, .. } = layout.clone();
+    let mut session = Session {
+        vars: Variables { params, state },
+        optimizer,
+        strategy,
+        dataset,
+        shard,
+        tensors,
+        state_tensors,
+        activation_len,
+    };
+    let loaded = match (chief, plan.callbacks.backup_dir()) {
+        (true, Some(dir)) => Store::new(dir).latest_good(&layout, |w| warn(&format!("warning: {w}")))?,
+        _ => None,
+    };
+    let resume = resume::restore(plan, &mut session, chief, loaded, &hash, note)?;
+    Ok(Built { session, callbacks, resume, chief })
+}

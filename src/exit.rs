@@ -1,0 +1,143 @@
+//! Exit codes and the error a command fails with: the contract scripts and schedulers rely on
+//! (README "Exit codes"). Every lower error maps to exactly one code here.
+
+use crate::cluster::launch;
+use crate::data::DataError;
+use crate::strategy::StrategyError;
+use crate::train::TrainError;
+use std::process::ExitCode;
+
+/// Documented exit codes (README "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Training finished (or the command succeeded).
+    Ok = 0,
+    /// A runtime failure: an I/O error, a failed step.
+    Failure = 1,
+    /// The spec or an override is invalid, or the command line is malformed.
+    Spec = 2,
+    /// The spec is valid but this build or machine cannot run it (e.g. a strategy not built
+    /// yet, a GPU device without a GPU build).
+    Unsupported = 3,
+    /// Dataset files are missing or bad and could not be downloaded.
+    Data = 4,
+    /// The job failed across processes: a task died, hung, or was refused (wrong spec,
+    /// version or token), or the cluster could not start in time.
+    Cluster = 5,
+    /// Stopped on request (SIGTERM to a task or the launcher): every task stopped after the
+    /// same step and the chief saved a backup; running the same command again resumes.
+    Preempted = 6,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// Why a command failed; each maps to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The command line is malformed.
+    #[error("error: {0}")]
+    Usage(String),
+    /// The spec has problems (already rendered with their locations).
+    #[error("{0}")]
+    Spec(String),
+    /// The dataset could not be found, fetched or read.
+    #[error("error: {0}")]
+    Data(#[from] DataError),
+    /// The spec is valid but cannot run here.
+    #[error("error: {0}")]
+    Unsupported(String),
+    /// The job failed across processes (a task died, hung or was refused).
+    #[error("error: {0}")]
+    Cluster(String),
+    /// Training failed.
+    #[error("error: {0}")]
+    Train(TrainError),
+    /// A task of the local cluster failed.
+    #[error("error: {0}")]
+    Launch(launch::LaunchError),
+    /// Anything else at runtime.
+    #[error("error: {0}")]
+    Failure(String),
+    /// Trials of a sweep failed; the sweep exits with the first one's code.
+    #[error("error: {message}")]
+    TrialFailed {
+        /// The first failed trial's exit code.
+        code: u8,
+        /// Which trials failed.
+        message: String,
+    },
+    /// Stopped on request (SIGTERM) after saving a backup: not an error, a pause.
+    #[error("trainrun: {0}")]
+    Preempted(String),
+}
+
+impl RunError {
+    /// The process exit code for this error.
+    pub fn exit(&self) -> u8 {
+        let code = match self {
+            // The launcher passes on the code of the task that failed.
+            RunError::Launch(launch::LaunchError::TaskFailed { code, .. }) | RunError::TrialFailed { code, .. } => {
+                return *code;
+            }
+            RunError::Launch(launch::LaunchError::Preempted) | RunError::Preempted(_) => Exit::Preempted,
+            RunError::Launch(_) => Exit::Cluster,
+            RunError::Usage(_) | RunError::Spec(_) | RunError::Train(TrainError::Resume(_)) => Exit::Spec,
+            RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
+            RunError::Unsupported(_)
+            | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
+                Exit::Unsupported
+            }
+            RunError::Cluster(_)
+            | RunError::Train(TrainError::Strategy(
+                StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished,
+            )) => Exit::Cluster,
+            RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
+        };
+        code as u8
+    }
+}
+
+impl From<TrainError> for RunError {
+    fn from(e: TrainError) -> Self {
+        match e {
+            TrainError::Preempted { .. } => RunError::Preempted(e.to_string()),
+            e => RunError::Train(e),
+        }
+    }
+}
+
+impl From<crate::builder::BuildFailure> for RunError {
+    fn from(e: crate::builder::BuildFailure) -> Self {
+        use crate::builder::BuildFailure;
+        match e {
+            BuildFailure::Model(e) => RunError::Failure(e.to_string()),
+            BuildFailure::Strategy(e) => e.into(),
+            BuildFailure::Data(e) => RunError::Data(e),
+            BuildFailure::Checkpoint(e) => e.into(),
+            BuildFailure::Train(e) => e.into(),
+        }
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for RunError {
+    fn from(e: crate::checkpoint::CheckpointError) -> Self {
+        RunError::Train(e.into())
+    }
+}
+
+impl From<StrategyError> for RunError {
+    fn from(e: StrategyError) -> Self {
+        match e {
+            StrategyError::NotBuilt(_) | StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
+            StrategyError::Device(_) => RunError::Failure(e.to_string()),
+            StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished => {
+                RunError::Cluster(e.to_string())
+            }
+        }
+    }
+}

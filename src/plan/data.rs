@@ -1,0 +1,156 @@
+//! `[data]`, resolved: where the examples come from (folder and files found), how the input
+//! pipeline orders and batches them, and how workers split them.
+
+use super::StrategyPlan;
+use crate::data::{DataDirs, DataError, DataFacts, Preset, Shuffle, Source};
+use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
+use serde::Serialize;
+
+/// How the training data is split across workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardPolicy {
+    /// One worker: nothing to split.
+    None,
+    /// Each worker reads its own files.
+    File,
+    /// Each worker keeps every N-th example of each global batch.
+    Data,
+    /// Every worker reads everything.
+    Off,
+}
+
+/// The input pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DataPlan {
+    /// Where the examples come from.
+    #[serde(skip)]
+    pub source: Source,
+    /// Sizes and shapes.
+    pub facts: DataFacts,
+    /// How each data-epoch is ordered.
+    #[serde(skip)]
+    pub shuffle: Shuffle,
+    /// Drop each data-epoch's last partial batch.
+    pub drop_remainder: bool,
+    /// Batches prepared ahead.
+    pub prefetch: usize,
+    /// How workers split the data.
+    pub shard: ShardPolicy,
+    /// Shards (workers) the data is split into.
+    pub num_shards: usize,
+}
+
+/// The source `[data]` names, with its folder resolved from `data.dir` or the environment
+/// (`dirs`); `seed` (the run seed) drives the synthetic generator. Reads nothing.
+pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, DataError> {
+    let dir =
+        |name: &'static str| dirs.resolve(spec.dir.as_deref(), name).ok_or(DataError::NoDataDir { dataset: name });
+    Ok(match spec.dataset {
+        DatasetKind::Mnist => Source::Preset { dir: dir("mnist")?, preset: Preset::mnist() },
+        DatasetKind::FashionMnist => Source::Preset { dir: dir("fashion_mnist")?, preset: Preset::fashion_mnist() },
+        DatasetKind::Idx => Source::Idx {
+            files: spec.files.clone().ok_or(DataError::MissingSection {
+                dataset: "idx",
+                section: "[data.files]",
+                example: "[data.files] train_images = \"train-images-idx3-ubyte.gz\", \
+                          train_labels = \"train-labels-idx1-ubyte.gz\"",
+            })?,
+            dir: dir("idx")?,
+        },
+        DatasetKind::Synthetic => Source::Synthetic { config: spec.synthetic.clone().unwrap_or_default(), seed },
+    })
+}
+
+/// Plans the pipeline over `source` (whose facts are `facts`) for `strategy`'s workers.
+pub fn resolve(
+    spec: &DataSpec,
+    source: &Source,
+    facts: &DataFacts,
+    strategy: &StrategyPlan,
+    diags: &mut Vec<Diagnostic>,
+) -> DataPlan {
+    let workers = strategy.num_workers;
+    let shard = if workers <= 1 {
+        ShardPolicy::None
+    } else {
+        match spec.auto_shard_policy {
+            AutoShardPolicy::Auto if facts.train_files >= workers => ShardPolicy::File,
+            AutoShardPolicy::Auto | AutoShardPolicy::Data => ShardPolicy::Data,
+            AutoShardPolicy::File => {
+                if facts.train_files < workers {
+                    diags.push(
+                        Diagnostic::error(
+                            "data.auto_shard_policy",
+                            format!(
+                                "auto_shard_policy = \"file\" needs at least as many training files as workers: {} file{} for {workers} workers",
+                                facts.train_files,
+                                if facts.train_files == 1 { "" } else { "s" }
+                            ),
+                        )
+                        .help("use auto_shard_policy = \"data\" (or \"auto\"), or split the training data into more files"),
+                    );
+                }
+                ShardPolicy::File
+            }
+            AutoShardPolicy::Off => {
+                diags.push(
+                    Diagnostic::warning("data.auto_shard_policy", format!("auto_shard_policy = \"off\": all {workers} workers read every example, so each epoch sees every example {workers} times"))
+                        .help("use \"auto\" or \"data\" unless duplicates are intended"),
+                );
+                ShardPolicy::Off
+            }
+        }
+    };
+    if spec.prefetch == 0 {
+        diags.push(
+            Diagnostic::warning("data.prefetch", "data.prefetch = 0 prepares batches on the training thread")
+                .help("use prefetch = 2"),
+        );
+    }
+    DataPlan {
+        source: source.clone(),
+        facts: facts.clone(),
+        shuffle: Shuffle::from_buffer_size(spec.shuffle_buffer),
+        drop_remainder: spec.drop_remainder,
+        prefetch: spec.prefetch,
+        shard,
+        num_shards: if shard == ShardPolicy::None { 1 } else { workers },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn dirs(data: Option<&str>) -> DataDirs {
+        DataDirs { trainrun_data_dir: data.map(PathBuf::from), xdg_cache_home: None, home: None }
+    }
+
+    #[test]
+    fn a_preset_needs_a_folder() {
+        let err = source(&DataSpec::default(), &dirs(None), 0).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "mnist: no data folder: set `data.dir` or TRAINRUN_DATA_DIR (neither XDG_CACHE_HOME nor \
+             HOME is set, so there is no cache folder either)"
+        );
+    }
+
+    #[test]
+    fn idx_needs_its_files_section() {
+        let spec = DataSpec { dataset: DatasetKind::Idx, ..DataSpec::default() };
+        let err = source(&spec, &dirs(Some("/d")), 0).unwrap_err();
+        assert!(err.to_string().starts_with("`data.dataset = \"idx\"` needs `[data.files]`"));
+    }
+
+    #[test]
+    fn synthetic_needs_no_folder() {
+        let spec = DataSpec { dataset: DatasetKind::Synthetic, ..DataSpec::default() };
+        let source = source(&spec, &DataDirs::default(), 3).unwrap();
+        assert_eq!(source.dir(), None);
+        let facts = source.facts().unwrap();
+        assert_eq!((facts.train_examples, facts.test_examples, facts.train_files), (60_000, 10_000, 0));
+    }
+}

@@ -1,0 +1,123 @@
+//! `[train]`, resolved: epochs and steps, the loss, metrics and when to evaluate.
+
+use crate::data::DataFacts;
+use crate::engine::LossFn;
+use crate::model::{LayerConfig, ModelPlan};
+use crate::spec::{Diagnostic, Spec};
+use crate::vocab::{Loss, Metric};
+use serde::Serialize;
+
+/// When the test split is evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EvalPlan {
+    /// Every this many steps, if set.
+    pub every_steps: Option<u64>,
+    /// At the end of every epoch.
+    pub every_epoch: bool,
+    /// Test batches per evaluation (`None`: the whole split).
+    pub validation_steps: Option<u64>,
+}
+
+/// `model.fit`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainPlan {
+    /// Epochs.
+    pub epochs: u64,
+    /// Optimizer steps per epoch.
+    pub steps_per_epoch: u64,
+    /// `epochs × steps_per_epoch`.
+    pub total_steps: u64,
+    /// The loss.
+    pub loss: Loss,
+    /// Whether model outputs are logits.
+    pub from_logits: bool,
+    /// Metrics besides the loss.
+    pub metrics: Vec<Metric>,
+    /// Evaluation; `None` when there is no test split.
+    pub eval: Option<EvalPlan>,
+}
+
+impl TrainPlan {
+    /// The engine's loss function.
+    pub fn loss_fn(&self) -> LossFn {
+        LossFn { kind: self.loss, from_logits: self.from_logits }
+    }
+}
+
+/// Plans `model.fit`'s loop for a global batch of `global`.
+pub fn resolve(
+    spec: &Spec,
+    model: Option<&ModelPlan>,
+    facts: &DataFacts,
+    global: usize,
+    diags: &mut Vec<Diagnostic>,
+) -> TrainPlan {
+    let t = &spec.train;
+    let per_epoch =
+        if spec.data.drop_remainder { facts.train_examples / global } else { facts.train_examples.div_ceil(global) };
+    if per_epoch == 0 {
+        diags.push(
+            Diagnostic::error(
+                "batch.global",
+                format!(
+                    "the global batch of {global} is larger than the {} training examples, so the data has no full batch",
+                    facts.train_examples
+                ),
+            )
+            .help(format!("use a global batch of at most {}, or data.drop_remainder = false", facts.train_examples)),
+        );
+    }
+    let steps_per_epoch = t.steps_per_epoch.map_or(per_epoch as u64, |s| s.get());
+    let total_steps = t.epochs.get().checked_mul(steps_per_epoch).unwrap_or_else(|| {
+        diags.push(
+            Diagnostic::error(
+                "train.epochs",
+                format!(
+                    "train.epochs × steps per epoch = {} × {steps_per_epoch} is more steps than can be counted",
+                    t.epochs
+                ),
+            )
+            .help("train for fewer epochs or fewer train.steps_per_epoch"),
+        );
+        0
+    });
+    if (1..t.metrics.len()).any(|i| t.metrics[..i].contains(&t.metrics[i])) {
+        diags.push(
+            Diagnostic::warning("train.metrics", "train.metrics lists a metric twice").help("list each metric once"),
+        );
+    }
+    let eval = (facts.test_examples > 0).then_some(EvalPlan {
+        every_steps: t.evaluate_every_steps.map(|s| s.get()),
+        every_epoch: t.evaluate_every_epoch,
+        validation_steps: t.validation_steps.map(|s| s.get()),
+    });
+    if eval.is_none() && t.evaluate_every_steps.is_some() {
+        diags.push(
+            Diagnostic::warning("train.evaluate_every_steps", "the dataset has no test split, so nothing is evaluated")
+                .help("add test files to [data.files]"),
+        );
+    }
+    if !t.from_logits && model.is_some_and(outputs_logits) && t.loss != Loss::MeanSquaredError {
+        diags.push(
+            Diagnostic::warning(
+                "train.from_logits",
+                "the model's last layer outputs logits (no softmax or sigmoid), but train.from_logits = false",
+            )
+            .help("set train.from_logits = true, or end the model with a softmax activation"),
+        );
+    }
+    TrainPlan {
+        epochs: t.epochs.get(),
+        steps_per_epoch,
+        total_steps,
+        loss: t.loss,
+        from_logits: t.from_logits,
+        metrics: t.metrics.clone(),
+        eval,
+    }
+}
+
+/// Whether the model ends without a squashing activation (zoo models end in logits).
+fn outputs_logits(model: &ModelPlan) -> bool {
+    model.layers.last().and_then(LayerConfig::output_activation).is_some_and(|a| !a.squashes())
+}

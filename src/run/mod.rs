@@ -1,0 +1,182 @@
+//! `trainrun SPEC`, the edge where I/O happens: prepare (load and plan), build the running job
+//! from the plan, fit, and record the run folder. A local cluster's launcher starts the task
+//! processes instead; an evaluator task evaluates checkpoints.
+
+mod check;
+mod eval;
+mod record;
+
+pub use check::check;
+pub use eval::eval;
+
+use crate::builder::{self, Resources};
+use crate::cluster::job::{self, Job, JobConfig};
+use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
+use crate::data::{Dataset, Fetcher};
+use crate::exit::RunError;
+use crate::plan::{Part, Plan, Reduction};
+use crate::prepare::{Invocation, Prepared, flag, prepare};
+use crate::progress::Mode;
+use crate::train::{self, FitOptions};
+use record::Record;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// `trainrun SPEC`: trains (or launches the tasks that train) and writes the run folder.
+pub fn train(inv: &Invocation) -> Result<(), RunError> {
+    let p = prepare(inv)?;
+    if p.loaded.spec.sweep.is_some() {
+        return Err(crate::sweep::not_a_run(&inv.spec, &p.loaded));
+    }
+    // Refused before any process starts, not from inside every task.
+    crate::strategy::runnable(&p.plan)?;
+    match p.plan.cluster.part {
+        Part::Launcher => launch(inv, &p),
+        Part::Task(task) if task.role == Role::Evaluator => eval::sidecar(inv, &p, task),
+        Part::Single | Part::Task(_) => train_here(inv, &p),
+    }
+}
+
+/// Prints a line unless quiet.
+fn say(quiet: bool, prefix: &str, text: &str) {
+    if !quiet {
+        eprintln!("{prefix}{text}");
+    }
+}
+
+/// A pool of `threads` compute threads.
+fn pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| RunError::Failure(format!("cannot start {threads} threads: {e}")))
+}
+
+/// Fetches what is missing (unless `TRAINRUN_OFFLINE`, as HF_HUB_OFFLINE: then missing files
+/// are an error naming them and the folder to put them in) and loads the data.
+fn load_data(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunError> {
+    if !flag(&inv.env, "TRAINRUN_OFFLINE") {
+        plan.data.source.fetch_missing(&Fetcher::default())?;
+    }
+    Ok(plan.data.source.load()?)
+}
+
+fn progress_mode(inv: &Invocation) -> Mode {
+    match inv.env.iter().find(|(k, _)| k == "TRAINRUN_PROGRESS").map(|(_, v)| v.as_str()) {
+        Some("events") => Mode::Events,
+        Some("quiet") => Mode::Quiet,
+        _ => Mode::detect(inv.quiet),
+    }
+}
+
+/// Starts every task of the local cluster as a process of this binary and supervises them.
+fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
+    let exe =
+        std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
+    let mut args = vec![inv.spec.display().to_string()];
+    for s in &inv.sets {
+        args.extend(["--set".to_string(), s.clone()]);
+    }
+    let c = &p.plan.cluster;
+    let run = launch::Launch {
+        exe,
+        args,
+        cluster: Cluster { source: c.source, tasks: c.tasks.iter().cloned().collect() },
+        grace: c.timeout + std::time::Duration::from_secs(2),
+        progress: Mode::detect(inv.quiet),
+        epochs: p.plan.train.epochs,
+        max_restarts: c.restarts.max_restarts,
+        restart_backoff: c.restarts.backoff,
+        stop: crate::signals::stop_requested(),
+    };
+    if let Err(e) = launch::run(run) {
+        let error = match e {
+            launch::LaunchError::Preempted => RunError::Preempted(e.to_string()),
+            e => RunError::Launch(e),
+        };
+        // A chief killed before it could say so leaves `run.json` at `running`.
+        if !matches!(error, RunError::Preempted(_)) {
+            crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string());
+        }
+        return Err(error);
+    }
+    if !inv.quiet {
+        println!("wrote {}", p.plan.out_dir.display());
+    }
+    Ok(())
+}
+
+/// Joins the job as `task`: control plane, rendezvous, and the data plane sized for
+/// `arena_floats` gradient values.
+fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Result<Job, RunError> {
+    let mut addresses = BTreeMap::new();
+    for (t, a) in &plan.cluster.tasks {
+        match a {
+            Address::At(a) => addresses.insert(*t, a.clone()),
+            Address::Local => {
+                return Err(RunError::Usage(format!(
+                    "{t} has no address: a count of local tasks is started by `trainrun SPEC` itself; run without \
+                     --task / TRAINRUN_TASK, or list host:port addresses in [cluster]"
+                )));
+            }
+        };
+    }
+    let env_token = inv.env.iter().find(|(k, _)| k == "TRAINRUN_JOB_TOKEN").map(|(_, v)| v.as_str());
+    let token =
+        resolve_token(env_token, plan.cluster.token_file.as_deref()).map_err(|e| RunError::Cluster(e.to_string()))?;
+    let transport = match plan.strategy.reduction {
+        Reduction::Collective(c) => c.transport,
+        Reduction::None | Reduction::CrossDevice { .. } | Reduction::ParameterServer => {
+            crate::collective::TransportKind::Tcp
+        }
+    };
+    job::join(JobConfig {
+        task,
+        addresses,
+        token,
+        spec_hash: plan.hashes.results.chars().take(16).collect(),
+        startup: plan.cluster.startup_timeout,
+        timeout: plan.cluster.timeout,
+        transport,
+        arena_floats,
+    })
+    .map_err(|e| RunError::Cluster(e.to_string()))
+}
+
+/// Trains in this process: the whole run, or this task's part of a job.
+fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
+    // First thing: a SIGTERM from here on is a request to stop cleanly, not death.
+    let stop = crate::signals::stop_requested();
+    let plan = &p.plan;
+    let dataset = Arc::new(load_data(inv, plan)?);
+    let (job, prefix) = match plan.cluster.part {
+        Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
+        Part::Single | Part::Launcher => (None, String::new()),
+    };
+    let progress = progress_mode(inv);
+    let prefix = if progress == Mode::Events { String::new() } else { prefix };
+    let quiet = progress == Mode::Quiet;
+    let built =
+        builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
+            .map_err(RunError::from)?;
+    let builder::Built { mut session, mut callbacks, resume, chief } = built;
+    let mut record = if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step))?) } else { None };
+    let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
+    let result = pool(plan.threads).and_then(|pool| {
+        let run_dir = record.as_mut().map(Record::dir);
+        let summary = pool.install(|| train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume))?;
+        if let Some(r) = record.as_mut() {
+            r.dir().summary(&summary).map_err(|e| RunError::Train(e.into()))?;
+            if progress != Mode::Quiet && progress != Mode::Events {
+                println!("wrote {}", r.dir().path().display());
+            }
+        }
+        Ok(())
+    });
+    if let Some(r) = record {
+        // A preempted run is paused, not failed: the next launch resumes it.
+        let failure = result.as_ref().err().filter(|e| !matches!(e, RunError::Preempted(_)));
+        r.finish(inv, failure.map(|e| (e.exit(), e.to_string())))?;
+    }
+    result
+}

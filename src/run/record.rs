@@ -1,0 +1,107 @@
+//! The chief's run folder as the edge sees it: `run.json` when training starts (how to
+//! reproduce the run) and when it ends (how it ended), around the folder `train` writes.
+
+use crate::cluster::{Address, TaskId};
+use crate::exit::RunError;
+use crate::prepare::{Invocation, Prepared};
+use crate::provenance::{Git, Host, rfc3339};
+use crate::train::record::{RunDir, RunDirOptions};
+use crate::train::run_record::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
+
+/// The chief's run folder and its `run.json`.
+pub struct Record {
+    dir: RunDir,
+    record: RunRecord,
+}
+
+impl Record {
+    /// Creates (or, resuming after `resumed_step`, reopens) the run folder and writes `run.json`.
+    pub fn start(inv: &Invocation, p: &Prepared, resumed_step: Option<u64>) -> Result<Record, RunError> {
+        let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
+        let options = RunDirOptions {
+            resolved_spec: resolved,
+            spec_sha256: p.plan.hashes.results.clone(),
+            log_every_steps: p.loaded.spec.run.log_every_steps.get(),
+            launched: inv.launched,
+        };
+        let out = &p.plan.out_dir;
+        let dir = match resumed_step {
+            None => RunDir::create(out, options),
+            Some(step) => RunDir::resume(out, options, step),
+        }
+        .map_err(|e| RunError::Train(e.into()))?;
+        let record = run_record(inv, p);
+        dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
+        Ok(Record { dir, record })
+    }
+
+    /// The folder, for the training loop.
+    pub fn dir(&mut self) -> &mut RunDir {
+        &mut self.dir
+    }
+
+    /// Records how the run ended: `failure` is its exit code and message, `None` when it
+    /// completed or was preempted (paused, not failed: the next launch resumes it).
+    pub fn finish(mut self, inv: &Invocation, failure: Option<(u8, String)>) -> Result<(), RunError> {
+        self.record.finish(inv.launched, failure);
+        self.dir.record(&self.record).map_err(|e| RunError::Train(e.into()))
+    }
+}
+
+/// `run.json` as training starts.
+fn run_record(inv: &Invocation, p: &Prepared) -> RunRecord {
+    let folder = inv.spec.parent().unwrap_or(std::path::Path::new("."));
+    let mut env_overrides: Vec<String> = inv
+        .env
+        .iter()
+        .filter(|(k, _)| k.to_ascii_uppercase().starts_with("TRAINRUN_") && k.contains("__"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env_overrides.sort();
+    let c = &p.plan.cluster;
+    let tasks = c
+        .tasks
+        .iter()
+        .map(|(t, a)| {
+            let address = match a {
+                Address::Local => "local".to_string(),
+                Address::At(a) => a.clone(),
+            };
+            (t.to_string(), address)
+        })
+        .collect();
+    RunRecord {
+        trainrun_version: env!("CARGO_PKG_VERSION"),
+        status: RunStatus::Running,
+        exit_code: None,
+        error: None,
+        started_at: {
+            let now = std::time::SystemTime::now();
+            rfc3339(now.checked_sub(inv.launched.elapsed()).unwrap_or(now))
+        },
+        ended_at: None,
+        wall_s: None,
+        command: std::env::args().collect(),
+        cwd: std::env::current_dir().ok().map(|d| d.display().to_string()),
+        spec: SpecSource {
+            path: inv.spec.display().to_string(),
+            files: p.loaded.files.iter().map(|f| f.display().to_string()).collect(),
+            sets: inv.sets.clone(),
+            env_overrides,
+            sha256: p.plan.hashes.results.clone(),
+        },
+        seeds: Seeds { run: p.plan.seed, sweep: p.trial.as_ref().map(|t| t.sweep_seed) },
+        sweep: p.trial.as_ref().map(|t| t.origin.clone()),
+        git: Git::of(folder),
+        cluster: Topology {
+            strategy: p.plan.strategy.kind,
+            source: c.source,
+            tasks,
+            task: c.task.map(|t: TaskId| t.to_string()),
+            num_workers: p.plan.strategy.num_workers,
+            num_replicas_in_sync: p.plan.strategy.num_replicas_in_sync,
+            threads: p.plan.threads,
+        },
+        host: Host::here(),
+    }
+}

@@ -1,0 +1,215 @@
+//! The shape of the house, checked on the source: the runtime takes the typed plan and never
+//! reads the spec; top-level modules depend on each other without cycles; files and functions
+//! stay small. Each failure names the files to fix (`docs/architecture.md` says how).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Modules that run a planned job: they take the plan (or their slice of it), not the spec.
+const RUNTIME: [&str; 8] = ["train", "strategy", "collective", "engine", "data", "checkpoint", "builder", "cluster"];
+
+/// The cluster's resolution half: it turns `[cluster]`, TF_CONFIG, Slurm or Kubernetes into the
+/// cluster the plan holds, so it reads the spec's `[cluster]` section.
+const RESOLUTION: [&str; 4] =
+    ["src/cluster/resolve.rs", "src/cluster/tf_config.rs", "src/cluster/slurm.rs", "src/cluster/kubernetes.rs"];
+
+/// Longest file, in lines.
+const MAX_FILE_LINES: usize = 600;
+
+/// Longest function, in lines.
+const MAX_FN_LINES: usize = 120;
+
+/// Every `.rs` file under `src/`, with its text.
+fn sources() -> Vec<(PathBuf, String)> {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            panic!("cannot read {}; run tests from the package root", dir.display())
+        };
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                out.push((p, text));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new("src"), &mut out);
+    out
+}
+
+/// Whether a file holds only tests (`tests.rs`, `*_tests.rs`).
+fn test_file(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    name == "tests.rs" || name.ends_with("_tests.rs")
+}
+
+/// The file's code without its trailing test module and without comments.
+fn code(text: &str) -> String {
+    let end = text.find("#[cfg(test)]\nmod tests").unwrap_or(text.len());
+    text[..end]
+        .lines()
+        .map(|l| match l.find("//") {
+            Some(i) if !l[..i].contains('"') => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level module a file under `src/` belongs to (`src/train/fit.rs` → `train`).
+fn module(path: &Path) -> String {
+    let rel = path.strip_prefix("src").unwrap_or(path);
+    let first = rel.components().next().map(|c| c.as_os_str().to_string_lossy().into_owned()).unwrap_or_default();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// `crate::name` references in `code`.
+fn uses(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        let after = &rest[i + 7..];
+        let name: String = after.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+        rest = after;
+    }
+    out
+}
+
+#[test]
+fn the_runtime_never_reads_the_spec() {
+    let offenders: Vec<String> = sources()
+        .into_iter()
+        .filter(|(p, _)| RUNTIME.contains(&module(p).as_str()) && !test_file(p))
+        .filter(|(p, _)| !RESOLUTION.iter().any(|r| Path::new(r) == p))
+        .filter(|(_, text)| uses(&code(text)).contains("spec"))
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "runtime files import crate::spec; take the typed plan (or a type the plan holds) instead:\n  {}",
+        offenders.join("\n  ")
+    );
+}
+
+#[test]
+fn top_level_modules_form_no_cycle() {
+    // module -> (dependency -> files that use it)
+    let mut graph: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (path, text) in sources().into_iter().filter(|(p, _)| !test_file(p)) {
+        let from = module(&path);
+        for to in uses(&code(&text)).into_iter().filter(|to| *to != from) {
+            graph.entry(from.clone()).or_default().entry(to).or_default().insert(path.display().to_string());
+        }
+    }
+    // Depth-first search for a back edge; report the cycle with the files behind each edge.
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+        stack: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = stack.iter().position(|n| n == node) {
+            let mut cycle = stack[i..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.to_string());
+        for next in graph.get(node).into_iter().flat_map(|m| m.keys()) {
+            if let Some(c) = visit(next, graph, stack, done) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in graph.keys() {
+        if let Some(cycle) = visit(node, &graph, &mut Vec::new(), &mut done) {
+            let edges: Vec<String> = cycle
+                .windows(2)
+                .map(|w| {
+                    format!(
+                        "{} -> {} (in {})",
+                        w[0],
+                        w[1],
+                        graph[&w[0]][&w[1]].iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                })
+                .collect();
+            panic!("modules depend on each other in a cycle; move the shared part down:\n  {}", edges.join("\n  "));
+        }
+    }
+}
+
+#[test]
+fn files_stay_small() {
+    let big: Vec<String> = sources()
+        .into_iter()
+        .map(|(p, t)| (p, t.lines().count()))
+        .filter(|(_, n)| *n > MAX_FILE_LINES)
+        .map(|(p, n)| format!("{} ({n} lines)", p.display()))
+        .collect();
+    assert!(big.is_empty(), "files over {MAX_FILE_LINES} lines; split them along a seam:\n  {}", big.join("\n  "));
+}
+
+/// Functions and their lengths: from a line whose code starts with `fn`/`pub fn`/… to the
+/// first later line that closes at the same indentation.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let is_fn = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn ", "async fn ", "pub async fn "]
+            .iter()
+            .any(|p| trimmed.starts_with(p));
+        if !is_fn || trimmed.ends_with(';') {
+            continue;
+        }
+        let close = format!("{}}}", " ".repeat(indent));
+        if let Some(end) = lines[i + 1..].iter().position(|l| *l == close) {
+            let name = trimmed.split("fn ").nth(1).and_then(|r| r.split(['(', '<']).next()).unwrap_or(trimmed);
+            let name = format!("fn {name}");
+            out.push((name, i + 1, end + 2));
+        }
+    }
+    out
+}
+
+#[test]
+fn functions_stay_short() {
+    let long: Vec<String> = sources()
+        .into_iter()
+        .filter(|(p, _)| !test_file(p))
+        .flat_map(|(p, text)| {
+            let code_end = text.find("#[cfg(test)]\nmod tests").unwrap_or(text.len());
+            functions(&text[..code_end])
+                .into_iter()
+                .filter(|(_, _, len)| *len > MAX_FN_LINES)
+                .map(move |(name, line, len)| format!("{}:{line} {name} ({len} lines)", p.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(long.is_empty(), "functions over {MAX_FN_LINES} lines; split them:\n  {}", long.join("\n  "));
+}
+
+#[test]
+fn the_checks_see_what_they_check() {
+    // A check that finds nothing to check would pass vacuously.
+    let all = sources();
+    assert!(all.len() > 100, "{} source files", all.len());
+    assert!(all.iter().any(|(p, t)| module(p) == "train" && uses(&code(t)).contains("plan")));
+    assert!(all.iter().any(|(p, t)| module(p) == "plan" && uses(&code(t)).contains("spec")));
+    assert!(functions("fn a() {\n    x\n}\n").first().is_some_and(|f| f.2 == 3));
+}

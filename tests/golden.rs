@@ -1,0 +1,64 @@
+//! Golden results: short versions of the checked-in jobs under every strategy, with threads
+//! fixed, must end with exactly these weights and test losses. A change that moves them is
+//! either a bug or a deliberate change of the numerics, which must update the values here and
+//! say why in its commit (the values below were recorded with the binary before the plan
+//! refactor, and it kept every one of them).
+
+mod common;
+
+use common::{assert_exit, json, run, tempdir};
+
+/// 20 steps of one epoch, evaluated on two test batches.
+const SHORT: [&str; 6] =
+    ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=20", "--set", "train.validation_steps=2"];
+
+/// What every worker-count-independent run of the tutorial model at global batch 128 ends with.
+const BATCH_128_MULTIWORKER: (&str, f64) =
+    ("00685490715121153c9570459b7bde05f00321b8c2340493a97429fdcbdbe7e3", 2.292672454069058);
+
+fn finish(spec: &str, extra: &[&str]) -> (String, f64) {
+    let dir = tempdir();
+    let out_dir = format!("run.out_dir={}", dir.path().join("run").display());
+    let mut args = vec![spec, "--quiet", "--set", &out_dir];
+    args.extend(SHORT);
+    args.extend(extra);
+    let out = run(&args);
+    assert_exit(&out, 0);
+    let s = json(&dir.path().join("run/summary.json"));
+    let sha = s["weights_sha256"].as_str().unwrap_or_default().to_string();
+    (sha, s["test_loss"].as_f64().unwrap_or(f64::NAN))
+}
+
+fn check(name: &str, got: (String, f64), want: (&str, f64)) {
+    assert_eq!(got.0, want.0, "{name}: the weights changed");
+    assert_eq!(got.1.to_bits(), want.1.to_bits(), "{name}: test_loss {} != {}", got.1, want.1);
+}
+
+#[test]
+fn one_process() {
+    let got = finish("specs/mnist_single.toml", &["--set", "run.threads=2"]);
+    check("default", got, ("2b7081b3ffbad7e911d62efd980600f48c498e8e3b8eea10ec7e1781a6dd0c66", 2.2922368918855986));
+}
+
+#[test]
+fn two_replicas_in_one_process() {
+    let want = ("da3a526af98277bb014bb3cd4b8d221d570f7b067ffc0fd25ad4e80d60103ad1", 2.29267245468994);
+    for spec in ["specs/mnist_mirrored.toml", "specs/mnist_central_storage.toml"] {
+        check(spec, finish(spec, &["--set", "run.threads=2"]), want);
+    }
+}
+
+#[test]
+fn two_workers_over_shared_memory_and_tcp() {
+    for transport in ["shared_memory", "tcp"] {
+        let set = format!("strategy.communication.transport={transport}");
+        let got = finish("specs/mnist_multiworker.toml", &["--set", &set, "--set", "run.threads=1"]);
+        check(transport, got, BATCH_128_MULTIWORKER);
+    }
+}
+
+#[test]
+fn the_fault_tolerant_job() {
+    let got = finish("specs/mnist_fault_tolerant.toml", &["--set", "run.threads=1"]);
+    check("fault tolerant", got, BATCH_128_MULTIWORKER);
+}
