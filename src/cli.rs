@@ -112,6 +112,11 @@ pub enum Exit {
     /// Stopped on request (SIGTERM to a task or the launcher): every task stopped after the
     /// same step and the chief saved a backup; running the same command again resumes.
     Preempted = 6,
+    /// The disk is full: a checkpoint or the run folder could not be written, and removing the
+    /// unfinished save did not free enough space. A restart would fail the same way.
+    NoSpace = 7,
+    /// A bug in trainrun: it panicked (see [`crate::crash`]).
+    Bug = 70,
 }
 
 impl From<Exit> for ExitCode {

@@ -97,6 +97,10 @@ impl RunError {
             | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
                 Exit::Unsupported
             }
+            RunError::Train(TrainError::Checkpoint(crate::checkpoint::CheckpointError::NoSpace { .. })) => {
+                Exit::NoSpace
+            }
+            RunError::Train(TrainError::Record(e)) if crate::checkpoint::is_no_space(&e.source) => Exit::NoSpace,
             RunError::Cluster(_)
             | RunError::Train(TrainError::Strategy(
                 StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished,
@@ -592,8 +596,8 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
     };
     let mut run_dir = match (chief, &resumed) {
         (false, _) => None,
-        (true, None) => Some(RunDir::create(&plan.out_dir, options).map_err(|e| RunError::Train(e.into()))?),
-        (true, Some(r)) => Some(RunDir::resume(&plan.out_dir, options, r.step).map_err(|e| RunError::Train(e.into()))?),
+        (true, None) => Some(RunDir::create(&plan.out_dir, options).map_err(|e| out_dir_error(p, e))?),
+        (true, Some(r)) => Some(RunDir::resume(&plan.out_dir, options, r.step).map_err(|e| out_dir_error(p, e))?),
     };
     let mut record = run_dir.as_ref().map(|_| run_record(inv, p, task));
     if let (Some(d), Some(r)) = (&run_dir, &record) {
@@ -607,9 +611,29 @@ fn train_here(inv: &Invocation, p: &Prepared, task: Option<TaskId>) -> Result<Su
         // A preempted run is paused, not failed: the next launch resumes it.
         let failure = result.as_ref().err().filter(|e| !matches!(e, RunError::Preempted(_)));
         r.finish(inv.launched, failure.map(|e| (e.exit(), e.to_string())));
-        d.record(r).map_err(|e| RunError::Train(e.into()))?;
+        let recorded = d.record(r).map_err(|e| RunError::Train(e.into()));
+        // On a full disk `run.json` may not fit either: the failure to report is training's.
+        return result.and_then(|summary| recorded.map(|()| summary));
     }
     result
+}
+
+/// The run folder cannot be made: say which key chose it and where that came from.
+fn out_dir_error(p: &Prepared, e: crate::train::record::RecordError) -> RunError {
+    if e.path != p.plan.out_dir || crate::checkpoint::is_no_space(&e.source) {
+        return RunError::Train(e.into());
+    }
+    let dir = p.plan.out_dir.display();
+    let from = match &p.loaded.spec.run.out_dir {
+        Some(_) => p.loaded.origins.origin("run.out_dir").unwrap_or("the spec").to_string(),
+        None => "the default, runs/<run.name>".to_string(),
+    };
+    let reason = crate::spec::io_reason(&e.source);
+    RunError::Failure(format!(
+        "cannot create the run folder `run.out_dir` = \"{dir}\" (from {from}): {reason}\n  \
+         help: point run.out_dir at a folder this process can create and write, e.g. `--set run.out_dir=runs/{}`",
+        p.loaded.spec.run.name.as_deref().unwrap_or("run")
+    ))
 }
 
 /// `run.json` as training starts.

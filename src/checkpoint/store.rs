@@ -92,8 +92,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
         }
         Err(e) => return Err(CheckpointError::io(&path)(e)),
     };
-    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.clone(), reason };
-    let file: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+    parse_manifest(&path, &bytes)
+}
+
+/// Checks the bytes of the manifest file at `path`: JSON, its own checksum, the format.
+pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest, CheckpointError> {
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
+    let file: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
     let (Some(sha), Some(value)) = (file.get("sha256").and_then(|s| s.as_str()), file.get("manifest")) else {
         return Err(corrupt("it lacks `sha256` or `manifest`".into()));
     };
@@ -147,14 +152,30 @@ impl Store {
 
     /// Writes `snapshot` as the checkpoint at `manifest.step`; `manifest.files` is filled in
     /// here. Returns its folder.
-    pub fn write(
+    /// A write that fails removes what it wrote (the folder and its temporary files) at
+    /// once, so a full disk is not left fuller; the checkpoints before it are not touched.
+    pub fn write(&self, snapshot: &Snapshot, layout: &Layout, manifest: Manifest) -> Result<PathBuf, CheckpointError> {
+        std::fs::create_dir_all(&self.root).map_err(CheckpointError::io(&self.root))?;
+        let dir = self.root.join(name(manifest.step));
+        match self.write_into(&dir, snapshot, layout, manifest) {
+            Ok(()) => Ok(dir),
+            Err(e) => {
+                // Best effort: the error to report is the write's.
+                let _ = std::fs::remove_dir_all(&dir);
+                let _ = sync_dir(&self.root);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_into(
         &self,
+        dir: &Path,
         snapshot: &Snapshot,
         layout: &Layout,
         mut manifest: Manifest,
-    ) -> Result<PathBuf, CheckpointError> {
-        std::fs::create_dir_all(&self.root).map_err(CheckpointError::io(&self.root))?;
-        let dir = self.root.join(name(manifest.step));
+    ) -> Result<(), CheckpointError> {
+        let dir = dir.to_path_buf();
         if dir.exists() {
             // Rewriting a step (a resumed run passing it again): uncommit first, so nobody
             // reads the old manifest against new files.
@@ -191,8 +212,7 @@ impl Store {
         sync_dir(&dir)?;
         write_file(&dir, MANIFEST, &manifest_bytes(&manifest)?)?;
         sync_dir(&dir)?;
-        sync_dir(&self.root)?;
-        Ok(dir)
+        sync_dir(&self.root)
     }
 
     /// Removes the checkpoint at `step`: its manifest first, so that a reader meanwhile sees an
@@ -267,6 +287,18 @@ fn verified(dir: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>, Chec
 
 /// Reads and verifies the checkpoint in `dir` for a model of `layout`.
 pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
+    let missing = |reason| CheckpointError::Missing { dir: dir.to_path_buf(), reason };
+    match std::fs::metadata(dir) {
+        Err(_) => return Err(missing("no such folder")),
+        Ok(m) if !m.is_dir() => return Err(missing("it is a file, not a checkpoint folder")),
+        // A folder that is not named like a checkpoint and lacks a manifest was never one.
+        Ok(_)
+            if !dir.join(MANIFEST).exists() && dir.file_name().and_then(|n| n.to_str()).and_then(step_of).is_none() =>
+        {
+            return Err(missing("it holds no manifest.json, so it is not a checkpoint folder"));
+        }
+        Ok(_) => {}
+    }
     let manifest = read_manifest(dir)?;
     let model = verified(dir, &manifest, MODEL)?;
     let path = dir.join(MODEL);

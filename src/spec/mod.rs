@@ -32,6 +32,7 @@ pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
 pub use device::{BadDevice, Device, DeviceKind, Devices};
 pub use diag::{Diagnostic, Severity};
+pub use files::io_reason;
 pub use load::{Assignment, LoadError, Loaded, load, load_trial};
 pub use model::{Activation, LayerSpec, ModelSpec, Padding, Size2, ZooModel};
 pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
