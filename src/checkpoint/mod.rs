@@ -93,12 +93,14 @@ pub enum CheckpointError {
     #[error("cannot encode a checkpoint manifest: {0}")]
     Encode(String),
     /// No checkpoint folder at the path given.
-    #[error("{} is not a checkpoint: {reason}{}", dir.display(), listing(dir))]
+    #[error("{} is not a checkpoint: {reason}{nearby}", dir.display())]
     Missing {
         /// The path given.
         dir: PathBuf,
         /// What is there instead.
         reason: &'static str,
+        /// The checkpoints beside it, as [`nearby`] words them.
+        nearby: String,
     },
     /// The disk is full, and removing the unfinished save left less room than a checkpoint
     /// needs: a restart would fail the same way.
@@ -138,7 +140,7 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
 
 /// The checkpoints beside a path that is not one, to say which exist: `; checkpoints in
 /// runs/x/checkpoints: ckpt-0000000130, ckpt-0000000140`.
-fn listing(dir: &Path) -> String {
+pub(crate) fn nearby(dir: &Path) -> String {
     // A folder of checkpoints (`runs/x/checkpoints`) lists its own; anything else, its
     // neighbours'.
     let inside = Store::new(dir).list().unwrap_or_default();

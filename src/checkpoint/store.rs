@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 const MODEL: &str = "model.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const BEST: &str = "best.safetensors";
+/// A checkpoint folder being written.
+const PARTIAL: &str = ".partial";
+/// A checkpoint folder being replaced by a new one at the same step.
+const OLD: &str = ".old";
 
 /// A checkpoint folder as listed, before it is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,67 +156,62 @@ impl Store {
 
     /// Writes `snapshot` as the checkpoint at `manifest.step`; `manifest.files` is filled in
     /// here. Returns its folder.
-    /// A write that fails removes what it wrote (the folder and its temporary files) at
-    /// once, so a full disk is not left fuller; the checkpoints before it are not touched.
+    ///
+    /// The checkpoint is written whole in `ckpt-<step>.partial` and renamed into place, so a
+    /// write that fails (a full disk) touches no committed checkpoint, not even one at the same
+    /// step (a resumed run passing it again), and removes what it wrote at once.
     pub fn write(&self, snapshot: &Snapshot, layout: &Layout, manifest: Manifest) -> Result<PathBuf, CheckpointError> {
         std::fs::create_dir_all(&self.root).map_err(CheckpointError::io(&self.root))?;
+        self.remove_leftovers();
         let dir = self.root.join(name(manifest.step));
-        match self.write_into(&dir, snapshot, layout, manifest) {
+        let partial = self.root.join(format!("{}{PARTIAL}", name(manifest.step)));
+        let written = std::fs::create_dir(&partial)
+            .map_err(CheckpointError::io(&partial))
+            .and_then(|()| write_into(&partial, snapshot, layout, manifest))
+            .and_then(|()| self.put_in_place(&partial, &dir));
+        match written {
             Ok(()) => Ok(dir),
             Err(e) => {
                 // Best effort: the error to report is the write's.
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(&partial);
                 let _ = sync_dir(&self.root);
                 Err(e)
             }
         }
     }
 
-    fn write_into(
-        &self,
-        dir: &Path,
-        snapshot: &Snapshot,
-        layout: &Layout,
-        mut manifest: Manifest,
-    ) -> Result<(), CheckpointError> {
-        let dir = dir.to_path_buf();
-        if dir.exists() {
-            // Rewriting a step (a resumed run passing it again): uncommit first, so nobody
-            // reads the old manifest against new files.
-            remove_if_present(&dir.join(MANIFEST))?;
-            sync_dir(&dir)?;
-        } else {
-            std::fs::create_dir(&dir).map_err(CheckpointError::io(&dir))?;
+    /// Folders a crash left half-written or set aside (`ckpt-….partial`, `ckpt-….old`).
+    fn remove_leftovers(&self) {
+        for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
+            let file = entry.file_name();
+            let stem = file.to_str().and_then(|n| n.strip_suffix(PARTIAL).or_else(|| n.strip_suffix(OLD)));
+            if stem.and_then(step_of).is_some() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
-        let meta = |what: &str| BTreeMap::from([("trainrun".to_string(), what.to_string())]);
-        let mut files = Vec::new();
-        let mut put = |name: &str, entries: Vec<Entry<'_>>, what: &str| -> Result<(), CheckpointError> {
-            let tmp = dir.join(format!("{name}.tmp"));
-            let written = tensors::write(&tmp, &entries, &meta(what))?;
-            std::fs::rename(&tmp, dir.join(name)).map_err(CheckpointError::io(&dir.join(name)))?;
-            files.push(FileEntry { name: name.to_string(), bytes: written.bytes, sha256: written.sha256 });
-            Ok(())
-        };
-        let mut model = tensors::entries("", &layout.tensors, &snapshot.params);
-        model.extend(tensors::entries("", &layout.state_tensors, &snapshot.state));
-        put(MODEL, model, "weights")?;
-        let mut optimizer = Vec::new();
-        for (buffer, values) in &snapshot.optimizer {
-            optimizer.extend(tensors::entries(&format!("{buffer}/"), &layout.tensors, values));
+    }
+
+    /// Renames the finished `partial` to `dir`. A checkpoint already there is set aside first
+    /// and removed only once the new one is in place (and put back if that fails).
+    fn put_in_place(&self, partial: &Path, dir: &Path) -> Result<(), CheckpointError> {
+        let mut old = dir.as_os_str().to_owned();
+        old.push(OLD);
+        let old = PathBuf::from(old);
+        let set_aside = dir.exists();
+        if set_aside {
+            std::fs::rename(dir, &old).map_err(CheckpointError::io(dir))?;
         }
-        put(OPTIMIZER, optimizer, "optimizer")?;
-        if let Some((params, state)) = &snapshot.best {
-            let mut best = tensors::entries("", &layout.tensors, params);
-            best.extend(tensors::entries("", &layout.state_tensors, state));
-            put(BEST, best, "best weights")?;
-        } else {
-            remove_if_present(&dir.join(BEST))?;
+        if let Err(e) = std::fs::rename(partial, dir) {
+            if set_aside {
+                let _ = std::fs::rename(&old, dir);
+            }
+            return Err(CheckpointError::io(dir)(e));
         }
-        manifest.files = files;
-        sync_dir(&dir)?;
-        write_file(&dir, MANIFEST, &manifest_bytes(&manifest)?)?;
-        sync_dir(&dir)?;
-        sync_dir(&self.root)
+        sync_dir(&self.root)?;
+        if set_aside {
+            let _ = std::fs::remove_dir_all(&old);
+        }
+        Ok(())
     }
 
     /// Removes the checkpoint at `step`: its manifest first, so that a reader meanwhile sees an
@@ -252,6 +251,37 @@ impl Store {
     }
 }
 
+/// Writes the checkpoint's files into the fresh folder `dir`, the manifest last.
+fn write_into(dir: &Path, snapshot: &Snapshot, layout: &Layout, mut manifest: Manifest) -> Result<(), CheckpointError> {
+    let dir = dir.to_path_buf();
+    let meta = |what: &str| BTreeMap::from([("trainrun".to_string(), what.to_string())]);
+    let mut files = Vec::new();
+    let mut put = |name: &str, entries: Vec<Entry<'_>>, what: &str| -> Result<(), CheckpointError> {
+        let tmp = dir.join(format!("{name}.tmp"));
+        let written = tensors::write(&tmp, &entries, &meta(what))?;
+        std::fs::rename(&tmp, dir.join(name)).map_err(CheckpointError::io(&dir.join(name)))?;
+        files.push(FileEntry { name: name.to_string(), bytes: written.bytes, sha256: written.sha256 });
+        Ok(())
+    };
+    let mut model = tensors::entries("", &layout.tensors, &snapshot.params);
+    model.extend(tensors::entries("", &layout.state_tensors, &snapshot.state));
+    put(MODEL, model, "weights")?;
+    let mut optimizer = Vec::new();
+    for (buffer, values) in &snapshot.optimizer {
+        optimizer.extend(tensors::entries(&format!("{buffer}/"), &layout.tensors, values));
+    }
+    put(OPTIMIZER, optimizer, "optimizer")?;
+    if let Some((params, state)) = &snapshot.best {
+        let mut best = tensors::entries("", &layout.tensors, params);
+        best.extend(tensors::entries("", &layout.state_tensors, state));
+        put(BEST, best, "best weights")?;
+    }
+    manifest.files = files;
+    sync_dir(&dir)?;
+    write_file(&dir, MANIFEST, &manifest_bytes(&manifest)?)?;
+    sync_dir(&dir)
+}
+
 fn remove_if_present(path: &Path) -> Result<(), CheckpointError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -287,7 +317,7 @@ fn verified(dir: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>, Chec
 
 /// Reads and verifies the checkpoint in `dir` for a model of `layout`.
 pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
-    let missing = |reason| CheckpointError::Missing { dir: dir.to_path_buf(), reason };
+    let missing = |reason| CheckpointError::Missing { dir: dir.to_path_buf(), reason, nearby: super::nearby(dir) };
     match std::fs::metadata(dir) {
         Err(_) => return Err(missing("no such folder")),
         Ok(m) if !m.is_dir() => return Err(missing("it is a file, not a checkpoint folder")),
