@@ -28,6 +28,11 @@ pub enum Exit {
     /// Stopped on request (SIGTERM to a task or the launcher): every task stopped after the
     /// same step and the chief saved a backup; running the same command again resumes.
     Preempted = 6,
+    /// The disk is full: a checkpoint or the run folder could not be written, and removing the
+    /// unfinished save did not free enough space. A restart would fail the same way.
+    NoSpace = 7,
+    /// A bug in trainrun: it panicked (see [`crate::crash`]).
+    Bug = 70,
 }
 
 impl From<Exit> for ExitCode {
@@ -92,6 +97,10 @@ impl RunError {
             | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
                 Exit::Unsupported
             }
+            RunError::Train(TrainError::Checkpoint(crate::checkpoint::CheckpointError::NoSpace { .. })) => {
+                Exit::NoSpace
+            }
+            RunError::Train(TrainError::Record(e)) if crate::checkpoint::is_no_space(&e.source) => Exit::NoSpace,
             RunError::Cluster(_)
             | RunError::Train(TrainError::Strategy(
                 StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished,

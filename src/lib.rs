@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod collective;
+pub mod crash;
 pub mod data;
 pub mod diagnostic;
 pub mod engine;

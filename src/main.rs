@@ -1,13 +1,11 @@
 //! The `trainrun` binary: exit codes only; everything else is in the library.
 
 fn main() -> std::process::ExitCode {
-    // Like other Unix tools, die quietly when the reader of our output goes away
-    // (`trainrun check spec.toml | head`) instead of panicking on a failed print.
-    #[cfg(unix)]
-    // SAFETY: called first thing, before any thread exists; SIG_DFL is a valid disposition.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // A panic on any thread is reported as a bug and ends the process with exit code 70; a
+    // print to a closed pipe (`trainrun check spec.toml | head`) ends it quietly by SIGPIPE.
+    // SIGPIPE itself stays ignored (Rust's default), so a socket whose peer closed it is an
+    // error to report (`crash` says why).
+    trainrun::crash::install();
     // `trainrun bench` measures all-reduce between copies of this binary, told their part
     // through the environment.
     if let Some(code) = trainrun::collective::bench::peer_main_from_env() {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_exit, json, run, tempdir, text, wait_for, wait_within};
+use common::{assert_exit, json, run, tempdir, text, wait_for_file, wait_within};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::OnceLock;
@@ -85,8 +85,8 @@ fn a_sigterm_stops_after_a_backup_and_the_next_launch_ends_bit_identical() {
     let dir = tempdir();
     let o = out(dir.path());
     let args = with(&SINGLE, &["--set", &o]);
-    let child = spawn(&args);
-    assert!(wait_for(&ckpt(&dir.path().join("backup"), 7).join("manifest.json"), LIMIT), "no first backup");
+    let mut child = spawn(&args);
+    wait_for_file(&ckpt(&dir.path().join("backup"), 7).join("manifest.json"), LIMIT, &mut [&mut child]);
     std::thread::sleep(jitter(150));
     common::signal(child.id(), libc::SIGTERM);
     let (stopped, _) = wait_within(child, LIMIT);
@@ -278,9 +278,9 @@ fn a_worker_killed_at_a_random_step_is_restarted_and_the_job_ends_bit_identical(
     // Not quiet: the launcher reports how long the restart took.
     let args = ["specs/mnist_fault_tolerant.toml", "--set", "train.epochs=2", "--set", "train.steps_per_epoch=50"];
     let args = with(&args, &["--set", "optimizer.momentum=0.9", "--set", &o]);
-    let launcher = spawn(&args);
+    let mut launcher = spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
-    assert!(wait_for(&ckpt(&dir.path().join("backup"), 10).join("manifest.json"), LIMIT), "no first backup");
+    wait_for_file(&ckpt(&dir.path().join("backup"), 10).join("manifest.json"), LIMIT, &mut [&mut launcher]);
     std::thread::sleep(jitter(400));
     common::signal(victim, libc::SIGKILL);
     let (done, _) = wait_within(launcher, LIMIT);
@@ -305,9 +305,9 @@ fn a_sigterm_to_a_worker_or_the_launcher_preempts_every_task_and_the_job_resumes
     let backup = dir.path().join("backup");
 
     // A worker asked to stop: all stop after the same step, the chief saves there.
-    let launcher = spawn(&args);
+    let mut launcher = spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
-    assert!(wait_for(&ckpt(&backup, 10).join("manifest.json"), LIMIT), "no first backup");
+    wait_for_file(&ckpt(&backup, 10).join("manifest.json"), LIMIT, &mut [&mut launcher]);
     std::thread::sleep(jitter(300));
     common::signal(victim, libc::SIGTERM);
     let (first, _) = wait_within(launcher, LIMIT);
@@ -316,9 +316,9 @@ fn a_sigterm_to_a_worker_or_the_launcher_preempts_every_task_and_the_job_resumes
     assert!(first_stop >= 10, "{:?}", steps_of(&backup));
 
     // The launcher asked to stop passes it on; the second launch resumed and stops again.
-    let launcher = spawn(&args);
+    let mut launcher = spawn(&args);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(wait_for(&dir.path().join("metrics.jsonl"), LIMIT));
+    wait_for_file(&dir.path().join("metrics.jsonl"), LIMIT, &mut [&mut launcher]);
     let until = Instant::now() + LIMIT;
     while steps_of(&backup).last().is_some_and(|&s| s <= first_stop) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
@@ -458,8 +458,8 @@ fn restarted_tasks_on_separate_hosts_resume_from_the_chiefs_backup() {
             .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
     };
     let backup = chief_dir.path().join("out/backup");
-    let (chief, mut worker) = (task(chief_dir.path(), 0), task(worker_dir.path(), 1));
-    assert!(wait_for(&ckpt(&backup, 10).join("manifest.json"), LIMIT), "no first backup");
+    let (mut chief, mut worker) = (task(chief_dir.path(), 0), task(worker_dir.path(), 1));
+    wait_for_file(&ckpt(&backup, 10).join("manifest.json"), LIMIT, &mut [&mut chief, &mut worker]);
     std::thread::sleep(jitter(300));
     let _ = worker.kill();
     let _ = worker.wait();

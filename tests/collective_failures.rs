@@ -275,3 +275,50 @@ fn a_silent_peer_is_named_after_the_operation_timeout() {
         assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(2), "{kind}: took {took:?}");
     }
 }
+
+/// Serves every connection to a fresh port with `answer` after reading the hello (`None`:
+/// closes at once); returns the port's address.
+fn stranger_at(answer: Option<&'static [u8]>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            if let Some(bytes) = answer {
+                let mut hello = [0u8; 32];
+                let _ = std::io::Read::read(&mut s, &mut hello);
+                let _ = s.write_all(bytes);
+            }
+        }
+    });
+    addr
+}
+
+/// A rank whose next rank's address is answered by something that is not trainrun (a web
+/// server, a peer that closes at once, another protocol) fails setup at once, naming the
+/// address and what answered there.
+#[test]
+fn tcp_names_what_answers_at_the_next_ranks_address_when_it_is_not_trainrun() {
+    let cases: [(Option<&'static [u8]>, &str); 3] = [
+        (
+            Some(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/html\r\n\r\n<html>bad</html>"),
+            "worker:1's address 127.0.0.1:PORT is answered by an HTTP/1 server (it said `HTTP/1.0 400 Bad Request`), not by a trainrun worker: check that every task has the same cluster addresses",
+        ),
+        (
+            None,
+            "worker:1 (127.0.0.1:PORT) refused this rank: it closed the connection without answering the handshake (is it a trainrun worker? did its own setup fail?)",
+        ),
+        (
+            Some(b"SSH-2.0-OpenSSH_9.6\r\n"),
+            "worker:1's address 127.0.0.1:PORT is answered by something that sent bytes that are not trainrun's protocol (\"SSH-2.0-OpenSSH_\u{2026}\"), not by a trainrun worker: check that every task has the same cluster addresses",
+        ),
+    ];
+    for (answer, want) in cases {
+        let (err, took) = bounded(move || {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addrs = vec![l.local_addr().unwrap(), stranger_at(answer)];
+            connect_alone(0, 2, tcp(l, addrs, 1))
+        });
+        assert!(took < CONNECT, "the stranger should be named at once, took {took:?}");
+        assert_eq!(redact(&err.to_string()), want);
+    }
+}

@@ -15,10 +15,10 @@ use trainrun::data::{
 };
 use trainrun::spec::DataSpec;
 
+mod common;
+
 fn mnist_dir() -> PathBuf {
-    std::env::var_os("TRAINRUN_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"))
+    common::data_dir()
 }
 
 fn mnist() -> Source {

@@ -68,6 +68,31 @@ fn unknown_key_from_the_environment() {
 }
 
 #[test]
+fn unknown_variables_from_the_environment() {
+    let env = [
+        ("TRAINRUN_LEARNING_RATE", "0.1"),
+        ("TRAINRUN_DATADIR", "/data"),
+        ("TRAINRUN_OPTIMIZER_MOMENTUM", "0.9"),
+        ("TRAINRUN_DATA_DIR", "/data"),
+        ("TRAINRUN_OFFLINE", "1"),
+    ];
+    let text = failure(GOOD, &env, &[]);
+    insta::assert_snapshot!("env_unknown_variables", text);
+}
+
+#[test]
+fn set_values_that_are_not_finite_or_too_large() {
+    let sets = [
+        "strategy={ kind = \"multi_worker_mirrored\", communication = { timeout_s = nan } }",
+        "optimizer.learning_rate=inf",
+        "train.epochs=99999999999999999999",
+        "cluster.restart_backoff_s=-inf",
+    ];
+    let text = failure(GOOD, &[], &sets);
+    insta::assert_snapshot!("set_not_finite", text);
+}
+
+#[test]
 fn set_out_of_range_inside_a_layer() {
     let text = failure(GOOD, &[], &["model.layers[3].units=0"]);
     insta::assert_snapshot!("set_layer_out_of_range", text);

@@ -92,6 +92,72 @@ pub enum CheckpointError {
     /// The manifest could not be encoded.
     #[error("cannot encode a checkpoint manifest: {0}")]
     Encode(String),
+    /// No checkpoint folder at the path given.
+    #[error("{} is not a checkpoint: {reason}{nearby}", dir.display())]
+    Missing {
+        /// The path given.
+        dir: PathBuf,
+        /// What is there instead.
+        reason: &'static str,
+        /// The checkpoints beside it, as [`nearby`] words them.
+        nearby: String,
+    },
+    /// The disk is full, and removing the unfinished save left less room than a checkpoint
+    /// needs: a restart would fail the same way.
+    #[error(
+        "no space left on the device for checkpoint {}: it needs about {} MB, {} MB are free after removing the unfinished save; free space or save elsewhere (run.out_dir, backup_dir, dir), then run again",
+        path.display(),
+        needed.div_ceil(1 << 20),
+        free >> 20
+    )]
+    NoSpace {
+        /// The file or folder being written.
+        path: PathBuf,
+        /// Bytes a checkpoint takes, about.
+        needed: u64,
+        /// Bytes free on its file system after the failed save was removed.
+        free: u64,
+    },
+}
+
+/// Whether an I/O error says the file system is full (or the user's quota is).
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// Bytes an unprivileged process may still write on the file system holding `path` (or its
+/// nearest existing ancestor).
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and statvfs writes only into `stat`, which we own.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut stat) };
+    (rc == 0).then(|| stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// The checkpoints beside a path that is not one, to say which exist: `; checkpoints in
+/// runs/x/checkpoints: ckpt-0000000130, ckpt-0000000140`.
+pub(crate) fn nearby(dir: &Path) -> String {
+    // A folder of checkpoints (`runs/x/checkpoints`) lists its own; anything else, its
+    // neighbours'.
+    let inside = Store::new(dir).list().unwrap_or_default();
+    let parent = if inside.is_empty() { dir.parent().filter(|p| !p.as_os_str().is_empty()) } else { Some(dir) };
+    let Some(parent) = parent else {
+        return String::new();
+    };
+    let listed = Store::new(parent).list().unwrap_or_default();
+    let names: Vec<String> = listed
+        .iter()
+        .filter(|l| l.committed)
+        .filter_map(|l| l.path.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    match names.as_slice() {
+        [] => String::new(),
+        names => format!("; checkpoints in {}: {}", parent.display(), names.join(", ")),
+    }
 }
 
 impl CheckpointError {

@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 const MODEL: &str = "model.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const BEST: &str = "best.safetensors";
+/// A checkpoint folder being written.
+const PARTIAL: &str = ".partial";
+/// A checkpoint folder being replaced by a new one at the same step.
+const OLD: &str = ".old";
 
 /// A checkpoint folder as listed, before it is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,8 +96,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
         }
         Err(e) => return Err(CheckpointError::io(&path)(e)),
     };
-    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.clone(), reason };
-    let file: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+    parse_manifest(&path, &bytes)
+}
+
+/// Checks the bytes of the manifest file at `path`: JSON, its own checksum, the format.
+pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest, CheckpointError> {
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
+    let file: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
     let (Some(sha), Some(value)) = (file.get("sha256").and_then(|s| s.as_str()), file.get("manifest")) else {
         return Err(corrupt("it lacks `sha256` or `manifest`".into()));
     };
@@ -147,52 +156,62 @@ impl Store {
 
     /// Writes `snapshot` as the checkpoint at `manifest.step`; `manifest.files` is filled in
     /// here. Returns its folder.
-    pub fn write(
-        &self,
-        snapshot: &Snapshot,
-        layout: &Layout,
-        mut manifest: Manifest,
-    ) -> Result<PathBuf, CheckpointError> {
+    ///
+    /// The checkpoint is written whole in `ckpt-<step>.partial` and renamed into place, so a
+    /// write that fails (a full disk) touches no committed checkpoint, not even one at the same
+    /// step (a resumed run passing it again), and removes what it wrote at once.
+    pub fn write(&self, snapshot: &Snapshot, layout: &Layout, manifest: Manifest) -> Result<PathBuf, CheckpointError> {
         std::fs::create_dir_all(&self.root).map_err(CheckpointError::io(&self.root))?;
+        self.remove_leftovers();
         let dir = self.root.join(name(manifest.step));
-        if dir.exists() {
-            // Rewriting a step (a resumed run passing it again): uncommit first, so nobody
-            // reads the old manifest against new files.
-            remove_if_present(&dir.join(MANIFEST))?;
-            sync_dir(&dir)?;
-        } else {
-            std::fs::create_dir(&dir).map_err(CheckpointError::io(&dir))?;
+        let partial = self.root.join(format!("{}{PARTIAL}", name(manifest.step)));
+        let written = std::fs::create_dir(&partial)
+            .map_err(CheckpointError::io(&partial))
+            .and_then(|()| write_into(&partial, snapshot, layout, manifest))
+            .and_then(|()| self.put_in_place(&partial, &dir));
+        match written {
+            Ok(()) => Ok(dir),
+            Err(e) => {
+                // Best effort: the error to report is the write's.
+                let _ = std::fs::remove_dir_all(&partial);
+                let _ = sync_dir(&self.root);
+                Err(e)
+            }
         }
-        let meta = |what: &str| BTreeMap::from([("trainrun".to_string(), what.to_string())]);
-        let mut files = Vec::new();
-        let mut put = |name: &str, entries: Vec<Entry<'_>>, what: &str| -> Result<(), CheckpointError> {
-            let tmp = dir.join(format!("{name}.tmp"));
-            let written = tensors::write(&tmp, &entries, &meta(what))?;
-            std::fs::rename(&tmp, dir.join(name)).map_err(CheckpointError::io(&dir.join(name)))?;
-            files.push(FileEntry { name: name.to_string(), bytes: written.bytes, sha256: written.sha256 });
-            Ok(())
-        };
-        let mut model = tensors::entries("", &layout.tensors, &snapshot.params);
-        model.extend(tensors::entries("", &layout.state_tensors, &snapshot.state));
-        put(MODEL, model, "weights")?;
-        let mut optimizer = Vec::new();
-        for (buffer, values) in &snapshot.optimizer {
-            optimizer.extend(tensors::entries(&format!("{buffer}/"), &layout.tensors, values));
+    }
+
+    /// Folders a crash left half-written or set aside (`ckpt-….partial`, `ckpt-….old`).
+    fn remove_leftovers(&self) {
+        for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
+            let file = entry.file_name();
+            let stem = file.to_str().and_then(|n| n.strip_suffix(PARTIAL).or_else(|| n.strip_suffix(OLD)));
+            if stem.and_then(step_of).is_some() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
-        put(OPTIMIZER, optimizer, "optimizer")?;
-        if let Some((params, state)) = &snapshot.best {
-            let mut best = tensors::entries("", &layout.tensors, params);
-            best.extend(tensors::entries("", &layout.state_tensors, state));
-            put(BEST, best, "best weights")?;
-        } else {
-            remove_if_present(&dir.join(BEST))?;
+    }
+
+    /// Renames the finished `partial` to `dir`. A checkpoint already there is set aside first
+    /// and removed only once the new one is in place (and put back if that fails).
+    fn put_in_place(&self, partial: &Path, dir: &Path) -> Result<(), CheckpointError> {
+        let mut old = dir.as_os_str().to_owned();
+        old.push(OLD);
+        let old = PathBuf::from(old);
+        let set_aside = dir.exists();
+        if set_aside {
+            std::fs::rename(dir, &old).map_err(CheckpointError::io(dir))?;
         }
-        manifest.files = files;
-        sync_dir(&dir)?;
-        write_file(&dir, MANIFEST, &manifest_bytes(&manifest)?)?;
-        sync_dir(&dir)?;
+        if let Err(e) = std::fs::rename(partial, dir) {
+            if set_aside {
+                let _ = std::fs::rename(&old, dir);
+            }
+            return Err(CheckpointError::io(dir)(e));
+        }
         sync_dir(&self.root)?;
-        Ok(dir)
+        if set_aside {
+            let _ = std::fs::remove_dir_all(&old);
+        }
+        Ok(())
     }
 
     /// Removes the checkpoint at `step`: its manifest first, so that a reader meanwhile sees an
@@ -232,6 +251,37 @@ impl Store {
     }
 }
 
+/// Writes the checkpoint's files into the fresh folder `dir`, the manifest last.
+fn write_into(dir: &Path, snapshot: &Snapshot, layout: &Layout, mut manifest: Manifest) -> Result<(), CheckpointError> {
+    let dir = dir.to_path_buf();
+    let meta = |what: &str| BTreeMap::from([("trainrun".to_string(), what.to_string())]);
+    let mut files = Vec::new();
+    let mut put = |name: &str, entries: Vec<Entry<'_>>, what: &str| -> Result<(), CheckpointError> {
+        let tmp = dir.join(format!("{name}.tmp"));
+        let written = tensors::write(&tmp, &entries, &meta(what))?;
+        std::fs::rename(&tmp, dir.join(name)).map_err(CheckpointError::io(&dir.join(name)))?;
+        files.push(FileEntry { name: name.to_string(), bytes: written.bytes, sha256: written.sha256 });
+        Ok(())
+    };
+    let mut model = tensors::entries("", &layout.tensors, &snapshot.params);
+    model.extend(tensors::entries("", &layout.state_tensors, &snapshot.state));
+    put(MODEL, model, "weights")?;
+    let mut optimizer = Vec::new();
+    for (buffer, values) in &snapshot.optimizer {
+        optimizer.extend(tensors::entries(&format!("{buffer}/"), &layout.tensors, values));
+    }
+    put(OPTIMIZER, optimizer, "optimizer")?;
+    if let Some((params, state)) = &snapshot.best {
+        let mut best = tensors::entries("", &layout.tensors, params);
+        best.extend(tensors::entries("", &layout.state_tensors, state));
+        put(BEST, best, "best weights")?;
+    }
+    manifest.files = files;
+    sync_dir(&dir)?;
+    write_file(&dir, MANIFEST, &manifest_bytes(&manifest)?)?;
+    sync_dir(&dir)
+}
+
 fn remove_if_present(path: &Path) -> Result<(), CheckpointError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -267,6 +317,18 @@ fn verified(dir: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>, Chec
 
 /// Reads and verifies the checkpoint in `dir` for a model of `layout`.
 pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
+    let missing = |reason| CheckpointError::Missing { dir: dir.to_path_buf(), reason, nearby: super::nearby(dir) };
+    match std::fs::metadata(dir) {
+        Err(_) => return Err(missing("no such folder")),
+        Ok(m) if !m.is_dir() => return Err(missing("it is a file, not a checkpoint folder")),
+        // A folder that is not named like a checkpoint and lacks a manifest was never one.
+        Ok(_)
+            if !dir.join(MANIFEST).exists() && dir.file_name().and_then(|n| n.to_str()).and_then(step_of).is_none() =>
+        {
+            return Err(missing("it holds no manifest.json, so it is not a checkpoint folder"));
+        }
+        Ok(_) => {}
+    }
     let manifest = read_manifest(dir)?;
     let model = verified(dir, &manifest, MODEL)?;
     let path = dir.join(MODEL);

@@ -159,3 +159,25 @@ fn rewriting_and_deleting_leave_a_consistent_store() {
     store.delete_all().unwrap();
     assert!(!store.root().exists());
 }
+
+/// A write that fails (here: its folder name is taken by a file) leaves no partial folder and
+/// does not touch the committed checkpoint at the same step; leftovers of a crash go at the
+/// next write.
+#[test]
+fn a_failed_write_keeps_every_committed_checkpoint_and_leaves_nothing() {
+    let (_d, store) = store_with(&[10, 20]);
+    let partial = store.root().join(format!("{}.partial", name(20)));
+    std::fs::write(&partial, b"in the way").unwrap();
+    assert!(store.write(&snapshot(99.0), &layout(), manifest(20)).is_err());
+    assert_eq!(load(&store.root().join(name(20)), &layout()).unwrap().params[0], snapshot(20.0).params[0]);
+    std::fs::remove_file(&partial).unwrap();
+    std::fs::create_dir(store.root().join(format!("{}.partial", name(30)))).unwrap();
+    store.write(&snapshot(40.0), &layout(), manifest(40)).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(store.root())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [name(10), name(20), name(40)]);
+}

@@ -2,15 +2,19 @@
 //! goes on training while this thread writes, fsyncs and prunes. Snapshots come back for reuse,
 //! so steady-state saves allocate nothing and fault in no pages.
 //!
-//! When writes are slower than saves come (a slow disk, a loaded machine), a backup waiting
-//! in the queue is replaced by the newer one: only the latest state matters for resuming, so
-//! training never waits for an obsolete backup. Model checkpoints are each kept, so a second
-//! one waiting blocks the step loop until the first is taken (back-pressure, not unbounded
-//! memory).
+//! Backups and model checkpoints wait in two lanes, and the writer takes from them in turn, so
+//! neither starves the other: a backup waits at most for the write in progress and one model
+//! checkpoint. When writes are slower than saves come (a slow disk, a loaded machine), a
+//! backup waiting is replaced by the newer one (only the latest state matters for resuming),
+//! but only once its store has two backups written or on their way, so the newest two exist
+//! as soon as the first two are written. Model checkpoints are each kept; the step loop waits
+//! only when those waiting hold [`MODELS_WAITING_BYTES`] (bounded memory, not a stall per
+//! save: a save costs the step loop its copy).
 
 use super::policy::{self, Policy};
 use super::{CheckpointError, Layout, Manifest, Snapshot, Store};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,9 +50,28 @@ pub struct SaveStats {
     pub write_max: Duration,
 }
 
+/// Bytes of model checkpoints that may wait before a save waits for the writer to take one:
+/// enough for dozens of saves of a small model, while a disk that stays slower than the saves
+/// cannot use up memory.
+pub const MODELS_WAITING_BYTES: u64 = 1 << 30;
+
+/// Snapshots kept for reuse: one being written and one being filled.
+const POOL: usize = 2;
+
 #[derive(Default)]
 struct State {
-    jobs: VecDeque<Job>,
+    /// Backups waiting, oldest first.
+    backups: VecDeque<Job>,
+    /// Model checkpoints waiting, oldest first.
+    models: VecDeque<Job>,
+    /// Bytes the waiting model checkpoints hold.
+    models_bytes: u64,
+    /// Whether the last job taken was a backup: the lanes take turns.
+    took_backup: bool,
+    /// The store being written to, and whether the job is a backup.
+    writing: Option<(Store, bool)>,
+    /// Committed checkpoints per store, as of the writer's last write there.
+    committed: HashMap<PathBuf, usize>,
     busy: bool,
     closed: bool,
     error: Option<CheckpointError>,
@@ -56,12 +79,58 @@ struct State {
     /// Snapshots made so far: two suffice (one being written, one being filled).
     made: usize,
     stats: SaveStats,
+    /// Tests: how long each write sleeps first (a slow disk).
+    #[cfg(test)]
+    delay: Duration,
+    /// Tests: every checkpoint written, in order.
+    #[cfg(test)]
+    written: Vec<(PathBuf, u64)>,
 }
 
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+}
+
+impl State {
+    /// Whether anything waits.
+    fn idle(&self) -> bool {
+        self.backups.is_empty() && self.models.is_empty()
+    }
+
+    /// The next job: the lanes in turn, a backup first when both have one.
+    fn next(&mut self) -> Option<Job> {
+        let backup = !self.backups.is_empty() && (self.models.is_empty() || !self.took_backup);
+        let job = if backup { self.backups.pop_front() } else { self.models.pop_front() }?;
+        if !backup {
+            self.models_bytes = self.models_bytes.saturating_sub(footprint(&job.snapshot));
+        }
+        self.took_backup = backup;
+        Some(job)
+    }
+
+    /// Where a backup for `store` goes: `Some(i)` replaces the waiting backup at `i`, which
+    /// is obsolete once the store has two backups written, being written or waiting.
+    fn superseded(&self, store: &Store) -> Option<usize> {
+        let newest = self.backups.iter().rposition(|j| &j.store == store)?;
+        let waiting = self.backups.iter().filter(|j| &j.store == store).count();
+        let writing = usize::from(self.writing.as_ref().is_some_and(|(s, backup)| *backup && s == store));
+        let committed = self.committed.get(store.root()).copied().unwrap_or(0);
+        (committed + writing + waiting >= 2).then_some(newest)
+    }
+
+    /// Puts `job` in its lane; returns the backup it supersedes.
+    fn enqueue(&mut self, job: Job) -> Option<Job> {
+        if !job.supersedable {
+            self.models_bytes += footprint(&job.snapshot);
+            self.models.push_back(job);
+            return None;
+        }
+        let old = self.superseded(&job.store).and_then(|i| self.backups.remove(i));
+        self.backups.push_back(job);
+        old
+    }
 }
 
 impl Shared {
@@ -89,9 +158,12 @@ fn touched(params: usize, state: usize, optimizer: &[(String, usize)]) -> Snapsh
     }
 }
 
-/// Returns a snapshot to the pool when nobody else holds it.
+/// Returns a snapshot to the pool when nobody else holds it; beyond [`POOL`] it is freed,
+/// so a burst of saves waiting on a slow disk does not keep its memory.
 fn recycle(state: &mut State, snapshot: Arc<Snapshot>) {
-    if let Ok(s) = Arc::try_unwrap(snapshot) {
+    if state.pool.len() < POOL
+        && let Ok(s) = Arc::try_unwrap(snapshot)
+    {
         state.pool.push(s);
     }
 }
@@ -114,6 +186,20 @@ impl Writer {
         Ok(Self { shared, thread: Some(thread) })
     }
 
+    /// A writer whose every write first sleeps `delay`: a slow disk, for tests.
+    #[cfg(test)]
+    fn throttled(delay: Duration) -> Self {
+        let w = Self::start().unwrap_or_else(|e| panic!("{e}"));
+        w.shared.lock().delay = delay;
+        w
+    }
+
+    /// Every checkpoint written so far, in order.
+    #[cfg(test)]
+    fn written(&self) -> Vec<(PathBuf, u64)> {
+        self.shared.lock().written.clone()
+    }
+
     /// A snapshot to fill: one the writer is done with, else a new one.
     pub fn take_snapshot(&mut self) -> Snapshot {
         self.shared.lock().pool.pop().unwrap_or_default()
@@ -129,12 +215,12 @@ impl Writer {
         s.made += 1;
     }
 
-    /// Takes back the snapshot of a backup still waiting in the queue for `store`, which the
-    /// save about to be made supersedes, so its buffers can be reused at once.
+    /// Takes back the snapshot of a backup still waiting for `store` that the save about to
+    /// be made supersedes, so its buffers can be reused at once.
     pub fn reclaim(&mut self, store: &Store) {
         let mut state = self.shared.lock();
-        if let Some(i) = state.jobs.iter().position(|j| j.supersedable && &j.store == store)
-            && let Some(old) = state.jobs.remove(i)
+        if let Some(i) = state.superseded(store)
+            && let Some(old) = state.backups.remove(i)
         {
             state.stats.superseded += 1;
             recycle(&mut state, old.snapshot);
@@ -148,22 +234,18 @@ impl Writer {
         if let Some(e) = state.error.take() {
             return Err(e);
         }
-        // Back-pressure for checkpoints that must all be written: the previous save's must have
-        // been taken up by the writer before this save's join the queue.
+        // Back-pressure, bounding memory when the disk stays slower than saves come: wait
+        // only while the model lane is full.
         if jobs.iter().any(|j| !j.supersedable) {
-            while state.jobs.iter().any(|j| !j.supersedable) && state.error.is_none() && !state.closed {
+            while state.models_bytes >= MODELS_WAITING_BYTES && state.error.is_none() && !state.closed {
                 state = self.shared.wait(state);
             }
         }
         for job in jobs {
-            if job.supersedable
-                && let Some(i) = state.jobs.iter().position(|j| j.supersedable && j.store == job.store)
-                && let Some(old) = state.jobs.remove(i)
-            {
+            if let Some(old) = state.enqueue(job) {
                 state.stats.superseded += 1;
                 recycle(&mut state, old.snapshot);
             }
-            state.jobs.push_back(job);
         }
         let blocked = blocked_since.elapsed();
         state.stats.block_max = state.stats.block_max.max(blocked);
@@ -176,7 +258,7 @@ impl Writer {
     /// Waits until everything queued is on disk; returns the first failure.
     pub fn flush(&mut self) -> Result<(), CheckpointError> {
         let mut state = self.shared.lock();
-        while (!state.jobs.is_empty() || state.busy) && !state.closed {
+        while (!state.idle() || state.busy) && !state.closed {
             state = self.shared.wait(state);
         }
         match state.error.take() {
@@ -208,6 +290,32 @@ impl Drop for Writer {
     }
 }
 
+/// Bytes a checkpoint of `snapshot` takes on disk, about.
+fn footprint(snapshot: &Snapshot) -> u64 {
+    let floats = snapshot.params.len()
+        + snapshot.state.len()
+        + snapshot.optimizer.iter().map(|(_, v)| v.len()).sum::<usize>()
+        + snapshot.best.as_ref().map_or(0, |(p, s)| p.len() + s.len());
+    4 * floats as u64
+}
+
+/// A failed write as the run should see it: a full disk that removing the unfinished save did
+/// not cure (less free space than a checkpoint needs) becomes [`CheckpointError::NoSpace`],
+/// which a restart cannot cure either; anything else stays as it was.
+fn classify(error: CheckpointError, store: &Store, needed: u64) -> CheckpointError {
+    let CheckpointError::Io { path, source } = error else { return error };
+    let free = super::free_bytes(store.root());
+    match free {
+        Some(free) if super::is_no_space(&source) && free < needed => CheckpointError::NoSpace { path, needed, free },
+        Some(_) | None => CheckpointError::Io { path, source },
+    }
+}
+
+#[cfg(test)]
+fn state_delay(shared: &Shared) -> Duration {
+    shared.lock().delay
+}
+
 fn run(shared: &Shared) {
     // Writing yields to training: on a machine with as many compute threads as cores, the
     // checkpoint waits rather than the step.
@@ -220,7 +328,7 @@ fn run(shared: &Shared) {
     loop {
         let mut state = shared.lock();
         let job = loop {
-            if let Some(job) = state.jobs.pop_front() {
+            if let Some(job) = state.next() {
                 break job;
             }
             if state.closed {
@@ -229,9 +337,10 @@ fn run(shared: &Shared) {
             state = shared.wait(state);
         };
         state.busy = true;
+        state.writing = Some((job.store.clone(), job.supersedable));
         // The next save would find the pool empty while this one is written: make its
         // snapshot here, off the step loop, rather than fault its pages in during a step.
-        let spare = state.pool.is_empty() && state.made < 2;
+        let spare = state.pool.is_empty() && state.made < POOL;
         if spare {
             state.made += 1;
         }
@@ -247,23 +356,31 @@ fn run(shared: &Shared) {
         let Job { store, layout, snapshot, manifest, policy, .. } = job;
         let started = Instant::now();
         let step = manifest.step;
-        let result = store.write(&snapshot, &layout, manifest).and_then(|dir| {
+        #[cfg(test)]
+        std::thread::sleep(state_delay(shared));
+        let result = store.write(&snapshot, &layout, manifest).and_then(|_| {
             let kept: Vec<u64> = store.list()?.into_iter().filter(|l| l.committed).map(|l| l.step).collect();
-            for old in policy::prune(&policy, &kept, step) {
-                store.delete(old)?;
+            let pruned = policy::prune(&policy, &kept, step);
+            for old in &pruned {
+                store.delete(*old)?;
             }
-            Ok(dir)
+            Ok(kept.len().saturating_sub(pruned.len()))
         });
         let took = started.elapsed();
 
         let mut state = shared.lock();
         state.busy = false;
+        state.writing = None;
         match result {
-            Ok(_) => {
+            Ok(committed) => {
                 state.stats.saves += 1;
                 state.stats.write_max = state.stats.write_max.max(took);
+                state.committed.insert(store.root().to_path_buf(), committed);
+                #[cfg(test)]
+                state.written.push((store.root().to_path_buf(), step));
             }
             Err(e) => {
+                let e = classify(e, &store, footprint(&snapshot));
                 state.error.get_or_insert(e);
             }
         }
@@ -301,6 +418,76 @@ mod tests {
         let steps: Vec<u64> = store.list().unwrap().iter().map(|l| l.step).collect();
         assert_eq!(steps.last(), Some(&3));
         assert!(steps.len() <= 2);
+    }
+
+    fn job(store: &Store, step: u64, backup: bool) -> Job {
+        Job {
+            store: store.clone(),
+            layout: Arc::new(Layout { tensors: vec![], state_tensors: vec![], params: 0, state: 0 }),
+            snapshot: Arc::new(Snapshot::default()),
+            manifest: crate::checkpoint::store::tests::manifest(step),
+            policy: if backup { Policy::BACKUP } else { Policy { max_to_keep: None, best_only: None } },
+            supersedable: backup,
+        }
+    }
+
+    fn taken(state: &mut State) -> Option<(bool, u64)> {
+        state.next().map(|j| (j.supersedable, j.manifest.step))
+    }
+
+    /// The decisions alone, without a thread: whatever the timing, the lanes take turns, and
+    /// a waiting backup is replaced only when its store will hold two backups anyway.
+    #[test]
+    fn lanes_take_turns_and_backups_are_superseded_only_past_two() {
+        let (models, backups) = (Store::new("m"), Store::new("b"));
+        let mut s = State::default();
+        for step in [10, 20] {
+            assert!(s.enqueue(job(&models, step, false)).is_none());
+            assert!(s.enqueue(job(&backups, step, true)).is_none(), "fewer than two backups: keep both");
+        }
+        assert_eq!(taken(&mut s), Some((true, 10)), "a backup first");
+        assert_eq!(taken(&mut s), Some((false, 10)));
+        s.writing = Some((backups.clone(), true));
+        let old = s.enqueue(job(&backups, 30, true)).map(|j| j.manifest.step);
+        assert_eq!(old, Some(20), "one being written and one waiting make two: 30 replaces 20");
+        assert!(s.enqueue(job(&models, 30, false)).is_none());
+        assert_eq!(taken(&mut s), Some((true, 30)));
+        assert_eq!(taken(&mut s), Some((false, 20)));
+        assert_eq!(taken(&mut s), Some((false, 30)), "no backup waits: the models go on");
+        assert_eq!(taken(&mut s), None);
+        s.writing = None;
+        s.committed.insert(backups.root().to_path_buf(), 2);
+        assert!(s.enqueue(job(&backups, 40, true)).is_none(), "nothing waits to replace");
+        assert_eq!(s.enqueue(job(&backups, 50, true)).map(|j| j.manifest.step), Some(40));
+        for step in [40, 50, 60] {
+            assert!(s.enqueue(job(&models, step, false)).is_none());
+        }
+        let order: Vec<(bool, u64)> = std::iter::from_fn(|| taken(&mut s)).collect();
+        assert_eq!(order, [(true, 50), (false, 40), (false, 50), (false, 60)]);
+    }
+
+    /// On a slow disk (every write takes 400 ms) saves do not wait for the writer, the first
+    /// backup is written first, and the store ends with the newest two.
+    #[test]
+    fn a_slow_disk_neither_blocks_saves_nor_starves_backups() {
+        let dir = tempfile::tempdir().unwrap();
+        let (models, backups) = (Store::new(dir.path().join("m")), Store::new(dir.path().join("b")));
+        let steps = |s: &Store| s.list().unwrap().iter().filter(|l| l.committed).map(|l| l.step).collect::<Vec<_>>();
+        let mut w = Writer::throttled(Duration::from_millis(400));
+        for round in [[10, 20, 30], [40, 50, 60]] {
+            for step in round {
+                w.submit(vec![job(&models, step, false), job(&backups, step, true)], Instant::now()).unwrap();
+            }
+            w.flush().unwrap();
+            let kept = steps(&backups);
+            assert_eq!((kept.len(), kept.last()), (2, Some(&round[2])), "{kept:?}");
+        }
+        let written = w.written();
+        let stats = w.finish().unwrap();
+        assert_eq!(steps(&models), [10, 20, 30, 40, 50, 60]);
+        assert_eq!(written.first(), Some(&(backups.root().to_path_buf(), 10)), "the first backup first: {written:?}");
+        // Saves never filled the model lane, so none waited for a 400 ms write.
+        assert!(stats.block_max < Duration::from_millis(200), "{stats:?}");
     }
 
     #[test]

@@ -68,8 +68,14 @@ pub fn new_job_token() -> Result<JobToken, ClusterError> {
 pub fn resolve_token(env_value: Option<&str>, file: Option<&Path>) -> Result<JobToken, ClusterError> {
     match (file, env_value) {
         (Some(path), _) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|source| ClusterError::TokenFile { path: path.to_owned(), source })?;
+            use std::os::unix::fs::PermissionsExt;
+            let unreadable = |source| ClusterError::TokenFile { path: path.to_owned(), source };
+            let mode = std::fs::metadata(path).map_err(unreadable)?.permissions().mode() & 0o777;
+            // As ssh refuses a private key others can read: whoever reads it joins the job.
+            if mode & 0o077 != 0 {
+                return Err(ClusterError::TokenFileOpen { path: path.to_owned(), mode });
+            }
+            let text = std::fs::read_to_string(path).map_err(unreadable)?;
             JobToken::new(&text, &path.display().to_string())
         }
         (None, Some(value)) => JobToken::new(value, "TRAINRUN_JOB_TOKEN"),
@@ -178,6 +184,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("job.token");
         std::fs::write(&path, "from-the-file-0123456789\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = resolve_token(None, Some(&path)).unwrap_err();
+        assert!(err.to_string().contains("permissions 0644") && err.to_string().contains("chmod 600"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let t = resolve_token(Some("from-the-env-0123456789"), Some(&path)).unwrap();
         assert_eq!(t.as_str(), "from-the-file-0123456789");
         let t = resolve_token(Some("from-the-env-0123456789"), None).unwrap();

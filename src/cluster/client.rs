@@ -17,6 +17,7 @@ use super::health::Local;
 use super::plane::{MAX_MESSAGE, Settings, window_sizes};
 use super::wire::{self, Malformed, pb};
 use super::{ClusterError, Command, Failure, JobToken, Roster, TaskId};
+use crate::collective::stranger::{self, Answer};
 
 use pb::rendezvous_update::Update;
 
@@ -24,6 +25,13 @@ type Client = pb::cluster_client::ClusterClient<InterceptedService<Channel, AddT
 
 /// Pause between check-in attempts while the chief is not up yet.
 const RETRY: Duration = Duration::from_millis(100);
+
+/// How long a probe of the chief's address waits for an answer.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// A trainrun chief never accepts a connection and closes it; something that keeps doing so
+/// for this long is not one.
+const CLOSED_LIMIT: Duration = Duration::from_secs(3);
 
 /// What the plane asks of the heartbeat task.
 pub(crate) enum Control {
@@ -108,6 +116,7 @@ impl ChiefLink {
         let deadline = Instant::from_std(deadline);
         let mut missing = None;
         let mut last_error = "no answer".to_owned();
+        let mut closing_since: Option<Instant> = None;
         loop {
             let attempt = self.check_in(request.clone(), &mut missing);
             match timeout_at(deadline, attempt).await {
@@ -116,10 +125,27 @@ impl ChiefLink {
                 Ok(Err(Attempt::Retry(e))) => last_error = e,
                 Err(_) => break,
             }
+            // Something that is not trainrun may be answering at the chief's address (a web
+            // server, a closed port forward): name it rather than retrying until the timeout.
+            match self.probe(PROBE_WAIT).await {
+                Some(answer @ (Answer::Http1(_) | Answer::Junk(_))) => return Err(self.stranger(&answer)),
+                Some(answer @ Answer::Closed) => {
+                    let since = *closing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= CLOSED_LIMIT {
+                        return Err(self.stranger(&answer));
+                    }
+                    last_error = answer.describe();
+                }
+                Some(Answer::Silent | Answer::Http2) | None => closing_since = None,
+            }
             sleep_until((Instant::now() + RETRY).min(deadline)).await;
             if Instant::now() >= deadline {
                 break;
             }
+        }
+        // A chief that never answered: say what, if anything, holds its address.
+        if let Some(answer) = self.probe(PROBE_WAIT).await.filter(|a| *a != Answer::Http2) {
+            last_error = answer.describe();
         }
         let after = s.timeouts.startup;
         Err(match missing {
@@ -128,6 +154,16 @@ impl ChiefLink {
                 ClusterError::ChiefUnreachable { chief: self.chief(), address: self.address.clone(), after, last_error }
             }
         })
+    }
+
+    /// What answers at the chief's address, judged off the runtime's threads.
+    async fn probe(&self, wait: Duration) -> Option<Answer> {
+        let address = self.address.clone();
+        tokio::task::spawn_blocking(move || stranger::probe(&address, wait)).await.ok().flatten()
+    }
+
+    fn stranger(&self, answer: &Answer) -> ClusterError {
+        ClusterError::Stranger { chief: self.chief(), address: self.address.clone(), what: answer.describe() }
     }
 
     async fn check_in(

@@ -82,6 +82,11 @@ pub enum ClusterError {
         "the chief {chief} at {address} refused this task's job token: give every task the job's token (TRAINRUN_JOB_TOKEN or cluster.token_file)"
     )]
     Unauthenticated { chief: TaskId, address: String },
+    /// Something that is not trainrun answers at the chief's address.
+    #[error(
+        "the chief {chief}'s address {address} is answered by {what}, not by trainrun: check the cluster's addresses (TF_CONFIG or [cluster]) and that the chief runs there"
+    )]
+    Stranger { chief: TaskId, address: String, what: String },
     /// The chief answered something this task cannot use: a different cluster layout or a
     /// different trainrun build.
     #[error("the chief {chief} at {address} answered: {message}")]
@@ -96,6 +101,12 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the job token file {} is open to other users (permissions {mode:04o}): run `chmod 600 {}`, as ssh requires of a private key",
+        path.display(),
+        path.display()
+    )]
+    TokenFileOpen { path: PathBuf, mode: u32 },
     #[error("the job token from {origin} {problem}")]
     BadToken { origin: String, problem: &'static str },
     #[error("cannot draw a random job token: {0}")]

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 const PREEMPTED: i32 = 6;
 
 /// Exit codes a restart cannot cure: a bad spec, an unsupported plan, missing data, a
-/// preemption (`cli::Exit` 2, 3, 4 and 6).
-const NOT_RESTARTED: [u8; 4] = [2, 3, 4, 6];
+/// preemption, a full disk, a bug (`cli::Exit` 2, 3, 4, 6, 7 and 70).
+const NOT_RESTARTED: [u8; 6] = [2, 3, 4, 6, 7, 70];
 
 /// The longest wait between restarts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -325,6 +325,16 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         // Survivors usually notice the failure themselves and exit with an error naming it;
         // whoever has not after the grace period is killed.
         terminate(&mut children, launch.grace);
+        // A peer that noticed first may have exited before the cause did: a task ending with
+        // a code no restart cures (a full disk) is the one to act on.
+        let incurable = |s: &ExitStatus| {
+            s.code()
+                .and_then(|c| u8::try_from(c).ok())
+                .is_some_and(|c| NOT_RESTARTED.contains(&c) && c != PREEMPTED as u8)
+        };
+        let cause =
+            children.iter_mut().find_map(|(t, c)| c.try_wait().ok().flatten().filter(incurable).map(|s| (*t, s)));
+        let (task, status) = cause.filter(|_| !incurable(&status)).unwrap_or((task, status));
         // Drain what the tasks said on the way out.
         while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
             if let Line::Log(t, text) = line {

@@ -148,6 +148,16 @@ pub fn resolve(
         (spec_cluster(spec), named)
     };
 
+    if let Some(flag) = task_flag
+        && !multi_process
+    {
+        return Err(Diagnostic::error(
+            "strategy.kind",
+            format!("--task {} names a task of a cluster, but this spec's strategy runs in one process", flag.trim()),
+        )
+        .help("remove --task, or set strategy.kind = \"multi_worker_mirrored\" with a [cluster] of its tasks"));
+    }
+    check_addresses(&cluster)?;
     for role in [Role::Chief, Role::Evaluator] {
         let n = cluster.count(role);
         if n > 1 {
@@ -180,6 +190,54 @@ pub fn resolve(
         .help("pass --task worker:N (or set TRAINRUN_TASK, or TF_CONFIG's \"task\") on every host"));
     }
     Ok(Resolution { cluster, task })
+}
+
+/// Where a task's address is written: `cluster.worker[1]` in the spec, or TF_CONFIG.
+fn key_of(cluster: &Cluster, task: TaskId) -> String {
+    match cluster.source {
+        Source::Spec => format!("cluster.{}[{}]", task.role.as_str(), task.index),
+        Source::Single | Source::TfConfig | Source::Slurm => "cluster".to_string(),
+    }
+}
+
+/// Every listed address must be `host:port` with a port other tasks can dial (not 0, which
+/// asks the OS for any free port), and no two tasks may share one.
+fn check_addresses(cluster: &Cluster) -> Result<(), Diagnostic> {
+    let from = cluster.source.describe();
+    let mut seen: BTreeMap<String, TaskId> = BTreeMap::new();
+    for (task, address) in &cluster.tasks {
+        let Address::At(address) = address else { continue };
+        let port = address.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+        match port {
+            Some(Ok(0)) => {
+                return Err(Diagnostic::error(
+                    key_of(cluster, *task),
+                    format!("{task}'s address `{address}` (from {from}) has port 0, which no other task could dial"),
+                )
+                .help("give every task a fixed port, e.g. `host:2222`, or a count of local tasks (`worker = 2`) to let trainrun pick free ports"));
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => {
+                return Err(Diagnostic::error(
+                    key_of(cluster, *task),
+                    format!(
+                        "{task}'s address `{address}` (from {from}) is not `host:port` with a port from 1 to 65535"
+                    ),
+                )
+                .help("write addresses as `host:port`, e.g. `10.0.0.1:2222`"));
+            }
+        }
+        let normalized = address.to_ascii_lowercase();
+        if let Some(first) = seen.get(&normalized) {
+            return Err(Diagnostic::error(
+                key_of(cluster, *task),
+                format!("{first} and {task} both have the address `{address}` (from {from}); each task needs its own"),
+            )
+            .help("give each task its own host:port"));
+        }
+        seen.insert(normalized, *task);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -225,6 +283,34 @@ mod tests {
         assert!(e.message.contains("this task is worker:5"), "{}", e.message);
         let e = resolve(&workers(2), true, &[], Some("boss:1")).unwrap_err();
         assert!(e.message.contains("--task"), "{}", e.message);
+    }
+
+    #[test]
+    fn addresses_must_be_distinct_dialable_ports() {
+        let spec = |a: &[&str]| ClusterSpec {
+            worker: Some(Tasks::Addresses(a.iter().map(|s| s.to_string()).collect())),
+            ..ClusterSpec::default()
+        };
+        let e = resolve(&spec(&["h1:2222", "H1:2222"]), true, &[], Some("worker:0")).unwrap_err();
+        assert_eq!(e.key, "cluster.worker[1]");
+        assert!(e.message.contains("worker:0 and worker:1 both have the address `H1:2222`"), "{}", e.message);
+        let e = resolve(&spec(&["h1:2222", "h2:0"]), true, &[], Some("worker:0")).unwrap_err();
+        assert!(e.message.contains("port 0"), "{}", e.message);
+        let tf = r#"{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}"#;
+        let e = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
+        assert!(e.message.contains("from TF_CONFIG"), "{}", e.message);
+        let tf = r#"{"cluster": {"worker": ["a:1", "b"]}, "task": {"type": "worker", "index": 0}}"#;
+        let e = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
+        assert!(e.message.contains("is not `host:port`"), "{}", e.message);
+        assert!(resolve(&spec(&["h1:2222", "h2:2222"]), true, &[], Some("worker:1")).is_ok());
+    }
+
+    #[test]
+    fn a_task_flag_needs_a_multi_process_strategy() {
+        let e = resolve(&ClusterSpec::default(), false, &[], Some("worker:1")).unwrap_err();
+        assert_eq!(e.key, "strategy.kind");
+        assert!(e.message.contains("--task worker:1"), "{}", e.message);
+        assert!(resolve(&ClusterSpec::default(), false, &[], None).is_ok());
     }
 
     #[test]

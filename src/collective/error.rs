@@ -116,6 +116,11 @@ pub enum CollectiveError {
     /// A peer never joined before the connect timeout.
     #[error("{peer} did not join within {}: {detail}", Secs(*after))]
     NotJoined { peer: String, after: Duration, detail: String },
+    /// Something that is not a trainrun worker answers at a peer's address.
+    #[error(
+        "{peer}'s address {addr} is answered by {what}, not by a trainrun worker: check that every task has the same cluster addresses"
+    )]
+    Stranger { peer: String, addr: SocketAddr, what: String },
     /// A peer answered the handshake with a refusal (wrong job token, world, rank).
     #[error("{peer} ({addr}) refused this rank: {reason}")]
     Refused { peer: String, addr: SocketAddr, reason: String },

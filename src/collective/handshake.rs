@@ -14,6 +14,7 @@
 use super::Peers;
 use super::error::{CollectiveError, Op, Secs};
 use super::ring::Link;
+use super::stranger::Answer;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -217,6 +218,10 @@ fn advance(
             Ok(false) => Dial::Connecting(s),
             Ok(true) => match send_hello(s, hello) {
                 Ok(stream) => Dial::Answer(stream, [0; REPLY], 0),
+                // It accepted, then closed before taking the hello: not a worker's way.
+                Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
+                    return Err(hung_up(p, next_addr, &[]));
+                }
                 Err(e) => {
                     *last_attempt = e.to_string();
                     Dial::Idle(now + RETRY)
@@ -228,7 +233,11 @@ fn advance(
             }
         },
         Dial::Answer(mut s, mut b, got) => match s.read(&mut b[got..]) {
-            Ok(0) => return Err(hung_up(p, next_addr)),
+            Ok(0) => return Err(hung_up(p, next_addr, &b[..got])),
+            Ok(n) if got + n == REPLY && b[..8] != MAGIC => {
+                let what = Answer::of(&more_of(&mut s, &b), false).describe();
+                return Err(CollectiveError::Stranger { peer: p.name(p.next()).to_string(), addr: next_addr, what });
+            }
             Ok(n) if got + n == REPLY => {
                 check_answer(p, &b, next_addr)?;
                 Dial::Done(s)
@@ -238,7 +247,7 @@ fn advance(
                 Dial::Answer(s, b, got)
             }
             Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted) => {
-                return Err(hung_up(p, next_addr));
+                return Err(hung_up(p, next_addr, &b[..got]));
             }
             Err(e) => {
                 return Err(CollectiveError::Io {
@@ -378,23 +387,44 @@ impl Greeting {
     }
 }
 
-fn hung_up(p: &Peers, addr: SocketAddr) -> CollectiveError {
-    CollectiveError::Refused {
-        peer: p.name(p.next()).to_string(),
-        addr,
-        reason: "it hung up without answering the handshake (did its own setup fail?)".into(),
+/// The next rank closed the connection after sending `got` (less than a whole answer).
+fn hung_up(p: &Peers, addr: SocketAddr, got: &[u8]) -> CollectiveError {
+    let peer = p.name(p.next()).to_string();
+    if got.is_empty() || got.starts_with(&MAGIC[..got.len().min(MAGIC.len())]) {
+        return CollectiveError::Refused {
+            peer,
+            addr,
+            reason: "it closed the connection without answering the handshake (is it a trainrun worker? did its own setup fail?)".into(),
+        };
     }
+    CollectiveError::Stranger { peer, addr, what: Answer::of(got, true).describe() }
 }
 
 fn addr_of(l: &TcpListener) -> String {
     l.local_addr().map_or_else(|_| "an unknown address".to_string(), |a| a.to_string())
 }
 
+/// `first` and whatever else arrives within a moment (up to a line), to say what answered.
+fn more_of(s: &mut TcpStream, first: &[u8]) -> Vec<u8> {
+    let mut all = first.to_vec();
+    let deadline = Instant::now() + Duration::from_millis(200);
+    let mut buf = [0u8; 256];
+    while all.len() < 256 && !all.contains(&b'\n') && Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+                thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => break,
+        }
+    }
+    all
+}
+
+/// A whole answer from a trainrun worker: its verdict on this rank's hello.
 fn check_answer(p: &Peers, b: &[u8; REPLY], addr: SocketAddr) -> Result<(), CollectiveError> {
     let refused = |reason: String| CollectiveError::Refused { peer: p.name(p.next()).to_string(), addr, reason };
-    if b[..8] != MAGIC {
-        return Err(refused("it answered, but not as a trainrun worker".into()));
-    }
     match u32_at(b, 8) {
         0 => Ok(()),
         c => {

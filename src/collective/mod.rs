@@ -32,6 +32,7 @@ pub mod reduce;
 pub mod ring;
 mod segment;
 pub mod shm;
+pub(crate) mod stranger;
 pub mod tcp;
 
 pub use bucket::{BucketReducer, Packs};

@@ -48,6 +48,11 @@ impl IdxArray {
 /// Reads a whole IDX file, inflating it first when it is gzip.
 pub fn read_idx(path: &Path) -> Result<IdxArray, DataError> {
     let raw = std::fs::read(path).map_err(|source| read_error(path, source))?;
+    decode_idx(raw, path)
+}
+
+/// Decodes the bytes of the IDX file at `path` (gzip or not), as [`read_idx`] does.
+pub fn decode_idx(raw: Vec<u8>, path: &Path) -> Result<IdxArray, DataError> {
     let bytes = if raw.starts_with(&GZIP_MAGIC) { inflate(&raw, path)? } else { raw };
     parse_idx(bytes, path)
 }

@@ -119,7 +119,7 @@ pub enum LayerConfig {
         momentum: f64,
         /// Added to the variance. Default: `0.001`. Example: `epsilon = 1e-5`.
         #[serde(default = "default_bn_epsilon")]
-        #[schemars(range(min = 0.0))]
+        #[schemars(extend("exclusiveMinimum" = 0.0))]
         epsilon: f64,
     },
     /// An activation on its own (Keras `Activation`).

@@ -176,7 +176,9 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     if let Some(r) = record {
         // A preempted run is paused, not failed: the next launch resumes it.
         let failure = result.as_ref().err().filter(|e| !matches!(e, RunError::Preempted(_)));
-        r.finish(inv, failure.map(|e| (e.exit(), e.to_string())))?;
+        let recorded = r.finish(inv, failure.map(|e| (e.exit(), e.to_string())));
+        // On a full disk `run.json` may not fit either: the failure to report is training's.
+        return result.and(recorded);
     }
     result
 }

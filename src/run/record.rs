@@ -29,7 +29,7 @@ impl Record {
             None => RunDir::create(out, options),
             Some(step) => RunDir::resume(out, options, step),
         }
-        .map_err(|e| RunError::Train(e.into()))?;
+        .map_err(|e| out_dir_error(p, e))?;
         let record = run_record(inv, p);
         dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
         Ok(Record { dir, record })
@@ -46,6 +46,24 @@ impl Record {
         self.record.finish(inv.launched, failure);
         self.dir.record(&self.record).map_err(|e| RunError::Train(e.into()))
     }
+}
+
+/// The run folder cannot be made: say which key chose it and where that came from.
+fn out_dir_error(p: &Prepared, e: crate::train::record::RecordError) -> RunError {
+    if e.path != p.plan.out_dir || crate::checkpoint::is_no_space(&e.source) {
+        return RunError::Train(e.into());
+    }
+    let dir = p.plan.out_dir.display();
+    let from = match &p.loaded.spec.run.out_dir {
+        Some(_) => p.loaded.origins.origin("run.out_dir").unwrap_or("the spec").to_string(),
+        None => "the default, runs/<run.name>".to_string(),
+    };
+    let reason = crate::spec::io_reason(&e.source);
+    RunError::Failure(format!(
+        "cannot create the run folder `run.out_dir` = \"{dir}\" (from {from}): {reason}\n  \
+         help: point run.out_dir at a folder this process can create and write, e.g. `--set run.out_dir=runs/{}`",
+        p.loaded.spec.run.name.as_deref().unwrap_or("run")
+    ))
 }
 
 /// `run.json` as training starts.

@@ -58,9 +58,52 @@ pub(crate) struct Unreadable {
     pub error: std::io::Error,
 }
 
+/// The largest spec file read: far beyond any real spec, and small enough that pointing
+/// trainrun at the wrong file (a dataset, `/dev/zero`) fails at once instead of filling memory.
+pub(crate) const MAX_SPEC_BYTES: u64 = 16 << 20;
+
+/// Reads one spec file, refusing anything but a regular file of at most [`MAX_SPEC_BYTES`]
+/// before reading it (a device or a pipe could be read forever).
+pub(crate) fn read_spec(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path)?;
+    let kind = meta.file_type();
+    let what = if kind.is_dir() {
+        Some("a folder")
+    } else if kind.is_char_device() || kind.is_block_device() {
+        Some("a device")
+    } else if kind.is_fifo() {
+        Some("a pipe")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else {
+        None
+    };
+    if let Some(what) = what {
+        return Err(std::io::Error::other(format!("it is {what}, not a spec file; name a TOML file")));
+    }
+    let too_large = |size: u64| {
+        std::io::Error::other(format!(
+            "it has {:.1} MiB, but a spec has at most {} MiB; is it the right file?",
+            size as f64 / f64::from(1 << 20),
+            MAX_SPEC_BYTES >> 20
+        ))
+    };
+    if meta.len() > MAX_SPEC_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_SPEC_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_SPEC_BYTES {
+        return Err(too_large(text.len() as u64));
+    }
+    Ok(text)
+}
+
 /// Reads `top` and every file it extends, top first.
 pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>, Unreadable> {
-    let source = std::fs::read_to_string(top).map_err(|error| Unreadable { path: top.to_path_buf(), error })?;
+    let source = read_spec(top).map_err(|error| Unreadable { path: top.to_path_buf(), error })?;
     let mut files = vec![SpecFile { path: top.to_path_buf(), source }];
     // Canonical paths find a cycle even when two spellings name one file.
     let mut seen = vec![canonical(top)];
@@ -96,7 +139,7 @@ pub(crate) fn read_chain(top: &Path) -> Result<Result<Vec<SpecFile>, ChainError>
                 .help("remove one `extends` so that the chain ends in a file without one");
             return Ok(Err(ChainError { files, problems: vec![(index, span, finding)] }));
         }
-        match std::fs::read_to_string(&next) {
+        match read_spec(&next) {
             Ok(source) => {
                 files.push(SpecFile { path: next, source });
                 seen.push(next_canonical);
@@ -136,7 +179,7 @@ fn syntax_finding(error: &toml::de::Error, source: &str) -> Finding {
 }
 
 /// The OS error text without the `(os error N)` suffix, which means nothing to a user.
-pub(crate) fn io_reason(error: &std::io::Error) -> String {
+pub fn io_reason(error: &std::io::Error) -> String {
     let text = error.to_string();
     match text.find(" (os error") {
         Some(at) => text[..at].to_string(),
@@ -174,10 +217,7 @@ pub(crate) fn table_to_dict(table: &DeTable<'_>) -> Dict {
 pub(crate) fn to_value(value: &DeValue<'_>) -> Value {
     match value {
         DeValue::String(s) => Value::from(s.to_string()),
-        DeValue::Integer(i) => match i64::from_str_radix(i.as_str(), i.radix()) {
-            Ok(n) => Value::Num(Tag::Default, Num::I64(n)),
-            Err(_) => Value::from(i.to_string()),
-        },
+        DeValue::Integer(i) => integer(i.as_str(), i.radix()),
         DeValue::Float(f) => match f.as_str().parse::<f64>() {
             Ok(x) => Value::Num(Tag::Default, Num::F64(x)),
             Err(_) => Value::from(f.to_string()),
@@ -187,6 +227,24 @@ pub(crate) fn to_value(value: &DeValue<'_>) -> Value {
         DeValue::Array(items) => Value::Array(Tag::Default, items.iter().map(|v| to_value(v.get_ref())).collect()),
         DeValue::Table(t) => Value::Dict(Tag::Default, table_to_dict(t)),
     }
+}
+
+/// A TOML integer as a figment number. TOML's own range is `i64`; larger literals stay
+/// numbers (up to 128 bits) so validation can say "must be at most …" about them rather than
+/// calling them strings.
+fn integer(digits: &str, radix: u32) -> Value {
+    let num = match (i64::from_str_radix(digits, radix), u64::from_str_radix(digits, radix)) {
+        (Ok(n), _) => Num::I64(n),
+        (Err(_), Ok(n)) => Num::U64(n),
+        (Err(_), Err(_)) => match (i128::from_str_radix(digits, radix), u128::from_str_radix(digits, radix)) {
+            (Ok(n), _) => Num::I128(n),
+            (Err(_), Ok(n)) => Num::U128(n),
+            // Beyond 128 bits: saturate, keeping the sign; every bound rejects it.
+            (Err(_), Err(_)) if digits.trim_start().starts_with('-') => Num::I128(i128::MIN),
+            (Err(_), Err(_)) => Num::U128(u128::MAX),
+        },
+    };
+    Value::Num(Tag::Default, num)
 }
 
 #[cfg(test)]
@@ -209,5 +267,30 @@ mod tests {
         assert_eq!(dict["b"].to_f64(), Some(1.5));
         assert_eq!(dict["c"].as_array().map(|a| a.len()), Some(2));
         assert_eq!(dict["d"].find_ref("e").and_then(Value::to_bool), Some(true));
+    }
+
+    #[test]
+    fn only_regular_files_of_sane_size_are_read() {
+        let reason = |path: &str| read_spec(Path::new(path)).map(|_| String::new()).unwrap_or_else(|e| e.to_string());
+        assert_eq!(reason("/dev/zero"), "it is a device, not a spec file; name a TOML file");
+        assert!(reason("/tmp").starts_with("it is a folder"));
+        let Ok(dir) = tempfile::tempdir() else { panic!("no temporary folder") };
+        let big = dir.path().join("big.toml");
+        let Ok(file) = std::fs::File::create(&big) else { panic!("cannot create") };
+        if file.set_len(MAX_SPEC_BYTES + 1).is_err() {
+            panic!("cannot grow the file")
+        }
+        let text = reason(&big.display().to_string());
+        assert!(text.contains("16 MiB"), "{text}");
+    }
+
+    #[test]
+    fn integers_too_large_for_toml_stay_numbers() {
+        let doc = "a = 99999999999999999999\nb = -170141183460469231731687303715884105728\nc = 18446744073709551615";
+        let Ok(table) = DeTable::parse(doc) else { panic!("test document parses") };
+        let dict = table_to_dict(table.get_ref());
+        assert_eq!(dict["a"].to_i128(), Some(99_999_999_999_999_999_999));
+        assert_eq!(dict["b"].to_i128(), Some(i128::MIN));
+        assert_eq!(dict["c"].to_u128(), Some(u64::MAX.into()));
     }
 }

@@ -178,7 +178,8 @@ fn load_layers(
 
     let files: Vec<(usize, &str)> = chain.iter().rev().enumerate().map(|(i, f)| (i, f.source.as_str())).collect();
     let mut findings = Vec::new();
-    let parsed = overrides::from_env(env)
+    let schema = schema_value();
+    let parsed = overrides::from_env(env, &validate::homes(&schema))
         .into_iter()
         .chain(sets.iter().map(|s| overrides::from_set(s)))
         .map(|p| (p, None))
@@ -214,7 +215,7 @@ fn load_layers(
     }
 
     let origins = Origins::merged(layers, merged(&figment), &figment);
-    findings.extend(validate::validate(origins.value(), &schema_value()));
+    findings.extend(validate::validate(origins.value(), &schema));
     if findings.iter().any(|f| f.diag.severity == Severity::Error) {
         return Err(LoadError::invalid(findings, &origins));
     }

@@ -33,6 +33,7 @@ pub use crate::vocab::{Activation, BadDevice, Device, DeviceKind, Loss, Metric, 
 pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind};
 pub use device::Devices;
+pub use files::io_reason;
 pub use load::{Assignment, LoadError, Loaded, load, load_trial};
 pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
 pub use origins::Origins;

@@ -14,11 +14,11 @@ pub struct OptimizerSpec {
     /// Learning rate at `scaling.base_batch` (before scaling, warmup and schedule).
     /// Default: `0.01` for `sgd`, `0.001` for `adam` / `adamw`. Example: `learning_rate = 0.05`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0))]
+    #[schemars(extend("exclusiveMinimum" = 0.0))]
     pub learning_rate: Option<f64>,
     /// `sgd` only: momentum. Default: `0`. Example: `momentum = 0.9`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = 0.0), extend("exclusiveMaximum" = 1.0))]
     pub momentum: Option<f64>,
     /// `sgd` only: Nesterov momentum. Default: `false`. Example: `nesterov = true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -30,15 +30,15 @@ pub struct OptimizerSpec {
     pub weight_decay: Option<f64>,
     /// `adam` / `adamw` only: decay of the first moment. Default: `0.9`. Example: `beta_1 = 0.95`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = 0.0), extend("exclusiveMaximum" = 1.0))]
     pub beta_1: Option<f64>,
     /// `adam` / `adamw` only: decay of the second moment. Default: `0.999`. Example: `beta_2 = 0.98`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = 0.0), extend("exclusiveMaximum" = 1.0))]
     pub beta_2: Option<f64>,
     /// `adam` / `adamw` only: added to the denominator. Default: `1e-7`. Example: `epsilon = 1e-8`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0))]
+    #[schemars(extend("exclusiveMinimum" = 0.0))]
     pub epsilon: Option<f64>,
     /// `[optimizer.scaling]`: how the learning rate follows the global batch.
     #[serde(default)]
@@ -80,7 +80,21 @@ pub struct ScalingSpec {
     /// TensorFlow's guide; the global batch must be a key.
     /// Example: `table = { "64" = 0.05, "128" = 0.1 }`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "table_schema")]
     pub table: BTreeMap<String, f64>,
+}
+
+/// Every learning rate of the table is positive.
+fn table_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {
+            "description": "The learning rate at this global batch, above 0. Example: `\"128\" = 0.1`.",
+            "type": "number",
+            "format": "double",
+            "exclusiveMinimum": 0.0
+        }
+    })
 }
 
 /// `optimizer.scaling.rule`.
@@ -127,7 +141,7 @@ pub enum ScheduleSpec {
     /// Multiply by `factor` every `every_epochs` epochs or `every_steps` steps (one of them).
     StepDecay {
         /// Multiplier at each decay. Example: `factor = 0.1`.
-        #[schemars(range(min = 0.0, max = 1.0))]
+        #[schemars(range(max = 1.0), extend("exclusiveMinimum" = 0.0))]
         factor: f64,
         /// Decay period in epochs. Example: `every_epochs = 30`.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -128,22 +128,25 @@ impl Origins {
             let span = self.span_in(layer, segs, aim);
             return Some(Located { layer, span });
         }
-        // A table can come from several layers: prefer a file that writes it (it has a header
-        // or key to point at) over an override that only sets something inside it.
+        // A table can come from several layers: point at the one of highest precedence that
+        // writes in it. A value no layer set is derived from its table's others (the global
+        // batch from `per_replica`), so the last layer to change the table is the likeliest
+        // cause: a `--set batch.per_replica=…` rather than the base file's `[batch]`.
         for d in (1..=depth).rev() {
             let prefix = &segs[..d];
             let aim = if d == segs.len() { aim } else { Aim::Value };
-            let files = self.layers.iter().enumerate().rev();
-            for (layer, _) in files.filter(|(_, l)| matches!(l.kind, LayerKind::File { .. })) {
-                if let Some(span) = self.span_in(layer, prefix, aim) {
-                    return Some(Located { layer, span: Some(span) });
-                }
-            }
             for (layer, l) in self.layers.iter().enumerate().rev() {
-                if let LayerKind::Override { segs: set } | LayerKind::Sweep { segs: set, .. } = &l.kind
-                    && set.starts_with(prefix)
-                {
-                    return Some(self.in_sweep(layer, aim).unwrap_or(Located { layer, span: None }));
+                match &l.kind {
+                    LayerKind::File { .. } => {
+                        if let Some(span) = self.span_in(layer, prefix, aim) {
+                            return Some(Located { layer, span: Some(span) });
+                        }
+                    }
+                    LayerKind::Override { segs: set } | LayerKind::Sweep { segs: set, .. } => {
+                        if set.starts_with(prefix) {
+                            return Some(self.in_sweep(layer, aim).unwrap_or(Located { layer, span: None }));
+                        }
+                    }
                 }
             }
         }

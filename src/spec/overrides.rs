@@ -3,7 +3,9 @@
 
 use super::files::to_value;
 use super::keypath::{self, Seg};
+use super::words::closest;
 use figment::value::{Dict, Tag, Value};
+use std::collections::BTreeMap;
 use toml::de::DeValue;
 
 /// One override, parsed.
@@ -27,19 +29,93 @@ pub(crate) struct BadOverride {
 
 const PREFIX: &str = "TRAINRUN_";
 
+/// The variables trainrun reads besides spec overrides (README "Layering" and "Exit codes"
+/// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
+/// unknown key.
+pub(crate) const KNOWN_VARIABLES: [&str; 6] = [
+    "TRAINRUN_DATA_DIR",
+    "TRAINRUN_OFFLINE",
+    "TRAINRUN_TASK",
+    "TRAINRUN_JOB_TOKEN",
+    "TRAINRUN_PROGRESS",
+    "TRAINRUN_SWEEP_TRIAL",
+];
+
+/// `trainrun bench` describes its all-reduce peers' part with variables of this prefix.
+const INTERNAL_PREFIX: &str = "TRAINRUN_COLLECTIVE_";
+
 /// The spec overrides among environment variables, sorted by name so the result does not
-/// depend on the environment's order. Variables without `__` (`TRAINRUN_DATA_DIR`,
-/// `TRAINRUN_TASK`, `TRAINRUN_JOB_TOKEN`) configure other things and are skipped.
-pub(crate) fn from_env(env: &[(String, String)]) -> Vec<Result<Override, BadOverride>> {
+/// depend on the environment's order, and an error for each unknown `TRAINRUN_*` variable
+/// (with a "did you mean" from `homes`, where each key of the spec lives). The variables
+/// trainrun reads for other things ([`KNOWN_VARIABLES`]) are skipped.
+pub(crate) fn from_env(
+    env: &[(String, String)],
+    homes: &BTreeMap<String, Vec<String>>,
+) -> Vec<Result<Override, BadOverride>> {
     let mut vars: Vec<&(String, String)> = env
         .iter()
-        .filter(|(name, _)| {
-            name.get(..PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(PREFIX))
-                && name[PREFIX.len()..].contains("__")
-        })
+        .filter(|(name, _)| name.get(..PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(PREFIX)))
+        .filter(|(name, _)| !KNOWN_VARIABLES.contains(&name.as_str()) && !name.starts_with(INTERNAL_PREFIX))
         .collect();
     vars.sort();
-    vars.into_iter().map(|(name, value)| env_override(name, value)).collect()
+    vars.into_iter()
+        .map(|(name, value)| match name[PREFIX.len()..].contains("__") {
+            true => env_override(name, value),
+            false => Err(unknown_variable(name, homes)),
+        })
+        .collect()
+}
+
+/// `TRAINRUN_` and the key path in capitals, `__` between keys.
+fn variable_for(path: &str) -> String {
+    let keys: Vec<String> = path.split('.').map(str::to_ascii_uppercase).collect();
+    format!("{PREFIX}{}", keys.join("__"))
+}
+
+/// A `TRAINRUN_*` variable trainrun does not read: the closest known variable, else the
+/// override of the key it seems to name (`TRAINRUN_LEARNING_RATE`,
+/// `TRAINRUN_OPTIMIZER_LEARNING_RATE` → `TRAINRUN_OPTIMIZER__LEARNING_RATE`).
+fn unknown_variable(var: &str, homes: &BTreeMap<String, Vec<String>>) -> BadOverride {
+    let rest = var[PREFIX.len()..].to_ascii_lowercase();
+    let paths = |key: &str| -> Vec<String> {
+        let sections = homes.get(key).map(Vec::as_slice).unwrap_or_default();
+        sections.iter().filter(|s| !s.is_empty()).map(|s| format!("{s}.{key}")).collect()
+    };
+    // The key with its section joined by one `_` instead of `__`.
+    let joined = homes.iter().find_map(|(key, sections)| {
+        sections
+            .iter()
+            .filter(|s| !s.is_empty())
+            .find(|s| format!("{}_{key}", s.replace('.', "_")) == rest)
+            .map(|s| vec![format!("{s}.{key}")])
+    });
+    let exact = joined.or_else(|| Some(paths(&rest)).filter(|p| !p.is_empty()));
+    // Compared without the common prefix, which would make every name look alike.
+    let suffixes = KNOWN_VARIABLES.map(|k| &k[PREFIX.len()..]);
+    let known = closest(&rest, suffixes).map(|k| format!("{PREFIX}{k}")).filter(|k| k != var);
+    let overrides = match (exact, &known) {
+        (Some(exact), _) => exact,
+        (None, Some(_)) => Vec::new(),
+        (None, None) => closest(&rest, homes.keys().map(String::as_str)).map(paths).unwrap_or_default(),
+    };
+    let listed: Vec<String> = overrides.iter().take(3).map(|p| format!("`{}`", variable_for(p))).collect();
+    let help = match (known, listed.is_empty()) {
+        (_, false) => format!(
+            "did you mean {}? Spec overrides name the section and the key, with `__` between them",
+            listed.join(" or ")
+        ),
+        (Some(k), true) => format!("did you mean `{k}`?"),
+        (None, true) => format!(
+            "trainrun reads {}, and spec overrides `TRAINRUN_<SECTION>__<KEY>` (e.g. \
+             `TRAINRUN_OPTIMIZER__LEARNING_RATE=0.1`); rename or unset this one",
+            KNOWN_VARIABLES.join(", ")
+        ),
+    };
+    BadOverride {
+        name: format!("environment variable {var}"),
+        message: format!("unknown environment variable `{var}`: trainrun reads no such variable"),
+        help,
+    }
 }
 
 fn env_override(var: &str, value: &str) -> Result<Override, BadOverride> {
@@ -213,16 +289,23 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    fn homes() -> BTreeMap<String, Vec<String>> {
+        crate::spec::validate::homes(&crate::spec::schema_value())
+    }
+
     #[test]
     fn maps_environment_names() {
-        let found = from_env(&env(&[
-            ("TRAINRUN_OPTIMIZER__LEARNING_RATE", "0.1"),
-            ("trainrun_train__epochs", "3"),
-            ("TRAINRUN_DATA_DIR", "/data"),
-            ("TRAINRUN_TASK", "worker:0"),
-            ("TRAINRUN_JOB_TOKEN", "secret"),
-            ("PATH", "/bin"),
-        ]));
+        let found = from_env(
+            &env(&[
+                ("TRAINRUN_OPTIMIZER__LEARNING_RATE", "0.1"),
+                ("trainrun_train__epochs", "3"),
+                ("TRAINRUN_DATA_DIR", "/data"),
+                ("TRAINRUN_TASK", "worker:0"),
+                ("TRAINRUN_JOB_TOKEN", "secret"),
+                ("PATH", "/bin"),
+            ]),
+            &homes(),
+        );
         assert_eq!(found.len(), 2);
         let Some(Ok(lr)) = found.first() else { panic!("the learning rate override parses: {found:?}") };
         assert_eq!(lr.segs, vec![key("optimizer"), key("learning_rate")]);
@@ -230,7 +313,27 @@ mod tests {
         assert_eq!(lr.name, "environment variable TRAINRUN_OPTIMIZER__LEARNING_RATE");
         let Some(Ok(epochs)) = found.get(1) else { panic!("lower-case names are overrides too") };
         assert_eq!(epochs.segs, vec![key("train"), key("epochs")]);
-        assert!(from_env(&env(&[("TRAINRUN_OPTIMIZER__", "1")]))[0].is_err());
+        assert!(from_env(&env(&[("TRAINRUN_OPTIMIZER__", "1")]), &homes())[0].is_err());
+    }
+
+    #[test]
+    fn unknown_variables_get_a_did_you_mean() {
+        let help = |name: &str| match from_env(&env(&[(name, "1")]), &homes()).pop() {
+            Some(Err(bad)) => bad.help,
+            other => panic!("{name} should be refused: {other:?}"),
+        };
+        assert_eq!(help("TRAINRUN_DATADIR"), "did you mean `TRAINRUN_DATA_DIR`?");
+        assert_eq!(help("trainrun_offline"), "did you mean `TRAINRUN_OFFLINE`?");
+        assert!(help("TRAINRUN_LEARNING_RATE").starts_with("did you mean `TRAINRUN_OPTIMIZER__LEARNING_RATE`?"));
+        assert!(
+            help("TRAINRUN_OPTIMIZER_LEARNING_RATE").starts_with("did you mean `TRAINRUN_OPTIMIZER__LEARNING_RATE`?")
+        );
+        assert!(help("TRAINRUN_LERNING_RATE").starts_with("did you mean `TRAINRUN_OPTIMIZER__LEARNING_RATE`?"));
+        assert!(help("TRAINRUN_STARTUP_TIMEOUT_S").starts_with("did you mean `TRAINRUN_CLUSTER__STARTUP_TIMEOUT_S`?"));
+        assert!(help("TRAINRUN_XYZZY").contains("TRAINRUN_DATA_DIR"));
+        let known =
+            env(&[("TRAINRUN_SWEEP_TRIAL", "2"), ("TRAINRUN_COLLECTIVE_RANK", "1"), ("TRAINRUN_PROGRESS", "events")]);
+        assert!(from_env(&known, &homes()).is_empty());
     }
 
     #[test]
@@ -276,7 +379,9 @@ mod tests {
         let Ok(far) = from_set("model.layers[5].units=64") else { panic!("parses") };
         let Err(bad) = layer_data(&far, &below) else { panic!("index 5 is past the end") };
         assert!(bad.message.contains("has 2 items"), "{}", bad.message);
-        let Ok(env) = from_env(&env(&[("TRAINRUN_MODEL__LAYERS__0__UNITS", "8")])).remove(0) else { panic!("parses") };
+        let Ok(env) = from_env(&env(&[("TRAINRUN_MODEL__LAYERS__0__UNITS", "8")]), &homes()).remove(0) else {
+            panic!("parses")
+        };
         let Ok(data) = layer_data(&env, &below) else { panic!("numeric keys index arrays") };
         let data = Value::Dict(Tag::Default, data);
         let Some(Value::Array(_, items)) = data.find_ref("model.layers") else { panic!("an array") };

@@ -100,9 +100,9 @@ pub struct CommunicationOptions {
     pub transport: CollectiveTransport,
     /// A collective that cannot complete within this many seconds fails, naming the task that
     /// did not answer; a task that stops answering the chief's heartbeats for this long is
-    /// declared dead. Default: `30`. Example: `timeout_s = 10`.
+    /// declared dead. From 0.001 to 604800 (a week). Default: `30`. Example: `timeout_s = 10`.
     #[serde(default = "default_timeout_s")]
-    #[schemars(range(min = 0.001))]
+    #[schemars(range(min = 0.001, max = 604_800.0))]
     pub timeout_s: f64,
 }
 
@@ -177,9 +177,9 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
     /// Seconds every task has to check in at start-up before the job fails, listing the
-    /// missing tasks. Default: `60`. Example: `startup_timeout_s = 120`.
+    /// missing tasks. From 0.001 to 604800 (a week). Default: `60`. Example: `startup_timeout_s = 120`.
     #[serde(default = "default_startup_timeout_s")]
-    #[schemars(range(min = 0.001))]
+    #[schemars(range(min = 0.001, max = 604_800.0))]
     pub startup_timeout_s: f64,
     /// Times the local launcher restarts every task after one fails (exits non-zero or is
     /// killed), each time resuming from the last `backup_and_restore` backup. Spec, data and

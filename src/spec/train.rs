@@ -174,7 +174,7 @@ pub enum CallbackSpec {
         monitor: Monitor,
         /// Multiplier. Default: `0.1`. Example: `factor = 0.5`.
         #[serde(default = "default_plateau_factor")]
-        #[schemars(range(min = 0.0, max = 0.999))]
+        #[schemars(extend("exclusiveMinimum" = 0.0, "exclusiveMaximum" = 1.0))]
         factor: f64,
         /// Evaluations without improvement before reducing. Default: `10`. Example: `patience = 2`.
         #[serde(default = "default_plateau_patience")]

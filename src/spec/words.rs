@@ -86,6 +86,7 @@ pub(crate) fn noun(root: &Json, schema: &Json) -> Noun {
         return Noun::new("a value", "values");
     };
     let minimum = schema.get("minimum").and_then(Json::as_f64);
+    let positive = schema.get("exclusiveMinimum").and_then(Json::as_f64).is_some_and(|m| m >= 0.0);
     match *first {
         "integer" => match minimum {
             Some(m) if m >= 1.0 => Noun::new("a positive integer", "positive integers"),
@@ -93,6 +94,8 @@ pub(crate) fn noun(root: &Json, schema: &Json) -> Noun {
             _ => Noun::new("an integer", "integers"),
         },
         "number" => match minimum {
+            _ if positive => Noun::new("a positive number", "positive numbers"),
+            Some(m) if m > 0.0 => Noun::new("a positive number", "positive numbers"),
             Some(m) if m >= 0.0 => Noun::new("a non-negative number", "non-negative numbers"),
             _ => Noun::new("a number", "numbers"),
         },
@@ -154,11 +157,15 @@ pub(crate) fn found(value: &Value) -> String {
     }
 }
 
-/// A value as written in TOML, for messages: `64`, `0.5`, `"x"`.
+/// A value as written in TOML, for messages: `64`, `0.5`, `nan`, `-inf`, `"x"`.
 pub(crate) fn show(value: &Value) -> String {
     match value {
-        Value::Num(_, n) if is_float(n) => format!("{:?}", n.to_f64().unwrap_or(f64::NAN)),
-        Value::Num(_, n) => n.to_i128().map_or_else(|| format!("{:?}", n.to_f64()), |i| i.to_string()),
+        Value::Num(_, n) if is_float(n) => show_float(n.to_f64().unwrap_or(f64::NAN)),
+        Value::Num(_, n) => match (n.to_i128(), n.to_u128()) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(u)) => u.to_string(),
+            (None, None) => "a number".to_string(),
+        },
         Value::String(_, s) => format!("{s:?}"),
         Value::Bool(_, b) => b.to_string(),
         Value::Char(_, c) => format!("\"{c}\""),
@@ -168,9 +175,25 @@ pub(crate) fn show(value: &Value) -> String {
     }
 }
 
-/// Any number as `f64` (figment's `to_f64` only converts floats).
+/// A float as TOML writes it: `0.5`, `1e20`, `nan`, `inf`, `-inf`.
+pub(crate) fn show_float(x: f64) -> String {
+    match x {
+        x if x.is_nan() => "nan".to_string(),
+        f64::INFINITY => "inf".to_string(),
+        f64::NEG_INFINITY => "-inf".to_string(),
+        x => format!("{x:?}"),
+    }
+}
+
+/// Any number as `f64` (figment's `to_f64` only converts floats, `to_i128` only signed
+/// integers).
 pub(crate) fn number(n: &Num) -> Option<f64> {
-    n.to_f64().or_else(|| n.to_i128().map(|i| i as f64))
+    n.to_f64().or_else(|| integer(n).map(|i| i as f64))
+}
+
+/// An integer exactly; unsigned values beyond `i128::MAX` saturate (they exceed every bound).
+pub(crate) fn integer(n: &Num) -> Option<i128> {
+    n.to_i128().or_else(|| n.to_u128().map(|u| i128::try_from(u).unwrap_or(i128::MAX)))
 }
 
 pub(crate) fn is_float(n: &Num) -> bool {
@@ -249,6 +272,10 @@ mod tests {
         assert_eq!(found(&Value::from("64")), "string \"64\"");
         assert_eq!(found(&Value::from(2.5)), "float 2.5");
         assert_eq!(found(&Value::from(3)), "integer 3");
+        assert_eq!(found(&Value::from(f64::NAN)), "float nan");
+        assert_eq!(show(&Value::from(f64::NEG_INFINITY)), "-inf");
+        assert_eq!(show(&Value::from(u128::MAX)), u128::MAX.to_string());
+        assert_eq!(show(&Value::from(1e20)), "1e20");
         assert_eq!(bound(0.0), "0");
         assert_eq!(bound(0.999), "0.999");
         assert_eq!(example("Output features. Example: `units = 128`."), Some("`units = 128`"));

@@ -174,7 +174,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RecordError + '_ {
 pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<(), RecordError> {
     let text = serde_json::to_string_pretty(value).map_err(|e| RecordError { path: path.into(), source: e.into() })?;
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text + "\n").and_then(|_| std::fs::rename(&tmp, path)).map_err(io(path))
+    std::fs::write(&tmp, text + "\n").and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
+        // A full disk must not keep a half-written temporary file.
+        let _ = std::fs::remove_file(&tmp);
+        io(path)(e)
+    })
 }
 
 impl RunDir {

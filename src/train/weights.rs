@@ -40,7 +40,12 @@ pub fn save_weights(
         .map_err(|e| err(std::io::Error::other(e.to_string())))?;
     let bytes = safetensors::serialize(views, None).map_err(|e| err(std::io::Error::other(e.to_string())))?;
     let tmp = path.with_extension("safetensors.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(&bytes).and_then(|_| f.sync_all()).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    // A full disk must not keep a half-written temporary file.
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(e)
+    })
 }

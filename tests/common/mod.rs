@@ -3,15 +3,31 @@
 
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::sync::OnceLock;
 
-/// The MNIST folder: `TRAINRUN_DATA_DIR` when set (CI sets it), else the shared copy next to
-/// the checkout.
+/// The MNIST folder, resolved once and absolute: `TRAINRUN_DATA_DIR` when set (the README's
+/// test command sets `../shared/data/mnist`, relative to the package root, where cargo runs
+/// tests), else the shared copy next to the checkout. Absolute, so tasks a test starts in
+/// another working directory find it too.
 pub fn data_dir() -> PathBuf {
-    std::env::var_os("TRAINRUN_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"))
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let given = std::env::var_os("TRAINRUN_DATA_DIR").filter(|v| !v.is_empty()).map(PathBuf::from);
+        let dir = root.join(given.as_deref().unwrap_or(Path::new("../shared/data/mnist")));
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+        assert!(
+            dir.join("train-images-idx3-ubyte.gz").exists() || dir.join("train-images-idx3-ubyte").exists(),
+            "MNIST is not in {} (TRAINRUN_DATA_DIR={:?}): point TRAINRUN_DATA_DIR at the folder holding the four MNIST files",
+            dir.display(),
+            given
+        );
+        dir
+    })
+    .clone()
 }
 
 /// `trainrun` run from the package root, offline, on the real data.
@@ -171,6 +187,26 @@ pub fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) with a pid this test started (or its launcher did); ESRCH at worst.
     unsafe {
         libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// Waits until `path` exists, at most `limit`, while every one of `tasks` runs. A task that
+/// exits first fails the test with its exit status and stderr: a task that failed at once
+/// (bad data folder, bad spec) must not cost the whole limit and say nothing.
+pub fn wait_for_file(path: &Path, limit: std::time::Duration, tasks: &mut [&mut Child]) {
+    let t = std::time::Instant::now();
+    while !path.exists() {
+        for task in tasks.iter_mut() {
+            if let Ok(Some(status)) = task.try_wait() {
+                let mut stderr = String::new();
+                if let Some(mut e) = task.stderr.take() {
+                    let _ = e.read_to_string(&mut stderr);
+                }
+                panic!("a task ended ({status}) before {} appeared; its stderr:\n{stderr}", path.display());
+            }
+        }
+        assert!(t.elapsed() < limit, "{} did not appear within {limit:?}", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

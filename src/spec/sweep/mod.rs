@@ -84,9 +84,10 @@ pub enum Distribution {
     /// Uniform in the logarithm between `low` and `high`, both positive (learning rates).
     LogUniform {
         /// Lowest value, above 0. Example: `low = 1e-4`.
-        #[schemars(range(min = 0.0))]
+        #[schemars(extend("exclusiveMinimum" = 0.0))]
         low: f64,
-        /// Highest value. Example: `high = 0.1`.
+        /// Highest value, above 0. Example: `high = 0.1`.
+        #[schemars(extend("exclusiveMinimum" = 0.0))]
         high: f64,
     },
     /// A whole number from `low` to `high`, both included.

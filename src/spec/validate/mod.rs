@@ -6,12 +6,14 @@
 //! (untagged enums and `Option`s), `type`, `minimum`/`maximum`, `minItems`/`maxItems`,
 //! `pattern`, `properties`/`additionalProperties`/`required`.
 
+mod numbers;
+mod rules;
 mod tables;
 
 use super::keypath::{self, Seg};
 use super::render::Finding;
 use super::words::{self, branches, closest, constants, description, example, found, noun, one_of, resolve, show};
-use figment::value::{Num, Value};
+use figment::value::Value;
 use regex_lite::Regex;
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap};
@@ -21,7 +23,15 @@ pub(crate) fn validate(value: &Value, schema: &Json) -> Vec<Finding> {
     let mut walker =
         Walker { root: schema, findings: Vec::new(), homes: tables::homes(schema), patterns: HashMap::new() };
     walker.check(value, schema, schema, &mut Vec::new());
-    walker.findings
+    let mut findings = walker.findings;
+    findings.extend(rules::check(value));
+    findings
+}
+
+/// For each key, the sections where it is valid (`learning_rate` → `optimizer`), to suggest
+/// where a misplaced key or environment variable belongs.
+pub(crate) fn homes(schema: &Json) -> BTreeMap<String, Vec<String>> {
+    tables::homes(schema)
 }
 
 /// The variant an internally tagged table was matched to, for messages.
@@ -264,51 +274,6 @@ impl<'s> Walker<'s> {
             .label(format!("expected {expected}"));
         finding.diag.help = help;
         self.findings.push(finding);
-    }
-
-    fn check_range(&mut self, value: &Value, n: &Num, schema: &Json, doc: &Json, path: &[Seg]) {
-        let Some(x) = words::number(n) else { return };
-        let get = |k: &str| schema.get(k).and_then(Json::as_f64);
-        let format_max = match schema.get("format").and_then(Json::as_str) {
-            Some("uint8") => Some(f64::from(u8::MAX)),
-            Some("uint16") => Some(f64::from(u16::MAX)),
-            Some("uint32") => Some(f64::from(u32::MAX)),
-            _ => None,
-        };
-        let min = get("minimum");
-        let max = match (get("maximum"), format_max) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let (low, high) = (get("exclusiveMinimum"), get("exclusiveMaximum"));
-        let problem = if let Some(m) = min.filter(|m| x < *m) {
-            Some((format!("at least {}", words::bound(m)), "below the minimum"))
-        } else if let Some(m) = low.filter(|m| x <= *m) {
-            Some((format!("greater than {}", words::bound(m)), "too small"))
-        } else if let Some(m) = max.filter(|m| x > *m) {
-            Some((format!("at most {}", words::bound(m)), "above the maximum"))
-        } else {
-            high.filter(|m| x >= *m).map(|m| (format!("less than {}", words::bound(m)), "too large"))
-        };
-        let Some((bound, label)) = problem else {
-            return;
-        };
-        let key = keypath::format(path);
-        // The help names the documented range; a format's limit (`u32::MAX`) only when hit.
-        let documented = get("maximum");
-        let range = match (min, documented) {
-            (Some(a), Some(b)) => format!("from {} to {}", words::bound(a), words::bound(b)),
-            (Some(a), None) if x < a => format!("of at least {}", words::bound(a)),
-            _ if bound.starts_with("at ") => format!("of {bound}"),
-            _ => bound.clone(),
-        };
-        let help = match example_of(self.root, doc) {
-            Some(ex) => format!("use a value {range}, e.g. {ex}"),
-            None => format!("use a value {range}"),
-        };
-        self.findings.push(
-            Finding::new(&key, format!("`{key}` must be {bound}, found {}", show(value))).label(label).help(help),
-        );
     }
 
     fn check_pattern(&mut self, s: &str, schema: &'s Json, path: &[Seg]) {

@@ -1,0 +1,103 @@
+//! Rules a JSON Schema cannot express, checked on the merged spec with the schema's problems:
+//! learning-rate table keys that name one batch twice (`"64"` and `"064"`), and a
+//! `cluster.token_file` that other users can read (refused as ssh refuses such a key).
+
+use crate::spec::keypath::{self, Seg};
+use crate::spec::render::Finding;
+use figment::value::Value;
+use std::collections::BTreeMap;
+
+/// Every problem of these rules in `value`, the merged spec.
+pub(crate) fn check(value: &Value) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    if let Some(Value::Dict(_, table)) = value.find_ref("optimizer.scaling.table") {
+        findings.extend(table_duplicates(table.keys()));
+    }
+    if let Some(Value::String(_, path)) = value.find_ref("cluster.token_file") {
+        findings.extend(token_file(path));
+    }
+    findings
+}
+
+/// Keys of the learning-rate table that name a batch size an earlier key already names.
+fn table_duplicates<'k>(keys: impl Iterator<Item = &'k String>) -> Vec<Finding> {
+    let mut seen: BTreeMap<u64, &str> = BTreeMap::new();
+    let mut findings = Vec::new();
+    for key in keys {
+        let Ok(batch) = key.trim().parse::<u64>() else { continue };
+        match seen.get(&batch) {
+            None => {
+                seen.insert(batch, key);
+            }
+            Some(first) => {
+                let path = [Seg::Key("optimizer".into()), Seg::Key("scaling".into()), Seg::Key("table".into())];
+                let mut at = path.to_vec();
+                at.push(Seg::Key(key.clone()));
+                findings.push(
+                    Finding::new(
+                        keypath::format(&at),
+                        format!(
+                            "`optimizer.scaling.table` gives the global batch {batch} twice, as {first:?} and {key:?}"
+                        ),
+                    )
+                    .at_key()
+                    .label(format!("the same batch as {first:?}"))
+                    .help(format!("keep one learning rate per batch: remove {key:?} or {first:?}")),
+                );
+            }
+        }
+    }
+    findings
+}
+
+/// A token file that group or other users may read or write: anyone who reads the token can
+/// join or steer the job. ssh refuses a private key with such permissions for the same reason.
+fn token_file(path: &str) -> Option<Finding> {
+    use std::os::unix::fs::PermissionsExt;
+    // A file that is not there (yet) is the runtime's error: `check` may run elsewhere.
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    if mode & 0o077 == 0 {
+        return None;
+    }
+    Some(
+        Finding::new(
+            "cluster.token_file",
+            format!("`cluster.token_file` = {path:?} is open to other users (permissions {mode:04o}); the job token must be private"),
+        )
+        .label("readable by others")
+        .help(format!(
+            "run `chmod 600 {path}`, as ssh requires of a private key (on Kubernetes, mount the Secret with defaultMode: 0400)"
+        )),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_batch_named_twice_is_refused_at_the_second_key() {
+        let keys = ["064".to_string(), "128".to_string(), "64".to_string(), "fast".to_string()];
+        let found = table_duplicates(keys.iter());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].diag.key, "optimizer.scaling.table.64");
+        assert!(found[0].diag.message.contains("batch 64 twice, as \"064\" and \"64\""), "{}", found[0].diag.message);
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.token");
+        std::fs::write(&path, "0123456789abcdef0123").unwrap();
+        let text = path.display().to_string();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let found = token_file(&text).map(|f| f.diag.message).unwrap_or_default();
+        assert!(found.contains("permissions 0644"), "{found}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(token_file(&text).is_some(), "group-readable too");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(token_file(&text).is_none());
+        assert!(token_file("/nonexistent/job.token").is_none(), "missing files are the runtime's error");
+    }
+}

@@ -1,0 +1,206 @@
+//! Inputs refused before anything runs, the binary end to end: non-finite and huge floats
+//! (which used to panic in `Duration::from_secs_f64` with exit 101), files that are not specs,
+//! cluster mistakes, a token file others can read, unknown `TRAINRUN_*` variables — each with
+//! exit code 2 and a message that names the key, the value, where it came from and the fix.
+//! `check` refuses exactly what a run refuses.
+
+mod common;
+
+use common::{assert_exit, run, text};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+/// Runs `trainrun` with `args` and `env`, at most 60 s.
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = common::trainrun();
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start trainrun: {e}"));
+    common::wait_within(child, Duration::from_secs(60)).0
+}
+
+/// Both `check` and a run refuse `sets` with exit code 2 and stderr holding every `wants`.
+fn refused_by_check_and_run(spec: &str, sets: &[&str], wants: &[&str]) {
+    let mut args: Vec<&str> = Vec::new();
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    for command in [vec!["check", spec], vec![spec, "-q"]] {
+        let all: Vec<&str> = command.iter().copied().chain(args.iter().copied()).collect();
+        let out = run(&all);
+        assert_exit(&out, 2);
+        let (_, stderr) = text(&out);
+        for want in wants {
+            assert!(stderr.contains(want), "{all:?}: no {want:?} in\n{stderr}");
+        }
+    }
+}
+
+#[test]
+fn non_finite_and_huge_durations_are_refused_not_panics() {
+    for (set, want) in [
+        (
+            "strategy.communication.timeout_s=nan",
+            "`strategy.communication.timeout_s` must be a finite number, found nan",
+        ),
+        (
+            "strategy.communication.timeout_s=inf",
+            "`strategy.communication.timeout_s` must be a finite number, found inf",
+        ),
+        (
+            "strategy.communication.timeout_s=1e20",
+            "`strategy.communication.timeout_s` must be at most 604800, found 1e20",
+        ),
+        ("cluster.restart_backoff_s=nan", "`cluster.restart_backoff_s` must be a finite number, found nan"),
+        ("cluster.startup_timeout_s=nan", "`cluster.startup_timeout_s` must be a finite number, found nan"),
+    ] {
+        refused_by_check_and_run("specs/mnist_multiworker.toml", &[set], &[want, &format!("--> --set {set}")]);
+    }
+}
+
+#[test]
+fn optimizer_floats_out_of_their_range_are_refused() {
+    for (set, want) in [
+        ("optimizer.momentum=nan", "`optimizer.momentum` must be a finite number, found nan"),
+        ("optimizer.momentum=1", "`optimizer.momentum` must be less than 1, found 1"),
+        ("optimizer.weight_decay=inf", "`optimizer.weight_decay` must be a finite number, found inf"),
+        ("optimizer.learning_rate=inf", "`optimizer.learning_rate` must be a finite number, found inf"),
+        ("optimizer.learning_rate=0", "`optimizer.learning_rate` must be greater than 0, found 0"),
+        ("optimizer.scaling={ rule = \"table\", table = { \"64\" = -0.1 } }", "must be greater than 0, found -0.1"),
+    ] {
+        refused_by_check_and_run("specs/mnist_single.toml", &[set], &[want]);
+    }
+}
+
+#[test]
+fn an_integer_too_large_is_called_too_large() {
+    refused_by_check_and_run(
+        "specs/mnist_single.toml",
+        &["train.epochs=99999999999999999999"],
+        &["`train.epochs` must be at most 18446744073709551615, found 99999999999999999999"],
+    );
+}
+
+#[test]
+fn a_derived_value_points_at_the_override_that_changed_its_table() {
+    let out = run(&["check", "specs/mnist_multiworker.toml", "--set", "batch.per_replica=100000"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("--> --set batch.per_replica=100000"), "{stderr}");
+    assert!(!stderr.contains("[batch]"), "points at the file's [batch] instead:\n{stderr}");
+}
+
+#[test]
+fn files_that_are_not_specs_are_refused_before_reading() {
+    for (path, want) in [("/dev/zero", "it is a device, not a spec file"), ("specs", "it is a folder, not a spec file")]
+    {
+        let out = run_env(&["check", path], &[]);
+        assert_exit(&out, 2);
+        assert!(text(&out).1.contains(want), "{}", text(&out).1);
+    }
+    let dir = common::tempdir();
+    let big = dir.path().join("big.toml");
+    std::fs::File::create(&big).and_then(|f| f.set_len(17 << 20)).unwrap_or_else(|e| panic!("{e}"));
+    let out = run_env(&["check", &big.display().to_string()], &[]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("a spec has at most 16 MiB"), "{}", text(&out).1);
+}
+
+#[test]
+fn a_task_flag_on_a_one_process_spec_is_refused() {
+    let out = run_env(&["specs/mnist_single.toml", "-q", "--task", "worker:1"], &[]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("--task worker:1 names a task of a cluster"), "{}", text(&out).1);
+}
+
+#[test]
+fn explicit_clusters_need_distinct_dialable_addresses() {
+    let cases = [
+        ("cluster.worker=[\"127.0.0.1:2222\", \"127.0.0.1:2222\"]", "worker:0 and worker:1 both have the address"),
+        ("cluster.worker=[\"127.0.0.1:2222\", \"127.0.0.1:0\"]", "has port 0"),
+    ];
+    for (set, want) in cases {
+        let out = run(&["check", "specs/mnist_multiworker.toml", "--set", set]);
+        assert_exit(&out, 2);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains(want) && stderr.contains(&format!("--> --set {set}")), "{stderr}");
+    }
+}
+
+#[test]
+fn a_token_file_others_can_read_is_refused_as_ssh_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = common::tempdir();
+    let token = dir.path().join("job.token");
+    std::fs::write(&token, "a-job-token-0123456789abcdef\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap_or_else(|e| panic!("{e}"));
+    let set = format!("cluster.token_file=\"{}\"", token.display());
+    let out = run(&["check", "specs/mnist_multiworker.toml", "--set", &set]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("permissions 0644") && stderr.contains("chmod 600"), "{stderr}");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap_or_else(|e| panic!("{e}"));
+    assert_exit(&run(&["check", "specs/mnist_multiworker.toml", "--set", &set]), 0);
+}
+
+#[test]
+fn unknown_trainrun_variables_get_a_did_you_mean() {
+    for (var, want) in [
+        ("TRAINRUN_LEARNING_RATE", "did you mean `TRAINRUN_OPTIMIZER__LEARNING_RATE`?"),
+        ("TRAINRUN_DATADIR", "did you mean `TRAINRUN_DATA_DIR`?"),
+    ] {
+        let out = run_env(&["check", "specs/mnist_single.toml"], &[(var, "0.1")]);
+        assert_exit(&out, 2);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains(&format!("unknown environment variable `{var}`")) && stderr.contains(want), "{stderr}");
+    }
+}
+
+#[test]
+fn a_run_folder_that_cannot_be_made_names_run_out_dir() {
+    let out = run_env(&["specs/mnist_single.toml", "-q", "--set", "run.out_dir=/proc/trainrun-nope"], &[]);
+    assert_exit(&out, 1);
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("`run.out_dir` = \"/proc/trainrun-nope\" (from --set run.out_dir=/proc/trainrun-nope)")
+            && stderr.contains("help: point run.out_dir at a folder"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn eval_of_a_path_that_is_no_checkpoint_says_so() {
+    let dir = common::tempdir();
+    let missing = dir.path().join("ckpt-0000000140").display().to_string();
+    let out = run_env(&["eval", "specs/mnist_single.toml", "--checkpoint", &missing], &[]);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("is not a checkpoint: no such folder"), "{stderr}");
+    assert!(!stderr.contains("did not finish"), "{stderr}");
+    let folder = dir.path().display().to_string();
+    let out = run_env(&["eval", "specs/mnist_single.toml", "--checkpoint", &folder], &[]);
+    assert!(text(&out).1.contains("it holds no manifest.json"), "{}", text(&out).1);
+}
+
+/// `trainrun check spec.toml | head`: a reader that went away ends trainrun quietly by
+/// SIGPIPE, as any Unix tool, while sockets keep SIGPIPE ignored (tests/strangers.rs).
+#[test]
+fn a_closed_stdout_ends_quietly_by_sigpipe() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors are fresh from pipe(2) and owned nowhere else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    let out = common::trainrun()
+        .args(["check", "specs/mnist_single.toml"])
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {}", out.status, text(&out).1);
+    assert_eq!(text(&out).1, "", "quiet");
+}
