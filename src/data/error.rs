@@ -151,13 +151,9 @@ pub enum DataError {
     )]
     BadCrc { path: PathBuf, offset: u64, part: &'static str, stored: u32, computed: u32 },
 
-    /// A named column, array or feature is not in the file.
-    #[error(
-        "{}: no {what} named `{name}`{}; it has: {}",
-        Located { path, at: at.as_ref().unwrap_or(&Position::File) },
-        did_you_mean(name, available), available.join(", ")
-    )]
-    UnknownName { path: PathBuf, at: Option<Position>, what: &'static str, name: String, available: Vec<String> },
+    /// A named column, array or feature is not in the file (boxed: the largest variant).
+    #[error("{0}")]
+    UnknownName(Box<UnknownName>),
 
     /// Features and labels disagree on the number of examples.
     #[error(
@@ -170,8 +166,10 @@ pub enum DataError {
     #[error("cannot decode the image {}: {source}", .path.display())]
     Image {
         path: PathBuf,
+        // Boxed: `ImageError` alone is 64 bytes, and every `Result` carrying a `DataError`
+        // pays for its largest variant.
         #[source]
-        source: image::ImageError,
+        source: Box<image::ImageError>,
     },
 
     /// An image folder holds no class folders.
@@ -186,11 +184,8 @@ pub enum DataError {
     EmptyClass { dir: PathBuf },
 
     /// Two splits of an image folder name different classes.
-    #[error(
-        "{} and {} must have the same class folders; only in the first: [{}], only in the second: [{}]",
-        .first.display(), .second.display(), .only_first.join(", "), .only_second.join(", ")
-    )]
-    ClassesDiffer { first: PathBuf, second: PathBuf, only_first: Vec<String>, only_second: Vec<String> },
+    #[error("{} and {} must have the same class folders; {difference}", .first.display(), .second.display())]
+    ClassesDiffer { first: PathBuf, second: PathBuf, difference: String },
 
     /// A CSV file the `csv` crate cannot split into records.
     #[error("{}: {source}", .path.display())]
@@ -228,6 +223,30 @@ pub enum Position {
     Line { line: u64, column: usize },
     /// 0-based record (example) index.
     Record(usize),
+}
+
+/// A name looked up in a file and not found, with the names the file has.
+#[derive(Debug)]
+pub struct UnknownName {
+    pub path: PathBuf,
+    pub at: Option<Position>,
+    /// What kind of name: `column`, `array`, `feature`.
+    pub what: &'static str,
+    pub name: String,
+    pub available: Vec<String>,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let located = Located { path: &self.path, at: self.at.as_ref().unwrap_or(&Position::File) };
+        let (what, name, available) = (self.what, &self.name, &self.available);
+        write!(
+            f,
+            "{located}: no {what} named `{name}`{}; it has: {}",
+            did_you_mean(name, available),
+            available.join(", ")
+        )
+    }
 }
 
 /// `path:line:column` for text, `path at byte N` or `path, record N` otherwise.

@@ -28,7 +28,7 @@ pub mod sources;
 pub mod synthetic;
 
 pub use download::{Checksum, Fetcher, RemoteFile};
-pub use error::{DataError, FileFailure, Position};
+pub use error::{DataError, FileFailure, Position, UnknownName};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use shard::Shard;
 pub use sources::{DataDirs, Preset, Source};

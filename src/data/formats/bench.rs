@@ -47,6 +47,20 @@ impl Throughput {
     }
 }
 
+impl std::fmt::Display for Throughput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} items, {:.1} MB in {:.3} s: {:.0} items/s, {:.0} MB/s",
+            self.items,
+            self.bytes as f64 / 1e6,
+            self.seconds,
+            self.items_per_second(),
+            self.megabytes_per_second()
+        )
+    }
+}
+
 /// Noise pixels for image `i`.
 fn noise(seed: u64, i: usize, len: usize) -> Vec<u8> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -66,7 +80,7 @@ pub fn write_png_folder(split_dir: &Path, images: usize, seed: u64) -> Result<()
         let path = split_dir.join(format!("class_{}", i % CLASSES)).join(format!("{i:06}.png"));
         let image = image::RgbImage::from_raw(SIDE, SIDE, noise(seed, i, (SIDE * SIDE * 3) as usize));
         let image = image.ok_or_else(|| io_error(&path)(std::io::Error::other("pixel count")))?;
-        image.save(&path).map_err(|source| DataError::Image { path: path.clone(), source })
+        image.save(&path).map_err(|e| DataError::Image { path: path.clone(), source: Box::new(e) })
     })
 }
 

@@ -13,8 +13,8 @@
 //!
 //! The whole table is parsed at open into `f32` (a CSV file is larger than its values).
 
-use super::{Classes, Dtype, Labels, RandomAccess, check_buffer, check_index, classes_from_names};
-use crate::data::error::{DataError, Position};
+use super::{Classes, Dtype, Labels, RandomAccess, classes_from_names};
+use crate::data::error::{DataError, Position, UnknownName};
 use std::path::Path;
 
 /// What the label column holds.
@@ -64,12 +64,14 @@ impl CsvDataset {
         let mut reader = ::csv::ReaderBuilder::new().trim(::csv::Trim::All).from_path(path).map_err(csv_error)?;
         let header: Vec<String> = reader.headers().map_err(csv_error)?.iter().map(str::to_string).collect();
         let column = |name: &str| {
-            header.iter().position(|h| h == name).ok_or_else(|| DataError::UnknownName {
-                path: path.to_path_buf(),
-                at: Some(Position::Line { line: 1, column: 1 }),
-                what: "column",
-                name: name.to_string(),
-                available: header.clone(),
+            header.iter().position(|h| h == name).ok_or_else(|| {
+                DataError::UnknownName(Box::new(UnknownName {
+                    path: path.to_path_buf(),
+                    at: Some(Position::Line { line: 1, column: 1 }),
+                    what: "column",
+                    name: name.to_string(),
+                    available: header.clone(),
+                }))
             })
         };
         let label_column = column(&options.label)?;
@@ -126,10 +128,8 @@ impl RandomAccess for CsvDataset {
         &self.labels
     }
 
-    fn read(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
-        check_index(i, self.len())?;
+    fn read_at(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
         let width = self.shape[0];
-        check_buffer(width, out.len())?;
         out.copy_from_slice(&self.features[i * width..(i + 1) * width]);
         Ok(())
     }
@@ -197,6 +197,7 @@ fn infer(cells: &[LabelCell]) -> Result<LabelKind, (u64, String)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::read_one;
     use super::*;
     use std::path::PathBuf;
 
@@ -207,12 +208,6 @@ mod tests {
         (dir, path)
     }
 
-    fn row(data: &CsvDataset, i: usize) -> Vec<f32> {
-        let mut out = vec![0.0; data.example_len()];
-        data.read(i, &mut out).unwrap();
-        out
-    }
-
     #[test]
     fn string_labels_become_sorted_classes() {
         let (_d, path) = table("sepal, petal ,species\n5.1,1.4,setosa\n 6.2 ,4.5,versicolor\n5.9,5.1,setosa\r\n");
@@ -221,7 +216,7 @@ mod tests {
             (data.len(), data.shape(), data.feature_names()),
             (3, &[2][..], &["sepal".to_string(), "petal".into()][..])
         );
-        assert_eq!(row(&data, 1), [6.2, 4.5]);
+        assert_eq!(read_one(&data, 1), [6.2, 4.5]);
         assert_eq!(data.labels().classes().unwrap().names(), ["setosa", "versicolor"]);
         assert_eq!((0..3).map(|i| data.labels().class(i).unwrap()).collect::<Vec<_>>(), [0, 1, 0]);
     }
@@ -231,7 +226,7 @@ mod tests {
         let (_d, path) = table("a,b,c,y\n1,2,3,0\n4,5,6,2\n");
         let options = CsvOptions { features: Some(vec!["c".into(), "a".into()]), ..CsvOptions::label("y") };
         let data = CsvDataset::open(&path, &options).unwrap();
-        assert_eq!(row(&data, 1), [6.0, 4.0]);
+        assert_eq!(read_one(&data, 1), [6.0, 4.0]);
         // Whole-number labels are class indices as they are.
         assert_eq!(data.labels().classes().map(Classes::len), Some(3));
         assert_eq!(data.labels().class(1), Some(2));

@@ -122,6 +122,11 @@ converter!(
     f64
 );
 
+/// Widens bytes to `f32` (`out.len()` of them): how every `u8` image becomes values.
+pub fn widen_u8(src: &[u8], out: &mut [f32]) {
+    each(src, out, |[b]: [u8; 1]| f32::from(b));
+}
+
 /// Applies `f` to each `N`-byte element; stops at the shorter of `src` and `out`.
 #[inline(always)]
 fn each<const N: usize, T>(src: &[u8], out: &mut [T], f: impl Fn([u8; N]) -> T) {

@@ -128,9 +128,17 @@ pub trait RandomAccess: Send + Sync {
     /// Every example's label.
     fn labels(&self) -> &Labels;
 
+    /// Writes example `i`'s features into `out`, once [`RandomAccess::read`] has checked that
+    /// `i` is in range and `out` holds one example: call `read`, not this.
+    fn read_at(&self, i: usize, out: &mut [f32]) -> Result<(), DataError>;
+
     /// Writes example `i`'s features, converted to `f32` but not rescaled, into `out`, which
     /// must hold exactly [`RandomAccess::example_len`] values.
-    fn read(&self, i: usize, out: &mut [f32]) -> Result<(), DataError>;
+    fn read(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
+        check_index(i, self.len())?;
+        check_buffer(self.example_len(), out.len())?;
+        self.read_at(i, out)
+    }
 
     /// True when there are no examples.
     fn is_empty(&self) -> bool {
@@ -178,6 +186,23 @@ pub(crate) fn classes_from_names<S: AsRef<str>>(values: &[S]) -> (Vec<u32>, Clas
         .map(|v| names.binary_search_by(|n| n.as_str().cmp(v.as_ref())).unwrap_or_default() as u32)
         .collect();
     (index, Classes { names })
+}
+
+/// Example `i` of `data` (test helper).
+#[cfg(test)]
+pub(crate) fn read_one(data: &dyn RandomAccess, i: usize) -> Vec<f32> {
+    let mut out = vec![0.0; data.example_len()];
+    data.read(i, &mut out).unwrap();
+    out
+}
+
+/// Every example of `data`, in order (test helper).
+#[cfg(test)]
+pub(crate) fn read_all(data: &dyn RandomAccess) -> Vec<f32> {
+    let indices: Vec<usize> = (0..data.len()).collect();
+    let mut out = vec![0.0; indices.len() * data.example_len()];
+    data.read_many(&indices, &mut out).unwrap();
+    out
 }
 
 #[cfg(test)]

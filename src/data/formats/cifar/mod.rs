@@ -15,7 +15,8 @@ mod tests;
 
 pub use preset::CifarPreset;
 
-use super::{Classes, Dtype, Labels, RandomAccess, check_buffer, check_index, io_error};
+use super::dtype::widen_u8;
+use super::{Classes, Dtype, Labels, RandomAccess, io_error};
 use crate::data::error::{DataError, Position};
 use std::path::{Path, PathBuf};
 
@@ -179,12 +180,8 @@ impl RandomAccess for Cifar {
         &self.labels
     }
 
-    fn read(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
-        check_index(i, self.len())?;
-        check_buffer(PIXELS, out.len())?;
-        for (o, &b) in out.iter_mut().zip(&self.images[i * PIXELS..(i + 1) * PIXELS]) {
-            *o = f32::from(b);
-        }
+    fn read_at(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
+        widen_u8(&self.images[i * PIXELS..(i + 1) * PIXELS], out);
         Ok(())
     }
 }

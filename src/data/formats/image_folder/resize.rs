@@ -6,6 +6,8 @@
 //! kernel when shrinking (it antialiases), so a 64→32 resize averages 4×4 pixels where
 //! TensorFlow blends 2×2, and the values differ.
 
+use super::super::dtype::widen_u8;
+
 /// One output coordinate's two source indices and the weight of the second.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Tap {
@@ -30,10 +32,7 @@ fn taps(out_len: usize, in_len: usize) -> Vec<Tap> {
 /// (`out_height × out_width × channels` values), or converts it when the sizes match.
 pub fn bilinear(src: &[u8], (height, width): (usize, usize), channels: usize, dst: &mut [f32], out: (usize, usize)) {
     if (height, width) == out {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = f32::from(s);
-        }
-        return;
+        return widen_u8(src, dst);
     }
     let (out_height, out_width) = out;
     let ys = taps(out_height, height);

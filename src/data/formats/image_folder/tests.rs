@@ -1,6 +1,7 @@
 //! Image folders of PNG and JPEG files written with the `image` crate, read back; and the
 //! refusals: empty class, no classes, corrupt image, splits with other classes.
 
+use super::super::read_one as read;
 use super::*;
 use image::{GrayImage, RgbImage};
 
@@ -27,12 +28,6 @@ fn folder() -> tempfile::TempDir {
     GrayImage::from_fn(4, 3, |x, y| image::Luma([(x * 50 + y) as u8])).save(train.join("dog/sub/c.png")).unwrap();
     rgb(4, 3, 3).save(train.join("dog/z.jpg")).unwrap();
     dir
-}
-
-fn read(data: &ImageFolder, i: usize) -> Vec<f32> {
-    let mut out = vec![0.0; data.example_len()];
-    data.read(i, &mut out).unwrap();
-    out
 }
 
 #[test]
@@ -90,7 +85,7 @@ fn parallel_and_cached_reads_match_single_reads() {
     // The cache answers even once the file is gone.
     std::fs::remove_file(&cached.files()[0]).unwrap();
     assert_eq!(read(&cached, 0), read(&cached, 0));
-    assert!(matches!(plain.read(0, &mut vec![0.0; 36]), Err(DataError::Read { .. })));
+    assert!(matches!(plain.read(0, &mut [0.0; 36]), Err(DataError::Read { .. })));
 }
 
 #[test]

@@ -65,14 +65,14 @@ impl NpyArray {
         }
         let elements = header.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
         let data = elements.and_then(|e| e.checked_mul(header.dtype.size()));
-        let Some(data) = data else {
+        let Some(total) = data.and_then(|d| d.checked_add(header.data_offset)) else {
             return Err(DataError::Malformed {
                 path,
                 at: Position::Byte(0),
                 problem: format!("the shape {:?} is too large for any file", header.shape),
             });
         };
-        let expected = (header.data_offset + data) as u64;
+        let expected = total as u64;
         let found = bytes.len() as u64;
         if found < expected {
             return Err(DataError::Malformed {
@@ -249,7 +249,7 @@ impl RandomAccess for NpyDataset {
         &self.labels
     }
 
-    fn read(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
+    fn read_at(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
         self.features.read_row(i, out)
     }
 }

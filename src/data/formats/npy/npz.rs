@@ -8,7 +8,7 @@
 //! damaged member still fails on its `.npy` header or size.
 
 use super::{NpyArray, map_file};
-use crate::data::error::{DataError, Position};
+use crate::data::error::{DataError, Position, UnknownName};
 use memmap2::Mmap;
 use std::io::Cursor;
 use std::path::Path;
@@ -47,16 +47,18 @@ fn open_member(
     let member = [format!("{name}.npy"), name.to_string()]
         .into_iter()
         .find(|candidate| archive.index_for_name(candidate).is_some())
-        .ok_or_else(|| DataError::UnknownName {
-            path: path.to_path_buf(),
-            at: None,
-            what: "array",
-            name: name.to_string(),
-            available: archive
-                .file_names()
-                .filter_map(Result::ok)
-                .map(|n| n.trim_end_matches(".npy").to_string())
-                .collect(),
+        .ok_or_else(|| {
+            DataError::UnknownName(Box::new(UnknownName {
+                path: path.to_path_buf(),
+                at: None,
+                what: "array",
+                name: name.to_string(),
+                available: archive
+                    .file_names()
+                    .filter_map(Result::ok)
+                    .map(|n| n.trim_end_matches(".npy").to_string())
+                    .collect(),
+            }))
         })?;
     let member_path = path.join(&member);
     let mut file = archive.by_name(&member).map_err(zip_error)?;
@@ -65,7 +67,8 @@ fn open_member(
         let start = file.data_start().ok_or_else(|| {
             zip_error(zip::result::ZipError::InvalidArchive(format!("no data offset for {member}").into()))
         })? as usize;
-        let end = start + file.size() as usize;
+        // A damaged directory may claim any size; `from_map` then finds the bytes missing.
+        let end = start.saturating_add(file.size() as usize);
         return NpyArray::from_map(member_path, Arc::clone(map), start..end);
     }
     if method != CompressionMethod::Deflated {

@@ -1,6 +1,7 @@
 //! `.npy` and `.npz` files written by hand per NumPy's format document, read back; and every
 //! refusal, with the file and place it names.
 
+use super::super::read_all;
 use super::*;
 use std::io::Write;
 use zip::write::SimpleFileOptions;
@@ -45,13 +46,6 @@ fn npz(dir: &Path, members: &[(&str, Vec<u8>)], method: zip::CompressionMethod) 
     }
     zip.finish().unwrap();
     path
-}
-
-fn read_all(data: &dyn RandomAccess) -> Vec<f32> {
-    let mut out = vec![0.0; data.len() * data.example_len()];
-    let indices: Vec<usize> = (0..data.len()).collect();
-    data.read_many(&indices, &mut out).unwrap();
-    out
 }
 
 #[test]
@@ -182,4 +176,26 @@ fn bad_files_are_refused_with_the_file_and_place() {
     let not_zip = write(d, "bad.npz", b"not a zip");
     assert!(NpyDataset::open_npz(&not_zip, "x", "y").unwrap_err().to_string().contains("not a readable zip archive"));
     assert!(matches!(NpyDataset::open_pair(&d.join("missing.npy"), &y), Err(DataError::Read { .. })));
+}
+
+#[test]
+fn an_array_larger_than_memory_is_mapped_not_read() {
+    // 64 GiB, more than the machines running this have; the file is sparse, so the disk only
+    // holds the header and the one page written.
+    let (rows, row) = (1usize << 16, 1usize << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let header = npy_header(1, &format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({rows}, {row}), }}"));
+    let x = dir.path().join("huge.npy");
+    let mut file = File::create(&x).unwrap();
+    file.write_all(&header).unwrap();
+    file.set_len((header.len() + rows * row) as u64).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start((header.len() + (rows - 1) * row + 5) as u64)).unwrap();
+    file.write_all(&[42]).unwrap();
+    drop(file);
+    let y = write(dir.path(), "y.npy", &npy("|u1", &[rows], &vec![1; rows]));
+    let data = NpyDataset::open_pair(&x, &y).unwrap();
+    assert_eq!((data.len(), data.example_len()), (rows, row));
+    let mut out = vec![0.0; row];
+    data.read(rows - 1, &mut out).unwrap();
+    assert_eq!((out[4], out[5]), (0.0, 42.0));
 }

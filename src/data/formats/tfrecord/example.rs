@@ -4,9 +4,10 @@
 //! the label is an `int64` class index.
 
 use super::super::Dtype;
+use super::super::dtype::widen_u8;
 use super::super::image_folder::{ColorMode, decode_bytes, resize};
 use super::proto::{Example, feature::Kind};
-use crate::data::error::{DataError, Position};
+use crate::data::error::{DataError, Position, UnknownName};
 use prost::Message;
 use prost::bytes::Bytes;
 use std::num::NonZeroUsize;
@@ -66,13 +67,13 @@ impl ExampleSpec {
             features.get(key).and_then(|f| f.kind.as_ref()).ok_or_else(|| {
                 let mut available: Vec<String> = features.keys().cloned().collect();
                 available.sort();
-                DataError::UnknownName {
+                DataError::UnknownName(Box::new(UnknownName {
                     path: path.to_path_buf(),
                     at: Some(Position::Byte(offset)),
                     what: "feature",
                     name: key.to_string(),
                     available,
-                }
+                }))
             })
         };
         let label = match feature(&self.label_key)? {
@@ -100,9 +101,7 @@ impl ExampleSpec {
                         raw.len()
                     )));
                 }
-                for (o, &b) in out.iter_mut().zip(raw.iter()) {
-                    *o = f32::from(b);
-                }
+                widen_u8(raw, out);
             }
             (ImageEncoding::Floats { .. }, Kind::FloatList(list)) => {
                 if list.value.len() != expected {

@@ -55,7 +55,8 @@ pub fn write_record(out: &mut impl Write, payload: &[u8]) -> io::Result<()> {
 enum Source {
     /// The file and its length.
     Plain(BufReader<File>, u64),
-    Gzip(BufReader<MultiGzDecoder<BufReader<File>>>),
+    /// Boxed: the inflate state is 300 bytes more than a plain reader.
+    Gzip(Box<BufReader<MultiGzDecoder<BufReader<File>>>>),
 }
 
 /// Reads the records of one file in order.
@@ -75,10 +76,10 @@ impl RecordReader {
                 let len = file.metadata().map_err(io_error(path))?.len();
                 Source::Plain(BufReader::with_capacity(BUFFER, file), len)
             }
-            Compression::Gzip => Source::Gzip(BufReader::with_capacity(
+            Compression::Gzip => Source::Gzip(Box::new(BufReader::with_capacity(
                 BUFFER,
                 MultiGzDecoder::new(BufReader::with_capacity(BUFFER, file)),
-            )),
+            ))),
         };
         Ok(Self { path: path.to_path_buf(), source, offset: 0 })
     }
@@ -139,7 +140,9 @@ impl RecordReader {
             0 => return Ok(None),
             12 => {}
             n => {
-                return Err(self.truncated(self.offset, format!("the file ends {n} bytes into a 12-byte record header")));
+                return Err(
+                    self.truncated(self.offset, format!("the file ends {n} bytes into a 12-byte record header"))
+                );
             }
         }
         let stored = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);

@@ -115,27 +115,27 @@ mod tests {
 
     #[test]
     fn matches_the_in_memory_pipelines_buffered_order() {
-        // The pipeline's `buffer_shuffle` (src/data/pipeline.rs), restated over indices.
-        fn reference(n: usize, size: usize, seed: u64, epoch: u64) -> Vec<usize> {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ SHUFFLE_DOMAIN);
-            rng.set_stream(epoch);
-            let mut buffer: Vec<usize> = (0..size.min(n)).collect();
-            let mut next = buffer.len();
-            let mut out = vec![];
-            while !buffer.is_empty() {
-                let slot = below(&mut rng, buffer.len());
-                out.push(buffer[slot]);
-                if next < n {
-                    buffer[slot] = next;
-                    next += 1;
-                } else {
-                    buffer.swap_remove(slot);
-                }
-            }
-            out
-        }
-        for (n, size) in [(300, 32), (10, 64), (1, 1), (0, 5)] {
-            assert_eq!(shuffled(n, size, 42, 2).0, reference(n, size, 42, 2), "{n} {size}");
+        use crate::data::idx::IdxArray;
+        use crate::data::{Cursor, Dataset, ExampleShape, Pipeline, PipelineOptions, Shard, Shuffle, Split};
+        // One global batch of the whole set; each example's label is its index.
+        let n = 200;
+        let labels: Vec<u8> = (0..n).map(|i| i as u8).collect();
+        let shape = ExampleShape { height: 1, width: 1, channels: 1 };
+        let train =
+            Split::new(IdxArray::from_parts(vec![n, 1, 1], vec![0; n]), IdxArray::from_parts(vec![n], labels), shape);
+        let data = std::sync::Arc::new(Dataset { train, test: None, classes: 200 });
+        for (size, seed, epoch) in [(32, 42, 2), (1, 7, 0), (500, 3, 9)] {
+            let options = PipelineOptions {
+                seed,
+                shuffle: Shuffle::Buffer(NonZeroUsize::new(size).unwrap()),
+                global_batch: NonZeroUsize::new(n).unwrap(),
+                drop_remainder: false,
+                prefetch: 1,
+                shard: Shard::WHOLE,
+            };
+            let mut pipeline = Pipeline::new(data.clone(), &options, Cursor { epoch, offset: 0 }).unwrap();
+            let order: Vec<usize> = pipeline.next_batch().unwrap().y.iter().map(|&y| y as usize).collect();
+            assert_eq!(shuffled(n, size, seed, epoch).0, order, "buffer {size}, seed {seed}, epoch {epoch}");
         }
     }
 }
