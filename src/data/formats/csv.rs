@@ -79,6 +79,13 @@ impl CsvDataset {
             Some(names) => names.iter().map(|n| column(n)).collect::<Result<_, _>>()?,
             None => (0..header.len()).filter(|&c| c != label_column).collect(),
         };
+        if feature_columns.contains(&label_column) {
+            return Err(DataError::Malformed {
+                path: path.to_path_buf(),
+                at: Position::Line { line: 1, column: label_column + 1 },
+                problem: format!("column `{}` is the label; it cannot also be a feature", options.label),
+            });
+        }
         let mut features = vec![];
         let mut cells = vec![];
         let mut record = ::csv::StringRecord::new();
@@ -275,6 +282,8 @@ mod tests {
             err("alpha,label\n1,0\n", CsvOptions::label("lable")),
             "t.csv:1:1: no column named `lable` (did you mean `label`?); it has: alpha, label"
         );
+        let leak = CsvOptions { features: Some(vec!["a".into(), "y".into()]), ..CsvOptions::label("y") };
+        assert_eq!(err("a,y\n1,0\n", leak), "t.csv:1:2: column `y` is the label; it cannot also be a feature");
         let ragged = err("a,y\n1,0\n1,2,3\n", CsvOptions::label("y"));
         assert!(
             ragged.starts_with("t.csv: CSV error: record 2 (line: 3, byte: 8): found record with 3 fields"),

@@ -25,8 +25,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use header::Header;
-
 /// One array, memory-mapped; values are read an example (a row along the first axis) at a
 /// time.
 #[derive(Debug, Clone)]
