@@ -1,5 +1,7 @@
-//! Generates the control plane's gRPC code from `proto/cluster.proto`. The vendored `protoc`
-//! means no system protobuf compiler is needed on any developer's machine or in CI.
+//! Generates the control plane's gRPC code from `proto/cluster.proto`, and the prost types of
+//! TensorFlow's `tf.train.Example` from the vendored `proto/tensorflow/` (read by the TFRecord
+//! reader). The vendored `protoc` means no system protobuf compiler is needed on any
+//! developer's machine or in CI.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
@@ -7,6 +9,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // The client is built from a `Channel` we configure ourselves.
         .build_transport(false)
-        .compile_with_config(config, &["proto/cluster.proto"], &["proto"])?;
+        // Images in a `BytesList` become slices of the record buffer rather than copies.
+        .bytes(".tensorflow")
+        // Upstream's comments hold indented proto text that rustdoc would run as doctests.
+        .disable_comments([".tensorflow"])
+        .compile_with_config(
+            config,
+            &["proto/cluster.proto", "proto/tensorflow/core/example/example.proto"],
+            &["proto"],
+        )?;
     Ok(())
 }

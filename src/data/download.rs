@@ -23,6 +23,9 @@ pub enum Checksum {
     Sha256Decompressed(String),
     /// MD5 (lowercase hex) of the file exactly as served, when that is all the publisher gives.
     Md5File(String),
+    /// SHA-256 (lowercase hex) of the file exactly as served: for archives, whose own bytes
+    /// are what is published.
+    Sha256File(String),
 }
 
 /// A file to fetch: its name (on the mirror and on disk) and its checksum.
@@ -163,6 +166,7 @@ pub fn verify(path: &Path, checksum: &Checksum) -> Result<(), String> {
     let mut file = BufReader::new(file);
     let (algo, expected, got) = match checksum {
         Checksum::Md5File(expected) => ("md5", expected, hash::<Md5>(&mut file)?),
+        Checksum::Sha256File(expected) => ("sha256", expected, hash::<Sha256>(&mut file)?),
         Checksum::Sha256Decompressed(expected) => {
             let is_gzip = io::BufRead::fill_buf(&mut file).map_err(|e| e.to_string())?.starts_with(&[0x1f, 0x8b]);
             let got =
@@ -315,5 +319,7 @@ pub(crate) mod tests {
         assert_eq!(verify(&path, &ok), Ok(()));
         let bad = Checksum::Md5File("00".into());
         assert!(verify(&path, &bad).unwrap_err().starts_with("checksum mismatch: md5 is 9001"));
+        let sha = Checksum::Sha256File("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad".into());
+        assert_eq!(verify(&path, &sha), Ok(()));
     }
 }

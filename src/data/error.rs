@@ -134,6 +134,145 @@ pub enum DataError {
     /// The prefetch thread ended without being asked to.
     #[error("the input pipeline thread stopped unexpectedly")]
     PipelineStopped,
+
+    /// A file breaks its format at a known place.
+    #[error("{}: {problem}", Located { path, at })]
+    Malformed { path: PathBuf, at: Position, problem: String },
+
+    /// A file is well formed but uses a feature trainrun does not read.
+    #[error("{}: {what}", .path.display())]
+    Unsupported { path: PathBuf, what: String },
+
+    /// A TFRecord's stored CRC-32C does not match its bytes.
+    #[error(
+        "{}: the record at byte {offset} fails its {part} checksum (stored {stored:#010x}, computed \
+         {computed:#010x}); the file is corrupt",
+        .path.display()
+    )]
+    BadCrc { path: PathBuf, offset: u64, part: &'static str, stored: u32, computed: u32 },
+
+    /// A named column, array or feature is not in the file (boxed: the largest variant).
+    #[error("{0}")]
+    UnknownName(Box<UnknownName>),
+
+    /// Features and labels disagree on the number of examples.
+    #[error(
+        "{} holds {features} examples but {} holds {labels} labels; there must be one label per example",
+        .features_path.display(), .labels_path.display()
+    )]
+    LengthMismatch { features_path: PathBuf, features: usize, labels_path: PathBuf, labels: usize },
+
+    /// An image file does not decode.
+    #[error("cannot decode the image {}: {source}", .path.display())]
+    Image {
+        path: PathBuf,
+        // Boxed: `ImageError` alone is 64 bytes, and every `Result` carrying a `DataError`
+        // pays for its largest variant.
+        #[source]
+        source: Box<image::ImageError>,
+    },
+
+    /// An image folder holds no class folders.
+    #[error(
+        "{}: no class folders; image_folder expects <dir>/<split>/<class>/*.png|jpg|jpeg",
+        .dir.display()
+    )]
+    NoClasses { dir: PathBuf },
+
+    /// A class folder holds no image.
+    #[error("{}: the class folder holds no .png, .jpg or .jpeg image; add images or remove it", .dir.display())]
+    EmptyClass { dir: PathBuf },
+
+    /// Two splits of an image folder name different classes.
+    #[error("{} and {} must have the same class folders; {difference}", .first.display(), .second.display())]
+    ClassesDiffer { first: PathBuf, second: PathBuf, difference: String },
+
+    /// A CSV file the `csv` crate cannot split into records.
+    #[error("{}: {source}", .path.display())]
+    Csv {
+        path: PathBuf,
+        #[source]
+        source: csv::Error,
+    },
+
+    /// A `.npz` file that is not a readable zip archive.
+    #[error("{}: not a readable zip archive: {source}", .path.display())]
+    Zip {
+        path: PathBuf,
+        #[source]
+        source: zip::result::ZipError,
+    },
+
+    /// A reader was asked for an example it does not have.
+    #[error("example {index} is out of range: the reader has {examples}")]
+    ExampleOutOfRange { index: usize, examples: usize },
+
+    /// A reader was given an output buffer of the wrong length.
+    #[error("the output buffer holds {found} values, one example needs {expected}")]
+    BufferLength { expected: usize, found: usize },
+}
+
+/// Where in a file a problem is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    /// The file as a whole.
+    File,
+    /// Byte offset from the start (of the decompressed stream, for a gzip file).
+    Byte(u64),
+    /// 1-based line and column; in a CSV file the column is the 1-based field number.
+    Line { line: u64, column: usize },
+    /// 0-based record (example) index.
+    Record(usize),
+}
+
+/// A name looked up in a file and not found, with the names the file has.
+#[derive(Debug)]
+pub struct UnknownName {
+    pub path: PathBuf,
+    pub at: Option<Position>,
+    /// What kind of name: `column`, `array`, `feature`.
+    pub what: &'static str,
+    pub name: String,
+    pub available: Vec<String>,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let located = Located { path: &self.path, at: self.at.as_ref().unwrap_or(&Position::File) };
+        let (what, name, available) = (self.what, &self.name, &self.available);
+        write!(
+            f,
+            "{located}: no {what} named `{name}`{}; it has: {}",
+            did_you_mean(name, available),
+            available.join(", ")
+        )
+    }
+}
+
+/// `path:line:column` for text, `path at byte N` or `path, record N` otherwise.
+struct Located<'a> {
+    path: &'a PathBuf,
+    at: &'a Position,
+}
+
+impl fmt::Display for Located<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = self.path.display();
+        match self.at {
+            Position::File => write!(f, "{path}"),
+            Position::Byte(offset) => write!(f, "{path} at byte {offset}"),
+            Position::Line { line, column } => write!(f, "{path}:{line}:{column}"),
+            Position::Record(index) => write!(f, "{path}, record {index}"),
+        }
+    }
+}
+
+/// ` (did you mean `x`?)` when one of `available` is close enough to `name` to be a typo (the
+/// threshold of the spec's suggestions, `spec::words::closest`, which is private to `spec`).
+fn did_you_mean(name: &str, available: &[String]) -> String {
+    let score = |a: &String| strsim::jaro_winkler(&name.to_ascii_lowercase(), &a.to_ascii_lowercase());
+    let best = available.iter().map(|a| (score(a), a)).filter(|(s, _)| *s >= 0.8).max_by(|a, b| a.0.total_cmp(&b.0));
+    best.map(|(_, a)| format!(" (did you mean `{a}`?)")).unwrap_or_default()
 }
 
 /// One file that no mirror could deliver, and why each attempt failed.

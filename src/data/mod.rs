@@ -1,6 +1,7 @@
 //! Datasets and the input pipeline: IDX files ([`idx`]), where they live and how they are
 //! fetched ([`sources`], [`download`]), a seeded synthetic dataset ([`synthetic`]), and a
-//! deterministic, sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]).
+//! deterministic, sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]); readers
+//! for the formats users bring (NumPy, CSV, image folders, TFRecord, CIFAR: [`formats`]).
 //!
 //! Images stay `u8` in memory (MNIST train + test: 55 MB); only the batch being handed out is
 //! `f32`, so a training process stays far under its memory budget.
@@ -18,6 +19,7 @@
 
 pub mod download;
 mod error;
+pub mod formats;
 pub mod idx;
 pub mod pipeline;
 mod shard;
@@ -25,7 +27,7 @@ pub mod sources;
 pub mod synthetic;
 
 pub use download::{Checksum, Fetcher, RemoteFile};
-pub use error::{DataError, FileFailure};
+pub use error::{DataError, FileFailure, Position, UnknownName};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use shard::Shard;
 pub use sources::{DataDirs, IdxFiles, Preset, Source};
