@@ -1,5 +1,6 @@
 //! The `Layer` seam: forward and backward over a flat slice of parameters.
 
+use super::optimizer::SliceStep;
 use super::shape::Shape;
 
 /// How a parameter tensor starts (Keras's initializers).
@@ -101,4 +102,29 @@ pub trait Layer: Send {
         dx: Option<&mut [f32]>,
         n: usize,
     );
+
+    /// [`Layer::backward`] that also applies `update` to this layer's parameters, in place,
+    /// once `dx` (computed with the old parameters) is written. Layers whose gradient product
+    /// can write the update itself override it (`dense`); the default stores the gradient in
+    /// `scratch` (at least as long as `params`) and applies the optimizer's arithmetic to it,
+    /// giving the unfused path's bits.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_update(
+        &mut self,
+        pass: Pass,
+        params: &mut [f32],
+        update: &mut SliceStep<'_>,
+        scratch: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let grads = &mut scratch[..params.len()];
+        self.backward(Pass { accumulate: false, ..pass }, params, grads, x, y, dy, dx, n);
+        if !params.is_empty() {
+            update.apply(params, grads);
+        }
+    }
 }

@@ -30,6 +30,7 @@ pub(super) fn images_per_part(n: usize, threads: usize) -> usize {
 /// Max-pools one image `x` into `y`, writing each maximum's index in `x` to `arg`. The window
 /// is swept in row-major order and only a strictly larger value replaces the maximum, so ties
 /// go to the first position, as TensorFlow's.
+#[inline(always)]
 fn forward_image(win: &Window, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
     let c = win.c;
     for oy in 0..win.oh {
@@ -49,11 +50,11 @@ fn forward_image(win: &Window, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
                         first = false;
                         continue;
                     }
+                    // Branch-free so that it vectorizes across channels.
                     for (ch, (&v, (m, a))) in src.iter().zip(y.iter_mut().zip(arg.iter_mut())).enumerate() {
-                        if v > *m {
-                            *m = v;
-                            *a = (base + ch) as u32;
-                        }
+                        let gt = v > *m;
+                        *m = if gt { v } else { *m };
+                        *a = if gt { (base + ch) as u32 } else { *a };
                     }
                 }
             }
@@ -84,9 +85,11 @@ impl Layer for MaxPool2d {
             .enumerate()
             .for_each(|(p, (y, arg))| {
                 let x = &x[p * per * in_len..];
-                for (e, (y, arg)) in y.chunks_exact_mut(out_len).zip(arg.chunks_exact_mut(out_len)).enumerate() {
-                    forward_image(&win, &x[e * in_len..(e + 1) * in_len], y, arg);
-                }
+                crate::engine::simd::vectorized(|| {
+                    for (e, (y, arg)) in y.chunks_exact_mut(out_len).zip(arg.chunks_exact_mut(out_len)).enumerate() {
+                        forward_image(&win, &x[e * in_len..(e + 1) * in_len], y, arg);
+                    }
+                });
             });
     }
 
