@@ -223,6 +223,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         "\n== time to 98% test accuracy (SGD 0.05, momentum 0.9, batch 64 per worker, evaluating every 200 steps)"
     );
     println!("{:<44} {:>8} {:>7} {:>9}", "job", "wall s", "steps", "test acc");
+    let mut walls = Vec::new();
     for (name, spec) in [
         ("1 process × 2 threads", "specs/bench/tta_single.toml"),
         ("2 workers × 1 thread", "specs/bench/tta_multiworker.toml"),
@@ -230,6 +231,33 @@ pub fn run(quick: bool) -> Result<(), String> {
     ] {
         let j = job(&exe, spec, &[])?;
         println!("{name:<44} {:>8.2} {:>7} {:>9.4}", j.wall_s, j.summary["steps"], f(&j.summary, "test_accuracy"));
+        walls.push(j.wall_s);
+    }
+    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    match tensorflow_tta(&python) {
+        Ok(tf) => {
+            println!("{:<44} {:>8.2}", "TensorFlow, 1 process × 2 threads (tf_tta.py)", tf);
+            println!("time to 98%, one process: {:.2}× TensorFlow's (target ≤ 0.4×)", walls[0] / tf);
+            println!("mnist_fast to 98.5%: {:.2}× TensorFlow's time to 98% (target ≤ 0.2×)", walls[2] / tf);
+        }
+        Err(why) => println!("skipped: {why}"),
     }
     Ok(())
+}
+
+/// TensorFlow's launch-to-98% seconds from `benches/tf_tta.py` run with `python`.
+fn tensorflow_tta(python: &str) -> Result<f64, String> {
+    let out = std::process::Command::new(python)
+        .arg("benches/tf_tta.py")
+        .output()
+        .map_err(|e| format!("cannot run {python} benches/tf_tta.py: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    let row: serde_json::Value = serde_json::from_str(last).map_err(|_| {
+        format!(
+            "no TensorFlow figure ({}); install tensorflow-cpu and set TRAINRUN_BENCH_PYTHON to its python",
+            if last.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_string() } else { last.to_string() }
+        )
+    })?;
+    row["wall_s"].as_f64().ok_or_else(|| format!("tf_tta.py printed no wall_s: {last}"))
 }

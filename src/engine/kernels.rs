@@ -59,6 +59,7 @@ pub fn gemm_scaled(
     let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
     let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
     let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    tune_packing();
     // SAFETY: the assert above keeps every index the strides reach inside the slices, and
     // `c` does not alias `a` or `b` (it is borrowed mutably).
     unsafe {
@@ -84,6 +85,17 @@ pub fn gemm_scaled(
             parallelism,
         );
     }
+}
+
+/// On one thread gemm copies ("packs") a column-major left operand when the product has more
+/// than 8 × 6 columns; on several, above 16 × 6. The dense forward's left operand is the
+/// kernel, already column-major for gemm, so at batch 64 one thread re-packed all of it
+/// (11 MB for the tutorial's first dense layer) every step, as several threads do not. Use the
+/// multi-thread rule everywhere. Packing moves values, never changes a sum, so results are
+/// the same bits either way.
+fn tune_packing() {
+    static TUNED: std::sync::Once = std::sync::Once::new();
+    TUNED.call_once(|| gemm::set_lhs_packing_threshold_single_thread(gemm::get_lhs_packing_threshold_multi_thread()));
 }
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()` values).

@@ -51,13 +51,36 @@ fn forward_image(win: &Window, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
                         continue;
                     }
                     // Branch-free so that it vectorizes across channels.
-                    for (ch, (&v, (m, a))) in src.iter().zip(y.iter_mut().zip(arg.iter_mut())).enumerate() {
+                    for ((m, a), (&v, i)) in y.iter_mut().zip(arg.iter_mut()).zip(src.iter().zip(base as u32..)) {
                         let gt = v > *m;
                         *m = if gt { v } else { *m };
-                        *a = if gt { (base + ch) as u32 } else { *a };
+                        *a = if gt { i } else { *a };
                     }
                 }
             }
+        }
+    }
+}
+
+/// [`forward_image`] over consecutive images, as a `pulp` operation: its body is inlined under
+/// the vector target features (a closure holding these loops was not, and ran scalar).
+struct Images<'a> {
+    win: &'a Window,
+    x: &'a [f32],
+    y: &'a mut [f32],
+    arg: &'a mut [u32],
+    in_len: usize,
+    out_len: usize,
+}
+
+impl pulp::WithSimd for Images<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Images { win, x, y, arg, in_len, out_len } = self;
+        for (e, (y, arg)) in y.chunks_exact_mut(out_len).zip(arg.chunks_exact_mut(out_len)).enumerate() {
+            forward_image(win, &x[e * in_len..(e + 1) * in_len], y, arg);
         }
     }
 }
@@ -85,11 +108,7 @@ impl Layer for MaxPool2d {
             .enumerate()
             .for_each(|(p, (y, arg))| {
                 let x = &x[p * per * in_len..];
-                crate::engine::simd::vectorized(|| {
-                    for (e, (y, arg)) in y.chunks_exact_mut(out_len).zip(arg.chunks_exact_mut(out_len)).enumerate() {
-                        forward_image(&win, &x[e * in_len..(e + 1) * in_len], y, arg);
-                    }
-                });
+                pulp::Arch::new().dispatch(Images { win: &win, x, y, arg, in_len, out_len });
             });
     }
 
