@@ -3,7 +3,9 @@
 //! the same replica and optimizer code a run uses, on seeded random images) at batch 64 and
 //! 128 on 1 and 2 threads; all-reduce time and bus bandwidth between real processes; and the
 //! checked-in jobs end to end (throughput, launch to exit, memory, time to 98%), which need
-//! the MNIST files.
+//! the MNIST files. Where a peer applies it is measured alongside, from `benches/`: JAX's
+//! jitted step (throughput pairs) and TensorFlow's time to 98%, each skipped with a reason when
+//! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter).
 
 use crate::data::Batch;
 use crate::engine::init;
@@ -67,16 +69,16 @@ pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Re
 }
 
 /// trainrun against JAX's jitted step (`benches/jax_tutorial.py`), the strongest CPU peer, at
-/// batch 64 on 2 threads, alternately A B A B so that both see the same machine; each pair's
+/// batch 64 on 2 threads, alternately A B A B A B so that both see the same machine; each pair's
 /// ratio and the median ratio are printed. Skipped, saying why, without Python or JAX.
 fn peers(steps: usize) -> Result<(), String> {
-    println!("\n== peer: JAX (whole step under jax.jit), tutorial model, batch 64, 2 threads, alternating A B A B");
+    println!("\n== peer: JAX (whole step under jax.jit), tutorial model, batch 64, 2 threads, alternating A B A B A B");
     let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     println!("{:>16} {:>6} {:>14} {:>12} {:>8}", "update", "pair", "trainrun ex/s", "jax ex/s", "ratio");
     for momentum in [false, true] {
         let update = if momentum { "sgd momentum 0.9" } else { "sgd" };
         let mut ratios = Vec::new();
-        for pair in 1..=2 {
+        for pair in 1..=3 {
             let ours = measure(64, 2, momentum, steps)?.examples_per_s;
             let theirs = match jax(&python, 64, 2, momentum, steps) {
                 Ok(v) => v,

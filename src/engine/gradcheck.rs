@@ -119,7 +119,7 @@ fn check_fused_update(
 
             layer.forward(pass, &got, &mut state.to_vec(), x, &mut y, n);
             let mut fused_dx = vec![0.0; x.len()];
-            let mut scratch = vec![0.0; got.len()];
+            let mut scratch = Vec::new();
             let Some(mut step) = got_opt.fused(0.1) else { panic!("plain SGD must fuse") };
             let mut slice = step.slice(0..got.len());
             layer.backward_update(pass, &mut got, &mut slice, &mut scratch, x, &y, dy, Some(&mut fused_dx), n);

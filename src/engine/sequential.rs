@@ -291,8 +291,9 @@ impl Sequential {
     /// weights forward used.
     pub fn backward_update(&mut self, pass: Pass, params: &mut [f32], step: &mut FusedStep<'_>, x: &[f32], n: usize) {
         let pass = Pass { accumulate: false, ..pass };
+        // Sized by the layers that store a gradient, not by the arena: the fused dense kernel
+        // never does, and sizing by it would make its 11 MB resident again.
         let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.resize(self.slots.iter().map(|s| s.params.len()).max().unwrap_or(0), 0.0);
         self.backward_layers(x, n, |layer, p, x, y, dy, dx| {
             layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
         });

@@ -92,7 +92,7 @@ impl Layer for Dense {
         pass: Pass,
         params: &mut [f32],
         update: &mut SliceStep<'_>,
-        scratch: &mut [f32],
+        scratch: &mut Vec<f32>,
         x: &[f32],
         y: &[f32],
         dy: &[f32],
@@ -107,8 +107,9 @@ impl Layer for Dense {
             matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
         }
         if use_bias {
+            scratch.clear();
+            scratch.resize(units, 0.0);
             let g_bias = &mut scratch[..units];
-            g_bias.fill(0.0);
             add_rows(g_bias, dz);
             update.sub(k_len..k_len + units).apply(bias, g_bias);
         }
