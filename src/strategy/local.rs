@@ -56,7 +56,7 @@ impl LocalReplicas {
     }
 
     /// [`LocalReplicas::gradients`] leaving each replica's gradient in its own buffer
-    /// (`primary`, then [`LocalReplicas::replica_grads`]) for the update to sum.
+    /// (`primary`, then `self.grads`) for the update to sum.
     fn gradients_unreduced(
         &mut self,
         vars: &mut Variables,
@@ -207,7 +207,10 @@ impl Strategy for Replicated {
         let (params, grads) = (&mut vars.params, &mut self.grads);
         match std::mem::replace(&mut self.deferred, Deferred::Nothing) {
             Deferred::Backward => {
-                self.local.replicas[0].backward_update(params, optimizer, lr, grads);
+                // Always pending here: only this strategy runs the replica, and `evaluate`
+                // materializes the gradient (clearing `deferred`) before its forward passes.
+                let pending = self.local.replicas[0].backward_update(params, optimizer, lr, grads);
+                debug_assert!(pending, "a deferred backward had no forward to finish");
             }
             Deferred::Sum => {
                 let all: Vec<&[f32]> =
