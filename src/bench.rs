@@ -3,14 +3,16 @@
 //! the same replica and optimizer code a run uses, on seeded random images) at batch 64 and
 //! 128 on 1 and 2 threads; all-reduce time and bus bandwidth between real processes; and the
 //! checked-in jobs end to end (throughput, launch to exit, memory, time to 98%), which need
-//! the MNIST files.
+//! the MNIST files. Where a peer applies it is measured alongside, from `benches/`: JAX's
+//! jitted step (throughput pairs) and TensorFlow's time to 98%, each skipped with a reason when
+//! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter).
 
 use crate::data::Batch;
 use crate::engine::init;
 use crate::engine::optimizer::{Optimizer, Sgd};
 use crate::engine::{LossFn, Shape};
 use crate::spec::{Loss, ModelSpec, ZooModel};
-use crate::strategy::{Replica, Variables};
+use crate::strategy::{BatchView, Replica, Variables};
 use rand::RngExt;
 use std::path::Path;
 use std::time::Instant;
@@ -50,8 +52,10 @@ pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Re
     let mut times = pool.install(|| {
         let mut step = |i: u64| {
             let t = Instant::now();
-            replica.forward_backward(&mut vars, &mut grads, &batch_data, 1.0 / batch as f32, i, false);
-            optimizer.step(&mut vars.params, &grads, 0.01);
+            // As a run with one replica steps: backward applies the update as it goes.
+            let view = BatchView { x: &batch_data.x, y: &batch_data.y, n: batch };
+            replica.forward_loss(&vars.params, &mut vars.state, view, 1.0 / batch as f32, i);
+            replica.backward_update(&mut vars.params, &mut optimizer, 0.01, &mut grads);
             t.elapsed().as_secs_f64()
         };
         (0..5).for_each(|i| {
@@ -62,6 +66,57 @@ pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Re
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     Ok(Throughput { batch, threads, ms_per_step: median * 1e3, examples_per_s: batch as f64 / median })
+}
+
+/// trainrun against JAX's jitted step (`benches/jax_tutorial.py`), the strongest CPU peer, at
+/// batch 64 on 2 threads, alternately A B A B A B so that both see the same machine; each pair's
+/// ratio and the median ratio are printed. Skipped, saying why, without Python or JAX.
+fn peers(steps: usize) -> Result<(), String> {
+    println!("\n== peer: JAX (whole step under jax.jit), tutorial model, batch 64, 2 threads, alternating A B A B A B");
+    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    println!("{:>16} {:>6} {:>14} {:>12} {:>8}", "update", "pair", "trainrun ex/s", "jax ex/s", "ratio");
+    for momentum in [false, true] {
+        let update = if momentum { "sgd momentum 0.9" } else { "sgd" };
+        let mut ratios = Vec::new();
+        for pair in 1..=3 {
+            let ours = measure(64, 2, momentum, steps)?.examples_per_s;
+            let theirs = match jax(&python, 64, 2, momentum, steps) {
+                Ok(v) => v,
+                Err(why) => {
+                    println!("skipped: {why}");
+                    return Ok(());
+                }
+            };
+            ratios.push(ours / theirs);
+            println!("{update:>16} {pair:>6} {ours:>14.0} {theirs:>12.0} {:>7.2}×", ours / theirs);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!("{update:>16} median ratio {:.2}× (target ≥ 1.5×)", ratios[ratios.len() / 2]);
+    }
+    Ok(())
+}
+
+/// JAX's steady examples/s for the tutorial model, from `benches/jax_tutorial.py` run with
+/// `python`.
+fn jax(python: &str, batch: usize, threads: usize, momentum: bool, steps: usize) -> Result<f64, String> {
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg("benches/jax_tutorial.py").args(["--batch", &batch.to_string(), "--threads", &threads.to_string()]);
+    cmd.args(["--steps", &steps.to_string()]);
+    if momentum {
+        cmd.arg("--momentum");
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run {python} benches/jax_tutorial.py: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    if !out.status.success() || last.starts_with("skipped") || !last.starts_with('[') {
+        let why = if last.is_empty() { String::from_utf8_lossy(&out.stderr).into_owned() } else { last.to_string() };
+        return Err(format!(
+            "no JAX figure ({}); install jax[cpu] and set TRAINRUN_BENCH_PYTHON to its python, from the repository root",
+            why.trim()
+        ));
+    }
+    let rows: serde_json::Value = serde_json::from_str(last).map_err(|e| format!("jax_tutorial.py: {e}"))?;
+    rows[0]["examples_per_s"].as_f64().ok_or_else(|| format!("jax_tutorial.py printed no examples/s: {last}"))
 }
 
 /// What one end-to-end job measured.
@@ -113,6 +168,8 @@ pub fn run(quick: bool) -> Result<(), String> {
             }
         }
     }
+
+    peers(steps)?;
 
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the trainrun binary: {e}"))?;
     println!("\n== all-reduce between processes on this host (busbw = size × 2(N−1)/N ÷ time, as nccl-tests)");
@@ -168,6 +225,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         "\n== time to 98% test accuracy (SGD 0.05, momentum 0.9, batch 64 per worker, evaluating every 200 steps)"
     );
     println!("{:<44} {:>8} {:>7} {:>9}", "job", "wall s", "steps", "test acc");
+    let mut walls = Vec::new();
     for (name, spec) in [
         ("1 process × 2 threads", "specs/bench/tta_single.toml"),
         ("2 workers × 1 thread", "specs/bench/tta_multiworker.toml"),
@@ -175,6 +233,33 @@ pub fn run(quick: bool) -> Result<(), String> {
     ] {
         let j = job(&exe, spec, &[])?;
         println!("{name:<44} {:>8.2} {:>7} {:>9.4}", j.wall_s, j.summary["steps"], f(&j.summary, "test_accuracy"));
+        walls.push(j.wall_s);
+    }
+    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    match tensorflow_tta(&python) {
+        Ok(tf) => {
+            println!("{:<44} {:>8.2}", "TensorFlow, 1 process × 2 threads (tf_tta.py)", tf);
+            println!("time to 98%, one process: {:.2}× TensorFlow's (target ≤ 0.4×)", walls[0] / tf);
+            println!("mnist_fast to 98.5%: {:.2}× TensorFlow's time to 98% (target ≤ 0.2×)", walls[2] / tf);
+        }
+        Err(why) => println!("skipped: {why}"),
     }
     Ok(())
+}
+
+/// TensorFlow's launch-to-98% seconds from `benches/tf_tta.py` run with `python`.
+fn tensorflow_tta(python: &str) -> Result<f64, String> {
+    let out = std::process::Command::new(python)
+        .arg("benches/tf_tta.py")
+        .output()
+        .map_err(|e| format!("cannot run {python} benches/tf_tta.py: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    let row: serde_json::Value = serde_json::from_str(last).map_err(|_| {
+        format!(
+            "no TensorFlow figure ({}); install tensorflow-cpu and set TRAINRUN_BENCH_PYTHON to its python",
+            if last.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_string() } else { last.to_string() }
+        )
+    })?;
+    row["wall_s"].as_f64().ok_or_else(|| format!("tf_tta.py printed no wall_s: {last}"))
 }

@@ -287,12 +287,12 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
                 epoch_sums: sums,
                 last_epoch_sums: Sums::default(),
                 last_eval: Some(EvalState { step: 20, sums }),
-                callbacks: CallbacksState {
-                    items: vec![],
-                    lr_multiplier: 1.0,
-                    lr_floor: 0.0,
-                    checkpoint_best: vec![Best(Some(0.5)), Best(None)],
-                },
+                callbacks: [
+                    ("model_checkpoint".to_string(), serde_json::json!({ "best": 0.5 })),
+                    ("early_stopping".to_string(), serde_json::json!({ "best": "inf", "wait": 2 })),
+                ]
+                .into_iter()
+                .collect::<CallbacksState>(),
                 best_weights: false,
             },
             metrics: Metrics { loss: Some(0.5), accuracy: Some(0.75), val_loss: None, val_accuracy: None },

@@ -4,35 +4,30 @@ use crate::vocab::Activation;
 
 /// Applies `act` to `y` in place; rows of `row_len` values matter for softmax.
 pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {
-    super::simd::vectorized(|| forward_rows(act, y, row_len));
-}
-
-#[inline(always)]
-fn forward_rows(act: Activation, y: &mut [f32], row_len: usize) {
+    // One small closure per function: a closure holding the whole match was too big to be
+    // inlined under the vector target features, and ran as scalar SSE code.
+    use super::simd::vectorized;
     match act {
         Activation::Linear => {}
-        Activation::Relu => y.iter_mut().for_each(|v| *v = v.max(0.0)),
-        Activation::Sigmoid => y.iter_mut().for_each(|v| *v = sigmoid(*v)),
-        Activation::Tanh => y.iter_mut().for_each(|v| *v = v.tanh()),
-        Activation::Softmax => y.chunks_exact_mut(row_len).for_each(softmax_row),
+        Activation::Relu => vectorized(|| y.iter_mut().for_each(|v| *v = v.max(0.0))),
+        Activation::Sigmoid => vectorized(|| y.iter_mut().for_each(|v| *v = sigmoid(*v))),
+        Activation::Tanh => vectorized(|| y.iter_mut().for_each(|v| *v = v.tanh())),
+        Activation::Softmax => vectorized(|| y.chunks_exact_mut(row_len).for_each(softmax_row)),
     }
 }
 
 /// `dz = dy ⊙ act'(·)`, computed from the activation's output `y` (every supported function's
 /// derivative is a function of its output, so the pre-activation need not be kept).
 pub fn backward(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len: usize) {
-    super::simd::vectorized(|| backward_rows(act, y, dy, dz, row_len));
-}
-
-#[inline(always)]
-fn backward_rows(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len: usize) {
-    let zip = y.iter().zip(dy).zip(dz.iter_mut());
+    use super::simd::vectorized;
+    let len = dz.len();
+    let (y, dy) = (&y[..len], &dy[..len]);
     match act {
         Activation::Linear => dz.copy_from_slice(dy),
-        Activation::Relu => zip.for_each(|((y, dy), dz)| *dz = if *y > 0.0 { *dy } else { 0.0 }),
-        Activation::Sigmoid => zip.for_each(|((y, dy), dz)| *dz = dy * y * (1.0 - y)),
-        Activation::Tanh => zip.for_each(|((y, dy), dz)| *dz = dy * (1.0 - y * y)),
-        Activation::Softmax => {
+        Activation::Relu => vectorized(|| each(y, dy, dz, |y, dy| if y > 0.0 { dy } else { 0.0 })),
+        Activation::Sigmoid => vectorized(|| each(y, dy, dz, |y, dy| dy * y * (1.0 - y))),
+        Activation::Tanh => vectorized(|| each(y, dy, dz, |y, dy| dy * (1.0 - y * y))),
+        Activation::Softmax => vectorized(|| {
             for ((y, dy), dz) in y.chunks_exact(row_len).zip(dy.chunks_exact(row_len)).zip(dz.chunks_exact_mut(row_len))
             {
                 let dot: f32 = y.iter().zip(dy).map(|(a, b)| a * b).sum();
@@ -40,8 +35,14 @@ fn backward_rows(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len
                     *dz = y * (dy - dot);
                 }
             }
-        }
+        }),
     }
+}
+
+/// `dz[i] = f(y[i], dy[i])`.
+#[inline(always)]
+fn each(y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    dz.iter_mut().zip(y.iter().zip(dy)).for_each(|(dz, (y, dy))| *dz = f(*y, *dy));
 }
 
 /// A numerically stable logistic function.

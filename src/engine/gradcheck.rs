@@ -88,6 +88,49 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
     for (a, b) in twice.iter().zip(&grads) {
         assert_close(f64::from(*a), 2.0 * f64::from(*b), 1e-4, &format!("{name} accumulate"));
     }
+    check_fused_update(layer, pass, (&params, &state), &x, &proj, (&grads, &dx), n);
+}
+
+/// The fused update ([`Layer::backward_update`]) must leave the parameters the optimizer would
+/// leave from `grads` (within rounding) and the same `dx`, for plain SGD, momentum and weight
+/// decay, over two steps so the velocity carries.
+fn check_fused_update(
+    layer: &mut dyn Layer,
+    pass: Pass,
+    (params, state): (&[f32], &[f32]),
+    x: &[f32],
+    dy: &[f32],
+    (grads, dx): (&[f32], &[f32]),
+    n: usize,
+) {
+    use super::optimizer::{Optimizer, Sgd};
+    let name = layer.kind();
+    let mut y = vec![0.0; n * layer.output_shape().numel()];
+    for (momentum, wd) in [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-2)] {
+        let mut want_opt = Optimizer::Sgd(Sgd::new(params.len(), momentum, false, wd));
+        let mut got_opt = want_opt.clone();
+        let (mut want, mut got) = (params.to_vec(), params.to_vec());
+        for round in 0..2 {
+            // The gradient at the current weights, as backward would leave it.
+            let mut g = grads.to_vec();
+            layer.forward(pass, &want, &mut state.to_vec(), x, &mut y, n);
+            layer.backward(pass, &want, &mut g, x, &y, dy, None, n);
+            want_opt.step(&mut want, &g, 0.1);
+
+            layer.forward(pass, &got, &mut state.to_vec(), x, &mut y, n);
+            let mut fused_dx = vec![0.0; x.len()];
+            let mut scratch = Vec::new();
+            let Some(mut step) = got_opt.fused(0.1) else { panic!("plain SGD must fuse") };
+            let mut slice = step.slice(0..got.len());
+            layer.backward_update(pass, &mut got, &mut slice, &mut scratch, x, &y, dy, Some(&mut fused_dx), n);
+            if round == 0 {
+                assert_eq!(fused_dx, dx, "{name}: dx must use the weights forward used");
+            }
+        }
+        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+            assert_close(f64::from(*a), f64::from(*b), 1e-5, &format!("{name} fused update [{i}]"));
+        }
+    }
 }
 
 /// Up to 40 indices spread over `0..len`.

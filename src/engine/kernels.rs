@@ -23,20 +23,43 @@ pub fn matmul(
     accumulate: bool,
     threads: usize,
 ) {
+    let keep = accumulate.then_some(1.0);
+    gemm_scaled(m, n, k, (a, a_t), (b, b_t), c, keep, 1.0, threads);
+}
+
+/// `c[m×n] = keep·c + scale · op(a) · op(b)` (`c` is overwritten when `keep` is `None`), all
+/// row-major: the scalings gemm applies as it writes `c`, so an optimizer update can land in
+/// the weights (`keep` 1, `scale` −lr) or the velocity (`keep` momentum) without the gradient
+/// ever being stored. `a` is `(values, transposed)` as in [`matmul`], `b` likewise.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_scaled(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, a_t): (&[f32], bool),
+    (b, b_t): (&[f32], bool),
+    c: &mut [f32],
+    keep: Option<f32>,
+    scale: f32,
+    threads: usize,
+) {
     // Bounds are checked here because gemm takes raw pointers.
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "matmul operand too small");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        if !accumulate {
-            c[..m * n].fill(0.0);
+        match keep {
+            None => c[..m * n].fill(0.0),
+            Some(1.0) => {}
+            Some(f) => c[..m * n].iter_mut().for_each(|v| *v *= f),
         }
         return;
     }
     let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
     let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
     let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    tune_packing();
     // SAFETY: the assert above keeps every index the strides reach inside the slices, and
     // `c` does not alias `a` or `b` (it is borrowed mutably).
     unsafe {
@@ -47,21 +70,32 @@ pub fn matmul(
             c.as_mut_ptr(),
             1,
             n as isize,
-            accumulate,
+            keep.is_some(),
             a.as_ptr(),
             a_cs,
             a_rs,
             b.as_ptr(),
             b_cs,
             b_rs,
-            1.0,
-            1.0,
+            keep.unwrap_or(1.0),
+            scale,
             false,
             false,
             false,
             parallelism,
         );
     }
+}
+
+/// On one thread gemm copies ("packs") a column-major left operand when the product has more
+/// than 8 × 6 columns; on several, above 16 × 6. The dense forward's left operand is the
+/// kernel, already column-major for gemm, so at batch 64 one thread re-packed all of it
+/// (11 MB for the tutorial's first dense layer) every step, as several threads do not. Use the
+/// multi-thread rule everywhere. Packing moves values, never changes a sum, so results are
+/// the same bits either way.
+fn tune_packing() {
+    static TUNED: std::sync::Once = std::sync::Once::new();
+    TUNED.call_once(|| gemm::set_lhs_packing_threshold_single_thread(gemm::get_lhs_packing_threshold_multi_thread()));
 }
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()` values).
@@ -127,6 +161,31 @@ pub fn par_rows(
     let ranges = partition(n, threads);
     let parts = split_rows(&mut data[..n * row_len], &ranges, row_len);
     parts.into_par_iter().zip(ranges).enumerate().for_each(|(i, (part, r))| f(i, r, part));
+}
+
+/// `dst.copy_from_slice(src)` without a `memcpy` call for the few values one window row holds
+/// when images have one or three channels (a call per 3 values dominated im2col).
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32]) {
+        let (d, s): (&mut [f32; N], &[f32; N]) = match (dst.try_into(), src.try_into()) {
+            (Ok(d), Ok(s)) => (d, s),
+            _ => return dst.copy_from_slice(src),
+        };
+        *d = *s;
+    }
+    match dst.len() {
+        1 => fixed::<1>(dst, src),
+        2 => fixed::<2>(dst, src),
+        3 => fixed::<3>(dst, src),
+        4 => fixed::<4>(dst, src),
+        5 => fixed::<5>(dst, src),
+        6 => fixed::<6>(dst, src),
+        7 => fixed::<7>(dst, src),
+        8 => fixed::<8>(dst, src),
+        9 => fixed::<9>(dst, src),
+        _ => dst.copy_from_slice(src),
+    }
 }
 
 /// Geometry of a 2-D window sweep (convolution or pooling) over NHWC images.
@@ -226,7 +285,7 @@ impl Window {
                             Some(iy) if !kx.is_empty() => {
                                 let src = (iy * self.w + ix) * c;
                                 dst[..kx.start * c].fill(0.0);
-                                dst[kx.start * c..kx.end * c].copy_from_slice(&img[src..src + kx.len() * c]);
+                                copy_short(&mut dst[kx.start * c..kx.end * c], &img[src..src + kx.len() * c]);
                                 dst[kx.end * c..].fill(0.0);
                             }
                             _ => dst.fill(0.0),

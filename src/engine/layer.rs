@@ -1,5 +1,6 @@
 //! The `Layer` seam: forward and backward over a flat slice of parameters.
 
+use super::optimizer::SliceStep;
 use super::shape::Shape;
 
 /// How a parameter tensor starts (Keras's initializers).
@@ -59,7 +60,7 @@ pub struct Pass {
 
 /// A layer: a pure function of its parameters and input, plus its backward pass.
 ///
-/// Layers own scratch buffers (pool argmax, dropout mask, im2col patches), so each replica
+/// Layers own scratch buffers (dropout mask, im2col patches), so each replica
 /// has its own instance; parameters live outside, in one flat arena shared by the model.
 pub trait Layer: Send {
     /// Keras-style layer kind (`dense`, `conv2d`, …), used to name weights.
@@ -107,4 +108,32 @@ pub trait Layer: Send {
         dx: Option<&mut [f32]>,
         n: usize,
     );
+
+    /// [`Layer::backward`] that also applies `update` to this layer's parameters, in place,
+    /// once `dx` (computed with the old parameters) is written. Layers whose gradient product
+    /// can write the update itself override it (`dense`); the default stores the gradient in
+    /// `scratch` (grown to what the layer needs, and kept for the next step) and applies the
+    /// optimizer's arithmetic to it, giving the unfused path's bits.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_update(
+        &mut self,
+        pass: Pass,
+        params: &mut [f32],
+        update: &mut SliceStep<'_>,
+        scratch: &mut Vec<f32>,
+        x: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        if scratch.len() < params.len() {
+            scratch.resize(params.len(), 0.0);
+        }
+        let grads = &mut scratch[..params.len()];
+        self.backward(Pass { accumulate: false, ..pass }, params, grads, x, y, dy, dx, n);
+        if !params.is_empty() {
+            update.apply(params, grads);
+        }
+    }
 }

@@ -5,6 +5,7 @@
 
 use super::init;
 use super::layer::{Layer, Pass};
+use super::optimizer::FusedStep;
 use super::shape::Shape;
 use std::ops::Range;
 
@@ -112,6 +113,9 @@ pub struct Sequential {
     acts: Vec<Vec<f32>>,
     /// Ping-pong gradient buffers for backward; `[0]` receives the loss gradient.
     grad_bufs: [Vec<f32>; 2],
+    /// One layer's parameter gradient, for layers a fused update reaches through a stored
+    /// gradient ([`Sequential::backward_update`]).
+    scratch: Vec<f32>,
 }
 
 impl Sequential {
@@ -170,6 +174,7 @@ impl Sequential {
             state_len,
             acts: vec![Vec::new(); acts],
             grad_bufs: [Vec::new(), Vec::new()],
+            scratch: Vec::new(),
         }
     }
 
@@ -308,6 +313,37 @@ impl Sequential {
     /// of the last forward pass on input `x`, writing parameter gradients into `grads` and
     /// marking each finished prefix ready.
     pub fn backward(&mut self, pass: Pass, params: &[f32], grads: &mut dyn GradSink, x: &[f32], n: usize) {
+        self.backward_layers(x, n, |layer, p, x, y, dy, dx| {
+            layer.backward(pass, &params[p.clone()], grads.slice(p.clone()), x, y, dy, dx, n);
+            grads.ready(p.end);
+        });
+    }
+
+    /// [`Sequential::backward`] that applies `step` to each layer's parameters as soon as the
+    /// layer's backward is done, instead of leaving gradients for an optimizer pass: for one
+    /// replica with nothing else reading the gradient (no all-reduce, no accumulation). Layers
+    /// run back to front and each uses only its own parameters, so every `dx` still sees the
+    /// weights forward used.
+    pub fn backward_update(&mut self, pass: Pass, params: &mut [f32], step: &mut FusedStep<'_>, x: &[f32], n: usize) {
+        let pass = Pass { accumulate: false, ..pass };
+        // Sized by the layers that store a gradient, not by the arena: the fused dense kernel
+        // never does, and sizing by it would make its 11 MB resident again.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.backward_layers(x, n, |layer, p, x, y, dy, dx| {
+            layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
+        });
+        self.scratch = scratch;
+    }
+
+    /// Walks the layers back to front, calling `f(layer, its arena range, x, y, dy, dx)` with
+    /// ping-pong gradient buffers; `dx` is `None` for the first layer.
+    #[allow(clippy::type_complexity)]
+    fn backward_layers(
+        &mut self,
+        x: &[f32],
+        n: usize,
+        mut f: impl FnMut(&mut dyn Layer, Range<usize>, &[f32], &[f32], &[f32], Option<&mut [f32]>),
+    ) {
         let widest = std::iter::once(&self.input)
             .chain(self.layers.iter().map(|l| l.output_shape()))
             .map(Shape::numel)
@@ -330,21 +366,79 @@ impl Sequential {
             let [a, b] = &mut self.grad_bufs;
             let (dy, dx) = if cur == 0 { (&*a, b) } else { (&*b, a) };
             let need_dx = slot.input != Buf::Input;
-            let p = slot.params.clone();
-            layer.backward(
-                pass,
-                &params[p.clone()],
-                grads.slice(p.clone()),
-                x,
-                &self.acts[out],
-                dy,
-                need_dx.then_some(&mut dx[..]),
-                n,
-            );
-            grads.ready(p.end);
+            f(layer.as_mut(), slot.params.clone(), x, &self.acts[out], dy, need_dx.then_some(&mut dx[..]));
             if need_dx {
                 cur = 1 - cur;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::kernels::Window;
+    use crate::engine::layers::{Conv2d, Dense, View};
+    use crate::engine::optimizer::{Optimizer, Sgd};
+    use crate::engine::{LossFn, init};
+    use crate::spec::{Activation, Loss};
+    use rand::RngExt;
+
+    /// The tutorial model's shape, small: reshape → conv relu → flatten → dense relu → dense.
+    fn model() -> Sequential {
+        let win = Window::new((8, 8, 1), (3, 3), (1, 1), false).unwrap();
+        let layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(View::reshape(Shape(vec![8, 8, 1]))),
+            Box::new(Conv2d::new(win, 4, Activation::Relu, true)),
+            Box::new(View::flatten(&Shape(vec![6, 6, 4]))),
+            Box::new(Dense::new(144, 16, Activation::Relu, true)),
+            Box::new(Dense::new(16, 5, Activation::Linear, true)),
+        ];
+        Sequential::new(Shape(vec![64]), layers)
+    }
+
+    /// Three steps of backward + optimizer pass against three of `backward_update`.
+    #[test]
+    fn fused_update_equals_the_unfused_one_within_rounding() {
+        let n = 6;
+        let mut r = init::rng(&[3]);
+        let x: Vec<f32> = (0..n * 64).map(|_| r.random_range(0.0..1.0)).collect();
+        let labels: Vec<u32> = (0..n).map(|_| r.random_range(0..5)).collect();
+        let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+        for (momentum, wd) in [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3)] {
+            let (mut a, mut b) = (model(), model());
+            let (init, _) = a.init(5);
+            let (mut pa, mut pb) = (init.clone(), init);
+            let mut oa = Optimizer::Sgd(Sgd::new(pa.len(), momentum, false, wd));
+            let mut ob = oa.clone();
+            let mut grads = vec![0.0; pa.len()];
+            for step in 0..3 {
+                let pass = Pass { training: true, seed: step, accumulate: false, threads: 2 };
+                a.forward(pass, &pa, &mut [], &x, n);
+                let (out, dout) = a.output_and_grad(n);
+                loss.evaluate(out, &labels, 5, 1.0 / n as f32, Some(dout));
+                a.backward(pass, &pa, &mut grads, &x, n);
+                oa.step(&mut pa, &grads, 0.05);
+
+                b.forward(pass, &pb, &mut [], &x, n);
+                let (out, dout) = b.output_and_grad(n);
+                loss.evaluate(out, &labels, 5, 1.0 / n as f32, Some(dout));
+                let Some(mut fused) = ob.fused(0.05) else { panic!("SGD must fuse") };
+                b.backward_update(pass, &mut pb, &mut fused, &x, n);
+            }
+            let worst = pa.iter().zip(&pb).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+            assert!(worst < 1e-5, "momentum {momentum}, weight decay {wd}: off by {worst}");
+            assert_ne!(pa, init_of(&a), "training moved the weights");
+            assert_eq!(oa.state().len(), ob.state().len());
+            if let (Some((_, va)), Some((_, vb))) = (oa.state().first(), ob.state().first()) {
+                let worst = va.iter().zip(*vb).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+                assert!(worst < 1e-5, "velocity off by {worst}");
+            }
+            assert_eq!(oa.iterations(), ob.iterations());
+        }
+    }
+
+    fn init_of(m: &Sequential) -> Vec<f32> {
+        m.init(5).0
     }
 }

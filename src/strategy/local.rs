@@ -48,6 +48,23 @@ impl LocalReplicas {
         scale: f32,
         seed: u64,
     ) -> Result<BatchStats, StrategyError> {
+        let stats = self.gradients_unreduced(vars, primary, micro, scale, seed);
+        let mut buffers: Vec<&mut [f32]> =
+            std::iter::once(primary).chain(self.grads.iter_mut().map(|g| g.as_mut_slice())).collect();
+        cross_device::reduce(self.algorithm, &mut buffers)?;
+        Ok(stats)
+    }
+
+    /// [`LocalReplicas::gradients`] leaving each replica's gradient in its own buffer
+    /// (`primary`, then `self.grads`) for the update to sum.
+    fn gradients_unreduced(
+        &mut self,
+        vars: &mut Variables,
+        primary: &mut [f32],
+        micro: &[Batch],
+        scale: f32,
+        seed: u64,
+    ) -> BatchStats {
         let parts = self.replicas.len();
         let first = self.first_replica;
         for s in &mut self.states {
@@ -64,7 +81,7 @@ impl LocalReplicas {
             }
             stats
         };
-        let Some((lead, rest)) = self.replicas.split_first_mut() else { return Ok(BatchStats::default()) };
+        let Some((lead, rest)) = self.replicas.split_first_mut() else { return BatchStats::default() };
         let mut results = vec![BatchStats::default(); parts];
         let (lead_stats, rest_stats) = results.split_at_mut(1);
         rayon::scope(|scope| {
@@ -86,12 +103,9 @@ impl LocalReplicas {
                 *v = self.states.iter().fold(*v, |acc, s| acc + s[i]) / n;
             }
         }
-        let mut buffers: Vec<&mut [f32]> =
-            std::iter::once(primary).chain(self.grads.iter_mut().map(|g| g.as_mut_slice())).collect();
-        cross_device::reduce(self.algorithm, &mut buffers)?;
         let mut total = BatchStats::default();
         results.into_iter().for_each(|s| total.add(s));
-        Ok(total)
+        total
     }
 
     /// Loss and accuracy sums over `batch`, split across the replicas.
@@ -124,6 +138,19 @@ pub struct Replicated {
     local: LocalReplicas,
     grads: Vec<f32>,
     kind: StrategyKind,
+    /// Work `compute_gradients` left for `apply` to fuse into the update.
+    deferred: Deferred,
+}
+
+/// What [`Replicated::apply`] still has to do before (or while) updating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deferred {
+    /// Nothing: the gradient is in `grads`.
+    Nothing,
+    /// One replica, one micro-batch: forward is done; backward runs with the update fused in.
+    Backward,
+    /// Several replicas: their gradients are summed inside the optimizer pass.
+    Sum,
 }
 
 impl Replicated {
@@ -131,7 +158,15 @@ impl Replicated {
     pub fn new(kind: StrategyKind, replicas: Vec<Replica>, algorithm: CrossDevice) -> Self {
         let local = LocalReplicas::new(replicas, algorithm, 0);
         let grads = vec![0.0; local.param_len()];
-        Self { local, grads, kind }
+        Self { local, grads, kind, deferred: Deferred::Nothing }
+    }
+
+    /// Runs a backward `compute_gradients` deferred, so the gradient is in `grads`.
+    fn materialize(&mut self, vars: &Variables) {
+        if self.deferred == Deferred::Backward {
+            self.local.replicas[0].backward_pending(&vars.params, &mut self.grads);
+            self.deferred = Deferred::Nothing;
+        }
     }
 }
 
@@ -148,12 +183,42 @@ impl Strategy for Replicated {
         stop: bool,
     ) -> Result<Step, StrategyError> {
         let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
-        let stats = self.local.gradients(vars, &mut self.grads, micro, scale, seed)?;
+        let local = &mut self.local;
+        let (stats, deferred) = match (&mut local.replicas[..], micro) {
+            // Nothing else reads this gradient: backward waits for the update to fuse into it.
+            ([one], [batch]) if batch.n > 0 => {
+                let view = BatchView { x: &batch.x, y: &batch.y, n: batch.n };
+                let s = derive_seed(&[seed, 0, local.first_replica]);
+                (one.forward_loss(&vars.params, &mut vars.state, view, scale, s), Deferred::Backward)
+            }
+            // The sum in reduction_to_one_device's order can happen in the update pass.
+            ([_, _, ..], _)
+                if local.algorithm == CrossDevice::ReductionToOneDevice =>
+            {
+                (local.gradients_unreduced(vars, &mut self.grads, micro, scale, seed), Deferred::Sum)
+            }
+            _ => (local.gradients(vars, &mut self.grads, micro, scale, seed)?, Deferred::Nothing),
+        };
+        self.deferred = deferred;
         Ok(Step { stats, stop })
     }
 
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError> {
-        optimizer.step(&mut vars.params, &self.grads, lr);
+        let (params, grads) = (&mut vars.params, &mut self.grads);
+        match std::mem::replace(&mut self.deferred, Deferred::Nothing) {
+            Deferred::Backward => {
+                // Always pending here: only this strategy runs the replica, and `evaluate`
+                // materializes the gradient (clearing `deferred`) before its forward passes.
+                let pending = self.local.replicas[0].backward_update(params, optimizer, lr, grads);
+                debug_assert!(pending, "a deferred backward had no forward to finish");
+            }
+            Deferred::Sum => {
+                let all: Vec<&[f32]> =
+                    std::iter::once(grads.as_slice()).chain(self.local.grads.iter().map(Vec::as_slice)).collect();
+                optimizer.step_sum(params, &all, lr);
+            }
+            Deferred::Nothing => optimizer.step(params, grads, lr),
+        }
         Ok(())
     }
 
@@ -162,6 +227,7 @@ impl Strategy for Replicated {
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
     ) -> Result<BatchStats, StrategyError> {
+        self.materialize(vars);
         let mut stats = BatchStats::default();
         for b in batches {
             stats.add(self.local.evaluate(vars, &b));

@@ -73,7 +73,9 @@ pub trait Strategy: Send {
     /// Forward and backward over this task's `micro` batches of one optimizer step, leaving in
     /// the strategy's gradient buffer the gradient of the mean loss over the whole global
     /// batch (all replicas), and returning loss and accuracy sums over the whole global batch.
-    /// `stop` is this task's vote to stop; the result says whether any task voted.
+    /// `stop` is this task's vote to stop; the result says whether any task voted. A strategy
+    /// may leave part of that work for [`Strategy::apply`] to fuse into the update (one replica
+    /// in one process defers backward; local replicas defer their sum).
     fn compute_gradients(
         &mut self,
         vars: &mut Variables,

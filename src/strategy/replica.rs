@@ -3,7 +3,7 @@
 use super::Variables;
 use crate::data::Batch;
 use crate::engine::sequential::GradSink;
-use crate::engine::{BatchStats, LossFn, Pass, Sequential};
+use crate::engine::{BatchStats, LossFn, Optimizer, Pass, Sequential};
 
 /// A model copy with its loss.
 pub struct Replica {
@@ -11,12 +11,67 @@ pub struct Replica {
     loss: LossFn,
     classes: usize,
     threads: usize,
+    /// The last [`Replica::forward_loss`]'s pass and batch size, while its backward waits.
+    pending: Option<(Pass, usize)>,
+    /// That forward's input, which backward needs.
+    input: Vec<f32>,
 }
 
 impl Replica {
     /// A replica of `model` using `threads` threads.
     pub fn new(model: Sequential, loss: LossFn, classes: usize, threads: usize) -> Self {
-        Self { model, loss, classes, threads }
+        Self { model, loss, classes, threads, pending: None, input: Vec::new() }
+    }
+
+    /// Forward and loss of `batch` (not empty), keeping its input and the loss gradient (each
+    /// example weighted by `scale`) so that [`Replica::backward_update`] or
+    /// [`Replica::backward_pending`] can finish the step later.
+    pub fn forward_loss(
+        &mut self,
+        params: &[f32],
+        state: &mut [f32],
+        batch: BatchView<'_>,
+        scale: f32,
+        seed: u64,
+    ) -> BatchStats {
+        let pass = Pass { training: true, seed, accumulate: false, threads: self.threads };
+        self.model.forward(pass, params, state, batch.x, batch.n);
+        let (out, dout) = self.model.output_and_grad(batch.n);
+        let stats = self.loss.evaluate(out, batch.y, self.classes, scale, Some(dout));
+        self.input.clear();
+        self.input.extend_from_slice(batch.x);
+        self.pending = Some((pass, batch.n));
+        stats
+    }
+
+    /// Backward of the last [`Replica::forward_loss`] applying `optimizer` at `lr` to `params`
+    /// layer by layer ([`Sequential::backward_update`]), so no gradient is stored; when the
+    /// optimizer cannot fuse (Adam, Nesterov), through `grads` and one optimizer pass. Returns
+    /// whether there was a forward to finish.
+    pub fn backward_update(
+        &mut self,
+        params: &mut [f32],
+        optimizer: &mut Optimizer,
+        lr: f32,
+        grads: &mut [f32],
+    ) -> bool {
+        let Some((pass, n)) = self.pending.take() else { return false };
+        match optimizer.fused(lr) {
+            Some(mut step) => self.model.backward_update(pass, params, &mut step, &self.input, n),
+            None => {
+                self.model.backward(pass, params, &mut &mut *grads, &self.input, n);
+                optimizer.step(params, grads, lr);
+            }
+        }
+        true
+    }
+
+    /// Backward of the last [`Replica::forward_loss`] into `grads`, as
+    /// [`Replica::forward_backward`] would have left them; `false` when none is pending.
+    pub fn backward_pending(&mut self, params: &[f32], grads: &mut [f32]) -> bool {
+        let Some((pass, n)) = self.pending.take() else { return false };
+        self.model.backward(pass, params, &mut &mut *grads, &self.input, n);
+        true
     }
 
     /// The replica's model.
@@ -52,6 +107,7 @@ impl Replica {
         seed: u64,
         accumulate: bool,
     ) -> BatchStats {
+        self.pending = None;
         if batch.n == 0 {
             // A short global batch can leave this replica nothing: it adds no gradient.
             let len = self.model.param_len();
@@ -76,6 +132,8 @@ impl Replica {
 
     /// [`Replica::evaluate`] on part of a batch.
     pub fn evaluate_view(&mut self, params: &[f32], state: &mut [f32], batch: BatchView<'_>) -> BatchStats {
+        // Forward overwrites the activations a pending backward would need.
+        self.pending = None;
         if batch.n == 0 {
             return BatchStats::default();
         }

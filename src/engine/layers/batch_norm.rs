@@ -50,12 +50,14 @@ impl BatchNorm {
             p.resize(2 * c, 0.0);
             let (s, sp) = p.split_at_mut(c);
             let (a, b) = (&a[r.start * c..r.end * c], &b[r.start * c..r.end * c]);
-            for (a, b) in a.chunks_exact(c).zip(b.chunks_exact(c)) {
-                for (((s, sp), &a), &b) in s.iter_mut().zip(sp.iter_mut()).zip(a).zip(b) {
-                    *s += f64::from(a);
-                    *sp += f64::from(a) * f64::from(b);
+            crate::engine::simd::vectorized(|| {
+                for (a, b) in a.chunks_exact(c).zip(b.chunks_exact(c)) {
+                    for (((s, sp), &a), &b) in s.iter_mut().zip(sp.iter_mut()).zip(a).zip(b) {
+                        *s += f64::from(a);
+                        *sp += f64::from(a) * f64::from(b);
+                    }
                 }
-            }
+            });
         });
         let (mut s, mut sp) = (vec![0.0; c], vec![0.0; c]);
         for p in &self.partials[..ranges.len()] {
@@ -79,11 +81,14 @@ fn affine(
 ) {
     par_rows(out, rows, c, threads, |_, r, part| {
         let (u, v) = (&u[r.start * c..r.end * c], &v[r.start * c..r.end * c]);
-        for ((o, u), v) in part.chunks_exact_mut(c).zip(u.chunks_exact(c)).zip(v.chunks_exact(c)) {
-            for ch in 0..c {
-                o[ch] = a[ch] * u[ch] + b[ch] * v[ch] + d[ch];
+        let (a, b, d) = (&a[..c], &b[..c], &d[..c]);
+        crate::engine::simd::vectorized(|| {
+            for ((o, u), v) in part.chunks_exact_mut(c).zip(u.chunks_exact(c)).zip(v.chunks_exact(c)) {
+                for (((o, u), v), ((a, b), d)) in o.iter_mut().zip(u).zip(v).zip(a.iter().zip(b).zip(d)) {
+                    *o = a * u + b * v + d;
+                }
             }
-        }
+        });
     });
 }
 

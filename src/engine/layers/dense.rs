@@ -1,9 +1,10 @@
 //! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
 
 use crate::engine::activation;
-use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
+use crate::engine::kernels::{add_bias, add_rows, gemm_scaled, matmul, par_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::op::Op;
+use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
 
@@ -74,25 +75,65 @@ impl Layer for Dense {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
-        let len = n * self.units;
-        let dz: &[f32] = if self.activation == Activation::Linear {
-            &dy[..len]
-        } else {
-            self.dz.resize(len, 0.0);
-            activation::backward(self.activation, &y[..len], &dy[..len], &mut self.dz, self.units);
-            &self.dz
-        };
-        let kernel = &params[..self.inputs * self.units];
-        let (g_kernel, g_bias) = grads.split_at_mut(self.inputs * self.units);
-        matmul(self.inputs, self.units, n, x, true, dz, false, g_kernel, pass.accumulate, pass.threads);
-        if self.use_bias {
+        let (inputs, units, threads, use_bias) = (self.inputs, self.units, pass.threads, self.use_bias);
+        let dz = self.dz(y, dy, n);
+        let kernel = &params[..inputs * units];
+        let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
+        matmul(inputs, units, n, x, true, dz, false, g_kernel, pass.accumulate, threads);
+        if use_bias {
             if !pass.accumulate {
                 g_bias.fill(0.0);
             }
             add_rows(g_bias, dz);
         }
         if let Some(dx) = dx {
-            matmul(n, self.inputs, self.units, dz, false, kernel, true, dx, false, pass.threads);
+            matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
         }
+    }
+
+    /// The kernel's gradient product writes the update itself (see [`SliceStep::apply_product`]):
+    /// `dx` first, while the kernel is still the one forward used.
+    fn backward_update(
+        &mut self,
+        pass: Pass,
+        params: &mut [f32],
+        update: &mut SliceStep<'_>,
+        scratch: &mut Vec<f32>,
+        x: &[f32],
+        y: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let (inputs, units, threads, use_bias) = (self.inputs, self.units, pass.threads, self.use_bias);
+        let dz = self.dz(y, dy, n);
+        let k_len = inputs * units;
+        let (kernel, bias) = params.split_at_mut(k_len);
+        if let Some(dx) = dx {
+            matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
+        }
+        if use_bias {
+            scratch.clear();
+            scratch.resize(units, 0.0);
+            let g_bias = &mut scratch[..units];
+            add_rows(g_bias, dz);
+            update.sub(k_len..k_len + units).apply(bias, g_bias);
+        }
+        update.sub(0..k_len).apply_product(kernel, |target, keep, scale| {
+            gemm_scaled(inputs, units, n, (x, true), (dz, false), target, keep, scale, threads);
+        });
+    }
+}
+
+impl Dense {
+    /// The gradient before the activation: `dy` itself for a linear layer.
+    fn dz<'a>(&'a mut self, y: &[f32], dy: &'a [f32], n: usize) -> &'a [f32] {
+        let len = n * self.units;
+        if self.activation == Activation::Linear {
+            return &dy[..len];
+        }
+        self.dz.resize(len, 0.0);
+        activation::backward(self.activation, &y[..len], &dy[..len], &mut self.dz, self.units);
+        &self.dz
     }
 }

@@ -1,5 +1,8 @@
-//! `max_pool2d`: Keras's `MaxPooling2D` (channels last). Forward records where each maximum
-//! came from, so backward routes each gradient to that one input without searching again.
+//! `max_pool2d`: Keras's `MaxPooling2D` (channels last). Forward keeps only the maxima;
+//! backward finds, per window and channel, the first input equal to its maximum (the one
+//! forward kept: ties go to the first position, as TensorFlow's) and routes the gradient
+//! there. Both sweeps are branch-free across channels, so they vectorize; recording argmax
+//! indices in forward did not, and cost inference as much as training.
 
 use crate::engine::kernels::Window;
 use crate::engine::layer::{Layer, Pass};
@@ -11,15 +14,12 @@ use rayon::prelude::*;
 pub struct MaxPool2d {
     win: Window,
     output: Shape,
-    /// For every output value of the last forward pass, the flat index of its maximum inside
-    /// its own image.
-    argmax: Vec<u32>,
 }
 
 impl MaxPool2d {
     /// Pooling with the given geometry (`win.kh × win.kw` windows).
     pub fn new(win: Window) -> Self {
-        Self { win, output: Shape(vec![win.oh, win.ow, win.c]), argmax: Vec::new() }
+        Self { win, output: Shape(vec![win.oh, win.ow, win.c]) }
     }
 }
 
@@ -28,36 +28,91 @@ pub(super) fn images_per_part(n: usize, threads: usize) -> usize {
     n.div_ceil(threads.max(1)).max(1)
 }
 
-/// Max-pools one image `x` into `y`, writing each maximum's index in `x` to `arg`. The window
-/// is swept in row-major order and only a strictly larger value replaces the maximum, so ties
-/// go to the first position, as TensorFlow's.
-fn forward_image(win: &Window, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
+/// Calls `f(output offset, input offset, first)` for every output position of one image and
+/// every input pixel its window covers, in row-major window order (`first` for the first pixel
+/// of each window); offsets are in values.
+#[inline(always)]
+fn sweep(win: &Window, mut f: impl FnMut(usize, usize, bool)) {
     let c = win.c;
     for oy in 0..win.oh {
         let rows = win.rows_at(oy);
         for ox in 0..win.ow {
             let cols = win.cols_at(ox);
             let at = (oy * win.ow + ox) * c;
-            let (y, arg) = (&mut y[at..at + c], &mut arg[at..at + c]);
             let mut first = true;
             for iy in rows.clone() {
                 for ix in cols.clone() {
-                    let base = (iy * win.w + ix) * c;
-                    let src = &x[base..base + c];
-                    if first {
-                        y.copy_from_slice(src);
-                        arg.iter_mut().zip(base..).for_each(|(a, i)| *a = i as u32);
-                        first = false;
-                        continue;
-                    }
-                    for (ch, (&v, (m, a))) in src.iter().zip(y.iter_mut().zip(arg.iter_mut())).enumerate() {
-                        if v > *m {
-                            *m = v;
-                            *a = (base + ch) as u32;
-                        }
-                    }
+                    f(at, (iy * win.w + ix) * c, first);
+                    first = false;
                 }
             }
+        }
+    }
+}
+
+/// Max-pools one image `x` into `y`; only a strictly larger value replaces the maximum.
+#[inline(always)]
+fn forward_image(win: &Window, x: &[f32], y: &mut [f32]) {
+    let c = win.c;
+    sweep(win, |at, base, first| {
+        let (y, src) = (&mut y[at..at + c], &x[base..base + c]);
+        if first {
+            y.copy_from_slice(src);
+        } else {
+            y.iter_mut().zip(src).for_each(|(m, &v)| *m = if v > *m { v } else { *m });
+        }
+    });
+}
+
+/// Adds each output gradient of one image onto the first input of its window equal to the
+/// window's maximum; `left` (one value per channel) holds what is still to route. `dx` must
+/// be zeroed.
+#[inline(always)]
+fn backward_image(win: &Window, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32], left: &mut [f32]) {
+    let c = win.c;
+    sweep(win, |at, base, first| {
+        if first {
+            left.copy_from_slice(&dy[at..at + c]);
+        }
+        let (m, src, dst) = (&y[at..at + c], &x[base..base + c], &mut dx[base..base + c]);
+        for (((d, l), &v), &m) in dst.iter_mut().zip(left.iter_mut()).zip(src).zip(m) {
+            let hit = v == m;
+            *d += if hit { *l } else { 0.0 };
+            *l = if hit { 0.0 } else { *l };
+        }
+    });
+}
+
+/// One part's images, forward or backward, as a `pulp` operation: its body is inlined under
+/// the vector target features (a closure holding these loops was not, and ran scalar).
+struct Images<'a> {
+    win: &'a Window,
+    x: &'a [f32],
+    y: &'a [f32],
+    /// Forward: the output. Backward: the input gradient.
+    out: &'a mut [f32],
+    /// Backward: the output gradient; forward: empty.
+    dy: &'a [f32],
+}
+
+impl pulp::WithSimd for Images<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Images { win, x, y, out, dy } = self;
+        let (in_len, out_len) = (win.h * win.w * win.c, win.oh * win.ow * win.c);
+        if dy.is_empty() {
+            for (e, y) in out.chunks_exact_mut(out_len).enumerate() {
+                forward_image(win, &x[e * in_len..(e + 1) * in_len], y);
+            }
+            return;
+        }
+        let mut left = vec![0.0; win.c];
+        for (e, dx) in out.chunks_exact_mut(in_len).enumerate() {
+            dx.fill(0.0);
+            let o = e * out_len..(e + 1) * out_len;
+            backward_image(win, &x[e * in_len..(e + 1) * in_len], &y[o.clone()], &dy[o], dx, &mut left);
         }
     }
 }
@@ -81,18 +136,11 @@ impl Layer for MaxPool2d {
         if n == 0 || out_len == 0 {
             return;
         }
-        self.argmax.resize(n * out_len, 0);
         let per = images_per_part(n, pass.threads);
-        y[..n * out_len]
-            .par_chunks_mut(per * out_len)
-            .zip(self.argmax.par_chunks_mut(per * out_len))
-            .enumerate()
-            .for_each(|(p, (y, arg))| {
-                let x = &x[p * per * in_len..];
-                for (e, (y, arg)) in y.chunks_exact_mut(out_len).zip(arg.chunks_exact_mut(out_len)).enumerate() {
-                    forward_image(&win, &x[e * in_len..(e + 1) * in_len], y, arg);
-                }
-            });
+        y[..n * out_len].par_chunks_mut(per * out_len).enumerate().for_each(|(p, y)| {
+            let x = &x[p * per * in_len..(p * per + y.len() / out_len) * in_len];
+            pulp::Arch::new().dispatch(Images { win: &win, x, y: &[], out: y, dy: &[] });
+        });
     }
 
     fn backward(
@@ -100,8 +148,8 @@ impl Layer for MaxPool2d {
         pass: Pass,
         _: &[f32],
         _: &mut [f32],
-        _: &[f32],
-        _: &[f32],
+        x: &[f32],
+        y: &[f32],
         dy: &[f32],
         dx: Option<&mut [f32]>,
         n: usize,
@@ -112,17 +160,15 @@ impl Layer for MaxPool2d {
         if n == 0 || in_len == 0 {
             return;
         }
+        if out_len == 0 {
+            dx[..n * in_len].fill(0.0);
+            return;
+        }
         let per = images_per_part(n, pass.threads);
-        let argmax = &self.argmax;
         dx[..n * in_len].par_chunks_mut(per * in_len).enumerate().for_each(|(p, dx)| {
-            for (e, dx) in dx.chunks_exact_mut(in_len).enumerate() {
-                let at = (p * per + e) * out_len;
-                dx.fill(0.0);
-                // Overlapping windows (stride < pool) may pick one input twice: add.
-                for (&i, &g) in argmax[at..at + out_len].iter().zip(&dy[at..at + out_len]) {
-                    dx[i as usize] += g;
-                }
-            }
+            let (first, count) = (p * per, dx.len() / in_len);
+            let (x, o) = (&x[first * in_len..(first + count) * in_len], first * out_len..(first + count) * out_len);
+            pulp::Arch::new().dispatch(Images { win: &win, x, y: &y[o.clone()], out: dx, dy: &dy[o] });
         });
     }
 }

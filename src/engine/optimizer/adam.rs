@@ -29,7 +29,8 @@ impl Adam {
         Self { beta_1, beta_2, epsilon, weight_decay, decoupled, m: vec![0.0; len], v: vec![0.0; len], iterations: 0 }
     }
 
-    pub(super) fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+    /// One update from the sum of `grads` (one buffer per replica, added in order).
+    pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
         self.iterations += 1;
         let (b1, b2, eps, wd, decoupled) = (self.beta_1, self.beta_2, self.epsilon, self.weight_decay, self.decoupled);
         let t = self.iterations as i32;
@@ -62,7 +63,7 @@ mod tests {
         // With bias correction, Adam's first update is lr · g/|g|.
         let mut adam = Adam::new(3, 0.9, 0.999, 1e-7, 0.0, false);
         let mut p = vec![1.0, 1.0, 1.0];
-        adam.step(&mut p, &[0.5, -2.0, 0.0], 0.1);
+        adam.step(&mut p, &[&[0.5, -2.0, 0.0]], 0.1);
         assert!((p[0] - 0.9).abs() < 1e-4 && (p[1] - 1.1).abs() < 1e-4 && p[2] == 1.0, "{p:?}");
     }
 
@@ -70,7 +71,7 @@ mod tests {
     fn adamw_decays_weights_without_gradient() {
         let mut adam = Adam::new(1, 0.9, 0.999, 1e-7, 0.1, true);
         let mut p = vec![2.0];
-        adam.step(&mut p, &[0.0], 0.5);
+        adam.step(&mut p, &[&[0.0]], 0.5);
         assert!((p[0] - 2.0 * (1.0 - 0.05)).abs() < 1e-6, "{p:?}");
     }
 }

@@ -2,10 +2,12 @@
 //! length, so it checkpoints as plainly as the weights.
 
 mod adam;
+mod fused;
 mod sgd;
 
 pub use adam::Adam;
-pub use sgd::Sgd;
+pub use fused::{FusedStep, SliceStep};
+pub use sgd::{Sgd, SgdRule};
 
 use rayon::prelude::*;
 
@@ -25,9 +27,30 @@ pub enum Optimizer {
 impl Optimizer {
     /// Applies one update with learning rate `lr` to `params` from `grads`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+        self.step_sum(params, &[grads], lr);
+    }
+
+    /// Applies one update from the sum of several replicas' gradient buffers, added inside the
+    /// update pass (in order, as `reduction_to_one_device` adds them), so that the sum is never
+    /// written back and each replica's buffer is read once.
+    pub fn step_sum(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
         match self {
             Optimizer::Sgd(o) => o.step(params, grads, lr),
             Optimizer::Adam(o) => o.step(params, grads, lr),
+        }
+    }
+
+    /// This step's update, for a backward pass that applies it where each gradient is made
+    /// (see [`FusedStep`]); `None` when the update needs the whole gradient first (Adam's
+    /// moments, Nesterov's look-ahead). Counts the update as applied.
+    pub fn fused(&mut self, lr: f32) -> Option<FusedStep<'_>> {
+        match self {
+            Optimizer::Sgd(o) if !o.nesterov => {
+                o.iterations += 1;
+                let rule = o.rule(lr);
+                Some(FusedStep::new(rule, o.velocity.as_deref_mut()))
+            }
+            Optimizer::Sgd(_) | Optimizer::Adam(_) => None,
         }
     }
 
@@ -68,10 +91,15 @@ fn split(s: &mut [f32], chunks: usize) -> Vec<&mut [f32]> {
     if s.is_empty() { (0..chunks).map(|_| <&mut [f32]>::default()).collect() } else { s.chunks_mut(CHUNK).collect() }
 }
 
-/// Runs `f` over aligned chunks of the parameter, gradient and up to two state buffers.
+/// Values summed at a time when several gradient buffers meet in an update: a stack buffer
+/// that stays in L1.
+const SUM_BLOCK: usize = 1 << 10;
+
+/// Runs `f` over aligned chunks of the parameter, gradient and up to two state buffers; with
+/// several gradient buffers, `f` sees their sum (added in buffer order), block by block.
 fn for_chunks(
     params: &mut [f32],
-    grads: &[f32],
+    grads: &[&[f32]],
     a: &mut [f32],
     b: &mut [f32],
     f: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
@@ -79,9 +107,45 @@ fn for_chunks(
     // Empty state buffers stand for "no state": give each chunk an empty slice.
     let chunks = params.len().div_ceil(CHUNK);
     let (a, b) = (split(a, chunks), split(b, chunks));
-    params
-        .par_chunks_mut(CHUNK)
-        .zip(grads.par_chunks(CHUNK))
-        .zip(a.into_par_iter().zip(b))
-        .for_each(|((p, g), (a, b))| f(p, g, a, b));
+    params.par_chunks_mut(CHUNK).zip(a.into_par_iter().zip(b)).enumerate().for_each(|(c, (p, (a, b)))| {
+        let at = c * CHUNK;
+        match grads {
+            [g] => f(p, &g[at..at + p.len()], a, b),
+            _ => sum_blocks(p, grads, at, a, b, &f),
+        }
+    });
+}
+
+/// `f` over blocks of one chunk (starting at arena index `at`), with the gradient buffers
+/// summed into a stack block first. The update is elementwise, so blocks change no result.
+fn sum_blocks(
+    p: &mut [f32],
+    grads: &[&[f32]],
+    at: usize,
+    a: &mut [f32],
+    b: &mut [f32],
+    f: &(impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync),
+) {
+    let mut sum = [0.0f32; SUM_BLOCK];
+    let mut start = 0;
+    for p in p.chunks_mut(SUM_BLOCK) {
+        let (len, from) = (p.len(), at + start);
+        let sum = &mut sum[..len];
+        crate::engine::simd::vectorized(|| match grads.split_first() {
+            Some((first, rest)) => {
+                sum.copy_from_slice(&first[from..from + len]);
+                for g in rest {
+                    sum.iter_mut().zip(&g[from..from + len]).for_each(|(s, v)| *s += v);
+                }
+            }
+            None => sum.fill(0.0),
+        });
+        f(p, sum, block(a, start, len), block(b, start, len));
+        start += len;
+    }
+}
+
+/// `s[start..start + len]`, or `s` itself when it is empty ("no state").
+fn block(s: &mut [f32], start: usize, len: usize) -> &mut [f32] {
+    if s.is_empty() { s } else { &mut s[start..start + len] }
 }

@@ -24,23 +24,44 @@ impl Sgd {
         Self { momentum, nesterov, weight_decay, velocity, iterations: 0 }
     }
 
-    pub(super) fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
-        let (m, nesterov, wd) = (self.momentum, self.nesterov, self.weight_decay);
+    /// One update from the sum of `grads` (one buffer per replica, added in order).
+    pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
+        let rule = self.rule(lr);
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
-        for_chunks(params, grads, velocity, &mut [], |p, g, v, _| {
-            crate::engine::simd::vectorized(|| {
-                if v.is_empty() {
-                    p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * (g + wd * *p));
-                    return;
-                }
-                for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
-                    let g = g + wd * *p;
-                    *v = m * *v - lr * g;
-                    *p += if nesterov { m * *v - lr * g } else { *v };
-                }
-            })
-        });
+        for_chunks(params, grads, velocity, &mut [], |p, g, v, _| rule.apply(p, g, v));
         self.iterations += 1;
+    }
+
+    /// The update's arithmetic at learning rate `lr`.
+    pub(super) fn rule(&self, lr: f32) -> SgdRule {
+        SgdRule { lr, momentum: self.momentum, nesterov: self.nesterov, weight_decay: self.weight_decay }
+    }
+}
+
+/// SGD's arithmetic, shared by the optimizer pass and fused updates so both round alike.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdRule {
+    pub(super) lr: f32,
+    pub(super) momentum: f32,
+    pub(super) nesterov: bool,
+    pub(super) weight_decay: f32,
+}
+
+impl SgdRule {
+    /// Updates `p` (and the velocity `v`, empty without momentum) from the gradient `g`.
+    pub fn apply(&self, p: &mut [f32], g: &[f32], v: &mut [f32]) {
+        let SgdRule { lr, momentum: m, nesterov, weight_decay: wd } = *self;
+        crate::engine::simd::vectorized(|| {
+            if v.is_empty() {
+                p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * (g + wd * *p));
+                return;
+            }
+            for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
+                let g = g + wd * *p;
+                *v = m * *v - lr * g;
+                *p += if nesterov { m * *v - lr * g } else { *v };
+            }
+        })
     }
 }
 
@@ -60,7 +81,7 @@ mod tests {
         let mut p = vec![1.0];
         (0..3)
             .map(|_| {
-                sgd.step(&mut p, &[g], 0.1);
+                sgd.step(&mut p, &[&[g]], 0.1);
                 p[0]
             })
             .collect()
@@ -92,12 +113,12 @@ mod tests {
         // v1 = −0.1, v2 = 0.9·v1 − 0.5·0.19 = −0.185.
         let mut sgd = Sgd::new(1, 0.0, false, 0.1);
         let mut p = vec![2.0];
-        sgd.step(&mut p, &[0.0], 0.5);
+        sgd.step(&mut p, &[&[0.0]], 0.5);
         close(&p, &[1.9]);
         let mut sgd = Sgd::new(1, 0.9, false, 0.1);
         let mut p = vec![2.0];
-        sgd.step(&mut p, &[0.0], 0.5);
-        sgd.step(&mut p, &[0.0], 0.5);
+        sgd.step(&mut p, &[&[0.0]], 0.5);
+        sgd.step(&mut p, &[&[0.0]], 0.5);
         close(&p, &[2.0 - 0.1 - 0.185]);
         assert_eq!(sgd.iterations, 2);
     }
@@ -109,8 +130,8 @@ mod tests {
         let mut sgd = Sgd::new(len, 0.9, true, 0.01);
         let mut p = vec![1.0; len];
         let g = vec![0.5; len];
-        sgd.step(&mut p, &g, 0.1);
-        sgd.step(&mut p, &g, 0.1);
+        sgd.step(&mut p, &[&g], 0.1);
+        sgd.step(&mut p, &[&g], 0.1);
         assert!(p.iter().all(|v| *v == p[0]));
         assert!(sgd.velocity.is_some_and(|v| v.iter().all(|x| *x == v[0])));
     }
