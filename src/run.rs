@@ -4,6 +4,7 @@
 use crate::checkpoint::{Layout, Store};
 use crate::cli::Exit;
 use crate::cluster::job::{self, Job, JobConfig};
+use crate::cluster::tls::{TlsFiles, TlsMaterial};
 use crate::cluster::{Address, Command, Resolution, Role as TaskRole, TaskId, launch, resolve_token};
 use crate::collective::Communicator;
 use crate::data::{DataDirs, DataError, Fetcher, Shard, Source};
@@ -198,8 +199,10 @@ pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<(Plan, Source, Resoluti
         loaded.spec.strategy,
         spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
     );
-    let cluster = crate::cluster::resolve::resolve(&loaded.spec.cluster, multi_process, &inv.env, inv.task.as_deref())
-        .map_err(|d| Unplanned::Spec(vec![d]))?;
+    let port = loaded.spec.deploy.as_ref().map_or(spec::DeploySpec::default().port, |d| d.port);
+    let cluster =
+        crate::cluster::resolve::resolve(&loaded.spec.cluster, port, multi_process, &inv.env, inv.task.as_deref())
+            .map_err(|d| Unplanned::Spec(vec![d]))?;
     let facts = Facts {
         data: source.facts().map_err(|e| named_files_missing(loaded, e))?,
         cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
@@ -278,6 +281,8 @@ enum Role {
 fn role(p: &Prepared) -> Role {
     let multi = matches!(p.plan.strategy.kind, StrategyKind::MultiWorkerMirrored | StrategyKind::ParameterServer);
     match (multi && p.cluster.cluster.tasks.len() > 1, p.cluster.task) {
+        // TF_CONFIG's evaluator, split off the training cluster, runs on its own.
+        (_, Some(task)) if multi && task.role == TaskRole::Evaluator => Role::Task(task),
         (false, _) => Role::Single,
         (true, None) => Role::Launcher,
         (true, Some(task)) => Role::Task(task),
@@ -384,7 +389,13 @@ fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(),
     let dataset = p.source.load()?;
     let test = dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
     let batch = train::eval_batch_size(NonZeroUsize::MIN, 1, model.activation_len());
-    let job = join_job(inv, p, task, 0)?;
+    // Outside the training cluster (TF_CONFIG listed it there), it learns the end from the
+    // chief's run record instead of the control plane.
+    let job = match p.cluster.cluster.tasks.contains_key(&task) {
+        true => Some(join_job(inv, p, task, 0)?),
+        false => None,
+    };
+    let record = crate::train::ended::Watcher::new(&plan.out_dir);
     // Its lines are the evaluator's output, shown unless `--quiet`: the launcher prefixes
     // them with the task itself.
     let quiet = inv.quiet;
@@ -397,9 +408,12 @@ fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(),
         .build()
         .map_err(|e| RunError::Failure(format!("cannot start {} threads: {e}", plan.threads)))?;
     let watch = evaluator::Watch { dir, out: plan.out_dir.join("eval.jsonl"), layout: &layout, test, batch };
-    let plane = &job.plane;
+    let plane = job.as_ref().map(|j| &j.plane);
     let finished = || -> Result<bool, TrainError> {
         let mut done = stop.load(std::sync::atomic::Ordering::SeqCst);
+        let Some(plane) = plane else {
+            return Ok(done || record.ended());
+        };
         while let Some(c) = plane.poll_command().map_err(|e| TrainError::Strategy(e.into()))? {
             done |= matches!(c, Command::Stop { .. });
         }
@@ -407,7 +421,9 @@ fn sidecar_evaluator(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(),
     };
     let count = pool.install(|| evaluator::watch(&watch, &mut replica, finished, |t| say(quiet, &prefix, t)))?;
     say(quiet, &prefix, &format!("evaluated {count} checkpoint{}", if count == 1 { "" } else { "s" }));
-    job.plane.shutdown();
+    if let Some(job) = job {
+        job.plane.shutdown();
+    }
     if stop.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(RunError::Preempted("preempted: the evaluator stopped on SIGTERM".into()));
     }
@@ -496,13 +512,21 @@ fn join_job(inv: &Invocation, p: &Prepared, task: TaskId, params: usize) -> Resu
     let token = resolve_token(env_token, p.loaded.spec.cluster.token_file.as_deref())
         .map_err(|e| RunError::Cluster(e.to_string()))?;
     let (timeout_s, _, transport) = communication(p);
-    let spec_json = serde_json::to_vec(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
-    let spec_hash: String = Sha256::digest(&spec_json).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let tls = match &p.loaded.spec.cluster.tls {
+        None => None,
+        Some(t) => {
+            let files = TlsFiles { cert: t.cert_file.clone(), key: t.key_file.clone(), ca: t.ca_file.clone() };
+            Some(Arc::new(TlsMaterial::load(files).map_err(|e| RunError::Cluster(e.to_string()))?))
+        }
+    };
     job::join(JobConfig {
         task,
         addresses,
         token,
-        spec_hash,
+        // Only what changes the results must agree: `summary.json`'s `spec_sha256`.
+        spec_hash: p.loaded.spec.results_sha256(),
+        spec_keys: p.loaded.spec.results_keys(),
+        tls,
         startup: Duration::from_secs_f64(p.loaded.spec.cluster.startup_timeout_s),
         timeout: Duration::from_secs_f64(timeout_s),
         transport,

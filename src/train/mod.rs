@@ -2,6 +2,7 @@
 //! checkpoints, resumption, preemption, progress and the run record.
 
 pub mod callbacks;
+pub mod ended;
 pub mod evaluator;
 pub mod progress;
 pub mod record;
