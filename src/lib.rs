@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cluster;
 pub mod collective;
 pub mod data;
+pub mod deploy;
 pub mod engine;
 pub mod model;
 pub mod plan;
