@@ -115,6 +115,17 @@ pub(crate) fn explain(status: &tonic::Status) -> Option<String> {
         if let Some(t) = inner.and_then(|i| i.downcast_ref::<rustls::Error>()) {
             return Some(crate::collective::tls::describe(t));
         }
+        // h2 passes I/O errors on as text, so an alert the chief sent arrives as rustls's
+        // words for it.
+        if let Some(alert) = inner.and_then(|i| i.to_string().strip_prefix("received fatal alert: ").map(str::to_owned)) {
+            let refused = ["UnknownCA", "BadCertificate", "CertificateUnknown", "CertificateRequired", "DecryptError"];
+            return Some(match refused.contains(&alert.as_str()) {
+                true => crate::collective::tls::describe(&rustls::Error::AlertReceived(
+                    rustls::AlertDescription::BadCertificate,
+                )),
+                false => format!("TLS failed: the chief sent the alert {alert}"),
+            });
+        }
         next = e.source();
     }
     None
