@@ -109,11 +109,8 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
     let bind = |source| JoinError::Bind { task, host: own.clone(), source };
     let at = own_address(task, &own, config.startup)?;
     let control = TcpListener::bind(at).map_err(bind)?;
-    let data = TcpListener::bind((at.ip(), 0)).map_err(|source| JoinError::Bind {
-        task,
-        host: host.clone(),
-        source,
-    })?;
+    let data =
+        TcpListener::bind((at.ip(), 0)).map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;
     let data_addr = data.local_addr().map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;
     let chief = TaskId::chief_of(config.addresses.keys().filter(|t| matches!(t.role, Role::Chief | Role::Worker)))
         .unwrap_or(task);

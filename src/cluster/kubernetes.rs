@@ -23,9 +23,12 @@ pub const INDEX_VAR: &str = "JOB_COMPLETION_INDEX";
 /// Every task of the spec's `[cluster]`, in rank order.
 pub fn tasks(spec: &ClusterSpec) -> Result<Vec<TaskId>, String> {
     let mut tasks = Vec::new();
-    for (role, entry) in
-        [(Role::Chief, &spec.chief), (Role::Worker, &spec.worker), (Role::Ps, &spec.ps), (Role::Evaluator, &spec.evaluator)]
-    {
+    for (role, entry) in [
+        (Role::Chief, &spec.chief),
+        (Role::Worker, &spec.worker),
+        (Role::Ps, &spec.ps),
+        (Role::Evaluator, &spec.evaluator),
+    ] {
         match entry {
             None => {}
             Some(Tasks::Count(n)) => tasks.extend((0..n.get()).map(|i| TaskId::new(role, i))),
@@ -50,8 +53,7 @@ pub fn resolve(
     let (Some(service), Some(index)) = (var(SERVICE_VAR), var(INDEX_VAR)) else {
         return Ok(None);
     };
-    let index: usize =
-        index.trim().parse().map_err(|_| format!("{INDEX_VAR} = `{index}` is not a number"))?;
+    let index: usize = index.trim().parse().map_err(|_| format!("{INDEX_VAR} = `{index}` is not a number"))?;
     let hostname = var("HOSTNAME").ok_or_else(|| {
         format!("{INDEX_VAR} and {SERVICE_VAR} are set but HOSTNAME is not: run in a pod of the Indexed Job")
     })?;
@@ -82,7 +84,12 @@ mod tests {
 
     fn spec(chief: u32, worker: u32, evaluator: u32) -> ClusterSpec {
         let count = |n: u32| NonZeroU32::new(n).map(Tasks::Count);
-        ClusterSpec { chief: count(chief), worker: count(worker), evaluator: count(evaluator), ..ClusterSpec::default() }
+        ClusterSpec {
+            chief: count(chief),
+            worker: count(worker),
+            evaluator: count(evaluator),
+            ..ClusterSpec::default()
+        }
     }
 
     fn var<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

@@ -23,8 +23,8 @@ mod plane;
 pub mod resolve;
 mod service;
 mod slurm;
-pub mod tls;
 mod tf_config;
+pub mod tls;
 mod wire;
 
 use std::collections::BTreeMap;

@@ -138,7 +138,12 @@ impl ControlPlane {
             });
             Side::Chief(coordinator)
         } else {
-            Side::Worker(Arc::new(ChiefLink::new(settings.clone(), local.clone(), &config.token, config.tls.as_deref())?))
+            Side::Worker(Arc::new(ChiefLink::new(
+                settings.clone(),
+                local.clone(),
+                &config.token,
+                config.tls.as_deref(),
+            )?))
         };
         let service = ClusterService {
             me: settings.task,

@@ -260,11 +260,8 @@ mod tests {
 
     #[test]
     fn an_indexed_job_pod_finds_its_task_from_its_index() {
-        let e = env(&[
-            ("JOB_COMPLETION_INDEX", "1"),
-            ("HOSTNAME", "mnist-1"),
-            (kubernetes::SERVICE_VAR, "mnist-tasks"),
-        ]);
+        let e =
+            env(&[("JOB_COMPLETION_INDEX", "1"), ("HOSTNAME", "mnist-1"), (kubernetes::SERVICE_VAR, "mnist-tasks")]);
         let r = resolve(&workers(2), 2222, true, &e, None).unwrap();
         assert_eq!((r.cluster.source, r.task), (Source::Kubernetes, Some(TaskId::new(Role::Worker, 1))));
         assert_eq!(

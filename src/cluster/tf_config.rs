@@ -46,9 +46,10 @@ impl Index {
         match self {
             Index::Missing => Ok(0),
             Index::Number(n) => Ok(*n),
-            Index::Text(t) => t.trim().parse().map_err(|_| {
-                format!("TF_CONFIG's task index \"{t}\" is not a number: write e.g. \"index\": 1")
-            }),
+            Index::Text(t) => t
+                .trim()
+                .parse()
+                .map_err(|_| format!("TF_CONFIG's task index \"{t}\" is not a number: write e.g. \"index\": 1")),
         }
     }
 }
@@ -107,7 +108,9 @@ pub fn parse(text: &str) -> Result<(Cluster, Option<TaskId>), String> {
         }
     }
     if tasks.is_empty() {
-        return Err("TF_CONFIG has no training tasks in `cluster`: list the chief's and workers' addresses by role".into());
+        return Err(
+            "TF_CONFIG has no training tasks in `cluster`: list the chief's and workers' addresses by role".into()
+        );
     }
     let task = match config.task {
         None => None,

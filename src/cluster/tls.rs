@@ -117,7 +117,8 @@ pub(crate) fn explain(status: &tonic::Status) -> Option<String> {
         }
         // h2 passes I/O errors on as text, so an alert the chief sent arrives as rustls's
         // words for it.
-        if let Some(alert) = inner.and_then(|i| i.to_string().strip_prefix("received fatal alert: ").map(str::to_owned)) {
+        if let Some(alert) = inner.and_then(|i| i.to_string().strip_prefix("received fatal alert: ").map(str::to_owned))
+        {
             let refused = ["UnknownCA", "BadCertificate", "CertificateUnknown", "CertificateRequired", "DecryptError"];
             return Some(match refused.contains(&alert.as_str()) {
                 true => crate::collective::tls::describe(&rustls::Error::AlertReceived(

@@ -104,11 +104,8 @@ fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestEr
         spec.strategy,
         spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
     );
-    let mut tasks = if multi {
-        crate::cluster::kubernetes::tasks(&spec.cluster).map_err(ManifestError::Spec)?
-    } else {
-        Vec::new()
-    };
+    let mut tasks =
+        if multi { crate::cluster::kubernetes::tasks(&spec.cluster).map_err(ManifestError::Spec)? } else { Vec::new() };
     if tasks.is_empty() {
         tasks.push(TaskId::new(Role::Worker, 0));
     }
@@ -179,7 +176,10 @@ pub fn run(inv: &Invocation, target: Target, image: Option<String>, namespace: O
     let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
     // Plan as the pods will: from the spec's [cluster], not this machine's scheduler.
     let scheduler = |k: &str| {
-        k == "TF_CONFIG" || k.starts_with("SLURM_") || k == crate::cluster::kubernetes::INDEX_VAR || k == "TRAINRUN_TASK"
+        k == "TF_CONFIG"
+            || k.starts_with("SLURM_")
+            || k == crate::cluster::kubernetes::INDEX_VAR
+            || k == "TRAINRUN_TASK"
     };
     let env = inv.env.iter().filter(|(k, _)| !scheduler(k)).cloned().collect();
     let here = Invocation { env, task: None, ..inv.clone() };

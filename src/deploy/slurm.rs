@@ -66,7 +66,9 @@ pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
     s.push_str("# The resolved spec (written by `trainrun manifest --for slurm`).\n");
     s.push_str(&format!("cat > \"{file}\" <<'TRAINRUN_SPEC'\n{}TRAINRUN_SPEC\n\n", job.spec_toml));
     s.push_str("# Every task of the job authenticates with this token; srun passes it on.\n");
-    s.push_str("export TRAINRUN_JOB_TOKEN=\"${TRAINRUN_JOB_TOKEN:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')}\"\n\n");
+    s.push_str(
+        "export TRAINRUN_JOB_TOKEN=\"${TRAINRUN_JOB_TOKEN:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')}\"\n\n",
+    );
     s.push_str(&format!("srun trainrun \"{file}\"\n"));
     Ok(s)
 }

@@ -30,8 +30,8 @@ mod validate;
 mod words;
 
 pub use batch::BatchSpec;
-pub use deploy::{AccessMode, DeploySpec, VolumeSpec};
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind, IdxFiles, SyntheticSpec};
+pub use deploy::{AccessMode, DeploySpec, VolumeSpec};
 pub use device::{BadDevice, Device, DeviceKind, Devices};
 pub use diag::{Diagnostic, Severity};
 pub use load::{Assignment, LoadError, Loaded, load, load_trial};
