@@ -25,7 +25,9 @@ fn the_containerfile_builds_a_static_image_from_scratch() {
     let targets = Command::new("rustup").args(["target", "list", "--installed"]).output();
     let musl = targets.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("x86_64-unknown-linux-musl"));
     if !musl || !have("musl-gcc", &["--version"]) {
-        return skip("the x86_64-unknown-linux-musl target or musl-gcc is missing (rustup target add …; apt-get install musl-tools)");
+        return skip(
+            "the x86_64-unknown-linux-musl target or musl-gcc is missing (rustup target add …; apt-get install musl-tools)",
+        );
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let build = Command::new(env!("CARGO"))

@@ -10,8 +10,8 @@
 //! [`SERVICE_VAR`] to the Service's name; without it, an index alone (any Indexed Job) does not
 //! make trainrun a cluster.
 
+use super::TaskId;
 use super::resolve::{Address, Cluster, Source};
-use super::{Role, TaskId};
 use crate::spec::{ClusterSpec, Tasks};
 use std::collections::BTreeMap;
 
@@ -23,12 +23,7 @@ pub const INDEX_VAR: &str = "JOB_COMPLETION_INDEX";
 /// Every task of the spec's `[cluster]`, in rank order.
 pub fn tasks(spec: &ClusterSpec) -> Result<Vec<TaskId>, String> {
     let mut tasks = Vec::new();
-    for (role, entry) in [
-        (Role::Chief, &spec.chief),
-        (Role::Worker, &spec.worker),
-        (Role::Ps, &spec.ps),
-        (Role::Evaluator, &spec.evaluator),
-    ] {
+    for (role, entry) in super::resolve::roles(spec) {
         match entry {
             None => {}
             Some(Tasks::Count(n)) => tasks.extend((0..n.get()).map(|i| TaskId::new(role, i))),
@@ -80,6 +75,7 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::Role;
     use std::num::NonZeroU32;
 
     fn spec(chief: u32, worker: u32, evaluator: u32) -> ClusterSpec {

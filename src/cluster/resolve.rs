@@ -102,14 +102,14 @@ pub struct Resolution {
     pub task: Option<TaskId>,
 }
 
+/// The spec's roles in rank order, each with its tasks.
+pub(crate) fn roles(spec: &ClusterSpec) -> [(Role, &Option<Tasks>); 4] {
+    [(Role::Chief, &spec.chief), (Role::Worker, &spec.worker), (Role::Ps, &spec.ps), (Role::Evaluator, &spec.evaluator)]
+}
+
 fn spec_cluster(spec: &ClusterSpec) -> Cluster {
     let mut tasks = BTreeMap::new();
-    for (role, list) in [
-        (Role::Chief, &spec.chief),
-        (Role::Worker, &spec.worker),
-        (Role::Ps, &spec.ps),
-        (Role::Evaluator, &spec.evaluator),
-    ] {
+    for (role, list) in roles(spec) {
         match list {
             None => {}
             Some(Tasks::Count(n)) => (0..n.get()).for_each(|i| {
