@@ -54,7 +54,7 @@ fn the_containerfile_builds_a_static_image_from_scratch() {
             .output()
             .unwrap()
     };
-    let bud = buildah(&["bud", "--isolation", "chroot", "--network", "none", "-f", "Containerfile", "-t", &tag, "."]);
+    let bud = buildah(&["bud", "--isolation", "chroot", "-f", "Containerfile", "-t", &tag, "."]);
     assert!(bud.status.success(), "{}", String::from_utf8_lossy(&bud.stderr));
     let from = buildah(&["from", &tag]);
     assert!(from.status.success(), "{}", String::from_utf8_lossy(&from.stderr));
