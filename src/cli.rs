@@ -1,5 +1,6 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `eval`, `sweep`, `report`, `schema` and `bench` are the only other commands.
+//! `check`, `eval`, `sweep`, `report`, `manifest`, `schema` and `bench` are the only other
+//! commands.
 
 use crate::exit::{Exit, RunError};
 use crate::prepare::Invocation;
@@ -60,6 +61,22 @@ enum Command {
         /// A run folder (with metrics.jsonl) or a sweep folder (with sweep.json).
         dir: PathBuf,
     },
+    /// Print ready-to-apply job files for a cluster scheduler: Kubernetes (a ConfigMap, a
+    /// headless Service and an Indexed Job), a Kubeflow TFJob, or a Slurm sbatch script. The
+    /// spec's [deploy] section sets the image, resources, volume and node selector.
+    Manifest {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The scheduler.
+        #[arg(long = "for", value_enum, default_value = "kubernetes")]
+        target: crate::deploy::Target,
+        /// The container image (overrides deploy.image).
+        #[arg(long)]
+        image: Option<String>,
+        /// The Kubernetes namespace of every object.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
     /// Print the JSON Schema of specs (editors validate `#:schema` spec files with it).
     Schema,
     /// Measure training throughput of the tutorial model (batch 64 and 128, 1 and 2 threads).
@@ -119,6 +136,9 @@ pub fn main() -> ExitCode {
         Some(Command::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
             .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
         Some(Command::Report { dir }) => crate::report::run(&dir),
+        Some(Command::Manifest { spec, target, image, namespace }) => {
+            invocation(spec, false, None).and_then(|inv| crate::deploy::run(&inv, target, image, namespace))
+        }
         Some(Command::Schema) => {
             print!("{}", crate::spec::schema_json());
             Ok(())
@@ -167,6 +187,10 @@ mod tests {
                 "check --set",
                 "eval --checkpoint",
                 "eval --set",
+                "manifest --for",
+                "manifest --image",
+                "manifest --namespace",
+                "manifest --set",
                 "sweep --dry-run",
                 "sweep --parallel",
                 "sweep --quiet",

@@ -13,6 +13,7 @@ pub mod collective;
 pub mod crash;
 pub mod data;
 pub mod diagnostic;
+pub mod deploy;
 pub mod engine;
 pub mod exit;
 #[cfg(feature = "cuda")]

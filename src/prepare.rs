@@ -90,8 +90,10 @@ pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<Plan, Unplanned> {
     let source = crate::plan::source(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)
         .map_err(|e| Unplanned::Run(e.into()))?;
     let multi_process = StrategyKind::of(&loaded.spec.strategy).multi_process();
-    let cluster = crate::cluster::resolve::resolve(&loaded.spec.cluster, multi_process, &inv.env, inv.task.as_deref())
-        .map_err(|d| Unplanned::Spec(vec![d]))?;
+    let port = loaded.spec.deploy.as_ref().map_or(spec::DeploySpec::default().port, |d| d.port);
+    let cluster =
+        crate::cluster::resolve::resolve(&loaded.spec.cluster, port, multi_process, &inv.env, inv.task.as_deref())
+            .map_err(|d| Unplanned::Spec(vec![d]))?;
     let facts = Facts {
         data: source.facts().map_err(|e| named_files_missing(loaded, e))?,
         source,

@@ -60,9 +60,13 @@ fn job(tasks: &[&str], timeouts: Timeouts) -> Vec<(ClusterConfig, TcpListener)> 
                 chief,
                 token: token(),
                 spec_hash: SPEC.into(),
+                spec_keys: [("optimizer.learning_rate", "aa"), ("train.epochs", "bb")]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .into(),
                 version: "0.1.0".into(),
                 timeouts,
                 payload: format!("payload of {t}").into_bytes(),
+                tls: None,
             };
             (config, listener)
         })
@@ -146,6 +150,9 @@ fn a_task_on_another_spec_or_version_is_refused_naming_both() {
         within(Duration::from_secs(10), move || {
             let mut tasks = job(&["worker:0", "worker:1", "worker:2"], timeouts(5_000, 2_000));
             tasks[1].0.spec_hash = spec.into();
+            if spec != SPEC {
+                tasks[1].0.spec_keys.insert("optimizer.learning_rate".into(), "cc".into());
+            }
             tasks[1].0.version = version.into();
             let planes = start(tasks);
             let outcomes = each(&planes, |p| failed(p.rendezvous()));
@@ -154,8 +161,9 @@ fn a_task_on_another_spec_or_version_is_refused_naming_both() {
                 message,
                 format!(
                     "worker:1 runs spec {} (trainrun {version}) but the chief worker:0 runs spec \
-                     9f8e7d6c5b4a… (trainrun 0.1.0): start every task with the same spec and trainrun",
-                    if spec == SPEC { "9f8e7d6c5b4a…" } else { spec }
+                     9f8e7d6c5b4a… (trainrun 0.1.0){}: start every task with the same spec and trainrun",
+                    if spec == SPEC { "9f8e7d6c5b4a…" } else { spec },
+                    if spec == SPEC { "" } else { "; they differ in optimizer.learning_rate" }
                 )
             );
             // A launch mistake fails the whole job at once rather than at the startup timeout.

@@ -38,6 +38,7 @@ fn child_task() {
         roster,
         token: JobToken::new("process-test-token-0123456789", "the test").unwrap(),
         spec_hash: "spec".into(),
+        spec_keys: Default::default(),
         version: "0.1.0".into(),
         timeouts: Timeouts {
             startup: Duration::from_secs(20),
@@ -45,6 +46,7 @@ fn child_task() {
             heartbeat: Duration::from_millis(100),
         },
         payload: Vec::new(),
+        tls: None,
     };
     let plane = ControlPlane::start(config).unwrap();
     println!("@@listening {}", plane.local_addr().port());

@@ -239,7 +239,7 @@ fn tf_config_of_random_and_mutated_text_never_panics() {
     check(20_000, mutated(seeds), |bytes| {
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let env = vec![("TF_CONFIG".to_string(), text)];
-        if let Err(d) = trainrun::cluster::resolve::resolve(&spec, true, &env, None) {
+        if let Err(d) = trainrun::cluster::resolve::resolve(&spec, 2222, true, &env, None) {
             prop_assert!(!d.message.is_empty());
         }
         Ok(())

@@ -15,6 +15,7 @@ use tonic::{Code, Status};
 use super::auth::AddToken;
 use super::health::Local;
 use super::plane::{MAX_MESSAGE, Settings, window_sizes};
+use super::tls::{TlsMaterial, explain as explain_tls, host_of};
 use super::wire::{self, Malformed, pb};
 use super::{ClusterError, Command, Failure, JobToken, Roster, TaskId};
 use crate::collective::stranger::{self, Answer};
@@ -55,11 +56,21 @@ pub(crate) struct ChiefLink {
 
 impl ChiefLink {
     /// Connects lazily: the chief may not be listening yet. Call inside the runtime.
-    pub(crate) fn new(settings: Arc<Settings>, local: Arc<Local>, token: &JobToken) -> Result<ChiefLink, ClusterError> {
+    pub(crate) fn new(
+        settings: Arc<Settings>,
+        local: Arc<Local>,
+        token: &JobToken,
+        tls: Option<&TlsMaterial>,
+    ) -> Result<ChiefLink, ClusterError> {
         let address = (settings.roster.get(&settings.chief).cloned()).unwrap_or_default();
         let (stream_window, connection_window) = window_sizes();
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| ClusterError::Config(format!("the chief's address `{address}`: {e}")))?
+        let bad = |e: tonic::transport::Error| ClusterError::Config(format!("the chief's address `{address}`: {e}"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}")).map_err(bad)?;
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls.client(host_of(&address))).map_err(bad)?;
+        }
+        let endpoint = endpoint
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .initial_stream_window_size(stream_window)
@@ -83,6 +94,9 @@ impl ChiefLink {
 
     /// The chief's answer as an error, unless the chief is only unreachable for now.
     fn classify(&self, status: Status) -> Attempt {
+        if let Some(reason) = explain_tls(&status) {
+            return Attempt::Fatal(ClusterError::Tls { chief: self.chief(), address: self.address.clone(), reason });
+        }
         match status.code() {
             Code::Unauthenticated => {
                 Attempt::Fatal(ClusterError::Unauthenticated { chief: self.chief(), address: self.address.clone() })

@@ -22,6 +22,7 @@ pub(crate) struct CheckIn {
     pub(crate) task: TaskId,
     pub(crate) incarnation: u64,
     pub(crate) spec_hash: String,
+    pub(crate) spec_keys: std::collections::BTreeMap<String, String>,
     pub(crate) version: String,
     pub(crate) peer: String,
     pub(crate) host: String,
@@ -167,6 +168,7 @@ impl Coordinator {
                 chief: s.chief,
                 chief_spec_hash: s.spec_hash.clone(),
                 chief_version: s.version.clone(),
+                keys: differing_keys(&c.spec_keys, &s.spec_keys),
             })
         } else {
             match inner.arrivals.get(&c.task) {
@@ -423,6 +425,12 @@ impl Coordinator {
         };
         self.wait_for(gone).await;
     }
+}
+
+/// Key paths present in one map and not the other, or with another value, in order.
+fn differing_keys(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Vec<String> {
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).collect();
+    keys.into_iter().cloned().collect()
 }
 
 fn missing(inner: &Inner, s: &Settings) -> Vec<TaskId> {

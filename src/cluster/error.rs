@@ -10,9 +10,10 @@ use super::{TaskId, human, list};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     #[error(
-        "{task} runs spec {} (trainrun {version}) but the chief {chief} runs spec {} (trainrun {chief_version}): start every task with the same spec and trainrun",
+        "{task} runs spec {} (trainrun {version}) but the chief {chief} runs spec {} (trainrun {chief_version}){}: start every task with the same spec and trainrun",
         short(spec_hash),
-        short(chief_spec_hash)
+        short(chief_spec_hash),
+        differing(keys)
     )]
     SpecMismatch {
         task: TaskId,
@@ -21,6 +22,8 @@ pub enum Failure {
         chief: TaskId,
         chief_spec_hash: String,
         chief_version: String,
+        /// The key paths whose values differ (empty when only the version does).
+        keys: Vec<String>,
     },
     #[error(
         "{task} checked in, but the chief's cluster has no such task (it has {}): start every task with the same cluster",
@@ -46,6 +49,16 @@ pub enum Failure {
     Silent { task: TaskId, after: Duration },
     #[error("{task} failed: {reason}")]
     Aborted { task: TaskId, reason: String },
+}
+
+/// `; they differ in optimizer.learning_rate, train.epochs`, at most 8 keys named.
+fn differing(keys: &[String]) -> String {
+    const SHOWN: usize = 8;
+    match keys.len() {
+        0 => String::new(),
+        n if n <= SHOWN => format!("; they differ in {}", keys.join(", ")),
+        n => format!("; they differ in {} and {} more keys", keys[..SHOWN].join(", "), n - SHOWN),
+    }
 }
 
 /// Long hashes are cut like git cuts commit ids: enough to tell two apart.
@@ -87,6 +100,12 @@ pub enum ClusterError {
         "the chief {chief}'s address {address} is answered by {what}, not by trainrun: check the cluster's addresses (TF_CONFIG or [cluster]) and that the chief runs there"
     )]
     Stranger { chief: TaskId, address: String, what: String },
+    #[error(
+        "TLS with the chief {chief} at {address} failed: {reason}; every task needs a certificate from the job's CA (cluster.tls)"
+    )]
+    Tls { chief: TaskId, address: String, reason: String },
+    #[error(transparent)]
+    TlsFiles(#[from] super::tls::TlsError),
     /// The chief answered something this task cannot use: a different cluster layout or a
     /// different trainrun build.
     #[error("the chief {chief} at {address} answered: {message}")]
@@ -127,11 +146,13 @@ mod tests {
             chief: TaskId::new(Role::Worker, 0),
             chief_spec_hash: "9f8e".into(),
             chief_version: "0.1.0".into(),
+            keys: vec!["optimizer.learning_rate".into(), "train.epochs".into()],
         };
         assert_eq!(
             f.to_string(),
             "worker:1 runs spec a1b2c3d4e5f6… (trainrun 0.1.0) but the chief worker:0 runs spec \
-             9f8e (trainrun 0.1.0): start every task with the same spec and trainrun"
+             9f8e (trainrun 0.1.0); they differ in optimizer.learning_rate, train.epochs: start every \
+             task with the same spec and trainrun"
         );
     }
 

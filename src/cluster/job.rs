@@ -2,14 +2,17 @@
 //! same trainrun version, right token), and connects the data plane among the training
 //! workers: shared memory when they all run on one host, else a TCP ring.
 
+use super::tls::{TlsMaterial, host_of};
 use super::{ClusterConfig, ClusterError, ControlPlane, JobToken, Role, TaskId, Timeouts};
 use crate::collective::{
-    Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, Transport, TransportKind, job_token_hash,
+    Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, TlsPeers, Transport, TransportKind,
+    job_token_hash,
 };
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How often tasks ping the chief; several pings fit in any sensible timeout.
 const HEARTBEAT: Duration = Duration::from_millis(250);
@@ -22,8 +25,12 @@ pub struct JobConfig {
     pub addresses: BTreeMap<TaskId, String>,
     /// The job's shared secret.
     pub token: JobToken,
-    /// Hash of the resolved spec; the chief refuses tasks with another.
+    /// Hash of what in the spec changes the results; the chief refuses tasks with another.
     pub spec_hash: String,
+    /// A short hash per key path of the same, so a refusal names the keys that differ.
+    pub spec_keys: BTreeMap<String, String>,
+    /// Mutual TLS on the control plane and the TCP ring.
+    pub tls: Option<Arc<TlsMaterial>>,
     /// How long every task has to check in.
     pub startup: Duration,
     /// How long a collective may stall, or a task stay silent, before the job fails.
@@ -54,7 +61,7 @@ pub enum JoinError {
     #[error(transparent)]
     Collective(#[from] CollectiveError),
     /// The data-plane port could not be bound.
-    #[error("{task} cannot listen for the data plane on {host}: {source}")]
+    #[error("{task} cannot listen on {host}: {source}")]
     Bind {
         /// This task.
         task: TaskId,
@@ -74,31 +81,56 @@ fn segment_dir() -> PathBuf {
     if shm.is_dir() { shm } else { std::env::temp_dir() }
 }
 
+/// This task's own address, resolved. A pod's name in DNS (a Kubernetes Indexed Job's
+/// `<job>-<i>.<service>`) may appear a moment after the pod starts, so a name that does not
+/// resolve yet is retried until `within`.
+fn own_address(task: TaskId, own: &str, within: Duration) -> Result<SocketAddr, JoinError> {
+    let deadline = Instant::now() + within;
+    loop {
+        let error = match own.to_socket_addrs() {
+            Ok(mut addrs) => match addrs.next() {
+                Some(a) => return Ok(a),
+                None => std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address"),
+            },
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(JoinError::Bind { task, host: own.to_owned(), source: error });
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Joins the job as `config.task`.
 pub fn join(config: JobConfig) -> Result<Job, JoinError> {
     let task = config.task;
     let own = config.addresses.get(&task).cloned().ok_or_else(|| {
         JoinError::Transport(format!("{task} has no address in the cluster ({} tasks listed)", config.addresses.len()))
     })?;
-    let host = own.rsplit_once(':').map_or(own.as_str(), |(h, _)| h).to_string();
-    let data = TcpListener::bind((host.trim_matches(['[', ']']), 0)).map_err(|source| JoinError::Bind {
-        task,
-        host: host.clone(),
-        source,
-    })?;
+    let host = host_of(&own).to_string();
+    let bind = |source| JoinError::Bind { task, host: own.clone(), source };
+    let at = own_address(task, &own, config.startup)?;
+    let control = TcpListener::bind(at).map_err(bind)?;
+    let data =
+        TcpListener::bind((at.ip(), 0)).map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;
     let data_addr = data.local_addr().map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;
     let chief = TaskId::chief_of(config.addresses.keys().filter(|t| matches!(t.role, Role::Chief | Role::Worker)))
         .unwrap_or(task);
-    let plane = ControlPlane::start(ClusterConfig {
-        task,
-        roster: config.addresses.clone(),
-        chief,
-        token: config.token.clone(),
-        spec_hash: config.spec_hash.clone(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        timeouts: Timeouts { startup: config.startup, failure: config.timeout, heartbeat: HEARTBEAT },
-        payload: data_addr.to_string().into_bytes(),
-    })?;
+    let plane = ControlPlane::start_on(
+        ClusterConfig {
+            task,
+            roster: config.addresses.clone(),
+            chief,
+            token: config.token.clone(),
+            spec_hash: config.spec_hash.clone(),
+            spec_keys: config.spec_keys.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            timeouts: Timeouts { startup: config.startup, failure: config.timeout, heartbeat: HEARTBEAT },
+            payload: data_addr.to_string().into_bytes(),
+            tls: config.tls.clone(),
+        },
+        control,
+    )?;
     let roster = plane.rendezvous()?;
     let workers: Vec<_> = roster.members.iter().filter(|m| matches!(m.task.role, Role::Chief | Role::Worker)).collect();
     let Some(rank) = workers.iter().position(|m| m.task == task) else {
@@ -131,7 +163,12 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
                 .map_err(|_| JoinError::Transport(format!("{} sent a bad data-plane address `{text}`", m.task)))?;
             addrs.push(addr);
         }
-        Transport::TcpRing(TcpOptions { job_token: token, ..TcpOptions::new(addrs, data) })
+        // Each rank's certificate must name the host the cluster gives it.
+        let tls = config.tls.as_ref().map(|t| TlsPeers {
+            config: t.ring().clone(),
+            names: workers.iter().map(|m| host_of(&m.address).to_owned()).collect(),
+        });
+        Transport::TcpRing(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
     };
     let comm = Collective::connect(
         peers,

@@ -17,12 +17,14 @@ mod coordinator;
 mod error;
 mod health;
 pub mod job;
+pub mod kubernetes;
 pub mod launch;
 mod plane;
 pub mod resolve;
 mod service;
 mod slurm;
 mod tf_config;
+pub mod tls;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -132,12 +134,17 @@ pub struct ClusterConfig {
     pub chief: TaskId,
     pub token: JobToken,
     /// Every task must run the same spec and trainrun version; the chief refuses others.
+    /// The hash covers only what changes the results (`summary.json`'s `spec_sha256`).
     pub spec_hash: String,
+    /// A short hash per key path of that spec, so a refusal names the keys that differ.
+    pub spec_keys: BTreeMap<String, String>,
     pub version: String,
     pub timeouts: Timeouts,
     /// Opaque to the control plane, handed to every task at rendezvous: e.g. this task's
     /// data-plane address or shared-memory path.
     pub payload: Vec<u8>,
+    /// Mutual TLS for the control plane; `None` is plain HTTP/2.
+    pub tls: Option<std::sync::Arc<tls::TlsMaterial>>,
 }
 
 /// How long the control plane waits before it fails the job.

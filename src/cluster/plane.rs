@@ -41,6 +41,7 @@ pub(crate) struct Settings {
     pub(crate) chief: TaskId,
     pub(crate) roster: BTreeMap<TaskId, String>,
     pub(crate) spec_hash: String,
+    pub(crate) spec_keys: BTreeMap<String, String>,
     pub(crate) version: String,
     pub(crate) timeouts: Timeouts,
     /// Drawn at start: tells this process from another started as the same task.
@@ -107,6 +108,7 @@ impl ControlPlane {
             chief: config.chief,
             roster: config.roster,
             spec_hash: config.spec_hash,
+            spec_keys: config.spec_keys,
             version: config.version,
             timeouts: config.timeouts,
             incarnation: u64::from_le_bytes(incarnation),
@@ -119,6 +121,7 @@ impl ControlPlane {
             host: hostname(),
             pid: std::process::id(),
             payload: config.payload,
+            spec_keys: settings.spec_keys.clone().into_iter().collect(),
         };
         let local = Local::new();
         let _context = runtime.enter();
@@ -135,7 +138,12 @@ impl ControlPlane {
             });
             Side::Chief(coordinator)
         } else {
-            Side::Worker(Arc::new(ChiefLink::new(settings.clone(), local.clone(), &config.token)?))
+            Side::Worker(Arc::new(ChiefLink::new(
+                settings.clone(),
+                local.clone(),
+                &config.token,
+                config.tls.as_deref(),
+            )?))
         };
         let service = ClusterService {
             me: settings.task,
@@ -152,7 +160,13 @@ impl ControlPlane {
         let server = TagRpc(InterceptedService::new(server, CheckToken::new(&config.token)));
         let (stream_window, connection_window) = window_sizes();
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let serving = Server::builder()
+        let mut builder = Server::builder();
+        if let Some(tls) = &config.tls {
+            builder = builder
+                .tls_config(tls.server())
+                .map_err(|e| ClusterError::Config(format!("TLS for the control plane: {e}")))?;
+        }
+        let serving = builder
             .initial_stream_window_size(stream_window)
             .initial_connection_window_size(connection_window)
             .serve_with_incoming(server, incoming);
@@ -381,6 +395,7 @@ fn check_in(settings: &Settings, own: &pb::CheckInRequest, local_addr: SocketAdd
         task: settings.task,
         incarnation: settings.incarnation,
         spec_hash: own.spec_hash.clone(),
+        spec_keys: settings.spec_keys.clone(),
         version: own.version.clone(),
         peer: local_addr.to_string(),
         host: own.host.clone(),
@@ -450,9 +465,11 @@ mod tests {
             chief: TaskId::new(Role::Chief, 0),
             token: JobToken::new("a-token-of-sixteen-chars", "the test").unwrap(),
             spec_hash: "spec".into(),
+            spec_keys: BTreeMap::new(),
             version: "0.1.0".into(),
             timeouts: Timeouts::default(),
             payload: Vec::new(),
+            tls: None,
         }
     }
 

@@ -1,9 +1,10 @@
 //! Which cluster this job is and which task this process is. Like TensorFlow, a `TF_CONFIG`
-//! that is set defines the cluster (overriding the spec's `[cluster]`); else `srun`'s Slurm
-//! variables do; else the spec. The task comes from `--task`, `TRAINRUN_TASK`, `TF_CONFIG` or
-//! Slurm. Pure: the environment comes in as an argument.
+//! that is set defines the cluster (overriding the spec's `[cluster]`); else a Kubernetes
+//! Indexed Job that `trainrun manifest` wrote does; else `srun`'s Slurm variables; else the
+//! spec. The task comes from `--task`, `TRAINRUN_TASK`, `TF_CONFIG`, the Job's completion
+//! index or Slurm. Pure: the environment comes in as an argument.
 
-use super::{Role, TaskId, slurm, tf_config};
+use super::{Role, TaskId, kubernetes, slurm, tf_config};
 use crate::spec::{ClusterSpec, Diagnostic, Tasks};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -20,6 +21,8 @@ pub enum Source {
     TfConfig,
     /// Slurm's variables under `srun`.
     Slurm,
+    /// A Kubernetes Indexed Job: `JOB_COMPLETION_INDEX` and the pods' stable host names.
+    Kubernetes,
 }
 
 impl Source {
@@ -30,6 +33,7 @@ impl Source {
             Source::Spec => "[cluster] in the spec",
             Source::TfConfig => "TF_CONFIG (overrides [cluster])",
             Source::Slurm => "Slurm (srun)",
+            Source::Kubernetes => "a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, pod host names)",
         }
     }
 }
@@ -98,14 +102,14 @@ pub struct Resolution {
     pub task: Option<TaskId>,
 }
 
+/// The spec's roles in rank order, each with its tasks.
+pub(crate) fn roles(spec: &ClusterSpec) -> [(Role, &Option<Tasks>); 4] {
+    [(Role::Chief, &spec.chief), (Role::Worker, &spec.worker), (Role::Ps, &spec.ps), (Role::Evaluator, &spec.evaluator)]
+}
+
 fn spec_cluster(spec: &ClusterSpec) -> Cluster {
     let mut tasks = BTreeMap::new();
-    for (role, list) in [
-        (Role::Chief, &spec.chief),
-        (Role::Worker, &spec.worker),
-        (Role::Ps, &spec.ps),
-        (Role::Evaluator, &spec.evaluator),
-    ] {
+    for (role, list) in roles(spec) {
         match list {
             None => {}
             Some(Tasks::Count(n)) => (0..n.get()).for_each(|i| {
@@ -120,9 +124,11 @@ fn spec_cluster(spec: &ClusterSpec) -> Cluster {
 }
 
 /// Resolves the cluster for a spec whose strategy spans processes (`multi_process`) from
-/// `[cluster]`, the environment `env` and the `--task` flag.
+/// `[cluster]`, the environment `env` and the `--task` flag. `port` is the control-plane port
+/// of a Kubernetes Indexed Job's pods (`deploy.port`).
 pub fn resolve(
     spec: &ClusterSpec,
+    port: u16,
     multi_process: bool,
     env: &[(String, String)],
     task_flag: Option<&str>,
@@ -137,9 +143,12 @@ pub fn resolve(
         (None, None) => None,
     };
 
+    let indexed_job = if multi_process { kubernetes::resolve(spec, port, &var) } else { Ok(None) };
     let (cluster, task) = if let Some(text) = var("TF_CONFIG") {
         let (cluster, task) = tf_config::parse(&text).map_err(|m| Diagnostic::error("cluster", m))?;
         (cluster, named.or(task))
+    } else if let Some((cluster, task)) = indexed_job.map_err(|m| Diagnostic::error("cluster", m))? {
+        (cluster, named.or(Some(task)))
     } else if let Some((cluster, task)) =
         if multi_process { slurm::resolve(&var).map_err(|m| Diagnostic::error("cluster", m))? } else { None }
     {
@@ -168,9 +177,12 @@ pub fn resolve(
             .help(format!("keep one {role}")));
         }
     }
+    // TF_CONFIG's evaluator is split off the training cluster and runs on its own.
+    let lone_evaluator = cluster.source == Source::TfConfig && task.is_some_and(|t| t.role == Role::Evaluator);
     if let Some(t) = task
         && !cluster.tasks.contains_key(&t)
         && cluster.source != Source::Single
+        && !lone_evaluator
     {
         let have: Vec<String> = cluster.tasks.keys().map(ToString::to_string).collect();
         return Err(Diagnostic::error(
@@ -196,7 +208,7 @@ pub fn resolve(
 fn key_of(cluster: &Cluster, task: TaskId) -> String {
     match cluster.source {
         Source::Spec => format!("cluster.{}[{}]", task.role.as_str(), task.index),
-        Source::Single | Source::TfConfig | Source::Slurm => "cluster".to_string(),
+        Source::Single | Source::TfConfig | Source::Slurm | Source::Kubernetes => "cluster".to_string(),
     }
 }
 
@@ -255,7 +267,7 @@ mod tests {
 
     #[test]
     fn a_count_of_local_workers_and_no_task_means_launch_them() {
-        let r = resolve(&workers(2), true, &[], None).unwrap();
+        let r = resolve(&workers(2), 2222, true, &[], None).unwrap();
         assert_eq!((r.cluster.source, r.task, r.cluster.tasks.len()), (Source::Spec, None, 2));
         assert!(r.cluster.is_local());
         assert_eq!(r.cluster.chief(), Some(TaskId::new(Role::Worker, 0)));
@@ -264,24 +276,24 @@ mod tests {
     #[test]
     fn tf_config_overrides_the_spec_and_names_the_task() {
         let tf = r#"{"cluster": {"worker": ["a:1", "b:1", "c:1"]}, "task": {"type": "worker", "index": 2}}"#;
-        let r = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), None).unwrap();
+        let r = resolve(&workers(2), 2222, true, &env(&[("TF_CONFIG", tf)]), None).unwrap();
         assert_eq!((r.cluster.source, r.cluster.tasks.len()), (Source::TfConfig, 3));
         assert_eq!(r.task, Some(TaskId::new(Role::Worker, 2)));
         // --task wins over TF_CONFIG's task, TRAINRUN_TASK over nothing.
-        let r = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), Some("worker:1")).unwrap();
+        let r = resolve(&workers(2), 2222, true, &env(&[("TF_CONFIG", tf)]), Some("worker:1")).unwrap();
         assert_eq!(r.task, Some(TaskId::new(Role::Worker, 1)));
-        let r = resolve(&workers(2), true, &env(&[("TRAINRUN_TASK", "worker:1")]), None).unwrap();
+        let r = resolve(&workers(2), 2222, true, &env(&[("TRAINRUN_TASK", "worker:1")]), None).unwrap();
         assert_eq!(r.task, Some(TaskId::new(Role::Worker, 1)));
     }
 
     #[test]
     fn role_rules_are_errors() {
         let tf = r#"{"cluster": {"chief": ["a:1", "b:1"], "worker": ["c:1"]}, "task": {"type": "worker", "index": 0}}"#;
-        let e = resolve(&workers(1), true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
+        let e = resolve(&workers(1), 2222, true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
         assert!(e.message.contains("2 chief tasks"), "{}", e.message);
-        let e = resolve(&workers(2), true, &[], Some("worker:5")).unwrap_err();
+        let e = resolve(&workers(2), 2222, true, &[], Some("worker:5")).unwrap_err();
         assert!(e.message.contains("this task is worker:5"), "{}", e.message);
-        let e = resolve(&workers(2), true, &[], Some("boss:1")).unwrap_err();
+        let e = resolve(&workers(2), 2222, true, &[], Some("boss:1")).unwrap_err();
         assert!(e.message.contains("--task"), "{}", e.message);
     }
 
@@ -291,26 +303,26 @@ mod tests {
             worker: Some(Tasks::Addresses(a.iter().map(|s| s.to_string()).collect())),
             ..ClusterSpec::default()
         };
-        let e = resolve(&spec(&["h1:2222", "H1:2222"]), true, &[], Some("worker:0")).unwrap_err();
+        let e = resolve(&spec(&["h1:2222", "H1:2222"]), 2222, true, &[], Some("worker:0")).unwrap_err();
         assert_eq!(e.key, "cluster.worker[1]");
         assert!(e.message.contains("worker:0 and worker:1 both have the address `H1:2222`"), "{}", e.message);
-        let e = resolve(&spec(&["h1:2222", "h2:0"]), true, &[], Some("worker:0")).unwrap_err();
+        let e = resolve(&spec(&["h1:2222", "h2:0"]), 2222, true, &[], Some("worker:0")).unwrap_err();
         assert!(e.message.contains("port 0"), "{}", e.message);
         let tf = r#"{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}"#;
-        let e = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
+        let e = resolve(&workers(2), 2222, true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
         assert!(e.message.contains("from TF_CONFIG"), "{}", e.message);
         let tf = r#"{"cluster": {"worker": ["a:1", "b"]}, "task": {"type": "worker", "index": 0}}"#;
-        let e = resolve(&workers(2), true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
+        let e = resolve(&workers(2), 2222, true, &env(&[("TF_CONFIG", tf)]), None).unwrap_err();
         assert!(e.message.contains("is not `host:port`"), "{}", e.message);
-        assert!(resolve(&spec(&["h1:2222", "h2:2222"]), true, &[], Some("worker:1")).is_ok());
+        assert!(resolve(&spec(&["h1:2222", "h2:2222"]), 2222, true, &[], Some("worker:1")).is_ok());
     }
 
     #[test]
     fn a_task_flag_needs_a_multi_process_strategy() {
-        let e = resolve(&ClusterSpec::default(), false, &[], Some("worker:1")).unwrap_err();
+        let e = resolve(&ClusterSpec::default(), 2222, false, &[], Some("worker:1")).unwrap_err();
         assert_eq!(e.key, "strategy.kind");
         assert!(e.message.contains("--task worker:1"), "{}", e.message);
-        assert!(resolve(&ClusterSpec::default(), false, &[], None).is_ok());
+        assert!(resolve(&ClusterSpec::default(), 2222, false, &[], None).is_ok());
     }
 
     #[test]
@@ -319,8 +331,31 @@ mod tests {
             worker: Some(Tasks::Addresses(vec!["10.0.0.1:2222".into(), "10.0.0.2:2222".into()])),
             ..ClusterSpec::default()
         };
-        let e = resolve(&spec, true, &[], None).unwrap_err();
+        let e = resolve(&spec, 2222, true, &[], None).unwrap_err();
         assert!(e.help.unwrap_or_default().contains("--task worker:N"));
+    }
+
+    #[test]
+    fn a_tf_config_evaluator_runs_outside_the_training_cluster() {
+        let tf = r#"{"cluster": {"chief": ["c:1"], "worker": ["w:1"], "evaluator": ["e:1"]},
+                     "task": {"type": "evaluator", "index": "0"}, "environment": "cloud"}"#;
+        let r = resolve(&workers(1), 2222, true, &env(&[("TF_CONFIG", tf)]), None).unwrap();
+        assert_eq!(r.task, Some(TaskId::new(Role::Evaluator, 0)));
+        assert_eq!(r.cluster.tasks.len(), 2);
+    }
+
+    #[test]
+    fn an_indexed_job_pod_finds_its_task_from_its_index() {
+        let e =
+            env(&[("JOB_COMPLETION_INDEX", "1"), ("HOSTNAME", "mnist-1"), (kubernetes::SERVICE_VAR, "mnist-tasks")]);
+        let r = resolve(&workers(2), 2222, true, &e, None).unwrap();
+        assert_eq!((r.cluster.source, r.task), (Source::Kubernetes, Some(TaskId::new(Role::Worker, 1))));
+        assert_eq!(
+            r.cluster.tasks.get(&TaskId::new(Role::Worker, 0)),
+            Some(&Address::At("mnist-0.mnist-tasks:2222".into()))
+        );
+        // A one-process strategy ignores the Job.
+        assert_eq!(resolve(&workers(2), 2222, false, &e, None).unwrap().cluster.source, Source::Spec);
     }
 
     #[test]
@@ -331,9 +366,9 @@ mod tests {
             ("SLURM_STEP_NODELIST", "n1"),
             ("SLURM_STEP_TASKS_PER_NODE", "2"),
         ]);
-        let r = resolve(&ClusterSpec::default(), true, &e, None).unwrap();
+        let r = resolve(&ClusterSpec::default(), 2222, true, &e, None).unwrap();
         assert_eq!((r.cluster.source, r.task), (Source::Slurm, Some(TaskId::new(Role::Worker, 1))));
-        let r = resolve(&ClusterSpec::default(), false, &e, None).unwrap();
+        let r = resolve(&ClusterSpec::default(), 2222, false, &e, None).unwrap();
         assert_eq!(r.cluster.source, Source::Single);
     }
 }

@@ -53,6 +53,7 @@ impl pb::cluster_server::Cluster for ClusterService {
             task,
             incarnation: caller.incarnation,
             spec_hash: r.spec_hash,
+            spec_keys: r.spec_keys.into_iter().collect(),
             version: r.version,
             peer,
             host: r.host,
@@ -224,9 +225,11 @@ mod tests {
             chief: task,
             token: JobToken::new("the-right-token-0123456789", "the test").unwrap(),
             spec_hash: "spec".into(),
+            spec_keys: Default::default(),
             version: "0.1.0".into(),
             timeouts: Timeouts::default(),
             payload: Vec::new(),
+            tls: None,
         };
         let plane = ControlPlane::start_on(config, listener).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -41,7 +41,7 @@ fn ms(d: Duration) -> u64 {
 impl From<&Failure> for pb::Failure {
     fn from(f: &Failure) -> pb::Failure {
         let kind = match f {
-            Failure::SpecMismatch { task, spec_hash, version, chief, chief_spec_hash, chief_version } => {
+            Failure::SpecMismatch { task, spec_hash, version, chief, chief_spec_hash, chief_version, keys } => {
                 Fk::SpecMismatch(pb::SpecMismatch {
                     task: task.to_string(),
                     spec_hash: spec_hash.clone(),
@@ -49,6 +49,7 @@ impl From<&Failure> for pb::Failure {
                     chief: chief.to_string(),
                     chief_spec_hash: chief_spec_hash.clone(),
                     chief_version: chief_version.clone(),
+                    keys: keys.clone(),
                 })
             }
             Failure::UnknownTask { task, known } => {
@@ -87,6 +88,7 @@ pub(crate) fn failure(f: pb::Failure) -> Result<Failure, Malformed> {
             chief: task(&m.chief)?,
             chief_spec_hash: m.chief_spec_hash,
             chief_version: m.chief_version,
+            keys: m.keys,
         },
         Fk::UnknownTask(m) => Failure::UnknownTask { task: task(&m.task)?, known: tasks(&m.known)? },
         Fk::DuplicateTask(m) => Failure::DuplicateTask { task: task(&m.task)?, first: m.first, second: m.second },

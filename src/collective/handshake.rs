@@ -15,6 +15,7 @@ use super::Peers;
 use super::error::{CollectiveError, Op, Secs};
 use super::ring::Link;
 use super::stranger::Answer;
+use super::tls::Wire;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -171,7 +172,7 @@ pub(crate) fn connect(
                     Progress::Waiting => i += 1,
                     Progress::Accepted => {
                         let g = pending.swap_remove(i);
-                        prev = Some(Link { stream: g.stream, peer: p.prev(), addr: addrs[p.prev()] });
+                        prev = Some(Link { stream: Wire::Plain(g.stream), peer: p.prev(), addr: addrs[p.prev()] });
                         break;
                     }
                     Progress::Refused(why) => {
@@ -192,7 +193,7 @@ pub(crate) fn connect(
         thread::sleep(Duration::from_millis(1));
     }
     match (dial, prev) {
-        (Dial::Done(s), Some(prev)) => Ok((Link { stream: s, peer: p.next(), addr: next_addr }, prev)),
+        (Dial::Done(s), Some(prev)) => Ok((Link { stream: Wire::Plain(s), peer: p.next(), addr: next_addr }, prev)),
         _ => Err(CollectiveError::Invalid("internal error: setup ended unfinished".into())),
     }
 }

@@ -34,12 +34,14 @@ mod segment;
 pub mod shm;
 pub(crate) mod stranger;
 pub mod tcp;
+pub mod tls;
 
 pub use bucket::{BucketReducer, Packs};
 pub use error::{CollectiveError, Op};
 pub use group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use shm::{ArenaReducer, ShmCommunicator, ShmOptions};
 pub use tcp::{TcpOptions, TcpRing};
+pub use tls::{PemError, PemFile, RingTls, TlsPeers};
 
 use sha2::{Digest, Sha256};
 use std::time::Duration;

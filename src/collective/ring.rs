@@ -23,10 +23,10 @@
 use super::Peers;
 use super::error::{CollectiveError, Op, OpDesc};
 use super::reduce::{add_assign_f32, add_assign_f64};
+use super::tls::Wire;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// What happens to a received segment.
@@ -113,10 +113,10 @@ pub(crate) fn broadcast(rank: usize, world: usize, root: usize, elems: usize, se
     Schedule { sends: Vec::new(), recvs, send_header: forward, recv_header: true }
 }
 
-/// One direction of the ring: the socket, and whom it leads to.
+/// One direction of the ring: the socket (plain or TLS), and whom it leads to.
 #[derive(Debug)]
 pub(crate) struct Link {
-    pub stream: TcpStream,
+    pub stream: Wire,
     pub peer: usize,
     /// The peer's listening address (what the user configured), for errors.
     pub addr: SocketAddr,
@@ -285,13 +285,19 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
             }
         }
 
-        let sending = hdr_sent < HEADER || send_idx < total_sends;
+        // TLS may still hold records of what was written.
+        let flushed = match next.stream.flush_pending() {
+            Ok(done) => done,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
+            Err(e) => return Err(io_error(next, peers, op, e)),
+        };
+        let sending = hdr_sent < HEADER || send_idx < total_sends || !flushed;
         let receiving = hdr_got < HEADER || recv_idx < sched.recvs.len();
         if !sending && !receiving {
             return Ok(());
         }
         // A pending send whose data has not arrived yet waits for the receive side only.
-        let can_send = hdr_sent < HEADER || send_idx < sched.sends.len() + forwarded.len();
+        let can_send = hdr_sent < HEADER || send_idx < sched.sends.len() + forwarded.len() || !flushed;
         let now = Instant::now();
         let stalled = now.saturating_duration_since(last_send.max(last_recv));
         if stalled >= timeout {
@@ -324,8 +330,8 @@ fn check_header(
 /// Blocks until the next link can take data or the previous one has some, or `limit`.
 fn wait(next: &Link, prev: &Link, out: bool, input: bool, limit: Duration) -> io::Result<()> {
     let mut fds = [
-        libc::pollfd { fd: if out { next.stream.as_raw_fd() } else { -1 }, events: libc::POLLOUT, revents: 0 },
-        libc::pollfd { fd: if input { prev.stream.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: if out { next.stream.fd() } else { -1 }, events: libc::POLLOUT, revents: 0 },
+        libc::pollfd { fd: if input { prev.stream.fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
     ];
     let ms = limit.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
     // SAFETY: fds is a live array of two pollfd for the duration of the call; negative fds

@@ -7,12 +7,13 @@
 //! After setup both sockets are nonblocking with `TCP_NODELAY`; a silent peer is caught by the
 //! operation timeout, a dead one by EOF or reset, and either way the error names it.
 
-use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
+use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc, Secs};
 use super::handshake;
 use super::ring::{self, Combine, Link, Run, Schedule};
+use super::tls::{self, TlsPeers, Upgrade, Wire};
 use super::{Communicator, Peers, Timeouts};
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 /// How to set up the ring.
@@ -28,12 +29,14 @@ pub struct TcpOptions {
     pub segment_bytes: usize,
     /// `SO_SNDBUF`/`SO_RCVBUF` for both links; `None` leaves the kernel's autotuning on.
     pub socket_buffer_bytes: Option<usize>,
+    /// Mutual TLS on both links; `None` sends gradients in clear.
+    pub tls: Option<TlsPeers>,
 }
 
 impl TcpOptions {
     /// Token 0 and 512 KiB segments, the fastest size measured over loopback here.
     pub fn new(addrs: Vec<SocketAddr>, listener: TcpListener) -> TcpOptions {
-        TcpOptions { addrs, listener, job_token: 0, segment_bytes: 512 << 10, socket_buffer_bytes: None }
+        TcpOptions { addrs, listener, job_token: 0, segment_bytes: 512 << 10, socket_buffer_bytes: None, tls: None }
     }
 }
 
@@ -74,13 +77,17 @@ impl TcpRing {
         let p = &ring.peers;
         let (next, prev) = handshake::connect(p, &opts.addrs, &opts.listener, opts.job_token, timeouts.connect)?;
         for link in [&next, &prev] {
-            tune(&link.stream, opts.socket_buffer_bytes).map_err(|e| CollectiveError::Io {
+            tune(link.stream.tcp(), opts.socket_buffer_bytes).map_err(|e| CollectiveError::Io {
                 peer: p.name(link.peer).to_string(),
                 addr: link.addr,
                 op: super::Op::Setup,
                 source: e,
             })?;
         }
+        let (next, prev) = match &opts.tls {
+            None => (next, prev),
+            Some(t) => secure(p, t, next, prev, timeouts.connect)?,
+        };
         ring.links = Some((next, prev));
         Ok(ring)
     }
@@ -108,14 +115,40 @@ impl TcpRing {
         {
             self.broken = Some(e.to_string());
             // Closing both links tells the neighbours now instead of at their timeout.
-            let _ = next.stream.shutdown(Shutdown::Both);
-            let _ = prev.stream.shutdown(Shutdown::Both);
+            next.stream.shutdown();
+            prev.stream.shutdown();
         }
         r
     }
 
     fn segment_elems(&self, esize: usize) -> usize {
         (self.segment_bytes / esize).max(1)
+    }
+}
+
+/// Upgrades both links to mutual TLS; a refusal names the peer and why.
+fn secure(p: &Peers, t: &TlsPeers, next: Link, prev: Link, within: Duration) -> Result<(Link, Link), CollectiveError> {
+    let Link { stream: out, peer: next_peer, addr: next_addr } = next;
+    let Link { stream: inc, peer: prev_peer, addr: prev_addr } = prev;
+    let refused = |peer: usize, addr: SocketAddr, reason: String| CollectiveError::Refused {
+        peer: p.name(peer).to_string(),
+        addr,
+        reason,
+    };
+    let (Wire::Plain(out), Wire::Plain(inc)) = (out, inc) else {
+        return Err(CollectiveError::Invalid("internal error: a link was upgraded to TLS twice".into()));
+    };
+    let name = t.names.get(next_peer).map_or("", String::as_str);
+    match tls::upgrade(&t.config, out, inc, name, within) {
+        Ok((out, inc)) => Ok((
+            Link { stream: out, peer: next_peer, addr: next_addr },
+            Link { stream: inc, peer: prev_peer, addr: prev_addr },
+        )),
+        Err(Upgrade::Next(why)) => Err(refused(next_peer, next_addr, why)),
+        Err(Upgrade::Prev(why)) => Err(refused(prev_peer, prev_addr, why)),
+        Err(Upgrade::Timeout) => {
+            Err(refused(next_peer, next_addr, format!("the TLS handshake did not finish within {}", Secs(within))))
+        }
     }
 }
 

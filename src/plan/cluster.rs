@@ -4,6 +4,7 @@
 //! prints it.
 
 use super::secs;
+use crate::cluster::tls::TlsFiles;
 use crate::cluster::{Address, Resolution, Role, Source, TaskId};
 use crate::spec::{ClusterSpec, Diagnostic};
 use serde::Serialize;
@@ -55,6 +56,9 @@ pub struct ClusterPlan {
     pub restarts: Restarts,
     /// The file holding the job token on manual clusters.
     pub token_file: Option<PathBuf>,
+    /// Mutual TLS on the control plane and the TCP ring (`cluster.tls`).
+    #[serde(skip)]
+    pub tls: Option<TlsFiles>,
 }
 
 impl ClusterPlan {
@@ -104,7 +108,7 @@ pub fn resolve(
 ) -> ClusterPlan {
     let cluster = &resolution.cluster;
     let key = |spec_key: &str| match cluster.source {
-        Source::TfConfig | Source::Slurm => "cluster".to_string(),
+        Source::TfConfig | Source::Slurm | Source::Kubernetes => "cluster".to_string(),
         Source::Spec | Source::Single => spec_key.to_string(),
     };
     for (task, address) in &cluster.tasks {
@@ -121,6 +125,8 @@ pub fn resolve(
         }
     }
     let part = match (multi_process && cluster.tasks.len() > 1, resolution.task) {
+        // TF_CONFIG's evaluator, split off the training cluster, runs on its own.
+        (_, Some(task)) if multi_process && task.role == Role::Evaluator => Part::Task(task),
         (false, _) => Part::Single,
         (true, None) => Part::Launcher,
         (true, Some(task)) => Part::Task(task),
@@ -138,6 +144,7 @@ pub fn resolve(
             backoff: duration("cluster.restart_backoff_s", spec.restart_backoff_s, Duration::ZERO, diags),
         },
         token_file: spec.token_file.clone(),
+        tls: spec.tls.as_ref().map(|t| TlsFiles { cert: t.cert_file.clone(), key: t.key_file.clone(), ca: t.ca_file.clone() }),
     }
 }
 

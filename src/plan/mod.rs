@@ -93,6 +93,9 @@ pub struct SpecHashes {
     /// compute ([`Spec::results_sha256`]); `summary.json` records it and tasks of a job must
     /// agree on it.
     pub results: String,
+    /// One short hash per key path of what `results` covers, so tasks whose results hashes
+    /// differ can say in which keys.
+    pub results_keys: std::collections::BTreeMap<String, String>,
     /// What a backup may resume under: the spec without the cluster, the strategy, the batch
     /// split (the global batch is checked on its own) and output settings.
     pub training: String,
@@ -109,7 +112,12 @@ impl SpecHashes {
         s.run.out_dir = None;
         s.run.threads = None;
         s.extends = None;
-        Self { results: spec.results_sha256(), training: crate::spec::sha256_json(&s) }
+        s.deploy = None;
+        Self {
+            results: spec.results_sha256(),
+            results_keys: spec.results_keys(),
+            training: crate::spec::sha256_json(&s),
+        }
     }
 }
 

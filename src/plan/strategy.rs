@@ -186,7 +186,7 @@ pub fn resolve(
     let (chief, worker, ps) = (cluster.count(Role::Chief), cluster.count(Role::Worker), cluster.count(Role::Ps));
     // Where to point a problem: the spec's key, or the variable that defined the cluster.
     let key = |spec_key: &str| match cluster.source {
-        Source::TfConfig | Source::Slurm => "cluster".to_string(),
+        Source::TfConfig | Source::Slurm | Source::Kubernetes => "cluster".to_string(),
         Source::Spec | Source::Single => spec_key.to_string(),
     };
     let (devices, reduction) = match strategy {

@@ -65,16 +65,25 @@ pub fn sidecar(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunEr
         .to_path_buf();
     let mut e = evaluation(inv, p)?;
     let test = e.dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
-    let job = join(inv, plan, task, 0)?;
+    // Outside the training cluster (TF_CONFIG listed it there), it learns the end from the
+    // chief's run record instead of the control plane.
+    let job = match plan.cluster.tasks.iter().any(|(t, _)| *t == task) {
+        true => Some(join(inv, plan, task, 0)?),
+        false => None,
+    };
+    let record = crate::train::ended::Watcher::new(&plan.out_dir);
     // Its lines are the evaluator's output, shown unless `--quiet`: the launcher prefixes
     // them with the task itself.
     let quiet = inv.quiet;
     let prefix =
         if inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS") { String::new() } else { format!("[{task}] ") };
     let watch = evaluator::Watch { dir, out: plan.out_dir.join("eval.jsonl"), layout: &e.layout, test, batch: e.batch };
-    let plane = &job.plane;
+    let plane = job.as_ref().map(|j| &j.plane);
     let finished = || -> Result<bool, TrainError> {
         let mut done = stop.load(Ordering::SeqCst);
+        let Some(plane) = plane else {
+            return Ok(done || record.ended());
+        };
         while let Some(c) = plane.poll_command().map_err(|e| TrainError::Strategy(e.into()))? {
             done |= matches!(c, Command::Stop { .. });
         }
@@ -83,7 +92,9 @@ pub fn sidecar(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunEr
     let replica = &mut e.replica;
     let count = e.pool.install(|| evaluator::watch(&watch, replica, finished, |t| say(quiet, &prefix, t)))?;
     say(quiet, &prefix, &format!("evaluated {count} checkpoint{}", if count == 1 { "" } else { "s" }));
-    job.plane.shutdown();
+    if let Some(job) = job {
+        job.plane.shutdown();
+    }
     if stop.load(Ordering::SeqCst) {
         return Err(RunError::Preempted("preempted: the evaluator stopped on SIGTERM".into()));
     }

@@ -11,6 +11,7 @@ pub use eval::eval;
 
 use crate::builder::{self, Resources};
 use crate::cluster::job::{self, Job, JobConfig};
+use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
 use crate::data::{Dataset, Fetcher};
 use crate::exit::RunError;
@@ -124,6 +125,10 @@ fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Res
     let env_token = inv.env.iter().find(|(k, _)| k == "TRAINRUN_JOB_TOKEN").map(|(_, v)| v.as_str());
     let token =
         resolve_token(env_token, plan.cluster.token_file.as_deref()).map_err(|e| RunError::Cluster(e.to_string()))?;
+    let tls = match &plan.cluster.tls {
+        None => None,
+        Some(files) => Some(Arc::new(TlsMaterial::load(files.clone()).map_err(|e| RunError::Cluster(e.to_string()))?)),
+    };
     let transport = match plan.strategy.reduction {
         Reduction::Collective(c) => c.transport,
         Reduction::None | Reduction::CrossDevice { .. } | Reduction::ParameterServer => {
@@ -134,7 +139,10 @@ fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Res
         task,
         addresses,
         token,
-        spec_hash: plan.hashes.results.chars().take(16).collect(),
+        // Only what changes the results must agree: `summary.json`'s `spec_sha256`.
+        spec_hash: plan.hashes.results.clone(),
+        spec_keys: plan.hashes.results_keys.clone(),
+        tls,
         startup: plan.cluster.startup_timeout,
         timeout: plan.cluster.timeout,
         transport,

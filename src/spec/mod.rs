@@ -10,6 +10,7 @@
 
 mod batch;
 mod data;
+mod deploy;
 mod device;
 mod files;
 mod keypath;
@@ -32,6 +33,7 @@ pub use crate::model::{LayerConfig, ModelSpec, Padding, Size2, ZooModel};
 pub use crate::vocab::{Activation, BadDevice, Device, DeviceKind, Loss, Metric, Monitor};
 pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind};
+pub use deploy::{AccessMode, DeploySpec, VolumeSpec};
 pub use device::Devices;
 pub use files::io_reason;
 pub use load::{Assignment, LoadError, Loaded, load, load_trial};
@@ -42,7 +44,7 @@ pub use run::RunSpec;
 pub use schema::{schema_json, schema_value};
 pub use strategy::{
     ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, StrategySpec,
-    Tasks, VariablePartitioner,
+    Tasks, TlsSpec, VariablePartitioner,
 };
 pub use sweep::{Distribution, GridValues, RandomSpec, SweepMetric, SweepSpec};
 pub use train::{CallbackSpec, EpochWord, Mode, SaveFreq, TrainSpec};
@@ -88,17 +90,69 @@ pub struct Spec {
     /// `[sweep]`: trials over key paths of this spec, run by `trainrun sweep`. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepSpec>,
+    /// `[deploy]`: what only `trainrun manifest` reads (image, resources, volume, node
+    /// selector); training ignores it. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy: Option<DeploySpec>,
 }
 
 impl Spec {
     /// SHA-256 (hex) of what determines the run's results: the resolved spec without where it
-    /// writes (`run.out_dir`) and how many threads compute (weights do not depend on it). A
-    /// sweep skips a trial whose folder recorded the same hash.
+    /// writes (`run.out_dir`), how many threads compute (weights do not depend on it), and the
+    /// per-host files and deployment settings (`cluster.token_file`, `cluster.tls`,
+    /// `[deploy]`). A sweep skips a trial whose folder recorded the same hash; the tasks of a
+    /// job must agree on it.
     pub fn results_sha256(&self) -> String {
+        sha256_json(&self.results_view())
+    }
+
+    /// One short hash per key path of what [`Spec::results_sha256`] covers
+    /// (`optimizer.learning_rate`, `model.layers[1].units`), so that two tasks whose hashes
+    /// differ can say in which keys.
+    pub fn results_keys(&self) -> std::collections::BTreeMap<String, String> {
+        let mut keys = std::collections::BTreeMap::new();
+        let value = serde_json::to_value(self.results_view()).unwrap_or_default();
+        leaf_hashes(&value, &mut String::new(), &mut keys);
+        keys
+    }
+
+    fn results_view(&self) -> Spec {
         let mut spec = self.clone();
         spec.run.out_dir = None;
         spec.run.threads = None;
-        sha256_json(&spec)
+        spec.cluster.token_file = None;
+        spec.cluster.tls = None;
+        spec.deploy = None;
+        spec
+    }
+}
+
+fn leaf_hashes(value: &serde_json::Value, path: &mut String, out: &mut std::collections::BTreeMap<String, String>) {
+    use serde_json::Value;
+    use sha2::{Digest, Sha256};
+    let len = path.len();
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                leaf_hashes(v, path, out);
+                path.truncate(len);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for (i, v) in items.iter().enumerate() {
+                path.push_str(&format!("[{i}]"));
+                leaf_hashes(v, path, out);
+                path.truncate(len);
+            }
+        }
+        leaf => {
+            let digest = Sha256::digest(leaf.to_string().as_bytes());
+            out.insert(path.clone(), digest.iter().take(8).map(|b| format!("{b:02x}")).collect());
+        }
     }
 }
 
@@ -128,8 +182,25 @@ mod tests {
         let mut other = spec.clone();
         other.optimizer.learning_rate = Some(0.5);
         assert_ne!(other.results_sha256(), hash);
-        let mut reseeded = spec;
+        let mut reseeded = spec.clone();
         reseeded.run.seed = 1;
         assert_ne!(reseeded.results_sha256(), hash);
+        let mut hosted = spec;
+        hosted.cluster.token_file = Some(PathBuf::from("/etc/token"));
+        hosted.deploy = Some(DeploySpec::default());
+        assert_eq!(hosted.results_sha256(), hash, "per-host files and deployment do not change results");
+    }
+
+    #[test]
+    fn results_keys_name_the_leaves_that_differ() {
+        let spec = Spec::default();
+        let mut other = spec.clone();
+        other.optimizer.learning_rate = Some(0.5);
+        other.run.out_dir = Some(PathBuf::from("elsewhere"));
+        let (a, b) = (spec.results_keys(), other.results_keys());
+        let differ: std::collections::BTreeSet<&String> =
+            a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).collect();
+        assert_eq!(differ.into_iter().collect::<Vec<_>>(), ["optimizer.learning_rate"]);
+        assert!(a.contains_key("run.seed"));
     }
 }

@@ -192,6 +192,27 @@ pub struct ClusterSpec {
     #[serde(default = "default_restart_backoff_s")]
     #[schemars(range(min = 0.0, max = 3600.0))]
     pub restart_backoff_s: f64,
+    /// Mutual TLS between tasks, on the control plane and the TCP ring: every task presents
+    /// `cert_file` and accepts only peers whose certificate `ca_file` signed; the job token is
+    /// still required. Default: none (plain TCP, fine on one host or a trusted network).
+    /// Example: `tls = { cert_file = "tls/task.crt", key_file = "tls/task.key", ca_file = "tls/ca.crt" }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// `cluster.tls`: PEM files for mutual TLS. The three travel together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// This task's certificate chain (PEM), leaf first. Its names (DNS or IP) must cover every
+    /// address other tasks reach this task by. Example: `cert_file = "/etc/trainrun/tls/tls.crt"`.
+    pub cert_file: PathBuf,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    /// Example: `key_file = "/etc/trainrun/tls/tls.key"`.
+    pub key_file: PathBuf,
+    /// The job's certificate authority (PEM): peers must present a certificate it signed.
+    /// Example: `ca_file = "/etc/trainrun/tls/ca.crt"`.
+    pub ca_file: PathBuf,
 }
 
 fn default_restart_backoff_s() -> f64 {
@@ -213,6 +234,7 @@ impl Default for ClusterSpec {
             startup_timeout_s: default_startup_timeout_s(),
             max_restarts: 0,
             restart_backoff_s: default_restart_backoff_s(),
+            tls: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod callbacks;
 pub mod checkpointer;
+pub mod ended;
 pub mod evaluator;
 mod fit;
 pub mod record;

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 use std::io::Read;
+pub mod certs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::OnceLock;

@@ -1,0 +1,190 @@
+//! Plain Kubernetes: a ConfigMap with the resolved spec, a headless Service, and an Indexed
+//! Job of one pod per task (completions = parallelism = tasks), whose pods find their task
+//! from `JOB_COMPLETION_INDEX` and reach each other at `<job>-<i>.<service>`
+//! ([`crate::cluster::kubernetes`]). With them: the token Secret (unless `deploy.token_secret`
+//! names one) and the claim for the run folder (unless `deploy.volume` names one).
+//!
+//! Failures: exit codes 2, 3 and 4 (spec, unsupported, data) fail the Job at once; preemption
+//! (exit 6, or a disruption such as a node drain) is not counted against `backoffLimit`; any
+//! other failure recreates the pod with its index, and the job resumes from the chief's backup.
+//! Because every task of a job stops when one dies, one restart costs a failure per task:
+//! `backoffLimit` is `cluster.max_restarts` × tasks.
+
+use super::{BINARY, Job, ManifestError, RUNS_DIR, SPEC_DIR, TLS_DIR, cpu, yaml};
+use crate::spec::VolumeSpec;
+use serde_json::{Value, json};
+
+/// The container's name; `podFailurePolicy` rules name it.
+const CONTAINER: &str = "trainrun";
+
+pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
+    let mut docs = shared_objects(job);
+    docs.push(service(job));
+    docs.push(indexed_job(job));
+    yaml(&docs)
+}
+
+/// The Secret, claim and ConfigMap both Kubernetes targets need.
+pub(super) fn shared_objects(job: &Job) -> Vec<Value> {
+    let mut docs = Vec::new();
+    if job.deploy.token_secret.is_none() {
+        docs.push(json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(job, &format!("{}-token", job.name)),
+            "type": "Opaque",
+            "stringData": { "token": job.token },
+        }));
+    }
+    if let VolumeSpec::New { size, storage_class, access_mode } = &job.deploy.volume {
+        let mut spec = json!({
+            "accessModes": [access_mode.kubernetes()],
+            "resources": { "requests": { "storage": size } },
+        });
+        if let Some(class) = storage_class {
+            spec["storageClassName"] = json!(class);
+        }
+        docs.push(json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": metadata(job, &format!("{}-runs", job.name)),
+            "spec": spec,
+        }));
+    }
+    docs.push(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(job, &format!("{}-spec", job.name)),
+        "data": { "spec.toml": job.spec_toml },
+    }));
+    docs
+}
+
+fn labels(job: &Job) -> Value {
+    json!({ "app.kubernetes.io/name": "trainrun", "app.kubernetes.io/instance": job.name })
+}
+
+pub(super) fn metadata(job: &Job, name: &str) -> Value {
+    let mut m = json!({ "name": name, "labels": labels(job) });
+    if let Some(ns) = &job.namespace {
+        m["namespace"] = json!(ns);
+    }
+    m
+}
+
+/// The task container: `name` and the port's name are the operator's when it has rules.
+pub(super) fn container(job: &Job, name: &str, port_name: &str, extra_env: Vec<Value>) -> Value {
+    let secret = job.deploy.token_secret.clone().unwrap_or_else(|| format!("{}-token", job.name));
+    let mut env = vec![
+        json!({ "name": "TRAINRUN_JOB_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": "token" } } }),
+        // Datasets download once onto the run volume, and survive a pod's replacement.
+        json!({ "name": "XDG_CACHE_HOME", "value": format!("{RUNS_DIR}/cache") }),
+    ];
+    env.extend(extra_env);
+    let mut mounts = vec![
+        json!({ "name": "spec", "mountPath": SPEC_DIR, "readOnly": true }),
+        json!({ "name": "runs", "mountPath": RUNS_DIR }),
+    ];
+    if job.spec.cluster.tls.is_some() {
+        mounts.push(json!({ "name": "tls", "mountPath": TLS_DIR, "readOnly": true }));
+    }
+    let mut c = json!({
+        "name": name,
+        "image": job.image,
+        "command": [BINARY],
+        "args": [format!("{SPEC_DIR}/spec.toml")],
+        "env": env,
+        "ports": [{ "name": port_name, "containerPort": job.deploy.port }],
+        "volumeMounts": mounts,
+    });
+    let mut requests = serde_json::Map::new();
+    if let Some(cpu) = cpu(job) {
+        requests.insert("cpu".into(), json!(cpu));
+    }
+    if let Some(memory) = &job.deploy.memory {
+        requests.insert("memory".into(), json!(memory));
+    }
+    if !requests.is_empty() {
+        c["resources"] = json!({ "requests": requests });
+    }
+    c
+}
+
+pub(super) fn volumes(job: &Job) -> Value {
+    let claim = match &job.deploy.volume {
+        VolumeSpec::Claim { name } => name.clone(),
+        VolumeSpec::New { .. } => format!("{}-runs", job.name),
+    };
+    let mut v = vec![
+        json!({ "name": "spec", "configMap": { "name": format!("{}-spec", job.name) } }),
+        json!({ "name": "runs", "persistentVolumeClaim": { "claimName": claim } }),
+    ];
+    if job.spec.cluster.tls.is_some() {
+        let secret = job.deploy.tls_secret.clone().unwrap_or_else(|| format!("{}-tls", job.name));
+        v.push(json!({ "name": "tls", "secret": { "secretName": secret } }));
+    }
+    json!(v)
+}
+
+/// The pod spec every task shares.
+pub(super) fn pod_spec(job: &Job, container: Value) -> Value {
+    let mut spec = json!({
+        "terminationGracePeriodSeconds": job.grace_s,
+        "containers": [container],
+        "volumes": volumes(job),
+    });
+    if !job.deploy.node_selector.is_empty() {
+        spec["nodeSelector"] = json!(job.deploy.node_selector);
+    }
+    spec
+}
+
+fn service(job: &Job) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, &job.name),
+        "spec": {
+            "clusterIP": "None",
+            // Tasks meet before any is ready: their names must resolve from the start.
+            "publishNotReadyAddresses": true,
+            "selector": labels(job),
+            "ports": [{ "name": "control", "port": job.deploy.port, "targetPort": job.deploy.port }],
+        },
+    })
+}
+
+fn indexed_job(job: &Job) -> Value {
+    let tasks = job.tasks.len();
+    let env = vec![json!({ "name": crate::cluster::kubernetes::SERVICE_VAR, "value": job.name })];
+    let mut pod = pod_spec(job, container(job, CONTAINER, "control", env));
+    pod["subdomain"] = json!(job.name);
+    pod["restartPolicy"] = json!("Never");
+    let on_exit = |action: &str, codes: &[u8]| {
+        // Kubernetes 1.25 requires `onPodConditions` in every rule; empty means unused.
+        json!({
+            "action": action,
+            "onExitCodes": { "containerName": CONTAINER, "operator": "In", "values": codes },
+            "onPodConditions": [],
+        })
+    };
+    json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(job, &job.name),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": tasks,
+            "parallelism": tasks,
+            "backoffLimit": job.spec.cluster.max_restarts as usize * tasks,
+            "podFailurePolicy": { "rules": [
+                // Spec, unsupported and data errors: another try fails alike.
+                on_exit("FailJob", &[2, 3, 4]),
+                // Preempted after a clean backup: resume without using up a restart.
+                on_exit("Ignore", &[6]),
+                json!({ "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }] }),
+            ]},
+            "template": { "metadata": { "labels": labels(job) }, "spec": pod },
+        },
+    })
+}

@@ -1,0 +1,214 @@
+//! `trainrun manifest SPEC --for kubernetes|tfjob|slurm`: ready-to-apply job files from a spec,
+//! one file per target. Rendering is pure ([`render`]): the resolved spec and the options in,
+//! text out; [`run`] is the edge that loads and checks the spec first.
+//!
+//! Every target runs the same resolved spec, written into the job (a ConfigMap, or a here-doc
+//! in the sbatch script) with the run name fixed, so pods and Slurm tasks agree on it whatever
+//! the file is called where it lands.
+
+mod kubernetes;
+mod slurm;
+mod tfjob;
+
+use crate::cluster::{Role, TaskId};
+use crate::exit::RunError;
+use crate::prepare::{Invocation, Unplanned};
+use crate::spec::{self, DeploySpec, Spec, TlsSpec};
+use std::path::PathBuf;
+
+/// Where the job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// A ConfigMap, a headless Service and an Indexed Job (plus the token Secret and the
+    /// run-folder claim): plain Kubernetes, no operator.
+    Kubernetes,
+    /// A Kubeflow TFJob (training operator), which sets TF_CONFIG itself.
+    Tfjob,
+    /// An sbatch script that runs `srun trainrun …`.
+    Slurm,
+}
+
+/// The command line's part.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--image`: overrides `deploy.image`.
+    pub image: Option<String>,
+    /// `--namespace`: the Kubernetes namespace of every object.
+    pub namespace: Option<String>,
+    /// The job token for a Secret the manifest creates; the edge draws a fresh one.
+    pub token: String,
+}
+
+/// Paths inside every container.
+pub(crate) const SPEC_DIR: &str = "/etc/trainrun/spec";
+pub(crate) const TLS_DIR: &str = "/etc/trainrun/tls";
+pub(crate) const RUNS_DIR: &str = "/runs";
+/// The binary in the image the Containerfile builds.
+pub(crate) const BINARY: &str = "/trainrun";
+
+/// What every target needs, derived once from the spec.
+pub(crate) struct Job {
+    /// DNS-1123 name of the job, from `run.name`.
+    pub name: String,
+    /// The spec the tasks run.
+    pub spec: Spec,
+    /// Its TOML text.
+    pub spec_toml: String,
+    pub deploy: DeploySpec,
+    /// Every task in rank order (one task for a one-process strategy).
+    pub tasks: Vec<TaskId>,
+    pub image: String,
+    pub namespace: Option<String>,
+    pub token: String,
+    /// Seconds a task needs after SIGTERM: the step at hand (bounded by the collective
+    /// timeout), then the chief's backup.
+    pub grace_s: u64,
+}
+
+/// Why a manifest cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{0}")]
+    Spec(String),
+    #[error("cannot write the manifest: {0}")]
+    Render(String),
+}
+
+/// `run.name` as a Kubernetes object name: lower case, `-` for anything else, short enough
+/// that `<name>-<index>` and `<name>-worker-<index>` stay valid host names.
+pub(crate) fn dns_name(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        let c = c.to_ascii_lowercase();
+        let keep = c.is_ascii_lowercase() || c.is_ascii_digit();
+        if keep {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    let out: String = out.trim_matches('-').chars().take(40).collect();
+    let out = out.trim_end_matches('-').to_owned();
+    if out.is_empty() { "trainrun".to_owned() } else { out }
+}
+
+fn tls_in(dir: &str) -> TlsSpec {
+    TlsSpec {
+        cert_file: PathBuf::from(format!("{dir}/tls.crt")),
+        key_file: PathBuf::from(format!("{dir}/tls.key")),
+        ca_file: PathBuf::from(format!("{dir}/ca.crt")),
+    }
+}
+
+fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestError> {
+    let multi = matches!(
+        spec.strategy,
+        spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
+    );
+    let mut tasks =
+        if multi { crate::cluster::kubernetes::tasks(&spec.cluster).map_err(ManifestError::Spec)? } else { Vec::new() };
+    if tasks.is_empty() {
+        tasks.push(TaskId::new(Role::Worker, 0));
+    }
+    let name = dns_name(spec.run.name.as_deref().unwrap_or("trainrun"));
+    let deploy = spec.deploy.clone().unwrap_or_default();
+    let mut resolved = spec.clone();
+    resolved.extends = None;
+    resolved.run.name = Some(name.clone());
+    resolved.cluster.token_file = None;
+    match target {
+        Target::Kubernetes | Target::Tfjob => {
+            resolved.run.out_dir = Some(PathBuf::from(format!("{RUNS_DIR}/{name}")));
+            if resolved.cluster.tls.is_some() {
+                resolved.cluster.tls = Some(tls_in(TLS_DIR));
+            }
+        }
+        Target::Slurm => {}
+    }
+    let spec_toml = toml::to_string_pretty(&resolved).map_err(|e| ManifestError::Render(e.to_string()))?;
+    let timeout_s = match &spec.strategy {
+        spec::StrategySpec::MultiWorkerMirrored { communication, .. } => communication.timeout_s,
+        _ => spec::CommunicationOptions::default().timeout_s,
+    };
+    let image = (options.image.clone().or_else(|| deploy.image.clone()))
+        .unwrap_or_else(|| format!("trainrun:{}", env!("CARGO_PKG_VERSION")));
+    Ok(Job {
+        name,
+        spec: resolved,
+        spec_toml,
+        deploy,
+        tasks,
+        image,
+        namespace: options.namespace.clone(),
+        token: options.token.clone(),
+        grace_s: timeout_s.ceil() as u64 + 30,
+    })
+}
+
+/// The manifest text for `target`.
+pub fn render(spec: &Spec, target: Target, options: &Options) -> Result<String, ManifestError> {
+    let job = job(spec, target, options)?;
+    match target {
+        Target::Kubernetes => kubernetes::render(&job),
+        Target::Tfjob => tfjob::render(&job),
+        Target::Slurm => slurm::render(&job),
+    }
+}
+
+/// YAML documents, `---` between them.
+pub(crate) fn yaml(documents: &[serde_json::Value]) -> Result<String, ManifestError> {
+    let mut out = String::new();
+    for (i, d) in documents.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&serde_norway::to_string(d).map_err(|e| ManifestError::Render(e.to_string()))?);
+    }
+    Ok(out)
+}
+
+/// CPU each task requests: `deploy.cpu`, else `run.threads`.
+pub(crate) fn cpu(job: &Job) -> Option<String> {
+    job.deploy.cpu.clone().or_else(|| job.spec.run.threads.map(|t| t.to_string()))
+}
+
+/// `trainrun manifest`: loads and checks the spec, then prints the manifest.
+pub fn run(inv: &Invocation, target: Target, image: Option<String>, namespace: Option<String>) -> Result<(), RunError> {
+    let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
+    // Plan as the pods will: from the spec's [cluster], not this machine's scheduler.
+    let scheduler = |k: &str| {
+        k == "TF_CONFIG"
+            || k.starts_with("SLURM_")
+            || k == crate::cluster::kubernetes::INDEX_VAR
+            || k == "TRAINRUN_TASK"
+    };
+    let env = inv.env.iter().filter(|(k, _)| !scheduler(k)).cloned().collect();
+    let here = Invocation { env, task: None, ..inv.clone() };
+    match crate::prepare::plan(&loaded, &here) {
+        Ok(_) => {}
+        Err(Unplanned::Spec(diags)) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
+        // The data need not be on this machine: the pods read their own.
+        Err(Unplanned::Run(_)) => {}
+    }
+    let token = crate::cluster::new_job_token().map_err(|e| RunError::Failure(e.to_string()))?;
+    let options = Options { image, namespace, token: token.as_str().to_owned() };
+    let text = render(&loaded.spec, target, &options).map_err(|e| match e {
+        ManifestError::Spec(m) => RunError::Spec(format!("error: {m}")),
+        ManifestError::Render(m) => RunError::Failure(m),
+    })?;
+    print!("{text}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_names_become_dns_names() {
+        assert_eq!(dns_name("mnist_multiworker"), "mnist-multiworker");
+        assert_eq!(dns_name("__A.b__"), "a-b");
+        assert_eq!(dns_name("%%%"), "trainrun");
+        assert_eq!(dns_name(&"x".repeat(80)).len(), 40);
+    }
+}
