@@ -2,7 +2,7 @@
 //! fixed, must end with exactly these weights and test losses. A change that moves them is
 //! either a bug or a deliberate change of the numerics, which must update the values here and
 //! say why in its commit (the values below were recorded with the binary before the plan
-//! refactor, and it kept every one of them).
+//! refactor, and it kept every one of them; the one-process value moved once, see there).
 
 mod common;
 
@@ -37,7 +37,10 @@ fn check(name: &str, got: (String, f64), want: (&str, f64)) {
 #[test]
 fn one_process() {
     let got = finish("specs/mnist_single.toml", &["--set", "run.threads=2"]);
-    check("default", got, ("2b7081b3ffbad7e911d62efd980600f48c498e8e3b8eea10ec7e1781a6dd0c66", 2.2922368918855986));
+    // Moved deliberately when plain SGD was fused into the dense layers' backward pass for one
+    // replica: the update is applied per layer as its gradient is formed, which rounds once
+    // where the separate optimizer pass rounded twice.
+    check("default", got, ("80830f18017e443bd4386e784cf7b57a1a26ef2a11ed3b02bebb5287b9c01481", 2.2922368869185448));
 }
 
 #[test]
