@@ -4,7 +4,7 @@
 //! Work is split into a fixed number of contiguous parts (never rayon's adaptive splitting)
 //! so sums happen in the same order every run: same spec and seed, bit-identical weights.
 
-use gemm::Parallelism;
+use super::strided::{MatMut, MatRef, gemm};
 use std::ops::Range;
 
 /// `c[m×n] = (accumulate ? c : 0) + op(a) · op(b)`, all row-major.
@@ -23,45 +23,10 @@ pub fn matmul(
     accumulate: bool,
     threads: usize,
 ) {
-    // Bounds are checked here because gemm takes raw pointers.
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "matmul operand too small");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c[..m * n].fill(0.0);
-        }
-        return;
-    }
-    let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
-    let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
-    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-    // SAFETY: the assert above keeps every index the strides reach inside the slices, and
-    // `c` does not alias `a` or `b` (it is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs,
-            a_rs,
-            b.as_ptr(),
-            b_cs,
-            b_rs,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    let a = if a_t { MatRef::rows(a, k, m).t() } else { MatRef::rows(a, m, k) };
+    let b = if b_t { MatRef::rows(b, n, k).t() } else { MatRef::rows(b, k, n) };
+    gemm(MatMut::rows(c, m, n), a, b, accumulate, 1.0, threads);
 }
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()` values).

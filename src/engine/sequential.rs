@@ -2,11 +2,32 @@
 //!
 //! The arena holds layers in reverse order, so backward finishes gradients from the front of
 //! the buffer: every finished prefix can start its all-reduce while backward continues.
+//!
+//! Weight tying ([`Layer::tie`]): a layer may compute with an earlier layer's tensor instead of
+//! owning one. The tensor stays in its owner's part of the arena, which lies *after* every
+//! later layer's part, so the prefix marks reported while backward passes the borrowing layer
+//! never cover it: the owner's backward runs last of all contributors, adds its gradient to
+//! theirs, and only then marks the tensor ready. One copy of the tensor lives in the arena,
+//! so checkpoints and optimizers see it once.
 
 use super::init;
 use super::layer::{Layer, Pass};
 use super::shape::Shape;
 use std::ops::Range;
+
+/// A model whose layers cannot be laid out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SequentialError {
+    /// A layer ties to a tensor no earlier layer has.
+    #[error("layer `{layer}` ties to `{path}`, which no earlier layer has (earlier tensors: {known})")]
+    UnknownTie { layer: String, path: String, known: String },
+    /// A tied tensor's shape is not the one the borrowing layer expects.
+    #[error("layer `{layer}` ties to `{path}` of shape {found:?}, but expects {expected:?}")]
+    TieShape { layer: String, path: String, found: Vec<usize>, expected: Vec<usize> },
+    /// A layer declares a tie and tensors of its own.
+    #[error("layer `{layer}` ties to `{path}` and also owns tensors; a tied layer owns none")]
+    TieWithParams { layer: String, path: String },
+}
 
 /// A named tensor inside the parameter or state arena (`dense_1/kernel`).
 #[derive(Debug, Clone, PartialEq)]
@@ -79,10 +100,61 @@ enum Buf {
 
 struct Slot {
     name: String,
+    /// The tensors this layer owns, in the arena.
     params: Range<usize>,
+    /// The slice its forward and backward get: `params`, or the tensor it ties to.
+    view: Range<usize>,
+    /// Parts of `params` that later (tied) layers write gradients into before this layer's
+    /// backward runs.
+    shared: Vec<Range<usize>>,
+    /// A later layer ties to the same tensor as this one: its gradient is there first.
+    adds: bool,
     state: Range<usize>,
     input: Buf,
     output: Buf,
+}
+
+/// Points each tied layer's view at the tensor it borrows and records the loan on the owner.
+fn resolve_ties(layers: &[Box<dyn Layer>], slots: &mut [Slot], tensors: &[TensorInfo]) -> Result<(), SequentialError> {
+    for i in 0..layers.len() {
+        let Some(tie) = layers[i].tie() else { continue };
+        let layer = slots[i].name.clone();
+        if !layers[i].params().is_empty() {
+            return Err(SequentialError::TieWithParams { layer, path: tie.path });
+        }
+        let owner = tensors
+            .iter()
+            .find(|t| t.name == tie.path)
+            .and_then(|t| (0..i).find(|&j| slots[j].params.contains(&t.offset)).map(|j| (j, t)));
+        let Some((j, t)) = owner else {
+            let earlier: Vec<&str> = tensors
+                .iter()
+                .filter(|t| (0..i).any(|j| slots[j].params.contains(&t.offset)))
+                .map(|t| t.name.as_str())
+                .collect();
+            return Err(SequentialError::UnknownTie { layer, path: tie.path, known: earlier.join(", ") });
+        };
+        if t.shape != tie.shape {
+            return Err(SequentialError::TieShape {
+                layer,
+                path: tie.path,
+                found: t.shape.clone(),
+                expected: tie.shape,
+            });
+        }
+        slots[i].view = t.range();
+        // Backward runs in reverse: an earlier layer tied to the same tensor runs after this.
+        for k in j + 1..i {
+            if slots[k].view == t.range() {
+                slots[k].adds = true;
+            }
+        }
+        if !slots[j].shared.contains(&t.range()) {
+            slots[j].shared.push(t.range());
+            slots[j].shared.sort_by_key(|r| r.start);
+        }
+    }
+    Ok(())
 }
 
 /// Layers applied in order, with their activation buffers.
@@ -101,7 +173,19 @@ pub struct Sequential {
 
 impl Sequential {
     /// Lays out `layers` (built for inputs of `input`) over one arena.
+    ///
+    /// # Panics
+    /// When a layer's [`Layer::tie`] cannot be resolved: build models with tied layers through
+    /// [`Sequential::try_new`].
     pub fn new(input: Shape, layers: Vec<Box<dyn Layer>>) -> Self {
+        match Self::try_new(input, layers) {
+            Ok(model) => model,
+            Err(e) => panic!("{e}; build tied models with Sequential::try_new"),
+        }
+    }
+
+    /// Lays out `layers` (built for inputs of `input`) over one arena, resolving weight ties.
+    pub fn try_new(input: Shape, layers: Vec<Box<dyn Layer>>) -> Result<Self, SequentialError> {
         let mut counts = std::collections::HashMap::<&str, usize>::new();
         let mut slots: Vec<Slot> = Vec::with_capacity(layers.len());
         let mut acts = 0;
@@ -119,7 +203,16 @@ impl Sequential {
                 acts += 1;
                 Buf::Own(acts - 1)
             };
-            slots.push(Slot { name, params: 0..0, state: 0..0, input, output });
+            slots.push(Slot {
+                name,
+                params: 0..0,
+                view: 0..0,
+                shared: Vec::new(),
+                adds: false,
+                state: 0..0,
+                input,
+                output,
+            });
         }
         let (mut tensors, mut state_tensors) = (Vec::new(), Vec::new());
         let (mut param_len, mut state_len) = (0, 0);
@@ -134,6 +227,7 @@ impl Sequential {
                 param_len += tensors.last().map_or(0, TensorInfo::len);
             }
             slot.params = start..param_len;
+            slot.view = start..param_len;
             let start = state_len;
             for p in layer.state() {
                 state_tensors.push(TensorInfo {
@@ -145,7 +239,8 @@ impl Sequential {
             }
             slot.state = start..state_len;
         }
-        Self {
+        resolve_ties(&layers, &mut slots, &tensors)?;
+        Ok(Self {
             input,
             layers,
             slots,
@@ -155,7 +250,7 @@ impl Sequential {
             state_len,
             acts: vec![Vec::new(); acts],
             grad_bufs: [Vec::new(), Vec::new()],
-        }
+        })
     }
 
     /// Shape of one input example.
@@ -242,7 +337,7 @@ impl Sequential {
                 Buf::Input => x,
                 Buf::Own(i) => &self.acts[i],
             };
-            layer.forward(pass, &params[slot.params.clone()], &mut state[slot.state.clone()], x, &mut y, n);
+            layer.forward(pass, &params[slot.view.clone()], &mut state[slot.state.clone()], x, &mut y, n);
             self.acts[out] = y;
         }
         self.output(n)
@@ -295,18 +390,22 @@ impl Sequential {
             let [a, b] = &mut self.grad_bufs;
             let (dy, dx) = if cur == 0 { (&*a, b) } else { (&*b, a) };
             let need_dx = slot.input != Buf::Input;
-            let p = slot.params.clone();
-            layer.backward(
-                pass,
-                &params[p.clone()],
-                grads.slice(p.clone()),
-                x,
-                &self.acts[out],
-                dy,
-                need_dx.then_some(&mut dx[..]),
-                n,
-            );
-            grads.ready(p.end);
+            let p = slot.view.clone();
+            let g = grads.slice(p.clone());
+            let mut own = pass;
+            own.accumulate |= slot.adds;
+            if !slot.shared.is_empty() && !pass.accumulate {
+                // Tied layers already wrote their part: overwrite the rest, add onto theirs.
+                let mut from = 0;
+                for r in slot.shared.iter().map(|r| r.start - p.start..r.end - p.start) {
+                    g[from..r.start].fill(0.0);
+                    from = r.end;
+                }
+                g[from..].fill(0.0);
+                own.accumulate = true;
+            }
+            layer.backward(own, &params[p.clone()], g, x, &self.acts[out], dy, need_dx.then_some(&mut dx[..]), n);
+            grads.ready(slot.params.end);
             if need_dx {
                 cur = 1 - cur;
             }

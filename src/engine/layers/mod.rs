@@ -6,9 +6,17 @@ mod batch_norm;
 mod conv2d;
 mod dense;
 mod dropout;
+mod embedding;
+mod gelu;
 mod global_avg_pool2d;
+mod layer_norm;
+mod lm_head;
 mod max_pool2d;
+mod multi_head_attention;
+mod position_embedding;
+mod positionwise_dense;
 mod residual;
+mod transformer_block;
 mod view;
 
 pub use activation::ActivationLayer;
@@ -17,15 +25,26 @@ pub use batch_norm::BatchNorm;
 pub use conv2d::{Conv2d, KernelInit};
 pub use dense::Dense;
 pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use gelu::{Gelu, GeluForm};
 pub use global_avg_pool2d::GlobalAvgPool2d;
+pub use layer_norm::LayerNorm;
+pub use lm_head::LmHead;
 pub use max_pool2d::MaxPool2d;
+pub use multi_head_attention::MultiHeadAttention;
+pub use position_embedding::PositionEmbedding;
+pub use positionwise_dense::PositionwiseDense;
 pub use residual::Residual;
+pub use transformer_block::{BlockConfig, TransformerBlock};
 pub use view::View;
+
+#[cfg(test)]
+mod fixtures;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::gradcheck::check_layer;
+    use crate::engine::gradcheck::{check_layer, check_layer_params};
     use crate::engine::kernels::Window;
     use crate::engine::layer::{Layer, Pass};
     use crate::engine::shape::Shape;
@@ -193,6 +212,96 @@ mod tests {
                 check_layer(&mut block, &Shape(vec![h, w, c]), 3, training);
             }
         }
+    }
+
+    #[test]
+    fn embedding_gradients() {
+        let ids = [3.0, 0.0, 6.0, 3.0, 1.0, 2.0, 2.0, 5.0, 0.0, 3.0];
+        let mut e = Embedding::new(7, 4, 5).with_init(crate::engine::Init::Normal { std: 0.5 });
+        check_layer_params(&mut e, &ids, 2, true);
+    }
+
+    #[test]
+    fn position_embedding_gradients() {
+        check_layer(&mut PositionEmbedding::new(6, 4, 3).unwrap(), &Shape(vec![4, 3]), 3, true);
+        assert!(PositionEmbedding::new(4, 5, 3).is_none(), "sequences longer than the block are refused");
+    }
+
+    #[test]
+    fn layer_norm_gradients() {
+        for eps in [1e-5, 1e-3] {
+            check_layer(&mut LayerNorm::new(Shape(vec![4, 6]), eps), &Shape(vec![4, 6]), 3, true);
+        }
+    }
+
+    #[test]
+    fn gelu_gradients() {
+        for form in [GeluForm::Exact, GeluForm::Tanh] {
+            check_layer(&mut Gelu::new(form, Shape(vec![3, 5])), &Shape(vec![3, 5]), 3, true);
+        }
+    }
+
+    #[test]
+    fn positionwise_dense_and_untied_lm_head_gradients() {
+        for bias in [true, false] {
+            check_layer(&mut PositionwiseDense::new(3, 5, 4, bias), &Shape(vec![3, 5]), 2, true);
+        }
+        check_layer(&mut LmHead::untied(3, 5, 7), &Shape(vec![3, 5]), 2, true);
+    }
+
+    #[test]
+    fn multi_head_attention_gradients() {
+        let big = crate::engine::Init::Normal { std: 0.5 };
+        for (causal, rate, training) in [(true, 0.0, true), (false, 0.0, true), (true, 0.3, true), (true, 0.3, false)] {
+            let mut attn = MultiHeadAttention::new(5, 8, 2, causal).unwrap().with_dropout(rate, 3).with_init(big, big);
+            check_layer(&mut attn, &Shape(vec![5, 8]), 2, training);
+        }
+        assert!(MultiHeadAttention::new(5, 8, 3, true).is_none(), "heads must divide the width");
+    }
+
+    #[test]
+    fn transformer_block_gradients() {
+        for (gelu, dropout) in [(GeluForm::Tanh, 0.0), (GeluForm::Exact, 0.2)] {
+            let cfg = BlockConfig { seq_len: 4, dim: 8, heads: 2, hidden: 16, dropout, epsilon: 1e-5, gelu, layers: 2 };
+            check_layer(&mut TransformerBlock::new(cfg, 4).unwrap(), &Shape(vec![4, 8]), 2, true);
+        }
+    }
+
+    #[test]
+    fn transformer_block_names_its_children() {
+        let cfg = BlockConfig {
+            seq_len: 4,
+            dim: 8,
+            heads: 2,
+            hidden: 32,
+            dropout: 0.0,
+            epsilon: 1e-5,
+            gelu: GeluForm::Tanh,
+            layers: 4,
+        };
+        let block = TransformerBlock::new(cfg, 0).unwrap();
+        let names: Vec<String> = block.params().into_iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            [
+                "ln_1/gamma",
+                "ln_1/beta",
+                "attention/qkv/kernel",
+                "attention/qkv/bias",
+                "attention/attention_output/kernel",
+                "attention/attention_output/bias",
+                "ln_2/gamma",
+                "ln_2/beta",
+                "mlp_fc/kernel",
+                "mlp_fc/bias",
+                "mlp_proj/kernel",
+                "mlp_proj/bias"
+            ]
+        );
+        let total: usize = block.params().iter().map(|p| p.len()).sum();
+        assert_eq!(total, 12 * 8 * 8 + 13 * 8, "GPT-2's 12·d² + 13·d per block");
+        let model = crate::engine::Sequential::new(Shape(vec![4, 8]), vec![Box::new(block)]);
+        assert_eq!(model.tensors()[0].name, "transformer_block/ln_1/gamma");
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! length, so it checkpoints as plainly as the weights.
 
 mod adam;
+mod clip;
 mod sgd;
 
 pub use adam::Adam;
+pub use clip::{clip_by_global_norm, global_norm};
 pub use sgd::Sgd;
 
 use rayon::prelude::*;
@@ -68,13 +70,14 @@ fn split(s: &mut [f32], chunks: usize) -> Vec<&mut [f32]> {
     if s.is_empty() { (0..chunks).map(|_| <&mut [f32]>::default()).collect() } else { s.chunks_mut(CHUNK).collect() }
 }
 
-/// Runs `f` over aligned chunks of the parameter, gradient and up to two state buffers.
+/// Runs `f(offset, …)` over aligned chunks of the parameter, gradient and up to two state
+/// buffers; `offset` is the chunk's first index in the arena.
 fn for_chunks(
     params: &mut [f32],
     grads: &[f32],
     a: &mut [f32],
     b: &mut [f32],
-    f: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
+    f: impl Fn(usize, &mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
 ) {
     // Empty state buffers stand for "no state": give each chunk an empty slice.
     let chunks = params.len().div_ceil(CHUNK);
@@ -83,5 +86,6 @@ fn for_chunks(
         .par_chunks_mut(CHUNK)
         .zip(grads.par_chunks(CHUNK))
         .zip(a.into_par_iter().zip(b))
-        .for_each(|((p, g), (a, b))| f(p, g, a, b));
+        .enumerate()
+        .for_each(|(i, ((p, g), (a, b)))| f(i * CHUNK, p, g, a, b));
 }

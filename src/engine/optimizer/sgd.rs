@@ -27,7 +27,7 @@ impl Sgd {
     pub(super) fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
         let (m, nesterov, wd) = (self.momentum, self.nesterov, self.weight_decay);
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
-        for_chunks(params, grads, velocity, &mut [], |p, g, v, _| {
+        for_chunks(params, grads, velocity, &mut [], |_, p, g, v, _| {
             crate::engine::simd::vectorized(|| {
                 if v.is_empty() {
                     p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * (g + wd * *p));
