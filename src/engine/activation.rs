@@ -4,7 +4,10 @@ use crate::spec::Activation;
 
 /// Applies `act` to `y` in place; rows of `row_len` values matter for softmax.
 pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {
-    super::simd::vectorized(|| forward_rows(act, y, row_len));
+    super::simd::vectorized(
+        #[inline(always)]
+        || forward_rows(act, y, row_len),
+    );
 }
 
 #[inline(always)]
@@ -21,7 +24,10 @@ fn forward_rows(act: Activation, y: &mut [f32], row_len: usize) {
 /// `dz = dy ⊙ act'(·)`, computed from the activation's output `y` (every supported function's
 /// derivative is a function of its output, so the pre-activation need not be kept).
 pub fn backward(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len: usize) {
-    super::simd::vectorized(|| backward_rows(act, y, dy, dz, row_len));
+    super::simd::vectorized(
+        #[inline(always)]
+        || backward_rows(act, y, dy, dz, row_len),
+    );
 }
 
 #[inline(always)]

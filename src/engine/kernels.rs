@@ -31,20 +31,26 @@ pub fn matmul(
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()` values).
 pub fn add_bias(y: &mut [f32], bias: &[f32]) {
-    super::simd::vectorized(|| {
-        for row in y.chunks_exact_mut(bias.len().max(1)) {
-            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-        }
-    });
+    super::simd::vectorized(
+        #[inline(always)]
+        || {
+            for row in y.chunks_exact_mut(bias.len().max(1)) {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+            }
+        },
+    );
 }
 
 /// Adds every row of `rows` (rows of `sum.len()` values) into `sum`, in row order.
 pub fn add_rows(sum: &mut [f32], rows: &[f32]) {
-    super::simd::vectorized(|| {
-        for row in rows.chunks_exact(sum.len().max(1)) {
-            sum.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-        }
-    });
+    super::simd::vectorized(
+        #[inline(always)]
+        || {
+            for row in rows.chunks_exact(sum.len().max(1)) {
+                sum.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+            }
+        },
+    );
 }
 
 /// Parts every sum across a batch is split into, whatever the thread count: partial sums

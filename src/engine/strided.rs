@@ -2,6 +2,7 @@
 //! one head's columns of a `[T, 3·D]` buffer without copying them out.
 
 use gemm::Parallelism;
+use std::ops::Range;
 
 /// A read-only matrix whose element `(i, j)` sits at `data[i·rs + j·cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +28,14 @@ impl<'a> MatRef<'a> {
     /// The transpose (no copy).
     pub fn t(self) -> Self {
         Self { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
+    }
+
+    /// The sub-matrix of `rows × cols` (no copy).
+    pub fn block(self, rows: Range<usize>, cols: Range<usize>) -> Self {
+        assert!(rows.end <= self.rows && cols.end <= self.cols, "block outside its matrix");
+        let start = rows.start * self.rs + cols.start * self.cs;
+        let data = self.data.get(start..).unwrap_or_default();
+        Self { data, rows: rows.len(), cols: cols.len(), ..self }
     }
 
     /// Whether every element the strides reach lies inside `data`.
@@ -55,6 +64,14 @@ impl<'a> MatMut<'a> {
     /// A dense row-major `rows × cols` view.
     pub fn rows(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
         Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// The sub-matrix of `rows × cols`, borrowed (no copy).
+    pub fn block(&mut self, rows: Range<usize>, cols: Range<usize>) -> MatMut<'_> {
+        assert!(rows.end <= self.rows && cols.end <= self.cols, "block outside its matrix");
+        let start = rows.start * self.rs + cols.start * self.cs;
+        let data = self.data.get_mut(start..).unwrap_or_default();
+        MatMut { data, rows: rows.len(), cols: cols.len(), rs: self.rs, cs: self.cs }
     }
 
     fn in_bounds(&self) -> bool {
@@ -152,6 +169,29 @@ mod tests {
                 assert_eq!(c[4 * i + j], 1.0 + 0.5 * dot);
             }
         }
+    }
+
+    #[test]
+    fn blocks_multiply_like_their_parents_parts() {
+        // c[1..3, 0..2] = a[1..3, :] · b[:, 1..3], the rest of c untouched.
+        let a: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let b: Vec<f32> = (0..12).map(|v| (v % 5) as f32).collect();
+        let mut c = vec![-1.0; 16];
+        let mut cm = MatMut::rows(&mut c, 4, 4);
+        let (am, bm) = (MatRef::rows(&a, 4, 3), MatRef::rows(&b, 3, 4));
+        gemm(cm.block(1..3, 0..2), am.block(1..3, 0..3), bm.block(0..3, 1..3), false, 1.0, 1);
+        for i in 0..4 {
+            for j in 0..4 {
+                let want = if (1..3).contains(&i) && j < 2 {
+                    (0..3).map(|p| a[3 * i + p] * b[4 * p + j + 1]).sum()
+                } else {
+                    -1.0
+                };
+                assert_eq!(c[4 * i + j], want, "({i}, {j})");
+            }
+        }
+        // Empty blocks at the far edge are fine.
+        assert_eq!(am.block(4..4, 0..3).rows, 0);
     }
 
     #[test]

@@ -84,13 +84,18 @@ impl Layer for Embedding {
             table.fill(0.0);
         }
         // In position order, so repeated ids sum the same way on every run.
-        crate::engine::simd::vectorized(|| {
-            for (id, g) in x[..rows].iter().zip(dy.chunks_exact(d)) {
-                if let Some(t) = self.row(*id) {
-                    table[t * d..(t + 1) * d].iter_mut().zip(g).for_each(|(s, g)| *s += g);
+        crate::engine::simd::vectorized(
+            #[inline(always)]
+            || {
+                for (id, g) in x[..rows].iter().zip(dy.chunks_exact(d)) {
+                    if let Some(t) = self.row(*id) {
+                        for (s, g) in table[t * d..(t + 1) * d].iter_mut().zip(g) {
+                            *s += g;
+                        }
+                    }
                 }
-            }
-        });
+            },
+        );
     }
 }
 

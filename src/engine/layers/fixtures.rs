@@ -149,10 +149,10 @@ fn lm_head_matches_torch() {
 #[test]
 fn attention_matches_torch() {
     let f = load(include_str!("../../../tests/fixtures/gpt/attention.json"));
-    let (t, d, heads, n) = (int(&f, "seq_len"), int(&f, "dim"), int(&f, "heads"), int(&f, "n"));
     for case in f["cases"].as_array().unwrap() {
+        let (t, d, heads, n) = (int(case, "seq_len"), int(case, "dim"), int(case, "heads"), int(case, "n"));
         let (causal, rate) = (case["causal"].as_bool().unwrap(), case["rate"].as_f64().unwrap() as f32);
-        let what = format!("attention causal={causal} rate={rate}");
+        let what = format!("attention T={t} causal={causal} rate={rate}");
         let mut layer =
             MultiHeadAttention::new(t, d, heads, causal).unwrap().with_dropout(rate, int(case, "salt") as u64);
         let params = params_by_name(&layer, &case["params"]);

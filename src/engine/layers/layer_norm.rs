@@ -66,20 +66,23 @@ impl Layer for LayerNorm {
         let means = split_rows(&mut self.mean, &ranges, 1);
         let stds = split_rows(&mut self.inv_std, &ranges, 1);
         ys.into_par_iter().zip(means).zip(stds).zip(&ranges).for_each(|(((y, mean), inv_std), r)| {
-            vectorized(|| {
-                let x = &x[r.start * d..r.end * d];
-                for (((y, x), m), s) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(mean).zip(inv_std) {
-                    *m = sum(x) / d as f32;
-                    // Two passes: the centred sum of squares does not cancel.
-                    for (y, x) in y.iter_mut().zip(x) {
-                        *y = x - *m;
+            vectorized(
+                #[inline(always)]
+                || {
+                    let x = &x[r.start * d..r.end * d];
+                    for (((y, x), m), s) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(mean).zip(inv_std) {
+                        *m = sum(x) / d as f32;
+                        // Two passes: the centred sum of squares does not cancel.
+                        for (y, x) in y.iter_mut().zip(x) {
+                            *y = x - *m;
+                        }
+                        *s = 1.0 / (dot(y, y) / d as f32 + eps).sqrt();
+                        for ((y, g), b) in y.iter_mut().zip(gamma).zip(&beta[..d]) {
+                            *y = *y * *s * g + b;
+                        }
                     }
-                    *s = 1.0 / (dot(y, y) / d as f32 + eps).sqrt();
-                    for ((y, g), b) in y.iter_mut().zip(gamma).zip(&beta[..d]) {
-                        *y = *y * *s * g + b;
-                    }
-                }
-            })
+                },
+            )
         });
     }
 
@@ -110,28 +113,33 @@ impl Layer for LayerNorm {
             scratch.resize(2 * d, 0.0);
             let (g_gamma, g_beta) = sums.split_at_mut(d);
             let (xhat, g) = scratch.split_at_mut(d);
-            vectorized(|| {
-                for row in r.clone() {
-                    let (m, s) = (mean[row], inv_std[row]);
-                    let (x, dy) = (&x[row * d..(row + 1) * d], &dy[row * d..(row + 1) * d]);
-                    for (((h, g), x), (dy, gm)) in xhat.iter_mut().zip(g.iter_mut()).zip(x).zip(dy.iter().zip(gamma)) {
-                        *h = (x - m) * s;
-                        *g = dy * gm;
-                    }
-                    for (((sg, sb), h), dy) in g_gamma.iter_mut().zip(g_beta.iter_mut()).zip(xhat.iter()).zip(dy) {
-                        *sg += f64::from(dy * h);
-                        *sb += f64::from(*dy);
-                    }
-                    if let Some(dx) = dx.as_deref_mut() {
-                        // dx = inv_std · (g − mean(g) − x̂ · mean(g ⊙ x̂)).
-                        let (mg, mgx) = (sum(g) / d as f32, dot(g, xhat) / d as f32);
-                        let dx = &mut dx[(row - r.start) * d..(row - r.start + 1) * d];
-                        for ((dx, g), h) in dx.iter_mut().zip(g.iter()).zip(xhat.iter()) {
-                            *dx = s * (g - mg - h * mgx);
+            vectorized(
+                #[inline(always)]
+                || {
+                    for row in r.clone() {
+                        let (m, s) = (mean[row], inv_std[row]);
+                        let (x, dy) = (&x[row * d..(row + 1) * d], &dy[row * d..(row + 1) * d]);
+                        for (((h, g), x), (dy, gm)) in
+                            xhat.iter_mut().zip(g.iter_mut()).zip(x).zip(dy.iter().zip(gamma))
+                        {
+                            *h = (x - m) * s;
+                            *g = dy * gm;
+                        }
+                        for (((sg, sb), h), dy) in g_gamma.iter_mut().zip(g_beta.iter_mut()).zip(xhat.iter()).zip(dy) {
+                            *sg += f64::from(dy * h);
+                            *sb += f64::from(*dy);
+                        }
+                        if let Some(dx) = dx.as_deref_mut() {
+                            // dx = inv_std · (g − mean(g) − x̂ · mean(g ⊙ x̂)).
+                            let (mg, mgx) = (sum(g) / d as f32, dot(g, xhat) / d as f32);
+                            let dx = &mut dx[(row - r.start) * d..(row - r.start + 1) * d];
+                            for ((dx, g), h) in dx.iter_mut().zip(g.iter()).zip(xhat.iter()) {
+                                *dx = s * (g - mg - h * mgx);
+                            }
                         }
                     }
-                }
-            })
+                },
+            )
         });
         let (g_gamma, g_beta) = grads[..2 * d].split_at_mut(d);
         if !pass.accumulate {

@@ -39,6 +39,8 @@ pub use transformer_block::{BlockConfig, TransformerBlock};
 pub use view::View;
 
 #[cfg(test)]
+mod bench;
+#[cfg(test)]
 mod fixtures;
 
 #[cfg(test)]
@@ -256,6 +258,9 @@ mod tests {
             let mut attn = MultiHeadAttention::new(5, 8, 2, causal).unwrap().with_dropout(rate, 3).with_init(big, big);
             check_layer(&mut attn, &Shape(vec![5, 8]), 2, training);
         }
+        // Longer than one block of the causal tiling.
+        let mut attn = MultiHeadAttention::new(21, 4, 2, true).unwrap().with_init(big, big);
+        check_layer(&mut attn, &Shape(vec![21, 4]), 1, true);
         assert!(MultiHeadAttention::new(5, 8, 3, true).is_none(), "heads must divide the width");
     }
 

@@ -8,11 +8,15 @@
 //! name). Fused because one `[rows, dim] × [dim, 3·dim]` product runs faster than three, and
 //! backward then needs one product for the input gradient instead of three.
 //!
-//! Work: the projections are single `gemm`s over all positions; the per-head products run as
-//! tasks over batch × heads on a fixed split across `pass.threads`, each multiplying strided
-//! views of the `[T, 3·dim]` buffer (no copies), with the causal mask and softmax fused into
-//! one pass over the scores. Tasks write disjoint buffers, so results are the same bits on
-//! any thread count. Every buffer is kept in the layer and reused across steps.
+//! Work: the projections are single `gemm`s over all positions. The per-head products run
+//! as one task per example on a fixed split across `pass.threads`, heads in turn, each
+//! multiplying strided views of the example's `[T, 3·dim]` projections and writing straight
+//! into its head's columns of the merged output (no transposes), with the causal mask and
+//! softmax fused into one pass over the scores and causal blocks of rows skipping the keys
+//! they cannot see. Tasks write disjoint rows, so results are the same bits on any thread
+//! count (the tasks are examples rather than example × head so that they own whole rows; a
+//! batch is normally much larger than the thread count). Every buffer is kept in the layer
+//! and reused across steps.
 //!
 //! Dropout masks are a pure function of `(pass.seed, salt, index)`, as in `dropout.rs`:
 //! backward recomputes them.
@@ -25,6 +29,7 @@ use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
 use crate::engine::strided::{MatMut, MatRef, gemm};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Sizes and options the per-head kernels need.
 #[derive(Debug, Clone, Copy)]
@@ -41,11 +46,18 @@ struct Geometry {
 }
 
 impl Geometry {
-    /// Query, key and value of head `head` of example `b`, as `[T, hd]` strided views.
-    fn qkv<'a>(&self, qkv: &'a [f32], b: usize, head: usize) -> [MatRef<'a>; 3] {
-        let (t, d, hd) = (self.t, self.d, self.hd);
-        let at = |part: usize| MatRef::new(&qkv[b * t * 3 * d + part * d + head * hd..], t, hd, 3 * d, 1);
-        [at(0), at(1), at(2)]
+    /// Query, key and value of head `head`, as `[T, hd]` strided views of one example's
+    /// `[T, 3·dim]` projections.
+    fn qkv<'a>(&self, qkv: &'a [f32], head: usize) -> [MatRef<'a>; 3] {
+        let [q, k, v] = [0, 1, 2].map(|part| part * self.d + head * self.hd);
+        let at = |start: usize| MatRef::new(&qkv[start..], self.t, self.hd, 3 * self.d, 1);
+        [at(q), at(k), at(v)]
+    }
+
+    /// Head `head`'s `[T, hd]` columns of `rows` (one example's rows of `width` values, the
+    /// head's block starting at column `offset`).
+    fn head_cols<'a>(&self, rows: &'a mut [f32], width: usize, offset: usize) -> MatMut<'a> {
+        MatMut::new(&mut rows[offset..], self.t, self.hd, width, 1)
     }
 
     /// Columns of row `i` the causal mask keeps.
@@ -64,18 +76,15 @@ pub struct MultiHeadAttention {
     kernel_init: Init,
     output_init: Init,
     output: Shape,
-    /// Forward: projected queries, keys, values `[rows, 3·dim]`; probabilities `[n·heads, T,
-    /// T]` and, with dropout, the dropped ones; per-head outputs `[n·heads, T, hd]`; merged
-    /// heads `[rows, dim]`.
+    /// Forward: projected queries, keys, values `[rows, 3·dim]`; probabilities `[n, heads, T,
+    /// T]` and, with dropout, the dropped ones; the heads' outputs side by side `[rows, dim]`.
     qkv: Vec<f32>,
     probs: Vec<f32>,
     dropped: Vec<f32>,
-    heads_out: Vec<f32>,
     merged: Vec<f32>,
-    /// Backward scratch of the same shapes; `d_heads` is `[n·heads, 3, T, hd]`.
+    /// Backward scratch of the same shapes.
     d_merged: Vec<f32>,
     d_probs: Vec<f32>,
-    d_heads: Vec<f32>,
     d_qkv: Vec<f32>,
 }
 
@@ -107,11 +116,9 @@ impl MultiHeadAttention {
             qkv: Vec::new(),
             probs: Vec::new(),
             dropped: Vec::new(),
-            heads_out: Vec::new(),
             merged: Vec::new(),
             d_merged: Vec::new(),
             d_probs: Vec::new(),
-            d_heads: Vec::new(),
             d_qkv: Vec::new(),
         })
     }
@@ -136,104 +143,153 @@ impl MultiHeadAttention {
 }
 
 /// Softmax of each row of the `[T, T]` scores `p` in place, zero past the causal limit.
+#[inline(always)]
 fn softmax_rows(geo: &Geometry, p: &mut [f32]) {
     for (i, row) in p.chunks_exact_mut(geo.t).enumerate() {
         let (live, masked) = row.split_at_mut(geo.live(i));
         let top = max(live);
-        live.iter_mut().for_each(|v| *v = exp(*v - top));
+        for v in live.iter_mut() {
+            *v = exp(*v - top);
+        }
         let inv = 1.0 / sum(live);
-        live.iter_mut().for_each(|v| *v *= inv);
+        for v in live.iter_mut() {
+            *v *= inv;
+        }
         masked.fill(0.0);
     }
 }
 
 /// `ds = p ⊙ (dp − rowsum(p ⊙ dp))` in place of `dp`: softmax's backward, row by row.
+#[inline(always)]
 fn softmax_backward_rows(geo: &Geometry, p: &[f32], dp: &mut [f32]) {
     for (i, (p, dp)) in p.chunks_exact(geo.t).zip(dp.chunks_exact_mut(geo.t)).enumerate() {
         let n = geo.live(i);
         let (live, masked) = dp.split_at_mut(n);
         let s = dot(&p[..n], live);
-        live.iter_mut().zip(p).for_each(|(d, p)| *d = p * (*d - s));
+        for (d, p) in live.iter_mut().zip(p) {
+            *d = p * (*d - s);
+        }
         masked.fill(0.0);
     }
 }
 
-/// One head of one example: probabilities into `p` (and `dropped`), output `[T, hd]` into `o`.
+/// Rows per block of the per-head products: with a causal mask, a block of rows needs only
+/// the keys up to its last row, which skips 3/8 of the multiply-adds at T = 64.
+const BLOCK: usize = 16;
+
+/// `(rows, columns they attend to)` for each block of rows.
+fn row_blocks(geo: &Geometry) -> impl Iterator<Item = (Range<usize>, usize)> + '_ {
+    (0..geo.t).step_by(BLOCK).map(|r0| {
+        let r1 = (r0 + BLOCK).min(geo.t);
+        (r0..r1, if geo.causal { r1 } else { geo.t })
+    })
+}
+
+/// `(columns, first row attending to them)` for each block of columns.
+fn col_blocks(geo: &Geometry) -> impl Iterator<Item = (Range<usize>, usize)> + '_ {
+    (0..geo.t).step_by(BLOCK).map(|c0| (c0..(c0 + BLOCK).min(geo.t), if geo.causal { c0 } else { 0 }))
+}
+
+/// Head `head` of one example (`qkv`: its `[T, 3·dim]` projections): probabilities into `p`
+/// (and, with `drop_seed`, the dropped ones into `dropped`), output into the head's columns
+/// of `out`, the example's `[T, dim]` merged heads. `first` is the index of `p`'s first value
+/// among the pass's probabilities, which numbers the dropout mask.
+#[allow(clippy::too_many_arguments)]
 fn head_forward(
     geo: &Geometry,
     qkv: &[f32],
-    task: usize,
-    seed: u64,
+    head: usize,
+    first: u64,
+    drop_seed: Option<u64>,
     p: &mut [f32],
     dropped: &mut [f32],
-    o: &mut [f32],
+    out: &mut [f32],
 ) {
-    let t = geo.t;
-    let [q, k, v] = geo.qkv(qkv, task / geo.heads, task % geo.heads);
-    gemm(MatMut::rows(p, t, t), q, k.t(), false, geo.scale(), 1);
-    vectorized(|| softmax_rows(geo, p));
-    let used: &[f32] = if dropped.is_empty() {
-        p
-    } else {
-        let mask = masker(geo.rate, geo.salt, seed);
-        let base = (task * t * t) as u64;
-        dropped.iter_mut().zip(p.iter()).zip(base..).for_each(|((d, p), i)| *d = p * mask(i));
-        dropped
+    let (t, hd) = (geo.t, geo.hd);
+    let [q, k, v] = geo.qkv(qkv, head);
+    let mut scores = MatMut::rows(p, t, t);
+    for (rows, cols) in row_blocks(geo) {
+        gemm(
+            scores.block(rows.clone(), 0..cols),
+            q.block(rows, 0..hd),
+            k.block(0..cols, 0..hd).t(),
+            false,
+            geo.scale(),
+            1,
+        );
+    }
+    vectorized(
+        #[inline(always)]
+        || softmax_rows(geo, p),
+    );
+    let used: &[f32] = match drop_seed {
+        None => p,
+        Some(seed) => {
+            let mask = masker(geo.rate, geo.salt, seed);
+            for ((d, p), i) in dropped.iter_mut().zip(p.iter()).zip(first..) {
+                *d = p * mask(i);
+            }
+            dropped
+        }
     };
-    gemm(MatMut::rows(o, t, geo.hd), MatRef::rows(used, t, t), v, false, 1.0, 1);
+    let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
+    for (rows, cols) in row_blocks(geo) {
+        gemm(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), false, 1.0, 1);
+    }
 }
 
-/// One head's backward: from `d_merged` (the gradient of the merged heads) to the gradients
-/// of its query, key and value, `[3, T, hd]` into `dqkv`, with `dp` as `[T, T]` scratch.
-/// `used` are the probabilities the forward pass multiplied the values by: `probs`, or the
-/// dropped ones when `drop_seed` (the pass seed, given when dropout was on) is given.
+/// Head `head`'s backward for one example: from `d_out` (the example's `[T, dim]` gradient of
+/// the merged heads) to the gradients of its query, key and value, written into the head's
+/// columns of `dqkv` (`[T, 3·dim]`), with `dp` as `[T, T]` scratch. `used` are the
+/// probabilities the forward pass multiplied the values by: `probs`, or the dropped ones when
+/// `drop_seed` (the pass seed, given when dropout was on) is given.
 #[allow(clippy::too_many_arguments)]
 fn head_backward(
     geo: &Geometry,
     qkv: &[f32],
-    probs: &[f32],
-    used: &[f32],
-    d_merged: &[f32],
-    task: usize,
+    head: usize,
+    first: u64,
     drop_seed: Option<u64>,
+    (probs, used): (&[f32], &[f32]),
+    d_out: &[f32],
     dp: &mut [f32],
     dqkv: &mut [f32],
 ) {
     let (t, d, hd) = (geo.t, geo.d, geo.hd);
-    let (b, head) = (task / geo.heads, task % geo.heads);
-    let [q, k, v] = geo.qkv(qkv, b, head);
-    let d_out = MatRef::new(&d_merged[b * t * d + head * hd..], t, hd, d, 1);
-    let (dq, rest) = dqkv.split_at_mut(t * hd);
-    let (dk, dv) = rest.split_at_mut(t * hd);
-    gemm(MatMut::rows(dp, t, t), d_out, v.t(), false, 1.0, 1);
-    gemm(MatMut::rows(dv, t, hd), MatRef::rows(used, t, t).t(), d_out, false, 1.0, 1);
+    let [q, k, v] = geo.qkv(qkv, head);
+    let d_out = MatRef::new(&d_out[head * hd..], t, hd, d, 1);
+    let used = MatRef::rows(used, t, t);
+    {
+        let mut g = MatMut::rows(dp, t, t);
+        for (rows, cols) in row_blocks(geo) {
+            gemm(g.block(rows.clone(), 0..cols), d_out.block(rows, 0..hd), v.block(0..cols, 0..hd).t(), false, 1.0, 1);
+        }
+    }
+    let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
+    for (cols, from) in col_blocks(geo) {
+        let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
+        gemm(dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+    }
     if let Some(seed) = drop_seed {
         let mask = masker(geo.rate, geo.salt, seed);
-        dp.iter_mut().zip((task * t * t) as u64..).for_each(|(g, i)| *g *= mask(i));
-    }
-    vectorized(|| softmax_backward_rows(geo, probs, dp));
-    let ds = MatRef::rows(dp, t, t);
-    gemm(MatMut::rows(dq, t, hd), ds, k, false, geo.scale(), 1);
-    gemm(MatMut::rows(dk, t, hd), ds.t(), q, false, geo.scale(), 1);
-}
-
-/// Copies per-head blocks `[n·heads, parts, T, hd]` into rows `[n·T, parts·dim]` (column
-/// `part·dim + head·hd + j`), one example per task.
-fn merge_heads(geo: &Geometry, blocks: &[f32], parts: usize, out: &mut [f32], n: usize, threads: usize) {
-    let (t, d, hd, heads) = (geo.t, geo.d, geo.hd, geo.heads);
-    let width = parts * d;
-    par_rows(out, n, t * width, threads, |_, r, out| {
-        for (b, out) in r.zip(out.chunks_exact_mut(t * width)) {
-            for head in 0..heads {
-                for part in 0..parts {
-                    let src = &blocks[((b * heads + head) * parts + part) * t * hd..][..t * hd];
-                    for (row, src) in out.chunks_exact_mut(width).zip(src.chunks_exact(hd)) {
-                        row[part * d + head * hd..][..hd].copy_from_slice(src);
-                    }
-                }
-            }
+        for (g, i) in dp.iter_mut().zip(first..) {
+            *g *= mask(i);
         }
-    });
+    }
+    vectorized(
+        #[inline(always)]
+        || softmax_backward_rows(geo, probs, dp),
+    );
+    let ds = MatRef::rows(dp, t, t);
+    let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
+    for (rows, cols) in row_blocks(geo) {
+        gemm(dq.block(rows.clone(), 0..hd), ds.block(rows, 0..cols), k.block(0..cols, 0..hd), false, geo.scale(), 1);
+    }
+    let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
+    for (cols, from) in col_blocks(geo) {
+        let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
+        gemm(dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+    }
 }
 
 impl Layer for MultiHeadAttention {
@@ -258,7 +314,7 @@ impl Layer for MultiHeadAttention {
     fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let (geo, drops) = (self.geo, self.drops(pass));
         let (t, d, threads) = (geo.t, geo.d, pass.threads);
-        let (rows, tasks) = (n * t, n * geo.heads);
+        let rows = n * t;
         let (w_qkv, rest) = params.split_at(3 * d * d);
         let (b_qkv, rest) = rest.split_at(3 * d);
         let (w_out, b_out) = rest.split_at(d * d);
@@ -266,20 +322,24 @@ impl Layer for MultiHeadAttention {
         matmul(rows, 3 * d, d, x, false, w_qkv, false, qkv, false, threads);
         par_rows(qkv, rows, 3 * d, threads, |_, _, part| add_bias(part, &b_qkv[..3 * d]));
         let qkv: &[f32] = qkv;
-        let ranges = partition(tasks, threads);
-        let probs = split_rows(sized(&mut self.probs, tasks * t * t), &ranges, t * t);
-        let drop_len = if drops { tasks * t * t } else { 0 };
-        let dropped = task_parts(sized(&mut self.dropped, drop_len), &ranges, t * t);
-        let outs = split_rows(sized(&mut self.heads_out, tasks * t * geo.hd), &ranges, t * geo.hd);
-        probs.into_par_iter().zip(dropped).zip(outs).zip(&ranges).for_each(|(((p, dr), o), r)| {
-            for (i, task) in r.clone().enumerate() {
-                let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[i * t * t..(i + 1) * t * t] };
-                let (p, o) = (&mut p[i * t * t..(i + 1) * t * t], &mut o[i * t * geo.hd..(i + 1) * t * geo.hd]);
-                head_forward(&geo, qkv, task, pass.seed, p, dr, o);
+        // One task per example, its heads in turn: each writes its own rows.
+        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
+        let probs = split_rows(sized(&mut self.probs, n * per), &ranges, per);
+        let dropped = task_parts(sized(&mut self.dropped, if drops { n * per } else { 0 }), &ranges, per);
+        let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
+        let drop_seed = drops.then_some(pass.seed);
+        probs.into_par_iter().zip(dropped).zip(merged).zip(&ranges).for_each(|(((p, dr), out), r)| {
+            for (i, b) in r.clone().enumerate() {
+                for head in 0..geo.heads {
+                    let at = i * per + head * t * t;
+                    let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[at..at + t * t] };
+                    let first = (b * per + head * t * t) as u64;
+                    let (qkv, out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &mut out[i * t * d..][..t * d]);
+                    head_forward(&geo, qkv, head, first, drop_seed, &mut p[at..at + t * t], dr, out);
+                }
             }
         });
-        let merged = sized(&mut self.merged, rows * d);
-        merge_heads(&geo, &self.heads_out, 1, merged, n, threads);
+        let merged = &self.merged[..rows * d];
         matmul(rows, d, d, merged, false, w_out, false, y, false, threads);
         par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d]));
     }
@@ -296,8 +356,8 @@ impl Layer for MultiHeadAttention {
         n: usize,
     ) {
         let (geo, drops) = (self.geo, self.drops(pass));
-        let (t, d, hd, threads, acc) = (geo.t, geo.d, geo.hd, pass.threads, pass.accumulate);
-        let (rows, tasks) = (n * t, n * geo.heads);
+        let (t, d, threads, acc) = (geo.t, geo.d, pass.threads, pass.accumulate);
+        let rows = n * t;
         let dy = &dy[..rows * d];
         let w_qkv = &params[..3 * d * d];
         let w_out = &params[3 * d * d + 3 * d..][..d * d];
@@ -312,20 +372,23 @@ impl Layer for MultiHeadAttention {
         let d_merged = sized(&mut self.d_merged, rows * d);
         matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads);
 
-        let ranges = partition(tasks, threads);
-        let d_probs = split_rows(sized(&mut self.d_probs, tasks * t * t), &ranges, t * t);
-        let d_heads = split_rows(sized(&mut self.d_heads, tasks * 3 * t * hd), &ranges, 3 * t * hd);
+        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
+        let d_probs = split_rows(sized(&mut self.d_probs, n * per), &ranges, per);
+        let d_qkv = split_rows(sized(&mut self.d_qkv, rows * 3 * d), &ranges, t * 3 * d);
         let (qkv, probs, d_merged) = (&self.qkv[..], &self.probs[..], &self.d_merged[..]);
         let (used, drop_seed) = if drops { (&self.dropped[..], Some(pass.seed)) } else { (probs, None) };
-        d_probs.into_par_iter().zip(d_heads).zip(&ranges).for_each(|((dp, dh), r)| {
-            for (i, task) in r.clone().enumerate() {
-                let (p, u) = (&probs[task * t * t..][..t * t], &used[task * t * t..][..t * t]);
-                let (dp, dh) = (&mut dp[i * t * t..][..t * t], &mut dh[i * 3 * t * hd..][..3 * t * hd]);
-                head_backward(&geo, qkv, p, u, d_merged, task, drop_seed, dp, dh);
+        d_probs.into_par_iter().zip(d_qkv).zip(&ranges).for_each(|((dp, dqkv), r)| {
+            for (i, b) in r.clone().enumerate() {
+                let dqkv = &mut dqkv[i * t * 3 * d..][..t * 3 * d];
+                for head in 0..geo.heads {
+                    let (at, first) = (i * per + head * t * t, b * per + head * t * t);
+                    let p = (&probs[first..][..t * t], &used[first..][..t * t]);
+                    let (qkv, d_out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &d_merged[b * t * d..][..t * d]);
+                    head_backward(&geo, qkv, head, first as u64, drop_seed, p, d_out, &mut dp[at..at + t * t], dqkv);
+                }
             }
         });
-        let d_qkv = sized(&mut self.d_qkv, rows * 3 * d);
-        merge_heads(&geo, &self.d_heads, 3, d_qkv, n, threads);
+        let d_qkv = &self.d_qkv[..rows * 3 * d];
         matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
         if !acc {
             g_bqkv.fill(0.0);

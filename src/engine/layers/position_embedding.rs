@@ -38,13 +38,16 @@ impl Layer for PositionEmbedding {
         let row = self.output.numel();
         let table = &params[..row];
         par_rows(y, n, row, pass.threads, |_, r, part| {
-            crate::engine::simd::vectorized(|| {
-                for (out, x) in part.chunks_exact_mut(row).zip(x[r.start * row..].chunks_exact(row)) {
-                    for ((o, x), p) in out.iter_mut().zip(x).zip(table) {
-                        *o = x + p;
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    for (out, x) in part.chunks_exact_mut(row).zip(x[r.start * row..].chunks_exact(row)) {
+                        for ((o, x), p) in out.iter_mut().zip(x).zip(table) {
+                            *o = x + p;
+                        }
                     }
-                }
-            })
+                },
+            )
         });
     }
 

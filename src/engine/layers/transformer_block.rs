@@ -57,12 +57,14 @@ pub struct TransformerBlock {
     /// Parameter ranges in child order: ln_1, attention, ln_2, mlp_fc, mlp_proj.
     params: Vec<Range<usize>>,
     output: Shape,
-    /// Kept for backward: ln_1(x), x₁, ln_2(x₁), mlp_fc's output, gelu's output.
+    /// Kept for backward: ln_1(x), x₁, ln_2(x₁), gelu's output and derivative (`f` holds
+    /// mlp_fc's output, needed only in forward).
     h1: Vec<f32>,
     x1: Vec<f32>,
     h2: Vec<f32>,
     f: Vec<f32>,
     g: Vec<f32>,
+    gd: Vec<f32>,
     /// Scratch: three `[rows, dim]` and two `[rows, hidden]` buffers.
     s: [Vec<f32>; 3],
     w: [Vec<f32>; 2],
@@ -77,9 +79,14 @@ fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// `a += b`, in parallel.
 fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
     par_rows(a, rows, row, threads, |_, r, part| {
-        crate::engine::simd::vectorized(|| {
-            part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a += b)
-        })
+        crate::engine::simd::vectorized(
+            #[inline(always)]
+            || {
+                for (a, b) in part.iter_mut().zip(&b[r.start * row..r.end * row]) {
+                    *a += b;
+                }
+            },
+        )
     });
 }
 
@@ -114,6 +121,7 @@ impl TransformerBlock {
             h2: Vec::new(),
             f: Vec::new(),
             g: Vec::new(),
+            gd: Vec::new(),
             s: Default::default(),
             w: Default::default(),
         };
@@ -184,9 +192,9 @@ impl Layer for TransformerBlock {
         }
         add(x1, x, rows, d, threads);
         self.ln_2.forward(pass, &params[p[2].clone()], &mut [], x1, h2, n);
-        let (f, g) = (sized(&mut self.f, wide), sized(&mut self.g, wide));
+        let (f, g, gd) = (sized(&mut self.f, wide), sized(&mut self.g, wide), sized(&mut self.gd, wide));
         self.mlp_fc.forward(pass, &params[p[3].clone()], &mut [], h2, f, n);
-        gelu::forward(self.cfg.gelu, f, g, wide, threads);
+        gelu::forward(self.cfg.gelu, f, g, gd, wide, threads);
         if drops {
             let m = sized(&mut self.s[0], len);
             self.mlp_proj.forward(pass, &params[p[4].clone()], &mut [], g, m, n);
@@ -219,7 +227,8 @@ impl Layer for TransformerBlock {
         let (s0, s1, s2) = (sized(s0, len), sized(s1, len), sized(s2, len));
         let [w0, w1] = &mut self.w;
         let (w0, w1) = (sized(w0, wide), sized(w1, wide));
-        let (h1, x1, h2, f, g) = (&self.h1[..len], &self.x1[..len], &self.h2[..len], &self.f[..wide], &self.g[..wide]);
+        let (h1, x1, h2, g, gd) =
+            (&self.h1[..len], &self.x1[..len], &self.h2[..len], &self.g[..wide], &self.gd[..wide]);
         // MLP branch, back to front: s0 = d m, w0 = d g, w1 = d f, s1 = d h2, s2 = d x₁.
         let dm: &[f32] = if drops {
             self.mlp_dropout.backward(pass, &[], &mut [], &[], &[], dy, Some(s0), n);
@@ -228,7 +237,7 @@ impl Layer for TransformerBlock {
             dy
         };
         self.mlp_proj.backward(pass, &params[p[4].clone()], &mut grads[p[4].clone()], g, &[], dm, Some(w0), n);
-        gelu::backward(self.cfg.gelu, f, w0, w1, wide, threads);
+        gelu::backward(gd, w0, w1, wide, threads);
         self.mlp_fc.backward(pass, &params[p[3].clone()], &mut grads[p[3].clone()], h2, &[], w1, Some(s1), n);
         self.ln_2.backward(pass, &params[p[2].clone()], &mut grads[p[2].clone()], x1, &[], s1, Some(s2), n);
         add(s2, dy, rows, d, threads);

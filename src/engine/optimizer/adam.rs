@@ -72,19 +72,22 @@ impl Adam {
                 let local = span.start - offset..span.end - offset;
                 let wd = if decays { wd } else { 0.0 };
                 let (p, g, m, v) = (&mut p[local.clone()], &g[local.clone()], &mut m[local.clone()], &mut v[local]);
-                crate::engine::simd::vectorized(|| {
-                    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                        let g = if decoupled {
-                            *p -= lr * wd * *p;
-                            *g
-                        } else {
-                            g + wd * *p
-                        };
-                        *m += (g - *m) * (1.0 - b1);
-                        *v += (g * g - *v) * (1.0 - b2);
-                        *p -= alpha * *m / (v.sqrt() + eps);
-                    }
-                })
+                crate::engine::simd::vectorized(
+                    #[inline(always)]
+                    || {
+                        for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                            let g = if decoupled {
+                                *p -= lr * wd * *p;
+                                *g
+                            } else {
+                                g + wd * *p
+                            };
+                            *m += (g - *m) * (1.0 - b1);
+                            *v += (g * g - *v) * (1.0 - b2);
+                            *p -= alpha * *m / (v.sqrt() + eps);
+                        }
+                    },
+                )
             }
         });
     }

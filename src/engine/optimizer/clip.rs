@@ -16,15 +16,22 @@ pub fn global_norm(grads: &[f32]) -> f64 {
     let sums: Vec<f64> = grads
         .par_chunks(CHUNK)
         .map(|c| {
-            crate::engine::simd::vectorized(|| {
-                let mut acc = [0.0f64; LANES];
-                let mut it = c.chunks_exact(LANES);
-                for part in &mut it {
-                    acc.iter_mut().zip(part).for_each(|(a, g)| *a += f64::from(*g) * f64::from(*g));
-                }
-                acc.iter_mut().zip(it.remainder()).for_each(|(a, g)| *a += f64::from(*g) * f64::from(*g));
-                acc.iter().sum::<f64>()
-            })
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    let mut acc = [0.0f64; LANES];
+                    let mut it = c.chunks_exact(LANES);
+                    for part in &mut it {
+                        for j in 0..LANES {
+                            acc[j] += f64::from(part[j]) * f64::from(part[j]);
+                        }
+                    }
+                    for (a, g) in acc.iter_mut().zip(it.remainder()) {
+                        *a += f64::from(*g) * f64::from(*g);
+                    }
+                    acc.iter().sum::<f64>()
+                },
+            )
         })
         .collect();
     sums.iter().sum::<f64>().sqrt()
@@ -40,7 +47,14 @@ pub fn clip_by_global_norm(grads: &mut [f32], clip_norm: f32) -> f64 {
     if norm.is_finite() && norm > clip {
         let scale = (clip / norm) as f32;
         grads.par_chunks_mut(CHUNK).for_each(|c| {
-            crate::engine::simd::vectorized(|| c.iter_mut().for_each(|g| *g *= scale));
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    for g in c.iter_mut() {
+                        *g *= scale;
+                    }
+                },
+            );
         });
     }
     norm

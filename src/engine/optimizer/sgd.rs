@@ -28,17 +28,20 @@ impl Sgd {
         let (m, nesterov, wd) = (self.momentum, self.nesterov, self.weight_decay);
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
         for_chunks(params, grads, velocity, &mut [], |_, p, g, v, _| {
-            crate::engine::simd::vectorized(|| {
-                if v.is_empty() {
-                    p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * (g + wd * *p));
-                    return;
-                }
-                for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
-                    let g = g + wd * *p;
-                    *v = m * *v - lr * g;
-                    *p += if nesterov { m * *v - lr * g } else { *v };
-                }
-            })
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    if v.is_empty() {
+                        p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * (g + wd * *p));
+                        return;
+                    }
+                    for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
+                        let g = g + wd * *p;
+                        *v = m * *v - lr * g;
+                        *p += if nesterov { m * *v - lr * g } else { *v };
+                    }
+                },
+            )
         });
         self.iterations += 1;
     }
