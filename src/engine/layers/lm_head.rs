@@ -99,3 +99,114 @@ impl Layer for LmHead {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::layers::Embedding;
+    use crate::engine::sequential::{GradSink, Sequential, SequentialError};
+    use std::ops::Range;
+
+    fn pass(accumulate: bool) -> Pass {
+        Pass { training: true, seed: 1, accumulate, threads: 2 }
+    }
+
+    /// Records what backward asks of the gradient buffer.
+    struct Recorder {
+        grads: Vec<f32>,
+        ready: usize,
+        log: Vec<String>,
+    }
+
+    impl GradSink for Recorder {
+        fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
+            assert!(range.start >= self.ready, "asked for {range:?} after marking {} ready", self.ready);
+            self.log.push(format!("slice {range:?}"));
+            &mut self.grads[range]
+        }
+
+        fn ready(&mut self, k: usize) {
+            assert!(k >= self.ready, "ready marks go forward");
+            self.ready = k;
+            self.log.push(format!("ready {k}"));
+        }
+    }
+
+    /// `Σ y ⊙ r` of `model` on `x`, and its gradient by backward, for `params`.
+    fn loss_and_grads(model: &mut Sequential, params: &[f32], x: &[f32], r: &[f32]) -> (f64, Recorder) {
+        let y = model.forward(pass(false), params, &mut [], x, 1);
+        let loss = y.iter().zip(r).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+        model.output_and_grad(1).1.copy_from_slice(r);
+        let mut sink = Recorder { grads: vec![f32::NAN; params.len()], ready: 0, log: Vec::new() };
+        model.backward(pass(false), params, &mut sink, x, 1);
+        (loss, sink)
+    }
+
+    fn tied_model(heads: usize) -> Sequential {
+        let mut layers: Vec<Box<dyn Layer>> =
+            vec![Box::new(Embedding::new(4, 4, 3).with_init(Init::Normal { std: 0.5 }))];
+        for _ in 0..heads {
+            layers.push(Box::new(LmHead::tied(3, 4, 4, "embedding/embeddings")));
+        }
+        match Sequential::try_new(Shape(vec![3]), layers) {
+            Ok(m) => m,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn tied_heads_share_one_tensor_and_add_every_gradient() {
+        // One head, and two in a row (square table): the second's backward runs first.
+        for heads in [1, 2] {
+            let mut model = tied_model(heads);
+            assert_eq!(model.tensors().len(), 1, "the table is stored once");
+            assert_eq!(model.param_len(), 16);
+            let (params, _) = model.init(3);
+            let x = [2.0, 0.0, 3.0];
+            let r: Vec<f32> = (0..12).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+            let (_, sink) = loss_and_grads(&mut model, &params, &x, &r);
+            assert_eq!(sink.ready, 16, "the table is handed off at the end");
+            assert_eq!(sink.log.last().map(String::as_str), Some("ready 16"), "{:?}", sink.log);
+            let h = 1e-2f32;
+            for i in 0..params.len() {
+                let (mut up, mut down) = (params.clone(), params.clone());
+                up[i] += h;
+                down[i] -= h;
+                let numeric = (loss_and_grads(&mut model, &up, &x, &r).0 - loss_and_grads(&mut model, &down, &x, &r).0)
+                    / (2.0 * f64::from(h));
+                crate::engine::gradcheck::assert_close(f64::from(sink.grads[i]), numeric, 1e-2, &format!("dE[{i}]"));
+            }
+            // Accumulation adds both contributions onto what is there.
+            let mut twice = sink.grads.clone();
+            model.forward(pass(true), &params, &mut [], &x, 1);
+            model.output_and_grad(1).1.copy_from_slice(&r);
+            model.backward(pass(true), &params, &mut twice, &x, 1);
+            for (a, b) in twice.iter().zip(&sink.grads) {
+                assert!((a - 2.0 * b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs 2 × {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_ties_are_refused_with_the_tensor_named() {
+        let build = |head: LmHead| {
+            let layers: Vec<Box<dyn Layer>> = vec![Box::new(Embedding::new(5, 4, 3)), Box::new(head)];
+            Sequential::try_new(Shape(vec![3]), layers).err()
+        };
+        let Some(SequentialError::UnknownTie { path, known, .. }) = build(LmHead::tied(3, 4, 5, "embedding/kernel"))
+        else {
+            panic!("an unknown tensor must be refused")
+        };
+        assert_eq!((path.as_str(), known.as_str()), ("embedding/kernel", "embedding/embeddings"));
+        let err = build(LmHead::tied(3, 4, 6, "embedding/embeddings"));
+        assert!(matches!(err, Some(SequentialError::TieShape { .. })), "{err:?}");
+        assert_eq!(
+            err.map(|e| e.to_string()).unwrap_or_default(),
+            "layer `lm_head` ties to `embedding/embeddings` of shape [5, 4], but expects [6, 4]"
+        );
+        // Only earlier layers lend: a head cannot borrow from a layer after it.
+        let layers: Vec<Box<dyn Layer>> =
+            vec![Box::new(LmHead::tied(3, 4, 4, "embedding/embeddings")), Box::new(Embedding::new(4, 4, 3))];
+        assert!(matches!(Sequential::try_new(Shape(vec![3, 4]), layers), Err(SequentialError::UnknownTie { .. })));
+    }
+}

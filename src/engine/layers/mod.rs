@@ -3,6 +3,7 @@
 mod activation;
 mod avg_pool2d;
 mod batch_norm;
+mod composite;
 mod conv2d;
 mod dense;
 mod dropout;
@@ -376,5 +377,28 @@ mod thread_invariance {
         let win = Window::new((9, 9, 3), (3, 3), (1, 1), true).unwrap();
         same_bits_on_any_thread_count(&|| Box::new(Conv2d::new(win, 4, Activation::Relu, true)), &input, 13);
         same_bits_on_any_thread_count(&|| Box::new(BatchNorm::new(input.clone(), 0.99, 1e-3)), &input, 13);
+    }
+
+    #[test]
+    fn transformer_layers_do_not_depend_on_threads() {
+        use crate::engine::layers::{BlockConfig, GeluForm, LayerNorm, MultiHeadAttention, TransformerBlock};
+        let input = Shape(vec![21, 8]);
+        same_bits_on_any_thread_count(&|| Box::new(LayerNorm::new(input.clone(), 1e-5)), &input, 5);
+        same_bits_on_any_thread_count(
+            &|| Box::new(MultiHeadAttention::new(21, 8, 2, true).unwrap().with_dropout(0.2, 1)),
+            &input,
+            5,
+        );
+        let cfg = BlockConfig {
+            seq_len: 21,
+            dim: 8,
+            heads: 2,
+            hidden: 32,
+            dropout: 0.1,
+            epsilon: 1e-5,
+            gelu: GeluForm::Exact,
+            layers: 2,
+        };
+        same_bits_on_any_thread_count(&|| Box::new(TransformerBlock::new(cfg, 3).unwrap()), &input, 5);
     }
 }

@@ -12,13 +12,13 @@
 //! `transformer_block_2/ln_1/gamma`. Kernels start as GPT-2's: normal with std 0.02, and
 //! 0.02/√(2·layers) for the two projections that feed the residual stream.
 
+use super::composite::{add, prefixed, ranges, sized, total};
 use super::dropout::Dropout;
 use super::gelu::{self, GeluForm};
 use super::layer_norm::LayerNorm;
 use super::multi_head_attention::MultiHeadAttention;
 use super::positionwise_dense::PositionwiseDense;
 use crate::engine::init::derive_seed;
-use crate::engine::kernels::par_rows;
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use std::ops::Range;
@@ -70,26 +70,6 @@ pub struct TransformerBlock {
     w: [Vec<f32>; 2],
 }
 
-/// `buf` resized to `len` values (contents are overwritten by the caller).
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
-}
-
-/// `a += b`, in parallel.
-fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
-    par_rows(a, rows, row, threads, |_, r, part| {
-        crate::engine::simd::vectorized(
-            #[inline(always)]
-            || {
-                for (a, b) in part.iter_mut().zip(&b[r.start * row..r.end * row]) {
-                    *a += b;
-                }
-            },
-        )
-    });
-}
-
 impl TransformerBlock {
     /// A block as `cfg` describes; `salt` tells its dropout masks from other layers' (the
     /// model builder gives the layer's position). `None` when a size is 0 or `heads` does not
@@ -125,15 +105,7 @@ impl TransformerBlock {
             s: Default::default(),
             w: Default::default(),
         };
-        let mut start = 0;
-        block.params = block
-            .children()
-            .map(|(_, l)| {
-                let len: usize = l.params().iter().map(ParamSpec::len).sum();
-                start += len;
-                start - len..start
-            })
-            .collect();
+        block.params = ranges(block.children().map(|(_, l)| total(l.params())));
         Some(block)
     }
 
@@ -164,14 +136,7 @@ impl Layer for TransformerBlock {
     }
 
     fn params(&self) -> Vec<ParamSpec> {
-        self.children()
-            .flat_map(|(prefix, layer)| {
-                layer.params().into_iter().map(move |mut p| {
-                    p.name = format!("{prefix}/{}", p.name);
-                    p
-                })
-            })
-            .collect()
+        prefixed(self.children(), |l| l.params())
     }
 
     fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
