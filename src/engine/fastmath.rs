@@ -18,6 +18,7 @@ const SHIFTER: f32 = 12_582_912.0;
 /// `e^x`; saturates to `e^-87` ≈ 1.6e-38 below −87 and to `e^88` above 88 (callers pass
 /// arguments ≤ 0 or use the result only through `1 / (1 + e^x)`), NaN stays NaN.
 #[inline(always)]
+#[allow(clippy::excessive_precision)] // Cephes' coefficients as published.
 pub fn exp(x: f32) -> f32 {
     // Cephes: x = n·ln2 + r with |r| ≤ ln2/2, ln2 split in two so n·ln2 is exact enough.
     const LN2_HI: f32 = 0.693_359_4;
@@ -47,6 +48,7 @@ fn erfc_nonneg(z: f32) -> f32 {
 
 /// `P(t)` of [`erfc_nonneg`].
 #[inline(always)]
+#[allow(clippy::excessive_precision)] // Numerical Recipes' coefficients as published.
 fn erfcc_poly(t: f32) -> f32 {
     let mut p = 0.170_872_77;
     p = p * t - 0.822_152_23;

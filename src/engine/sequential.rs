@@ -144,9 +144,9 @@ fn resolve_ties(layers: &[Box<dyn Layer>], slots: &mut [Slot], tensors: &[Tensor
         }
         slots[i].view = t.range();
         // Backward runs in reverse: an earlier layer tied to the same tensor runs after this.
-        for k in j + 1..i {
-            if slots[k].view == t.range() {
-                slots[k].adds = true;
+        for other in &mut slots[j + 1..i] {
+            if other.view == t.range() {
+                other.adds = true;
             }
         }
         if !slots[j].shared.contains(&t.range()) {

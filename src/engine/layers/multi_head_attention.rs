@@ -98,7 +98,7 @@ impl MultiHeadAttention {
     /// Attention over `seq_len × dim` inputs with `heads` heads, GPT-2's initialization (normal,
     /// std 0.02) and no dropout; `None` unless `heads` divides `dim` (and neither is 0).
     pub fn new(seq_len: usize, dim: usize, heads: usize, causal: bool) -> Option<Self> {
-        if heads == 0 || dim == 0 || dim % heads != 0 {
+        if heads == 0 || dim == 0 || !dim.is_multiple_of(heads) {
             return None;
         }
         let geo = Geometry { t: seq_len, d: dim, heads, hd: dim / heads, causal, rate: 0.0, salt: 0 };

@@ -135,7 +135,7 @@ mod tests {
         let d = 2.0 * (1.0 - 0.05);
         assert_eq!(p, [2.0, d, d, 2.0, 2.0, d, 2.0]);
         // Coupled (L2) decay honours the ranges too: undecayed values with no gradient stay.
-        let mut adam = Adam::new(3, 0.9, 0.999, 1e-7, 0.1, false).with_decay_ranges(vec![0..1]);
+        let mut adam = Adam::new(3, 0.9, 0.999, 1e-7, 0.1, false).with_decay_ranges(std::iter::once(0..1).collect());
         let mut p = vec![2.0; 3];
         adam.step(&mut p, &[0.0; 3], 0.5);
         assert!(p[0] < 2.0 && p[1] == 2.0 && p[2] == 2.0, "{p:?}");
@@ -150,7 +150,8 @@ mod tests {
         assert_eq!(segments(None, 4..6), vec![(4..6, true)]);
         // A range crossing a chunk edge decays on both sides (chunks are CHUNK values).
         let len = super::super::CHUNK + 10;
-        let mut adam = Adam::new(len, 0.9, 0.999, 1e-7, 0.1, true).with_decay_ranges(vec![len - 20..len - 5]);
+        let mut adam =
+            Adam::new(len, 0.9, 0.999, 1e-7, 0.1, true).with_decay_ranges(std::iter::once(len - 20..len - 5).collect());
         let mut p = vec![1.0; len];
         adam.step(&mut p, &vec![0.0; len], 1.0);
         let decayed: Vec<usize> = (0..len).filter(|&i| p[i] < 1.0).collect();
