@@ -14,6 +14,18 @@ pub fn assert_close(analytic: f64, numeric: f64, tol: f64, what: &str) {
 /// Checks `layer`'s parameter and input gradients against central differences of
 /// `L = Σ y ⊙ r` for a random projection `r`, on `n` random examples of `input`.
 pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: bool) {
+    check(layer, Err(n * input.numel()), n, training);
+}
+
+/// [`check_layer`] on the given input `x` (`n` examples), without the input gradient (token
+/// ids have none).
+pub fn check_layer_params(layer: &mut dyn Layer, x: &[f32], n: usize, training: bool) {
+    check(layer, Ok(x), n, training);
+}
+
+/// The check on `x`, or on random values when `x` is `Err(len)`.
+fn check(layer: &mut dyn Layer, x: Result<&[f32], usize>, n: usize, training: bool) {
+    let input_grad = x.is_err();
     let pass = Pass { training, seed: 7, accumulate: false, threads: 2 };
     let mut r = init::rng(&[1]);
     let specs = layer.params();
@@ -32,7 +44,10 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
         init::fill(&mut state[offset..offset + p.len()], p.init, 3, 0);
         offset += p.len();
     }
-    let x: Vec<f32> = (0..n * input.numel()).map(|_| r.random_range(-1.0..1.0)).collect();
+    let x: Vec<f32> = match x {
+        Ok(x) => x.to_vec(),
+        Err(len) => (0..len).map(|_| r.random_range(-1.0..1.0)).collect(),
+    };
     let out_len = n * layer.output_shape().numel();
     let proj: Vec<f32> = (0..out_len).map(|_| r.random_range(-1.0..1.0)).collect();
 
@@ -48,7 +63,7 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
     layer.forward(pass, &params, &mut st, &x, &mut y, n);
     let mut grads = vec![0.0; params.len()];
     let mut dx = vec![0.0; x.len()];
-    layer.backward(pass, &params, &mut grads, &x, &y, &proj, Some(&mut dx), n);
+    layer.backward(pass, &params, &mut grads, &x, &y, &proj, input_grad.then_some(&mut dx[..]), n);
 
     let h = 2e-3f32;
     let name = layer.kind();
@@ -72,7 +87,7 @@ pub fn check_layer(layer: &mut dyn Layer, input: &Shape, n: usize, training: boo
         let (u, d) = (loss(layer, &up, &x), loss(layer, &down, &x));
         check(grads[i], u, d, format!("{name} d/dparam[{i}]"));
     }
-    for i in sample(x.len()) {
+    for i in sample(if input_grad { x.len() } else { 0 }) {
         let (mut up, mut down) = (x.clone(), x.clone());
         up[i] += h;
         down[i] -= h;

@@ -42,6 +42,10 @@ pub fn fill(out: &mut [f32], init: Init, seed: u64, tensor: u64) {
             let mut r = rng(&[seed, tensor]);
             out.iter_mut().for_each(|v| *v = r.random_range(-limit..limit));
         }
+        Init::Normal { std } => {
+            let mut r = rng(&[seed, tensor]);
+            out.iter_mut().for_each(|v| *v = (standard_normal(&mut r) * f64::from(std)) as f32);
+        }
         Init::HeNormal { fan_in } => {
             // Keras's truncated normal: redraw beyond 2 std, then correct the std the
             // truncation loses (0.8796…).
@@ -49,8 +53,7 @@ pub fn fill(out: &mut [f32], init: Init, seed: u64, tensor: u64) {
             let mut r = rng(&[seed, tensor]);
             for v in out.iter_mut() {
                 let z = loop {
-                    let (u1, u2): (f64, f64) = (r.random_range(f64::EPSILON..1.0), r.random());
-                    let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                    let z = standard_normal(&mut r);
                     if z.abs() <= 2.0 {
                         break z;
                     }
@@ -59,4 +62,10 @@ pub fn fill(out: &mut [f32], init: Init, seed: u64, tensor: u64) {
             }
         }
     }
+}
+
+/// One standard normal draw (Box–Muller, cosine branch).
+fn standard_normal(r: &mut ChaCha8Rng) -> f64 {
+    let (u1, u2): (f64, f64) = (r.random_range(f64::EPSILON..1.0), r.random());
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }

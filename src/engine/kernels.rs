@@ -93,27 +93,33 @@ pub fn gemm_scaled(
 /// (11 MB for the tutorial's first dense layer) every step, as several threads do not. Use the
 /// multi-thread rule everywhere. Packing moves values, never changes a sum, so results are
 /// the same bits either way.
-fn tune_packing() {
+pub(crate) fn tune_packing() {
     static TUNED: std::sync::Once = std::sync::Once::new();
     TUNED.call_once(|| gemm::set_lhs_packing_threshold_single_thread(gemm::get_lhs_packing_threshold_multi_thread()));
 }
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()` values).
 pub fn add_bias(y: &mut [f32], bias: &[f32]) {
-    super::simd::vectorized(|| {
-        for row in y.chunks_exact_mut(bias.len().max(1)) {
-            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-        }
-    });
+    super::simd::vectorized(
+        #[inline(always)]
+        || {
+            for row in y.chunks_exact_mut(bias.len().max(1)) {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+            }
+        },
+    );
 }
 
 /// Adds every row of `rows` (rows of `sum.len()` values) into `sum`, in row order.
 pub fn add_rows(sum: &mut [f32], rows: &[f32]) {
-    super::simd::vectorized(|| {
-        for row in rows.chunks_exact(sum.len().max(1)) {
-            sum.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-        }
-    });
+    super::simd::vectorized(
+        #[inline(always)]
+        || {
+            for row in rows.chunks_exact(sum.len().max(1)) {
+                sum.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+            }
+        },
+    );
 }
 
 /// Parts every sum across a batch is split into, whatever the thread count: partial sums

@@ -14,6 +14,9 @@ pub enum Init {
     Zeros,
     /// All ones (batch-norm gamma and moving variance).
     Ones,
+    /// Normal with mean 0 and standard deviation `std`, untruncated (Keras `RandomNormal`;
+    /// GPT-2 initializes every kernel and embedding with std 0.02).
+    Normal { std: f32 },
 }
 
 /// One parameter tensor of a layer; a layer's tensors sit back to back in its slice.
@@ -42,6 +45,17 @@ impl ParamSpec {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Weight tying: a layer that owns no tensor and computes with an earlier layer's instead (a
+/// GPT head reusing the token embedding matrix).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tie {
+    /// Weight path of the borrowed tensor, as [`crate::engine::Sequential::tensors`] names it
+    /// (`embedding/embeddings`).
+    pub path: String,
+    /// The shape the borrowing layer expects; it must equal the tensor's.
+    pub shape: Vec<usize>,
 }
 
 /// What one forward or backward pass is for.
@@ -77,6 +91,14 @@ pub trait Layer: Send {
     /// Non-trainable tensors (batch-norm moving statistics), in their state-slice order.
     fn state(&self) -> Vec<ParamSpec> {
         Vec::new()
+    }
+
+    /// The tensor this layer borrows instead of owning any (its `params` must be empty): its
+    /// parameter slice in `forward` and `backward` is that tensor, and its backward *adds*
+    /// the gradient there (or overwrites it when `pass.accumulate` is off; the owner, an
+    /// earlier layer whose backward runs later, then adds its own). See `Sequential`.
+    fn tie(&self) -> Option<Tie> {
+        None
     }
 
     /// Output equals input reinterpreted (reshape, flatten): the model aliases the buffers and

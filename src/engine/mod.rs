@@ -8,6 +8,7 @@
 pub mod activation;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fastmath;
 pub mod init;
 pub mod kernels;
 pub mod layer;
@@ -18,11 +19,12 @@ pub mod optimizer;
 pub mod sequential;
 pub mod shape;
 pub mod simd;
+pub mod strided;
 
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
-pub use layer::{Init, Layer, ParamSpec, Pass};
+pub use layer::{Init, Layer, ParamSpec, Pass, Tie};
 pub use loss::{BatchStats, LossFn};
 pub use op::Op;
 pub use optimizer::Optimizer;

@@ -2,12 +2,33 @@
 //!
 //! The arena holds layers in reverse order, so backward finishes gradients from the front of
 //! the buffer: every finished prefix can start its all-reduce while backward continues.
+//!
+//! Weight tying ([`Layer::tie`]): a layer may compute with an earlier layer's tensor instead of
+//! owning one. The tensor stays in its owner's part of the arena, which lies *after* every
+//! later layer's part, so the prefix marks reported while backward passes the borrowing layer
+//! never cover it: the owner's backward runs last of all contributors, adds its gradient to
+//! theirs, and only then marks the tensor ready. One copy of the tensor lives in the arena,
+//! so checkpoints and optimizers see it once.
 
 use super::init;
 use super::layer::{Layer, Pass};
 use super::optimizer::FusedStep;
 use super::shape::Shape;
 use std::ops::Range;
+
+/// A model whose layers cannot be laid out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SequentialError {
+    /// A layer ties to a tensor no earlier layer has.
+    #[error("layer `{layer}` ties to `{path}`, which no earlier layer has (earlier tensors: {known})")]
+    UnknownTie { layer: String, path: String, known: String },
+    /// A tied tensor's shape is not the one the borrowing layer expects.
+    #[error("layer `{layer}` ties to `{path}` of shape {found:?}, but expects {expected:?}")]
+    TieShape { layer: String, path: String, found: Vec<usize>, expected: Vec<usize> },
+    /// A layer declares a tie and tensors of its own.
+    #[error("layer `{layer}` ties to `{path}` and also owns tensors; a tied layer owns none")]
+    TieWithParams { layer: String, path: String },
+}
 
 /// A named tensor inside the parameter or state arena (`dense_1/kernel`).
 #[derive(Debug, Clone, PartialEq)]
@@ -95,10 +116,61 @@ enum Buf {
 
 struct Slot {
     name: String,
+    /// The tensors this layer owns, in the arena.
     params: Range<usize>,
+    /// The slice its forward and backward get: `params`, or the tensor it ties to.
+    view: Range<usize>,
+    /// Parts of `params` that later (tied) layers write gradients into before this layer's
+    /// backward runs.
+    shared: Vec<Range<usize>>,
+    /// A later layer ties to the same tensor as this one: its gradient is there first.
+    adds: bool,
     state: Range<usize>,
     input: Buf,
     output: Buf,
+}
+
+/// Points each tied layer's view at the tensor it borrows and records the loan on the owner.
+fn resolve_ties(layers: &[Box<dyn Layer>], slots: &mut [Slot], tensors: &[TensorInfo]) -> Result<(), SequentialError> {
+    for i in 0..layers.len() {
+        let Some(tie) = layers[i].tie() else { continue };
+        let layer = slots[i].name.clone();
+        if !layers[i].params().is_empty() {
+            return Err(SequentialError::TieWithParams { layer, path: tie.path });
+        }
+        let owner = tensors
+            .iter()
+            .find(|t| t.name == tie.path)
+            .and_then(|t| (0..i).find(|&j| slots[j].params.contains(&t.offset)).map(|j| (j, t)));
+        let Some((j, t)) = owner else {
+            let earlier: Vec<&str> = tensors
+                .iter()
+                .filter(|t| (0..i).any(|j| slots[j].params.contains(&t.offset)))
+                .map(|t| t.name.as_str())
+                .collect();
+            return Err(SequentialError::UnknownTie { layer, path: tie.path, known: earlier.join(", ") });
+        };
+        if t.shape != tie.shape {
+            return Err(SequentialError::TieShape {
+                layer,
+                path: tie.path,
+                found: t.shape.clone(),
+                expected: tie.shape,
+            });
+        }
+        slots[i].view = t.range();
+        // Backward runs in reverse: an earlier layer tied to the same tensor runs after this.
+        for other in &mut slots[j + 1..i] {
+            if other.view == t.range() {
+                other.adds = true;
+            }
+        }
+        if !slots[j].shared.contains(&t.range()) {
+            slots[j].shared.push(t.range());
+            slots[j].shared.sort_by_key(|r| r.start);
+        }
+    }
+    Ok(())
 }
 
 /// Layers applied in order, with their activation buffers.
@@ -120,7 +192,19 @@ pub struct Sequential {
 
 impl Sequential {
     /// Lays out `layers` (built for inputs of `input`) over one arena.
+    ///
+    /// # Panics
+    /// When a layer's [`Layer::tie`] cannot be resolved: build models with tied layers through
+    /// [`Sequential::try_new`].
     pub fn new(input: Shape, layers: Vec<Box<dyn Layer>>) -> Self {
+        match Self::try_new(input, layers) {
+            Ok(model) => model,
+            Err(e) => panic!("{e}; build tied models with Sequential::try_new"),
+        }
+    }
+
+    /// Lays out `layers` (built for inputs of `input`) over one arena, resolving weight ties.
+    pub fn try_new(input: Shape, layers: Vec<Box<dyn Layer>>) -> Result<Self, SequentialError> {
         let mut counts = std::collections::HashMap::<&str, usize>::new();
         let mut slots: Vec<Slot> = Vec::with_capacity(layers.len());
         let mut acts = 0;
@@ -138,7 +222,16 @@ impl Sequential {
                 acts += 1;
                 Buf::Own(acts - 1)
             };
-            slots.push(Slot { name, params: 0..0, state: 0..0, input, output });
+            slots.push(Slot {
+                name,
+                params: 0..0,
+                view: 0..0,
+                shared: Vec::new(),
+                adds: false,
+                state: 0..0,
+                input,
+                output,
+            });
         }
         let (mut tensors, mut state_tensors) = (Vec::new(), Vec::new());
         let (mut param_len, mut state_len) = (0, 0);
@@ -153,6 +246,7 @@ impl Sequential {
                 param_len += tensors.last().map_or(0, TensorInfo::len);
             }
             slot.params = start..param_len;
+            slot.view = start..param_len;
             let start = state_len;
             for p in layer.state() {
                 state_tensors.push(TensorInfo {
@@ -164,7 +258,8 @@ impl Sequential {
             }
             slot.state = start..state_len;
         }
-        Self {
+        resolve_ties(&layers, &mut slots, &tensors)?;
+        Ok(Self {
             input,
             layers,
             slots,
@@ -175,7 +270,7 @@ impl Sequential {
             acts: vec![Vec::new(); acts],
             grad_bufs: [Vec::new(), Vec::new()],
             scratch: Vec::new(),
-        }
+        })
     }
 
     /// Shape of one input example.
@@ -282,7 +377,7 @@ impl Sequential {
                 Buf::Input => x,
                 Buf::Own(i) => &self.acts[i],
             };
-            layer.forward(pass, &params[slot.params.clone()], &mut state[slot.state.clone()], x, &mut y, n);
+            layer.forward(pass, &params[slot.view.clone()], &mut state[slot.state.clone()], x, &mut y, n);
             self.acts[out] = y;
         }
         self.output(n)
@@ -313,9 +408,23 @@ impl Sequential {
     /// of the last forward pass on input `x`, writing parameter gradients into `grads` and
     /// marking each finished prefix ready.
     pub fn backward(&mut self, pass: Pass, params: &[f32], grads: &mut dyn GradSink, x: &[f32], n: usize) {
-        self.backward_layers(x, n, |layer, p, x, y, dy, dx| {
-            layer.backward(pass, &params[p.clone()], grads.slice(p.clone()), x, y, dy, dx, n);
-            grads.ready(p.end);
+        self.backward_layers(x, n, |layer, slot, x, y, dy, dx| {
+            let p = slot.view.clone();
+            let g = grads.slice(p.clone());
+            let mut own = pass;
+            own.accumulate |= slot.adds;
+            if !slot.shared.is_empty() && !pass.accumulate {
+                // Tied layers already wrote their part: overwrite the rest, add onto theirs.
+                let mut from = 0;
+                for r in slot.shared.iter().map(|r| r.start - p.start..r.end - p.start) {
+                    g[from..r.start].fill(0.0);
+                    from = r.end;
+                }
+                g[from..].fill(0.0);
+                own.accumulate = true;
+            }
+            layer.backward(own, &params[p], g, x, y, dy, dx, n);
+            grads.ready(slot.params.end);
         });
     }
 
@@ -329,20 +438,27 @@ impl Sequential {
         // Sized by the layers that store a gradient, not by the arena: the fused dense kernel
         // never does, and sizing by it would make its 11 MB resident again.
         let mut scratch = std::mem::take(&mut self.scratch);
-        self.backward_layers(x, n, |layer, p, x, y, dy, dx| {
+        self.backward_layers(x, n, |layer, slot, x, y, dy, dx| {
+            let p = slot.params.clone();
             layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
         });
         self.scratch = scratch;
     }
 
-    /// Walks the layers back to front, calling `f(layer, its arena range, x, y, dy, dx)` with
+    /// Whether some layer computes with another's tensor: then a tensor's gradient is only
+    /// whole after several layers' backward, and updates cannot be fused into backward.
+    pub fn has_ties(&self) -> bool {
+        self.slots.iter().any(|s| s.adds || !s.shared.is_empty())
+    }
+
+    /// Walks the layers back to front, calling `f(layer, its slot, x, y, dy, dx)` with
     /// ping-pong gradient buffers; `dx` is `None` for the first layer.
     #[allow(clippy::type_complexity)]
     fn backward_layers(
         &mut self,
         x: &[f32],
         n: usize,
-        mut f: impl FnMut(&mut dyn Layer, Range<usize>, &[f32], &[f32], &[f32], Option<&mut [f32]>),
+        mut f: impl FnMut(&mut dyn Layer, &Slot, &[f32], &[f32], &[f32], Option<&mut [f32]>),
     ) {
         let widest = std::iter::once(&self.input)
             .chain(self.layers.iter().map(|l| l.output_shape()))
@@ -366,7 +482,7 @@ impl Sequential {
             let [a, b] = &mut self.grad_bufs;
             let (dy, dx) = if cur == 0 { (&*a, b) } else { (&*b, a) };
             let need_dx = slot.input != Buf::Input;
-            f(layer.as_mut(), slot.params.clone(), x, &self.acts[out], dy, need_dx.then_some(&mut dx[..]));
+            f(layer.as_mut(), slot, x, &self.acts[out], dy, need_dx.then_some(&mut dx[..]));
             if need_dx {
                 cur = 1 - cur;
             }

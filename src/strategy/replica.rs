@@ -46,7 +46,7 @@ impl Replica {
 
     /// Backward of the last [`Replica::forward_loss`] applying `optimizer` at `lr` to `params`
     /// layer by layer ([`Sequential::backward_update`]), so no gradient is stored; when the
-    /// optimizer cannot fuse (Adam, Nesterov), through `grads` and one optimizer pass. Returns
+    /// optimizer cannot fuse (Adam, Nesterov) or the model ties weights, through `grads` and one optimizer pass. Returns
     /// whether there was a forward to finish.
     pub fn backward_update(
         &mut self,
@@ -56,7 +56,9 @@ impl Replica {
         grads: &mut [f32],
     ) -> bool {
         let Some((pass, n)) = self.pending.take() else { return false };
-        match optimizer.fused(lr) {
+        // Tied tensors are whole only after several layers' backward: never fuse them.
+        let fused = if self.model.has_ties() { None } else { optimizer.fused(lr) };
+        match fused {
             Some(mut step) => self.model.backward_update(pass, params, &mut step, &self.input, n),
             None => {
                 self.model.backward(pass, params, &mut &mut *grads, &self.input, n);

@@ -26,18 +26,6 @@ impl Dropout {
         Self { rate, salt, output: shape }
     }
 
-    /// The multiplier of value `i`'s mask: 0 (dropped) or `1 / (1 − rate)`. Values are kept
-    /// when a uniform 32-bit draw is at least `rate · 2³²`.
-    fn masker(&self, seed: u64) -> impl Fn(u64) -> f32 + Sync + use<> {
-        let key = derive_seed(&[seed, self.salt]);
-        let threshold = (f64::from(self.rate) * 4_294_967_296.0) as u64;
-        let scale = 1.0 / (1.0 - self.rate);
-        move |i| {
-            let z = key.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            if mix(z) >> 32 >= threshold { scale } else { 0.0 }
-        }
-    }
-
     /// `out = input ⊙ mask` over `n` examples, or a copy outside training.
     fn apply(&self, pass: Pass, input: &[f32], out: &mut [f32], n: usize) {
         let row = self.output.numel();
@@ -46,13 +34,26 @@ impl Dropout {
             out[..len].copy_from_slice(&input[..len]);
             return;
         }
-        let mask = self.masker(pass.seed);
+        let mask = masker(self.rate, self.salt, pass.seed);
         par_rows(out, n, row, pass.threads, |_, rows, part| {
             let start = rows.start * row;
             for ((o, v), i) in part.iter_mut().zip(&input[start..]).zip(start as u64..) {
                 *o = v * mask(i);
             }
         });
+    }
+}
+
+/// The multiplier of value `i`'s mask for dropout of `rate` in the layer salted `salt` on the
+/// pass seeded `seed`: 0 (dropped) or `1 / (1 − rate)`. Values are kept when a uniform 32-bit
+/// draw is at least `rate · 2³²`. Attention drops its probabilities with the same masks.
+pub(crate) fn masker(rate: f32, salt: u64, seed: u64) -> impl Fn(u64) -> f32 + Sync + use<> {
+    let key = derive_seed(&[seed, salt]);
+    let threshold = (f64::from(rate) * 4_294_967_296.0) as u64;
+    let scale = 1.0 / (1.0 - rate);
+    move |i| {
+        let z = key.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        if mix(z) >> 32 >= threshold { scale } else { 0.0 }
     }
 }
 

@@ -3,12 +3,21 @@
 mod activation;
 mod avg_pool2d;
 mod batch_norm;
+mod composite;
 mod conv2d;
 mod dense;
 mod dropout;
+mod embedding;
+mod gelu;
 mod global_avg_pool2d;
+mod layer_norm;
+mod lm_head;
 mod max_pool2d;
+mod multi_head_attention;
+mod position_embedding;
+mod positionwise_dense;
 mod residual;
+mod transformer_block;
 mod view;
 
 pub use activation::ActivationLayer;
@@ -17,15 +26,28 @@ pub use batch_norm::BatchNorm;
 pub use conv2d::{Conv2d, KernelInit};
 pub use dense::Dense;
 pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use gelu::{Gelu, GeluForm};
 pub use global_avg_pool2d::GlobalAvgPool2d;
+pub use layer_norm::LayerNorm;
+pub use lm_head::LmHead;
 pub use max_pool2d::MaxPool2d;
+pub use multi_head_attention::MultiHeadAttention;
+pub use position_embedding::PositionEmbedding;
+pub use positionwise_dense::PositionwiseDense;
 pub use residual::Residual;
+pub use transformer_block::{BlockConfig, TransformerBlock};
 pub use view::View;
+
+#[cfg(test)]
+mod bench;
+#[cfg(test)]
+mod fixtures;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::gradcheck::check_layer;
+    use crate::engine::gradcheck::{check_layer, check_layer_params};
     use crate::engine::kernels::Window;
     use crate::engine::layer::{Layer, Pass};
     use crate::engine::shape::Shape;
@@ -196,6 +218,99 @@ mod tests {
     }
 
     #[test]
+    fn embedding_gradients() {
+        let ids = [3.0, 0.0, 6.0, 3.0, 1.0, 2.0, 2.0, 5.0, 0.0, 3.0];
+        let mut e = Embedding::new(7, 4, 5).with_init(crate::engine::Init::Normal { std: 0.5 });
+        check_layer_params(&mut e, &ids, 2, true);
+    }
+
+    #[test]
+    fn position_embedding_gradients() {
+        check_layer(&mut PositionEmbedding::new(6, 4, 3).unwrap(), &Shape(vec![4, 3]), 3, true);
+        assert!(PositionEmbedding::new(4, 5, 3).is_none(), "sequences longer than the block are refused");
+    }
+
+    #[test]
+    fn layer_norm_gradients() {
+        for eps in [1e-5, 1e-3] {
+            check_layer(&mut LayerNorm::new(Shape(vec![4, 6]), eps), &Shape(vec![4, 6]), 3, true);
+        }
+    }
+
+    #[test]
+    fn gelu_gradients() {
+        for form in [GeluForm::Exact, GeluForm::Tanh] {
+            check_layer(&mut Gelu::new(form, Shape(vec![3, 5])), &Shape(vec![3, 5]), 3, true);
+        }
+    }
+
+    #[test]
+    fn positionwise_dense_and_untied_lm_head_gradients() {
+        for bias in [true, false] {
+            check_layer(&mut PositionwiseDense::new(3, 5, 4, bias), &Shape(vec![3, 5]), 2, true);
+        }
+        check_layer(&mut LmHead::untied(3, 5, 7), &Shape(vec![3, 5]), 2, true);
+    }
+
+    #[test]
+    fn multi_head_attention_gradients() {
+        let big = crate::engine::Init::Normal { std: 0.5 };
+        for (causal, rate, training) in [(true, 0.0, true), (false, 0.0, true), (true, 0.3, true), (true, 0.3, false)] {
+            let mut attn = MultiHeadAttention::new(5, 8, 2, causal).unwrap().with_dropout(rate, 3).with_init(big, big);
+            check_layer(&mut attn, &Shape(vec![5, 8]), 2, training);
+        }
+        // Longer than one block of the causal tiling.
+        let mut attn = MultiHeadAttention::new(21, 4, 2, true).unwrap().with_init(big, big);
+        check_layer(&mut attn, &Shape(vec![21, 4]), 1, true);
+        assert!(MultiHeadAttention::new(5, 8, 3, true).is_none(), "heads must divide the width");
+    }
+
+    #[test]
+    fn transformer_block_gradients() {
+        for (gelu, dropout) in [(GeluForm::Tanh, 0.0), (GeluForm::Exact, 0.2)] {
+            let cfg = BlockConfig { seq_len: 4, dim: 8, heads: 2, hidden: 16, dropout, epsilon: 1e-5, gelu, layers: 2 };
+            check_layer(&mut TransformerBlock::new(cfg, 4).unwrap(), &Shape(vec![4, 8]), 2, true);
+        }
+    }
+
+    #[test]
+    fn transformer_block_names_its_children() {
+        let cfg = BlockConfig {
+            seq_len: 4,
+            dim: 8,
+            heads: 2,
+            hidden: 32,
+            dropout: 0.0,
+            epsilon: 1e-5,
+            gelu: GeluForm::Tanh,
+            layers: 4,
+        };
+        let block = TransformerBlock::new(cfg, 0).unwrap();
+        let names: Vec<String> = block.params().into_iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            [
+                "ln_1/gamma",
+                "ln_1/beta",
+                "attention/qkv/kernel",
+                "attention/qkv/bias",
+                "attention/attention_output/kernel",
+                "attention/attention_output/bias",
+                "ln_2/gamma",
+                "ln_2/beta",
+                "mlp_fc/kernel",
+                "mlp_fc/bias",
+                "mlp_proj/kernel",
+                "mlp_proj/bias"
+            ]
+        );
+        let total: usize = block.params().iter().map(|p| p.len()).sum();
+        assert_eq!(total, 12 * 8 * 8 + 13 * 8, "GPT-2's 12·d² + 13·d per block");
+        let model = crate::engine::Sequential::new(Shape(vec![4, 8]), vec![Box::new(block)]);
+        assert_eq!(model.tensors()[0].name, "transformer_block/ln_1/gamma");
+    }
+
+    #[test]
     fn residual_names_and_sizes_its_children() {
         let block = Residual::new((8, 8, 16), 32, (2, 2), 0.99, 1e-3).unwrap();
         let names: Vec<String> = block.params().into_iter().map(|p| p.name).collect();
@@ -262,5 +377,28 @@ mod thread_invariance {
         let win = Window::new((9, 9, 3), (3, 3), (1, 1), true).unwrap();
         same_bits_on_any_thread_count(&|| Box::new(Conv2d::new(win, 4, Activation::Relu, true)), &input, 13);
         same_bits_on_any_thread_count(&|| Box::new(BatchNorm::new(input.clone(), 0.99, 1e-3)), &input, 13);
+    }
+
+    #[test]
+    fn transformer_layers_do_not_depend_on_threads() {
+        use crate::engine::layers::{BlockConfig, GeluForm, LayerNorm, MultiHeadAttention, TransformerBlock};
+        let input = Shape(vec![21, 8]);
+        same_bits_on_any_thread_count(&|| Box::new(LayerNorm::new(input.clone(), 1e-5)), &input, 5);
+        same_bits_on_any_thread_count(
+            &|| Box::new(MultiHeadAttention::new(21, 8, 2, true).unwrap().with_dropout(0.2, 1)),
+            &input,
+            5,
+        );
+        let cfg = BlockConfig {
+            seq_len: 21,
+            dim: 8,
+            heads: 2,
+            hidden: 32,
+            dropout: 0.1,
+            epsilon: 1e-5,
+            gelu: GeluForm::Exact,
+            layers: 2,
+        };
+        same_bits_on_any_thread_count(&|| Box::new(TransformerBlock::new(cfg, 3).unwrap()), &input, 5);
     }
 }

@@ -7,6 +7,7 @@
 //! `conv_1/kernel`, `bn_1/gamma`, … so weight paths read `residual_2/conv_1/kernel`.
 
 use super::batch_norm::BatchNorm;
+use super::composite::{add, prefixed, ranges, sized, total};
 use super::conv2d::{Conv2d, KernelInit};
 use crate::engine::kernels::{Window, par_rows};
 use crate::engine::layer::{Layer, ParamSpec, Pass};
@@ -46,23 +47,6 @@ pub struct Residual {
     g1: Vec<f32>,
     g2: Vec<f32>,
     gx: Vec<f32>,
-}
-
-/// `buf` resized to `len` values (contents are overwritten by the caller).
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
-}
-
-/// Ranges for consecutive blocks of the given lengths.
-fn ranges(lens: impl IntoIterator<Item = usize>) -> Vec<Range<usize>> {
-    let mut start = 0;
-    lens.into_iter()
-        .map(|len| {
-            start += len;
-            start - len..start
-        })
-        .collect()
 }
 
 impl Residual {
@@ -110,7 +94,6 @@ impl Residual {
             g2: Vec::new(),
             gx: Vec::new(),
         };
-        let total = |specs: Vec<ParamSpec>| specs.iter().map(ParamSpec::len).sum::<usize>();
         block.params = ranges(block.children().map(|(_, l)| total(l.params())));
         block.state = ranges(block.children().map(|(_, l)| total(l.state())).filter(|&len| len > 0));
         Some(block)
@@ -125,17 +108,6 @@ impl Residual {
             .iter()
             .flat_map(|p| [("shortcut_conv", &p.conv as &dyn Layer), ("shortcut_bn", &p.bn as &dyn Layer)]);
         main.into_iter().chain(shortcut)
-    }
-
-    fn prefixed(&self, of: impl Fn(&dyn Layer) -> Vec<ParamSpec>) -> Vec<ParamSpec> {
-        self.children()
-            .flat_map(|(prefix, layer)| {
-                of(layer).into_iter().map(move |mut p| {
-                    p.name = format!("{prefix}/{}", p.name);
-                    p
-                })
-            })
-            .collect()
     }
 }
 
@@ -158,13 +130,6 @@ fn relu_mask(g: &mut [f32], y: &[f32], rows: usize, row: usize, threads: usize) 
 fn add_relu(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
     par_rows(a, rows, row, threads, |_, r, part| {
         part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a = (*a + b).max(0.0));
-    });
-}
-
-/// `a += b`, in parallel.
-fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
-    par_rows(a, rows, row, threads, |_, r, part| {
-        part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a += b);
     });
 }
 
@@ -207,11 +172,11 @@ impl Layer for Residual {
     }
 
     fn params(&self) -> Vec<ParamSpec> {
-        self.prefixed(|l| l.params())
+        prefixed(self.children(), |l| l.params())
     }
 
     fn state(&self) -> Vec<ParamSpec> {
-        self.prefixed(|l| l.state())
+        prefixed(self.children(), |l| l.state())
     }
 
     fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {

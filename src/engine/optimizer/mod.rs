@@ -2,10 +2,12 @@
 //! length, so it checkpoints as plainly as the weights.
 
 mod adam;
+mod clip;
 mod fused;
 mod sgd;
 
 pub use adam::Adam;
+pub use clip::{clip_by_global_norm, global_norm};
 pub use fused::{FusedStep, SliceStep};
 pub use sgd::{Sgd, SgdRule};
 
@@ -95,14 +97,15 @@ fn split(s: &mut [f32], chunks: usize) -> Vec<&mut [f32]> {
 /// that stays in L1.
 const SUM_BLOCK: usize = 1 << 10;
 
-/// Runs `f` over aligned chunks of the parameter, gradient and up to two state buffers; with
-/// several gradient buffers, `f` sees their sum (added in buffer order), block by block.
+/// Runs `f(offset, …)` over aligned chunks of the parameter, gradient and up to two state
+/// buffers, `offset` being the chunk's first index in the arena; with several gradient
+/// buffers, `f` sees their sum (added in buffer order), block by block.
 fn for_chunks(
     params: &mut [f32],
     grads: &[&[f32]],
     a: &mut [f32],
     b: &mut [f32],
-    f: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
+    f: impl Fn(usize, &mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
 ) {
     // Empty state buffers stand for "no state": give each chunk an empty slice.
     let chunks = params.len().div_ceil(CHUNK);
@@ -110,7 +113,7 @@ fn for_chunks(
     params.par_chunks_mut(CHUNK).zip(a.into_par_iter().zip(b)).enumerate().for_each(|(c, (p, (a, b)))| {
         let at = c * CHUNK;
         match grads {
-            [g] => f(p, &g[at..at + p.len()], a, b),
+            [g] => f(at, p, &g[at..at + p.len()], a, b),
             _ => sum_blocks(p, grads, at, a, b, &f),
         }
     });
@@ -124,7 +127,7 @@ fn sum_blocks(
     at: usize,
     a: &mut [f32],
     b: &mut [f32],
-    f: &(impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync),
+    f: &(impl Fn(usize, &mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync),
 ) {
     let mut sum = [0.0f32; SUM_BLOCK];
     let mut start = 0;
@@ -140,7 +143,7 @@ fn sum_blocks(
             }
             None => sum.fill(0.0),
         });
-        f(p, sum, block(a, start, len), block(b, start, len));
+        f(from, p, sum, block(a, start, len), block(b, start, len));
         start += len;
     }
 }

@@ -28,7 +28,7 @@ impl Sgd {
     pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
         let rule = self.rule(lr);
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
-        for_chunks(params, grads, velocity, &mut [], |p, g, v, _| rule.apply(p, g, v));
+        for_chunks(params, grads, velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
         self.iterations += 1;
     }
 

@@ -1,0 +1,57 @@
+//! Helpers for layers built from child layers (`residual`, `transformer_block`) and for
+//! layers that keep scratch buffers.
+
+use crate::engine::kernels::par_rows;
+use crate::engine::layer::{Layer, ParamSpec};
+use std::ops::Range;
+
+/// `buf` resized to `len` values (contents are overwritten by the caller).
+pub(super) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
+/// Ranges for consecutive blocks of the given lengths.
+pub(super) fn ranges(lens: impl IntoIterator<Item = usize>) -> Vec<Range<usize>> {
+    let mut start = 0;
+    lens.into_iter()
+        .map(|len| {
+            start += len;
+            start - len..start
+        })
+        .collect()
+}
+
+/// Values in `specs`' tensors.
+pub(super) fn total(specs: Vec<ParamSpec>) -> usize {
+    specs.iter().map(ParamSpec::len).sum()
+}
+
+/// The tensors `of` gives for each child, named `prefix/name` after the child's prefix.
+pub(super) fn prefixed<'a>(
+    children: impl Iterator<Item = (&'static str, &'a dyn Layer)>,
+    of: impl Fn(&dyn Layer) -> Vec<ParamSpec>,
+) -> Vec<ParamSpec> {
+    children
+        .flat_map(|(prefix, layer)| {
+            of(layer).into_iter().map(move |mut p| {
+                p.name = format!("{prefix}/{}", p.name);
+                p
+            })
+        })
+        .collect()
+}
+
+/// `a += b` over `rows` rows of `row` values, in parallel.
+pub(super) fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
+    par_rows(a, rows, row, threads, |_, r, part| {
+        crate::engine::simd::vectorized(
+            #[inline(always)]
+            || {
+                for (a, b) in part.iter_mut().zip(&b[r.start * row..r.end * row]) {
+                    *a += b;
+                }
+            },
+        )
+    });
+}

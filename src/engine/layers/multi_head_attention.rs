@@ -1,0 +1,398 @@
+//! `multi_head_attention`: scaled dot-product self-attention over `heads` heads (Vaswani et
+//! al.), optionally causal, with dropout on the attention probabilities. Input and output are
+//! `[T, dim]`.
+//!
+//! Weights: one fused `qkv/kernel [dim, 3·dim]` (columns: the queries of every head, then the
+//! keys, then the values; GPT-2's `c_attn` in Keras's `[in, out]` layout) with `qkv/bias
+//! [3·dim]`, and `attention_output/kernel [dim, dim]`, `attention_output/bias [dim]` (Keras's
+//! name). Fused because one `[rows, dim] × [dim, 3·dim]` product runs faster than three, and
+//! backward then needs one product for the input gradient instead of three.
+//!
+//! Work: the projections are single `gemm`s over all positions. The per-head products run
+//! as one task per example on a fixed split across `pass.threads`, heads in turn, each
+//! multiplying strided views of the example's `[T, 3·dim]` projections and writing straight
+//! into its head's columns of the merged output (no transposes), with the causal mask and
+//! softmax fused into one pass over the scores and causal blocks of rows skipping the keys
+//! they cannot see. Tasks write disjoint rows, so results are the same bits on any thread
+//! count (the tasks are examples rather than example × head so that they own whole rows; a
+//! batch is normally much larger than the thread count). Every buffer is kept in the layer
+//! and reused across steps.
+//!
+//! Dropout masks are a pure function of `(pass.seed, salt, index)`, as in `dropout.rs`:
+//! backward recomputes them.
+
+use super::composite::sized;
+use super::dropout::masker;
+use crate::engine::fastmath::{dot, exp, max, sum};
+use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
+use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::shape::Shape;
+use crate::engine::simd::vectorized;
+use crate::engine::strided::{MatMut, MatRef, gemm};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Sizes and options the per-head kernels need.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// Sequence length, model width, heads, width per head.
+    t: usize,
+    d: usize,
+    heads: usize,
+    hd: usize,
+    causal: bool,
+    /// Attention dropout rate and the salt telling this layer's masks from others'.
+    rate: f32,
+    salt: u64,
+}
+
+impl Geometry {
+    /// Query, key and value of head `head`, as `[T, hd]` strided views of one example's
+    /// `[T, 3·dim]` projections.
+    fn qkv<'a>(&self, qkv: &'a [f32], head: usize) -> [MatRef<'a>; 3] {
+        let [q, k, v] = [0, 1, 2].map(|part| part * self.d + head * self.hd);
+        let at = |start: usize| MatRef::new(&qkv[start..], self.t, self.hd, 3 * self.d, 1);
+        [at(q), at(k), at(v)]
+    }
+
+    /// Head `head`'s `[T, hd]` columns of `rows` (one example's rows of `width` values, the
+    /// head's block starting at column `offset`).
+    fn head_cols<'a>(&self, rows: &'a mut [f32], width: usize, offset: usize) -> MatMut<'a> {
+        MatMut::new(&mut rows[offset..], self.t, self.hd, width, 1)
+    }
+
+    /// Columns of row `i` the causal mask keeps.
+    fn live(&self, i: usize) -> usize {
+        if self.causal { i + 1 } else { self.t }
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.hd as f32).sqrt()
+    }
+}
+
+/// Multi-head self-attention.
+pub struct MultiHeadAttention {
+    geo: Geometry,
+    kernel_init: Init,
+    output_init: Init,
+    output: Shape,
+    /// Forward: projected queries, keys, values `[rows, 3·dim]`; probabilities `[n, heads, T,
+    /// T]` and, with dropout, the dropped ones; the heads' outputs side by side `[rows, dim]`.
+    qkv: Vec<f32>,
+    probs: Vec<f32>,
+    dropped: Vec<f32>,
+    merged: Vec<f32>,
+    /// Backward scratch of the same shapes.
+    d_merged: Vec<f32>,
+    d_probs: Vec<f32>,
+    d_qkv: Vec<f32>,
+}
+
+/// `len`-value chunks of `buf` for each range of tasks, or empty slices when `buf` is empty.
+fn task_parts<'a>(buf: &'a mut [f32], ranges: &[std::ops::Range<usize>], len: usize) -> Vec<&'a mut [f32]> {
+    if buf.is_empty() { ranges.iter().map(|_| <&mut [f32]>::default()).collect() } else { split_rows(buf, ranges, len) }
+}
+
+impl MultiHeadAttention {
+    /// Attention over `seq_len × dim` inputs with `heads` heads, GPT-2's initialization (normal,
+    /// std 0.02) and no dropout; `None` unless `heads` divides `dim` (and neither is 0).
+    pub fn new(seq_len: usize, dim: usize, heads: usize, causal: bool) -> Option<Self> {
+        if heads == 0 || dim == 0 || !dim.is_multiple_of(heads) {
+            return None;
+        }
+        let geo = Geometry { t: seq_len, d: dim, heads, hd: dim / heads, causal, rate: 0.0, salt: 0 };
+        let init = Init::Normal { std: 0.02 };
+        Some(Self {
+            geo,
+            kernel_init: init,
+            output_init: init,
+            output: Shape(vec![seq_len, dim]),
+            qkv: Vec::new(),
+            probs: Vec::new(),
+            dropped: Vec::new(),
+            merged: Vec::new(),
+            d_merged: Vec::new(),
+            d_probs: Vec::new(),
+            d_qkv: Vec::new(),
+        })
+    }
+
+    /// The same layer with dropout of `rate` (in `[0, 1)`) on the attention probabilities in
+    /// training; `salt` tells its masks from other layers' (the model builder gives one).
+    pub fn with_dropout(mut self, rate: f32, salt: u64) -> Self {
+        self.geo.rate = rate;
+        self.geo.salt = salt;
+        self
+    }
+
+    /// The same layer with other initializers for `qkv/kernel` and `attention_output/kernel`
+    /// (GPT-2 scales the output projection's std by 1/√(2·layers)).
+    pub fn with_init(self, kernel_init: Init, output_init: Init) -> Self {
+        Self { kernel_init, output_init, ..self }
+    }
+
+    fn drops(&self, pass: Pass) -> bool {
+        pass.training && self.geo.rate > 0.0
+    }
+}
+
+/// Softmax of each row of the `[T, T]` scores `p` in place, zero past the causal limit.
+#[inline(always)]
+fn softmax_rows(geo: &Geometry, p: &mut [f32]) {
+    for (i, row) in p.chunks_exact_mut(geo.t).enumerate() {
+        let (live, masked) = row.split_at_mut(geo.live(i));
+        let top = max(live);
+        for v in live.iter_mut() {
+            *v = exp(*v - top);
+        }
+        let inv = 1.0 / sum(live);
+        for v in live.iter_mut() {
+            *v *= inv;
+        }
+        masked.fill(0.0);
+    }
+}
+
+/// `ds = p ⊙ (dp − rowsum(p ⊙ dp))` in place of `dp`: softmax's backward, row by row.
+#[inline(always)]
+fn softmax_backward_rows(geo: &Geometry, p: &[f32], dp: &mut [f32]) {
+    for (i, (p, dp)) in p.chunks_exact(geo.t).zip(dp.chunks_exact_mut(geo.t)).enumerate() {
+        let n = geo.live(i);
+        let (live, masked) = dp.split_at_mut(n);
+        let s = dot(&p[..n], live);
+        for (d, p) in live.iter_mut().zip(p) {
+            *d = p * (*d - s);
+        }
+        masked.fill(0.0);
+    }
+}
+
+/// Rows per block of the per-head products: with a causal mask, a block of rows needs only
+/// the keys up to its last row. At T = 64 that skips a quarter of the multiply-adds, which
+/// measured within noise of no blocking (the products are a small part of the step there);
+/// the saving approaches half as T grows.
+const BLOCK: usize = 32;
+
+/// `(rows, columns they attend to)` for each block of rows.
+fn row_blocks(geo: &Geometry) -> impl Iterator<Item = (Range<usize>, usize)> + '_ {
+    (0..geo.t).step_by(BLOCK).map(|r0| {
+        let r1 = (r0 + BLOCK).min(geo.t);
+        (r0..r1, if geo.causal { r1 } else { geo.t })
+    })
+}
+
+/// `(columns, first row attending to them)` for each block of columns.
+fn col_blocks(geo: &Geometry) -> impl Iterator<Item = (Range<usize>, usize)> + '_ {
+    (0..geo.t).step_by(BLOCK).map(|c0| (c0..(c0 + BLOCK).min(geo.t), if geo.causal { c0 } else { 0 }))
+}
+
+/// Head `head` of one example (`qkv`: its `[T, 3·dim]` projections): probabilities into `p`
+/// (and, with `drop_seed`, the dropped ones into `dropped`), output into the head's columns
+/// of `out`, the example's `[T, dim]` merged heads. `first` is the index of `p`'s first value
+/// among the pass's probabilities, which numbers the dropout mask.
+#[allow(clippy::too_many_arguments)]
+fn head_forward(
+    geo: &Geometry,
+    qkv: &[f32],
+    head: usize,
+    first: u64,
+    drop_seed: Option<u64>,
+    p: &mut [f32],
+    dropped: &mut [f32],
+    out: &mut [f32],
+) {
+    let (t, hd) = (geo.t, geo.hd);
+    let [q, k, v] = geo.qkv(qkv, head);
+    let mut scores = MatMut::rows(p, t, t);
+    for (rows, cols) in row_blocks(geo) {
+        gemm(
+            scores.block(rows.clone(), 0..cols),
+            q.block(rows, 0..hd),
+            k.block(0..cols, 0..hd).t(),
+            false,
+            geo.scale(),
+            1,
+        );
+    }
+    vectorized(
+        #[inline(always)]
+        || softmax_rows(geo, p),
+    );
+    let used: &[f32] = match drop_seed {
+        None => p,
+        Some(seed) => {
+            let mask = masker(geo.rate, geo.salt, seed);
+            for ((d, p), i) in dropped.iter_mut().zip(p.iter()).zip(first..) {
+                *d = p * mask(i);
+            }
+            dropped
+        }
+    };
+    let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
+    for (rows, cols) in row_blocks(geo) {
+        gemm(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), false, 1.0, 1);
+    }
+}
+
+/// Head `head`'s backward for one example: from `d_out` (the example's `[T, dim]` gradient of
+/// the merged heads) to the gradients of its query, key and value, written into the head's
+/// columns of `dqkv` (`[T, 3·dim]`), with `dp` as `[T, T]` scratch. `used` are the
+/// probabilities the forward pass multiplied the values by: `probs`, or the dropped ones when
+/// `drop_seed` (the pass seed, given when dropout was on) is given.
+#[allow(clippy::too_many_arguments)]
+fn head_backward(
+    geo: &Geometry,
+    qkv: &[f32],
+    head: usize,
+    first: u64,
+    drop_seed: Option<u64>,
+    (probs, used): (&[f32], &[f32]),
+    d_out: &[f32],
+    dp: &mut [f32],
+    dqkv: &mut [f32],
+) {
+    let (t, d, hd) = (geo.t, geo.d, geo.hd);
+    let [q, k, v] = geo.qkv(qkv, head);
+    let d_out = MatRef::new(&d_out[head * hd..], t, hd, d, 1);
+    let used = MatRef::rows(used, t, t);
+    {
+        let mut g = MatMut::rows(dp, t, t);
+        for (rows, cols) in row_blocks(geo) {
+            gemm(g.block(rows.clone(), 0..cols), d_out.block(rows, 0..hd), v.block(0..cols, 0..hd).t(), false, 1.0, 1);
+        }
+    }
+    let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
+    for (cols, from) in col_blocks(geo) {
+        let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
+        gemm(dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+    }
+    if let Some(seed) = drop_seed {
+        let mask = masker(geo.rate, geo.salt, seed);
+        for (g, i) in dp.iter_mut().zip(first..) {
+            *g *= mask(i);
+        }
+    }
+    vectorized(
+        #[inline(always)]
+        || softmax_backward_rows(geo, probs, dp),
+    );
+    let ds = MatRef::rows(dp, t, t);
+    let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
+    for (rows, cols) in row_blocks(geo) {
+        gemm(dq.block(rows.clone(), 0..hd), ds.block(rows, 0..cols), k.block(0..cols, 0..hd), false, geo.scale(), 1);
+    }
+    let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
+    for (cols, from) in col_blocks(geo) {
+        let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
+        gemm(dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+    }
+}
+
+impl Layer for MultiHeadAttention {
+    fn kind(&self) -> &'static str {
+        "multi_head_attention"
+    }
+
+    fn output_shape(&self) -> &Shape {
+        &self.output
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let d = self.geo.d;
+        vec![
+            ParamSpec::new("qkv/kernel", vec![d, 3 * d], self.kernel_init),
+            ParamSpec::new("qkv/bias", vec![3 * d], Init::Zeros),
+            ParamSpec::new("attention_output/kernel", vec![d, d], self.output_init),
+            ParamSpec::new("attention_output/bias", vec![d], Init::Zeros),
+        ]
+    }
+
+    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+        let (geo, drops) = (self.geo, self.drops(pass));
+        let (t, d, threads) = (geo.t, geo.d, pass.threads);
+        let rows = n * t;
+        let (w_qkv, rest) = params.split_at(3 * d * d);
+        let (b_qkv, rest) = rest.split_at(3 * d);
+        let (w_out, b_out) = rest.split_at(d * d);
+        let qkv = sized(&mut self.qkv, rows * 3 * d);
+        matmul(rows, 3 * d, d, x, false, w_qkv, false, qkv, false, threads);
+        par_rows(qkv, rows, 3 * d, threads, |_, _, part| add_bias(part, &b_qkv[..3 * d]));
+        let qkv: &[f32] = qkv;
+        // One task per example, its heads in turn: each writes its own rows.
+        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
+        let probs = split_rows(sized(&mut self.probs, n * per), &ranges, per);
+        let dropped = task_parts(sized(&mut self.dropped, if drops { n * per } else { 0 }), &ranges, per);
+        let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
+        let drop_seed = drops.then_some(pass.seed);
+        probs.into_par_iter().zip(dropped).zip(merged).zip(&ranges).for_each(|(((p, dr), out), r)| {
+            for (i, b) in r.clone().enumerate() {
+                for head in 0..geo.heads {
+                    let at = i * per + head * t * t;
+                    let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[at..at + t * t] };
+                    let first = (b * per + head * t * t) as u64;
+                    let (qkv, out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &mut out[i * t * d..][..t * d]);
+                    head_forward(&geo, qkv, head, first, drop_seed, &mut p[at..at + t * t], dr, out);
+                }
+            }
+        });
+        let merged = &self.merged[..rows * d];
+        matmul(rows, d, d, merged, false, w_out, false, y, false, threads);
+        par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d]));
+    }
+
+    fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        _: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let (geo, drops) = (self.geo, self.drops(pass));
+        let (t, d, threads, acc) = (geo.t, geo.d, pass.threads, pass.accumulate);
+        let rows = n * t;
+        let dy = &dy[..rows * d];
+        let w_qkv = &params[..3 * d * d];
+        let w_out = &params[3 * d * d + 3 * d..][..d * d];
+        let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
+        let (g_bqkv, rest) = rest.split_at_mut(3 * d);
+        let (g_wout, g_bout) = rest.split_at_mut(d * d);
+        matmul(d, d, rows, &self.merged, true, dy, false, g_wout, acc, threads);
+        if !acc {
+            g_bout[..d].fill(0.0);
+        }
+        add_rows(&mut g_bout[..d], dy);
+        let d_merged = sized(&mut self.d_merged, rows * d);
+        matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads);
+
+        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
+        let d_probs = split_rows(sized(&mut self.d_probs, n * per), &ranges, per);
+        let d_qkv = split_rows(sized(&mut self.d_qkv, rows * 3 * d), &ranges, t * 3 * d);
+        let (qkv, probs, d_merged) = (&self.qkv[..], &self.probs[..], &self.d_merged[..]);
+        let (used, drop_seed) = if drops { (&self.dropped[..], Some(pass.seed)) } else { (probs, None) };
+        d_probs.into_par_iter().zip(d_qkv).zip(&ranges).for_each(|((dp, dqkv), r)| {
+            for (i, b) in r.clone().enumerate() {
+                let dqkv = &mut dqkv[i * t * 3 * d..][..t * 3 * d];
+                for head in 0..geo.heads {
+                    let (at, first) = (i * per + head * t * t, b * per + head * t * t);
+                    let p = (&probs[first..][..t * t], &used[first..][..t * t]);
+                    let (qkv, d_out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &d_merged[b * t * d..][..t * d]);
+                    head_backward(&geo, qkv, head, first as u64, drop_seed, p, d_out, &mut dp[at..at + t * t], dqkv);
+                }
+            }
+        });
+        let d_qkv = &self.d_qkv[..rows * 3 * d];
+        matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
+        if !acc {
+            g_bqkv.fill(0.0);
+        }
+        add_rows(g_bqkv, d_qkv);
+        if let Some(dx) = dx {
+            matmul(rows, d, 3 * d, d_qkv, false, w_qkv, true, dx, false, threads);
+        }
+    }
+}

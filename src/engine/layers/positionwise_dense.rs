@@ -1,0 +1,87 @@
+//! A dense layer over the last axis: `x · kernel + bias` applied at every position of a
+//! `[T, in]` input, giving `[T, units]`. This is what Keras's `Dense` does on a rank-3 input
+//! (hence the kind `dense`); trainrun's [`super::Dense`] flattens its input instead, and keeps
+//! doing so for the models built on it. The transformer block's MLP and the LM head use this.
+
+use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
+use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::shape::Shape;
+
+/// `kernel [in, units]` and optional `bias [units]`, shared by all positions.
+pub struct PositionwiseDense {
+    inputs: usize,
+    units: usize,
+    use_bias: bool,
+    kernel_init: Init,
+    output: Shape,
+}
+
+impl PositionwiseDense {
+    /// `inputs → units` at each of `seq_len` positions, Glorot-uniform (Keras's default).
+    pub fn new(seq_len: usize, inputs: usize, units: usize, use_bias: bool) -> Self {
+        let kernel_init = Init::GlorotUniform { fan_in: inputs, fan_out: units };
+        Self { inputs, units, use_bias, kernel_init, output: Shape(vec![seq_len, units]) }
+    }
+
+    /// The same layer with another kernel initializer (GPT-2: normal, std 0.02).
+    pub fn with_kernel_init(self, kernel_init: Init) -> Self {
+        Self { kernel_init, ..self }
+    }
+
+    fn rows(&self, n: usize) -> usize {
+        n * self.output.0[0]
+    }
+}
+
+impl Layer for PositionwiseDense {
+    fn kind(&self) -> &'static str {
+        "dense"
+    }
+
+    fn output_shape(&self) -> &Shape {
+        &self.output
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let mut p = vec![ParamSpec::new("kernel", vec![self.inputs, self.units], self.kernel_init)];
+        if self.use_bias {
+            p.push(ParamSpec::new("bias", vec![self.units], Init::Zeros));
+        }
+        p
+    }
+
+    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+        let (rows, units) = (self.rows(n), self.units);
+        let (kernel, bias) = params.split_at(self.inputs * units);
+        matmul(rows, units, self.inputs, x, false, kernel, false, y, false, pass.threads);
+        if self.use_bias {
+            par_rows(y, rows, units, pass.threads, |_, _, part| add_bias(part, &bias[..units]));
+        }
+    }
+
+    fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        _: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let (rows, units, inputs) = (self.rows(n), self.units, self.inputs);
+        let dy = &dy[..rows * units];
+        let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
+        matmul(inputs, units, rows, x, true, dy, false, g_kernel, pass.accumulate, pass.threads);
+        if self.use_bias {
+            if !pass.accumulate {
+                g_bias[..units].fill(0.0);
+            }
+            add_rows(&mut g_bias[..units], dy);
+        }
+        if let Some(dx) = dx {
+            matmul(rows, inputs, units, dy, false, &params[..inputs * units], true, dx, false, pass.threads);
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! `transformer_block`: a pre-LN GPT-2 block, a composite of child layers (as `residual.rs`):
+//!
+//! ```text
+//! x₁ = x  + dropout(attention(ln_1(x)))            causal self-attention
+//! y  = x₁ + dropout(mlp_proj(gelu(mlp_fc(ln_2(x₁)))))   per position, dim → hidden → dim
+//! ```
+//!
+//! The dropout after the attention is GPT-2's `resid_dropout` (inside nanoGPT's attention
+//! module); with the attention-probability dropout and the MLP's, all three use one rate.
+//! Children's tensors lie back to back in the block's slice, named `ln_1/gamma`,
+//! `attention/qkv/kernel`, `mlp_fc/kernel`, … so weight paths read
+//! `transformer_block_2/ln_1/gamma`. Kernels start as GPT-2's: normal with std 0.02, and
+//! 0.02/√(2·layers) for the two projections that feed the residual stream.
+
+use super::composite::{add, prefixed, ranges, sized, total};
+use super::dropout::Dropout;
+use super::gelu::{self, GeluForm};
+use super::layer_norm::LayerNorm;
+use super::multi_head_attention::MultiHeadAttention;
+use super::positionwise_dense::PositionwiseDense;
+use crate::engine::init::derive_seed;
+use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::shape::Shape;
+use std::ops::Range;
+
+/// A block's sizes and options.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockConfig {
+    /// Positions per example, `T`.
+    pub seq_len: usize,
+    /// Model width.
+    pub dim: usize,
+    /// Attention heads; must divide `dim`.
+    pub heads: usize,
+    /// MLP hidden width (GPT-2: 4 · dim).
+    pub hidden: usize,
+    /// Dropout rate in training, in `[0, 1)`.
+    pub dropout: f32,
+    /// Layer-norm epsilon (GPT-2: 1e-5).
+    pub epsilon: f32,
+    /// The MLP's activation.
+    pub gelu: GeluForm,
+    /// Blocks in the model, for the scaled initialization of the residual projections.
+    pub layers: usize,
+}
+
+/// One transformer block.
+pub struct TransformerBlock {
+    ln_1: LayerNorm,
+    attention: MultiHeadAttention,
+    attn_dropout: Dropout,
+    ln_2: LayerNorm,
+    mlp_fc: PositionwiseDense,
+    mlp_proj: PositionwiseDense,
+    mlp_dropout: Dropout,
+    cfg: BlockConfig,
+    /// Parameter ranges in child order: ln_1, attention, ln_2, mlp_fc, mlp_proj.
+    params: Vec<Range<usize>>,
+    output: Shape,
+    /// Kept for backward: ln_1(x), x₁, ln_2(x₁), gelu's output and derivative (`f` holds
+    /// mlp_fc's output, needed only in forward).
+    h1: Vec<f32>,
+    x1: Vec<f32>,
+    h2: Vec<f32>,
+    f: Vec<f32>,
+    g: Vec<f32>,
+    gd: Vec<f32>,
+    /// Scratch: three `[rows, dim]` and two `[rows, hidden]` buffers.
+    s: [Vec<f32>; 3],
+    w: [Vec<f32>; 2],
+}
+
+impl TransformerBlock {
+    /// A block as `cfg` describes; `salt` tells its dropout masks from other layers' (the
+    /// model builder gives the layer's position). `None` when a size is 0 or `heads` does not
+    /// divide `dim`.
+    pub fn new(cfg: BlockConfig, salt: u64) -> Option<Self> {
+        let BlockConfig { seq_len: t, dim: d, heads, hidden, dropout, epsilon, layers, .. } = cfg;
+        if t == 0 || hidden == 0 || layers == 0 {
+            return None;
+        }
+        let shape = Shape(vec![t, d]);
+        let std = 0.02;
+        let residual = Init::Normal { std: std / (2.0 * layers as f32).sqrt() };
+        let attention = MultiHeadAttention::new(t, d, heads, true)?
+            .with_dropout(dropout, derive_seed(&[salt, 1]))
+            .with_init(Init::Normal { std }, residual);
+        let mut block = Self {
+            ln_1: LayerNorm::new(shape.clone(), epsilon),
+            attention,
+            attn_dropout: Dropout::new(dropout, derive_seed(&[salt, 2]), shape.clone()),
+            ln_2: LayerNorm::new(shape.clone(), epsilon),
+            mlp_fc: PositionwiseDense::new(t, d, hidden, true).with_kernel_init(Init::Normal { std }),
+            mlp_proj: PositionwiseDense::new(t, hidden, d, true).with_kernel_init(residual),
+            mlp_dropout: Dropout::new(dropout, derive_seed(&[salt, 3]), shape.clone()),
+            cfg,
+            params: Vec::new(),
+            output: shape,
+            h1: Vec::new(),
+            x1: Vec::new(),
+            h2: Vec::new(),
+            f: Vec::new(),
+            g: Vec::new(),
+            gd: Vec::new(),
+            s: Default::default(),
+            w: Default::default(),
+        };
+        block.params = ranges(block.children().map(|(_, l)| total(l.params())));
+        Some(block)
+    }
+
+    /// Children with tensors, with their weight-path prefixes, in slice order.
+    fn children(&self) -> impl Iterator<Item = (&'static str, &dyn Layer)> {
+        let children: [(&'static str, &dyn Layer); 5] = [
+            ("ln_1", &self.ln_1),
+            ("attention", &self.attention),
+            ("ln_2", &self.ln_2),
+            ("mlp_fc", &self.mlp_fc),
+            ("mlp_proj", &self.mlp_proj),
+        ];
+        children.into_iter()
+    }
+
+    fn drops(&self, pass: Pass) -> bool {
+        pass.training && self.cfg.dropout > 0.0
+    }
+}
+
+impl Layer for TransformerBlock {
+    fn kind(&self) -> &'static str {
+        "transformer_block"
+    }
+
+    fn output_shape(&self) -> &Shape {
+        &self.output
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        prefixed(self.children(), |l| l.params())
+    }
+
+    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+        let p = &self.params;
+        let (d, threads) = (self.cfg.dim, pass.threads);
+        let rows = n * self.cfg.seq_len;
+        let (len, wide) = (rows * d, rows * self.cfg.hidden);
+        let drops = self.drops(pass);
+        let (h1, x1, h2) = (sized(&mut self.h1, len), sized(&mut self.x1, len), sized(&mut self.h2, len));
+        let y = &mut y[..len];
+        self.ln_1.forward(pass, &params[p[0].clone()], &mut [], x, h1, n);
+        if drops {
+            let a = sized(&mut self.s[0], len);
+            self.attention.forward(pass, &params[p[1].clone()], &mut [], h1, a, n);
+            self.attn_dropout.forward(pass, &[], &mut [], a, x1, n);
+        } else {
+            self.attention.forward(pass, &params[p[1].clone()], &mut [], h1, x1, n);
+        }
+        add(x1, x, rows, d, threads);
+        self.ln_2.forward(pass, &params[p[2].clone()], &mut [], x1, h2, n);
+        let (f, g, gd) = (sized(&mut self.f, wide), sized(&mut self.g, wide), sized(&mut self.gd, wide));
+        self.mlp_fc.forward(pass, &params[p[3].clone()], &mut [], h2, f, n);
+        gelu::forward(self.cfg.gelu, f, g, gd, wide, threads);
+        if drops {
+            let m = sized(&mut self.s[0], len);
+            self.mlp_proj.forward(pass, &params[p[4].clone()], &mut [], g, m, n);
+            self.mlp_dropout.forward(pass, &[], &mut [], m, y, n);
+        } else {
+            self.mlp_proj.forward(pass, &params[p[4].clone()], &mut [], g, y, n);
+        }
+        add(y, x1, rows, d, threads);
+    }
+
+    /// Children ignore their forward output in backward (none needs it), so they get `&[]`.
+    fn backward(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        x: &[f32],
+        _: &[f32],
+        dy: &[f32],
+        mut dx: Option<&mut [f32]>,
+        n: usize,
+    ) {
+        let p = &self.params;
+        let (d, threads) = (self.cfg.dim, pass.threads);
+        let rows = n * self.cfg.seq_len;
+        let (len, wide) = (rows * d, rows * self.cfg.hidden);
+        let drops = self.drops(pass);
+        let dy = &dy[..len];
+        let [s0, s1, s2] = &mut self.s;
+        let (s0, s1, s2) = (sized(s0, len), sized(s1, len), sized(s2, len));
+        let [w0, w1] = &mut self.w;
+        let (w0, w1) = (sized(w0, wide), sized(w1, wide));
+        let (h1, x1, h2, g, gd) =
+            (&self.h1[..len], &self.x1[..len], &self.h2[..len], &self.g[..wide], &self.gd[..wide]);
+        // MLP branch, back to front: s0 = d m, w0 = d g, w1 = d f, s1 = d h2, s2 = d x₁.
+        let dm: &[f32] = if drops {
+            self.mlp_dropout.backward(pass, &[], &mut [], &[], &[], dy, Some(s0), n);
+            s0
+        } else {
+            dy
+        };
+        self.mlp_proj.backward(pass, &params[p[4].clone()], &mut grads[p[4].clone()], g, &[], dm, Some(w0), n);
+        gelu::backward(gd, w0, w1, wide, threads);
+        self.mlp_fc.backward(pass, &params[p[3].clone()], &mut grads[p[3].clone()], h2, &[], w1, Some(s1), n);
+        self.ln_2.backward(pass, &params[p[2].clone()], &mut grads[p[2].clone()], x1, &[], s1, Some(s2), n);
+        add(s2, dy, rows, d, threads);
+        // Attention branch: s0 = d a, s1 = d h1.
+        let da: &[f32] = if drops {
+            self.attn_dropout.backward(pass, &[], &mut [], &[], &[], s2, Some(s0), n);
+            s0
+        } else {
+            s2
+        };
+        self.attention.backward(pass, &params[p[1].clone()], &mut grads[p[1].clone()], h1, &[], da, Some(s1), n);
+        self.ln_1.backward(pass, &params[p[0].clone()], &mut grads[p[0].clone()], x, &[], s1, dx.as_deref_mut(), n);
+        if let Some(dx) = dx {
+            // ln_1 wrote its part of dx; the residual path adds d x₁.
+            add(&mut dx[..len], s2, rows, d, threads);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Global-norm gradient clipping, Keras's `global_clipnorm`: every gradient is scaled by
+//! `min(1, clip_norm / ‖g‖)`, `‖g‖` the L2 norm of the whole flat gradient buffer, before the
+//! update.
+//!
+//! The norm is summed in f64 over the fixed chunks the optimizers use, in lanes of fixed
+//! order, and the chunk sums are combined in chunk order: the same bits on any thread count.
+
+use super::CHUNK;
+use rayon::prelude::*;
+
+/// f64 partial sums per chunk: enough to keep the adds vectorized in a fixed order.
+const LANES: usize = 8;
+
+/// `‖grads‖₂`, accumulated in f64.
+pub fn global_norm(grads: &[f32]) -> f64 {
+    let sums: Vec<f64> = grads
+        .par_chunks(CHUNK)
+        .map(|c| {
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    let mut acc = [0.0f64; LANES];
+                    let mut it = c.chunks_exact(LANES);
+                    for part in &mut it {
+                        for j in 0..LANES {
+                            acc[j] += f64::from(part[j]) * f64::from(part[j]);
+                        }
+                    }
+                    for (a, g) in acc.iter_mut().zip(it.remainder()) {
+                        *a += f64::from(*g) * f64::from(*g);
+                    }
+                    acc.iter().sum::<f64>()
+                },
+            )
+        })
+        .collect();
+    sums.iter().sum::<f64>().sqrt()
+}
+
+/// Scales `grads` by `min(1, clip_norm / ‖grads‖)` and returns `‖grads‖` before clipping.
+///
+/// A non-finite norm leaves the gradients as they are (scaling by `c / ∞ = 0` would hide a
+/// NaN or overflow from the caller's non-finite check, which should stop training instead).
+pub fn clip_by_global_norm(grads: &mut [f32], clip_norm: f32) -> f64 {
+    let norm = global_norm(grads);
+    let clip = f64::from(clip_norm);
+    if norm.is_finite() && norm > clip {
+        let scale = (clip / norm) as f32;
+        grads.par_chunks_mut(CHUNK).for_each(|c| {
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    for g in c.iter_mut() {
+                        *g *= scale;
+                    }
+                },
+            );
+        });
+    }
+    norm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clips_to_the_norm_and_leaves_small_gradients_alone() {
+        // ‖(3, 4)‖ = 5: clipped to norm 1 → (0.6, 0.8).
+        let mut g = vec![3.0, 4.0];
+        assert_eq!(clip_by_global_norm(&mut g, 1.0), 5.0);
+        assert!((g[0] - 0.6).abs() < 1e-7 && (g[1] - 0.8).abs() < 1e-7, "{g:?}");
+        let mut g = vec![3.0, 4.0];
+        assert_eq!(clip_by_global_norm(&mut g, 5.0), 5.0);
+        assert_eq!(g, [3.0, 4.0]);
+        let mut g = vec![f32::NAN, 1.0];
+        assert!(clip_by_global_norm(&mut g, 1.0).is_nan());
+        assert_eq!(g[1], 1.0);
+    }
+
+    #[test]
+    fn the_norm_spans_chunks_and_does_not_depend_on_threads() {
+        let len = 3 * CHUNK + 11;
+        let g: Vec<f32> = (0..len).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+        let want = g.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt();
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| global_norm(&g))
+        };
+        let one = on(1);
+        assert!((one - want).abs() <= 1e-12 * want, "{one} vs {want}");
+        assert_eq!(one.to_bits(), on(3).to_bits());
+        let mut clipped = g.clone();
+        clip_by_global_norm(&mut clipped, 1.0);
+        assert!((global_norm(&clipped) - 1.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,212 @@
+//! Strided matrix views over slices and a bounds-checked `gemm` on them: attention multiplies
+//! one head's columns of a `[T, 3·D]` buffer without copying them out.
+
+use gemm::Parallelism;
+use std::ops::Range;
+
+/// A read-only matrix whose element `(i, j)` sits at `data[i·rs + j·cs]`.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A `rows × cols` view of `data` with row stride `rs` and column stride `cs`.
+    pub fn new(data: &'a [f32], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Self { data, rows, cols, rs, cs }
+    }
+
+    /// A dense row-major `rows × cols` view.
+    pub fn rows(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// The transpose (no copy).
+    pub fn t(self) -> Self {
+        Self { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
+    }
+
+    /// The sub-matrix of `rows × cols` (no copy).
+    pub fn block(self, rows: Range<usize>, cols: Range<usize>) -> Self {
+        assert!(rows.end <= self.rows && cols.end <= self.cols, "block outside its matrix");
+        let start = rows.start * self.rs + cols.start * self.cs;
+        let data = self.data.get(start..).unwrap_or_default();
+        Self { data, rows: rows.len(), cols: cols.len(), ..self }
+    }
+
+    /// Whether every element the strides reach lies inside `data`.
+    fn in_bounds(&self) -> bool {
+        reach(self.rows, self.cols, self.rs, self.cs) <= self.data.len()
+    }
+}
+
+/// A mutable matrix whose distinct elements sit at distinct places (checked), so `gemm` may
+/// write it from several threads.
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    data: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> MatMut<'a> {
+    /// A `rows × cols` view of `data` with row stride `rs` and column stride `cs`.
+    pub fn new(data: &'a mut [f32], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Self { data, rows, cols, rs, cs }
+    }
+
+    /// A dense row-major `rows × cols` view.
+    pub fn rows(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// The sub-matrix of `rows × cols`, borrowed (no copy).
+    pub fn block(&mut self, rows: Range<usize>, cols: Range<usize>) -> MatMut<'_> {
+        assert!(rows.end <= self.rows && cols.end <= self.cols, "block outside its matrix");
+        let start = rows.start * self.rs + cols.start * self.cs;
+        let data = self.data.get_mut(start..).unwrap_or_default();
+        MatMut { data, rows: rows.len(), cols: cols.len(), rs: self.rs, cs: self.cs }
+    }
+
+    fn in_bounds(&self) -> bool {
+        reach(self.rows, self.cols, self.rs, self.cs) <= self.data.len()
+    }
+
+    /// Rows never overlap columns: one stride steps over the whole extent of the other.
+    fn is_injective(&self) -> bool {
+        let (r, c) = (self.rows.saturating_sub(1), self.cols.saturating_sub(1));
+        (self.cs >= 1 && (r == 0 || self.rs > c * self.cs)) || (self.rs >= 1 && (c == 0 || self.cs > r * self.rs))
+    }
+}
+
+/// One past the largest index a `rows × cols` view with strides `rs`, `cs` touches.
+fn reach(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 { 0 } else { (rows - 1) * rs + (cols - 1) * cs + 1 }
+}
+
+/// `c = (accumulate ? c : 0) + scale · a · b`, on `threads` threads (1: the caller's thread,
+/// for use inside its own parallel split). Panics when shapes disagree or a view leaves its
+/// slice: callers build the views from their own buffer sizes, so that is a bug.
+pub fn gemm(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, accumulate: bool, scale: f32, threads: usize) {
+    assert!(
+        a.cols == b.rows && c.rows == a.rows && c.cols == b.cols,
+        "gemm shapes: {}×{} · {}×{} into {}×{}",
+        a.rows,
+        a.cols,
+        b.rows,
+        b.cols,
+        c.rows,
+        c.cols
+    );
+    // gemm takes raw pointers: every index it will form is checked here.
+    assert!(a.in_bounds() && b.in_bounds() && c.in_bounds() && c.is_injective(), "gemm view out of its slice");
+    let (m, n, k) = (c.rows, c.cols, a.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    c.data[i * c.rs + j * c.cs] = 0.0;
+                }
+            }
+        }
+        return;
+    }
+    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    let s = |v: usize| v as isize;
+    // SAFETY: the asserts above keep every index the strides reach inside the slices; `c` is
+    // borrowed mutably, so it aliases neither `a` nor `b`, and its elements are distinct, so
+    // threads never write one place twice.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.data.as_mut_ptr(),
+            s(c.cs),
+            s(c.rs),
+            accumulate,
+            a.data.as_ptr(),
+            s(a.cs),
+            s(a.rs),
+            b.data.as_ptr(),
+            s(b.cs),
+            s(b.rs),
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_views_multiply_like_copies() {
+        // a: the 3×2 block at columns 1..3 of a 3×4 buffer; b: the transpose of a 4×2 buffer.
+        let buf: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let a = MatRef::new(&buf[1..], 3, 2, 4, 1);
+        let bt: Vec<f32> = (0..8).map(|v| (v % 5) as f32 - 2.0).collect();
+        let b = MatRef::rows(&bt, 4, 2).t();
+        let mut c = vec![1.0; 3 * 4];
+        gemm(MatMut::rows(&mut c, 3, 4), a, b, true, 0.5, 2);
+        for i in 0..3 {
+            for j in 0..4 {
+                let dot: f32 = (0..2).map(|p| buf[1 + 4 * i + p] * bt[2 * j + p]).sum();
+                assert_eq!(c[4 * i + j], 1.0 + 0.5 * dot);
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_multiply_like_their_parents_parts() {
+        // c[1..3, 0..2] = a[1..3, :] · b[:, 1..3], the rest of c untouched.
+        let a: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let b: Vec<f32> = (0..12).map(|v| (v % 5) as f32).collect();
+        let mut c = vec![-1.0; 16];
+        let mut cm = MatMut::rows(&mut c, 4, 4);
+        let (am, bm) = (MatRef::rows(&a, 4, 3), MatRef::rows(&b, 3, 4));
+        gemm(cm.block(1..3, 0..2), am.block(1..3, 0..3), bm.block(0..3, 1..3), false, 1.0, 1);
+        for i in 0..4 {
+            for j in 0..4 {
+                let want = if (1..3).contains(&i) && j < 2 {
+                    (0..3).map(|p| a[3 * i + p] * b[4 * p + j + 1]).sum()
+                } else {
+                    -1.0
+                };
+                assert_eq!(c[4 * i + j], want, "({i}, {j})");
+            }
+        }
+        // Empty blocks at the far edge are fine.
+        assert_eq!(am.block(4..4, 0..3).rows, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of its slice")]
+    fn a_view_past_its_slice_is_refused() {
+        let buf = [0.0; 6];
+        let mut c = [0.0; 4];
+        gemm(MatMut::rows(&mut c, 2, 2), MatRef::new(&buf, 2, 2, 5, 1), MatRef::rows(&buf, 2, 2), false, 1.0, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of its slice")]
+    fn an_overlapping_destination_is_refused() {
+        let buf = [1.0; 4];
+        let mut c = [0.0; 4];
+        gemm(MatMut::new(&mut c, 2, 2, 1, 1), MatRef::rows(&buf, 2, 2), MatRef::rows(&buf, 2, 2), false, 1.0, 1);
+    }
+}
