@@ -52,6 +52,8 @@ pub(crate) struct ChiefLink {
     local: Arc<Local>,
     client: Client,
     address: String,
+    /// Whether this task speaks TLS: then a TLS server at the chief's address is expected.
+    tls: bool,
 }
 
 impl ChiefLink {
@@ -77,7 +79,7 @@ impl ChiefLink {
             .initial_connection_window_size(connection_window);
         let channel = InterceptedService::new(endpoint.connect_lazy(), AddToken::new(token)?);
         let client = Client::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
-        Ok(ChiefLink { settings, local, client, address })
+        Ok(ChiefLink { settings, local, client, address, tls: tls.is_some() })
     }
 
     fn caller(&self) -> pb::Caller {
@@ -150,7 +152,8 @@ impl ChiefLink {
                     }
                     last_error = answer.describe();
                 }
-                Some(Answer::Silent | Answer::Http2) | None => closing_since = None,
+                Some(answer @ Answer::Tls) if !self.tls => return Err(self.stranger(&answer)),
+                Some(Answer::Silent | Answer::Http2 | Answer::Tls) | None => closing_since = None,
             }
             sleep_until((Instant::now() + RETRY).min(deadline)).await;
             if Instant::now() >= deadline {
@@ -158,7 +161,8 @@ impl ChiefLink {
             }
         }
         // A chief that never answered: say what, if anything, holds its address.
-        if let Some(answer) = self.probe(PROBE_WAIT).await.filter(|a| *a != Answer::Http2) {
+        let expected = |a: &Answer| *a == Answer::Http2 || (*a == Answer::Tls && self.tls);
+        if let Some(answer) = self.probe(PROBE_WAIT).await.filter(|a| !expected(a)) {
             last_error = answer.describe();
         }
         let after = s.timeouts.startup;

@@ -25,6 +25,9 @@ pub(crate) enum Answer {
     Junk(Vec<u8>),
     /// An HTTP/2 server (a SETTINGS frame first): possibly a trainrun chief, so not a stranger.
     Http2,
+    /// A TLS server (a TLS record first, typically the alert a plain-text probe earns):
+    /// possibly a chief using `cluster.tls`.
+    Tls,
 }
 
 impl Answer {
@@ -47,6 +50,10 @@ impl Answer {
         if bytes.len() >= 9 && bytes[3] == 0x04 && bytes[5..9] == [0, 0, 0, 0] {
             return Answer::Http2;
         }
+        // A TLS record header: content type 20–23, protocol major version 3.
+        if bytes.len() >= 3 && (0x14..=0x17).contains(&bytes[0]) && bytes[1] == 3 && bytes[2] <= 4 {
+            return Answer::Tls;
+        }
         Answer::Junk(bytes.iter().copied().take(16).collect())
     }
 
@@ -61,6 +68,7 @@ impl Answer {
                 format!("something that sent bytes that are not trainrun's protocol ({})", preview(bytes))
             }
             Answer::Http2 => "an HTTP/2 server".into(),
+            Answer::Tls => "a TLS server (a chief with cluster.tls while this task has none, or an HTTPS server): give every task the same cluster.tls".into(),
         }
     }
 }
@@ -121,11 +129,13 @@ mod tests {
         assert_eq!(page.describe(), "an HTTP/1 server (it answered with an HTML page)");
         assert_eq!(Answer::of(b"", false), Answer::Silent);
         assert_eq!(Answer::of(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 1], false), Answer::Http2);
-        let junk = Answer::of(b"\x16\x03\x01hello there, general", true);
+        let junk = Answer::of(b"\x16\x04\x01hello there, general", true);
         assert_eq!(
             junk.describe(),
-            "something that sent bytes that are not trainrun's protocol (\"\\x16\\x03\\x01hello there, …\")"
+            "something that sent bytes that are not trainrun's protocol (\"\\x16\\x04\\x01hello there, …\")"
         );
+        // The alert a TLS server sends back to a plain-text HTTP/2 preface.
+        assert_eq!(Answer::of(b"\x15\x03\x03\x00\x02\x02\x32", true), Answer::Tls);
     }
 
     /// Serves one connection with `answer`: `None` closes at once.

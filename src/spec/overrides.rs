@@ -32,13 +32,15 @@ const PREFIX: &str = "TRAINRUN_";
 /// The variables trainrun reads besides spec overrides (README "Layering" and "Exit codes"
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
-pub(crate) const KNOWN_VARIABLES: [&str; 6] = [
+pub(crate) const KNOWN_VARIABLES: [&str; 7] = [
     "TRAINRUN_DATA_DIR",
     "TRAINRUN_OFFLINE",
     "TRAINRUN_TASK",
     "TRAINRUN_JOB_TOKEN",
     "TRAINRUN_PROGRESS",
     "TRAINRUN_SWEEP_TRIAL",
+    // The headless Service of a Kubernetes Indexed Job (`cluster::kubernetes::SERVICE_VAR`).
+    "TRAINRUN_KUBERNETES_SERVICE",
 ];
 
 /// `trainrun bench` describes its all-reduce peers' part with variables of this prefix.
