@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 /// A task's exit code when it stopped on SIGTERM after a backup (`cli::Exit::Preempted`).
 const PREEMPTED: i32 = 6;
 
+/// A task's exit code when it stopped on Ctrl-C (`cli::Exit::Interrupted`): a terminal's
+/// Ctrl-C reaches every task of the foreground process group, not only the launcher.
+const INTERRUPTED: i32 = 130;
+
 /// Exit codes a restart cannot cure: a bad spec, an unsupported plan, missing data, a
 /// preemption, a full disk, a bug (`cli::Exit` 2, 3, 4, 6, 7 and 70).
 const NOT_RESTARTED: [u8; 6] = [2, 3, 4, 6, 7, 70];
@@ -83,6 +87,17 @@ pub enum LaunchError {
     /// The tasks stopped on SIGTERM after saving a backup.
     #[error("every task stopped on SIGTERM after the chief saved a backup; run the same command again to resume")]
     Preempted,
+    /// The tasks stopped on Ctrl-C: after a backup, or at once on a second Ctrl-C.
+    #[error("interrupted: every task stopped on Ctrl-C; run the same command again to resume from the last backup")]
+    Interrupted,
+}
+
+/// The launcher's own stop: SIGTERM is a preemption, Ctrl-C an interruption.
+fn stopped() -> LaunchError {
+    match crate::signals::received() {
+        Some(crate::signals::Stop::Interrupted) => LaunchError::Interrupted,
+        Some(crate::signals::Stop::Terminated) | None => LaunchError::Preempted,
+    }
 }
 
 /// How one start of every task ended.
@@ -173,9 +188,12 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     loop {
         match incarnation(&launch, failed.take())? {
             Outcome::Done => return Ok(()),
-            Outcome::Preempted => return Err(LaunchError::Preempted),
+            Outcome::Preempted => return Err(stopped()),
             Outcome::Failed { task, status, tail, code, at } => {
                 let stopping = launch.stop.load(Ordering::SeqCst);
+                if crate::signals::interrupted_twice() {
+                    return Err(LaunchError::Interrupted);
+                }
                 if restarts >= launch.max_restarts || NOT_RESTARTED.contains(&code) || stopping {
                     return Err(LaunchError::TaskFailed { task, status, tail, code });
                 }
@@ -191,7 +209,7 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
                     // Asked to stop while waiting: the last backup is where the next launch
                     // resumes, as after any preemption.
                     if launch.stop.load(Ordering::SeqCst) {
-                        return Err(LaunchError::Preempted);
+                        return Err(stopped());
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -300,13 +318,15 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         for (task, child) in children.iter_mut() {
             match child.try_wait() {
                 Ok(None) => running += 1,
-                Ok(Some(status)) if status.code() == Some(PREEMPTED) => preempted = true,
+                Ok(Some(status)) if matches!(status.code(), Some(PREEMPTED | INTERRUPTED)) => preempted = true,
                 Ok(Some(status)) if !status.success() => failed.push((*task, status)),
                 _ => {}
             }
         }
-        // Stopping tasks get the grace period to reach a step boundary and save.
-        if forwarded.is_some_and(|f| f.elapsed() > launch.grace) && running > 0 {
+        // Stopping tasks get the grace period to reach a step boundary and save; a second
+        // Ctrl-C takes none.
+        let now = crate::signals::interrupted_twice();
+        if (now || forwarded.is_some_and(|f| f.elapsed() > launch.grace)) && running > 0 {
             signal(&children, libc::SIGKILL);
         }
         // When several end in one poll, a task killed by a signal is the cause; the others
