@@ -263,3 +263,21 @@ fn an_empty_training_split_says_what_is_empty_not_a_batch_of_at_most_0() {
         assert!(!stderr.contains("at most 0"), "{stderr}");
     }
 }
+
+#[test]
+fn threads_beyond_the_cores_are_warned_about_in_check_and_at_start() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = common::tempdir();
+    let threads = format!("run.threads={}", cores + 1);
+    let out_dir = format!("run.out_dir={}", dir.path().display());
+    let set = ["--set", &threads, "--set", &out_dir, "--set", "train.epochs=1", "--set", "train.steps_per_epoch=1"];
+    let want = format!("run.threads = {} is more than the {cores} cores of this machine", cores + 1);
+    for command in [vec!["check", "specs/mnist_single.toml"], vec!["specs/mnist_single.toml"]] {
+        let args: Vec<&str> = command.into_iter().chain(set).collect();
+        let out = run(&args);
+        assert_exit(&out, 0);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains(&want), "{args:?}: no {want:?} in\n{stderr}");
+        assert!(stderr.contains(&format!("use run.threads = {cores} or fewer")), "{stderr}");
+    }
+}

@@ -50,6 +50,17 @@ fn overflow(key: &str, product: &str, replicas_text: &str) -> Diagnostic {
         .help(format!("use a {key} that keeps the global batch at most the number of training examples"))
 }
 
+/// `per_replica × replicas × accumulation_steps`, refused when it cannot be counted.
+fn triple(p: usize, r: usize, a: usize, replicas_text: &str) -> Result<usize, Diagnostic> {
+    p.checked_mul(r).and_then(|pr| pr.checked_mul(a)).ok_or_else(|| {
+        overflow(
+            "batch.accumulation_steps",
+            &format!("batch.per_replica × replicas × batch.accumulation_steps = {p} × {r} × {a}"),
+            replicas_text,
+        )
+    })
+}
+
 /// Resolves the batch triple for `replicas` replicas (`replicas_text` explains the count,
 /// e.g. "2 workers × 1 device").
 pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result<BatchPlan, Diagnostic> {
@@ -65,13 +76,7 @@ pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result
     let pr = pr.transpose()?;
     match (g, p, a) {
         (Some(g), Some(p), Some(a)) => {
-            let pra = pr.unwrap_or(p).checked_mul(a).ok_or_else(|| {
-                overflow(
-                    "batch.accumulation_steps",
-                    &format!("batch.per_replica × replicas × batch.accumulation_steps = {p} × {r} × {a}"),
-                    replicas_text,
-                )
-            })?;
+            let pra = triple(p, r, a, replicas_text)?;
             if g == pra {
                 Ok(BatchPlan { global: g, per_replica: p, accumulation_steps: a, derived: Derived::Nothing })
             } else {
@@ -143,13 +148,7 @@ pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result
         }
         (None, Some(p), a) => {
             let a = a.unwrap_or(1);
-            let global = pr.unwrap_or(p).checked_mul(a).ok_or_else(|| {
-                overflow(
-                    "batch.accumulation_steps",
-                    &format!("batch.per_replica × replicas × batch.accumulation_steps = {p} × {r} × {a}"),
-                    replicas_text,
-                )
-            })?;
+            let global = triple(p, r, a, replicas_text)?;
             Ok(BatchPlan { global, per_replica: p, accumulation_steps: a, derived: Derived::Global })
         }
         (None, None, Some(a)) => Err(Diagnostic::error(
