@@ -33,6 +33,8 @@ pub enum Exit {
     NoSpace = 7,
     /// A bug in trainrun: it panicked (see [`crate::crash`]).
     Bug = 70,
+    /// Stopped by Ctrl-C (SIGINT), as shells report a process interrupted (128 + 2).
+    Interrupted = 130,
 }
 
 impl From<Exit> for ExitCode {
@@ -79,6 +81,9 @@ pub enum RunError {
     /// Stopped on request (SIGTERM) after saving a backup: not an error, a pause.
     #[error("trainrun: {0}")]
     Preempted(String),
+    /// Stopped by Ctrl-C (SIGINT), after a backup as on SIGTERM; exit code 130.
+    #[error("trainrun: {0}")]
+    Interrupted(String),
 }
 
 impl RunError {
@@ -90,6 +95,7 @@ impl RunError {
                 return *code;
             }
             RunError::Launch(launch::LaunchError::Preempted) | RunError::Preempted(_) => Exit::Preempted,
+            RunError::Launch(launch::LaunchError::Interrupted) | RunError::Interrupted(_) => Exit::Interrupted,
             RunError::Launch(_) => Exit::Cluster,
             RunError::Usage(_) | RunError::Spec(_) | RunError::Train(TrainError::Resume(_)) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,

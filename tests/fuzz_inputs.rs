@@ -1,6 +1,7 @@
 //! Property-based tests of every reader of outside input: random specs and random `--set` and
 //! `TRAINRUN_*` overrides (keys of the schema and others; numbers such as 0, negatives, 2^63,
-//! NaN, ±inf; huge strings) through `spec::load`; random and mutated bytes through TF_CONFIG,
+//! NaN, ±inf; huge strings) through `spec::load` and then planning (`prepare::plan`, as
+//! `trainrun check`: batch and step arithmetic, the cluster, the model against the data); random and mutated bytes through TF_CONFIG,
 //! the checkpoint manifest reader, the safetensors reader and the IDX and gzip readers.
 //! Nothing may panic, and every refusal of a spec is located (a file and line, an environment
 //! variable or a `--set`). Over 100,000 cases in all, a minute or two in release builds; the
@@ -11,6 +12,7 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestRunner};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use trainrun::prepare::{Invocation, Unplanned};
 use trainrun::spec::{LoadError, load};
 
 /// Runs `strategy` `cases` times through `test`; fails with the smallest failing input.
@@ -164,12 +166,57 @@ fn env_var() -> impl Strategy<Value = (String, String)> {
     (name, edge_number())
 }
 
-/// Loads `text` as a spec file with `env` and `sets`; checks the outcome.
+/// The MNIST folder for the data facts planning reads (headers only), absolute.
+fn data_dir() -> &'static str {
+    static DIR: OnceLock<String> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let given = std::env::var("TRAINRUN_DATA_DIR").unwrap_or_else(|_| "../shared/data/mnist".into());
+        root.join(given).display().to_string()
+    })
+}
+
+/// Plans a loaded spec as `trainrun check` does: nothing may panic, and every problem names
+/// its key, with the place it came from when the spec or an override gave it.
+fn plan_checked(
+    loaded: &trainrun::spec::Loaded,
+    path: &Path,
+    env: &[(String, String)],
+    sets: &[String],
+) -> Result<(), TestCaseError> {
+    let mut env = env.to_vec();
+    env.push(("TRAINRUN_DATA_DIR".into(), data_dir().into()));
+    env.push(("TRAINRUN_OFFLINE".into(), "1".into()));
+    let inv = Invocation {
+        spec: path.to_path_buf(),
+        sets: sets.to_vec(),
+        env,
+        quiet: true,
+        task: None,
+        launched: std::time::Instant::now(),
+    };
+    match trainrun::prepare::plan(loaded, &inv) {
+        Ok(_) | Err(Unplanned::Run(_)) => Ok(()),
+        Err(Unplanned::Spec(diags)) => {
+            let parts = trainrun::spec::render_each(&diags, &loaded.origins);
+            prop_assert!(!parts.is_empty(), "a refusal without a problem");
+            for (diag, part) in diags.iter().zip(&parts) {
+                prop_assert!(
+                    part.contains("--> ") || part.contains(diag.key.as_str()),
+                    "a problem that names neither its place nor its key:\n{part}\n--- sets: {sets:?}"
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Loads `text` as a spec file with `env` and `sets`, then plans it; checks the outcome.
 fn load_checked(dir: &Path, text: &str, env: &[(String, String)], sets: &[String]) -> Result<(), TestCaseError> {
     let path = dir.join("spec.toml");
     std::fs::write(&path, text).map_err(|e| TestCaseError::fail(e.to_string()))?;
     match load(&path, env, sets) {
-        Ok(_) => Ok(()),
+        Ok(loaded) => plan_checked(&loaded, &path, env, sets),
         Err(LoadError::Read { .. }) => Err(TestCaseError::fail("a written spec file could not be read")),
         Err(LoadError::Invalid { parts, rendered, .. }) => {
             prop_assert!(!parts.is_empty(), "a refusal without a problem:\n{rendered}");

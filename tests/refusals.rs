@@ -204,3 +204,80 @@ fn a_closed_stdout_ends_quietly_by_sigpipe() {
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {}", out.status, text(&out).1);
     assert_eq!(text(&out).1, "", "quiet");
 }
+
+#[test]
+fn batch_and_step_counts_too_large_to_count_are_refused_naming_the_keys() {
+    // 4 × 1 × 2^62 wrapped to a global batch of 0, and `check` divided by it (exit 101).
+    refused_by_check_and_run(
+        "specs/mnist_single.toml",
+        &["batch.per_replica=4", "batch.accumulation_steps=4611686018427387904"],
+        &[
+            "batch.per_replica × replicas × batch.accumulation_steps = 4 × 1 × 4611686018427387904 is more examples per step than can be counted",
+            "--> --set batch.accumulation_steps=4611686018427387904",
+        ],
+    );
+    refused_by_check_and_run(
+        "specs/mnist_multiworker.toml",
+        &["batch.accumulation_steps=4611686018427387904"],
+        &["64 × 2 × 4611686018427387904 is more examples per step than can be counted"],
+    );
+    // 2^62 × 4 = 2^64 used to plan "0 steps" and train without end; one less fits in a u64
+    // but not in the signed step counters of TensorBoard and JSON readers.
+    for epochs in ["4611686018427387904", "4611686018427387903"] {
+        refused_by_check_and_run(
+            "specs/mnist_single.toml",
+            &[&format!("train.epochs={epochs}"), "train.steps_per_epoch=4"],
+            &[
+                &format!("train.epochs × steps per epoch = {epochs} × 4 = "),
+                "more than the 9223372036854775807 a run can count",
+                &format!("--> --set train.epochs={epochs}"),
+            ],
+        );
+    }
+}
+
+#[test]
+fn an_empty_training_split_says_what_is_empty_not_a_batch_of_at_most_0() {
+    let dir = common::tempdir();
+    let d = dir.path();
+    // IDX files that declare 0 examples: valid headers, no data.
+    std::fs::write(d.join("train-images"), [0, 0, 8, 3, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28]).unwrap();
+    std::fs::write(d.join("train-labels"), [0, 0, 8, 1, 0, 0, 0, 0]).unwrap();
+    let spec = d.join("empty.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "extends = {:?}\n[data]\ndataset = \"idx\"\ndir = {:?}\n[data.files]\ntrain_images = \"train-images\"\ntrain_labels = \"train-labels\"\n",
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/mnist_single.toml"),
+            d
+        ),
+    )
+    .unwrap();
+    let spec = spec.to_str().unwrap();
+    for args in [vec!["check", spec], vec![spec, "-q"]] {
+        let out = run(&args);
+        assert_exit(&out, 2);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains("the training split has no examples, so there is nothing to train on"), "{stderr}");
+        assert!(stderr.contains("point [data] at a dataset with training examples"), "{stderr}");
+        assert!(!stderr.contains("at most 0"), "{stderr}");
+    }
+}
+
+#[test]
+fn threads_beyond_the_cores_are_warned_about_in_check_and_at_start() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = common::tempdir();
+    let threads = format!("run.threads={}", cores + 1);
+    let out_dir = format!("run.out_dir={}", dir.path().display());
+    let set = ["--set", &threads, "--set", &out_dir, "--set", "train.epochs=1", "--set", "train.steps_per_epoch=1"];
+    let want = format!("run.threads = {} is more than the {cores} cores of this machine", cores + 1);
+    for command in [vec!["check", "specs/mnist_single.toml"], vec!["specs/mnist_single.toml"]] {
+        let args: Vec<&str> = command.into_iter().chain(set).collect();
+        let out = run(&args);
+        assert_exit(&out, 0);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains(&want), "{args:?}: no {want:?} in\n{stderr}");
+        assert!(stderr.contains(&format!("use run.threads = {cores} or fewer")), "{stderr}");
+    }
+}

@@ -21,12 +21,25 @@ use std::time::{Duration, Instant};
 /// A task's exit code when it stopped on SIGTERM after a backup (`cli::Exit::Preempted`).
 const PREEMPTED: i32 = 6;
 
+/// A task's exit code when it stopped on Ctrl-C (`cli::Exit::Interrupted`): a terminal's
+/// Ctrl-C reaches every task of the foreground process group, not only the launcher.
+const INTERRUPTED: i32 = 130;
+
 /// Exit codes a restart cannot cure: a bad spec, an unsupported plan, missing data, a
 /// preemption, a full disk, a bug (`cli::Exit` 2, 3, 4, 6, 7 and 70).
 const NOT_RESTARTED: [u8; 6] = [2, 3, 4, 6, 7, 70];
 
 /// The longest wait between restarts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The exit code of a task that found the job broken (`cli::Exit::Cluster`): a peer died or
+/// stopped answering.
+const CLUSTER: i32 = 5;
+
+/// How long the other tasks get once a task has found the job broken: whoever still runs then
+/// is the task that hung (it answers no SIGTERM), so the launcher returns within the job's
+/// `timeout_s` + 1 s and names it.
+const HANG_GRACE: Duration = Duration::from_millis(500);
 
 /// Log lines kept per task for the failure report.
 const TAIL: usize = 20;
@@ -83,6 +96,17 @@ pub enum LaunchError {
     /// The tasks stopped on SIGTERM after saving a backup.
     #[error("every task stopped on SIGTERM after the chief saved a backup; run the same command again to resume")]
     Preempted,
+    /// The tasks stopped on Ctrl-C: after a backup, or at once on a second Ctrl-C.
+    #[error("interrupted: every task stopped on Ctrl-C; run the same command again to resume from the last backup")]
+    Interrupted,
+}
+
+/// The launcher's own stop: SIGTERM is a preemption, Ctrl-C an interruption.
+fn stopped() -> LaunchError {
+    match crate::signals::received() {
+        Some(crate::signals::Stop::Interrupted) => LaunchError::Interrupted,
+        Some(crate::signals::Stop::Terminated) | None => LaunchError::Preempted,
+    }
 }
 
 /// How one start of every task ended.
@@ -141,7 +165,9 @@ fn forward(task: TaskId, stream: impl Read + Send + 'static, events: bool, out: 
     });
 }
 
-fn terminate(children: &mut BTreeMap<TaskId, Child>, grace: Duration) {
+/// Stops every task: SIGTERM, then SIGKILL to those still running after `grace`. Returns the
+/// tasks that had to be killed.
+fn terminate(children: &mut BTreeMap<TaskId, Child>, grace: Duration) -> Vec<TaskId> {
     for child in children.values() {
         // SAFETY: kill(2) on our own child's pid; a stale pid at worst gets ESRCH.
         unsafe {
@@ -152,12 +178,15 @@ fn terminate(children: &mut BTreeMap<TaskId, Child>, grace: Duration) {
     while Instant::now() < deadline && children.values_mut().any(|c| matches!(c.try_wait(), Ok(None))) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    for child in children.values_mut() {
+    let mut killed = Vec::new();
+    for (task, child) in children.iter_mut() {
         if matches!(child.try_wait(), Ok(None)) {
             let _ = child.kill();
+            killed.push(*task);
         }
         let _ = child.wait();
     }
+    killed
 }
 
 /// The wait before restart number `n` (1-based).
@@ -173,9 +202,12 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     loop {
         match incarnation(&launch, failed.take())? {
             Outcome::Done => return Ok(()),
-            Outcome::Preempted => return Err(LaunchError::Preempted),
+            Outcome::Preempted => return Err(stopped()),
             Outcome::Failed { task, status, tail, code, at } => {
                 let stopping = launch.stop.load(Ordering::SeqCst);
+                if crate::signals::interrupted_twice() {
+                    return Err(LaunchError::Interrupted);
+                }
                 if restarts >= launch.max_restarts || NOT_RESTARTED.contains(&code) || stopping {
                     return Err(LaunchError::TaskFailed { task, status, tail, code });
                 }
@@ -191,7 +223,7 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
                     // Asked to stop while waiting: the last backup is where the next launch
                     // resumes, as after any preemption.
                     if launch.stop.load(Ordering::SeqCst) {
-                        return Err(LaunchError::Preempted);
+                        return Err(stopped());
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -300,13 +332,15 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         for (task, child) in children.iter_mut() {
             match child.try_wait() {
                 Ok(None) => running += 1,
-                Ok(Some(status)) if status.code() == Some(PREEMPTED) => preempted = true,
+                Ok(Some(status)) if matches!(status.code(), Some(PREEMPTED | INTERRUPTED)) => preempted = true,
                 Ok(Some(status)) if !status.success() => failed.push((*task, status)),
                 _ => {}
             }
         }
-        // Stopping tasks get the grace period to reach a step boundary and save.
-        if forwarded.is_some_and(|f| f.elapsed() > launch.grace) && running > 0 {
+        // Stopping tasks get the grace period to reach a step boundary and save; a second
+        // Ctrl-C takes none.
+        let now = crate::signals::interrupted_twice();
+        if (now || forwarded.is_some_and(|f| f.elapsed() > launch.grace)) && running > 0 {
             signal(&children, libc::SIGKILL);
         }
         // When several end in one poll, a task killed by a signal is the cause; the others
@@ -321,35 +355,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
     }
     if let Some((task, status)) = failure {
-        let at = Instant::now();
-        // Survivors usually notice the failure themselves and exit with an error naming it;
-        // whoever has not after the grace period is killed.
-        terminate(&mut children, launch.grace);
-        // A peer that noticed first may have exited before the cause did: a task ending with
-        // a code no restart cures (a full disk) is the one to act on.
-        let incurable = |s: &ExitStatus| {
-            s.code()
-                .and_then(|c| u8::try_from(c).ok())
-                .is_some_and(|c| NOT_RESTARTED.contains(&c) && c != PREEMPTED as u8)
-        };
-        let cause =
-            children.iter_mut().find_map(|(t, c)| c.try_wait().ok().flatten().filter(incurable).map(|s| (*t, s)));
-        let (task, status) = cause.filter(|_| !incurable(&status)).unwrap_or((task, status));
-        // Drain what the tasks said on the way out.
-        while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
-            if let Line::Log(t, text) = line {
-                let tail = tails.entry(t).or_default();
-                tail.push_back(text);
-                if tail.len() > TAIL {
-                    tail.pop_front();
-                }
-            }
-        }
-        let (status, code) = describe(status);
-        let tail = tails.get(&task).map_or(String::from("  (no output)"), |t| {
-            t.iter().map(|l| format!("  [{task}] {l}")).collect::<Vec<_>>().join("\n")
-        });
-        return Ok(Outcome::Failed { task, status, tail, code, at });
+        return Ok(failed(launch, &mut children, &rx, &mut tails, task, status));
     }
     // Every task exited; drain remaining output in order.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
@@ -360,6 +366,70 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
     }
     Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
+}
+
+/// The job failed first in `task` (ended with `status`): stops the others and says which task
+/// caused it, with its last lines.
+fn failed(
+    launch: &Launch,
+    children: &mut BTreeMap<TaskId, Child>,
+    rx: &mpsc::Receiver<Line>,
+    tails: &mut BTreeMap<TaskId, VecDeque<String>>,
+    task: TaskId,
+    status: ExitStatus,
+) -> Outcome {
+    let at = Instant::now();
+    // Survivors usually notice the failure themselves and exit with an error naming it;
+    // whoever has not after the grace period is killed. After a task found the job
+    // broken, a survivor is most likely the task that hung.
+    let noticed = status.code() == Some(CLUSTER);
+    let killed = terminate(children, if noticed { HANG_GRACE.min(launch.grace) } else { launch.grace });
+
+    // A peer that noticed first may have exited before the cause did: a task ending with
+    // a code no restart cures (a full disk) is the one to act on.
+    let incurable = |s: &ExitStatus| {
+        s.code().and_then(|c| u8::try_from(c).ok()).is_some_and(|c| NOT_RESTARTED.contains(&c) && c != PREEMPTED as u8)
+    };
+    let cause = children.iter_mut().find_map(|(t, c)| c.try_wait().ok().flatten().filter(incurable).map(|s| (*t, s)));
+    let (task, status) = cause.filter(|_| !incurable(&status)).unwrap_or((task, status));
+    // Drain what the tasks said on the way out.
+    while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+        if let Line::Log(t, text) = line {
+            let tail = tails.entry(t).or_default();
+            tail.push_back(text);
+            if tail.len() > TAIL {
+                tail.pop_front();
+            }
+        }
+    }
+    let (mut status, code) = describe(status);
+    let shown = |t: TaskId| {
+        tails.get(&t).map_or(String::from("  (no output)"), |lines| {
+            lines.iter().map(|l| format!("  [{t}] {l}")).collect::<Vec<_>>().join("\n")
+        })
+    };
+    let mut tail = shown(task);
+    // The cause is the task that hung, not the one that noticed it: one it named as
+    // silent or late that then answered no SIGTERM either.
+    let said = |t: TaskId| {
+        let name = t.to_string();
+        tail.lines().any(|l| {
+            l.contains(&name)
+                && ["went silent", "did not answer", "timed out", "never arrived", "never checked in"]
+                    .iter()
+                    .any(|w| l.contains(w))
+        })
+    };
+    let hung = killed.iter().copied().find(|&t| noticed && t != task && said(t));
+    let task = match hung {
+        Some(stuck) => {
+            status = format!("hung: {task} found the job broken ({status}), {stuck} answered nothing and was killed");
+            tail = format!("{}\n{tail}", shown(stuck));
+            stuck
+        }
+        None => task,
+    };
+    Outcome::Failed { task, status, tail, code, at }
 }
 
 fn signal(children: &BTreeMap<TaskId, Child>, sig: libc::c_int) {

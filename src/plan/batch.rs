@@ -36,8 +36,29 @@ const DEFAULT_GLOBAL: usize = 32;
 /// The multiples of `unit` nearest `n`, for "use 96 or 104" hints.
 fn nearest_multiples(n: usize, unit: usize) -> String {
     let below = n / unit * unit;
-    let above = below + unit;
-    if below == 0 { format!("{above}") } else { format!("{below} or {above}") }
+    match (below, below.checked_add(unit)) {
+        (0, Some(above)) => format!("{above}"),
+        (_, Some(above)) => format!("{below} or {above}"),
+        (_, None) => format!("{below}"),
+    }
+}
+
+/// Refuses a batch product too large to count (`4 × 1 × 2^62` wraps to 0 otherwise, and
+/// a batch of 0 divides by zero later).
+fn overflow(key: &str, product: &str, replicas_text: &str) -> Diagnostic {
+    Diagnostic::error(key, format!("{product} is more examples per step than can be counted ({replicas_text})"))
+        .help(format!("use a {key} that keeps the global batch at most the number of training examples"))
+}
+
+/// `per_replica × replicas × accumulation_steps`, refused when it cannot be counted.
+fn triple(p: usize, r: usize, a: usize, replicas_text: &str) -> Result<usize, Diagnostic> {
+    p.checked_mul(r).and_then(|pr| pr.checked_mul(a)).ok_or_else(|| {
+        overflow(
+            "batch.accumulation_steps",
+            &format!("batch.per_replica × replicas × batch.accumulation_steps = {p} × {r} × {a}"),
+            replicas_text,
+        )
+    })
 }
 
 /// Resolves the batch triple for `replicas` replicas (`replicas_text` explains the count,
@@ -47,48 +68,61 @@ pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result
     let p = spec.per_replica.map(|n| n.get());
     let a = spec.accumulation_steps.map(|n| n.get());
     let r = replicas.max(1);
+    let pr = p.map(|p| {
+        p.checked_mul(r).ok_or_else(|| {
+            overflow("batch.per_replica", &format!("batch.per_replica × replicas = {p} × {r}"), replicas_text)
+        })
+    });
+    let pr = pr.transpose()?;
     match (g, p, a) {
         (Some(g), Some(p), Some(a)) => {
-            if g == p * r * a {
+            let pra = triple(p, r, a, replicas_text)?;
+            if g == pra {
                 Ok(BatchPlan { global: g, per_replica: p, accumulation_steps: a, derived: Derived::Nothing })
             } else {
                 Err(Diagnostic::error(
                     "batch.global",
                     format!(
-                        "batch.global = {g} but per_replica × replicas × accumulation_steps = {p} × {r} × {a} = {} ({replicas_text})",
-                        p * r * a
+                        "batch.global = {g} but per_replica × replicas × accumulation_steps = {p} × {r} × {a} = {pra} ({replicas_text})"
                     ),
                 )
-                .help(format!("give only two of the three, or set global = {}", p * r * a)))
+                .help(format!("give only two of the three, or set global = {pra}")))
             }
         }
         (Some(g), Some(p), None) => {
-            if g % (p * r) == 0 {
+            let pr = pr.unwrap_or(p);
+            if g % pr == 0 {
                 Ok(BatchPlan {
                     global: g,
                     per_replica: p,
-                    accumulation_steps: g / (p * r),
+                    accumulation_steps: g / pr,
                     derived: Derived::AccumulationSteps,
                 })
             } else {
                 let mut help = format!(
                     "use global = {} (a multiple of per_replica × replicas = {p} × {r} = {})",
-                    nearest_multiples(g, p * r),
-                    p * r
+                    nearest_multiples(g, pr),
+                    pr
                 );
                 if g % r == 0 {
                     help.push_str(&format!(", or per_replica = {}", g / r));
                 }
                 Err(Diagnostic::error(
                     "batch.global",
-                    format!("batch.global = {g} is not a multiple of per_replica × replicas = {p} × {r} = {} ({replicas_text})", p * r),
+                    format!("batch.global = {g} is not a multiple of per_replica × replicas = {p} × {r} = {pr} ({replicas_text})"),
                 )
                 .help(help))
             }
         }
         (Some(g), None, a) => {
             let a_val = a.unwrap_or(1);
-            let unit = r * a_val;
+            let unit = r.checked_mul(a_val).ok_or_else(|| {
+                overflow(
+                    "batch.accumulation_steps",
+                    &format!("replicas × batch.accumulation_steps = {r} × {a_val}"),
+                    replicas_text,
+                )
+            })?;
             if g % unit == 0 {
                 Ok(BatchPlan {
                     global: g,
@@ -114,7 +148,8 @@ pub fn resolve(spec: &BatchSpec, replicas: usize, replicas_text: &str) -> Result
         }
         (None, Some(p), a) => {
             let a = a.unwrap_or(1);
-            Ok(BatchPlan { global: p * r * a, per_replica: p, accumulation_steps: a, derived: Derived::Global })
+            let global = triple(p, r, a, replicas_text)?;
+            Ok(BatchPlan { global, per_replica: p, accumulation_steps: a, derived: Derived::Global })
         }
         (None, None, Some(a)) => Err(Diagnostic::error(
             "batch.accumulation_steps",
@@ -190,5 +225,22 @@ mod tests {
         assert!(e.message.contains("10 × 2 × 2 = 40"), "{}", e.message);
         let e = resolve(&spec(None, None, Some(4)), 1, "x").unwrap_err();
         assert_eq!(e.key, "batch.accumulation_steps");
+    }
+
+    #[test]
+    fn products_too_large_to_count_are_refused_not_wrapped() {
+        let huge = 1 << 62;
+        for (g, p, a, r, key) in [
+            (Some(64), Some(4), Some(huge), 1, "batch.accumulation_steps"),
+            (None, Some(4), Some(huge), 1, "batch.accumulation_steps"),
+            (None, Some(huge), None, 8, "batch.per_replica"),
+            (Some(64), Some(huge), None, 4, "batch.per_replica"),
+            (Some(64), None, Some(huge), 4, "batch.accumulation_steps"),
+        ] {
+            let e = resolve(&spec(g, p, a), r, "x").unwrap_err();
+            assert_eq!(e.key, key, "{g:?} {p:?} {a:?} × {r}");
+            assert!(e.message.contains("more examples per step than can be counted"), "{}", e.message);
+        }
+        assert_eq!(nearest_multiples(usize::MAX - 1, 4), format!("{}", (usize::MAX - 1) / 4 * 4));
     }
 }

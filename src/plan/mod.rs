@@ -159,6 +159,18 @@ impl Plan {
         let out_dir = spec.run.out_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name));
         let callbacks = callbacks::resolve(&spec.callbacks, &out_dir, train.eval.is_some(), &mut diags);
         fault_tolerance(&cluster, &callbacks, train.eval.is_some(), &mut diags);
+        if let Some(t) = spec.run.threads.map(|t| t.get()).filter(|&t| t > facts.cores) {
+            diags.push(
+                Diagnostic::warning(
+                    "run.threads",
+                    format!(
+                        "run.threads = {t} is more than the {} cores of this machine: the threads take turns, and each step waits for the slowest",
+                        facts.cores
+                    ),
+                )
+                .help(format!("use run.threads = {} or fewer, or leave it out (one per core, shared by local tasks)", facts.cores)),
+            );
+        }
 
         let failed = diags.iter().any(|d| d.severity == Severity::Error);
         match (batch, learning_rate, model, failed) {

@@ -44,6 +44,10 @@ impl TrainPlan {
     }
 }
 
+/// The most optimizer steps a run may plan: step numbers are signed 64-bit in TensorBoard
+/// event files and in JSON readers, so a larger count could not be recorded.
+const MAX_STEPS: u64 = i64::MAX as u64;
+
 /// Plans `model.fit`'s loop for a global batch of `global`.
 pub fn resolve(
     spec: &Spec,
@@ -55,7 +59,12 @@ pub fn resolve(
     let t = &spec.train;
     let per_epoch =
         if spec.data.drop_remainder { facts.train_examples / global } else { facts.train_examples.div_ceil(global) };
-    if per_epoch == 0 {
+    if facts.train_examples == 0 {
+        diags.push(
+            Diagnostic::error("data", "the training split has no examples, so there is nothing to train on")
+                .help("point [data] at a dataset with training examples (check its files, or TRAINRUN_DATA_DIR)"),
+        );
+    } else if per_epoch == 0 {
         diags.push(
             Diagnostic::error(
                 "batch.global",
@@ -68,19 +77,23 @@ pub fn resolve(
         );
     }
     let steps_per_epoch = t.steps_per_epoch.map_or(per_epoch as u64, |s| s.get());
-    let total_steps = t.epochs.get().checked_mul(steps_per_epoch).unwrap_or_else(|| {
-        diags.push(
-            Diagnostic::error(
-                "train.epochs",
-                format!(
-                    "train.epochs × steps per epoch = {} × {steps_per_epoch} is more steps than can be counted",
-                    t.epochs
-                ),
-            )
-            .help("train for fewer epochs or fewer train.steps_per_epoch"),
-        );
-        0
-    });
+    let total_steps = match t.epochs.get().checked_mul(steps_per_epoch) {
+        Some(total) if total <= MAX_STEPS => total,
+        product => {
+            diags.push(
+                Diagnostic::error(
+                    "train.epochs",
+                    format!(
+                        "train.epochs × steps per epoch = {} × {steps_per_epoch} = {} steps, more than the {MAX_STEPS} a run can count",
+                        t.epochs,
+                        product.map_or_else(|| "more than 2^64".to_string(), |p| p.to_string()),
+                    ),
+                )
+                .help("train for fewer train.epochs or fewer train.steps_per_epoch"),
+            );
+            0
+        }
+    };
     if (1..t.metrics.len()).any(|i| t.metrics[..i].contains(&t.metrics[i])) {
         diags.push(
             Diagnostic::warning("train.metrics", "train.metrics lists a metric twice").help("list each metric once"),

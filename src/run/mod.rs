@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 /// `trainrun SPEC`: trains (or launches the tasks that train) and writes the run folder.
 pub fn train(inv: &Invocation) -> Result<(), RunError> {
+    // Before anything else, so that no stop request finds the default action (death).
+    crate::signals::stop_requested();
     let p = prepare(inv)?;
     if p.loaded.spec.sweep.is_some() {
         return Err(crate::sweep::not_a_run(&inv.spec, &p.loaded));
@@ -88,16 +90,20 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         epochs: p.plan.train.epochs,
         max_restarts: c.restarts.max_restarts,
         restart_backoff: c.restarts.backoff,
-        stop: crate::signals::stop_requested(),
+        stop: crate::signals::supervise(),
     };
     if let Err(e) = launch::run(run) {
         let error = match e {
             launch::LaunchError::Preempted => RunError::Preempted(e.to_string()),
+            launch::LaunchError::Interrupted => RunError::Interrupted(e.to_string()),
             e => RunError::Launch(e),
         };
-        // A chief killed before it could say so leaves `run.json` at `running`.
-        if !matches!(error, RunError::Preempted(_)) {
-            crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string());
+        match error {
+            RunError::Preempted(_) => {}
+            // The chief saw SIGTERM from the launcher (or was killed by a second Ctrl-C).
+            RunError::Interrupted(_) => crate::train::run_record::mark_interrupted(&p.plan.out_dir, &error.to_string()),
+            // A chief killed before it could say so leaves `run.json` at `running`.
+            _ => crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string()),
         }
         return Err(error);
     }
@@ -151,11 +157,27 @@ fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Res
     .map_err(|e| RunError::Cluster(e.to_string()))
 }
 
+/// A stop that came from Ctrl-C is an interruption (exit code 130), not a preemption.
+fn interrupted(e: RunError) -> RunError {
+    match (e, crate::signals::received()) {
+        (RunError::Preempted(text), Some(crate::signals::Stop::Interrupted)) => {
+            RunError::Interrupted(text.replacen("preempted", "interrupted by Ctrl-C", 1))
+        }
+        (e, _) => e,
+    }
+}
+
 /// Trains in this process: the whole run, or this task's part of a job.
 fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
-    // First thing: a SIGTERM from here on is a request to stop cleanly, not death.
+    // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
+    // training begins there is nothing to save, so the process ends at once.
     let stop = crate::signals::stop_requested();
     let plan = &p.plan;
+    let say_prefix = match plan.cluster.part {
+        Part::Task(task) => format!("[{task}] "),
+        Part::Single | Part::Launcher => String::new(),
+    };
+    crate::signals::exit_promptly_until_training(move |text| eprintln!("{say_prefix}{text}"));
     let dataset = Arc::new(load_data(inv, plan)?);
     let (job, prefix) = match plan.cluster.part {
         Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
@@ -168,6 +190,8 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
             .map_err(RunError::from)?;
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
+    // From here a stop waits for the step boundary and saves a backup first.
+    crate::signals::training_started();
     let mut record = if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step))?) } else { None };
     let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
     let result = pool(plan.threads).and_then(|pool| {
@@ -181,10 +205,9 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         }
         Ok(())
     });
+    let result = result.map_err(interrupted);
     if let Some(r) = record {
-        // A preempted run is paused, not failed: the next launch resumes it.
-        let failure = result.as_ref().err().filter(|e| !matches!(e, RunError::Preempted(_)));
-        let recorded = r.finish(inv, failure.map(|e| (e.exit(), e.to_string())));
+        let recorded = r.finish(inv, result.as_ref().map(|_| ()));
         // On a full disk `run.json` may not fit either: the failure to report is training's.
         return result.and(recorded);
     }

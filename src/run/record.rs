@@ -42,8 +42,14 @@ impl Record {
 
     /// Records how the run ended: `failure` is its exit code and message, `None` when it
     /// completed or was preempted (paused, not failed: the next launch resumes it).
-    pub fn finish(mut self, inv: &Invocation, failure: Option<(u8, String)>) -> Result<(), RunError> {
-        self.record.finish(inv.launched, failure);
+    pub fn finish(mut self, inv: &Invocation, result: Result<(), &RunError>) -> Result<(), RunError> {
+        let (status, code, error) = match result {
+            Ok(()) => (RunStatus::Completed, 0, None),
+            Err(e @ RunError::Preempted(_)) => (RunStatus::Preempted, e.exit(), Some(e.to_string())),
+            Err(e @ RunError::Interrupted(_)) => (RunStatus::Interrupted, e.exit(), Some(e.to_string())),
+            Err(e) => (RunStatus::Failed, e.exit(), Some(e.to_string())),
+        };
+        self.record.finish(inv.launched, status, code, error);
         self.dir.record(&self.record).map_err(|e| RunError::Train(e.into()))
     }
 }

@@ -1,6 +1,6 @@
 //! How an evaluator outside the job's control plane (TF_CONFIG's evaluator, split off the
 //! training cluster) learns that training is over: the chief's `run.json` in the shared run
-//! folder says `completed` or `failed`. A record that already said so when the evaluator
+//! folder says `completed`, `failed`, `preempted` or `interrupted`. A record that already said so when the evaluator
 //! started (it came late, after training) counts too: it then evaluates the checkpoints there
 //! are and exits.
 
@@ -23,7 +23,8 @@ fn status(path: &Path) -> Option<(String, SystemTime)> {
 }
 
 fn terminal(status: &str) -> bool {
-    matches!(status, "completed" | "failed")
+    // A stopped run has ended too: this launch trains no further.
+    matches!(status, "completed" | "failed" | "preempted" | "interrupted")
 }
 
 impl Watcher {

@@ -6,7 +6,7 @@ use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
 use super::record::{MetricsEvent, MetricsLine, RunDir, Summary, peak_rss_mb};
 use super::resume::ResumePoint;
-use super::{Session, TrainError, save_weights, weights_sha256};
+use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState, Sums};
 use crate::data::{Batch, EvalBatches, Pipeline, PipelineOptions};
 use crate::engine::BatchStats;
@@ -88,6 +88,14 @@ pub fn fit(
         }
     }
     lp.finish(stopped, session, callbacks, run_dir)
+}
+
+/// Refuses weights holding a NaN or an infinity (the update of `step` made them so).
+fn non_finite_weights(step: u64, session: &Session) -> Result<(), TrainError> {
+    match first_non_finite(&session.vars, &session.tensors, &session.state_tensors) {
+        Some(t) => Err(TrainError::NonFinite { step, what: format!("the weight tensor `{t}`") }),
+        None => Ok(()),
+    }
 }
 
 /// What an evaluation found.
@@ -216,6 +224,12 @@ impl<'a> Loop<'a> {
         let seed = derive_seed(&[self.plan.seed, STEP_DOMAIN, self.step]);
         let asked = self.opts.stop.load(Ordering::Relaxed);
         let out = session.strategy.compute_gradients(&mut session.vars, &self.micro, seed, asked)?;
+        // Free on the hot path: a NaN gradient shows in the next step's loss at the latest.
+        if !out.stats.loss_sum.is_finite() {
+            let what = first_non_finite(&session.vars, &session.tensors, &session.state_tensors)
+                .map_or_else(|| "the loss".to_string(), |t| format!("the loss, and the weights from `{t}` on,"));
+            return Err(TrainError::NonFinite { step: self.step + 1, what });
+        }
         self.lr = callbacks.learning_rate(self.plan.learning_rate.at(self.step));
         session.strategy.apply(&mut session.vars, &mut session.optimizer, self.lr as f32)?;
         for b in self.micro.drain(..) {
@@ -347,19 +361,25 @@ impl<'a> Loop<'a> {
         let cursor = self.pipeline.cursor();
         let (examples, epoch_sums, last_epoch, last_eval) =
             (self.examples, sums(&self.epoch_stats), sums(&self.last_epoch), self.last_eval);
-        let notes = callbacks.save(&at, |callbacks| SavePoint {
-            epochs_done,
-            cursor,
-            loop_state: LoopState {
-                examples,
-                epoch_sums,
-                last_epoch_sums: last_epoch,
-                last_eval: last_eval.map(|e| EvalState { step: e.step, sums: sums(&e.stats) }),
-                callbacks,
-                best_weights: false,
-            },
-            vars: &session.vars,
-            optimizer: &session.optimizer,
+        let step = self.step;
+        let notes = callbacks.save(&at, |callbacks| {
+            // Only when a save is due: a checkpoint never holds a NaN, and the pending
+            // backup it would replace stays.
+            non_finite_weights(step, session)?;
+            Ok::<_, TrainError>(SavePoint {
+                epochs_done,
+                cursor,
+                loop_state: LoopState {
+                    examples,
+                    epoch_sums,
+                    last_epoch_sums: last_epoch,
+                    last_eval: last_eval.map(|e| EvalState { step: e.step, sums: sums(&e.stats) }),
+                    callbacks,
+                    best_weights: false,
+                },
+                vars: &session.vars,
+                optimizer: &session.optimizer,
+            })
         })?;
         for n in notes {
             self.progress.note(&n);
@@ -424,6 +444,7 @@ impl<'a> Loop<'a> {
         if let Some(e) = final_eval {
             self.progress.note(&format!("test: loss: {:.4} - accuracy: {:.4}", e.loss(), e.accuracy()));
         }
+        non_finite_weights(self.step, session)?;
         let sha = weights_sha256(&session.vars);
         let transport = session.strategy.transport();
         // Every checkpoint is on disk before the job ends, so the evaluator finds the last one.

@@ -14,7 +14,7 @@ mod weights;
 
 pub use fit::{FitOptions, eval_batch_size, fit};
 
-pub use weights::{save_weights, weights_sha256};
+pub use weights::{first_non_finite, save_weights, weights_sha256};
 
 use crate::checkpoint::CheckpointError;
 use crate::data::{Dataset, Shard};
@@ -46,6 +46,19 @@ pub enum TrainError {
     /// The backup cannot resume this spec (another global batch or optimizer).
     #[error("{0}")]
     Resume(String),
+    /// A loss or a weight became NaN or infinite (Keras's `TerminateOnNaN`): training stops
+    /// before anything non-finite is saved, so the last good backup stays.
+    #[error(
+        "training diverged at step {step}: {what} is not finite (NaN or infinite); nothing from this step on was \
+         saved, the last good backup stays\n  help: lower optimizer.learning_rate, add optimizer.warmup or \
+         clip gradients, then run again (it resumes from the last backup)"
+    )]
+    NonFinite {
+        /// The step whose loss or update was not finite.
+        step: u64,
+        /// The loss, or the first non-finite tensor by its Keras weight path.
+        what: String,
+    },
     /// A task was asked to stop (SIGTERM): every task stopped at the same step, after the
     /// chief saved a backup to resume from.
     #[error("{}", preempted_text(*step, backup.as_deref(), *chief))]

@@ -20,6 +20,10 @@ pub enum RunStatus {
     Completed,
     /// Training failed; `exit_code` and `error` say how.
     Failed,
+    /// Stopped by SIGTERM after a backup (exit code 6); the same command resumes it.
+    Preempted,
+    /// Stopped by Ctrl-C (exit code 130), after a backup unless Ctrl-C came twice.
+    Interrupted,
 }
 
 /// `run.json`.
@@ -112,34 +116,38 @@ pub struct Topology {
 }
 
 impl RunRecord {
-    /// Marks the run ended: completed, or failed with `exit_code` and `error`.
-    pub fn finish(&mut self, launched: Instant, failure: Option<(u8, String)>) {
+    /// Marks the run ended with `status` and `exit_code`; `error` says why when it did not
+    /// complete.
+    pub fn finish(&mut self, launched: Instant, status: RunStatus, exit_code: u8, error: Option<String>) {
         self.ended_at = Some(rfc3339(SystemTime::now()));
         self.wall_s = Some(launched.elapsed().as_secs_f64());
-        match failure {
-            None => {
-                self.status = RunStatus::Completed;
-                self.exit_code = Some(0);
-            }
-            Some((code, error)) => {
-                self.status = RunStatus::Failed;
-                self.exit_code = Some(code);
-                self.error = Some(error);
-            }
-        }
+        self.status = status;
+        self.exit_code = Some(exit_code);
+        self.error = error;
     }
 }
 
 /// Marks the `run.json` in `dir` failed when it still says `running`: the launcher's word
 /// for a chief task that was killed before it could write it.
 pub fn mark_failed(dir: &Path, code: u8, error: &str) {
+    mark(dir, &["running"], RunStatus::Failed, code, error);
+}
+
+/// Marks the `run.json` in `dir` interrupted: the launcher got Ctrl-C, and its chief either
+/// stopped on the SIGTERM passed on (`preempted`) or was killed by a second Ctrl-C (`running`).
+pub fn mark_interrupted(dir: &Path, error: &str) {
+    mark(dir, &["running", "preempted"], RunStatus::Interrupted, 130, error);
+}
+
+/// Rewrites the status of the `run.json` in `dir` when it is one of `from`.
+fn mark(dir: &Path, from: &[&str], status: RunStatus, code: u8, error: &str) {
     let path = dir.join("run.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return };
     let Ok(mut record) = serde_json::from_str::<Json>(&text) else { return };
-    if record["status"] != "running" {
+    if !from.iter().any(|f| record["status"] == *f) {
         return;
     }
-    record["status"] = "failed".into();
+    record["status"] = serde_json::to_value(status).unwrap_or(Json::Null);
     record["exit_code"] = code.into();
     record["error"] = error.into();
     record["ended_at"] = rfc3339(SystemTime::now()).into();

@@ -21,6 +21,17 @@ pub fn weights_sha256(vars: &Variables) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The Keras weight path of the first tensor holding a NaN or an infinity, parameters first,
+/// then state (batch-norm moving statistics), if any: what Keras's `TerminateOnNaN` reports.
+pub fn first_non_finite<'t>(vars: &Variables, tensors: &'t [TensorInfo], state: &'t [TensorInfo]) -> Option<&'t str> {
+    let bad = |t: &TensorInfo, values: &[f32]| values.get(t.range()).is_some_and(|v| v.iter().any(|x| !x.is_finite()));
+    tensors
+        .iter()
+        .find(|t| bad(t, &vars.params))
+        .or_else(|| state.iter().find(|t| bad(t, &vars.state)))
+        .map(|t| t.name.as_str())
+}
+
 /// Writes `vars` to `path` (temp file, fsync, rename) as safetensors.
 pub fn save_weights(
     path: &Path,
@@ -48,4 +59,27 @@ pub fn save_weights(
         let _ = std::fs::remove_file(&tmp);
         err(e)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(name: &str, offset: usize, len: usize) -> TensorInfo {
+        TensorInfo { name: name.into(), shape: vec![len], offset }
+    }
+
+    #[test]
+    fn the_first_non_finite_tensor_is_named_parameters_before_state() {
+        let tensors = [tensor("dense/kernel", 0, 3), tensor("dense/bias", 3, 2)];
+        let state = [tensor("batch_norm/moving_mean", 0, 2)];
+        let mut vars = Variables { params: vec![0.5; 5], state: vec![0.0; 2] };
+        assert_eq!(first_non_finite(&vars, &tensors, &state), None);
+        vars.state[1] = f32::NAN;
+        assert_eq!(first_non_finite(&vars, &tensors, &state), Some("batch_norm/moving_mean"));
+        vars.params[4] = f32::INFINITY;
+        assert_eq!(first_non_finite(&vars, &tensors, &state), Some("dense/bias"));
+        vars.params[0] = f32::NEG_INFINITY;
+        assert_eq!(first_non_finite(&vars, &tensors, &state), Some("dense/kernel"));
+    }
 }

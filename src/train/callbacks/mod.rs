@@ -300,11 +300,11 @@ impl Callbacks {
     /// Writes what the callbacks want saved at `at`; `point` gives the rest of the training
     /// state from the callbacks' memory (only called when something is due). Returns notes for
     /// the display.
-    pub fn save<'p>(
+    pub fn save<'p, E: From<CheckpointError>>(
         &mut self,
         at: &Moment<'_>,
-        point: impl FnOnce(CallbacksState) -> SavePoint<'p>,
-    ) -> Result<Vec<String>, CheckpointError> {
+        point: impl FnOnce(CallbacksState) -> Result<SavePoint<'p>, E>,
+    ) -> Result<Vec<String>, E> {
         let mut notes = Vec::new();
         let Callbacks { items, checkpointer } = self;
         let Some(ck) = checkpointer else { return Ok(notes) };
@@ -314,7 +314,7 @@ impl Callbacks {
         }
         let state = items.iter().map(|c| (c.name().to_string(), c.state())).filter(|(_, v)| !v.is_null()).collect();
         let best = items.iter().find_map(|c| c.best_weights());
-        ck.save(requests, at, point(state), best)?;
+        ck.save(requests, at, point(state)?, best)?;
         Ok(notes)
     }
 

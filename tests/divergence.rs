@@ -1,0 +1,47 @@
+//! Keras's `TerminateOnNaN`, the binary end to end: a run whose loss overflows stops with
+//! exit code 1 and a message naming the step and what is not finite; it writes no final
+//! weights and no summary as if it had succeeded, `run.json` says `failed`, and the backups
+//! it leaves hold only finite weights.
+
+mod common;
+
+use common::{assert_exit, json, tempdir, text};
+
+#[test]
+fn a_loss_that_overflows_stops_training_and_keeps_the_last_good_backup() {
+    let dir = tempdir();
+    let d = dir.path();
+    // Mean squared error on logits with a huge rate overflows within a few steps.
+    let out = common::run(&[
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=50",
+        "--set",
+        "train.loss=\"mean_squared_error\"",
+        "--set",
+        "optimizer.learning_rate=1000",
+        "--set",
+        "callbacks=[{ kind = \"backup_and_restore\", save_freq = 1 }]",
+        "--set",
+        &format!("run.out_dir={}", d.display()),
+    ]);
+    assert_exit(&out, 1);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("training diverged at step "), "{stderr}");
+    assert!(stderr.contains("is not finite (NaN or infinite)"), "{stderr}");
+    assert!(stderr.contains("the last good backup stays"), "{stderr}");
+    assert!(!d.join("model.safetensors").exists(), "no final weights as if the run had succeeded");
+    assert!(!d.join("summary.json").exists(), "no summary as if the run had succeeded");
+    let record = json(&d.join("run.json"));
+    assert_eq!((record["status"].as_str(), record["exit_code"].as_u64()), (Some("failed"), Some(1)), "{record}");
+    let backups: Vec<_> = std::fs::read_dir(d.join("backup")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(!backups.is_empty(), "the last good backup stays");
+    for b in backups {
+        for (name, values) in common::weights(&b.join("model.safetensors")) {
+            assert!(values.iter().all(|v| v.is_finite()), "{}: `{name}` is not finite", b.display());
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! A task that hangs (stopped with SIGSTOP: it answers neither heartbeats nor SIGTERM), the
+//! binary end to end: the launcher returns, or restarts the job, within `timeout_s` + 1 s and
+//! names the stuck task, not the worker that noticed.
+
+mod common;
+
+use common::{assert_exit, tempdir, text, wait_for_file};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const TIMEOUT_S: u64 = 5;
+
+fn launch(dir: &Path, restarts: u32) -> Child {
+    common::trainrun()
+        .args(["specs/mnist_fault_tolerant.toml", "-q"])
+        .args(["--set", "train.epochs=2", "--set", "train.steps_per_epoch=300"])
+        .args(["--set", &format!("strategy.communication.timeout_s={TIMEOUT_S}")])
+        .args(["--set", &format!("cluster.max_restarts={restarts}")])
+        .args(["--set", &format!("run.out_dir={}", dir.display())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
+}
+
+/// Waits for the first backup, then stops worker 1 dead; returns when it was stopped.
+fn hang_worker_1(dir: &Path, launcher: &mut Child) -> Instant {
+    wait_for_file(&dir.join("backup/ckpt-0000000010/manifest.json"), LIMIT, &mut [launcher]);
+    let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
+    common::signal(victim, libc::SIGSTOP);
+    Instant::now()
+}
+
+#[test]
+fn a_hung_task_ends_the_launcher_within_timeout_plus_a_second_and_is_named() {
+    let dir = tempdir();
+    let mut launcher = launch(dir.path(), 0);
+    let hung = hang_worker_1(dir.path(), &mut launcher);
+    let (out, _) = common::wait_within(launcher, LIMIT);
+    let took = hung.elapsed();
+    assert_exit(&out, 5);
+    let stderr = text(&out).1;
+    assert!(took < Duration::from_secs(TIMEOUT_S + 1), "took {took:?}\n{stderr}");
+    assert!(stderr.contains("error: worker:1 failed (hung: worker:0 found the job broken"), "{stderr}");
+}
+
+#[test]
+fn with_restarts_the_hung_task_is_named_and_the_job_restarts_within_timeout_plus_a_second() {
+    let dir = tempdir();
+    let mut launcher = launch(dir.path(), 1);
+    let stderr = launcher.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let hung = hang_worker_1(dir.path(), &mut launcher);
+    let line = loop {
+        match rx.recv_timeout(LIMIT) {
+            Ok(l) if l.starts_with("[launcher]") && l.contains("restarting") => break l,
+            Ok(_) => {}
+            Err(e) => panic!("no restart: {e}"),
+        }
+    };
+    let took = hung.elapsed();
+    common::signal(launcher.id(), libc::SIGTERM);
+    let _ = common::wait_within(launcher, LIMIT);
+    assert!(line.starts_with("[launcher] worker:1 failed (hung: worker:0 found the job broken"), "{line}");
+    assert!(took < Duration::from_secs(TIMEOUT_S + 1), "took {took:?}: {line}");
+}

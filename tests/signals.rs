@@ -1,0 +1,208 @@
+//! SIGTERM and Ctrl-C in every phase, the binary end to end: `run.json` says `preempted`
+//! (exit 6) or `interrupted` (exit 130) after a backup; a task waiting at the rendezvous
+//! or loading data ends within 1 s; a second Ctrl-C stops at once; the launcher passes a stop
+//! on, ends its back-off at once, and leaves no task behind.
+
+mod common;
+
+use common::{assert_exit, json, tempdir, text, wait_for_file, wait_within};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A stop before training has nothing to save: the process ends this soon.
+const PROMPT: Duration = Duration::from_secs(1);
+
+fn spawn(args: &[&str]) -> Child {
+    common::trainrun()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
+}
+
+fn backup(dir: &Path, step: u64) -> PathBuf {
+    dir.join("backup").join(format!("ckpt-{step:010}")).join("manifest.json")
+}
+
+/// One process, backups every 5 steps, long enough to be stopped mid-run.
+fn single(dir: &Path) -> Vec<String> {
+    [
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "train.steps_per_epoch=200",
+        "--set",
+        "callbacks=[{ kind = \"backup_and_restore\", save_freq = 5 }]",
+        "--set",
+        &format!("run.out_dir={}", dir.display()),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn sigterm_records_preempted_and_ctrl_c_interrupted_after_a_backup() {
+    for (signal, code, status) in [(libc::SIGTERM, 6, "preempted"), (libc::SIGINT, 130, "interrupted")] {
+        let dir = tempdir();
+        let args = single(dir.path());
+        let mut child = spawn(&refs(&args));
+        wait_for_file(&backup(dir.path(), 5), LIMIT, &mut [&mut child]);
+        common::signal(child.id(), signal);
+        let (out, _) = wait_within(child, LIMIT);
+        assert_exit(&out, code);
+        let record = json(&dir.path().join("run.json"));
+        assert_eq!(record["status"], status, "{record}");
+        assert_eq!(record["exit_code"], code, "{record}");
+        let stderr = text(&out).1;
+        assert!(stderr.contains("run the same command again to resume"), "{stderr}");
+        assert!(!dir.path().join("model.safetensors").exists(), "a stopped run writes no final weights");
+        let backups: Vec<_> = std::fs::read_dir(dir.path().join("backup")).map(|d| d.count()).into_iter().collect();
+        assert!(backups.first().is_some_and(|&n| n > 0), "the backup stays");
+    }
+}
+
+#[test]
+fn a_second_ctrl_c_stops_at_once() {
+    let dir = tempdir();
+    let args = single(dir.path());
+    let mut child = spawn(&refs(&args));
+    wait_for_file(&backup(dir.path(), 5), LIMIT, &mut [&mut child]);
+    common::signal(child.id(), libc::SIGINT);
+    common::signal(child.id(), libc::SIGINT);
+    let (out, took) = wait_within(child, LIMIT);
+    assert_exit(&out, 130);
+    assert!(took < PROMPT, "took {took:?}");
+}
+
+#[test]
+fn a_task_waiting_at_the_rendezvous_ends_within_a_second() {
+    for (signal, code) in [(libc::SIGTERM, 6), (libc::SIGINT, 130)] {
+        let ports = [common::free_port(), common::free_port()];
+        // Worker 1 never starts: worker 0 waits for it (cluster.startup_timeout_s, minutes).
+        let mut child = common::spawn_task(
+            &common::tf_config(&ports, ("worker", 0)),
+            "abcdefghijklmnop0123456789",
+            &["specs/mnist_multiworker.toml", "-q"],
+        );
+        // Listening means it loaded the data and waits for its peer.
+        let until = Instant::now() + LIMIT;
+        while std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_err() {
+            assert!(Instant::now() < until && matches!(child.try_wait(), Ok(None)), "worker 0 never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let asked = Instant::now();
+        common::signal(child.id(), signal);
+        let (out, _) = wait_within(child, LIMIT);
+        let took = asked.elapsed();
+        assert_exit(&out, code);
+        assert!(took < PROMPT, "{signal}: took {took:?}");
+        assert!(text(&out).1.contains("before training began; nothing to save"), "{}", text(&out).1);
+    }
+}
+
+#[test]
+fn a_task_loading_data_ends_within_a_second() {
+    let dir = tempdir();
+    let args = single(dir.path());
+    let child = spawn(&refs(&args));
+    // Within the first moments the process loads and decompresses MNIST.
+    std::thread::sleep(Duration::from_millis(150));
+    let asked = Instant::now();
+    common::signal(child.id(), libc::SIGTERM);
+    let (out, _) = wait_within(child, LIMIT);
+    let took = asked.elapsed();
+    assert_exit(&out, 6);
+    assert!(took < PROMPT, "took {took:?}");
+}
+
+/// The pids of every task the launcher `parent` started.
+fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has been reaped by nobody yet, but it runs no more.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+fn fault_tolerant(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "specs/mnist_fault_tolerant.toml",
+        "-q",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "train.steps_per_epoch=200",
+        "--set",
+        &format!("run.out_dir={}", dir.display()),
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+#[test]
+fn ctrl_c_to_the_launcher_stops_every_task_after_a_backup_and_twice_at_once() {
+    for twice in [false, true] {
+        let dir = tempdir();
+        let args = fault_tolerant(dir.path(), &[]);
+        let mut launcher = spawn(&refs(&args));
+        wait_for_file(&backup(dir.path(), 10), LIMIT, &mut [&mut launcher]);
+        let tasks = children(launcher.id());
+        assert_eq!(tasks.len(), 2, "{tasks:?}");
+        common::signal(launcher.id(), libc::SIGINT);
+        if twice {
+            common::signal(launcher.id(), libc::SIGINT);
+        }
+        let (out, took) = wait_within(launcher, LIMIT);
+        assert_exit(&out, 130);
+        if twice {
+            assert!(took < PROMPT + Duration::from_secs(1), "took {took:?}");
+        }
+        let record = json(&dir.path().join("run.json"));
+        assert_eq!(record["status"], "interrupted", "{record}");
+        assert_eq!(record["exit_code"], 130, "{record}");
+        std::thread::sleep(Duration::from_millis(200));
+        let left: Vec<_> = tasks.iter().filter(|&&p| alive(p)).collect();
+        assert!(left.is_empty(), "tasks left running: {left:?}");
+    }
+}
+
+#[test]
+fn a_stop_during_the_restart_back_off_ends_the_launcher_within_a_second() {
+    let dir = tempdir();
+    let args = fault_tolerant(dir.path(), &["--set", "cluster.restart_backoff_s=60"]);
+    let mut launcher = spawn(&refs(&args));
+    wait_for_file(&backup(dir.path(), 10), LIMIT, &mut [&mut launcher]);
+    let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
+    common::signal(victim, libc::SIGKILL);
+    // The launcher notices, stops worker 0, and waits 60 s before restarting.
+    let until = Instant::now() + LIMIT;
+    while !children(launcher.id()).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    common::signal(launcher.id(), libc::SIGTERM);
+    let (out, _) = wait_within(launcher, LIMIT);
+    let took = asked.elapsed();
+    assert_exit(&out, 6);
+    assert!(took < PROMPT, "took {took:?}");
+}
