@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let mut model = plan.model.build()?;
     let (mut params, mut state) = model.init(plan.seed);
     let mut grads = vec![0.0; params.len()];
-    let mut optimizer = trainrun::builder::optimizer(&plan.optimizer, params.len());
+    let mut optimizer = trainrun::builder::optimizer(&plan.optimizer, model.tensors(), params.len());
     let loss = plan.train.loss_fn();
 
     // The input pipeline: shuffled, batched, prefetched on a background thread.

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
 
 /// Runs every check and measurement; false when a numerics check fails.
 fn run(index: usize) -> Result<bool, CudaError> {
-    let zoo = |m| ModelSpec { zoo: Some(m), layers: Vec::new() };
+    let zoo = |m| ModelSpec { zoo: Some(m), layers: Vec::new(), gpt: None };
     let (mnist, cifar) = (Shape(vec![28, 28, 1]), Shape(vec![32, 32, 3]));
     let sgd = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
     let mut ok = true;

@@ -7,10 +7,10 @@ use crate::checkpoint::{CheckpointError, Layout, Store};
 use crate::cluster::job::Job;
 use crate::collective::Communicator;
 use crate::data::{DataError, Dataset, Shard};
-use crate::engine::Sequential;
 use crate::engine::optimizer::{Adam, Optimizer, Sgd};
+use crate::engine::{Sequential, TensorInfo};
 use crate::model::BuildError;
-use crate::plan::{OptimizerPlan, Plan, ShardPolicy};
+use crate::plan::{DecayPlan, OptimizerPlan, Plan, ShardPolicy};
 use crate::strategy::{self, StrategyError, Variables};
 use crate::train::callbacks::{self, Callbacks};
 use crate::train::resume::{self, ResumePoint};
@@ -63,20 +63,27 @@ pub fn models(plan: &Plan) -> Result<Vec<Sequential>, BuildError> {
     (0..plan.strategy.devices.len().max(1)).map(|_| plan.model.build()).collect()
 }
 
-/// A fresh optimizer for `len` parameters.
-pub fn optimizer(plan: &OptimizerPlan, len: usize) -> Optimizer {
+/// A fresh optimizer for `len` parameters laid out as `tensors`.
+pub fn optimizer(plan: &OptimizerPlan, tensors: &[TensorInfo], len: usize) -> Optimizer {
     match *plan {
-        OptimizerPlan::Sgd { momentum, nesterov, weight_decay } => {
+        OptimizerPlan::Sgd { momentum, nesterov, weight_decay, clip_norm } => {
             Optimizer::Sgd(Sgd::new(len, momentum as f32, nesterov, weight_decay as f32))
+                .with_clip_norm(clip_norm.map(|c| c as f32))
         }
-        OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled } => Optimizer::Adam(Adam::new(
-            len,
-            beta_1 as f32,
-            beta_2 as f32,
-            epsilon as f32,
-            weight_decay as f32,
-            decoupled,
-        )),
+        OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled, clip_norm, ref decay } => {
+            let adam = Adam::new(len, beta_1 as f32, beta_2 as f32, epsilon as f32, weight_decay as f32, decoupled);
+            let adam = match decay {
+                DecayPlan::All => adam,
+                DecayPlan::Matrices | DecayPlan::Excluding(_) => adam.with_decay_ranges(
+                    tensors
+                        .iter()
+                        .filter(|t| decay.decays(&t.name, &t.shape))
+                        .map(|t| t.offset..t.offset + t.shape.iter().product::<usize>())
+                        .collect(),
+                ),
+            };
+            Optimizer::Adam(adam).with_clip_norm(clip_norm.map(|c| c as f32))
+        }
     }
 }
 
@@ -119,8 +126,8 @@ pub fn build(
     let (params, state) = first.init(plan.seed);
     let layout = layout(first);
     let activation_len = first.activation_len();
+    let optimizer = optimizer(&plan.optimizer, first.tensors(), params.len());
     let strategy = strategy::build(plan, models, job)?;
-    let optimizer = optimizer(&plan.optimizer, params.len());
     let buffers: Vec<&str> = optimizer.state().iter().map(|(n, _)| *n).collect();
     let hash = plan.hashes.training.clone();
     let callbacks = callbacks::build(plan, chief, layout.clone(), hash.clone(), &buffers)?;

@@ -203,3 +203,31 @@ fn no_arguments_prints_help_and_fails() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("Usage"));
 }
+
+#[test]
+fn check_shows_clipping_decay_exclusions_and_the_cosine_floor() {
+    let out = run(&[
+        "check",
+        "specs/mnist_single.toml",
+        "--set",
+        "optimizer.kind=adamw",
+        "--set",
+        "optimizer.clip_norm=1.0",
+        "--set",
+        "optimizer.schedule={kind=\"cosine\", final_learning_rate=0.0001}",
+    ]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("cosine to 0.1 × peak at step 210"), "{stdout}");
+    assert!(stdout.contains("weight decay 0.004 (matrices only), clip_norm 1"), "{stdout}");
+    let out = run(&[
+        "check",
+        "specs/mnist_single.toml",
+        "--set",
+        "optimizer.kind=adamw",
+        "--set",
+        "optimizer.exclude_from_weight_decay=[\"bias\"]",
+    ]);
+    assert_exit(&out, 0);
+    assert!(text(&out).0.contains("weight decay 0.004 (except bias)"));
+}

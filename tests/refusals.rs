@@ -281,3 +281,23 @@ fn threads_beyond_the_cores_are_warned_about_in_check_and_at_start() {
         assert!(stderr.contains(&format!("use run.threads = {cores} or fewer")), "{stderr}");
     }
 }
+
+#[test]
+fn a_gpt_on_images_is_refused_with_the_data_source_to_use() {
+    let dir = common::tempdir();
+    let spec = "[data]\ndataset = \"mnist\"\n[batch]\nglobal = 64\n[optimizer]\nkind = \"adamw\"\n\
+                [model]\nzoo = \"gpt\"\n[model.gpt]\nn_layer = 2\n";
+    let path = dir.path().join("gpt.toml");
+    std::fs::write(&path, spec).unwrap();
+    let path = path.to_str().unwrap();
+    refused_by_check_and_run(
+        path,
+        &[],
+        &["gpt needs sequences of token ids [T]", "zoo = \"gpt\"", "help: use a `text` or `tokens` data source"],
+    );
+    refused_by_check_and_run(
+        path,
+        &["model.zoo=mnist_cnn"],
+        &["[model.gpt] sizes the gpt zoo model, but `zoo = \"gpt\"` is not set", "add `zoo = \"gpt\"` to [model]"],
+    );
+}

@@ -5,13 +5,15 @@
 //! so independent mistakes further down are reported in the same run.
 
 use super::config::{LayerConfig, Padding, Size2, ZooModel};
+use super::sequence::gelu_form;
 use crate::diagnostic::Diagnostic;
 use crate::engine::kernels::Window;
 use crate::engine::layers::{
-    ActivationLayer, AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, GlobalAvgPool2d, KernelInit, MaxPool2d, Residual,
-    View,
+    ActivationLayer, AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, Gelu, GlobalAvgPool2d, KernelInit, LayerNorm,
+    MaxPool2d, PositionwiseDense, Residual, View,
 };
 use crate::engine::{Layer, Shape};
+use std::num::NonZeroUsize;
 
 /// Keras's `BatchNormalization` defaults, used inside `residual` blocks.
 pub(crate) const BN_MOMENTUM: f32 = 0.99;
@@ -50,18 +52,36 @@ pub(super) struct Checked {
     pub diags: Vec<Diagnostic>,
 }
 
-/// Builds `specs` on inputs of `input`, convolutions drawing their kernels by `conv_init`.
-pub(super) fn layers(specs: &[LayerConfig], input: &Shape, conv_init: KernelInit, source: Source) -> Checked {
+/// Builds `specs` on inputs of `input` for a dataset of `classes` classes (a language model's
+/// vocabulary), convolutions drawing their kernels by `conv_init`.
+pub(super) fn layers(
+    specs: &[LayerConfig],
+    input: &Shape,
+    classes: usize,
+    conv_init: KernelInit,
+    source: Source,
+) -> Checked {
     let mut layers: Vec<Box<dyn Layer>> = Vec::with_capacity(specs.len());
     let mut diags = Vec::new();
     let mut shape = Some(input.clone());
+    let blocks = specs.iter().filter(|s| matches!(s, LayerConfig::TransformerBlock { .. })).count();
+    let mut embedding = None;
     for (i, spec) in specs.iter().enumerate() {
-        let ctx = Ctx { i, kind: spec.kind(), source };
+        let ctx = Ctx { i, kind: spec.kind(), source, classes, blocks, embedding: embedding.clone() };
         let mut problems = ctx.values(spec);
         match &shape {
             Some(s) if problems.is_empty() => match ctx.layer(spec, s, conv_init) {
                 Ok(layer) => {
                     shape = Some(layer.output_shape().clone());
+                    if let LayerConfig::Embedding { output_dim } = spec {
+                        // Sequential's name for it: the kind, numbered from the second on.
+                        let earlier = layers.iter().filter(|l| l.kind() == layer.kind()).count();
+                        let name = match earlier {
+                            0 => layer.kind().to_string(),
+                            k => format!("{}_{k}", layer.kind()),
+                        };
+                        embedding = Some(Tied { path: format!("{name}/embeddings"), dim: output_dim.get() });
+                    }
                     layers.push(layer);
                     continue;
                 }
@@ -75,15 +95,28 @@ pub(super) fn layers(specs: &[LayerConfig], input: &Shape, conv_init: KernelInit
     Checked { layers, output: shape, diags }
 }
 
+/// The token embedding an `lm_head` can tie to: its table's weight path and width.
+#[derive(Debug, Clone)]
+pub(super) struct Tied {
+    pub path: String,
+    pub dim: usize,
+}
+
 /// One layer being built.
-struct Ctx {
-    i: usize,
-    kind: &'static str,
-    source: Source,
+pub(super) struct Ctx {
+    pub i: usize,
+    pub kind: &'static str,
+    pub source: Source,
+    /// The dataset's classes: a language model's vocabulary.
+    pub classes: usize,
+    /// Transformer blocks in the model, for their scaled initialization.
+    pub blocks: usize,
+    /// The nearest earlier token embedding.
+    pub embedding: Option<Tied>,
 }
 
 impl Ctx {
-    fn diag(&self, field: Option<&str>, message: String) -> Diagnostic {
+    pub(super) fn diag(&self, field: Option<&str>, message: String) -> Diagnostic {
         self.source.diag(self.i, field, self.kind, message)
     }
 
@@ -109,7 +142,33 @@ impl Ctx {
                     );
                 }
             }
+            LayerConfig::MultiHeadAttention { dropout: rate, .. }
+            | LayerConfig::TransformerBlock { dropout: rate, .. }
+                if !(0.0..1.0).contains(rate) =>
+            {
+                d.push(
+                    self.diag(Some("dropout"), format!("dropout = {rate} is outside [0, 1)"))
+                        .help("use a fraction such as `dropout = 0.1`, or 0 for none"),
+                )
+            }
+            LayerConfig::LayerNorm { epsilon: e } | LayerConfig::TransformerBlock { layer_norm_epsilon: e, .. }
+                if !(e.is_finite() && *e > 0.0) =>
+            {
+                let key = if matches!(spec, LayerConfig::LayerNorm { .. }) { "epsilon" } else { "layer_norm_epsilon" };
+                d.push(
+                    self.diag(Some(key), format!("{key} = {e} must be a positive number"))
+                        .help(format!("GPT-2 uses `{key} = 1e-5`")),
+                )
+            }
             LayerConfig::Dropout { .. }
+            | LayerConfig::MultiHeadAttention { .. }
+            | LayerConfig::TransformerBlock { .. }
+            | LayerConfig::LayerNorm { .. }
+            | LayerConfig::Embedding { .. }
+            | LayerConfig::PositionEmbedding { .. }
+            | LayerConfig::Gelu { .. }
+            | LayerConfig::PositionwiseDense { .. }
+            | LayerConfig::LmHead { .. }
             | LayerConfig::Dense { .. }
             | LayerConfig::Conv2d { .. }
             | LayerConfig::MaxPool2d { .. }
@@ -169,6 +228,32 @@ impl Ctx {
                     .ok_or_else(|| self.diag(None, format!("cannot build a block on input {input}")))?;
                 Box::new(block)
             }
+            LayerConfig::Embedding { output_dim } => self.embedding(input, output_dim.get())?,
+            LayerConfig::PositionEmbedding { block_size } => self.position_embedding(input, block_size.get())?,
+            LayerConfig::LayerNorm { epsilon } => Box::new(LayerNorm::new(input.clone(), *epsilon as f32)),
+            LayerConfig::Gelu { approximate } => Box::new(Gelu::new(gelu_form(*approximate), input.clone())),
+            LayerConfig::MultiHeadAttention { num_heads, causal, dropout } => {
+                self.attention(input, num_heads.get(), *causal, *dropout)?
+            }
+            LayerConfig::TransformerBlock {
+                num_heads,
+                intermediate_dim,
+                dropout,
+                layer_norm_epsilon,
+                approximate_gelu,
+            } => self.transformer_block(
+                input,
+                num_heads.get(),
+                intermediate_dim.map(NonZeroUsize::get),
+                *dropout,
+                *layer_norm_epsilon,
+                *approximate_gelu,
+            )?,
+            LayerConfig::PositionwiseDense { units, use_bias } => {
+                let (t, d) = self.sequence(input)?;
+                Box::new(PositionwiseDense::new(t, d, units.get(), *use_bias))
+            }
+            LayerConfig::LmHead { tie_embeddings } => self.lm_head(input, *tie_embeddings)?,
         })
     }
 

@@ -20,6 +20,68 @@ pub struct ModelSpec {
     /// Example: `[[model.layers]]` / `type = "dense"` / `units = 10`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<LayerConfig>,
+    /// `[model.gpt]`: the sizes of `zoo = "gpt"`. Default: the table's defaults (a 4-layer,
+    /// 128-wide "baby GPT"). Example: `[model.gpt]` / `n_layer = 6`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpt: Option<GptConfig>,
+}
+
+/// `[model.gpt]`: a GPT-2-style decoder-only transformer (Radford et al., 2019, as nanoGPT
+/// writes it): token and learned position embeddings, `n_layer` pre-LN transformer blocks, a
+/// final layer normalization and a language-model head. The vocabulary comes from the data.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GptConfig {
+    /// Transformer blocks. Default: `4`. Example: `n_layer = 6`.
+    #[serde(default = "GptConfig::default_n_layer")]
+    pub n_layer: NonZeroUsize,
+    /// Attention heads per block; must divide `n_embd`. Default: `4`. Example: `n_head = 6`.
+    #[serde(default = "GptConfig::default_n_head")]
+    pub n_head: NonZeroUsize,
+    /// Model width (embedding size). Default: `128`. Example: `n_embd = 384`.
+    #[serde(default = "GptConfig::default_n_embd")]
+    pub n_embd: NonZeroUsize,
+    /// Longest context in tokens: positions the model has embeddings for; at least the data's
+    /// sequence length. Default: `64`. Example: `block_size = 256`.
+    #[serde(default = "GptConfig::default_block_size")]
+    pub block_size: NonZeroUsize,
+    /// Dropout rate in training, in [0, 1): after the embeddings, on attention probabilities
+    /// and after each residual branch. Default: `0`. Example: `dropout = 0.2`.
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 0.999))]
+    pub dropout: f64,
+    /// The output head reuses the token embedding's matrix (GPT-2's weight tying). Default:
+    /// `true`. Example: `tie_embeddings = false`.
+    #[serde(default = "yes")]
+    pub tie_embeddings: bool,
+}
+
+impl Default for GptConfig {
+    fn default() -> Self {
+        Self {
+            n_layer: Self::default_n_layer(),
+            n_head: Self::default_n_head(),
+            n_embd: Self::default_n_embd(),
+            block_size: Self::default_block_size(),
+            dropout: 0.0,
+            tie_embeddings: true,
+        }
+    }
+}
+
+impl GptConfig {
+    fn default_n_layer() -> NonZeroUsize {
+        NonZeroUsize::new(4).unwrap_or(NonZeroUsize::MIN)
+    }
+    fn default_n_head() -> NonZeroUsize {
+        NonZeroUsize::new(4).unwrap_or(NonZeroUsize::MIN)
+    }
+    fn default_n_embd() -> NonZeroUsize {
+        NonZeroUsize::new(128).unwrap_or(NonZeroUsize::MIN)
+    }
+    fn default_block_size() -> NonZeroUsize {
+        NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN)
+    }
 }
 
 /// `model.zoo`: ready-made models.
@@ -33,6 +95,8 @@ pub enum ZooModel {
     Resnet20,
     /// CIFAR-style ResNet-56: 3 stages × 9 basic blocks.
     Resnet56,
+    /// A GPT-2-style character or token language model, sized by `[model.gpt]`.
+    Gpt,
 }
 
 /// `[[model.layers]]`: one layer, chosen by `type`.
@@ -137,6 +201,93 @@ pub enum LayerConfig {
         #[serde(default = "Size2::one")]
         strides: Size2,
     },
+    /// Token embeddings (Keras `Embedding`): each id of a `[T]` sequence becomes a vector,
+    /// giving `[T, output_dim]`. The vocabulary (`input_dim`) is the data's. Must be the
+    /// first layer: ids are not differentiable.
+    Embedding {
+        /// Vector size per token. Example: `output_dim = 128`.
+        output_dim: NonZeroUsize,
+    },
+    /// Learned absolute positions added to a `[T, dim]` input (GPT-2's `wpe`, Keras Hub
+    /// `PositionEmbedding`).
+    PositionEmbedding {
+        /// Positions the table holds; at least the data's sequence length `T`.
+        /// Example: `block_size = 64`.
+        block_size: NonZeroUsize,
+    },
+    /// Normalizes each position's vector over the last axis, then scales and shifts it
+    /// (Keras `LayerNormalization`).
+    LayerNorm {
+        /// Added to the variance. Default: `0.001` (Keras's; GPT-2 uses `1e-5`).
+        /// Example: `epsilon = 1e-5`.
+        #[serde(default = "default_bn_epsilon")]
+        #[schemars(extend("exclusiveMinimum" = 0.0))]
+        epsilon: f64,
+    },
+    /// The Gaussian error linear unit, elementwise (Keras `gelu`).
+    Gelu {
+        /// Use GPT-2's tanh approximation instead of the exact `x·Φ(x)`. Default: `false`.
+        /// Example: `approximate = true`.
+        #[serde(default)]
+        approximate: bool,
+    },
+    /// Scaled dot-product self-attention over a `[T, dim]` input (Keras
+    /// `MultiHeadAttention` with query = key = value), with one fused query/key/value
+    /// projection and an output projection.
+    MultiHeadAttention {
+        /// Attention heads; must divide the input's width. Example: `num_heads = 4`.
+        num_heads: NonZeroUsize,
+        /// Each position attends only to itself and earlier ones (Keras `use_causal_mask`).
+        /// Default: `false`. Example: `causal = true`.
+        #[serde(default)]
+        causal: bool,
+        /// Dropout on the attention probabilities in training, in [0, 1). Default: `0`.
+        /// Example: `dropout = 0.1`.
+        #[serde(default)]
+        #[schemars(range(min = 0.0, max = 0.999))]
+        dropout: f64,
+    },
+    /// A pre-LN GPT-2 decoder block on a `[T, dim]` input: `x + attention(layer_norm(x))`
+    /// (causal), then `x + mlp(layer_norm(x))` with a GELU MLP (Keras Hub
+    /// `TransformerDecoder` with `normalize_first = true`, without cross-attention).
+    TransformerBlock {
+        /// Attention heads; must divide the input's width. Example: `num_heads = 4`.
+        num_heads: NonZeroUsize,
+        /// The MLP's hidden width. Default: 4 × the input's width. Example: `intermediate_dim = 512`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intermediate_dim: Option<NonZeroUsize>,
+        /// Dropout rate in training, in [0, 1), on attention probabilities and after each
+        /// residual branch. Default: `0`. Example: `dropout = 0.1`.
+        #[serde(default)]
+        #[schemars(range(min = 0.0, max = 0.999))]
+        dropout: f64,
+        /// The layer normalizations' epsilon. Default: `1e-5` (GPT-2's). Example:
+        /// `layer_norm_epsilon = 1e-6`.
+        #[serde(default = "default_ln_epsilon")]
+        #[schemars(extend("exclusiveMinimum" = 0.0))]
+        layer_norm_epsilon: f64,
+        /// The MLP uses GELU's tanh approximation (GPT-2's) instead of the exact form.
+        /// Default: `false` (nanoGPT's and PyTorch's). Example: `approximate_gelu = true`.
+        #[serde(default)]
+        approximate_gelu: bool,
+    },
+    /// A dense layer applied at every position of a `[T, in]` input, giving `[T, units]`
+    /// (Keras `Dense` on a sequence; trainrun's `dense` flattens its input instead).
+    PositionwiseDense {
+        /// Output features per position. Example: `units = 512`.
+        units: NonZeroUsize,
+        /// Add a bias. Default: `true`. Example: `use_bias = false`.
+        #[serde(default = "yes")]
+        use_bias: bool,
+    },
+    /// A language model's output: logits over the data's vocabulary at every position of a
+    /// `[T, dim]` input, giving `[T, vocabulary]`; no bias (GPT-2's `lm_head`).
+    LmHead {
+        /// Reuse the matrix of the nearest `embedding` layer before it (weight tying).
+        /// Default: `false`. Example: `tie_embeddings = true`.
+        #[serde(default)]
+        tie_embeddings: bool,
+    },
 }
 
 impl LayerConfig {
@@ -154,6 +305,14 @@ impl LayerConfig {
             LayerConfig::BatchNorm { .. } => "batch_norm",
             LayerConfig::Activation { .. } => "activation",
             LayerConfig::Residual { .. } => "residual",
+            LayerConfig::Embedding { .. } => "embedding",
+            LayerConfig::PositionEmbedding { .. } => "position_embedding",
+            LayerConfig::LayerNorm { .. } => "layer_norm",
+            LayerConfig::Gelu { .. } => "gelu",
+            LayerConfig::MultiHeadAttention { .. } => "multi_head_attention",
+            LayerConfig::TransformerBlock { .. } => "transformer_block",
+            LayerConfig::PositionwiseDense { .. } => "positionwise_dense",
+            LayerConfig::LmHead { .. } => "lm_head",
         }
     }
 
@@ -170,7 +329,15 @@ impl LayerConfig {
             | LayerConfig::Reshape { .. }
             | LayerConfig::Dropout { .. }
             | LayerConfig::BatchNorm { .. }
-            | LayerConfig::Residual { .. } => None,
+            | LayerConfig::Residual { .. }
+            | LayerConfig::Embedding { .. }
+            | LayerConfig::PositionEmbedding { .. }
+            | LayerConfig::LayerNorm { .. }
+            | LayerConfig::Gelu { .. }
+            | LayerConfig::MultiHeadAttention { .. }
+            | LayerConfig::TransformerBlock { .. }
+            | LayerConfig::PositionwiseDense { .. }
+            | LayerConfig::LmHead { .. } => None,
         }
     }
 
@@ -181,10 +348,20 @@ impl LayerConfig {
             LayerConfig::Dense { units, .. } => Some(Shape(vec![units.get()])),
             LayerConfig::Reshape { target_shape } => Some(Shape(target_shape.iter().map(|d| d.get()).collect())),
             LayerConfig::Flatten => input.map(|s| Shape(vec![s.numel()])),
-            LayerConfig::Dropout { .. } | LayerConfig::BatchNorm { .. } | LayerConfig::Activation { .. } => {
-                input.cloned()
+            LayerConfig::Dropout { .. }
+            | LayerConfig::BatchNorm { .. }
+            | LayerConfig::Activation { .. }
+            | LayerConfig::PositionEmbedding { .. }
+            | LayerConfig::LayerNorm { .. }
+            | LayerConfig::Gelu { .. }
+            | LayerConfig::MultiHeadAttention { .. }
+            | LayerConfig::TransformerBlock { .. } => input.cloned(),
+            LayerConfig::Embedding { output_dim } => input.map(|s| Shape(vec![s.numel(), output_dim.get()])),
+            LayerConfig::PositionwiseDense { units, .. } => {
+                input.and_then(|s| s.0.first()).map(|&t| Shape(vec![t, units.get()]))
             }
-            LayerConfig::Conv2d { .. }
+            LayerConfig::LmHead { .. }
+            | LayerConfig::Conv2d { .. }
             | LayerConfig::MaxPool2d { .. }
             | LayerConfig::AvgPool2d { .. }
             | LayerConfig::GlobalAvgPool2d
@@ -203,6 +380,10 @@ fn default_bn_momentum() -> f64 {
 
 fn default_bn_epsilon() -> f64 {
     0.001
+}
+
+fn default_ln_epsilon() -> f64 {
+    1e-5
 }
 
 /// `valid` or `same` padding, as Keras.

@@ -9,14 +9,17 @@
 
 mod build;
 mod config;
+mod sequence;
 
-pub use config::{LayerConfig, ModelSpec, Padding, Size2, ZooModel};
+pub use config::{GptConfig, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
 
 pub mod zoo;
 
 #[cfg(test)]
 #[path = "bench_tests.rs"]
 mod bench;
+#[cfg(test)]
+mod gpt_tests;
 #[cfg(test)]
 mod tests;
 
@@ -36,6 +39,9 @@ pub struct ModelPlan {
     pub input: Shape,
     /// Outputs per example: the dataset's classes.
     pub classes: usize,
+    /// Shape of one example's output: `[classes]`, or `[T, classes]` for a model that
+    /// predicts at every position of a `[T]` input (a language model).
+    pub output: Shape,
     /// The layers in order.
     pub layers: Vec<LayerConfig>,
     /// How convolution kernels start.
@@ -54,12 +60,22 @@ pub struct BuildError(String);
 impl ModelPlan {
     /// A fresh engine model: one per replica, each with its own activation buffers.
     pub fn build(&self) -> Result<Sequential, BuildError> {
-        let checked = build::layers(&self.layers, &self.input, self.conv_init, Source::Layers);
+        let checked = build::layers(&self.layers, &self.input, self.classes, self.conv_init, Source::Layers);
         match checked.diags.first() {
-            None => Ok(Sequential::new(self.input.clone(), checked.layers)),
+            None => Sequential::try_new(self.input.clone(), checked.layers).map_err(|e| BuildError(e.to_string())),
             Some(d) => Err(BuildError(d.message.clone())),
         }
     }
+
+    /// The model predicts at every position of its input (a `[T, classes]` output).
+    pub fn per_position(&self) -> bool {
+        per_position(&self.input, &self.output)
+    }
+}
+
+/// `output` is `input`'s shape plus one axis: a prediction per position.
+fn per_position(input: &Shape, output: &Shape) -> bool {
+    output.rank() == input.rank() + 1 && output.0.starts_with(&input.0)
 }
 
 /// Plans the model `spec` describes for examples of `input` and `classes` classes, reporting
@@ -67,6 +83,12 @@ impl ModelPlan {
 pub fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<ModelPlan, Vec<Diagnostic>> {
     if input.numel() == 0 {
         return Err(vec![Diagnostic::error("data", format!("examples have shape {input}, which holds no values"))]);
+    }
+    if let (Some(_), false) = (spec.gpt, spec.zoo == Some(ZooModel::Gpt)) {
+        return Err(vec![
+            Diagnostic::error("model.gpt", "[model.gpt] sizes the gpt zoo model, but `zoo = \"gpt\"` is not set")
+                .help("add `zoo = \"gpt\"` to [model], or remove [model.gpt]"),
+        ]);
     }
     let (layers, conv_init, source) = match (spec.zoo, spec.layers.is_empty()) {
         (Some(zoo), false) => {
@@ -85,27 +107,32 @@ pub fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Model
         (None, true) => {
             return Err(vec![
                 Diagnostic::error("model", "no model: neither `zoo` nor `[[model.layers]]` is given")
-                    .help("add `zoo = \"mnist_cnn\"` (or `resnet20`, `resnet56`), or list `[[model.layers]]`"),
+                    .help("add `zoo = \"mnist_cnn\"` (or `resnet20`, `resnet56`, `gpt`), or list `[[model.layers]]`"),
             ]);
         }
         (Some(zoo), true) => {
-            let (layers, init) = zoo::layers(zoo, input, classes).map_err(|d| vec![d])?;
+            let (layers, init) = zoo::layers(spec, zoo, input, classes).map_err(|d| vec![d])?;
             (layers, init, Source::Zoo(zoo))
         }
         (None, false) => (spec.layers.clone(), KernelInit::GlorotUniform, Source::Layers),
     };
-    let mut checked = build::layers(&layers, input, conv_init, source);
-    if let Some(out) = checked.output.as_ref().filter(|o| o.numel() != classes) {
-        let mismatch = class_mismatch(&layers, out.numel(), classes, source);
+    let mut checked = build::layers(&layers, input, classes, conv_init, source);
+    // A language model's head gives `classes` logits at each position.
+    let outputs = |o: &Shape| if per_position(input, o) { o.0.last().copied().unwrap_or(0) } else { o.numel() };
+    if let Some(out) = checked.output.as_ref().filter(|o| outputs(o) != classes) {
+        let mismatch = class_mismatch(&layers, outputs(out), classes, source);
         checked.diags.push(mismatch);
     }
     if !checked.diags.is_empty() {
         return Err(checked.diags);
     }
-    let model = Sequential::new(input.clone(), checked.layers);
+    let output = checked.output.clone().unwrap_or_else(|| Shape(vec![classes]));
+    let model = Sequential::try_new(input.clone(), checked.layers)
+        .map_err(|e| vec![source.diag(0, None, "model", e.to_string())])?;
     Ok(ModelPlan {
         input: input.clone(),
         classes,
+        output,
         layers,
         conv_init,
         params: model.param_len(),

@@ -9,7 +9,7 @@ use crate::vocab::Loss;
 use rand::RngExt;
 
 fn zoo(z: ZooModel, input: &[usize], classes: usize) -> Sequential {
-    let spec = ModelSpec { zoo: Some(z), layers: Vec::new() };
+    let spec = ModelSpec { zoo: Some(z), layers: Vec::new(), gpt: None };
     match build_spec(&spec, &Shape(input.to_vec()), classes) {
         Ok(m) => m,
         Err(d) => panic!("{}", render(&d)),
@@ -166,7 +166,7 @@ fn every_problem_is_reported_at_once() {
 fn model_needs_exactly_one_of_zoo_and_layers() {
     insta::assert_snapshot!(errors("", &[784], 10), @r#"
     model: error: no model: neither `zoo` nor `[[model.layers]]` is given
-      help: add `zoo = "mnist_cnn"` (or `resnet20`, `resnet56`), or list `[[model.layers]]`
+      help: add `zoo = "mnist_cnn"` (or `resnet20`, `resnet56`, `gpt`), or list `[[model.layers]]`
     "#);
     let both = "zoo = \"resnet20\"\n[[layers]]\ntype = \"flatten\"";
     insta::assert_snapshot!(errors(both, &[784], 10), @r#"

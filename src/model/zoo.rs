@@ -5,7 +5,7 @@
 //! Zoo models end in a linear dense layer: train them with `from_logits = true`.
 
 use super::build::suggest_image;
-use super::config::{LayerConfig, Padding, Size2, ZooModel};
+use super::config::{GptConfig, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
 use crate::diagnostic::Diagnostic;
 use crate::engine::Shape;
 use crate::engine::layers::KernelInit;
@@ -18,12 +18,18 @@ pub fn name(zoo: ZooModel) -> &'static str {
         ZooModel::MnistCnn => "mnist_cnn",
         ZooModel::Resnet20 => "resnet20",
         ZooModel::Resnet56 => "resnet56",
+        ZooModel::Gpt => "gpt",
     }
 }
 
 /// The layers of `zoo` for inputs of `input` and `classes` classes, and how its convolution
 /// kernels start (Keras's Glorot-uniform for the tutorial CNN, He-normal for ResNets).
-pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<LayerConfig>, KernelInit), Diagnostic> {
+pub fn layers(
+    spec: &ModelSpec,
+    zoo: ZooModel,
+    input: &Shape,
+    classes: usize,
+) -> Result<(Vec<LayerConfig>, KernelInit), Diagnostic> {
     let classes = NonZeroUsize::new(classes)
         .ok_or_else(|| Diagnostic::error("model.zoo", "the dataset has 0 classes: nothing to classify"))?;
     if input.numel() == 0 {
@@ -31,6 +37,9 @@ pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<Layer
             "model.zoo",
             format!("the data's examples have shape {input}, which holds no values"),
         ));
+    }
+    if zoo == ZooModel::Gpt {
+        return Ok((gpt(&spec.gpt.unwrap_or_default(), input)?, KernelInit::GlorotUniform));
     }
     let mut specs = Vec::new();
     if input.hwc().is_none() {
@@ -56,7 +65,58 @@ pub fn layers(zoo: ZooModel, input: &Shape, classes: usize) -> Result<(Vec<Layer
         }
         ZooModel::Resnet20 => (resnet(specs, 3, classes), KernelInit::HeNormal),
         ZooModel::Resnet56 => (resnet(specs, 9, classes), KernelInit::HeNormal),
+        // Returned above: it takes token sequences, not images.
+        ZooModel::Gpt => (gpt(&spec.gpt.unwrap_or_default(), input)?, KernelInit::GlorotUniform),
     })
+}
+
+/// nanoGPT's model: token and position embeddings, dropout, `n_layer` pre-LN blocks (exact
+/// GELU, MLP ratio 4, layer-norm epsilon 1e-5), a final layer norm and the head.
+fn gpt(g: &GptConfig, input: &Shape) -> Result<Vec<LayerConfig>, Diagnostic> {
+    let [t] = input.0.as_slice() else {
+        return Err(Diagnostic::error(
+            "model.zoo",
+            format!("gpt needs sequences of token ids [T], but the data gives examples of shape {input}"),
+        )
+        .help("use a `text` or `tokens` data source"));
+    };
+    if *t > g.block_size.get() {
+        return Err(Diagnostic::error(
+            "model.gpt.block_size",
+            format!("model.gpt.block_size = {} is shorter than the data's sequences of {t} tokens", g.block_size),
+        )
+        .help(format!("use `block_size = {t}` or more")));
+    }
+    if !g.n_embd.get().is_multiple_of(g.n_head.get()) {
+        return Err(Diagnostic::error(
+            "model.gpt.n_head",
+            format!("model.gpt.n_head = {} does not divide n_embd = {}", g.n_head, g.n_embd),
+        )
+        .help("pick n_head and n_embd so that n_embd / n_head is a whole head size, e.g. 4 and 128"));
+    }
+    if !(0.0..1.0).contains(&g.dropout) {
+        return Err(Diagnostic::error(
+            "model.gpt.dropout",
+            format!("model.gpt.dropout = {} is outside [0, 1)", g.dropout),
+        )
+        .help("use a fraction such as `dropout = 0.2`, or 0 for none"));
+    }
+    let mut specs = vec![
+        LayerConfig::Embedding { output_dim: g.n_embd },
+        LayerConfig::PositionEmbedding { block_size: g.block_size },
+    ];
+    if g.dropout > 0.0 {
+        specs.push(LayerConfig::Dropout { rate: g.dropout });
+    }
+    specs.extend((0..g.n_layer.get()).map(|_| LayerConfig::TransformerBlock {
+        num_heads: g.n_head,
+        intermediate_dim: None,
+        dropout: g.dropout,
+        layer_norm_epsilon: 1e-5,
+        approximate_gelu: false,
+    }));
+    specs.extend([LayerConfig::LayerNorm { epsilon: 1e-5 }, LayerConfig::LmHead { tie_embeddings: g.tie_embeddings }]);
+    Ok(specs)
 }
 
 /// He et al.'s CIFAR ResNet-(6n+2): a 3×3 stem, three stages of `n` basic blocks with 16, 32

@@ -174,7 +174,7 @@ pub fn resolve(
         (steps > 0).then_some(Warmup { steps, start })
     });
 
-    let schedule = schedule(spec, steps_per_epoch, total_steps, errors);
+    let schedule = schedule(spec, scaled, steps_per_epoch, total_steps, errors);
     let failed = errors[before..].iter().any(|d| d.severity == crate::spec::Severity::Error);
     let scaling = match (sc.rule, base_batch) {
         (ScalingRule::Linear, Some(base_batch)) => Scaling::Linear { base_batch },
@@ -186,7 +186,13 @@ pub fn resolve(
 }
 
 /// The decay after warmup, with epochs converted into steps.
-fn schedule(spec: &OptimizerSpec, steps_per_epoch: u64, total_steps: u64, errors: &mut Vec<Diagnostic>) -> Schedule {
+fn schedule(
+    spec: &OptimizerSpec,
+    scaled: f64,
+    steps_per_epoch: u64,
+    total_steps: u64,
+    errors: &mut Vec<Diagnostic>,
+) -> Schedule {
     match spec.schedule {
         ScheduleSpec::Constant => Schedule::Constant,
         ScheduleSpec::StepDecay { factor, every_epochs, every_steps } => match (every_epochs, every_steps) {
@@ -205,7 +211,29 @@ fn schedule(spec: &OptimizerSpec, steps_per_epoch: u64, total_steps: u64, errors
                 Schedule::Constant
             }
         },
-        ScheduleSpec::Cosine { alpha } => Schedule::Cosine { alpha, total_steps },
+        ScheduleSpec::Cosine { alpha, final_learning_rate: None } => Schedule::Cosine { alpha, total_steps },
+        ScheduleSpec::Cosine { alpha, final_learning_rate: Some(last) } => {
+            let key = "optimizer.schedule.final_learning_rate";
+            if alpha != 0.0 {
+                errors.push(
+                    Diagnostic::error(
+                        key,
+                        format!("{key} = {last} and optimizer.schedule.alpha = {alpha} both set the floor"),
+                    )
+                    .help("keep one of them"),
+                );
+            } else if !(last.is_finite() && (0.0..=scaled).contains(&last)) {
+                errors.push(
+                    Diagnostic::error(
+                        key,
+                        format!("{key} = {last} is not between 0 and the learning rate {scaled} it decays from"),
+                    )
+                    .help(format!("use a value of at most {scaled}, e.g. {}", scaled / 10.0)),
+                );
+            }
+            let alpha = if scaled > 0.0 { (last / scaled).clamp(0.0, 1.0) } else { 0.0 };
+            Schedule::Cosine { alpha, total_steps }
+        }
     }
 }
 
@@ -323,13 +351,37 @@ mod tests {
         let p = plan(&s, 64).0.unwrap();
         assert_eq!(p.at(299), 0.1);
         assert!((p.at(300) - 0.01).abs() < 1e-12);
-        s.schedule = ScheduleSpec::Cosine { alpha: 0.0 };
+        s.schedule = ScheduleSpec::Cosine { alpha: 0.0, final_learning_rate: None };
         s.warmup = Some(WarmupSpec { steps: Some(100), epochs: None, start_learning_rate: Some(0.0) });
         let p = plan(&s, 64).0.unwrap();
         assert_eq!(p.at(0), 0.0);
         assert!((p.at(100) - 0.1).abs() < 1e-12);
         assert!((p.at(550) - 0.05).abs() < 1e-12);
         assert!(p.at(1000).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cosine_decays_to_the_final_learning_rate() {
+        let mut s = opt(ScalingRule::None, None);
+        s.warmup = Some(WarmupSpec { steps: Some(100), epochs: None, start_learning_rate: Some(0.0) });
+        s.schedule = ScheduleSpec::Cosine { alpha: 0.0, final_learning_rate: Some(0.01) };
+        let p = plan(&s, 64).0.unwrap();
+        assert!((p.at(100) - 0.1).abs() < 1e-12);
+        assert!((p.at(550) - 0.055).abs() < 1e-12);
+        assert!((p.at(1000) - 0.01).abs() < 1e-12);
+        assert!((p.at(5000) - 0.01).abs() < 1e-12, "the floor holds past the end");
+        s.schedule = ScheduleSpec::Cosine { alpha: 0.1, final_learning_rate: Some(0.01) };
+        let (p, e) = plan(&s, 64);
+        assert!(p.is_none());
+        assert_eq!(e[0].key, "optimizer.schedule.final_learning_rate");
+        assert_eq!(e[0].help.as_deref(), Some("keep one of them"));
+        s.schedule = ScheduleSpec::Cosine { alpha: 0.0, final_learning_rate: Some(0.5) };
+        let (p, e) = plan(&s, 64);
+        assert!(p.is_none());
+        assert_eq!(
+            e[0].message,
+            "optimizer.schedule.final_learning_rate = 0.5 is not between 0 and the learning rate 0.1 it decays from"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use callbacks::{CallbackKind, CallbackPlan, CallbacksPlan, SaveEvery, Watch}
 pub use cluster::{ClusterPlan, Part, Restarts};
 pub use data::{DataPlan, ShardPolicy, source};
 pub use lr::{LrPlan, Scaling, Schedule, Warmup};
-pub use optimizer::OptimizerPlan;
+pub use optimizer::{DecayPlan, OptimizerPlan};
 pub use strategy::{AllReduce, CollectivePlan, CrossDevice, Hardware, Reduction, StrategyKind, StrategyPlan};
 pub use train::{EvalPlan, TrainPlan};
 

@@ -125,18 +125,32 @@ fn batch_and_learning_rate(plan: &Plan, rows: &mut Rows) {
     rows.push((
         "optimizer",
         match plan.optimizer {
-            super::OptimizerPlan::Sgd { momentum, nesterov, weight_decay } => {
+            super::OptimizerPlan::Sgd { momentum, nesterov, weight_decay, clip_norm } => {
                 format!(
-                    "sgd, momentum {momentum}{}, weight decay {weight_decay}",
-                    if nesterov { " (nesterov)" } else { "" }
+                    "sgd, momentum {momentum}{}, weight decay {weight_decay}{}",
+                    if nesterov { " (nesterov)" } else { "" },
+                    clip(clip_norm)
                 )
             }
-            super::OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled } => format!(
-                "{}, beta_1 {beta_1}, beta_2 {beta_2}, epsilon {epsilon}, weight decay {weight_decay}",
-                if decoupled { "adamw" } else { "adam" }
-            ),
+            super::OptimizerPlan::Adam { beta_1, beta_2, epsilon, weight_decay, decoupled, clip_norm, ref decay } => {
+                let on = match decay {
+                    super::DecayPlan::All => String::new(),
+                    super::DecayPlan::Matrices => " (matrices only)".to_string(),
+                    super::DecayPlan::Excluding(p) => format!(" (except {})", p.join(", ")),
+                };
+                format!(
+                    "{}, beta_1 {beta_1}, beta_2 {beta_2}, epsilon {epsilon}, weight decay {weight_decay}{on}{}",
+                    if decoupled { "adamw" } else { "adam" },
+                    clip(clip_norm)
+                )
+            }
         },
     ));
+}
+
+/// `, clip_norm N` when clipping.
+fn clip(clip_norm: Option<f64>) -> String {
+    clip_norm.map_or(String::new(), |c| format!(", clip_norm {c}"))
 }
 
 /// Steps, data and the input pipeline.

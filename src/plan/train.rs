@@ -110,6 +110,20 @@ pub fn resolve(
                 .help("add test files to [data.files]"),
         );
     }
+    // Every data source today labels whole examples; a language model needs a label per
+    // position, and its loss would read past them.
+    if let Some(m) = model.filter(|m| m.per_position()) {
+        diags.push(
+            Diagnostic::error(
+                "model",
+                format!(
+                    "the model predicts at every position (output {}), but the data gives one label per example",
+                    m.output
+                ),
+            )
+            .help("train a language model on a data source with a label per position (`text` or `tokens`)"),
+        );
+    }
     if !t.from_logits && model.is_some_and(outputs_logits) && t.loss != Loss::MeanSquaredError {
         diags.push(
             Diagnostic::warning(

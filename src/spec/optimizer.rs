@@ -40,6 +40,20 @@ pub struct OptimizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("exclusiveMinimum" = 0.0))]
     pub epsilon: Option<f64>,
+    /// Clips the gradient to this global L2 norm before each update (Keras's
+    /// `global_clipnorm`): every gradient is scaled by `min(1, clip_norm / ‖g‖)`, computed on
+    /// the all-reduced gradient so that every replica clips identically. Default: no clipping.
+    /// Example: `clip_norm = 1.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0.0))]
+    pub clip_norm: Option<f64>,
+    /// `adam` / `adamw` only: weights that get no weight decay, as parts of their paths (Keras's
+    /// `exclude_from_weight_decay`; a weight is excluded when its path, such as
+    /// `transformer_block/ln_1/gamma`, contains a pattern). Default: for `adamw`, every
+    /// one-dimensional weight (biases and normalization weights, as GPT-2's recipe); for `adam`,
+    /// none. `[]` decays every weight. Example: `exclude_from_weight_decay = ["bias", "gamma", "beta"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_from_weight_decay: Option<Vec<String>>,
     /// `[optimizer.scaling]`: how the learning rate follows the global batch.
     #[serde(default)]
     pub scaling: ScalingSpec,
@@ -159,5 +173,11 @@ pub enum ScheduleSpec {
         #[serde(default)]
         #[schemars(range(min = 0.0, max = 1.0))]
         alpha: f64,
+        /// The learning rate to decay to, as a value instead of a fraction (nanoGPT's
+        /// `min_lr`); give it or `alpha`, not both. Default: none (`alpha` decides).
+        /// Example: `final_learning_rate = 1e-4`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 0.0))]
+        final_learning_rate: Option<f64>,
     },
 }

@@ -219,6 +219,11 @@ impl Strategy for Gpus {
         let Optimizer::Sgd(sgd) = optimizer else {
             return Err(StrategyError::Unsupported("GPU: only SGD runs on the GPU".into()));
         };
+        if sgd.clip_norm.is_some() {
+            return Err(StrategyError::Unsupported(
+                "GPU: optimizer.clip_norm has no GPU kernel yet; remove it, or train on CPUs".into(),
+            ));
+        }
         let cfg = SgdConfig { momentum: sgd.momentum, nesterov: sgd.nesterov, weight_decay: sgd.weight_decay };
         self.sync_in(vars, sgd.velocity.as_deref())?;
         let (len, momentum) = (vars.params.len(), sgd.velocity.is_some());

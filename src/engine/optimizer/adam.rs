@@ -28,6 +28,8 @@ pub struct Adam {
     pub iterations: u64,
     /// Arena ranges weight decay applies to, sorted and disjoint; `None`: all of it.
     pub decay_ranges: Option<Vec<Range<usize>>>,
+    /// Global-norm clipping of the whole gradient before the update (see `clip.rs`).
+    pub clip_norm: Option<f32>,
 }
 
 impl Adam {
@@ -43,6 +45,7 @@ impl Adam {
             v: vec![0.0; len],
             iterations: 0,
             decay_ranges: None,
+            clip_norm: None,
         }
     }
 

@@ -94,4 +94,28 @@ mod tests {
         clip_by_global_norm(&mut clipped, 1.0);
         assert!((global_norm(&clipped) - 1.0).abs() < 1e-6);
     }
+
+    #[test]
+    fn the_optimizer_clips_the_reduced_gradient_once() {
+        use crate::engine::optimizer::{Adam, Optimizer, Sgd};
+        // Two replicas' halves of a gradient of norm 10: the sum is clipped, not each half.
+        let (a, b) = (vec![3.0f32, 0.0], vec![3.0f32, 8.0]);
+        for make in [
+            || Optimizer::Sgd(Sgd::new(2, 0.9, false, 0.0)),
+            || Optimizer::Adam(Adam::new(2, 0.9, 0.99, 1e-7, 0.1, true)),
+        ] {
+            let mut split = make().with_clip_norm(Some(1.0));
+            let mut whole = make();
+            let (mut p1, mut p2) = (vec![0.5f32, -0.5], vec![0.5f32, -0.5]);
+            for _ in 0..3 {
+                split.step_sum(&mut p1, &[&a, &b], 0.1);
+                whole.step(&mut p2, &[0.6, 0.8], 0.1);
+            }
+            assert_eq!(p1, p2, "clipping the sum of (3, 0) and (3, 8) gives (0.6, 0.8)");
+            assert_eq!(split.clip_norm(), Some(1.0));
+        }
+        // The fused SGD step applies each layer's gradient as it is made: never with clipping.
+        assert!(Optimizer::Sgd(Sgd::new(1, 0.9, false, 0.0)).with_clip_norm(Some(1.0)).fused(0.1).is_none());
+        assert!(Optimizer::Sgd(Sgd::new(1, 0.9, false, 0.0)).fused(0.1).is_some());
+    }
 }

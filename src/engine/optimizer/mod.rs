@@ -35,19 +35,54 @@ impl Optimizer {
     /// Applies one update from the sum of several replicas' gradient buffers, added inside the
     /// update pass (in order, as `reduction_to_one_device` adds them), so that the sum is never
     /// written back and each replica's buffer is read once.
+    ///
+    /// With a clip norm, the buffers are summed first (in the same order) and the sum clipped
+    /// by its global norm: every strategy hands this the reduced gradient, so every replica
+    /// clips the same values identically.
     pub fn step_sum(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
+        let Some(clip_norm) = self.clip_norm() else {
+            return self.update(params, grads, lr);
+        };
+        let mut sum = grads.first().map_or_else(Vec::new, |g| g.to_vec());
+        for g in grads.iter().skip(1) {
+            for (s, v) in sum.iter_mut().zip(g.iter()) {
+                *s += *v;
+            }
+        }
+        clip_by_global_norm(&mut sum, clip_norm);
+        self.update(params, &[&sum], lr);
+    }
+
+    fn update(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
         match self {
             Optimizer::Sgd(o) => o.step(params, grads, lr),
             Optimizer::Adam(o) => o.step(params, grads, lr),
         }
     }
 
+    /// The same optimizer clipping each update's gradient to a global norm of `clip_norm`.
+    pub fn with_clip_norm(mut self, clip_norm: Option<f32>) -> Self {
+        match &mut self {
+            Optimizer::Sgd(o) => o.clip_norm = clip_norm,
+            Optimizer::Adam(o) => o.clip_norm = clip_norm,
+        }
+        self
+    }
+
+    /// The global norm gradients are clipped to, if any.
+    pub fn clip_norm(&self) -> Option<f32> {
+        match self {
+            Optimizer::Sgd(o) => o.clip_norm,
+            Optimizer::Adam(o) => o.clip_norm,
+        }
+    }
+
     /// This step's update, for a backward pass that applies it where each gradient is made
     /// (see [`FusedStep`]); `None` when the update needs the whole gradient first (Adam's
-    /// moments, Nesterov's look-ahead). Counts the update as applied.
+    /// moments, Nesterov's look-ahead, clipping by the global norm). Counts the update as applied.
     pub fn fused(&mut self, lr: f32) -> Option<FusedStep<'_>> {
         match self {
-            Optimizer::Sgd(o) if !o.nesterov => {
+            Optimizer::Sgd(o) if !o.nesterov && o.clip_norm.is_none() => {
                 o.iterations += 1;
                 let rule = o.rule(lr);
                 Some(FusedStep::new(rule, o.velocity.as_deref_mut()))

@@ -15,13 +15,15 @@ pub struct Sgd {
     pub velocity: Option<Vec<f32>>,
     /// Updates applied so far.
     pub iterations: u64,
+    /// Global-norm clipping of the whole gradient before the update (see `clip.rs`).
+    pub clip_norm: Option<f32>,
 }
 
 impl Sgd {
     /// SGD for `len` parameters.
     pub fn new(len: usize, momentum: f32, nesterov: bool, weight_decay: f32) -> Self {
         let velocity = (momentum > 0.0).then(|| vec![0.0; len]);
-        Self { momentum, nesterov, weight_decay, velocity, iterations: 0 }
+        Self { momentum, nesterov, weight_decay, velocity, iterations: 0, clip_norm: None }
     }
 
     /// One update from the sum of `grads` (one buffer per replica, added in order).
