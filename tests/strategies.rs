@@ -64,3 +64,26 @@ fn check_says_which_reduction_auto_picked() {
     let (stdout, _) = text(&out);
     assert!(stdout.contains("reduction_to_one_device (auto: CPU devices)"), "{stdout}");
 }
+
+#[test]
+fn clipping_acts_on_the_reduced_gradient_so_replicas_match_one_process() {
+    let clipped =
+        ["optimizer.kind=adamw", "optimizer.learning_rate=0.001", "batch.global=96", "optimizer.clip_norm=0.05"];
+    let one = tempdir();
+    train(one.path(), &clipped);
+    let unclipped = tempdir();
+    train(unclipped.path(), &clipped[..3]);
+    let moved = difference(unclipped.path(), one.path());
+    assert!(moved > 1e-3, "a 0.05 clip should change training, relative difference {moved}");
+    for strategy in [
+        "{ kind = \"mirrored\", devices = 2 }",
+        "{ kind = \"mirrored\", devices = 3, cross_device_ops = \"reduction_to_one_device\" }",
+    ] {
+        let dir = tempdir();
+        let sets: Vec<String> = clipped.iter().map(|s| s.to_string()).chain([format!("strategy={strategy}")]).collect();
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        train(dir.path(), &sets);
+        let d = difference(dir.path(), one.path());
+        assert!(d <= 1e-5, "{strategy}: relative difference {d}");
+    }
+}
