@@ -192,9 +192,7 @@ impl Strategy for Replicated {
                 (one.forward_loss(&vars.params, &mut vars.state, view, scale, s), Deferred::Backward)
             }
             // The sum in reduction_to_one_device's order can happen in the update pass.
-            ([_, _, ..], _)
-                if local.algorithm == CrossDevice::ReductionToOneDevice =>
-            {
+            ([_, _, ..], _) if local.algorithm == CrossDevice::ReductionToOneDevice => {
                 (local.gradients_unreduced(vars, &mut self.grads, micro, scale, seed), Deferred::Sum)
             }
             _ => (local.gradients(vars, &mut self.grads, micro, scale, seed)?, Deferred::Nothing),
