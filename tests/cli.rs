@@ -141,6 +141,45 @@ fn a_missing_spec_file_is_a_clear_error() {
     assert!(text(&out).1.contains("specs/does_not_exist.toml"));
 }
 
+/// `trainrun check` under parameter_server: the coordinator's settings, where each shard lives
+/// (rows dealt div-style, shards round-robin over the ps tasks) and the bytes per ps.
+#[test]
+fn check_shows_parameter_server_placement() {
+    let out = run(&[
+        "check",
+        "specs/mnist_parameter_server.toml",
+        "--set",
+        "cluster.ps=2",
+        "--set",
+        "strategy.variable_partitioner={ kind = \"fixed_shards\", shards = 3 }",
+        "--set",
+        "strategy.max_staleness=4",
+        "--set",
+        "train.steps_per_execution=5",
+    ]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    for line in [
+        "coordinator           queue of 262144 closures, max_staleness 4: a worker 5 steps ahead of the slowest waits, 5 steps per closure",
+        "at least once per epoch, not exactly once",
+        // conv2d/kernel has 3 rows: one per shard, on ps 0, 1, 0.
+        "placement             conv2d/kernel [3, 3, 1, 32] → 3 shards: rows 0..1 on ps 0, rows 1..2 on ps 1, rows 2..3 on ps 0",
+        // conv2d/bias [32]: 11/11/10 rows, continuing on ps 1.
+        "conv2d/bias [32] → 3 shards: rows 0..11 on ps 1, rows 11..22 on ps 0, rows 22..32 on ps 1",
+        // 2,770,634 values × 4 bytes over both ps.
+        "bytes per ps          ps 0: ",
+        "input                 full shuffle each epoch, drop remainder, prefetch 2, one shard",
+    ] {
+        assert!(stdout.contains(line), "no `{line}` in\n{stdout}\n{stderr}");
+    }
+    let bytes: u64 = stdout
+        .lines()
+        .filter_map(|l| l.split_once("bytes per ps"))
+        .flat_map(|(_, v)| v.split(" B)").filter_map(|p| p.rsplit('(').next()?.parse::<u64>().ok()).collect::<Vec<_>>())
+        .sum();
+    assert_eq!(bytes, 2_770_634 * 4, "{stdout}");
+}
+
 #[test]
 fn strategies_not_built_yet_exit_3_naming_them() {
     let out = run(&[

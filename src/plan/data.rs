@@ -1,7 +1,7 @@
 //! `[data]`, resolved: where the examples come from (folder and files found), how the input
 //! pipeline orders and batches them, and how workers split them.
 
-use super::StrategyPlan;
+use super::{StrategyKind, StrategyPlan};
 use crate::data::{DataDirs, DataError, DataFacts, Preset, Shuffle, Source};
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
@@ -70,7 +70,16 @@ pub fn resolve(
     strategy: &StrategyPlan,
     diags: &mut Vec<Diagnostic>,
 ) -> DataPlan {
-    let workers = strategy.num_workers;
+    // Under parameter_server each worker reads its own shuffle of every example, as
+    // TensorFlow's `create_per_worker_dataset`: nothing is sharded.
+    let workers = match strategy.kind {
+        StrategyKind::ParameterServer => 1,
+        StrategyKind::Default
+        | StrategyKind::OneDevice
+        | StrategyKind::Mirrored
+        | StrategyKind::CentralStorage
+        | StrategyKind::MultiWorkerMirrored => strategy.num_workers,
+    };
     let shard = if workers <= 1 {
         ShardPolicy::None
     } else {

@@ -13,6 +13,7 @@ mod cluster;
 mod data;
 mod lr;
 mod optimizer;
+mod parameter_server;
 mod render;
 mod strategy;
 mod train;
@@ -23,6 +24,7 @@ pub use cluster::{ClusterPlan, Part, Restarts};
 pub use data::{DataPlan, ShardPolicy, source};
 pub use lr::{LrPlan, Scaling, Schedule, Warmup};
 pub use optimizer::{DecayPlan, OptimizerPlan};
+pub use parameter_server::{ParameterServerPlan, Shard, VariablePlacement, num_shards, split_rows};
 pub use strategy::{AllReduce, CollectivePlan, CrossDevice, Hardware, Reduction, StrategyKind, StrategyPlan};
 pub use train::{EvalPlan, TrainPlan};
 
@@ -79,6 +81,9 @@ pub struct Plan {
     pub train: TrainPlan,
     /// Callbacks.
     pub callbacks: CallbacksPlan,
+    /// Variable placement and the coordinator, exactly when `strategy.kind = "parameter_server"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerPlan>,
     /// Hashes of the spec that tell runs and backups apart.
     pub hashes: SpecHashes,
     /// Warnings to show before running.
@@ -152,6 +157,8 @@ impl Plan {
             .map_err(|model_diags| diags.extend(model_diags))
             .ok();
         let train = train::resolve(spec, model.as_ref(), &facts.data, global, &mut diags);
+        let parameter_server =
+            parameter_server::resolve(spec, cluster.count(crate::cluster::Role::Ps), model.as_ref(), &mut diags);
         let (default_lr, optimizer) = optimizer::resolve(spec, &mut diags);
         let learning_rate =
             lr::resolve(&spec.optimizer, default_lr, global, train.steps_per_epoch, train.total_steps, &mut diags);
@@ -191,6 +198,7 @@ impl Plan {
                     model,
                     train,
                     callbacks,
+                    parameter_server,
                     hashes: SpecHashes::of(spec),
                     warnings: diags,
                 })

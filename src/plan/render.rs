@@ -34,7 +34,16 @@ type Rows = Vec<(&'static str, String)>;
 /// Renders `plan` as aligned `key  value` lines.
 pub fn text(plan: &Plan) -> String {
     let mut rows: Rows = vec![("strategy", plan.strategy.kind.name().to_string())];
-    for section in [cluster, replicas, batch_and_learning_rate, steps_and_data, reduction, evaluation, callbacks] {
+    for section in [
+        cluster,
+        replicas,
+        batch_and_learning_rate,
+        steps_and_data,
+        reduction,
+        parameter_servers,
+        evaluation,
+        callbacks,
+    ] {
         section(plan, &mut rows);
     }
     rows.push(("threads", format!("{} per task", plan.threads)));
@@ -236,6 +245,57 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
             Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
         },
     ));
+}
+
+/// Under `parameter_server`: the coordinator's settings, where every variable or shard lives
+/// and the bytes per ps.
+fn parameter_servers(plan: &Plan, rows: &mut Rows) {
+    let Some(ps) = &plan.parameter_server else { return };
+    let staleness = match ps.max_staleness {
+        None => "unbounded staleness (fully asynchronous)".to_string(),
+        Some(s) => format!("max_staleness {s}: a worker {} ahead of the slowest waits", plural(s + 1, "step")),
+    };
+    rows.push((
+        "coordinator",
+        format!(
+            "queue of {}, {}, {} per closure",
+            plural(ps.queue_size.get() as u64, "closure"),
+            staleness,
+            plural(ps.steps_per_execution.get(), "step")
+        ),
+    ));
+    rows.push((
+        "worker input",
+        "each worker reads its own shuffle: async training visits examples at least once per epoch, not exactly once"
+            .to_string(),
+    ));
+    for (i, v) in ps.variables.iter().enumerate() {
+        let shape: Vec<String> = v.shape.iter().map(ToString::to_string).collect();
+        let at = match v.shards.as_slice() {
+            [one] => format!("ps {}", one.ps),
+            shards => {
+                let each: Vec<String> =
+                    shards.iter().map(|s| format!("rows {}..{} on ps {}", s.start, s.start + s.rows, s.ps)).collect();
+                format!("{} shards: {}", shards.len(), each.join(", "))
+            }
+        };
+        let kind = if v.trainable { "" } else { " (not trained)" };
+        rows.push((if i == 0 { "placement" } else { "" }, format!("{} [{}]{kind} → {at}", v.name, shape.join(", "))));
+    }
+    let per_ps: Vec<String> =
+        ps.bytes_per_ps.iter().enumerate().map(|(i, b)| format!("ps {i}: {}", bytes_exact(*b))).collect();
+    rows.push(("bytes per ps", format!("{} (optimizer slots on top)", per_ps.join(", "))));
+}
+
+/// Bytes in the largest unit that keeps one decimal honest.
+fn bytes_exact(n: u64) -> String {
+    if n >= 1 << 20 {
+        format!("{:.1} MiB ({n} B)", n as f64 / f64::from(1u32 << 20))
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB ({n} B)", n as f64 / 1024.0)
+    } else {
+        format!("{n} B")
+    }
 }
 
 /// When the test split is evaluated.

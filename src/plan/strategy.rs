@@ -261,8 +261,9 @@ pub fn resolve(
             Diagnostic::error(
                 key("cluster.ps"),
                 format!(
-                    "the cluster ({}) lists {ps} parameter servers, but strategy.kind = \"{}\"",
+                    "the cluster ({}) lists {ps} parameter server{}, but strategy.kind = \"{}\"",
                     cluster.source.describe(),
+                    if ps == 1 { "" } else { "s" },
                     kind.name()
                 ),
             )

@@ -4,7 +4,7 @@ use super::device::Devices;
 use crate::vocab::Device;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::path::PathBuf;
 
 /// `[strategy]`: the distribution strategy, TensorFlow's `tf.distribute` names.
@@ -51,10 +51,22 @@ pub enum StrategySpec {
     /// Variables live on parameter-server tasks; workers push gradients and pull variables
     /// (`ParameterServerStrategy`).
     ParameterServer {
-        /// How variables are split across the `ps` tasks. Default: `round_robin`.
-        /// Example: `variable_partitioner = "round_robin"`.
+        /// How variables are split along their first axis before being placed on the `ps`
+        /// tasks, TensorFlow's `tf.distribute.experimental.partitioners`; shards and whole
+        /// variables then go round-robin over the ps tasks. Default: `{ kind = "round_robin" }`
+        /// (whole variables). Example: `variable_partitioner = { kind = "fixed_shards", shards = 2 }`.
         #[serde(default)]
         variable_partitioner: VariablePartitioner,
+        /// The stale-synchronous bound: a worker more than this many steps ahead of the slowest
+        /// worker waits for it. Default: unbounded, TensorFlow's fully asynchronous training.
+        /// Example: `max_staleness = 4`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_staleness: Option<u32>,
+        /// Closures the coordinator's queue holds before `schedule` blocks (TensorFlow's
+        /// `ClusterCoordinator` closure queue). Default: `262144` (256 Ki, as TensorFlow).
+        /// Example: `queue_size = 64`.
+        #[serde(default = "default_queue_size")]
+        queue_size: NonZeroU32,
     },
 }
 
@@ -73,13 +85,53 @@ pub enum CrossDeviceOps {
     ReductionToOneDevice,
 }
 
-/// `strategy.variable_partitioner` of `parameter_server`.
+fn default_queue_size() -> NonZeroU32 {
+    NonZeroU32::new(256 * 1024).unwrap_or(NonZeroU32::MIN)
+}
+
+/// `strategy.variable_partitioner` of `parameter_server`: how many shards each variable is
+/// split into along axis 0 (rows are dealt div-style: 13 rows over 5 shards are 3/3/3/2/2).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum VariablePartitioner {
-    /// Whole variables assigned to `ps` tasks in turn.
+    /// Whole variables, no sharding: each goes to the next `ps` task in turn.
     #[default]
     RoundRobin,
+    /// `FixedShardsPartitioner`: `shards` shards per variable (fewer when it has fewer rows).
+    /// Example: `{ kind = "fixed_shards", shards = 2 }`.
+    FixedShards {
+        /// Shards per variable. Example: `shards = 2`.
+        shards: NonZeroU32,
+    },
+    /// `MinSizePartitioner`: as many shards as keep each at least `min_shard_bytes`, at most
+    /// `max_shards`. Example: `{ kind = "min_size", min_shard_bytes = 262144, max_shards = 4 }`.
+    MinSize {
+        /// Smallest shard in bytes. Default: `262144` (256 KiB, as TensorFlow).
+        /// Example: `min_shard_bytes = 65536`.
+        #[serde(default = "default_min_shard_bytes")]
+        min_shard_bytes: NonZeroU64,
+        /// Most shards per variable. Default: `1`, as TensorFlow. Example: `max_shards = 4`.
+        #[serde(default = "one_shard")]
+        max_shards: NonZeroU32,
+    },
+    /// `MaxSizePartitioner`: as few shards as keep each at most `max_shard_bytes` (a single
+    /// row may exceed it), at most `max_shards`.
+    /// Example: `{ kind = "max_size", max_shard_bytes = 1048576 }`.
+    MaxSize {
+        /// Largest shard in bytes. Example: `max_shard_bytes = 1048576`.
+        max_shard_bytes: NonZeroU64,
+        /// Most shards per variable. Default: no limit. Example: `max_shards = 8`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_shards: Option<NonZeroU32>,
+    },
+}
+
+fn default_min_shard_bytes() -> NonZeroU64 {
+    NonZeroU64::new(256 << 10).unwrap_or(NonZeroU64::MIN)
+}
+
+fn one_shard() -> NonZeroU32 {
+    NonZeroU32::MIN
 }
 
 /// `[strategy.communication]`: TensorFlow's `tf.distribute.experimental.CommunicationOptions`.

@@ -10,6 +10,7 @@ mod local;
 mod mirrored;
 mod multi_worker_mirrored;
 mod one_device;
+pub mod parameter_server;
 mod replica;
 
 pub use multi_worker_mirrored::{MultiWorkerMirrored, check_devices as check_multi_worker_devices};

@@ -1,0 +1,292 @@
+//! The chief's `ClusterCoordinator`: closures of `steps_per_execution` steps go through a
+//! bounded queue to one thread per worker. Execution is at least once: a closure whose worker
+//! is lost goes back to the front of the queue and the worker rejoins when it can. The first
+//! error a closure raises is returned once, by the next `schedule` or `join`, and every queued
+//! closure is then cancelled, as TensorFlow's coordinator does. With `max_staleness = s` a
+//! worker more than `s` steps ahead of the slowest live worker waits (stale-synchronous).
+//!
+//! The coordinator knows workers only through [`Worker`], so the scheduling rules are tested
+//! here with fake workers and the transport stays a separate file.
+
+use std::collections::VecDeque;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+/// Steps `first_step..first_step + steps` as one unit of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closure {
+    /// Its place in scheduling order.
+    pub id: u64,
+    /// The first global step it runs.
+    pub first_step: u64,
+    /// Steps it runs (`steps_per_execution`, fewer at an epoch's end).
+    pub steps: u64,
+}
+
+/// Why a closure did not complete on a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The worker is gone (killed, preempted, unreachable): the closure runs again elsewhere.
+    WorkerLost(String),
+    /// The closure itself failed (a ps is gone, a non-finite loss): the job fails.
+    Failed(String),
+}
+
+/// One remote worker as the coordinator drives it.
+pub trait Worker: Send + 'static {
+    /// Runs `closure` to completion: pulls variables, computes and pushes each step.
+    fn run(&mut self, closure: &Closure) -> Result<(), Failure>;
+    /// Waits for the lost worker to come back (the launcher restarts it); `false` when it
+    /// will not, and the coordinator stops using it.
+    fn rejoin(&mut self) -> bool;
+}
+
+/// The job failed; returned once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoordinatorError {
+    /// A closure failed on a worker.
+    #[error("closure {closure} (steps from {first_step}) failed on worker {worker}: {message}")]
+    Closure { closure: u64, first_step: u64, worker: usize, message: String },
+    /// Every worker is gone for good with work left.
+    #[error("every worker is gone and {0} closures are left")]
+    NoWorkers(usize),
+}
+
+/// What the coordinator did, for `summary.json` and `metrics.jsonl`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Closures scheduled.
+    pub scheduled: u64,
+    /// Steps completed by each worker.
+    pub steps_per_worker: Vec<u64>,
+    /// Closures run again after their worker was lost.
+    pub rescheduled: u64,
+    /// Queued closures dropped after the first error.
+    pub cancelled: u64,
+}
+
+impl Stats {
+    /// Steps completed by all workers.
+    pub fn steps_applied(&self) -> u64 {
+        self.steps_per_worker.iter().sum()
+    }
+}
+
+struct State {
+    queue: VecDeque<Closure>,
+    in_flight: usize,
+    /// Workers taking work now (not lost, not rejoining).
+    live: Vec<bool>,
+    /// Workers that will not come back.
+    gone: usize,
+    error: Option<CoordinatorError>,
+    stats: Stats,
+    closing: bool,
+    /// Failures of closures scheduled before this id belong to an error already recorded:
+    /// only the first error of a batch is returned.
+    quiet_before: u64,
+}
+
+impl State {
+    /// Whether worker `w` must wait for slower live workers before taking more work.
+    fn too_far_ahead(&self, w: usize, max_staleness: Option<u64>) -> bool {
+        let Some(s) = max_staleness else { return false };
+        let slowest =
+            (0..self.live.len()).filter(|&i| self.live[i] && i != w).map(|i| self.stats.steps_per_worker[i]).min();
+        slowest.is_some_and(|slowest| self.stats.steps_per_worker[w] > slowest + s)
+    }
+
+    /// Drops the queue after the first error.
+    fn cancel_queued(&mut self) {
+        self.stats.cancelled += self.queue.len() as u64;
+        self.queue.clear();
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    capacity: usize,
+    max_staleness: Option<u64>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A worker thread that panicked leaves consistent counters: every update is one
+        // statement under the lock.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The chief's coordinator over a fixed set of workers.
+pub struct Coordinator {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Coordinator {
+    /// Starts one thread per worker; `queue_size` closures may wait before `schedule` blocks.
+    pub fn new<W: Worker>(workers: Vec<W>, queue_size: NonZeroUsize, max_staleness: Option<u64>) -> Self {
+        let n = workers.len();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                in_flight: 0,
+                live: vec![true; n],
+                gone: 0,
+                error: None,
+                stats: Stats { steps_per_worker: vec![0; n], ..Stats::default() },
+                closing: false,
+                quiet_before: 0,
+            }),
+            changed: Condvar::new(),
+            capacity: queue_size.get(),
+            max_staleness,
+        });
+        let threads = workers
+            .into_iter()
+            .enumerate()
+            .map(|(w, worker)| {
+                let shared = Arc::clone(&shared);
+                std::thread::spawn(move || drive(&shared, w, worker))
+            })
+            .collect();
+        Self { shared, threads }
+    }
+
+    /// Queues `steps` steps from `first_step`, blocking while the queue is full. Returns the
+    /// first error instead, once, if a closure has failed.
+    pub fn schedule(&self, first_step: u64, steps: u64) -> Result<u64, CoordinatorError> {
+        let mut s = self.shared.lock();
+        loop {
+            if let Some(e) = s.error.take() {
+                return Err(e);
+            }
+            if s.queue.len() < self.shared.capacity {
+                break;
+            }
+            s = self.shared.wait(s);
+        }
+        let id = s.stats.scheduled;
+        s.stats.scheduled += 1;
+        s.queue.push_back(Closure { id, first_step, steps });
+        self.shared.changed.notify_all();
+        Ok(id)
+    }
+
+    /// Waits until every scheduled closure has completed or been cancelled; returns the first
+    /// error, once.
+    pub fn join(&self) -> Result<(), CoordinatorError> {
+        let mut s = self.shared.lock();
+        loop {
+            if let Some(e) = s.error.take() {
+                return Err(e);
+            }
+            if s.queue.is_empty() && s.in_flight == 0 {
+                return Ok(());
+            }
+            if s.gone == s.live.len() {
+                let left = s.queue.len();
+                s.cancel_queued();
+                return Err(CoordinatorError::NoWorkers(left));
+            }
+            s = self.shared.wait(s);
+        }
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> Stats {
+        self.shared.lock().stats.clone()
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        {
+            let mut s = self.shared.lock();
+            s.closing = true;
+            s.cancel_queued();
+        }
+        self.shared.changed.notify_all();
+        for t in self.threads.drain(..) {
+            // A worker thread that panicked has nothing left to report.
+            let _ = t.join();
+        }
+    }
+}
+
+/// One worker's thread: take a closure, run it, record what happened.
+fn drive<W: Worker>(shared: &Shared, w: usize, mut worker: W) {
+    loop {
+        let closure = {
+            let mut s = shared.lock();
+            loop {
+                if s.closing {
+                    return;
+                }
+                if !s.queue.is_empty() && !s.too_far_ahead(w, shared.max_staleness) {
+                    break;
+                }
+                s = shared.wait(s);
+            }
+            let Some(c) = s.queue.pop_front() else { continue };
+            s.in_flight += 1;
+            shared.changed.notify_all();
+            c
+        };
+        let result = worker.run(&closure);
+        let lost = {
+            let mut s = shared.lock();
+            s.in_flight -= 1;
+            let lost = match result {
+                Ok(()) => {
+                    s.stats.steps_per_worker[w] += closure.steps;
+                    false
+                }
+                Err(Failure::WorkerLost(_)) => {
+                    // At least once: the closure runs next, on whichever worker is free.
+                    s.stats.rescheduled += 1;
+                    if !s.closing {
+                        s.queue.push_front(closure);
+                    }
+                    s.live[w] = false;
+                    true
+                }
+                Err(Failure::Failed(message)) => {
+                    if closure.id >= s.quiet_before {
+                        s.quiet_before = s.stats.scheduled;
+                        s.error = Some(CoordinatorError::Closure {
+                            closure: closure.id,
+                            first_step: closure.first_step,
+                            worker: w,
+                            message,
+                        });
+                        s.cancel_queued();
+                    }
+                    false
+                }
+            };
+            shared.changed.notify_all();
+            lost
+        };
+        if lost {
+            let back = worker.rejoin();
+            let mut s = shared.lock();
+            s.live[w] = back;
+            s.gone += usize::from(!back);
+            shared.changed.notify_all();
+            if !back {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "coordinator_tests.rs"]
+mod tests;
