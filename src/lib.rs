@@ -12,8 +12,8 @@ pub mod cluster;
 pub mod collective;
 pub mod crash;
 pub mod data;
-pub mod diagnostic;
 pub mod deploy;
+pub mod diagnostic;
 pub mod engine;
 pub mod exit;
 #[cfg(feature = "cuda")]

@@ -144,7 +144,11 @@ pub fn resolve(
             backoff: duration("cluster.restart_backoff_s", spec.restart_backoff_s, Duration::ZERO, diags),
         },
         token_file: spec.token_file.clone(),
-        tls: spec.tls.as_ref().map(|t| TlsFiles { cert: t.cert_file.clone(), key: t.key_file.clone(), ca: t.ca_file.clone() }),
+        tls: spec.tls.as_ref().map(|t| TlsFiles {
+            cert: t.cert_file.clone(),
+            key: t.key_file.clone(),
+            ca: t.ca_file.clone(),
+        }),
     }
 }
 

@@ -97,7 +97,13 @@ pub fn resolve(
                 .help("add test files to [data.files]"),
         );
     }
-    if !t.from_logits && model.is_some_and(outputs_logits) && t.loss != Loss::MeanSquaredError {
+    if let (Some(problem), crate::data::LabelKind::Target { width }) = (sparse_on_targets(t.loss), facts.labels) {
+        diags.push(
+            Diagnostic::error("train.loss", format!("train.loss = \"{problem}\" needs class labels, but the dataset has {width} float target(s) per example"))
+                .help("use loss = \"mean_squared_error\", \"mean_absolute_error\" or \"huber\" for regression"),
+        );
+    }
+    if !t.from_logits && model.is_some_and(outputs_logits) && !t.loss.regression() {
         diags.push(
             Diagnostic::warning(
                 "train.from_logits",
@@ -120,4 +126,16 @@ pub fn resolve(
 /// Whether the model ends without a squashing activation (zoo models end in logits).
 fn outputs_logits(model: &ModelPlan) -> bool {
     model.layers.last().and_then(LayerConfig::output_activation).is_some_and(|a| !a.squashes())
+}
+
+/// The spec name of a loss that reads class indices only (float targets cannot be its labels).
+fn sparse_on_targets(loss: Loss) -> Option<&'static str> {
+    match loss {
+        Loss::SparseCategoricalCrossentropy => Some("sparse_categorical_crossentropy"),
+        Loss::CategoricalCrossentropy
+        | Loss::BinaryCrossentropy
+        | Loss::MeanSquaredError
+        | Loss::MeanAbsoluteError
+        | Loss::Huber => None,
+    }
 }

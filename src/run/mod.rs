@@ -151,12 +151,20 @@ fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Res
     .map_err(|e| RunError::Cluster(e.to_string()))
 }
 
+/// Writes what maps a model's outputs back to the data into the run folder: `vocab.json` (a
+/// text model's token ids) or `classes.json` (class names).
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), RunError> {
+    let json = serde_json::to_string_pretty(value).map_err(|e| RunError::Failure(e.to_string()))?;
+    std::fs::write(&path, json + "\n").map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
+}
+
 /// Trains in this process: the whole run, or this task's part of a job.
 fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // First thing: a SIGTERM from here on is a request to stop cleanly, not death.
     let stop = crate::signals::stop_requested();
     let plan = &p.plan;
     let dataset = Arc::new(load_data(inv, plan)?);
+    let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
     let (job, prefix) = match plan.cluster.part {
         Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
         Part::Single | Part::Launcher => (None, String::new()),
@@ -169,6 +177,14 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
             .map_err(RunError::from)?;
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     let mut record = if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step))?) } else { None };
+    if chief {
+        if let Some(vocabulary) = vocabulary {
+            write_json(&plan.out_dir.join("vocab.json"), &vocabulary)?;
+        }
+        if let Some(classes) = classes {
+            write_json(&plan.out_dir.join("classes.json"), &classes)?;
+        }
+    }
     let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
     let result = pool(plan.threads).and_then(|pool| {
         let run_dir = record.as_mut().map(Record::dir);

@@ -182,19 +182,17 @@ impl Strategy for Replicated {
         seed: u64,
         stop: bool,
     ) -> Result<Step, StrategyError> {
-        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        let scale = 1.0 / micro.iter().map(Batch::global_rows).sum::<usize>().max(1) as f32;
         let local = &mut self.local;
         let (stats, deferred) = match (&mut local.replicas[..], micro) {
             // Nothing else reads this gradient: backward waits for the update to fuse into it.
             ([one], [batch]) if batch.n > 0 => {
-                let view = BatchView { x: &batch.x, y: &batch.y, n: batch.n };
+                let view = BatchView::of(batch);
                 let s = derive_seed(&[seed, 0, local.first_replica]);
                 (one.forward_loss(&vars.params, &mut vars.state, view, scale, s), Deferred::Backward)
             }
             // The sum in reduction_to_one_device's order can happen in the update pass.
-            ([_, _, ..], _)
-                if local.algorithm == CrossDevice::ReductionToOneDevice =>
-            {
+            ([_, _, ..], _) if local.algorithm == CrossDevice::ReductionToOneDevice => {
                 (local.gradients_unreduced(vars, &mut self.grads, micro, scale, seed), Deferred::Sum)
             }
             _ => (local.gradients(vars, &mut self.grads, micro, scale, seed)?, Deferred::Nothing),
