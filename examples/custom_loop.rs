@@ -48,7 +48,8 @@ fn main() -> anyhow::Result<()> {
         let pass = Pass { training: true, seed: step, accumulate: false, threads: plan.threads };
         model.forward(pass, &params, &mut state, &b.x, b.n);
         let (out, dout) = model.output_and_grad(b.n);
-        let stats = loss.evaluate(out, &b.y, plan.model.classes, 1.0 / b.n as f32, Some(dout));
+        // The mean over the batch's loss terms: examples, or every position of text windows.
+        let stats = loss.evaluate(out, b.truth(), plan.model.classes, 1.0 / b.global_rows() as f32, Some(dout));
         model.backward(pass, &params, &mut grads, &b.x, b.n);
         optimizer.step(&mut params, &grads, plan.learning_rate.at(step) as f32);
         if step % 10 == 0 {

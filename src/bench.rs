@@ -46,6 +46,7 @@ pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Re
         y: (0..batch).map(|_| r.random_range(0..10)).collect(),
         n: batch,
         global_n: batch,
+        ..Batch::default()
     };
     let mut grads = vec![0.0; vars.params.len()];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
@@ -53,7 +54,7 @@ pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Re
         let mut step = |i: u64| {
             let t = Instant::now();
             // As a run with one replica steps: backward applies the update as it goes.
-            let view = BatchView { x: &batch_data.x, y: &batch_data.y, n: batch };
+            let view = BatchView::of(&batch_data);
             replica.forward_loss(&vars.params, &mut vars.state, view, 1.0 / batch as f32, i);
             replica.backward_update(&mut vars.params, &mut optimizer, 0.01, &mut grads);
             t.elapsed().as_secs_f64()

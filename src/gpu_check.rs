@@ -41,6 +41,7 @@ pub fn synthetic_batch(input: &Shape, classes: usize, n: usize, seed: u64) -> Ba
         y: (0..n).map(|_| r.random_range(0..classes as u32)).collect(),
         n,
         global_n: n,
+        ..Batch::default()
     }
 }
 

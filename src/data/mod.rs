@@ -19,21 +19,31 @@
 
 pub mod download;
 mod error;
+pub mod examples;
 pub mod formats;
 pub mod idx;
+pub mod images;
 pub mod pipeline;
 mod shard;
 pub mod sources;
 pub mod synthetic;
+pub mod table;
+pub mod text;
+pub mod tokens;
+pub mod windows;
 
 pub use download::{Checksum, Fetcher, RemoteFile};
 pub use error::{DataError, FileFailure, Position, UnknownName};
+pub use examples::{Examples, LabelKind, Split};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use shard::Shard;
 pub use sources::{DataDirs, IdxFiles, Preset, Source};
 pub use synthetic::SyntheticConfig;
+pub use table::{CsvConfig, CsvLabels};
+pub use text::{TextConfig, Tokenization, Vocabulary, VocabularyFrom};
+pub use tokens::{TokenDtype, TokensConfig};
 
-/// The shape of one example: height × width × channels (NHWC without the N).
+/// The shape of one image: height × width × channels (NHWC without the N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct ExampleShape {
     pub height: usize,
@@ -51,6 +61,11 @@ impl ExampleShape {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// `[height, width, channels]`.
+    pub fn dims(&self) -> Vec<usize> {
+        vec![self.height, self.width, self.channels]
+    }
 }
 
 /// What the planner needs to know about a dataset without loading it (`trainrun check`).
@@ -59,71 +74,26 @@ pub struct DataFacts {
     pub train_examples: usize,
     /// `0` when the dataset has no test split.
     pub test_examples: usize,
-    pub example_shape: ExampleShape,
-    pub classes: u32,
+    /// The shape of one example's features (images: height, width, channels).
+    pub example_shape: Vec<usize>,
+    /// What the labels are: classes, float targets, or a class per position.
+    pub labels: LabelKind,
     /// Training files, for the `file` shard policy (which needs one per worker at least).
     /// `0` for the synthetic dataset: it is generated in memory, so there are none to split.
     pub train_files: usize,
 }
 
-/// One split (train or test): images as `u8`, NHWC, and one label per image.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Split {
-    images: idx::IdxArray,
-    labels: idx::IdxArray,
-    shape: ExampleShape,
-}
-
-impl Split {
-    /// A split from an IDX images array (3-D or 4-D) and labels array (1-D). The caller has
-    /// already checked that the counts agree.
-    pub(crate) fn new(images: idx::IdxArray, labels: idx::IdxArray, shape: ExampleShape) -> Self {
-        Self { images, labels, shape }
-    }
-
-    /// Number of examples.
-    pub fn len(&self) -> usize {
-        self.labels.data().len()
-    }
-
-    /// True when the split has no examples.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Shape of one example.
-    pub fn shape(&self) -> ExampleShape {
-        self.shape
-    }
-
-    /// All images, NHWC, one byte per value.
-    pub fn images(&self) -> &[u8] {
-        self.images.data()
-    }
-
-    /// All labels.
-    pub fn labels(&self) -> &[u8] {
-        self.labels.data()
-    }
-
-    /// Image `i` (`shape().len()` bytes); empty when `i` is out of range.
-    pub fn image(&self, i: usize) -> &[u8] {
-        let len = self.shape.len();
-        self.images().get(i * len..(i + 1) * len).unwrap_or_default()
-    }
-
-    /// Heap bytes held by this split.
-    pub fn bytes_held(&self) -> usize {
-        self.images.bytes_held() + self.labels.bytes_held()
-    }
-}
-
-/// A loaded dataset: the training split, the test split when there is one, and the classes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A loaded dataset: the training split, the test split when there is one, and what the
+/// labels are.
+#[derive(Debug, Clone)]
 pub struct Dataset {
     pub train: Split,
     pub test: Option<Split>,
-    pub classes: u32,
+    pub labels: LabelKind,
+    /// How token ids map back to text, for text sources (written as `vocab.json`).
+    pub vocabulary: Option<Vocabulary>,
+    /// The names of the classes, when labels were names (written as `classes.json`).
+    pub classes: Option<formats::Classes>,
 }
 
 impl Dataset {
@@ -132,8 +102,8 @@ impl Dataset {
         DataFacts {
             train_examples: self.train.len(),
             test_examples: self.test.as_ref().map_or(0, Split::len),
-            example_shape: self.train.shape(),
-            classes: self.classes,
+            example_shape: self.train.shape().to_vec(),
+            labels: self.labels,
             train_files,
         }
     }

@@ -73,16 +73,46 @@ pub struct PipelineOptions {
 }
 
 /// This worker's part of one global batch.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    /// Images, NHWC, each byte divided by 255 (so in `[0, 1]`); `n × h × w × c` values.
+    /// Features, `n` examples of the split's shape one after the other (images: NHWC, each
+    /// byte divided by 255, so in `[0, 1]`; text: token ids).
     pub x: Vec<f32>,
-    /// One label per image.
+    /// Class labels: one per example, or one per position of a sequence (empty for float
+    /// targets).
     pub y: Vec<u32>,
+    /// Float targets, the same number per example (empty for class labels).
+    pub targets: Vec<f32>,
     /// Examples in this part; may be 0 when a short global batch leaves none for this worker.
     pub n: usize,
     /// Examples in the whole global batch (to weight a short batch's loss).
     pub global_n: usize,
+    /// Loss terms per example: a sequence's positions, else 1.
+    pub rows_per_example: usize,
+}
+
+impl Default for Batch {
+    /// An empty batch of examples with one loss term each.
+    fn default() -> Self {
+        Self { x: vec![], y: vec![], targets: vec![], n: 0, global_n: 0, rows_per_example: 1 }
+    }
+}
+
+impl Batch {
+    /// Loss terms in the whole global batch: the mean loss divides by this, so gradients are
+    /// the mean over every example (or every position) of the global batch.
+    pub fn global_rows(&self) -> usize {
+        self.global_n * self.rows_per_example
+    }
+
+    /// What the loss compares the outputs with.
+    pub fn truth(&self) -> crate::engine::Truth<'_> {
+        if self.targets.is_empty() {
+            crate::engine::Truth::Classes(&self.y)
+        } else {
+            crate::engine::Truth::Targets(&self.targets)
+        }
+    }
 }
 
 /// The pure arithmetic of the batch sequence.
@@ -183,17 +213,15 @@ fn below(rng: &mut impl Rng, n: usize) -> usize {
 fn fill(batch: &mut Batch, split: &Split, global_len: usize, shard: Shard, index: impl Fn(usize) -> usize) {
     batch.x.clear();
     batch.y.clear();
-    batch.x.reserve(shard.len_of(global_len) * split.shape().len());
-    let labels = split.labels();
+    batch.targets.clear();
+    let n = shard.len_of(global_len);
+    batch.x.reserve(n * split.example_len());
     for p in shard.positions(global_len) {
-        let i = index(p);
-        // Division, not multiplication by 1/255, so values are exactly `byte / 255` as the
-        // contract says; it vectorises all the same.
-        batch.x.extend(split.image(i).iter().map(|&b| f32::from(b) / 255.0));
-        batch.y.push(labels.get(i).map_or(0, |&l| u32::from(l)));
+        split.append(index(p), batch);
     }
-    batch.n = batch.y.len();
+    batch.n = n;
     batch.global_n = global_len;
+    batch.rows_per_example = split.rows_per_example();
 }
 
 /// The training input: an endless sequence of this worker's batches, prepared on a background

@@ -11,7 +11,13 @@ fn dataset(n: usize) -> Arc<Dataset> {
     let labels: Vec<u8> = (0..n).map(|i| (i % 7) as u8).collect();
     let shape = ExampleShape { height: 1, width: 2, channels: 1 };
     let train = Split::new(IdxArray::from_parts(vec![n, 1, 2], images), IdxArray::from_parts(vec![n], labels), shape);
-    Arc::new(Dataset { test: Some(train.clone()), train, classes: 7 })
+    Arc::new(Dataset {
+        test: Some(train.clone()),
+        train,
+        labels: crate::data::LabelKind::Class { classes: 7 },
+        vocabulary: None,
+        classes: None,
+    })
 }
 
 fn indices(batch: &Batch) -> Vec<usize> {

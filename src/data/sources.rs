@@ -11,7 +11,10 @@ use super::download::{Checksum, Fetcher, RemoteFile};
 use super::error::DataError;
 use super::idx::{IdxArray, read_idx, read_idx_dims};
 use super::synthetic::{self, SyntheticConfig};
-use super::{DataFacts, Dataset, ExampleShape, Split};
+use super::table::{self, CsvConfig};
+use super::text::{self, TextConfig};
+use super::tokens::{self, TokensConfig};
+use super::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -137,8 +140,8 @@ impl Preset {
         DataFacts {
             train_examples: self.train_examples,
             test_examples: self.test_examples,
-            example_shape: self.shape,
-            classes: self.classes,
+            example_shape: self.shape.dims(),
+            labels: LabelKind::Class { classes: self.classes },
             train_files: 1,
         }
     }
@@ -186,9 +189,33 @@ fn locate(dir: &Path, name: &str) -> Option<PathBuf> {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {
-    Preset { preset: Preset, dir: PathBuf },
-    Idx { dir: PathBuf, files: IdxFiles },
-    Synthetic { config: SyntheticConfig, seed: u64 },
+    Preset {
+        preset: Preset,
+        dir: PathBuf,
+    },
+    Idx {
+        dir: PathBuf,
+        files: IdxFiles,
+    },
+    Synthetic {
+        config: SyntheticConfig,
+        seed: u64,
+    },
+    /// UTF-8 text files for a language model.
+    Text {
+        dir: PathBuf,
+        config: TextConfig,
+    },
+    /// Token id files for a language model.
+    Tokens {
+        dir: PathBuf,
+        config: TokensConfig,
+    },
+    /// A CSV table.
+    Csv {
+        dir: PathBuf,
+        config: CsvConfig,
+    },
 }
 
 impl Source {
@@ -198,13 +225,20 @@ impl Source {
             Source::Preset { preset, .. } => preset.name,
             Source::Idx { .. } => "idx",
             Source::Synthetic { .. } => "synthetic",
+            Source::Text { .. } => "text",
+            Source::Tokens { .. } => "tokens",
+            Source::Csv { .. } => "csv",
         }
     }
 
     /// The folder the files are read from (none for synthetic data).
     pub fn dir(&self) -> Option<&Path> {
         match self {
-            Source::Preset { dir, .. } | Source::Idx { dir, .. } => Some(dir),
+            Source::Preset { dir, .. }
+            | Source::Idx { dir, .. }
+            | Source::Text { dir, .. }
+            | Source::Tokens { dir, .. }
+            | Source::Csv { dir, .. } => Some(dir),
             Source::Synthetic { .. } => None,
         }
     }
@@ -218,6 +252,9 @@ impl Source {
             Source::Idx { dir, files } => {
                 idx_names(files).into_iter().filter(|name| !dir.join(name).is_file()).map(str::to_string).collect()
             }
+            Source::Text { dir, config } => missing_in(dir, config.train.iter().chain(&config.validation)),
+            Source::Tokens { dir, config } => missing_in(dir, config.train.iter().chain(&config.validation)),
+            Source::Csv { dir, config } => missing_in(dir, std::iter::once(&config.train).chain(&config.test)),
             Source::Synthetic { .. } => vec![],
         }
     }
@@ -231,7 +268,11 @@ impl Source {
                     preset.files().into_iter().filter(|f| locate(dir, &f.name).is_none()).collect();
                 fetcher.download(preset.name, dir, &missing, preset.mirrors)
             }
-            Source::Idx { .. } | Source::Synthetic { .. } => Ok(vec![]),
+            Source::Idx { .. }
+            | Source::Synthetic { .. }
+            | Source::Text { .. }
+            | Source::Tokens { .. }
+            | Source::Csv { .. } => Ok(vec![]),
         }
     }
 
@@ -256,12 +297,24 @@ impl Source {
                 Ok(DataFacts {
                     train_examples: train_labels.data().len(),
                     test_examples: test.as_ref().map_or(0, |t| t.1.data().len()),
-                    example_shape: train,
-                    classes,
+                    example_shape: train.dims(),
+                    labels: LabelKind::Class { classes },
                     train_files: 1,
                 })
             }
             Source::Synthetic { config, .. } => synthetic::facts(config),
+            Source::Text { dir, config } => {
+                self.require_files()?;
+                text::facts(dir, config)
+            }
+            Source::Tokens { dir, config } => {
+                self.require_files()?;
+                tokens::facts(dir, config)
+            }
+            Source::Csv { dir, config } => {
+                self.require_files()?;
+                table::facts(dir, config)
+            }
         }
     }
 
@@ -275,11 +328,17 @@ impl Source {
                 let (train, test) = both(|| load_split(&ti, &tl), || load_split(&vi, &vl));
                 let (train, test) = (train?, test?);
                 let dims = preset.expected_dims();
-                check_dims(preset, &ti, train.images.dims().to_vec(), &dims[0])?;
-                check_dims(preset, &vi, test.images.dims().to_vec(), &dims[2])?;
-                check_labels(preset, &tl, train.labels())?;
-                check_labels(preset, &vl, test.labels())?;
-                Ok(Dataset { train, test: Some(test), classes: preset.classes })
+                check_dims(preset, &ti, train.0.dims().to_vec(), &dims[0])?;
+                check_dims(preset, &vi, test.0.dims().to_vec(), &dims[2])?;
+                check_labels(preset, &tl, train.1.data())?;
+                check_labels(preset, &vl, test.1.data())?;
+                Ok(Dataset {
+                    train: image_split(train),
+                    test: Some(image_split(test)),
+                    labels: LabelKind::Class { classes: preset.classes },
+                    vocabulary: None,
+                    classes: None,
+                })
             }
             Source::Idx { dir, files } => {
                 let test = test_paths(files)?;
@@ -288,10 +347,19 @@ impl Source {
                     || test.map(|(i, l)| load_split(&dir.join(i), &dir.join(l))).transpose(),
                 );
                 let (train, test) = (train?, test?);
-                let classes = max_label(&train.labels, test.as_ref().map(|t| &t.labels));
-                Ok(Dataset { train, test, classes })
+                let classes = max_label(&train.1, test.as_ref().map(|t| &t.1));
+                Ok(Dataset {
+                    train: image_split(train),
+                    test: test.map(image_split),
+                    labels: LabelKind::Class { classes },
+                    vocabulary: None,
+                    classes: None,
+                })
             }
             Source::Synthetic { config, seed } => synthetic::generate(config, *seed),
+            Source::Text { dir, config } => text::load(dir, config),
+            Source::Tokens { dir, config } => tokens::load(dir, config),
+            Source::Csv { dir, config } => table::load(dir, config),
         }
     }
 
@@ -302,9 +370,13 @@ impl Source {
             (Source::Preset { preset, dir }, false) => {
                 Err(DataError::MissingFiles { dataset: preset.name, dir: dir.clone(), files: missing })
             }
-            (Source::Idx { dir, .. }, false) => {
-                Err(DataError::MissingFiles { dataset: "idx", dir: dir.clone(), files: missing })
-            }
+            (
+                Source::Idx { dir, .. }
+                | Source::Text { dir, .. }
+                | Source::Tokens { dir, .. }
+                | Source::Csv { dir, .. },
+                false,
+            ) => Err(DataError::MissingFiles { dataset: self.name(), dir: dir.clone(), files: missing }),
         }
     }
 }
@@ -319,6 +391,11 @@ fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + 
         let b = handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         (a, b)
     })
+}
+
+/// The names among `names` that are not files in `dir` (absolute names stay as they are).
+fn missing_in<'a>(dir: &Path, names: impl Iterator<Item = &'a String>) -> Vec<String> {
+    names.filter(|n| !dir.join(n).is_file()).cloned().collect()
 }
 
 fn idx_names(files: &IdxFiles) -> Vec<&str> {
@@ -370,7 +447,14 @@ fn check_label_dims(path: &Path, dims: &[usize]) -> Result<usize, DataError> {
     }
 }
 
-fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split, DataError> {
+/// Images, labels and the shape of one image, as read and checked by [`load_split`].
+type ImageArrays = (IdxArray, IdxArray, ExampleShape);
+
+fn image_split((images, labels, shape): ImageArrays) -> Split {
+    Split::new(images, labels, shape)
+}
+
+fn load_split(images_path: &Path, labels_path: &Path) -> Result<ImageArrays, DataError> {
     let images = read_idx(images_path)?;
     let (n, shape) = image_shape(images_path, images.dims())?;
     let labels = read_idx(labels_path)?;
@@ -383,7 +467,7 @@ fn load_split(images_path: &Path, labels_path: &Path) -> Result<Split, DataError
             labels: labels_n,
         });
     }
-    Ok(Split::new(images, labels, shape))
+    Ok((images, labels, shape))
 }
 
 /// Header of the images, whole labels (small), both checked against each other.

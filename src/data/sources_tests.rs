@@ -142,9 +142,8 @@ fn idx_files_load_with_classes_from_labels() {
     w("d", encode_idx(&[1], &[7]));
     let source = idx_source(dir.path(), true);
     let data = source.load().unwrap();
-    assert_eq!(data.classes, 8);
-    let shape = ExampleShape { height: 2, width: 3, channels: 3 };
-    assert_eq!(data.train.shape(), shape);
+    assert_eq!(data.labels, LabelKind::Class { classes: 8 });
+    assert_eq!(data.train.shape(), [2, 3, 3]);
     assert_eq!(source.facts().unwrap(), data.facts(1));
     assert!(idx_source(dir.path(), false).load().unwrap().test.is_none());
 

@@ -7,7 +7,7 @@
 
 use super::error::DataError;
 use super::idx::IdxArray;
-use super::{DataFacts, Dataset, ExampleShape, Split};
+use super::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use schemars::JsonSchema;
@@ -100,8 +100,8 @@ pub fn facts(spec: &SyntheticConfig) -> Result<DataFacts, DataError> {
     Ok(DataFacts {
         train_examples: spec.train_examples.get(),
         test_examples: spec.test_examples,
-        example_shape: shape_of(spec)?,
-        classes: spec.classes,
+        example_shape: shape_of(spec)?.dims(),
+        labels: LabelKind::Class { classes: spec.classes },
         train_files: 0,
     })
 }
@@ -134,7 +134,7 @@ pub fn generate(spec: &SyntheticConfig, seed: u64) -> Result<Dataset, DataError>
     let make = |n: usize, stream: u64| split(&patterns, shape, classes, n, mix(seed, stream));
     let train = make(spec.train_examples.get(), 0);
     let test = (spec.test_examples > 0).then(|| make(spec.test_examples, 1));
-    Ok(Dataset { train, test, classes: spec.classes })
+    Ok(Dataset { train, test, labels: LabelKind::Class { classes: spec.classes }, vocabulary: None, classes: None })
 }
 
 fn split(patterns: &[u8], shape: ExampleShape, classes: usize, n: usize, base: u64) -> Split {
@@ -203,14 +203,15 @@ mod tests {
     fn same_seed_same_data_other_seed_other_data() {
         let s = spec(100, 20, &[8, 8, 3], 5);
         let a = generate(&s, 1).unwrap();
-        assert_eq!(a, generate(&s, 1).unwrap());
-        assert_ne!(a.train.images(), generate(&s, 2).unwrap().train.images());
-        assert_eq!(a.train.shape().len(), 192);
-        assert_eq!(a.train.images().len(), 100 * 192);
+        let all = |d: &Dataset| d.train.read(0..d.train.len());
+        assert_eq!(all(&a), all(&generate(&s, 1).unwrap()));
+        assert_ne!(all(&a).x, all(&generate(&s, 2).unwrap()).x);
+        assert_eq!(a.train.example_len(), 192);
+        assert_eq!(all(&a).x.len(), 100 * 192);
         let test = a.test.as_ref().unwrap();
         assert_eq!(test.len(), 20);
-        assert_ne!(test.image(0), a.train.image(0));
-        assert!(a.train.labels().iter().all(|&l| l < 5));
+        assert_ne!(test.read(0..1).x, a.train.read(0..1).x);
+        assert!(all(&a).y.iter().all(|&l| l < 5));
     }
 
     #[test]
@@ -221,10 +222,11 @@ mod tests {
         let len = 784;
         let mut means = vec![0f64; 10 * len];
         let mut counts = [0f64; 10];
-        for i in 0..data.train.len() {
-            let c = data.train.labels()[i] as usize;
+        let train = data.train.read(0..data.train.len());
+        for (&c, image) in train.y.iter().zip(train.x.chunks(len)) {
+            let c = c as usize;
             counts[c] += 1.0;
-            for (m, &p) in means[c * len..].iter_mut().zip(data.train.image(i)) {
+            for (m, &p) in means[c * len..].iter_mut().zip(image) {
                 *m += f64::from(p);
             }
         }
@@ -232,14 +234,16 @@ mod tests {
             means[c * len..(c + 1) * len].iter_mut().for_each(|m| *m /= counts[c]);
         }
         let test = data.test.as_ref().unwrap();
+        let batch = test.read(0..test.len());
         let correct = (0..test.len())
             .filter(|&i| {
+                let image = &batch.x[i * len..(i + 1) * len];
                 let dist = |c: usize| -> f64 {
                     let m = &means[c * len..(c + 1) * len];
-                    m.iter().zip(test.image(i)).map(|(a, &b)| (a - f64::from(b)).powi(2)).sum()
+                    m.iter().zip(image).map(|(a, &b)| (a - f64::from(b)).powi(2)).sum()
                 };
                 let best = (0..10).min_by(|&a, &b| dist(a).total_cmp(&dist(b)));
-                best == Some(test.labels()[i] as usize)
+                best == Some(batch.y[i] as usize)
             })
             .count();
         assert!(correct * 10 > test.len() * 9, "{correct} / {}", test.len());

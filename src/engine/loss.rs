@@ -1,8 +1,10 @@
-//! Losses (Keras's four) with their gradients, and the accuracy metric.
+//! Losses (Keras's six) with their gradients, and the accuracy metric.
 //!
-//! Per-example losses are summed, and the gradient is scaled by `scale`: the caller passes
-//! 1 / (examples in the whole global batch), so gradients summed over accumulation steps and
-//! replicas give exactly the gradient of the global batch's mean loss.
+//! The outputs are rows of `width` values, compared with the [`Truth`]: one class index per
+//! row (an image's class, or a language model's next token at one position), or `width` float
+//! targets per row (regression). Per-row losses are summed, and the gradient is scaled by
+//! `scale`: the caller passes 1 / (rows in the whole global batch), so gradients summed over
+//! accumulation steps and replicas give exactly the gradient of the global batch's mean loss.
 
 use super::activation::sigmoid;
 use crate::vocab::Loss;
@@ -17,6 +19,51 @@ pub struct LossFn {
     pub kind: Loss,
     /// Outputs are logits (else probabilities).
     pub from_logits: bool,
+}
+
+/// Keras's default `delta` of the Huber loss.
+const HUBER_DELTA: f32 = 1.0;
+
+/// What the outputs are compared with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Truth<'a> {
+    /// One class index per row of outputs.
+    Classes(&'a [u32]),
+    /// `width` float targets per row of outputs, row-major.
+    Targets(&'a [f32]),
+}
+
+impl Truth<'_> {
+    /// Rows of outputs these labels cover, for rows of `width` values.
+    pub fn rows(&self, width: usize) -> usize {
+        match self {
+            Truth::Classes(labels) => labels.len(),
+            Truth::Targets(values) => values.len().checked_div(width).unwrap_or(0),
+        }
+    }
+}
+
+/// One row's truth.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    Class(usize),
+    Values(&'a [f32]),
+}
+
+impl Target<'_> {
+    /// The target value of output `j` (one-hot for a class).
+    fn at(&self, j: usize) -> f32 {
+        match self {
+            Target::Class(label) => {
+                if j == *label {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Target::Values(values) => values[j],
+        }
+    }
 }
 
 /// Sums over a batch, for display and reduction across replicas.
@@ -50,96 +97,154 @@ impl BatchStats {
 }
 
 impl LossFn {
-    /// Loss sums and accuracy for `out` (`labels.len()` rows of `classes`); when `grad` is
-    /// given, writes `scale × dloss/dout` into it.
+    /// Loss sums and accuracy for `out` (`truth.rows(width)` rows of `width` values); when
+    /// `grad` is given, writes `scale × dloss/dout` into it. Accuracy counts class rows only.
     pub fn evaluate(
         &self,
         out: &[f32],
-        labels: &[u32],
-        classes: usize,
+        truth: Truth<'_>,
+        width: usize,
         scale: f32,
         mut grad: Option<&mut [f32]>,
     ) -> BatchStats {
-        let mut stats = BatchStats { examples: labels.len() as u64, ..BatchStats::default() };
-        for (i, &label) in labels.iter().enumerate() {
-            let row = &out[i * classes..(i + 1) * classes];
-            let label = label as usize;
-            if argmax(row) == label {
-                stats.correct += 1;
-            }
-            let g = grad.as_deref_mut().map(|g| &mut g[i * classes..(i + 1) * classes]);
-            stats.loss_sum += f64::from(self.example(row, label, scale, g));
+        let rows = truth.rows(width);
+        let mut stats = BatchStats { examples: rows as u64, ..BatchStats::default() };
+        for i in 0..rows {
+            let row = &out[i * width..(i + 1) * width];
+            let target = match truth {
+                Truth::Classes(labels) => {
+                    let label = labels[i] as usize;
+                    if argmax(row) == label {
+                        stats.correct += 1;
+                    }
+                    Target::Class(label)
+                }
+                Truth::Targets(values) => Target::Values(&values[i * width..(i + 1) * width]),
+            };
+            let g = grad.as_deref_mut().map(|g| &mut g[i * width..(i + 1) * width]);
+            stats.loss_sum += f64::from(self.example(row, target, scale, g));
         }
         stats
     }
 
-    /// One example's loss; writes its scaled gradient into `g` when given.
-    fn example(&self, row: &[f32], label: usize, scale: f32, g: Option<&mut [f32]>) -> f32 {
-        let classes = row.len() as f32;
-        let target = |j: usize| if j == label { 1.0f32 } else { 0.0 };
+    /// One row's loss; writes its scaled gradient into `g` when given.
+    fn example(&self, row: &[f32], target: Target<'_>, scale: f32, g: Option<&mut [f32]>) -> f32 {
+        let width = row.len() as f32;
         match (self.kind, self.from_logits) {
-            // Categorical cross-entropy against a one-hot label is the sparse one.
+            // Categorical cross-entropy against a one-hot label is the sparse one; against float
+            // targets both are `-Σ t·log softmax`.
             (Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy, true) => {
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+                let total = match target {
+                    Target::Class(_) => 1.0,
+                    Target::Values(t) => t.iter().sum(),
+                };
                 if let Some(g) = g {
                     for (j, (g, v)) in g.iter_mut().zip(row).enumerate() {
-                        *g = scale * ((v - max).exp() / sum - target(j));
+                        *g = scale * ((v - max).exp() / sum * total - target.at(j));
                     }
                 }
-                sum.ln() + max - row[label]
+                match target {
+                    Target::Class(label) => sum.ln() + max - row[label],
+                    Target::Values(t) => t.iter().zip(row).map(|(t, v)| t * (sum.ln() + max - v)).sum(),
+                }
             }
             (Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy, false) => {
-                // Keras renormalizes probabilities, then clips them.
-                let sum: f32 = row.iter().sum::<f32>().max(f32::MIN_POSITIVE);
-                let p = row[label] / sum;
-                let clipped = p.clamp(EPS, 1.0 - EPS);
-                if let Some(g) = g {
-                    let inside = p == clipped;
-                    for (j, g) in g.iter_mut().enumerate() {
-                        // d(-ln(x_l / s))/dx_j = 1/s - [j = l]/x_l, zero where the clip holds.
-                        let d =
-                            if j == label { 1.0 / sum - 1.0 / row[label].max(f32::MIN_POSITIVE) } else { 1.0 / sum };
-                        *g = if inside { scale * d } else { 0.0 };
-                    }
-                }
-                -clipped.ln()
+                probability_crossentropy(row, target, scale, g)
             }
             (Loss::BinaryCrossentropy, true) => {
                 let mut loss = 0.0;
                 for (j, &z) in row.iter().enumerate() {
-                    loss += z.max(0.0) - z * target(j) + (-z.abs()).exp().ln_1p();
+                    loss += z.max(0.0) - z * target.at(j) + (-z.abs()).exp().ln_1p();
                 }
                 if let Some(g) = g {
                     for (j, (g, &z)) in g.iter_mut().zip(row).enumerate() {
-                        *g = scale * (sigmoid(z) - target(j)) / classes;
+                        *g = scale * (sigmoid(z) - target.at(j)) / width;
                     }
                 }
-                loss / classes
+                loss / width
             }
             (Loss::BinaryCrossentropy, false) => {
                 let mut loss = 0.0;
                 for (j, &p) in row.iter().enumerate() {
                     let q = p.clamp(EPS, 1.0 - EPS);
-                    loss -= target(j) * q.ln() + (1.0 - target(j)) * (1.0 - q).ln();
+                    loss -= target.at(j) * q.ln() + (1.0 - target.at(j)) * (1.0 - q).ln();
                 }
                 if let Some(g) = g {
                     for (j, (g, &p)) in g.iter_mut().zip(row).enumerate() {
                         let q = p.clamp(EPS, 1.0 - EPS);
-                        let d = (q - target(j)) / (q * (1.0 - q));
-                        *g = if p == q { scale * d / classes } else { 0.0 };
+                        let d = (q - target.at(j)) / (q * (1.0 - q));
+                        *g = if p == q { scale * d / width } else { 0.0 };
                     }
                 }
-                loss / classes
+                loss / width
             }
             (Loss::MeanSquaredError, _) => {
                 if let Some(g) = g {
                     for (j, (g, &o)) in g.iter_mut().zip(row).enumerate() {
-                        *g = scale * 2.0 * (o - target(j)) / classes;
+                        *g = scale * 2.0 * (o - target.at(j)) / width;
                     }
                 }
-                row.iter().enumerate().map(|(j, o)| (o - target(j)).powi(2)).sum::<f32>() / classes
+                row.iter().enumerate().map(|(j, o)| (o - target.at(j)).powi(2)).sum::<f32>() / width
             }
+            (Loss::MeanAbsoluteError, _) => {
+                if let Some(g) = g {
+                    for (j, (g, &o)) in g.iter_mut().zip(row).enumerate() {
+                        // The subgradient 0 at equality, as TensorFlow's `sign`.
+                        let e = o - target.at(j);
+                        *g = if e == 0.0 { 0.0 } else { scale * e.signum() / width };
+                    }
+                }
+                row.iter().enumerate().map(|(j, o)| (o - target.at(j)).abs()).sum::<f32>() / width
+            }
+            (Loss::Huber, _) => {
+                if let Some(g) = g {
+                    for (j, (g, &o)) in g.iter_mut().zip(row).enumerate() {
+                        *g = scale * (o - target.at(j)).clamp(-HUBER_DELTA, HUBER_DELTA) / width;
+                    }
+                }
+                let huber = |e: f32| {
+                    let a = e.abs();
+                    if a <= HUBER_DELTA { 0.5 * a * a } else { HUBER_DELTA * (a - 0.5 * HUBER_DELTA) }
+                };
+                row.iter().enumerate().map(|(j, o)| huber(o - target.at(j))).sum::<f32>() / width
+            }
+        }
+    }
+}
+
+/// Cross-entropy of probabilities (not logits), as Keras: renormalized, then clipped.
+fn probability_crossentropy(row: &[f32], target: Target<'_>, scale: f32, g: Option<&mut [f32]>) -> f32 {
+    let sum: f32 = row.iter().sum::<f32>().max(f32::MIN_POSITIVE);
+    match target {
+        Target::Class(label) => {
+            let p = row[label] / sum;
+            let clipped = p.clamp(EPS, 1.0 - EPS);
+            if let Some(g) = g {
+                let inside = p == clipped;
+                for (j, g) in g.iter_mut().enumerate() {
+                    // d(-ln(x_l / s))/dx_j = 1/s - [j = l]/x_l, zero where the clip holds.
+                    let d = if j == label { 1.0 / sum - 1.0 / row[label].max(f32::MIN_POSITIVE) } else { 1.0 / sum };
+                    *g = if inside { scale * d } else { 0.0 };
+                }
+            }
+            -clipped.ln()
+        }
+        Target::Values(t) => {
+            // -Σ t_k ln(x_k / s); a term whose probability is clipped has no gradient.
+            let inside = |k: usize| {
+                let p = row[k] / sum;
+                p == p.clamp(EPS, 1.0 - EPS)
+            };
+            if let Some(g) = g {
+                let live: f32 = (0..row.len()).filter(|&k| inside(k)).map(|k| t[k]).sum();
+                for (j, g) in g.iter_mut().enumerate() {
+                    let own = if inside(j) { t[j] / row[j].max(f32::MIN_POSITIVE) } else { 0.0 };
+                    *g = scale * (live / sum - own);
+                }
+            }
+            -(0..row.len()).map(|k| t[k] * (row[k] / sum).clamp(EPS, 1.0 - EPS).ln()).sum::<f32>()
         }
     }
 }
@@ -160,12 +265,29 @@ mod tests {
     use super::*;
     use crate::engine::gradcheck::assert_close;
 
-    const ALL: [Loss; 4] = [
+    const ALL: [Loss; 6] = [
         Loss::SparseCategoricalCrossentropy,
         Loss::CategoricalCrossentropy,
         Loss::BinaryCrossentropy,
         Loss::MeanSquaredError,
+        Loss::MeanAbsoluteError,
+        Loss::Huber,
     ];
+
+    /// Checks `f`'s gradient at `out` against central differences of step `h`.
+    fn check_gradient(f: LossFn, out: &[f32], truth: Truth<'_>, width: usize, h: f32) -> BatchStats {
+        let mut grad = vec![0.0; out.len()];
+        let stats = f.evaluate(out, truth, width, 1.0, Some(&mut grad));
+        let loss = |o: &[f32]| f.evaluate(o, truth, width, 1.0, None).loss_sum;
+        for i in 0..out.len() {
+            let (mut up, mut down) = (out.to_vec(), out.to_vec());
+            up[i] += h;
+            down[i] -= h;
+            let numeric = (loss(&up) - loss(&down)) / (2.0 * f64::from(h));
+            assert_close(f64::from(grad[i]), numeric, 2e-2, &format!("{:?} logits={} [{i}]", f.kind, f.from_logits));
+        }
+        stats
+    }
 
     #[test]
     fn every_loss_matches_finite_differences() {
@@ -178,17 +300,7 @@ mod tests {
                 let out: Vec<f32> = (0..12)
                     .map(|i| if from_logits { (i as f32 * 0.37).sin() * 2.0 } else { 0.05 + 0.07 * (i % 5) as f32 })
                     .collect();
-                let mut grad = vec![0.0; out.len()];
-                f.evaluate(&out, &labels, classes, 1.0, Some(&mut grad));
-                let loss = |o: &[f32]| f.evaluate(o, &labels, classes, 1.0, None).loss_sum;
-                for i in 0..out.len() {
-                    let h = 1e-2f32;
-                    let (mut up, mut down) = (out.clone(), out.clone());
-                    up[i] += h;
-                    down[i] -= h;
-                    let numeric = (loss(&up) - loss(&down)) / (2.0 * f64::from(h));
-                    assert_close(f64::from(grad[i]), numeric, 2e-2, &format!("{kind:?} logits={from_logits} [{i}]"));
-                }
+                check_gradient(f, &out, Truth::Classes(&labels), classes, 1e-2);
             }
         }
     }
@@ -196,15 +308,70 @@ mod tests {
     #[test]
     fn sparse_crossentropy_of_uniform_logits_is_ln_classes() {
         let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
-        let s = f.evaluate(&[0.0; 10], &[3], 10, 1.0, None);
+        let s = f.evaluate(&[0.0; 10], Truth::Classes(&[3]), 10, 1.0, None);
         assert!((s.loss() - 10f64.ln()).abs() < 1e-6);
     }
 
     #[test]
     fn accuracy_counts_argmax_hits() {
         let f = LossFn { kind: Loss::MeanSquaredError, from_logits: false };
-        let s = f.evaluate(&[0.1, 0.9, 0.8, 0.2], &[1, 1], 2, 1.0, None);
+        let s = f.evaluate(&[0.1, 0.9, 0.8, 0.2], Truth::Classes(&[1, 1]), 2, 1.0, None);
         assert_eq!((s.correct, s.examples), (1, 2));
         assert_eq!(s.accuracy(), 0.5);
+    }
+
+    /// Float targets: soft labels for the cross-entropies (rows summing to 1, inside (0, 1) for
+    /// the binary one), any values for the regression losses.
+    #[test]
+    fn every_loss_matches_finite_differences_on_float_targets() {
+        let width = 3;
+        let targets = [0.2f32, 0.5, 0.3, 0.6, 0.1, 0.3];
+        for kind in ALL {
+            for from_logits in [true, false] {
+                let f = LossFn { kind, from_logits };
+                let out: Vec<f32> = (0..6)
+                    .map(|i| if from_logits { (i as f32 * 0.91).cos() * 1.7 } else { 0.1 + 0.13 * (i % 4) as f32 })
+                    .collect();
+                let s = check_gradient(f, &out, Truth::Targets(&targets), width, 1e-3);
+                assert_eq!((s.examples, s.correct), (2, 0));
+            }
+        }
+    }
+
+    #[test]
+    fn a_one_hot_target_row_is_the_class_label() {
+        for kind in ALL {
+            let f = LossFn { kind, from_logits: true };
+            let out = [0.3f32, -1.2, 2.0, 0.1];
+            let (mut a, mut b) = (vec![0.0; 4], vec![0.0; 4]);
+            let by_class = f.evaluate(&out, Truth::Classes(&[2]), 4, 0.5, Some(&mut a));
+            let by_values = f.evaluate(&out, Truth::Targets(&[0.0, 0.0, 1.0, 0.0]), 4, 0.5, Some(&mut b));
+            assert!((by_class.loss_sum - by_values.loss_sum).abs() < 1e-6, "{kind:?}");
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() < 1e-6, "{kind:?}: {a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn regression_losses_have_their_textbook_values() {
+        let out = [1.0f32, 3.0];
+        let t = [0.0f32, 0.5];
+        let value =
+            |kind| LossFn { kind, from_logits: false }.evaluate(&out, Truth::Targets(&t), 2, 1.0, None).loss_sum;
+        assert!((value(Loss::MeanSquaredError) - (1.0 + 6.25) / 2.0).abs() < 1e-6);
+        assert!((value(Loss::MeanAbsoluteError) - (1.0 + 2.5) / 2.0).abs() < 1e-6);
+        // Huber: 0.5·1² below delta, 1·(2.5 - 0.5) above.
+        assert!((value(Loss::Huber) - (0.5 + 2.0) / 2.0).abs() < 1e-6);
+    }
+
+    /// Per-position labels are rows like any other: a batch of 2 sequences of 3 positions is 6
+    /// rows, and the mean is over positions.
+    #[test]
+    fn sequence_labels_are_one_row_per_position() {
+        let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+        let s = f.evaluate(&[0.0; 6 * 5], Truth::Classes(&[0, 1, 2, 3, 4, 0]), 5, 1.0, None);
+        assert_eq!(s.examples, 6);
+        assert!((s.loss() - 5f64.ln()).abs() < 1e-6);
     }
 }

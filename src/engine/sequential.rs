@@ -532,13 +532,13 @@ mod tests {
                 let pass = Pass { training: true, seed: step, accumulate: false, threads: 2 };
                 a.forward(pass, &pa, &mut [], &x, n);
                 let (out, dout) = a.output_and_grad(n);
-                loss.evaluate(out, &labels, 5, 1.0 / n as f32, Some(dout));
+                loss.evaluate(out, crate::engine::Truth::Classes(&labels), 5, 1.0 / n as f32, Some(dout));
                 a.backward(pass, &pa, &mut grads, &x, n);
                 oa.step(&mut pa, &grads, 0.05);
 
                 b.forward(pass, &pb, &mut [], &x, n);
                 let (out, dout) = b.output_and_grad(n);
-                loss.evaluate(out, &labels, 5, 1.0 / n as f32, Some(dout));
+                loss.evaluate(out, crate::engine::Truth::Classes(&labels), 5, 1.0 / n as f32, Some(dout));
                 let Some(mut fused) = ob.fused(0.05) else { panic!("SGD must fuse") };
                 b.backward_update(pass, &mut pb, &mut fused, &x, n);
             }

@@ -33,7 +33,7 @@ fn time_steps(zoo: ZooModel, input: &[usize], batch: usize, threads: usize, step
                 let t0 = Instant::now();
                 model.forward(pass, &params, &mut state, &x, batch);
                 let (out, g) = model.output_and_grad(batch);
-                loss.evaluate(out, &labels, 10, 1.0 / batch as f32, Some(g));
+                loss.evaluate(out, crate::engine::Truth::Classes(&labels), 10, 1.0 / batch as f32, Some(g));
                 let t1 = Instant::now();
                 model.backward(pass, &params, &mut grads, &x, batch);
                 let t2 = Instant::now();

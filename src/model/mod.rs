@@ -23,6 +23,7 @@ mod gpt_tests;
 #[cfg(test)]
 mod tests;
 
+use crate::data::LabelKind;
 use crate::diagnostic::Diagnostic;
 use crate::engine::layers::KernelInit;
 use crate::engine::{Sequential, Shape};
@@ -37,7 +38,8 @@ use serde::Serialize;
 pub struct ModelPlan {
     /// Shape of one input example.
     pub input: Shape,
-    /// Outputs per example: the dataset's classes.
+    /// Values in one row of output the loss reads: the dataset's classes (per example, or per
+    /// position of a sequence), or its float targets per example.
     pub classes: usize,
     /// Shape of one example's output: `[classes]`, or `[T, classes]` for a model that
     /// predicts at every position of a `[T]` input (a language model).
@@ -81,6 +83,13 @@ fn per_position(input: &Shape, output: &Shape) -> bool {
 /// Plans the model `spec` describes for examples of `input` and `classes` classes, reporting
 /// every problem at once.
 pub fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<ModelPlan, Vec<Diagnostic>> {
+    describe_for(spec, input, LabelKind::Class { classes: classes as u32 })
+}
+
+/// Plans the model `spec` describes for examples of `input` labelled as `labels` says: it must
+/// output one value per class, per class at each position, or per float target.
+pub fn describe_for(spec: &ModelSpec, input: &Shape, labels: LabelKind) -> Result<ModelPlan, Vec<Diagnostic>> {
+    let classes = labels.row_width();
     if input.numel() == 0 {
         return Err(vec![Diagnostic::error("data", format!("examples have shape {input}, which holds no values"))]);
     }
@@ -117,10 +126,8 @@ pub fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Model
         (None, false) => (spec.layers.clone(), KernelInit::GlorotUniform, Source::Layers),
     };
     let mut checked = build::layers(&layers, input, classes, conv_init, source);
-    // A language model's head gives `classes` logits at each position.
-    let outputs = |o: &Shape| if per_position(input, o) { o.0.last().copied().unwrap_or(0) } else { o.numel() };
-    if let Some(out) = checked.output.as_ref().filter(|o| outputs(o) != classes) {
-        let mismatch = class_mismatch(&layers, outputs(out), classes, source);
+    if let Some(out) = checked.output.as_ref().filter(|o| o.numel() != labels.outputs()) {
+        let mismatch = output_mismatch(&layers, out, labels, source);
         checked.diags.push(mismatch);
     }
     if !checked.diags.is_empty() {
@@ -146,26 +153,35 @@ pub fn build_spec(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Seq
     plan.build().map_err(|e| vec![Diagnostic::error("model", e.to_string())])
 }
 
-/// The model's output size differs from the class count: point at the dense layer that sets
-/// it, when the layers after it keep its shape.
-fn class_mismatch(specs: &[LayerConfig], outputs: usize, classes: usize, source: Source) -> Diagnostic {
-    let message = format!("model outputs {outputs} values per example but the dataset has {classes} classes");
+/// The model's output size differs from what the labels need: point at the dense layer that
+/// sets it, when the layers after it keep its shape.
+fn output_mismatch(specs: &[LayerConfig], out: &Shape, labels: LabelKind, source: Source) -> Diagnostic {
+    let (outputs, width) = (out.numel(), labels.row_width());
+    let message = match labels {
+        LabelKind::Class { classes } => {
+            format!("model outputs {outputs} values per example but the dataset has {classes} classes")
+        }
+        LabelKind::Target { width } => {
+            format!("model outputs {outputs} values per example but the dataset has {width} float targets per example")
+        }
+        LabelKind::Sequence { classes, len } => format!(
+            "model outputs {outputs} values per example ({out}) but the dataset labels each of {len} positions with one of {classes} classes, so it needs ({len}, {classes})"
+        ),
+    };
     let last_dense = specs.iter().rposition(|s| {
         !matches!(s, LayerConfig::Dropout { .. } | LayerConfig::BatchNorm { .. } | LayerConfig::Activation { .. })
     });
-    match last_dense.map(|i| (i, &specs[i])) {
-        Some((i, LayerConfig::Dense { .. })) => source
-            .diag(i, Some("units"), "dense", message)
-            .help(format!("make the last dense layer `units = {classes}`")),
-        _ => source
-            .diag(
-                specs.len().saturating_sub(1),
-                None,
-                specs.last().map_or("", LayerConfig::kind),
-                message,
-            )
+    match (last_dense.map(|i| (i, &specs[i])), labels) {
+        (Some((i, LayerConfig::Dense { .. })), LabelKind::Class { .. } | LabelKind::Target { .. }) => {
+            source.diag(i, Some("units"), "dense", message).help(format!("make the last dense layer `units = {width}`"))
+        }
+        (_, LabelKind::Sequence { .. }) => source
+            .diag(specs.len().saturating_sub(1), None, specs.last().map_or("", LayerConfig::kind), message)
+            .help(format!("end the model with a layer that outputs {width} logits at every position")),
+        (_, LabelKind::Class { .. } | LabelKind::Target { .. }) => source
+            .diag(specs.len().saturating_sub(1), None, specs.last().map_or("", LayerConfig::kind), message)
             .help(format!(
-                "end the model with a dense layer of `units = {classes}` (after a flatten or global_avg_pool2d for images)"
+                "end the model with a dense layer of `units = {width}` (after a flatten or global_avg_pool2d for images)"
             )),
     }
 }

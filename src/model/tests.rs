@@ -223,7 +223,7 @@ fn train(model: &mut Sequential, steps: u64) -> (f64, f64, Vec<f32>, Vec<f32>) {
         let pass = Pass { training: true, seed: init::derive_seed(&[7, step]), accumulate: false, threads: 2 };
         model.forward(pass, &params, &mut state, &x, n);
         let (out, g) = model.output_and_grad(n);
-        let stats = loss.evaluate(out, &labels, 3, 1.0 / n as f32, Some(g));
+        let stats = loss.evaluate(out, crate::engine::Truth::Classes(&labels), 3, 1.0 / n as f32, Some(g));
         losses.push(stats.loss());
         model.backward(pass, &params, &mut grads, &x, n);
         opt.step(&mut params, &grads, 0.05);
@@ -270,7 +270,7 @@ fn a_spec_built_cnn_learns_and_is_deterministic() {
     let pass = Pass { training: false, seed: 0, accumulate: false, threads: 2 };
     let out = model.forward(pass, &params, &mut state, &x, labels.len());
     let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
-    let acc = f.evaluate(out, &labels, 3, 1.0, None).accuracy();
+    let acc = f.evaluate(out, crate::engine::Truth::Classes(&labels), 3, 1.0, None).accuracy();
     assert!(acc > 0.9, "accuracy {acc}");
 
     // Same spec, seed and thread count: bit-identical weights and statistics.

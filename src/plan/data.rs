@@ -59,6 +59,30 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, Dat
             dir: dir("idx")?,
         },
         DatasetKind::Synthetic => Source::Synthetic { config: spec.synthetic.clone().unwrap_or_default(), seed },
+        DatasetKind::Text => Source::Text {
+            config: spec.text.clone().ok_or(DataError::MissingSection {
+                dataset: "text",
+                section: "[data.text]",
+                example: "[data.text] train = [\"train.txt\"], validation = [\"val.txt\"], block_size = 64",
+            })?,
+            dir: dir("text")?,
+        },
+        DatasetKind::Tokens => Source::Tokens {
+            config: spec.tokens.clone().ok_or(DataError::MissingSection {
+                dataset: "tokens",
+                section: "[data.tokens]",
+                example: "[data.tokens] train = [\"train.bin\"], validation = [\"val.bin\"], block_size = 256",
+            })?,
+            dir: dir("tokens")?,
+        },
+        DatasetKind::Csv => Source::Csv {
+            config: spec.csv.clone().ok_or(DataError::MissingSection {
+                dataset: "csv",
+                section: "[data.csv]",
+                example: "[data.csv] train = \"train.csv\", label = \"species\"",
+            })?,
+            dir: dir("csv")?,
+        },
     })
 }
 

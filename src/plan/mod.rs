@@ -151,9 +151,8 @@ impl Plan {
             .ok();
         let data = data::resolve(&spec.data, &facts.source, &facts.data, &strategy, &mut diags);
         let global = batch.map_or(1, |b| b.global);
-        let e = facts.data.example_shape;
-        let input = Shape(vec![e.height, e.width, e.channels]);
-        let model = crate::model::describe(&spec.model, &input, facts.data.classes as usize)
+        let input = Shape(facts.data.example_shape.clone());
+        let model = crate::model::describe_for(&spec.model, &input, facts.data.labels)
             .map_err(|model_diags| diags.extend(model_diags))
             .ok();
         let train = train::resolve(spec, model.as_ref(), &facts.data, global, &mut diags);

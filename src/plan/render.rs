@@ -3,7 +3,7 @@
 use super::{AllReduce, CallbackKind, CrossDevice, Part, Plan, Reduction, SaveEvery, Scaling, Schedule, ShardPolicy};
 use crate::cluster::Address;
 use crate::collective::TransportKind;
-use crate::data::Shuffle;
+use crate::data::{LabelKind, Shuffle};
 use std::fmt::Write;
 
 fn plural(n: impl Into<u64>, word: &str) -> String {
@@ -177,17 +177,20 @@ fn steps_and_data(plan: &Plan, rows: &mut Rows) {
         ),
     ));
     let d = &plan.data;
-    let e = d.facts.example_shape;
-    let shape = [e.height, e.width, e.channels].map(|v| v.to_string());
+    let shape: Vec<String> = d.facts.example_shape.iter().map(|v| v.to_string()).collect();
+    let labels = match d.facts.labels {
+        LabelKind::Class { classes } => format!("{classes} classes"),
+        LabelKind::Target { width } => format!("{width} float target{}", if width == 1 { "" } else { "s" }),
+        LabelKind::Sequence { classes, len } => format!("{classes} classes at each of {len} positions"),
+    };
     rows.push((
         "data",
         format!(
-            "{}: {} train / {} test examples of {}, {} classes",
+            "{}: {} train / {} test examples of {}, {labels}",
             d.source.name(),
             d.facts.train_examples,
             d.facts.test_examples,
             shape.join("×"),
-            d.facts.classes
         )
         .to_lowercase(),
     ));

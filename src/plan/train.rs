@@ -110,9 +110,10 @@ pub fn resolve(
                 .help("add test files to [data.files]"),
         );
     }
-    // Every data source today labels whole examples; a language model needs a label per
-    // position, and its loss would read past them.
-    if let Some(m) = model.filter(|m| m.per_position()) {
+    // A language model needs a label per position; its loss would read past whole-example
+    // labels.
+    let per_position_labels = matches!(facts.labels, crate::data::LabelKind::Sequence { .. });
+    if let Some(m) = model.filter(|m| m.per_position() && !per_position_labels) {
         diags.push(
             Diagnostic::error(
                 "model",
@@ -124,7 +125,13 @@ pub fn resolve(
             .help("train a language model on a data source with a label per position (`text` or `tokens`)"),
         );
     }
-    if !t.from_logits && model.is_some_and(outputs_logits) && t.loss != Loss::MeanSquaredError {
+    if let (Some(problem), crate::data::LabelKind::Target { width }) = (sparse_on_targets(t.loss), facts.labels) {
+        diags.push(
+            Diagnostic::error("train.loss", format!("train.loss = \"{problem}\" needs class labels, but the dataset has {width} float target(s) per example"))
+                .help("use loss = \"mean_squared_error\", \"mean_absolute_error\" or \"huber\" for regression"),
+        );
+    }
+    if !t.from_logits && model.is_some_and(outputs_logits) && !t.loss.regression() {
         diags.push(
             Diagnostic::warning(
                 "train.from_logits",
@@ -147,4 +154,16 @@ pub fn resolve(
 /// Whether the model ends without a squashing activation (zoo models end in logits).
 fn outputs_logits(model: &ModelPlan) -> bool {
     model.layers.last().and_then(LayerConfig::output_activation).is_some_and(|a| !a.squashes())
+}
+
+/// The spec name of a loss that reads class indices only (float targets cannot be its labels).
+fn sparse_on_targets(loss: Loss) -> Option<&'static str> {
+    match loss {
+        Loss::SparseCategoricalCrossentropy => Some("sparse_categorical_crossentropy"),
+        Loss::CategoricalCrossentropy
+        | Loss::BinaryCrossentropy
+        | Loss::MeanSquaredError
+        | Loss::MeanAbsoluteError
+        | Loss::Huber => None,
+    }
 }

@@ -167,6 +167,13 @@ fn interrupted(e: RunError) -> RunError {
     }
 }
 
+/// Writes what maps a model's outputs back to the data into the run folder: `vocab.json` (a
+/// text model's token ids) or `classes.json` (class names).
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), RunError> {
+    let json = serde_json::to_string_pretty(value).map_err(|e| RunError::Failure(e.to_string()))?;
+    std::fs::write(&path, json + "\n").map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
+}
+
 /// Trains in this process: the whole run, or this task's part of a job.
 fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
@@ -179,6 +186,7 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     };
     crate::signals::exit_promptly_until_training(move |text| eprintln!("{say_prefix}{text}"));
     let dataset = Arc::new(load_data(inv, plan)?);
+    let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
     let (job, prefix) = match plan.cluster.part {
         Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
         Part::Single | Part::Launcher => (None, String::new()),
@@ -193,6 +201,14 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // From here a stop waits for the step boundary and saves a backup first.
     crate::signals::training_started();
     let mut record = if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step))?) } else { None };
+    if chief {
+        if let Some(vocabulary) = vocabulary {
+            write_json(&plan.out_dir.join("vocab.json"), &vocabulary)?;
+        }
+        if let Some(classes) = classes {
+            write_json(&plan.out_dir.join("classes.json"), &classes)?;
+        }
+    }
     let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
     let result = pool(plan.threads).and_then(|pool| {
         let run_dir = record.as_mut().map(Record::dir);

@@ -1,6 +1,6 @@
 //! `[data]`: which dataset, where it lives, and how the input pipeline shuffles and batches it.
 
-use crate::data::{IdxFiles, SyntheticConfig};
+use crate::data::{CsvConfig, IdxFiles, SyntheticConfig, TextConfig, TokensConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -26,6 +26,18 @@ pub struct DataSpec {
     /// Shape and size of `dataset = "synthetic"` (seeded random images, for benchmarks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<SyntheticConfig>,
+
+    /// Files and tokenization of `dataset = "text"` (UTF-8 text for a language model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<TextConfig>,
+
+    /// Files and dtype of `dataset = "tokens"` (flat token id files for a language model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokensConfig>,
+
+    /// Tables and columns of `dataset = "csv"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv: Option<CsvConfig>,
 
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
@@ -64,6 +76,9 @@ impl Default for DataSpec {
             dir: None,
             files: None,
             synthetic: None,
+            text: None,
+            tokens: None,
+            csv: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -85,6 +100,13 @@ pub enum DatasetKind {
     Idx,
     /// Seeded random images shaped by `[data.synthetic]`.
     Synthetic,
+    /// UTF-8 text files named in `[data.text]`, tokenized by character or byte, for language
+    /// models: examples are windows of `block_size + 1` tokens.
+    Text,
+    /// Flat little-endian `u16`/`u32` token files named in `[data.tokens]`, memory-mapped.
+    Tokens,
+    /// A CSV table named in `[data.csv]`: numeric features, a class or float label column.
+    Csv,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.

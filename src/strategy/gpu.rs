@@ -173,7 +173,7 @@ impl Strategy for Gpus {
         stop: bool,
     ) -> Result<Step, StrategyError> {
         self.sync_in(vars, None)?;
-        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        let scale = 1.0 / micro.iter().map(Batch::global_rows).sum::<usize>().max(1) as f32;
         let mut pending = Vec::with_capacity(self.workers.len());
         for (w, parts) in self.workers.iter().zip(self.parts(micro)) {
             let state_len = vars.state.len();

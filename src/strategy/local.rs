@@ -182,12 +182,12 @@ impl Strategy for Replicated {
         seed: u64,
         stop: bool,
     ) -> Result<Step, StrategyError> {
-        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        let scale = 1.0 / micro.iter().map(Batch::global_rows).sum::<usize>().max(1) as f32;
         let local = &mut self.local;
         let (stats, deferred) = match (&mut local.replicas[..], micro) {
             // Nothing else reads this gradient: backward waits for the update to fuse into it.
             ([one], [batch]) if batch.n > 0 => {
-                let view = BatchView { x: &batch.x, y: &batch.y, n: batch.n };
+                let view = BatchView::of(batch);
                 let s = derive_seed(&[seed, 0, local.first_replica]);
                 (one.forward_loss(&vars.params, &mut vars.state, view, scale, s), Deferred::Backward)
             }

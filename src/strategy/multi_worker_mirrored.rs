@@ -125,7 +125,7 @@ impl Strategy for MultiWorkerMirrored {
         stop: bool,
     ) -> Result<Step, StrategyError> {
         let len = self.replicas.param_len();
-        let scale = 1.0 / micro.iter().map(|b| b.global_n).sum::<usize>().max(1) as f32;
+        let scale = 1.0 / micro.iter().map(Batch::global_rows).sum::<usize>().max(1) as f32;
         let (rank, packs) = (self.rank, self.packs);
         let Self { replicas, job, grads, .. } = self;
         let job = job.as_mut().ok_or(StrategyError::Finished)?;

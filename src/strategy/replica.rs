@@ -3,7 +3,7 @@
 use super::Variables;
 use crate::data::Batch;
 use crate::engine::sequential::GradSink;
-use crate::engine::{BatchStats, LossFn, Optimizer, Pass, Sequential};
+use crate::engine::{BatchStats, LossFn, Optimizer, Pass, Sequential, Truth};
 
 /// A model copy with its loss.
 pub struct Replica {
@@ -37,7 +37,7 @@ impl Replica {
         let pass = Pass { training: true, seed, accumulate: false, threads: self.threads };
         self.model.forward(pass, params, state, batch.x, batch.n);
         let (out, dout) = self.model.output_and_grad(batch.n);
-        let stats = self.loss.evaluate(out, batch.y, self.classes, scale, Some(dout));
+        let stats = self.loss.evaluate(out, batch.truth(), self.classes, scale, Some(dout));
         self.input.clear();
         self.input.extend_from_slice(batch.x);
         self.pending = Some((pass, batch.n));
@@ -92,7 +92,7 @@ impl Replica {
         seed: u64,
         accumulate: bool,
     ) -> BatchStats {
-        let view = BatchView { x: &batch.x, y: &batch.y, n: batch.n };
+        let view = BatchView::of(batch);
         self.forward_backward_view(&vars.params, &mut vars.state, grads, view, scale, seed, accumulate)
     }
 
@@ -122,14 +122,14 @@ impl Replica {
         let pass = Pass { training: true, seed, accumulate, threads: self.threads };
         self.model.forward(pass, params, state, batch.x, batch.n);
         let (out, dout) = self.model.output_and_grad(batch.n);
-        let stats = self.loss.evaluate(out, batch.y, self.classes, scale, Some(dout));
+        let stats = self.loss.evaluate(out, batch.truth(), self.classes, scale, Some(dout));
         self.model.backward(pass, params, grads, batch.x, batch.n);
         stats
     }
 
     /// Loss and accuracy sums of `batch` in inference mode.
     pub fn evaluate(&mut self, vars: &mut Variables, batch: &Batch) -> BatchStats {
-        self.evaluate_view(&vars.params, &mut vars.state, BatchView { x: &batch.x, y: &batch.y, n: batch.n })
+        self.evaluate_view(&vars.params, &mut vars.state, BatchView::of(batch))
     }
 
     /// [`Replica::evaluate`] on part of a batch.
@@ -141,30 +141,49 @@ impl Replica {
         }
         let pass = Pass { training: false, seed: 0, accumulate: false, threads: self.threads };
         let out = self.model.forward(pass, params, state, batch.x, batch.n);
-        self.loss.evaluate(out, batch.y, self.classes, 1.0, None)
+        self.loss.evaluate(out, batch.truth(), self.classes, 1.0, None)
     }
 }
 
-/// Part of a batch: `n` examples' images and labels.
+/// Part of a batch: `n` examples' features and labels.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchView<'a> {
-    /// Images, NHWC.
+    /// Features, one example after the other.
     pub x: &'a [f32],
-    /// Labels.
+    /// Class labels: one per example, or one per position (empty for float targets).
     pub y: &'a [u32],
+    /// Float targets (empty for class labels).
+    pub targets: &'a [f32],
     /// Examples.
     pub n: usize,
 }
 
 impl<'a> BatchView<'a> {
+    /// All of `batch`.
+    pub fn of(batch: &'a Batch) -> Self {
+        BatchView { x: &batch.x, y: &batch.y, targets: &batch.targets, n: batch.n }
+    }
+
+    /// What the loss compares the outputs with.
+    pub fn truth(&self) -> Truth<'a> {
+        if self.targets.is_empty() { Truth::Classes(self.y) } else { Truth::Targets(self.targets) }
+    }
+
     /// Part `part` of `batch` cut into `parts` contiguous views, the first ones one example
     /// longer (and the last ones empty when the batch is smaller than `parts`).
     pub fn part(batch: &'a Batch, part: usize, parts: usize) -> BatchView<'a> {
-        let per = batch.x.len().checked_div(batch.n).unwrap_or(0);
+        let per_example = |len: usize| len.checked_div(batch.n).unwrap_or(0);
+        let (per, labels, targets) =
+            (per_example(batch.x.len()), per_example(batch.y.len()), per_example(batch.targets.len()));
         let parts = parts.max(1);
         let (base, extra) = (batch.n / parts, batch.n % parts);
         let start = part * base + part.min(extra);
         let len = if part < parts { base + usize::from(part < extra) } else { 0 };
-        BatchView { x: &batch.x[start * per..(start + len) * per], y: &batch.y[start..start + len], n: len }
+        BatchView {
+            x: &batch.x[start * per..(start + len) * per],
+            y: &batch.y[start * labels..(start + len) * labels],
+            targets: &batch.targets[start * targets..(start + len) * targets],
+            n: len,
+        }
     }
 }

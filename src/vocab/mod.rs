@@ -47,8 +47,23 @@ pub enum Loss {
     CategoricalCrossentropy,
     /// Per-output binary cross-entropy against one-hot labels.
     BinaryCrossentropy,
-    /// Mean squared error against one-hot labels.
+    /// Mean squared error against float targets, or one-hot labels for class data.
     MeanSquaredError,
+    /// Mean absolute error against float targets (or one-hot labels).
+    MeanAbsoluteError,
+    /// Keras's `Huber` loss with `delta = 1`: squared below 1, linear above, against float
+    /// targets (or one-hot labels).
+    Huber,
+}
+
+impl Loss {
+    /// Whether the loss compares outputs to values (a regression loss), not to classes.
+    pub fn regression(self) -> bool {
+        match self {
+            Loss::MeanSquaredError | Loss::MeanAbsoluteError | Loss::Huber => true,
+            Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy | Loss::BinaryCrossentropy => false,
+        }
+    }
 }
 
 /// `train.metrics` entries.

@@ -112,6 +112,12 @@ impl CsvDataset {
         Ok(Self { features, shape: [feature_columns.len()], feature_names, labels })
     }
 
+    /// The features of row `i` (empty when out of range).
+    pub fn row(&self, i: usize) -> &[f32] {
+        let width = self.shape[0];
+        self.features.get(i * width..(i + 1) * width).unwrap_or_default()
+    }
+
     /// The feature columns, in the order values are read.
     pub fn feature_names(&self) -> &[String] {
         &self.feature_names

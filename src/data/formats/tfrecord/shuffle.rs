@@ -123,7 +123,13 @@ mod tests {
         let shape = ExampleShape { height: 1, width: 1, channels: 1 };
         let train =
             Split::new(IdxArray::from_parts(vec![n, 1, 1], vec![0; n]), IdxArray::from_parts(vec![n], labels), shape);
-        let data = std::sync::Arc::new(Dataset { train, test: None, classes: 200 });
+        let data = std::sync::Arc::new(Dataset {
+            train,
+            test: None,
+            labels: crate::data::LabelKind::Class { classes: 200 },
+            vocabulary: None,
+            classes: None,
+        });
         for (size, seed, epoch) in [(32, 42, 2), (1, 7, 0), (500, 3, 9)] {
             let options = PipelineOptions {
                 seed,

@@ -1,0 +1,137 @@
+//! The data-source seam: every source gives its splits as [`Examples`], read by index into a
+//! [`Batch`] as `f32` features of any shape and labels of one [`LabelKind`]. The pipeline, the
+//! evaluator and the strategies see only a [`Split`]; adding a source is a new `Examples`.
+
+use super::pipeline::Batch;
+use serde::Serialize;
+use std::fmt;
+use std::sync::Arc;
+
+/// What a dataset's labels are, which decides the model's output and how the loss reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LabelKind {
+    /// One class index per example, below `classes`.
+    Class { classes: u32 },
+    /// `width` float targets per example (regression).
+    Target { width: usize },
+    /// One class index per position, `len` positions per example, labels shaped like the
+    /// inputs (a language model's next tokens).
+    Sequence { classes: u32, len: usize },
+}
+
+impl LabelKind {
+    /// Values in one row of the model's output that the loss reads: classes, or targets.
+    pub fn row_width(&self) -> usize {
+        match *self {
+            LabelKind::Class { classes } | LabelKind::Sequence { classes, .. } => classes as usize,
+            LabelKind::Target { width } => width,
+        }
+    }
+
+    /// Rows of output per example, each a loss term: the positions of a sequence, else 1.
+    pub fn rows_per_example(&self) -> usize {
+        match *self {
+            LabelKind::Class { .. } | LabelKind::Target { .. } => 1,
+            LabelKind::Sequence { len, .. } => len,
+        }
+    }
+
+    /// Values the model outputs per example.
+    pub fn outputs(&self) -> usize {
+        self.row_width() * self.rows_per_example()
+    }
+
+    /// The classes, when labels are classes.
+    pub fn classes(&self) -> Option<u32> {
+        match *self {
+            LabelKind::Class { classes } | LabelKind::Sequence { classes, .. } => Some(classes),
+            LabelKind::Target { .. } => None,
+        }
+    }
+}
+
+/// One split of a source, read by example index. Implementations validate their data when
+/// loaded, so reading an example in range cannot fail.
+pub trait Examples: Send + Sync + fmt::Debug {
+    /// Number of examples.
+    fn len(&self) -> usize;
+
+    /// The shape of one example's features (images: height, width, channels; text: positions).
+    fn shape(&self) -> &[usize];
+
+    /// Appends example `i`'s features to `batch.x` and its labels to `batch.y` (class indices:
+    /// one, or one per position) or `batch.targets` (floats). `i` is below [`Examples::len`].
+    fn append(&self, i: usize, batch: &mut Batch);
+
+    /// Heap bytes held (memory-mapped files count nothing).
+    fn bytes_held(&self) -> usize;
+
+    /// Loss terms (rows of labels) per example: a sequence's positions; 1 by default.
+    fn rows_per_example(&self) -> usize {
+        1
+    }
+}
+
+/// A split (train or test) of a dataset, shared by the pipeline threads.
+#[derive(Debug, Clone)]
+pub struct Split {
+    examples: Arc<dyn Examples>,
+}
+
+impl Split {
+    /// A split of `examples`.
+    pub fn of(examples: impl Examples + 'static) -> Self {
+        Self { examples: Arc::new(examples) }
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.examples.len()
+    }
+
+    /// True when the split has no examples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Shape of one example's features.
+    pub fn shape(&self) -> &[usize] {
+        self.examples.shape()
+    }
+
+    /// Values in one example's features.
+    pub fn example_len(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// Loss terms per example: a sequence's positions, else 1.
+    pub fn rows_per_example(&self) -> usize {
+        self.examples.rows_per_example()
+    }
+
+    /// Appends example `i` to `batch` (see [`Examples::append`]).
+    pub fn append(&self, i: usize, batch: &mut Batch) {
+        self.examples.append(i, batch);
+    }
+
+    /// Examples `range` as one batch, in order (for tools and tests; training reads through
+    /// the pipeline).
+    pub fn read(&self, range: std::ops::Range<usize>) -> Batch {
+        let mut batch = Batch {
+            n: range.len(),
+            global_n: range.len(),
+            rows_per_example: self.rows_per_example(),
+            ..Batch::default()
+        };
+        for i in range.filter(|&i| i < self.len()) {
+            self.append(i, &mut batch);
+        }
+        batch
+    }
+
+    /// Heap bytes held by this split.
+    pub fn bytes_held(&self) -> usize {
+        self.examples.bytes_held()
+    }
+}

@@ -1,0 +1,288 @@
+//! The `text` source: UTF-8 files for training and validation, tokenized by character (with a
+//! sorted vocabulary built from the training text) or by byte, cut into [`Windows`] of
+//! `block_size + 1` tokens for a language model.
+//!
+//! A character of the validation text that the training text lacks is an error naming it and
+//! its `file:line:column`, unless `vocabulary = "train_and_validation"` builds the vocabulary
+//! from both. The vocabulary is written to the run folder as `vocab.json`, so a sampler can
+//! turn ids back into text.
+
+use super::error::{DataError, Position};
+use super::examples::{LabelKind, Split};
+use super::windows::{Tokens, Windows, count};
+use super::{DataFacts, Dataset};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+/// `[data.text]`: UTF-8 text files for a language model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TextConfig {
+    /// Training text files, relative to `data.dir` (or absolute). Required.
+    /// Example: `train = ["train.txt"]`.
+    pub train: Vec<String>,
+    /// Validation text files, evaluated as the test split. Default: none (nothing is
+    /// evaluated). Example: `validation = ["val.txt"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<String>,
+    /// How text becomes tokens. Default: `char`. Example: `tokenization = "byte"`.
+    #[serde(default)]
+    pub tokenization: Tokenization,
+    /// Which text the `char` vocabulary is built from. Default: `train`.
+    /// Example: `vocabulary = "train_and_validation"`.
+    #[serde(default)]
+    pub vocabulary: VocabularyFrom,
+    /// Tokens the model sees per example; each example is a window of `block_size + 1` tokens
+    /// whose last `block_size` are the labels. Required. Example: `block_size = 64`.
+    pub block_size: NonZeroUsize,
+}
+
+/// `data.text.tokenization`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenization {
+    /// One token per Unicode character, ids in the sorted order of the vocabulary.
+    #[default]
+    Char,
+    /// One token per byte of the UTF-8 text: 256 ids.
+    Byte,
+}
+
+/// `data.text.vocabulary`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VocabularyFrom {
+    /// The training text only: a validation character it lacks is an error.
+    #[default]
+    Train,
+    /// The training and validation texts.
+    TrainAndValidation,
+}
+
+/// How token ids map back to text: written to the run folder as `vocab.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "tokenization", rename_all = "snake_case")]
+pub enum Vocabulary {
+    /// Token `i` is `tokens[i]`, one character each, sorted.
+    Char { tokens: Vec<String> },
+    /// Token `i` is the byte `i`.
+    Byte { size: u32 },
+}
+
+impl Vocabulary {
+    /// Number of token ids.
+    pub fn len(&self) -> u32 {
+        match self {
+            Vocabulary::Char { tokens } => tokens.len() as u32,
+            Vocabulary::Byte { size } => *size,
+        }
+    }
+
+    /// True when there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The texts of a `text` source, read and checked, and the vocabulary.
+struct Texts {
+    train: Vec<(PathBuf, String)>,
+    validation: Vec<(PathBuf, String)>,
+    vocabulary: Vocabulary,
+}
+
+fn read_text(path: PathBuf) -> Result<(PathBuf, String), DataError> {
+    let bytes = std::fs::read(&path).map_err(|source| DataError::Read { path: path.clone(), source })?;
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((path, text)),
+        Err(e) => {
+            let at = Position::Byte(e.utf8_error().valid_up_to() as u64);
+            Err(DataError::Malformed {
+                path,
+                at,
+                problem: "not UTF-8 text; data.dataset = \"text\" reads UTF-8 files".into(),
+            })
+        }
+    }
+}
+
+fn read(dir: &Path, config: &TextConfig) -> Result<Texts, DataError> {
+    let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
+    let (train, validation) = (all(&config.train)?, all(&config.validation)?);
+    let vocabulary = match config.tokenization {
+        Tokenization::Byte => Vocabulary::Byte { size: 256 },
+        Tokenization::Char => {
+            let from_validation = match config.vocabulary {
+                VocabularyFrom::Train => &[][..],
+                VocabularyFrom::TrainAndValidation => &validation[..],
+            };
+            let chars: BTreeSet<char> = train.iter().chain(from_validation).flat_map(|(_, t)| t.chars()).collect();
+            Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
+        }
+    };
+    Ok(Texts { train, validation, vocabulary })
+}
+
+/// The token ids of `text` (at `path`, for errors).
+fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, DataError> {
+    let tokens = match vocabulary {
+        Vocabulary::Byte { .. } => return Ok(text.bytes().map(u32::from).collect()),
+        Vocabulary::Char { tokens } => tokens,
+    };
+    let mut ids = Vec::with_capacity(text.len());
+    let (mut line, mut column) = (1u64, 0usize);
+    let mut buf = [0u8; 4];
+    for c in text.chars() {
+        column += 1;
+        let key: &str = c.encode_utf8(&mut buf);
+        match tokens.binary_search_by(|t| t.as_str().cmp(key)) {
+            Ok(id) => ids.push(id as u32),
+            Err(_) => {
+                return Err(DataError::Malformed {
+                    path: path.to_path_buf(),
+                    at: Position::Line { line, column },
+                    problem: format!(
+                        "the character {c:?} (U+{:04X}) is not in the vocabulary built from the training text; \
+                         set data.text.vocabulary = \"train_and_validation\" to build it from both",
+                        u32::from(c)
+                    ),
+                });
+            }
+        }
+        if c == '\n' {
+            (line, column) = (line + 1, 0);
+        }
+    }
+    Ok(ids)
+}
+
+fn no_training_text(config: &TextConfig) -> Result<(), DataError> {
+    if config.train.is_empty() {
+        return Err(DataError::MissingSection {
+            dataset: "text",
+            section: "at least one file in data.text.train",
+            example: "[data.text] train = [\"train.txt\"], validation = [\"val.txt\"], block_size = 64",
+        });
+    }
+    Ok(())
+}
+
+/// Example counts, shape and vocabulary size: the files are read (text is small next to the
+/// model that trains on it).
+pub fn facts(dir: &Path, config: &TextConfig) -> Result<DataFacts, DataError> {
+    no_training_text(config)?;
+    let texts = read(dir, config)?;
+    let block = config.block_size.get();
+    let tokens = |t: &str| match config.tokenization {
+        Tokenization::Char => t.chars().count(),
+        Tokenization::Byte => t.len(),
+    };
+    let windows =
+        |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
+    Ok(DataFacts {
+        train_examples: windows(&texts.train, 1),
+        test_examples: windows(&texts.validation, block),
+        example_shape: vec![block],
+        labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
+        // Windows are sharded by example: splitting files across workers is not offered.
+        train_files: 0,
+    })
+}
+
+/// Reads, tokenizes and windows the texts.
+pub fn load(dir: &Path, config: &TextConfig) -> Result<Dataset, DataError> {
+    no_training_text(config)?;
+    let texts = read(dir, config)?;
+    let block = config.block_size.get();
+    let tokens = |files: &[(PathBuf, String)]| -> Result<Vec<Tokens>, DataError> {
+        files.iter().map(|(p, t)| encode(p, t, &texts.vocabulary).map(Tokens::Owned)).collect()
+    };
+    let train = Split::of(Windows::new(tokens(&texts.train)?, block, 1));
+    let test = match texts.validation.is_empty() {
+        true => None,
+        false => Some(Split::of(Windows::new(tokens(&texts.validation)?, block, block))),
+    };
+    Ok(Dataset {
+        train,
+        test,
+        labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
+        vocabulary: Some(texts.vocabulary),
+        classes: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(tokenization: Tokenization, vocabulary: VocabularyFrom) -> TextConfig {
+        TextConfig {
+            train: vec!["train.txt".into()],
+            validation: vec!["val.txt".into()],
+            tokenization,
+            vocabulary,
+            block_size: NonZeroUsize::new(3).unwrap(),
+        }
+    }
+
+    fn write(dir: &Path, train: &str, val: &str) {
+        std::fs::write(dir.join("train.txt"), train).unwrap();
+        std::fs::write(dir.join("val.txt"), val).unwrap();
+    }
+
+    #[test]
+    fn char_vocabulary_is_sorted_and_windows_predict_the_next_char() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "baca\nb", "abcab");
+        let data = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap();
+        let Some(Vocabulary::Char { tokens }) = &data.vocabulary else { panic!("{:?}", data.vocabulary) };
+        assert_eq!(tokens, &["\n", "a", "b", "c"]);
+        assert_eq!(data.labels, LabelKind::Sequence { classes: 4, len: 3 });
+        // 6 tokens: windows of 4 at 0, 1, 2; validation 5 tokens, stride 3: one window.
+        assert_eq!((data.train.len(), data.test.as_ref().map(Split::len)), (3, Some(1)));
+        let first = data.train.read(0..1);
+        assert_eq!((first.x, first.y), (vec![2., 1., 3.], vec![1, 3, 1]));
+        assert_eq!(facts(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap(), data.facts(0));
+        assert_eq!(
+            serde_json::to_string(data.vocabulary.as_ref().unwrap()).unwrap(),
+            r#"{"tokenization":"char","tokens":["\n","a","b","c"]}"#
+        );
+    }
+
+    #[test]
+    fn a_validation_char_missing_from_the_vocabulary_is_named_with_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "abc abc\n", "abc\nab\u{e9}c");
+        let err = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "val.txt:2:3: the character 'é' (U+00E9) is not in the vocabulary built from the training text; \
+             set data.text.vocabulary = \"train_and_validation\" to build it from both"
+            ),
+            "{err}"
+        );
+        let data = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::TrainAndValidation)).unwrap();
+        assert_eq!(data.labels, LabelKind::Sequence { classes: 6, len: 3 });
+    }
+
+    #[test]
+    fn byte_tokens_are_the_utf8_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "h\u{e9}llo", "hello");
+        let data = load(dir.path(), &config(Tokenization::Byte, VocabularyFrom::Train)).unwrap();
+        assert_eq!(data.labels, LabelKind::Sequence { classes: 256, len: 3 });
+        assert_eq!(data.train.read(0..1).x, [104., 0xc3 as f32, 0xa9 as f32]);
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_is_located() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("train.txt"), b"abc\xffdef").unwrap();
+        std::fs::write(dir.path().join("val.txt"), b"abc").unwrap();
+        let err = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap_err().to_string();
+        assert!(err.contains("train.txt at byte 3: not UTF-8 text"), "{err}");
+    }
+}

@@ -1,0 +1,213 @@
+//! The `tokens` source: flat files of little-endian `u16` or `u32` token ids, as the common GPT
+//! training scripts write them (`np.array(ids, dtype=np.uint16).tofile("train.bin")`),
+//! memory-mapped so corpora larger than RAM work, cut into [`Windows`] of `block_size + 1`.
+//!
+//! Every id is checked against the vocabulary once, at load (a scan of the mapped pages): an
+//! id out of range would otherwise index past the model's output row. A file whose length is
+//! not a whole number of tokens is an error naming it.
+
+use super::error::{DataError, Position};
+use super::examples::{LabelKind, Split};
+use super::windows::{Tokens, Windows, count};
+use super::{DataFacts, Dataset};
+use memmap2::Mmap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::Path;
+
+/// `[data.tokens]`: token id files for a language model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokensConfig {
+    /// Training token files, relative to `data.dir` (or absolute). Required.
+    /// Example: `train = ["train.bin"]`.
+    pub train: Vec<String>,
+    /// Validation token files, evaluated as the test split. Default: none.
+    /// Example: `validation = ["val.bin"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<String>,
+    /// The stored integer type, little-endian. Default: `u16`. Example: `dtype = "u32"`.
+    #[serde(default)]
+    pub dtype: TokenDtype,
+    /// Token ids (the model's output classes); every id must be below it. Default: the
+    /// largest id in the files plus one. Example: `vocab_size = 50304`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<NonZeroU32>,
+    /// Tokens the model sees per example; each example is a window of `block_size + 1` tokens
+    /// whose last `block_size` are the labels. Required. Example: `block_size = 256`.
+    pub block_size: NonZeroUsize,
+}
+
+/// `data.tokens.dtype`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenDtype {
+    /// Two bytes per id (vocabularies up to 65,536, GPT-2's included).
+    #[default]
+    U16,
+    /// Four bytes per id.
+    U32,
+}
+
+impl TokenDtype {
+    fn bytes(self) -> usize {
+        match self {
+            TokenDtype::U16 => 2,
+            TokenDtype::U32 => 4,
+        }
+    }
+}
+
+fn map(path: &Path, dtype: TokenDtype) -> Result<Tokens, DataError> {
+    let io = |source| DataError::Read { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the file is only read; like every reader of a mapped file, trainrun assumes no
+    // other process truncates it during the run (the data files of a run are not rewritten).
+    let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+    let whole = mmap.len() / dtype.bytes() * dtype.bytes();
+    if whole != mmap.len() {
+        return Err(DataError::Malformed {
+            path: path.to_path_buf(),
+            at: Position::Byte(whole as u64),
+            problem: format!(
+                "{} bytes is not a whole number of {dtype:?} tokens ({} bytes each); is data.tokens.dtype right?",
+                mmap.len(),
+                dtype.bytes()
+            ),
+        });
+    }
+    Ok(match dtype {
+        TokenDtype::U16 => Tokens::U16(mmap),
+        TokenDtype::U32 => Tokens::U32(mmap),
+    })
+}
+
+type Files = Vec<(std::path::PathBuf, Tokens)>;
+
+fn map_all(dir: &Path, names: &[String], dtype: TokenDtype) -> Result<Files, DataError> {
+    names.iter().map(|n| map(&dir.join(n), dtype).map(|t| (dir.join(n), t))).collect()
+}
+
+/// The vocabulary size: the configured one, every id checked against it, or the largest id
+/// plus one.
+fn vocab_size(config: &TokensConfig, files: &[&(std::path::PathBuf, Tokens)]) -> Result<u32, DataError> {
+    match config.vocab_size {
+        None => {
+            let max = files.iter().flat_map(|(_, t)| (0..t.len()).map(|i| t.get(i))).max().unwrap_or(0);
+            Ok(max.saturating_add(1))
+        }
+        Some(size) => {
+            for (path, t) in files {
+                if let Some(i) = (0..t.len()).find(|&i| t.get(i) >= size.get()) {
+                    return Err(DataError::Malformed {
+                        path: path.clone(),
+                        at: Position::Byte((i * config.dtype.bytes()) as u64),
+                        problem: format!(
+                            "token id {} is not below data.tokens.vocab_size = {size}; raise vocab_size or check dtype",
+                            t.get(i)
+                        ),
+                    });
+                }
+            }
+            Ok(size.get())
+        }
+    }
+}
+
+fn no_training_files(config: &TokensConfig) -> Result<(), DataError> {
+    if config.train.is_empty() {
+        return Err(DataError::MissingSection {
+            dataset: "tokens",
+            section: "at least one file in data.tokens.train",
+            example: "[data.tokens] train = [\"train.bin\"], validation = [\"val.bin\"], block_size = 256",
+        });
+    }
+    Ok(())
+}
+
+fn mapped(dir: &Path, config: &TokensConfig) -> Result<(Files, Files, u32), DataError> {
+    no_training_files(config)?;
+    let train = map_all(dir, &config.train, config.dtype)?;
+    let validation = map_all(dir, &config.validation, config.dtype)?;
+    let vocab = vocab_size(config, &train.iter().chain(&validation).collect::<Vec<_>>())?;
+    Ok((train, validation, vocab))
+}
+
+/// Example counts, shape and vocabulary (the files are mapped and, without `vocab_size`,
+/// scanned for their largest id).
+pub fn facts(dir: &Path, config: &TokensConfig) -> Result<DataFacts, DataError> {
+    let (train, validation, vocab) = mapped(dir, config)?;
+    let block = config.block_size.get();
+    let windows = |files: &Files, stride| files.iter().map(|(_, t)| count(t.len(), block, stride)).sum();
+    Ok(DataFacts {
+        train_examples: windows(&train, 1),
+        test_examples: windows(&validation, block),
+        example_shape: vec![block],
+        labels: LabelKind::Sequence { classes: vocab, len: block },
+        // Windows are sharded by example: splitting files across workers is not offered.
+        train_files: 0,
+    })
+}
+
+/// Maps and checks the files.
+pub fn load(dir: &Path, config: &TokensConfig) -> Result<Dataset, DataError> {
+    let (train, validation, vocab) = mapped(dir, config)?;
+    let block = config.block_size.get();
+    let strip = |files: Files| files.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+    let test = (!validation.is_empty()).then(|| Split::of(Windows::new(strip(validation), block, block)));
+    Ok(Dataset {
+        train: Split::of(Windows::new(strip(train), block, 1)),
+        test,
+        labels: LabelKind::Sequence { classes: vocab, len: block },
+        vocabulary: None,
+        classes: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dtype: TokenDtype, vocab_size: Option<u32>) -> TokensConfig {
+        TokensConfig {
+            train: vec!["train.bin".into()],
+            validation: vec!["val.bin".into()],
+            dtype,
+            vocab_size: vocab_size.and_then(NonZeroU32::new),
+            block_size: NonZeroUsize::new(2).unwrap(),
+        }
+    }
+
+    #[test]
+    fn u16_and_u32_files_read_little_endian() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: [u32; 5] = [1, 300, 2, 65_535, 7];
+        let u16s: Vec<u8> = ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect();
+        let u32s: Vec<u8> = ids.iter().flat_map(|&i| (i + 70_000).to_le_bytes()).collect();
+        for (dtype, bytes, offset) in [(TokenDtype::U16, &u16s, 0), (TokenDtype::U32, &u32s, 70_000)] {
+            std::fs::write(dir.path().join("train.bin"), bytes).unwrap();
+            std::fs::write(dir.path().join("val.bin"), &bytes[..3 * dtype.bytes()]).unwrap();
+            let data = load(dir.path(), &config(dtype, None)).unwrap();
+            assert_eq!(data.labels, LabelKind::Sequence { classes: 65_536 + offset, len: 2 });
+            assert_eq!((data.train.len(), data.test.as_ref().map(Split::len)), (3, Some(1)));
+            let b = data.train.read(1..2);
+            assert_eq!(b.x, [(300 + offset) as f32, (2 + offset) as f32]);
+            assert_eq!(b.y, [2 + offset, 65_535 + offset]);
+            assert_eq!(data.bytes_held(), 0, "mapped, not copied");
+            assert_eq!(facts(dir.path(), &config(dtype, None)).unwrap(), data.facts(0));
+        }
+    }
+
+    #[test]
+    fn bad_files_are_located() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("train.bin"), [1u8, 0, 9, 0, 3]).unwrap();
+        std::fs::write(dir.path().join("val.bin"), [1u8, 0]).unwrap();
+        let err = load(dir.path(), &config(TokenDtype::U16, None)).unwrap_err().to_string();
+        assert!(err.contains("train.bin at byte 4: 5 bytes is not a whole number of U16 tokens"), "{err}");
+        std::fs::write(dir.path().join("train.bin"), [1u8, 0, 9, 0]).unwrap();
+        let err = load(dir.path(), &config(TokenDtype::U16, Some(5))).unwrap_err().to_string();
+        assert!(err.contains("train.bin at byte 2: token id 9 is not below data.tokens.vocab_size = 5"), "{err}");
+    }
+}
