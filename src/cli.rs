@@ -40,6 +40,30 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         checkpoint: PathBuf,
     },
+    /// Generate text from a trained language model (a spec with a `text` data source): the
+    /// prompt, then --tokens drawn one at a time; the same seed gives the same text.
+    Sample {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// A checkpoint folder, a run folder (its final `model.safetensors`) or the file.
+        #[arg(long, value_name = "PATH")]
+        checkpoint: PathBuf,
+        /// Text the generated tokens continue (every character must be in the vocabulary).
+        #[arg(long, default_value = "\n")]
+        prompt: String,
+        /// Tokens to generate.
+        #[arg(long, default_value_t = 500)]
+        tokens: usize,
+        /// Divides the logits: below 1 is more conservative, above 1 more varied.
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f32,
+        /// Draw only among the k likeliest tokens.
+        #[arg(long = "top-k", value_name = "K")]
+        top_k: Option<usize>,
+        /// Seed of the draws.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Run every trial of the spec's [sweep] as its own run under the sweep folder (the spec's
     /// run.out_dir), skipping trials already complete, then rank them in results.csv.
     Sweep {
@@ -133,6 +157,12 @@ pub fn main() -> ExitCode {
         Some(Command::Eval { spec, checkpoint }) => {
             invocation(spec, false, None).and_then(|inv| run::eval(&inv, &checkpoint))
         }
+        Some(Command::Sample { spec, checkpoint, prompt, tokens, temperature, top_k, seed }) => {
+            // A shell cannot easily pass a newline: `\n` in the prompt is one.
+            let prompt = prompt.replace("\\n", "\n");
+            let options = run::SampleOptions { prompt, tokens, temperature, top_k, seed };
+            invocation(spec, false, None).and_then(|inv| run::sample(&inv, &checkpoint, &options))
+        }
         Some(Command::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
             .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
         Some(Command::Report { dir }) => crate::report::run(&dir),
@@ -191,6 +221,13 @@ mod tests {
                 "manifest --image",
                 "manifest --namespace",
                 "manifest --set",
+                "sample --checkpoint",
+                "sample --prompt",
+                "sample --seed",
+                "sample --set",
+                "sample --temperature",
+                "sample --tokens",
+                "sample --top-k",
                 "sweep --dry-run",
                 "sweep --parallel",
                 "sweep --quiet",

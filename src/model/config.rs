@@ -322,6 +322,8 @@ impl LayerConfig {
             LayerConfig::Dense { activation, .. }
             | LayerConfig::Conv2d { activation, .. }
             | LayerConfig::Activation { activation } => Some(*activation),
+            // Both end in a plain product: logits.
+            LayerConfig::PositionwiseDense { .. } | LayerConfig::LmHead { .. } => Some(Activation::Linear),
             LayerConfig::MaxPool2d { .. }
             | LayerConfig::AvgPool2d { .. }
             | LayerConfig::GlobalAvgPool2d
@@ -335,9 +337,7 @@ impl LayerConfig {
             | LayerConfig::LayerNorm { .. }
             | LayerConfig::Gelu { .. }
             | LayerConfig::MultiHeadAttention { .. }
-            | LayerConfig::TransformerBlock { .. }
-            | LayerConfig::PositionwiseDense { .. }
-            | LayerConfig::LmHead { .. } => None,
+            | LayerConfig::TransformerBlock { .. } => None,
         }
     }
 

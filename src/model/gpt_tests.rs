@@ -1,8 +1,19 @@
 //! The sequence layers and the `gpt` zoo model: sizes, shapes, ties and the diagnostics' text.
 
-use super::{ModelSpec, ZooModel, build_spec, describe};
+use super::{ModelPlan, ModelSpec, ZooModel, describe_for};
+use crate::data::LabelKind;
 use crate::diagnostic::Diagnostic;
-use crate::engine::Shape;
+use crate::engine::{Sequential, Shape};
+
+/// Plans a language model: `classes` labels at each of the input's positions.
+fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<ModelPlan, Vec<Diagnostic>> {
+    let len = input.0.first().copied().unwrap_or(0);
+    describe_for(spec, input, LabelKind::Sequence { classes: classes as u32, len })
+}
+
+fn build_spec(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequential, Vec<Diagnostic>> {
+    describe(spec, input, classes)?.build().map_err(|e| vec![Diagnostic::error("model", e.to_string())])
+}
 
 fn spec(toml_text: &str) -> ModelSpec {
     match toml::from_str(toml_text) {

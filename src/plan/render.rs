@@ -8,7 +8,12 @@ use std::fmt::Write;
 
 fn plural(n: impl Into<u64>, word: &str) -> String {
     let n = n.into();
-    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+    let ending = match (n, word.ends_with("ch") || word.ends_with('s')) {
+        (1, _) => "",
+        (_, true) => "es",
+        (_, false) => "s",
+    };
+    format!("{n} {word}{ending}")
 }
 
 fn freq(f: SaveEvery) -> String {

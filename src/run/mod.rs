@@ -5,9 +5,11 @@
 mod check;
 mod eval;
 mod record;
+mod sample;
 
 pub use check::check;
 pub use eval::eval;
+pub use sample::{SampleOptions, sample};
 
 use crate::builder::{self, Resources};
 use crate::cluster::job::{self, Job, JobConfig};

@@ -1,0 +1,178 @@
+//! `trainrun sample SPEC --checkpoint PATH`: generates text from a trained language model.
+//!
+//! The model reads a fixed window of `block_size` tokens, so the context is the last
+//! `block_size` tokens, left-aligned and padded after its end: attention is causal, so the
+//! padding never reaches the position whose logits are read. Draws come from a ChaCha stream
+//! seeded by `--seed` alone, so the same checkpoint, prompt and seed give the same text.
+
+use super::{load_data, pool};
+use crate::data::Vocabulary;
+use crate::engine::{Pass, init};
+use crate::exit::RunError;
+use crate::prepare::{Invocation, prepare};
+use rand::RngExt;
+use std::path::Path;
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct SampleOptions {
+    /// Text the generated tokens continue.
+    pub prompt: String,
+    /// Tokens to generate.
+    pub tokens: usize,
+    /// Divides the logits: below 1 sharpens, above 1 flattens.
+    pub temperature: f32,
+    /// Draw only among the `k` likeliest tokens.
+    pub top_k: Option<usize>,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+/// Prints the prompt and `tokens` generated tokens.
+pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<(), RunError> {
+    if !(o.temperature.is_finite() && o.temperature > 0.0) {
+        return Err(RunError::Usage(format!(
+            "--temperature {} must be a positive number (1 samples the model as trained; 0.8 is more conservative)",
+            o.temperature
+        )));
+    }
+    if o.top_k == Some(0) {
+        return Err(RunError::Usage("--top-k 0 leaves no token to draw: use 1 or more, or leave it out".into()));
+    }
+    let p = prepare(inv)?;
+    let plan = &p.plan;
+    let Some(&[block, vocab]) = plan.model.per_position().then_some(plan.model.output.0.as_slice()) else {
+        return Err(RunError::Unsupported(format!(
+            "sample needs a language model (an output per position); this spec's model outputs {}",
+            plan.model.output
+        )));
+    };
+    let vocabulary = load_data(inv, plan)?.vocabulary.ok_or_else(|| {
+        RunError::Unsupported("sample needs a `text` data source: its vocabulary maps tokens to text".into())
+    })?;
+    let mut model = plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
+    let layout = crate::builder::layout(&model);
+    let (params, mut state) = weights(checkpoint, &layout)?;
+    let mut context = encode(&vocabulary, &o.prompt)?;
+    let mut rng = init::rng(&[o.seed]);
+    let pass = Pass { training: false, seed: 0, accumulate: false, threads: plan.threads };
+    let mut out = o.prompt.clone();
+    let mut x = vec![0.0f32; block];
+    let pool = pool(plan.threads)?;
+    for _ in 0..o.tokens {
+        let window = &context[context.len().saturating_sub(block)..];
+        x.fill(0.0);
+        x.iter_mut().zip(window).for_each(|(x, t)| *x = *t as f32);
+        let last = window.len().max(1) - 1;
+        let logits = pool.install(|| model.forward(pass, &params, &mut state, &x, 1));
+        let token = draw(&logits[last * vocab..(last + 1) * vocab], o, rng.random::<f64>());
+        context.push(token as u32);
+        out.push_str(&decode(&vocabulary, token));
+    }
+    println!("{out}");
+    Ok(())
+}
+
+/// The weights of a checkpoint folder, or of a run folder's (or a file's) `model.safetensors`.
+fn weights(path: &Path, layout: &crate::checkpoint::Layout) -> Result<(Vec<f32>, Vec<f32>), RunError> {
+    let file = if path.is_dir() { path.join("model.safetensors") } else { path.to_path_buf() };
+    if path.join("manifest.json").exists() {
+        let loaded = crate::checkpoint::store::load(path, layout)?;
+        return Ok((loaded.params, loaded.state));
+    }
+    let bytes = std::fs::read(&file).map_err(|e| {
+        RunError::Failure(format!(
+            "cannot read {} ({e}): give --checkpoint a checkpoint folder, a run folder or a model.safetensors",
+            file.display()
+        ))
+    })?;
+    let reader = crate::checkpoint::tensors::Reader::new(&file, &bytes)?;
+    let (mut params, mut state) = (vec![0.0; layout.params], vec![0.0; layout.state]);
+    reader.fill("", &layout.tensors, &mut params)?;
+    reader.fill("", &layout.state_tensors, &mut state)?;
+    Ok((params, state))
+}
+
+/// Token ids of `text`; a character outside the vocabulary is an error naming it.
+fn encode(vocabulary: &Vocabulary, text: &str) -> Result<Vec<u32>, RunError> {
+    match vocabulary {
+        Vocabulary::Byte { .. } => Ok(text.bytes().map(u32::from).collect()),
+        Vocabulary::Char { tokens } => text
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                let s = c.to_string();
+                tokens.binary_search(&s).map(|id| id as u32).map_err(|_| {
+                    RunError::Usage(format!(
+                        "--prompt: the character {c:?} at position {} is not in the model's vocabulary of {} characters (vocab.json)",
+                        i + 1,
+                        tokens.len()
+                    ))
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The text of token `id`.
+fn decode(vocabulary: &Vocabulary, id: usize) -> String {
+    match vocabulary {
+        Vocabulary::Char { tokens } => tokens.get(id).cloned().unwrap_or_default(),
+        // A byte may be part of a UTF-8 sequence: shown lossily, one token at a time.
+        Vocabulary::Byte { .. } => String::from_utf8_lossy(&[id as u8]).into_owned(),
+    }
+}
+
+/// A token drawn from `softmax(logits / temperature)` restricted to the `top_k` likeliest,
+/// with `u` uniform in [0, 1). Ties keep the lower id, so the order is fixed.
+fn draw(logits: &[f32], o: &SampleOptions, u: f64) -> usize {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    order.truncate(o.top_k.unwrap_or(order.len()).max(1));
+    let top = f64::from(logits[order[0]]);
+    let weights: Vec<f64> =
+        order.iter().map(|&i| ((f64::from(logits[i]) - top) / f64::from(o.temperature)).exp()).collect();
+    let mut target = u * weights.iter().sum::<f64>();
+    for (&i, w) in order.iter().zip(&weights) {
+        if target < *w {
+            return i;
+        }
+        target -= w;
+    }
+    order[order.len() - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(temperature: f32, top_k: Option<usize>) -> SampleOptions {
+        SampleOptions { prompt: String::new(), tokens: 1, temperature, top_k, seed: 0 }
+    }
+
+    #[test]
+    fn draws_follow_the_softmax_and_top_k() {
+        let logits = [0.0f32, 2.0_f32.ln(), 0.0, 1.0_f32.ln()];
+        // Weights 1, 2, 1, 1 of 5, in order of likelihood: id 1, then 0, 2, 3 (ties by id).
+        assert_eq!(draw(&logits, &opts(1.0, None), 0.0), 1);
+        assert_eq!(draw(&logits, &opts(1.0, None), 0.39), 1);
+        assert_eq!(draw(&logits, &opts(1.0, None), 0.41), 0);
+        assert_eq!(draw(&logits, &opts(1.0, None), 0.99), 3);
+        // Top 1 is greedy whatever the draw.
+        assert_eq!(draw(&logits, &opts(1.0, Some(1)), 0.99), 1);
+        // Top 2 keeps ids 1 and 0: 2/3 and 1/3.
+        assert_eq!(draw(&logits, &opts(1.0, Some(2)), 0.7), 0);
+        // A low temperature is nearly greedy.
+        assert_eq!(draw(&logits, &opts(0.01, None), 0.99), 1);
+    }
+
+    #[test]
+    fn prompts_encode_and_unknown_characters_are_named() {
+        let v = Vocabulary::Char { tokens: vec!["\n".into(), " ".into(), "a".into(), "b".into()] };
+        assert_eq!(encode(&v, "ab a").ok(), Some(vec![2, 3, 1, 2]));
+        let e = encode(&v, "abz").unwrap_err().to_string();
+        assert!(e.contains("'z' at position 3") && e.contains("vocabulary of 4 characters"), "{e}");
+        assert_eq!(decode(&v, 3), "b");
+        assert_eq!(encode(&Vocabulary::Byte { size: 256 }, "A").ok(), Some(vec![65]));
+    }
+}
