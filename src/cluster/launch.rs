@@ -383,6 +383,14 @@ fn failed(
     // whoever has not after the grace period is killed. After a task found the job
     // broken, a survivor is most likely the task that hung.
     let noticed = status.code() == Some(CLUSTER);
+    // The task that noticed may be reaped before the one it noticed (a worker killed by a
+    // signal): a peer already dead of something else is the cause.
+    let earlier = children
+        .iter_mut()
+        .find_map(|(t, c)| {
+            c.try_wait().ok().flatten().filter(|s| !s.success() && s.code() != Some(CLUSTER)).map(|s| (*t, s))
+        })
+        .filter(|_| noticed);
     let killed = terminate(children, if noticed { HANG_GRACE.min(launch.grace) } else { launch.grace });
 
     // A peer that noticed first may have exited before the cause did: a task ending with
@@ -391,7 +399,7 @@ fn failed(
         s.code().and_then(|c| u8::try_from(c).ok()).is_some_and(|c| NOT_RESTARTED.contains(&c) && c != PREEMPTED as u8)
     };
     let cause = children.iter_mut().find_map(|(t, c)| c.try_wait().ok().flatten().filter(incurable).map(|s| (*t, s)));
-    let (task, status) = cause.filter(|_| !incurable(&status)).unwrap_or((task, status));
+    let (task, status) = cause.filter(|_| !incurable(&status)).or(earlier).unwrap_or((task, status));
     // Drain what the tasks said on the way out.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
         if let Line::Log(t, text) = line {
