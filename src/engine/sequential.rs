@@ -497,7 +497,7 @@ mod tests {
     use crate::engine::layers::{Conv2d, Dense, View};
     use crate::engine::optimizer::{Optimizer, Sgd};
     use crate::engine::{LossFn, init};
-    use crate::spec::{Activation, Loss};
+    use crate::vocab::{Activation, Loss};
     use rand::RngExt;
 
     /// The tutorial model's shape, small: reshape → conv relu → flatten → dense relu → dense.

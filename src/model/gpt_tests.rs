@@ -1,5 +1,6 @@
 //! The sequence layers and the `gpt` zoo model: sizes, shapes, ties and the diagnostics' text.
 
+use super::tests::{render, spec};
 use super::{ModelPlan, ModelSpec, ZooModel, describe_for};
 use crate::data::LabelKind;
 use crate::diagnostic::Diagnostic;
@@ -13,17 +14,6 @@ fn describe(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<ModelPlan
 
 fn build_spec(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Sequential, Vec<Diagnostic>> {
     describe(spec, input, classes)?.build().map_err(|e| vec![Diagnostic::error("model", e.to_string())])
-}
-
-fn spec(toml_text: &str) -> ModelSpec {
-    match toml::from_str(toml_text) {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-fn render(diags: &[Diagnostic]) -> String {
-    diags.iter().map(|d| format!("{}: {d}", d.key)).collect::<Vec<_>>().join("\n")
 }
 
 fn errors(toml_text: &str, input: &[usize], classes: usize) -> String {

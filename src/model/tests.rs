@@ -16,7 +16,7 @@ fn zoo(z: ZooModel, input: &[usize], classes: usize) -> Sequential {
     }
 }
 
-fn spec(toml_text: &str) -> ModelSpec {
+pub(super) fn spec(toml_text: &str) -> ModelSpec {
     match toml::from_str(toml_text) {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
@@ -24,7 +24,7 @@ fn spec(toml_text: &str) -> ModelSpec {
 }
 
 /// Diagnostics as a user reads them: key, message, help.
-fn render(diags: &[Diagnostic]) -> String {
+pub(super) fn render(diags: &[Diagnostic]) -> String {
     diags.iter().map(|d| format!("{}: {d}", d.key)).collect::<Vec<_>>().join("\n")
 }
 

@@ -114,7 +114,7 @@ pub struct Summary {
 struct SummaryFile<'a> {
     #[serde(flatten)]
     summary: &'a Summary,
-    /// [`crate::spec::Spec::results_sha256`] of the resolved spec: a sweep skips a trial
+    /// The plan's results hash ([`crate::plan::SpecHashes::results`]): a sweep skips a trial
     /// whose folder holds the same.
     spec_sha256: &'a str,
 }
@@ -124,7 +124,7 @@ struct SummaryFile<'a> {
 pub struct RunDirOptions {
     /// The resolved spec, as TOML.
     pub resolved_spec: String,
-    /// [`crate::spec::Spec::results_sha256`] of it.
+    /// The plan's results hash of it ([`crate::plan::SpecHashes::results`]).
     pub spec_sha256: String,
     /// Steps per `step` line and TensorBoard `batch_*` scalars.
     pub log_every_steps: u64,
