@@ -4,6 +4,10 @@
 //! developer's machine or in CI.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Without these, cargo reruns the script (and so rebuilds the crate) when any file of the
+    // package changes, a test or a README included.
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=proto");
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     tonic_prost_build::configure()

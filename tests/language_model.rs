@@ -1,7 +1,8 @@
 //! A character-level GPT end to end, the way a user runs one: `specs/shakespeare_char.toml`
 //! shrunk to a few steps trains below the uniform loss on the Shakespeare corpus, writes
 //! `vocab.json`, and `trainrun sample` continues a prompt from its weights, the same text for
-//! the same seed; a prompt character outside the vocabulary is refused naming it.
+//! the same seed; a prompt character outside the vocabulary is refused naming it. It writes
+//! perplexity and tokens/s when listed.
 
 mod common;
 
@@ -72,3 +73,67 @@ fn a_small_gpt_learns_and_samples_the_same_text_for_the_same_seed() {
     let stderr = text(&refused).1;
     assert!(stderr.contains("'€' at position 6 is not in the model's vocabulary"), "{stderr}");
 }
+
+/// `train.metrics = ["perplexity", "tokens_per_s"]`: every line of `metrics.jsonl` carries
+/// `exp` of its losses and the tokens trained per second, and `summary.json` the same of the
+/// final figures; the token count is the positions trained (steps × batch × block).
+#[test]
+fn perplexity_and_tokens_per_s_are_written_when_listed() {
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let mut set = small(&out);
+    for s in [
+        "train.steps_per_epoch=30",
+        "train.evaluate_every_steps=15",
+        "run.log_every_steps=5",
+        r#"train.metrics=["accuracy","perplexity","tokens_per_s"]"#,
+    ] {
+        set.extend(["--set".to_string(), s.to_string()]);
+    }
+    let mut args = vec!["specs/shakespeare_char.toml", "--quiet"];
+    args.extend(set.iter().map(String::as_str));
+    assert_exit(&run(&args), 0);
+
+    let close = |a: &serde_json::Value, b: f64| (a.as_f64().unwrap_or(f64::NAN) - b).abs() <= 1e-9 * b.abs();
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps = lines.iter().filter(|l| l["event"] == "step").count();
+    assert_eq!(steps, 6, "{metrics}");
+    let evaluations = lines.iter().filter(|l| l["val_loss"].is_number()).count();
+    assert!(evaluations >= 2, "{metrics}");
+    for l in &lines {
+        assert!(close(&l["perplexity"], l["loss"].as_f64().unwrap().exp()), "{l}");
+        assert_eq!(l["val_perplexity"].is_number(), l["val_loss"].is_number(), "{l}");
+        if let Some(v) = l["val_loss"].as_f64() {
+            assert!(close(&l["val_perplexity"], v.exp()), "{l}");
+        }
+        let tokens = l["tokens_per_s"].as_f64().unwrap_or(f64::NAN);
+        assert!(tokens > 0.0 && close(&l["examples_per_s"], tokens), "{l}");
+    }
+
+    let s = json(&out.join("summary.json"));
+    assert_eq!(s["examples"], 30 * 12 * 32, "{s}");
+    assert!(close(&s["train_perplexity"], s["train_loss"].as_f64().unwrap().exp()), "{s}");
+    assert!(close(&s["test_perplexity"], s["test_loss"].as_f64().unwrap().exp()), "{s}");
+    let test_perplexity = s["test_perplexity"].as_f64().unwrap();
+    assert!(test_perplexity > 1.0 && test_perplexity < UNIFORM_LOSS.exp(), "{s}");
+    let steady = s["steady_tokens_per_s"].as_f64().unwrap_or(f64::NAN);
+    assert!(close(&s["steady_examples_per_s"], steady), "{s}");
+    // Steady steps exclude the slower first ones and every evaluation, so they are at least
+    // as fast as the whole run's training time allows.
+    let trained_s = s["wall_s"].as_f64().unwrap() - s["first_step_s"].as_f64().unwrap();
+    assert!(steady >= 30.0 * 12.0 * 32.0 / trained_s, "{s}");
+
+    // Unlisted, they are absent.
+    let plain = dir.path().join("plain");
+    let mut args = vec!["specs/shakespeare_char.toml", "--quiet"];
+    let set = small(&plain);
+    args.extend(set.iter().map(String::as_str));
+    args.extend(["--set", "train.steps_per_epoch=5", "--set", r#"train.metrics=["accuracy"]"#]);
+    assert_exit(&run(&args), 0);
+    let s = json(&plain.join("summary.json"));
+    assert!(s.get("test_perplexity").is_none() && s.get("steady_tokens_per_s").is_none(), "{s}");
+    let metrics = std::fs::read_to_string(plain.join("metrics.jsonl")).unwrap();
+    assert!(!metrics.contains("perplexity") && !metrics.contains("tokens_per_s"), "{metrics}");
+}
+

@@ -1,6 +1,6 @@
 //! `[train]`, resolved: epochs and steps, the loss, metrics and when to evaluate.
 
-use crate::data::DataFacts;
+use crate::data::{DataFacts, LabelKind};
 use crate::engine::LossFn;
 use crate::model::{LayerConfig, ModelPlan};
 use crate::spec::{Diagnostic, Spec};
@@ -99,6 +99,9 @@ pub fn resolve(
             Diagnostic::warning("train.metrics", "train.metrics lists a metric twice").help("list each metric once"),
         );
     }
+    for problem in t.metrics.iter().filter_map(|&m| unmeasurable(m, t.loss, facts.labels)) {
+        diags.push(problem);
+    }
     let eval = (facts.test_examples > 0).then_some(EvalPlan {
         every_steps: t.evaluate_every_steps.map(|s| s.get()),
         every_epoch: t.evaluate_every_epoch,
@@ -148,6 +151,47 @@ pub fn resolve(
         from_logits: t.from_logits,
         metrics: t.metrics.clone(),
         eval,
+    }
+}
+
+/// Why `metric` cannot be measured for `loss` on data labelled `labels`, if it cannot.
+fn unmeasurable(metric: Metric, loss: Loss, labels: LabelKind) -> Option<Diagnostic> {
+    match metric {
+        Metric::Accuracy => None,
+        Metric::Perplexity => (!cross_entropy(loss)).then(|| {
+            Diagnostic::error(
+                "train.metrics",
+                format!("train.metrics = \"perplexity\" is exp of a cross-entropy, but train.loss = \"{}\"", loss_name(loss)),
+            )
+            .help("use loss = \"sparse_categorical_crossentropy\", or drop \"perplexity\" from train.metrics")
+        }),
+        Metric::TokensPerS => (!matches!(labels, LabelKind::Sequence { .. })).then(|| {
+            Diagnostic::error(
+                "train.metrics",
+                "train.metrics = \"tokens_per_s\" counts the tokens of sequences, but the dataset has one label per example",
+            )
+            .help("train a language model on a `text` or `tokens` source, or drop \"tokens_per_s\" from train.metrics")
+        }),
+    }
+}
+
+/// Whether the loss is a cross-entropy over classes (a softmax's), whose `exp` is a perplexity.
+fn cross_entropy(loss: Loss) -> bool {
+    match loss {
+        Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy => true,
+        Loss::BinaryCrossentropy | Loss::MeanSquaredError | Loss::MeanAbsoluteError | Loss::Huber => false,
+    }
+}
+
+/// The spec name of a loss.
+fn loss_name(loss: Loss) -> &'static str {
+    match loss {
+        Loss::SparseCategoricalCrossentropy => "sparse_categorical_crossentropy",
+        Loss::CategoricalCrossentropy => "categorical_crossentropy",
+        Loss::BinaryCrossentropy => "binary_crossentropy",
+        Loss::MeanSquaredError => "mean_squared_error",
+        Loss::MeanAbsoluteError => "mean_absolute_error",
+        Loss::Huber => "huber",
     }
 }
 

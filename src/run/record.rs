@@ -23,6 +23,7 @@ impl Record {
             spec_sha256: p.plan.hashes.results.clone(),
             log_every_steps: p.loaded.spec.run.log_every_steps.get(),
             launched: inv.launched,
+            metrics: p.plan.train.metrics.clone(),
         };
         let out = &p.plan.out_dir;
         let dir = match resumed_step {

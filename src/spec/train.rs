@@ -31,7 +31,12 @@ pub struct TrainSpec {
     /// Example: `from_logits = true`.
     #[serde(default)]
     pub from_logits: bool,
-    /// Metrics besides the loss. Default: `["accuracy"]`. Example: `metrics = ["accuracy"]`.
+    /// Metrics besides the loss, written to `metrics.jsonl`, TensorBoard and `summary.json`:
+    /// `accuracy` (always written), `perplexity` (`exp` of a cross-entropy loss: `perplexity`,
+    /// `val_perplexity`; `train_perplexity`, `test_perplexity` in the summary) and
+    /// `tokens_per_s` (training tokens per second of a language model; `steady_tokens_per_s`
+    /// in the summary). Default: `["accuracy"]`.
+    /// Example: `metrics = ["accuracy", "perplexity", "tokens_per_s"]`.
     #[serde(default = "default_metrics")]
     pub metrics: Vec<Metric>,
     /// Evaluate on the test split every this many steps, besides every epoch's end.

@@ -4,7 +4,7 @@
 
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::record::{MetricsEvent, MetricsLine, RunDir, Summary, peak_rss_mb};
+use super::record::{MetricsEvent, MetricsLine, NamedMetrics, RunDir, Summary, peak_rss_mb};
 use super::resume::ResumePoint;
 use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState, Sums};
@@ -414,6 +414,7 @@ impl<'a> Loop<'a> {
     }
 
     fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
+        let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
         MetricsLine {
             event,
             epoch: logs.epoch,
@@ -423,8 +424,9 @@ impl<'a> Loop<'a> {
             val_loss: logs.val_loss,
             val_accuracy: logs.val_accuracy,
             learning_rate: logs.learning_rate,
-            examples_per_s: self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9),
+            examples_per_s: per_s,
             wall_s: self.opts.launched.elapsed().as_secs_f64(),
+            named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s),
         }
     }
 
@@ -460,12 +462,14 @@ impl<'a> Loop<'a> {
             self.examples as f64 / t.all.as_secs_f64().max(1e-9)
         };
         let plan = self.plan;
+        let train_loss = self.last_epoch.loss();
+        let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_eval.map(|e| e.loss()), steady);
         Ok(Summary {
             trainrun_version: env!("CARGO_PKG_VERSION"),
             name: plan.name.clone(),
             seed: plan.seed,
             stopped,
-            train_loss: self.last_epoch.loss(),
+            train_loss,
             train_accuracy: self.last_epoch.accuracy(),
             test_loss: final_eval.map(|e| e.loss()),
             test_accuracy: final_eval.map(|e| e.accuracy()),
@@ -475,6 +479,9 @@ impl<'a> Loop<'a> {
             first_step_s: t.first_step_s.unwrap_or(0.0),
             steady_examples_per_s: steady,
             peak_rss_mb: peak_rss_mb(),
+            train_perplexity: named.perplexity,
+            test_perplexity: named.val_perplexity,
+            steady_tokens_per_s: named.tokens_per_s,
             weights_sha256: sha,
             params: session.vars.params.len(),
             threads: plan.threads,

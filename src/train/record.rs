@@ -6,6 +6,7 @@
 use super::run_record::RunRecord;
 use super::tensorboard::EventWriter;
 use crate::engine::BatchStats;
+use crate::vocab::Metric;
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -50,6 +51,49 @@ pub struct MetricsLine {
     pub examples_per_s: f64,
     /// Seconds since launch.
     pub wall_s: f64,
+    /// The metrics of `train.metrics` beyond accuracy, when listed.
+    #[serde(flatten)]
+    pub named: NamedMetrics,
+}
+
+/// The metrics a spec names in `train.metrics` besides accuracy (which is always written), on
+/// one line of `metrics.jsonl`; absent unless listed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct NamedMetrics {
+    /// `exp(loss)`: the training perplexity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    /// `exp(val_loss)`, when evaluated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_perplexity: Option<f64>,
+    /// Training tokens per second over the epoch or the last steps (as `examples_per_s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+}
+
+impl NamedMetrics {
+    /// The metrics of `listed` for a line with these losses and throughput (a language
+    /// model's loss terms and "examples" are its tokens).
+    pub fn of(listed: &[Metric], loss: f64, val_loss: Option<f64>, tokens_per_s: f64) -> Self {
+        let mut named = Self::default();
+        for metric in listed {
+            match metric {
+                Metric::Accuracy => {}
+                Metric::Perplexity => {
+                    named.perplexity = Some(loss.exp());
+                    named.val_perplexity = val_loss.map(f64::exp);
+                }
+                Metric::TokensPerS => named.tokens_per_s = Some(tokens_per_s),
+            }
+        }
+        named
+    }
+
+    /// TensorBoard's scalars of the training curve (`batch_`/`epoch_` prefixed).
+    fn train_scalars(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        let perplexity = self.perplexity.map(|v| ("perplexity", v));
+        perplexity.into_iter().chain(self.tokens_per_s.map(|v| ("tokens_per_s", v)))
+    }
 }
 
 /// `summary.json`.
@@ -84,6 +128,16 @@ pub struct Summary {
     pub steady_examples_per_s: f64,
     /// Peak resident memory of this process, MB.
     pub peak_rss_mb: f64,
+    /// `exp(train_loss)`, when `train.metrics` lists `perplexity`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_perplexity: Option<f64>,
+    /// `exp(test_loss)`, when `train.metrics` lists `perplexity` and there is a test split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_perplexity: Option<f64>,
+    /// Training tokens per second measured as `steady_examples_per_s`, when `train.metrics`
+    /// lists `tokens_per_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_tokens_per_s: Option<f64>,
     /// SHA-256 of the final weights (`model.safetensors` content order), for determinism checks.
     pub weights_sha256: String,
     /// Trainable parameters.
@@ -130,6 +184,8 @@ pub struct RunDirOptions {
     pub log_every_steps: u64,
     /// When the process started, for `wall_s`.
     pub launched: Instant,
+    /// `train.metrics`: which of [`NamedMetrics`] the lines carry.
+    pub metrics: Vec<Metric>,
 }
 
 /// Training steps since the last `step` line.
@@ -269,6 +325,7 @@ impl RunDir {
             return Ok(());
         }
         let Interval { stats, time } = std::mem::take(&mut self.interval);
+        let per_s = stats.examples as f64 / time.as_secs_f64().max(1e-9);
         let line = MetricsLine {
             event: MetricsEvent::Step,
             epoch,
@@ -278,8 +335,9 @@ impl RunDir {
             val_loss: None,
             val_accuracy: None,
             learning_rate: lr,
-            examples_per_s: stats.examples as f64 / time.as_secs_f64().max(1e-9),
+            examples_per_s: per_s,
             wall_s: self.options.launched.elapsed().as_secs_f64(),
+            named: NamedMetrics::of(&self.options.metrics, stats.loss(), None, per_s),
         };
         self.metrics(&line)
     }
@@ -301,12 +359,15 @@ impl RunDir {
     /// epoch (step = epoch) in `train/`; in `validation/`, `epoch_*` and
     /// `evaluation_*_vs_iterations` (step = optimizer step).
     fn events(&mut self, line: &MetricsLine) -> Result<(), RecordError> {
-        let train = [
+        let train: Vec<(&str, f64)> = [
             ("loss", line.loss),
             ("accuracy", line.accuracy),
             ("learning_rate", line.learning_rate),
             ("examples_per_s", line.examples_per_s),
-        ];
+        ]
+        .into_iter()
+        .chain(line.named.train_scalars())
+        .collect();
         let named = |prefix: &str| train.iter().map(|(k, v)| (format!("{prefix}_{k}"), *v)).collect::<Vec<_>>();
         let train_path = self.train.path().to_path_buf();
         match line.event {
@@ -325,17 +386,20 @@ impl RunDir {
             Some(v) => v,
             None => self.validation.insert(EventWriter::create(&events).map_err(io(&events))?),
         };
+        let perplexity = line.named.val_perplexity;
         if line.event == MetricsEvent::Epoch {
-            let per_epoch = [("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
+            let mut per_epoch = vec![("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
+            per_epoch.extend(perplexity.map(|p| ("epoch_perplexity".to_string(), p)));
             write(validation, line.epoch, &per_epoch).map_err(io(&events))?;
         }
         if repeated {
             return Ok(());
         }
-        let per_step = [
+        let mut per_step = vec![
             ("evaluation_loss_vs_iterations".to_string(), loss),
             ("evaluation_accuracy_vs_iterations".to_string(), accuracy),
         ];
+        per_step.extend(perplexity.map(|p| ("evaluation_perplexity_vs_iterations".to_string(), p)));
         write(validation, line.step, &per_step).map_err(io(&events))
     }
 
@@ -346,6 +410,7 @@ impl RunDir {
             && self.evaluated_at != Some(summary.steps)
         {
             let last = self.last.as_ref();
+            let per_s = last.map_or(0.0, |l| l.examples_per_s);
             let line = MetricsLine {
                 event: MetricsEvent::Evaluation,
                 epoch: last.map_or(1, |l| l.epoch),
@@ -355,8 +420,9 @@ impl RunDir {
                 val_loss: Some(loss),
                 val_accuracy: Some(accuracy),
                 learning_rate: last.map_or(0.0, |l| l.learning_rate),
-                examples_per_s: last.map_or(0.0, |l| l.examples_per_s),
+                examples_per_s: per_s,
                 wall_s: self.options.launched.elapsed().as_secs_f64(),
+                named: NamedMetrics::of(&self.options.metrics, summary.train_loss, Some(loss), per_s),
             };
             self.metrics(&line)?;
         }

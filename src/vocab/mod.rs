@@ -72,6 +72,13 @@ impl Loss {
 pub enum Metric {
     /// Fraction of examples whose highest output is the label.
     Accuracy,
+    /// `exp` of the mean cross-entropy (per position for a language model): the number of
+    /// equally likely tokens the model hesitates between. Written as `perplexity` and
+    /// `val_perplexity`; needs a cross-entropy loss.
+    Perplexity,
+    /// Training tokens (positions whose next token is predicted) per second, all replicas.
+    /// Needs data with a label per position (`text`, `tokens`).
+    TokensPerS,
 }
 
 /// A metric a callback watches: training or validation loss and accuracy, Keras's names.
