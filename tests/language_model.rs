@@ -2,11 +2,12 @@
 //! shrunk to a few steps trains below the uniform loss on the Shakespeare corpus, writes
 //! `vocab.json`, and `trainrun sample` continues a prompt from its weights, the same text for
 //! the same seed; a prompt character outside the vocabulary is refused naming it. It writes
-//! perplexity and tokens/s when listed.
+//! perplexity and tokens/s when listed, and trains alike on 2 mirrored replicas, on 2
+//! multi-worker processes and in one process.
 
 mod common;
 
-use common::{assert_exit, json, run, tempdir, text};
+use common::{assert_exit, json, relative_difference, run, tempdir, text, weights};
 use std::path::Path;
 
 /// Characters in the training plays: the uniform loss is ln 73 = 4.29.
@@ -137,3 +138,49 @@ fn perplexity_and_tokens_per_s_are_written_when_listed() {
     assert!(!metrics.contains("perplexity") && !metrics.contains("tokens_per_s"), "{metrics}");
 }
 
+/// The small GPT for 20 steps at the spec's global batch of 12 into `out`, with `extra`
+/// settings; its summary.
+fn train_small(out: &Path, extra: &[&str]) -> serde_json::Value {
+    let set = small(out);
+    let mut args = vec!["specs/shakespeare_char.toml", "--quiet"];
+    args.extend(set.iter().map(String::as_str));
+    args.extend(["--set", "train.steps_per_epoch=20", "--set", "train.validation_steps=2"]);
+    args.extend(extra.iter().flat_map(|s| ["--set", *s]));
+    assert_exit(&run(&args), 0);
+    json(&out.join("summary.json"))
+}
+
+/// ‖a − b‖ / ‖b‖ of two runs' final weights.
+fn apart(a: &Path, b: &Path) -> f64 {
+    relative_difference(&weights(&a.join("model.safetensors")), &weights(&b.join("model.safetensors")))
+}
+
+/// Issue 13's "2 workers ≡ 1 process at the same global batch, within 1e-5", for the GPT
+/// (AdamW, clipping on the reduced gradient, the per-position loss scaled by the global
+/// batch's tokens), and the same of mirrored replicas in one process.
+#[test]
+fn a_small_gpt_trains_alike_on_two_replicas_two_workers_and_one_process() {
+    let dir = tempdir();
+    let one = dir.path().join("one");
+    let s = train_small(&one, &[]);
+    assert!(s["test_loss"].as_f64().unwrap_or(f64::NAN) < UNIFORM_LOSS - 0.3, "{s}");
+    // The comparison can tell runs apart: a 10 % lower learning rate is far from 1e-5.
+    let slower = dir.path().join("slower");
+    train_small(&slower, &["optimizer.learning_rate=0.0009"]);
+    let d = apart(&slower, &one);
+    assert!(d > 1e-3, "a lower learning rate moved the weights by only {d}");
+
+    for (name, strategy, workers) in [
+        ("mirrored", r#"strategy={ kind = "mirrored", devices = 2 }"#, 1),
+        ("multi_worker_mirrored", r#"strategy={ kind = "multi_worker_mirrored" }"#, 2),
+    ] {
+        let out = dir.path().join(name);
+        let cluster = format!("cluster.worker={workers}");
+        let extra: Vec<&str> = if workers > 1 { vec![strategy, &cluster] } else { vec![strategy] };
+        let s = train_small(&out, &extra);
+        assert_eq!((s["num_replicas_in_sync"].as_u64(), s["num_workers"].as_u64()), (Some(2), Some(workers)), "{s}");
+        assert_eq!(s["examples"], 20 * 12 * 32, "{name}: {s}");
+        let d = apart(&out, &one);
+        assert!(d <= 1e-5, "{name}: relative difference {d} from one process");
+    }
+}
