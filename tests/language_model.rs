@@ -184,3 +184,29 @@ fn a_small_gpt_trains_alike_on_two_replicas_two_workers_and_one_process() {
         assert!(d <= 1e-5, "{name}: relative difference {d} from one process");
     }
 }
+
+/// The spec's own model evaluates Macbeth in batches sized from everything its transformer
+/// blocks keep per example (attention probabilities, the MLP's hidden activations), not only
+/// the layers' outputs: sized from the outputs alone, the evaluation batches were 11 times
+/// larger and the run peaked at 454 MB.
+#[test]
+fn the_spec_gpt_evaluates_within_bounded_memory() {
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let args = [
+        "specs/shakespeare_char.toml".to_string(),
+        "--quiet".into(),
+        "--set".into(),
+        format!("run.out_dir={}", out.display()),
+        "--set".into(),
+        format!("data.dir={}", shakespeare()),
+        "--set".into(),
+        "train.steps_per_epoch=3".into(),
+        "--set".into(),
+        "train.validation_steps=3".into(),
+    ];
+    assert_exit(&run(&args.iter().map(String::as_str).collect::<Vec<_>>()), 0);
+    let s = json(&out.join("summary.json"));
+    let peak = s["peak_rss_mb"].as_f64().unwrap_or(f64::NAN);
+    assert!(peak < 250.0, "peak RSS {peak} MB: {s}");
+}

@@ -83,6 +83,13 @@ pub trait Layer: Send {
     /// Shape of one output example.
     fn output_shape(&self) -> &Shape;
 
+    /// Values per example that the layer holds after a forward pass: its output, and for a
+    /// layer that keeps intermediate results (a transformer block) those too. Evaluation
+    /// batches are sized from it.
+    fn activation_len(&self) -> usize {
+        self.output_shape().numel()
+    }
+
     /// Trainable tensors, in the order they sit in the layer's parameter slice.
     fn params(&self) -> Vec<ParamSpec> {
         Vec::new()

@@ -283,9 +283,10 @@ impl Sequential {
         self.layers.last().map_or(&self.input, |l| l.output_shape())
     }
 
-    /// Activation values one example keeps during a forward pass (every layer's output).
+    /// Activation values one example keeps during a forward pass (every layer's output and
+    /// what layers keep besides, [`Layer::activation_len`]).
     pub fn activation_len(&self) -> usize {
-        self.layers.iter().filter(|l| !l.is_view()).map(|l| l.output_shape().numel()).sum()
+        self.layers.iter().filter(|l| !l.is_view()).map(|l| l.activation_len()).sum()
     }
 
     /// Every layer, in order, as other engines see it.

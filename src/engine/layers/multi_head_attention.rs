@@ -298,6 +298,14 @@ impl Layer for MultiHeadAttention {
         &self.output
     }
 
+    /// The output, the projections `[T, 3·dim]`, the probabilities `[heads, T, T]` (twice
+    /// with dropout) and the merged heads `[T, dim]`.
+    fn activation_len(&self) -> usize {
+        let Geometry { t, d, heads, rate, .. } = self.geo;
+        let probs = heads * t * t * if rate > 0.0 { 2 } else { 1 };
+        t * d + t * 3 * d + probs + t * d
+    }
+
     fn params(&self) -> Vec<ParamSpec> {
         let d = self.geo.d;
         vec![

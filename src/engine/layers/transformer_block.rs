@@ -135,6 +135,13 @@ impl Layer for TransformerBlock {
         &self.output
     }
 
+    /// The output, the attention's, and what the block keeps and its scratch: six `[T, dim]`
+    /// and five `[T, hidden]` buffers (see the fields).
+    fn activation_len(&self) -> usize {
+        let (t, d, hidden) = (self.cfg.seq_len, self.cfg.dim, self.cfg.hidden);
+        t * d + self.attention.activation_len() + 6 * t * d + 5 * t * hidden
+    }
+
     fn params(&self) -> Vec<ParamSpec> {
         prefixed(self.children(), |l| l.params())
     }
