@@ -5,7 +5,10 @@
 //! checked-in jobs end to end (throughput, launch to exit, memory, time to 98%), which need
 //! the MNIST files. Where a peer applies it is measured alongside, from `benches/`: JAX's
 //! jitted step (throughput pairs) and TensorFlow's time to 98%, each skipped with a reason when
-//! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter).
+//! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter). The GPT of
+//! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`).
+
+mod gpt;
 
 use crate::data::Batch;
 use crate::engine::init;
@@ -218,6 +221,8 @@ pub fn run(quick: bool) -> Result<(), String> {
         f(&mirrored.summary, "steady_examples_per_s") / f(&single128.summary, "steady_examples_per_s").max(1.0)
     );
     println!("launch to first step: {:.2} s (single process)", f(&single.summary, "first_step_s"));
+    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    gpt::run(&exe, &python, quick)?;
     if quick {
         return Ok(());
     }
@@ -236,7 +241,6 @@ pub fn run(quick: bool) -> Result<(), String> {
         println!("{name:<44} {:>8.2} {:>7} {:>9.4}", j.wall_s, j.summary["steps"], f(&j.summary, "test_accuracy"));
         walls.push(j.wall_s);
     }
-    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     match tensorflow_tta(&python) {
         Ok(tf) => {
             println!("{:<44} {:>8.2}", "TensorFlow, 1 process × 2 threads (tf_tta.py)", tf);
