@@ -25,8 +25,9 @@ static SUPERVISING: AtomicBool = AtomicBool::new(false);
 static TRAINING: AtomicBool = AtomicBool::new(false);
 /// Set once the step loop has reached a step boundary and is stopping there.
 static STOPPING: AtomicBool = AtomicBool::new(false);
-/// What records a stop the watchdog forces (the chief's `run.json`).
-static FORCED: OnceLock<Box<dyn Fn(Stop, &str) + Send + Sync>> = OnceLock::new();
+/// What records a stop the watchdog forces (the chief's `run.json`), given the stop and why.
+type Recorder = Box<dyn Fn(Stop, &str) + Send + Sync>;
+static FORCED: OnceLock<Recorder> = OnceLock::new();
 static INSTALL: Once = Once::new();
 
 /// How often the watchdog looks at the flags: well inside the 1 s a stop may take.
