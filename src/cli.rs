@@ -179,6 +179,11 @@ pub fn main() -> ExitCode {
         Ok(()) => Exit::Ok.into(),
         Err(e) => {
             eprintln!("{e}");
+            // A task the launcher started (it sets TRAINRUN_PROGRESS) tells it whom it blames,
+            // as data: the launcher names a hung task from this line, not from the words.
+            if let Some(blame) = e.blame().filter(|_| env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS")) {
+                println!("{}", crate::cluster::launch::blame_line(blame));
+            }
             ExitCode::from(e.exit())
         }
     }

@@ -1,7 +1,8 @@
 //! Exit codes and the error a command fails with: the contract scripts and schedulers rely on
 //! (README "Exit codes"). Every lower error maps to exactly one code here.
 
-use crate::cluster::launch;
+use crate::cluster::{Blame, ClusterError, TaskId, launch};
+use crate::collective::CollectiveError;
 use crate::data::DataError;
 use crate::strategy::StrategyError;
 use crate::train::TrainError;
@@ -87,6 +88,15 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// The task this failure blames, as data for the launcher (see [`launch::blame_line`]).
+    pub fn blame(&self) -> Option<Blame> {
+        match self {
+            RunError::Train(TrainError::Strategy(StrategyError::Cluster(ClusterError::Failed(f)))) => f.blame(),
+            RunError::Train(TrainError::Strategy(StrategyError::Collective(c))) => collective_blame(c),
+            _ => None,
+        }
+    }
+
     /// The process exit code for this error.
     pub fn exit(&self) -> u8 {
         let code = match self {
@@ -114,6 +124,26 @@ impl RunError {
             RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
         };
         code as u8
+    }
+}
+
+/// Whom a data-plane failure blames: a peer that stopped answering hangs, one whose
+/// connection or process ended died. Peers are named by their task.
+fn collective_blame(e: &CollectiveError) -> Option<Blame> {
+    let task = |peer: &str| peer.parse::<TaskId>().ok();
+    match e {
+        CollectiveError::Timeout { peer, .. } | CollectiveError::NotJoined { peer, .. } => task(peer).map(Blame::Hung),
+        CollectiveError::PeerExited { peer, .. } | CollectiveError::ConnectionClosed { peer, .. } => {
+            task(peer).map(Blame::Died)
+        }
+        CollectiveError::PeerAborted { .. }
+        | CollectiveError::OutOfStep { .. }
+        | CollectiveError::Stranger { .. }
+        | CollectiveError::Refused { .. }
+        | CollectiveError::Io { .. }
+        | CollectiveError::Segment { .. }
+        | CollectiveError::Invalid(_)
+        | CollectiveError::Broken(_) => None,
     }
 }
 

@@ -2,14 +2,18 @@
 //! mid-step. The handler only sets flags (the one async-signal-safe thing to do); the step
 //! loop reads them, and every task learns of any task's request through the step's
 //! all-reduce. Before training begins there is nothing to save, so a watchdog thread ends the
-//! process at once ([`exit_promptly_until_training`]). A second Ctrl-C stops a task at once
+//! process at once ([`start_watchdog`]). Once training runs, the same watchdog
+//! gives the step loop [`STEP_WAIT`] to reach a step boundary; a step or an evaluation that
+//! takes longer (`run.threads` far beyond the cores, a huge batch) is abandoned: the process
+//! records the stop ([`on_forced_stop`]) and ends, and the last backup is where a rerun
+//! resumes. A second Ctrl-C stops a task at once
 //! (`_exit(130)`, async-signal-safe); the launcher instead kills its tasks itself, so none is
 //! left behind. A signal handler can reach nothing but process-global state, hence the
 //! statics here.
 
-use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::{Once, OnceLock};
+use std::time::{Duration, Instant};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 /// The first stop signal received (0: none).
@@ -19,10 +23,19 @@ static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
 static SUPERVISING: AtomicBool = AtomicBool::new(false);
 /// Set once the training loop runs: from then on a stop is cooperative (a backup first).
 static TRAINING: AtomicBool = AtomicBool::new(false);
+/// Set once the step loop has reached a step boundary and is stopping there.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+/// What records a stop the watchdog forces (the chief's `run.json`), given the stop and why.
+type Recorder = Box<dyn Fn(Stop, &str) + Send + Sync>;
+static FORCED: OnceLock<Recorder> = OnceLock::new();
 static INSTALL: Once = Once::new();
 
 /// How often the watchdog looks at the flags: well inside the 1 s a stop may take.
 const POLL: Duration = Duration::from_millis(10);
+
+/// How long a stop waits for the step loop to reach a step boundary: what is left of the
+/// promised 1 s is for recording the stop and exiting.
+pub const STEP_WAIT: Duration = Duration::from_millis(500);
 
 /// Which request stopped the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,18 +116,56 @@ pub fn training_started() {
     TRAINING.store(true, Ordering::SeqCst);
 }
 
+/// The step loop reached a step boundary and stops there (a backup, then the exit): the
+/// watchdog leaves it to finish.
+pub fn stopping_at_step_boundary() {
+    STOPPING.store(true, Ordering::SeqCst);
+}
+
+/// What to do, besides saying why, when the watchdog ends a run whose step did not reach its
+/// boundary within [`STEP_WAIT`]: `record(stop, why)` marks the run stopped. Set once.
+pub fn on_forced_stop(record: impl Fn(Stop, &str) + Send + Sync + 'static) {
+    let _ = FORCED.set(Box::new(record));
+}
+
+/// What the watchdog does now: `None` to keep watching.
+fn verdict(noticed: &mut Option<Instant>) -> Option<(Stop, String)> {
+    let stop = received()?;
+    if !TRAINING.load(Ordering::SeqCst) {
+        return Some((stop, format!("stopped by {} before training began; nothing to save", stop.name())));
+    }
+    if STOPPING.load(Ordering::SeqCst) {
+        return None;
+    }
+    let since = *noticed.get_or_insert_with(Instant::now);
+    (since.elapsed() >= STEP_WAIT).then(|| {
+        let why = format!(
+            "stopped by {}: the step or evaluation under way takes longer than {} ms, so it was abandoned; run the same command again to resume from the last backup",
+            stop.name(),
+            STEP_WAIT.as_millis()
+        );
+        (stop, why)
+    })
+}
+
 /// Until [`training_started`], a stop request ends the process within [`POLL`]: loading data,
 /// waiting for peers at the rendezvous and building have nothing to save, and some of them
 /// wait minutes (`cluster.startup_timeout_s`) without a step boundary to look at the flag.
-/// `say` prints the one line explaining why.
-pub fn exit_promptly_until_training(say: impl Fn(&str) + Send + Clone + 'static) {
+/// Afterwards, a stop whose step loop has not reached a step boundary within [`STEP_WAIT`]
+/// ends the process too, recorded by [`on_forced_stop`]'s function. `say` prints the one line
+/// explaining why.
+pub fn start_watchdog(say: impl Fn(&str) + Send + Clone + 'static) {
     stop_requested();
     let watchdog_says = say.clone();
     let spawned = std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
         let say = watchdog_says;
-        while !TRAINING.load(Ordering::SeqCst) {
-            if let Some(stop) = received() {
-                say(&format!("stopped by {} before training began; nothing to save", stop.name()));
+        let mut noticed = None;
+        loop {
+            if let Some((stop, why)) = verdict(&mut noticed) {
+                say(&why);
+                if let Some(record) = FORCED.get().filter(|_| TRAINING.load(Ordering::SeqCst)) {
+                    record(stop, &why);
+                }
                 std::process::exit(i32::from(stop.exit_code()));
             }
             std::thread::sleep(POLL);

@@ -9,10 +9,12 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use trainrun::cluster::{ClusterConfig, ClusterError, ControlPlane, JobToken, TaskId, Timeouts};
+use trainrun::cluster::{ClusterConfig, ClusterError, ControlPlane, Failure, JobToken, TaskId, Timeouts};
 
 const CHILD: &str = "TRAINRUN_CLUSTER_CHILD";
 const TASKS: [&str; 3] = ["worker:0", "worker:1", "worker:2"];
+/// Every child task's spec hash.
+const SPEC: &str = "spec";
 
 fn now_ms() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
@@ -37,7 +39,7 @@ fn child_task() {
         chief: TaskId::chief_of(roster.keys()).unwrap(),
         roster,
         token: JobToken::new("process-test-token-0123456789", "the test").unwrap(),
-        spec_hash: "spec".into(),
+        spec_hash: SPEC.into(),
         spec_keys: Default::default(),
         version: "0.1.0".into(),
         timeouts: Timeouts {
@@ -50,7 +52,12 @@ fn child_task() {
     };
     let plane = ControlPlane::start(config).unwrap();
     println!("@@listening {}", plane.local_addr().port());
-    plane.rendezvous().unwrap();
+    if let Err(e) = plane.rendezvous() {
+        println!("@@refused {e}");
+        // As a task does: the plane goes, then the process, at once.
+        drop(plane);
+        std::process::exit(0);
+    }
     println!("@@ready");
     // Orphans end themselves, should the parent test die without killing them.
     let started = Instant::now();
@@ -58,6 +65,8 @@ fn child_task() {
         match plane.check() {
             Err(ClusterError::Failed(f)) => {
                 println!("@@failed {} {f}", now_ms());
+                // As the trainer does: the plane goes, then the process, at once.
+                drop(plane);
                 std::process::exit(0);
             }
             Err(other) => panic!("{other}"),
@@ -93,30 +102,36 @@ struct Job {
     lines: Vec<mpsc::Receiver<String>>,
 }
 
+/// Starts `task` as a child process, and a thread passing on its `@@` lines.
+fn spawn_task(task: &str, chief_address: &str, failure_ms: u64) -> (Task, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_task", "--nocapture", "--test-threads=1"])
+        .env(CHILD, format!("{task};{chief_address};{failure_ms}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let (tx, lines) = mpsc::channel();
+    thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            // libtest's `test child_task ... ` may precede the first line.
+            if let Some((_, line)) = line.split_once("@@") {
+                let _ = tx.send(line.to_owned());
+            }
+        }
+    });
+    (Task { child }, lines)
+}
+
 impl Job {
     fn spawn(failure_ms: u64) -> Job {
         let mut job = Job { tasks: Vec::new(), lines: Vec::new() };
         let mut chief_address = "127.0.0.1:0".to_owned();
         for (i, task) in TASKS.iter().enumerate() {
-            let mut child = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "child_task", "--nocapture", "--test-threads=1"])
-                .env(CHILD, format!("{task};{chief_address};{failure_ms}"))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let stdout = BufReader::new(child.stdout.take().unwrap());
-            job.tasks.push(Task { child });
-            let (tx, lines) = mpsc::channel();
+            let (task, lines) = spawn_task(task, &chief_address, failure_ms);
+            job.tasks.push(task);
             job.lines.push(lines);
-            thread::spawn(move || {
-                for line in stdout.lines().map_while(Result::ok) {
-                    // libtest's `test child_task ... ` may precede the first line.
-                    if let Some((_, line)) = line.split_once("@@") {
-                        let _ = tx.send(line.to_owned());
-                    }
-                }
-            });
             // Every other task must know the chief's port, which it picks at start.
             if i == 0 {
                 let port = job.expect(0, "listening ");
@@ -189,5 +204,46 @@ fn a_frozen_worker_fails_the_others_at_the_failure_timeout() {
         let expected = "worker:2 went silent: no heartbeat for 3 s";
         assert!(message.starts_with(expected), "{}: {message}", TASKS[i]);
         assert!((2_500..5_000).contains(&ms), "{ms} ms");
+    }
+}
+
+#[test]
+fn a_refused_worker_hears_why_although_the_chief_exits_at_once() {
+    // The chief refuses worker:1's spec, and its process ends the moment its own rendezvous
+    // fails, as a task's does: worker:1 must still read the refusal, not retry a closed port
+    // until its startup timeout.
+    for round in 0..20 {
+        let (chief, lines) = spawn_task("worker:0", "127.0.0.1:0", 10_000);
+        let job = Job { tasks: vec![chief], lines: vec![lines] };
+        let port = job.expect(0, "listening ");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut roster: BTreeMap<TaskId, String> =
+            TASKS.iter().map(|t| (t.parse().unwrap(), "127.0.0.1:0".to_owned())).collect();
+        roster.insert("worker:0".parse().unwrap(), format!("127.0.0.1:{port}"));
+        roster.insert("worker:1".parse().unwrap(), listener.local_addr().unwrap().to_string());
+        let config = ClusterConfig {
+            task: "worker:1".parse().unwrap(),
+            chief: "worker:0".parse().unwrap(),
+            roster,
+            token: JobToken::new("process-test-token-0123456789", "the test").unwrap(),
+            spec_hash: format!("not-{SPEC}"),
+            spec_keys: Default::default(),
+            version: "0.1.0".into(),
+            timeouts: Timeouts {
+                startup: Duration::from_secs(5),
+                failure: Duration::from_secs(10),
+                heartbeat: Duration::from_millis(100),
+            },
+            payload: Vec::new(),
+            tls: None,
+        };
+        let worker = ControlPlane::start_on(config, listener).unwrap();
+        let started = Instant::now();
+        let e = worker.rendezvous().unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(e, ClusterError::Failed(Failure::SpecMismatch { .. })), "round {round}: {e}");
+        assert!(took < Duration::from_secs(3), "round {round}: {took:?}");
+        let refusal = job.expect(0, "refused ");
+        assert!(refusal.starts_with("worker:1 runs spec"), "{refusal}");
     }
 }

@@ -2,7 +2,8 @@
 //! `TRAINRUN_*` overrides (keys of the schema and others; numbers such as 0, negatives, 2^63,
 //! NaN, ±inf; huge strings) through `spec::load` and then planning (`prepare::plan`, as
 //! `trainrun check`: batch and step arithmetic, the cluster, the model against the data); random and mutated bytes through TF_CONFIG,
-//! the checkpoint manifest reader, the safetensors reader and the IDX and gzip readers.
+//! the checkpoint manifest reader, the safetensors reader, the IDX and gzip readers and the
+//! rewrites of a damaged `run.json`.
 //! Nothing may panic, and every refusal of a spec is located (a file and line, an environment
 //! variable or a `--set`). Over 100,000 cases in all, a minute or two in release builds; the
 //! counts are per test below.
@@ -453,6 +454,48 @@ fn idx_headers_read_from_files_of_random_and_mutated_bytes_never_panic() {
     check(5_000, mutated(idx_seeds()), |bytes| {
         std::fs::write(&path, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let _ = trainrun::data::idx::read_idx_dims(&path);
+        Ok(())
+    });
+}
+
+#[test]
+fn run_json_rewrites_of_random_and_mutated_files_never_panic() {
+    // The stop watchdog and the launcher rewrite a `run.json` that may be damaged or cut short
+    // (a full disk, a killed writer): they change a `running` record and leave anything else.
+    use trainrun::signals::Stop;
+    use trainrun::train::run_record::{mark_failed, mark_interrupted, mark_stopped};
+    let seeds: Vec<Vec<u8>> = [
+        r#"{"status": "running", "exit_code": null, "error": null, "wall_s": 1.5}"#,
+        r#"{"status": "preempted", "exit_code": 6}"#,
+        r#"[{"status": "running"}]"#,
+        "null",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("run.json");
+    check(4_000, (mutated(seeds), 0..4u8), |(bytes, how)| {
+        std::fs::write(&path, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // Ctrl-C at the launcher also turns a chief's `preempted` into `interrupted`.
+        let from: &[&str] = if how == 2 { &["running", "preempted"] } else { &["running"] };
+        let running =
+            serde_json::from_slice::<serde_json::Value>(&bytes).is_ok_and(|v| from.iter().any(|f| v["status"] == *f));
+        match how {
+            0 => mark_stopped(dir.path(), Stop::Terminated, "stopped"),
+            1 => mark_stopped(dir.path(), Stop::Interrupted, "stopped"),
+            2 => mark_interrupted(dir.path(), "interrupted"),
+            _ => mark_failed(dir.path(), 5, "failed"),
+        }
+        let after = std::fs::read(&path).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if running {
+            let record: serde_json::Value =
+                serde_json::from_slice(&after).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let status = ["preempted", "interrupted", "interrupted", "failed"][usize::from(how)];
+            prop_assert_eq!(&record["status"], status);
+        } else {
+            prop_assert_eq!(after, bytes, "only a running (or preempted) record is rewritten");
+        }
         Ok(())
     });
 }

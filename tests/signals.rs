@@ -1,7 +1,8 @@
 //! SIGTERM and Ctrl-C in every phase, the binary end to end: `run.json` says `preempted`
 //! (exit 6) or `interrupted` (exit 130) after a backup; a task waiting at the rendezvous
 //! or loading data ends within 1 s; a second Ctrl-C stops at once; the launcher passes a stop
-//! on, ends its back-off at once, and leaves no task behind.
+//! on, ends its back-off at once, and leaves no task behind. A step or an evaluation slower
+//! than a second does not hold a stop up: it is abandoned, and `run.json` says so.
 
 mod common;
 
@@ -78,6 +79,9 @@ fn a_second_ctrl_c_stops_at_once() {
     let mut child = spawn(&refs(&args));
     wait_for_file(&backup(dir.path(), 5), LIMIT, &mut [&mut child]);
     common::signal(child.id(), libc::SIGINT);
+    // Two signals sent back to back reach a process the loaded machine has not run in between
+    // as one (a pending signal is not queued twice): leave the first a moment to land.
+    std::thread::sleep(Duration::from_millis(50));
     common::signal(child.id(), libc::SIGINT);
     let (out, took) = wait_within(child, LIMIT);
     assert_exit(&out, 130);
@@ -205,4 +209,106 @@ fn a_stop_during_the_restart_back_off_ends_the_launcher_within_a_second() {
     let took = asked.elapsed();
     assert_exit(&out, 6);
     assert!(took < PROMPT, "took {took:?}");
+}
+
+/// One process of `steps` steps of a batch of `batch` on `threads` threads, a backup after
+/// each step.
+fn slow_run(dir: &Path, batch: u64, threads: u64, steps: u64) -> Vec<String> {
+    [
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        &format!("batch.global={batch}"),
+        "--set",
+        &format!("run.threads={threads}"),
+        "--set",
+        "train.epochs=1",
+        "--set",
+        &format!("train.steps_per_epoch={steps}"),
+        "--set",
+        "callbacks=[{ kind = \"backup_and_restore\", save_freq = 1 }]",
+        "--set",
+        &format!("run.out_dir={}", dir.display()),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Stops `child` `after` its `run.json` appeared (training has begun) and checks that it
+/// ended within [`PROMPT`], abandoning what was under way, recorded as `status`.
+fn stopped_mid_work(dir: &Path, args: &[String], after: Duration, (signal, code, status): (i32, i32, &str)) {
+    let mut child = spawn(&refs(args));
+    wait_for_file(&dir.join("run.json"), LIMIT, &mut [&mut child]);
+    std::thread::sleep(after);
+    let asked = Instant::now();
+    common::signal(child.id(), signal);
+    let (out, _) = wait_within(child, LIMIT);
+    let took = asked.elapsed();
+    let stderr = text(&out).1;
+    assert_exit(&out, code);
+    assert!(took < PROMPT, "{status}: took {took:?}; {stderr}");
+    assert!(stderr.contains("so it was abandoned; run the same command again to resume"), "{stderr}");
+    let record = json(&dir.join("run.json"));
+    assert_eq!(record["status"], status, "{record}");
+    assert_eq!(record["exit_code"], code, "{record}");
+    assert!(record["error"].as_str().is_some_and(|e| e.contains("abandoned")), "{record}");
+    assert!(!dir.join("model.safetensors").exists(), "a stopped run writes no final weights");
+}
+
+#[test]
+fn a_stop_during_a_step_slower_than_a_second_ends_the_task_within_a_second() {
+    for stop in [(libc::SIGTERM, 6, "preempted"), (libc::SIGINT, 130, "interrupted")] {
+        let dir = tempdir();
+        // The first step has begun 200 ms after `run.json`; it takes seconds.
+        // Steps of 6,144 examples on one thread take seconds.
+        stopped_mid_work(dir.path(), &slow_run(dir.path(), 6144, 1, 4), Duration::from_millis(200), stop);
+    }
+}
+
+#[test]
+fn a_stop_during_the_final_evaluation_ends_the_task_within_a_second() {
+    let dir = tempdir();
+    // 1,000 threads on a few cores make the evaluation of the 10,000 test images take seconds.
+    let args = slow_run(dir.path(), 64, 1000, 1);
+    let mut child = spawn(&refs(&args));
+    // The last step's backup is queued right before the final evaluation begins.
+    wait_for_file(&backup(dir.path(), 1), LIMIT, &mut [&mut child]);
+    let asked = Instant::now();
+    common::signal(child.id(), libc::SIGTERM);
+    let (out, _) = wait_within(child, LIMIT);
+    let took = asked.elapsed();
+    let stderr = text(&out).1;
+    assert_exit(&out, 6);
+    assert!(took < PROMPT, "took {took:?}; {stderr}");
+    assert!(stderr.contains("so it was abandoned"), "{stderr}");
+    let record = json(&dir.path().join("run.json"));
+    assert_eq!(record["status"], "preempted", "{record}");
+    assert!(!dir.path().join("model.safetensors").exists(), "a stopped run writes no final weights");
+}
+
+#[test]
+fn sigterm_to_the_launcher_during_slow_steps_ends_every_task_within_a_second() {
+    let dir = tempdir();
+    let args = fault_tolerant(
+        dir.path(),
+        &["--set", "batch.per_replica=4096", "--set", "run.threads=1", "--set", "cluster.max_restarts=0"],
+    );
+    let mut launcher = spawn(&refs(&args));
+    wait_for_file(&dir.path().join("run.json"), LIMIT, &mut [&mut launcher]);
+    let tasks = children(launcher.id());
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+    // Both workers are in their first step, which takes seconds.
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    common::signal(launcher.id(), libc::SIGTERM);
+    let (out, _) = wait_within(launcher, LIMIT);
+    let took = asked.elapsed();
+    let stderr = text(&out).1;
+    assert_exit(&out, 6);
+    assert!(took < PROMPT, "took {took:?}; {stderr}");
+    let record = json(&dir.path().join("run.json"));
+    assert_eq!(record["status"], "preempted", "{record}");
+    assert_eq!(record["exit_code"], 6, "{record}");
+    let left: Vec<_> = tasks.iter().filter(|&&p| alive(p)).collect();
+    assert!(left.is_empty(), "tasks left running: {left:?}");
 }

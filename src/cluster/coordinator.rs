@@ -85,6 +85,9 @@ struct Inner {
     commands: Vec<Command>,
     metrics: Vec<MetricRecord>,
     finished: bool,
+    /// Check-in streams still open, per task: a refused or failed task may not have read its
+    /// answer yet, and a failing chief waits for it (see [`Coordinator::wait_heard`]).
+    answering: BTreeMap<TaskId, usize>,
 }
 
 pub(crate) struct Coordinator {
@@ -151,10 +154,18 @@ impl Coordinator {
 
     /// Registers a task, or refuses it. While the job is starting, a refusal fails every task:
     /// a task on another spec, outside the cluster, or started twice is a launch mistake that
-    /// waiting cannot fix. Returns the attempt number for [`Coordinator::withdraw`].
-    pub(crate) fn check_in(&self, c: CheckIn) -> Result<u64, Failure> {
-        let s = &self.settings;
+    /// waiting cannot fix. Returns the attempt number for [`Coordinator::withdraw`], and the
+    /// check-in stream's [`Answering`], counted before any failure is decided so that a
+    /// failing chief cannot miss it.
+    pub(crate) fn check_in(self: &Arc<Self>, c: CheckIn) -> (Result<u64, Failure>, Answering) {
         let mut inner = self.lock();
+        *inner.answering.entry(c.task).or_default() += 1;
+        let answering = Answering { coordinator: self.clone(), task: c.task };
+        (self.check_in_locked(&mut inner, c), answering)
+    }
+
+    fn check_in_locked(&self, inner: &mut Inner, c: CheckIn) -> Result<u64, Failure> {
+        let s = &self.settings;
         if let Some(f) = &inner.failure {
             return Err(f.clone());
         }
@@ -180,7 +191,7 @@ impl Coordinator {
         };
         if let Some(refusal) = refusal {
             if inner.roster.is_none() {
-                self.fail_locked(&mut inner, refusal.clone());
+                self.fail_locked(inner, refusal.clone());
             } else {
                 eprintln!("trainrun: refused a check-in after the job started: {refusal}");
             }
@@ -191,7 +202,7 @@ impl Coordinator {
         if inner.roster.is_none() {
             inner.arrivals.insert(c.task, (attempt, c));
             if inner.arrivals.len() == s.roster.len() {
-                self.complete(&mut inner);
+                self.complete(inner);
             }
             self.notify();
         }
@@ -417,6 +428,26 @@ impl Coordinator {
         self.notify();
     }
 
+    /// Once the job has failed: waits until every task that can still hear has been told,
+    /// that is, has ended its streams after reading the failure. A task that is dead or hangs
+    /// (the failure's [`Failure::unreachable`]) is not waited for. The chief calls this before
+    /// its process goes, so that the others report the failure rather than the chief's death.
+    pub(crate) async fn wait_heard(&self) {
+        self.wait_for(|inner| {
+            let deaf = inner.failure.as_ref().and_then(Failure::unreachable);
+            let listening = |t: &TaskId| Some(*t) != deaf && *t != self.settings.chief;
+            let streaming =
+                (inner.liveness.iter()).any(|(t, l)| listening(t) && matches!(l.link, Link::Expected | Link::Open));
+            let answering = inner.answering.iter().any(|(t, &n)| listening(t) && n > 0);
+            (!streaming && !answering).then_some(())
+        })
+        .await;
+    }
+
+    pub(crate) fn failed(&self) -> bool {
+        self.lock().failure.is_some()
+    }
+
     /// Waits until every task has said goodbye or closed its stream.
     pub(crate) async fn wait_all_gone(&self) {
         let gone = |inner: &Inner| {
@@ -424,6 +455,23 @@ impl Coordinator {
             inner.liveness.values().all(gone).then_some(())
         };
         self.wait_for(gone).await;
+    }
+}
+
+/// One open check-in stream; dropping it (when the stream's task ends) uncounts it.
+pub(crate) struct Answering {
+    coordinator: Arc<Coordinator>,
+    task: TaskId,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let mut inner = self.coordinator.lock();
+        if let Some(n) = inner.answering.get_mut(&self.task) {
+            *n = n.saturating_sub(1);
+        }
+        drop(inner);
+        self.coordinator.notify();
     }
 }
 

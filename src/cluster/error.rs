@@ -51,6 +51,46 @@ pub enum Failure {
     Aborted { task: TaskId, reason: String },
 }
 
+/// The task a task that found the job broken holds responsible, as data: the launcher names
+/// it from this, not from the words of the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// It stopped answering: hung, frozen, or cut off.
+    Hung(TaskId),
+    /// Its process is gone.
+    Died(TaskId),
+}
+
+impl Failure {
+    /// Whom this failure blames, if one task.
+    pub fn blame(&self) -> Option<Blame> {
+        match self {
+            Failure::Died { task, .. } => Some(Blame::Died(*task)),
+            Failure::Silent { task, .. } => Some(Blame::Hung(*task)),
+            Failure::BarrierTimeout { missing, .. } | Failure::RendezvousTimeout { missing, .. } => {
+                missing.first().copied().map(Blame::Hung)
+            }
+            Failure::SpecMismatch { .. }
+            | Failure::UnknownTask { .. }
+            | Failure::DuplicateTask { .. }
+            | Failure::Aborted { .. } => None,
+        }
+    }
+
+    /// The task that can hear nothing more of the job: it died, or it hangs.
+    pub fn unreachable(&self) -> Option<TaskId> {
+        match self {
+            Failure::Died { task, .. } | Failure::Silent { task, .. } => Some(*task),
+            Failure::SpecMismatch { .. }
+            | Failure::UnknownTask { .. }
+            | Failure::DuplicateTask { .. }
+            | Failure::RendezvousTimeout { .. }
+            | Failure::BarrierTimeout { .. }
+            | Failure::Aborted { .. } => None,
+        }
+    }
+}
+
 /// `; they differ in optimizer.learning_rate, train.epochs`, at most 8 keys named.
 fn differing(keys: &[String]) -> String {
     const SHOWN: usize = 8;

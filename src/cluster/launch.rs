@@ -7,7 +7,7 @@
 //! naming the failed task and showing its last log lines. SIGTERM to the launcher is passed
 //! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
-use super::{Address, Cluster, TaskId, new_job_token};
+use super::{Address, Blame, Cluster, TaskId, new_job_token};
 use crate::progress::{EVENT_MARK, Event, Mode, Progress};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
@@ -43,6 +43,28 @@ const HANG_GRACE: Duration = Duration::from_millis(500);
 
 /// Log lines kept per task for the failure report.
 const TAIL: usize = 20;
+
+/// Starts the line in which a launched task that found the job broken says whom it blames
+/// (on stdout, as it exits): `<mark>hung worker:1` or `<mark>died worker:1`.
+const BLAME_MARK: &str = "\u{1e}blame ";
+
+/// The line a launched task prints for [`Blame`]; the launcher reads it as data.
+pub fn blame_line(blame: Blame) -> String {
+    match blame {
+        Blame::Hung(t) => format!("{BLAME_MARK}hung {t}"),
+        Blame::Died(t) => format!("{BLAME_MARK}died {t}"),
+    }
+}
+
+fn parse_blame(text: &str) -> Option<Blame> {
+    let (how, task) = text.split_once(' ')?;
+    let task = task.parse().ok()?;
+    match how {
+        "hung" => Some(Blame::Hung(task)),
+        "died" => Some(Blame::Died(task)),
+        _ => None,
+    }
+}
 
 /// What to launch.
 pub struct Launch {
@@ -119,6 +141,8 @@ enum Outcome {
 enum Line {
     Log(TaskId, String),
     Event(Event),
+    /// Whom a task blames (see [`blame_line`]).
+    Blame(TaskId, Blame),
 }
 
 fn free_port() -> Result<u16, LaunchError> {
@@ -151,6 +175,12 @@ fn describe(status: ExitStatus) -> (String, u8) {
 fn forward(task: TaskId, stream: impl Read + Send + 'static, events: bool, out: mpsc::Sender<Line>) {
     std::thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if let Some(blame) = line.strip_prefix(BLAME_MARK).and_then(parse_blame) {
+                if out.send(Line::Blame(task, blame)).is_err() {
+                    return;
+                }
+                continue;
+            }
             let msg = match line.strip_prefix(EVENT_MARK) {
                 Some(json) if events => match serde_json::from_str(json) {
                     Ok(e) => Line::Event(e),
@@ -296,6 +326,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
 
     let mut progress = Progress::new(launch.progress, launch.epochs, "");
     let mut tails: BTreeMap<TaskId, VecDeque<String>> = BTreeMap::new();
+    let mut blames: BTreeMap<TaskId, Blame> = BTreeMap::new();
     let mut failure: Option<(TaskId, ExitStatus)> = None;
     let mut waiting = after_failure;
     let mut forwarded: Option<Instant> = None;
@@ -319,6 +350,9 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
                     if tail.len() > TAIL {
                         tail.pop_front();
                     }
+                }
+                Line::Blame(task, blame) => {
+                    blames.insert(task, blame);
                 }
             }
         }
@@ -355,17 +389,24 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
     }
     if let Some((task, status)) = failure {
-        return Ok(failed(launch, &mut children, &rx, &mut tails, task, status));
+        let heard = Heard { tails: &mut tails, blames: &mut blames };
+        return Ok(failed(launch, &mut children, &rx, heard, task, status));
     }
     // Every task exited; drain remaining output in order.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
         match line {
             Line::Event(e) => progress.show(e),
             Line::Log(task, text) if launch.progress != Mode::Quiet => eprintln!("[{task}] {text}"),
-            Line::Log(..) => {}
+            Line::Log(..) | Line::Blame(..) => {}
         }
     }
     Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
+}
+
+/// What the launcher heard from the tasks: each one's last lines, and whom each blamed.
+struct Heard<'a> {
+    tails: &'a mut BTreeMap<TaskId, VecDeque<String>>,
+    blames: &'a mut BTreeMap<TaskId, Blame>,
 }
 
 /// The job failed first in `task` (ended with `status`): stops the others and says which task
@@ -374,10 +415,11 @@ fn failed(
     launch: &Launch,
     children: &mut BTreeMap<TaskId, Child>,
     rx: &mpsc::Receiver<Line>,
-    tails: &mut BTreeMap<TaskId, VecDeque<String>>,
+    heard: Heard<'_>,
     task: TaskId,
     status: ExitStatus,
 ) -> Outcome {
+    let Heard { tails, blames } = heard;
     let at = Instant::now();
     // Survivors usually notice the failure themselves and exit with an error naming it;
     // whoever has not after the grace period is killed. After a task found the job
@@ -402,12 +444,18 @@ fn failed(
     let (task, status) = cause.filter(|_| !incurable(&status)).or(earlier).unwrap_or((task, status));
     // Drain what the tasks said on the way out.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
-        if let Line::Log(t, text) = line {
-            let tail = tails.entry(t).or_default();
-            tail.push_back(text);
-            if tail.len() > TAIL {
-                tail.pop_front();
+        match line {
+            Line::Log(t, text) => {
+                let tail = tails.entry(t).or_default();
+                tail.push_back(text);
+                if tail.len() > TAIL {
+                    tail.pop_front();
+                }
             }
+            Line::Blame(t, blame) => {
+                blames.insert(t, blame);
+            }
+            Line::Event(_) => {}
         }
     }
     let (mut status, code) = describe(status);
@@ -417,18 +465,7 @@ fn failed(
         })
     };
     let mut tail = shown(task);
-    // The cause is the task that hung, not the one that noticed it: one it named as
-    // silent or late that then answered no SIGTERM either.
-    let said = |t: TaskId| {
-        let name = t.to_string();
-        tail.lines().any(|l| {
-            l.contains(&name)
-                && ["went silent", "did not answer", "timed out", "never arrived", "never checked in"]
-                    .iter()
-                    .any(|w| l.contains(w))
-        })
-    };
-    let hung = killed.iter().copied().find(|&t| noticed && t != task && said(t));
+    let hung = stuck(noticed, task, &killed, blames);
     let task = match hung {
         Some(stuck) => {
             status = format!("hung: {task} found the job broken ({status}), {stuck} answered nothing and was killed");
@@ -440,11 +477,51 @@ fn failed(
     Outcome::Failed { task, status, tail, code, at }
 }
 
+/// The cause of a hang is the task that hung, not the one that noticed it (`task`): one that
+/// a task blamed as hung, as data (see [`blame_line`]), and that then answered no SIGTERM
+/// either (`killed`).
+fn stuck(noticed: bool, task: TaskId, killed: &[TaskId], blames: &BTreeMap<TaskId, Blame>) -> Option<TaskId> {
+    let blamed = |t: TaskId| blames.values().any(|b| *b == Blame::Hung(t));
+    killed.iter().copied().find(|&t| noticed && t != task && blamed(t))
+}
+
 fn signal(children: &BTreeMap<TaskId, Child>, sig: libc::c_int) {
     for child in children.values() {
         // SAFETY: kill(2) on our own child's pid; a stale pid at worst gets ESRCH.
         unsafe {
             libc::kill(child.id() as libc::pid_t, sig);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> TaskId {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_blame_line_reads_back_as_the_same_blame() {
+        for blame in [Blame::Hung(t("worker:1")), Blame::Died(t("chief:0"))] {
+            let line = blame_line(blame);
+            assert_eq!(line.strip_prefix(BLAME_MARK).and_then(parse_blame), Some(blame), "{line}");
+        }
+        for junk in ["hung", "hung worker", "slept worker:1", "hung worker:x"] {
+            assert_eq!(parse_blame(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn the_stuck_task_is_the_killed_one_another_blamed_as_hung_whatever_the_logs_say() {
+        let (w0, w1, w2) = (t("worker:0"), t("worker:1"), t("worker:2"));
+        let blames = BTreeMap::from([(w0, Blame::Hung(w2))]);
+        // worker:1 was killed too (it was slow to exit) but nobody blamed it.
+        assert_eq!(stuck(true, w0, &[w1, w2], &blames), Some(w2));
+        assert_eq!(stuck(false, w0, &[w1, w2], &blames), None, "a task that did not find the job broken");
+        assert_eq!(stuck(true, w0, &[w1], &blames), None, "the blamed task exited on SIGTERM");
+        let died = BTreeMap::from([(w0, Blame::Died(w2))]);
+        assert_eq!(stuck(true, w0, &[w2], &died), None, "a dead task is no hang");
     }
 }

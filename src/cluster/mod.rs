@@ -33,7 +33,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use auth::{JobToken, new_job_token, resolve_token};
-pub use error::{ClusterError, Failure};
+pub use error::{Blame, ClusterError, Failure};
 pub use health::Health;
 pub use plane::ControlPlane;
 pub use resolve::{Address, Cluster, Resolution, Source};

@@ -29,6 +29,9 @@ use super::{ClusterConfig, ClusterError, Command, Failure, MetricRecord, Roster,
 /// default) could cut a large job short.
 pub(crate) const MAX_MESSAGE: usize = 64 << 20;
 
+/// The longest a failing chief waits for the other tasks to hear why the job failed.
+const LINGER: Duration = Duration::from_millis(500);
+
 /// HTTP/2 windows (stream, connection) from DEPENDENCIES.md: a roster crosses in one round trip
 /// instead of waiting on window updates. Small messages are unaffected.
 pub(crate) fn window_sizes() -> (u32, u32) {
@@ -368,8 +371,17 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        // Abrupt on purpose: connections close without goodbyes, so the chief (or, for the
-        // chief, every task) reports this task's death at once.
+        // A chief that failed the job stays until the others have heard why (bounded): gone at
+        // once, it would be reported dead by a task that sees its connection break first.
+        if let (Side::Chief(c), Some(runtime)) = (&self.side, &self.runtime)
+            && c.failed()
+            && tokio::runtime::Handle::try_current().is_err()
+        {
+            let linger = LINGER.min(self.settings.timeouts.failure);
+            let _ = runtime.block_on(async { tokio::time::timeout(linger, c.wait_heard()).await });
+        }
+        // Otherwise abrupt on purpose: connections close without goodbyes, so the chief (or,
+        // for the chief, every task) reports this task's death at once.
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }

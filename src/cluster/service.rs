@@ -49,7 +49,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         let r = request.into_inner();
         let caller = (r.caller).ok_or_else(|| Status::invalid_argument("a check-in without a caller"))?;
         let task = wire::task(&caller.task)?;
-        let outcome = coordinator.check_in(CheckIn {
+        let (outcome, answering) = coordinator.check_in(CheckIn {
             task,
             incarnation: caller.incarnation,
             spec_hash: r.spec_hash,
@@ -61,7 +61,12 @@ impl pb::cluster_server::Cluster for ClusterService {
             payload: r.payload,
         });
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(rendezvous_updates(coordinator, task, outcome, tx));
+        tokio::spawn(async move {
+            rendezvous_updates(coordinator, task, outcome, &tx).await;
+            // Held until the task hangs up: it has read the last update then (or is gone).
+            tx.closed().await;
+            drop(answering);
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -107,7 +112,7 @@ async fn rendezvous_updates(
     coordinator: Arc<Coordinator>,
     task: TaskId,
     outcome: Result<u64, Failure>,
-    tx: mpsc::Sender<Result<pb::RendezvousUpdate, Status>>,
+    tx: &mpsc::Sender<Result<pb::RendezvousUpdate, Status>>,
 ) {
     let send = |update| pb::RendezvousUpdate { update: Some(update) };
     let attempt = match outcome {

@@ -186,7 +186,7 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         Part::Task(task) => format!("[{task}] "),
         Part::Single | Part::Launcher => String::new(),
     };
-    crate::signals::exit_promptly_until_training(move |text| eprintln!("{say_prefix}{text}"));
+    crate::signals::start_watchdog(move |text| eprintln!("{say_prefix}{text}"));
     let dataset = Arc::new(load_data(inv, plan)?);
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
     let (job, prefix) = match plan.cluster.part {
@@ -203,6 +203,10 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // From here a stop waits for the step boundary and saves a backup first.
     crate::signals::training_started();
     let mut record = if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step))?) } else { None };
+    if let Some(r) = record.as_mut() {
+        let dir = r.dir().path().to_path_buf();
+        crate::signals::on_forced_stop(move |stop, why| crate::train::run_record::mark_stopped(&dir, stop, why));
+    }
     if chief {
         if let Some(vocabulary) = vocabulary {
             write_json(&plan.out_dir.join("vocab.json"), &vocabulary)?;

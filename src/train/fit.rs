@@ -353,6 +353,10 @@ impl<'a> Loop<'a> {
         session: &Session,
         callbacks: &mut Callbacks,
     ) -> Result<(), TrainError> {
+        if preempting {
+            // A step boundary, the stop's backup next: the stop watchdog lets this finish.
+            crate::signals::stopping_at_step_boundary();
+        }
         // At an epoch's end its statistics have moved to `last_epoch`.
         let (epoch, train) =
             if epoch_end { (epochs_done, self.last_epoch) } else { (epochs_done + 1, self.epoch_stats) };

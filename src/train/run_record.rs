@@ -139,6 +139,16 @@ pub fn mark_interrupted(dir: &Path, error: &str) {
     mark(dir, &["running", "preempted"], RunStatus::Interrupted, 130, error);
 }
 
+/// Marks the `run.json` in `dir` stopped by `stop` while it still says `running`: the stop
+/// watchdog's word for a run whose step was abandoned (`crate::signals`).
+pub fn mark_stopped(dir: &Path, stop: crate::signals::Stop, error: &str) {
+    let status = match stop {
+        crate::signals::Stop::Terminated => RunStatus::Preempted,
+        crate::signals::Stop::Interrupted => RunStatus::Interrupted,
+    };
+    mark(dir, &["running"], status, stop.exit_code(), error);
+}
+
 /// Rewrites the status of the `run.json` in `dir` when it is one of `from`.
 fn mark(dir: &Path, from: &[&str], status: RunStatus, code: u8, error: &str) {
     let path = dir.join("run.json");
