@@ -16,6 +16,13 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// A stop before training has nothing to save: the process ends this soon.
 const PROMPT: Duration = Duration::from_secs(1);
 
+/// Every test here times a stop to within a second; run side by side (one of them runs 1,000
+/// threads) they would measure each other's load, so they take turns.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn spawn(args: &[&str]) -> Child {
     common::trainrun()
         .args(args)
@@ -53,6 +60,7 @@ fn refs(v: &[String]) -> Vec<&str> {
 
 #[test]
 fn sigterm_records_preempted_and_ctrl_c_interrupted_after_a_backup() {
+    let _serial = serial();
     for (signal, code, status) in [(libc::SIGTERM, 6, "preempted"), (libc::SIGINT, 130, "interrupted")] {
         let dir = tempdir();
         let args = single(dir.path());
@@ -74,6 +82,7 @@ fn sigterm_records_preempted_and_ctrl_c_interrupted_after_a_backup() {
 
 #[test]
 fn a_second_ctrl_c_stops_at_once() {
+    let _serial = serial();
     let dir = tempdir();
     let args = single(dir.path());
     let mut child = spawn(&refs(&args));
@@ -90,6 +99,7 @@ fn a_second_ctrl_c_stops_at_once() {
 
 #[test]
 fn a_task_waiting_at_the_rendezvous_ends_within_a_second() {
+    let _serial = serial();
     for (signal, code) in [(libc::SIGTERM, 6), (libc::SIGINT, 130)] {
         let ports = [common::free_port(), common::free_port()];
         // Worker 1 never starts: worker 0 waits for it (cluster.startup_timeout_s, minutes).
@@ -117,6 +127,7 @@ fn a_task_waiting_at_the_rendezvous_ends_within_a_second() {
 
 #[test]
 fn a_task_loading_data_ends_within_a_second() {
+    let _serial = serial();
     let dir = tempdir();
     let args = single(dir.path());
     let child = spawn(&refs(&args));
@@ -164,6 +175,7 @@ fn fault_tolerant(dir: &Path, extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn ctrl_c_to_the_launcher_stops_every_task_after_a_backup_and_twice_at_once() {
+    let _serial = serial();
     for twice in [false, true] {
         let dir = tempdir();
         let args = fault_tolerant(dir.path(), &[]);
@@ -191,6 +203,7 @@ fn ctrl_c_to_the_launcher_stops_every_task_after_a_backup_and_twice_at_once() {
 
 #[test]
 fn a_stop_during_the_restart_back_off_ends_the_launcher_within_a_second() {
+    let _serial = serial();
     let dir = tempdir();
     let args = fault_tolerant(dir.path(), &["--set", "cluster.restart_backoff_s=60"]);
     let mut launcher = spawn(&refs(&args));
@@ -257,6 +270,7 @@ fn stopped_mid_work(dir: &Path, args: &[String], after: Duration, (signal, code,
 
 #[test]
 fn a_stop_during_a_step_slower_than_a_second_ends_the_task_within_a_second() {
+    let _serial = serial();
     for stop in [(libc::SIGTERM, 6, "preempted"), (libc::SIGINT, 130, "interrupted")] {
         let dir = tempdir();
         // The first step has begun 200 ms after `run.json`; it takes seconds.
@@ -267,6 +281,7 @@ fn a_stop_during_a_step_slower_than_a_second_ends_the_task_within_a_second() {
 
 #[test]
 fn a_stop_during_the_final_evaluation_ends_the_task_within_a_second() {
+    let _serial = serial();
     let dir = tempdir();
     // 1,000 threads on a few cores make the evaluation of the 10,000 test images take seconds.
     let args = slow_run(dir.path(), 64, 1000, 1);
@@ -288,6 +303,7 @@ fn a_stop_during_the_final_evaluation_ends_the_task_within_a_second() {
 
 #[test]
 fn sigterm_to_the_launcher_during_slow_steps_ends_every_task_within_a_second() {
+    let _serial = serial();
     let dir = tempdir();
     let args = fault_tolerant(
         dir.path(),
