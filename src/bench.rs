@@ -134,7 +134,9 @@ fn job(exe: &Path, spec: &str, sets: &[&str]) -> Result<Job, String> {
     let dir =
         std::env::temp_dir().join(format!("trainrun-bench-{}-{}", std::process::id(), spec.replace(['/', '.'], "_")));
     let started = Instant::now();
+    // The bench's own variable would be refused by the job as an unknown `TRAINRUN_` name.
     let out = std::process::Command::new(exe)
+        .env_remove("TRAINRUN_BENCH_PYTHON")
         .arg(spec)
         .arg("-q")
         // The bench's own variable: a run refuses TRAINRUN_* variables it does not read.

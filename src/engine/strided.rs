@@ -25,6 +25,11 @@ impl<'a> MatRef<'a> {
         Self::new(data, rows, cols, cols, 1)
     }
 
+    /// Rows and columns.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
     /// The transpose (no copy).
     pub fn t(self) -> Self {
         Self { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
@@ -94,6 +99,32 @@ fn reach(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
 /// for use inside its own parallel split). Panics when shapes disagree or a view leaves its
 /// slice: callers build the views from their own buffer sizes, so that is a bug.
 pub fn gemm(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, accumulate: bool, scale: f32, threads: usize) {
+    gemm_scaled(c, a, b, accumulate.then_some(1.0), scale, threads);
+}
+
+/// `c = keep·c + scale · a · b` (`c` overwritten when `keep` is `None`): gemm's own scalings,
+/// so an optimizer update can land in its target as the product is written.
+pub fn gemm_scaled(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, scale: f32, threads: usize) {
+    // gemm takes raw pointers: every index it will form is checked here.
+    assert!(a.in_bounds() && b.in_bounds() && c.in_bounds() && c.is_injective(), "gemm view out of its slice");
+    let (rows, cols, rs, cs) = (c.rows, c.cols, c.rs, c.cs);
+    // SAFETY: `c` is checked above and borrowed mutably for the call.
+    unsafe { gemm_raw(Target { ptr: c.data.as_mut_ptr(), rows, cols, rs, cs }, a, b, keep, scale, threads) }
+}
+
+/// A destination gemm writes through a raw pointer.
+struct Target {
+    ptr: *mut f32,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+/// # Safety
+/// Every element of `c` (`ptr + i·rs + j·cs`) must be valid for writes, distinct, and not
+/// aliased by `a`, `b` or any other live reference for the duration of the call.
+unsafe fn gemm_raw(c: Target, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, scale: f32, threads: usize) {
     assert!(
         a.cols == b.rows && c.rows == a.rows && c.cols == b.cols,
         "gemm shapes: {}×{} · {}×{} into {}×{}",
@@ -104,49 +135,104 @@ pub fn gemm(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, accumulate: bool, scale
         c.rows,
         c.cols
     );
-    // gemm takes raw pointers: every index it will form is checked here.
-    assert!(a.in_bounds() && b.in_bounds() && c.in_bounds() && c.is_injective(), "gemm view out of its slice");
+    assert!(a.in_bounds() && b.in_bounds(), "gemm view out of its slice");
     let (m, n, k) = (c.rows, c.cols, a.cols);
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                for j in 0..n {
-                    c.data[i * c.rs + j * c.cs] = 0.0;
-                }
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: (i, j) is an element of `c`, valid for writes by the contract.
+                let v = unsafe { &mut *c.ptr.add(i * c.rs + j * c.cs) };
+                *v = keep.map_or(0.0, |f| f * *v);
             }
         }
         return;
     }
     let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    crate::engine::kernels::tune_packing();
     let s = |v: usize| v as isize;
-    // SAFETY: the asserts above keep every index the strides reach inside the slices; `c` is
-    // borrowed mutably, so it aliases neither `a` nor `b`, and its elements are distinct, so
-    // threads never write one place twice.
+    // SAFETY: `a` and `b` are checked above, `c` by the contract; its elements are distinct,
+    // so threads never write one place twice.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.data.as_mut_ptr(),
+            c.ptr,
             s(c.cs),
             s(c.rs),
-            accumulate,
+            keep.is_some(),
             a.data.as_ptr(),
             s(a.cs),
             s(a.rs),
             b.data.as_ptr(),
             s(b.cs),
             s(b.rs),
-            1.0,
+            keep.unwrap_or(1.0),
             scale,
             false,
             false,
             false,
             parallelism,
         );
+    }
+}
+
+/// Column blocks of one row-major matrix that different threads write at once: their
+/// memory spans interleave, so they cannot be separate slices, but no element belongs to two
+/// blocks (checked when split), and each block lives no longer than the matrix's borrow.
+#[derive(Debug)]
+pub struct ColumnBlock<'a> {
+    ptr: *mut f32,
+    rows: usize,
+    cols: Range<usize>,
+    rs: usize,
+    _matrix: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a block's elements belong to it alone (see `split_cols`), so moving it to another
+// thread shares nothing.
+unsafe impl Send for ColumnBlock<'_> {}
+
+impl<'a> MatMut<'a> {
+    /// Splits a row-major view (`cs` = 1) into the column blocks `ranges`, which must be
+    /// increasing and disjoint.
+    pub fn split_cols(self, ranges: &[Range<usize>]) -> Vec<ColumnBlock<'a>> {
+        assert!(self.cs == 1 && self.rs >= self.cols && self.in_bounds(), "split_cols needs a row-major view");
+        assert!(
+            ranges.windows(2).all(|w| w[0].end <= w[1].start)
+                && ranges.iter().all(|r| r.start <= r.end && r.end <= self.cols),
+            "column blocks must be increasing, disjoint and inside the matrix"
+        );
+        let ptr = self.data.as_mut_ptr();
+        ranges
+            .iter()
+            .map(|r| ColumnBlock {
+                ptr,
+                rows: self.rows,
+                cols: r.clone(),
+                rs: self.rs,
+                _matrix: std::marker::PhantomData,
+            })
+            .collect()
+    }
+}
+
+impl ColumnBlock<'_> {
+    /// `c[:, cols] = scale · a · b` on the caller's thread, `cols` counted within this block.
+    pub fn gemm(&mut self, cols: Range<usize>, a: MatRef<'_>, b: MatRef<'_>, scale: f32) {
+        assert!(cols.start <= cols.end && cols.end <= self.cols.len(), "columns outside their block");
+        let first = self.cols.start + cols.start;
+        // SAFETY: `first` is inside the matrix (checked by `split_cols` and above), so the
+        // offset stays inside its allocation.
+        let ptr = unsafe { self.ptr.add(first) };
+        let target = Target { ptr, rows: self.rows, cols: cols.len(), rs: self.rs, cs: 1 };
+        // SAFETY: the elements are rows × `cols` of this block, inside the matrix, owned by
+        // this block alone, and `a`, `b` are shared borrows of other buffers (the matrix is
+        // mutably borrowed for `'a`).
+        unsafe { gemm_raw(target, a, b, None, scale, 1) }
     }
 }
 

@@ -1,12 +1,15 @@
 //! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
 
 use crate::engine::activation;
-use crate::engine::kernels::{add_bias, add_rows, gemm_scaled, matmul, par_rows};
+use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
+use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
 use crate::vocab::Activation;
+use rayon::prelude::*;
+use std::ops::Range;
 
 /// A fully connected layer over flat inputs.
 pub struct Dense {
@@ -91,8 +94,10 @@ impl Layer for Dense {
         }
     }
 
-    /// The kernel's gradient product writes the update itself (see [`SliceStep::apply_product`]):
-    /// `dx` first, while the kernel is still the one forward used.
+    /// The kernel's gradient product writes the update itself (see [`SliceStep::apply_product`]).
+    /// With `dx` to compute too, both products walk the kernel in blocks of rows: each block
+    /// gives its columns of `dx` and then takes its update while it is still in cache, so the
+    /// kernel is read once per backward instead of twice (and packed for `dx` from cache).
     fn backward_update(
         &mut self,
         pass: Pass,
@@ -109,9 +114,6 @@ impl Layer for Dense {
         let dz = self.dz(y, dy, n);
         let k_len = inputs * units;
         let (kernel, bias) = params.split_at_mut(k_len);
-        if let Some(dx) = dx {
-            matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
-        }
         if use_bias {
             scratch.clear();
             scratch.resize(units, 0.0);
@@ -119,10 +121,54 @@ impl Layer for Dense {
             add_rows(g_bias, dz);
             update.sub(k_len..k_len + units).apply(bias, g_bias);
         }
-        update.sub(0..k_len).apply_product(kernel, |target, keep, scale| {
-            gemm_scaled(inputs, units, n, (x, true), (dz, false), target, keep, scale, threads);
-        });
+        let (x, dz) = (MatRef::rows(x, n, inputs), MatRef::rows(dz, n, units));
+        let kernel_update = &mut update.sub(0..k_len);
+        match dx {
+            Some(dx) => kernel_blocks(kernel, kernel_update, MatMut::rows(dx, n, inputs), x, dz, threads),
+            None => kernel_update.apply_product(kernel, |target, keep, scale| {
+                gemm_scaled(MatMut::rows(target, inputs, units), x.t(), dz, keep, scale, threads)
+            }),
+        }
     }
+}
+
+/// Kernel rows per block of [`kernel_blocks`]: with 128 units a block of the kernel and its
+/// velocity are 128 KiB each, in L2 beside the block's columns of `x` and `dx`.
+const BLOCK_ROWS: usize = 256;
+
+/// `dx = dz · kernelᵀ` and the kernel's update from `xᵀ · dz`, block of kernel rows by block:
+/// a block gives its columns of `dx`, with the weights forward used, and then takes its
+/// update while still in cache. The blocks are fixed and dealt to threads in contiguous runs,
+/// so every product has the same shape, and the same bits, on any number of threads.
+fn kernel_blocks(
+    kernel: &mut [f32],
+    update: &mut SliceStep<'_>,
+    dx: MatMut<'_>,
+    x: MatRef<'_>,
+    dz: MatRef<'_>,
+    threads: usize,
+) {
+    let (n, inputs, units) = (x.shape().0, x.shape().1, dz.shape().1);
+    let blocks = inputs.div_ceil(BLOCK_ROWS);
+    let runs: Vec<Range<usize>> = partition(blocks, threads)
+        .into_iter()
+        .map(|b| (b.start * BLOCK_ROWS).min(inputs)..(b.end * BLOCK_ROWS).min(inputs))
+        .collect();
+    let kernels = split_rows(kernel, &runs, units);
+    let steps = update.split(&runs.iter().map(|r| r.start * units..r.end * units).collect::<Vec<_>>());
+    let dxs = dx.split_cols(&runs);
+    kernels.into_par_iter().zip(steps).zip(dxs).zip(&runs).for_each(|(((w, mut step), mut dx), run)| {
+        for start in run.clone().step_by(BLOCK_ROWS) {
+            let rows = start..(start + BLOCK_ROWS).min(run.end);
+            let local = rows.start - run.start..rows.end - run.start;
+            let w = &mut w[local.start * units..local.end * units];
+            dx.gemm(local.clone(), dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
+            step.sub(local.start * units..local.end * units).apply_product(w, |target, keep, scale| {
+                let xt = x.block(0..n, rows.clone()).t();
+                gemm_scaled(MatMut::rows(target, rows.len(), units), xt, dz, keep, scale, 1)
+            });
+        }
+    });
 }
 
 impl Dense {
@@ -135,5 +181,57 @@ impl Dense {
         self.dz.resize(len, 0.0);
         activation::backward(self.activation, &y[..len], &dy[..len], &mut self.dz, self.units);
         &self.dz
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::optimizer::{Optimizer, Sgd};
+
+    /// A kernel of several row blocks (the last one short): `dx` and the fused update match
+    /// backward + the optimizer pass, and are the same bits on any number of threads.
+    #[test]
+    fn blocked_kernel_update_matches_the_unfused_step_on_any_thread_count() {
+        let (inputs, units, n) = (2 * BLOCK_ROWS + 88, 20, 5);
+        let x: Vec<f32> = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+        let dy: Vec<f32> = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
+        let params: Vec<f32> = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
+        for momentum in [0.0, 0.9] {
+            let run_fused = |threads: usize| {
+                let pass = Pass { training: true, seed: 0, accumulate: false, threads };
+                let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+                let mut opt = Optimizer::Sgd(Sgd::new(params.len(), momentum, false, 0.0));
+                let (mut p, mut dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| {
+                    for _ in 0..2 {
+                        layer.forward(pass, &p, &mut [], &x, &mut y, n);
+                        let Some(mut step) = opt.fused(0.1) else { panic!("SGD must fuse") };
+                        let mut slice = step.slice(0..p.len());
+                        layer.backward_update(pass, &mut p, &mut slice, &mut Vec::new(), &x, &y, &dy, Some(&mut dx), n);
+                    }
+                });
+                (p, dx)
+            };
+            let pass = Pass { training: true, seed: 0, accumulate: false, threads: 1 };
+            let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+            let mut opt = Optimizer::Sgd(Sgd::new(params.len(), momentum, false, 0.0));
+            let (mut want, mut want_dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
+            let mut g = vec![0.0; params.len()];
+            for _ in 0..2 {
+                layer.forward(pass, &want, &mut [], &x, &mut y, n);
+                layer.backward(pass, &want, &mut g, &x, &y, &dy, Some(&mut want_dx), n);
+                opt.step(&mut want, &g, 0.1);
+            }
+            let (got, got_dx) = run_fused(1);
+            let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+            assert!(worst(&got, &want) < 1e-5, "momentum {momentum}: weights off by {}", worst(&got, &want));
+            assert!(worst(&got_dx, &want_dx) < 1e-5, "momentum {momentum}: dx off by {}", worst(&got_dx, &want_dx));
+            assert_ne!(got, params, "the update moved the weights");
+            for threads in [2, 3] {
+                assert!(run_fused(threads) == (got.clone(), got_dx.clone()), "{threads} threads changed the bits");
+            }
+        }
     }
 }

@@ -44,6 +44,24 @@ impl SliceStep<'_> {
         SliceStep { rule: self.rule, velocity: self.velocity.as_deref_mut().map(|v| &mut v[range]) }
     }
 
+    /// The updates of `ranges` within this slice (increasing and disjoint), one per thread.
+    pub fn split(&mut self, ranges: &[Range<usize>]) -> Vec<SliceStep<'_>> {
+        let rule = self.rule;
+        let Some(mut rest) = self.velocity.as_deref_mut() else {
+            return ranges.iter().map(|_| SliceStep { rule, velocity: None }).collect();
+        };
+        let mut at = 0;
+        ranges
+            .iter()
+            .map(|r| {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - at);
+                let (head, tail) = tail.split_at_mut(r.len());
+                (rest, at) = (tail, r.end);
+                SliceStep { rule, velocity: Some(head) }
+            })
+            .collect()
+    }
+
     /// Applies the update from a stored gradient, with the optimizer's own arithmetic.
     pub fn apply(&mut self, params: &mut [f32], grads: &[f32]) {
         let rule = self.rule;
