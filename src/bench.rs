@@ -139,8 +139,6 @@ fn job(exe: &Path, spec: &str, sets: &[&str]) -> Result<Job, String> {
         .env_remove("TRAINRUN_BENCH_PYTHON")
         .arg(spec)
         .arg("-q")
-        // The bench's own variable: a run refuses TRAINRUN_* variables it does not read.
-        .env_remove("TRAINRUN_BENCH_PYTHON")
         .args(["--set", &format!("run.out_dir={}", dir.display())])
         .args(sets.iter().flat_map(|s| ["--set", s]))
         .output()
