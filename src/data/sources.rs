@@ -9,7 +9,9 @@
 
 use super::download::{Checksum, Fetcher, RemoteFile};
 use super::error::DataError;
+use super::folders::{self, ImageFolderConfig};
 use super::idx::{IdxArray, read_idx, read_idx_dims};
+use super::numpy::{self, NpyConfig};
 use super::synthetic::{self, SyntheticConfig};
 use super::table::{self, CsvConfig};
 use super::text::{self, TextConfig};
@@ -18,40 +20,6 @@ use super::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-
-/// The environment that decides the data folder, read once at the edge.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DataDirs {
-    /// `TRAINRUN_DATA_DIR`: the dataset folder itself.
-    pub trainrun_data_dir: Option<PathBuf>,
-    /// `XDG_CACHE_HOME`.
-    pub xdg_cache_home: Option<PathBuf>,
-    /// `HOME`.
-    pub home: Option<PathBuf>,
-}
-
-impl DataDirs {
-    /// Reads the three variables from the process environment (empty counts as unset).
-    pub fn from_process_env() -> Self {
-        let var = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
-        Self { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
-    }
-
-    /// The folder for `dataset`: `data.dir`, else `TRAINRUN_DATA_DIR`, else
-    /// `$XDG_CACHE_HOME/trainrun/<dataset>`, else `$HOME/.cache/trainrun/<dataset>`.
-    pub fn resolve(&self, spec_dir: Option<&Path>, dataset: &str) -> Option<PathBuf> {
-        let cache = self
-            .xdg_cache_home
-            .clone()
-            // The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-            .filter(|p| p.is_absolute())
-            .or_else(|| self.home.as_ref().map(|h| h.join(".cache")));
-        spec_dir
-            .map(Path::to_path_buf)
-            .or_else(|| self.trainrun_data_dir.clone())
-            .or_else(|| cache.map(|c| c.join("trainrun").join(dataset)))
-    }
-}
 
 /// A published dataset: its four files with checksums, mirrors and known shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +184,16 @@ pub enum Source {
         dir: PathBuf,
         config: CsvConfig,
     },
+    /// NumPy arrays.
+    Npy {
+        dir: PathBuf,
+        config: NpyConfig,
+    },
+    /// A folder of images per class.
+    ImageFolder {
+        dir: PathBuf,
+        config: ImageFolderConfig,
+    },
 }
 
 impl Source {
@@ -228,6 +206,8 @@ impl Source {
             Source::Text { .. } => "text",
             Source::Tokens { .. } => "tokens",
             Source::Csv { .. } => "csv",
+            Source::Npy { .. } => "npy",
+            Source::ImageFolder { .. } => "image_folder",
         }
     }
 
@@ -238,7 +218,9 @@ impl Source {
             | Source::Idx { dir, .. }
             | Source::Text { dir, .. }
             | Source::Tokens { dir, .. }
-            | Source::Csv { dir, .. } => Some(dir),
+            | Source::Csv { dir, .. }
+            | Source::Npy { dir, .. }
+            | Source::ImageFolder { dir, .. } => Some(dir),
             Source::Synthetic { .. } => None,
         }
     }
@@ -255,6 +237,10 @@ impl Source {
             Source::Text { dir, config } => missing_in(dir, config.train.iter().chain(&config.validation)),
             Source::Tokens { dir, config } => missing_in(dir, config.train.iter().chain(&config.validation)),
             Source::Csv { dir, config } => missing_in(dir, std::iter::once(&config.train).chain(&config.test)),
+            Source::Npy { dir, config } => missing_in(dir, config.files().iter()),
+            Source::ImageFolder { dir, config } => {
+                config.folders().into_iter().filter(|f| !dir.join(f).is_dir()).map(|f| format!("{f}/")).collect()
+            }
             Source::Synthetic { .. } => vec![],
         }
     }
@@ -272,7 +258,9 @@ impl Source {
             | Source::Synthetic { .. }
             | Source::Text { .. }
             | Source::Tokens { .. }
-            | Source::Csv { .. } => Ok(vec![]),
+            | Source::Csv { .. }
+            | Source::Npy { .. }
+            | Source::ImageFolder { .. } => Ok(vec![]),
         }
     }
 
@@ -314,6 +302,14 @@ impl Source {
             Source::Csv { dir, config } => {
                 self.require_files()?;
                 table::facts(dir, config)
+            }
+            Source::Npy { dir, config } => {
+                self.require_files()?;
+                numpy::facts(dir, config)
+            }
+            Source::ImageFolder { dir, config } => {
+                self.require_files()?;
+                folders::facts(dir, config)
             }
         }
     }
@@ -360,6 +356,8 @@ impl Source {
             Source::Text { dir, config } => text::load(dir, config),
             Source::Tokens { dir, config } => tokens::load(dir, config),
             Source::Csv { dir, config } => table::load(dir, config),
+            Source::Npy { dir, config } => numpy::load(dir, config),
+            Source::ImageFolder { dir, config } => folders::load(dir, config),
         }
     }
 
@@ -374,7 +372,9 @@ impl Source {
                 Source::Idx { dir, .. }
                 | Source::Text { dir, .. }
                 | Source::Tokens { dir, .. }
-                | Source::Csv { dir, .. },
+                | Source::Csv { dir, .. }
+                | Source::Npy { dir, .. }
+                | Source::ImageFolder { dir, .. },
                 false,
             ) => Err(DataError::MissingFiles { dataset: self.name(), dir: dir.clone(), files: missing }),
         }

@@ -83,6 +83,17 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, Dat
             })?,
             dir: dir("csv")?,
         },
+        DatasetKind::Npy => Source::Npy {
+            config: spec.npy.clone().ok_or(DataError::MissingSection {
+                dataset: "npy",
+                section: "[data.npy]",
+                example: "[data.npy] train = { features = \"x_train.npy\", labels = \"y_train.npy\" }",
+            })?,
+            dir: dir("npy")?,
+        },
+        DatasetKind::ImageFolder => {
+            Source::ImageFolder { config: spec.image_folder.clone().unwrap_or_default(), dir: dir("image_folder")? }
+        }
     })
 }
 

@@ -409,8 +409,10 @@ impl<'a> Loop<'a> {
             return Ok(BatchStats::default());
         };
         let limit = self.plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
-        let mut batches = EvalBatches::new(test, self.eval_batch, session.shard).take(limit);
-        Ok(session.strategy.evaluate(&mut session.vars, &mut batches)?)
+        let mut batches = EvalBatches::new(test, self.eval_batch, session.shard);
+        let stats = session.strategy.evaluate(&mut session.vars, &mut batches.by_ref().take(limit))?;
+        batches.finish()?;
+        Ok(stats)
     }
 
     fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
