@@ -179,11 +179,13 @@ fn one_npz_holds_both_splits_and_float_labels_are_regression() {
 /// Fails with the output unless the run exited 4 naming `needle`, and checks that nothing
 /// claims a completed run.
 fn assert_refused(spec: &Path, needle: &str) {
+    let run_dir = spec.with_file_name("run");
+    // A folder left by an earlier run of the same test would prove nothing.
+    let _ = std::fs::remove_dir_all(&run_dir);
     let out = run(&[spec.to_str().unwrap(), "--quiet"]);
     assert_exit(&out, 4);
     let (_, stderr) = text(&out);
     assert!(stderr.contains(needle), "expected {needle:?} in:\n{stderr}");
-    let run_dir = spec.with_file_name("run");
     assert!(!run_dir.join("summary.json").exists());
     if run_dir.join("run.json").exists() {
         let record = json(&run_dir.join("run.json"));
@@ -279,4 +281,84 @@ fn a_corrupt_image_or_an_empty_class_exits_4_naming_it() {
     write_folder(dir.path(), "test", 2);
     std::fs::create_dir_all(dir.path().join("train/diagonal")).unwrap();
     assert_refused(&path, "diagonal");
+}
+
+/// CIFAR-format records (label bytes, then the red, green and blue planes): `n` images, class
+/// 0 bright on the left half, class 1 on the right, with noise; `labels` bytes per record,
+/// the class in the last one.
+fn cifar_records(n: usize, offset: usize, labels: usize) -> Vec<u8> {
+    let mut out = vec![];
+    for i in 0..n {
+        let class = (i + offset) % 2;
+        out.extend(std::iter::repeat_n(class as u8, labels));
+        for plane in 0..3 {
+            for p in 0..1024 {
+                let bright = ((p % 32) / 16 == class) as usize;
+                out.push((bright * 150 + (i * 13 + p * 5 + plane * 11) % 90) as u8);
+            }
+        }
+    }
+    out
+}
+
+fn cifar_spec(dir: &Path, dataset: &str, strategy: &str) -> PathBuf {
+    let data = format!("dataset = \"{dataset}\"\n\n[data.cifar100]\nlabel_mode = \"coarse\"");
+    let data = if dataset == "cifar10" { format!("dataset = \"{dataset}\"") } else { data };
+    // Averages over 16×16 windows keep left from right in 12 values; one output per class
+    // (CIFAR-100's coarse labels: 20).
+    let units = if dataset == "cifar10" { 10 } else { 20 };
+    let layers = format!(
+        "[[model.layers]]\ntype = \"avg_pool2d\"\npool_size = 16\n[[model.layers]]\ntype = \"flatten\"\n\
+         [[model.layers]]\ntype = \"dense\"\nunits = {units}"
+    );
+    spec(dir, &data, strategy, &layers, CE)
+}
+
+#[test]
+fn cifar_files_in_the_data_folder_train_and_name_their_classes() {
+    for (name, strategy) in [STRATEGIES[0], STRATEGIES[3]] {
+        // CIFAR-10 files directly in `data.dir`.
+        let dir = tempdir();
+        for i in 1..=5 {
+            std::fs::write(dir.path().join(format!("data_batch_{i}.bin")), cifar_records(40, i, 1)).unwrap();
+        }
+        std::fs::write(dir.path().join("test_batch.bin"), cifar_records(40, 0, 1)).unwrap();
+        let path = cifar_spec(dir.path(), "cifar10", strategy);
+        let out = run(&["check", path.to_str().unwrap()]);
+        assert_exit(&out, 0);
+        assert!(text(&out).0.contains("200"), "{name}: the training examples counted from the files");
+        let s = train(&path);
+        assert!(accuracy(&s) > 0.9, "{name}: {s}");
+        let classes = json(&dir.path().join("run/classes.json"));
+        assert_eq!((classes[0].as_str(), classes[9].as_str()), (Some("airplane"), Some("truck")), "{classes}");
+    }
+
+    // CIFAR-100 in the folder its archive unpacks to, labelled by the coarse label.
+    let dir = tempdir();
+    let files = dir.path().join("cifar-100-binary");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join("train.bin"), cifar_records(200, 0, 2)).unwrap();
+    std::fs::write(files.join("test.bin"), cifar_records(40, 1, 2)).unwrap();
+    let s = train(&cifar_spec(dir.path(), "cifar100", ""));
+    assert!(accuracy(&s) > 0.9, "{s}");
+    let classes = json(&dir.path().join("run/classes.json"));
+    assert_eq!(classes.as_array().map(Vec::len), Some(20), "{classes}");
+
+    // A truncated file names itself and the byte where whole records end.
+    let mut bytes = cifar_records(200, 0, 2);
+    bytes.truncate(bytes.len() - 100);
+    std::fs::write(files.join("train.bin"), bytes).unwrap();
+    assert_refused(&cifar_spec(dir.path(), "cifar100", ""), "train.bin");
+
+    // Offline (as every test runs) with nothing there: exit 4 naming the missing files.
+    let empty = tempdir();
+    assert_refused(&cifar_spec(empty.path(), "cifar10", ""), "data_batch_1.bin");
+}
+
+#[test]
+fn the_resnet20_spec_checks_cleanly() {
+    let out = run(&["check", "specs/cifar10_resnet20.toml"]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("cifar10"), "{stdout}");
 }

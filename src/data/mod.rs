@@ -2,7 +2,7 @@
 //! fetched ([`sources`], [`download`]), a seeded synthetic dataset ([`synthetic`]), and a
 //! deterministic, sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]); readers
 //! for the formats users bring (NumPy, CSV, image folders, TFRecord, CIFAR: [`formats`]), and
-//! the sources built on them ([`table`], [`numpy`], [`folders`]).
+//! the sources built on them ([`table`], [`numpy`], [`folders`], [`cifar`]).
 //!
 //! Images stay `u8` in memory (MNIST train + test: 55 MB); only the batch being handed out is
 //! `f32`, so a training process stays far under its memory budget.
@@ -19,6 +19,7 @@
 //! ```
 
 mod arrays;
+pub mod cifar;
 mod dirs;
 pub mod download;
 mod error;
@@ -37,6 +38,7 @@ pub mod text;
 pub mod tokens;
 pub mod windows;
 
+pub use cifar::{Cifar100Config, LabelMode};
 pub use dirs::DataDirs;
 pub use download::{Checksum, Fetcher, RemoteFile};
 pub use error::{DataError, FileFailure, Position, UnknownName};

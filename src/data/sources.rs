@@ -7,9 +7,11 @@
 //! images costs over 100 ms, a large slice of the 0.5 s start-up budget, on every start, while
 //! a file damaged on disk almost always also breaks its gzip CRC or its header.
 
+use super::cifar;
 use super::download::{Checksum, Fetcher, RemoteFile};
 use super::error::DataError;
 use super::folders::{self, ImageFolderConfig};
+use super::formats::cifar::CifarDataset;
 use super::idx::{IdxArray, read_idx, read_idx_dims};
 use super::numpy::{self, NpyConfig};
 use super::synthetic::{self, SyntheticConfig};
@@ -194,6 +196,11 @@ pub enum Source {
         dir: PathBuf,
         config: ImageFolderConfig,
     },
+    /// CIFAR-10 or CIFAR-100's binary files.
+    Cifar {
+        dir: PathBuf,
+        dataset: CifarDataset,
+    },
 }
 
 impl Source {
@@ -208,6 +215,7 @@ impl Source {
             Source::Csv { .. } => "csv",
             Source::Npy { .. } => "npy",
             Source::ImageFolder { .. } => "image_folder",
+            Source::Cifar { dataset, .. } => dataset.name(),
         }
     }
 
@@ -220,7 +228,8 @@ impl Source {
             | Source::Tokens { dir, .. }
             | Source::Csv { dir, .. }
             | Source::Npy { dir, .. }
-            | Source::ImageFolder { dir, .. } => Some(dir),
+            | Source::ImageFolder { dir, .. }
+            | Source::Cifar { dir, .. } => Some(dir),
             Source::Synthetic { .. } => None,
         }
     }
@@ -241,6 +250,7 @@ impl Source {
             Source::ImageFolder { dir, config } => {
                 config.folders().into_iter().filter(|f| !dir.join(f).is_dir()).map(|f| format!("{f}/")).collect()
             }
+            Source::Cifar { dir, dataset } => cifar::missing_files(dir, *dataset),
             Source::Synthetic { .. } => vec![],
         }
     }
@@ -254,6 +264,7 @@ impl Source {
                     preset.files().into_iter().filter(|f| locate(dir, &f.name).is_none()).collect();
                 fetcher.download(preset.name, dir, &missing, preset.mirrors)
             }
+            Source::Cifar { dir, dataset } => cifar::fetch_missing(dir, *dataset, fetcher),
             Source::Idx { .. }
             | Source::Synthetic { .. }
             | Source::Text { .. }
@@ -311,6 +322,7 @@ impl Source {
                 self.require_files()?;
                 folders::facts(dir, config)
             }
+            Source::Cifar { dir, dataset } => cifar::facts(dir, *dataset),
         }
     }
 
@@ -358,6 +370,7 @@ impl Source {
             Source::Csv { dir, config } => table::load(dir, config),
             Source::Npy { dir, config } => numpy::load(dir, config),
             Source::ImageFolder { dir, config } => folders::load(dir, config),
+            Source::Cifar { dir, dataset } => cifar::load(dir, *dataset),
         }
     }
 
@@ -368,6 +381,11 @@ impl Source {
             (Source::Preset { preset, dir }, false) => {
                 Err(DataError::MissingFiles { dataset: preset.name, dir: dir.clone(), files: missing })
             }
+            (Source::Cifar { dir, dataset }, false) => Err(DataError::MissingFiles {
+                dataset: dataset.name(),
+                dir: cifar::files_dir(dir, *dataset),
+                files: missing,
+            }),
             (
                 Source::Idx { dir, .. }
                 | Source::Text { dir, .. }

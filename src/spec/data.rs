@@ -1,6 +1,8 @@
 //! `[data]`: which dataset, where it lives, and how the input pipeline shuffles and batches it.
 
-use crate::data::{CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TokensConfig};
+use crate::data::{
+    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TokensConfig,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -47,6 +49,10 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_folder: Option<ImageFolderConfig>,
 
+    /// Which labels `dataset = "cifar100"` trains on (fine or coarse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cifar100: Option<Cifar100Config>,
+
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
     /// Default: the whole training set (a uniform shuffle). Example: `shuffle_buffer = 10000`.
@@ -89,6 +95,7 @@ impl Default for DataSpec {
             csv: None,
             npy: None,
             image_folder: None,
+            cifar100: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -123,6 +130,11 @@ pub enum DatasetKind {
     /// Images in `<dir>/<split>/<class>/*.png|jpg|jpeg` (Keras' `image_dataset_from_directory`),
     /// shaped by `[data.image_folder]`; classes are the folder names, sorted.
     ImageFolder,
+    /// CIFAR-10: 50,000 train + 10,000 test 32×32 RGB images, 10 classes; the binary files,
+    /// downloaded (SHA-256 checked) unless in `dir`.
+    Cifar10,
+    /// CIFAR-100: the same sizes, 100 fine classes or 20 coarse ones (`[data.cifar100]`).
+    Cifar100,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.
