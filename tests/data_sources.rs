@@ -362,3 +362,42 @@ fn the_resnet20_spec_checks_cleanly() {
     let (stdout, _) = text(&out);
     assert!(stdout.contains("cifar10"), "{stdout}");
 }
+
+/// Runs `script` with `python3 -c` and the folder as `sys.argv[1]`; `false` (after saying so
+/// loudly) when numpy cannot be imported.
+fn with_numpy(script: &str, dir: &Path) -> bool {
+    let python = |args: &[&str]| std::process::Command::new("python3").args(args).output();
+    if !python(&["-c", "import numpy"]).is_ok_and(|o| o.status.success()) {
+        let why = "skipped: python3 cannot import numpy (python3 -m pip install numpy); not cross-checked";
+        println!("{why}");
+        eprintln!("\n*** {why} ***\n");
+        return false;
+    }
+    let out = python(&["-c", script, dir.to_str().unwrap()]).unwrap();
+    assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    true
+}
+
+#[test]
+fn an_npz_written_by_numpy_trains_to_the_same_weights_as_the_npy_files() {
+    let dir = tempdir();
+    write_npy_pair(dir.path(), "train", 256, 0);
+    write_npy_pair(dir.path(), "test", 64, 1);
+    let by_hand = train(&spec(dir.path(), NPY_TABLE, "", CLASSIFIER, CE));
+    // NumPy reads the files written here and writes them back as one compressed archive.
+    let script = "import numpy as np, os, sys\nd = sys.argv[1]\n\
+        a = {k: np.load(os.path.join(d, k + '.npy')) for k in ['x_train', 'y_train', 'x_test', 'y_test']}\n\
+        assert a['x_train'].dtype == np.uint8 and a['x_train'].shape == (256, 4, 4, 1)\n\
+        np.savez_compressed(os.path.join(d, 'numpy.npz'), **a)";
+    if !with_numpy(script, dir.path()) {
+        return;
+    }
+    for f in ["x_train", "y_train", "x_test", "y_test"] {
+        std::fs::remove_file(dir.path().join(format!("{f}.npy"))).unwrap();
+    }
+    std::fs::remove_dir_all(dir.path().join("run")).unwrap();
+    let table = NPY_TABLE.replace("[data.npy]", "[data.npy]\nnpz = \"numpy.npz\"").replace(".npy\"", "\"");
+    let by_numpy = train(&spec(dir.path(), &table, "", CLASSIFIER, CE));
+    assert_eq!(by_numpy["weights_sha256"], by_hand["weights_sha256"]);
+    assert_eq!(by_numpy["test_accuracy"], by_hand["test_accuracy"]);
+}
