@@ -153,6 +153,33 @@ fn job(exe: &Path, spec: &str, sets: &[&str]) -> Result<Job, String> {
     Ok(Job { wall_s, summary })
 }
 
+/// The input readers' throughput on data written to a temporary folder: a folder of 32×32
+/// PNGs decoded to `f32` on two threads, and an uncompressed TFRecord file streamed with both
+/// checksums (a tenth of each with `quick`).
+fn input(quick: bool) -> Result<(), String> {
+    use crate::data::formats::bench::{bench_png_folder, bench_tfrecord, write_png_folder, write_tfrecord};
+    let scale = if quick { 10 } else { 1 };
+    let dir = tempfile::tempdir().map_err(|e| format!("no temporary folder: {e}"))?;
+    let (split, records) = (dir.path().join("train"), dir.path().join("bench.tfrecord"));
+    write_png_folder(&split, 50_000 / scale, 1).map_err(|e| e.to_string())?;
+    write_tfrecord(&records, 40_000 / scale, 1).map_err(|e| e.to_string())?;
+    let png = bench_png_folder(&split, 2).map_err(|e| e.to_string())?;
+    let tfrecord = bench_tfrecord(&records).map_err(|e| e.to_string())?;
+    println!("\n== input: readers on generated files (crop and flip are not in the pipeline yet)");
+    println!(
+        "png folder: {} 32×32 RGB images decoded to f32 on 2 threads: {:.0} images/s (target ≥ 20,000)",
+        png.items,
+        png.items_per_second()
+    );
+    println!(
+        "tfrecord: {} raw 32×32×3 examples, {:.0} MB uncompressed, streamed and checked: {:.0} MB/s (target ≥ 200)",
+        tfrecord.items,
+        tfrecord.bytes as f64 / 1e6,
+        tfrecord.megabytes_per_second()
+    );
+    Ok(())
+}
+
 fn f(v: &serde_json::Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(0.0)
 }
@@ -227,6 +254,13 @@ pub fn run(quick: bool) -> Result<(), String> {
         f(&mirrored.summary, "steady_examples_per_s") / f(&single128.summary, "steady_examples_per_s").max(1.0)
     );
     println!("launch to first step: {:.2} s (single process)", f(&single.summary, "first_step_s"));
+    let (wait, training) =
+        (f(&single.summary, "input_wait_s"), f(&single.summary, "wall_s") - f(&single.summary, "first_step_s"));
+    println!(
+        "input wait: {wait:.3} s of {training:.2} s from the first step to exit, {:.2} % (target ≤ 1 % of step time; single process)",
+        100.0 * wait / training.max(1e-9)
+    );
+    input(quick)?;
     if quick {
         return Ok(());
     }

@@ -32,12 +32,12 @@ fn real_mnist_loads_with_its_published_shape() {
     assert!(source.missing_files().is_empty(), "MNIST not found in {:?}", source.dir());
     let data = source.load().unwrap();
     assert_eq!(data.train.len(), 60_000);
-    let train = data.train.read(0..60_000);
+    let train = data.train.read(0..60_000).unwrap();
     assert_eq!(train.x.len(), 60_000 * 28 * 28);
     assert_eq!(data.train.shape(), [28, 28, 1]);
     let test = data.test.as_ref().unwrap();
     assert_eq!(test.len(), 10_000);
-    assert!(train.y.iter().chain(&test.read(0..10_000).y).all(|&l| l < 10));
+    assert!(train.y.iter().chain(&test.read(0..10_000).unwrap().y).all(|&l| l < 10));
     // Every digit occurs, and the first training label is the well-known 5.
     assert!((0..10).all(|d| train.y.contains(&d)));
     assert_eq!(train.y[0], 5);
@@ -79,7 +79,7 @@ fn real_mnist_epoch_is_a_permutation_and_resumes() {
     }
     // Each label as often as in the training set: the epoch used every example once.
     let mut want = [0usize; 10];
-    data.train.read(0..data.train.len()).y.iter().for_each(|&l| want[l as usize] += 1);
+    data.train.read(0..data.train.len()).unwrap().y.iter().for_each(|&l| want[l as usize] += 1);
     assert_eq!(counts, want);
     assert_eq!(pipeline.cursor(), Cursor { epoch: 1, offset: 0 });
     let mut resumed = Pipeline::new(data, &options, Cursor { epoch: 0, offset: 30_000 }).unwrap();

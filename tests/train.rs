@@ -35,6 +35,7 @@ fn the_tutorial_model_trains_on_real_mnist_and_records_the_run() {
         "steps",
         "examples",
         "wall_s",
+        "input_wait_s",
         "steady_examples_per_s",
         "peak_rss_mb",
         "trainrun_version",
@@ -43,6 +44,9 @@ fn the_tutorial_model_trains_on_real_mnist_and_records_the_run() {
     }
     assert_eq!(s["steps"], 210);
     assert_eq!(s["examples"], 210 * 64);
+    // The pipeline prepares batches ahead: the loop waits a small part of the run at most.
+    let (wait, wall) = (s["input_wait_s"].as_f64().unwrap_or(f64::NAN), s["wall_s"].as_f64().unwrap_or(0.0));
+    assert!((0.0..wall / 2.0).contains(&wait), "input_wait_s {wait} of wall_s {wall}");
     let losses = epoch_losses(tmp.path());
     assert_eq!(losses.len(), 3);
     assert!(losses.windows(2).all(|w| w[1] < w[0]), "loss does not fall: {losses:?}");

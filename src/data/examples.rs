@@ -2,6 +2,7 @@
 //! [`Batch`] as `f32` features of any shape and labels of one [`LabelKind`]. The pipeline, the
 //! evaluator and the strategies see only a [`Split`]; adding a source is a new `Examples`.
 
+use super::error::DataError;
 use super::pipeline::Batch;
 use serde::Serialize;
 use std::fmt;
@@ -51,8 +52,9 @@ impl LabelKind {
     }
 }
 
-/// One split of a source, read by example index. Implementations validate their data when
-/// loaded, so reading an example in range cannot fail.
+/// One split of a source, read by example index. Sources held in memory validate their data
+/// when loaded, so reading an example in range cannot fail for them; sources that decode
+/// lazily (image folders) find a bad file only when they read it, and say so as an error.
 pub trait Examples: Send + Sync + fmt::Debug {
     /// Number of examples.
     fn len(&self) -> usize;
@@ -62,7 +64,13 @@ pub trait Examples: Send + Sync + fmt::Debug {
 
     /// Appends example `i`'s features to `batch.x` and its labels to `batch.y` (class indices:
     /// one, or one per position) or `batch.targets` (floats). `i` is below [`Examples::len`].
-    fn append(&self, i: usize, batch: &mut Batch);
+    fn append(&self, i: usize, batch: &mut Batch) -> Result<(), DataError>;
+
+    /// Appends examples `indices`, in this order. Sources whose examples are costly to decode
+    /// override it to decode them in parallel.
+    fn append_many(&self, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        indices.iter().try_for_each(|&i| self.append(i, batch))
+    }
 
     /// Heap bytes held (memory-mapped files count nothing).
     fn bytes_held(&self) -> usize;
@@ -110,24 +118,23 @@ impl Split {
         self.examples.rows_per_example()
     }
 
-    /// Appends example `i` to `batch` (see [`Examples::append`]).
-    pub fn append(&self, i: usize, batch: &mut Batch) {
-        self.examples.append(i, batch);
+    /// Appends examples `indices` to `batch` (see [`Examples::append_many`]).
+    pub fn append_many(&self, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        self.examples.append_many(indices, batch)
     }
 
     /// Examples `range` as one batch, in order (for tools and tests; training reads through
     /// the pipeline).
-    pub fn read(&self, range: std::ops::Range<usize>) -> Batch {
+    pub fn read(&self, range: std::ops::Range<usize>) -> Result<Batch, DataError> {
+        let indices: Vec<usize> = range.filter(|&i| i < self.len()).collect();
         let mut batch = Batch {
-            n: range.len(),
-            global_n: range.len(),
+            n: indices.len(),
+            global_n: indices.len(),
             rows_per_example: self.rows_per_example(),
             ..Batch::default()
         };
-        for i in range.filter(|&i| i < self.len()) {
-            self.append(i, &mut batch);
-        }
-        batch
+        self.append_many(&indices, &mut batch)?;
+        Ok(batch)
     }
 
     /// Heap bytes held by this split.

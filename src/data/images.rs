@@ -3,6 +3,7 @@
 //! sources. Only the batch being handed out is `f32`.
 
 use super::ExampleShape;
+use super::error::DataError;
 use super::examples::{Examples, Split};
 use super::idx::IdxArray;
 use super::pipeline::Batch;
@@ -44,11 +45,12 @@ impl Examples for ImageSplit {
         &self.dims
     }
 
-    fn append(&self, i: usize, batch: &mut Batch) {
+    fn append(&self, i: usize, batch: &mut Batch) -> Result<(), DataError> {
         // Division, not multiplication by 1/255, so values are exactly `byte / 255` as the
         // contract says; it vectorises all the same.
         batch.x.extend(self.image(i).iter().map(|&b| f32::from(b) / 255.0));
         batch.y.push(self.labels().get(i).map_or(0, |&l| u32::from(l)));
+        Ok(())
     }
 
     fn bytes_held(&self) -> usize {

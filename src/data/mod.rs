@@ -1,7 +1,8 @@
 //! Datasets and the input pipeline: IDX files ([`idx`]), where they live and how they are
 //! fetched ([`sources`], [`download`]), a seeded synthetic dataset ([`synthetic`]), and a
 //! deterministic, sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]); readers
-//! for the formats users bring (NumPy, CSV, image folders, TFRecord, CIFAR: [`formats`]).
+//! for the formats users bring (NumPy, CSV, image folders, TFRecord, CIFAR: [`formats`]), and
+//! the sources built on them ([`table`], [`numpy`], [`folders`], [`cifar`]).
 //!
 //! Images stay `u8` in memory (MNIST train + test: 55 MB); only the batch being handed out is
 //! `f32`, so a training process stays far under its memory budget.
@@ -17,12 +18,17 @@
 //! # Ok(()) }
 //! ```
 
+mod arrays;
+pub mod cifar;
+mod dirs;
 pub mod download;
 mod error;
 pub mod examples;
+pub mod folders;
 pub mod formats;
 pub mod idx;
 pub mod images;
+pub mod numpy;
 pub mod pipeline;
 mod shard;
 pub mod sources;
@@ -32,12 +38,17 @@ pub mod text;
 pub mod tokens;
 pub mod windows;
 
+pub use cifar::{Cifar100Config, LabelMode};
+pub use dirs::DataDirs;
 pub use download::{Checksum, Fetcher, RemoteFile};
 pub use error::{DataError, FileFailure, Position, UnknownName};
 pub use examples::{Examples, LabelKind, Split};
+pub use folders::ImageFolderConfig;
+pub use formats::image_folder::ColorMode;
+pub use numpy::{NpyConfig, NpyPair};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use shard::Shard;
-pub use sources::{DataDirs, IdxFiles, Preset, Source};
+pub use sources::{IdxFiles, Preset, Source};
 pub use synthetic::SyntheticConfig;
 pub use table::{CsvConfig, CsvLabels};
 pub use text::{TextConfig, Tokenization, Vocabulary, VocabularyFrom};

@@ -210,24 +210,30 @@ fn below(rng: &mut impl Rng, n: usize) -> usize {
 
 /// Fills `batch` with this shard's part of a global batch of `global_len` examples, where
 /// position `p` of the global batch is example `index(p)`.
-fn fill(batch: &mut Batch, split: &Split, global_len: usize, shard: Shard, index: impl Fn(usize) -> usize) {
+fn fill(
+    batch: &mut Batch,
+    split: &Split,
+    global_len: usize,
+    shard: Shard,
+    index: impl Fn(usize) -> usize,
+) -> Result<(), DataError> {
     batch.x.clear();
     batch.y.clear();
     batch.targets.clear();
     let n = shard.len_of(global_len);
     batch.x.reserve(n * split.example_len());
-    for p in shard.positions(global_len) {
-        split.append(index(p), batch);
-    }
+    let indices: Vec<usize> = shard.positions(global_len).map(index).collect();
+    split.append_many(&indices, batch)?;
     batch.n = n;
     batch.global_n = global_len;
     batch.rows_per_example = split.rows_per_example();
+    Ok(())
 }
 
 /// The training input: an endless sequence of this worker's batches, prepared on a background
 /// thread. Dropping it stops the thread.
 pub struct Pipeline {
-    batches: Option<Receiver<Batch>>,
+    batches: Option<Receiver<Result<Batch, DataError>>>,
     recycled: Sender<Batch>,
     worker: Option<JoinHandle<()>>,
     schedule: Schedule,
@@ -264,10 +270,11 @@ impl Pipeline {
     }
 
     /// The next batch of this worker. Hand it back with [`Pipeline::recycle`] once used, so its
-    /// buffers are reused instead of allocated every step.
+    /// buffers are reused instead of allocated every step. An example that cannot be read
+    /// (a corrupt image) is its error, and the pipeline stops.
     pub fn next_batch(&mut self) -> Result<Batch, DataError> {
         let batches = self.batches.as_ref().ok_or(DataError::PipelineStopped)?;
-        let batch = batches.recv().map_err(|_| DataError::PipelineStopped)?;
+        let batch = batches.recv().map_err(|_| DataError::PipelineStopped)??;
         self.cursor = self.schedule.advance(self.cursor);
         Ok(batch)
     }
@@ -306,7 +313,7 @@ fn produce(
     schedule: Schedule,
     shard: Shard,
     mut cursor: Cursor,
-    send: &SyncSender<Batch>,
+    send: &SyncSender<Result<Batch, DataError>>,
     recycled: &Receiver<Batch>,
 ) {
     let mut epoch = cursor.epoch;
@@ -319,8 +326,9 @@ fn produce(
         let range = schedule.batch_at(cursor);
         let global = &order[range];
         let mut batch = recycled.try_recv().unwrap_or_default();
-        fill(&mut batch, split, global.len(), shard, |p| global[p]);
-        if send.send(batch).is_err() {
+        let filled = fill(&mut batch, split, global.len(), shard, |p| global[p]);
+        let failed = filled.is_err();
+        if send.send(filled.map(|()| batch)).is_err() || failed {
             return;
         }
         cursor = schedule.advance(cursor);
@@ -329,18 +337,26 @@ fn produce(
 
 /// Evaluation batches over a split: in order, unshuffled, every example once, the last batch
 /// short; sharded like training, so every worker walks the same number of global batches.
-#[derive(Debug, Clone)]
+/// An example that cannot be read ends the iteration early; [`EvalBatches::finish`] then
+/// returns its error, so callers iterate (`by_ref`) and then call `finish`.
+#[derive(Debug)]
 pub struct EvalBatches<'a> {
     split: &'a Split,
     global_batch: usize,
     shard: Shard,
     next: usize,
+    error: Option<DataError>,
 }
 
 impl<'a> EvalBatches<'a> {
     /// Batches of `global_batch` examples of `split`, this worker's `shard` of each.
     pub fn new(split: &'a Split, global_batch: NonZeroUsize, shard: Shard) -> Self {
-        Self { split, global_batch: global_batch.get(), shard, next: 0 }
+        Self { split, global_batch: global_batch.get(), shard, next: 0, error: None }
+    }
+
+    /// The error that ended the iteration early, if one did.
+    pub fn finish(self) -> Result<(), DataError> {
+        self.error.map_or(Ok(()), Err)
     }
 }
 
@@ -349,24 +365,28 @@ impl Iterator for EvalBatches<'_> {
 
     fn next(&mut self) -> Option<Batch> {
         let n = self.split.len();
-        if self.next >= n {
+        if self.next >= n || self.error.is_some() {
             return None;
         }
         let start = self.next;
         let end = (start + self.global_batch).min(n);
         self.next = end;
         let mut batch = Batch::default();
-        fill(&mut batch, self.split, end - start, self.shard, |p| start + p);
-        Some(batch)
+        match fill(&mut batch, self.split, end - start, self.shard, |p| start + p) {
+            Ok(()) => Some(batch),
+            Err(e) => {
+                self.error = Some(e);
+                None
+            }
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
+        // An unreadable example may end the iteration early, so the count is only a bound.
         let left = self.split.len().saturating_sub(self.next).div_ceil(self.global_batch);
-        (left, Some(left))
+        (0, Some(if self.error.is_some() { 0 } else { left }))
     }
 }
-
-impl ExactSizeIterator for EvalBatches<'_> {}
 
 #[cfg(test)]
 #[path = "pipeline_tests.rs"]

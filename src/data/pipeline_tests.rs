@@ -303,7 +303,7 @@ fn eval_walks_the_split_in_order_sharded() {
     let g = NonZeroUsize::new(4).unwrap();
     let all: Vec<Vec<usize>> = EvalBatches::new(split, g, Shard::WHOLE).map(|b| indices(&b)).collect();
     assert_eq!(all, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
-    assert_eq!(EvalBatches::new(split, g, Shard::WHOLE).len(), 3);
+    assert_eq!(EvalBatches::new(split, g, Shard::WHOLE).count(), 3);
     let three = NonZeroUsize::new(3).unwrap();
     let last = Shard::new(2, three).unwrap();
     let mine: Vec<Vec<usize>> = EvalBatches::new(split, g, last).map(|b| indices(&b)).collect();

@@ -7,9 +7,13 @@
 //! images costs over 100 ms, a large slice of the 0.5 s start-up budget, on every start, while
 //! a file damaged on disk almost always also breaks its gzip CRC or its header.
 
+use super::cifar;
 use super::download::{Checksum, Fetcher, RemoteFile};
 use super::error::DataError;
+use super::folders::{self, ImageFolderConfig};
+use super::formats::cifar::CifarDataset;
 use super::idx::{IdxArray, read_idx, read_idx_dims};
+use super::numpy::{self, NpyConfig};
 use super::synthetic::{self, SyntheticConfig};
 use super::table::{self, CsvConfig};
 use super::text::{self, TextConfig};
@@ -18,40 +22,6 @@ use super::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-
-/// The environment that decides the data folder, read once at the edge.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DataDirs {
-    /// `TRAINRUN_DATA_DIR`: the dataset folder itself.
-    pub trainrun_data_dir: Option<PathBuf>,
-    /// `XDG_CACHE_HOME`.
-    pub xdg_cache_home: Option<PathBuf>,
-    /// `HOME`.
-    pub home: Option<PathBuf>,
-}
-
-impl DataDirs {
-    /// Reads the three variables from the process environment (empty counts as unset).
-    pub fn from_process_env() -> Self {
-        let var = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
-        Self { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
-    }
-
-    /// The folder for `dataset`: `data.dir`, else `TRAINRUN_DATA_DIR`, else
-    /// `$XDG_CACHE_HOME/trainrun/<dataset>`, else `$HOME/.cache/trainrun/<dataset>`.
-    pub fn resolve(&self, spec_dir: Option<&Path>, dataset: &str) -> Option<PathBuf> {
-        let cache = self
-            .xdg_cache_home
-            .clone()
-            // The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-            .filter(|p| p.is_absolute())
-            .or_else(|| self.home.as_ref().map(|h| h.join(".cache")));
-        spec_dir
-            .map(Path::to_path_buf)
-            .or_else(|| self.trainrun_data_dir.clone())
-            .or_else(|| cache.map(|c| c.join("trainrun").join(dataset)))
-    }
-}
 
 /// A published dataset: its four files with checksums, mirrors and known shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +186,21 @@ pub enum Source {
         dir: PathBuf,
         config: CsvConfig,
     },
+    /// NumPy arrays.
+    Npy {
+        dir: PathBuf,
+        config: NpyConfig,
+    },
+    /// A folder of images per class.
+    ImageFolder {
+        dir: PathBuf,
+        config: ImageFolderConfig,
+    },
+    /// CIFAR-10 or CIFAR-100's binary files.
+    Cifar {
+        dir: PathBuf,
+        dataset: CifarDataset,
+    },
 }
 
 impl Source {
@@ -228,6 +213,9 @@ impl Source {
             Source::Text { .. } => "text",
             Source::Tokens { .. } => "tokens",
             Source::Csv { .. } => "csv",
+            Source::Npy { .. } => "npy",
+            Source::ImageFolder { .. } => "image_folder",
+            Source::Cifar { dataset, .. } => dataset.name(),
         }
     }
 
@@ -238,7 +226,10 @@ impl Source {
             | Source::Idx { dir, .. }
             | Source::Text { dir, .. }
             | Source::Tokens { dir, .. }
-            | Source::Csv { dir, .. } => Some(dir),
+            | Source::Csv { dir, .. }
+            | Source::Npy { dir, .. }
+            | Source::ImageFolder { dir, .. }
+            | Source::Cifar { dir, .. } => Some(dir),
             Source::Synthetic { .. } => None,
         }
     }
@@ -255,6 +246,11 @@ impl Source {
             Source::Text { dir, config } => missing_in(dir, config.train.iter().chain(&config.validation)),
             Source::Tokens { dir, config } => missing_in(dir, config.train.iter().chain(&config.validation)),
             Source::Csv { dir, config } => missing_in(dir, std::iter::once(&config.train).chain(&config.test)),
+            Source::Npy { dir, config } => missing_in(dir, config.files().iter()),
+            Source::ImageFolder { dir, config } => {
+                config.folders().into_iter().filter(|f| !dir.join(f).is_dir()).map(|f| format!("{f}/")).collect()
+            }
+            Source::Cifar { dir, dataset } => cifar::missing_files(dir, *dataset),
             Source::Synthetic { .. } => vec![],
         }
     }
@@ -268,11 +264,14 @@ impl Source {
                     preset.files().into_iter().filter(|f| locate(dir, &f.name).is_none()).collect();
                 fetcher.download(preset.name, dir, &missing, preset.mirrors)
             }
+            Source::Cifar { dir, dataset } => cifar::fetch_missing(dir, *dataset, fetcher),
             Source::Idx { .. }
             | Source::Synthetic { .. }
             | Source::Text { .. }
             | Source::Tokens { .. }
-            | Source::Csv { .. } => Ok(vec![]),
+            | Source::Csv { .. }
+            | Source::Npy { .. }
+            | Source::ImageFolder { .. } => Ok(vec![]),
         }
     }
 
@@ -315,6 +314,15 @@ impl Source {
                 self.require_files()?;
                 table::facts(dir, config)
             }
+            Source::Npy { dir, config } => {
+                self.require_files()?;
+                numpy::facts(dir, config)
+            }
+            Source::ImageFolder { dir, config } => {
+                self.require_files()?;
+                folders::facts(dir, config)
+            }
+            Source::Cifar { dir, dataset } => cifar::facts(dir, *dataset),
         }
     }
 
@@ -360,6 +368,9 @@ impl Source {
             Source::Text { dir, config } => text::load(dir, config),
             Source::Tokens { dir, config } => tokens::load(dir, config),
             Source::Csv { dir, config } => table::load(dir, config),
+            Source::Npy { dir, config } => numpy::load(dir, config),
+            Source::ImageFolder { dir, config } => folders::load(dir, config),
+            Source::Cifar { dir, dataset } => cifar::load(dir, *dataset),
         }
     }
 
@@ -370,11 +381,18 @@ impl Source {
             (Source::Preset { preset, dir }, false) => {
                 Err(DataError::MissingFiles { dataset: preset.name, dir: dir.clone(), files: missing })
             }
+            (Source::Cifar { dir, dataset }, false) => Err(DataError::MissingFiles {
+                dataset: dataset.name(),
+                dir: cifar::files_dir(dir, *dataset),
+                files: missing,
+            }),
             (
                 Source::Idx { dir, .. }
                 | Source::Text { dir, .. }
                 | Source::Tokens { dir, .. }
-                | Source::Csv { dir, .. },
+                | Source::Csv { dir, .. }
+                | Source::Npy { dir, .. }
+                | Source::ImageFolder { dir, .. },
                 false,
             ) => Err(DataError::MissingFiles { dataset: self.name(), dir: dir.clone(), files: missing }),
         }

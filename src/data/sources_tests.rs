@@ -1,6 +1,7 @@
 //! Tests of data sources: folder resolution, presets, `idx` files, download into place.
 
 use super::*;
+use crate::data::DataDirs;
 use crate::data::download::tests::{serve, unreachable};
 use crate::data::idx::{encode_idx, gzip};
 use sha2::{Digest, Sha256};

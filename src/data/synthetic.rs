@@ -203,14 +203,14 @@ mod tests {
     fn same_seed_same_data_other_seed_other_data() {
         let s = spec(100, 20, &[8, 8, 3], 5);
         let a = generate(&s, 1).unwrap();
-        let all = |d: &Dataset| d.train.read(0..d.train.len());
+        let all = |d: &Dataset| d.train.read(0..d.train.len()).unwrap();
         assert_eq!(all(&a), all(&generate(&s, 1).unwrap()));
         assert_ne!(all(&a).x, all(&generate(&s, 2).unwrap()).x);
         assert_eq!(a.train.example_len(), 192);
         assert_eq!(all(&a).x.len(), 100 * 192);
         let test = a.test.as_ref().unwrap();
         assert_eq!(test.len(), 20);
-        assert_ne!(test.read(0..1).x, a.train.read(0..1).x);
+        assert_ne!(test.read(0..1).unwrap().x, a.train.read(0..1).unwrap().x);
         assert!(all(&a).y.iter().all(|&l| l < 5));
     }
 
@@ -222,7 +222,7 @@ mod tests {
         let len = 784;
         let mut means = vec![0f64; 10 * len];
         let mut counts = [0f64; 10];
-        let train = data.train.read(0..data.train.len());
+        let train = data.train.read(0..data.train.len()).unwrap();
         for (&c, image) in train.y.iter().zip(train.x.chunks(len)) {
             let c = c as usize;
             counts[c] += 1.0;
@@ -234,7 +234,7 @@ mod tests {
             means[c * len..(c + 1) * len].iter_mut().for_each(|m| *m /= counts[c]);
         }
         let test = data.test.as_ref().unwrap();
-        let batch = test.read(0..test.len());
+        let batch = test.read(0..test.len()).unwrap();
         let correct = (0..test.len())
             .filter(|&i| {
                 let image = &batch.x[i * len..(i + 1) * len];

@@ -60,12 +60,13 @@ impl Examples for Table {
         self.0.shape()
     }
 
-    fn append(&self, i: usize, batch: &mut Batch) {
+    fn append(&self, i: usize, batch: &mut Batch) -> Result<(), DataError> {
         batch.x.extend_from_slice(self.0.row(i));
         match self.0.labels() {
             Labels::Classes { index, .. } => batch.y.push(index.get(i).copied().unwrap_or(0)),
             Labels::Targets { .. } => batch.targets.extend_from_slice(self.0.labels().targets(i).unwrap_or_default()),
         }
+        Ok(())
     }
 
     fn bytes_held(&self) -> usize {
@@ -163,7 +164,7 @@ mod tests {
         std::fs::write(dir.path().join("a.csv"), "x1,y,x2\n1,0.5,2\n3,1.5,4\n").unwrap();
         let data = load(dir.path(), &config(None)).unwrap();
         assert_eq!(data.labels, LabelKind::Target { width: 1 });
-        let b = data.train.read(0..2);
+        let b = data.train.read(0..2).unwrap();
         assert_eq!((b.x, b.y, b.targets), (vec![1., 2., 3., 4.], vec![], vec![0.5, 1.5]));
 
         std::fs::write(dir.path().join("a.csv"), "x1,y\n1,dog\n3,cat\n").unwrap();
@@ -171,7 +172,7 @@ mod tests {
         let data = load(dir.path(), &config(Some("b.csv"))).unwrap();
         assert_eq!(data.labels, LabelKind::Class { classes: 2 });
         assert_eq!(data.classes.as_ref().map(Classes::names), Some(&["cat".to_string(), "dog".into()][..]));
-        assert_eq!(data.train.read(0..2).y, [1, 0]);
+        assert_eq!(data.train.read(0..2).unwrap().y, [1, 0]);
         assert_eq!(facts(dir.path(), &config(Some("b.csv"))).unwrap(), data.facts(1));
 
         std::fs::write(dir.path().join("b.csv"), "x1,y\n1,cat\n3,bird\n").unwrap();

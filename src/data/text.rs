@@ -243,7 +243,7 @@ mod tests {
         assert_eq!(data.labels, LabelKind::Sequence { classes: 4, len: 3 });
         // 6 tokens: windows of 4 at 0, 1, 2; validation 5 tokens, stride 3: one window.
         assert_eq!((data.train.len(), data.test.as_ref().map(Split::len)), (3, Some(1)));
-        let first = data.train.read(0..1);
+        let first = data.train.read(0..1).unwrap();
         assert_eq!((first.x, first.y), (vec![2., 1., 3.], vec![1, 3, 1]));
         assert_eq!(facts(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap(), data.facts(0));
         assert_eq!(
@@ -274,7 +274,7 @@ mod tests {
         write(dir.path(), "h\u{e9}llo", "hello");
         let data = load(dir.path(), &config(Tokenization::Byte, VocabularyFrom::Train)).unwrap();
         assert_eq!(data.labels, LabelKind::Sequence { classes: 256, len: 3 });
-        assert_eq!(data.train.read(0..1).x, [104., 0xc3 as f32, 0xa9 as f32]);
+        assert_eq!(data.train.read(0..1).unwrap().x, [104., 0xc3 as f32, 0xa9 as f32]);
     }
 
     #[test]

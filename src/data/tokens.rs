@@ -191,7 +191,7 @@ mod tests {
             let data = load(dir.path(), &config(dtype, None)).unwrap();
             assert_eq!(data.labels, LabelKind::Sequence { classes: 65_536 + offset, len: 2 });
             assert_eq!((data.train.len(), data.test.as_ref().map(Split::len)), (3, Some(1)));
-            let b = data.train.read(1..2);
+            let b = data.train.read(1..2).unwrap();
             assert_eq!(b.x, [(300 + offset) as f32, (2 + offset) as f32]);
             assert_eq!(b.y, [2 + offset, 65_535 + offset]);
             assert_eq!(data.bytes_held(), 0, "mapped, not copied");

@@ -9,6 +9,7 @@
 //! other examples and resumed exactly. Validation windows do not overlap (stride `block_size`),
 //! so evaluation predicts almost every token once. Windows never straddle two files.
 
+use super::error::DataError;
 use super::examples::Examples;
 use super::pipeline::Batch;
 use memmap2::Mmap;
@@ -98,13 +99,14 @@ impl Examples for Windows {
         &self.shape
     }
 
-    fn append(&self, i: usize, batch: &mut Batch) {
+    fn append(&self, i: usize, batch: &mut Batch) -> Result<(), DataError> {
         // The file whose windows include `i`: the last start at or before it.
         let file = self.starts.partition_point(|&s| s <= i).saturating_sub(1);
-        let Some(tokens) = self.files.get(file) else { return };
+        let Some(tokens) = self.files.get(file) else { return Ok(()) };
         let start = (i - self.starts[file]) * self.stride;
         batch.x.extend((start..start + self.block).map(|p| tokens.get(p) as f32));
         batch.y.extend((start + 1..=start + self.block).map(|p| tokens.get(p)));
+        Ok(())
     }
 
     fn bytes_held(&self) -> usize {
@@ -130,7 +132,7 @@ mod tests {
         // 6 tokens give 4 windows of 3, 2 tokens none, 4 tokens 2.
         assert_eq!(split.len(), 6);
         assert_eq!(split.rows_per_example(), 2);
-        let batch = split.read(0..6);
+        let batch = split.read(0..6).unwrap();
         assert_eq!(batch.x, [0., 1., 1., 2., 2., 3., 3., 4., 100., 101., 101., 102.]);
         assert_eq!(batch.y, [1, 2, 2, 3, 3, 4, 4, 5, 101, 102, 102, 103]);
         assert_eq!(batch.global_rows(), 12);
@@ -141,8 +143,8 @@ mod tests {
         let split = Split::of(Windows::new(vec![Tokens::Owned((0..10).collect())], 3, 3));
         // Windows of 4 tokens start at 0, 3 and 6 (6 + 4 = 10 tokens).
         assert_eq!(split.len(), 3);
-        assert_eq!(split.read(2..3).x, [6., 7., 8.]);
-        assert_eq!(split.read(2..3).y, [7, 8, 9]);
+        assert_eq!(split.read(2..3).unwrap().x, [6., 7., 8.]);
+        assert_eq!(split.read(2..3).unwrap().y, [7, 8, 9]);
         assert_eq!(count(10, 3, 3), 3);
         assert_eq!(count(3, 3, 1), 0);
     }

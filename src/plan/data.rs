@@ -2,6 +2,7 @@
 //! pipeline orders and batches them, and how workers split them.
 
 use super::{StrategyKind, StrategyPlan};
+use crate::data::formats::cifar::CifarDataset;
 use crate::data::{DataDirs, DataError, DataFacts, Preset, Shuffle, Source};
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
@@ -83,6 +84,21 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, Dat
             })?,
             dir: dir("csv")?,
         },
+        DatasetKind::Npy => Source::Npy {
+            config: spec.npy.clone().ok_or(DataError::MissingSection {
+                dataset: "npy",
+                section: "[data.npy]",
+                example: "[data.npy] train = { features = \"x_train.npy\", labels = \"y_train.npy\" }",
+            })?,
+            dir: dir("npy")?,
+        },
+        DatasetKind::ImageFolder => {
+            Source::ImageFolder { config: spec.image_folder.clone().unwrap_or_default(), dir: dir("image_folder")? }
+        }
+        DatasetKind::Cifar10 => Source::Cifar { dir: dir("cifar10")?, dataset: CifarDataset::Cifar10 },
+        DatasetKind::Cifar100 => {
+            Source::Cifar { dir: dir("cifar100")?, dataset: spec.cifar100.unwrap_or_default().dataset() }
+        }
     })
 }
 

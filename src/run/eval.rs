@@ -40,7 +40,7 @@ pub fn eval(inv: &Invocation, checkpoint: &Path) -> Result<(), RunError> {
     let test = e.dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
     let step = loaded.manifest.step;
     let (replica, batch) = (&mut e.replica, e.batch);
-    let stats = e.pool.install(|| evaluator::evaluate_checkpoint(replica, test, batch, loaded));
+    let stats = e.pool.install(|| evaluator::evaluate_checkpoint(replica, test, batch, loaded))?;
     println!("checkpoint {} (step {step})", checkpoint.display());
     println!("test: loss: {:.4} - accuracy: {:.4}", stats.loss(), stats.accuracy());
     println!(

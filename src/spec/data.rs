@@ -1,6 +1,8 @@
 //! `[data]`: which dataset, where it lives, and how the input pipeline shuffles and batches it.
 
-use crate::data::{CsvConfig, IdxFiles, SyntheticConfig, TextConfig, TokensConfig};
+use crate::data::{
+    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TokensConfig,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -38,6 +40,18 @@ pub struct DataSpec {
     /// Tables and columns of `dataset = "csv"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csv: Option<CsvConfig>,
+
+    /// Arrays of `dataset = "npy"` (NumPy `.npy` files or one `.npz` archive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub npy: Option<NpyConfig>,
+
+    /// Split folders, image size and colour mode of `dataset = "image_folder"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_folder: Option<ImageFolderConfig>,
+
+    /// Which labels `dataset = "cifar100"` trains on (fine or coarse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cifar100: Option<Cifar100Config>,
 
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
@@ -79,6 +93,9 @@ impl Default for DataSpec {
             text: None,
             tokens: None,
             csv: None,
+            npy: None,
+            image_folder: None,
+            cifar100: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -107,6 +124,17 @@ pub enum DatasetKind {
     Tokens,
     /// A CSV table named in `[data.csv]`: numeric features, a class or float label column.
     Csv,
+    /// NumPy arrays named in `[data.npy]` (`.npy` pairs or one `.npz`), memory-mapped:
+    /// features of any shape, integer class or float target labels.
+    Npy,
+    /// Images in `<dir>/<split>/<class>/*.png|jpg|jpeg` (Keras' `image_dataset_from_directory`),
+    /// shaped by `[data.image_folder]`; classes are the folder names, sorted.
+    ImageFolder,
+    /// CIFAR-10: 50,000 train + 10,000 test 32×32 RGB images, 10 classes; the binary files,
+    /// downloaded (SHA-256 checked) unless in `dir`.
+    Cifar10,
+    /// CIFAR-100: the same sizes, 100 fine classes or 20 coarse ones (`[data.cifar100]`).
+    Cifar100,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.

@@ -6,7 +6,7 @@
 
 use super::TrainError;
 use crate::checkpoint::{CheckpointError, Layout, Loaded, Store, store};
-use crate::data::{EvalBatches, Shard, Split};
+use crate::data::{DataError, EvalBatches, Shard, Split};
 use crate::engine::BatchStats;
 use crate::strategy::{Replica, Variables};
 use serde::Serialize;
@@ -39,14 +39,22 @@ pub struct EvalLine {
     pub eval_s: f64,
 }
 
-/// Evaluates `loaded` on all of `test` with `replica`.
-pub fn evaluate_checkpoint(replica: &mut Replica, test: &Split, batch: NonZeroUsize, loaded: Loaded) -> BatchStats {
+/// Evaluates `loaded` on all of `test` with `replica`; an example that cannot be read is an
+/// error.
+pub fn evaluate_checkpoint(
+    replica: &mut Replica,
+    test: &Split,
+    batch: NonZeroUsize,
+    loaded: Loaded,
+) -> Result<BatchStats, DataError> {
     let mut vars = Variables { params: loaded.params, state: loaded.state };
     let mut stats = BatchStats::default();
-    for b in EvalBatches::new(test, batch, Shard::WHOLE) {
+    let mut batches = EvalBatches::new(test, batch, Shard::WHOLE);
+    for b in batches.by_ref() {
         stats.add(replica.evaluate(&mut vars, &b));
     }
-    stats
+    batches.finish()?;
+    Ok(stats)
 }
 
 /// The steps `eval.jsonl` already has.
@@ -99,7 +107,7 @@ pub fn watch(
                 }
             };
             let epoch = loaded.manifest.epoch;
-            let stats = evaluate_checkpoint(replica, w.test, w.batch, loaded);
+            let stats = evaluate_checkpoint(replica, w.test, w.batch, loaded)?;
             let line = EvalLine {
                 checkpoint: store::name(listed.step),
                 step: listed.step,

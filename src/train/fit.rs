@@ -115,6 +115,8 @@ struct Timing {
     steady_examples: u64,
     all: Duration,
     epoch: Duration,
+    /// Time the step loop waited for the input pipeline's batches.
+    input_wait: Duration,
 }
 
 /// The loop's state between steps.
@@ -218,9 +220,11 @@ impl<'a> Loop<'a> {
     ) -> Result<bool, TrainError> {
         let started = Instant::now();
         self.timing.first_step_s.get_or_insert_with(|| self.opts.launched.elapsed().as_secs_f64());
+        let waiting = Instant::now();
         for _ in 0..self.plan.batch.accumulation_steps {
             self.micro.push(self.pipeline.next_batch()?);
         }
+        self.timing.input_wait += waiting.elapsed();
         let seed = derive_seed(&[self.plan.seed, STEP_DOMAIN, self.step]);
         let asked = self.opts.stop.load(Ordering::Relaxed);
         let out = session.strategy.compute_gradients(&mut session.vars, &self.micro, seed, asked)?;
@@ -413,8 +417,10 @@ impl<'a> Loop<'a> {
             return Ok(BatchStats::default());
         };
         let limit = self.plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
-        let mut batches = EvalBatches::new(test, self.eval_batch, session.shard).take(limit);
-        Ok(session.strategy.evaluate(&mut session.vars, &mut batches)?)
+        let mut batches = EvalBatches::new(test, self.eval_batch, session.shard);
+        let stats = session.strategy.evaluate(&mut session.vars, &mut batches.by_ref().take(limit))?;
+        batches.finish()?;
+        Ok(stats)
     }
 
     fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
@@ -481,6 +487,7 @@ impl<'a> Loop<'a> {
             examples: self.examples,
             wall_s: self.opts.launched.elapsed().as_secs_f64(),
             first_step_s: t.first_step_s.unwrap_or(0.0),
+            input_wait_s: t.input_wait.as_secs_f64(),
             steady_examples_per_s: steady,
             peak_rss_mb: peak_rss_mb(),
             train_perplexity: named.perplexity,

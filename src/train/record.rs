@@ -123,6 +123,9 @@ pub struct Summary {
     pub wall_s: f64,
     /// Launch to the first training step, seconds.
     pub first_step_s: f64,
+    /// Seconds the step loop waited for the input pipeline's batches (this task's), summed
+    /// over every step: near 0 when the pipeline keeps ahead of training.
+    pub input_wait_s: f64,
     /// Training throughput after the first epoch (or after warm-up steps in a one-epoch run),
     /// evaluation excluded.
     pub steady_examples_per_s: f64,

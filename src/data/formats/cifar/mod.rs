@@ -84,6 +84,11 @@ impl CifarDataset {
         Classes::from_names(names.iter().map(|n| n.to_string()).collect())
     }
 
+    /// Bytes per record: the label bytes and the pixels.
+    pub fn record_len(self) -> usize {
+        self.label_layout().0 + PIXELS
+    }
+
     /// Label bytes before the pixels of each record, and which of them is the class.
     fn label_layout(self) -> (usize, usize) {
         match self {

@@ -27,9 +27,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// The channels images are decoded to (Keras' `color_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum ColorMode {
+    /// One channel (colour images are converted).
     Grayscale,
+    /// Three channels, red, green, blue (grayscale images are repeated).
     Rgb,
 }
 

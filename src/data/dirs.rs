@@ -1,0 +1,37 @@
+//! Which folder holds a dataset: `data.dir`, `TRAINRUN_DATA_DIR`, or the user's cache folder.
+
+use std::path::{Path, PathBuf};
+
+/// The environment that decides the data folder, read once at the edge.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataDirs {
+    /// `TRAINRUN_DATA_DIR`: the dataset folder itself.
+    pub trainrun_data_dir: Option<PathBuf>,
+    /// `XDG_CACHE_HOME`.
+    pub xdg_cache_home: Option<PathBuf>,
+    /// `HOME`.
+    pub home: Option<PathBuf>,
+}
+
+impl DataDirs {
+    /// Reads the three variables from the process environment (empty counts as unset).
+    pub fn from_process_env() -> Self {
+        let var = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Self { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
+    }
+
+    /// The folder for `dataset`: `data.dir`, else `TRAINRUN_DATA_DIR`, else
+    /// `$XDG_CACHE_HOME/trainrun/<dataset>`, else `$HOME/.cache/trainrun/<dataset>`.
+    pub fn resolve(&self, spec_dir: Option<&Path>, dataset: &str) -> Option<PathBuf> {
+        let cache = self
+            .xdg_cache_home
+            .clone()
+            // The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+            .filter(|p| p.is_absolute())
+            .or_else(|| self.home.as_ref().map(|h| h.join(".cache")));
+        spec_dir
+            .map(Path::to_path_buf)
+            .or_else(|| self.trainrun_data_dir.clone())
+            .or_else(|| cache.map(|c| c.join("trainrun").join(dataset)))
+    }
+}
