@@ -50,6 +50,25 @@ pub struct MetricsLine {
     pub examples_per_s: f64,
     /// Seconds since launch.
     pub wall_s: f64,
+    /// Under `parameter_server`: the coordinator's counters so far (epoch lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerStats>,
+}
+
+/// What the parameter-server coordinator did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParameterServerStats {
+    /// Steps put on the coordinator's queue.
+    pub steps_scheduled: u64,
+    /// Steps the ps tasks applied (every scheduled step, at least once, on success).
+    pub steps_applied: u64,
+    /// Steps applied by each worker, by worker index.
+    pub steps_applied_per_worker: Vec<u64>,
+    /// Closures run again after their worker was lost.
+    pub closures_rescheduled: u64,
+    /// Steps by staleness: the updates other workers applied between a step's pull and its
+    /// push (the most over the ps tasks), as `{"0": 120, "1": 80}`.
+    pub staleness_histogram: std::collections::BTreeMap<u64, u64>,
 }
 
 /// `summary.json`.
@@ -107,6 +126,9 @@ pub struct Summary {
     /// The longest background write of one checkpoint (files, fsyncs, pruning), ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub save_write_ms_max: Option<f64>,
+    /// Under `parameter_server`: steps applied per worker, rescheduled, staleness.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerStats>,
 }
 
 /// `summary.json`: the summary and the hash of the spec that produced it.
@@ -280,6 +302,7 @@ impl RunDir {
             learning_rate: lr,
             examples_per_s: stats.examples as f64 / time.as_secs_f64().max(1e-9),
             wall_s: self.options.launched.elapsed().as_secs_f64(),
+            parameter_server: None,
         };
         self.metrics(&line)
     }
@@ -357,6 +380,7 @@ impl RunDir {
                 learning_rate: last.map_or(0.0, |l| l.learning_rate),
                 examples_per_s: last.map_or(0.0, |l| l.examples_per_s),
                 wall_s: self.options.launched.elapsed().as_secs_f64(),
+                parameter_server: None,
             };
             self.metrics(&line)?;
         }
