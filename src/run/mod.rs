@@ -98,6 +98,14 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         max_restarts: c.restarts.max_restarts,
         restart_backoff: c.restarts.backoff,
         stop: crate::signals::supervise(),
+        expendable: match p.plan.strategy.kind {
+            StrategyKind::ParameterServer => vec![Role::Worker],
+            StrategyKind::Default
+            | StrategyKind::OneDevice
+            | StrategyKind::Mirrored
+            | StrategyKind::CentralStorage
+            | StrategyKind::MultiWorkerMirrored => Vec::new(),
+        },
     };
     if let Err(e) = launch::run(run) {
         let error = match e {

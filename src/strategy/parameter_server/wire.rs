@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn another_jobs_token_is_refused_with_the_reason() {
         let (server, client) = pair(7, 8);
-        assert!(server.unwrap_err().to_string().contains("job tokens differ"));
+        assert!(server.err().unwrap().to_string().contains("job tokens differ"));
         assert!(client.err().unwrap().to_string().contains("job tokens differ"));
     }
 }
