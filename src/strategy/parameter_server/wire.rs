@@ -142,8 +142,11 @@ impl Conn {
         for i in &frame.ints {
             w.write_all(&i.to_le_bytes())?;
         }
-        self.bytes.clear();
-        self.bytes.extend(frame.floats.iter().flat_map(|f| f.to_le_bytes()));
+        // Fixed-size chunks: the copy compiles to plain vector moves, not a byte iterator.
+        self.bytes.resize(4 * frame.floats.len(), 0);
+        for (b, f) in self.bytes.chunks_exact_mut(4).zip(&frame.floats) {
+            b.copy_from_slice(&f.to_le_bytes());
+        }
         w.write_all(&self.bytes)?;
         w.flush()
     }
