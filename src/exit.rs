@@ -109,8 +109,7 @@ impl RunError {
             RunError::Launch(_) => Exit::Cluster,
             RunError::Usage(_) | RunError::Spec(_) | RunError::Train(TrainError::Resume(_)) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,
-            RunError::Unsupported(_)
-            | RunError::Train(TrainError::Strategy(StrategyError::NotBuilt(_) | StrategyError::Unsupported(_))) => {
+            RunError::Unsupported(_) | RunError::Train(TrainError::Strategy(StrategyError::Unsupported(_))) => {
                 Exit::Unsupported
             }
             RunError::Train(TrainError::Checkpoint(crate::checkpoint::CheckpointError::NoSpace { .. })) => {
@@ -119,7 +118,10 @@ impl RunError {
             RunError::Train(TrainError::Record(e)) if crate::checkpoint::is_no_space(&e.source) => Exit::NoSpace,
             RunError::Cluster(_)
             | RunError::Train(TrainError::Strategy(
-                StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished,
+                StrategyError::Cluster(_)
+                | StrategyError::Collective(_)
+                | StrategyError::Finished
+                | StrategyError::Remote(_),
             )) => Exit::Cluster,
             RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
         };
@@ -178,11 +180,12 @@ impl From<crate::checkpoint::CheckpointError> for RunError {
 impl From<StrategyError> for RunError {
     fn from(e: StrategyError) -> Self {
         match e {
-            StrategyError::NotBuilt(_) | StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
+            StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
             StrategyError::Device(_) => RunError::Failure(e.to_string()),
-            StrategyError::Cluster(_) | StrategyError::Collective(_) | StrategyError::Finished => {
-                RunError::Cluster(e.to_string())
-            }
+            StrategyError::Cluster(_)
+            | StrategyError::Collective(_)
+            | StrategyError::Finished
+            | StrategyError::Remote(_) => RunError::Cluster(e.to_string()),
         }
     }
 }

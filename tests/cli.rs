@@ -181,22 +181,6 @@ fn check_shows_parameter_server_placement() {
 }
 
 #[test]
-fn strategies_not_built_yet_exit_3_naming_them() {
-    let out = run(&[
-        "specs/mnist_single.toml",
-        "-q",
-        "--set",
-        "strategy.kind=parameter_server",
-        "--set",
-        "cluster={ worker = 2, ps = 1 }",
-        "--set",
-        "batch.global=64",
-    ]);
-    assert_exit(&out, 3);
-    assert!(text(&out).1.contains("strategy.kind = \"parameter_server\" is not built yet"), "{}", text(&out).1);
-}
-
-#[test]
 fn gpu_devices_need_a_gpu_build() {
     let out = run(&[
         "specs/mnist_single.toml",

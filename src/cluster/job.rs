@@ -39,6 +39,20 @@ pub struct JobConfig {
     pub transport: TransportKind,
     /// Gradient values the shared-memory arena holds, so backward writes straight into it.
     pub arena_floats: usize,
+    /// Whether the training workers form a ring (synchronous all-reduce); without one this
+    /// task keeps its data-plane listener and everyone's data address ([`DataPlane`]) for a
+    /// data plane of the strategy's own (parameter servers).
+    pub ring: bool,
+}
+
+/// The data-plane endpoints of every task, for a strategy that connects them itself.
+pub struct DataPlane {
+    /// This task's bound data-plane listener.
+    pub listener: TcpListener,
+    /// Every task's data-plane address, from the rendezvous.
+    pub addresses: BTreeMap<TaskId, SocketAddr>,
+    /// The job token's hash, which every connection's hello carries.
+    pub token: u64,
 }
 
 /// This task's place in a running job.
@@ -49,6 +63,8 @@ pub struct Job {
     pub comm: Option<Box<dyn Communicator>>,
     /// Whether this task is the chief.
     pub is_chief: bool,
+    /// The endpoints of a job without a ring.
+    pub data: Option<DataPlane>,
 }
 
 /// Joining failed.
@@ -132,9 +148,18 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
         control,
     )?;
     let roster = plane.rendezvous()?;
+    if !config.ring {
+        let mut addresses = BTreeMap::new();
+        for m in &roster.members {
+            addresses.insert(m.task, data_address(m)?);
+        }
+        let token = job_token_hash(config.token.as_str());
+        let data = DataPlane { listener: data, addresses, token };
+        return Ok(Job { plane, comm: None, is_chief: task == chief, data: Some(data) });
+    }
     let workers: Vec<_> = roster.members.iter().filter(|m| matches!(m.task.role, Role::Chief | Role::Worker)).collect();
     let Some(rank) = workers.iter().position(|m| m.task == task) else {
-        return Ok(Job { plane, comm: None, is_chief: task == chief });
+        return Ok(Job { plane, comm: None, is_chief: task == chief, data: None });
     };
     let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
     let one_host = workers.iter().all(|m| m.host == workers[0].host);
@@ -157,11 +182,7 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
     } else {
         let mut addrs = Vec::with_capacity(workers.len());
         for m in &workers {
-            let text = String::from_utf8_lossy(&m.payload);
-            let addr: SocketAddr = text
-                .parse()
-                .map_err(|_| JoinError::Transport(format!("{} sent a bad data-plane address `{text}`", m.task)))?;
-            addrs.push(addr);
+            addrs.push(data_address(m)?);
         }
         // Each rank's certificate must name the host the cluster gives it.
         let tls = config.tls.as_ref().map(|t| TlsPeers {
@@ -175,5 +196,11 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
         transport,
         crate::collective::Timeouts { connect: config.startup, op: config.timeout },
     )?;
-    Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief })
+    Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief, data: None })
+}
+
+/// The data-plane address `m` sent at check-in.
+fn data_address(m: &super::Member) -> Result<SocketAddr, JoinError> {
+    let text = String::from_utf8_lossy(&m.payload);
+    text.parse().map_err(|_| JoinError::Transport(format!("{} sent a bad data-plane address `{text}`", m.task)))
 }

@@ -7,7 +7,7 @@
 //! naming the failed task and showing its last log lines. SIGTERM to the launcher is passed
 //! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
-use super::{Address, Blame, Cluster, TaskId, new_job_token};
+use super::{Address, Blame, Cluster, Role, TaskId, new_job_token};
 use crate::progress::{EVENT_MARK, Event, Mode, Progress};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
@@ -86,6 +86,9 @@ pub struct Launch {
     pub restart_backoff: Duration,
     /// Set on SIGTERM: pass it on to every task.
     pub stop: &'static AtomicBool,
+    /// Roles whose death the job survives while another task of the role runs (workers
+    /// under `parameter_server`: the coordinator runs their step again elsewhere).
+    pub expendable: Vec<Role>,
 }
 
 /// Why the job failed.
@@ -371,6 +374,12 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
                 _ => {}
             }
         }
+        let lost = survivable(launch, &children, &failed);
+        for (task, status) in &lost {
+            eprintln!("[launcher] {task} ended ({}); the job goes on without it", describe(*status).0);
+            children.remove(task);
+        }
+        failed.retain(|f| !lost.contains(f));
         // Stopping tasks get the grace period to reach a step boundary and save; a second
         // Ctrl-C takes none.
         let now = crate::signals::interrupted_twice();
@@ -401,6 +410,17 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
     }
     Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
+}
+
+/// The failed tasks the job survives: those of an expendable role while another task of that
+/// role still runs.
+fn survivable(
+    launch: &Launch,
+    children: &BTreeMap<TaskId, Child>,
+    failed: &[(TaskId, ExitStatus)],
+) -> Vec<(TaskId, ExitStatus)> {
+    let alive = |role: Role| children.keys().filter(|t| t.role == role && !failed.iter().any(|(f, _)| f == *t)).count();
+    failed.iter().filter(|(t, _)| launch.expendable.contains(&t.role) && alive(t.role) > 0).copied().collect()
 }
 
 /// What the launcher heard from the tasks: each one's last lines, and whom each blamed.

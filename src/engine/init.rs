@@ -5,6 +5,11 @@ use super::layer::Init;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// Separates per-step randomness (dropout) from the run seed's other uses: step `s` draws from
+/// `derive_seed(&[seed, STEP_DOMAIN, s])` under every strategy, so a step means the same draws
+/// wherever it runs.
+pub const STEP_DOMAIN: u64 = 0x5354_4550; // "STEP"
+
 /// Mixes `words` into one well-spread seed (SplitMix64 steps), to derive independent streams
 /// (per tensor, per step, per layer) from the run seed without keeping any random state.
 pub fn derive_seed(words: &[u64]) -> u64 {

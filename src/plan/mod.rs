@@ -137,11 +137,11 @@ impl Plan {
         let mut diags = Vec::new();
         let timeout_s = match &spec.strategy {
             StrategySpec::MultiWorkerMirrored { communication, .. } => communication.timeout_s,
+            StrategySpec::ParameterServer { timeout_s, .. } => *timeout_s,
             StrategySpec::Default
             | StrategySpec::OneDevice { .. }
             | StrategySpec::Mirrored { .. }
-            | StrategySpec::CentralStorage { .. }
-            | StrategySpec::ParameterServer { .. } => crate::spec::CommunicationOptions::default().timeout_s,
+            | StrategySpec::CentralStorage { .. } => crate::spec::CommunicationOptions::default().timeout_s,
         };
         let multi_process = StrategyKind::of(&spec.strategy).multi_process();
         let cluster = cluster::resolve(&spec.cluster, &facts.cluster, multi_process, timeout_s, &mut diags);

@@ -136,7 +136,7 @@ pub fn resolve(
     model: Option<&ModelPlan>,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<ParameterServerPlan> {
-    let StrategySpec::ParameterServer { variable_partitioner, max_staleness, queue_size } = &spec.strategy else {
+    let StrategySpec::ParameterServer { variable_partitioner, max_staleness, queue_size, .. } = &spec.strategy else {
         return None;
     };
     if spec.train.steps_per_epoch.is_none() {

@@ -4,6 +4,7 @@
 
 mod check;
 mod eval;
+mod parameter_server;
 mod record;
 mod sample;
 
@@ -17,7 +18,7 @@ use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
 use crate::data::{Dataset, Fetcher};
 use crate::exit::RunError;
-use crate::plan::{Part, Plan, Reduction};
+use crate::plan::{Part, Plan, Reduction, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare};
 use crate::progress::Mode;
 use crate::train::{self, FitOptions};
@@ -35,10 +36,14 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     }
     // Refused before any process starts, not from inside every task.
     crate::strategy::runnable(&p.plan)?;
+    let async_ps = p.plan.strategy.kind == StrategyKind::ParameterServer;
     match p.plan.cluster.part {
         Part::Launcher => launch(inv, &p),
         Part::Task(task) if task.role == Role::Evaluator => eval::sidecar(inv, &p, task),
-        Part::Single | Part::Task(_) => train_here(inv, &p),
+        Part::Task(task) if async_ps && task.role == Role::Ps => parameter_server::ps(inv, &p, task),
+        Part::Task(task) if async_ps && task.role == Role::Worker => parameter_server::worker(inv, &p, task),
+        Part::Task(task) if async_ps && task.role == Role::Chief => train_here(inv, &p, Loop::Coordinator),
+        Part::Single | Part::Task(_) => train_here(inv, &p, Loop::Steps),
     }
 }
 
@@ -50,7 +55,7 @@ fn say(quiet: bool, prefix: &str, text: &str) {
 }
 
 /// A pool of `threads` compute threads.
-fn pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
+pub(super) fn pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -59,7 +64,7 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
 
 /// Fetches what is missing (unless `TRAINRUN_OFFLINE`, as HF_HUB_OFFLINE: then missing files
 /// are an error naming them and the folder to put them in) and loads the data.
-fn load_data(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunError> {
+pub(super) fn load_data(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunError> {
     if !flag(&inv.env, "TRAINRUN_OFFLINE") {
         plan.data.source.fetch_missing(&Fetcher::default())?;
     }
@@ -93,6 +98,14 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         max_restarts: c.restarts.max_restarts,
         restart_backoff: c.restarts.backoff,
         stop: crate::signals::supervise(),
+        expendable: match p.plan.strategy.kind {
+            StrategyKind::ParameterServer => vec![Role::Worker],
+            StrategyKind::Default
+            | StrategyKind::OneDevice
+            | StrategyKind::Mirrored
+            | StrategyKind::CentralStorage
+            | StrategyKind::MultiWorkerMirrored => Vec::new(),
+        },
     };
     if let Err(e) = launch::run(run) {
         let error = match e {
@@ -117,7 +130,7 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
 
 /// Joins the job as `task`: control plane, rendezvous, and the data plane sized for
 /// `arena_floats` gradient values.
-fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Result<Job, RunError> {
+pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Result<Job, RunError> {
     let mut addresses = BTreeMap::new();
     for (t, a) in &plan.cluster.tasks {
         match a {
@@ -155,6 +168,7 @@ fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: usize) -> Res
         timeout: plan.cluster.timeout,
         transport,
         arena_floats,
+        ring: plan.strategy.reduction != Reduction::ParameterServer,
     })
     .map_err(|e| RunError::Cluster(e.to_string()))
 }
@@ -176,8 +190,16 @@ fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(
     std::fs::write(&path, json + "\n").map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
 }
 
+/// Which loop trains: synchronous steps (`train::fit`), or the parameter-server chief's
+/// coordinator scheduling them on workers (`train::coordinate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loop {
+    Steps,
+    Coordinator,
+}
+
 /// Trains in this process: the whole run, or this task's part of a job.
-fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
+fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError> {
     // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
     // training begins there is nothing to save, so the process ends at once.
     let stop = crate::signals::stop_requested();
@@ -189,10 +211,11 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     crate::signals::start_watchdog(move |text| eprintln!("{say_prefix}{text}"));
     let dataset = Arc::new(load_data(inv, plan)?);
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
-    let (job, prefix) = match plan.cluster.part {
+    let (mut job, prefix) = match plan.cluster.part {
         Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
         Part::Single | Part::Launcher => (None, String::new()),
     };
+    let data = job.as_mut().and_then(|j| j.data.take());
     let progress = progress_mode(inv);
     let prefix = if progress == Mode::Events { String::new() } else { prefix };
     let quiet = progress == Mode::Quiet;
@@ -218,7 +241,15 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
     let result = pool(plan.threads).and_then(|pool| {
         let run_dir = record.as_mut().map(Record::dir);
-        let summary = pool.install(|| train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume))?;
+        let summary = pool.install(|| match (how, &data) {
+            (Loop::Coordinator, Some(data)) => {
+                train::coordinate(plan, &mut session, &mut callbacks, run_dir, &opts, resume, data)
+            }
+            (Loop::Steps, _) => train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume),
+            (Loop::Coordinator, None) => Err(train::TrainError::Strategy(crate::strategy::StrategyError::Remote(
+                "the coordinator has no data plane: it runs as the chief of a job".into(),
+            ))),
+        })?;
         if let Some(r) = record.as_mut() {
             r.dir().summary(&summary).map_err(|e| RunError::Train(e.into()))?;
             if progress != Mode::Quiet && progress != Mode::Events {

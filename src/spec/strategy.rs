@@ -67,6 +67,13 @@ pub enum StrategySpec {
         /// Example: `queue_size = 64`.
         #[serde(default = "default_queue_size")]
         queue_size: NonZeroU32,
+        /// A ps or worker that does not answer a pull, a push or a closure within this many
+        /// seconds fails the job, naming it (a dead worker costs only its step, which runs
+        /// again elsewhere). From 0.001 to 604800 (a week). Default: `30`. Example:
+        /// `timeout_s = 10`.
+        #[serde(default = "default_timeout_s")]
+        #[schemars(range(min = 0.001, max = 604_800.0))]
+        timeout_s: f64,
     },
 }
 

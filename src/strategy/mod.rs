@@ -34,11 +34,6 @@ pub struct Variables {
 /// A strategy could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum StrategyError {
-    /// The spec is valid but this build cannot run it yet.
-    #[error(
-        "strategy.kind = \"{0}\" is not built yet in this version of trainrun; use \"multi_worker_mirrored\" for several workers, or \"mirrored\" for several replicas in one process"
-    )]
-    NotBuilt(&'static str),
     /// The spec asks for hardware or a build feature that is missing.
     #[error("{0}")]
     Unsupported(String),
@@ -54,6 +49,9 @@ pub enum StrategyError {
     /// The job was already left.
     #[error("the job was already left")]
     Finished,
+    /// A task of a parameter-server job failed, left or went silent (the text names it).
+    #[error("{0}")]
+    Remote(String),
 }
 
 /// What one step's gradient computation found, the same at every task.
@@ -149,19 +147,21 @@ pub fn build(plan: &Plan, models: Vec<Sequential>, job: Option<Job>) -> Result<B
             })?;
             Ok(Box::new(MultiWorkerMirrored::new(replicas(plan, models), job, bytes_per_pack)?))
         }
-        StrategyKind::ParameterServer => Err(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())),
+        StrategyKind::ParameterServer => {
+            cpus_only(devices)?;
+            Ok(Box::new(parameter_server::chief::new(one(replicas(plan, models))?, job)))
+        }
     }
 }
 
-/// Refuses, before anything starts, a plan this build cannot run: strategies not built yet,
-/// and GPU devices where only CPUs run.
+/// Refuses, before anything starts, a plan this build cannot run: GPU devices where only
+/// CPUs run.
 pub fn runnable(plan: &Plan) -> Result<(), StrategyError> {
     let devices = &plan.strategy.devices;
     match plan.strategy.kind {
         StrategyKind::Default | StrategyKind::OneDevice | StrategyKind::Mirrored => Ok(()),
-        StrategyKind::CentralStorage => cpus_only(devices),
+        StrategyKind::CentralStorage | StrategyKind::ParameterServer => cpus_only(devices),
         StrategyKind::MultiWorkerMirrored => check_multi_worker_devices(devices),
-        StrategyKind::ParameterServer => Err(StrategyError::NotBuilt(StrategyKind::ParameterServer.name())),
     }
 }
 

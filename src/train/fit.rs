@@ -10,7 +10,7 @@ use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256}
 use crate::checkpoint::manifest::{EvalState, LoopState, Sums};
 use crate::data::{Batch, EvalBatches, Pipeline, PipelineOptions};
 use crate::engine::BatchStats;
-use crate::engine::init::derive_seed;
+use crate::engine::init::{STEP_DOMAIN, derive_seed};
 use crate::plan::Plan;
 use crate::progress::{self, Progress, Shown};
 use std::num::NonZeroUsize;
@@ -20,9 +20,6 @@ use std::time::{Duration, Instant};
 /// Activation memory an evaluation batch may use: bigger batches run the forward pass's
 /// products more efficiently, and per-example results do not depend on the batch size.
 const EVAL_BYTES: usize = 32 << 20;
-
-/// Separates per-step randomness (dropout) from the run seed's other uses.
-const STEP_DOMAIN: u64 = 0x5354_4550; // "STEP"
 
 /// How the loop reports.
 pub struct FitOptions {
@@ -140,7 +137,7 @@ struct Loop<'a> {
     chief: bool,
 }
 
-fn sums(s: &BatchStats) -> Sums {
+pub(super) fn sums(s: &BatchStats) -> Sums {
     Sums { loss_sum: s.loss_sum, correct: s.correct, examples: s.examples }
 }
 
@@ -437,6 +434,7 @@ impl<'a> Loop<'a> {
             examples_per_s: per_s,
             wall_s: self.opts.launched.elapsed().as_secs_f64(),
             named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s),
+            parameter_server: None,
         }
     }
 
@@ -503,6 +501,7 @@ impl<'a> Loop<'a> {
             checkpoints_written: saves.map(|s| s.saves),
             save_block_ms_max: saves.map(|s| s.block_max.as_secs_f64() * 1e3),
             save_write_ms_max: saves.map(|s| s.write_max.as_secs_f64() * 1e3),
+            parameter_server: None,
         })
     }
 }

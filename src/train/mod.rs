@@ -3,6 +3,7 @@
 
 pub mod callbacks;
 pub mod checkpointer;
+mod coordinate;
 pub mod ended;
 pub mod evaluator;
 mod fit;
@@ -12,6 +13,7 @@ pub mod run_record;
 pub mod tensorboard;
 mod weights;
 
+pub use coordinate::coordinate;
 pub use fit::{FitOptions, eval_batch_size, fit};
 
 pub use weights::{first_non_finite, save_weights, weights_sha256};

@@ -54,6 +54,9 @@ pub struct MetricsLine {
     /// The metrics of `train.metrics` beyond accuracy, when listed.
     #[serde(flatten)]
     pub named: NamedMetrics,
+    /// Under `parameter_server`: the coordinator's counters so far (epoch lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerStats>,
 }
 
 /// The metrics a spec names in `train.metrics` besides accuracy (which is always written), on
@@ -94,6 +97,22 @@ impl NamedMetrics {
         let perplexity = self.perplexity.map(|v| ("perplexity", v));
         perplexity.into_iter().chain(self.tokens_per_s.map(|v| ("tokens_per_s", v)))
     }
+}
+
+/// What the parameter-server coordinator did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParameterServerStats {
+    /// Steps put on the coordinator's queue.
+    pub steps_scheduled: u64,
+    /// Steps the ps tasks applied (every scheduled step, at least once, on success).
+    pub steps_applied: u64,
+    /// Steps applied by each worker, by worker index.
+    pub steps_applied_per_worker: Vec<u64>,
+    /// Closures run again after their worker was lost.
+    pub closures_rescheduled: u64,
+    /// Steps by staleness: the updates other workers applied between a step's pull and its
+    /// push (the most over the ps tasks), as `{"0": 120, "1": 80}`.
+    pub staleness_histogram: std::collections::BTreeMap<u64, u64>,
 }
 
 /// `summary.json`.
@@ -164,6 +183,9 @@ pub struct Summary {
     /// The longest background write of one checkpoint (files, fsyncs, pruning), ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub save_write_ms_max: Option<f64>,
+    /// Under `parameter_server`: steps applied per worker, rescheduled, staleness.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerStats>,
 }
 
 /// `summary.json`: the summary and the hash of the spec that produced it.
@@ -341,6 +363,7 @@ impl RunDir {
             examples_per_s: per_s,
             wall_s: self.options.launched.elapsed().as_secs_f64(),
             named: NamedMetrics::of(&self.options.metrics, stats.loss(), None, per_s),
+            parameter_server: None,
         };
         self.metrics(&line)
     }
@@ -426,6 +449,7 @@ impl RunDir {
                 examples_per_s: per_s,
                 wall_s: self.options.launched.elapsed().as_secs_f64(),
                 named: NamedMetrics::of(&self.options.metrics, summary.train_loss, Some(loss), per_s),
+                parameter_server: None,
             };
             self.metrics(&line)?;
         }

@@ -1,5 +1,12 @@
-//! `ParameterServerStrategy`'s runtime pieces, one file each: the chief's coordinator
-//! (`coordinator.rs`). The ps tasks, the push/pull transport and the workers' loop are not
-//! built yet, so `strategy::build` still refuses the strategy.
+//! `ParameterServerStrategy`'s runtime, one file per piece: the chief's coordinator
+//! (`coordinator.rs`) and its ends of the data plane (`client.rs`), the ps tasks (`ps.rs`),
+//! the workers' loop (`worker.rs`), where shards lie in the model's buffers (`layout.rs`) and
+//! the wire format (`wire.rs`). The chief's training loop is `train::coordinate`.
 
+pub mod chief;
+pub mod client;
 pub mod coordinator;
+pub mod layout;
+pub mod ps;
+mod wire;
+pub mod worker;

@@ -1,0 +1,209 @@
+//! The chief's ends of the parameter-server data plane: [`Servers`] (every ps: set the values
+//! at the start, pull them all for evaluation and checkpoints, stop) and [`RemoteWorker`] (a
+//! worker as the coordinator drives it: send a closure, read its statistics).
+
+use super::coordinator::{Closure, Failure, Worker};
+use super::layout::{Layout, gather, gather_trainable, scatter, scatter_trainable};
+use super::wire::{Conn, Frame, Tag, peer_error};
+use crate::cluster::TaskId;
+use crate::engine::{BatchStats, Optimizer};
+use crate::strategy::{StrategyError, Variables};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long the coordinator tries to reach a lost worker again before it gives up on it.
+const REJOIN: Duration = Duration::from_secs(2);
+
+/// The chief's connections to every ps task.
+pub struct Servers {
+    ps: Vec<(TaskId, Conn)>,
+    layout: Layout,
+    timeout: Duration,
+}
+
+impl Servers {
+    /// Dials every ps of `ps` (by index) until `startup`; answers wait `timeout` at most.
+    pub fn connect(
+        layout: Layout,
+        ps: &[(TaskId, SocketAddr)],
+        token: u64,
+        startup: Duration,
+        timeout: Duration,
+    ) -> Result<Self, StrategyError> {
+        let mut conns = Vec::new();
+        for (t, addr) in ps {
+            let conn = Conn::dial(*addr, token, startup, timeout)
+                .map_err(|e| StrategyError::Remote(peer_error(*t, "the connection", &e, timeout)))?;
+            conns.push((*t, conn));
+        }
+        Ok(Self { ps: conns, layout, timeout })
+    }
+
+    fn call(&mut self, i: usize, frame: &Frame, what: &str) -> Result<Frame, StrategyError> {
+        let (t, conn) = &mut self.ps[i];
+        conn.call(frame).map_err(|e| StrategyError::Remote(peer_error(*t, what, &e, self.timeout)))
+    }
+
+    /// Gives every ps its shards of `vars` and of `optimizer`'s state (at the start, and
+    /// after a resume).
+    pub fn set(&mut self, vars: &Variables, optimizer: &Optimizer) -> Result<(), StrategyError> {
+        for i in 0..self.ps.len() {
+            let pieces = &self.layout.ps[i];
+            let mut floats = Vec::with_capacity(self.layout.len(i));
+            gather(pieces, &vars.params, &vars.state, &mut floats);
+            for (_, buffer) in optimizer.state() {
+                gather_trainable(pieces, buffer, &mut floats);
+            }
+            let frame = Frame::new(Tag::Set, vec![optimizer.iterations()], floats);
+            self.call(i, &frame, "the initial values")?;
+        }
+        Ok(())
+    }
+
+    /// Pulls every shard into `vars`, and the optimizer's state into `optimizer`: the whole
+    /// model as one process would hold it, for evaluation and checkpoints.
+    pub fn pull(&mut self, vars: &mut Variables, optimizer: &mut Optimizer) -> Result<(), StrategyError> {
+        for i in 0..self.ps.len() {
+            let answer = self.call(i, &Frame::new(Tag::Pull, vec![1], Vec::new()), "a pull of every shard")?;
+            let (len, trainable) = (self.layout.len(i), self.layout.trainable_len(i));
+            let slots = optimizer.state().len();
+            if answer.floats.len() != len + slots * trainable {
+                let t = self.ps[i].0;
+                return Err(StrategyError::Remote(format!("{t} sent {} values for {len}", answer.floats.len())));
+            }
+            let pieces = &self.layout.ps[i];
+            scatter(pieces, &answer.floats[..len], &mut vars.params, &mut vars.state);
+            let mut at = len;
+            for (_, buffer) in optimizer.state_mut() {
+                scatter_trainable(pieces, &answer.floats[at..at + trainable], buffer);
+                at += trainable;
+            }
+            if i == 0 {
+                // Every push reaches every ps, so they all count the same updates.
+                optimizer.set_iterations(answer.ints.get(1).copied().unwrap_or(0));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells every ps that training is over.
+    pub fn stop(&mut self) -> Result<(), StrategyError> {
+        for i in 0..self.ps.len() {
+            self.call(i, &Frame::new(Tag::Stop, Vec::new(), Vec::new()), "the stop")?;
+        }
+        Ok(())
+    }
+}
+
+/// The learning rate of each step of the epoch being scheduled (callbacks may change it
+/// between epochs, never within one).
+#[derive(Debug, Clone, Default)]
+pub struct Rates {
+    /// The epoch's first step.
+    pub first: u64,
+    /// One rate per step of the epoch.
+    pub lrs: Vec<f32>,
+}
+
+/// What the workers' closures reported since the chief last took it.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Loss and accuracy sums of the steps completed.
+    pub stats: BatchStats,
+    /// Steps by staleness: how many updates reached a ps between a step's pull and its push.
+    pub staleness: BTreeMap<u64, u64>,
+}
+
+/// A worker task as the coordinator drives it.
+pub struct RemoteWorker {
+    task: TaskId,
+    addr: SocketAddr,
+    token: u64,
+    timeout: Duration,
+    conn: Option<Conn>,
+    rates: Arc<Mutex<Rates>>,
+    report: Arc<Mutex<Report>>,
+}
+
+impl RemoteWorker {
+    /// Dials worker `task` at `addr`; closures read their rates from `rates` and add what
+    /// they found to `report`.
+    pub fn connect(
+        task: TaskId,
+        addr: SocketAddr,
+        token: u64,
+        (startup, timeout): (Duration, Duration),
+        rates: Arc<Mutex<Rates>>,
+        report: Arc<Mutex<Report>>,
+    ) -> Result<Self, StrategyError> {
+        let conn = Conn::dial(addr, token, startup, timeout)
+            .map_err(|e| StrategyError::Remote(peer_error(task, "the connection", &e, timeout)))?;
+        Ok(Self { task, addr, token, timeout, conn: Some(conn), rates, report })
+    }
+
+    /// Tells the worker that training is over.
+    fn stop(&mut self) -> Result<(), StrategyError> {
+        let Some(conn) = self.conn.as_mut() else { return Ok(()) };
+        let stop = Frame::new(Tag::Stop, Vec::new(), Vec::new());
+        conn.call(&stop)
+            .map(|_| ())
+            .map_err(|e| StrategyError::Remote(peer_error(self.task, "the stop", &e, self.timeout)))
+    }
+}
+
+impl Drop for RemoteWorker {
+    /// The coordinator is done with this worker: the job ended, or failed. Either way the
+    /// worker leaves cleanly; a failure is the chief's to report.
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+impl Worker for RemoteWorker {
+    fn run(&mut self, closure: &Closure) -> Result<(), Failure> {
+        let Some(conn) = self.conn.as_mut() else { return Err(Failure::WorkerLost(format!("{} is gone", self.task))) };
+        let lrs: Vec<f32> = {
+            let r = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
+            let from = closure.first_step.saturating_sub(r.first) as usize;
+            r.lrs.iter().skip(from).take(closure.steps as usize).copied().collect()
+        };
+        if lrs.len() as u64 != closure.steps {
+            return Err(Failure::Failed(format!("no learning rate for steps from {}", closure.first_step)));
+        }
+        let frame = Frame::new(Tag::Run, vec![closure.first_step, closure.steps], lrs);
+        let answer = match conn.call(&frame) {
+            Ok(a) => a,
+            // The worker itself answered with an error: a ps is gone, or the loss diverged.
+            Err(e) if e.kind() == std::io::ErrorKind::Other => return Err(Failure::Failed(e.to_string())),
+            Err(e) => {
+                self.conn = None;
+                return Err(Failure::WorkerLost(peer_error(self.task, "a closure", &e, self.timeout)));
+            }
+        };
+        let [loss, correct, examples, staleness @ ..] = answer.ints.as_slice() else {
+            return Err(Failure::Failed(format!("{} answered a closure without its statistics", self.task)));
+        };
+        let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
+        report.stats.add(BatchStats { loss_sum: f64::from_bits(*loss), correct: *correct, examples: *examples });
+        for s in staleness {
+            *report.staleness.entry(*s).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    fn rejoin(&mut self) -> bool {
+        // A worker restarted at the same address gets work again; one that is not back soon
+        // is left out, and the others run its share.
+        let deadline = Instant::now() + REJOIN;
+        while Instant::now() < deadline {
+            if let Ok(conn) = Conn::dial(self.addr, self.token, Duration::ZERO, self.timeout) {
+                self.conn = Some(conn);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}

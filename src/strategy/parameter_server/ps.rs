@@ -1,0 +1,134 @@
+//! A ps task: holds its shards (trainable values, then state values, as `layout.rs` lays
+//! them out) with the optimizer state of its trainable values, and applies every pushed
+//! gradient as it arrives, TensorFlow's asynchronous default. One thread per connection (the
+//! chief and each worker); an update holds the lock for one optimizer pass, so a pull never
+//! sees half an update. The version counts the updates applied: a push says which version
+//! its gradient was computed on, and the difference is the staleness the chief reports.
+
+use super::layout::Piece;
+use super::wire::{Conn, Frame, Tag};
+use crate::engine::Optimizer;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// What one ps task serves.
+pub struct PsTask {
+    /// Its pieces of the model.
+    pub pieces: Vec<Piece>,
+    /// The optimizer over its trainable values (no clipping: workers clip the whole
+    /// gradient by its global norm before pushing it, as only they see all of it).
+    pub optimizer: Optimizer,
+    /// Its bound data-plane listener.
+    pub listener: TcpListener,
+    /// The job token's hash.
+    pub token: u64,
+}
+
+struct Held {
+    values: Vec<f32>,
+    trainable: usize,
+    optimizer: Optimizer,
+    version: u64,
+}
+
+/// Serves pulls, pushes and sets until the chief says stop.
+pub fn serve(task: PsTask) -> std::io::Result<()> {
+    let trainable = task.pieces.iter().filter(|p| !p.state).map(|p| p.range.len()).sum();
+    let len = task.pieces.iter().map(|p| p.range.len()).sum();
+    let held = Arc::new(Mutex::new(Held { values: vec![0.0; len], trainable, optimizer: task.optimizer, version: 0 }));
+    let done = Arc::new(AtomicBool::new(false));
+    // Polled so that the chief's stop ends the accept loop without another connection.
+    task.listener.set_nonblocking(true)?;
+    let mut threads = Vec::new();
+    while !done.load(Ordering::SeqCst) {
+        match task.listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                let (held, done, token) = (Arc::clone(&held), Arc::clone(&done), task.token);
+                threads.push(std::thread::spawn(move || {
+                    // A stranger refused, or a peer gone: only that connection ends.
+                    if let Ok(conn) = Conn::accept(stream, token, None) {
+                        let _ = answer(conn, &held, &done);
+                    }
+                }));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Answers one peer's requests in order.
+fn answer(mut conn: Conn, held: &Mutex<Held>, done: &AtomicBool) -> std::io::Result<()> {
+    loop {
+        let request = conn.read()?;
+        let reply = {
+            let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
+            match request.tag {
+                Tag::Pull => pull(&h, request.ints.first() == Some(&1)),
+                Tag::Push => push(&mut h, &request),
+                Tag::Set => set(&mut h, &request),
+                Tag::Stop => {
+                    done.store(true, Ordering::SeqCst);
+                    Frame::new(Tag::Ok, Vec::new(), Vec::new())
+                }
+                Tag::Hello | Tag::Ok | Tag::Error | Tag::Run => Frame::error("a ps answers pull, push, set and stop"),
+            }
+        };
+        conn.write(&reply)?;
+    }
+}
+
+/// The values (and, with `slots`, the optimizer's state buffers and update count).
+fn pull(h: &Held, slots: bool) -> Frame {
+    let mut floats = h.values.clone();
+    if slots {
+        for (_, buffer) in h.optimizer.state() {
+            floats.extend_from_slice(buffer);
+        }
+    }
+    Frame::new(Tag::Ok, vec![h.version, h.optimizer.iterations()], floats)
+}
+
+/// Applies one gradient: `floats = [lr, gradient of the trainable values, state values]`.
+fn push(h: &mut Held, request: &Frame) -> Frame {
+    let (Some(&pulled), Some((&lr, rest))) = (request.ints.first(), request.floats.split_first()) else {
+        return Frame::error("a push carries the version pulled and a learning rate");
+    };
+    if rest.len() != h.values.len() {
+        return Frame::error(&format!("a push of {} values to a ps holding {}", rest.len(), h.values.len()));
+    }
+    let (grads, state) = rest.split_at(h.trainable);
+    let Held { values, trainable, optimizer, version } = h;
+    let (params, held_state) = values.split_at_mut(*trainable);
+    optimizer.step(params, grads, lr);
+    // Statistics (moving means) are assigned: the last worker's value stands.
+    held_state.copy_from_slice(state);
+    let staleness = version.saturating_sub(pulled);
+    *version += 1;
+    Frame::new(Tag::Ok, vec![staleness], Vec::new())
+}
+
+/// Replaces everything: `ints = [update count]`, `floats = [values, slots…]`.
+fn set(h: &mut Held, request: &Frame) -> Frame {
+    let len = h.values.len();
+    let slots = h.optimizer.state().len();
+    if request.floats.len() != len + slots * h.trainable {
+        return Frame::error(&format!(
+            "a set of {} values to a ps holding {len} and {slots} slots",
+            request.floats.len()
+        ));
+    }
+    h.values.copy_from_slice(&request.floats[..len]);
+    let mut at = len;
+    for (_, buffer) in h.optimizer.state_mut() {
+        let n = buffer.len();
+        buffer.copy_from_slice(&request.floats[at..at + n]);
+        at += n;
+    }
+    h.optimizer.set_iterations(request.ints.first().copied().unwrap_or(0));
+    Frame::new(Tag::Ok, Vec::new(), Vec::new())
+}

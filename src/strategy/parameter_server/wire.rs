@@ -1,0 +1,229 @@
+//! The parameter-server data plane: plain TCP between the chief, the workers and the ps
+//! tasks, one connection per pair, requests answered in order. Plain TCP rather than the
+//! tonic control plane: a pull or push moves the whole model (hundreds of KiB) every step,
+//! and a length-prefixed frame of raw little-endian values costs one copy each way, where
+//! gRPC adds protobuf encoding and HTTP/2 flow-control windows (see DEPENDENCIES.md on
+//! tonic's window sizes). As the TCP ring (`collective/handshake.rs`), every connection
+//! opens with a hello carrying the job token's hash, refused with a reason when it differs,
+//! and every read and write has the cluster's timeout, so a dead peer is an error naming it.
+//!
+//! A frame is `tag: u32, ints: u32, floats: u32`, then `ints` little-endian `u64`s and
+//! `floats` little-endian `f32`s.
+
+use crate::cluster::TaskId;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"TRAINPS1");
+const VERSION: u64 = 1;
+/// Frames larger than this are refused (a stranger's bytes, not a model).
+const MAX_VALUES: u32 = 1 << 30;
+
+/// What a frame asks or answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Tag {
+    /// `[MAGIC, VERSION, token hash]`: the first frame of a connection.
+    Hello = 1,
+    /// The request was done; what it returns follows in the frame.
+    Ok = 2,
+    /// The request failed; the floats are the UTF-8 bytes of the reason, one per value.
+    Error = 3,
+    /// To a ps: its values (and with `ints = [1]` its optimizer slots and iterations).
+    Pull = 4,
+    /// To a ps: `ints = [version pulled]`, `floats = [lr, gradients…, state…]`.
+    Push = 5,
+    /// To a ps: `ints = [iterations]`, `floats = [values…, slots…]` (start and resume).
+    Set = 6,
+    /// To a worker: `ints = [first step, steps]`, `floats = [lr of each step]`.
+    Run = 7,
+    /// To any task: training is over; leave.
+    Stop = 8,
+}
+
+impl Tag {
+    fn from_u32(v: u32) -> Option<Tag> {
+        [Tag::Hello, Tag::Ok, Tag::Error, Tag::Pull, Tag::Push, Tag::Set, Tag::Run, Tag::Stop]
+            .into_iter()
+            .find(|t| *t as u32 == v)
+    }
+}
+
+/// One message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub tag: Tag,
+    pub ints: Vec<u64>,
+    pub floats: Vec<f32>,
+}
+
+impl Frame {
+    pub fn new(tag: Tag, ints: Vec<u64>, floats: Vec<f32>) -> Self {
+        Self { tag, ints, floats }
+    }
+
+    /// An error answer carrying `text`.
+    pub fn error(text: &str) -> Self {
+        Self::new(Tag::Error, Vec::new(), text.bytes().map(f32::from).collect())
+    }
+
+    /// The text of an error answer.
+    pub fn text(&self) -> String {
+        let bytes: Vec<u8> = self.floats.iter().map(|&f| f as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// One open connection to or from a peer.
+pub struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    bytes: Vec<u8>,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, timeout: Option<Duration>) -> io::Result<Self> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
+        let writer = BufWriter::with_capacity(1 << 20, stream.try_clone()?);
+        Ok(Self { reader: BufReader::with_capacity(1 << 20, stream), writer, bytes: Vec::new() })
+    }
+
+    /// Dials `addr` until `within`, then says hello with `token`; every later read and write
+    /// fails after `timeout`.
+    pub fn dial(addr: SocketAddr, token: u64, within: Duration, timeout: Duration) -> io::Result<Self> {
+        let deadline = Instant::now() + within;
+        let stream = loop {
+            match TcpStream::connect_timeout(&addr, timeout) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let mut conn = Self::new(stream, Some(timeout))?;
+        conn.call(&Frame::new(Tag::Hello, vec![MAGIC, VERSION, token], Vec::new()))?;
+        Ok(conn)
+    }
+
+    /// Takes an accepted stream: reads the hello and answers it; a stranger (another job's
+    /// task, another version) is refused with the reason and `Err` is returned. Reads wait
+    /// `timeout` at most (`None`: for ever).
+    pub fn accept(stream: TcpStream, token: u64, timeout: Option<Duration>) -> io::Result<Self> {
+        let mut conn = Self::new(stream, timeout)?;
+        let hello = conn.read()?;
+        let refusal = match hello.ints.as_slice() {
+            _ if hello.tag != Tag::Hello => Some("the first frame was not a hello"),
+            [MAGIC, VERSION, t] if *t == token => None,
+            [MAGIC, VERSION, _] => Some("the job tokens differ (is it another job's task?)"),
+            [MAGIC, _, _] => Some("it runs another version of the trainrun parameter-server protocol"),
+            _ => Some("it does not speak the trainrun parameter-server protocol"),
+        };
+        match refusal {
+            None => {
+                conn.write(&Frame::new(Tag::Ok, Vec::new(), Vec::new()))?;
+                Ok(conn)
+            }
+            Some(why) => {
+                // The stranger may be gone already; the refusal is ours to report.
+                let _ = conn.write(&Frame::error(why));
+                Err(io::Error::new(io::ErrorKind::PermissionDenied, why))
+            }
+        }
+    }
+
+    /// Sends `frame`.
+    pub fn write(&mut self, frame: &Frame) -> io::Result<()> {
+        let w = &mut self.writer;
+        w.write_all(&(frame.tag as u32).to_le_bytes())?;
+        w.write_all(&(frame.ints.len() as u32).to_le_bytes())?;
+        w.write_all(&(frame.floats.len() as u32).to_le_bytes())?;
+        for i in &frame.ints {
+            w.write_all(&i.to_le_bytes())?;
+        }
+        // Fixed-size chunks: the copy compiles to plain vector moves, not a byte iterator.
+        self.bytes.resize(4 * frame.floats.len(), 0);
+        for (b, f) in self.bytes.chunks_exact_mut(4).zip(&frame.floats) {
+            b.copy_from_slice(&f.to_le_bytes());
+        }
+        w.write_all(&self.bytes)?;
+        w.flush()
+    }
+
+    /// Reads the next frame.
+    pub fn read(&mut self) -> io::Result<Frame> {
+        let mut head = [0u8; 12];
+        self.reader.read_exact(&mut head)?;
+        let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let (tag, ints, floats) = (word(0), word(4), word(8));
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let tag = Tag::from_u32(tag).ok_or_else(|| bad(format!("unknown frame tag {tag}")))?;
+        if ints > MAX_VALUES || floats > MAX_VALUES {
+            return Err(bad(format!("a frame of {ints} + {floats} values is too large")));
+        }
+        self.bytes.resize(8 * ints as usize, 0);
+        self.reader.read_exact(&mut self.bytes)?;
+        let ints = self.bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        self.bytes.resize(4 * floats as usize, 0);
+        self.reader.read_exact(&mut self.bytes)?;
+        let floats = self.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(Frame { tag, ints, floats })
+    }
+
+    /// Sends `frame` and reads the answer; an error answer becomes `Err` with its text.
+    pub fn call(&mut self, frame: &Frame) -> io::Result<Frame> {
+        self.write(frame)?;
+        let answer = self.read()?;
+        match answer.tag {
+            Tag::Error => Err(io::Error::other(answer.text())),
+            _ => Ok(answer),
+        }
+    }
+}
+
+/// Says what failed talking to `peer`: a timeout as silence, anything else as the peer gone.
+pub fn peer_error(peer: TaskId, what: &str, e: &io::Error, timeout: Duration) -> String {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            format!("{peer} did not answer {what} within {:.1} s (cluster timeout)", timeout.as_secs_f64())
+        }
+        io::ErrorKind::Other | io::ErrorKind::PermissionDenied => format!("{peer} refused {what}: {e}"),
+        _ => format!("{peer} is gone ({what}: {e})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair(server_token: u64, client_token: u64) -> (io::Result<Conn>, io::Result<Conn>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            Conn::accept(s, server_token, Some(Duration::from_secs(5)))
+        });
+        let client = Conn::dial(addr, client_token, Duration::from_secs(5), Duration::from_secs(5));
+        (server.join().unwrap(), client)
+    }
+
+    #[test]
+    fn frames_round_trip_after_a_hello() {
+        let (server, client) = pair(7, 7);
+        let (mut server, mut client) = (server.unwrap(), client.unwrap());
+        let frame = Frame::new(Tag::Push, vec![3, u64::MAX], vec![0.5, -1.25, f32::MIN_POSITIVE]);
+        client.write(&frame).unwrap();
+        assert_eq!(server.read().unwrap(), frame);
+        server.write(&Frame::error("ps:0 is gone")).unwrap();
+        assert_eq!(client.read().unwrap().text(), "ps:0 is gone");
+    }
+
+    #[test]
+    fn another_jobs_token_is_refused_with_the_reason() {
+        let (server, client) = pair(7, 8);
+        assert!(server.err().unwrap().to_string().contains("job tokens differ"));
+        assert!(client.err().unwrap().to_string().contains("job tokens differ"));
+    }
+}

@@ -1,0 +1,194 @@
+//! A worker task under `parameter_server`: it reads its own shuffle of the data (TensorFlow's
+//! `create_per_worker_dataset`) and runs the closures the chief sends. Each step pulls the
+//! current values from every ps, computes the gradient of its own batch and pushes each ps
+//! its part; the ps tasks apply it. A ps that is gone or silent fails the closure with a
+//! message naming it, which the chief raises as the job's error.
+//!
+//! The step computes what the default strategy's step computes (same dropout draws, same
+//! loss scaling, the gradient clipped by its global norm before it is split over the ps), so
+//! one worker with one ps trains bit for bit as `default` does.
+
+use super::layout::{Layout, gather, scatter};
+use super::wire::{Conn, Frame, Tag, peer_error};
+use crate::cluster::TaskId;
+use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
+use crate::engine::BatchStats;
+use crate::engine::init::{STEP_DOMAIN, derive_seed};
+use crate::engine::optimizer::clip_by_global_norm;
+use crate::plan::{OptimizerPlan, Plan};
+use crate::strategy::{BatchView, Replica, StrategyError};
+use std::net::{SocketAddr, TcpListener};
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+/// Separates each worker's shuffle from the others' (worker 0 keeps the run seed's).
+const WORKER_DOMAIN: u64 = 0x5750_4b52; // "WPKR"
+
+/// What a worker task needs.
+pub struct WorkerTask {
+    /// Its index among the workers.
+    pub index: u32,
+    /// Its bound data-plane listener, which the chief dials.
+    pub listener: TcpListener,
+    /// Every ps task's data-plane address, by ps index.
+    pub ps: Vec<(TaskId, SocketAddr)>,
+    /// The job token's hash.
+    pub token: u64,
+}
+
+/// One worker's model, data and connections.
+struct Stepper<'a> {
+    plan: &'a Plan,
+    replica: Replica,
+    pipeline: Pipeline,
+    layout: Layout,
+    ps: Vec<(TaskId, Conn)>,
+    params: Vec<f32>,
+    state: Vec<f32>,
+    grads: Vec<f32>,
+    versions: Vec<u64>,
+    micro: Vec<Batch>,
+    values: Vec<f32>,
+}
+
+/// The pipeline options of worker `index`: its own shuffle of every example.
+pub fn pipeline_options(plan: &Plan, index: u32) -> PipelineOptions {
+    let seed = if index == 0 { plan.seed } else { derive_seed(&[plan.seed, WORKER_DOMAIN, u64::from(index)]) };
+    PipelineOptions {
+        seed,
+        shuffle: plan.data.shuffle,
+        global_batch: NonZeroUsize::new(plan.batch.per_replica).unwrap_or(NonZeroUsize::MIN),
+        drop_remainder: plan.data.drop_remainder,
+        prefetch: plan.data.prefetch,
+        shard: Shard::WHOLE,
+    }
+}
+
+/// Runs the chief's closures until it says stop.
+pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(), StrategyError> {
+    let failed = StrategyError::Remote;
+    let ps_plan = plan.parameter_server.as_ref().ok_or_else(|| failed("the plan has no parameter servers".into()))?;
+    let model = plan.model.build().map_err(|e| failed(e.to_string()))?;
+    let layout = Layout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(failed)?;
+    let (params, state) = (vec![0.0; model.param_len()], vec![0.0; model.state_len()]);
+    let pipeline = Pipeline::new(dataset, &pipeline_options(plan, task.index), Cursor::default())
+        .map_err(|e| failed(e.to_string()))?;
+    let timeout = plan.cluster.timeout;
+    let mut ps = Vec::new();
+    for (t, addr) in &task.ps {
+        let conn = Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout)
+            .map_err(|e| failed(peer_error(*t, "the connection", &e, timeout)))?;
+        ps.push((*t, conn));
+    }
+    let grads = vec![0.0; params.len()];
+    let replica = Replica::new(model, plan.train.loss_fn(), plan.model.classes, plan.threads);
+    let versions = vec![0; ps.len()];
+    let mut stepper = Stepper {
+        plan,
+        replica,
+        pipeline,
+        layout,
+        ps,
+        params,
+        state,
+        grads,
+        versions,
+        micro: Vec::new(),
+        values: Vec::new(),
+    };
+    let (stream, _) = task.listener.accept().map_err(|e| failed(format!("the chief did not connect: {e}")))?;
+    // Between closures the chief may evaluate or save for a while: no read timeout here.
+    let mut chief = Conn::accept(stream, task.token, None).map_err(|e| failed(format!("the chief's hello: {e}")))?;
+    loop {
+        let request = chief.read().map_err(|e| failed(format!("the chief is gone: {e}")))?;
+        let reply = match request.tag {
+            Tag::Run => stepper.closure(&request).unwrap_or_else(|e| Frame::error(&e)),
+            Tag::Stop => {
+                // Training is over; the chief hears the goodbye before this task leaves.
+                let _ = chief.write(&Frame::new(Tag::Ok, Vec::new(), Vec::new()));
+                return Ok(());
+            }
+            Tag::Hello | Tag::Ok | Tag::Error | Tag::Pull | Tag::Push | Tag::Set => {
+                Frame::error("a worker answers run and stop")
+            }
+        };
+        chief.write(&reply).map_err(|e| failed(format!("the chief is gone: {e}")))?;
+    }
+}
+
+impl Stepper<'_> {
+    /// Runs `ints = [first step, steps]` at `floats = [lr of each step]`; answers
+    /// `[loss sum bits, correct, examples, staleness of each step…]`.
+    fn closure(&mut self, request: &Frame) -> Result<Frame, String> {
+        let (Some(&first), Some(&steps)) = (request.ints.first(), request.ints.get(1)) else {
+            return Err("a run names its first step and its steps".into());
+        };
+        if request.floats.len() as u64 != steps {
+            return Err(format!("a run of {steps} steps with {} learning rates", request.floats.len()));
+        }
+        let mut stats = BatchStats::default();
+        let mut staleness = Vec::with_capacity(steps as usize);
+        for (k, &lr) in request.floats.iter().enumerate() {
+            let (s, stale) = self.step(first + k as u64, lr)?;
+            stats.add(s);
+            staleness.push(stale);
+        }
+        let mut ints = vec![stats.loss_sum.to_bits(), stats.correct, stats.examples];
+        ints.extend(staleness);
+        Ok(Frame::new(Tag::Ok, ints, Vec::new()))
+    }
+
+    /// One step: pull, forward and backward, push. Returns its statistics and the most
+    /// updates any ps applied between this step's pull and its push.
+    fn step(&mut self, step: u64, lr: f32) -> Result<(BatchStats, u64), String> {
+        let timeout = self.plan.cluster.timeout;
+        for (i, (t, conn)) in self.ps.iter_mut().enumerate() {
+            let answer = conn.call(&Frame::new(Tag::Pull, vec![0], Vec::new()));
+            let answer = answer.map_err(|e| peer_error(*t, "a pull", &e, timeout))?;
+            if answer.floats.len() != self.layout.len(i) {
+                return Err(format!("{t} sent {} values for {}", answer.floats.len(), self.layout.len(i)));
+            }
+            scatter(&self.layout.ps[i], &answer.floats, &mut self.params, &mut self.state);
+            self.versions[i] = answer.ints.first().copied().unwrap_or(0);
+        }
+        for _ in 0..self.plan.batch.accumulation_steps {
+            self.micro.push(self.pipeline.next_batch().map_err(|e| e.to_string())?);
+        }
+        let scale = 1.0 / self.micro.iter().map(Batch::global_rows).sum::<usize>().max(1) as f32;
+        let seed = derive_seed(&[self.plan.seed, STEP_DOMAIN, step]);
+        let mut stats = BatchStats::default();
+        for (i, batch) in self.micro.iter().enumerate() {
+            let s = derive_seed(&[seed, i as u64, 0]);
+            let view = BatchView::of(batch);
+            let grads = &mut self.grads.as_mut_slice();
+            stats.add(self.replica.forward_backward_view(&self.params, &mut self.state, grads, view, scale, s, i > 0));
+        }
+        for b in self.micro.drain(..) {
+            self.pipeline.recycle(b);
+        }
+        if !stats.loss_sum.is_finite() {
+            return Err(format!("training diverged at step {}: the loss is not finite (NaN or infinite)", step + 1));
+        }
+        if let Some(c) = clip_norm(&self.plan.optimizer) {
+            clip_by_global_norm(&mut self.grads, c as f32);
+        }
+        let mut stale = 0;
+        for (i, (t, conn)) in self.ps.iter_mut().enumerate() {
+            self.values.clear();
+            self.values.push(lr);
+            gather(&self.layout.ps[i], &self.grads, &self.state, &mut self.values);
+            let frame = Frame::new(Tag::Push, vec![self.versions[i]], std::mem::take(&mut self.values));
+            let answer = conn.call(&frame).map_err(|e| peer_error(*t, "a push", &e, timeout))?;
+            self.values = frame.floats;
+            stale = stale.max(answer.ints.first().copied().unwrap_or(0));
+        }
+        Ok((stats, stale))
+    }
+}
+
+/// Keras's `global_clipnorm`, applied here to the whole gradient.
+fn clip_norm(optimizer: &OptimizerPlan) -> Option<f64> {
+    match *optimizer {
+        OptimizerPlan::Sgd { clip_norm, .. } | OptimizerPlan::Adam { clip_norm, .. } => clip_norm,
+    }
+}

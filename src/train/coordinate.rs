@@ -1,0 +1,377 @@
+//! The chief's loop under `parameter_server` (TensorFlow's `ClusterCoordinator` driving
+//! `model.fit`): asynchronous steps do not fit [`super::fit`]'s synchronous
+//! compute-then-apply, so the chief schedules each epoch's closures on the workers through the
+//! coordinator, joins at the epoch's end, pulls every shard from the ps tasks and then does
+//! what `fit` does at an epoch's end with the same parts: evaluation, the metrics line,
+//! callbacks, checkpoints in the usual format, and preemption (SIGTERM stops scheduling, the
+//! steps in flight finish, a backup is saved).
+
+use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
+use super::checkpointer::SavePoint;
+use super::fit::sums;
+use super::record::{MetricsEvent, MetricsLine, ParameterServerStats, RunDir, Summary, peak_rss_mb};
+use super::resume::ResumePoint;
+use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
+use crate::checkpoint::manifest::{EvalState, LoopState};
+use crate::cluster::Role;
+use crate::cluster::job::DataPlane;
+use crate::data::{Cursor, EvalBatches};
+use crate::engine::BatchStats;
+use crate::plan::Plan;
+use crate::progress::{Progress, Shown};
+use crate::strategy::StrategyError;
+use crate::strategy::parameter_server::client::{Rates, RemoteWorker, Report, Servers};
+use crate::strategy::parameter_server::coordinator::Coordinator;
+use crate::strategy::parameter_server::layout::Layout;
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The running job as the chief sees it.
+struct Job {
+    servers: Servers,
+    coordinator: Coordinator,
+    rates: Arc<Mutex<Rates>>,
+    report: Arc<Mutex<Report>>,
+    /// Steps scheduled so far (closures carry several).
+    scheduled_steps: u64,
+}
+
+fn remote(e: impl ToString) -> TrainError {
+    TrainError::Strategy(StrategyError::Remote(e.to_string()))
+}
+
+impl Job {
+    /// Connects to every ps and worker of `data`, gives the ps tasks `session`'s values.
+    fn start(plan: &Plan, session: &Session, data: &DataPlane) -> Result<Self, TrainError> {
+        let ps_plan = plan.parameter_server.as_ref().ok_or_else(|| remote("the plan has no parameter servers"))?;
+        let layout = Layout::new(ps_plan, &session.tensors, &session.state_tensors).map_err(remote)?;
+        let of = |role| data.addresses.iter().filter(move |(t, _)| t.role == role).map(|(t, a)| (*t, *a));
+        let ps: Vec<_> = of(Role::Ps).collect();
+        let (startup, timeout) = (plan.cluster.startup_timeout, plan.cluster.timeout);
+        let mut servers = Servers::connect(layout, &ps, data.token, startup, timeout)?;
+        servers.set(&session.vars, &session.optimizer)?;
+        let rates = Arc::new(Mutex::new(Rates::default()));
+        let report = Arc::new(Mutex::new(Report::default()));
+        let mut workers = Vec::new();
+        for (t, addr) in of(Role::Worker) {
+            let (r, s) = (Arc::clone(&rates), Arc::clone(&report));
+            workers.push(RemoteWorker::connect(t, addr, data.token, (startup, timeout), r, s)?);
+        }
+        let coordinator = Coordinator::new(workers, ps_plan.queue_size, ps_plan.max_staleness);
+        Ok(Self { servers, coordinator, rates, report, scheduled_steps: 0 })
+    }
+
+    fn take_report(&self) -> Report {
+        std::mem::take(&mut *self.report.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn stats(&self, staleness: &BTreeMap<u64, u64>) -> ParameterServerStats {
+        let s = self.coordinator.stats();
+        ParameterServerStats {
+            steps_scheduled: self.scheduled_steps,
+            steps_applied: s.steps_applied(),
+            steps_applied_per_worker: s.steps_per_worker,
+            closures_rescheduled: s.rescheduled,
+            staleness_histogram: staleness.clone(),
+        }
+    }
+}
+
+/// The loop's state between epochs.
+struct Loop<'a> {
+    plan: &'a Plan,
+    opts: &'a FitOptions,
+    job: Job,
+    progress: Progress,
+    eval_batch: NonZeroUsize,
+    step: u64,
+    examples: u64,
+    last_epoch: BatchStats,
+    last_eval: Option<(u64, BatchStats)>,
+    staleness: BTreeMap<u64, u64>,
+    first_step_s: Option<f64>,
+    steady: Duration,
+    steady_examples: u64,
+}
+
+/// What one epoch's scheduling did.
+struct Ran {
+    /// Steps of the epoch done (all of them unless a stop was asked).
+    done: u64,
+    /// A stop (SIGTERM) was asked: no more steps were scheduled.
+    vote: bool,
+    /// The workers' statistics over the epoch's steps.
+    report: Report,
+    took: Duration,
+}
+
+/// Trains `session` as `plan` says, with the workers and ps tasks of `data` doing the steps.
+pub fn coordinate(
+    plan: &Plan,
+    session: &mut Session,
+    callbacks: &mut Callbacks,
+    mut run_dir: Option<&mut RunDir>,
+    opts: &FitOptions,
+    resume: Option<ResumePoint>,
+    data: &DataPlane,
+) -> Result<Summary, TrainError> {
+    let t = &plan.train;
+    let spe = t.steps_per_epoch.max(1);
+    if let Some(r) = &resume {
+        callbacks.restore(&r.loop_state.callbacks, r.epochs_done, r.best.as_ref())?;
+    }
+    let start = resume.as_ref().map_or(0, |r| r.step);
+    let micro = NonZeroUsize::new(plan.batch.per_replica).unwrap_or(NonZeroUsize::MIN);
+    let mut lp = Loop {
+        plan,
+        opts,
+        job: Job::start(plan, session, data)?,
+        progress: Progress::new(opts.progress, t.epochs, opts.prefix.clone()),
+        eval_batch: eval_batch_size(micro, 1, session.activation_len),
+        step: start,
+        examples: resume.as_ref().map_or(0, |r| r.loop_state.examples),
+        last_epoch: BatchStats::default(),
+        last_eval: None,
+        staleness: BTreeMap::new(),
+        first_step_s: None,
+        steady: Duration::ZERO,
+        steady_examples: 0,
+    };
+    let mut stopped = StopReason::Completed;
+    for epoch in start / spe + 1..=t.epochs {
+        let first = if epoch == start / spe + 1 { start % spe } else { 0 };
+        let ran = lp.run_epoch(epoch, first, callbacks)?;
+        lp.job.servers.pull(&mut session.vars, &mut session.optimizer)?;
+        let logs = lp.logs(epoch, &ran, session, callbacks)?;
+        if ran.done == spe {
+            stopped = lp.end_epoch(epoch, &ran, &logs, session, callbacks, run_dir.as_deref_mut())?;
+        }
+        lp.save(epoch, &ran, &logs, session, callbacks)?;
+        if ran.vote {
+            let backup = callbacks.flush()?;
+            callbacks.finish(false)?;
+            leave(lp.job)?;
+            session.strategy.finish()?;
+            return Err(TrainError::Preempted { step: lp.step, backup, chief: true });
+        }
+        if stopped != StopReason::Completed {
+            lp.progress.note(&format!("stopped: {}", stopped.name()));
+            break;
+        }
+    }
+    lp.finish(stopped, session, callbacks, run_dir, resume.as_ref().map(|r| r.step))
+}
+
+impl Loop<'_> {
+    /// Schedules epoch `epoch`'s steps from `first` (until a stop is asked) and joins them.
+    fn run_epoch(&mut self, epoch: u64, first: u64, callbacks: &Callbacks) -> Result<Ran, TrainError> {
+        let (plan, spe) = (self.plan, self.plan.train.steps_per_epoch.max(1));
+        let per_closure = plan.parameter_server.as_ref().map_or(1, |p| p.steps_per_execution.get());
+        let base = (epoch - 1) * spe;
+        self.progress.start_epoch(epoch, spe, first);
+        let lrs = (base..base + spe).map(|s| callbacks.learning_rate(plan.learning_rate.at(s)) as f32).collect();
+        *self.job.rates.lock().unwrap_or_else(PoisonError::into_inner) = Rates { first: base, lrs };
+        let began = Instant::now();
+        self.first_step_s.get_or_insert_with(|| self.opts.launched.elapsed().as_secs_f64());
+        let applied_before = self.job.coordinator.stats().steps_applied();
+        let (mut done, mut vote) = (first, false);
+        while done < spe {
+            vote = self.opts.stop.load(Ordering::Relaxed);
+            if vote {
+                break;
+            }
+            let n = per_closure.min(spe - done);
+            self.job.coordinator.schedule(base + done, n).map_err(remote)?;
+            self.job.scheduled_steps += n;
+            done += n;
+            let applied = self.job.coordinator.stats().steps_applied() - applied_before;
+            self.progress.step(first + applied, &Shown::default());
+        }
+        self.job.coordinator.join().map_err(remote)?;
+        let took = began.elapsed();
+        self.step = base + done;
+        let report = self.job.take_report();
+        for (k, v) in &report.staleness {
+            *self.staleness.entry(*k).or_insert(0) += v;
+        }
+        self.examples += report.stats.examples;
+        if epoch > 1 || plan.train.epochs == 1 {
+            self.steady += took;
+            self.steady_examples += report.stats.examples;
+        }
+        Ok(Ran { done, vote, report, took })
+    }
+
+    /// The logs after an epoch's steps, evaluated when the epoch ended and evaluation is due.
+    fn logs(
+        &mut self,
+        epoch: u64,
+        ran: &Ran,
+        session: &mut Session,
+        callbacks: &Callbacks,
+    ) -> Result<Logs, TrainError> {
+        let epoch_end = ran.done == self.plan.train.steps_per_epoch.max(1);
+        if epoch_end && self.plan.train.eval.is_some_and(|e| e.every_epoch) {
+            self.last_eval = Some((self.step, evaluate(self.plan, session, self.eval_batch)?));
+        }
+        let eval_now = self.last_eval.filter(|e| e.0 == self.step).map(|e| e.1);
+        Ok(Logs {
+            epoch,
+            step: self.step,
+            loss: ran.report.stats.loss(),
+            accuracy: ran.report.stats.accuracy(),
+            val_loss: eval_now.map(|e| e.loss()),
+            val_accuracy: eval_now.map(|e| e.accuracy()),
+            learning_rate: callbacks.learning_rate(self.plan.learning_rate.at(self.step.saturating_sub(1))),
+        })
+    }
+
+    /// An epoch's end: the metrics line, the display and the callbacks' verdict.
+    fn end_epoch(
+        &mut self,
+        epoch: u64,
+        ran: &Ran,
+        logs: &Logs,
+        session: &mut Session,
+        callbacks: &mut Callbacks,
+        run_dir: Option<&mut RunDir>,
+    ) -> Result<StopReason, TrainError> {
+        self.last_epoch = ran.report.stats;
+        if let Some(d) = run_dir {
+            d.metrics(&MetricsLine {
+                event: MetricsEvent::Epoch,
+                epoch,
+                step: self.step,
+                loss: logs.loss,
+                accuracy: logs.accuracy,
+                val_loss: logs.val_loss,
+                val_accuracy: logs.val_accuracy,
+                learning_rate: logs.learning_rate,
+                examples_per_s: ran.report.stats.examples as f64 / ran.took.as_secs_f64().max(1e-9),
+                wall_s: self.opts.launched.elapsed().as_secs_f64(),
+                parameter_server: Some(self.job.stats(&self.staleness)),
+            })?;
+        }
+        let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
+        self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
+        Ok(match callbacks.on_epoch_end(logs, &session.vars)? {
+            Control::Continue => StopReason::Completed,
+            Control::Stop(r) => r,
+            Control::StopAndRestore(r) => {
+                if let Some(best) = callbacks.best_weights() {
+                    session.vars.clone_from(best);
+                    self.last_eval = None;
+                }
+                r
+            }
+        })
+    }
+
+    /// Saves what the callbacks ask for with the pulled variables and optimizer state.
+    fn save(
+        &mut self,
+        epoch: u64,
+        ran: &Ran,
+        logs: &Logs,
+        session: &Session,
+        callbacks: &mut Callbacks,
+    ) -> Result<(), TrainError> {
+        let epoch_end = ran.done == self.plan.train.steps_per_epoch.max(1);
+        let epochs_done = if epoch_end { epoch } else { epoch - 1 };
+        let step = self.step;
+        let loop_state = |callbacks| LoopState {
+            examples: self.examples,
+            epoch_sums: sums(&if epoch_end { BatchStats::default() } else { ran.report.stats }),
+            last_epoch_sums: sums(&self.last_epoch),
+            last_eval: self.last_eval.map(|(step, e)| EvalState { step, sums: sums(&e) }),
+            callbacks,
+            best_weights: false,
+        };
+        let at = Moment { step, epoch_end, preempting: ran.vote, logs };
+        let (vars, optimizer) = (&session.vars, &session.optimizer);
+        let notes = callbacks.save(&at, |callbacks| {
+            if let Some(t) = first_non_finite(vars, &session.tensors, &session.state_tensors) {
+                return Err(TrainError::NonFinite { step, what: format!("the weight tensor `{t}`") });
+            }
+            Ok(SavePoint { epochs_done, cursor: Cursor::default(), loop_state: loop_state(callbacks), vars, optimizer })
+        })?;
+        for n in notes {
+            self.progress.note(&n);
+        }
+        Ok(())
+    }
+
+    /// The job is left, the final evaluation, the weights and the summary.
+    fn finish(
+        mut self,
+        stopped: StopReason,
+        session: &mut Session,
+        callbacks: &mut Callbacks,
+        run_dir: Option<&mut RunDir>,
+        resumed_from_step: Option<u64>,
+    ) -> Result<Summary, TrainError> {
+        let (plan, step) = (self.plan, self.step);
+        let ps_stats = self.job.stats(&self.staleness);
+        leave(self.job)?;
+        let final_eval = match self.last_eval {
+            Some((s, e)) if s == step => Some(e),
+            _ if plan.train.eval.is_some() => Some(evaluate(plan, session, self.eval_batch)?),
+            _ => None,
+        };
+        if let Some(e) = final_eval {
+            self.progress.note(&format!("test: loss: {:.4} - accuracy: {:.4}", e.loss(), e.accuracy()));
+        }
+        let saves = callbacks.finish(true)?;
+        session.strategy.finish()?;
+        if let Some(d) = run_dir.as_deref() {
+            save_weights(&d.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
+        }
+        let steady = self.steady_examples as f64 / self.steady.as_secs_f64().max(1e-9);
+        Ok(Summary {
+            trainrun_version: env!("CARGO_PKG_VERSION"),
+            name: plan.name.clone(),
+            seed: plan.seed,
+            stopped,
+            train_loss: self.last_epoch.loss(),
+            train_accuracy: self.last_epoch.accuracy(),
+            test_loss: final_eval.map(|e| e.loss()),
+            test_accuracy: final_eval.map(|e| e.accuracy()),
+            steps: step,
+            examples: self.examples,
+            wall_s: self.opts.launched.elapsed().as_secs_f64(),
+            first_step_s: self.first_step_s.unwrap_or(0.0),
+            steady_examples_per_s: steady,
+            peak_rss_mb: peak_rss_mb(),
+            weights_sha256: weights_sha256(&session.vars),
+            params: session.vars.params.len(),
+            threads: plan.threads,
+            num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
+            num_workers: plan.strategy.num_workers,
+            transport: Some("tcp"),
+            resumed_from_step,
+            checkpoints_written: saves.map(|s| s.saves),
+            save_block_ms_max: saves.map(|s| s.block_max.as_secs_f64() * 1e3),
+            save_write_ms_max: saves.map(|s| s.write_max.as_secs_f64() * 1e3),
+            parameter_server: Some(ps_stats),
+        })
+    }
+}
+
+/// Ends the job: the workers are told to leave (dropping the coordinator), then the ps tasks.
+fn leave(job: Job) -> Result<(), TrainError> {
+    let Job { mut servers, coordinator, .. } = job;
+    drop(coordinator);
+    servers.stop()?;
+    Ok(())
+}
+
+/// Loss and accuracy on the test split with the pulled variables.
+fn evaluate(plan: &Plan, session: &mut Session, batch: NonZeroUsize) -> Result<BatchStats, TrainError> {
+    let Some(test) = session.dataset.test.as_ref() else { return Ok(BatchStats::default()) };
+    let limit = plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
+    let mut batches = EvalBatches::new(test, batch, session.shard).take(limit);
+    Ok(session.strategy.evaluate(&mut session.vars, &mut batches)?)
+}

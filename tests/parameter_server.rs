@@ -1,0 +1,239 @@
+//! ParameterServerStrategy end to end: a chief (the coordinator), workers and ps tasks as
+//! processes on loopback, started by the launcher, training real MNIST asynchronously.
+
+mod common;
+
+use common::{assert_exit, json, run, tempdir, text, wait_within};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+fn out(dir: &Path) -> String {
+    format!("run.out_dir={}", dir.display())
+}
+
+/// Adam converges in a few hundred asynchronous steps where the tutorial's SGD 0.001 crawls.
+const ADAM: [&str; 2] = ["--set", "optimizer={ kind = \"adam\", learning_rate = 0.001 }"];
+
+#[test]
+fn two_workers_and_a_ps_train_mnist_to_97_percent() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let mut args = vec!["specs/mnist_parameter_server.toml", "-q", "--set", &o];
+    args.extend(ADAM);
+    args.extend(["--set", "train.epochs=2", "--set", "train.steps_per_epoch=350"]);
+    let res = run(&args);
+    assert_exit(&res, 0);
+    let s = json(&dir.path().join("summary.json"));
+    let accuracy = s["test_accuracy"].as_f64().unwrap_or(0.0);
+    assert!(accuracy >= 0.97, "test accuracy {accuracy}\n{s}\n{}", text(&res).1);
+    assert_eq!((s["num_workers"].as_u64(), s["steps"].as_u64()), (Some(2), Some(700)), "{s}");
+    let ps = &s["parameter_server"];
+    assert_eq!(ps["steps_scheduled"], 700, "{ps}");
+    assert_eq!(ps["steps_applied"], 700, "{ps}");
+    let per_worker: Vec<u64> =
+        ps["steps_applied_per_worker"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    // Both workers took work; together they did every step once.
+    assert!(per_worker.len() == 2 && per_worker.iter().all(|&n| n > 0), "{ps}");
+    assert_eq!(per_worker.iter().sum::<u64>(), 700);
+    let staleness: u64 = ps["staleness_histogram"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(staleness, 700, "one staleness per step: {ps}");
+    // Every epoch line carries the coordinator's counters so far.
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let applied: Vec<u64> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "epoch")
+        .filter_map(|v| v["parameter_server"]["steps_applied"].as_u64())
+        .collect();
+    assert_eq!(applied, vec![350, 700], "{metrics}");
+}
+
+/// One worker and one ps against the default strategy at the same batch: the same weights,
+/// bit for bit, with optimizer state (momentum, Adam's moments) living on the ps.
+#[test]
+fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
+    let steps = ["--set", "train.epochs=2", "--set", "train.steps_per_epoch=15"];
+    for optimizer in [
+        "optimizer={ kind = \"sgd\", learning_rate = 0.05, momentum = 0.9 }",
+        "optimizer={ kind = \"adam\", learning_rate = 0.001, clip_norm = 1.0 }",
+    ] {
+        let (ps, one) = (tempdir(), tempdir());
+        let (o_ps, o_one) = (out(ps.path()), out(one.path()));
+        let mut a = vec!["specs/mnist_parameter_server.toml", "-q", "--set", &o_ps, "--set", optimizer];
+        a.extend(["--set", "cluster={ chief = 1, worker = 1, ps = 1 }"]);
+        a.extend(steps);
+        assert_exit(&run(&a), 0);
+        let mut b = vec!["specs/mnist_single.toml", "-q", "--set", &o_one, "--set", optimizer];
+        b.extend(["--set", "batch.global=64"]);
+        b.extend(steps);
+        assert_exit(&run(&b), 0);
+        let (s_ps, s_one) = (json(&ps.path().join("summary.json")), json(&one.path().join("summary.json")));
+        assert_eq!(s_ps["steps"], 30);
+        assert_eq!(s_ps["weights_sha256"], s_one["weights_sha256"], "{optimizer}\n{s_ps}\n{s_one}");
+    }
+}
+
+/// Long enough for any run here on a loaded machine.
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// The launcher of `args`, its output piped.
+fn launch(args: &[&str]) -> Child {
+    common::trainrun()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
+}
+
+/// Waits for the launcher `parent`'s task `task`, then until the job has trained a while.
+fn task_pid(parent: &Child, task: (&str, usize)) -> u32 {
+    let pid = common::launched_task(parent.id(), task, LIMIT).expect("the launcher started the task");
+    std::thread::sleep(Duration::from_secs(4));
+    pid
+}
+
+#[test]
+fn a_killed_ps_fails_the_job_naming_it_within_the_timeout() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let job = launch(&[
+        "specs/mnist_parameter_server.toml",
+        "-q",
+        "--set",
+        &o,
+        "--set",
+        "strategy.timeout_s=5",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=5000",
+    ]);
+    let ps = task_pid(&job, ("ps", 0));
+    let killed = Instant::now();
+    common::signal(ps, libc::SIGKILL);
+    let (res, _) = wait_within(job, LIMIT);
+    let took = killed.elapsed();
+    let stderr = text(&res).1;
+    assert_ne!(res.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("ps:0"), "{stderr}");
+    // The timeout, and the launcher's grace for the others to notice and leave.
+    assert!(took < Duration::from_secs(5 + 2 + 5), "{took:?}\n{stderr}");
+}
+
+#[test]
+fn with_restarts_a_killed_ps_resumes_from_the_chiefs_backup() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let mut job = launch(&[
+        "specs/mnist_parameter_server.toml",
+        "-q",
+        "--set",
+        &o,
+        "--set",
+        "strategy.timeout_s=5",
+        "--set",
+        "cluster.max_restarts=1",
+        "--set",
+        "callbacks=[{ kind = \"backup_and_restore\", delete_checkpoint = false }]",
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "train.steps_per_epoch=40",
+    ]);
+    let backup = dir.path().join("backup/ckpt-0000000040/manifest.json");
+    common::wait_for_file(&backup, LIMIT, &mut [&mut job]);
+    let ps = common::launched_task(job.id(), ("ps", 0), LIMIT).expect("the ps runs");
+    common::signal(ps, libc::SIGKILL);
+    let (res, _) = wait_within(job, LIMIT);
+    assert_exit(&res, 0);
+    let s = json(&dir.path().join("summary.json"));
+    let resumed = s["resumed_from_step"].as_u64().unwrap_or(0);
+    assert!(resumed >= 40, "{s}");
+    assert_eq!(s["steps"], 120, "{s}");
+    assert!(text(&res).1.contains("ps:0"), "the launcher names the task it restarted for");
+}
+
+#[test]
+fn a_killed_worker_costs_only_its_step() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let job = launch(&[
+        "specs/mnist_parameter_server.toml",
+        "-q",
+        "--set",
+        &o,
+        "--set",
+        "strategy.timeout_s=5",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=150",
+    ]);
+    let worker = task_pid(&job, ("worker", 1));
+    common::signal(worker, libc::SIGKILL);
+    let (res, _) = wait_within(job, LIMIT);
+    let stderr = text(&res).1;
+    assert_exit(&res, 0);
+    assert!(stderr.contains("worker:1 ended (killed by signal 9); the job goes on without it"), "{stderr}");
+    let s = json(&dir.path().join("summary.json"));
+    let ps = &s["parameter_server"];
+    assert_eq!(ps["steps_scheduled"], 150, "{ps}");
+    assert_eq!(ps["steps_applied"], 150, "scheduled steps are all applied: {ps}");
+    assert_eq!(s["steps"], 150);
+    // The step in flight on the killed worker ran again on the other one.
+    assert_eq!(ps["closures_rescheduled"], 1, "{ps}");
+}
+
+#[test]
+fn a_parameter_server_backup_resumes_under_mirrored() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let backups = "callbacks=[{ kind = \"backup_and_restore\", delete_checkpoint = false }]";
+    let steps = ["--set", "train.steps_per_epoch=20", "--set", backups, "--set", &o];
+    let mut a = vec!["specs/mnist_parameter_server.toml", "-q", "--set", "train.epochs=1"];
+    a.extend(ADAM.iter().chain(&steps));
+    assert_exit(&run(&a), 0);
+    let mut b = vec!["specs/mnist_mirrored.toml", "-q", "--set", "train.epochs=2", "--set", "batch.global=64"];
+    b.extend(ADAM.iter().chain(&steps));
+    assert_exit(&run(&b), 0);
+    let s = json(&dir.path().join("summary.json"));
+    assert_eq!((s["resumed_from_step"].as_u64(), s["steps"].as_u64()), (Some(20), Some(40)), "{s}");
+    // Adam's moments came back from the ps too: training went on rather than restarting.
+    assert!(s["test_accuracy"].as_f64().unwrap_or(0.0) > 0.8, "{s}");
+}
+
+/// The spec errors of the strategy: each exits 2 naming the key and a fix.
+#[test]
+fn parameter_server_spec_errors_name_the_key_and_a_fix() {
+    let check = |args: &[&str], wanted: &[&str]| {
+        let res = run(args);
+        assert_exit(&res, 2);
+        let (stdout, stderr) = text(&res);
+        for w in wanted {
+            assert!(stderr.contains(w) || stdout.contains(w), "no `{w}` in\n{stdout}\n{stderr}");
+        }
+    };
+    check(
+        &["check", "specs/mnist_multiworker.toml", "--set", "cluster.ps=1"],
+        &["lists 1 parameter server, but strategy.kind = \"multi_worker_mirrored\"", "remove cluster.ps"],
+    );
+    // The base specs set steps_per_epoch and ps; these do not.
+    let dir = tempdir();
+    let spec = |name: &str, train: &str, cluster: &str| {
+        let path = dir.path().join(name);
+        let text = format!(
+            "[data]\ndataset = \"mnist\"\n[model]\n[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\n\
+             type = \"dense\"\nunits = 10\n[train]\nepochs = 1\nloss = \"sparse_categorical_crossentropy\"\n\
+             from_logits = true\n{train}\n[strategy]\nkind = \"parameter_server\"\n[cluster]\n{cluster}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let no_ps = spec("no_ps.toml", "steps_per_epoch = 10", "chief = 1\nworker = 2");
+    check(&["check", &no_ps], &["needs ps and worker tasks", "has 0 ps and 2 workers", "add e.g. ps = 1"]);
+    let endless = spec("endless.toml", "", "chief = 1\nworker = 1\nps = 1");
+    check(&["check", &endless], &["train.steps_per_epoch", "needs train.steps_per_epoch", "steps_per_epoch = 100"]);
+    check(&[&endless, "-q"], &["needs train.steps_per_epoch"]);
+}
