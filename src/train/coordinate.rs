@@ -9,7 +9,7 @@
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
 use super::fit::sums;
-use super::record::{MetricsEvent, MetricsLine, ParameterServerStats, RunDir, Summary, peak_rss_mb};
+use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary, peak_rss_mb};
 use super::resume::ResumePoint;
 use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
@@ -241,6 +241,7 @@ impl Loop<'_> {
     ) -> Result<StopReason, TrainError> {
         self.last_epoch = ran.report.stats;
         if let Some(d) = run_dir {
+            let per_s = ran.report.stats.examples as f64 / ran.took.as_secs_f64().max(1e-9);
             d.metrics(&MetricsLine {
                 event: MetricsEvent::Epoch,
                 epoch,
@@ -250,8 +251,9 @@ impl Loop<'_> {
                 val_loss: logs.val_loss,
                 val_accuracy: logs.val_accuracy,
                 learning_rate: logs.learning_rate,
-                examples_per_s: ran.report.stats.examples as f64 / ran.took.as_secs_f64().max(1e-9),
+                examples_per_s: per_s,
                 wall_s: self.opts.launched.elapsed().as_secs_f64(),
+                named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s),
                 parameter_server: Some(self.job.stats(&self.staleness)),
             })?;
         }
@@ -330,12 +332,14 @@ impl Loop<'_> {
             save_weights(&d.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
         }
         let steady = self.steady_examples as f64 / self.steady.as_secs_f64().max(1e-9);
+        let train_loss = self.last_epoch.loss();
+        let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_eval.map(|e| e.loss()), steady);
         Ok(Summary {
             trainrun_version: env!("CARGO_PKG_VERSION"),
             name: plan.name.clone(),
             seed: plan.seed,
             stopped,
-            train_loss: self.last_epoch.loss(),
+            train_loss,
             train_accuracy: self.last_epoch.accuracy(),
             test_loss: final_eval.map(|e| e.loss()),
             test_accuracy: final_eval.map(|e| e.accuracy()),
@@ -343,8 +347,13 @@ impl Loop<'_> {
             examples: self.examples,
             wall_s: self.opts.launched.elapsed().as_secs_f64(),
             first_step_s: self.first_step_s.unwrap_or(0.0),
+            // The chief reads no training batches: the workers wait for their own.
+            input_wait_s: 0.0,
             steady_examples_per_s: steady,
             peak_rss_mb: peak_rss_mb(),
+            train_perplexity: named.perplexity,
+            test_perplexity: named.val_perplexity,
+            steady_tokens_per_s: named.tokens_per_s,
             weights_sha256: weights_sha256(&session.vars),
             params: session.vars.params.len(),
             threads: plan.threads,
