@@ -103,7 +103,7 @@ pub fn resolve(
     spec: &ClusterSpec,
     resolution: &Resolution,
     multi_process: bool,
-    timeout_s: f64,
+    (timeout_key, timeout_s): (&str, f64),
     diags: &mut Vec<Diagnostic>,
 ) -> ClusterPlan {
     let cluster = &resolution.cluster;
@@ -138,7 +138,7 @@ pub fn resolve(
         part,
         task: resolution.task,
         startup_timeout: duration("cluster.startup_timeout_s", spec.startup_timeout_s, Duration::from_millis(1), diags),
-        timeout: duration("strategy.communication.timeout_s", timeout_s, Duration::from_millis(1), diags),
+        timeout: duration(timeout_key, timeout_s, Duration::from_millis(1), diags),
         restarts: Restarts {
             max_restarts: spec.max_restarts,
             backoff: duration("cluster.restart_backoff_s", spec.restart_backoff_s, Duration::ZERO, diags),

@@ -135,13 +135,18 @@ impl Plan {
     /// Plans `spec` given `facts`; on failure returns every problem found (errors and warnings).
     pub fn new(spec: &Spec, facts: &Facts) -> Result<Plan, Vec<Diagnostic>> {
         let mut diags = Vec::new();
+        // The failure timeout, and the key that set it (errors name the key the user wrote).
         let timeout_s = match &spec.strategy {
-            StrategySpec::MultiWorkerMirrored { communication, .. } => communication.timeout_s,
-            StrategySpec::ParameterServer { timeout_s, .. } => *timeout_s,
+            StrategySpec::MultiWorkerMirrored { communication, .. } => {
+                ("strategy.communication.timeout_s", communication.timeout_s)
+            }
+            StrategySpec::ParameterServer { timeout_s, .. } => ("strategy.timeout_s", *timeout_s),
             StrategySpec::Default
             | StrategySpec::OneDevice { .. }
             | StrategySpec::Mirrored { .. }
-            | StrategySpec::CentralStorage { .. } => crate::spec::CommunicationOptions::default().timeout_s,
+            | StrategySpec::CentralStorage { .. } => {
+                ("strategy.communication.timeout_s", crate::spec::CommunicationOptions::default().timeout_s)
+            }
         };
         let multi_process = StrategyKind::of(&spec.strategy).multi_process();
         let cluster = cluster::resolve(&spec.cluster, &facts.cluster, multi_process, timeout_s, &mut diags);
