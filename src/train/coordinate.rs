@@ -8,8 +8,8 @@
 
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::fit::sums;
-use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary, peak_rss_mb};
+use super::fit::{Ending, summary, sums};
+use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary};
 use super::resume::ResumePoint;
 use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
@@ -332,40 +332,27 @@ impl Loop<'_> {
             save_weights(&d.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
         }
         let steady = self.steady_examples as f64 / self.steady.as_secs_f64().max(1e-9);
-        let train_loss = self.last_epoch.loss();
-        let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_eval.map(|e| e.loss()), steady);
-        Ok(Summary {
-            trainrun_version: env!("CARGO_PKG_VERSION"),
-            name: plan.name.clone(),
-            seed: plan.seed,
-            stopped,
-            train_loss,
-            train_accuracy: self.last_epoch.accuracy(),
-            test_loss: final_eval.map(|e| e.loss()),
-            test_accuracy: final_eval.map(|e| e.accuracy()),
-            steps: step,
-            examples: self.examples,
-            wall_s: self.opts.launched.elapsed().as_secs_f64(),
-            first_step_s: self.first_step_s.unwrap_or(0.0),
-            // The chief reads no training batches: the workers wait for their own.
-            input_wait_s: 0.0,
-            steady_examples_per_s: steady,
-            peak_rss_mb: peak_rss_mb(),
-            train_perplexity: named.perplexity,
-            test_perplexity: named.val_perplexity,
-            steady_tokens_per_s: named.tokens_per_s,
-            weights_sha256: weights_sha256(&session.vars),
-            params: session.vars.params.len(),
-            threads: plan.threads,
-            num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
-            num_workers: plan.strategy.num_workers,
-            transport: Some("tcp"),
-            resumed_from_step,
-            checkpoints_written: saves.map(|s| s.saves),
-            save_block_ms_max: saves.map(|s| s.block_max.as_secs_f64() * 1e3),
-            save_write_ms_max: saves.map(|s| s.write_max.as_secs_f64() * 1e3),
-            parameter_server: Some(ps_stats),
-        })
+        Ok(summary(
+            plan,
+            self.opts.launched,
+            session,
+            Ending {
+                stopped,
+                last_epoch: self.last_epoch,
+                final_eval,
+                steps: step,
+                examples: self.examples,
+                first_step_s: self.first_step_s,
+                // The chief reads no training batches: the workers wait for their own.
+                input_wait_s: 0.0,
+                steady_examples_per_s: steady,
+                weights_sha256: weights_sha256(&session.vars),
+                transport: Some("tcp"),
+                resumed_from_step,
+                saves,
+                parameter_server: Some(ps_stats),
+            },
+        ))
     }
 }
 

@@ -4,9 +4,10 @@
 
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::record::{MetricsEvent, MetricsLine, NamedMetrics, RunDir, Summary, peak_rss_mb};
+use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary, peak_rss_mb};
 use super::resume::ResumePoint;
 use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
+use crate::checkpoint::SaveStats;
 use crate::checkpoint::manifest::{EvalState, LoopState, Sums};
 use crate::data::{Batch, EvalBatches, Pipeline, PipelineOptions};
 use crate::engine::BatchStats;
@@ -469,40 +470,81 @@ impl<'a> Loop<'a> {
         } else {
             self.examples as f64 / t.all.as_secs_f64().max(1e-9)
         };
-        let plan = self.plan;
-        let train_loss = self.last_epoch.loss();
-        let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_eval.map(|e| e.loss()), steady);
-        Ok(Summary {
-            trainrun_version: env!("CARGO_PKG_VERSION"),
-            name: plan.name.clone(),
-            seed: plan.seed,
-            stopped,
-            train_loss,
-            train_accuracy: self.last_epoch.accuracy(),
-            test_loss: final_eval.map(|e| e.loss()),
-            test_accuracy: final_eval.map(|e| e.accuracy()),
-            steps: self.step,
-            examples: self.examples,
-            wall_s: self.opts.launched.elapsed().as_secs_f64(),
-            first_step_s: t.first_step_s.unwrap_or(0.0),
-            input_wait_s: t.input_wait.as_secs_f64(),
-            steady_examples_per_s: steady,
-            peak_rss_mb: peak_rss_mb(),
-            train_perplexity: named.perplexity,
-            test_perplexity: named.val_perplexity,
-            steady_tokens_per_s: named.tokens_per_s,
-            weights_sha256: sha,
-            params: session.vars.params.len(),
-            threads: plan.threads,
-            num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
-            num_workers: plan.strategy.num_workers,
-            transport,
-            resumed_from_step: self.resumed_from_step,
-            checkpoints_written: saves.map(|s| s.saves),
-            save_block_ms_max: saves.map(|s| s.block_max.as_secs_f64() * 1e3),
-            save_write_ms_max: saves.map(|s| s.write_max.as_secs_f64() * 1e3),
-            parameter_server: None,
-        })
+        Ok(summary(
+            self.plan,
+            self.opts.launched,
+            session,
+            Ending {
+                stopped,
+                last_epoch: self.last_epoch,
+                final_eval,
+                steps: self.step,
+                examples: self.examples,
+                first_step_s: t.first_step_s,
+                input_wait_s: t.input_wait.as_secs_f64(),
+                steady_examples_per_s: steady,
+                weights_sha256: sha,
+                transport,
+                resumed_from_step: self.resumed_from_step,
+                saves,
+                parameter_server: None,
+            },
+        ))
+    }
+}
+
+/// How a training loop ended: what [`summary`] does not read from the plan or the session.
+pub(super) struct Ending {
+    pub stopped: StopReason,
+    pub last_epoch: BatchStats,
+    pub final_eval: Option<BatchStats>,
+    pub steps: u64,
+    pub examples: u64,
+    pub first_step_s: Option<f64>,
+    pub input_wait_s: f64,
+    pub steady_examples_per_s: f64,
+    pub weights_sha256: String,
+    pub transport: Option<&'static str>,
+    pub resumed_from_step: Option<u64>,
+    pub saves: Option<SaveStats>,
+    pub parameter_server: Option<ParameterServerStats>,
+}
+
+/// `summary.json` of a run that ended so: shared by `fit` and the parameter-server chief's loop.
+pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: Ending) -> Summary {
+    let train_loss = end.last_epoch.loss();
+    let final_loss = end.final_eval.map(|e| e.loss());
+    let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_loss, end.steady_examples_per_s);
+    Summary {
+        trainrun_version: env!("CARGO_PKG_VERSION"),
+        name: plan.name.clone(),
+        seed: plan.seed,
+        stopped: end.stopped,
+        train_loss,
+        train_accuracy: end.last_epoch.accuracy(),
+        test_loss: final_loss,
+        test_accuracy: end.final_eval.map(|e| e.accuracy()),
+        steps: end.steps,
+        examples: end.examples,
+        wall_s: launched.elapsed().as_secs_f64(),
+        first_step_s: end.first_step_s.unwrap_or(0.0),
+        input_wait_s: end.input_wait_s,
+        steady_examples_per_s: end.steady_examples_per_s,
+        peak_rss_mb: peak_rss_mb(),
+        train_perplexity: named.perplexity,
+        test_perplexity: named.val_perplexity,
+        steady_tokens_per_s: named.tokens_per_s,
+        weights_sha256: end.weights_sha256,
+        params: session.vars.params.len(),
+        threads: plan.threads,
+        num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
+        num_workers: plan.strategy.num_workers,
+        transport: end.transport,
+        resumed_from_step: end.resumed_from_step,
+        checkpoints_written: end.saves.map(|s| s.saves),
+        save_block_ms_max: end.saves.map(|s| s.block_max.as_secs_f64() * 1e3),
+        save_write_ms_max: end.saves.map(|s| s.write_max.as_secs_f64() * 1e3),
+        parameter_server: end.parameter_server,
     }
 }
 
