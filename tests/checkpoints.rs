@@ -26,17 +26,8 @@ fn ckpt(root: &Path, step: u64) -> PathBuf {
 
 /// Runs `trainrun` with `args` to the end within [`LIMIT`].
 fn finish(args: &[&str]) -> std::process::Output {
-    let child = spawn(args);
+    let child = common::spawn(args);
     wait_within(child, LIMIT).0
-}
-
-fn spawn(args: &[&str]) -> Child {
-    common::trainrun()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
 }
 
 fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
@@ -85,7 +76,7 @@ fn a_sigterm_stops_after_a_backup_and_the_next_launch_ends_bit_identical() {
     let dir = tempdir();
     let o = out(dir.path());
     let args = with(&SINGLE, &["--set", &o]);
-    let mut child = spawn(&args);
+    let mut child = common::spawn(&args);
     wait_for_file(&ckpt(&dir.path().join("backup"), 7).join("manifest.json"), LIMIT, &mut [&mut child]);
     std::thread::sleep(jitter(150));
     common::signal(child.id(), libc::SIGTERM);
@@ -278,7 +269,7 @@ fn a_worker_killed_at_a_random_step_is_restarted_and_the_job_ends_bit_identical(
     // Not quiet: the launcher reports how long the restart took.
     let args = ["specs/mnist_fault_tolerant.toml", "--set", "train.epochs=2", "--set", "train.steps_per_epoch=50"];
     let args = with(&args, &["--set", "optimizer.momentum=0.9", "--set", &o]);
-    let mut launcher = spawn(&args);
+    let mut launcher = common::spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
     wait_for_file(&ckpt(&dir.path().join("backup"), 10).join("manifest.json"), LIMIT, &mut [&mut launcher]);
     std::thread::sleep(jitter(400));
@@ -305,7 +296,7 @@ fn a_sigterm_to_a_worker_or_the_launcher_preempts_every_task_and_the_job_resumes
     let backup = dir.path().join("backup");
 
     // A worker asked to stop: all stop after the same step, the chief saves there.
-    let mut launcher = spawn(&args);
+    let mut launcher = common::spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
     wait_for_file(&ckpt(&backup, 10).join("manifest.json"), LIMIT, &mut [&mut launcher]);
     std::thread::sleep(jitter(300));
@@ -316,7 +307,7 @@ fn a_sigterm_to_a_worker_or_the_launcher_preempts_every_task_and_the_job_resumes
     assert!(first_stop >= 10, "{:?}", steps_of(&backup));
 
     // The launcher asked to stop passes it on; the second launch resumed and stops again.
-    let mut launcher = spawn(&args);
+    let mut launcher = common::spawn(&args);
     std::thread::sleep(Duration::from_millis(300));
     wait_for_file(&dir.path().join("metrics.jsonl"), LIMIT, &mut [&mut launcher]);
     let until = Instant::now() + LIMIT;

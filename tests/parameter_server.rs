@@ -5,7 +5,7 @@ mod common;
 
 use common::{assert_exit, json, run, tempdir, text, wait_within};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 fn out(dir: &Path) -> String {
@@ -77,16 +77,6 @@ fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
 /// Long enough for any run here on a loaded machine.
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// The launcher of `args`, its output piped.
-fn launch(args: &[&str]) -> Child {
-    common::trainrun()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
-}
-
 /// Waits for the launcher `parent`'s task `task`, then until the job has trained a while.
 fn task_pid(parent: &Child, task: (&str, usize)) -> u32 {
     let pid = common::launched_task(parent.id(), task, LIMIT).expect("the launcher started the task");
@@ -98,7 +88,7 @@ fn task_pid(parent: &Child, task: (&str, usize)) -> u32 {
 fn a_killed_ps_fails_the_job_naming_it_within_the_timeout() {
     let dir = tempdir();
     let o = out(dir.path());
-    let job = launch(&[
+    let job = common::spawn(&[
         "specs/mnist_parameter_server.toml",
         "-q",
         "--set",
@@ -126,7 +116,7 @@ fn a_killed_ps_fails_the_job_naming_it_within_the_timeout() {
 fn with_restarts_a_killed_ps_resumes_from_the_chiefs_backup() {
     let dir = tempdir();
     let o = out(dir.path());
-    let mut job = launch(&[
+    let mut job = common::spawn(&[
         "specs/mnist_parameter_server.toml",
         "-q",
         "--set",
@@ -159,7 +149,7 @@ fn with_restarts_a_killed_ps_resumes_from_the_chiefs_backup() {
 fn a_killed_worker_costs_only_its_step() {
     let dir = tempdir();
     let o = out(dir.path());
-    let job = launch(&[
+    let job = common::spawn(&[
         "specs/mnist_parameter_server.toml",
         "-q",
         "--set",

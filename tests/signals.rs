@@ -8,7 +8,6 @@ mod common;
 
 use common::{assert_exit, json, tempdir, text, wait_for_file, wait_within};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -21,15 +20,6 @@ const PROMPT: Duration = Duration::from_secs(1);
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn spawn(args: &[&str]) -> Child {
-    common::trainrun()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
 }
 
 fn backup(dir: &Path, step: u64) -> PathBuf {
@@ -64,7 +54,7 @@ fn sigterm_records_preempted_and_ctrl_c_interrupted_after_a_backup() {
     for (signal, code, status) in [(libc::SIGTERM, 6, "preempted"), (libc::SIGINT, 130, "interrupted")] {
         let dir = tempdir();
         let args = single(dir.path());
-        let mut child = spawn(&refs(&args));
+        let mut child = common::spawn(&refs(&args));
         wait_for_file(&backup(dir.path(), 5), LIMIT, &mut [&mut child]);
         common::signal(child.id(), signal);
         let (out, _) = wait_within(child, LIMIT);
@@ -85,7 +75,7 @@ fn a_second_ctrl_c_stops_at_once() {
     let _serial = serial();
     let dir = tempdir();
     let args = single(dir.path());
-    let mut child = spawn(&refs(&args));
+    let mut child = common::spawn(&refs(&args));
     wait_for_file(&backup(dir.path(), 5), LIMIT, &mut [&mut child]);
     common::signal(child.id(), libc::SIGINT);
     // Two signals sent back to back reach a process the loaded machine has not run in between
@@ -130,7 +120,7 @@ fn a_task_loading_data_ends_within_a_second() {
     let _serial = serial();
     let dir = tempdir();
     let args = single(dir.path());
-    let child = spawn(&refs(&args));
+    let child = common::spawn(&refs(&args));
     // Within the first moments the process loads and decompresses MNIST.
     std::thread::sleep(Duration::from_millis(150));
     let asked = Instant::now();
@@ -179,7 +169,7 @@ fn ctrl_c_to_the_launcher_stops_every_task_after_a_backup_and_twice_at_once() {
     for twice in [false, true] {
         let dir = tempdir();
         let args = fault_tolerant(dir.path(), &[]);
-        let mut launcher = spawn(&refs(&args));
+        let mut launcher = common::spawn(&refs(&args));
         wait_for_file(&backup(dir.path(), 10), LIMIT, &mut [&mut launcher]);
         let tasks = children(launcher.id());
         assert_eq!(tasks.len(), 2, "{tasks:?}");
@@ -206,7 +196,7 @@ fn a_stop_during_the_restart_back_off_ends_the_launcher_within_a_second() {
     let _serial = serial();
     let dir = tempdir();
     let args = fault_tolerant(dir.path(), &["--set", "cluster.restart_backoff_s=60"]);
-    let mut launcher = spawn(&refs(&args));
+    let mut launcher = common::spawn(&refs(&args));
     wait_for_file(&backup(dir.path(), 10), LIMIT, &mut [&mut launcher]);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).unwrap_or_else(|| panic!("no worker:1"));
     common::signal(victim, libc::SIGKILL);
@@ -250,7 +240,7 @@ fn slow_run(dir: &Path, batch: u64, threads: u64, steps: u64) -> Vec<String> {
 /// Stops `child` `after` its `run.json` appeared (training has begun) and checks that it
 /// ended within [`PROMPT`], abandoning what was under way, recorded as `status`.
 fn stopped_mid_work(dir: &Path, args: &[String], after: Duration, (signal, code, status): (i32, i32, &str)) {
-    let mut child = spawn(&refs(args));
+    let mut child = common::spawn(&refs(args));
     wait_for_file(&dir.join("run.json"), LIMIT, &mut [&mut child]);
     std::thread::sleep(after);
     let asked = Instant::now();
@@ -285,7 +275,7 @@ fn a_stop_during_the_final_evaluation_ends_the_task_within_a_second() {
     let dir = tempdir();
     // 1,000 threads on a few cores make the evaluation of the 10,000 test images take seconds.
     let args = slow_run(dir.path(), 64, 1000, 1);
-    let mut child = spawn(&refs(&args));
+    let mut child = common::spawn(&refs(&args));
     // The last step's backup is queued right before the final evaluation begins.
     wait_for_file(&backup(dir.path(), 1), LIMIT, &mut [&mut child]);
     let asked = Instant::now();
@@ -309,7 +299,7 @@ fn sigterm_to_the_launcher_during_slow_steps_ends_every_task_within_a_second() {
         dir.path(),
         &["--set", "batch.per_replica=4096", "--set", "run.threads=1", "--set", "cluster.max_restarts=0"],
     );
-    let mut launcher = spawn(&refs(&args));
+    let mut launcher = common::spawn(&refs(&args));
     wait_for_file(&dir.path().join("run.json"), LIMIT, &mut [&mut launcher]);
     let tasks = children(launcher.id());
     assert_eq!(tasks.len(), 2, "{tasks:?}");

@@ -44,6 +44,16 @@ pub fn trainrun() -> Command {
 }
 
 /// Runs `trainrun` with `args`.
+/// Starts `trainrun args` with its output piped (read it with [`wait_within`]).
+pub fn spawn(args: &[&str]) -> Child {
+    trainrun()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"))
+}
+
 pub fn run(args: &[&str]) -> Output {
     match trainrun().args(args).output() {
         Ok(out) => out,
