@@ -318,3 +318,83 @@ fn sigterm_to_the_launcher_during_slow_steps_ends_every_task_within_a_second() {
     let left: Vec<_> = tasks.iter().filter(|&&p| alive(p)).collect();
     assert!(left.is_empty(), "tasks left running: {left:?}");
 }
+
+/// Two workers training a tiny model on synthetic data: a step takes about a millisecond and
+/// the chief reports every one, for many seconds unless stopped.
+fn fast_steps(dir: &Path) -> PathBuf {
+    let spec = format!(
+        r#"
+[run]
+name = "fast"
+seed = 5
+out_dir = "{out}"
+threads = 1
+[data]
+dataset = "synthetic"
+[data.synthetic]
+train_examples = 640
+test_examples = 64
+[strategy]
+kind = "multi_worker_mirrored"
+[cluster]
+worker = 2
+[batch]
+global = 64
+[optimizer]
+kind = "sgd"
+learning_rate = 0.05
+[model]
+[[model.layers]]
+type = "flatten"
+[[model.layers]]
+type = "dense"
+units = 32
+activation = "relu"
+[[model.layers]]
+type = "dense"
+units = 10
+[train]
+epochs = 2000
+loss = "sparse_categorical_crossentropy"
+from_logits = true
+[[callbacks]]
+kind = "backup_and_restore"
+save_freq = 10
+"#,
+        out = dir.join("run").display()
+    );
+    let path = dir.join("fast.toml");
+    std::fs::write(&path, spec).unwrap();
+    path
+}
+
+/// The launcher used to read its tasks' output until a 20 ms pause; with a line every
+/// millisecond the pause never came, the SIGTERM reached no task, and the job ran to its end
+/// recorded as `completed` (3 runs in 4).
+#[test]
+fn sigterm_to_the_launcher_of_a_job_with_fast_steps_preempts_it() {
+    let _serial = serial();
+    for _ in 0..3 {
+        let dir = tempdir();
+        let spec = fast_steps(dir.path());
+        let mut launcher = common::spawn(&[spec.to_str().unwrap(), "-q"]);
+        let backups = dir.path().join("run/backup");
+        let started = Instant::now();
+        // Backups replace each other every 10 steps: wait for any complete one.
+        while !std::fs::read_dir(&backups)
+            .map(|d| d.flatten().any(|e| e.path().join("manifest.json").exists()))
+            .unwrap_or(false)
+        {
+            assert!(launcher.try_wait().unwrap().is_none(), "the job ended before its first backup");
+            assert!(started.elapsed() < LIMIT, "no backup in {}", backups.display());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        common::signal(launcher.id(), libc::SIGTERM);
+        let (out, took) = wait_within(launcher, LIMIT);
+        assert_exit(&out, 6);
+        assert!(took < Duration::from_secs(5), "the stop took {took:?}");
+        let record = json(&dir.path().join("run/run.json"));
+        assert_eq!(record["status"], "preempted", "{record}");
+        assert!(!dir.path().join("run/model.safetensors").exists(), "a stopped run writes no final weights");
+    }
+}

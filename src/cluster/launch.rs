@@ -335,7 +335,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
     let mut forwarded: Option<Instant> = None;
     let mut preempted = false;
     loop {
-        while let Ok(line) = rx.recv_timeout(Duration::from_millis(20)) {
+        for line in arriving(&rx) {
             match line {
                 Line::Event(e) => {
                     if let (Event::Step { .. }, Some((at, task))) = (&e, waiting) {
@@ -410,6 +410,31 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
     }
     Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
+}
+
+/// How long the launcher reads its tasks' output before it looks at signals and exits again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The lines that arrive within [`POLL`]. Bounded by time, not by a pause in the output: tasks
+/// that print a line every few milliseconds (fast steps) kept the launcher from ever seeing
+/// a SIGTERM, which then reached no task and the job ran to its end.
+fn arriving(rx: &mpsc::Receiver<Line>) -> impl Iterator<Item = Line> + '_ {
+    let until = Instant::now() + POLL;
+    std::iter::from_fn(move || {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match rx.recv_timeout(left) {
+            Ok(line) => Some(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // Every task's output has closed; their exits are what is left to see.
+                std::thread::sleep(left);
+                None
+            }
+        }
+    })
 }
 
 /// The failed tasks the job survives: those of an expendable role while another task of that
