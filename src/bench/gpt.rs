@@ -3,11 +3,17 @@
 //! threads, attention through `F.scaled_dot_product_attention`), run alternately T P T P T P
 //! so both see the same machine. It prints each pair's steady tokens/s and peak memory with
 //! their ratios and, in the full bench, the time from launch to the validation loss PyTorch
-//! reaches after its 2,000 steps (`specs/bench/gpt_tta.toml` stops there). Skipped, saying
+//! reaches after its 2,000 steps (`specs/bench/gpt_tta.toml` stops there), both sides evaluating
+//! every [`EVAL_EVERY`] steps. Skipped, saying
 //! why, when the Python of `TRAINRUN_BENCH_PYTHON` (default `python3`) has no torch.
 
 use super::{f, job};
 use std::path::Path;
+
+/// How often both sides evaluate on Macbeth in the time-to-loss row. The peer evaluates as
+/// often as trainrun does, so both launch-to-loss times carry the same evaluations (it used to
+/// evaluate only at the end while trainrun evaluated ten times, which charged trainrun alone).
+const EVAL_EVERY: u32 = 200;
 
 /// What one run of `benches/gpt_torch.py` measured.
 struct Torch {
@@ -89,19 +95,26 @@ pub fn run(exe: &Path, python: &str, quick: bool) -> Result<(), String> {
     if quick {
         return Ok(());
     }
-    println!("\n== GPT time from launch to PyTorch's validation loss after 2,000 steps (Macbeth)");
-    let theirs = torch(python, &[])?;
+    println!(
+        "\n== GPT time from launch to PyTorch's validation loss after 2,000 steps (Macbeth), both evaluating \
+         every {EVAL_EVERY} steps"
+    );
+    let theirs = torch(python, &["--eval-every", &EVAL_EVERY.to_string()])?;
     let target = theirs.val_loss.ok_or("gpt_torch.py printed no validation loss")?;
-    let ours = job(exe, "specs/bench/gpt_tta.toml", &[&format!("callbacks[0].target={target}")])?;
+    let sets = [format!("callbacks[0].target={target}"), format!("train.evaluate_every_steps={EVAL_EVERY}")];
+    let ours = job(exe, "specs/bench/gpt_tta.toml", &[sets[0].as_str(), sets[1].as_str()])?;
     let s = &ours.summary;
     println!("{:<44} {:>8} {:>7} {:>9} {:>9}", "run", "wall s", "steps", "val loss", "peak MB");
     println!(
         "{:<44} {:>8.1} {:>7} {target:>9.4} {:>9.0}",
-        "PyTorch, 2,000 steps", theirs.wall_s, 2000, theirs.peak_rss_mb
+        &format!("PyTorch, 2,000 steps (evaluating every {EVAL_EVERY})"),
+        theirs.wall_s,
+        2000,
+        theirs.peak_rss_mb
     );
     println!(
         "{:<44} {:>8.1} {:>7} {:>9.4} {:>9.0}",
-        "trainrun, to that loss (evaluating every 200)",
+        &format!("trainrun, to that loss (evaluating every {EVAL_EVERY})"),
         ours.wall_s,
         s["steps"],
         f(s, "test_loss"),

@@ -265,6 +265,18 @@ impl Window {
         (o * stride).saturating_sub(pad).min(end)..end
     }
 
+    /// Input row for output row `oy` and window row `ky`, if inside the image.
+    #[inline(always)]
+    pub(crate) fn source_row(&self, oy: usize, ky: usize) -> Option<usize> {
+        Self::source(oy, ky, self.sh, self.pad_top, self.h)
+    }
+
+    /// Input column for output column `ox` and window column `kx`, if inside the image.
+    #[inline(always)]
+    pub(crate) fn source_col(&self, ox: usize, kx: usize) -> Option<usize> {
+        Self::source(ox, kx, self.sw, self.pad_left, self.w)
+    }
+
     /// Input row/column for output row/column `o` and window offset `k`, if inside the image.
     #[inline]
     fn source(o: usize, k: usize, stride: usize, pad: usize, len: usize) -> Option<usize> {

@@ -1,9 +1,11 @@
-//! `conv2d`: Keras's `Conv2D` (channels last) as im2col + `gemm`, split over threads by image.
+//! `conv2d`: Keras's `Conv2D` (channels last) as im2col + `gemm`, split over threads by image;
+//! one-channel 3 × 3 layers (MNIST's first) run direct kernels instead (`conv2d_direct`).
 //!
 //! The batch is split into a fixed number of parts ([`SUM_PARTS`]), each worked through in
 //! chunks small enough to stay in cache with its own partial weight gradient; the partials are
 //! summed in part order, so results depend neither on scheduling nor on the thread count.
 
+use super::conv2d_direct;
 use crate::engine::activation;
 use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, matmul, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
@@ -132,11 +134,17 @@ impl Layer for Conv2d {
         self.parts.resize_with(ranges.len(), Part::default);
         let (in_len, out_len, per_image) =
             (win.h * win.w * win.c, win.positions() * filters, win.positions() * win.patch_len());
-        let keep = pass.training && n * per_image <= KEEP_VALUES;
+        let direct = conv2d_direct::applies(&win, filters);
+        let keep = pass.training && n * per_image <= KEEP_VALUES && !direct;
         self.kept = keep.then_some(n);
         let ys = split_rows(&mut y[..n * out_len], &ranges, out_len);
         self.parts.par_iter_mut().zip(ys).zip(&ranges).for_each(|((part, y), r)| {
             let x = &x[r.start * in_len..r.end * in_len];
+            if direct {
+                conv2d_direct::forward(&win, kernel, use_bias.then_some(bias), x, r.len(), y);
+                activation::forward(act, y, filters);
+                return;
+            }
             part.patches.resize(if keep { r.len() } else { chunk.min(r.len()) } * per_image, 0.0);
             for start in (0..r.len()).step_by(chunk) {
                 let imgs = chunk.min(r.len() - start);
@@ -170,6 +178,7 @@ impl Layer for Conv2d {
         let kernel = &params[..kernel_len];
         let (in_len, out_len, per_image) = (win.h * win.w * win.c, win.positions() * filters, win.positions() * pl);
         let kept = self.kept.take() == Some(n);
+        let direct = conv2d_direct::applies(&win, filters);
         let ranges = partition(n, SUM_PARTS);
         self.parts.resize_with(ranges.len(), Part::default);
         let dxs: Vec<Option<&mut [f32]>> = match dx {
@@ -180,9 +189,11 @@ impl Layer for Conv2d {
             part.d_kernel.resize(kernel_len, 0.0);
             part.d_bias.clear();
             part.d_bias.resize(filters, 0.0);
-            if r.is_empty() {
+            if r.is_empty() || direct {
+                // The direct kernels add to it from the first chunk on.
                 part.d_kernel.fill(0.0);
             }
+            let Part { patches: part_patches, d_patches, dz: part_dz, d_kernel, d_bias } = part;
             for start in (0..r.len()).step_by(chunk) {
                 let imgs = chunk.min(r.len() - start);
                 let rows = imgs * win.positions();
@@ -192,25 +203,29 @@ impl Layer for Conv2d {
                 let dz: &[f32] = if act == Activation::Linear {
                     dy
                 } else {
-                    part.dz.resize(imgs * out_len, 0.0);
-                    activation::backward(act, y, dy, &mut part.dz, filters);
-                    &part.dz
+                    part_dz.resize(imgs * out_len, 0.0);
+                    activation::backward(act, y, dy, part_dz, filters);
+                    part_dz
                 };
+                if direct && dx.is_none() {
+                    conv2d_direct::backward(&win, &x[(r.start + start) * in_len..], imgs, dz, d_kernel, d_bias);
+                    continue;
+                }
                 let patches: &[f32] = if kept {
-                    &part.patches[start * per_image..(start + imgs) * per_image]
+                    &part_patches[start * per_image..(start + imgs) * per_image]
                 } else {
-                    part.patches.resize(imgs * per_image, 0.0);
-                    win.im2col(&x[(r.start + start) * in_len..], imgs, &mut part.patches);
-                    &part.patches
+                    part_patches.resize(imgs * per_image, 0.0);
+                    win.im2col(&x[(r.start + start) * in_len..], imgs, part_patches);
+                    part_patches
                 };
-                matmul(pl, filters, rows, patches, true, dz, false, &mut part.d_kernel, start > 0, 1);
-                add_rows(&mut part.d_bias, dz);
+                matmul(pl, filters, rows, patches, true, dz, false, d_kernel, start > 0, 1);
+                add_rows(d_bias, dz);
                 if let Some(dx) = dx.as_deref_mut() {
-                    part.d_patches.resize(rows * pl, 0.0);
-                    matmul(rows, pl, filters, dz, false, kernel, true, &mut part.d_patches, false, 1);
+                    d_patches.resize(rows * pl, 0.0);
+                    matmul(rows, pl, filters, dz, false, kernel, true, d_patches, false, 1);
                     let dx = &mut dx[start * in_len..(start + imgs) * in_len];
                     dx.fill(0.0);
-                    win.col2im(&part.d_patches, imgs, dx);
+                    win.col2im(d_patches, imgs, dx);
                 }
             }
         });

@@ -5,6 +5,7 @@ mod avg_pool2d;
 mod batch_norm;
 mod composite;
 mod conv2d;
+mod conv2d_direct;
 mod dense;
 mod dropout;
 mod embedding;
