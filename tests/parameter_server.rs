@@ -145,8 +145,10 @@ fn with_restarts_a_killed_ps_resumes_from_the_chiefs_backup() {
     assert!(text(&res).1.contains("ps:0"), "the launcher names the task it restarted for");
 }
 
+/// `kill -9` of a worker mid-run: the launcher starts it again at once, it rejoins the running
+/// job (chief and ps go on), and the coordinator gives it work again.
 #[test]
-fn a_killed_worker_costs_only_its_step() {
+fn a_killed_worker_is_restarted_and_rejoins_the_job() {
     let dir = tempdir();
     let o = out(dir.path());
     let job = common::spawn(&[
@@ -159,21 +161,31 @@ fn a_killed_worker_costs_only_its_step() {
         "--set",
         "train.epochs=1",
         "--set",
-        "train.steps_per_epoch=150",
+        "train.steps_per_epoch=1500",
     ]);
     let worker = task_pid(&job, ("worker", 1));
     common::signal(worker, libc::SIGKILL);
     let (res, _) = wait_within(job, LIMIT);
     let stderr = text(&res).1;
     assert_exit(&res, 0);
-    assert!(stderr.contains("worker:1 ended (killed by signal 9); the job goes on without it"), "{stderr}");
+    assert!(
+        stderr.contains("worker:1 ended (killed by signal 9); restarting it in 0.0 s to rejoin the job"),
+        "{stderr}"
+    );
     let s = json(&dir.path().join("summary.json"));
     let ps = &s["parameter_server"];
-    assert_eq!(ps["steps_scheduled"], 150, "{ps}");
-    assert_eq!(ps["steps_applied"], 150, "scheduled steps are all applied: {ps}");
-    assert_eq!(s["steps"], 150);
-    // The step in flight on the killed worker ran again on the other one.
+    assert_eq!(ps["steps_scheduled"], 1500, "{ps}");
+    assert_eq!(ps["steps_applied"], 1500, "scheduled steps are all applied: {ps}");
+    assert_eq!(s["steps"], 1500);
+    // The step in flight on the killed worker ran again.
     assert_eq!(ps["closures_rescheduled"], 1, "{ps}");
+    assert_eq!(ps["rejoins_per_worker"], serde_json::json!([0, 1]), "{ps}");
+    let since = ps["steps_applied_since_rejoin"][1].as_u64().unwrap_or(0);
+    assert!(since > 0, "the restarted worker applied steps after its restart: {ps}");
+    assert!(since < ps["steps_applied_per_worker"][1].as_u64().unwrap_or(0), "and some before: {ps}");
+    let absent = ps["absent_ms_per_worker"][1].as_u64().unwrap_or(0);
+    assert!(absent > 0 && absent < LIMIT.as_millis() as u64, "{ps}");
+    eprintln!("worker:1 was absent {absent} ms");
 }
 
 #[test]

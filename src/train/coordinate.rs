@@ -75,6 +75,9 @@ impl Job {
             steps_applied: s.steps_applied(),
             steps_applied_per_worker: s.steps_per_worker,
             closures_rescheduled: s.rescheduled,
+            rejoins_per_worker: s.rejoins_per_worker,
+            steps_applied_since_rejoin: s.steps_since_rejoin,
+            absent_ms_per_worker: s.absent_ms_per_worker,
             staleness_histogram: staleness.clone(),
         }
     }

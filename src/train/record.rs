@@ -110,6 +110,14 @@ pub struct ParameterServerStats {
     pub steps_applied_per_worker: Vec<u64>,
     /// Closures run again after their worker was lost.
     pub closures_rescheduled: u64,
+    /// How often each worker came back after it was lost (the launcher restarted it).
+    pub rejoins_per_worker: Vec<u64>,
+    /// Steps applied by each worker since it last rejoined (all of its steps when it never
+    /// left).
+    pub steps_applied_since_rejoin: Vec<u64>,
+    /// Milliseconds each worker was lost before it came back (or the run ended), in all:
+    /// the launcher's restart, the process's start and its reconnection.
+    pub absent_ms_per_worker: Vec<u64>,
     /// Steps by staleness: the updates other workers applied between a step's pull and its
     /// push (the most over the ps tasks), as `{"0": 120, "1": 80}`.
     pub staleness_histogram: std::collections::BTreeMap<u64, u64>,

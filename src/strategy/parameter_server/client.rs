@@ -13,9 +13,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long the coordinator tries to reach a lost worker again before it gives up on it.
-const REJOIN: Duration = Duration::from_secs(2);
-
 /// The chief's connections to every ps task.
 pub struct Servers {
     ps: Vec<(TaskId, Conn)>,
@@ -121,6 +118,8 @@ pub struct RemoteWorker {
     task: TaskId,
     addr: SocketAddr,
     token: u64,
+    /// How long a restarted worker may take to start and listen again (the startup timeout).
+    startup: Duration,
     timeout: Duration,
     conn: Option<Conn>,
     rates: Arc<Mutex<Rates>>,
@@ -140,7 +139,7 @@ impl RemoteWorker {
     ) -> Result<Self, StrategyError> {
         let conn = Conn::dial(addr, token, startup, timeout)
             .map_err(|e| StrategyError::Remote(peer_error(task, "the connection", &e, timeout)))?;
-        Ok(Self { task, addr, token, timeout, conn: Some(conn), rates, report })
+        Ok(Self { task, addr, token, startup, timeout, conn: Some(conn), rates, report })
     }
 
     /// Tells the worker that training is over.
@@ -193,16 +192,17 @@ impl Worker for RemoteWorker {
         Ok(())
     }
 
-    fn rejoin(&mut self) -> bool {
-        // A worker restarted at the same address gets work again; one that is not back soon
-        // is left out, and the others run its share.
-        let deadline = Instant::now() + REJOIN;
-        while Instant::now() < deadline {
+    fn rejoin(&mut self, give_up: &dyn Fn() -> bool) -> bool {
+        // The launcher restarts a lost worker, which listens at the same data-plane address
+        // (`cluster::job`) and gets work again; one not back within the startup timeout is
+        // left out, and the others run its share.
+        let deadline = Instant::now() + self.startup;
+        while Instant::now() < deadline && !give_up() {
             if let Ok(conn) = Conn::dial(self.addr, self.token, Duration::ZERO, self.timeout) {
                 self.conn = Some(conn);
                 return true;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(20));
         }
         false
     }
