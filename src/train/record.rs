@@ -59,6 +59,27 @@ pub struct MetricsLine {
     pub parameter_server: Option<ParameterServerStats>,
 }
 
+impl MetricsLine {
+    /// The line of `logs` (an epoch's end or an evaluation) at `per_s` examples per second,
+    /// `wall_s` after launch, with the plan's named `metrics`.
+    pub fn of(event: MetricsEvent, logs: &super::callbacks::Logs, per_s: f64, wall_s: f64, metrics: &[Metric]) -> Self {
+        MetricsLine {
+            event,
+            epoch: logs.epoch,
+            step: logs.step,
+            loss: logs.loss,
+            accuracy: logs.accuracy,
+            val_loss: logs.val_loss,
+            val_accuracy: logs.val_accuracy,
+            learning_rate: logs.learning_rate,
+            examples_per_s: per_s,
+            wall_s,
+            named: NamedMetrics::of(metrics, logs.loss, logs.val_loss, per_s),
+            parameter_server: None,
+        }
+    }
+}
+
 /// The metrics a spec names in `train.metrics` besides accuracy (which is always written), on
 /// one line of `metrics.jsonl`; absent unless listed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
