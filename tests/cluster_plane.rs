@@ -67,6 +67,7 @@ fn job(tasks: &[&str], timeouts: Timeouts) -> Vec<(ClusterConfig, TcpListener)> 
                 timeouts,
                 payload: format!("payload of {t}").into_bytes(),
                 tls: None,
+                expendable: Vec::new(),
             };
             (config, listener)
         })
@@ -282,6 +283,35 @@ fn a_task_that_dies_fails_every_other_task_naming_it() {
             assert!(failure.to_string().starts_with("worker:2 died: "), "{failure}");
             // A closed connection is noticed at once, well within the failure timeout.
             assert!(after < Duration::from_millis(1_000), "{after:?}");
+        }
+    });
+}
+
+/// Workers under `parameter_server`: one that dies fails nobody, its restarted process checks
+/// in again and gets the job's roster; a ps that dies still fails the job.
+#[test]
+fn an_expendable_worker_dies_and_rejoins_without_failing_the_job() {
+    within(Duration::from_secs(30), || {
+        let mut tasks = job(&["chief:0", "ps:0", "worker:0", "worker:1"], timeouts(5_000, 3_000));
+        for (config, _) in &mut tasks {
+            config.expendable = vec![trainrun::cluster::Role::Worker];
+        }
+        let again = tasks[3].0.clone();
+        let mut planes = start(tasks);
+        let roster = rendezvous(&planes).remove(0);
+        drop(planes.pop());
+        thread::sleep(Duration::from_millis(600));
+        assert!(planes.iter().all(|p| p.check().is_ok()), "a dead worker fails nobody");
+        let back = ControlPlane::start(again).unwrap();
+        assert_eq!(back.rendezvous().unwrap(), roster, "the restarted worker gets the job's roster");
+        // Its heartbeats are accepted: the job stays healthy past the failure timeout.
+        planes.push(back);
+        thread::sleep(Duration::from_millis(3_500));
+        assert!(planes.iter().all(|p| p.check().is_ok()));
+        let ps = planes.remove(1);
+        drop(ps);
+        for (failure, _) in failures(&planes, Duration::from_secs(5)) {
+            assert!(failure.to_string().starts_with("ps:0 died: "), "{failure}");
         }
     });
 }

@@ -49,6 +49,7 @@ fn child_task() {
         },
         payload: Vec::new(),
         tls: None,
+        expendable: Vec::new(),
     };
     let plane = ControlPlane::start(config).unwrap();
     println!("@@listening {}", plane.local_addr().port());
@@ -236,6 +237,7 @@ fn a_refused_worker_hears_why_although_the_chief_exits_at_once() {
             },
             payload: Vec::new(),
             tls: None,
+            expendable: Vec::new(),
         };
         let worker = ControlPlane::start_on(config, listener).unwrap();
         let started = Instant::now();

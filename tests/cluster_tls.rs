@@ -56,6 +56,7 @@ fn job(tasks: Vec<(Arc<TlsMaterial>, JobToken)>, startup_ms: u64) -> Vec<(Cluste
                 },
                 payload: Vec::new(),
                 tls: Some(tls),
+                expendable: Vec::new(),
             };
             (config, listener)
         })

@@ -49,6 +49,39 @@ fn two_workers_and_a_ps_train_mnist_to_97_percent() {
     assert_eq!(applied, vec![350, 700], "{metrics}");
 }
 
+/// `train.evaluate_every_steps`: the chief waits for the steps scheduled, pulls the variables
+/// from the ps and evaluates them; a target reached there stops training at that step.
+#[test]
+fn the_chief_evaluates_the_pulled_variables_every_n_steps() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let mut args = vec!["specs/mnist_parameter_server.toml", "-q", "--set", &o];
+    args.extend(ADAM);
+    args.extend(["--set", "train.epochs=1", "--set", "train.steps_per_epoch=600"]);
+    args.extend(["--set", "train.evaluate_every_steps=50"]);
+    args.extend(["--set", "callbacks=[{ kind = \"stop_at_target\", target = 0.95 }]"]);
+    let res = run(&args);
+    assert_exit(&res, 0);
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let evals: Vec<(u64, f64)> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "evaluation")
+        .map(|v| (v["step"].as_u64().unwrap(), v["val_accuracy"].as_f64().unwrap()))
+        .collect();
+    let steps: Vec<u64> = evals.iter().map(|e| e.0).collect();
+    assert_eq!(steps, (1..=steps.len() as u64).map(|i| 50 * i).collect::<Vec<_>>(), "{metrics}");
+    // The evaluations saw the training: short of the target first, then at it.
+    assert!(evals.len() >= 2 && evals[0].1 < 0.95, "{evals:?}");
+    let &(last, accuracy) = evals.last().unwrap();
+    assert!(accuracy >= 0.95, "{evals:?}");
+    let s = json(&dir.path().join("summary.json"));
+    assert_eq!(s["steps"].as_u64(), Some(last), "training stopped at the evaluation that reached the target: {s}");
+    assert_eq!(s["stopped"], "target_reached", "{s}");
+    let ps = &s["parameter_server"];
+    assert_eq!((ps["steps_scheduled"].as_u64(), ps["steps_applied"].as_u64()), (Some(last), Some(last)), "{ps}");
+}
+
 /// One worker and one ps against the default strategy at the same batch: the same weights,
 /// bit for bit, with optimizer state (momentum, Adam's moments) living on the ps.
 #[test]
@@ -72,6 +105,31 @@ fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
         assert_eq!(s_ps["steps"], 30);
         assert_eq!(s_ps["weights_sha256"], s_one["weights_sha256"], "{optimizer}\n{s_ps}\n{s_one}");
     }
+}
+
+/// After a restart from a backup each worker resumes its own shuffle where it was: one worker
+/// and one ps trained 15 steps, backed up, then resumed for 15 more, end bit for bit where 30
+/// steps at once do. A worker starting its shuffle again would see other batches.
+#[test]
+fn a_resumed_worker_goes_on_with_its_own_shuffle() {
+    let (split, whole) = (tempdir(), tempdir());
+    let (o_split, o_whole) = (out(split.path()), out(whole.path()));
+    let args = |o: &'static str, epochs: &'static str| {
+        let mut a = vec!["specs/mnist_parameter_server.toml", "-q", "--set", o, "--set", epochs];
+        a.extend(["--set", "optimizer={ kind = \"sgd\", learning_rate = 0.05, momentum = 0.9 }"]);
+        a.extend(["--set", "cluster={ chief = 1, worker = 1, ps = 1 }", "--set", "train.steps_per_epoch=15"]);
+        a.extend(["--set", "callbacks=[{ kind = \"backup_and_restore\", delete_checkpoint = false }]"]);
+        a
+    };
+    let (o_split, o_whole): (&'static str, &'static str) = (o_split.leak(), o_whole.leak());
+    assert_exit(&run(&args(o_split, "train.epochs=1")), 0);
+    assert_exit(&run(&args(o_split, "train.epochs=2")), 0);
+    assert_exit(&run(&args(o_whole, "train.epochs=2")), 0);
+    let (resumed, at_once) = (json(&split.path().join("summary.json")), json(&whole.path().join("summary.json")));
+    assert_eq!((resumed["resumed_from_step"].as_u64(), resumed["steps"].as_u64()), (Some(15), Some(30)), "{resumed}");
+    assert_eq!(resumed["weights_sha256"], at_once["weights_sha256"], "{resumed}\n{at_once}");
+    let manifest = json(&split.path().join("backup/ckpt-0000000030/manifest.json"));
+    assert_eq!(manifest["manifest"]["loop"]["worker_steps"], serde_json::json!([30]), "{manifest}");
 }
 
 /// Long enough for any run here on a loaded machine.
@@ -145,8 +203,10 @@ fn with_restarts_a_killed_ps_resumes_from_the_chiefs_backup() {
     assert!(text(&res).1.contains("ps:0"), "the launcher names the task it restarted for");
 }
 
+/// `kill -9` of a worker mid-run: the launcher starts it again at once, it rejoins the running
+/// job (chief and ps go on), and the coordinator gives it work again.
 #[test]
-fn a_killed_worker_costs_only_its_step() {
+fn a_killed_worker_is_restarted_and_rejoins_the_job() {
     let dir = tempdir();
     let o = out(dir.path());
     let job = common::spawn(&[
@@ -159,21 +219,31 @@ fn a_killed_worker_costs_only_its_step() {
         "--set",
         "train.epochs=1",
         "--set",
-        "train.steps_per_epoch=150",
+        "train.steps_per_epoch=1500",
     ]);
     let worker = task_pid(&job, ("worker", 1));
     common::signal(worker, libc::SIGKILL);
     let (res, _) = wait_within(job, LIMIT);
     let stderr = text(&res).1;
     assert_exit(&res, 0);
-    assert!(stderr.contains("worker:1 ended (killed by signal 9); the job goes on without it"), "{stderr}");
+    assert!(
+        stderr.contains("worker:1 ended (killed by signal 9); restarting it in 0.0 s to rejoin the job"),
+        "{stderr}"
+    );
     let s = json(&dir.path().join("summary.json"));
     let ps = &s["parameter_server"];
-    assert_eq!(ps["steps_scheduled"], 150, "{ps}");
-    assert_eq!(ps["steps_applied"], 150, "scheduled steps are all applied: {ps}");
-    assert_eq!(s["steps"], 150);
-    // The step in flight on the killed worker ran again on the other one.
+    assert_eq!(ps["steps_scheduled"], 1500, "{ps}");
+    assert_eq!(ps["steps_applied"], 1500, "scheduled steps are all applied: {ps}");
+    assert_eq!(s["steps"], 1500);
+    // The step in flight on the killed worker ran again.
     assert_eq!(ps["closures_rescheduled"], 1, "{ps}");
+    assert_eq!(ps["rejoins_per_worker"], serde_json::json!([0, 1]), "{ps}");
+    let since = ps["steps_applied_since_rejoin"][1].as_u64().unwrap_or(0);
+    assert!(since > 0, "the restarted worker applied steps after its restart: {ps}");
+    assert!(since < ps["steps_applied_per_worker"][1].as_u64().unwrap_or(0), "and some before: {ps}");
+    let absent = ps["absent_ms_per_worker"][1].as_u64().unwrap_or(0);
+    assert!(absent > 0 && absent < LIMIT.as_millis() as u64, "{ps}");
+    eprintln!("worker:1 was absent {absent} ms");
 }
 
 #[test]

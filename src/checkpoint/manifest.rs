@@ -87,6 +87,10 @@ pub struct LoopState {
     pub callbacks: CallbacksState,
     /// Whether `best.safetensors` holds early stopping's best weights.
     pub best_weights: bool,
+    /// Under `parameter_server`: the steps each worker has completed, by worker index, so that
+    /// each resumes its own shuffle where it was. Empty under the other strategies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub worker_steps: Vec<u64>,
 }
 
 /// Which optimizer wrote the state.

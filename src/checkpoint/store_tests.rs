@@ -54,6 +54,7 @@ pub(crate) fn manifest(step: u64) -> Manifest {
             last_eval: None,
             callbacks: CallbacksState::new(),
             best_weights: false,
+            worker_steps: Vec::new(),
         },
         metrics: Metrics::default(),
         unix_time: 0.0,

@@ -183,7 +183,7 @@ impl Coordinator {
             })
         } else {
             match inner.arrivals.get(&c.task) {
-                Some((_, first)) if first.incarnation != c.incarnation => {
+                Some((_, first)) if first.incarnation != c.incarnation && !self.rejoins(inner, c.task) => {
                     Some(Failure::DuplicateTask { task: c.task, first: first.describe(), second: c.describe() })
                 }
                 _ => None,
@@ -205,8 +205,22 @@ impl Coordinator {
                 self.complete(inner);
             }
             self.notify();
+        } else if self.rejoins(inner, c.task) {
+            // The restarted process takes its predecessor's place: its requests are the
+            // task's now, and it has the failure timeout to open its heartbeat stream.
+            let task = c.task;
+            inner.arrivals.insert(task, (attempt, c));
+            inner.liveness.insert(task, Liveness { link: Link::Expected, last_seen: Instant::now() });
+            self.notify();
         }
         Ok(attempt)
+    }
+
+    /// Whether `task` checking in now is a restarted process of an expendable role taking
+    /// the place of one that died after the job started.
+    fn rejoins(&self, inner: &Inner, task: TaskId) -> bool {
+        let dead = inner.liveness.get(&task).is_some_and(|l| l.link == Link::Closed);
+        inner.roster.is_some() && dead && self.settings.expendable.contains(&task.role)
     }
 
     fn complete(&self, inner: &mut Inner) {
@@ -370,6 +384,12 @@ impl Coordinator {
         }
         if let Some(l) = inner.liveness.get_mut(&task) {
             l.link = Link::Closed;
+        }
+        if self.settings.expendable.contains(&task.role) && inner.roster.is_some() {
+            // The strategy runs its work elsewhere (the parameter-server coordinator), and a
+            // restarted process may take the task's place.
+            self.notify();
+            return;
         }
         let detail = format!(
             "its heartbeat stream closed without a goodbye: the process exited, was killed, \

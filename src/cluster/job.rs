@@ -43,6 +43,8 @@ pub struct JobConfig {
     /// task keeps its data-plane listener and everyone's data address ([`DataPlane`]) for a
     /// data plane of the strategy's own (parameter servers).
     pub ring: bool,
+    /// Roles whose death the job survives and whose restarted process rejoins it.
+    pub expendable: Vec<Role>,
 }
 
 /// The data-plane endpoints of every task, for a strategy that connects them itself.
@@ -144,6 +146,7 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
             timeouts: Timeouts { startup: config.startup, failure: config.timeout, heartbeat: HEARTBEAT },
             payload: data_addr.to_string().into_bytes(),
             tls: config.tls.clone(),
+            expendable: config.expendable.clone(),
         },
         control,
     )?;
@@ -153,6 +156,16 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
         for m in &roster.members {
             addresses.insert(m.task, data_address(m)?);
         }
+        let data = match addresses.get(&task) {
+            // A restarted process rejoining a running job gets the roster of the job's start,
+            // where every peer knows this task by its predecessor's data-plane address: it
+            // listens there again (the predecessor is dead, so the port is free).
+            Some(&old) if old != data_addr => {
+                drop(data);
+                TcpListener::bind(old).map_err(|source| JoinError::Bind { task, host: old.to_string(), source })?
+            }
+            Some(_) | None => data,
+        };
         let token = job_token_hash(config.token.as_str());
         let data = DataPlane { listener: data, addresses, token };
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: Some(data) });

@@ -7,6 +7,7 @@
 //! naming the failed task and showing its last log lines. SIGTERM to the launcher is passed
 //! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
+use super::rejoin::Rejoins;
 use super::{Address, Blame, Cluster, Role, TaskId, new_job_token};
 use crate::progress::{EVENT_MARK, Event, Mode, Progress};
 use std::collections::{BTreeMap, VecDeque};
@@ -266,9 +267,15 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     }
 }
 
+/// What every process of one start of the job is given: the addresses and the job token.
+struct Started {
+    addresses: BTreeMap<TaskId, String>,
+    token: super::JobToken,
+}
+
 /// Starts every task with its TF_CONFIG and a fresh job token, forwarding their output to
 /// `tx`; on a failed start, stops those already started.
-fn spawn_all(launch: &Launch, tx: &mpsc::Sender<Line>) -> Result<BTreeMap<TaskId, Child>, LaunchError> {
+fn spawn_all(launch: &Launch, tx: &mpsc::Sender<Line>) -> Result<(Started, BTreeMap<TaskId, Child>), LaunchError> {
     let token = new_job_token().map_err(|e| LaunchError::Setup(e.to_string()))?;
     let mut addresses = BTreeMap::new();
     for (task, address) in &launch.cluster.tasks {
@@ -278,54 +285,59 @@ fn spawn_all(launch: &Launch, tx: &mpsc::Sender<Line>) -> Result<BTreeMap<TaskId
         };
         addresses.insert(*task, a);
     }
-    let chief = launch.cluster.chief();
+    let started = Started { addresses, token };
     let mut children = BTreeMap::new();
-    for task in addresses.keys().copied() {
-        let is_chief = Some(task) == chief;
-        let mut cmd = Command::new(&launch.exe);
-        cmd.args(&launch.args)
-            .env("TF_CONFIG", tf_config(&addresses, task))
-            .env("TRAINRUN_JOB_TOKEN", token.as_str())
-            .env("TRAINRUN_PROGRESS", if is_chief { "events" } else { "quiet" })
-            .env_remove("TRAINRUN_TASK")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl in the child between fork and exec touches no shared state. A task
-            // whose launcher dies gets SIGTERM instead of training on alone.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                    Ok(())
-                });
-            }
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(source) => {
+    for task in started.addresses.keys().copied() {
+        match spawn(launch, &started, task, tx) {
+            Ok(child) => children.insert(task, child),
+            Err(e) => {
                 terminate(&mut children, launch.grace);
-                return Err(LaunchError::Spawn { task, source });
+                return Err(e);
             }
         };
-        if let Some(out) = child.stdout.take() {
-            forward(task, out, is_chief, tx.clone());
-        }
-        if let Some(err) = child.stderr.take() {
-            forward(task, err, false, tx.clone());
-        }
-        children.insert(task, child);
     }
-    Ok(children)
+    Ok((started, children))
+}
+
+/// Starts the process of `task` (again, for a restarted worker: same address, same token).
+fn spawn(launch: &Launch, started: &Started, task: TaskId, tx: &mpsc::Sender<Line>) -> Result<Child, LaunchError> {
+    let is_chief = Some(task) == launch.cluster.chief();
+    let mut cmd = Command::new(&launch.exe);
+    cmd.args(&launch.args)
+        .env("TF_CONFIG", tf_config(&started.addresses, task))
+        .env("TRAINRUN_JOB_TOKEN", started.token.as_str())
+        .env("TRAINRUN_PROGRESS", if is_chief { "events" } else { "quiet" })
+        .env_remove("TRAINRUN_TASK")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl in the child between fork and exec touches no shared state. A task
+        // whose launcher dies gets SIGTERM instead of training on alone.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { task, source })?;
+    if let Some(out) = child.stdout.take() {
+        forward(task, out, is_chief, tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        forward(task, err, false, tx.clone());
+    }
+    Ok(child)
 }
 
 /// One start of every task, supervised to the end.
 fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Result<Outcome, LaunchError> {
     let (tx, rx) = mpsc::channel();
-    let mut children = spawn_all(launch, &tx)?;
-    drop(tx);
+    let (started, mut children) = spawn_all(launch, &tx)?;
+    let mut rejoins = Rejoins::new(children.keys().copied(), Instant::now());
 
     let mut progress = Progress::new(launch.progress, launch.epochs, "");
     let mut tails: BTreeMap<TaskId, VecDeque<String>> = BTreeMap::new();
@@ -366,20 +378,42 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         }
         let mut running = 0;
         let mut failed = Vec::new();
+        let mut chief_runs = false;
         for (task, child) in children.iter_mut() {
             match child.try_wait() {
-                Ok(None) => running += 1,
+                Ok(None) => {
+                    running += 1;
+                    chief_runs |= Some(*task) == launch.cluster.chief();
+                }
                 Ok(Some(status)) if matches!(status.code(), Some(PREEMPTED | INTERRUPTED)) => preempted = true,
                 Ok(Some(status)) if !status.success() => failed.push((*task, status)),
                 _ => {}
             }
         }
-        let lost = survivable(launch, &children, &failed);
+        let rejoin = chief_runs && forwarded.is_none();
+        let lost = survivable(launch, &children, &failed, rejoin);
         for (task, status) in &lost {
-            eprintln!("[launcher] {task} ended ({}); the job goes on without it", describe(*status).0);
             children.remove(task);
+            let (how, _) = describe(*status);
+            if rejoin && restartable(*status) {
+                let wait = rejoins.died(*task, Instant::now(), launch.restart_backoff);
+                eprintln!(
+                    "[launcher] {task} ended ({how}); restarting it in {:.1} s to rejoin the job",
+                    wait.as_secs_f64()
+                );
+            } else {
+                eprintln!("[launcher] {task} ended ({how}); the job goes on without it");
+            }
         }
         failed.retain(|f| !lost.contains(f));
+        for task in rejoins.ready(Instant::now()).into_iter().filter(|_| rejoin) {
+            match spawn(launch, &started, task, &tx) {
+                Ok(child) => {
+                    children.insert(task, child);
+                }
+                Err(e) => eprintln!("[launcher] {e}; the job goes on without it"),
+            }
+        }
         // Stopping tasks get the grace period to reach a step boundary and save; a second
         // Ctrl-C takes none.
         let now = crate::signals::interrupted_twice();
@@ -393,10 +427,11 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         if failure.is_none() {
             failure = failed.into_iter().next();
         }
-        if failure.is_some() || running == 0 {
+        if failure.is_some() || (running == 0 && !(rejoin && rejoins.pending())) {
             break;
         }
     }
+    drop(tx);
     if let Some((task, status)) = failure {
         let heard = Heard { tails: &mut tails, blames: &mut blames };
         return Ok(failed(launch, &mut children, &rx, heard, task, status));
@@ -437,15 +472,26 @@ fn arriving(rx: &mpsc::Receiver<Line>) -> impl Iterator<Item = Line> + '_ {
     })
 }
 
-/// The failed tasks the job survives: those of an expendable role while another task of that
-/// role still runs.
+/// The failed tasks the job survives: those of an expendable role that will be restarted
+/// (`rejoin`: the chief still runs and no stop was asked) or while another task of that role
+/// still runs.
 fn survivable(
     launch: &Launch,
     children: &BTreeMap<TaskId, Child>,
     failed: &[(TaskId, ExitStatus)],
+    rejoin: bool,
 ) -> Vec<(TaskId, ExitStatus)> {
     let alive = |role: Role| children.keys().filter(|t| t.role == role && !failed.iter().any(|(f, _)| f == *t)).count();
-    failed.iter().filter(|(t, _)| launch.expendable.contains(&t.role) && alive(t.role) > 0).copied().collect()
+    let survives = |(t, s): &(TaskId, ExitStatus)| (rejoin && restartable(*s)) || alive(t.role) > 0;
+    failed.iter().filter(|f| launch.expendable.contains(&f.0.role) && survives(f)).copied().collect()
+}
+
+/// Whether a task that ended so may be started again: killed, or exiting with a code a
+/// restart may cure.
+fn restartable(status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    let incurable = status.code().and_then(|c| u8::try_from(c).ok()).is_some_and(|c| NOT_RESTARTED.contains(&c));
+    status.signal().is_some() || !incurable
 }
 
 /// What the launcher heard from the tasks: each one's last lines, and whom each blamed.

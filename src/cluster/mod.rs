@@ -20,6 +20,7 @@ pub mod job;
 pub mod kubernetes;
 pub mod launch;
 mod plane;
+mod rejoin;
 pub mod resolve;
 mod service;
 mod slurm;
@@ -145,6 +146,9 @@ pub struct ClusterConfig {
     pub payload: Vec<u8>,
     /// Mutual TLS for the control plane; `None` is plain HTTP/2.
     pub tls: Option<std::sync::Arc<tls::TlsMaterial>>,
+    /// Roles whose death does not fail the job once it has started, and whose restarted
+    /// process may check in again (workers under `parameter_server`).
+    pub expendable: Vec<Role>,
 }
 
 /// How long the control plane waits before it fails the job.

@@ -50,6 +50,8 @@ pub(crate) struct Settings {
     /// Drawn at start: tells this process from another started as the same task.
     pub(crate) incarnation: u64,
     pub(crate) started: Instant,
+    /// Roles whose death the job survives and whose restarted process may check in again.
+    pub(crate) expendable: Vec<super::Role>,
 }
 
 enum Side {
@@ -116,6 +118,7 @@ impl ControlPlane {
             timeouts: config.timeouts,
             incarnation: u64::from_le_bytes(incarnation),
             started: Instant::now(),
+            expendable: config.expendable,
         });
         let own = pb::CheckInRequest {
             caller: Some(pb::Caller { task: settings.task.to_string(), incarnation: settings.incarnation }),
@@ -482,6 +485,7 @@ mod tests {
             timeouts: Timeouts::default(),
             payload: Vec::new(),
             tls: None,
+            expendable: Vec::new(),
         }
     }
 

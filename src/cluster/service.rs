@@ -235,6 +235,7 @@ mod tests {
             timeouts: Timeouts::default(),
             payload: Vec::new(),
             tls: None,
+            expendable: Vec::new(),
         };
         let plane = ControlPlane::start_on(config, listener).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -98,14 +98,7 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         max_restarts: c.restarts.max_restarts,
         restart_backoff: c.restarts.backoff,
         stop: crate::signals::supervise(),
-        expendable: match p.plan.strategy.kind {
-            StrategyKind::ParameterServer => vec![Role::Worker],
-            StrategyKind::Default
-            | StrategyKind::OneDevice
-            | StrategyKind::Mirrored
-            | StrategyKind::CentralStorage
-            | StrategyKind::MultiWorkerMirrored => Vec::new(),
-        },
+        expendable: expendable(p.plan.strategy.kind),
     };
     if let Err(e) = launch::run(run) {
         let error = match e {
@@ -126,6 +119,20 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         println!("wrote {}", p.plan.out_dir.display());
     }
     Ok(())
+}
+
+/// The roles whose tasks the job survives losing, and that the launcher restarts on their
+/// own: workers under `parameter_server`, whose closures the coordinator runs again elsewhere
+/// (TensorFlow's `ClusterCoordinator` waits for a restarted worker and gives it work again).
+fn expendable(kind: StrategyKind) -> Vec<Role> {
+    match kind {
+        StrategyKind::ParameterServer => vec![Role::Worker],
+        StrategyKind::Default
+        | StrategyKind::OneDevice
+        | StrategyKind::Mirrored
+        | StrategyKind::CentralStorage
+        | StrategyKind::MultiWorkerMirrored => Vec::new(),
+    }
 }
 
 /// Joins the job as `task`: control plane, rendezvous, and the data plane sized for
@@ -169,6 +176,7 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         transport,
         arena_floats,
         ring: plan.strategy.reduction != Reduction::ParameterServer,
+        expendable: expendable(plan.strategy.kind),
     })
     .map_err(|e| RunError::Cluster(e.to_string()))
 }

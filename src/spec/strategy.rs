@@ -242,8 +242,9 @@ pub struct ClusterSpec {
     pub startup_timeout_s: f64,
     /// Times the local launcher restarts every task after one fails (exits non-zero or is
     /// killed), each time resuming from the last `backup_and_restore` backup. Spec, data and
-    /// preemption exits (codes 2, 3, 4, 6) are not restarted. Default: `0` (a failure ends the
-    /// job). Example: `max_restarts = 3`.
+    /// preemption exits (codes 2, 3, 4, 6) are not restarted. Under `parameter_server` a
+    /// worker that dies is not counted here: it alone is started again at once and rejoins the
+    /// running job. Default: `0` (a failure ends the job). Example: `max_restarts = 3`.
     #[serde(default)]
     pub max_restarts: u32,
     /// Seconds the launcher waits before the first restart; the wait doubles with each further

@@ -9,7 +9,7 @@
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
 use super::fit::{Ending, summary, sums};
-use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary};
+use super::record::{MetricsEvent, MetricsLine, ParameterServerStats, RunDir, Summary};
 use super::resume::ResumePoint;
 use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
@@ -37,6 +37,8 @@ struct Job {
     report: Arc<Mutex<Report>>,
     /// Steps scheduled so far (closures carry several).
     scheduled_steps: u64,
+    /// Steps each worker had completed before this run (from the backup resumed).
+    resumed_worker_steps: Vec<u64>,
 }
 
 fn remote(e: impl ToString) -> TrainError {
@@ -45,7 +47,9 @@ fn remote(e: impl ToString) -> TrainError {
 
 impl Job {
     /// Connects to every ps and worker of `data`, gives the ps tasks `session`'s values.
-    fn start(plan: &Plan, session: &Session, data: &DataPlane) -> Result<Self, TrainError> {
+    /// `worker_steps`: the steps each worker completed before (from a backup), where each
+    /// resumes its own shuffle.
+    fn start(plan: &Plan, session: &Session, data: &DataPlane, worker_steps: &[u64]) -> Result<Self, TrainError> {
         let ps_plan = plan.parameter_server.as_ref().ok_or_else(|| remote("the plan has no parameter servers"))?;
         let layout = Layout::new(ps_plan, &session.tensors, &session.state_tensors).map_err(remote)?;
         let of = |role| data.addresses.iter().filter(move |(t, _)| t.role == role).map(|(t, a)| (*t, *a));
@@ -56,12 +60,21 @@ impl Job {
         let rates = Arc::new(Mutex::new(Rates::default()));
         let report = Arc::new(Mutex::new(Report::default()));
         let mut workers = Vec::new();
-        for (t, addr) in of(Role::Worker) {
+        let mut resumed_worker_steps = Vec::new();
+        for (i, (t, addr)) in of(Role::Worker).enumerate() {
             let (r, s) = (Arc::clone(&rates), Arc::clone(&report));
-            workers.push(RemoteWorker::connect(t, addr, data.token, (startup, timeout), r, s)?);
+            let done = worker_steps.get(i).copied().unwrap_or(0);
+            resumed_worker_steps.push(done);
+            workers.push(RemoteWorker::connect(t, addr, data.token, (startup, timeout), done, (r, s))?);
         }
         let coordinator = Coordinator::new(workers, ps_plan.queue_size, ps_plan.max_staleness);
-        Ok(Self { servers, coordinator, rates, report, scheduled_steps: 0 })
+        Ok(Self { servers, coordinator, rates, report, scheduled_steps: 0, resumed_worker_steps })
+    }
+
+    /// The steps each worker has completed, this run and before it.
+    fn worker_steps(&self) -> Vec<u64> {
+        let now = self.coordinator.stats().steps_per_worker;
+        now.iter().zip(&self.resumed_worker_steps).map(|(a, b)| a + b).collect()
     }
 
     fn take_report(&self) -> Report {
@@ -75,6 +88,9 @@ impl Job {
             steps_applied: s.steps_applied(),
             steps_applied_per_worker: s.steps_per_worker,
             closures_rescheduled: s.rescheduled,
+            rejoins_per_worker: s.rejoins_per_worker,
+            steps_applied_since_rejoin: s.steps_since_rejoin,
+            absent_ms_per_worker: s.absent_ms_per_worker,
             staleness_histogram: staleness.clone(),
         }
     }
@@ -106,6 +122,8 @@ struct Ran {
     /// The workers' statistics over the epoch's steps.
     report: Report,
     took: Duration,
+    /// A callback stopped training at an evaluation within the epoch.
+    stop: Option<StopReason>,
 }
 
 /// Trains `session` as `plan` says, with the workers and ps tasks of `data` doing the steps.
@@ -128,7 +146,7 @@ pub fn coordinate(
     let mut lp = Loop {
         plan,
         opts,
-        job: Job::start(plan, session, data)?,
+        job: Job::start(plan, session, data, resume.as_ref().map_or(&[][..], |r| &r.loop_state.worker_steps))?,
         progress: Progress::new(opts.progress, t.epochs, opts.prefix.clone()),
         eval_batch: eval_batch_size(micro, 1, session.activation_len),
         step: start,
@@ -143,12 +161,14 @@ pub fn coordinate(
     let mut stopped = StopReason::Completed;
     for epoch in start / spe + 1..=t.epochs {
         let first = if epoch == start / spe + 1 { start % spe } else { 0 };
-        let ran = lp.run_epoch(epoch, first, callbacks)?;
+        let ran = lp.run_epoch(epoch, first, session, callbacks, run_dir.as_deref_mut())?;
         lp.job.servers.pull(&mut session.vars, &mut session.optimizer)?;
         let logs = lp.logs(epoch, &ran, session, callbacks)?;
+        let mut at_end = StopReason::Completed;
         if ran.done == spe {
-            stopped = lp.end_epoch(epoch, &ran, &logs, session, callbacks, run_dir.as_deref_mut())?;
+            at_end = lp.end_epoch(epoch, &ran, &logs, session, callbacks, run_dir.as_deref_mut())?;
         }
+        stopped = ran.stop.unwrap_or(at_end);
         lp.save(epoch, &ran, &logs, session, callbacks)?;
         if ran.vote {
             let backup = callbacks.flush()?;
@@ -167,7 +187,17 @@ pub fn coordinate(
 
 impl Loop<'_> {
     /// Schedules epoch `epoch`'s steps from `first` (until a stop is asked) and joins them.
-    fn run_epoch(&mut self, epoch: u64, first: u64, callbacks: &Callbacks) -> Result<Ran, TrainError> {
+    /// Every `train.evaluate_every_steps` steps it waits for the steps scheduled, pulls the
+    /// variables and evaluates them (`mid_epoch`), as TensorFlow's coordinator joins before
+    /// an inline evaluation.
+    fn run_epoch(
+        &mut self,
+        epoch: u64,
+        first: u64,
+        session: &mut Session,
+        callbacks: &mut Callbacks,
+        mut run_dir: Option<&mut RunDir>,
+    ) -> Result<Ran, TrainError> {
         let (plan, spe) = (self.plan, self.plan.train.steps_per_epoch.max(1));
         let per_closure = plan.parameter_server.as_ref().map_or(1, |p| p.steps_per_execution.get());
         let base = (epoch - 1) * spe;
@@ -177,21 +207,34 @@ impl Loop<'_> {
         let began = Instant::now();
         self.first_step_s.get_or_insert_with(|| self.opts.launched.elapsed().as_secs_f64());
         let applied_before = self.job.coordinator.stats().steps_applied();
-        let (mut done, mut vote) = (first, false);
-        while done < spe {
+        let every = plan.train.eval.and_then(|e| e.every_steps).unwrap_or(u64::MAX).max(1);
+        let (mut done, mut vote, mut stop, mut evaluating) = (first, false, None, Duration::ZERO);
+        while done < spe && stop.is_none() {
             vote = self.opts.stop.load(Ordering::Relaxed);
             if vote {
                 break;
             }
-            let n = per_closure.min(spe - done);
+            // A closure ends at the next evaluation, so that it sees exactly the steps before.
+            let to_eval = every - (base + done) % every;
+            let n = per_closure.min(spe - done).min(to_eval);
             self.job.coordinator.schedule(base + done, n).map_err(remote)?;
             self.job.scheduled_steps += n;
             done += n;
             let applied = self.job.coordinator.stats().steps_applied() - applied_before;
             self.progress.step(first + applied, &Shown::default());
+            let epoch_end = done == spe;
+            if (base + done).is_multiple_of(every) && !(epoch_end && plan.train.eval.is_some_and(|e| e.every_epoch)) {
+                self.job.coordinator.join().map_err(remote)?;
+                let at = Instant::now();
+                self.step = base + done;
+                self.job.servers.pull(&mut session.vars, &mut session.optimizer)?;
+                stop = self.mid_epoch(epoch, session, callbacks, run_dir.as_deref_mut())?;
+                evaluating += at.elapsed();
+            }
         }
         self.job.coordinator.join().map_err(remote)?;
-        let took = began.elapsed();
+        // Throughput counts training time, as `fit`'s does: not the evaluations within.
+        let took = began.elapsed().saturating_sub(evaluating);
         self.step = base + done;
         let report = self.job.take_report();
         for (k, v) in &report.staleness {
@@ -202,7 +245,49 @@ impl Loop<'_> {
             self.steady += took;
             self.steady_examples += report.stats.examples;
         }
-        Ok(Ran { done, vote, report, took })
+        Ok(Ran { done, vote, report, took, stop })
+    }
+
+    /// An evaluation within an epoch on the variables just pulled: the `evaluation` metrics
+    /// line, the display and the callbacks' verdict (a stop at a target).
+    fn mid_epoch(
+        &mut self,
+        epoch: u64,
+        session: &mut Session,
+        callbacks: &mut Callbacks,
+        run_dir: Option<&mut RunDir>,
+    ) -> Result<Option<StopReason>, TrainError> {
+        let eval = evaluate(self.plan, session, self.eval_batch)?;
+        self.last_eval = Some((self.step, eval));
+        let train = self.job.report.lock().unwrap_or_else(PoisonError::into_inner).stats;
+        let logs = Logs {
+            epoch,
+            step: self.step,
+            loss: train.loss(),
+            accuracy: train.accuracy(),
+            val_loss: Some(eval.loss()),
+            val_accuracy: Some(eval.accuracy()),
+            learning_rate: callbacks.learning_rate(self.plan.learning_rate.at(self.step.saturating_sub(1))),
+        };
+        if let Some(d) = run_dir {
+            d.metrics(&self.metrics_line(MetricsEvent::Evaluation, &logs, 0.0))?;
+        }
+        let (loss, accuracy) = (eval.loss(), eval.accuracy());
+        self.progress.note(&format!("step {}: val_loss: {loss:.4} - val_accuracy: {accuracy:.4}", self.step));
+        let reason = match callbacks.on_evaluation(&logs) {
+            Control::Continue => return Ok(None),
+            Control::Stop(r) | Control::StopAndRestore(r) => r,
+        };
+        let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: Some((loss, accuracy)) };
+        let spe = self.plan.train.steps_per_epoch.max(1);
+        self.progress.end_epoch(epoch, self.step - (epoch - 1) * spe, &shown);
+        Ok(Some(reason))
+    }
+
+    fn metrics_line(&self, event: MetricsEvent, logs: &Logs, per_s: f64) -> MetricsLine {
+        let wall_s = self.opts.launched.elapsed().as_secs_f64();
+        let line = MetricsLine::of(event, logs, per_s, wall_s, &self.plan.train.metrics);
+        MetricsLine { parameter_server: Some(self.job.stats(&self.staleness)), ..line }
     }
 
     /// The logs after an epoch's steps, evaluated when the epoch ended and evaluation is due.
@@ -242,20 +327,7 @@ impl Loop<'_> {
         self.last_epoch = ran.report.stats;
         if let Some(d) = run_dir {
             let per_s = ran.report.stats.examples as f64 / ran.took.as_secs_f64().max(1e-9);
-            d.metrics(&MetricsLine {
-                event: MetricsEvent::Epoch,
-                epoch,
-                step: self.step,
-                loss: logs.loss,
-                accuracy: logs.accuracy,
-                val_loss: logs.val_loss,
-                val_accuracy: logs.val_accuracy,
-                learning_rate: logs.learning_rate,
-                examples_per_s: per_s,
-                wall_s: self.opts.launched.elapsed().as_secs_f64(),
-                named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s),
-                parameter_server: Some(self.job.stats(&self.staleness)),
-            })?;
+            d.metrics(&self.metrics_line(MetricsEvent::Epoch, logs, per_s))?;
         }
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
@@ -291,6 +363,7 @@ impl Loop<'_> {
             last_eval: self.last_eval.map(|(step, e)| EvalState { step, sums: sums(&e) }),
             callbacks,
             best_weights: false,
+            worker_steps: self.job.worker_steps(),
         };
         let at = Moment { step, epoch_end, preempting: ran.vote, logs };
         let (vars, optimizer) = (&session.vars, &session.optimizer);

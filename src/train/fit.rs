@@ -382,6 +382,7 @@ impl<'a> Loop<'a> {
                     last_eval: last_eval.map(|e| EvalState { step: e.step, sums: sums(&e.stats) }),
                     callbacks,
                     best_weights: false,
+                    worker_steps: Vec::new(),
                 },
                 vars: &session.vars,
                 optimizer: &session.optimizer,
@@ -423,20 +424,7 @@ impl<'a> Loop<'a> {
 
     fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
         let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
-        MetricsLine {
-            event,
-            epoch: logs.epoch,
-            step: logs.step,
-            loss: logs.loss,
-            accuracy: logs.accuracy,
-            val_loss: logs.val_loss,
-            val_accuracy: logs.val_accuracy,
-            learning_rate: logs.learning_rate,
-            examples_per_s: per_s,
-            wall_s: self.opts.launched.elapsed().as_secs_f64(),
-            named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s),
-            parameter_server: None,
-        }
+        MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics)
     }
 
     /// The final evaluation, the weights, the last checkpoints and the summary.

@@ -59,6 +59,27 @@ pub struct MetricsLine {
     pub parameter_server: Option<ParameterServerStats>,
 }
 
+impl MetricsLine {
+    /// The line of `logs` (an epoch's end or an evaluation) at `per_s` examples per second,
+    /// `wall_s` after launch, with the plan's named `metrics`.
+    pub fn of(event: MetricsEvent, logs: &super::callbacks::Logs, per_s: f64, wall_s: f64, metrics: &[Metric]) -> Self {
+        MetricsLine {
+            event,
+            epoch: logs.epoch,
+            step: logs.step,
+            loss: logs.loss,
+            accuracy: logs.accuracy,
+            val_loss: logs.val_loss,
+            val_accuracy: logs.val_accuracy,
+            learning_rate: logs.learning_rate,
+            examples_per_s: per_s,
+            wall_s,
+            named: NamedMetrics::of(metrics, logs.loss, logs.val_loss, per_s),
+            parameter_server: None,
+        }
+    }
+}
+
 /// The metrics a spec names in `train.metrics` besides accuracy (which is always written), on
 /// one line of `metrics.jsonl`; absent unless listed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -110,6 +131,14 @@ pub struct ParameterServerStats {
     pub steps_applied_per_worker: Vec<u64>,
     /// Closures run again after their worker was lost.
     pub closures_rescheduled: u64,
+    /// How often each worker came back after it was lost (the launcher restarted it).
+    pub rejoins_per_worker: Vec<u64>,
+    /// Steps applied by each worker since it last rejoined (all of its steps when it never
+    /// left).
+    pub steps_applied_since_rejoin: Vec<u64>,
+    /// Milliseconds each worker was lost before it came back (or the run ended), in all:
+    /// the launcher's restart, the process's start and its reconnection.
+    pub absent_ms_per_worker: Vec<u64>,
     /// Steps by staleness: the updates other workers applied between a step's pull and its
     /// push (the most over the ps tasks), as `{"0": 120, "1": 80}`.
     pub staleness_histogram: std::collections::BTreeMap<u64, u64>,

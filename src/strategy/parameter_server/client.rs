@@ -13,9 +13,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long the coordinator tries to reach a lost worker again before it gives up on it.
-const REJOIN: Duration = Duration::from_secs(2);
-
 /// The chief's connections to every ps task.
 pub struct Servers {
     ps: Vec<(TaskId, Conn)>,
@@ -121,26 +118,30 @@ pub struct RemoteWorker {
     task: TaskId,
     addr: SocketAddr,
     token: u64,
+    /// How long a restarted worker may take to start and listen again (the startup timeout).
+    startup: Duration,
     timeout: Duration,
     conn: Option<Conn>,
+    /// Steps this worker has completed, before this run included: where its shuffle is.
+    done: u64,
     rates: Arc<Mutex<Rates>>,
     report: Arc<Mutex<Report>>,
 }
 
 impl RemoteWorker {
-    /// Dials worker `task` at `addr`; closures read their rates from `rates` and add what
-    /// they found to `report`.
+    /// Dials worker `task` at `addr`, which has completed `done` steps (in runs before this
+    /// one); closures read their rates from `rates` and add what they found to `report`.
     pub fn connect(
         task: TaskId,
         addr: SocketAddr,
         token: u64,
         (startup, timeout): (Duration, Duration),
-        rates: Arc<Mutex<Rates>>,
-        report: Arc<Mutex<Report>>,
+        done: u64,
+        (rates, report): (Arc<Mutex<Rates>>, Arc<Mutex<Report>>),
     ) -> Result<Self, StrategyError> {
         let conn = Conn::dial(addr, token, startup, timeout)
             .map_err(|e| StrategyError::Remote(peer_error(task, "the connection", &e, timeout)))?;
-        Ok(Self { task, addr, token, timeout, conn: Some(conn), rates, report })
+        Ok(Self { task, addr, token, startup, timeout, conn: Some(conn), done, rates, report })
     }
 
     /// Tells the worker that training is over.
@@ -172,7 +173,10 @@ impl Worker for RemoteWorker {
         if lrs.len() as u64 != closure.steps {
             return Err(Failure::Failed(format!("no learning rate for steps from {}", closure.first_step)));
         }
-        let frame = Frame::new(Tag::Run, vec![closure.first_step, closure.steps], lrs);
+        // The worker's place in its own shuffle goes with every closure: a restarted worker,
+        // or every worker after a resume, continues where its predecessor's completed steps
+        // left it rather than from the start.
+        let frame = Frame::new(Tag::Run, vec![closure.first_step, closure.steps, self.done], lrs);
         let answer = match conn.call(&frame) {
             Ok(a) => a,
             // The worker itself answered with an error: a ps is gone, or the loss diverged.
@@ -185,6 +189,7 @@ impl Worker for RemoteWorker {
         let [loss, correct, examples, staleness @ ..] = answer.ints.as_slice() else {
             return Err(Failure::Failed(format!("{} answered a closure without its statistics", self.task)));
         };
+        self.done += closure.steps;
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
         report.stats.add(BatchStats { loss_sum: f64::from_bits(*loss), correct: *correct, examples: *examples });
         for s in staleness {
@@ -193,16 +198,17 @@ impl Worker for RemoteWorker {
         Ok(())
     }
 
-    fn rejoin(&mut self) -> bool {
-        // A worker restarted at the same address gets work again; one that is not back soon
-        // is left out, and the others run its share.
-        let deadline = Instant::now() + REJOIN;
-        while Instant::now() < deadline {
+    fn rejoin(&mut self, give_up: &dyn Fn() -> bool) -> bool {
+        // The launcher restarts a lost worker, which listens at the same data-plane address
+        // (`cluster::job`) and gets work again; one not back within the startup timeout is
+        // left out, and the others run its share.
+        let deadline = Instant::now() + self.startup;
+        while Instant::now() < deadline && !give_up() {
             if let Ok(conn) = Conn::dial(self.addr, self.token, Duration::ZERO, self.timeout) {
                 self.conn = Some(conn);
                 return true;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(20));
         }
         false
     }

@@ -38,8 +38,9 @@ pub trait Worker: Send + 'static {
     /// Runs `closure` to completion: pulls variables, computes and pushes each step.
     fn run(&mut self, closure: &Closure) -> Result<(), Failure>;
     /// Waits for the lost worker to come back (the launcher restarts it); `false` when it
-    /// will not, and the coordinator stops using it.
-    fn rejoin(&mut self) -> bool;
+    /// will not, and the coordinator stops using it. Gives up as soon as `give_up` says so
+    /// (the job is ending).
+    fn rejoin(&mut self, give_up: &dyn Fn() -> bool) -> bool;
 }
 
 /// The job failed; returned once.
@@ -62,6 +63,12 @@ pub struct Stats {
     pub steps_per_worker: Vec<u64>,
     /// Closures run again after their worker was lost.
     pub rescheduled: u64,
+    /// Times each worker came back after it was lost.
+    pub rejoins_per_worker: Vec<u64>,
+    /// Steps completed by each worker since it last came back.
+    pub steps_since_rejoin: Vec<u64>,
+    /// Milliseconds each worker was lost before it came back, in all.
+    pub absent_ms_per_worker: Vec<u64>,
     /// Queued closures dropped after the first error.
     pub cancelled: u64,
 }
@@ -140,7 +147,13 @@ impl Coordinator {
                 live: vec![true; n],
                 gone: 0,
                 error: None,
-                stats: Stats { steps_per_worker: vec![0; n], ..Stats::default() },
+                stats: Stats {
+                    steps_per_worker: vec![0; n],
+                    rejoins_per_worker: vec![0; n],
+                    steps_since_rejoin: vec![0; n],
+                    absent_ms_per_worker: vec![0; n],
+                    ..Stats::default()
+                },
                 closing: false,
                 quiet_before: 0,
             }),
@@ -246,6 +259,7 @@ fn drive<W: Worker>(shared: &Shared, w: usize, mut worker: W) {
             let lost = match result {
                 Ok(()) => {
                     s.stats.steps_per_worker[w] += closure.steps;
+                    s.stats.steps_since_rejoin[w] += closure.steps;
                     false
                 }
                 Err(Failure::WorkerLost(_)) => {
@@ -275,10 +289,16 @@ fn drive<W: Worker>(shared: &Shared, w: usize, mut worker: W) {
             lost
         };
         if lost {
-            let back = worker.rejoin();
+            let since = std::time::Instant::now();
+            let back = worker.rejoin(&|| shared.lock().closing);
             let mut s = shared.lock();
+            s.stats.absent_ms_per_worker[w] += since.elapsed().as_millis() as u64;
             s.live[w] = back;
             s.gone += usize::from(!back);
+            if back {
+                s.stats.rejoins_per_worker[w] += 1;
+                s.stats.steps_since_rejoin[w] = 0;
+            }
             shared.changed.notify_all();
             if !back {
                 return;

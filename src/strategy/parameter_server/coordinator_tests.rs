@@ -15,6 +15,8 @@ struct Fake {
     started: Option<Sender<u64>>,
     script: Script,
     rejoins: bool,
+    /// Waits for a restart that never comes.
+    waits: bool,
     completed: Arc<Mutex<Vec<u64>>>,
 }
 
@@ -25,6 +27,7 @@ impl Fake {
             started: None,
             script: Box::new(|_| Ok(())),
             rejoins: true,
+            waits: false,
             completed: Arc::clone(completed),
         }
     }
@@ -61,8 +64,12 @@ impl Worker for Fake {
         Ok(())
     }
 
-    fn rejoin(&mut self) -> bool {
-        self.rejoins
+    fn rejoin(&mut self, give_up: &dyn Fn() -> bool) -> bool {
+        // A worker that is never restarted: the coordinator's wait for it ends with the job.
+        while self.waits && !give_up() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.rejoins && !self.waits
     }
 }
 
@@ -182,6 +189,10 @@ fn a_closure_lost_with_its_worker_runs_again() {
     let stats = c.stats();
     assert_eq!(stats.rescheduled, 1);
     assert_eq!(stats.steps_applied(), 40, "scheduled steps equal applied steps");
+    // The flaky worker came back and did work after it did: every one of its steps.
+    assert_eq!(stats.rejoins_per_worker, vec![1, 0]);
+    assert!(stats.steps_since_rejoin[0] > 0, "{stats:?}");
+    assert_eq!(stats.steps_since_rejoin, stats.steps_per_worker);
 }
 
 #[test]
@@ -213,6 +224,28 @@ fn a_worker_that_never_comes_back_leaves_its_work_to_the_others() {
     assert!(matches!(c.join(), Err(CoordinatorError::NoWorkers(n)) if n >= 1));
 }
 
+#[test]
+fn a_worker_awaited_for_ever_holds_up_neither_join_nor_the_end() {
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let mut lost = Fake::new(&done).scripted(|_| Err(Failure::WorkerLost("worker:0 was killed".into())));
+    lost.waits = true;
+    let (steady, permits) = Fake::new(&done).gated();
+    let c = Coordinator::new(vec![lost, steady], queue(8), None);
+    for i in 0..4 {
+        c.schedule(i, 1).unwrap();
+    }
+    wait_for_rescheduled(&c);
+    for _ in 0..4 {
+        permits.send(()).unwrap();
+    }
+    c.join().unwrap();
+    assert_eq!(c.stats().steps_per_worker, vec![0, 4]);
+    // The lost worker's thread is still waiting for its restart; the end stops the wait.
+    let t0 = std::time::Instant::now();
+    drop(c);
+    assert!(t0.elapsed() < WAIT, "{:?}", t0.elapsed());
+}
+
 /// Held at its first closure until released; then fast. Says which worker started first.
 struct HeldOnce {
     tag: usize,
@@ -236,7 +269,7 @@ impl Worker for HeldOnce {
         Ok(())
     }
 
-    fn rejoin(&mut self) -> bool {
+    fn rejoin(&mut self, _: &dyn Fn() -> bool) -> bool {
         true
     }
 }

@@ -40,7 +40,11 @@ pub struct WorkerTask {
 struct Stepper<'a> {
     plan: &'a Plan,
     replica: Replica,
+    dataset: Arc<Dataset>,
+    options: PipelineOptions,
     pipeline: Pipeline,
+    /// Steps whose batches this worker's pipeline has given (its place in its shuffle).
+    drawn: u64,
     layout: Layout,
     ps: Vec<(TaskId, Conn)>,
     params: Vec<f32>,
@@ -71,8 +75,9 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
     let model = plan.model.build().map_err(|e| failed(e.to_string()))?;
     let layout = Layout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(failed)?;
     let (params, state) = (vec![0.0; model.param_len()], vec![0.0; model.state_len()]);
-    let pipeline = Pipeline::new(dataset, &pipeline_options(plan, task.index), Cursor::default())
-        .map_err(|e| failed(e.to_string()))?;
+    let options = pipeline_options(plan, task.index);
+    let pipeline =
+        Pipeline::new(Arc::clone(&dataset), &options, Cursor::default()).map_err(|e| failed(e.to_string()))?;
     let timeout = plan.cluster.timeout;
     let mut ps = Vec::new();
     for (t, addr) in &task.ps {
@@ -86,7 +91,10 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
     let mut stepper = Stepper {
         plan,
         replica,
+        dataset,
+        options,
         pipeline,
+        drawn: 0,
         layout,
         ps,
         params,
@@ -117,12 +125,16 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
 }
 
 impl Stepper<'_> {
-    /// Runs `ints = [first step, steps]` at `floats = [lr of each step]`; answers
-    /// `[loss sum bits, correct, examples, staleness of each step…]`.
+    /// Runs `ints = [first step, steps, steps this worker completed before]` at
+    /// `floats = [lr of each step]`; answers `[loss sum bits, correct, examples, staleness of
+    /// each step…]`.
     fn closure(&mut self, request: &Frame) -> Result<Frame, String> {
-        let (Some(&first), Some(&steps)) = (request.ints.first(), request.ints.get(1)) else {
-            return Err("a run names its first step and its steps".into());
+        let &[first, steps, done] = request.ints.as_slice() else {
+            return Err("a run names its first step, its steps and the worker's steps done".into());
         };
+        if done != self.drawn {
+            self.seek(done)?;
+        }
         if request.floats.len() as u64 != steps {
             return Err(format!("a run of {steps} steps with {} learning rates", request.floats.len()));
         }
@@ -136,6 +148,21 @@ impl Stepper<'_> {
         let mut ints = vec![stats.loss_sum.to_bits(), stats.correct, stats.examples];
         ints.extend(staleness);
         Ok(Frame::new(Tag::Ok, ints, Vec::new()))
+    }
+
+    /// Puts the pipeline where `steps` completed steps leave this worker's shuffle: after a
+    /// restart, or a resume from a backup, the worker goes on with its own sequence of batches
+    /// (deterministic from the seed, its index and its steps) instead of starting it again.
+    fn seek(&mut self, steps: u64) -> Result<(), String> {
+        let batches = steps * self.plan.batch.accumulation_steps as u64;
+        let per_epoch = self.pipeline.batches_per_epoch().max(1) as u64;
+        let cursor = Cursor {
+            epoch: batches / per_epoch,
+            offset: (batches % per_epoch) as usize * self.options.global_batch.get(),
+        };
+        self.pipeline = Pipeline::new(Arc::clone(&self.dataset), &self.options, cursor).map_err(|e| e.to_string())?;
+        self.drawn = steps;
+        Ok(())
     }
 
     /// One step: pull, forward and backward, push. Returns its statistics and the most
@@ -166,6 +193,7 @@ impl Stepper<'_> {
         for b in self.micro.drain(..) {
             self.pipeline.recycle(b);
         }
+        self.drawn += 1;
         if !stats.loss_sum.is_finite() {
             return Err(format!("training diverged at step {}: the loss is not finite (NaN or infinite)", step + 1));
         }
