@@ -255,3 +255,89 @@ fn a_whole_shuffle_is_refused_for_a_stream() {
     let stderr = text(&out).1;
     assert!(stderr.contains("data.tfrecord.shuffle_buffer = 100"), "{stderr}");
 }
+
+/// Fails with the output unless `trainrun` (training, or `check` when `check`) exited 4
+/// naming every one of `needles`, and checks that no run folder claims a completed run.
+fn assert_refused(spec: &Path, needles: &[&str]) {
+    let run_dir = spec.with_file_name("run");
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let out = run(&[spec.to_str().unwrap(), "--quiet", "--set", "run.threads=1"]);
+    assert_exit(&out, 4);
+    let (_, stderr) = text(&out);
+    for needle in needles {
+        assert!(stderr.contains(needle), "expected {needle:?} in:\n{stderr}");
+    }
+    assert!(!run_dir.join("summary.json").exists());
+    if run_dir.join("run.json").exists() {
+        let record = json(&run_dir.join("run.json"));
+        assert_ne!(record["status"], "completed", "{record}");
+    }
+}
+
+/// Writes examples `0..n` of which example `bad` is `payload` instead.
+fn write_with(path: &Path, n: usize, bad: usize, payload: &[u8]) {
+    let mut bytes = vec![];
+    for i in 0..n {
+        let (pixels, label) = image(i);
+        let p = if i == bad { payload.to_vec() } else { raw_image_example(pixels, label) };
+        write_record(&mut bytes, &p).unwrap();
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// An `Example` with the given features.
+fn example(features: Vec<(&str, trainrun::data::formats::tfrecord::proto::feature::Kind)>) -> Vec<u8> {
+    use prost::Message;
+    use trainrun::data::formats::tfrecord::proto;
+    let feature = features.into_iter().map(|(k, kind)| (k.to_string(), proto::Feature { kind: Some(kind) }));
+    proto::Example { features: Some(proto::Features { feature: feature.collect() }) }.encode_to_vec()
+}
+
+#[test]
+fn malformed_tfrecords_exit_4_naming_the_file_and_the_byte_offset() {
+    use trainrun::data::formats::tfrecord::proto::{BytesList, FloatList, Int64List, feature::Kind};
+    use trainrun::data::formats::tfrecord::{Compression, scan};
+    let dir = tempdir();
+    write_halves(dir.path(), false);
+    let spec = spec(dir.path(), &table(""), "", 40);
+    let file = dir.path().join("train-2.tfrecord");
+    let good = std::fs::read(&file).unwrap();
+    let offsets = scan(&file, Compression::None).unwrap();
+    let name = file.display().to_string();
+    let at = |record: usize| format!("{name} at byte {}", offsets[record]);
+
+    // Cut inside the last record.
+    std::fs::write(&file, &good[..good.len() - 7]).unwrap();
+    assert_refused(&spec, &[&at(63), "truncated: the file ends inside"]);
+
+    // The length of record 5 changed, its checksum not.
+    let mut bytes = good.clone();
+    bytes[offsets[5] as usize] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    assert_refused(&spec, &[&format!("{name}: the record at byte {} fails its length checksum", offsets[5])]);
+
+    // A payload byte of record 9 changed.
+    let mut bytes = good.clone();
+    bytes[offsets[9] as usize + 20] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+    assert_refused(&spec, &[&format!("{name}: the record at byte {} fails its data checksum", offsets[9])]);
+
+    // Record 9 has no label feature.
+    let image_only = example(vec![("image", Kind::BytesList(BytesList { value: vec![vec![0u8; 16].into()] }))]);
+    write_with(&file, 64, 9, &image_only);
+    let offsets = scan(&file, Compression::None).unwrap();
+    let at = |record: usize| format!("{name} at byte {}", offsets[record]);
+    assert_refused(&spec, &[&at(9), "no feature named `label`"]);
+
+    // Record 9's label is a float; then its image is a float list.
+    let pixels = || Kind::BytesList(BytesList { value: vec![vec![0u8; 16].into()] });
+    let float_label = example(vec![("image", pixels()), ("label", Kind::FloatList(FloatList { value: vec![1.0] }))]);
+    write_with(&file, 64, 9, &float_label);
+    assert_refused(&spec, &[&at(9), "feature `label` must be one int64, found 1 floats"]);
+    let float_image = example(vec![
+        ("image", Kind::FloatList(FloatList { value: vec![0.5; 16] })),
+        ("label", Kind::Int64List(Int64List { value: vec![1] })),
+    ]);
+    write_with(&file, 64, 9, &float_image);
+    assert_refused(&spec, &[&at(9), "feature `image` must be one bytes value, found 16 floats"]);
+}
