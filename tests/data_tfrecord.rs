@@ -200,6 +200,30 @@ fn two_workers_over_four_files_read_disjoint_files_and_every_record_once_per_epo
     }
 }
 
+#[test]
+fn png_encoded_images_are_decoded_and_resized() {
+    let dir = tempdir();
+    let png = |i: usize| {
+        // Each image twice the size the spec asks for, so it is resized on the way.
+        let (pixels, _) = image(i);
+        let big: Vec<u8> =
+            (0..4 * SIDE * SIDE).map(|p| pixels[(p / (2 * SIDE) / 2) * SIDE + (p % (2 * SIDE)) / 2]).collect();
+        let img = image::GrayImage::from_raw(2 * SIDE as u32, 2 * SIDE as u32, big).unwrap();
+        let mut out = std::io::Cursor::new(vec![]);
+        img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+        out.into_inner()
+    };
+    for (name, range) in [("train-0.tfrecord", 0..256), ("test.tfrecord", 1000..1064)] {
+        let mut bytes = vec![];
+        for i in range {
+            write_record(&mut bytes, &raw_image_example(png(i), image(i).1)).unwrap();
+        }
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let s = train(&spec(dir.path(), &table("encoding = \"png_or_jpeg\""), "", 40));
+    assert!(accuracy(&s) > 0.95, "{s}");
+}
+
 /// The PyPI `tfrecord` package's writer, the features named as TensorFlow's image datasets
 /// name them: train and test files, the images raw bytes and the labels int64.
 const TFRECORD_WRITE: &str = r#"

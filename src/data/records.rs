@@ -348,3 +348,33 @@ fn dataset(train: RecordSplit, test: Option<RecordSplit>, config: &TfRecordConfi
         classes: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::formats::bench::raw_image_example;
+    use crate::data::formats::tfrecord::write_record;
+
+    #[test]
+    fn reads_by_index_in_file_order_across_files_and_backwards() {
+        let dir = tempfile::tempdir().unwrap();
+        for (f, range) in [(0, 0..3), (1, 3..7)] {
+            let mut bytes = vec![];
+            for i in range {
+                write_record(&mut bytes, &raw_image_example(vec![i as u8 * 10; 2], i)).unwrap();
+            }
+            std::fs::write(dir.path().join(format!("p{f}.tfrecord")), bytes).unwrap();
+        }
+        let config: TfRecordConfig =
+            toml::from_str("train = [\"p*.tfrecord\"]\nshape = [2]\nclasses = 7\nshuffle_buffer = 0").unwrap();
+        let data = load(dir.path(), &config).unwrap();
+        assert_eq!((data.train.len(), data.train.records().map(RecordSplit::file_lens)), (7, Some(&[3, 4][..])));
+        let b = data.train.read(2..5).unwrap();
+        assert_eq!(
+            (b.y, b.x),
+            (vec![2, 3, 4], vec![20. / 255., 20. / 255., 30. / 255., 30. / 255., 40. / 255., 40. / 255.])
+        );
+        assert_eq!(data.train.read(0..1).unwrap().y, [0], "a read behind the last one starts again");
+        assert_eq!(facts(dir.path(), &config).unwrap().train_files, 2);
+    }
+}

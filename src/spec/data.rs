@@ -74,8 +74,11 @@ pub struct DataSpec {
     #[serde(default = "default_prefetch")]
     pub prefetch: usize,
 
-    /// How workers split the data (`tf.data.experimental.AutoShardPolicy`). Default: `auto`.
-    /// Example: `auto_shard_policy = "data"`.
+    /// How workers split the data (`tf.data.experimental.AutoShardPolicy`). `auto` picks
+    /// `file` for `tfrecord` when there are at least as many training files as workers, and
+    /// `data` otherwise and for every other source (each reads one training file, or none:
+    /// `text`, `tokens`, `synthetic`). `file` with fewer files than workers is refused.
+    /// Default: `auto`. Example: `auto_shard_policy = "data"`.
     #[serde(default)]
     pub auto_shard_policy: AutoShardPolicy,
 }
@@ -150,10 +153,12 @@ pub enum DatasetKind {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AutoShardPolicy {
-    /// `file` when there are at least as many files as workers, else `data`.
+    /// `file` when there are at least as many training files as workers (only `tfrecord`
+    /// has more than one), else `data`.
     #[default]
     Auto,
-    /// Each worker reads a disjoint subset of the files.
+    /// Worker `i` of `N` reads training files `i, i+N, …` (a streamed source: `tfrecord`);
+    /// it needs at least as many files as workers.
     File,
     /// Each worker keeps every N-th example of each global batch.
     Data,
