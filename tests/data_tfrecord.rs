@@ -151,6 +151,18 @@ fn check_shows_the_file_policy_auto_picks_for_tfrecords() {
 
 /// The labels one pipeline reads over `batches` batches.
 fn labels_read(source: &Source, shard: Shard, shuffle: Shuffle, batches: usize) -> Vec<Vec<u32>> {
+    labels_from(source, shard, shuffle, Cursor::default(), batches).0
+}
+
+/// The labels and global batch sizes a pipeline started at `start` reads over `batches`
+/// batches.
+fn labels_from(
+    source: &Source,
+    shard: Shard,
+    shuffle: Shuffle,
+    start: Cursor,
+    batches: usize,
+) -> (Vec<Vec<u32>>, Vec<usize>) {
     let data = Arc::new(source.load().unwrap());
     let options = PipelineOptions {
         seed: 11,
@@ -160,8 +172,8 @@ fn labels_read(source: &Source, shard: Shard, shuffle: Shuffle, batches: usize) 
         prefetch: 2,
         shard,
     };
-    let mut pipeline = Pipeline::new(data, &options, Cursor::default()).unwrap();
-    (0..batches).map(|_| pipeline.next_batch().unwrap().y).collect()
+    let mut pipeline = Pipeline::new(data, &options, start).unwrap();
+    (0..batches).map(|_| pipeline.next_batch().unwrap()).map(|b| (b.y, b.global_n)).unzip()
 }
 
 #[test]
@@ -196,6 +208,19 @@ fn two_workers_over_four_files_read_disjoint_files_and_every_record_once_per_epo
         }
         if shuffle != Shuffle::Off {
             assert_ne!(workers[0][0..5], workers[0][5..10], "each epoch is reshuffled");
+        }
+        // Both workers agree on each step's global batch: 8, 8, 8, 8, then 4 + 1.
+        let (_, global) = labels_from(&source, Shard::of_files(0, two).unwrap(), shuffle, Cursor::default(), 5);
+        assert_eq!(global, [8, 8, 8, 8, 5]);
+    }
+    // A pipeline started at a cursor mid-epoch reads what the uninterrupted one reads from
+    // there on, for the file and the data policy.
+    let shuffle = Shuffle::Buffer(NonZeroUsize::new(4).unwrap());
+    for shard in [Shard::of_files(1, two).unwrap(), Shard::new(1, two).unwrap(), Shard::WHOLE] {
+        let (all, _) = labels_from(&source, shard, shuffle, Cursor::default(), 12);
+        for (step, cursor) in [(2, Cursor { epoch: 0, offset: 16 }), (7, Cursor { epoch: 1, offset: 16 })] {
+            let (resumed, _) = labels_from(&source, shard, shuffle, cursor, 12 - step);
+            assert_eq!(resumed, all[step..], "{shard:?} from {cursor:?}");
         }
     }
 }
