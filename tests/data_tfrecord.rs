@@ -390,3 +390,30 @@ fn malformed_tfrecords_exit_4_naming_the_file_and_the_byte_offset() {
     write_with(&file, 64, 9, &float_image);
     assert_refused(&spec, &[&at(9), "feature `image` must be one bytes value, found 16 floats"]);
 }
+
+#[test]
+fn memory_stays_bounded_by_the_shuffle_buffer_whatever_the_file_size() {
+    // 32×32×3 raw images, 3 kB a record: 5,000 records (15 MB) and 40,000 (123 MB), through a
+    // buffer of 1,024 records (3 MB). Loading the file whole would add over 100 MB.
+    let peak_rss_mb = |records: usize| {
+        let dir = tempdir();
+        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.path().join("big.tfrecord")).unwrap());
+        for i in 0..records {
+            let pixels: Vec<u8> = (0..3072).map(|p| (i * 7 + p * 13) as u8).collect();
+            write_record(&mut out, &raw_image_example(pixels, (i % 10) as i64)).unwrap();
+        }
+        out.flush().unwrap();
+        drop(out);
+        let data = "dataset = \"tfrecord\"\n\n[data.tfrecord]\ntrain = [\"big.tfrecord\"]\nshape = [32, 32, 3]\n\
+                    classes = 10\nshuffle_buffer = 1024";
+        let spec = spec(dir.path(), data, "", 1);
+        let text = std::fs::read_to_string(&spec).unwrap();
+        // One pass over every record: the epoch's length comes from the data.
+        std::fs::write(&spec, text.replace("steps_per_epoch = 1\n", "").replace("units = 2", "units = 10")).unwrap();
+        let s = train(&spec);
+        assert_eq!(s["examples"].as_u64(), Some(records as u64 / 16 * 16), "{s}");
+        s["peak_rss_mb"].as_f64().unwrap()
+    };
+    let (small, big) = (peak_rss_mb(5_000), peak_rss_mb(40_000));
+    assert!(big - small < 16.0, "peak RSS {small:.1} MB for 15 MB of records, {big:.1} MB for 123 MB");
+}
