@@ -151,7 +151,7 @@ fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
     let s = summary(&spec);
     // Resumed from a backup inside an epoch (16 steps each), not from the start.
     let from = s["resumed_from_step"].as_u64().unwrap_or(0);
-    assert!(from >= 10 && from < 480 && from % 16 != 0, "{s}");
+    assert!((10..480).contains(&from) && !from.is_multiple_of(16), "{s}");
     for key in ["weights_sha256", "train_loss", "steps", "examples"] {
         assert_eq!(s[key], expected[key], "{key}: {s}");
     }
