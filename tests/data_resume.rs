@@ -1,7 +1,8 @@
 //! Exact resume for the sources that are not MNIST: a run reading a CSV table (shuffled whole)
 //! and one streaming TFRecord files (through a shuffle buffer smaller than the data) are
 //! killed with SIGKILL mid-epoch after a backup, started again with the same command, and end
-//! with the weights of an uninterrupted run, bit for bit.
+//! with the weights of an uninterrupted run, bit for bit; and two workers each streaming their
+//! own files (the `file` policy) are preempted (SIGTERM) and resume to the same weights.
 
 mod common;
 
@@ -49,6 +50,10 @@ fn write_csv(dir: &Path) {
 /// A job of 30 epochs × 16 steps with momentum (so optimizer state matters) and backups
 /// every 10 steps (mid-epoch), with a model big enough that it runs for seconds.
 fn spec(dir: &Path, data: &str) -> PathBuf {
+    spec_with(dir, data, "")
+}
+
+fn spec_with(dir: &Path, data: &str, strategy: &str) -> PathBuf {
     let text = format!(
         r#"
 [run]
@@ -60,6 +65,8 @@ threads = 1
 [data]
 dir = "{data_dir}"
 {data}
+
+{strategy}
 
 [batch]
 global = 64
@@ -157,6 +164,9 @@ fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
     }
 }
 
+const TFRECORDS: &str = "dataset = \"tfrecord\"\n\n[data.tfrecord]\ntrain = [\"train-*.tfrecord\"]\n\
+    shape = [8, 8, 1]\nclasses = 4\nshuffle_buffer = 100";
+
 #[test]
 fn a_csv_run_killed_mid_epoch_resumes_bit_identical() {
     killed_and_resumed_ends_bit_identical(
@@ -167,9 +177,37 @@ fn a_csv_run_killed_mid_epoch_resumes_bit_identical() {
 
 #[test]
 fn a_tfrecord_run_killed_mid_epoch_resumes_bit_identical() {
-    killed_and_resumed_ends_bit_identical(
-        write_tfrecords,
-        "dataset = \"tfrecord\"\n\n[data.tfrecord]\ntrain = [\"train-*.tfrecord\"]\nshape = [8, 8, 1]\n\
-         classes = 4\nshuffle_buffer = 100",
-    );
+    killed_and_resumed_ends_bit_identical(write_tfrecords, TFRECORDS);
+}
+
+#[test]
+fn two_workers_reading_their_own_files_preempted_resume_bit_identical() {
+    let strategy = "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2";
+    let (reference, stopped) = (tempdir(), tempdir());
+    for dir in [&reference, &stopped] {
+        write_tfrecords(dir.path());
+    }
+    let reference = spec_with(reference.path(), TFRECORDS, strategy);
+    let check = common::run(&["check", reference.to_str().unwrap()]);
+    assert!(common::text(&check).0.contains("file policy, 2 shards"), "{}", common::text(&check).0);
+    assert_exit(&wait_within(common::spawn(&[reference.to_str().unwrap(), "-q"]), LIMIT).0, 0);
+    let expected = summary(&reference);
+
+    let spec = spec_with(stopped.path(), TFRECORDS, strategy);
+    let args = [spec.to_str().unwrap(), "-q"];
+    let mut launcher = common::spawn(&args);
+    wait_for_backup(&stopped.path().join("run/backup"), &mut launcher);
+    // The launcher passes SIGTERM on: every worker stops after the same step, backed up.
+    common::signal(launcher.id(), libc::SIGTERM);
+    assert_exit(&wait_within(launcher, LIMIT).0, 6);
+
+    assert_exit(&wait_within(common::spawn(&args), LIMIT).0, 0);
+    let s = summary(&spec);
+    // The workers agree on the step to stop after, so it is not chosen here; it is mid-epoch
+    // unless it happens to fall on a multiple of 16.
+    let from = s["resumed_from_step"].as_u64().unwrap_or(0);
+    assert!((10..480).contains(&from), "{s}");
+    for key in ["weights_sha256", "train_loss", "steps", "examples"] {
+        assert_eq!(s[key], expected[key], "{key}: {s}");
+    }
 }
