@@ -2,7 +2,8 @@
 //! and one streaming TFRecord files (through a shuffle buffer smaller than the data) are
 //! killed with SIGKILL mid-epoch after a backup, started again with the same command, and end
 //! with the weights of an uninterrupted run, bit for bit; and two workers each streaming their
-//! own files (the `file` policy) are preempted (SIGTERM) and resume to the same weights.
+//! own files (the `file` policy) are preempted (SIGTERM to a worker) and resume to the same
+//! weights.
 
 mod common;
 
@@ -196,9 +197,10 @@ fn two_workers_reading_their_own_files_preempted_resume_bit_identical() {
     let spec = spec_with(stopped.path(), TFRECORDS, strategy);
     let args = [spec.to_str().unwrap(), "-q"];
     let mut launcher = common::spawn(&args);
+    let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).expect("no worker:1");
     wait_for_backup(&stopped.path().join("run/backup"), &mut launcher);
-    // The launcher passes SIGTERM on: every worker stops after the same step, backed up.
-    common::signal(launcher.id(), libc::SIGTERM);
+    // A worker asked to stop: every worker stops after the same step, the chief backs it up.
+    common::signal(victim, libc::SIGTERM);
     assert_exit(&wait_within(launcher, LIMIT).0, 6);
 
     assert_exit(&wait_within(common::spawn(&args), LIMIT).0, 0);
