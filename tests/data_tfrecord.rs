@@ -383,6 +383,12 @@ fn malformed_tfrecords_exit_4_naming_the_file_and_the_byte_offset() {
     let float_label = example(vec![("image", pixels()), ("label", Kind::FloatList(FloatList { value: vec![1.0] }))]);
     write_with(&file, 64, 9, &float_label);
     assert_refused(&spec, &[&at(9), "feature `label` must be one int64, found 1 floats"]);
+    // Gzip files read as plain ones: the error names the key to set.
+    write_halves(dir.path(), true);
+    let first = dir.path().join("train-0.tfrecord").display().to_string();
+    assert_refused(&spec, &[&format!("{first} is gzip-compressed; set data.tfrecord.compression = \"gzip\"")]);
+    write_halves(dir.path(), false);
+    write_with(&file, 64, 9, &float_label);
     let float_image = example(vec![
         ("image", Kind::FloatList(FloatList { value: vec![0.5; 16] })),
         ("label", Kind::Int64List(Int64List { value: vec![1] })),
@@ -410,9 +416,22 @@ fn memory_stays_bounded_by_the_shuffle_buffer_whatever_the_file_size() {
         let text = std::fs::read_to_string(&spec).unwrap();
         // One pass over every record: the epoch's length comes from the data.
         std::fs::write(&spec, text.replace("steps_per_epoch = 1\n", "").replace("units = 2", "units = 10")).unwrap();
-        let s = train(&spec);
+        // Not summary.json's `peak_rss_mb`: getrusage's high-water mark starts at the one of
+        // the process that spawned trainrun (this test binary, with its other tests running).
+        let mut child =
+            common::trainrun().args([spec.to_str().unwrap(), "--quiet", "--set", "run.threads=1"]).spawn().unwrap();
+        let status = format!("/proc/{}/status", child.id());
+        let mut hwm_kb = 0.0f64;
+        while child.try_wait().unwrap().is_none() {
+            let text = std::fs::read_to_string(&status).unwrap_or_default();
+            let kb = text.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().split(' ').next());
+            hwm_kb = hwm_kb.max(kb.and_then(|k| k.parse().ok()).unwrap_or(0.0));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let s = json(&spec.with_file_name("run").join("summary.json"));
         assert_eq!(s["examples"].as_u64(), Some(records as u64 / 16 * 16), "{s}");
-        s["peak_rss_mb"].as_f64().unwrap()
+        assert!(hwm_kb > 0.0, "no VmHWM read");
+        hwm_kb / 1024.0
     };
     let (small, big) = (peak_rss_mb(5_000), peak_rss_mb(40_000));
     assert!(big - small < 16.0, "peak RSS {small:.1} MB for 15 MB of records, {big:.1} MB for 123 MB");

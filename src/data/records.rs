@@ -191,9 +191,27 @@ fn expand(dir: &Path, names: &[String]) -> Result<Vec<PathBuf>, DataError> {
     Ok(files)
 }
 
-/// Records in each file (a framing pass: every length CRC checked, payloads skipped).
+/// Records in each file (a framing pass: every length CRC checked, payloads skipped). A plain
+/// file that fails at once but starts as gzip does is named as such, with the key to set.
 fn count(files: &[PathBuf], compression: Compression) -> Result<Vec<usize>, DataError> {
-    files.iter().map(|f| scan(f, compression).map(|offsets| offsets.len())).collect()
+    files
+        .iter()
+        .map(|f| {
+            scan(f, compression).map(|offsets| offsets.len()).map_err(|e| match (compression, &e) {
+                (Compression::None, DataError::BadCrc { offset: 0, .. })
+                    if Compression::detect(f).is_ok_and(|c| c == Compression::Gzip) =>
+                {
+                    DataError::BadTfRecord {
+                        problem: format!(
+                            "{} is gzip-compressed; set data.tfrecord.compression = \"gzip\"",
+                            f.display()
+                        ),
+                    }
+                }
+                _ => e,
+            })
+        })
+        .collect()
 }
 
 /// One split's files as a stream of examples.
