@@ -104,9 +104,11 @@ fn shard(plan: &Plan, job: Option<&Job>) -> Result<Shard, DataError> {
     let count = NonZeroUsize::new(workers).unwrap_or(NonZeroUsize::MIN);
     match plan.data.shard {
         ShardPolicy::Data => Shard::new(rank, count),
+        // Training reads this worker's files; evaluation still splits the test set by example.
+        ShardPolicy::File => Shard::of_files(rank, count),
         // Every worker reads the same examples: the duplicates `off` asks for.
         ShardPolicy::Off => Shard::new(0, count),
-        ShardPolicy::None | ShardPolicy::File => Ok(Shard::WHOLE),
+        ShardPolicy::None => Ok(Shard::WHOLE),
     }
 }
 

@@ -203,6 +203,22 @@ pub enum DataError {
         source: zip::result::ZipError,
     },
 
+    /// `[data.tfrecord]` cannot be used as written.
+    #[error("data.tfrecord: {problem}")]
+    BadTfRecord { problem: String },
+
+    /// Files ended before the number of records counted when the run started.
+    #[error(
+        "{}: the files hold fewer than the {expected} records counted when the run started; were they changed during the run?",
+        .files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    StreamEnded { files: Vec<PathBuf>, expected: usize },
+
+    /// A split read only in order cannot be shuffled whole, nor sharded by file when it is
+    /// not made of files.
+    #[error("the input pipeline cannot {what}")]
+    Unstreamable { what: &'static str },
+
     /// A reader was asked for an example it does not have.
     #[error("example {index} is out of range: the reader has {examples}")]
     ExampleOutOfRange { index: usize, examples: usize },

@@ -4,6 +4,7 @@
 
 use super::error::DataError;
 use super::pipeline::Batch;
+use super::records::RecordSplit;
 use serde::Serialize;
 use std::fmt;
 use std::sync::Arc;
@@ -79,6 +80,13 @@ pub trait Examples: Send + Sync + fmt::Debug {
     fn rows_per_example(&self) -> usize {
         1
     }
+
+    /// A split read only in order (TFRecord files) gives its stream here, and the training
+    /// pipeline streams each epoch through a shuffle buffer instead of reading by index.
+    /// (One streaming source so far; a second would make this a trait of its own.)
+    fn records(&self) -> Option<&RecordSplit> {
+        None
+    }
 }
 
 /// A split (train or test) of a dataset, shared by the pipeline threads.
@@ -140,5 +148,10 @@ impl Split {
     /// Heap bytes held by this split.
     pub fn bytes_held(&self) -> usize {
         self.examples.bytes_held()
+    }
+
+    /// The stream of a split read only in order (see [`Examples::records`]).
+    pub fn records(&self) -> Option<&RecordSplit> {
+        self.examples.records()
     }
 }

@@ -2,7 +2,7 @@
 //! fetched ([`sources`], [`download`]), a seeded synthetic dataset ([`synthetic`]), and a
 //! deterministic, sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]); readers
 //! for the formats users bring (NumPy, CSV, image folders, TFRecord, CIFAR: [`formats`]), and
-//! the sources built on them ([`table`], [`numpy`], [`folders`], [`cifar`]).
+//! the sources built on them ([`table`], [`numpy`], [`folders`], [`cifar`], [`records`]).
 //!
 //! Images stay `u8` in memory (MNIST train + test: 55 MB); only the batch being handed out is
 //! `f32`, so a training process stays far under its memory budget.
@@ -30,8 +30,10 @@ pub mod idx;
 pub mod images;
 pub mod numpy;
 pub mod pipeline;
+pub mod records;
 mod shard;
 pub mod sources;
+mod streamed;
 pub mod synthetic;
 pub mod table;
 pub mod text;
@@ -47,6 +49,7 @@ pub use folders::ImageFolderConfig;
 pub use formats::image_folder::ColorMode;
 pub use numpy::{NpyConfig, NpyPair};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
+pub use records::{TfRecordCompression, TfRecordConfig, TfRecordEncoding};
 pub use shard::Shard;
 pub use sources::{IdxFiles, Preset, Source};
 pub use synthetic::SyntheticConfig;

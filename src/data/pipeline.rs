@@ -8,6 +8,7 @@
 //! exactly the batches it would have seen. Batches never span data-epochs.
 
 use super::error::DataError;
+use super::streamed::{self, Streamed};
 use super::{Dataset, Shard, Split};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
@@ -117,10 +118,10 @@ impl Batch {
 
 /// The pure arithmetic of the batch sequence.
 #[derive(Debug, Clone, Copy)]
-struct Schedule {
+pub(super) struct Schedule {
     examples: usize,
-    seed: u64,
-    shuffle: Shuffle,
+    pub(super) seed: u64,
+    pub(super) shuffle: Shuffle,
     global_batch: usize,
     drop_remainder: bool,
 }
@@ -144,11 +145,11 @@ impl Schedule {
     }
 
     /// Positions, in the epoch's order, of the global batch at a normalized cursor.
-    fn batch_at(&self, c: Cursor) -> Range<usize> {
+    pub(super) fn batch_at(&self, c: Cursor) -> Range<usize> {
         c.offset..(c.offset + self.global_batch).min(self.examples)
     }
 
-    fn advance(&self, c: Cursor) -> Cursor {
+    pub(super) fn advance(&self, c: Cursor) -> Cursor {
         let end = self.batch_at(c).end;
         self.normalize(Cursor { offset: end, ..c })
     }
@@ -243,7 +244,14 @@ pub struct Pipeline {
 impl Pipeline {
     /// Starts the pipeline over `data.train` at `start` (`Cursor::default()` for a new run).
     pub fn new(data: Arc<Dataset>, options: &PipelineOptions, start: Cursor) -> Result<Self, DataError> {
-        let examples = data.train.len();
+        let streamed = data.train.records().map(|r| Streamed::new(r, options)).transpose()?;
+        if options.shard.by_files() && streamed.is_none() {
+            return Err(DataError::Unstreamable { what: "split a source that is not made of files by file" });
+        }
+        let examples = match (&streamed, data.train.records()) {
+            (Some(how), Some(records)) => how.examples(records),
+            _ => data.train.len(),
+        };
         if examples == 0 {
             return Err(DataError::EmptyTrainingSet);
         }
@@ -264,7 +272,10 @@ impl Pipeline {
         let shard = options.shard;
         let worker = std::thread::Builder::new()
             .name("trainrun-input".into())
-            .spawn(move || produce(&data.train, schedule, shard, cursor, &send, &recycled))
+            .spawn(move || match streamed {
+                Some(how) => streamed::produce(&data.train, &how, schedule, shard, cursor, &send, &recycled),
+                None => produce(&data.train, schedule, shard, cursor, &send, &recycled),
+            })
             .map_err(|source| DataError::Thread { source })?;
         Ok(Self { batches: Some(batches), recycled: recycle, worker: Some(worker), schedule, cursor })
     }

@@ -1,5 +1,8 @@
 //! [`Shard`]: which part of every global batch one worker keeps (TensorFlow's `DATA` auto-shard
-//! policy, applied at batch level): worker `i` of `N` keeps positions `i, i+N, i+2N, …`.
+//! policy, applied at batch level): worker `i` of `N` keeps positions `i, i+N, i+2N, …`. A
+//! shard [`by_files`](Shard::by_files) (TensorFlow's `FILE` policy) instead reads files
+//! `i, i+N, …` of a streamed split for its training batches, keeping the same number of
+//! examples per global batch; evaluation is still split by example.
 //!
 //! Every worker walks the same global batches, so a short last batch leaves some workers with
 //! fewer examples, possibly none; they still produce a (possibly empty) batch, so collectives
@@ -13,18 +16,35 @@ use std::num::NonZeroUsize;
 pub struct Shard {
     index: usize,
     count: NonZeroUsize,
+    by_files: bool,
 }
 
 impl Shard {
     /// The whole data, unsharded.
-    pub const WHOLE: Shard = Shard { index: 0, count: NonZeroUsize::MIN };
+    pub const WHOLE: Shard = Shard { index: 0, count: NonZeroUsize::MIN, by_files: false };
 
     /// Shard `index` of `count`; `index` must be below `count`.
     pub fn new(index: usize, count: NonZeroUsize) -> Result<Self, DataError> {
         if index >= count.get() {
             return Err(DataError::BadShard { index, count: count.get() });
         }
-        Ok(Self { index, count })
+        Ok(Self { index, count, by_files: false })
+    }
+
+    /// Shard `index` of `count` under the `file` policy: its training examples come from
+    /// files `index, index + count, …`.
+    pub fn of_files(index: usize, count: NonZeroUsize) -> Result<Self, DataError> {
+        Self::new(index, count).map(|s| Self { by_files: true, ..s })
+    }
+
+    /// Whether training examples are split by file.
+    pub fn by_files(&self) -> bool {
+        self.by_files
+    }
+
+    /// The files of `files` this shard reads under the `file` policy.
+    pub fn files(&self, files: usize) -> Vec<usize> {
+        (self.index..files).step_by(self.count.get()).collect()
     }
 
     /// This shard's index.

@@ -14,6 +14,7 @@ use super::folders::{self, ImageFolderConfig};
 use super::formats::cifar::CifarDataset;
 use super::idx::{IdxArray, read_idx, read_idx_dims};
 use super::numpy::{self, NpyConfig};
+use super::records::{self, TfRecordConfig};
 use super::synthetic::{self, SyntheticConfig};
 use super::table::{self, CsvConfig};
 use super::text::{self, TextConfig};
@@ -201,6 +202,11 @@ pub enum Source {
         dir: PathBuf,
         dataset: CifarDataset,
     },
+    /// TFRecord files of `tf.train.Example`s, streamed.
+    TfRecord {
+        dir: PathBuf,
+        config: TfRecordConfig,
+    },
 }
 
 impl Source {
@@ -216,6 +222,7 @@ impl Source {
             Source::Npy { .. } => "npy",
             Source::ImageFolder { .. } => "image_folder",
             Source::Cifar { dataset, .. } => dataset.name(),
+            Source::TfRecord { .. } => "tfrecord",
         }
     }
 
@@ -229,7 +236,8 @@ impl Source {
             | Source::Csv { dir, .. }
             | Source::Npy { dir, .. }
             | Source::ImageFolder { dir, .. }
-            | Source::Cifar { dir, .. } => Some(dir),
+            | Source::Cifar { dir, .. }
+            | Source::TfRecord { dir, .. } => Some(dir),
             Source::Synthetic { .. } => None,
         }
     }
@@ -251,6 +259,7 @@ impl Source {
                 config.folders().into_iter().filter(|f| !dir.join(f).is_dir()).map(|f| format!("{f}/")).collect()
             }
             Source::Cifar { dir, dataset } => cifar::missing_files(dir, *dataset),
+            Source::TfRecord { dir, config } => config.missing_files(dir),
             Source::Synthetic { .. } => vec![],
         }
     }
@@ -271,7 +280,8 @@ impl Source {
             | Source::Tokens { .. }
             | Source::Csv { .. }
             | Source::Npy { .. }
-            | Source::ImageFolder { .. } => Ok(vec![]),
+            | Source::ImageFolder { .. }
+            | Source::TfRecord { .. } => Ok(vec![]),
         }
     }
 
@@ -323,6 +333,10 @@ impl Source {
                 folders::facts(dir, config)
             }
             Source::Cifar { dir, dataset } => cifar::facts(dir, *dataset),
+            Source::TfRecord { dir, config } => {
+                self.require_files()?;
+                records::facts(dir, config)
+            }
         }
     }
 
@@ -371,6 +385,7 @@ impl Source {
             Source::Npy { dir, config } => numpy::load(dir, config),
             Source::ImageFolder { dir, config } => folders::load(dir, config),
             Source::Cifar { dir, dataset } => cifar::load(dir, *dataset),
+            Source::TfRecord { dir, config } => records::load(dir, config),
         }
     }
 
@@ -392,7 +407,8 @@ impl Source {
                 | Source::Tokens { dir, .. }
                 | Source::Csv { dir, .. }
                 | Source::Npy { dir, .. }
-                | Source::ImageFolder { dir, .. },
+                | Source::ImageFolder { dir, .. }
+                | Source::TfRecord { dir, .. },
                 false,
             ) => Err(DataError::MissingFiles { dataset: self.name(), dir: dir.clone(), files: missing }),
         }

@@ -99,6 +99,14 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, Dat
         DatasetKind::Cifar100 => {
             Source::Cifar { dir: dir("cifar100")?, dataset: spec.cifar100.unwrap_or_default().dataset() }
         }
+        DatasetKind::Tfrecord => Source::TfRecord {
+            config: spec.tfrecord.clone().ok_or(DataError::MissingSection {
+                dataset: "tfrecord",
+                section: "[data.tfrecord]",
+                example: "[data.tfrecord] train = [\"train-*.tfrecord\"], shape = [28, 28, 1], classes = 10",
+            })?,
+            dir: dir("tfrecord")?,
+        },
     })
 }
 
@@ -160,11 +168,41 @@ pub fn resolve(
     DataPlan {
         source: source.clone(),
         facts: facts.clone(),
-        shuffle: Shuffle::from_buffer_size(spec.shuffle_buffer),
+        shuffle: shuffle(spec, source, diags),
         drop_remainder: spec.drop_remainder,
         prefetch: spec.prefetch,
         shard,
         num_shards: if shard == ShardPolicy::None { 1 } else { workers },
+    }
+}
+
+/// How each data-epoch is ordered: `data.shuffle_buffer`, or for a stream (TFRecord), which
+/// cannot be shuffled whole, its own `data.tfrecord.shuffle_buffer`.
+fn shuffle(spec: &DataSpec, source: &Source, diags: &mut Vec<Diagnostic>) -> Shuffle {
+    match source {
+        Source::TfRecord { config, .. } => {
+            if let Some(size) = spec.shuffle_buffer {
+                diags.push(
+                    Diagnostic::error(
+                        "data.shuffle_buffer",
+                        format!(
+                            "data.shuffle_buffer = {size} does not apply to dataset = \"tfrecord\": a stream is shuffled by its own buffer"
+                        ),
+                    )
+                    .help(format!("remove it and set data.tfrecord.shuffle_buffer = {size} instead")),
+                );
+            }
+            config.shuffle().map_or(Shuffle::Off, Shuffle::Buffer)
+        }
+        Source::Preset { .. }
+        | Source::Idx { .. }
+        | Source::Synthetic { .. }
+        | Source::Text { .. }
+        | Source::Tokens { .. }
+        | Source::Csv { .. }
+        | Source::Npy { .. }
+        | Source::ImageFolder { .. }
+        | Source::Cifar { .. } => Shuffle::from_buffer_size(spec.shuffle_buffer),
     }
 }
 

@@ -1,7 +1,8 @@
 //! `[data]`: which dataset, where it lives, and how the input pipeline shuffles and batches it.
 
 use crate::data::{
-    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TokensConfig,
+    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TfRecordConfig,
+    TokensConfig,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -53,6 +54,10 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cifar100: Option<Cifar100Config>,
 
+    /// Files, features and shuffle buffer of `dataset = "tfrecord"` (`tf.train.Example`s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tfrecord: Option<TfRecordConfig>,
+
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
     /// Default: the whole training set (a uniform shuffle). Example: `shuffle_buffer = 10000`.
@@ -69,8 +74,11 @@ pub struct DataSpec {
     #[serde(default = "default_prefetch")]
     pub prefetch: usize,
 
-    /// How workers split the data (`tf.data.experimental.AutoShardPolicy`). Default: `auto`.
-    /// Example: `auto_shard_policy = "data"`.
+    /// How workers split the data (`tf.data.experimental.AutoShardPolicy`). `auto` picks
+    /// `file` for `tfrecord` when there are at least as many training files as workers, and
+    /// `data` otherwise and for every other source (each reads one training file, or none:
+    /// `text`, `tokens`, `synthetic`). `file` with fewer files than workers is refused.
+    /// Default: `auto`. Example: `auto_shard_policy = "data"`.
     #[serde(default)]
     pub auto_shard_policy: AutoShardPolicy,
 }
@@ -96,6 +104,7 @@ impl Default for DataSpec {
             npy: None,
             image_folder: None,
             cifar100: None,
+            tfrecord: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -135,16 +144,21 @@ pub enum DatasetKind {
     Cifar10,
     /// CIFAR-100: the same sizes, 100 fine classes or 20 coarse ones (`[data.cifar100]`).
     Cifar100,
+    /// TFRecord files of `tf.train.Example`s named in `[data.tfrecord]` (plain or GZIP),
+    /// streamed through a shuffle buffer, never loaded whole.
+    Tfrecord,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AutoShardPolicy {
-    /// `file` when there are at least as many files as workers, else `data`.
+    /// `file` when there are at least as many training files as workers (only `tfrecord`
+    /// has more than one), else `data`.
     #[default]
     Auto,
-    /// Each worker reads a disjoint subset of the files.
+    /// Worker `i` of `N` reads training files `i, i+N, …` (a streamed source: `tfrecord`);
+    /// it needs at least as many files as workers.
     File,
     /// Each worker keeps every N-th example of each global batch.
     Data,

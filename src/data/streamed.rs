@@ -1,0 +1,236 @@
+//! The input pipeline over a split read only in order ([`RecordSplit`], TFRecord files): each
+//! data-epoch is one pass of a stream, in file order or through a shuffle buffer keyed by the
+//! run seed and the epoch, so it is the same pass every time it is made. A pipeline started at
+//! a cursor replays its epoch's stream up to the cursor, skipping without decoding: exact
+//! resume without storing the buffer in checkpoints.
+//!
+//! Under the `data` policy every worker walks the whole stream and decodes only its positions
+//! of each global batch. Under the `file` policy ([`Shard::by_files`]) worker `i` of `N`
+//! streams files `i, i+N, …` and takes its usual share `b_i` of every global batch from them;
+//! a data-epoch lasts until the worker with the most steps' worth of records is done (workers
+//! that run out first send empty batches, so every collective stays in step and every record
+//! is read once per epoch), or, with `drop_remainder`, until the first worker cannot fill its
+//! share. Each step's global batch size is the sum of the shares, which every worker computes
+//! from the files' record counts.
+
+use super::error::DataError;
+use super::examples::Split;
+use super::formats::tfrecord::Order;
+use super::pipeline::{Batch, Cursor, PipelineOptions, Schedule, Shuffle};
+use super::records::{RecordReader, RecordSplit};
+use super::shard::Shard;
+use std::sync::mpsc::{Receiver, SyncSender};
+
+/// How one worker reads a streamed split.
+#[derive(Debug, Clone)]
+pub(super) struct Streamed {
+    /// The files this worker reads, in order.
+    files: Vec<usize>,
+    /// Under the `file` policy: every worker's records and share.
+    shares: Option<Shares>,
+    global_batch: usize,
+}
+
+/// The `file` policy's arithmetic, the same on every worker.
+#[derive(Debug, Clone)]
+struct Shares {
+    /// Records in each worker's files.
+    records: Vec<usize>,
+    /// Each worker's examples of a full global batch.
+    batch: Vec<usize>,
+    /// This worker.
+    me: usize,
+    drop_remainder: bool,
+}
+
+impl Shares {
+    /// Global batches in one data-epoch.
+    fn steps(&self) -> usize {
+        let per = self.records.iter().zip(&self.batch);
+        if self.drop_remainder {
+            per.map(|(&r, &b)| r / b.max(1)).min().unwrap_or(0)
+        } else {
+            per.map(|(&r, &b)| r.div_ceil(b.max(1))).max().unwrap_or(0)
+        }
+    }
+
+    /// Examples worker `w` reads before step `step` of an epoch.
+    fn before(&self, w: usize, step: usize) -> usize {
+        (step * self.batch[w]).min(self.records[w])
+    }
+
+    /// Examples worker `w` contributes to step `step`.
+    fn at(&self, w: usize, step: usize) -> usize {
+        self.before(w, step + 1) - self.before(w, step)
+    }
+
+    fn global_at(&self, step: usize) -> usize {
+        (0..self.records.len()).map(|w| self.at(w, step)).sum()
+    }
+}
+
+impl Streamed {
+    /// How this worker reads `records` under `options`, checked.
+    pub(super) fn new(records: &RecordSplit, options: &PipelineOptions) -> Result<Self, DataError> {
+        if options.shuffle == Shuffle::Full {
+            return Err(DataError::Unstreamable { what: "shuffle a TFRecord stream whole; it needs a shuffle buffer" });
+        }
+        let lens = records.file_lens();
+        let (shard, global_batch) = (options.shard, options.global_batch.get());
+        if !shard.by_files() {
+            return Ok(Self { files: (0..lens.len()).collect(), shares: None, global_batch });
+        }
+        let count = shard.count().get();
+        let workers: Vec<Shard> = (0..count).filter_map(|w| Shard::of_files(w, shard.count()).ok()).collect();
+        let records: Vec<usize> = workers.iter().map(|s| s.files(lens.len()).iter().map(|&f| lens[f]).sum()).collect();
+        let batch: Vec<usize> = workers.iter().map(|s| s.len_of(global_batch)).collect();
+        if let Some(w) = (0..count).find(|&w| records[w] == 0 || (options.drop_remainder && records[w] < batch[w])) {
+            return Err(DataError::BadTfRecord {
+                problem: format!(
+                    "auto_shard_policy = \"file\": worker {w}'s files hold {} records, fewer than its {} examples of \
+                     each global batch; use more (or more even) files, or auto_shard_policy = \"data\"",
+                    records[w], batch[w]
+                ),
+            });
+        }
+        let shares = Shares { records, batch, me: shard.index(), drop_remainder: options.drop_remainder };
+        Ok(Self { files: shard.files(lens.len()), shares: Some(shares), global_batch })
+    }
+
+    /// Examples in one data-epoch, as the schedule counts them: the records under the `data`
+    /// policy; whole global batches of steps under the `file` policy (the cursor's offset is
+    /// then `step × global_batch`).
+    pub(super) fn examples(&self, records: &RecordSplit) -> usize {
+        match &self.shares {
+            None => records.file_lens().iter().sum(),
+            Some(shares) => shares.steps() * self.global_batch,
+        }
+    }
+}
+
+/// The stream of the epoch being read.
+struct Pass {
+    epoch: u64,
+    reader: RecordReader,
+    /// Outputs of the stream consumed (decoded or skipped).
+    read: usize,
+}
+
+impl Pass {
+    /// Moves the stream to output `to`.
+    fn seek(&mut self, to: usize, records: &RecordSplit) -> Result<(), DataError> {
+        let k = to.saturating_sub(self.read);
+        if self.reader.skip(k)? < k {
+            return Err(records.ended_early());
+        }
+        self.read = self.read.max(to);
+        Ok(())
+    }
+
+    fn take(&mut self, batch: &mut Batch, records: &RecordSplit) -> Result<(), DataError> {
+        if !self.reader.append(batch)? {
+            return Err(records.ended_early());
+        }
+        self.read += 1;
+        Ok(())
+    }
+}
+
+fn order(schedule: &Schedule, epoch: u64) -> Order {
+    match schedule.shuffle {
+        Shuffle::Buffer(buffer_size) => Order::Shuffled { buffer_size, seed: schedule.seed, epoch },
+        // `Full` is refused by `Streamed::new`.
+        Shuffle::Off | Shuffle::Full => Order::Files,
+    }
+}
+
+/// Fills `batch` with this worker's part of the global batch at `cursor`.
+fn fill(
+    batch: &mut Batch,
+    records: &RecordSplit,
+    how: &Streamed,
+    schedule: &Schedule,
+    shard: Shard,
+    cursor: Cursor,
+    pass: &mut Option<Pass>,
+) -> Result<(), DataError> {
+    batch.x.clear();
+    batch.y.clear();
+    batch.targets.clear();
+    let pass = match pass {
+        Some(p) if p.epoch == cursor.epoch => p,
+        _ => pass.insert(Pass {
+            epoch: cursor.epoch,
+            reader: records.open(&how.files, order(schedule, cursor.epoch)),
+            read: 0,
+        }),
+    };
+    let range = schedule.batch_at(cursor);
+    let (n, global_n) = match &how.shares {
+        None => {
+            for p in shard.positions(range.len()) {
+                pass.seek(range.start + p, records)?;
+                pass.take(batch, records)?;
+            }
+            (shard.len_of(range.len()), range.len())
+        }
+        Some(shares) => {
+            let step = cursor.offset / how.global_batch;
+            pass.seek(shares.before(shares.me, step), records)?;
+            let n = shares.at(shares.me, step);
+            for _ in 0..n {
+                pass.take(batch, records)?;
+            }
+            (n, shares.global_at(step))
+        }
+    };
+    batch.n = n;
+    batch.global_n = global_n;
+    batch.rows_per_example = 1;
+    Ok(())
+}
+
+/// The pipeline thread's loop over a streamed split (see `pipeline::produce`).
+pub(super) fn produce(
+    split: &Split,
+    how: &Streamed,
+    schedule: Schedule,
+    shard: Shard,
+    mut cursor: Cursor,
+    send: &SyncSender<Result<Batch, DataError>>,
+    recycled: &Receiver<Batch>,
+) {
+    let Some(records) = split.records() else {
+        let _ = send.send(Err(DataError::Unstreamable { what: "stream a split that is not read in order" }));
+        return;
+    };
+    let mut pass = None;
+    loop {
+        let mut batch = recycled.try_recv().unwrap_or_default();
+        let filled = fill(&mut batch, records, how, &schedule, shard, cursor, &mut pass);
+        let failed = filled.is_err();
+        if send.send(filled.map(|()| batch)).is_err() || failed {
+            return;
+        }
+        cursor = schedule.advance(cursor);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_shares_cover_every_record_once_and_agree_on_the_global_batch() {
+        // Worker 0 has 10 records, worker 1 has 7; a global batch of 6 is 3 + 3.
+        let shares = |drop_remainder| Shares { records: vec![10, 7], batch: vec![3, 3], me: 0, drop_remainder };
+        let keep = shares(false);
+        assert_eq!(keep.steps(), 4);
+        let per_step: Vec<(usize, usize, usize)> =
+            (0..4).map(|s| (keep.at(0, s), keep.at(1, s), keep.global_at(s))).collect();
+        assert_eq!(per_step, [(3, 3, 6), (3, 3, 6), (3, 1, 4), (1, 0, 1)]);
+        let drop = shares(true);
+        assert_eq!(drop.steps(), 2);
+        assert_eq!((drop.before(0, 2), drop.before(1, 2)), (6, 6));
+    }
+}

@@ -1,0 +1,215 @@
+//! Exact resume for the sources that are not MNIST: a run reading a CSV table (shuffled whole)
+//! and one streaming TFRecord files (through a shuffle buffer smaller than the data) are
+//! killed with SIGKILL mid-epoch after a backup, started again with the same command, and end
+//! with the weights of an uninterrupted run, bit for bit; and two workers each streaming their
+//! own files (the `file` policy) are preempted (SIGTERM to a worker) and resume to the same
+//! weights.
+
+mod common;
+
+use common::{assert_exit, json, tempdir, wait_within};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use trainrun::data::formats::bench::raw_image_example;
+use trainrun::data::formats::tfrecord::write_record;
+
+const LIMIT: Duration = Duration::from_secs(300);
+/// Values per example: 8×8 one-channel images, or 64 CSV columns.
+const VALUES: usize = 64;
+const EXAMPLES: usize = 1024;
+
+/// Example `i`: class `i % 4` brightens a quarter of the values, with deterministic noise.
+fn example(i: usize) -> (Vec<u8>, usize) {
+    let class = i % 4;
+    let values = (0..VALUES).map(|p| (usize::from(p / 16 == class) * 150 + (i * 37 + p * 11) % 100) as u8).collect();
+    (values, class)
+}
+
+fn write_tfrecords(dir: &Path) {
+    for f in 0..4 {
+        let mut bytes = vec![];
+        for i in f * EXAMPLES / 4..(f + 1) * EXAMPLES / 4 {
+            let (values, class) = example(i);
+            write_record(&mut bytes, &raw_image_example(values, class as i64)).unwrap();
+        }
+        std::fs::write(dir.join(format!("train-{f}.tfrecord")), bytes).unwrap();
+    }
+}
+
+fn write_csv(dir: &Path) {
+    let header: Vec<String> = (0..VALUES).map(|p| format!("x{p}")).chain(["kind".to_string()]).collect();
+    let mut text = header.join(",") + "\n";
+    for i in 0..EXAMPLES {
+        let (values, class) = example(i);
+        let row: Vec<String> = values.iter().map(|v| format!("{}", f32::from(*v) / 255.0)).collect();
+        // String labels: classes are the sorted names.
+        text += &format!("{},{}\n", row.join(","), ["ant", "bee", "cat", "dog"][class]);
+    }
+    std::fs::write(dir.join("train.csv"), text).unwrap();
+}
+
+/// A job of 30 epochs × 16 steps with momentum (so optimizer state matters) and backups
+/// every 10 steps (mid-epoch), with a model big enough that it runs for seconds.
+fn spec(dir: &Path, data: &str) -> PathBuf {
+    spec_with(dir, data, "")
+}
+
+fn spec_with(dir: &Path, data: &str, strategy: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[run]
+name = "resume"
+seed = 5
+out_dir = "{out}"
+threads = 1
+
+[data]
+dir = "{data_dir}"
+{data}
+
+{strategy}
+
+[batch]
+global = 64
+
+[optimizer]
+kind = "sgd"
+learning_rate = 0.05
+momentum = 0.9
+
+[model]
+[[model.layers]]
+type = "flatten"
+[[model.layers]]
+type = "dense"
+units = 512
+activation = "relu"
+[[model.layers]]
+type = "dense"
+units = 512
+activation = "relu"
+[[model.layers]]
+type = "dense"
+units = 4
+
+[train]
+epochs = 30
+loss = "sparse_categorical_crossentropy"
+from_logits = true
+
+[[callbacks]]
+kind = "backup_and_restore"
+save_freq = 10
+"#,
+        out = dir.join("run").display(),
+        data_dir = dir.display(),
+    );
+    let path = dir.join("spec.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn summary(spec: &Path) -> serde_json::Value {
+    json(&spec.with_file_name("run").join("summary.json"))
+}
+
+/// Waits until `dir` holds a complete backup (only the newest is kept, replaced every 10
+/// steps, so no one step's backup can be waited for), while `child` runs.
+fn wait_for_backup(dir: &Path, child: &mut std::process::Child) {
+    let started = Instant::now();
+    loop {
+        let complete = std::fs::read_dir(dir)
+            .map(|entries| {
+                // A backup being written is `ckpt-N.partial` until it is renamed, complete.
+                entries.flatten().any(|e| e.path().extension().is_none() && e.path().join("manifest.json").exists())
+            })
+            .unwrap_or(false);
+        if complete {
+            return;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first backup");
+        assert!(started.elapsed() < LIMIT, "no backup in {}", dir.display());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Runs `spec` uninterrupted in one folder, and killed after its first backup then started
+/// again in another; the two must end with the same weights.
+fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
+    let (reference, killed) = (tempdir(), tempdir());
+    for dir in [&reference, &killed] {
+        write(dir.path());
+    }
+    let reference = spec(reference.path(), data);
+    assert_exit(&wait_within(common::spawn(&[reference.to_str().unwrap(), "-q"]), LIMIT).0, 0);
+    let expected = summary(&reference);
+    assert_eq!(expected["steps"], 480, "{expected}");
+
+    let spec = spec(killed.path(), data);
+    let args = [spec.to_str().unwrap(), "-q"];
+    let mut child = common::spawn(&args);
+    wait_for_backup(&killed.path().join("run/backup"), &mut child);
+    common::signal(child.id(), libc::SIGKILL);
+    let (out, _) = wait_within(child, LIMIT);
+    assert_eq!(out.status.code(), None, "the run was to be killed, not to finish");
+    assert!(!killed.path().join("run/summary.json").exists());
+
+    let resumed = wait_within(common::spawn(&args), LIMIT).0;
+    assert_exit(&resumed, 0);
+    let s = summary(&spec);
+    // Resumed from a backup inside an epoch (16 steps each), not from the start.
+    let from = s["resumed_from_step"].as_u64().unwrap_or(0);
+    assert!((10..480).contains(&from) && !from.is_multiple_of(16), "{s}");
+    for key in ["weights_sha256", "train_loss", "steps", "examples"] {
+        assert_eq!(s[key], expected[key], "{key}: {s}");
+    }
+}
+
+const TFRECORDS: &str = "dataset = \"tfrecord\"\n\n[data.tfrecord]\ntrain = [\"train-*.tfrecord\"]\n\
+    shape = [8, 8, 1]\nclasses = 4\nshuffle_buffer = 100";
+
+#[test]
+fn a_csv_run_killed_mid_epoch_resumes_bit_identical() {
+    killed_and_resumed_ends_bit_identical(
+        write_csv,
+        "dataset = \"csv\"\n\n[data.csv]\ntrain = \"train.csv\"\nlabel = \"kind\"",
+    );
+}
+
+#[test]
+fn a_tfrecord_run_killed_mid_epoch_resumes_bit_identical() {
+    killed_and_resumed_ends_bit_identical(write_tfrecords, TFRECORDS);
+}
+
+#[test]
+fn two_workers_reading_their_own_files_preempted_resume_bit_identical() {
+    let strategy = "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2";
+    let (reference, stopped) = (tempdir(), tempdir());
+    for dir in [&reference, &stopped] {
+        write_tfrecords(dir.path());
+    }
+    let reference = spec_with(reference.path(), TFRECORDS, strategy);
+    let check = common::run(&["check", reference.to_str().unwrap()]);
+    assert!(common::text(&check).0.contains("file policy, 2 shards"), "{}", common::text(&check).0);
+    assert_exit(&wait_within(common::spawn(&[reference.to_str().unwrap(), "-q"]), LIMIT).0, 0);
+    let expected = summary(&reference);
+
+    let spec = spec_with(stopped.path(), TFRECORDS, strategy);
+    let args = [spec.to_str().unwrap(), "-q"];
+    let mut launcher = common::spawn(&args);
+    let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).expect("no worker:1");
+    wait_for_backup(&stopped.path().join("run/backup"), &mut launcher);
+    // A worker asked to stop: every worker stops after the same step, the chief backs it up.
+    common::signal(victim, libc::SIGTERM);
+    assert_exit(&wait_within(launcher, LIMIT).0, 6);
+
+    assert_exit(&wait_within(common::spawn(&args), LIMIT).0, 0);
+    let s = summary(&spec);
+    // The workers agree on the step to stop after, so it is not chosen here; it is mid-epoch
+    // unless it happens to fall on a multiple of 16.
+    let from = s["resumed_from_step"].as_u64().unwrap_or(0);
+    assert!((10..480).contains(&from), "{s}");
+    for key in ["weights_sha256", "train_loss", "steps", "examples"] {
+        assert_eq!(s[key], expected[key], "{key}: {s}");
+    }
+}
