@@ -253,7 +253,11 @@ impl Loop<'_> {
                 learning_rate: logs.learning_rate,
                 examples_per_s: per_s,
                 wall_s: self.opts.launched.elapsed().as_secs_f64(),
-                named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s),
+                named: NamedMetrics::of(&self.plan.train.metrics, logs.loss, logs.val_loss, per_s).errors(
+                    &self.plan.train.metrics,
+                    &ran.report.stats,
+                    self.last_eval.filter(|e| e.0 == self.step && logs.val_loss.is_some()).map(|e| e.1).as_ref(),
+                ),
                 parameter_server: Some(self.job.stats(&self.staleness)),
             })?;
         }
