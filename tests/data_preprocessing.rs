@@ -199,3 +199,24 @@ fn preprocessing_that_does_not_fit_the_data_is_a_spec_error_naming_the_key() {
         assert!(stderr.contains("help:"), "{stderr}");
     }
 }
+
+/// `trainrun bench`'s augmentation row as a test: 50,000 32×32 PNGs (generated once into the
+/// cache folder) decoded, cropped and flipped on two threads. Target: 20,000 images/s.
+#[test]
+#[ignore = "benchmark: writes 50,000 PNGs (~160 MB) into the cache folder once; run with --ignored --nocapture"]
+fn bench_png_decode_crop_and_flip_of_50k_images() {
+    use trainrun::bench::augment::{cache_dir, measure, png_folder};
+    let folder = png_folder(&cache_dir(), 50_000).unwrap();
+    let m = measure(&folder, 2, 3).unwrap();
+    for (d, a) in m.decode.iter().zip(&m.augmented) {
+        println!(
+            "decode {:.0} img/s ({:.1} µs CPU/img) | decode+crop+flip {:.0} img/s ({:.1} µs CPU/img)",
+            d.images_per_s(),
+            1e6 * d.cpu_s / d.images as f64,
+            a.images_per_s(),
+            1e6 * a.cpu_s / a.images as f64
+        );
+    }
+    let best = m.augmented.iter().map(|p| p.images_per_s()).fold(0.0, f64::max);
+    assert!(best >= 20_000.0, "best {best:.0} images/s, target 20,000 (is the machine busy?)");
+}
