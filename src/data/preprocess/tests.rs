@@ -178,3 +178,44 @@ fn a_restarted_pipeline_reads_the_same_augmented_batches() {
     let mut pipe = Pipeline::new(unflipped, &options(5), Cursor::default()).unwrap();
     assert_ne!(pipe.next_batch().unwrap().x, straight[0].0);
 }
+
+/// The definition `place` implements, pixel by pixel: output (y, x) is padded pixel
+/// (top + y, left + x'), x' mirrored when flipping, zero outside the image.
+fn by_definition(src: &[f32], [h, w, c]: [usize; 3], window: Crop, d: Draw) -> Vec<f32> {
+    let mut out = vec![];
+    for y in 0..window.height {
+        for x in 0..window.width {
+            let x_from = if d.flip { window.width - 1 - x } else { x };
+            let (r, col) =
+                ((d.top + y) as isize - window.padding as isize, (d.left + x_from) as isize - window.padding as isize);
+            for k in 0..c {
+                let inside = (0..h as isize).contains(&r) && (0..w as isize).contains(&col);
+                out.push(if inside { src[(r as usize * w + col as usize) * c + k] } else { 0.0 });
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn place_matches_its_definition_at_every_window_position() {
+    for (shape, window) in
+        [([5, 4, 3], crop(2, 5, 4)), ([5, 4, 1], crop(1, 3, 6)), ([3, 7, 2], crop(0, 2, 3)), ([4, 4, 3], crop(3, 2, 2))]
+    {
+        let src: Vec<f32> = (0..shape.iter().product::<usize>()).map(|v| v as f32 + 1.0).collect();
+        let [rows, cols] =
+            [shape[0] + 2 * window.padding + 1 - window.height, shape[1] + 2 * window.padding + 1 - window.width];
+        for top in 0..rows {
+            for left in 0..cols {
+                for flip in [false, true] {
+                    let d = draw(top, left, flip);
+                    assert_eq!(
+                        placed(&src, shape, window, d),
+                        by_definition(&src, shape, window, d),
+                        "{shape:?} {window:?} {d:?}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -91,15 +91,19 @@ impl Preprocessed {
     /// Reads `indices` and transforms them into `batch`; `epoch` draws the training
     /// augmentation.
     fn read(&self, epoch: Option<u64>, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        let in_len = self.inner.example_len().max(1);
         let mut raw = Batch::default();
+        raw.x.reserve_exact(indices.len() * in_len);
         match epoch {
             Some(e) => self.inner.append_many_in_epoch(e, indices, &mut raw)?,
             None => self.inner.append_many(indices, &mut raw)?,
         }
         batch.y.append(&mut raw.y);
         batch.targets.append(&mut raw.targets);
-        let in_len = self.inner.example_len().max(1);
-        raw.x.par_chunks_mut(in_len).for_each(|x| self.steps.values(x));
+        // Each parallel pass costs a dispatch and the threads' spinning: skip the empty one.
+        if self.steps.changes_values() {
+            raw.x.par_chunks_mut(in_len).for_each(|x| self.steps.values(x));
+        }
         let Some((window, image)) = self.geometry else {
             batch.x.append(&mut raw.x);
             return Ok(());
