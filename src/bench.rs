@@ -8,6 +8,7 @@
 //! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter). The GPT of
 //! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`).
 
+pub mod augment;
 mod gpt;
 
 use crate::data::Batch;
@@ -165,7 +166,7 @@ fn input(quick: bool) -> Result<(), String> {
     write_tfrecord(&records, 40_000 / scale, 1).map_err(|e| e.to_string())?;
     let png = bench_png_folder(&split, 2).map_err(|e| e.to_string())?;
     let tfrecord = bench_tfrecord(&records).map_err(|e| e.to_string())?;
-    println!("\n== input: readers on generated files (crop and flip are not in the pipeline yet)");
+    println!("\n== input: readers on generated files (with crop and flip: the next table)");
     println!(
         "png folder: {} 32×32 RGB images decoded to f32 on 2 threads: {:.0} images/s (target ≥ 20,000)",
         png.items,
@@ -267,6 +268,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         100.0 * wait / training.max(1e-9)
     );
     input(quick)?;
+    augment::run(quick)?;
     if quick {
         return Ok(());
     }

@@ -56,6 +56,12 @@ pub struct Sums {
     pub correct: u64,
     /// Examples.
     pub examples: u64,
+    /// Regression rows' mean absolute errors, summed (absent in older checkpoints: 0).
+    #[serde(default, with = "float")]
+    pub abs_error_sum: f64,
+    /// Regression rows' mean squared errors, summed (absent in older checkpoints: 0).
+    #[serde(default, with = "float")]
+    pub squared_error_sum: f64,
 }
 
 /// The last evaluation on the test split.
@@ -266,7 +272,7 @@ mod tests {
         assert_eq!(back, state);
         let m: Memory = serde_json::from_value(back["model_checkpoint"].clone()).unwrap();
         assert_eq!(m, Memory { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 });
-        let sums = Sums { loss_sum: f64::NAN, correct: 1, examples: 2 };
+        let sums = Sums { loss_sum: f64::NAN, correct: 1, examples: 2, ..Sums::default() };
         let back: Sums = serde_json::from_str(&serde_json::to_string(&sums).unwrap()).unwrap();
         assert!(back.loss_sum.is_nan());
     }

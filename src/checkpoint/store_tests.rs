@@ -49,7 +49,7 @@ pub(crate) fn manifest(step: u64) -> Manifest {
         optimizer: OptimizerState { kind: OptimizerKind::Sgd, iterations: step, buffers: vec!["momentum".into()] },
         loop_state: LoopState {
             examples: step * 64,
-            epoch_sums: Sums { loss_sum: 1.25, correct: 3, examples: 4 },
+            epoch_sums: Sums { loss_sum: 1.25, correct: 3, examples: 4, ..Sums::default() },
             last_epoch_sums: Sums::default(),
             last_eval: None,
             callbacks: CallbacksState::new(),

@@ -97,6 +97,10 @@ pub enum DataError {
     #[error("data.synthetic: {problem}")]
     BadSynthetic { problem: String },
 
+    /// `[data.preprocessing]` does not fit the data as loaded (the plan checked its headers).
+    #[error("data.preprocessing: {problem}")]
+    BadPreprocessing { problem: String },
+
     /// The training split has no examples, so no batch can ever be made.
     #[error("the training set is empty; check the data files")]
     EmptyTrainingSet,

@@ -73,6 +73,14 @@ pub trait Examples: Send + Sync + fmt::Debug {
         indices.iter().try_for_each(|&i| self.append(i, batch))
     }
 
+    /// Appends examples `indices` as the training pipeline reads them in data-epoch `epoch`:
+    /// the same as [`Examples::append_many`] except for a split with random augmentation,
+    /// which draws it from the epoch and each index.
+    fn append_many_in_epoch(&self, epoch: u64, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        let _ = epoch;
+        self.append_many(indices, batch)
+    }
+
     /// Heap bytes held (memory-mapped files count nothing).
     fn bytes_held(&self) -> usize;
 
@@ -129,6 +137,12 @@ impl Split {
     /// Appends examples `indices` to `batch` (see [`Examples::append_many`]).
     pub fn append_many(&self, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
         self.examples.append_many(indices, batch)
+    }
+
+    /// Appends examples `indices` as read in training data-epoch `epoch` (see
+    /// [`Examples::append_many_in_epoch`]).
+    pub fn append_many_in_epoch(&self, epoch: u64, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        self.examples.append_many_in_epoch(epoch, indices, batch)
     }
 
     /// Examples `range` as one batch, in order (for tools and tests; training reads through

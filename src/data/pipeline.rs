@@ -210,10 +210,12 @@ fn below(rng: &mut impl Rng, n: usize) -> usize {
 }
 
 /// Fills `batch` with this shard's part of a global batch of `global_len` examples, where
-/// position `p` of the global batch is example `index(p)`.
+/// position `p` of the global batch is example `index(p)`; training batches name their
+/// data-epoch (`epoch`), which draws their augmentation.
 fn fill(
     batch: &mut Batch,
     split: &Split,
+    epoch: Option<u64>,
     global_len: usize,
     shard: Shard,
     index: impl Fn(usize) -> usize,
@@ -224,7 +226,10 @@ fn fill(
     let n = shard.len_of(global_len);
     batch.x.reserve(n * split.example_len());
     let indices: Vec<usize> = shard.positions(global_len).map(index).collect();
-    split.append_many(&indices, batch)?;
+    match epoch {
+        Some(e) => split.append_many_in_epoch(e, &indices, batch)?,
+        None => split.append_many(&indices, batch)?,
+    }
     batch.n = n;
     batch.global_n = global_len;
     batch.rows_per_example = split.rows_per_example();
@@ -337,7 +342,7 @@ fn produce(
         let range = schedule.batch_at(cursor);
         let global = &order[range];
         let mut batch = recycled.try_recv().unwrap_or_default();
-        let filled = fill(&mut batch, split, global.len(), shard, |p| global[p]);
+        let filled = fill(&mut batch, split, Some(epoch), global.len(), shard, |p| global[p]);
         let failed = filled.is_err();
         if send.send(filled.map(|()| batch)).is_err() || failed {
             return;
@@ -383,7 +388,7 @@ impl Iterator for EvalBatches<'_> {
         let end = (start + self.global_batch).min(n);
         self.next = end;
         let mut batch = Batch::default();
-        match fill(&mut batch, self.split, end - start, self.shard, |p| start + p) {
+        match fill(&mut batch, self.split, None, end - start, self.shard, |p| start + p) {
             Ok(()) => Some(batch),
             Err(e) => {
                 self.error = Some(e);

@@ -75,6 +75,10 @@ pub struct BatchStats {
     pub correct: u64,
     /// Examples seen.
     pub examples: u64,
+    /// Sum over regression rows of the mean absolute error of the row (0 for class rows).
+    pub abs_error_sum: f64,
+    /// Sum over regression rows of the mean squared error of the row (0 for class rows).
+    pub squared_error_sum: f64,
 }
 
 impl BatchStats {
@@ -83,6 +87,18 @@ impl BatchStats {
         self.loss_sum += other.loss_sum;
         self.correct += other.correct;
         self.examples += other.examples;
+        self.abs_error_sum += other.abs_error_sum;
+        self.squared_error_sum += other.squared_error_sum;
+    }
+
+    /// Mean absolute error over every target value (Keras `mae`; 0 with no examples).
+    pub fn mae(&self) -> f64 {
+        if self.examples == 0 { 0.0 } else { self.abs_error_sum / self.examples as f64 }
+    }
+
+    /// Root mean squared error over every target value (Keras `RootMeanSquaredError`).
+    pub fn rmse(&self) -> f64 {
+        if self.examples == 0 { 0.0 } else { (self.squared_error_sum / self.examples as f64).sqrt() }
     }
 
     /// Mean loss (0 with no examples).
@@ -119,7 +135,16 @@ impl LossFn {
                     }
                     Target::Class(label)
                 }
-                Truth::Targets(values) => Target::Values(&values[i * width..(i + 1) * width]),
+                Truth::Targets(values) => {
+                    let t = &values[i * width..(i + 1) * width];
+                    let (abs, sq) = row.iter().zip(t).fold((0f64, 0f64), |(a, s), (&o, &t)| {
+                        let e = f64::from(o) - f64::from(t);
+                        (a + e.abs(), s + e * e)
+                    });
+                    stats.abs_error_sum += abs / width as f64;
+                    stats.squared_error_sum += sq / width as f64;
+                    Target::Values(t)
+                }
             };
             let g = grad.as_deref_mut().map(|g| &mut g[i * width..(i + 1) * width]);
             stats.loss_sum += f64::from(self.example(row, target, scale, g));

@@ -3,7 +3,7 @@
 
 use super::{StrategyKind, StrategyPlan};
 use crate::data::formats::cifar::CifarDataset;
-use crate::data::{DataDirs, DataError, DataFacts, Preset, Shuffle, Source};
+use crate::data::{DataDirs, DataError, DataFacts, Preprocessing, Preset, Shuffle, Source};
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
 
@@ -27,8 +27,11 @@ pub struct DataPlan {
     /// Where the examples come from.
     #[serde(skip)]
     pub source: Source,
-    /// Sizes and shapes.
+    /// Sizes and shapes, after preprocessing (the crop's shape, `validation_split`'s sizes).
     pub facts: DataFacts,
+    /// `[data.preprocessing]`, resolved.
+    #[serde(skip_serializing_if = "Preprocessing::is_identity")]
+    pub preprocessing: Preprocessing,
     /// How each data-epoch is ordered.
     #[serde(skip)]
     pub shuffle: Shuffle,
@@ -159,6 +162,7 @@ pub fn resolve(
             }
         }
     };
+    let (preprocessing, facts) = super::preprocessing::resolve(spec.preprocessing.as_ref(), spec.dataset, facts, diags);
     if spec.prefetch == 0 {
         diags.push(
             Diagnostic::warning("data.prefetch", "data.prefetch = 0 prepares batches on the training thread")
@@ -167,7 +171,8 @@ pub fn resolve(
     }
     DataPlan {
         source: source.clone(),
-        facts: facts.clone(),
+        facts,
+        preprocessing,
         shuffle: shuffle(spec, source, diags),
         drop_remainder: spec.drop_remainder,
         prefetch: spec.prefetch,

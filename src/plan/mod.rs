@@ -14,6 +14,7 @@ mod data;
 mod lr;
 mod optimizer;
 mod parameter_server;
+mod preprocessing;
 mod render;
 mod strategy;
 mod train;
@@ -156,11 +157,12 @@ impl Plan {
             .ok();
         let data = data::resolve(&spec.data, &facts.source, &facts.data, &strategy, &mut diags);
         let global = batch.map_or(1, |b| b.global);
-        let input = Shape(facts.data.example_shape.clone());
-        let model = crate::model::describe_for(&spec.model, &input, facts.data.labels)
+        // The model sees the data after preprocessing (a crop's shape, validation_split's sizes).
+        let input = Shape(data.facts.example_shape.clone());
+        let model = crate::model::describe_for(&spec.model, &input, data.facts.labels)
             .map_err(|model_diags| diags.extend(model_diags))
             .ok();
-        let train = train::resolve(spec, model.as_ref(), &facts.data, global, &mut diags);
+        let train = train::resolve(spec, model.as_ref(), &data.facts, global, &mut diags);
         let parameter_server =
             parameter_server::resolve(spec, cluster.count(crate::cluster::Role::Ps), model.as_ref(), &mut diags);
         let (default_lr, optimizer) = optimizer::resolve(spec, &mut diags);

@@ -214,6 +214,9 @@ fn steps_and_data(plan: &Plan, rows: &mut Rows) {
     };
     let remainder = if d.drop_remainder { "drop remainder" } else { "keep partial batches" };
     rows.push(("input", format!("{shuffle}, {remainder}, prefetch {}, {shards}", d.prefetch)));
+    if let Some(steps) = d.preprocessing.describe() {
+        rows.push(("preprocessing", steps));
+    }
 }
 
 /// How gradients are reduced.

@@ -172,6 +172,14 @@ fn unmeasurable(metric: Metric, loss: Loss, labels: LabelKind) -> Option<Diagnos
             )
             .help("train a language model on a `text` or `tokens` source, or drop \"tokens_per_s\" from train.metrics")
         }),
+        Metric::Mae | Metric::Rmse => (!matches!(labels, LabelKind::Target { .. })).then(|| {
+            let name = if metric == Metric::Mae { "mae" } else { "rmse" };
+            Diagnostic::error(
+                "train.metrics",
+                format!("train.metrics = \"{name}\" measures errors against float targets, but the dataset has class labels"),
+            )
+            .help(format!("use \"accuracy\" for classes, or drop \"{name}\" from train.metrics"))
+        }),
     }
 }
 

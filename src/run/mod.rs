@@ -16,7 +16,7 @@ use crate::builder::{self, Resources};
 use crate::cluster::job::{self, Job, JobConfig};
 use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
-use crate::data::{Dataset, Fetcher};
+use crate::data::{Dataset, Fetcher, Normalization};
 use crate::exit::RunError;
 use crate::plan::{Part, Plan, Reduction, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare};
@@ -65,10 +65,16 @@ pub(super) fn pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
 /// Fetches what is missing (unless `TRAINRUN_OFFLINE`, as HF_HUB_OFFLINE: then missing files
 /// are an error naming them and the folder to put them in) and loads the data.
 pub(super) fn load_data(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunError> {
+    load_preprocessed(inv, plan).map(|(dataset, _)| dataset)
+}
+
+/// [`load_data`], also returning the statistics `normalize = "adapt"` computed (for
+/// `run.json`).
+fn load_preprocessed(inv: &Invocation, plan: &Plan) -> Result<(Dataset, Option<Normalization>), RunError> {
     if !flag(&inv.env, "TRAINRUN_OFFLINE") {
         plan.data.source.fetch_missing(&Fetcher::default())?;
     }
-    Ok(plan.data.source.load()?)
+    Ok(plan.data.preprocessing.apply(plan.data.source.load()?, plan.seed)?)
 }
 
 fn progress_mode(inv: &Invocation) -> Mode {
@@ -217,7 +223,8 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
         Part::Single | Part::Launcher => String::new(),
     };
     crate::signals::start_watchdog(move |text| eprintln!("{say_prefix}{text}"));
-    let dataset = Arc::new(load_data(inv, plan)?);
+    let (dataset, normalization) = load_preprocessed(inv, plan)?;
+    let dataset = Arc::new(dataset);
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
     let (mut job, prefix) = match plan.cluster.part {
         Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
@@ -233,7 +240,8 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     // From here a stop waits for the step boundary and saves a backup first.
     crate::signals::training_started();
-    let mut record = if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step))?) } else { None };
+    let mut record =
+        if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_record::mark_stopped(&dir, stop, why));

@@ -2,6 +2,7 @@
 //! reproduce the run) and when it ends (how it ended), around the folder `train` writes.
 
 use crate::cluster::{Address, TaskId};
+use crate::data::Normalization;
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Prepared};
 use crate::provenance::{Git, Host, rfc3339};
@@ -16,7 +17,13 @@ pub struct Record {
 
 impl Record {
     /// Creates (or, resuming after `resumed_step`, reopens) the run folder and writes `run.json`.
-    pub fn start(inv: &Invocation, p: &Prepared, resumed_step: Option<u64>) -> Result<Record, RunError> {
+    /// `normalization` is what `normalize = "adapt"` computed, if it did.
+    pub fn start(
+        inv: &Invocation,
+        p: &Prepared,
+        resumed_step: Option<u64>,
+        normalization: Option<Normalization>,
+    ) -> Result<Record, RunError> {
         let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
         let options = RunDirOptions {
             resolved_spec: resolved,
@@ -31,7 +38,7 @@ impl Record {
             Some(step) => RunDir::resume(out, options, step),
         }
         .map_err(|e| out_dir_error(p, e))?;
-        let record = run_record(inv, p);
+        let record = RunRecord { normalization, ..run_record(inv, p) };
         dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
         Ok(Record { dir, record })
     }
@@ -128,5 +135,6 @@ fn run_record(inv: &Invocation, p: &Prepared) -> RunRecord {
             threads: p.plan.threads,
         },
         host: Host::here(),
+        normalization: None,
     }
 }

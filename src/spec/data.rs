@@ -1,5 +1,6 @@
 //! `[data]`: which dataset, where it lives, and how the input pipeline shuffles and batches it.
 
+use crate::data::PreprocessingConfig;
 use crate::data::{
     Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TfRecordConfig,
     TokensConfig,
@@ -81,6 +82,13 @@ pub struct DataSpec {
     /// Default: `auto`. Example: `auto_shard_policy = "data"`.
     #[serde(default)]
     pub auto_shard_policy: AutoShardPolicy,
+
+    /// Rescaling, normalization, augmentation and Keras' `validation_split`, applied as
+    /// examples are read (see `[data.preprocessing]`). Default: none (values as the source
+    /// gives them: images' bytes divided by 255). Example:
+    /// `[data.preprocessing] random_crop = { padding = 4 }, random_flip = "horizontal"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preprocessing: Option<PreprocessingConfig>,
 }
 
 fn yes() -> bool {
@@ -109,6 +117,7 @@ impl Default for DataSpec {
             drop_remainder: true,
             prefetch: default_prefetch(),
             auto_shard_policy: AutoShardPolicy::default(),
+            preprocessing: None,
         }
     }
 }

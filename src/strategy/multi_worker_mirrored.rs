@@ -104,12 +104,18 @@ impl MultiWorkerMirrored {
     }
 }
 
-fn sums(stats: BatchStats) -> [f64; 3] {
-    [stats.loss_sum, stats.correct as f64, stats.examples as f64]
+fn sums(stats: BatchStats) -> [f64; 5] {
+    [stats.loss_sum, stats.correct as f64, stats.examples as f64, stats.abs_error_sum, stats.squared_error_sum]
 }
 
 fn from_sums(s: &[f64]) -> BatchStats {
-    BatchStats { loss_sum: s[0], correct: s[1] as u64, examples: s[2] as u64 }
+    BatchStats {
+        loss_sum: s[0],
+        correct: s[1] as u64,
+        examples: s[2] as u64,
+        abs_error_sum: s[3],
+        squared_error_sum: s[4],
+    }
 }
 
 impl Strategy for MultiWorkerMirrored {
@@ -154,10 +160,10 @@ impl Strategy for MultiWorkerMirrored {
         }
         // The stop votes ride on the statistics' all-reduce: every worker learns at the same
         // step that some task was asked to stop, at no extra round trip.
-        let [loss, correct, examples] = sums(local);
-        let mut global = [loss, correct, examples, if stop { 1.0 } else { 0.0 }];
+        let [loss, correct, examples, abs, squared] = sums(local);
+        let mut global = [loss, correct, examples, abs, squared, if stop { 1.0 } else { 0.0 }];
         comm.all_reduce_sum_f64(&mut global)?;
-        Ok(Step { stats: from_sums(&global), stop: global[3] > 0.0 })
+        Ok(Step { stats: from_sums(&global), stop: global[5] > 0.0 })
     }
 
     fn broadcast(&mut self, data: &mut [f32]) -> Result<(), StrategyError> {

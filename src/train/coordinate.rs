@@ -327,7 +327,13 @@ impl Loop<'_> {
         self.last_epoch = ran.report.stats;
         if let Some(d) = run_dir {
             let per_s = ran.report.stats.examples as f64 / ran.took.as_secs_f64().max(1e-9);
-            d.metrics(&self.metrics_line(MetricsEvent::Epoch, logs, per_s))?;
+            let mut line = self.metrics_line(MetricsEvent::Epoch, logs, per_s);
+            line.named = line.named.errors(
+                &self.plan.train.metrics,
+                &ran.report.stats,
+                self.last_eval.filter(|e| e.0 == self.step && logs.val_loss.is_some()).map(|e| e.1).as_ref(),
+            );
+            d.metrics(&line)?;
         }
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);

@@ -139,11 +139,23 @@ struct Loop<'a> {
 }
 
 pub(super) fn sums(s: &BatchStats) -> Sums {
-    Sums { loss_sum: s.loss_sum, correct: s.correct, examples: s.examples }
+    Sums {
+        loss_sum: s.loss_sum,
+        correct: s.correct,
+        examples: s.examples,
+        abs_error_sum: s.abs_error_sum,
+        squared_error_sum: s.squared_error_sum,
+    }
 }
 
 fn stats(s: &Sums) -> BatchStats {
-    BatchStats { loss_sum: s.loss_sum, correct: s.correct, examples: s.examples }
+    BatchStats {
+        loss_sum: s.loss_sum,
+        correct: s.correct,
+        examples: s.examples,
+        abs_error_sum: s.abs_error_sum,
+        squared_error_sum: s.squared_error_sum,
+    }
 }
 
 impl<'a> Loop<'a> {
@@ -424,7 +436,14 @@ impl<'a> Loop<'a> {
 
     fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
         let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
-        MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics)
+        let line =
+            MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics);
+        let named = line.named.errors(
+            &self.plan.train.metrics,
+            &self.epoch_stats,
+            self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats).as_ref(),
+        );
+        MetricsLine { named, ..line }
     }
 
     /// The final evaluation, the weights, the last checkpoints and the summary.
@@ -502,7 +521,11 @@ pub(super) struct Ending {
 pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: Ending) -> Summary {
     let train_loss = end.last_epoch.loss();
     let final_loss = end.final_eval.map(|e| e.loss());
-    let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_loss, end.steady_examples_per_s);
+    let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_loss, end.steady_examples_per_s).errors(
+        &plan.train.metrics,
+        &end.last_epoch,
+        end.final_eval.as_ref(),
+    );
     Summary {
         trainrun_version: env!("CARGO_PKG_VERSION"),
         name: plan.name.clone(),
@@ -522,6 +545,10 @@ pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: En
         train_perplexity: named.perplexity,
         test_perplexity: named.val_perplexity,
         steady_tokens_per_s: named.tokens_per_s,
+        train_mae: named.mae,
+        test_mae: named.val_mae,
+        train_rmse: named.rmse,
+        test_rmse: named.val_rmse,
         weights_sha256: end.weights_sha256,
         params: session.vars.params.len(),
         threads: plan.threads,

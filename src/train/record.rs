@@ -93,6 +93,18 @@ pub struct NamedMetrics {
     /// Training tokens per second over the epoch or the last steps (as `examples_per_s`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_s: Option<f64>,
+    /// Mean absolute error of the training batches (as `loss`), against float targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mae: Option<f64>,
+    /// Mean absolute error on the test split, when evaluated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_mae: Option<f64>,
+    /// Root mean squared error of the training batches, against float targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rmse: Option<f64>,
+    /// Root mean squared error on the test split, when evaluated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_rmse: Option<f64>,
 }
 
 impl NamedMetrics {
@@ -108,15 +120,39 @@ impl NamedMetrics {
                     named.val_perplexity = val_loss.map(f64::exp);
                 }
                 Metric::TokensPerS => named.tokens_per_s = Some(tokens_per_s),
+                // From the error sums: see `errors`.
+                Metric::Mae | Metric::Rmse => {}
             }
         }
         named
     }
 
+    /// With the regression errors of `listed` from the training sums `train` and the
+    /// evaluation's `val`, when there is one.
+    pub fn errors(mut self, listed: &[Metric], train: &BatchStats, val: Option<&BatchStats>) -> Self {
+        if listed.contains(&Metric::Mae) {
+            self.mae = Some(train.mae());
+            self.val_mae = val.map(BatchStats::mae);
+        }
+        if listed.contains(&Metric::Rmse) {
+            self.rmse = Some(train.rmse());
+            self.val_rmse = val.map(BatchStats::rmse);
+        }
+        self
+    }
+
+    /// The validation scalars (`name`, value) beyond loss and accuracy.
+    fn val_scalars(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        let perplexity = self.val_perplexity.map(|v| ("perplexity", v));
+        let errors = self.val_mae.map(|v| ("mae", v)).into_iter().chain(self.val_rmse.map(|v| ("rmse", v)));
+        perplexity.into_iter().chain(errors)
+    }
+
     /// TensorBoard's scalars of the training curve (`batch_`/`epoch_` prefixed).
     fn train_scalars(&self) -> impl Iterator<Item = (&'static str, f64)> {
         let perplexity = self.perplexity.map(|v| ("perplexity", v));
-        perplexity.into_iter().chain(self.tokens_per_s.map(|v| ("tokens_per_s", v)))
+        let errors = self.mae.map(|v| ("mae", v)).into_iter().chain(self.rmse.map(|v| ("rmse", v)));
+        perplexity.into_iter().chain(self.tokens_per_s.map(|v| ("tokens_per_s", v))).chain(errors)
     }
 }
 
@@ -189,6 +225,19 @@ pub struct Summary {
     /// lists `tokens_per_s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steady_tokens_per_s: Option<f64>,
+    /// Mean absolute error of the last epoch's training batches, when `train.metrics` lists
+    /// `mae`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_mae: Option<f64>,
+    /// Mean absolute error on the test split, when `train.metrics` lists `mae`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_mae: Option<f64>,
+    /// Root mean squared error of the last epoch's training batches, when listed (`rmse`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_rmse: Option<f64>,
+    /// Root mean squared error on the test split, when `train.metrics` lists `rmse`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_rmse: Option<f64>,
     /// SHA-256 of the final weights (`model.safetensors` content order), for determinism checks.
     pub weights_sha256: String,
     /// Trainable parameters.
@@ -391,7 +440,11 @@ impl RunDir {
             learning_rate: lr,
             examples_per_s: per_s,
             wall_s: self.options.launched.elapsed().as_secs_f64(),
-            named: NamedMetrics::of(&self.options.metrics, stats.loss(), None, per_s),
+            named: NamedMetrics::of(&self.options.metrics, stats.loss(), None, per_s).errors(
+                &self.options.metrics,
+                &stats,
+                None,
+            ),
             parameter_server: None,
         };
         self.metrics(&line)
@@ -441,10 +494,9 @@ impl RunDir {
             Some(v) => v,
             None => self.validation.insert(EventWriter::create(&events).map_err(io(&events))?),
         };
-        let perplexity = line.named.val_perplexity;
         if line.event == MetricsEvent::Epoch {
             let mut per_epoch = vec![("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
-            per_epoch.extend(perplexity.map(|p| ("epoch_perplexity".to_string(), p)));
+            per_epoch.extend(line.named.val_scalars().map(|(k, v)| (format!("epoch_{k}"), v)));
             write(validation, line.epoch, &per_epoch).map_err(io(&events))?;
         }
         if repeated {
@@ -454,7 +506,7 @@ impl RunDir {
             ("evaluation_loss_vs_iterations".to_string(), loss),
             ("evaluation_accuracy_vs_iterations".to_string(), accuracy),
         ];
-        per_step.extend(perplexity.map(|p| ("evaluation_perplexity_vs_iterations".to_string(), p)));
+        per_step.extend(line.named.val_scalars().map(|(k, v)| (format!("evaluation_{k}_vs_iterations"), v)));
         write(validation, line.step, &per_step).map_err(io(&events))
     }
 
@@ -477,7 +529,13 @@ impl RunDir {
                 learning_rate: last.map_or(0.0, |l| l.learning_rate),
                 examples_per_s: per_s,
                 wall_s: self.options.launched.elapsed().as_secs_f64(),
-                named: NamedMetrics::of(&self.options.metrics, summary.train_loss, Some(loss), per_s),
+                named: NamedMetrics {
+                    mae: summary.train_mae,
+                    val_mae: summary.test_mae,
+                    rmse: summary.train_rmse,
+                    val_rmse: summary.test_rmse,
+                    ..NamedMetrics::of(&self.options.metrics, summary.train_loss, Some(loss), per_s)
+                },
                 parameter_server: None,
             };
             self.metrics(&line)?;
@@ -494,6 +552,16 @@ fn write(w: &mut EventWriter, step: u64, scalars: &[(String, f64)]) -> std::io::
 
 /// Peak resident set size of this process in MB (0 where the OS does not say).
 pub fn peak_rss_mb() -> f64 {
+    // Linux's `ru_maxrss` starts at the forking parent's peak (it survives exec), so a run
+    // started by a big process (a test harness, a notebook) reported that process's memory.
+    // `VmHWM` is this address space's own high-water mark.
+    let hwm = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse::<f64>().ok()
+    });
+    if let Some(kb) = hwm {
+        return kb / 1024.0;
+    }
     // SAFETY: getrusage only writes the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {

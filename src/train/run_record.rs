@@ -59,6 +59,10 @@ pub struct RunRecord {
     pub cluster: Topology,
     /// The machine.
     pub host: Host,
+    /// The per-channel statistics `data.preprocessing.normalize = "adapt"` computed from the
+    /// training split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalization: Option<crate::data::Normalization>,
 }
 
 /// The spec file, its `extends` chain and the overrides on top.

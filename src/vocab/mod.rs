@@ -79,6 +79,13 @@ pub enum Metric {
     /// Training tokens (positions whose next token is predicted) per second, all replicas.
     /// Needs data with a label per position (`text`, `tokens`).
     TokensPerS,
+    /// Mean absolute error of the outputs against float targets (Keras `mae`), on the
+    /// training batches and the test split: written as `mae` and `val_mae`. Needs float
+    /// targets (regression).
+    Mae,
+    /// Root mean squared error against float targets (Keras `RootMeanSquaredError`): written
+    /// as `rmse` and `val_rmse`. Needs float targets (regression).
+    Rmse,
 }
 
 /// A metric a callback watches: training or validation loss and accuracy, Keras's names.

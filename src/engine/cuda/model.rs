@@ -357,6 +357,8 @@ impl GpuModel {
             loss_sum: l.iter().map(|&v| f64::from(v)).sum(),
             correct: c.iter().filter(|&&v| v != 0).count() as u64,
             examples: n as u64,
+            // The GPU loss kernel takes class labels only: no regression errors to sum.
+            ..BatchStats::default()
         })
     }
 

@@ -186,12 +186,18 @@ impl Worker for RemoteWorker {
                 return Err(Failure::WorkerLost(peer_error(self.task, "a closure", &e, self.timeout)));
             }
         };
-        let [loss, correct, examples, staleness @ ..] = answer.ints.as_slice() else {
+        let [loss, correct, examples, abs, squared, staleness @ ..] = answer.ints.as_slice() else {
             return Err(Failure::Failed(format!("{} answered a closure without its statistics", self.task)));
         };
         self.done += closure.steps;
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
-        report.stats.add(BatchStats { loss_sum: f64::from_bits(*loss), correct: *correct, examples: *examples });
+        report.stats.add(BatchStats {
+            loss_sum: f64::from_bits(*loss),
+            correct: *correct,
+            examples: *examples,
+            abs_error_sum: f64::from_bits(*abs),
+            squared_error_sum: f64::from_bits(*squared),
+        });
         for s in staleness {
             *report.staleness.entry(*s).or_default() += 1;
         }

@@ -145,7 +145,13 @@ impl Stepper<'_> {
             stats.add(s);
             staleness.push(stale);
         }
-        let mut ints = vec![stats.loss_sum.to_bits(), stats.correct, stats.examples];
+        let mut ints = vec![
+            stats.loss_sum.to_bits(),
+            stats.correct,
+            stats.examples,
+            stats.abs_error_sum.to_bits(),
+            stats.squared_error_sum.to_bits(),
+        ];
         ints.extend(staleness);
         Ok(Frame::new(Tag::Ok, ints, Vec::new()))
     }
