@@ -312,7 +312,7 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
             optimizer: vec![("momentum".into(), vec![0.25; 8])],
             best: None,
         };
-        let sums = Sums { loss_sum: 1.5, correct: 3, examples: 4 };
+        let sums = Sums { loss_sum: 1.5, correct: 3, examples: 4, abs_error_sum: 0.5, squared_error_sum: 0.25 };
         let manifest = Manifest {
             format: FORMAT,
             trainrun_version: "fuzz".into(),
@@ -342,6 +342,7 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
                 .into_iter()
                 .collect::<CallbacksState>(),
                 best_weights: false,
+                worker_steps: vec![30, 29],
             },
             metrics: Metrics { loss: Some(0.5), accuracy: Some(0.75), val_loss: None, val_accuracy: None },
             unix_time: 1.0,
