@@ -8,10 +8,11 @@
 //! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
 use super::rejoin::Rejoins;
+pub use super::task_output::blame_line;
+use super::task_output::{Line, arriving, forward};
 use super::{Address, Blame, Cluster, Role, TaskId, new_job_token};
-use crate::progress::{EVENT_MARK, Event, Mode, Progress};
+use crate::progress::{Event, Mode, Progress};
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -44,28 +45,6 @@ const HANG_GRACE: Duration = Duration::from_millis(500);
 
 /// Log lines kept per task for the failure report.
 const TAIL: usize = 20;
-
-/// Starts the line in which a launched task that found the job broken says whom it blames
-/// (on stdout, as it exits): `<mark>hung worker:1` or `<mark>died worker:1`.
-const BLAME_MARK: &str = "\u{1e}blame ";
-
-/// The line a launched task prints for [`Blame`]; the launcher reads it as data.
-pub fn blame_line(blame: Blame) -> String {
-    match blame {
-        Blame::Hung(t) => format!("{BLAME_MARK}hung {t}"),
-        Blame::Died(t) => format!("{BLAME_MARK}died {t}"),
-    }
-}
-
-fn parse_blame(text: &str) -> Option<Blame> {
-    let (how, task) = text.split_once(' ')?;
-    let task = task.parse().ok()?;
-    match how {
-        "hung" => Some(Blame::Hung(task)),
-        "died" => Some(Blame::Died(task)),
-        _ => None,
-    }
-}
 
 /// What to launch.
 pub struct Launch {
@@ -142,13 +121,6 @@ enum Outcome {
     Failed { task: TaskId, status: String, tail: String, code: u8, at: Instant },
 }
 
-enum Line {
-    Log(TaskId, String),
-    Event(Event),
-    /// Whom a task blames (see [`blame_line`]).
-    Blame(TaskId, Blame),
-}
-
 fn free_port() -> Result<u16, LaunchError> {
     // The port is released before the task binds it; another process taking it in between
     // makes that task fail to bind, which is reported like any failure.
@@ -174,29 +146,6 @@ fn describe(status: ExitStatus) -> (String, u8) {
         (None, Some(s)) => (format!("killed by signal {s}"), u8::try_from(128 + s).unwrap_or(1)),
         (None, None) => ("ended abnormally".into(), 1),
     }
-}
-
-fn forward(task: TaskId, stream: impl Read + Send + 'static, events: bool, out: mpsc::Sender<Line>) {
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if let Some(blame) = line.strip_prefix(BLAME_MARK).and_then(parse_blame) {
-                if out.send(Line::Blame(task, blame)).is_err() {
-                    return;
-                }
-                continue;
-            }
-            let msg = match line.strip_prefix(EVENT_MARK) {
-                Some(json) if events => match serde_json::from_str(json) {
-                    Ok(e) => Line::Event(e),
-                    Err(_) => continue,
-                },
-                _ => Line::Log(task, line),
-            };
-            if out.send(msg).is_err() {
-                return;
-            }
-        }
-    });
 }
 
 /// Stops every task: SIGTERM, then SIGKILL to those still running after `grace`. Returns the
@@ -447,31 +396,6 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
     Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
 }
 
-/// How long the launcher reads its tasks' output before it looks at signals and exits again.
-const POLL: Duration = Duration::from_millis(20);
-
-/// The lines that arrive within [`POLL`]. Bounded by time, not by a pause in the output: tasks
-/// that print a line every few milliseconds (fast steps) kept the launcher from ever seeing
-/// a SIGTERM, which then reached no task and the job ran to its end.
-fn arriving(rx: &mpsc::Receiver<Line>) -> impl Iterator<Item = Line> + '_ {
-    let until = Instant::now() + POLL;
-    std::iter::from_fn(move || {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return None;
-        }
-        match rx.recv_timeout(left) {
-            Ok(line) => Some(line),
-            Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                // Every task's output has closed; their exits are what is left to see.
-                std::thread::sleep(left);
-                None
-            }
-        }
-    })
-}
-
 /// The failed tasks the job survives: those of an expendable role that will be restarted
 /// (`rejoin`: the chief still runs and no stop was asked) or while another task of that role
 /// still runs.
@@ -591,17 +515,6 @@ mod tests {
 
     fn t(s: &str) -> TaskId {
         s.parse().unwrap()
-    }
-
-    #[test]
-    fn a_blame_line_reads_back_as_the_same_blame() {
-        for blame in [Blame::Hung(t("worker:1")), Blame::Died(t("chief:0"))] {
-            let line = blame_line(blame);
-            assert_eq!(line.strip_prefix(BLAME_MARK).and_then(parse_blame), Some(blame), "{line}");
-        }
-        for junk in ["hung", "hung worker", "slept worker:1", "hung worker:x"] {
-            assert_eq!(parse_blame(junk), None, "{junk}");
-        }
     }
 
     #[test]

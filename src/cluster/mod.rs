@@ -24,6 +24,7 @@ mod rejoin;
 pub mod resolve;
 mod service;
 mod slurm;
+mod task_output;
 mod tf_config;
 pub mod tls;
 mod wire;
