@@ -132,15 +132,7 @@ fn a_run_stopped_mid_epoch_resumes_with_the_same_augmented_batches() {
     std::fs::remove_dir_all(dir.path().join("run")).unwrap();
 
     let mut child = common::spawn(&whole);
-    // Backups replace each other every 7 steps: wait for whichever is there first.
-    let backups = dir.path().join("run/backup");
-    let waited = std::time::Instant::now();
-    while !std::fs::read_dir(&backups).into_iter().flatten().flatten().any(|e| e.path().join("manifest.json").exists())
-    {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first backup");
-        assert!(waited.elapsed() < LIMIT, "no backup within {LIMIT:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_for_any_backup(&dir.path().join("run/backup"), LIMIT, &mut child);
     common::signal(child.id(), libc::SIGTERM);
     let (stopped, _) = wait_within(child, LIMIT);
     assert_exit(&stopped, 6);

@@ -9,7 +9,7 @@ mod common;
 
 use common::{assert_exit, json, tempdir, wait_within};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use trainrun::data::formats::bench::raw_image_example;
 use trainrun::data::formats::tfrecord::write_record;
 
@@ -113,26 +113,6 @@ fn summary(spec: &Path) -> serde_json::Value {
     json(&spec.with_file_name("run").join("summary.json"))
 }
 
-/// Waits until `dir` holds a complete backup (only the newest is kept, replaced every 10
-/// steps, so no one step's backup can be waited for), while `child` runs.
-fn wait_for_backup(dir: &Path, child: &mut std::process::Child) {
-    let started = Instant::now();
-    loop {
-        let complete = std::fs::read_dir(dir)
-            .map(|entries| {
-                // A backup being written is `ckpt-N.partial` until it is renamed, complete.
-                entries.flatten().any(|e| e.path().extension().is_none() && e.path().join("manifest.json").exists())
-            })
-            .unwrap_or(false);
-        if complete {
-            return;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first backup");
-        assert!(started.elapsed() < LIMIT, "no backup in {}", dir.display());
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// Runs `spec` uninterrupted in one folder, and killed after its first backup then started
 /// again in another; the two must end with the same weights.
 fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
@@ -148,7 +128,7 @@ fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
     let spec = spec(killed.path(), data);
     let args = [spec.to_str().unwrap(), "-q"];
     let mut child = common::spawn(&args);
-    wait_for_backup(&killed.path().join("run/backup"), &mut child);
+    common::wait_for_any_backup(&killed.path().join("run/backup"), LIMIT, &mut child);
     common::signal(child.id(), libc::SIGKILL);
     let (out, _) = wait_within(child, LIMIT);
     assert_eq!(out.status.code(), None, "the run was to be killed, not to finish");
@@ -198,7 +178,7 @@ fn two_workers_reading_their_own_files_preempted_resume_bit_identical() {
     let args = [spec.to_str().unwrap(), "-q"];
     let mut launcher = common::spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).expect("no worker:1");
-    wait_for_backup(&stopped.path().join("run/backup"), &mut launcher);
+    common::wait_for_any_backup(&stopped.path().join("run/backup"), LIMIT, &mut launcher);
     // A worker asked to stop: every worker stops after the same step, the chief backs it up.
     common::signal(victim, libc::SIGTERM);
     assert_exit(&wait_within(launcher, LIMIT).0, 6);

@@ -378,17 +378,7 @@ fn sigterm_to_the_launcher_of_a_job_with_fast_steps_preempts_it() {
         let dir = tempdir();
         let spec = fast_steps(dir.path());
         let mut launcher = common::spawn(&[spec.to_str().unwrap(), "-q"]);
-        let backups = dir.path().join("run/backup");
-        let started = Instant::now();
-        // Backups replace each other every 10 steps: wait for any complete one.
-        while !std::fs::read_dir(&backups)
-            .map(|d| d.flatten().any(|e| e.path().join("manifest.json").exists()))
-            .unwrap_or(false)
-        {
-            assert!(launcher.try_wait().unwrap().is_none(), "the job ended before its first backup");
-            assert!(started.elapsed() < LIMIT, "no backup in {}", backups.display());
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        common::wait_for_any_backup(&dir.path().join("run/backup"), LIMIT, &mut launcher);
         common::signal(launcher.id(), libc::SIGTERM);
         let (out, took) = wait_within(launcher, LIMIT);
         assert_exit(&out, 6);

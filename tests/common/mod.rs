@@ -233,3 +233,23 @@ pub fn wait_for(path: &Path, limit: std::time::Duration) -> bool {
     }
     false
 }
+
+/// Waits, at most `limit`, until the backup folder `dir` holds a complete backup, while
+/// `child` runs. Backups replace each other every few steps, so no one step's backup can be
+/// waited for; one being written is `ckpt-N.partial` until it is renamed, complete.
+pub fn wait_for_any_backup(dir: &Path, limit: std::time::Duration, child: &mut Child) {
+    let started = std::time::Instant::now();
+    loop {
+        let complete = std::fs::read_dir(dir)
+            .map(|entries| {
+                entries.flatten().any(|e| e.path().extension().is_none() && e.path().join("manifest.json").exists())
+            })
+            .unwrap_or(false);
+        if complete {
+            return;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first backup");
+        assert!(started.elapsed() < limit, "no backup in {} within {limit:?}", dir.display());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
