@@ -145,3 +145,28 @@ fn nccl_with_one_rank_returns_its_input() {
     gpu.download(buf.ptr(), &mut back).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(back, values);
 }
+
+/// The GPU loss kernel does not sum regression errors: `mae` and `rmse` are refused up front
+/// (exit 3, before the driver is probed) rather than written as a silent 0.
+#[test]
+fn regression_metrics_are_refused_on_a_gpu() {
+    let dir = common::tempdir();
+    let csv: String =
+        std::iter::once("a,y\n".to_string()).chain((0..16).map(|i| format!("{i},{}.5\n", i % 2))).collect();
+    for name in ["train.csv", "test.csv"] {
+        std::fs::write(dir.path().join(name), &csv).unwrap();
+    }
+    for metric in ["mae", "rmse"] {
+        let spec = format!(
+            "[run]\nname = \"r\"\nout_dir = \"{out}\"\n[data]\ndataset = \"csv\"\ndir = \"{data}\"\n[data.csv]\ntrain = \"train.csv\"\ntest = \"test.csv\"\nlabel = \"y\"\n[strategy]\nkind = \"one_device\"\ndevice = \"gpu:0\"\n[batch]\nglobal = 4\n[optimizer]\nkind = \"sgd\"\nlearning_rate = 0.1\n[model]\n[[model.layers]]\ntype = \"dense\"\nunits = 1\n[train]\nepochs = 1\nloss = \"categorical_crossentropy\"\nfrom_logits = true\nmetrics = [\"{metric}\"]\n",
+            out = dir.path().join("run").display(),
+            data = dir.path().display(),
+        );
+        let path = dir.path().join(format!("{metric}.toml"));
+        std::fs::write(&path, spec).unwrap();
+        let out = run(&[path.to_str().unwrap(), "-q"]);
+        assert_exit(&out, 3);
+        let (_, stderr) = text(&out);
+        assert!(stderr.contains(&format!("GPU: train.metrics = \"{metric}\" has no GPU kernel yet")), "{stderr}");
+    }
+}

@@ -15,7 +15,7 @@ use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, model, prob
 use crate::engine::{BatchStats, Optimizer, Sequential};
 use crate::plan::CrossDevice;
 use crate::plan::{OptimizerPlan, Plan, Reduction, StrategyKind};
-use crate::vocab::DeviceKind;
+use crate::vocab::{DeviceKind, Metric};
 use std::sync::Arc;
 
 /// Replicas on GPUs.
@@ -70,6 +70,14 @@ pub fn new(plan: &Plan, models: Vec<Sequential>) -> Result<Gpus, StrategyError> 
         }
     };
     model::check_loss(plan.train.loss_fn()).map_err(err)?;
+    // The GPU loss kernel sums losses and correct predictions only; a regression error read
+    // back from it would be a silent 0.
+    if let Some(m) = plan.train.metrics.iter().find(|m| matches!(m, Metric::Mae | Metric::Rmse)) {
+        return Err(StrategyError::Unsupported(format!(
+            "GPU: train.metrics = \"{}\" has no GPU kernel yet; drop it from train.metrics, or train on CPUs",
+            if *m == Metric::Mae { "mae" } else { "rmse" }
+        )));
+    }
     let indices: Vec<usize> = devices.iter().map(|d| d.index as usize).collect();
     probe::training(&indices).map_err(err)?;
     let ptx: Arc<str> = kernels::compile().map_err(err)?.to_src().into();
