@@ -282,7 +282,9 @@ fn a_worker_killed_at_a_random_step_is_restarted_and_the_job_ends_bit_identical(
         .lines()
         .find_map(|l| l.strip_prefix("[launcher] training again ")?.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no restart time in {stderr}"));
-    assert!(again <= 3.0, "training ran again {again} s after the death");
+    // A bound against a restart that waits out a timeout, not a speed figure: the restart
+    // takes well under a second on a quiet machine, and a loaded one stretched it past 3 s.
+    assert!(again <= 10.0, "training ran again {again} s after the death");
     let s = summary(dir.path());
     assert!(s["resumed_from_step"].as_u64().is_some(), "{s}");
     same_result(&s, two_worker_reference());
