@@ -21,6 +21,20 @@ use rand::RngExt;
 use std::path::Path;
 use std::time::Instant;
 
+/// One table of the bench, for `trainrun bench --only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// The tutorial model's step at batch 64 and 128 on 1 and 2 threads.
+    Engine,
+    /// trainrun against JAX's jitted step, alternating.
+    Peers,
+    /// Mirrored 2 replicas × 1 thread against one replica × 2 threads, alternating.
+    Mirrored,
+    /// Time to 98 % in one process and `mnist_fast` to 98.5 %, with TensorFlow's time to 98 %
+    /// alongside (needs the MNIST files).
+    Tta,
+}
+
 /// One measurement.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Throughput {
@@ -185,9 +199,43 @@ fn f(v: &serde_json::Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(0.0)
 }
 
-/// Prints every table; end-to-end jobs run when the MNIST files can be found.
-pub fn run(quick: bool) -> Result<(), String> {
+/// Prints every table, or only the one `only` names; end-to-end jobs run when the MNIST files
+/// can be found.
+pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
     let steps = if quick { 20 } else { 100 };
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the trainrun binary: {e}"))?;
+    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    match only {
+        Some(Part::Engine) => return engine(steps),
+        Some(Part::Peers) => return peers(steps),
+        Some(Part::Mirrored) => return mirrored(&exe),
+        Some(Part::Tta) => return time_to_accuracy(&exe, &python, ONE_PROCESS),
+        None => {}
+    }
+    engine(steps)?;
+    peers(steps)?;
+
+    println!("\n== all-reduce between processes on this host (busbw = size × 2(N−1)/N ÷ time, as nccl-tests)");
+    let launcher = crate::collective::Launcher::current_exe().map_err(|e| e.to_string())?;
+    let rows = crate::collective::bench::run(&crate::collective::bench::BenchOptions::standard(launcher))
+        .map_err(|e| e.to_string())?;
+    print!("{}", crate::collective::bench::table(&rows));
+
+    // Before the MNIST jobs, which end the bench early without the MNIST files.
+    gpt::run(&exe, &python, quick)?;
+    if !jobs(&exe)? {
+        return Ok(());
+    }
+    input(quick)?;
+    augment::run(quick)?;
+    if quick {
+        return Ok(());
+    }
+    time_to_accuracy(&exe, &python, EVERY_TTA)
+}
+
+/// The tutorial model's step on seeded random images, every batch, thread count and update.
+fn engine(steps: usize) -> Result<(), String> {
     println!("== engine: tutorial model (2,770,634 params), forward + backward + update, median of {steps} steps");
     println!("{:>6} {:>8} {:>16} {:>10} {:>12}", "batch", "threads", "update", "ms/step", "examples/s");
     for momentum in [false, true] {
@@ -202,33 +250,24 @@ pub fn run(quick: bool) -> Result<(), String> {
             }
         }
     }
+    Ok(())
+}
 
-    peers(steps)?;
-
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the trainrun binary: {e}"))?;
-    println!("\n== all-reduce between processes on this host (busbw = size × 2(N−1)/N ÷ time, as nccl-tests)");
-    let launcher = crate::collective::Launcher::current_exe().map_err(|e| e.to_string())?;
-    let rows = crate::collective::bench::run(&crate::collective::bench::BenchOptions::standard(launcher))
-        .map_err(|e| e.to_string())?;
-    print!("{}", crate::collective::bench::table(&rows));
-
-    // Before the MNIST jobs, which end the bench early without the MNIST files.
-    let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    gpt::run(&exe, &python, quick)?;
-
+/// The checked-in jobs end to end; false (having said why) when the MNIST files are missing.
+fn jobs(exe: &Path) -> Result<bool, String> {
     println!("\n== jobs end to end on MNIST (wall = launch to exit)");
-    let single = match job(&exe, "specs/mnist_single.toml", &[]) {
+    let single = match job(exe, "specs/mnist_single.toml", &[]) {
         Ok(j) => j,
         Err(e) => {
             println!("skipped: {e}\n(run from the repository root with TRAINRUN_DATA_DIR set to the MNIST folder)");
-            return Ok(());
+            return Ok(false);
         }
     };
-    let single128 = job(&exe, "specs/mnist_single.toml", &["batch.global=128"])?;
-    let multi = job(&exe, "specs/mnist_multiworker.toml", &[])?;
+    let single128 = job(exe, "specs/mnist_single.toml", &["batch.global=128"])?;
+    let multi = job(exe, "specs/mnist_multiworker.toml", &[])?;
     let mirrored =
-        job(&exe, "specs/mnist_single.toml", &["strategy={ kind = \"mirrored\", devices = 2 }", "batch.global=128"])?;
-    let ps = job(&exe, "specs/mnist_parameter_server.toml", &[])?;
+        job(exe, "specs/mnist_single.toml", &["strategy={ kind = \"mirrored\", devices = 2 }", "batch.global=128"])?;
+    let ps = job(exe, "specs/mnist_parameter_server.toml", &[])?;
     println!("{:<44} {:>12} {:>8} {:>10} {:>9}", "job", "examples/s", "wall s", "peak MB", "test acc");
     for (name, j) in [
         ("tutorial, 1 process × 2 threads, batch 64", &single),
@@ -267,41 +306,75 @@ pub fn run(quick: bool) -> Result<(), String> {
         "input wait: {wait:.3} s of {training:.2} s from the first step to exit, {:.2} % (target ≤ 1 % of step time; single process)",
         100.0 * wait / training.max(1e-9)
     );
-    input(quick)?;
-    augment::run(quick)?;
-    if quick {
-        return Ok(());
-    }
+    Ok(true)
+}
 
+/// `mnist_single.toml` at global batch 128 for 300 steps, one replica × 2 threads (A) and
+/// mirrored 2 replicas × 1 thread (B), alternately A B A B A B; each pair's ratio B/A of steady
+/// examples/s and the median.
+fn mirrored(exe: &Path) -> Result<(), String> {
+    println!("\n== mirrored 2 replicas × 1 thread ÷ 1 replica × 2 threads, tutorial, global batch 128, 300 steps");
+    println!("{:>6} {:>14} {:>14} {:>8}", "pair", "1 × 2 ex/s", "2 × 1 ex/s", "ratio");
+    let common = ["batch.global=128", "train.steps_per_epoch=100"];
+    let two = [&common[..], &["strategy={ kind = \"mirrored\", devices = 2 }"]].concat();
+    let mut ratios = Vec::new();
+    for pair in 1..=3 {
+        let a = f(&job(exe, "specs/mnist_single.toml", &common)?.summary, "steady_examples_per_s");
+        let b = f(&job(exe, "specs/mnist_single.toml", &two)?.summary, "steady_examples_per_s");
+        ratios.push(b / a.max(1.0));
+        println!("{pair:>6} {a:>14.0} {b:>14.0} {:>7.2}×", b / a.max(1.0));
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!("mirrored median ratio {:.2}× (target ≥ 0.95×)", ratios[1]);
+    Ok(())
+}
+
+/// The time-to-accuracy jobs: (row name, spec).
+type TtaJobs = [(&'static str, &'static str)];
+/// `bench --only tta`: the one-process targets.
+const ONE_PROCESS: &TtaJobs = &[
+    ("1 process × 2 threads", "specs/bench/tta_single.toml"),
+    ("mnist_fast (to 98.5%, its own settings)", "specs/mnist_fast.toml"),
+];
+/// The full bench: every strategy's time to 98 %.
+const EVERY_TTA: &TtaJobs = &[
+    ("1 process × 2 threads", "specs/bench/tta_single.toml"),
+    ("mnist_fast (to 98.5%, its own settings)", "specs/mnist_fast.toml"),
+    ("2 workers × 1 thread", "specs/bench/tta_multiworker.toml"),
+    ("2 workers + 1 ps, async (evaluating per epoch)", "specs/bench/tta_parameter_server.toml"),
+];
+
+/// Time to 98 % test accuracy of `specs` (the first is one process, the second `mnist_fast`),
+/// then TensorFlow's beside them and the ratios.
+fn time_to_accuracy(exe: &Path, python: &str, specs: &TtaJobs) -> Result<(), String> {
     println!(
         "\n== time to 98% test accuracy (SGD 0.05, momentum 0.9, batch 64 per worker, evaluating every 200 steps)"
     );
     println!("{:<44} {:>8} {:>7} {:>9}", "job", "wall s", "steps", "test acc");
     let mut walls = Vec::new();
-    for (name, spec) in [
-        ("1 process × 2 threads", "specs/bench/tta_single.toml"),
-        ("2 workers × 1 thread", "specs/bench/tta_multiworker.toml"),
-        ("2 workers + 1 ps, async (evaluating per epoch)", "specs/bench/tta_parameter_server.toml"),
-        ("mnist_fast (to 98.5%, its own settings)", "specs/mnist_fast.toml"),
-    ] {
-        let j = job(&exe, spec, &[])?;
+    for (name, spec) in specs {
+        let j = job(exe, spec, &[])?;
         println!("{name:<44} {:>8.2} {:>7} {:>9.4}", j.wall_s, j.summary["steps"], f(&j.summary, "test_accuracy"));
         walls.push(j.wall_s);
     }
-    println!("time to 98%, parameter servers: {:.2}× multi_worker_mirrored's (target ≤ 1.5×)", walls[2] / walls[1]);
-    match tensorflow_tta(&python) {
+    if let [_, _, multi, ps] = walls[..] {
+        println!("time to 98%, parameter servers: {:.2}× multi_worker_mirrored's (target ≤ 1.5×)", ps / multi);
+    }
+    match tensorflow_tta(python) {
         Ok(tf) => {
-            println!("{:<44} {:>8.2}", "TensorFlow, 1 process × 2 threads (tf_tta.py)", tf);
+            let (tf, steps, reached) = (f(&tf, "wall_s"), &tf["steps"], f(&tf, "reached"));
+            println!("{:<44} {tf:>8.2} {steps:>7} {reached:>9.4}", "TensorFlow, 1 process × 2 threads (tf_tta.py)");
             println!("time to 98%, one process: {:.2}× TensorFlow's (target ≤ 0.4×)", walls[0] / tf);
-            println!("mnist_fast to 98.5%: {:.2}× TensorFlow's time to 98% (target ≤ 0.2×)", walls[3] / tf);
+            println!("mnist_fast to 98.5%: {:.2}× TensorFlow's time to 98% (target ≤ 0.2×)", walls[1] / tf);
         }
         Err(why) => println!("skipped: {why}"),
     }
     Ok(())
 }
 
-/// TensorFlow's launch-to-98% seconds from `benches/tf_tta.py` run with `python`.
-fn tensorflow_tta(python: &str) -> Result<f64, String> {
+/// TensorFlow's launch-to-98% row from `benches/tf_tta.py` run with `python`: `wall_s`, `steps`
+/// and the accuracy `reached`.
+fn tensorflow_tta(python: &str) -> Result<serde_json::Value, String> {
     let out = std::process::Command::new(python)
         .arg("benches/tf_tta.py")
         .output()
@@ -314,5 +387,8 @@ fn tensorflow_tta(python: &str) -> Result<f64, String> {
             if last.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_string() } else { last.to_string() }
         )
     })?;
-    row["wall_s"].as_f64().ok_or_else(|| format!("tf_tta.py printed no wall_s: {last}"))
+    match row["wall_s"].as_f64() {
+        Some(_) => Ok(row),
+        None => Err(format!("tf_tta.py printed no wall_s: {last}")),
+    }
 }

@@ -108,6 +108,9 @@ enum Command {
         /// Fewer steps, for a quick look.
         #[arg(long)]
         quick: bool,
+        /// Only one table, for A/B sittings that must fit a quiet window (default: every table).
+        #[arg(long, value_enum)]
+        only: Option<crate::bench::Part>,
     },
 }
 
@@ -173,7 +176,7 @@ pub fn main() -> ExitCode {
             print!("{}", crate::spec::schema_json());
             Ok(())
         }
-        Some(Command::Bench { quick }) => crate::bench::run(quick).map_err(RunError::Failure),
+        Some(Command::Bench { quick, only }) => crate::bench::run(quick, only).map_err(RunError::Failure),
     };
     match result {
         Ok(()) => Exit::Ok.into(),
@@ -217,6 +220,7 @@ mod tests {
                 "--quiet",
                 "--set",
                 "--task",
+                "bench --only",
                 "bench --quick",
                 "check --json",
                 "check --set",

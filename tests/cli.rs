@@ -1,4 +1,4 @@
-//! The command line end to end: `check`, `schema`, exit codes, and every broken spec giving a
+//! The command line end to end: `check`, `schema`, `bench --only`, exit codes, and every broken spec giving a
 //! clear error with exit code 2 and never a panic.
 
 mod common;
@@ -253,4 +253,21 @@ fn check_shows_clipping_decay_exclusions_and_the_cosine_floor() {
     ]);
     assert_exit(&out, 0);
     assert!(text(&out).0.contains("weight decay 0.004 (except bias)"));
+}
+
+/// `bench --only engine` prints the engine table, every configuration of it, and nothing else
+/// (no peers, no all-reduce, no jobs): an A/B sitting can time one table.
+#[test]
+fn bench_only_prints_the_one_table_asked_for() {
+    let out = run(&["bench", "--quick", "--only", "engine"]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("== engine: tutorial model"), "{stdout}\n{stderr}");
+    let rows = stdout.lines().filter(|l| l.trim_start().starts_with("64 ") || l.trim_start().starts_with("128 "));
+    let rates: Vec<f64> = rows.filter_map(|l| l.split_whitespace().last()?.parse().ok()).collect();
+    assert_eq!(rates.len(), 8, "batch 64 and 128 × 1 and 2 threads × SGD and momentum:\n{stdout}");
+    assert!(rates.iter().all(|r| *r > 0.0), "{stdout}");
+    for other in ["== peer", "== all-reduce", "== jobs", "== time to 98%"] {
+        assert!(!stdout.contains(other), "`--only engine` printed {other}:\n{stdout}");
+    }
 }

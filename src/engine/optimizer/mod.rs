@@ -171,7 +171,20 @@ fn sum_blocks(
         let sum = &mut sum[..len];
         crate::engine::simd::vectorized(|| match grads.split_first() {
             Some((first, rest)) => {
-                sum.copy_from_slice(&first[from..from + len]);
+                // The first two buffers meet in one pass (mirrored's two replicas: no copy
+                // first), adding in the same order and so to the same bits.
+                let first = &first[from..from + len];
+                let rest = match rest.split_first() {
+                    Some((second, rest)) => {
+                        let pairs = first.iter().zip(&second[from..from + len]);
+                        sum.iter_mut().zip(pairs).for_each(|(s, (a, b))| *s = a + b);
+                        rest
+                    }
+                    None => {
+                        sum.copy_from_slice(first);
+                        rest
+                    }
+                };
                 for g in rest {
                     sum.iter_mut().zip(&g[from..from + len]).for_each(|(s, v)| *s += v);
                 }
