@@ -269,6 +269,26 @@ mod tests {
     }
 
     #[test]
+    fn floats_sent_from_several_slices_arrive_in_place() {
+        let (server, client) = pair(7, 7);
+        let (mut server, mut client) = (server.unwrap(), client.unwrap());
+        let (a, b) = (vec![1.5f32, -2.0, 3.25], vec![f32::MAX, -0.0]);
+        client.send(Tag::Push, &[9], &[&a, &[], &b]).unwrap();
+        let head = server.read_head().unwrap();
+        assert_eq!((head.tag, head.ints.as_slice(), head.floats), (Tag::Push, &[9u64][..], 5));
+        // Read into two places of a larger buffer, as a pull lands in the model's shards.
+        let mut into = vec![0.0f32; 8];
+        server.read_floats(&mut into[1..3]).unwrap();
+        server.read_floats(&mut into[5..8]).unwrap();
+        assert_eq!(into, [0.0, 1.5, -2.0, 0.0, 0.0, 3.25, f32::MAX, -0.0]);
+        // The connection is in step: the next frame reads whole, into a kept buffer.
+        client.send(Tag::Ok, &[], &[&b]).unwrap();
+        let mut kept = vec![7.0f32; 2];
+        assert_eq!(server.read_into(&mut kept).unwrap(), (Tag::Ok, Vec::new()));
+        assert_eq!(kept, b);
+    }
+
+    #[test]
     fn another_jobs_token_is_refused_with_the_reason() {
         let (server, client) = pair(7, 8);
         assert!(server.err().unwrap().to_string().contains("job tokens differ"));
