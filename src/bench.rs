@@ -6,10 +6,12 @@
 //! the MNIST files. Where a peer applies it is measured alongside, from `benches/`: JAX's
 //! jitted step (throughput pairs) and TensorFlow's time to 98%, each skipped with a reason when
 //! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter). The GPT of
-//! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`).
+//! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`); what a worker's
+//! `kill -9` costs under `parameter_server` is `kill.rs`.
 
 pub mod augment;
 mod gpt;
+mod kill;
 
 use crate::data::Batch;
 use crate::engine::init;
@@ -146,19 +148,35 @@ struct Job {
 
 /// Runs `trainrun spec` as a user would and reads its summary.
 fn job(exe: &Path, spec: &str, sets: &[&str]) -> Result<Job, String> {
+    job_with(exe, spec, sets, |_| Ok(()))
+}
+
+/// Runs `trainrun spec` as [`job`] does, calling `during` with the launcher's pid while it
+/// runs (to disturb it: `kill.rs`).
+fn job_with(
+    exe: &Path,
+    spec: &str,
+    sets: &[&str],
+    during: impl FnOnce(u32) -> Result<(), String>,
+) -> Result<Job, String> {
     let dir =
         std::env::temp_dir().join(format!("trainrun-bench-{}-{}", std::process::id(), spec.replace(['/', '.'], "_")));
     let started = Instant::now();
     // The bench's own variable would be refused by the job as an unknown `TRAINRUN_` name.
-    let out = std::process::Command::new(exe)
+    let child = std::process::Command::new(exe)
         .env_remove("TRAINRUN_BENCH_PYTHON")
         .arg(spec)
         .arg("-q")
         .args(["--set", &format!("run.out_dir={}", dir.display())])
         .args(sets.iter().flat_map(|s| ["--set", s]))
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .map_err(|e| format!("cannot run {spec}: {e}"))?;
+    let disturbed = during(child.id());
+    let out = child.wait_with_output().map_err(|e| format!("{spec}: {e}"))?;
     let wall_s = started.elapsed().as_secs_f64();
+    disturbed?;
     if !out.status.success() {
         return Err(format!("{spec} failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
@@ -223,7 +241,7 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
 
     // Before the MNIST jobs, which end the bench early without the MNIST files.
     gpt::run(&exe, &python, quick)?;
-    if !jobs(&exe)? {
+    if !jobs(&exe, quick)? {
         return Ok(());
     }
     input(quick)?;
@@ -254,7 +272,7 @@ fn engine(steps: usize) -> Result<(), String> {
 }
 
 /// The checked-in jobs end to end; false (having said why) when the MNIST files are missing.
-fn jobs(exe: &Path) -> Result<bool, String> {
+fn jobs(exe: &Path, quick: bool) -> Result<bool, String> {
     println!("\n== jobs end to end on MNIST (wall = launch to exit)");
     let single = match job(exe, "specs/mnist_single.toml", &[]) {
         Ok(j) => j,
@@ -299,6 +317,7 @@ fn jobs(exe: &Path) -> Result<bool, String> {
         "parameter servers: 2 workers + 1 ps reach {:.2}× multi_worker_mirrored's 2 workers (target ≥ 0.8×)",
         f(&ps.summary, "steady_examples_per_s") / m.max(1.0)
     );
+    kill::run(exe, if quick { 300 } else { 1000 })?;
     println!("launch to first step: {:.2} s (single process)", f(&single.summary, "first_step_s"));
     let (wait, training) =
         (f(&single.summary, "input_wait_s"), f(&single.summary, "wall_s") - f(&single.summary, "first_step_s"));
@@ -341,7 +360,7 @@ const EVERY_TTA: &TtaJobs = &[
     ("1 process × 2 threads", "specs/bench/tta_single.toml"),
     ("mnist_fast (to 98.5%, its own settings)", "specs/mnist_fast.toml"),
     ("2 workers × 1 thread", "specs/bench/tta_multiworker.toml"),
-    ("2 workers + 1 ps, async (evaluating per epoch)", "specs/bench/tta_parameter_server.toml"),
+    ("2 workers + 1 ps, async, momentum 0.7", "specs/bench/tta_parameter_server.toml"),
 ];
 
 /// Time to 98 % test accuracy of `specs` (the first is one process, the second `mnist_fast`),

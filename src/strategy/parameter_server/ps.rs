@@ -61,41 +61,51 @@ pub fn serve(task: PsTask) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Answers one peer's requests in order.
+/// Answers one peer's requests in order. A push's gradient is read into a buffer kept for
+/// the connection, and a pull's answer is copied out under the lock into another, so no
+/// request allocates, and the lock is never held while a slow peer reads.
 fn answer(mut conn: Conn, held: &Mutex<Held>, done: &AtomicBool) -> std::io::Result<()> {
+    let (mut floats, mut out) = (Vec::new(), Vec::new());
     loop {
-        let request = conn.read()?;
-        let reply = {
-            let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
-            match request.tag {
-                Tag::Pull => pull(&h, request.ints.first() == Some(&1)),
-                Tag::Push => push(&mut h, &request),
-                Tag::Set => set(&mut h, &request),
-                Tag::Stop => {
-                    done.store(true, Ordering::SeqCst);
-                    Frame::new(Tag::Ok, Vec::new(), Vec::new())
-                }
-                Tag::Hello | Tag::Ok | Tag::Error | Tag::Run => Frame::error("a ps answers pull, push, set and stop"),
+        let (tag, ints) = conn.read_into(&mut floats)?;
+        let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
+        let reply = match tag {
+            Tag::Pull => {
+                let counts = pull(&h, ints.first() == Some(&1), &mut out);
+                drop(h);
+                conn.send(Tag::Ok, &counts, &[&out])?;
+                continue;
             }
+            Tag::Push => push(&mut h, &ints, &floats),
+            Tag::Set => set(&mut h, &ints, &floats),
+            Tag::Stop => {
+                done.store(true, Ordering::SeqCst);
+                Frame::new(Tag::Ok, Vec::new(), Vec::new())
+            }
+            Tag::Hello | Tag::Ok | Tag::Error | Tag::Run => Frame::error("a ps answers pull, push, set and stop"),
         };
+        drop(h);
         conn.write(&reply)?;
     }
 }
 
-/// The values (and, with `slots`, the optimizer's state buffers and update count).
-fn pull(h: &Held, slots: bool) -> Frame {
-    let mut floats = h.values.clone();
+/// Copies the values (and, with `slots`, the optimizer's state buffers) into `out`; returns
+/// the version and the update count.
+fn pull(h: &Held, slots: bool, out: &mut Vec<f32>) -> [u64; 2] {
+    out.clear();
+    out.extend_from_slice(&h.values);
     if slots {
         for (_, buffer) in h.optimizer.state() {
-            floats.extend_from_slice(buffer);
+            out.extend_from_slice(buffer);
         }
     }
-    Frame::new(Tag::Ok, vec![h.version, h.optimizer.iterations()], floats)
+    [h.version, h.optimizer.iterations()]
 }
 
-/// Applies one gradient: `floats = [lr, gradient of the trainable values, state values]`.
-fn push(h: &mut Held, request: &Frame) -> Frame {
-    let (Some(&pulled), Some((&lr, rest))) = (request.ints.first(), request.floats.split_first()) else {
+/// Applies one gradient: `ints = [version pulled]`, `floats = [lr, gradient of the trainable
+/// values, state values]`.
+fn push(h: &mut Held, ints: &[u64], floats: &[f32]) -> Frame {
+    let (Some(&pulled), Some((&lr, rest))) = (ints.first(), floats.split_first()) else {
         return Frame::error("a push carries the version pulled and a learning rate");
     };
     if rest.len() != h.values.len() {
@@ -113,22 +123,19 @@ fn push(h: &mut Held, request: &Frame) -> Frame {
 }
 
 /// Replaces everything: `ints = [update count]`, `floats = [values, slots…]`.
-fn set(h: &mut Held, request: &Frame) -> Frame {
+fn set(h: &mut Held, ints: &[u64], floats: &[f32]) -> Frame {
     let len = h.values.len();
     let slots = h.optimizer.state().len();
-    if request.floats.len() != len + slots * h.trainable {
-        return Frame::error(&format!(
-            "a set of {} values to a ps holding {len} and {slots} slots",
-            request.floats.len()
-        ));
+    if floats.len() != len + slots * h.trainable {
+        return Frame::error(&format!("a set of {} values to a ps holding {len} and {slots} slots", floats.len()));
     }
-    h.values.copy_from_slice(&request.floats[..len]);
+    h.values.copy_from_slice(&floats[..len]);
     let mut at = len;
     for (_, buffer) in h.optimizer.state_mut() {
         let n = buffer.len();
-        buffer.copy_from_slice(&request.floats[at..at + n]);
+        buffer.copy_from_slice(&floats[at..at + n]);
         at += n;
     }
-    h.optimizer.set_iterations(request.ints.first().copied().unwrap_or(0));
+    h.optimizer.set_iterations(ints.first().copied().unwrap_or(0));
     Frame::new(Tag::Ok, Vec::new(), Vec::new())
 }

@@ -75,6 +75,15 @@ impl Frame {
     }
 }
 
+/// A frame's tag and integers, read before its floats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Head {
+    pub tag: Tag,
+    pub ints: Vec<u64>,
+    /// How many floats follow.
+    pub floats: usize,
+}
+
 /// One open connection to or from a peer.
 pub struct Conn {
     reader: BufReader<TcpStream>,
@@ -135,24 +144,38 @@ impl Conn {
 
     /// Sends `frame`.
     pub fn write(&mut self, frame: &Frame) -> io::Result<()> {
+        self.send(frame.tag, &frame.ints, &[&frame.floats])
+    }
+
+    /// Sends a frame whose floats are `parts` back to back, each written from where it lies
+    /// (a shard of the model's buffers): the 11 MB of a pull or push are never gathered into
+    /// a frame nor converted value by value first.
+    pub fn send(&mut self, tag: Tag, ints: &[u64], parts: &[&[f32]]) -> io::Result<()> {
+        let floats: usize = parts.iter().map(|p| p.len()).sum();
         let w = &mut self.writer;
-        w.write_all(&(frame.tag as u32).to_le_bytes())?;
-        w.write_all(&(frame.ints.len() as u32).to_le_bytes())?;
-        w.write_all(&(frame.floats.len() as u32).to_le_bytes())?;
-        for i in &frame.ints {
+        w.write_all(&(tag as u32).to_le_bytes())?;
+        w.write_all(&(ints.len() as u32).to_le_bytes())?;
+        w.write_all(&(floats as u32).to_le_bytes())?;
+        for i in ints {
             w.write_all(&i.to_le_bytes())?;
         }
-        // Fixed-size chunks: the copy compiles to plain vector moves, not a byte iterator.
-        self.bytes.resize(4 * frame.floats.len(), 0);
-        for (b, f) in self.bytes.chunks_exact_mut(4).zip(&frame.floats) {
-            b.copy_from_slice(&f.to_le_bytes());
+        for part in parts {
+            if cfg!(target_endian = "little") {
+                // The wire's byte order is the memory's: the slice goes out as it is (a
+                // write larger than the buffer bypasses it).
+                w.write_all(bytemuck::cast_slice(part))?;
+            } else {
+                self.bytes.clear();
+                self.bytes.extend(part.iter().flat_map(|f| f.to_le_bytes()));
+                w.write_all(&self.bytes)?;
+            }
         }
-        w.write_all(&self.bytes)?;
         w.flush()
     }
 
-    /// Reads the next frame.
-    pub fn read(&mut self) -> io::Result<Frame> {
+    /// Reads the next frame's tag and integers; exactly `floats` values follow, for
+    /// [`Conn::read_floats`] to take before the next read.
+    pub fn read_head(&mut self) -> io::Result<Head> {
         let mut head = [0u8; 12];
         self.reader.read_exact(&mut head)?;
         let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
@@ -165,9 +188,34 @@ impl Conn {
         self.bytes.resize(8 * ints as usize, 0);
         self.reader.read_exact(&mut self.bytes)?;
         let ints = self.bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-        self.bytes.resize(4 * floats as usize, 0);
-        self.reader.read_exact(&mut self.bytes)?;
-        let floats = self.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(Head { tag, ints, floats: floats as usize })
+    }
+
+    /// Reads the next `out.len()` floats of the frame being read straight into `out` (a
+    /// shard's place in the model's buffers): no frame buffer, no value-by-value conversion.
+    pub fn read_floats(&mut self, out: &mut [f32]) -> io::Result<()> {
+        self.reader.read_exact(bytemuck::cast_slice_mut(out))?;
+        if cfg!(target_endian = "big") {
+            for f in out.iter_mut() {
+                *f = f32::from_bits(u32::from_le(f.to_bits()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the next frame, its floats into `floats` (resized to them: a buffer kept from
+    /// frame to frame is neither allocated nor zeroed again).
+    pub fn read_into(&mut self, floats: &mut Vec<f32>) -> io::Result<(Tag, Vec<u64>)> {
+        let head = self.read_head()?;
+        floats.resize(head.floats, 0.0);
+        self.read_floats(floats)?;
+        Ok((head.tag, head.ints))
+    }
+
+    /// Reads the next frame.
+    pub fn read(&mut self) -> io::Result<Frame> {
+        let mut floats = Vec::new();
+        let (tag, ints) = self.read_into(&mut floats)?;
         Ok(Frame { tag, ints, floats })
     }
 
@@ -218,6 +266,26 @@ mod tests {
         assert_eq!(server.read().unwrap(), frame);
         server.write(&Frame::error("ps:0 is gone")).unwrap();
         assert_eq!(client.read().unwrap().text(), "ps:0 is gone");
+    }
+
+    #[test]
+    fn floats_sent_from_several_slices_arrive_in_place() {
+        let (server, client) = pair(7, 7);
+        let (mut server, mut client) = (server.unwrap(), client.unwrap());
+        let (a, b) = (vec![1.5f32, -2.0, 3.25], vec![f32::MAX, -0.0]);
+        client.send(Tag::Push, &[9], &[&a, &[], &b]).unwrap();
+        let head = server.read_head().unwrap();
+        assert_eq!((head.tag, head.ints.as_slice(), head.floats), (Tag::Push, &[9u64][..], 5));
+        // Read into two places of a larger buffer, as a pull lands in the model's shards.
+        let mut into = vec![0.0f32; 8];
+        server.read_floats(&mut into[1..3]).unwrap();
+        server.read_floats(&mut into[5..8]).unwrap();
+        assert_eq!(into, [0.0, 1.5, -2.0, 0.0, 0.0, 3.25, f32::MAX, -0.0]);
+        // The connection is in step: the next frame reads whole, into a kept buffer.
+        client.send(Tag::Ok, &[], &[&b]).unwrap();
+        let mut kept = vec![7.0f32; 2];
+        assert_eq!(server.read_into(&mut kept).unwrap(), (Tag::Ok, Vec::new()));
+        assert_eq!(kept, b);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! loss scaling, the gradient clipped by its global norm before it is split over the ps), so
 //! one worker with one ps trains bit for bit as `default` does.
 
-use super::layout::{Layout, gather, scatter};
+use super::layout::{Layout, Piece};
 use super::wire::{Conn, Frame, Tag, peer_error};
 use crate::cluster::TaskId;
 use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
@@ -17,6 +17,7 @@ use crate::engine::init::{STEP_DOMAIN, derive_seed};
 use crate::engine::optimizer::clip_by_global_norm;
 use crate::plan::{OptimizerPlan, Plan};
 use crate::strategy::{BatchView, Replica, StrategyError};
+use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -52,7 +53,6 @@ struct Stepper<'a> {
     grads: Vec<f32>,
     versions: Vec<u64>,
     micro: Vec<Batch>,
-    values: Vec<f32>,
 }
 
 /// The pipeline options of worker `index`: its own shuffle of every example.
@@ -102,7 +102,6 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
         grads,
         versions,
         micro: Vec::new(),
-        values: Vec::new(),
     };
     let (stream, _) = task.listener.accept().map_err(|e| failed(format!("the chief did not connect: {e}")))?;
     // Between closures the chief may evaluate or save for a while: no read timeout here.
@@ -175,14 +174,10 @@ impl Stepper<'_> {
     /// updates any ps applied between this step's pull and its push.
     fn step(&mut self, step: u64, lr: f32) -> Result<(BatchStats, u64), String> {
         let timeout = self.plan.cluster.timeout;
-        for (i, (t, conn)) in self.ps.iter_mut().enumerate() {
-            let answer = conn.call(&Frame::new(Tag::Pull, vec![0], Vec::new()));
-            let answer = answer.map_err(|e| peer_error(*t, "a pull", &e, timeout))?;
-            if answer.floats.len() != self.layout.len(i) {
-                return Err(format!("{t} sent {} values for {}", answer.floats.len(), self.layout.len(i)));
-            }
-            scatter(&self.layout.ps[i], &answer.floats, &mut self.params, &mut self.state);
-            self.versions[i] = answer.ints.first().copied().unwrap_or(0);
+        for i in 0..self.ps.len() {
+            let (t, conn) = &mut self.ps[i];
+            let version = pull(conn, &self.layout.ps[i], &mut self.params, &mut self.state);
+            self.versions[i] = version.map_err(|e| peer_error(*t, "a pull", &e, timeout))?;
         }
         for _ in 0..self.plan.batch.accumulation_steps {
             self.micro.push(self.pipeline.next_batch().map_err(|e| e.to_string())?);
@@ -207,17 +202,47 @@ impl Stepper<'_> {
             clip_by_global_norm(&mut self.grads, c as f32);
         }
         let mut stale = 0;
+        let lr = [lr];
         for (i, (t, conn)) in self.ps.iter_mut().enumerate() {
-            self.values.clear();
-            self.values.push(lr);
-            gather(&self.layout.ps[i], &self.grads, &self.state, &mut self.values);
-            let frame = Frame::new(Tag::Push, vec![self.versions[i]], std::mem::take(&mut self.values));
-            let answer = conn.call(&frame).map_err(|e| peer_error(*t, "a push", &e, timeout))?;
-            self.values = frame.floats;
+            // The ps's part goes out from where it lies: the learning rate, its shards of the
+            // gradient, then its shards of the state, as `layout::gather` orders them.
+            let pieces = &self.layout.ps[i];
+            let mut parts: Vec<&[f32]> = vec![&lr];
+            parts.extend(pieces.iter().filter(|p| !p.state).map(|p| &self.grads[p.range.clone()]));
+            parts.extend(pieces.iter().filter(|p| p.state).map(|p| &self.state[p.range.clone()]));
+            let answer = conn
+                .send(Tag::Push, &[self.versions[i]], &parts)
+                .and_then(|()| conn.read())
+                .map_err(|e| peer_error(*t, "a push", &e, timeout))?;
+            if answer.tag == Tag::Error {
+                return Err(format!("{t} refused a push: {}", answer.text()));
+            }
             stale = stale.max(answer.ints.first().copied().unwrap_or(0));
         }
         Ok((stats, stale))
     }
+}
+
+/// Pulls a ps's values straight into their places in `params` and `state`, trainable pieces
+/// first, then state pieces (as `layout::gather` orders them); returns the version pulled.
+fn pull(conn: &mut Conn, pieces: &[Piece], params: &mut [f32], state: &mut [f32]) -> io::Result<u64> {
+    conn.send(Tag::Pull, &[0], &[])?;
+    let head = conn.read_head()?;
+    let len: usize = pieces.iter().map(|p| p.range.len()).sum();
+    if head.tag != Tag::Ok || head.floats != len {
+        let mut floats = vec![0.0; head.floats];
+        conn.read_floats(&mut floats)?;
+        let text = Frame::new(head.tag, head.ints, floats).text();
+        let why = if head.tag == Tag::Ok { format!("sent {} values for {len}", head.floats) } else { text };
+        return Err(io::Error::other(why));
+    }
+    for p in pieces.iter().filter(|p| !p.state) {
+        conn.read_floats(&mut params[p.range.clone()])?;
+    }
+    for p in pieces.iter().filter(|p| p.state) {
+        conn.read_floats(&mut state[p.range.clone()])?;
+    }
+    Ok(head.ints.first().copied().unwrap_or(0))
 }
 
 /// Keras's `global_clipnorm`, applied here to the whole gradient.
