@@ -55,3 +55,31 @@ pub(super) fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: us
         )
     });
 }
+
+/// `y = (y + bias) + residual` row by row over `rows` rows of `row` values, in parallel: a
+/// layer's bias and the residual connection after it in one pass (an empty `bias` adds none).
+/// The same bits as adding the bias, then the residual.
+pub(super) fn add_bias_residual(
+    y: &mut [f32],
+    bias: &[f32],
+    residual: &[f32],
+    rows: usize,
+    row: usize,
+    threads: usize,
+) {
+    par_rows(y, rows, row, threads, |_, r, part| {
+        let residual = &residual[r.start * row..r.end * row];
+        crate::engine::simd::vectorized(
+            #[inline(always)]
+            || {
+                for (y, res) in part.chunks_exact_mut(row.max(1)).zip(residual.chunks_exact(row.max(1))) {
+                    if bias.is_empty() {
+                        y.iter_mut().zip(res).for_each(|(y, r)| *y += r);
+                    } else {
+                        y.iter_mut().zip(res).zip(bias).for_each(|((y, r), b)| *y = (*y + b) + r);
+                    }
+                }
+            },
+        )
+    });
+}
