@@ -83,3 +83,19 @@ pub(super) fn add_bias_residual(
         )
     });
 }
+
+/// Runs `a` and `b` at once, each with half of `threads` (the thread count it may use is its
+/// argument), or one after the other with all of them when there is one. For a layer's two
+/// independent backward products (kernel and input gradients, the same multiply-adds each):
+/// two products on one thread each wait for each other once, where one after the other on
+/// two threads wait inside `gemm` at every block of the shared dimension. `gemm` splits
+/// outputs, never sums, so the bits are the same either way.
+pub(super) fn both(threads: usize, a: impl FnOnce(usize) + Send, b: impl FnOnce(usize) + Send) {
+    if threads < 2 {
+        a(threads);
+        b(threads);
+    } else {
+        let half = threads / 2;
+        rayon::join(|| a(threads - half), || b(half));
+    }
+}

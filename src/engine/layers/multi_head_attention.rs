@@ -21,7 +21,7 @@
 //! Dropout masks are a pure function of `(pass.seed, salt, index)`, as in `dropout.rs`:
 //! backward recomputes them.
 
-use super::composite::{add_bias_residual, sized};
+use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
 use crate::engine::fastmath::{dot, exp, max, sum};
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
@@ -389,13 +389,15 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        matmul(d, d, rows, &self.merged, true, dy, false, g_wout, acc, threads);
-        if !acc {
-            g_bout[..d].fill(0.0);
-        }
-        add_rows(&mut g_bout[..d], dy);
-        let d_merged = sized(&mut self.d_merged, rows * d);
-        matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads);
+        let (merged, d_merged) = (&self.merged[..], sized(&mut self.d_merged, rows * d));
+        let output_weights = |threads| {
+            matmul(d, d, rows, merged, true, dy, false, g_wout, acc, threads);
+            if !acc {
+                g_bout[..d].fill(0.0);
+            }
+            add_rows(&mut g_bout[..d], dy);
+        };
+        both(threads, output_weights, |threads| matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads));
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
         let d_probs = split_rows(sized(&mut self.d_probs, n * per), &ranges, per);
@@ -414,13 +416,18 @@ impl Layer for MultiHeadAttention {
             }
         });
         let d_qkv = &self.d_qkv[..rows * 3 * d];
-        matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
-        if !acc {
-            g_bqkv.fill(0.0);
-        }
-        add_rows(g_bqkv, d_qkv);
-        if let Some(dx) = dx {
-            matmul(rows, d, 3 * d, d_qkv, false, w_qkv, true, dx, false, threads);
+        let mut qkv_weights = |threads| {
+            matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
+            if !acc {
+                g_bqkv.fill(0.0);
+            }
+            add_rows(g_bqkv, d_qkv);
+        };
+        match dx {
+            Some(dx) => both(threads, qkv_weights, |threads| {
+                matmul(rows, d, 3 * d, d_qkv, false, w_qkv, true, dx, false, threads)
+            }),
+            None => qkv_weights(threads),
         }
     }
 }

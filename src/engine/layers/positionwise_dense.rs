@@ -3,7 +3,7 @@
 //! (hence the kind `dense`); trainrun's [`super::Dense`] flattens its input instead, and keeps
 //! doing so for the models built on it. The transformer block's MLP and the LM head use this.
 
-use super::composite::add_bias_residual;
+use super::composite::{add_bias_residual, both};
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
@@ -99,15 +99,21 @@ impl Layer for PositionwiseDense {
         let (rows, units, inputs) = (self.rows(n), self.units, self.inputs);
         let dy = &dy[..rows * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
-        matmul(inputs, units, rows, x, true, dy, false, g_kernel, pass.accumulate, pass.threads);
-        if self.use_bias {
-            if !pass.accumulate {
-                g_bias[..units].fill(0.0);
+        let (use_bias, acc, kernel) = (self.use_bias, pass.accumulate, &params[..inputs * units]);
+        let mut weights = |threads| {
+            matmul(inputs, units, rows, x, true, dy, false, g_kernel, acc, threads);
+            if use_bias {
+                if !acc {
+                    g_bias[..units].fill(0.0);
+                }
+                add_rows(&mut g_bias[..units], dy);
             }
-            add_rows(&mut g_bias[..units], dy);
-        }
-        if let Some(dx) = dx {
-            matmul(rows, inputs, units, dy, false, &params[..inputs * units], true, dx, false, pass.threads);
+        };
+        match dx {
+            Some(dx) => both(pass.threads, weights, |threads| {
+                matmul(rows, inputs, units, dy, false, kernel, true, dx, false, threads)
+            }),
+            None => weights(pass.threads),
         }
     }
 }
