@@ -17,7 +17,7 @@ Prints progress lines, then one JSON line: steady tokens/s (steps after the firs
 excluded), the final validation loss, launch-to-exit seconds, seconds from launch to the first
 evaluation at or below `--target` (when given; `--eval-every` sets how often it evaluates), and
 peak RSS in MB. Launch is this script's first line, so the import of torch counts, as trainrun's
-start-up does. `OMP_WAIT_POLICY` defaults to `PASSIVE` (see below).
+start-up does. OpenMP keeps its own defaults unless the caller sets `OMP_WAIT_POLICY` (see below).
 """
 
 import time
@@ -47,10 +47,11 @@ def main():
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--batch", type=int, default=12)
     args = ap.parse_args()
-    # OpenMP threads that spin between parallel regions stall when other processes share the
-    # cores (every small op then waits on a descheduled thread: 380 instead of 4,800 tokens/s
-    # at load 8 on the 2-core reference machine); sleeping waits are PyTorch's best here.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OpenMP's default wait policy (threads spin a while between parallel regions) is PyTorch's
+    # best on a quiet machine: 16,500 tokens/s on the 2-core reference machine against 10,700
+    # with OMP_WAIT_POLICY=PASSIVE (2026-11-24, load < 2.5). On a loaded machine the spinning
+    # threads stall instead (380 tokens/s at load 8, where PASSIVE kept 4,800): set
+    # OMP_WAIT_POLICY=PASSIVE there. `trainrun bench` is meant to run on a quiet machine.
     try:
         import torch
         import torch.nn as nn

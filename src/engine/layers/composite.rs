@@ -55,3 +55,47 @@ pub(super) fn add(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: us
         )
     });
 }
+
+/// `y = (y + bias) + residual` row by row over `rows` rows of `row` values, in parallel: a
+/// layer's bias and the residual connection after it in one pass (an empty `bias` adds none).
+/// The same bits as adding the bias, then the residual.
+pub(super) fn add_bias_residual(
+    y: &mut [f32],
+    bias: &[f32],
+    residual: &[f32],
+    rows: usize,
+    row: usize,
+    threads: usize,
+) {
+    par_rows(y, rows, row, threads, |_, r, part| {
+        let residual = &residual[r.start * row..r.end * row];
+        crate::engine::simd::vectorized(
+            #[inline(always)]
+            || {
+                for (y, res) in part.chunks_exact_mut(row.max(1)).zip(residual.chunks_exact(row.max(1))) {
+                    if bias.is_empty() {
+                        y.iter_mut().zip(res).for_each(|(y, r)| *y += r);
+                    } else {
+                        y.iter_mut().zip(res).zip(bias).for_each(|((y, r), b)| *y = (*y + b) + r);
+                    }
+                }
+            },
+        )
+    });
+}
+
+/// Runs `a` and `b` at once, each with half of `threads` (the thread count it may use is its
+/// argument), or one after the other with all of them when there is one. For a layer's two
+/// independent backward products (kernel and input gradients, the same multiply-adds each):
+/// two products on one thread each wait for each other once, where one after the other on
+/// two threads wait inside `gemm` at every block of the shared dimension. `gemm` splits
+/// outputs, never sums, so the bits are the same either way.
+pub(super) fn both(threads: usize, a: impl FnOnce(usize) + Send, b: impl FnOnce(usize) + Send) {
+    if threads < 2 {
+        a(threads);
+        b(threads);
+    } else {
+        let half = threads / 2;
+        rayon::join(|| a(threads - half), || b(half));
+    }
+}

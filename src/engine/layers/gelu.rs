@@ -64,6 +64,53 @@ pub fn forward(form: GeluForm, x: &[f32], y: &mut [f32], grad: &mut [f32], len: 
     });
 }
 
+/// [`forward`] of `x + bias` for `rows` rows of `width` values (`bias` has `width` values, or
+/// none), in one pass that also leaves `x + bias` in `x`: the transformer block's MLP adds its
+/// first bias here rather than in a pass (and a wait for both threads) of its own. The same
+/// bits as adding the bias first.
+pub fn forward_biased(
+    form: GeluForm,
+    x: &mut [f32],
+    (bias, width): (&[f32], usize),
+    rows: usize,
+    (y, grad): (&mut [f32], &mut [f32]),
+    threads: usize,
+) {
+    let width = width.max(1);
+    let ranges = partition(rows, threads);
+    let len = rows * width;
+    let (xs, ys) = (split_rows(&mut x[..len], &ranges, width), split_rows(&mut y[..len], &ranges, width));
+    let grads = split_rows(&mut grad[..len], &ranges, width);
+    xs.into_par_iter().zip(ys).zip(grads).for_each(|((x, y), grad)| match form {
+        GeluForm::Exact => vectorized(
+            #[inline(always)]
+            || biased_map(x, (bias, width), y, grad, |x| gelu_and_grad(GeluForm::Exact, x)),
+        ),
+        GeluForm::Tanh => vectorized(
+            #[inline(always)]
+            || biased_map(x, (bias, width), y, grad, |x| gelu_and_grad(GeluForm::Tanh, x)),
+        ),
+    });
+}
+
+/// Row by row (rows of `width` values): `x += b` (unless `b` is empty), then [`map`].
+#[inline(always)]
+fn biased_map(
+    x: &mut [f32],
+    (b, width): (&[f32], usize),
+    y: &mut [f32],
+    g: &mut [f32],
+    f: impl Fn(f32) -> (f32, f32) + Copy,
+) {
+    let rows = x.chunks_exact_mut(width).zip(y.chunks_exact_mut(width)).zip(g.chunks_exact_mut(width));
+    for ((x, y), g) in rows {
+        for (x, b) in x.iter_mut().zip(b) {
+            *x += b;
+        }
+        map(x, y, g, f);
+    }
+}
+
 /// `(y[i], g[i]) = f(x[i])`, as a plain indexed loop (iterator adaptors and closures may stay
 /// out of line, compiled for the baseline instruction set).
 #[inline(always)]

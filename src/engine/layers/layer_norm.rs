@@ -41,6 +41,82 @@ impl LayerNorm {
     fn rows(&self, n: usize) -> usize {
         n * self.output.numel() / self.dim
     }
+
+    /// [`Layer::backward`] plus `residual` (shaped like `dx`) added to `dx` in the same pass:
+    /// the gradient a pre-LN block's residual path carries past the normalization, without a
+    /// pass (and a wait for both threads) of its own. The same bits as adding it afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_residual(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut [f32],
+        (x, dy): (&[f32], &[f32]),
+        dx: Option<&mut [f32]>,
+        residual: Option<&[f32]>,
+        n: usize,
+    ) {
+        let (d, rows) = (self.dim, self.rows(n));
+        let gamma = &params[..d];
+        let ranges = partition(rows, SUM_PARTS);
+        self.partials.resize_with(ranges.len(), Default::default);
+        let dxs: Vec<Option<&mut [f32]>> = match dx {
+            Some(dx) => split_rows(&mut dx[..rows * d], &ranges, d).into_iter().map(Some).collect(),
+            None => ranges.iter().map(|_| None).collect(),
+        };
+        let (mean, inv_std) = (&self.mean, &self.inv_std);
+        self.partials[..ranges.len()].par_iter_mut().zip(dxs).zip(&ranges).for_each(|((part, mut dx), r)| {
+            let (sums, scratch) = part;
+            sums.clear();
+            sums.resize(2 * d, 0.0);
+            scratch.resize(2 * d, 0.0);
+            let (g_gamma, g_beta) = sums.split_at_mut(d);
+            let (xhat, g) = scratch.split_at_mut(d);
+            vectorized(
+                #[inline(always)]
+                || {
+                    for row in r.clone() {
+                        let (m, s) = (mean[row], inv_std[row]);
+                        let (x, dy) = (&x[row * d..(row + 1) * d], &dy[row * d..(row + 1) * d]);
+                        for (((h, g), x), (dy, gm)) in
+                            xhat.iter_mut().zip(g.iter_mut()).zip(x).zip(dy.iter().zip(gamma))
+                        {
+                            *h = (x - m) * s;
+                            *g = dy * gm;
+                        }
+                        for (((sg, sb), h), dy) in g_gamma.iter_mut().zip(g_beta.iter_mut()).zip(xhat.iter()).zip(dy) {
+                            *sg += f64::from(dy * h);
+                            *sb += f64::from(*dy);
+                        }
+                        if let Some(dx) = dx.as_deref_mut() {
+                            // dx = inv_std · (g − mean(g) − x̂ · mean(g ⊙ x̂)).
+                            let (mg, mgx) = (sum(g) / d as f32, dot(g, xhat) / d as f32);
+                            let dx = &mut dx[(row - r.start) * d..(row - r.start + 1) * d];
+                            for ((dx, g), h) in dx.iter_mut().zip(g.iter()).zip(xhat.iter()) {
+                                *dx = s * (g - mg - h * mgx);
+                            }
+                            if let Some(res) = residual {
+                                for (dx, r) in dx.iter_mut().zip(&res[row * d..(row + 1) * d]) {
+                                    *dx += r;
+                                }
+                            }
+                        }
+                    }
+                },
+            )
+        });
+        let (g_gamma, g_beta) = grads[..2 * d].split_at_mut(d);
+        if !pass.accumulate {
+            g_gamma.fill(0.0);
+            g_beta.fill(0.0);
+        }
+        for c in 0..d {
+            let (sg, sb) =
+                self.partials[..ranges.len()].iter().fold((0.0, 0.0), |(a, b), (p, _)| (a + p[c], b + p[d + c]));
+            g_gamma[c] += sg as f32;
+            g_beta[c] += sb as f32;
+        }
+    }
 }
 
 impl Layer for LayerNorm {
@@ -97,60 +173,6 @@ impl Layer for LayerNorm {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
-        let (d, rows) = (self.dim, self.rows(n));
-        let gamma = &params[..d];
-        let ranges = partition(rows, SUM_PARTS);
-        self.partials.resize_with(ranges.len(), Default::default);
-        let dxs: Vec<Option<&mut [f32]>> = match dx {
-            Some(dx) => split_rows(&mut dx[..rows * d], &ranges, d).into_iter().map(Some).collect(),
-            None => ranges.iter().map(|_| None).collect(),
-        };
-        let (mean, inv_std) = (&self.mean, &self.inv_std);
-        self.partials[..ranges.len()].par_iter_mut().zip(dxs).zip(&ranges).for_each(|((part, mut dx), r)| {
-            let (sums, scratch) = part;
-            sums.clear();
-            sums.resize(2 * d, 0.0);
-            scratch.resize(2 * d, 0.0);
-            let (g_gamma, g_beta) = sums.split_at_mut(d);
-            let (xhat, g) = scratch.split_at_mut(d);
-            vectorized(
-                #[inline(always)]
-                || {
-                    for row in r.clone() {
-                        let (m, s) = (mean[row], inv_std[row]);
-                        let (x, dy) = (&x[row * d..(row + 1) * d], &dy[row * d..(row + 1) * d]);
-                        for (((h, g), x), (dy, gm)) in
-                            xhat.iter_mut().zip(g.iter_mut()).zip(x).zip(dy.iter().zip(gamma))
-                        {
-                            *h = (x - m) * s;
-                            *g = dy * gm;
-                        }
-                        for (((sg, sb), h), dy) in g_gamma.iter_mut().zip(g_beta.iter_mut()).zip(xhat.iter()).zip(dy) {
-                            *sg += f64::from(dy * h);
-                            *sb += f64::from(*dy);
-                        }
-                        if let Some(dx) = dx.as_deref_mut() {
-                            // dx = inv_std · (g − mean(g) − x̂ · mean(g ⊙ x̂)).
-                            let (mg, mgx) = (sum(g) / d as f32, dot(g, xhat) / d as f32);
-                            let dx = &mut dx[(row - r.start) * d..(row - r.start + 1) * d];
-                            for ((dx, g), h) in dx.iter_mut().zip(g.iter()).zip(xhat.iter()) {
-                                *dx = s * (g - mg - h * mgx);
-                            }
-                        }
-                    }
-                },
-            )
-        });
-        let (g_gamma, g_beta) = grads[..2 * d].split_at_mut(d);
-        if !pass.accumulate {
-            g_gamma.fill(0.0);
-            g_beta.fill(0.0);
-        }
-        for c in 0..d {
-            let (sg, sb) =
-                self.partials[..ranges.len()].iter().fold((0.0, 0.0), |(a, b), (p, _)| (a + p[c], b + p[d + c]));
-            g_gamma[c] += sg as f32;
-            g_beta[c] += sb as f32;
-        }
+        self.backward_residual(pass, params, grads, (x, dy), dx, None, n);
     }
 }

@@ -21,7 +21,7 @@
 //! Dropout masks are a pure function of `(pass.seed, salt, index)`, as in `dropout.rs`:
 //! backward recomputes them.
 
-use super::composite::sized;
+use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
 use crate::engine::fastmath::{dot, exp, max, sum};
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
@@ -134,6 +134,55 @@ impl MultiHeadAttention {
 
     fn drops(&self, pass: Pass) -> bool {
         pass.training && self.geo.rate > 0.0
+    }
+
+    /// The forward pass plus `residual` (shaped like `y`), added in the output bias's pass:
+    /// the transformer block's residual connection without a pass (and a wait for both
+    /// threads) of its own. The same bits as adding it after [`Layer::forward`].
+    pub fn forward_residual(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+        residual: Option<&[f32]>,
+        n: usize,
+    ) {
+        let (geo, drops) = (self.geo, self.drops(pass));
+        let (t, d, threads) = (geo.t, geo.d, pass.threads);
+        let rows = n * t;
+        let (w_qkv, rest) = params.split_at(3 * d * d);
+        let (b_qkv, rest) = rest.split_at(3 * d);
+        let (w_out, b_out) = rest.split_at(d * d);
+        let qkv = sized(&mut self.qkv, rows * 3 * d);
+        matmul(rows, 3 * d, d, x, false, w_qkv, false, qkv, false, threads);
+        // One task per example, its heads in turn: each adds the bias to its own rows of the
+        // projections (in the same task, so no pass of its own) and writes its own rows.
+        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
+        let qkvs = split_rows(qkv, &ranges, t * 3 * d);
+        let probs = split_rows(sized(&mut self.probs, n * per), &ranges, per);
+        let dropped = task_parts(sized(&mut self.dropped, if drops { n * per } else { 0 }), &ranges, per);
+        let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
+        let drop_seed = drops.then_some(pass.seed);
+        let tasks = qkvs.into_par_iter().zip(probs).zip(dropped).zip(merged).zip(&ranges);
+        tasks.for_each(|((((qkv, p), dr), out), r)| {
+            add_bias(qkv, &b_qkv[..3 * d]);
+            for (i, b) in r.clone().enumerate() {
+                for head in 0..geo.heads {
+                    let at = i * per + head * t * t;
+                    let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[at..at + t * t] };
+                    let first = (b * per + head * t * t) as u64;
+                    let (qkv, out) = (&qkv[i * t * 3 * d..][..t * 3 * d], &mut out[i * t * d..][..t * d]);
+                    head_forward(&geo, qkv, head, first, drop_seed, &mut p[at..at + t * t], dr, out);
+                }
+            }
+        });
+        let merged = &self.merged[..rows * d];
+        matmul(rows, d, d, merged, false, w_out, false, y, false, threads);
+        match residual {
+            Some(r) => add_bias_residual(y, &b_out[..d], r, rows, d, threads),
+            None => par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d])),
+        }
     }
 }
 
@@ -317,36 +366,7 @@ impl Layer for MultiHeadAttention {
     }
 
     fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
-        let (geo, drops) = (self.geo, self.drops(pass));
-        let (t, d, threads) = (geo.t, geo.d, pass.threads);
-        let rows = n * t;
-        let (w_qkv, rest) = params.split_at(3 * d * d);
-        let (b_qkv, rest) = rest.split_at(3 * d);
-        let (w_out, b_out) = rest.split_at(d * d);
-        let qkv = sized(&mut self.qkv, rows * 3 * d);
-        matmul(rows, 3 * d, d, x, false, w_qkv, false, qkv, false, threads);
-        par_rows(qkv, rows, 3 * d, threads, |_, _, part| add_bias(part, &b_qkv[..3 * d]));
-        let qkv: &[f32] = qkv;
-        // One task per example, its heads in turn: each writes its own rows.
-        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
-        let probs = split_rows(sized(&mut self.probs, n * per), &ranges, per);
-        let dropped = task_parts(sized(&mut self.dropped, if drops { n * per } else { 0 }), &ranges, per);
-        let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
-        let drop_seed = drops.then_some(pass.seed);
-        probs.into_par_iter().zip(dropped).zip(merged).zip(&ranges).for_each(|(((p, dr), out), r)| {
-            for (i, b) in r.clone().enumerate() {
-                for head in 0..geo.heads {
-                    let at = i * per + head * t * t;
-                    let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[at..at + t * t] };
-                    let first = (b * per + head * t * t) as u64;
-                    let (qkv, out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &mut out[i * t * d..][..t * d]);
-                    head_forward(&geo, qkv, head, first, drop_seed, &mut p[at..at + t * t], dr, out);
-                }
-            }
-        });
-        let merged = &self.merged[..rows * d];
-        matmul(rows, d, d, merged, false, w_out, false, y, false, threads);
-        par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d]));
+        self.forward_residual(pass, params, x, y, None, n);
     }
 
     fn backward(
@@ -369,13 +389,15 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        matmul(d, d, rows, &self.merged, true, dy, false, g_wout, acc, threads);
-        if !acc {
-            g_bout[..d].fill(0.0);
-        }
-        add_rows(&mut g_bout[..d], dy);
-        let d_merged = sized(&mut self.d_merged, rows * d);
-        matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads);
+        let (merged, d_merged) = (&self.merged[..], sized(&mut self.d_merged, rows * d));
+        let output_weights = |threads| {
+            matmul(d, d, rows, merged, true, dy, false, g_wout, acc, threads);
+            if !acc {
+                g_bout[..d].fill(0.0);
+            }
+            add_rows(&mut g_bout[..d], dy);
+        };
+        both(threads, output_weights, |threads| matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads));
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
         let d_probs = split_rows(sized(&mut self.d_probs, n * per), &ranges, per);
@@ -394,13 +416,18 @@ impl Layer for MultiHeadAttention {
             }
         });
         let d_qkv = &self.d_qkv[..rows * 3 * d];
-        matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
-        if !acc {
-            g_bqkv.fill(0.0);
-        }
-        add_rows(g_bqkv, d_qkv);
-        if let Some(dx) = dx {
-            matmul(rows, d, 3 * d, d_qkv, false, w_qkv, true, dx, false, threads);
+        let mut qkv_weights = |threads| {
+            matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
+            if !acc {
+                g_bqkv.fill(0.0);
+            }
+            add_rows(g_bqkv, d_qkv);
+        };
+        match dx {
+            Some(dx) => both(threads, qkv_weights, |threads| {
+                matmul(rows, d, 3 * d, d_qkv, false, w_qkv, true, dx, false, threads)
+            }),
+            None => qkv_weights(threads),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! (hence the kind `dense`); trainrun's [`super::Dense`] flattens its input instead, and keeps
 //! doing so for the models built on it. The transformer block's MLP and the LM head use this.
 
+use super::composite::{add_bias_residual, both};
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
@@ -31,6 +32,36 @@ impl PositionwiseDense {
     fn rows(&self, n: usize) -> usize {
         n * self.output.0[0]
     }
+
+    /// `y = x · kernel` alone, returning the bias (empty without one) for the caller to add
+    /// in a pass it has anyway: the transformer block adds it inside GELU's.
+    pub fn product<'p>(&self, pass: Pass, params: &'p [f32], x: &[f32], y: &mut [f32], n: usize) -> &'p [f32] {
+        let (rows, units) = (self.rows(n), self.units);
+        let (kernel, bias) = params.split_at(self.inputs * units);
+        matmul(rows, units, self.inputs, x, false, kernel, false, y, false, pass.threads);
+        if self.use_bias { &bias[..units] } else { &[] }
+    }
+
+    /// The forward pass plus `residual` (shaped like `y`), added in the bias's pass: one pass
+    /// over `y` (and one wait for both threads) instead of two. The same bits as adding the
+    /// residual after [`Layer::forward`].
+    pub fn forward_residual(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+        residual: Option<&[f32]>,
+        n: usize,
+    ) {
+        let (rows, units) = (self.rows(n), self.units);
+        let bias = self.product(pass, params, x, y, n);
+        match residual {
+            Some(r) => add_bias_residual(y, bias, r, rows, units, pass.threads),
+            None if self.use_bias => par_rows(y, rows, units, pass.threads, |_, _, part| add_bias(part, bias)),
+            None => {}
+        }
+    }
 }
 
 impl Layer for PositionwiseDense {
@@ -51,12 +82,7 @@ impl Layer for PositionwiseDense {
     }
 
     fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
-        let (rows, units) = (self.rows(n), self.units);
-        let (kernel, bias) = params.split_at(self.inputs * units);
-        matmul(rows, units, self.inputs, x, false, kernel, false, y, false, pass.threads);
-        if self.use_bias {
-            par_rows(y, rows, units, pass.threads, |_, _, part| add_bias(part, &bias[..units]));
-        }
+        self.forward_residual(pass, params, x, y, None, n);
     }
 
     fn backward(
@@ -73,15 +99,21 @@ impl Layer for PositionwiseDense {
         let (rows, units, inputs) = (self.rows(n), self.units, self.inputs);
         let dy = &dy[..rows * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
-        matmul(inputs, units, rows, x, true, dy, false, g_kernel, pass.accumulate, pass.threads);
-        if self.use_bias {
-            if !pass.accumulate {
-                g_bias[..units].fill(0.0);
+        let (use_bias, acc, kernel) = (self.use_bias, pass.accumulate, &params[..inputs * units]);
+        let mut weights = |threads| {
+            matmul(inputs, units, rows, x, true, dy, false, g_kernel, acc, threads);
+            if use_bias {
+                if !acc {
+                    g_bias[..units].fill(0.0);
+                }
+                add_rows(&mut g_bias[..units], dy);
             }
-            add_rows(&mut g_bias[..units], dy);
-        }
-        if let Some(dx) = dx {
-            matmul(rows, inputs, units, dy, false, &params[..inputs * units], true, dx, false, pass.threads);
+        };
+        match dx {
+            Some(dx) => both(pass.threads, weights, |threads| {
+                matmul(rows, inputs, units, dy, false, kernel, true, dx, false, threads)
+            }),
+            None => weights(pass.threads),
         }
     }
 }

@@ -155,26 +155,27 @@ impl Layer for TransformerBlock {
         let (h1, x1, h2) = (sized(&mut self.h1, len), sized(&mut self.x1, len), sized(&mut self.h2, len));
         let y = &mut y[..len];
         self.ln_1.forward(pass, &params[p[0].clone()], &mut [], x, h1, n);
+        // Without dropout each residual is added in the pass that adds the bias before it.
         if drops {
             let a = sized(&mut self.s[0], len);
             self.attention.forward(pass, &params[p[1].clone()], &mut [], h1, a, n);
             self.attn_dropout.forward(pass, &[], &mut [], a, x1, n);
+            add(x1, x, rows, d, threads);
         } else {
-            self.attention.forward(pass, &params[p[1].clone()], &mut [], h1, x1, n);
+            self.attention.forward_residual(pass, &params[p[1].clone()], h1, x1, Some(x), n);
         }
-        add(x1, x, rows, d, threads);
         self.ln_2.forward(pass, &params[p[2].clone()], &mut [], x1, h2, n);
         let (f, g, gd) = (sized(&mut self.f, wide), sized(&mut self.g, wide), sized(&mut self.gd, wide));
-        self.mlp_fc.forward(pass, &params[p[3].clone()], &mut [], h2, f, n);
-        gelu::forward(self.cfg.gelu, f, g, gd, wide, threads);
+        let bias = self.mlp_fc.product(pass, &params[p[3].clone()], h2, f, n);
+        gelu::forward_biased(self.cfg.gelu, f, (bias, self.cfg.hidden), rows, (g, gd), threads);
         if drops {
             let m = sized(&mut self.s[0], len);
             self.mlp_proj.forward(pass, &params[p[4].clone()], &mut [], g, m, n);
             self.mlp_dropout.forward(pass, &[], &mut [], m, y, n);
+            add(y, x1, rows, d, threads);
         } else {
-            self.mlp_proj.forward(pass, &params[p[4].clone()], &mut [], g, y, n);
+            self.mlp_proj.forward_residual(pass, &params[p[4].clone()], g, y, Some(x1), n);
         }
-        add(y, x1, rows, d, threads);
     }
 
     /// Children ignore their forward output in backward (none needs it), so they get `&[]`.
@@ -186,7 +187,7 @@ impl Layer for TransformerBlock {
         x: &[f32],
         _: &[f32],
         dy: &[f32],
-        mut dx: Option<&mut [f32]>,
+        dx: Option<&mut [f32]>,
         n: usize,
     ) {
         let p = &self.params;
@@ -211,8 +212,16 @@ impl Layer for TransformerBlock {
         self.mlp_proj.backward(pass, &params[p[4].clone()], &mut grads[p[4].clone()], g, &[], dm, Some(w0), n);
         gelu::backward(gd, w0, w1, wide, threads);
         self.mlp_fc.backward(pass, &params[p[3].clone()], &mut grads[p[3].clone()], h2, &[], w1, Some(s1), n);
-        self.ln_2.backward(pass, &params[p[2].clone()], &mut grads[p[2].clone()], x1, &[], s1, Some(s2), n);
-        add(s2, dy, rows, d, threads);
+        // s2 = ln_2's input gradient plus the residual path's dy, in one pass.
+        self.ln_2.backward_residual(
+            pass,
+            &params[p[2].clone()],
+            &mut grads[p[2].clone()],
+            (x1, s1),
+            Some(s2),
+            Some(dy),
+            n,
+        );
         // Attention branch: s0 = d a, s1 = d h1.
         let da: &[f32] = if drops {
             self.attn_dropout.backward(pass, &[], &mut [], &[], &[], s2, Some(s0), n);
@@ -221,10 +230,7 @@ impl Layer for TransformerBlock {
             s2
         };
         self.attention.backward(pass, &params[p[1].clone()], &mut grads[p[1].clone()], h1, &[], da, Some(s1), n);
-        self.ln_1.backward(pass, &params[p[0].clone()], &mut grads[p[0].clone()], x, &[], s1, dx.as_deref_mut(), n);
-        if let Some(dx) = dx {
-            // ln_1 wrote its part of dx; the residual path adds d x₁.
-            add(&mut dx[..len], s2, rows, d, threads);
-        }
+        // dx = ln_1's input gradient plus the residual path's d x₁, in one pass.
+        self.ln_1.backward_residual(pass, &params[p[0].clone()], &mut grads[p[0].clone()], (x, s1), dx, Some(s2), n);
     }
 }
