@@ -32,9 +32,9 @@ const ALERT: u8 = 21;
 const LEGACY_VERSION: [u8; 2] = [3, 3];
 /// Bytes sealed per write: 16 records, so one write syscall sends many records while what it
 /// sends is still in L2.
-pub(crate) const SEAL_BATCH_BYTES: usize = 16 * MAX_PLAINTEXT;
+pub(crate) const SEAL_BATCH_BYTES: usize = 32 * MAX_PLAINTEXT;
 /// Ciphertext read per receive syscall, at most.
-const RX_BYTES: usize = 256 << 10;
+const RX_BYTES: usize = 512 << 10;
 
 fn invalid(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
