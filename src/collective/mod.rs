@@ -28,6 +28,7 @@ mod handshake;
 mod liveness;
 mod overlap;
 mod peer;
+mod record;
 pub mod reduce;
 pub mod ring;
 mod segment;

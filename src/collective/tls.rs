@@ -5,13 +5,12 @@
 //! vouches for.
 //!
 //! rustls does the handshake (certificates, CA, names, key agreement); the bytes then travel
-//! in [`Sealed`] records under the keys it agreed. [`Wire`] is what the ring engine reads and
-//! writes: a plain nonblocking socket, or a sealed one. TLS 1.3 only, AES-128-GCM first: on
-//! this machine ring's AES-128-GCM ran 5–10 GB/s per core against 3–9 GB/s for AES-256-GCM and
-//! under 2 GB/s for ChaCha20-Poly1305.
+//! in TLS 1.3 records that [`Sealed`] (`record.rs`) seals and opens under the keys it agreed.
+//! [`Wire`] is what the ring engine reads and writes: a plain nonblocking socket, or a sealed
+//! one. TLS 1.3 only, AES-128-GCM first: on this machine ring's AES-128-GCM ran 5–10 GB/s per
+//! core against 3–9 GB/s for AES-256-GCM and under 2 GB/s for ChaCha20-Poly1305.
 
-use ring::aead::{self, Aad, LessSafeKey, NONCE_LEN, Nonce, Tag, UnboundKey};
-use rustls::ConnectionTrafficSecrets;
+use super::record::Sealed;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
@@ -141,175 +140,11 @@ pub(crate) enum Wire {
     Sealed(Box<Sealed>),
 }
 
-/// A link after the TLS handshake: records of `[length: u32 LE][ciphertext][tag]`, sealed with
-/// the TLS 1.3 traffic keys and sequence numbers the handshake agreed (the nonce is the IV
-/// XOR the record's sequence number, as in TLS 1.3; the length is the additional data).
-///
-/// Why not rustls's own records: in its buffered API a received byte is copied three times
-/// (into its deframer, into its plaintext queue, out to the reader), and on the two-worker
-/// job those copies cost as much CPU as AES-GCM itself (perf: 7.3 % of samples in memmove
-/// against 7.2 % in `aes_gcm_{enc,dec}`). Here a record is exactly one write of the ring
-/// engine (an op header or a segment), the reader's buffer at a record's start is where that
-/// segment belongs, so ciphertext is read straight into it and opened in place: no copy on
-/// receipt, one (into the record) on sending.
-pub(crate) struct Sealed {
-    sock: TcpStream,
-    tx: Direction,
-    rx: Direction,
-    out: Vec<u8>,
-    out_pos: usize,
-    head: [u8; 4],
-    head_got: usize,
-    body_got: usize,
-    tag: [u8; TAG_LEN],
-    tag_got: usize,
-}
-
-impl std::fmt::Debug for Sealed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sealed").field("sock", &self.sock).finish_non_exhaustive()
-    }
-}
-
-/// One direction's key, IV and next sequence number.
-struct Direction {
-    key: LessSafeKey,
-    iv: [u8; NONCE_LEN],
-    seq: u64,
-}
-
-impl Direction {
-    fn new((seq, secrets): (u64, ConnectionTrafficSecrets)) -> Result<Direction, String> {
-        let (algorithm, key, iv) = match secrets {
-            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
-            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
-            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (&aead::CHACHA20_POLY1305, key, iv),
-            // The enum is non-exhaustive (a catch-all is required); `provider()` offers only
-            // the three suites above.
-            _ => return Err("TLS agreed on a cipher the ring cannot use".to_owned()),
-        };
-        let key = UnboundKey::new(algorithm, key.as_ref()).map_err(|_| "a TLS key of the wrong size".to_owned())?;
-        let iv: [u8; NONCE_LEN] = iv.as_ref().try_into().map_err(|_| "a TLS IV of the wrong size".to_owned())?;
-        Ok(Direction { key: LessSafeKey::new(key), iv, seq })
-    }
-
-    fn nonce(&mut self) -> Nonce {
-        let mut n = self.iv;
-        for (b, s) in n[NONCE_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
-            *b ^= s;
-        }
-        self.seq += 1;
-        Nonce::assume_unique_for_key(n)
-    }
-}
-
-/// AES-GCM's and ChaCha20-Poly1305's tag length.
-const TAG_LEN: usize = 16;
-
-/// The longest record; a longer write is sealed in pieces.
-const MAX_RECORD: usize = 16 << 20;
-
-fn invalid(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
-impl Sealed {
-    /// Writes out the sealed record; `Ok(false)` when the socket is full.
-    fn flush_out(&mut self) -> io::Result<bool> {
-        while self.out_pos < self.out.len() {
-            match self.sock.write(&self.out[self.out_pos..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
-    }
-
-    /// Reads into `part` until it is full; `Ok(false)` at end of stream.
-    fn fill(sock: &mut TcpStream, part: &mut [u8], got: &mut usize) -> io::Result<bool> {
-        while *got < part.len() {
-            match sock.read(&mut part[*got..])? {
-                0 => return Ok(false),
-                n => *got += n,
-            }
-        }
-        Ok(true)
-    }
-}
-
-/// Reads one whole record into `buf`, which must be where the record's bytes belong: a read
-/// that returns `WouldBlock` must be retried with the same buffer (the ring engine does: it
-/// moves on only by the bytes a read returned).
-impl Read for Sealed {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if !Sealed::fill(&mut self.sock, &mut self.head, &mut self.head_got)? {
-            return Ok(0);
-        }
-        let len = u32::from_le_bytes(self.head) as usize;
-        if len == 0 || len > buf.len() {
-            return Err(invalid(format!(
-                "a sealed record of {len} bytes arrived where {} were expected: the peer is out of step",
-                buf.len()
-            )));
-        }
-        if !Sealed::fill(&mut self.sock, &mut buf[..len], &mut self.body_got)?
-            || !Sealed::fill(&mut self.sock, &mut self.tag, &mut self.tag_got)?
-        {
-            return Ok(0);
-        }
-        let nonce = self.rx.nonce();
-        let tag = Tag::from(self.tag);
-        (self.head_got, self.body_got, self.tag_got) = (0, 0, 0);
-        self.rx.key.open_in_place_separate_tag(nonce, Aad::from(self.head), tag, &mut buf[..len], 0..).map_err(
-            |_| {
-                invalid(
-                    "a sealed record failed authentication: it was altered on the way, or the peer is out of step"
-                        .into(),
-                )
-            },
-        )?;
-        Ok(len)
-    }
-}
-
-impl Write for Sealed {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if !self.flush_out()? {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let n = buf.len().min(MAX_RECORD);
-        let head = (n as u32).to_le_bytes();
-        self.out.clear();
-        self.out.extend_from_slice(&head);
-        self.out.extend_from_slice(&buf[..n]);
-        let nonce = self.tx.nonce();
-        let tag = self
-            .tx
-            .key
-            .seal_in_place_separate_tag(nonce, Aad::from(head), &mut self.out[4..])
-            .map_err(|_| invalid("cannot seal a record".into()))?;
-        self.out.extend_from_slice(tag.as_ref());
-        self.out_pos = 0;
-        self.flush_out()?;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        match self.flush_out()? {
-            true => Ok(()),
-            false => Err(io::ErrorKind::WouldBlock.into()),
-        }
-    }
-}
-
 impl Wire {
     pub(crate) fn tcp(&self) -> &TcpStream {
         match self {
             Wire::Plain(s) => s,
-            Wire::Sealed(t) => &t.sock,
+            Wire::Sealed(t) => t.tcp(),
         }
     }
 
@@ -422,21 +257,10 @@ impl Handshake {
         Ok(())
     }
 
-    /// The link with the handshake's traffic keys, in the ring's own records.
+    /// The link with the handshake's traffic keys, in TLS 1.3 records sealed by [`Sealed`].
     fn into_wire(self) -> Result<Wire, String> {
         let secrets = self.conn.dangerous_extract_secrets().map_err(|e| format!("TLS failed: {e}"))?;
-        Ok(Wire::Sealed(Box::new(Sealed {
-            sock: self.sock,
-            tx: Direction::new(secrets.tx)?,
-            rx: Direction::new(secrets.rx)?,
-            out: Vec::new(),
-            out_pos: 0,
-            head: [0; 4],
-            head_got: 0,
-            body_got: 0,
-            tag: [0; TAG_LEN],
-            tag_got: 0,
-        })))
+        Ok(Wire::Sealed(Box::new(Sealed::new(self.sock, secrets.tx, secrets.rx)?)))
     }
 }
 
@@ -506,3 +330,7 @@ fn wait_any(socks: &[&TcpStream], limit: Duration) {
     // SAFETY: fds is a live array of pollfd for the duration of the call.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }
+
+#[cfg(test)]
+#[path = "tls_tests.rs"]
+mod tests;

@@ -1,0 +1,132 @@
+//! The ring's TLS records against rustls's own record layer: what [`Sealed`] writes, a rustls
+//! peer reads, and the other way round, so the link speaks real TLS 1.3.
+
+use super::*;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpListener;
+use std::thread;
+
+/// A CA and a certificate it signed for `localhost`, as PEM: (cert, key, CA).
+fn pems() -> (String, String, String) {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem(), issuer.pem())
+}
+
+/// This side's sealed link (the ring's TLS client) and a rustls server on the other end, once
+/// the handshake and the confirmation are through.
+fn connect() -> (Wire, ServerConnection, TcpStream) {
+    let (cert, key, ca) = pems();
+    let tls = RingTls::new(cert.as_bytes(), key.as_bytes(), ca.as_bytes()).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server_config = tls.server.clone();
+    let server = thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        let mut conn = ServerConnection::new(server_config).unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        conn.writer().write_all(&[ACCEPTED]).unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        (conn, sock)
+    });
+    let sock = TcpStream::connect(addr).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let conn = ClientConnection::new(tls.client.clone(), name).unwrap();
+    let mut ours = Handshake { conn: conn.into(), sock, confirmed: false };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ours.progress().unwrap() {
+        assert!(Instant::now() < deadline, "the handshake did not finish");
+        wait_any(&[&ours.sock], Duration::from_millis(10));
+    }
+    let (conn, sock) = server.join().unwrap();
+    (ours.into_wire().unwrap(), conn, sock)
+}
+
+fn pattern(len: usize, step: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * step % 251) as u8).collect()
+}
+
+/// Reads from the nonblocking `wire` in pieces of `piece` bytes until the end of the stream or
+/// an error.
+fn read_all(wire: &mut Wire, piece: usize) -> Result<Vec<u8>, io::Error> {
+    let (mut got, mut buf) = (Vec::new(), vec![0u8; piece]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match wire.read(&mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "nothing arrived");
+                thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[test]
+fn a_rustls_peer_reads_the_ring_records_and_writes_ones_it_reads() {
+    let (mut wire, mut conn, mut sock) = connect();
+    // More than a seal batch, ending in a short record.
+    let up = pattern(crate::collective::record::SEAL_BATCH_BYTES + 100_003, 7);
+    let mut sent = 0;
+    while sent < up.len() || !wire.flush_pending().unwrap() {
+        match wire.write(&up[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let mut got = vec![0u8; up.len()];
+    rustls::Stream::new(&mut conn, &mut sock).read_exact(&mut got).unwrap();
+    assert!(got == up, "rustls read other bytes than the ring sealed");
+
+    // rustls cuts these into 16 KiB records: read in 1000-byte pieces (through the spill) and
+    // in one big buffer (straight into it), then rustls's close_notify ends the stream.
+    let down = pattern(70_000, 13);
+    let mut stream = rustls::Stream::new(&mut conn, &mut sock);
+    stream.write_all(&down).unwrap();
+    stream.write_all(&down).unwrap();
+    conn.send_close_notify();
+    while conn.wants_write() {
+        conn.write_tls(&mut sock).unwrap();
+    }
+    let mut first = vec![0u8; down.len()];
+    let mut at = 0;
+    while at < first.len() {
+        let end = (at + 1000).min(first.len());
+        match wire.read(&mut first[at..end]) {
+            Ok(0) => panic!("the stream ended early"),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(first == down, "1000-byte reads gave other bytes than rustls sealed");
+    let rest = read_all(&mut wire, 1 << 20).unwrap();
+    assert!(rest == down, "big reads gave other bytes than rustls sealed");
+}
+
+#[test]
+fn a_record_altered_on_the_way_is_refused() {
+    let (mut wire, mut conn, mut sock) = connect();
+    conn.writer().write_all(&pattern(5000, 3)).unwrap();
+    let mut records = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut records).unwrap();
+    }
+    records[2000] ^= 1;
+    sock.write_all(&records).unwrap();
+    let err = read_all(&mut wire, 1 << 16).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidData);
+    assert!(err.to_string().contains("failed authentication"), "{err}");
+}
