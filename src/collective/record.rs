@@ -11,8 +11,17 @@
 //! a record is sealed straight from the caller's gradients into the send buffer (aws-lc-rs's
 //! out-of-place seal, the content type as its extra input) and opened straight from the receive
 //! buffer into the caller's, so the only copies are the kernel's, as in plain TCP.
+//!
+//! Keys are not used forever: RFC 8446 §5.5 allows AES-GCM about 2^24.5 full records per key
+//! (≈ 380 GB, some 35,000 steps of the two-worker tutorial job), and rustls's record layer
+//! sends a KeyUpdate before that. Its extracted secrets cannot be updated, so after
+//! [`RECORDS_PER_KEY`] records in a direction both ends move that direction to the next key,
+//! derived with HKDF-SHA256 from keying material the handshake exported (RFC 8446 §7.5, the
+//! mechanism meant for deriving keys outside TLS): the same record count on both ends, so no
+//! message is needed. A rustls peer reads the records up to that point, not after it.
 
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use aws_lc_rs::hkdf;
 use rustls::ConnectionTrafficSecrets;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -36,19 +45,57 @@ pub(crate) const SEAL_BATCH_BYTES: usize = 32 * MAX_PLAINTEXT;
 /// Ciphertext read per receive syscall, at most.
 const RX_BYTES: usize = 512 << 10;
 
+/// Records sealed under one key before both ends move to the next (see the module docs).
+const RECORDS_PER_KEY: u64 = 1 << 24;
+/// The exporter label the handshake derives [`Rekey::base`] with.
+pub(crate) const REKEY_EXPORTER_LABEL: &[u8] = b"EXPORTER-trainrun-ring-next-keys";
+/// What HKDF expands [`Rekey::base`] under, followed by the writer's side and the key's number.
+const REKEY_INFO: &[u8] = b"trainrun ring key";
+
+/// Where a direction's later keys come from.
+#[derive(Clone, Copy)]
+pub(crate) struct Rekey {
+    /// 32 bytes exported from the handshake, known to both ends of this link only.
+    pub base: [u8; 32],
+    /// Which end writes this direction: `b'c'` the TLS client, `b's'` the server.
+    pub writer: u8,
+    /// Records per key ([`RECORDS_PER_KEY`]; tests make it small).
+    pub every: u64,
+}
+
+impl Rekey {
+    pub(crate) fn new(base: [u8; 32], writer: u8) -> Rekey {
+        Rekey { base, writer, every: RECORDS_PER_KEY }
+    }
+}
+
+/// An HKDF output length.
+struct Len(usize);
+
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
 fn invalid(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
 
-/// One direction's key, IV and next sequence number.
+/// One direction's key, IV and next sequence number, and how it moves to the next key.
 struct Direction {
     key: LessSafeKey,
     iv: [u8; NONCE_LEN],
     seq: u64,
+    algorithm: &'static aead::Algorithm,
+    rekey: Rekey,
+    /// Records under the current key, and which key it is (0: the handshake's).
+    records: u64,
+    epoch: u32,
 }
 
 impl Direction {
-    fn new((seq, secrets): (u64, ConnectionTrafficSecrets)) -> Result<Direction, String> {
+    fn new((seq, secrets): (u64, ConnectionTrafficSecrets), rekey: Rekey) -> Result<Direction, String> {
         let (algorithm, key, iv) = match secrets {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
             ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
@@ -59,16 +106,39 @@ impl Direction {
         };
         let key = UnboundKey::new(algorithm, key.as_ref()).map_err(|_| "a TLS key of the wrong size".to_owned())?;
         let iv: [u8; NONCE_LEN] = iv.as_ref().try_into().map_err(|_| "a TLS IV of the wrong size".to_owned())?;
-        Ok(Direction { key: LessSafeKey::new(key), iv, seq })
+        Ok(Direction { key: LessSafeKey::new(key), iv, seq, algorithm, rekey, records: 0, epoch: 0 })
     }
 
-    fn nonce(&mut self) -> Nonce {
+    /// Moves to the next key and IV, with sequence numbers from 0 again.
+    fn next_key(&mut self) -> io::Result<()> {
+        let failed = |_| invalid("cannot derive the link's next TLS key");
+        self.epoch += 1;
+        let epoch = self.epoch.to_be_bytes();
+        let writer = [self.rekey.writer];
+        let info: [&[u8]; 3] = [REKEY_INFO, &writer, &epoch];
+        let key_len = self.algorithm.key_len();
+        let mut material = [0u8; 32 + NONCE_LEN];
+        let material = &mut material[..key_len + NONCE_LEN];
+        let prk = hkdf::Prk::new_less_safe(hkdf::HKDF_SHA256, &self.rekey.base);
+        prk.expand(&info, Len(material.len())).and_then(|okm| okm.fill(material)).map_err(failed)?;
+        let (key, iv) = material.split_at(key_len);
+        self.key = LessSafeKey::new(UnboundKey::new(self.algorithm, key).map_err(failed)?);
+        self.iv.copy_from_slice(iv);
+        (self.seq, self.records) = (0, 0);
+        Ok(())
+    }
+
+    fn nonce(&mut self) -> io::Result<Nonce> {
+        if self.records == self.rekey.every {
+            self.next_key()?;
+        }
+        self.records += 1;
         let mut n = self.iv;
         for (b, s) in n[NONCE_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
             *b ^= s;
         }
         self.seq += 1;
-        Nonce::assume_unique_for_key(n)
+        Ok(Nonce::assume_unique_for_key(n))
     }
 
     /// Seals `bytes` as one record into `record` (`bytes.len() + OVERHEAD` long).
@@ -79,7 +149,7 @@ impl Direction {
         let (head, rest) = record.split_at_mut(HEADER_LEN);
         head.copy_from_slice(&header);
         let (sealed, type_and_tag) = rest.split_at_mut(bytes.len());
-        let nonce = self.nonce();
+        let nonce = self.nonce()?;
         self.key
             .seal_out_of_place_scatter(nonce, Aad::from(header), bytes, sealed, &[APPLICATION_DATA], type_and_tag)
             .map_err(|_| invalid("cannot seal a TLS record"))
@@ -133,16 +203,17 @@ impl std::fmt::Debug for Sealed {
 
 impl Sealed {
     /// The link with the traffic secrets rustls extracted after the handshake, as (sequence
-    /// number, secrets) for sending and for receiving.
+    /// number, secrets) for sending and for receiving, and where their later keys come from.
     pub(crate) fn new(
         sock: TcpStream,
         tx: (u64, ConnectionTrafficSecrets),
         rx: (u64, ConnectionTrafficSecrets),
+        (tx_rekey, rx_rekey): (Rekey, Rekey),
     ) -> Result<Sealed, String> {
         Ok(Sealed {
             sock,
-            tx: Direction::new(tx)?,
-            rx: Direction::new(rx)?,
+            tx: Direction::new(tx, tx_rekey)?,
+            rx: Direction::new(rx, rx_rekey)?,
             out: Vec::new(),
             out_pos: 0,
             out_len: 0,
@@ -158,6 +229,12 @@ impl Sealed {
 
     pub(crate) fn tcp(&self) -> &TcpStream {
         &self.sock
+    }
+
+    /// Moves to the next key every `sent` records sent and every `received` received.
+    #[cfg(test)]
+    pub(crate) fn rekey_every(&mut self, sent: u64, received: u64) {
+        (self.tx.rekey.every, self.rx.rekey.every) = (sent, received);
     }
 
     /// Writes out the sealed records; `Ok(false)` when the socket is full.
@@ -198,7 +275,7 @@ impl Sealed {
         let record = &self.inbuf[self.in_start..self.in_start + HEADER_LEN + len];
         let (header, body) = record.split_at(HEADER_LEN);
         let (sealed, tag) = body.split_at(len - TAG_LEN);
-        let nonce = self.rx.nonce();
+        let nonce = self.rx.nonce()?;
         self.rx.key.open_separate_gather(nonce, Aad::from(header), sealed, tag, dst).map_err(|_| {
             invalid("a TLS record failed authentication: it was altered on the way, or the peer is out of step")
         })?;

@@ -130,3 +130,66 @@ fn a_record_altered_on_the_way_is_refused() {
     assert_eq!(err.kind(), ErrorKind::InvalidData);
     assert!(err.to_string().contains("failed authentication"), "{err}");
 }
+
+/// Two of the ring's own ends, handshaken with each other: (the TLS client's, the server's).
+fn own_pair() -> (Wire, Wire) {
+    let (cert, key, ca) = pems();
+    let tls = RingTls::new(cert.as_bytes(), key.as_bytes(), ca.as_bytes()).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let next = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (prev, _) = listener.accept().unwrap();
+    for s in [&next, &prev] {
+        s.set_nonblocking(true).unwrap();
+    }
+    upgrade(&tls, next, prev, "localhost", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// Writes all of `bytes` into `to` while reading them from `from`.
+fn send(to: &mut Wire, from: &mut Wire, bytes: &[u8]) -> io::Result<Vec<u8>> {
+    let (mut sent, mut got, mut buf) = (0, Vec::new(), vec![0u8; 1 << 16]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < bytes.len() {
+        assert!(Instant::now() < deadline, "the bytes did not arrive");
+        if sent < bytes.len() {
+            match to.write(&bytes[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        } else {
+            to.flush_pending()?;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => panic!("the stream ended early"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+fn sealed(wire: &mut Wire) -> &mut Sealed {
+    match wire {
+        Wire::Sealed(s) => s,
+        Wire::Plain(_) => panic!("a plain link"),
+    }
+}
+
+#[test]
+fn both_ends_move_to_new_keys_after_the_same_count_of_records() {
+    // 40 records each way, a new key every 3: thirteen key changes in each direction.
+    let bytes = pattern(40 * (1 << 14) - 7, 11);
+    let (mut client, mut server) = own_pair();
+    sealed(&mut client).rekey_every(3, 3);
+    sealed(&mut server).rekey_every(3, 3);
+    assert!(send(&mut client, &mut server, &bytes).unwrap() == bytes, "client to server");
+    assert!(send(&mut server, &mut client, &bytes).unwrap() == bytes, "server to client");
+
+    // The keys really change: an end that moves one record later cannot open the fourth.
+    let (mut client, mut server) = own_pair();
+    sealed(&mut client).rekey_every(3, 3);
+    sealed(&mut server).rekey_every(3, 4);
+    let err = send(&mut client, &mut server, &bytes).unwrap_err();
+    assert!(err.to_string().contains("failed authentication"), "{err}");
+}
