@@ -67,17 +67,16 @@ pub(super) fn add_bias_residual(
     row: usize,
     threads: usize,
 ) {
+    if bias.is_empty() {
+        return add(y, residual, rows, row, threads);
+    }
     par_rows(y, rows, row, threads, |_, r, part| {
         let residual = &residual[r.start * row..r.end * row];
         crate::engine::simd::vectorized(
             #[inline(always)]
             || {
                 for (y, res) in part.chunks_exact_mut(row.max(1)).zip(residual.chunks_exact(row.max(1))) {
-                    if bias.is_empty() {
-                        y.iter_mut().zip(res).for_each(|(y, r)| *y += r);
-                    } else {
-                        y.iter_mut().zip(res).zip(bias).for_each(|((y, r), b)| *y = (*y + b) + r);
-                    }
+                    y.iter_mut().zip(res).zip(bias).for_each(|((y, r), b)| *y = (*y + b) + r);
                 }
             },
         )

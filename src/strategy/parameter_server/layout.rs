@@ -60,26 +60,25 @@ impl Layout {
     }
 }
 
-/// Appends ps `pieces`' values from `params` and `state` to `out`: the trainable ones first,
-/// then the state ones, each in placement order.
+/// Ps `pieces` in the order their values travel on the wire: the trainable ones first, then
+/// the state ones, each in placement order.
+pub fn wire_order(pieces: &[Piece]) -> impl Iterator<Item = &Piece> {
+    pieces.iter().filter(|p| !p.state).chain(pieces.iter().filter(|p| p.state))
+}
+
+/// Appends ps `pieces`' values from `params` and `state` to `out`, in [`wire_order`].
 pub fn gather(pieces: &[Piece], params: &[f32], state: &[f32], out: &mut Vec<f32>) {
-    for p in pieces.iter().filter(|p| !p.state) {
-        out.extend_from_slice(&params[p.range.clone()]);
-    }
-    for p in pieces.iter().filter(|p| p.state) {
-        out.extend_from_slice(&state[p.range.clone()]);
+    for p in wire_order(pieces) {
+        out.extend_from_slice(&if p.state { state } else { params }[p.range.clone()]);
     }
 }
 
 /// Writes `values` (as [`gather`] lays them out) back into `params` and `state`.
 pub fn scatter(pieces: &[Piece], values: &[f32], params: &mut [f32], state: &mut [f32]) {
     let mut at = 0;
-    for p in pieces.iter().filter(|p| !p.state) {
-        params[p.range.clone()].copy_from_slice(&values[at..at + p.range.len()]);
-        at += p.range.len();
-    }
-    for p in pieces.iter().filter(|p| p.state) {
-        state[p.range.clone()].copy_from_slice(&values[at..at + p.range.len()]);
+    for p in wire_order(pieces) {
+        let into = if p.state { &mut *state } else { &mut *params };
+        into[p.range.clone()].copy_from_slice(&values[at..at + p.range.len()]);
         at += p.range.len();
     }
 }

@@ -8,7 +8,7 @@
 //! loss scaling, the gradient clipped by its global norm before it is split over the ps), so
 //! one worker with one ps trains bit for bit as `default` does.
 
-use super::layout::{Layout, Piece};
+use super::layout::{Layout, Piece, wire_order};
 use super::wire::{Conn, Frame, Tag, peer_error};
 use crate::cluster::TaskId;
 use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
@@ -204,12 +204,11 @@ impl Stepper<'_> {
         let mut stale = 0;
         let lr = [lr];
         for (i, (t, conn)) in self.ps.iter_mut().enumerate() {
-            // The ps's part goes out from where it lies: the learning rate, its shards of the
-            // gradient, then its shards of the state, as `layout::gather` orders them.
-            let pieces = &self.layout.ps[i];
+            // The ps's part goes out from where it lies: the learning rate, then its shards of
+            // the gradient and of the state in wire order.
+            let (grads, state) = (&self.grads[..], &self.state[..]);
             let mut parts: Vec<&[f32]> = vec![&lr];
-            parts.extend(pieces.iter().filter(|p| !p.state).map(|p| &self.grads[p.range.clone()]));
-            parts.extend(pieces.iter().filter(|p| p.state).map(|p| &self.state[p.range.clone()]));
+            parts.extend(wire_order(&self.layout.ps[i]).map(|p| &if p.state { state } else { grads }[p.range.clone()]));
             let answer = conn
                 .send(Tag::Push, &[self.versions[i]], &parts)
                 .and_then(|()| conn.read())
@@ -223,8 +222,8 @@ impl Stepper<'_> {
     }
 }
 
-/// Pulls a ps's values straight into their places in `params` and `state`, trainable pieces
-/// first, then state pieces (as `layout::gather` orders them); returns the version pulled.
+/// Pulls a ps's values straight into their places in `params` and `state`, in wire order;
+/// returns the version pulled.
 fn pull(conn: &mut Conn, pieces: &[Piece], params: &mut [f32], state: &mut [f32]) -> io::Result<u64> {
     conn.send(Tag::Pull, &[0], &[])?;
     let head = conn.read_head()?;
@@ -236,11 +235,9 @@ fn pull(conn: &mut Conn, pieces: &[Piece], params: &mut [f32], state: &mut [f32]
         let why = if head.tag == Tag::Ok { format!("sent {} values for {len}", head.floats) } else { text };
         return Err(io::Error::other(why));
     }
-    for p in pieces.iter().filter(|p| !p.state) {
-        conn.read_floats(&mut params[p.range.clone()])?;
-    }
-    for p in pieces.iter().filter(|p| p.state) {
-        conn.read_floats(&mut state[p.range.clone()])?;
+    for p in wire_order(pieces) {
+        let into = if p.state { &mut *state } else { &mut *params };
+        conn.read_floats(&mut into[p.range.clone()])?;
     }
     Ok(head.ints.first().copied().unwrap_or(0))
 }
