@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--target", type=float, default=0.98)
     ap.add_argument("--every", type=int, default=200)
     ap.add_argument("--max-steps", type=int, default=5 * 937)
+    ap.add_argument("--seed", type=int, default=42, help="weights and data order (trainrun's run.seed)")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
@@ -51,7 +52,7 @@ def main():
         return 0
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    tf.keras.utils.set_random_seed(42)
+    tf.keras.utils.set_random_seed(args.seed)
 
     f = lambda name: os.path.join(args.data, name)  # noqa: E731
     x_train = idx(f("train-images-idx3-ubyte.gz")).astype(np.float32) / 255.0
@@ -97,6 +98,7 @@ def main():
         "version": tf.__version__,
         "target": args.target,
         "reached": stop.reached,
+        "seed": args.seed,
         "steps": stop.steps,
         "wall_s": wall,
     }

@@ -7,7 +7,7 @@
 //! every [`EVAL_EVERY`] steps. Skipped, saying
 //! why, when the Python of `TRAINRUN_BENCH_PYTHON` (default `python3`) has no torch.
 
-use super::{f, job};
+use super::{f, job, median};
 use std::path::Path;
 
 /// How often both sides evaluate on Macbeth in the time-to-loss row. The peer evaluates as
@@ -45,11 +45,6 @@ fn torch(python: &str, args: &[&str]) -> Result<Torch, String> {
         wall_s: f(&row, "wall_s"),
         peak_rss_mb: f(&row, "peak_rss_mb"),
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Prints the rows; `quick` measures throughput only, over fewer steps.
