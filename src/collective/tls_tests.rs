@@ -193,3 +193,79 @@ fn both_ends_move_to_new_keys_after_the_same_count_of_records() {
     let err = send(&mut client, &mut server, &bytes).unwrap_err();
     assert!(err.to_string().contains("failed authentication"), "{err}");
 }
+
+/// Bytes per second of `f(call)`, which handles `per_call` bytes, at its best of five rounds.
+fn rate(per_call: usize, calls: u64, mut f: impl FnMut(u64)) -> f64 {
+    (0..calls.min(64)).for_each(&mut f);
+    let best = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            (0..calls).for_each(&mut f);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min);
+    per_call as f64 * calls as f64 / best
+}
+
+/// AES-128-GCM per core in the call shapes `record.rs` uses (the content type sealed as the
+/// scatter's extra input, opening into a separate buffer) against sealing in place, at TLS
+/// 1.3's 16 KiB records and at sizes TLS does not allow, over 512 KiB that stay in cache: the
+/// README's "What TLS costs" figures. Both shapes must give the same record.
+/// `cargo test --release --lib aes_gcm_speed -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement; run on an idle machine"]
+fn aes_gcm_speed_by_call_shape() {
+    use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+    const REC: usize = 1 << 14;
+    const SPAN: usize = 512 << 10;
+    let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &[1; 16]).unwrap());
+    let nonce = |i: u64| {
+        let mut n = [7u8; 12];
+        n[4..].copy_from_slice(&i.to_be_bytes());
+        Nonce::assume_unique_for_key(n)
+    };
+    let header = [23u8, 3, 3, 0x40, 0x11];
+    let src = pattern(SPAN, 7);
+
+    let mut scattered = vec![0u8; REC + 17];
+    let (body, type_and_tag) = scattered.split_at_mut(REC);
+    key.seal_out_of_place_scatter(nonce(0), Aad::from(header), &src[..REC], body, &[23], type_and_tag).unwrap();
+    let mut in_place = src[..REC].to_vec();
+    in_place.push(23);
+    let tag = key.seal_in_place_separate_tag(nonce(0), Aad::from(header), &mut in_place).unwrap();
+    in_place.extend_from_slice(tag.as_ref());
+    assert_eq!(scattered, in_place, "the scatter seal and the in-place seal made different records");
+    let mut opened = vec![0u8; REC + 1];
+    let (sealed, tag) = scattered.split_at(REC + 1);
+    key.open_separate_gather(nonce(0), Aad::from(header), sealed, tag, &mut opened).unwrap();
+    assert_eq!((&opened[..REC], opened[REC]), (&src[..REC], 23));
+
+    let mut out = vec![0u8; 2 * SPAN];
+    let calls = |len: usize| ((256 << 20) / len) as u64;
+    for len in [1 << 10, REC, 1 << 16, 1 << 18] {
+        let per = (SPAN / len) as u64;
+        let r = rate(len, calls(len), |i| {
+            let at = (i % per) as usize;
+            let (body, type_and_tag) = out[at * (len + 32)..][..len + 17].split_at_mut(len);
+            let bytes = &src[at * len..][..len];
+            key.seal_out_of_place_scatter(nonce(i), Aad::from(header), bytes, body, &[23], type_and_tag).unwrap();
+        });
+        println!("seal, scatter  {len:>6} B: {:5.2} GB/s, {:6.3} us a call", r / 1e9, len as f64 / r * 1e6);
+    }
+    let per = (SPAN / REC) as u64;
+    let r = rate(REC, calls(REC), |i| {
+        let rec = &mut out[(i % per) as usize * (REC + 32)..][..REC + 17];
+        let tag = key.seal_in_place_separate_tag(nonce(i % per), Aad::from(header), &mut rec[..REC + 1]).unwrap();
+        rec[REC + 1..].copy_from_slice(tag.as_ref());
+    });
+    println!("seal, in place {REC:>6} B: {:5.2} GB/s", r / 1e9);
+    // `out` holds the records just sealed in place, record j under nonce j.
+    let mut into = vec![0u8; SPAN + REC];
+    let r = rate(REC, calls(REC), |i| {
+        let at = (i % per) as usize;
+        let (sealed, tag) = out[at * (REC + 32)..][..REC + 17].split_at(REC + 1);
+        key.open_separate_gather(nonce(i % per), Aad::from(header), sealed, tag, &mut into[at * REC..][..REC + 1])
+            .unwrap();
+    });
+    println!("open, gather   {REC:>6} B: {:5.2} GB/s", r / 1e9);
+}
