@@ -347,3 +347,60 @@ impl Strategy for Replicated {
         Ok(stats)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::kernels::Window;
+    use crate::engine::layers::{Conv2d, Dense, View};
+    use crate::engine::optimizer::Sgd;
+    use crate::engine::{Layer, LossFn, Sequential, Shape};
+    use crate::vocab::{Activation, Loss};
+
+    /// The tutorial model's shape, small, with a 576 × 128 dense layer to meet at.
+    fn replica() -> Replica {
+        let win = Window::new((14, 14, 1), (3, 3), (1, 1), false).unwrap();
+        let layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(View::reshape(Shape(vec![14, 14, 1]))),
+            Box::new(Conv2d::new(win, 4, Activation::Relu, true)),
+            Box::new(View::flatten(&Shape(vec![12, 12, 4]))),
+            Box::new(Dense::new(576, 128, Activation::Relu, true)),
+            Box::new(Dense::new(128, 5, Activation::Linear, true)),
+        ];
+        let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+        Replica::new(Sequential::new(Shape(vec![196]), layers), loss, 5, 1)
+    }
+
+    /// Two steps of two mirrored replicas, with or without an evaluation between each
+    /// `compute_gradients` and `apply`: the evaluation first finishes the backward the
+    /// replicas paused at the meeting layer, and the update then sums their stored gradients,
+    /// which are the bits the replicas meeting give.
+    #[test]
+    fn an_evaluation_between_compute_and_apply_keeps_the_step() {
+        let x = (0..128 * 196).map(|i| ((i * 37) % 101) as f32 / 101.0).collect();
+        let y = (0..128).map(|i| (i * 7 % 5) as u32).collect();
+        let batch = Batch { x, y, targets: vec![], n: 128, global_n: 128, rows_per_example: 1 };
+        let run = |evaluate: bool, momentum: f32| {
+            let mut s =
+                Replicated::new(StrategyKind::Mirrored, vec![replica(), replica()], CrossDevice::ReductionToOneDevice);
+            let (params, state) = s.local.replicas[0].model().init(3);
+            let mut vars = Variables { params, state };
+            let mut opt = Optimizer::Sgd(Sgd::new(vars.params.len(), momentum, false, 0.0));
+            for step in 0..2 {
+                s.compute_gradients(&mut vars, std::slice::from_ref(&batch), step, false).unwrap();
+                assert_eq!(s.deferred, Deferred::Meet);
+                if evaluate {
+                    s.evaluate(&mut vars, &mut std::iter::once(batch.clone())).unwrap();
+                    assert_eq!(s.deferred, Deferred::Sum);
+                }
+                s.apply(&mut vars, &mut opt, 0.05).unwrap();
+            }
+            vars.params
+        };
+        for momentum in [0.0, 0.9] {
+            let met = run(false, momentum);
+            assert!(met == run(true, momentum), "momentum {momentum}: meeting changed the bits");
+            assert!(met != replica().model().init(3).0, "the steps moved the weights");
+        }
+    }
+}
