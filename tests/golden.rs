@@ -50,6 +50,9 @@ fn one_process() {
     check("default", got, ("a570288e826235be367ba4c1360855adddc34fbac61fdd0a10d324724fbf5545", 2.2922368940586844));
 }
 
+/// Kept, bit for bit, when mirrored replicas began to meet inside backward at the big dense
+/// layer (`src/engine/meet.rs`): each block of the kernel sums the replicas' products in
+/// replica order and updates with the optimizer's own arithmetic, as the update pass did.
 #[test]
 fn two_replicas_in_one_process() {
     let want = ("3b98853c6a3d5339f5ca15eb79afcb9916ac167cf90cc2d4370dd69593505e28", 2.29267245111987);

@@ -138,6 +138,21 @@ pub trait Layer: Send {
         n: usize,
     );
 
+    /// `Some((inputs, units))` when the layer's first tensor is an `inputs × units` kernel
+    /// whose gradient is `xᵀ·dz` and whose input gradient is `dz·kernelᵀ`, `dz` being what
+    /// [`Layer::backward_dz`] returns: replicas in one process can then meet at this layer and
+    /// update the kernel once from all their products (`engine::meet`).
+    fn kernel_product(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// [`Layer::backward`] short of the kernel, for a layer with a [`Layer::kernel_product`]:
+    /// writes the gradients of the tensors after the kernel into `grads` (the layer's whole
+    /// slice; the kernel's part is left alone) and returns `dz`. Other layers return nothing.
+    fn backward_dz(&mut self, _pass: Pass, _grads: &mut [f32], _y: &[f32], _dy: &[f32], _n: usize) -> &[f32] {
+        &[]
+    }
+
     /// [`Layer::backward`] that also applies `update` to this layer's parameters, in place,
     /// once `dx` (computed with the old parameters) is written. Layers whose gradient product
     /// can write the update itself override it (`dense`); the default stores the gradient in

@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod layer;
 pub mod layers;
 pub mod loss;
+pub mod meet;
 pub mod op;
 pub mod optimizer;
 pub mod sequential;

@@ -12,6 +12,7 @@
 
 use super::init;
 use super::layer::{Layer, Pass};
+use super::meet::Meeting;
 use super::optimizer::FusedStep;
 use super::shape::Shape;
 use std::ops::Range;
@@ -188,6 +189,19 @@ pub struct Sequential {
     /// One layer's parameter gradient, for layers a fused update reaches through a stored
     /// gradient ([`Sequential::backward_update`]).
     scratch: Vec<f32>,
+    /// The layer replicas meet at ([`Sequential::meet`]): the biggest with a
+    /// [`Layer::kernel_product`]; `None` when there is none or the model ties weights.
+    meeting: Option<usize>,
+    /// Where a backward walk split at the meeting layer stands.
+    walk: Option<Walk>,
+}
+
+/// A backward walk paused part way: layers `..end` are left, and the gradient flowing into
+/// layer `end − 1` is in `grad_bufs[cur]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Walk {
+    end: usize,
+    cur: usize,
 }
 
 impl Sequential {
@@ -259,6 +273,12 @@ impl Sequential {
             slot.state = start..state_len;
         }
         resolve_ties(&layers, &mut slots, &tensors)?;
+        let tied = slots.iter().any(|s| s.adds || !s.shared.is_empty());
+        let meeting = (0..layers.len())
+            .filter(|&i| !tied && !layers[i].is_view())
+            .filter_map(|i| layers[i].kernel_product().map(|(inputs, units)| (inputs * units, i)))
+            .max()
+            .map(|(_, i)| i);
         Ok(Self {
             input,
             layers,
@@ -270,6 +290,8 @@ impl Sequential {
             acts: vec![Vec::new(); acts],
             grad_bufs: [Vec::new(), Vec::new()],
             scratch: Vec::new(),
+            meeting,
+            walk: None,
         })
     }
 
@@ -409,7 +431,24 @@ impl Sequential {
     /// of the last forward pass on input `x`, writing parameter gradients into `grads` and
     /// marking each finished prefix ready.
     pub fn backward(&mut self, pass: Pass, params: &[f32], grads: &mut dyn GradSink, x: &[f32], n: usize) {
-        self.backward_layers(x, n, |layer, slot, x, y, dy, dx| {
+        self.walk = None;
+        self.backward_range(pass, params, grads, x, n, Walk { end: self.layers.len(), cur: 0 }, 0);
+    }
+
+    /// [`Sequential::backward`] over layers `stop..walk.end`, from gradient buffer
+    /// `walk.cur`; returns where the walk stands after them.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_range(
+        &mut self,
+        pass: Pass,
+        params: &[f32],
+        grads: &mut dyn GradSink,
+        x: &[f32],
+        n: usize,
+        walk: Walk,
+        stop: usize,
+    ) -> Walk {
+        self.backward_layers(x, n, stop..walk.end, walk.cur, |layer, slot, x, y, dy, dx| {
             let p = slot.view.clone();
             let g = grads.slice(p.clone());
             let mut own = pass;
@@ -426,7 +465,59 @@ impl Sequential {
             }
             layer.backward(own, &params[p], g, x, y, dy, dx, n);
             grads.ready(slot.params.end);
-        });
+        })
+    }
+
+    /// The first half of a backward that replicas finish together: [`Sequential::backward`]
+    /// through the layers after the meeting layer; `false` (nothing done) without one.
+    pub fn backward_above(&mut self, pass: Pass, params: &[f32], grads: &mut [f32], x: &[f32], n: usize) -> bool {
+        let Some(m) = self.meeting else { return false };
+        let start = Walk { end: self.layers.len(), cur: 0 };
+        self.walk = Some(self.backward_range(pass, params, &mut &mut *grads, x, n, start, m + 1));
+        true
+    }
+
+    /// After [`Sequential::backward_above`]: the meeting layer's backward short of its kernel
+    /// (other tensors' gradients into `grads`), and what the replicas finish it with (`x`,
+    /// `dz`, the `dx` buffer); `None` when no walk stopped there.
+    pub fn meet<'a>(&'a mut self, pass: Pass, grads: &mut [f32], x: &'a [f32], n: usize) -> Option<Meeting<'a>> {
+        let m = self.meeting?;
+        let walk = self.walk.filter(|w| w.end == m + 1)?;
+        let (inputs, units) = self.layers[m].kernel_product()?;
+        let slot = &self.slots[m];
+        let Buf::Own(out) = slot.output else { return None };
+        let need_dx = slot.input != Buf::Input;
+        self.walk = Some(Walk { end: m, cur: if need_dx { 1 - walk.cur } else { walk.cur } });
+        let x = match slot.input {
+            Buf::Input => x,
+            Buf::Own(i) => &self.acts[i],
+        };
+        let [a, b] = &mut self.grad_bufs;
+        let (dy, dx) = if walk.cur == 0 { (&*a, b) } else { (&*b, a) };
+        let dz = self.layers[m].backward_dz(pass, &mut grads[slot.params.clone()], &self.acts[out], dy, n);
+        Some(Meeting { x: &x[..n * inputs], dz, dx: need_dx.then_some(&mut dx[..n * inputs]), n, inputs, units })
+    }
+
+    /// Whether a backward walk paused just after the meeting layer
+    /// ([`Sequential::backward_above`]), so that [`Sequential::meet`] can go on from there.
+    pub fn at_meeting(&self) -> bool {
+        self.meeting.is_some_and(|m| self.walk.is_some_and(|w| w.end == m + 1))
+    }
+
+    /// The arena range of the meeting layer's kernel, which [`Sequential::meet`]'s caller updates.
+    pub fn meeting_kernel(&self) -> Option<Range<usize>> {
+        let m = self.meeting?;
+        let (inputs, units) = self.layers[m].kernel_product()?;
+        let start = self.slots[m].params.start;
+        Some(start..start + inputs * units)
+    }
+
+    /// Finishes a walk [`Sequential::backward_above`] paused into `grads` (from the meeting
+    /// layer, or below it after [`Sequential::meet`]); `false` when none was paused.
+    pub fn backward_rest(&mut self, pass: Pass, params: &[f32], grads: &mut [f32], x: &[f32], n: usize) -> bool {
+        let Some(walk) = self.walk.take() else { return false };
+        self.backward_range(pass, params, &mut &mut *grads, x, n, walk, 0);
+        true
     }
 
     /// [`Sequential::backward`] that applies `step` to each layer's parameters as soon as the
@@ -439,7 +530,9 @@ impl Sequential {
         // Sized by the layers that store a gradient, not by the arena: the fused dense kernel
         // never does, and sizing by it would make its 11 MB resident again.
         let mut scratch = std::mem::take(&mut self.scratch);
-        self.backward_layers(x, n, |layer, slot, x, y, dy, dx| {
+        self.walk = None;
+        let all = 0..self.layers.len();
+        self.backward_layers(x, n, all, 0, |layer, slot, x, y, dy, dx| {
             let p = slot.params.clone();
             layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
         });
@@ -452,15 +545,18 @@ impl Sequential {
         self.slots.iter().any(|s| s.adds || !s.shared.is_empty())
     }
 
-    /// Walks the layers back to front, calling `f(layer, its slot, x, y, dy, dx)` with
-    /// ping-pong gradient buffers; `dx` is `None` for the first layer.
+    /// Walks `layers` back to front, starting from gradient buffer `cur`, calling `f(layer,
+    /// its slot, x, y, dy, dx)` with ping-pong gradient buffers; `dx` is `None` for the first
+    /// layer. Returns where the walk stands after them.
     #[allow(clippy::type_complexity)]
     fn backward_layers(
         &mut self,
         x: &[f32],
         n: usize,
+        layers: Range<usize>,
+        mut cur: usize,
         mut f: impl FnMut(&mut dyn Layer, &Slot, &[f32], &[f32], &[f32], Option<&mut [f32]>),
-    ) {
+    ) -> Walk {
         let widest = std::iter::once(&self.input)
             .chain(self.layers.iter().map(|l| l.output_shape()))
             .map(Shape::numel)
@@ -471,8 +567,8 @@ impl Sequential {
                 buf.resize(n * widest, 0.0);
             }
         }
-        let mut cur = 0;
-        for (layer, slot) in self.layers.iter_mut().zip(&self.slots).rev() {
+        let end = layers.start;
+        for (layer, slot) in self.layers[layers.clone()].iter_mut().zip(&self.slots[layers]).rev() {
             let (Buf::Own(out), false) = (slot.output, layer.is_view()) else {
                 continue;
             };
@@ -488,74 +584,10 @@ impl Sequential {
                 cur = 1 - cur;
             }
         }
+        Walk { end, cur }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::kernels::Window;
-    use crate::engine::layers::{Conv2d, Dense, View};
-    use crate::engine::optimizer::{Optimizer, Sgd};
-    use crate::engine::{LossFn, init};
-    use crate::vocab::{Activation, Loss};
-    use rand::RngExt;
-
-    /// The tutorial model's shape, small: reshape → conv relu → flatten → dense relu → dense.
-    fn model() -> Sequential {
-        let win = Window::new((8, 8, 1), (3, 3), (1, 1), false).unwrap();
-        let layers: Vec<Box<dyn Layer>> = vec![
-            Box::new(View::reshape(Shape(vec![8, 8, 1]))),
-            Box::new(Conv2d::new(win, 4, Activation::Relu, true)),
-            Box::new(View::flatten(&Shape(vec![6, 6, 4]))),
-            Box::new(Dense::new(144, 16, Activation::Relu, true)),
-            Box::new(Dense::new(16, 5, Activation::Linear, true)),
-        ];
-        Sequential::new(Shape(vec![64]), layers)
-    }
-
-    /// Three steps of backward + optimizer pass against three of `backward_update`.
-    #[test]
-    fn fused_update_equals_the_unfused_one_within_rounding() {
-        let n = 6;
-        let mut r = init::rng(&[3]);
-        let x: Vec<f32> = (0..n * 64).map(|_| r.random_range(0.0..1.0)).collect();
-        let labels: Vec<u32> = (0..n).map(|_| r.random_range(0..5)).collect();
-        let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
-        for (momentum, wd) in [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3)] {
-            let (mut a, mut b) = (model(), model());
-            let (init, _) = a.init(5);
-            let (mut pa, mut pb) = (init.clone(), init);
-            let mut oa = Optimizer::Sgd(Sgd::new(pa.len(), momentum, false, wd));
-            let mut ob = oa.clone();
-            let mut grads = vec![0.0; pa.len()];
-            for step in 0..3 {
-                let pass = Pass { training: true, seed: step, accumulate: false, threads: 2 };
-                a.forward(pass, &pa, &mut [], &x, n);
-                let (out, dout) = a.output_and_grad(n);
-                loss.evaluate(out, crate::engine::Truth::Classes(&labels), 5, 1.0 / n as f32, Some(dout));
-                a.backward(pass, &pa, &mut grads, &x, n);
-                oa.step(&mut pa, &grads, 0.05);
-
-                b.forward(pass, &pb, &mut [], &x, n);
-                let (out, dout) = b.output_and_grad(n);
-                loss.evaluate(out, crate::engine::Truth::Classes(&labels), 5, 1.0 / n as f32, Some(dout));
-                let Some(mut fused) = ob.fused(0.05) else { panic!("SGD must fuse") };
-                b.backward_update(pass, &mut pb, &mut fused, &x, n);
-            }
-            let worst = pa.iter().zip(&pb).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-            assert!(worst < 1e-5, "momentum {momentum}, weight decay {wd}: off by {worst}");
-            assert_ne!(pa, init_of(&a), "training moved the weights");
-            assert_eq!(oa.state().len(), ob.state().len());
-            if let (Some((_, va)), Some((_, vb))) = (oa.state().first(), ob.state().first()) {
-                let worst = va.iter().zip(*vb).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-                assert!(worst < 1e-5, "velocity off by {worst}");
-            }
-            assert_eq!(oa.iterations(), ob.iterations());
-        }
-    }
-
-    fn init_of(m: &Sequential) -> Vec<f32> {
-        m.init(5).0
-    }
-}
+#[path = "sequential_tests.rs"]
+mod tests;

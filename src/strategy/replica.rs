@@ -2,6 +2,7 @@
 
 use super::Variables;
 use crate::data::Batch;
+use crate::engine::meet::Meeting;
 use crate::engine::sequential::GradSink;
 use crate::engine::{BatchStats, LossFn, Optimizer, Pass, Sequential, Truth};
 
@@ -74,6 +75,50 @@ impl Replica {
         let Some((pass, n)) = self.pending.take() else { return false };
         self.model.backward(pass, params, &mut &mut *grads, &self.input, n);
         true
+    }
+
+    /// [`Replica::forward_loss`], then backward down to the model's meeting layer
+    /// ([`Sequential::backward_above`]), the gradients of the layers after it into `grads`.
+    /// [`Replica::meet`] and [`Replica::backward_rest`] finish the step.
+    pub fn forward_above(
+        &mut self,
+        params: &[f32],
+        state: &mut [f32],
+        grads: &mut [f32],
+        batch: BatchView<'_>,
+        scale: f32,
+        seed: u64,
+    ) -> BatchStats {
+        let stats = self.forward_loss(params, state, batch, scale, seed);
+        if let Some((pass, n)) = self.pending {
+            self.model.backward_above(pass, params, grads, &self.input, n);
+        }
+        stats
+    }
+
+    /// Whether [`Replica::forward_above`] left this replica at its meeting layer.
+    pub fn at_meeting(&self) -> bool {
+        self.pending.is_some() && self.model.at_meeting()
+    }
+
+    /// The meeting layer's backward short of its kernel ([`Sequential::meet`]), the other
+    /// tensors' gradients into `grads`; `None` unless [`Replica::at_meeting`].
+    pub fn meet(&mut self, grads: &mut [f32]) -> Option<Meeting<'_>> {
+        let (pass, n) = self.pending?;
+        self.model.meet(pass, grads, &self.input, n)
+    }
+
+    /// Finishes the backward [`Replica::forward_above`] paused, through the layers left (the
+    /// meeting layer's too unless [`Replica::meet`] ran), into `grads`; `false` when none was
+    /// paused.
+    pub fn backward_rest(&mut self, params: &[f32], grads: &mut [f32]) -> bool {
+        let Some((pass, n)) = self.pending.take() else { return false };
+        self.model.backward_rest(pass, params, grads, &self.input, n)
+    }
+
+    /// Threads this replica computes with.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// The replica's model.

@@ -3,6 +3,7 @@
 use crate::engine::activation;
 use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::meet::BLOCK_ROWS;
 use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
@@ -94,6 +95,31 @@ impl Layer for Dense {
         }
     }
 
+    fn kernel_product(&self) -> Option<(usize, usize)> {
+        Some((self.inputs, self.units))
+    }
+
+    fn backward_dz(&mut self, pass: Pass, grads: &mut [f32], y: &[f32], dy: &[f32], n: usize) -> &[f32] {
+        let (k_len, units, use_bias) = (self.inputs * self.units, self.units, self.use_bias);
+        let len = n * units;
+        if self.activation == Activation::Linear {
+            // The caller reads `dz` beside buffers it borrows from the model: keep a copy here.
+            self.dz.clear();
+            self.dz.extend_from_slice(&dy[..len]);
+        } else {
+            self.dz(y, dy, n);
+        }
+        let dz = &self.dz[..len];
+        if use_bias {
+            let g_bias = &mut grads[k_len..k_len + units];
+            if !pass.accumulate {
+                g_bias.fill(0.0);
+            }
+            add_rows(g_bias, dz);
+        }
+        dz
+    }
+
     /// The kernel's gradient product writes the update itself (see [`SliceStep::apply_product`]).
     /// With `dx` to compute too, both products walk the kernel in blocks of rows: each block
     /// gives its columns of `dx` and then takes its update while it is still in cache, so the
@@ -131,10 +157,6 @@ impl Layer for Dense {
         }
     }
 }
-
-/// Kernel rows per block of [`kernel_blocks`]: with 128 units a block of the kernel and its
-/// velocity are 128 KiB each, in L2 beside the block's columns of `x` and `dx`.
-const BLOCK_ROWS: usize = 256;
 
 /// `dx = dz · kernelᵀ` and the kernel's update from `xᵀ · dz`, block of kernel rows by block:
 /// a block gives its columns of `dx`, with the weights forward used, and then takes its

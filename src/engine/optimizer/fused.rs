@@ -64,9 +64,15 @@ impl SliceStep<'_> {
 
     /// Applies the update from a stored gradient, with the optimizer's own arithmetic.
     pub fn apply(&mut self, params: &mut [f32], grads: &[f32]) {
+        self.apply_sum(params, &[grads]);
+    }
+
+    /// Applies the update from the sum of several replicas' stored gradients, added in order
+    /// inside the pass as [`crate::engine::Optimizer::step_sum`] adds them: the same bits.
+    pub fn apply_sum(&mut self, params: &mut [f32], grads: &[&[f32]]) {
         let rule = self.rule;
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
-        for_chunks(params, &[grads], velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
+        for_chunks(params, grads, velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
     }
 
     /// Applies the update with a gradient `g` that only `product` computes: it must write

@@ -1,0 +1,97 @@
+//! Replicas in one process meeting inside backward (`mirrored`, `central_storage`).
+//!
+//! One replica updates its big dense kernel inside the product that computes its gradient, so
+//! that gradient (11 MB in the tutorial model) is never stored. Replicas that each stored their
+//! own and then summed them in the optimizer pass moved three times that through memory, more
+//! than the L3 holds. Instead they meet at the layer with the biggest kernel
+//! ([`crate::engine::Sequential::meet`]): the kernel is cut into fixed blocks of rows, dealt to
+//! the threads, and each block takes every replica's `dx` columns (with the weights forward
+//! used), every replica's gradient product into a block of scratch, and then its update from
+//! their sum, while it is still in cache. The sum is added in replica order and updated with
+//! the optimizer's own arithmetic, as the optimizer pass over stored gradients did, so the
+//! weights are the same bits.
+
+use super::kernels::{partition, split_rows};
+use super::optimizer::SliceStep;
+use super::strided::{MatMut, MatRef, gemm_scaled};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Kernel rows per block: with 128 units a block of the kernel, its velocity and each
+/// replica's gradient product are 128 KiB each, in L2 beside the block's columns of `x`.
+pub const BLOCK_ROWS: usize = 256;
+
+/// What one replica brings to the meeting layer: its forward input, the gradient before the
+/// activation, and where its input gradient goes.
+#[derive(Debug)]
+pub struct Meeting<'a> {
+    /// The layer's input, `n × inputs`.
+    pub x: &'a [f32],
+    /// The gradient before the activation, `n × units`.
+    pub dz: &'a [f32],
+    /// The input gradient, `n × inputs`; `None` for a model's first layer.
+    pub dx: Option<&'a mut [f32]>,
+    /// Examples.
+    pub n: usize,
+    /// The kernel's rows.
+    pub inputs: usize,
+    /// The kernel's columns.
+    pub units: usize,
+}
+
+/// `dx = dz · kernelᵀ` for every replica and the kernel's update from the sum of their
+/// `xᵀ · dz`, block of rows by block, the blocks dealt to `parts` threads in contiguous runs.
+/// `scratch` holds the blocks' products between calls. The blocks are fixed, so the bits do
+/// not depend on `parts`.
+pub fn update_kernel(
+    kernel: &mut [f32],
+    update: &mut SliceStep<'_>,
+    meetings: &mut [Meeting<'_>],
+    parts: usize,
+    scratch: &mut Vec<f32>,
+) {
+    let Some(first) = meetings.first() else { return };
+    let (inputs, units) = (first.inputs, first.units);
+    assert!(
+        meetings.iter().all(|m| (m.inputs, m.units) == (inputs, units)) && kernel.len() == inputs * units,
+        "replicas met at layers of different shapes"
+    );
+    let blocks = inputs.div_ceil(BLOCK_ROWS);
+    let runs: Vec<Range<usize>> = partition(blocks, parts)
+        .into_iter()
+        .map(|b| (b.start * BLOCK_ROWS).min(inputs)..(b.end * BLOCK_ROWS).min(inputs))
+        .collect();
+    let block_len = BLOCK_ROWS * units;
+    let per_run = meetings.len() * block_len;
+    scratch.resize(runs.len() * per_run, 0.0);
+    let products: Vec<(MatRef<'_>, MatRef<'_>)> =
+        meetings.iter().map(|m| (MatRef::rows(m.x, m.n, inputs), MatRef::rows(m.dz, m.n, units))).collect();
+    // Each run's columns of every replica's `dx`.
+    let mut dxs: Vec<Vec<_>> = runs.iter().map(|_| Vec::new()).collect();
+    for m in meetings.iter_mut() {
+        let Some(dx) = m.dx.as_deref_mut() else { continue };
+        for (run, cols) in MatMut::rows(dx, m.n, inputs).split_cols(&runs).into_iter().enumerate() {
+            dxs[run].push((cols, MatRef::rows(m.dz, m.n, units)));
+        }
+    }
+    let kernels = split_rows(kernel, &runs, units);
+    let steps = update.split(&runs.iter().map(|r| r.start * units..r.end * units).collect::<Vec<_>>());
+    let work = kernels.into_par_iter().zip(steps).zip(dxs).zip(scratch.par_chunks_mut(per_run)).zip(&runs);
+    work.for_each(|((((w, mut step), mut dxs), sums), run)| {
+        for start in run.clone().step_by(BLOCK_ROWS) {
+            let rows = start..(start + BLOCK_ROWS).min(run.end);
+            let local = rows.start - run.start..rows.end - run.start;
+            let w = &mut w[local.start * units..local.end * units];
+            for (dx, dz) in &mut dxs {
+                dx.gemm(local.clone(), *dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
+            }
+            let len = rows.len() * units;
+            for (sum, (x, dz)) in sums.chunks_mut(block_len).zip(&products) {
+                let xt = x.block(0..x.shape().0, rows.clone()).t();
+                gemm_scaled(MatMut::rows(&mut sum[..len], rows.len(), units), xt, *dz, None, 1.0, 1);
+            }
+            let grads: Vec<&[f32]> = sums.chunks(block_len).map(|s| &s[..len]).collect();
+            step.sub(local.start * units..local.end * units).apply_sum(w, &grads);
+        }
+    });
+}
