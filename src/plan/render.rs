@@ -275,6 +275,11 @@ fn parameter_servers(plan: &Plan, rows: &mut Rows) {
             plural(ps.steps_per_execution.get(), "step")
         ),
     ));
+    let plane = match ps.transport {
+        TransportKind::SharedMemory => "shared memory between a worker and a ps on one host, else TCP",
+        TransportKind::Tcp => "TCP",
+    };
+    rows.push(("data plane", format!("pulls and pushes through {plane}; requests over TCP")));
     rows.push((
         "worker input",
         "each worker reads its own shuffle: async training visits examples at least once per epoch, not exactly once"

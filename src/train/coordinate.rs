@@ -92,6 +92,7 @@ impl Job {
             steps_applied_since_rejoin: s.steps_since_rejoin,
             absent_ms_per_worker: s.absent_ms_per_worker,
             staleness_histogram: staleness.clone(),
+            shared_memory_workers_per_ps: self.servers.shared_workers().to_vec(),
         }
     }
 }

@@ -148,6 +148,7 @@ mod tests {
             bytes_per_ps: vec![0, 0],
             queue_size: NonZeroUsize::MIN,
             max_staleness: None,
+            transport: crate::collective::TransportKind::Tcp,
             steps_per_execution: NonZeroU64::MIN,
         };
         let layout = Layout::new(&plan, &tensors, &state).unwrap();
