@@ -57,6 +57,9 @@ pub struct ParameterServerPlan {
     /// worker and a ps on one host through a shared segment (TCP across hosts, and when the
     /// segment cannot be set up); `Tcp` moves everything over TCP.
     pub transport: TransportKind,
+    /// Threads the chief evaluates with: `run.threads` when set, else every core of its
+    /// machine, as the workers wait during an evaluation and the chief computes nothing else.
+    pub eval_threads: usize,
 }
 
 /// Shards along axis 0 of a variable of `shape`, as the partitioner decides. Rank-0 variables
@@ -139,6 +142,7 @@ pub fn resolve(
     spec: &Spec,
     num_ps: usize,
     model: Option<&ModelPlan>,
+    cores: usize,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<ParameterServerPlan> {
     let StrategySpec::ParameterServer { variable_partitioner, max_staleness, queue_size, transport, .. } =
@@ -191,6 +195,7 @@ pub fn resolve(
             CollectiveTransport::Auto | CollectiveTransport::SharedMemory => TransportKind::SharedMemory,
             CollectiveTransport::Tcp => TransportKind::Tcp,
         },
+        eval_threads: spec.run.threads.map_or(cores.max(1), |t| t.get()),
     })
 }
 

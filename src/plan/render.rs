@@ -281,6 +281,10 @@ fn parameter_servers(plan: &Plan, rows: &mut Rows) {
     };
     rows.push(("data plane", format!("pulls and pushes through {plane}; requests over TCP")));
     rows.push((
+        "evaluation",
+        format!("the chief evaluates with {} while the workers wait", plural(ps.eval_threads as u64, "thread")),
+    ));
+    rows.push((
         "worker input",
         "each worker reads its own shuffle: async training visits examples at least once per epoch, not exactly once"
             .to_string(),
