@@ -308,3 +308,18 @@ fn parameter_server_spec_errors_name_the_key_and_a_fix() {
     check(&["check", &endless], &["train.steps_per_epoch", "needs train.steps_per_epoch", "steps_per_epoch = 100"]);
     check(&[&endless, "-q"], &["needs train.steps_per_epoch"]);
 }
+
+/// `trainrun check` says how the workers reach the ps and how many threads the chief
+/// evaluates with (every core unless `run.threads` says otherwise).
+#[test]
+fn check_shows_the_data_plane_and_the_chiefs_evaluation_threads() {
+    let res = run(&["check", "specs/mnist_parameter_server.toml", "--set", "run.threads=1"]);
+    assert_exit(&res, 0);
+    let out = text(&res).0;
+    assert!(out.contains("pulls and pushes through shared memory between a worker and a ps on one host"), "{out}");
+    assert!(out.contains("the chief evaluates with 1 thread while the workers wait"), "{out}");
+    let res = run(&["check", "specs/mnist_parameter_server.toml", "--set", "strategy.transport=\"tcp\""]);
+    assert_exit(&res, 0);
+    let out = text(&res).0;
+    assert!(out.contains("pulls and pushes through TCP; requests over TCP"), "{out}");
+}
