@@ -38,6 +38,8 @@ fn two_workers_and_a_ps_train_mnist_to_97_percent() {
     assert_eq!(per_worker.iter().sum::<u64>(), 700);
     let staleness: u64 = ps["staleness_histogram"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(staleness, 700, "one staleness per step: {ps}");
+    // Both workers run on the ps's host: their pulls and pushes went through shared memory.
+    assert_eq!(ps["shared_memory_workers_per_ps"], serde_json::json!([2]), "{ps}");
     // Every epoch line carries the coordinator's counters so far.
     let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
     let applied: Vec<u64> = metrics
@@ -83,7 +85,8 @@ fn the_chief_evaluates_the_pulled_variables_every_n_steps() {
 }
 
 /// One worker and one ps against the default strategy at the same batch: the same weights,
-/// bit for bit, with optimizer state (momentum, Adam's moments) living on the ps.
+/// bit for bit, with optimizer state (momentum, Adam's moments) living on the ps, whether
+/// pulls and pushes go through shared memory (the default on one host) or TCP.
 #[test]
 fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
     let steps = ["--set", "train.epochs=2", "--set", "train.steps_per_epoch=15"];
@@ -91,19 +94,25 @@ fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
         "optimizer={ kind = \"sgd\", learning_rate = 0.05, momentum = 0.9 }",
         "optimizer={ kind = \"adam\", learning_rate = 0.001, clip_norm = 1.0 }",
     ] {
-        let (ps, one) = (tempdir(), tempdir());
-        let (o_ps, o_one) = (out(ps.path()), out(one.path()));
-        let mut a = vec!["specs/mnist_parameter_server.toml", "-q", "--set", &o_ps, "--set", optimizer];
-        a.extend(["--set", "cluster={ chief = 1, worker = 1, ps = 1 }"]);
-        a.extend(steps);
-        assert_exit(&run(&a), 0);
+        let one = tempdir();
+        let o_one = out(one.path());
         let mut b = vec!["specs/mnist_single.toml", "-q", "--set", &o_one, "--set", optimizer];
         b.extend(["--set", "batch.global=64"]);
         b.extend(steps);
         assert_exit(&run(&b), 0);
-        let (s_ps, s_one) = (json(&ps.path().join("summary.json")), json(&one.path().join("summary.json")));
-        assert_eq!(s_ps["steps"], 30);
-        assert_eq!(s_ps["weights_sha256"], s_one["weights_sha256"], "{optimizer}\n{s_ps}\n{s_one}");
+        let s_one = json(&one.path().join("summary.json"));
+        for (transport, shared) in [("auto", 1), ("tcp", 0)] {
+            let ps = tempdir();
+            let (o_ps, t) = (out(ps.path()), format!("strategy.transport=\"{transport}\""));
+            let mut a = vec!["specs/mnist_parameter_server.toml", "-q", "--set", &o_ps, "--set", optimizer];
+            a.extend(["--set", "cluster={ chief = 1, worker = 1, ps = 1 }", "--set", &t]);
+            a.extend(steps);
+            assert_exit(&run(&a), 0);
+            let s_ps = json(&ps.path().join("summary.json"));
+            assert_eq!(s_ps["steps"], 30);
+            assert_eq!(s_ps["parameter_server"]["shared_memory_workers_per_ps"], serde_json::json!([shared]), "{s_ps}");
+            assert_eq!(s_ps["weights_sha256"], s_one["weights_sha256"], "{optimizer} {transport}\n{s_ps}\n{s_one}");
+        }
     }
 }
 
@@ -238,6 +247,8 @@ fn a_killed_worker_is_restarted_and_rejoins_the_job() {
     // The step in flight on the killed worker ran again.
     assert_eq!(ps["closures_rescheduled"], 1, "{ps}");
     assert_eq!(ps["rejoins_per_worker"], serde_json::json!([0, 1]), "{ps}");
+    // The restarted worker set up shared memory with the ps again; its predecessor's is gone.
+    assert_eq!(ps["shared_memory_workers_per_ps"], serde_json::json!([2]), "{ps}");
     let since = ps["steps_applied_since_rejoin"][1].as_u64().unwrap_or(0);
     assert!(since > 0, "the restarted worker applied steps after its restart: {ps}");
     assert!(since < ps["steps_applied_per_worker"][1].as_u64().unwrap_or(0), "and some before: {ps}");
@@ -296,4 +307,19 @@ fn parameter_server_spec_errors_name_the_key_and_a_fix() {
     let endless = spec("endless.toml", "", "chief = 1\nworker = 1\nps = 1");
     check(&["check", &endless], &["train.steps_per_epoch", "needs train.steps_per_epoch", "steps_per_epoch = 100"]);
     check(&[&endless, "-q"], &["needs train.steps_per_epoch"]);
+}
+
+/// `trainrun check` says how the workers reach the ps and how many threads the chief
+/// evaluates with (every core unless `run.threads` says otherwise).
+#[test]
+fn check_shows_the_data_plane_and_the_chiefs_evaluation_threads() {
+    let res = run(&["check", "specs/mnist_parameter_server.toml", "--set", "run.threads=1"]);
+    assert_exit(&res, 0);
+    let out = text(&res).0;
+    assert!(out.contains("pulls and pushes through shared memory between a worker and a ps on one host"), "{out}");
+    assert!(out.contains("the chief evaluates with 1 thread while the workers wait"), "{out}");
+    let res = run(&["check", "specs/mnist_parameter_server.toml", "--set", "strategy.transport=\"tcp\""]);
+    assert_exit(&res, 0);
+    let out = text(&res).0;
+    assert!(out.contains("pulls and pushes through TCP; requests over TCP"), "{out}");
 }

@@ -94,7 +94,8 @@ pub enum JoinError {
     Transport(String),
 }
 
-fn segment_dir() -> PathBuf {
+/// Where shared-memory segments go: `/dev/shm` (memory), else the temporary directory.
+pub fn segment_dir() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
     if shm.is_dir() { shm } else { std::env::temp_dir() }
 }

@@ -31,7 +31,7 @@ mod peer;
 mod record;
 pub mod reduce;
 pub mod ring;
-mod segment;
+pub(crate) mod segment;
 pub mod shm;
 pub(crate) mod stranger;
 pub mod tcp;

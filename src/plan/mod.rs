@@ -163,8 +163,13 @@ impl Plan {
             .map_err(|model_diags| diags.extend(model_diags))
             .ok();
         let train = train::resolve(spec, model.as_ref(), &data.facts, global, &mut diags);
-        let parameter_server =
-            parameter_server::resolve(spec, cluster.count(crate::cluster::Role::Ps), model.as_ref(), &mut diags);
+        let parameter_server = parameter_server::resolve(
+            spec,
+            cluster.count(crate::cluster::Role::Ps),
+            model.as_ref(),
+            facts.cores,
+            &mut diags,
+        );
         let (default_lr, optimizer) = optimizer::resolve(spec, &mut diags);
         let learning_rate =
             lr::resolve(&spec.optimizer, default_lr, global, train.steps_per_epoch, train.total_steps, &mut diags);

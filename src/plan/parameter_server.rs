@@ -3,8 +3,9 @@
 //! each shard, the bytes per ps, and the coordinator's queue, staleness bound and steps per
 //! closure. Pure: `trainrun check` prints exactly this.
 
+use crate::collective::TransportKind;
 use crate::model::ModelPlan;
-use crate::spec::{Diagnostic, Spec, StrategySpec, VariablePartitioner};
+use crate::spec::{CollectiveTransport, Diagnostic, Spec, StrategySpec, VariablePartitioner};
 use serde::Serialize;
 use std::num::{NonZeroU64, NonZeroUsize};
 
@@ -52,6 +53,13 @@ pub struct ParameterServerPlan {
     pub max_staleness: Option<u64>,
     /// Steps per scheduled closure.
     pub steps_per_execution: NonZeroU64,
+    /// The workers' data plane to the ps tasks: `SharedMemory` moves pulls and pushes of a
+    /// worker and a ps on one host through a shared segment (TCP across hosts, and when the
+    /// segment cannot be set up); `Tcp` moves everything over TCP.
+    pub transport: TransportKind,
+    /// Threads the chief evaluates with: `run.threads` when set, else every core of its
+    /// machine, as the workers wait during an evaluation and the chief computes nothing else.
+    pub eval_threads: usize,
 }
 
 /// Shards along axis 0 of a variable of `shape`, as the partitioner decides. Rank-0 variables
@@ -134,9 +142,12 @@ pub fn resolve(
     spec: &Spec,
     num_ps: usize,
     model: Option<&ModelPlan>,
+    cores: usize,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<ParameterServerPlan> {
-    let StrategySpec::ParameterServer { variable_partitioner, max_staleness, queue_size, .. } = &spec.strategy else {
+    let StrategySpec::ParameterServer { variable_partitioner, max_staleness, queue_size, transport, .. } =
+        &spec.strategy
+    else {
         return None;
     };
     if spec.train.steps_per_epoch.is_none() {
@@ -177,6 +188,14 @@ pub fn resolve(
         queue_size: NonZeroUsize::new(queue_size.get() as usize).unwrap_or(NonZeroUsize::MIN),
         max_staleness: max_staleness.map(u64::from),
         steps_per_execution: spec.train.steps_per_execution,
+        // Whether a worker and a ps share a host is a property of each pair, known once they
+        // are connected (`strategy::parameter_server::shared`), so `auto` asks for shared
+        // memory wherever it can work.
+        transport: match transport {
+            CollectiveTransport::Auto | CollectiveTransport::SharedMemory => TransportKind::SharedMemory,
+            CollectiveTransport::Tcp => TransportKind::Tcp,
+        },
+        eval_threads: spec.run.threads.map_or(cores.max(1), |t| t.get()),
     })
 }
 

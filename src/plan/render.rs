@@ -275,6 +275,15 @@ fn parameter_servers(plan: &Plan, rows: &mut Rows) {
             plural(ps.steps_per_execution.get(), "step")
         ),
     ));
+    let plane = match ps.transport {
+        TransportKind::SharedMemory => "shared memory between a worker and a ps on one host, else TCP",
+        TransportKind::Tcp => "TCP",
+    };
+    rows.push(("data plane", format!("pulls and pushes through {plane}; requests over TCP")));
+    rows.push((
+        "evaluation",
+        format!("the chief evaluates with {} while the workers wait", plural(ps.eval_threads as u64, "thread")),
+    ));
     rows.push((
         "worker input",
         "each worker reads its own shuffle: async training visits examples at least once per epoch, not exactly once"

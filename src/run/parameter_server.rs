@@ -35,7 +35,14 @@ pub fn ps(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> 
     // Clipping by the global norm needs the whole gradient: the workers clip before pushing.
     let optimizer = builder::optimizer(&plan.optimizer, &tensors, layout.trainable_len(index)).with_clip_norm(None);
     let (job, data) = enter(inv, p, task)?;
-    let task_data = server::PsTask { pieces, optimizer, listener: data.listener, token: data.token };
+    let task_data = server::PsTask {
+        pieces,
+        optimizer,
+        listener: data.listener,
+        token: data.token,
+        task,
+        timeout: plan.cluster.timeout,
+    };
     let served = pool(plan.threads)?.install(|| server::serve(task_data));
     job.plane.shutdown();
     served.map_err(|e| RunError::Cluster(format!("{task} stopped serving: {e}")))

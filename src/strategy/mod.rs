@@ -149,7 +149,14 @@ pub fn build(plan: &Plan, models: Vec<Sequential>, job: Option<Job>) -> Result<B
         }
         StrategyKind::ParameterServer => {
             cpus_only(devices)?;
-            Ok(Box::new(parameter_server::chief::new(one(replicas(plan, models))?, job)))
+            // The chief only evaluates, while the workers wait: with every thread it has.
+            let threads = plan.parameter_server.as_ref().map_or(plan.threads, |p| p.eval_threads);
+            let model = models
+                .into_iter()
+                .next()
+                .ok_or_else(|| StrategyError::Unsupported("no model to place on a device".into()))?;
+            let replica = Replica::new(model, plan.train.loss_fn(), plan.model.classes, threads);
+            Ok(Box::new(parameter_server::chief::new(replica, job)))
         }
     }
 }

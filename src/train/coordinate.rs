@@ -92,6 +92,7 @@ impl Job {
             steps_applied_since_rejoin: s.steps_since_rejoin,
             absent_ms_per_worker: s.absent_ms_per_worker,
             staleness_histogram: staleness.clone(),
+            shared_memory_workers_per_ps: self.servers.shared_workers().to_vec(),
         }
     }
 }
@@ -444,9 +445,20 @@ fn leave(job: Job) -> Result<(), TrainError> {
 }
 
 /// Loss and accuracy on the test split with the pulled variables.
+/// Evaluates the variables pulled last. Every evaluation follows a join, so the workers wait
+/// meanwhile and the chief evaluates with the plan's evaluation threads (every core of its
+/// machine) rather than its share of the cores while they train. Evaluating a snapshot beside
+/// the training workers instead hid nothing on two cores: the chief, two workers and a ps
+/// already keep both busy, so the evaluation's work only slowed the steps.
 fn evaluate(plan: &Plan, session: &mut Session, batch: NonZeroUsize) -> Result<BatchStats, TrainError> {
     let Some(test) = session.dataset.test.as_ref() else { return Ok(BatchStats::default()) };
     let limit = plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
     let mut batches = EvalBatches::new(test, batch, session.shard).take(limit);
-    Ok(session.strategy.evaluate(&mut session.vars, &mut batches)?)
+    let threads = plan.parameter_server.as_ref().map_or(plan.threads, |p| p.eval_threads);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| remote(format!("cannot start {threads} evaluation threads: {e}")))?;
+    let (strategy, vars) = (&mut session.strategy, &mut session.vars);
+    Ok(pool.install(|| strategy.evaluate(vars, &mut batches))?)
 }

@@ -178,6 +178,9 @@ pub struct ParameterServerStats {
     /// Steps by staleness: the updates other workers applied between a step's pull and its
     /// push (the most over the ps tasks), as `{"0": 120, "1": 80}`.
     pub staleness_histogram: std::collections::BTreeMap<u64, u64>,
+    /// Per ps, the workers that pulled and pushed through shared memory (on its host) rather
+    /// than TCP when the chief last pulled, as `[2]`.
+    pub shared_memory_workers_per_ps: Vec<u64>,
 }
 
 /// `summary.json`.

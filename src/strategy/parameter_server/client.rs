@@ -18,6 +18,8 @@ pub struct Servers {
     ps: Vec<(TaskId, Conn)>,
     layout: Layout,
     timeout: Duration,
+    /// Per ps, the workers it served through shared memory at the last pull.
+    shared_workers: Vec<u64>,
 }
 
 impl Servers {
@@ -35,7 +37,8 @@ impl Servers {
                 .map_err(|e| StrategyError::Remote(peer_error(*t, "the connection", &e, timeout)))?;
             conns.push((*t, conn));
         }
-        Ok(Self { ps: conns, layout, timeout })
+        let shared_workers = vec![0; conns.len()];
+        Ok(Self { ps: conns, layout, timeout, shared_workers })
     }
 
     fn call(&mut self, i: usize, frame: &Frame, what: &str) -> Result<Frame, StrategyError> {
@@ -77,12 +80,19 @@ impl Servers {
                 scatter_trainable(pieces, &answer.floats[at..at + trainable], buffer);
                 at += trainable;
             }
+            self.shared_workers[i] = answer.ints.get(2).copied().unwrap_or(0);
             if i == 0 {
                 // Every push reaches every ps, so they all count the same updates.
                 optimizer.set_iterations(answer.ints.get(1).copied().unwrap_or(0));
             }
         }
         Ok(())
+    }
+
+    /// Per ps, the workers it served through shared memory (the others over TCP) when the
+    /// chief last pulled.
+    pub fn shared_workers(&self) -> &[u64] {
+        &self.shared_workers
     }
 
     /// Tells every ps that training is over.

@@ -148,6 +148,8 @@ mod tests {
             bytes_per_ps: vec![0, 0],
             queue_size: NonZeroUsize::MIN,
             max_staleness: None,
+            transport: crate::collective::TransportKind::Tcp,
+            eval_threads: 1,
             steps_per_execution: NonZeroU64::MIN,
         };
         let layout = Layout::new(&plan, &tensors, &state).unwrap();

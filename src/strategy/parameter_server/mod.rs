@@ -1,12 +1,14 @@
 //! `ParameterServerStrategy`'s runtime, one file per piece: the chief's coordinator
 //! (`coordinator.rs`) and its ends of the data plane (`client.rs`), the ps tasks (`ps.rs`),
 //! the workers' loop (`worker.rs`), where shards lie in the model's buffers (`layout.rs`) and
-//! the wire format (`wire.rs`). The chief's training loop is `train::coordinate`.
+//! the wire format (`wire.rs`), with shared memory between a worker and a ps on one
+//! host (`shared.rs`). The chief's training loop is `train::coordinate`.
 
 pub mod chief;
 pub mod client;
 pub mod coordinator;
 pub mod layout;
 pub mod ps;
+mod shared;
 mod wire;
 pub mod worker;

@@ -6,9 +6,12 @@
 //! its gradient was computed on, and the difference is the staleness the chief reports.
 
 use super::layout::Piece;
-use super::wire::{Conn, Frame, Tag};
+use super::shared::Shared;
+use super::wire::{Conn, Frame, Tag, text_of};
+use crate::cluster::{Role, TaskId};
 use crate::engine::Optimizer;
 use std::net::TcpListener;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,6 +27,18 @@ pub struct PsTask {
     pub listener: TcpListener,
     /// The job token's hash.
     pub token: u64,
+    /// This task.
+    pub task: TaskId,
+    /// How long a worker on this host may take to join a shared-memory segment it offered.
+    pub timeout: Duration,
+}
+
+/// Who answers a connection, for the segments its peer may offer.
+#[derive(Clone, Copy)]
+struct Me {
+    task: TaskId,
+    token: u64,
+    timeout: Duration,
 }
 
 struct Held {
@@ -31,13 +46,21 @@ struct Held {
     trainable: usize,
     optimizer: Optimizer,
     version: u64,
+    /// Workers connected through shared memory now (the others pull and push over TCP).
+    shared_workers: u64,
 }
 
 /// Serves pulls, pushes and sets until the chief says stop.
 pub fn serve(task: PsTask) -> std::io::Result<()> {
     let trainable = task.pieces.iter().filter(|p| !p.state).map(|p| p.range.len()).sum();
     let len = task.pieces.iter().map(|p| p.range.len()).sum();
-    let held = Arc::new(Mutex::new(Held { values: vec![0.0; len], trainable, optimizer: task.optimizer, version: 0 }));
+    let held = Arc::new(Mutex::new(Held {
+        values: vec![0.0; len],
+        trainable,
+        optimizer: task.optimizer,
+        version: 0,
+        shared_workers: 0,
+    }));
     let done = Arc::new(AtomicBool::new(false));
     // Polled so that the chief's stop ends the accept loop without another connection.
     task.listener.set_nonblocking(true)?;
@@ -46,11 +69,12 @@ pub fn serve(task: PsTask) -> std::io::Result<()> {
         match task.listener.accept() {
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
-                let (held, done, token) = (Arc::clone(&held), Arc::clone(&done), task.token);
+                let (held, done) = (Arc::clone(&held), Arc::clone(&done));
+                let me = Me { task: task.task, token: task.token, timeout: task.timeout };
                 threads.push(std::thread::spawn(move || {
                     // A stranger refused, or a peer gone: only that connection ends.
-                    if let Ok(conn) = Conn::accept(stream, token, None) {
-                        let _ = answer(conn, &held, &done);
+                    if let Ok(conn) = Conn::accept(stream, me.token, None) {
+                        let _ = answer(conn, &held, &done, me);
                     }
                 }));
             }
@@ -63,35 +87,94 @@ pub fn serve(task: PsTask) -> std::io::Result<()> {
 
 /// Answers one peer's requests in order. A push's gradient is read into a buffer kept for
 /// the connection, and a pull's answer is copied out under the lock into another, so no
-/// request allocates, and the lock is never held while a slow peer reads.
-fn answer(mut conn: Conn, held: &Mutex<Held>, done: &AtomicBool) -> std::io::Result<()> {
+/// request allocates, and the lock is never held while a slow peer reads. A worker on this
+/// host shares a segment instead (`shared.rs`): pulls are copied into it under the lock and
+/// pushes applied from it, and neither carries floats over the socket.
+fn answer(conn: Conn, held: &Mutex<Held>, done: &AtomicBool, me: Me) -> std::io::Result<()> {
+    let mut shared = None;
+    let r = requests(conn, held, done, me, &mut shared);
+    if shared.is_some() {
+        held.lock().unwrap_or_else(PoisonError::into_inner).shared_workers -= 1;
+    }
+    r
+}
+
+fn requests(
+    mut conn: Conn,
+    held: &Mutex<Held>,
+    done: &AtomicBool,
+    me: Me,
+    shared: &mut Option<Shared>,
+) -> std::io::Result<()> {
     let (mut floats, mut out) = (Vec::new(), Vec::new());
     loop {
         let (tag, ints) = conn.read_into(&mut floats)?;
+        if tag == Tag::Share {
+            let len = held.lock().unwrap_or_else(PoisonError::into_inner).values.len();
+            let reply = match share(&ints, &floats, len, me) {
+                Ok(s) => {
+                    if shared.replace(s).is_none() {
+                        held.lock().unwrap_or_else(PoisonError::into_inner).shared_workers += 1;
+                    }
+                    Frame::new(Tag::Ok, Vec::new(), Vec::new())
+                }
+                Err(why) => Frame::error(&why),
+            };
+            conn.write(&reply)?;
+            continue;
+        }
         let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
         let reply = match tag {
             Tag::Pull => {
-                let counts = pull(&h, ints.first() == Some(&1), &mut out);
+                let slots = ints.first() == Some(&1);
+                if let Some(sh) = shared.as_mut().filter(|_| !slots) {
+                    sh.pull_mut()[..h.values.len()].copy_from_slice(&h.values);
+                    let counts = [h.version, h.optimizer.iterations(), h.shared_workers];
+                    drop(h);
+                    sh.publish();
+                    conn.send(Tag::Ok, &counts, &[])?;
+                    continue;
+                }
+                let counts = pull(&h, slots, &mut out);
                 drop(h);
                 conn.send(Tag::Ok, &counts, &[&out])?;
                 continue;
             }
-            Tag::Push => push(&mut h, &ints, &floats),
+            Tag::Push => match shared.as_ref().filter(|_| floats.is_empty()) {
+                Some(sh) => push(&mut h, &ints, sh.pushed()),
+                None => push(&mut h, &ints, &floats),
+            },
             Tag::Set => set(&mut h, &ints, &floats),
             Tag::Stop => {
                 done.store(true, Ordering::SeqCst);
                 Frame::new(Tag::Ok, Vec::new(), Vec::new())
             }
-            Tag::Hello | Tag::Ok | Tag::Error | Tag::Run => Frame::error("a ps answers pull, push, set and stop"),
+            Tag::Hello | Tag::Ok | Tag::Error | Tag::Run | Tag::Share => {
+                Frame::error("a ps answers pull, push, set, stop and share")
+            }
         };
         drop(h);
         conn.write(&reply)?;
     }
 }
 
+/// Creates the segment a worker on this host offered: `ints = [floats per area, worker
+/// index]`, the floats its path. Each area must hold a push: the learning rate and `len`
+/// values.
+fn share(ints: &[u64], floats: &[f32], len: usize, me: Me) -> Result<Shared, String> {
+    let &[per_area, index] = ints else {
+        return Err("a share names the floats per area and the worker".into());
+    };
+    if per_area != len as u64 + 1 {
+        return Err(format!("a share of {per_area} floats per area to a ps holding {len} values"));
+    }
+    let worker = TaskId { role: Role::Worker, index: u32::try_from(index).unwrap_or(u32::MAX) };
+    Shared::accept(Path::new(&text_of(floats)), len + 1, (me.task, worker), me.token, me.timeout)
+}
+
 /// Copies the values (and, with `slots`, the optimizer's state buffers) into `out`; returns
-/// the version and the update count.
-fn pull(h: &Held, slots: bool, out: &mut Vec<f32>) -> [u64; 2] {
+/// the version, the update count and the workers connected through shared memory.
+fn pull(h: &Held, slots: bool, out: &mut Vec<f32>) -> [u64; 3] {
     out.clear();
     out.extend_from_slice(&h.values);
     if slots {
@@ -99,7 +182,7 @@ fn pull(h: &Held, slots: bool, out: &mut Vec<f32>) -> [u64; 2] {
             out.extend_from_slice(buffer);
         }
     }
-    [h.version, h.optimizer.iterations()]
+    [h.version, h.optimizer.iterations(), h.shared_workers]
 }
 
 /// Applies one gradient: `ints = [version pulled]`, `floats = [lr, gradient of the trainable
@@ -112,7 +195,7 @@ fn push(h: &mut Held, ints: &[u64], floats: &[f32]) -> Frame {
         return Frame::error(&format!("a push of {} values to a ps holding {}", rest.len(), h.values.len()));
     }
     let (grads, state) = rest.split_at(h.trainable);
-    let Held { values, trainable, optimizer, version } = h;
+    let Held { values, trainable, optimizer, version, .. } = h;
     let (params, held_state) = values.split_at_mut(*trainable);
     optimizer.step(params, grads, lr);
     // Statistics (moving means) are assigned: the last worker's value stands.

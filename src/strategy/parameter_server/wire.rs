@@ -40,11 +40,15 @@ pub enum Tag {
     Run = 7,
     /// To any task: training is over; leave.
     Stop = 8,
+    /// To a ps, from a worker on its host: `ints = [floats per area]`, the floats the UTF-8
+    /// bytes of a shared-memory segment's path, which the ps creates (`shared.rs`); later
+    /// pulls and pushes of the connection then carry no floats.
+    Share = 9,
 }
 
 impl Tag {
     fn from_u32(v: u32) -> Option<Tag> {
-        [Tag::Hello, Tag::Ok, Tag::Error, Tag::Pull, Tag::Push, Tag::Set, Tag::Run, Tag::Stop]
+        [Tag::Hello, Tag::Ok, Tag::Error, Tag::Pull, Tag::Push, Tag::Set, Tag::Run, Tag::Stop, Tag::Share]
             .into_iter()
             .find(|t| *t as u32 == v)
     }
@@ -65,14 +69,24 @@ impl Frame {
 
     /// An error answer carrying `text`.
     pub fn error(text: &str) -> Self {
-        Self::new(Tag::Error, Vec::new(), text.bytes().map(f32::from).collect())
+        Self::with_text(Tag::Error, Vec::new(), text)
     }
 
-    /// The text of an error answer.
-    pub fn text(&self) -> String {
-        let bytes: Vec<u8> = self.floats.iter().map(|&f| f as u8).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+    /// A frame whose floats carry `text`, one UTF-8 byte per value.
+    pub fn with_text(tag: Tag, ints: Vec<u64>, text: &str) -> Self {
+        Self::new(tag, ints, text.bytes().map(f32::from).collect())
     }
+
+    /// The text a frame carries (an error's reason, a segment's path).
+    pub fn text(&self) -> String {
+        text_of(&self.floats)
+    }
+}
+
+/// The text `floats` carry, one UTF-8 byte per value.
+pub fn text_of(floats: &[f32]) -> String {
+    let bytes: Vec<u8> = floats.iter().map(|&f| f as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// A frame's tag and integers, read before its floats.
@@ -140,6 +154,12 @@ impl Conn {
                 Err(io::Error::new(io::ErrorKind::PermissionDenied, why))
             }
         }
+    }
+
+    /// Whether both ends of the connection have the same address: the peer runs on this host.
+    pub fn same_host(&self) -> bool {
+        let s = self.reader.get_ref();
+        matches!((s.local_addr(), s.peer_addr()), (Ok(a), Ok(b)) if a.ip() == b.ip())
     }
 
     /// Sends `frame`.

@@ -9,8 +9,10 @@
 //! one worker with one ps trains bit for bit as `default` does.
 
 use super::layout::{Layout, Piece, wire_order};
+use super::shared::Shared;
 use super::wire::{Conn, Frame, Tag, peer_error};
-use crate::cluster::TaskId;
+use crate::cluster::{Role, TaskId};
+use crate::collective::TransportKind;
 use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
 use crate::engine::BatchStats;
 use crate::engine::init::{STEP_DOMAIN, derive_seed};
@@ -48,6 +50,8 @@ struct Stepper<'a> {
     drawn: u64,
     layout: Layout,
     ps: Vec<(TaskId, Conn)>,
+    /// Per ps, the segment pulls and pushes go through when it runs on this host.
+    shared: Vec<Option<Shared>>,
     params: Vec<f32>,
     state: Vec<f32>,
     grads: Vec<f32>,
@@ -79,10 +83,17 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
     let pipeline =
         Pipeline::new(Arc::clone(&dataset), &options, Cursor::default()).map_err(|e| failed(e.to_string()))?;
     let timeout = plan.cluster.timeout;
-    let mut ps = Vec::new();
-    for (t, addr) in &task.ps {
-        let conn = Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout)
+    let (mut ps, mut shared) = (Vec::new(), Vec::new());
+    let me = TaskId::new(Role::Worker, task.index);
+    for (i, (t, addr)) in task.ps.iter().enumerate() {
+        let mut conn = Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout)
             .map_err(|e| failed(peer_error(*t, "the connection", &e, timeout)))?;
+        // A push carries the learning rate and the ps's values.
+        let floats = layout.len(i) + 1;
+        shared.push(match ps_plan.transport {
+            TransportKind::SharedMemory => Shared::offer(&mut conn, (me, *t), floats, task.token, timeout),
+            TransportKind::Tcp => None,
+        });
         ps.push((*t, conn));
     }
     let grads = vec![0.0; params.len()];
@@ -97,6 +108,7 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
         drawn: 0,
         layout,
         ps,
+        shared,
         params,
         state,
         grads,
@@ -115,7 +127,7 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
                 let _ = chief.write(&Frame::new(Tag::Ok, Vec::new(), Vec::new()));
                 return Ok(());
             }
-            Tag::Hello | Tag::Ok | Tag::Error | Tag::Pull | Tag::Push | Tag::Set => {
+            Tag::Hello | Tag::Ok | Tag::Error | Tag::Pull | Tag::Push | Tag::Set | Tag::Share => {
                 Frame::error("a worker answers run and stop")
             }
         };
@@ -176,7 +188,8 @@ impl Stepper<'_> {
         let timeout = self.plan.cluster.timeout;
         for i in 0..self.ps.len() {
             let (t, conn) = &mut self.ps[i];
-            let version = pull(conn, &self.layout.ps[i], &mut self.params, &mut self.state);
+            let shared = self.shared[i].as_ref();
+            let version = pull(conn, shared, &self.layout.ps[i], &mut self.params, &mut self.state);
             self.versions[i] = version.map_err(|e| peer_error(*t, "a pull", &e, timeout))?;
         }
         for _ in 0..self.plan.batch.accumulation_steps {
@@ -203,16 +216,27 @@ impl Stepper<'_> {
         }
         let mut stale = 0;
         let lr = [lr];
-        for (i, (t, conn)) in self.ps.iter_mut().enumerate() {
+        for (i, ((t, conn), shared)) in self.ps.iter_mut().zip(&mut self.shared).enumerate() {
             // The ps's part goes out from where it lies: the learning rate, then its shards of
             // the gradient and of the state in wire order.
             let (grads, state) = (&self.grads[..], &self.state[..]);
             let mut parts: Vec<&[f32]> = vec![&lr];
             parts.extend(wire_order(&self.layout.ps[i]).map(|p| &if p.state { state } else { grads }[p.range.clone()]));
-            let answer = conn
-                .send(Tag::Push, &[self.versions[i]], &parts)
-                .and_then(|()| conn.read())
-                .map_err(|e| peer_error(*t, "a push", &e, timeout))?;
+            let sent = match shared {
+                // On one host the parts go into the shared area and the request carries none.
+                Some(sh) => {
+                    let area = sh.push_mut();
+                    let mut at = 0;
+                    for part in &parts {
+                        area[at..at + part.len()].copy_from_slice(part);
+                        at += part.len();
+                    }
+                    sh.publish();
+                    conn.send(Tag::Push, &[self.versions[i]], &[])
+                }
+                None => conn.send(Tag::Push, &[self.versions[i]], &parts),
+            };
+            let answer = sent.and_then(|()| conn.read()).map_err(|e| peer_error(*t, "a push", &e, timeout))?;
             if answer.tag == Tag::Error {
                 return Err(format!("{t} refused a push: {}", answer.text()));
             }
@@ -222,22 +246,35 @@ impl Stepper<'_> {
     }
 }
 
-/// Pulls a ps's values straight into their places in `params` and `state`, in wire order;
-/// returns the version pulled.
-fn pull(conn: &mut Conn, pieces: &[Piece], params: &mut [f32], state: &mut [f32]) -> io::Result<u64> {
+/// Pulls a ps's values straight into their places in `params` and `state`, in wire order,
+/// from the socket or, on one host, from the shared area; returns the version pulled.
+fn pull(
+    conn: &mut Conn,
+    shared: Option<&Shared>,
+    pieces: &[Piece],
+    params: &mut [f32],
+    state: &mut [f32],
+) -> io::Result<u64> {
     conn.send(Tag::Pull, &[0], &[])?;
     let head = conn.read_head()?;
     let len: usize = pieces.iter().map(|p| p.range.len()).sum();
-    if head.tag != Tag::Ok || head.floats != len {
+    let expected = if shared.is_some() { 0 } else { len };
+    if head.tag != Tag::Ok || head.floats != expected {
         let mut floats = vec![0.0; head.floats];
         conn.read_floats(&mut floats)?;
         let text = Frame::new(head.tag, head.ints, floats).text();
-        let why = if head.tag == Tag::Ok { format!("sent {} values for {len}", head.floats) } else { text };
+        let why = if head.tag == Tag::Ok { format!("sent {} values for {expected}", head.floats) } else { text };
         return Err(io::Error::other(why));
     }
+    let mut at = 0;
     for p in wire_order(pieces) {
-        let into = if p.state { &mut *state } else { &mut *params };
-        conn.read_floats(&mut into[p.range.clone()])?;
+        let buffer = if p.state { &mut *state } else { &mut *params };
+        let into = &mut buffer[p.range.clone()];
+        match shared {
+            Some(sh) => into.copy_from_slice(&sh.pulled()[at..at + into.len()]),
+            None => conn.read_floats(into)?,
+        }
+        at += into.len();
     }
     Ok(head.ints.first().copied().unwrap_or(0))
 }
