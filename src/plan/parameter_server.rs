@@ -54,9 +54,11 @@ pub struct ParameterServerPlan {
     /// Steps per scheduled closure.
     pub steps_per_execution: NonZeroU64,
     /// The workers' data plane to the ps tasks: `SharedMemory` moves pulls and pushes of a
-    /// worker and a ps on one host through a shared segment (TCP across hosts, and when the
-    /// segment cannot be set up); `Tcp` moves everything over TCP.
+    /// worker and a ps on one host through a shared segment; `Tcp` moves everything over TCP.
     pub transport: TransportKind,
+    /// `strategy.transport = "auto"`: a worker and a ps on different hosts, or whose segment
+    /// cannot be set up, use TCP instead of failing the job.
+    pub auto_transport: bool,
     /// Threads the chief evaluates with: `run.threads` when set, else every core of its
     /// machine, as the workers wait during an evaluation and the chief computes nothing else.
     pub eval_threads: usize,
@@ -195,6 +197,7 @@ pub fn resolve(
             CollectiveTransport::Auto | CollectiveTransport::SharedMemory => TransportKind::SharedMemory,
             CollectiveTransport::Tcp => TransportKind::Tcp,
         },
+        auto_transport: *transport == CollectiveTransport::Auto,
         eval_threads: spec.run.threads.map_or(cores.max(1), |t| t.get()),
     })
 }

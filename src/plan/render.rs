@@ -275,9 +275,10 @@ fn parameter_servers(plan: &Plan, rows: &mut Rows) {
             plural(ps.steps_per_execution.get(), "step")
         ),
     ));
-    let plane = match ps.transport {
-        TransportKind::SharedMemory => "shared memory between a worker and a ps on one host, else TCP",
-        TransportKind::Tcp => "TCP",
+    let plane = match (ps.transport, ps.auto_transport) {
+        (TransportKind::SharedMemory, true) => "shared memory between a worker and a ps on one host, else TCP",
+        (TransportKind::SharedMemory, false) => "shared memory (every worker on its ps tasks' host)",
+        (TransportKind::Tcp, _) => "TCP",
     };
     rows.push(("data plane", format!("pulls and pushes through {plane}; requests over TCP")));
     rows.push((

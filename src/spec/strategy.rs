@@ -74,10 +74,11 @@ pub enum StrategySpec {
         #[serde(default = "default_timeout_s")]
         #[schemars(range(min = 0.001, max = 604_800.0))]
         timeout_s: f64,
-        /// How pulls and pushes travel between a worker and a ps. `auto` and `shared_memory`:
-        /// through a shared-memory segment when the two run on one host (no socket, no kernel
-        /// copies), over TCP when they do not or the segment cannot be set up; `tcp`: always
-        /// TCP. Requests, answers and failure detection stay on TCP either way.
+        /// How pulls and pushes travel between a worker and a ps. `auto`: through a
+        /// shared-memory segment when the two run on one host (no socket, no kernel copies),
+        /// over TCP when they do not or the segment cannot be set up; `shared_memory`: always
+        /// the segment, and a worker that cannot set one up fails the job saying why; `tcp`:
+        /// always TCP. Requests, answers and failure detection stay on TCP either way.
         /// Default: `auto`. Example: `transport = "tcp"`.
         #[serde(default)]
         transport: CollectiveTransport,

@@ -149,6 +149,7 @@ mod tests {
             queue_size: NonZeroUsize::MIN,
             max_staleness: None,
             transport: crate::collective::TransportKind::Tcp,
+            auto_transport: false,
             eval_threads: 1,
             steps_per_execution: NonZeroU64::MIN,
         };

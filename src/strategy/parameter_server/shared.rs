@@ -40,44 +40,30 @@ pub struct Shared {
 impl Shared {
     /// The worker's end: when the connection to `ps` joins two tasks of one host, offers a
     /// segment of `floats` per area and joins it as the ps creates it, within `within`.
-    /// `None` means TCP: another host, or a segment that could not be set up (said on stderr).
+    /// `Ok(None)`: the two are on different hosts; `Err`: why the segment could not be set up.
     pub fn offer(
         conn: &mut Conn,
         (worker, ps): (TaskId, TaskId),
         floats: usize,
         token: u64,
         within: Duration,
-    ) -> Option<Self> {
+    ) -> Result<Option<Self>, String> {
         if !conn.same_host() {
-            return None;
+            return Ok(None);
         }
         let name = format!("trainrun-ps-{token:016x}-{}-{}-{}", ps.index, worker.index, std::process::id());
         let path = segment_dir().join(name);
         let text = path.to_string_lossy().into_owned();
-        if let Err(e) = conn.write(&Frame::with_text(Tag::Share, vec![floats as u64, u64::from(worker.index)], &text)) {
-            eprintln!("warning: {worker} moves pulls and pushes over TCP: offering {ps} shared memory failed ({e})");
-            return None;
-        }
+        conn.write(&Frame::with_text(Tag::Share, vec![floats as u64, u64::from(worker.index)], &text))
+            .map_err(|e| format!("offering {ps} shared memory failed ({e})"))?;
         // The ps creates the segment as it reads the offer, and answers once both joined.
         let joined = join(WORKER, (ps, worker), &path, floats, token, within);
         let answer = conn.read();
         match (joined, answer) {
-            (Ok(shared), Ok(a)) if a.tag == Tag::Ok => Some(shared),
-            (Ok(_), Ok(a)) => {
-                eprintln!(
-                    "warning: {worker} moves pulls and pushes over TCP: {ps} declined shared memory ({})",
-                    a.text()
-                );
-                None
-            }
-            (Err(e), _) => {
-                eprintln!("warning: {worker} moves pulls and pushes over TCP: shared memory with {ps} failed ({e})");
-                None
-            }
-            (_, Err(e)) => {
-                eprintln!("warning: {worker} moves pulls and pushes over TCP: {ps} did not answer its offer ({e})");
-                None
-            }
+            (Ok(shared), Ok(a)) if a.tag == Tag::Ok => Ok(Some(shared)),
+            (Ok(_), Ok(a)) => Err(format!("{ps} declined shared memory ({})", a.text())),
+            (Err(e), _) => Err(format!("shared memory with {ps} failed ({e})")),
+            (_, Err(e)) => Err(format!("{ps} did not answer its offer ({e})")),
         }
     }
 
@@ -170,7 +156,9 @@ mod tests {
         });
         let mut conn = Conn::dial(addr, token, within, within).unwrap();
         assert!(conn.same_host());
-        let mut shared = Shared::offer(&mut conn, (worker, ps), 5, token, within).expect("shared memory on loopback");
+        let mut shared = Shared::offer(&mut conn, (worker, ps), 5, token, within)
+            .expect("shared memory on loopback")
+            .expect("one host");
         shared.push_mut().copy_from_slice(&[0.5, 1.0, -2.0, 3.5, f32::MAX]);
         shared.publish();
         conn.write(&Frame::new(Tag::Push, Vec::new(), Vec::new())).unwrap();

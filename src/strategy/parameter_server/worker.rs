@@ -91,7 +91,26 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
         // A push carries the learning rate and the ps's values.
         let floats = layout.len(i) + 1;
         shared.push(match ps_plan.transport {
-            TransportKind::SharedMemory => Shared::offer(&mut conn, (me, *t), floats, task.token, timeout),
+            // `auto` falls back to TCP; an explicit `shared_memory` that cannot work fails.
+            TransportKind::SharedMemory => match Shared::offer(&mut conn, (me, *t), floats, task.token, timeout) {
+                Ok(Some(s)) => Some(s),
+                Ok(None) if ps_plan.auto_transport => None,
+                Err(why) if ps_plan.auto_transport => {
+                    eprintln!("warning: {me} moves pulls and pushes over TCP: {why}");
+                    None
+                }
+                Ok(None) => {
+                    return Err(failed(format!(
+                        "strategy.transport = \"shared_memory\", but {me} and {t} run on different hosts; \
+                         use transport = \"auto\" or \"tcp\""
+                    )));
+                }
+                Err(why) => {
+                    return Err(failed(format!(
+                        "strategy.transport = \"shared_memory\": {why}; transport = \"auto\" falls back to TCP"
+                    )));
+                }
+            },
             TransportKind::Tcp => None,
         });
         ps.push((*t, conn));
