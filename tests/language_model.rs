@@ -161,18 +161,21 @@ fn apart(a: &Path, b: &Path) -> f64 {
 #[test]
 fn a_small_gpt_trains_alike_on_two_replicas_two_workers_and_one_process() {
     let dir = tempdir();
+    // The spec ships as 2 mirrored replicas (`strategy=` merges into its table, so each
+    // variant names its devices): the reference is one replica in one process.
+    const ONE: &str = r#"strategy={ kind = "mirrored", devices = ["cpu:0"] }"#;
     let one = dir.path().join("one");
-    let s = train_small(&one, &[]);
+    let s = train_small(&one, &[ONE]);
     assert!(s["test_loss"].as_f64().unwrap_or(f64::NAN) < UNIFORM_LOSS - 0.3, "{s}");
     // The comparison can tell runs apart: a 10 % lower learning rate is far from 1e-5.
     let slower = dir.path().join("slower");
-    train_small(&slower, &["optimizer.learning_rate=0.0009"]);
+    train_small(&slower, &[ONE, "optimizer.learning_rate=0.0009"]);
     let d = apart(&slower, &one);
     assert!(d > 1e-3, "a lower learning rate moved the weights by only {d}");
 
     for (name, strategy, workers) in [
         ("mirrored", r#"strategy={ kind = "mirrored", devices = 2 }"#, 1),
-        ("multi_worker_mirrored", r#"strategy={ kind = "multi_worker_mirrored" }"#, 2),
+        ("multi_worker_mirrored", r#"strategy={ kind = "multi_worker_mirrored", devices = 1 }"#, 2),
     ] {
         let out = dir.path().join(name);
         let cluster = format!("cluster.worker={workers}");

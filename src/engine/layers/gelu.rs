@@ -67,19 +67,32 @@ pub fn forward(form: GeluForm, x: &[f32], y: &mut [f32], grad: &mut [f32], len: 
 /// [`forward`] of `x + bias` for `rows` rows of `width` values (`bias` has `width` values, or
 /// none), in one pass that also leaves `x + bias` in `x`: the transformer block's MLP adds its
 /// first bias here rather than in a pass (and a wait for both threads) of its own. The same
-/// bits as adding the bias first.
+/// bits as adding the bias first. Without `grad` (an evaluation pass, which has no backward)
+/// the derivative is neither computed nor stored.
 pub fn forward_biased(
     form: GeluForm,
     x: &mut [f32],
     (bias, width): (&[f32], usize),
     rows: usize,
-    (y, grad): (&mut [f32], &mut [f32]),
+    (y, grad): (&mut [f32], Option<&mut [f32]>),
     threads: usize,
 ) {
     let width = width.max(1);
     let ranges = partition(rows, threads);
     let len = rows * width;
     let (xs, ys) = (split_rows(&mut x[..len], &ranges, width), split_rows(&mut y[..len], &ranges, width));
+    let Some(grad) = grad else {
+        return xs.into_par_iter().zip(ys).for_each(|(x, y)| match form {
+            GeluForm::Exact => vectorized(
+                #[inline(always)]
+                || biased_values(x, (bias, width), y, |x| gelu_and_grad(GeluForm::Exact, x).0),
+            ),
+            GeluForm::Tanh => vectorized(
+                #[inline(always)]
+                || biased_values(x, (bias, width), y, |x| gelu_and_grad(GeluForm::Tanh, x).0),
+            ),
+        });
+    };
     let grads = split_rows(&mut grad[..len], &ranges, width);
     xs.into_par_iter().zip(ys).zip(grads).for_each(|((x, y), grad)| match form {
         GeluForm::Exact => vectorized(
@@ -104,10 +117,28 @@ fn biased_map(
 ) {
     let rows = x.chunks_exact_mut(width).zip(y.chunks_exact_mut(width)).zip(g.chunks_exact_mut(width));
     for ((x, y), g) in rows {
-        for (x, b) in x.iter_mut().zip(b) {
-            *x += b;
-        }
+        add_bias(x, b);
         map(x, y, g, f);
+    }
+}
+
+/// [`biased_map`] without the derivative: `y[i] = f(x[i] + b)`.
+#[inline(always)]
+fn biased_values(x: &mut [f32], (b, width): (&[f32], usize), y: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+    for (x, y) in x.chunks_exact_mut(width).zip(y.chunks_exact_mut(width)) {
+        add_bias(x, b);
+        let n = x.len().min(y.len());
+        let (x, y) = (&x[..n], &mut y[..n]);
+        for i in 0..n {
+            y[i] = f(x[i]);
+        }
+    }
+}
+
+#[inline(always)]
+fn add_bias(x: &mut [f32], b: &[f32]) {
+    for (x, b) in x.iter_mut().zip(b) {
+        *x += b;
     }
 }
 

@@ -275,6 +275,23 @@ mod tests {
     }
 
     #[test]
+    fn transformer_block_evaluates_as_it_trains_without_dropout() {
+        // Evaluation skips what only backward needs (GELU's derivative): the same output bits.
+        for gelu in [GeluForm::Exact, GeluForm::Tanh] {
+            let cfg =
+                BlockConfig { seq_len: 5, dim: 8, heads: 2, hidden: 32, dropout: 0.0, epsilon: 1e-5, gelu, layers: 2 };
+            let mut block = TransformerBlock::new(cfg, 4).unwrap();
+            let len: usize = block.params().iter().map(|p| p.len()).sum();
+            let params: Vec<f32> = (0..len).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+            let x: Vec<f32> = (0..3 * 40).map(|i| ((i * 7) % 23) as f32 / 23.0 - 0.4).collect();
+            let trained = run(&mut block, true, &params, &mut [], &x, 3);
+            let evaluated = run(&mut block, false, &params, &mut [], &x, 3);
+            assert!(trained.iter().any(|v| *v != 0.0));
+            assert_eq!(trained, evaluated, "{gelu:?}");
+        }
+    }
+
+    #[test]
     fn transformer_block_names_its_children() {
         let cfg = BlockConfig {
             seq_len: 4,

@@ -167,6 +167,8 @@ impl Layer for TransformerBlock {
         self.ln_2.forward(pass, &params[p[2].clone()], &mut [], x1, h2, n);
         let (f, g, gd) = (sized(&mut self.f, wide), sized(&mut self.g, wide), sized(&mut self.gd, wide));
         let bias = self.mlp_fc.product(pass, &params[p[3].clone()], h2, f, n);
+        // Evaluation has no backward, so no GELU derivative to keep.
+        let gd = pass.training.then_some(gd);
         gelu::forward_biased(self.cfg.gelu, f, (bias, self.cfg.hidden), rows, (g, gd), threads);
         if drops {
             let m = sized(&mut self.s[0], len);

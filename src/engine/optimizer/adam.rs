@@ -64,14 +64,14 @@ impl Adam {
     }
 
     /// One update from the sum of `grads` (one buffer per replica, added in order).
-    pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
+    pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32, scale: f32) {
         self.iterations += 1;
         let (b1, b2, eps, wd, decoupled) = (self.beta_1, self.beta_2, self.epsilon, self.weight_decay, self.decoupled);
         let t = self.iterations as i32;
         // Keras folds the bias corrections into the step size.
         let alpha = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
         let decay = self.decay_ranges.as_deref();
-        for_chunks(params, grads, &mut self.m, &mut self.v, |offset, p, g, m, v| {
+        for_chunks(params, grads, scale, &mut self.m, &mut self.v, |offset, p, g, m, v| {
             for (span, decays) in segments(decay, offset..offset + p.len()) {
                 let local = span.start - offset..span.end - offset;
                 let wd = if decays { wd } else { 0.0 };
@@ -125,7 +125,7 @@ mod tests {
         // With bias correction, Adam's first update is lr · g/|g|.
         let mut adam = Adam::new(3, 0.9, 0.999, 1e-7, 0.0, false);
         let mut p = vec![1.0, 1.0, 1.0];
-        adam.step(&mut p, &[&[0.5, -2.0, 0.0]], 0.1);
+        adam.step(&mut p, &[&[0.5, -2.0, 0.0]], 0.1, 1.0);
         assert!((p[0] - 0.9).abs() < 1e-4 && (p[1] - 1.1).abs() < 1e-4 && p[2] == 1.0, "{p:?}");
     }
 
@@ -135,13 +135,13 @@ mod tests {
         let mut adam = Adam::new(7, 0.9, 0.999, 1e-7, 0.1, true).with_decay_ranges(vec![5..6, 1..2, 2..3]);
         assert_eq!(adam.decay_ranges, Some(vec![1..3, 5..6]));
         let mut p = vec![2.0; 7];
-        adam.step(&mut p, &[&[0.0; 7]], 0.5);
+        adam.step(&mut p, &[&[0.0; 7]], 0.5, 1.0);
         let d = 2.0 * (1.0 - 0.05);
         assert_eq!(p, [2.0, d, d, 2.0, 2.0, d, 2.0]);
         // Coupled (L2) decay honours the ranges too: undecayed values with no gradient stay.
         let mut adam = Adam::new(3, 0.9, 0.999, 1e-7, 0.1, false).with_decay_ranges(std::iter::once(0..1).collect());
         let mut p = vec![2.0; 3];
-        adam.step(&mut p, &[&[0.0; 3]], 0.5);
+        adam.step(&mut p, &[&[0.0; 3]], 0.5, 1.0);
         assert!(p[0] < 2.0 && p[1] == 2.0 && p[2] == 2.0, "{p:?}");
     }
 
@@ -157,7 +157,7 @@ mod tests {
         let mut adam =
             Adam::new(len, 0.9, 0.999, 1e-7, 0.1, true).with_decay_ranges(std::iter::once(len - 20..len - 5).collect());
         let mut p = vec![1.0; len];
-        adam.step(&mut p, &[&vec![0.0; len]], 1.0);
+        adam.step(&mut p, &[&vec![0.0; len]], 1.0, 1.0);
         let decayed: Vec<usize> = (0..len).filter(|&i| p[i] < 1.0).collect();
         assert_eq!(decayed, (len - 20..len - 5).collect::<Vec<_>>());
     }
@@ -166,7 +166,7 @@ mod tests {
     fn adamw_decays_weights_without_gradient() {
         let mut adam = Adam::new(1, 0.9, 0.999, 1e-7, 0.1, true);
         let mut p = vec![2.0];
-        adam.step(&mut p, &[&[0.0]], 0.5);
+        adam.step(&mut p, &[&[0.0]], 0.5, 1.0);
         assert!((p[0] - 2.0 * (1.0 - 0.05)).abs() < 1e-6, "{p:?}");
     }
 }

@@ -37,15 +37,21 @@ pub fn global_norm(grads: &[f32]) -> f64 {
     sums.iter().sum::<f64>().sqrt()
 }
 
+/// What gradients of global norm `norm` are multiplied by: `clip_norm / norm` when the norm
+/// is finite and above `clip_norm`, else 1 (see [`clip_by_global_norm`]).
+pub(super) fn clip_scale(norm: f64, clip_norm: f32) -> f32 {
+    let clip = f64::from(clip_norm);
+    if norm.is_finite() && norm > clip { (clip / norm) as f32 } else { 1.0 }
+}
+
 /// Scales `grads` by `min(1, clip_norm / ‖grads‖)` and returns `‖grads‖` before clipping.
 ///
 /// A non-finite norm leaves the gradients as they are (scaling by `c / ∞ = 0` would hide a
 /// NaN or overflow from the caller's non-finite check, which should stop training instead).
 pub fn clip_by_global_norm(grads: &mut [f32], clip_norm: f32) -> f64 {
     let norm = global_norm(grads);
-    let clip = f64::from(clip_norm);
-    if norm.is_finite() && norm > clip {
-        let scale = (clip / norm) as f32;
+    let scale = clip_scale(norm, clip_norm);
+    if scale != 1.0 {
         grads.par_chunks_mut(CHUNK).for_each(|c| {
             crate::engine::simd::vectorized(
                 #[inline(always)]
@@ -113,6 +119,27 @@ mod tests {
             }
             assert_eq!(p1, p2, "clipping the sum of (3, 0) and (3, 8) gives (0.6, 0.8)");
             assert_eq!(split.clip_norm(), Some(1.0));
+        }
+        // One buffer is scaled inside the update, not copied and scaled first: the same bits
+        // as the update of the clipped buffer, over several chunks, above and below the norm.
+        let len = 2 * CHUNK + 9;
+        let g: Vec<f32> = (0..len).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.4).collect();
+        for clip in [0.5f32, 1e4] {
+            let mut clipped = g.clone();
+            clip_by_global_norm(&mut clipped, clip);
+            assert_eq!(clipped == g, clip > 1.0, "only the small clip norm scales");
+            for make in [
+                || Optimizer::Sgd(Sgd::new(2 * CHUNK + 9, 0.9, false, 0.01)),
+                || Optimizer::Adam(Adam::new(2 * CHUNK + 9, 0.9, 0.99, 1e-7, 0.1, true)),
+            ] {
+                let (mut inside, mut first) = (make().with_clip_norm(Some(clip)), make());
+                let (mut p1, mut p2) = (vec![0.5f32; len], vec![0.5f32; len]);
+                for _ in 0..2 {
+                    inside.step(&mut p1, &g, 0.1);
+                    first.step(&mut p2, &clipped, 0.1);
+                }
+                assert_eq!(p1, p2);
+            }
         }
         // The fused SGD step applies each layer's gradient as it is made: never with clipping.
         assert!(Optimizer::Sgd(Sgd::new(1, 0.9, false, 0.0)).with_clip_norm(Some(1.0)).fused(0.1).is_none());

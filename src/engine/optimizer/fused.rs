@@ -72,7 +72,7 @@ impl SliceStep<'_> {
     pub fn apply_sum(&mut self, params: &mut [f32], grads: &[&[f32]]) {
         let rule = self.rule;
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
-        for_chunks(params, grads, velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
+        for_chunks(params, grads, 1.0, velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
     }
 
     /// Applies the update with a gradient `g` that only `product` computes: it must write

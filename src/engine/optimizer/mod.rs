@@ -7,6 +7,7 @@ mod fused;
 mod sgd;
 
 pub use adam::Adam;
+use clip::clip_scale;
 pub use clip::{clip_by_global_norm, global_norm};
 pub use fused::{FusedStep, SliceStep};
 pub use sgd::{Sgd, SgdRule};
@@ -41,22 +42,28 @@ impl Optimizer {
     /// clips the same values identically.
     pub fn step_sum(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
         let Some(clip_norm) = self.clip_norm() else {
-            return self.update(params, grads, lr);
+            return self.update(params, grads, lr, 1.0);
         };
+        // One buffer: its norm, then the update scales each value as it reads it (the same
+        // bits as scaling the buffer first, without a copy and a pass that writes it).
+        if let [g] = grads {
+            return self.update(params, grads, lr, clip_scale(global_norm(g), clip_norm));
+        }
         let mut sum = grads.first().map_or_else(Vec::new, |g| g.to_vec());
         for g in grads.iter().skip(1) {
             for (s, v) in sum.iter_mut().zip(g.iter()) {
                 *s += *v;
             }
         }
-        clip_by_global_norm(&mut sum, clip_norm);
-        self.update(params, &[&sum], lr);
+        let scale = clip_scale(global_norm(&sum), clip_norm);
+        self.update(params, &[&sum], lr, scale);
     }
 
-    fn update(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
+    /// The update from the sum of `grads`, each summed value multiplied by `scale` first.
+    fn update(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32, scale: f32) {
         match self {
-            Optimizer::Sgd(o) => o.step(params, grads, lr),
-            Optimizer::Adam(o) => o.step(params, grads, lr),
+            Optimizer::Sgd(o) => o.step(params, grads, lr, scale),
+            Optimizer::Adam(o) => o.step(params, grads, lr, scale),
         }
     }
 
@@ -143,10 +150,12 @@ const SUM_BLOCK: usize = 1 << 10;
 
 /// Runs `f(offset, …)` over aligned chunks of the parameter, gradient and up to two state
 /// buffers, `offset` being the chunk's first index in the arena; with several gradient
-/// buffers, `f` sees their sum (added in buffer order), block by block.
+/// buffers, `f` sees their sum (added in buffer order), block by block, and with a `scale`
+/// other than 1 (global-norm clipping) the sum times `scale`.
 fn for_chunks(
     params: &mut [f32],
     grads: &[&[f32]],
+    scale: f32,
     a: &mut [f32],
     b: &mut [f32],
     f: impl Fn(usize, &mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
@@ -157,17 +166,19 @@ fn for_chunks(
     params.par_chunks_mut(CHUNK).zip(a.into_par_iter().zip(b)).enumerate().for_each(|(c, (p, (a, b)))| {
         let at = c * CHUNK;
         match grads {
-            [g] => f(at, p, &g[at..at + p.len()], a, b),
-            _ => sum_blocks(p, grads, at, a, b, &f),
+            [g] if scale == 1.0 => f(at, p, &g[at..at + p.len()], a, b),
+            _ => sum_blocks(p, grads, scale, at, a, b, &f),
         }
     });
 }
 
 /// `f` over blocks of one chunk (starting at arena index `at`), with the gradient buffers
-/// summed into a stack block first. The update is elementwise, so blocks change no result.
+/// summed into a stack block first and multiplied by `scale` unless it is 1. The update is
+/// elementwise, so blocks change no result.
 fn sum_blocks(
     p: &mut [f32],
     grads: &[&[f32]],
+    scale: f32,
     at: usize,
     a: &mut [f32],
     b: &mut [f32],
@@ -196,6 +207,9 @@ fn sum_blocks(
                 };
                 for g in rest {
                     sum.iter_mut().zip(&g[from..from + len]).for_each(|(s, v)| *s += v);
+                }
+                if scale != 1.0 {
+                    sum.iter_mut().for_each(|s| *s *= scale);
                 }
             }
             None => sum.fill(0.0),

@@ -27,10 +27,10 @@ impl Sgd {
     }
 
     /// One update from the sum of `grads` (one buffer per replica, added in order).
-    pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
+    pub(super) fn step(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32, scale: f32) {
         let rule = self.rule(lr);
         let velocity = self.velocity.as_deref_mut().unwrap_or_default();
-        for_chunks(params, grads, velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
+        for_chunks(params, grads, scale, velocity, &mut [], |_, p, g, v, _| rule.apply(p, g, v));
         self.iterations += 1;
     }
 
@@ -83,7 +83,7 @@ mod tests {
         let mut p = vec![1.0];
         (0..3)
             .map(|_| {
-                sgd.step(&mut p, &[&[g]], 0.1);
+                sgd.step(&mut p, &[&[g]], 0.1, 1.0);
                 p[0]
             })
             .collect()
@@ -115,12 +115,12 @@ mod tests {
         // v1 = −0.1, v2 = 0.9·v1 − 0.5·0.19 = −0.185.
         let mut sgd = Sgd::new(1, 0.0, false, 0.1);
         let mut p = vec![2.0];
-        sgd.step(&mut p, &[&[0.0]], 0.5);
+        sgd.step(&mut p, &[&[0.0]], 0.5, 1.0);
         close(&p, &[1.9]);
         let mut sgd = Sgd::new(1, 0.9, false, 0.1);
         let mut p = vec![2.0];
-        sgd.step(&mut p, &[&[0.0]], 0.5);
-        sgd.step(&mut p, &[&[0.0]], 0.5);
+        sgd.step(&mut p, &[&[0.0]], 0.5, 1.0);
+        sgd.step(&mut p, &[&[0.0]], 0.5, 1.0);
         close(&p, &[2.0 - 0.1 - 0.185]);
         assert_eq!(sgd.iterations, 2);
     }
@@ -132,8 +132,8 @@ mod tests {
         let mut sgd = Sgd::new(len, 0.9, true, 0.01);
         let mut p = vec![1.0; len];
         let g = vec![0.5; len];
-        sgd.step(&mut p, &[&g], 0.1);
-        sgd.step(&mut p, &[&g], 0.1);
+        sgd.step(&mut p, &[&g], 0.1, 1.0);
+        sgd.step(&mut p, &[&g], 0.1, 1.0);
         assert!(p.iter().all(|v| *v == p[0]));
         assert!(sgd.velocity.is_some_and(|v| v.iter().all(|x| *x == v[0])));
     }
