@@ -52,7 +52,8 @@ pub fn run(exe: &Path, python: &str, quick: bool) -> Result<(), String> {
     let steps = if quick { 60 } else { 300 };
     println!(
         "\n== GPT (specs/shakespeare_char.toml, 810,880 params, batch 12 × 64 tokens) against PyTorch eager \
-         (benches/gpt_torch.py), 2 threads, {steps} steps each, alternating T P T P T P"
+         (benches/gpt_torch.py, 2 threads); trainrun as the spec runs it (mirrored, 2 CPU replicas × 1 thread); \
+         {steps} steps each, alternating T P T P T P"
     );
     println!(
         "{:>6} {:>15} {:>13} {:>7} {:>12} {:>10} {:>7}",
