@@ -590,4 +590,4 @@ impl Sequential {
 
 #[cfg(test)]
 #[path = "sequential_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -8,17 +8,23 @@ use crate::engine::{LossFn, init};
 use crate::vocab::{Activation, Loss};
 use rand::RngExt;
 
-/// The tutorial model's shape, small: reshape → conv relu → flatten → dense relu → dense.
-fn model() -> Sequential {
-    let win = Window::new((8, 8, 1), (3, 3), (1, 1), false).unwrap();
+/// The tutorial model's shape, small: reshape → conv 3 × 3 relu with 4 filters → flatten →
+/// dense relu of `units` → dense of 5 classes, on `side` × `side` images.
+pub(crate) fn small_tutorial(side: usize, units: usize) -> Sequential {
+    let (out, filters) = (side - 2, 4);
+    let win = Window::new((side, side, 1), (3, 3), (1, 1), false).unwrap();
     let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(View::reshape(Shape(vec![8, 8, 1]))),
-        Box::new(Conv2d::new(win, 4, Activation::Relu, true)),
-        Box::new(View::flatten(&Shape(vec![6, 6, 4]))),
-        Box::new(Dense::new(144, 16, Activation::Relu, true)),
-        Box::new(Dense::new(16, 5, Activation::Linear, true)),
+        Box::new(View::reshape(Shape(vec![side, side, 1]))),
+        Box::new(Conv2d::new(win, filters, Activation::Relu, true)),
+        Box::new(View::flatten(&Shape(vec![out, out, filters]))),
+        Box::new(Dense::new(out * out * filters, units, Activation::Relu, true)),
+        Box::new(Dense::new(units, 5, Activation::Linear, true)),
     ];
-    Sequential::new(Shape(vec![64]), layers)
+    Sequential::new(Shape(vec![side * side]), layers)
+}
+
+fn model() -> Sequential {
+    small_tutorial(8, 16)
 }
 
 /// Three steps of backward + optimizer pass against three of `backward_update`.
@@ -70,15 +76,7 @@ fn init_of(m: &Sequential) -> Vec<f32> {
 /// → dense: the big dense layer is where replicas meet. Its products have the tutorial's
 /// width and depth (128 units, 64 examples a replica), so gemm takes the same paths.
 fn meeting_model() -> Sequential {
-    let win = Window::new((14, 14, 1), (3, 3), (1, 1), false).unwrap();
-    let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(View::reshape(Shape(vec![14, 14, 1]))),
-        Box::new(Conv2d::new(win, 4, Activation::Relu, true)),
-        Box::new(View::flatten(&Shape(vec![12, 12, 4]))),
-        Box::new(Dense::new(576, 128, Activation::Relu, true)),
-        Box::new(Dense::new(128, 5, Activation::Linear, true)),
-    ];
-    Sequential::new(Shape(vec![196]), layers)
+    small_tutorial(14, 128)
 }
 
 /// Forward and loss of examples `rows` of `x` (196 values each) with their `labels`.

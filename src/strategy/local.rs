@@ -351,24 +351,14 @@ impl Strategy for Replicated {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::kernels::Window;
-    use crate::engine::layers::{Conv2d, Dense, View};
+    use crate::engine::LossFn;
     use crate::engine::optimizer::Sgd;
-    use crate::engine::{Layer, LossFn, Sequential, Shape};
-    use crate::vocab::{Activation, Loss};
+    use crate::vocab::Loss;
 
     /// The tutorial model's shape, small, with a 576 × 128 dense layer to meet at.
     fn replica() -> Replica {
-        let win = Window::new((14, 14, 1), (3, 3), (1, 1), false).unwrap();
-        let layers: Vec<Box<dyn Layer>> = vec![
-            Box::new(View::reshape(Shape(vec![14, 14, 1]))),
-            Box::new(Conv2d::new(win, 4, Activation::Relu, true)),
-            Box::new(View::flatten(&Shape(vec![12, 12, 4]))),
-            Box::new(Dense::new(576, 128, Activation::Relu, true)),
-            Box::new(Dense::new(128, 5, Activation::Linear, true)),
-        ];
         let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
-        Replica::new(Sequential::new(Shape(vec![196]), layers), loss, 5, 1)
+        Replica::new(crate::engine::sequential::tests::small_tutorial(14, 128), loss, 5, 1)
     }
 
     /// Two steps of two mirrored replicas, with or without an evaluation between each
