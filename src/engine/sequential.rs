@@ -273,7 +273,7 @@ impl Sequential {
             slot.state = start..state_len;
         }
         resolve_ties(&layers, &mut slots, &tensors)?;
-        let tied = slots.iter().any(|s| s.adds || !s.shared.is_empty());
+        let tied = ties(&slots);
         let meeting = (0..layers.len())
             .filter(|&i| !tied && !layers[i].is_view())
             .filter_map(|i| layers[i].kernel_product().map(|(inputs, units)| (inputs * units, i)))
@@ -542,7 +542,7 @@ impl Sequential {
     /// Whether some layer computes with another's tensor: then a tensor's gradient is only
     /// whole after several layers' backward, and updates cannot be fused into backward.
     pub fn has_ties(&self) -> bool {
-        self.slots.iter().any(|s| s.adds || !s.shared.is_empty())
+        ties(&self.slots)
     }
 
     /// Walks `layers` back to front, starting from gradient buffer `cur`, calling `f(layer,
@@ -586,6 +586,11 @@ impl Sequential {
         }
         Walk { end, cur }
     }
+}
+
+/// Whether a slot computes with another's tensor ([`Sequential::has_ties`]).
+fn ties(slots: &[Slot]) -> bool {
+    slots.iter().any(|s| s.adds || !s.shared.is_empty())
 }
 
 #[cfg(test)]

@@ -319,15 +319,13 @@ impl Strategy for Replicated {
                 debug_assert!(pending, "a deferred backward had no forward to finish");
             }
             // Only SGD without Nesterov or clipping updates inside backward.
-            Deferred::Meet if self.local.at_meeting() && optimizer.fuses() => {
-                if let Some(mut step) = optimizer.fused(lr) {
-                    self.local.finish_met(params, &mut step, grads);
+            Deferred::Meet => match if self.local.at_meeting() { optimizer.fused(lr) } else { None } {
+                Some(mut step) => self.local.finish_met(params, &mut step, grads),
+                None => {
+                    self.local.backward_rest(params, grads);
+                    self.local.step_sum(params, grads, optimizer, lr);
                 }
-            }
-            Deferred::Meet => {
-                self.local.backward_rest(params, grads);
-                self.local.step_sum(params, grads, optimizer, lr);
-            }
+            },
             Deferred::Sum => self.local.step_sum(params, grads, optimizer, lr),
             Deferred::Nothing => optimizer.step(params, grads, lr),
         }

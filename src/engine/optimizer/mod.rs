@@ -88,22 +88,13 @@ impl Optimizer {
     /// (see [`FusedStep`]); `None` when the update needs the whole gradient first (Adam's
     /// moments, Nesterov's look-ahead, clipping by the global norm). Counts the update as applied.
     pub fn fused(&mut self, lr: f32) -> Option<FusedStep<'_>> {
-        let fuses = self.fuses();
         match self {
-            Optimizer::Sgd(o) if fuses => {
+            Optimizer::Sgd(o) if !o.nesterov && o.clip_norm.is_none() => {
                 o.iterations += 1;
                 let rule = o.rule(lr);
                 Some(FusedStep::new(rule, o.velocity.as_deref_mut()))
             }
             Optimizer::Sgd(_) | Optimizer::Adam(_) => None,
-        }
-    }
-
-    /// Whether [`Optimizer::fused`] gives a step (plain or classic momentum SGD, unclipped).
-    pub fn fuses(&self) -> bool {
-        match self {
-            Optimizer::Sgd(o) => !o.nesterov && o.clip_norm.is_none(),
-            Optimizer::Adam(_) => false,
         }
     }
 
