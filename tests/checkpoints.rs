@@ -419,7 +419,7 @@ fn the_evaluator_evaluates_every_checkpoint_exactly_once() {
 #[test]
 fn restarted_tasks_on_separate_hosts_resume_from_the_chiefs_backup() {
     let (chief_dir, worker_dir) = (tempdir(), tempdir());
-    let ports = [common::free_port(), common::free_port()];
+    let ports = common::free_ports::<2>();
     let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/mnist_fault_tolerant.toml");
     let spec = spec.display().to_string();
     let args = [

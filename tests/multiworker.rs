@@ -150,7 +150,7 @@ fn partial_batches_at_the_end_of_the_data_are_averaged_not_hung() {
 
 #[test]
 fn a_worker_killed_mid_training_stops_the_job_naming_it() {
-    let ports = [common::free_port(), common::free_port()];
+    let ports = common::free_ports::<2>();
     let long = [
         "specs/mnist_multiworker.toml",
         "-q",
@@ -214,7 +214,7 @@ fn the_launcher_reports_a_killed_worker_with_its_last_lines() {
 
 #[test]
 fn a_worker_that_never_starts_fails_rendezvous_naming_it() {
-    let ports = [common::free_port(), common::free_port(), common::free_port()];
+    let ports = common::free_ports::<3>();
     let args = ["specs/mnist_multiworker.toml", "-q", "--set", "cluster.startup_timeout_s=2"];
     let chief = spawn_task(&tf_config(&ports, ("worker", 0)), TOKEN, &args);
     let w1 = spawn_task(&tf_config(&ports, ("worker", 1)), TOKEN, &args);
@@ -229,7 +229,7 @@ fn a_worker_that_never_starts_fails_rendezvous_naming_it() {
 
 #[test]
 fn a_task_with_the_wrong_token_is_refused() {
-    let ports = [common::free_port(), common::free_port()];
+    let ports = common::free_ports::<2>();
     let args = ["specs/mnist_multiworker.toml", "-q", "--set", "cluster.startup_timeout_s=3"];
     let chief = spawn_task(&tf_config(&ports, ("worker", 0)), TOKEN, &args);
     let intruder = spawn_task(&tf_config(&ports, ("worker", 1)), "an-entirely-different-token", &args);
@@ -243,7 +243,7 @@ fn a_task_with_the_wrong_token_is_refused() {
 
 #[test]
 fn a_task_running_another_spec_is_refused_naming_both() {
-    let ports = [common::free_port(), common::free_port()];
+    let ports = common::free_ports::<2>();
     let args = ["specs/mnist_multiworker.toml", "-q", "--set", "cluster.startup_timeout_s=10"];
     let chief = spawn_task(&tf_config(&ports, ("worker", 0)), TOKEN, &args);
     let mut other = args.to_vec();

@@ -91,7 +91,7 @@ fn a_second_ctrl_c_stops_at_once() {
 fn a_task_waiting_at_the_rendezvous_ends_within_a_second() {
     let _serial = serial();
     for (signal, code) in [(libc::SIGTERM, 6), (libc::SIGINT, 130)] {
-        let ports = [common::free_port(), common::free_port()];
+        let ports = common::free_ports::<2>();
         // Worker 1 never starts: worker 0 waits for it (cluster.startup_timeout_s, minutes).
         let mut child = common::spawn_task(
             &common::tf_config(&ports, ("worker", 0)),

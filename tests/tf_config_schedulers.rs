@@ -36,7 +36,7 @@ fn kubeflow(ports: &[u16; 3], task: (&str, &str)) -> String {
 #[test]
 fn kubeflows_tf_config_trains_without_waiting_for_its_evaluator() {
     let dir = common::tempdir();
-    let ports = [common::free_port(), common::free_port(), common::free_port()];
+    let ports = common::free_ports::<3>();
     let args = short(&dir.path().join("run"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // No evaluator process is started: the training tasks must not wait for it.
@@ -54,7 +54,7 @@ fn kubeflows_tf_config_trains_without_waiting_for_its_evaluator() {
 #[test]
 fn tasks_may_differ_in_output_folder_and_threads_but_not_in_results() {
     let dir = common::tempdir();
-    let ports = [common::free_port(), common::free_port()];
+    let ports = common::free_ports::<2>();
     let chief_args = short(&dir.path().join("chief"));
     let mut worker_args = short(&dir.path().join("worker-own-folder"));
     worker_args.extend(["--set".into(), "run.threads=1".into()]);
@@ -88,7 +88,7 @@ fn tasks_may_differ_in_output_folder_and_threads_but_not_in_results() {
 #[test]
 fn kubeflows_evaluator_watches_the_checkpoints_on_its_own_and_exits_when_training_ends() {
     let dir = common::tempdir();
-    let ports = [common::free_port(), common::free_port(), common::free_port()];
+    let ports = common::free_ports::<3>();
     let mut args = short(&dir.path().join("run"));
     args.extend(["--set".into(), "callbacks=[{ kind = \"model_checkpoint\", save_freq = 5 }]".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -121,12 +121,14 @@ enum Outcome {
     Failed { task: TaskId, status: String, tail: String, code: u8, at: Instant },
 }
 
-fn free_port() -> Result<u16, LaunchError> {
+/// A free port on 127.0.0.1 and the listener that holds it: while the caller keeps it, the
+/// next call cannot be given the same port (released ports are handed out again, and two
+/// tasks were once given one port).
+fn free_port() -> Result<(TcpListener, u16), LaunchError> {
     // The port is released before the task binds it; another process taking it in between
     // makes that task fail to bind, which is reported like any failure.
     TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+        .and_then(|l| l.local_addr().map(|a| (l, a.port())))
         .map_err(|e| LaunchError::Setup(format!("no free port on 127.0.0.1: {e}")))
 }
 
@@ -226,14 +228,20 @@ struct Started {
 /// `tx`; on a failed start, stops those already started.
 fn spawn_all(launch: &Launch, tx: &mpsc::Sender<Line>) -> Result<(Started, BTreeMap<TaskId, Child>), LaunchError> {
     let token = new_job_token().map_err(|e| LaunchError::Setup(e.to_string()))?;
-    let mut addresses = BTreeMap::new();
+    let (mut addresses, mut held) = (BTreeMap::new(), Vec::new());
     for (task, address) in &launch.cluster.tasks {
         let a = match address {
-            Address::Local => format!("127.0.0.1:{}", free_port()?),
+            Address::Local => {
+                let (listener, port) = free_port()?;
+                held.push(listener);
+                format!("127.0.0.1:{port}")
+            }
             Address::At(a) => a.clone(),
         };
         addresses.insert(*task, a);
     }
+    // Released only now, every local task's port distinct, for the tasks to bind.
+    drop(held);
     let started = Started { addresses, token };
     let mut children = BTreeMap::new();
     for task in started.addresses.keys().copied() {

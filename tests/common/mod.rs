@@ -94,10 +94,16 @@ pub fn json(path: &Path) -> serde_json::Value {
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
-    match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-        Ok(a) => a.port(),
-        Err(e) => panic!("no free port: {e}"),
-    }
+    free_ports::<1>()[0]
+}
+
+/// `N` free ports on 127.0.0.1, all different: each is held until all are chosen, since a
+/// released port can be handed out again at once.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no free port: {e}")))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap_or_else(|e| panic!("no free port: {e}")).port())
 }
 
 /// TF_CONFIG for `task` (`("worker", 1)`) of a cluster of local workers on `ports`.
