@@ -7,11 +7,12 @@
 //! jitted step (throughput pairs) and TensorFlow's time to 98%, each skipped with a reason when
 //! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter). The GPT of
 //! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`); what a worker's
-//! `kill -9` costs under `parameter_server` is `kill.rs`.
+//! `kill -9` costs under `parameter_server` is `kill.rs`; the times to 98 % are `tta.rs`.
 
 pub mod augment;
 mod gpt;
 mod kill;
+mod tta;
 
 use crate::data::Batch;
 use crate::engine::init;
@@ -35,6 +36,8 @@ pub enum Part {
     /// Time to 98 % in one process and `mnist_fast` to 98.5 %, with TensorFlow's time to 98 %
     /// alongside (needs the MNIST files).
     Tta,
+    /// Time to 98 % under `parameter_server` against `multi_worker_mirrored`, seed by seed.
+    ParameterServer,
 }
 
 /// One measurement.
@@ -227,7 +230,8 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
         Some(Part::Engine) => return engine(steps),
         Some(Part::Peers) => return peers(steps),
         Some(Part::Mirrored) => return mirrored(&exe),
-        Some(Part::Tta) => return time_to_accuracy(&exe, &python, ONE_PROCESS),
+        Some(Part::Tta) => return tta::one_process(&exe, &python),
+        Some(Part::ParameterServer) => return tta::parameter_server(&exe),
         None => {}
     }
     engine(steps)?;
@@ -249,7 +253,8 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
     if quick {
         return Ok(());
     }
-    time_to_accuracy(&exe, &python, EVERY_TTA)
+    tta::one_process(&exe, &python)?;
+    tta::parameter_server(&exe)
 }
 
 /// The tutorial model's step on seeded random images, every batch, thread count and update.
@@ -348,81 +353,6 @@ fn mirrored(exe: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Seeds of the one-process time-to-98 % pairs: the spec's own, then seven more. How many steps
-/// a run needs to reach 98 % turns on its seed (over these eight, 1,000–1,800 for trainrun and
-/// 1,200–1,600 for TensorFlow on 2026-11-24), so one seed's pair says more about that seed than
-/// about the engines; the target is held against the median of the pairs' ratios.
-const TTA_SEEDS: [u64; 8] = [42, 1, 2, 3, 4, 5, 6, 7];
-
-/// The time-to-accuracy jobs beside the one-process pairs: (row name, spec).
-type TtaJobs = [(&'static str, &'static str)];
-/// `bench --only tta`: `mnist_fast`.
-const ONE_PROCESS: &TtaJobs = &[("mnist_fast (to 98.5%, its own settings)", "specs/mnist_fast.toml")];
-/// The full bench: every strategy's time to 98 %.
-const EVERY_TTA: &TtaJobs = &[
-    ("mnist_fast (to 98.5%, its own settings)", "specs/mnist_fast.toml"),
-    ("2 workers × 1 thread", "specs/bench/tta_multiworker.toml"),
-    ("2 workers + 1 ps, async, momentum 0.7", "specs/bench/tta_parameter_server.toml"),
-];
-
-/// Time to 98 % test accuracy in one process against TensorFlow's, seed by seed, alternately;
-/// then `specs` (the first `mnist_fast`) and the ratios.
-fn time_to_accuracy(exe: &Path, python: &str, specs: &TtaJobs) -> Result<(), String> {
-    println!(
-        "\n== time to 98% test accuracy, 1 process × 2 threads (SGD 0.05, momentum 0.9, batch 64, evaluating every \
-         200 steps), trainrun (specs/bench/tta_single.toml) and TensorFlow (benches/tf_tta.py) alternately, \
-         the same seed each"
-    );
-    println!(
-        "{:>6} {:>11} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7}",
-        "seed", "trainrun s", "steps", "test acc", "TF s", "steps", "test acc", "ratio"
-    );
-    let (mut ratios, mut tf_walls, mut skipped) = (Vec::new(), Vec::new(), None);
-    for seed in TTA_SEEDS {
-        let j = job(exe, "specs/bench/tta_single.toml", &[&format!("run.seed={seed}")])?;
-        let ours = format!("{:>11.2} {:>7} {:>9.4}", j.wall_s, f(&j.summary, "steps"), f(&j.summary, "test_accuracy"));
-        let tf = match skipped {
-            None => tensorflow_tta(python, seed).map_err(|why| skipped = Some(why)).ok(),
-            Some(_) => None,
-        };
-        match tf {
-            Some(tf) => {
-                let wall = f(&tf, "wall_s");
-                let (steps, reached) = (f(&tf, "steps"), f(&tf, "reached"));
-                println!("{seed:>6} {ours} {wall:>9.2} {steps:>7} {reached:>9.4} {:>6.2}×", j.wall_s / wall);
-                ratios.push(j.wall_s / wall);
-                tf_walls.push(wall);
-            }
-            None => println!("{seed:>6} {ours}"),
-        }
-    }
-    match &skipped {
-        Some(why) => println!("TensorFlow skipped: {why}"),
-        None => println!(
-            "time to 98%, one process: median {:.2}× TensorFlow's over {} seeds (target ≤ 0.4×)",
-            median(ratios),
-            TTA_SEEDS.len()
-        ),
-    }
-    println!("\n{:<44} {:>8} {:>7} {:>9}", "job", "wall s", "steps", "test acc");
-    let mut walls = Vec::new();
-    for (name, spec) in specs {
-        let j = job(exe, spec, &[])?;
-        println!("{name:<44} {:>8.2} {:>7} {:>9.4}", j.wall_s, f(&j.summary, "steps"), f(&j.summary, "test_accuracy"));
-        walls.push(j.wall_s);
-    }
-    if let [_, multi, ps] = walls[..] {
-        println!("time to 98%, parameter servers: {:.2}× multi_worker_mirrored's (target ≤ 1.5×)", ps / multi);
-    }
-    if skipped.is_none() {
-        println!(
-            "mnist_fast to 98.5%: {:.2}× TensorFlow's median time to 98% (target ≤ 0.2×)",
-            walls[0] / median(tf_walls)
-        );
-    }
-    Ok(())
-}
-
 /// The median of `v`: the mean of the middle two for an even count, NaN for none.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -430,26 +360,5 @@ fn median(mut v: Vec<f64>) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// TensorFlow's launch-to-98% row from `benches/tf_tta.py` run with `python` and `seed`:
-/// `wall_s`, `steps` and the accuracy `reached`.
-fn tensorflow_tta(python: &str, seed: u64) -> Result<serde_json::Value, String> {
-    let out = std::process::Command::new(python)
-        .args(["benches/tf_tta.py", "--seed", &seed.to_string()])
-        .output()
-        .map_err(|e| format!("cannot run {python} benches/tf_tta.py: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last = text.lines().last().unwrap_or_default();
-    let row: serde_json::Value = serde_json::from_str(last).map_err(|_| {
-        format!(
-            "no TensorFlow figure ({}); install tensorflow-cpu and set TRAINRUN_BENCH_PYTHON to its python",
-            if last.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_string() } else { last.to_string() }
-        )
-    })?;
-    match row["wall_s"].as_f64() {
-        Some(_) => Ok(row),
-        None => Err(format!("tf_tta.py printed no wall_s: {last}")),
     }
 }

@@ -6,9 +6,11 @@ use crate::collective::TransportKind;
 use crate::data::{LabelKind, Shuffle};
 use std::fmt::Write;
 
+/// `n word` in English: "1 epoch", "2 epochs", "2 test batches" ("-tch" and "-s" take "es";
+/// "epoch" does not, though it ends in "ch").
 fn plural(n: impl Into<u64>, word: &str) -> String {
     let n = n.into();
-    let ending = match (n, word.ends_with("ch") || word.ends_with('s')) {
+    let ending = match (n, word.ends_with("tch") || word.ends_with('s')) {
         (1, _) => "",
         (_, true) => "es",
         (_, false) => "s",
@@ -416,11 +418,20 @@ fn ordinal(n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::ordinal;
+    use super::{ordinal, plural};
 
     #[test]
     fn ordinals_read_as_english() {
         let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111].into_iter().map(ordinal).collect();
         assert_eq!(got, ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd", "111th"]);
+    }
+
+    #[test]
+    fn plurals_read_as_english() {
+        let got: Vec<String> = [(1, "epoch"), (24, "epoch"), (3, "test batch"), (2, "step")]
+            .into_iter()
+            .map(|(n, word)| plural(n as u64, word))
+            .collect();
+        assert_eq!(got, ["1 epoch", "24 epochs", "3 test batches", "2 steps"]);
     }
 }

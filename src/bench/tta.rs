@@ -1,0 +1,129 @@
+//! `trainrun bench`'s time-to-accuracy tables, each run seed by seed and alternately and held
+//! against the median of the per-seed ratios: time to 98 % test accuracy in one process against
+//! TensorFlow's (then `mnist_fast` to 98.5 %), and under `parameter_server` against
+//! `multi_worker_mirrored`.
+
+use super::{f, job, median};
+use std::path::Path;
+
+/// The seeds of every time-to-98 % pairing: the specs' own, then seven more. How many steps a
+/// run needs to reach 98 % turns on its seed (over these eight on 2026-11-24/25: one process
+/// 1,000–1,800 steps, TensorFlow 1,200–1,600, `multi_worker_mirrored` 600–1,400 at global batch
+/// 128, its fewest with 42), so one seed's pair says more about that seed than about the
+/// engines.
+const SEEDS: [u64; 8] = [42, 1, 2, 3, 4, 5, 6, 7];
+
+/// Time to 98 % in one process against TensorFlow's, seed by seed, alternately; then
+/// `mnist_fast` to 98.5 % against TensorFlow's median time to 98 %.
+pub fn one_process(exe: &Path, python: &str) -> Result<(), String> {
+    println!(
+        "\n== time to 98% test accuracy, 1 process × 2 threads (SGD 0.05, momentum 0.9, batch 64, evaluating every \
+         200 steps), trainrun (specs/bench/tta_single.toml) and TensorFlow (benches/tf_tta.py) alternately, \
+         the same seed each"
+    );
+    println!(
+        "{:>6} {:>11} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7}",
+        "seed", "trainrun s", "steps", "test acc", "TF s", "steps", "test acc", "ratio"
+    );
+    let (mut ratios, mut tf_walls, mut skipped) = (Vec::new(), Vec::new(), None);
+    for seed in SEEDS {
+        let j = job(exe, "specs/bench/tta_single.toml", &[&format!("run.seed={seed}")])?;
+        let ours = format!("{:>11.2} {:>7} {:>9.4}", j.wall_s, f(&j.summary, "steps"), f(&j.summary, "test_accuracy"));
+        let tf = match skipped {
+            None => tensorflow_tta(python, seed).map_err(|why| skipped = Some(why)).ok(),
+            Some(_) => None,
+        };
+        match tf {
+            Some(tf) => {
+                let wall = f(&tf, "wall_s");
+                let (steps, reached) = (f(&tf, "steps"), f(&tf, "reached"));
+                println!("{seed:>6} {ours} {wall:>9.2} {steps:>7} {reached:>9.4} {:>6.2}×", j.wall_s / wall);
+                ratios.push(j.wall_s / wall);
+                tf_walls.push(wall);
+            }
+            None => println!("{seed:>6} {ours}"),
+        }
+    }
+    match &skipped {
+        Some(why) => println!("TensorFlow skipped: {why}"),
+        None => println!(
+            "time to 98%, one process: median {:.2}× TensorFlow's over {} seeds (target ≤ 0.4×)",
+            median(ratios),
+            SEEDS.len()
+        ),
+    }
+    let fast = job(exe, "specs/mnist_fast.toml", &[])?;
+    println!(
+        "\nmnist_fast (to 98.5%, its own settings): {:.2} s, {} steps, test accuracy {:.4}",
+        fast.wall_s,
+        f(&fast.summary, "steps"),
+        f(&fast.summary, "test_accuracy")
+    );
+    if skipped.is_none() {
+        println!(
+            "mnist_fast to 98.5%: {:.2}× TensorFlow's median time to 98% (target ≤ 0.2×)",
+            fast.wall_s / median(tf_walls)
+        );
+    }
+    Ok(())
+}
+
+/// Time to 98 % with a chief, 2 workers and 1 ps (`specs/bench/tta_parameter_server.toml`)
+/// against 2 workers under `multi_worker_mirrored` (`tta_multiworker.toml`), seed by seed,
+/// alternately. Asynchronous runs also differ at one seed (the order pushes land in), which the
+/// median over seeds absorbs as well.
+pub fn parameter_server(exe: &Path) -> Result<(), String> {
+    println!(
+        "\n== time to 98% test accuracy, 2 workers on this host: multi_worker_mirrored (specs/bench/tta_multiworker.toml, \
+         global batch 128) and parameter_server with 1 ps (specs/bench/tta_parameter_server.toml, 64 per push) \
+         alternately, the same seed each"
+    );
+    println!(
+        "{:>6} {:>9} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7}",
+        "seed", "ring s", "steps", "test acc", "ps s", "pushes", "test acc", "ratio"
+    );
+    let mut ratios = Vec::new();
+    for seed in SEEDS {
+        let seed_set = format!("run.seed={seed}");
+        let ring = job(exe, "specs/bench/tta_multiworker.toml", &[&seed_set])?;
+        let ps = job(exe, "specs/bench/tta_parameter_server.toml", &[&seed_set])?;
+        let ratio = ps.wall_s / ring.wall_s;
+        println!(
+            "{seed:>6} {:>9.2} {:>7} {:>9.4} {:>9.2} {:>7} {:>9.4} {ratio:>6.2}×",
+            ring.wall_s,
+            f(&ring.summary, "steps"),
+            f(&ring.summary, "test_accuracy"),
+            ps.wall_s,
+            f(&ps.summary, "steps"),
+            f(&ps.summary, "test_accuracy"),
+        );
+        ratios.push(ratio);
+    }
+    println!(
+        "time to 98%, parameter servers: median {:.2}× multi_worker_mirrored's over {} seeds (target ≤ 1.5×)",
+        median(ratios),
+        SEEDS.len()
+    );
+    Ok(())
+}
+
+/// TensorFlow's launch-to-98% row from `benches/tf_tta.py` run with `python` and `seed`:
+/// `wall_s`, `steps` and the accuracy `reached`.
+fn tensorflow_tta(python: &str, seed: u64) -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new(python)
+        .args(["benches/tf_tta.py", "--seed", &seed.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {python} benches/tf_tta.py: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    let row: serde_json::Value = serde_json::from_str(last).map_err(|_| {
+        format!(
+            "no TensorFlow figure ({}); install tensorflow-cpu and set TRAINRUN_BENCH_PYTHON to its python",
+            if last.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_string() } else { last.to_string() }
+        )
+    })?;
+    match row["wall_s"].as_f64() {
+        Some(_) => Ok(row),
+        None => Err(format!("tf_tta.py printed no wall_s: {last}")),
+    }
+}
