@@ -39,6 +39,12 @@ pub fn backward(act: Activation, y: &[f32], dy: &[f32], dz: &mut [f32], row_len:
     }
 }
 
+/// ReLU's derivative applied to `d` in place, from the ReLU's output `y`: the same select as
+/// [`backward`] (`d` where `y > 0`, else 0), so the same bits.
+pub fn relu_mask(y: &[f32], d: &mut [f32]) {
+    super::simd::vectorized(|| d.iter_mut().zip(y).for_each(|(d, y)| *d = if *y > 0.0 { *d } else { 0.0 }));
+}
+
 /// `dz[i] = f(y[i], dy[i])`.
 #[inline(always)]
 fn each(y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {

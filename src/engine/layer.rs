@@ -120,6 +120,23 @@ pub trait Layer: Send {
         None
     }
 
+    /// Whether the layer's output is ReLU's, `max(0, z)`: the layer above may then pass its
+    /// input gradient through ReLU's derivative as it writes it ([`Layer::mask_dx`]).
+    fn relu_output(&self) -> bool {
+        false
+    }
+
+    /// `true` asks the layer to write its input gradient already through ReLU's derivative at
+    /// its input (zero where `x > 0` does not hold), because the layer below makes `x` with a
+    /// ReLU; returns whether it will. `false` turns that off. See [`pair_relu_masks`].
+    fn mask_dx(&mut self, _on: bool) -> bool {
+        false
+    }
+
+    /// `true`: the gradient the next backward receives has been through this layer's ReLU's
+    /// derivative already ([`Layer::mask_dx`] above it), so backward takes it as it is.
+    fn dy_masked(&mut self, _on: bool) {}
+
     /// Computes `y` (n × output_shape) from `x` (n × input_shape).
     fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize);
 
@@ -179,5 +196,28 @@ pub trait Layer: Send {
         if !params.is_empty() {
             update.apply(params, grads);
         }
+    }
+}
+
+/// Pairs each layer with the one below it (views skipped, as they alias their input) for the
+/// fused backward ([`crate::engine::Sequential::backward_update`]), or unpairs them all when
+/// `on` is false. A layer above a ReLU masks its input gradient while that is still in cache
+/// (the dense layer, block by block); the ReLU's own layer then skips a pass that read its
+/// output and that gradient again (11 MB a step under the tutorial's big dense layer). The
+/// derivative is the same select (`dy` where `y > 0`, else 0) either way: the same bits.
+pub(crate) fn pair_relu_masks(layers: &mut [Box<dyn Layer>], on: bool) {
+    let mut below: Option<usize> = None;
+    for i in 0..layers.len() {
+        if layers[i].is_view() {
+            continue;
+        }
+        if let Some(j) = below {
+            let masked = on && layers[j].relu_output() && layers[i].mask_dx(true);
+            if !masked {
+                layers[i].mask_dx(false);
+            }
+            layers[j].dy_masked(masked);
+        }
+        below = Some(i);
     }
 }

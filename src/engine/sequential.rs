@@ -532,10 +532,12 @@ impl Sequential {
         let mut scratch = std::mem::take(&mut self.scratch);
         self.walk = None;
         let all = 0..self.layers.len();
+        super::layer::pair_relu_masks(&mut self.layers, true);
         self.backward_layers(x, n, all, 0, |layer, slot, x, y, dy, dx| {
             let p = slot.params.clone();
             layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
         });
+        super::layer::pair_relu_masks(&mut self.layers, false);
         self.scratch = scratch;
     }
 

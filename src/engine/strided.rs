@@ -234,6 +234,18 @@ impl ColumnBlock<'_> {
         // mutably borrowed for `'a`).
         unsafe { gemm_raw(target, a, b, None, scale, 1) }
     }
+
+    /// Calls `f(row, values)` with each row's `cols` of this block (counted within it).
+    pub fn for_each_row(&mut self, cols: Range<usize>, mut f: impl FnMut(usize, &mut [f32])) {
+        assert!(cols.start <= cols.end && cols.end <= self.cols.len(), "columns outside their block");
+        let first = self.cols.start + cols.start;
+        for i in 0..self.rows {
+            // SAFETY: row `i`'s `cols` are inside the matrix (checked by `split_cols` and
+            // above) and belong to this block alone, which is borrowed mutably for the call.
+            let row = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.rs + first), cols.len()) };
+            f(i, row);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,8 @@ pub struct Conv2d {
     parts: Vec<Part>,
     /// Batch size whose patches the parts hold from the last training forward.
     kept: Option<usize>,
+    /// Backward's `dy` comes through the ReLU's derivative already ([`Layer::dy_masked`]).
+    dy_masked: bool,
 }
 
 impl Conv2d {
@@ -72,6 +74,7 @@ impl Conv2d {
             output,
             parts: Vec::new(),
             kept: None,
+            dy_masked: false,
         }
     }
 
@@ -110,6 +113,14 @@ impl Layer for Conv2d {
 
     fn output_shape(&self) -> &Shape {
         &self.output
+    }
+
+    fn relu_output(&self) -> bool {
+        self.activation == Activation::Relu
+    }
+
+    fn dy_masked(&mut self, on: bool) {
+        self.dy_masked = on;
     }
 
     fn params(&self) -> Vec<ParamSpec> {
@@ -172,7 +183,8 @@ impl Layer for Conv2d {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
-        let (win, filters, act) = (self.win, self.filters, self.activation);
+        let (win, filters) = (self.win, self.filters);
+        let act = if self.dy_masked { Activation::Linear } else { self.activation };
         let chunk = self.images_per_chunk();
         let (kernel_len, pl) = (self.kernel_len(), win.patch_len());
         let kernel = &params[..kernel_len];

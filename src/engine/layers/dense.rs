@@ -21,12 +21,25 @@ pub struct Dense {
     output: Shape,
     /// Gradient before the activation, reused across steps.
     dz: Vec<f32>,
+    /// Write `dx` through ReLU's derivative at `x` ([`Layer::mask_dx`]).
+    mask_dx: bool,
+    /// `dy` comes through this layer's ReLU's derivative already ([`Layer::dy_masked`]).
+    dy_masked: bool,
 }
 
 impl Dense {
     /// A dense layer from `inputs` features to `units`.
     pub fn new(inputs: usize, units: usize, activation: Activation, use_bias: bool) -> Self {
-        Self { inputs, units, activation, use_bias, output: Shape(vec![units]), dz: Vec::new() }
+        Self {
+            inputs,
+            units,
+            activation,
+            use_bias,
+            output: Shape(vec![units]),
+            dz: Vec::new(),
+            mask_dx: false,
+            dy_masked: false,
+        }
     }
 }
 
@@ -42,6 +55,19 @@ impl Layer for Dense {
 
     fn output_shape(&self) -> &Shape {
         &self.output
+    }
+
+    fn relu_output(&self) -> bool {
+        self.activation == Activation::Relu
+    }
+
+    fn mask_dx(&mut self, on: bool) -> bool {
+        self.mask_dx = on;
+        true
+    }
+
+    fn dy_masked(&mut self, on: bool) {
+        self.dy_masked = on;
     }
 
     fn params(&self) -> Vec<ParamSpec> {
@@ -79,7 +105,8 @@ impl Layer for Dense {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
-        let (inputs, units, threads, use_bias) = (self.inputs, self.units, pass.threads, self.use_bias);
+        let (inputs, units, threads, use_bias, mask) =
+            (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx);
         let dz = self.dz(y, dy, n);
         let kernel = &params[..inputs * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
@@ -92,6 +119,9 @@ impl Layer for Dense {
         }
         if let Some(dx) = dx {
             matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
+            if mask {
+                activation::relu_mask(&x[..n * inputs], &mut dx[..n * inputs]);
+            }
         }
     }
 
@@ -102,7 +132,7 @@ impl Layer for Dense {
     fn backward_dz(&mut self, pass: Pass, grads: &mut [f32], y: &[f32], dy: &[f32], n: usize) -> &[f32] {
         let (k_len, units, use_bias) = (self.inputs * self.units, self.units, self.use_bias);
         let len = n * units;
-        if self.activation == Activation::Linear {
+        if self.activation == Activation::Linear || self.dy_masked {
             // The caller reads `dz` beside buffers it borrows from the model: keep a copy here.
             self.dz.clear();
             self.dz.extend_from_slice(&dy[..len]);
@@ -137,6 +167,7 @@ impl Layer for Dense {
         n: usize,
     ) {
         let (inputs, units, threads, use_bias) = (self.inputs, self.units, pass.threads, self.use_bias);
+        let mask = self.mask_dx.then_some(&x[..n * inputs]);
         let dz = self.dz(y, dy, n);
         let k_len = inputs * units;
         let (kernel, bias) = params.split_at_mut(k_len);
@@ -150,7 +181,7 @@ impl Layer for Dense {
         let (x, dz) = (MatRef::rows(x, n, inputs), MatRef::rows(dz, n, units));
         let kernel_update = &mut update.sub(0..k_len);
         match dx {
-            Some(dx) => kernel_blocks(kernel, kernel_update, MatMut::rows(dx, n, inputs), x, dz, threads),
+            Some(dx) => kernel_blocks(kernel, kernel_update, MatMut::rows(dx, n, inputs), x, dz, mask, threads),
             None => kernel_update.apply_product(kernel, |target, keep, scale| {
                 gemm_scaled(MatMut::rows(target, inputs, units), x.t(), dz, keep, scale, threads)
             }),
@@ -161,13 +192,16 @@ impl Layer for Dense {
 /// `dx = dz · kernelᵀ` and the kernel's update from `xᵀ · dz`, block of kernel rows by block:
 /// a block gives its columns of `dx`, with the weights forward used, and then takes its
 /// update while still in cache. The blocks are fixed and dealt to threads in contiguous runs,
-/// so every product has the same shape, and the same bits, on any number of threads.
+/// so every product has the same shape, and the same bits, on any number of threads. With
+/// `mask` (the layer's input again, the ReLU output of the layer below), each block's `dx`
+/// also goes through ReLU's derivative while in cache, beside the `x` columns the update reads.
 fn kernel_blocks(
     kernel: &mut [f32],
     update: &mut SliceStep<'_>,
     dx: MatMut<'_>,
     x: MatRef<'_>,
     dz: MatRef<'_>,
+    mask: Option<&[f32]>,
     threads: usize,
 ) {
     let (n, inputs, units) = (x.shape().0, x.shape().1, dz.shape().1);
@@ -185,6 +219,11 @@ fn kernel_blocks(
             let local = rows.start - run.start..rows.end - run.start;
             let w = &mut w[local.start * units..local.end * units];
             dx.gemm(local.clone(), dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
+            if let Some(x) = mask {
+                dx.for_each_row(local.clone(), |i, d| {
+                    activation::relu_mask(&x[i * inputs + rows.start..][..d.len()], d)
+                });
+            }
             step.sub(local.start * units..local.end * units).apply_product(w, |target, keep, scale| {
                 let xt = x.block(0..n, rows.clone()).t();
                 gemm_scaled(MatMut::rows(target, rows.len(), units), xt, dz, keep, scale, 1)
@@ -197,7 +236,7 @@ impl Dense {
     /// The gradient before the activation: `dy` itself for a linear layer.
     fn dz<'a>(&'a mut self, y: &[f32], dy: &'a [f32], n: usize) -> &'a [f32] {
         let len = n * self.units;
-        if self.activation == Activation::Linear {
+        if self.activation == Activation::Linear || self.dy_masked {
             return &dy[..len];
         }
         self.dz.resize(len, 0.0);
@@ -210,6 +249,40 @@ impl Dense {
 mod tests {
     use super::*;
     use crate::engine::optimizer::{Optimizer, Sgd};
+
+    /// `mask_dx`: `dx` comes out through ReLU's derivative at `x`, block by block, the same
+    /// bits as masking the whole `dx` afterwards, as the ReLU's own layer did; `dy_masked`
+    /// takes `dy` as the gradient before this layer's ReLU.
+    #[test]
+    fn masked_dx_is_the_relu_derivative_applied_after() {
+        let (inputs, units, n) = (2 * BLOCK_ROWS + 88, 20, 5);
+        let x: Vec<f32> = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+        let dy: Vec<f32> = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
+        let params: Vec<f32> = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
+        let run = |mask: bool, premasked: bool| {
+            let pass = Pass { training: true, seed: 0, accumulate: false, threads: 2 };
+            let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+            let mut opt = Optimizer::Sgd(Sgd::new(params.len(), 0.9, false, 0.0));
+            let (mut p, mut dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
+            layer.forward(pass, &p, &mut [], &x, &mut y, n);
+            let mut dy = dy.clone();
+            if premasked {
+                activation::relu_mask(&y, &mut dy);
+            }
+            assert!(layer.mask_dx(mask));
+            layer.dy_masked(premasked);
+            let Some(mut step) = opt.fused(0.1) else { panic!("SGD must fuse") };
+            let mut slice = step.slice(0..p.len());
+            layer.backward_update(pass, &mut p, &mut slice, &mut Vec::new(), &x, &y, &dy, Some(&mut dx), n);
+            (p, dx)
+        };
+        let (want_p, mut want_dx) = run(false, false);
+        activation::relu_mask(&x, &mut want_dx);
+        assert!(want_dx.iter().any(|v| *v == 0.0) && want_dx.iter().any(|v| *v != 0.0));
+        for premasked in [false, true] {
+            assert!(run(true, premasked) == (want_p.clone(), want_dx.clone()), "premasked {premasked}");
+        }
+    }
 
     /// A kernel of several row blocks (the last one short): `dx` and the fused update match
     /// backward + the optimizer pass, and are the same bits on any number of threads.
