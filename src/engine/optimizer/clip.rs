@@ -11,6 +11,10 @@ use rayon::prelude::*;
 /// f64 partial sums per chunk: enough to keep the adds vectorized in a fixed order.
 const LANES: usize = 8;
 
+/// Values of a chunk summed at a time by [`global_norm_of_sum`]: a stack block that stays in
+/// L1, a multiple of [`LANES`] so lanes see the same values as in [`global_norm`].
+const SUM_BLOCK: usize = 1 << 10;
+
 /// `‖grads‖₂`, accumulated in f64.
 pub fn global_norm(grads: &[f32]) -> f64 {
     let sums: Vec<f64> = grads
@@ -20,14 +24,35 @@ pub fn global_norm(grads: &[f32]) -> f64 {
                 #[inline(always)]
                 || {
                     let mut acc = [0.0f64; LANES];
-                    let mut it = c.chunks_exact(LANES);
-                    for part in &mut it {
-                        for j in 0..LANES {
-                            acc[j] += f64::from(part[j]) * f64::from(part[j]);
+                    add_squares(&mut acc, c);
+                    acc.iter().sum::<f64>()
+                },
+            )
+        })
+        .collect();
+    sums.iter().sum::<f64>().sqrt()
+}
+
+/// `‖Σ grads‖₂` of equally long buffers summed elementwise in buffer order, the sum never
+/// stored: the same bits as [`global_norm`] of a summed copy (mirrored's two replicas used to
+/// copy the 3.2 MB GPT gradient and add the other into it on one thread, every step).
+pub fn global_norm_of_sum(grads: &[&[f32]]) -> f64 {
+    let Some((first, rest)) = grads.split_first() else { return 0.0 };
+    let sums: Vec<f64> = first
+        .par_chunks(CHUNK)
+        .enumerate()
+        .map(|(c, chunk)| {
+            crate::engine::simd::vectorized(
+                #[inline(always)]
+                || {
+                    let (mut acc, mut sum) = ([0.0f64; LANES], [0.0f32; SUM_BLOCK]);
+                    for (b, block) in chunk.chunks(SUM_BLOCK).enumerate() {
+                        let (from, sum) = (c * CHUNK + b * SUM_BLOCK, &mut sum[..block.len()]);
+                        sum.copy_from_slice(block);
+                        for g in rest {
+                            sum.iter_mut().zip(&g[from..from + block.len()]).for_each(|(s, v)| *s += v);
                         }
-                    }
-                    for (a, g) in acc.iter_mut().zip(it.remainder()) {
-                        *a += f64::from(*g) * f64::from(*g);
+                        add_squares(&mut acc, sum);
                     }
                     acc.iter().sum::<f64>()
                 },
@@ -35,6 +60,21 @@ pub fn global_norm(grads: &[f32]) -> f64 {
         })
         .collect();
     sums.iter().sum::<f64>().sqrt()
+}
+
+/// Adds the squares of `values` into `acc`, value `i` into lane `i mod LANES` (the values
+/// past the last whole lane group into the first lanes).
+#[inline(always)]
+fn add_squares(acc: &mut [f64; LANES], values: &[f32]) {
+    let mut it = values.chunks_exact(LANES);
+    for part in &mut it {
+        for j in 0..LANES {
+            acc[j] += f64::from(part[j]) * f64::from(part[j]);
+        }
+    }
+    for (a, g) in acc.iter_mut().zip(it.remainder()) {
+        *a += f64::from(*g) * f64::from(*g);
+    }
 }
 
 /// What gradients of global norm `norm` are multiplied by: `clip_norm / norm` when the norm
@@ -69,6 +109,23 @@ pub fn clip_by_global_norm(grads: &mut [f32], clip_norm: f32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_norm_of_a_sum_is_the_norm_of_the_summed_copy() {
+        // Over two chunks and a ragged end, so blocks and lanes cross every boundary.
+        let len = CHUNK + SUM_BLOCK + 13;
+        let bufs: Vec<Vec<f32>> =
+            (0..3).map(|b| (0..len).map(|i| ((i * (b + 3)) % 17) as f32 * 0.1 - 0.8).collect()).collect();
+        for n in 1..=3 {
+            let refs: Vec<&[f32]> = bufs[..n].iter().map(Vec::as_slice).collect();
+            let mut sum = bufs[0].clone();
+            for g in &bufs[1..n] {
+                sum.iter_mut().zip(g).for_each(|(s, v)| *s += v);
+            }
+            assert_eq!(global_norm_of_sum(&refs).to_bits(), global_norm(&sum).to_bits(), "{n} buffers");
+        }
+        assert_eq!(global_norm_of_sum(&[]), 0.0);
+    }
 
     #[test]
     fn clips_to_the_norm_and_leaves_small_gradients_alone() {

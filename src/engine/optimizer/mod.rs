@@ -7,8 +7,8 @@ mod fused;
 mod sgd;
 
 pub use adam::Adam;
-use clip::clip_scale;
 pub use clip::{clip_by_global_norm, global_norm};
+use clip::{clip_scale, global_norm_of_sum};
 pub use fused::{FusedStep, SliceStep};
 pub use sgd::{Sgd, SgdRule};
 
@@ -49,14 +49,10 @@ impl Optimizer {
         if let [g] = grads {
             return self.update(params, grads, lr, clip_scale(global_norm(g), clip_norm));
         }
-        let mut sum = grads.first().map_or_else(Vec::new, |g| g.to_vec());
-        for g in grads.iter().skip(1) {
-            for (s, v) in sum.iter_mut().zip(g.iter()) {
-                *s += *v;
-            }
-        }
-        let scale = clip_scale(global_norm(&sum), clip_norm);
-        self.update(params, &[&sum], lr, scale);
+        // Several: the norm of their sum, then the update adds them (in the same order, so to
+        // the same bits) and scales as it reads them; the sum is never stored.
+        let scale = clip_scale(global_norm_of_sum(grads), clip_norm);
+        self.update(params, grads, lr, scale);
     }
 
     /// The update from the sum of `grads`, each summed value multiplied by `scale` first.
