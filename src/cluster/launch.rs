@@ -43,6 +43,10 @@ const CLUSTER: i32 = 5;
 /// `timeout_s` + 1 s and names it.
 const HANG_GRACE: Duration = Duration::from_millis(500);
 
+/// How long the launcher waits, after a task found the job broken ([`CLUSTER`]), for the task
+/// it lost to be reaped, so that the error names the cause (see [`ended_first`]).
+const CAUSE_WAIT: Duration = Duration::from_millis(200);
+
 /// Log lines kept per task for the failure report.
 const TAIL: usize = 20;
 
@@ -448,14 +452,7 @@ fn failed(
     // whoever has not after the grace period is killed. After a task found the job
     // broken, a survivor is most likely the task that hung.
     let noticed = status.code() == Some(CLUSTER);
-    // The task that noticed may be reaped before the one it noticed (a worker killed by a
-    // signal): a peer already dead of something else is the cause.
-    let earlier = children
-        .iter_mut()
-        .find_map(|(t, c)| {
-            c.try_wait().ok().flatten().filter(|s| !s.success() && s.code() != Some(CLUSTER)).map(|s| (*t, s))
-        })
-        .filter(|_| noticed);
+    let earlier = if noticed { ended_first(children) } else { None };
     let killed = terminate(children, if noticed { HANG_GRACE.min(launch.grace) } else { launch.grace });
 
     // A peer that noticed first may have exited before the cause did: a task ending with
@@ -498,6 +495,22 @@ fn failed(
         None => task,
     };
     Outcome::Failed { task, status, tail, code, at }
+}
+
+/// The task that a task exiting with [`CLUSTER`] noticed, if it ended of something else: a
+/// worker killed by a signal closes its sockets before the kernel lets it be reaped, so its
+/// peer can be reaped first; this waits up to [`CAUSE_WAIT`] for such a cause to be reaped.
+fn ended_first(children: &mut BTreeMap<TaskId, Child>) -> Option<(TaskId, ExitStatus)> {
+    let deadline = Instant::now() + CAUSE_WAIT;
+    loop {
+        let cause = children.iter_mut().find_map(|(t, c)| {
+            c.try_wait().ok().flatten().filter(|s| !s.success() && s.code() != Some(CLUSTER)).map(|s| (*t, s))
+        });
+        if cause.is_some() || Instant::now() >= deadline {
+            return cause;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The cause of a hang is the task that hung, not the one that noticed it (`task`): one that

@@ -37,7 +37,11 @@ pub fn global_norm(grads: &[f32]) -> f64 {
 /// stored: the same bits as [`global_norm`] of a summed copy (mirrored's two replicas used to
 /// copy the 3.2 MB GPT gradient and add the other into it on one thread, every step).
 pub fn global_norm_of_sum(grads: &[&[f32]]) -> f64 {
-    let Some((first, rest)) = grads.split_first() else { return 0.0 };
+    let (first, rest) = match grads {
+        [] => return 0.0,
+        [g] => return global_norm(g),
+        [first, rest @ ..] => (first, rest),
+    };
     let sums: Vec<f64> = first
         .par_chunks(CHUNK)
         .enumerate()

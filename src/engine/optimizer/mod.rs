@@ -37,21 +37,11 @@ impl Optimizer {
     /// update pass (in order, as `reduction_to_one_device` adds them), so that the sum is never
     /// written back and each replica's buffer is read once.
     ///
-    /// With a clip norm, the buffers are summed first (in the same order) and the sum clipped
-    /// by its global norm: every strategy hands this the reduced gradient, so every replica
-    /// clips the same values identically.
+    /// With a clip norm, every value is scaled by the clip factor of the global norm of the
+    /// buffers' sum (taken in the same order, never stored), as it is read: every strategy hands
+    /// this the reduced gradient, so every replica clips the same values identically.
     pub fn step_sum(&mut self, params: &mut [f32], grads: &[&[f32]], lr: f32) {
-        let Some(clip_norm) = self.clip_norm() else {
-            return self.update(params, grads, lr, 1.0);
-        };
-        // One buffer: its norm, then the update scales each value as it reads it (the same
-        // bits as scaling the buffer first, without a copy and a pass that writes it).
-        if let [g] = grads {
-            return self.update(params, grads, lr, clip_scale(global_norm(g), clip_norm));
-        }
-        // Several: the norm of their sum, then the update adds them (in the same order, so to
-        // the same bits) and scales as it reads them; the sum is never stored.
-        let scale = clip_scale(global_norm_of_sum(grads), clip_norm);
+        let scale = self.clip_norm().map_or(1.0, |clip_norm| clip_scale(global_norm_of_sum(grads), clip_norm));
         self.update(params, grads, lr, scale);
     }
 
