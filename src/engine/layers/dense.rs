@@ -250,15 +250,33 @@ mod tests {
     use super::*;
     use crate::engine::optimizer::{Optimizer, Sgd};
 
+    /// A kernel of several row blocks (the last one short), with its input, output gradient and
+    /// parameters.
+    struct Fixture {
+        inputs: usize,
+        units: usize,
+        n: usize,
+        x: Vec<f32>,
+        dy: Vec<f32>,
+        params: Vec<f32>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let (inputs, units, n) = (2 * BLOCK_ROWS + 88, 20, 5);
+            let x = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+            let dy = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
+            let params = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
+            Self { inputs, units, n, x, dy, params }
+        }
+    }
+
     /// `mask_dx`: `dx` comes out through ReLU's derivative at `x`, block by block, the same
     /// bits as masking the whole `dx` afterwards, as the ReLU's own layer did; `dy_masked`
     /// takes `dy` as the gradient before this layer's ReLU.
     #[test]
     fn masked_dx_is_the_relu_derivative_applied_after() {
-        let (inputs, units, n) = (2 * BLOCK_ROWS + 88, 20, 5);
-        let x: Vec<f32> = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
-        let dy: Vec<f32> = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
-        let params: Vec<f32> = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
+        let Fixture { inputs, units, n, x, dy, params } = Fixture::new();
         let run = |mask: bool, premasked: bool| {
             let pass = Pass { training: true, seed: 0, accumulate: false, threads: 2 };
             let mut layer = Dense::new(inputs, units, Activation::Relu, true);
@@ -288,10 +306,7 @@ mod tests {
     /// backward + the optimizer pass, and are the same bits on any number of threads.
     #[test]
     fn blocked_kernel_update_matches_the_unfused_step_on_any_thread_count() {
-        let (inputs, units, n) = (2 * BLOCK_ROWS + 88, 20, 5);
-        let x: Vec<f32> = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
-        let dy: Vec<f32> = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
-        let params: Vec<f32> = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
+        let Fixture { inputs, units, n, x, dy, params } = Fixture::new();
         for momentum in [0.0, 0.9] {
             let run_fused = |threads: usize| {
                 let pass = Pass { training: true, seed: 0, accumulate: false, threads };
