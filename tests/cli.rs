@@ -241,7 +241,7 @@ fn check_shows_clipping_decay_exclusions_and_the_cosine_floor() {
     ]);
     assert_exit(&out, 0);
     let (stdout, _) = text(&out);
-    assert!(stdout.contains("cosine to 0.1 × peak at step 210"), "{stdout}");
+    assert!(stdout.contains("cosine to 0.0001 (0.1 × peak) at step 210"), "{stdout}");
     assert!(stdout.contains("weight decay 0.004 (matrices only), clip_norm 1"), "{stdout}");
     let out = run(&[
         "check",
@@ -250,9 +250,13 @@ fn check_shows_clipping_decay_exclusions_and_the_cosine_floor() {
         "optimizer.kind=adamw",
         "--set",
         "optimizer.exclude_from_weight_decay=[\"bias\"]",
+        "--set",
+        "optimizer.schedule={kind=\"cosine\"}",
     ]);
     assert_exit(&out, 0);
-    assert!(text(&out).0.contains("weight decay 0.004 (except bias)"));
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("weight decay 0.004 (except bias)"), "{stdout}");
+    assert!(stdout.contains("cosine to 0 at step 210"), "a floor of 0 reads as one: {stdout}");
 }
 
 /// `bench --only engine` prints the engine table, every configuration of it, and nothing else

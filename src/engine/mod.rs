@@ -6,6 +6,7 @@
 //! gradients in place and optimizer state checkpoint as plain buffers (DEPENDENCIES.md).
 
 pub mod activation;
+pub mod arena;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fastmath;

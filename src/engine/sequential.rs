@@ -17,6 +17,8 @@ use super::optimizer::FusedStep;
 use super::shape::Shape;
 use std::ops::Range;
 
+pub use super::arena::{GradSink, TensorInfo};
+
 /// A model whose layers cannot be laid out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SequentialError {
@@ -29,57 +31,6 @@ pub enum SequentialError {
     /// A layer declares a tie and tensors of its own.
     #[error("layer `{layer}` ties to `{path}` and also owns tensors; a tied layer owns none")]
     TieWithParams { layer: String, path: String },
-}
-
-/// A named tensor inside the parameter or state arena (`dense_1/kernel`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorInfo {
-    /// `layer_name/weight_name`, Keras's weight path.
-    pub name: String,
-    /// Shape in Keras's layout.
-    pub shape: Vec<usize>,
-    /// Offset in the arena, in values.
-    pub offset: usize,
-}
-
-impl TensorInfo {
-    /// Values in the tensor.
-    pub fn len(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// Whether the tensor holds no value.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The tensor's range in its arena.
-    pub fn range(&self) -> Range<usize> {
-        self.offset..self.offset + self.len()
-    }
-}
-
-/// Where backward writes parameter gradients: a plain buffer, or the part of the arena a
-/// collective has not yet taken away for reduction (`collective::Packs`).
-pub trait GradSink {
-    /// `grads[range]`, by arena index. Backward asks only for ranges starting at or after the
-    /// last [`GradSink::ready`] mark.
-    fn slice(&mut self, range: Range<usize>) -> &mut [f32];
-
-    /// `grads[..k]` is final.
-    fn ready(&mut self, _k: usize) {}
-}
-
-impl GradSink for &mut [f32] {
-    fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
-        &mut self[range]
-    }
-}
-
-impl GradSink for Vec<f32> {
-    fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
-        &mut self[range]
-    }
 }
 
 /// One row of a model summary.

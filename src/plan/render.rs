@@ -133,8 +133,9 @@ fn batch_and_learning_rate(plan: &Plan, rows: &mut Rows) {
         match lr.schedule {
             Schedule::Constant => "constant".to_string(),
             Schedule::StepDecay { factor, every_steps } => format!("× {factor} every {}", plural(every_steps, "step")),
+            Schedule::Cosine { alpha, total_steps } if alpha == 0.0 => format!("cosine to 0 at step {total_steps}"),
             Schedule::Cosine { alpha, total_steps } => {
-                format!("cosine to {alpha} × peak at step {total_steps}")
+                format!("cosine to {} ({} × peak) at step {total_steps}", fmt_f(alpha * lr.scaled), fmt_f(alpha))
             }
         },
     ));
