@@ -3,7 +3,7 @@
 //! killed with SIGKILL mid-epoch after a backup, started again with the same command, and end
 //! with the weights of an uninterrupted run, bit for bit; and two workers each streaming their
 //! own files (the `file` policy) are preempted (SIGTERM to a worker) and resume to the same
-//! weights.
+//! weights. A TFRecord run whose images are augmented as they stream resumes the same way.
 
 mod common;
 
@@ -159,6 +159,21 @@ fn a_csv_run_killed_mid_epoch_resumes_bit_identical() {
 #[test]
 fn a_tfrecord_run_killed_mid_epoch_resumes_bit_identical() {
     killed_and_resumed_ends_bit_identical(write_tfrecords, TFRECORDS);
+}
+
+/// The same, with the images normalized, cropped and flipped as the stream is read.
+#[test]
+fn an_augmented_tfrecord_run_killed_mid_epoch_resumes_bit_identical() {
+    let augmented = format!(
+        "{TFRECORDS}\n\n[data.preprocessing]\nnormalize = \"adapt\"\nrandom_crop = {{ padding = 2 }}\nrandom_flip = \"horizontal\""
+    );
+    let dir = tempdir();
+    write_tfrecords(dir.path());
+    let check = common::run(&["check", spec(dir.path(), &augmented).to_str().unwrap()]);
+    assert_exit(&check, 0);
+    let shown = common::text(&check).0;
+    assert!(shown.contains("random crop 8×8 of the image padded by 2, random horizontal flip"), "{shown}");
+    killed_and_resumed_ends_bit_identical(write_tfrecords, &augmented);
 }
 
 #[test]

@@ -95,6 +95,15 @@ pub trait Examples: Send + Sync + fmt::Debug {
     fn records(&self) -> Option<&RecordSplit> {
         None
     }
+
+    /// What this split does to each example of its stream ([`Examples::records`]), applied to
+    /// `batch.x` as the pipeline read it: the examples at `positions` of data-epoch `epoch`'s
+    /// stream, whose random augmentation is drawn from the epoch and the position. Nothing for
+    /// a split that reads its stream as it is.
+    fn transform_streamed(&self, epoch: u64, positions: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        let _ = (epoch, positions, batch);
+        Ok(())
+    }
 }
 
 /// A split (train or test) of a dataset, shared by the pipeline threads.
@@ -167,5 +176,10 @@ impl Split {
     /// The stream of a split read only in order (see [`Examples::records`]).
     pub fn records(&self) -> Option<&RecordSplit> {
         self.examples.records()
+    }
+
+    /// Transforms examples read from this split's stream (see [`Examples::transform_streamed`]).
+    pub fn transform_streamed(&self, epoch: u64, positions: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        self.examples.transform_streamed(epoch, positions, batch)
     }
 }

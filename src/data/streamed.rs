@@ -144,9 +144,11 @@ fn order(schedule: &Schedule, epoch: u64) -> Order {
     }
 }
 
-/// Fills `batch` with this worker's part of the global batch at `cursor`.
+/// Fills `batch` with this worker's part of the global batch at `cursor`, and `positions`
+/// with where in the epoch's stream each of its examples was.
 fn fill(
     batch: &mut Batch,
+    positions: &mut Vec<usize>,
     records: &RecordSplit,
     how: &Streamed,
     schedule: &Schedule,
@@ -157,6 +159,7 @@ fn fill(
     batch.x.clear();
     batch.y.clear();
     batch.targets.clear();
+    positions.clear();
     let pass = match pass {
         Some(p) if p.epoch == cursor.epoch => p,
         _ => pass.insert(Pass {
@@ -170,6 +173,7 @@ fn fill(
         None => {
             for p in shard.positions(range.len()) {
                 pass.seek(range.start + p, records)?;
+                positions.push(pass.read);
                 pass.take(batch, records)?;
             }
             (shard.len_of(range.len()), range.len())
@@ -179,6 +183,7 @@ fn fill(
             pass.seek(shares.before(shares.me, step), records)?;
             let n = shares.at(shares.me, step);
             for _ in 0..n {
+                positions.push(pass.read);
                 pass.take(batch, records)?;
             }
             (n, shares.global_at(step))
@@ -204,10 +209,11 @@ pub(super) fn produce(
         let _ = send.send(Err(DataError::Unstreamable { what: "stream a split that is not read in order" }));
         return;
     };
-    let mut pass = None;
+    let (mut pass, mut positions) = (None, Vec::new());
     loop {
         let mut batch = recycled.try_recv().unwrap_or_default();
-        let filled = fill(&mut batch, records, how, &schedule, shard, cursor, &mut pass);
+        let filled = fill(&mut batch, &mut positions, records, how, &schedule, shard, cursor, &mut pass)
+            .and_then(|()| split.transform_streamed(cursor.epoch, &positions, &mut batch));
         let failed = filled.is_err();
         if send.send(filled.map(|()| batch)).is_err() || failed {
             return;

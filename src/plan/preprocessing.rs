@@ -49,13 +49,15 @@ pub fn resolve(
     let Some(c) = config else {
         return (Preprocessing::default(), facts.clone());
     };
-    if dataset == DatasetKind::Tfrecord {
-        // The TFRecord stream reads records through its shuffle buffer; the preprocessing
-        // wrapper reads examples by index, which over a stream is quadratic. Refused until
-        // the transforms run inside the stream.
+    if dataset == DatasetKind::Tfrecord && c.validation_split.is_some() {
+        // Carving a split off a stream would read the training records by index: a pass per
+        // batch. The transforms themselves run inside the stream.
         diags.push(
-            Diagnostic::error(KEY, "[data.preprocessing] is not supported with data.dataset = \"tfrecord\" yet")
-                .help("preprocess the images when writing the TFRecords, or convert them to an image_folder or npy"),
+            Diagnostic::error(
+                format!("{KEY}.validation_split"),
+                "validation_split is not supported with data.dataset = \"tfrecord\": its records are read as a stream",
+            )
+            .help("write the validation examples to files of their own and list them in data.tfrecord.test"),
         );
         return (Preprocessing::default(), facts.clone());
     }

@@ -131,3 +131,25 @@ fn validation_split_carves_the_training_split_when_there_is_no_test_split() {
     let (_, _, errors) = run(c(1.0), DatasetKind::Csv, &facts(&[4], 150, 0));
     assert!(errors[0].contains("validation_split = 1 of 150 training examples leaves 0 for training"), "{errors:?}");
 }
+
+#[test]
+fn tfrecord_images_are_augmented_but_not_split() {
+    let c = PreprocessingConfig {
+        normalize: Some(NormalizeConfig::Adapt(AdaptWord::Adapt)),
+        random_crop: Some(RandomCropConfig { padding: 2, height: None, width: None }),
+        random_flip: Some(FlipMode::Horizontal),
+        ..Default::default()
+    };
+    let (p, f, errors) = run(c.clone(), DatasetKind::Tfrecord, &facts(&[8, 8, 1], 1024, 0));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!((p.crop.map(|c| (c.height, c.width)), p.flip, f.example_shape), (Some((8, 8)), true, vec![8, 8, 1]));
+    let split = PreprocessingConfig { validation_split: Some(0.2), ..c };
+    let (p, _, errors) = run(split, DatasetKind::Tfrecord, &facts(&[8, 8, 1], 1024, 0));
+    assert!(p.is_identity());
+    assert!(
+        errors.len() == 1
+            && errors[0].starts_with("data.preprocessing.validation_split: validation_split is not supported")
+            && errors[0].contains("data.tfrecord.test"),
+        "{errors:?}"
+    );
+}

@@ -179,6 +179,42 @@ fn a_restarted_pipeline_reads_the_same_augmented_batches() {
     assert_ne!(pipe.next_batch().unwrap().x, straight[0].0);
 }
 
+/// A TFRecord training split streams through its preprocessing: read in file order, each
+/// batch is what reading the same examples by index gives, the augmentation drawn from the
+/// same (seed, epoch, position).
+#[test]
+fn a_tfrecord_stream_is_preprocessed_like_reading_by_index() {
+    use crate::data::formats::bench::raw_image_example;
+    use crate::data::formats::tfrecord::write_record;
+    use crate::data::records::{TfRecordConfig, load};
+    let dir = tempfile::tempdir().unwrap();
+    for f in 0..2 {
+        let mut bytes = vec![];
+        for i in f * 10..(f + 1) * 10 {
+            let pixels = (0..4).map(|k| ((i * 7 + k * 3) % 256) as u8).collect();
+            write_record(&mut bytes, &raw_image_example(pixels, (i % 5) as i64)).unwrap();
+        }
+        std::fs::write(dir.path().join(format!("t{f}.tfrecord")), bytes).unwrap();
+    }
+    let config: TfRecordConfig =
+        toml::from_str("train = [\"t*.tfrecord\"]\nshape = [2, 2, 1]\nclasses = 5\nshuffle_buffer = 0").unwrap();
+    let p = Preprocessing { scale: Some(2.0), crop: Some(crop(1, 2, 2)), flip: true, ..Preprocessing::default() };
+    let data = Arc::new(p.apply(load(dir.path(), &config).unwrap(), 3).unwrap().0);
+    assert!(data.train.records().is_some(), "the preprocessed split still streams");
+    let opts = PipelineOptions { shuffle: Shuffle::Off, drop_remainder: false, ..options(3) };
+    let mut pipe = Pipeline::new(data.clone(), &opts, Cursor::default()).unwrap();
+    // 20 examples in batches of 8: 8, 8 and 4, then the next epoch.
+    let mut first = vec![];
+    for (epoch, range) in [(0, 0..8), (0, 8..16), (0, 16..20), (1, 0..8)] {
+        let b = pipe.next_batch().unwrap();
+        let mut want = Batch::default();
+        data.train.append_many_in_epoch(epoch, &range.collect::<Vec<_>>(), &mut want).unwrap();
+        assert_eq!((&b.x, &b.y), (&want.x, &want.y), "epoch {epoch}");
+        first.push(b.x);
+    }
+    assert_ne!(first[0], first[3], "each epoch draws its crops and flips anew");
+}
+
 /// The definition `place` implements, pixel by pixel: output (y, x) is padded pixel
 /// (top + y, left + x'), x' mirrored when flipping, zero outside the image.
 fn by_definition(src: &[f32], [h, w, c]: [usize; 3], window: Crop, d: Draw) -> Vec<f32> {

@@ -5,6 +5,7 @@
 use super::super::error::DataError;
 use super::super::examples::{Examples, Split};
 use super::super::pipeline::Batch;
+use super::super::records::RecordSplit;
 use super::Crop;
 use super::transform::{Steps, centre, place};
 use rayon::prelude::*;
@@ -91,28 +92,35 @@ impl Preprocessed {
     /// Reads `indices` and transforms them into `batch`; `epoch` draws the training
     /// augmentation.
     fn read(&self, epoch: Option<u64>, indices: &[usize], batch: &mut Batch) -> Result<(), DataError> {
-        let in_len = self.inner.example_len().max(1);
         let mut raw = Batch::default();
-        raw.x.reserve_exact(indices.len() * in_len);
+        raw.x.reserve_exact(indices.len() * self.inner.example_len().max(1));
         match epoch {
             Some(e) => self.inner.append_many_in_epoch(e, indices, &mut raw)?,
             None => self.inner.append_many(indices, &mut raw)?,
         }
         batch.y.append(&mut raw.y);
         batch.targets.append(&mut raw.targets);
+        self.transform(epoch, indices, raw.x, &mut batch.x);
+        Ok(())
+    }
+
+    /// Appends the examples `raw` (read at `indices`, or stream positions) to `x`,
+    /// transformed; `epoch` draws the training augmentation.
+    fn transform(&self, epoch: Option<u64>, indices: &[usize], mut raw: Vec<f32>, x: &mut Vec<f32>) {
+        let in_len = self.inner.example_len().max(1);
         // Each parallel pass costs a dispatch and the threads' spinning: skip the empty one.
         if self.steps.changes_values() {
-            raw.x.par_chunks_mut(in_len).for_each(|x| self.steps.values(x));
+            raw.par_chunks_mut(in_len).for_each(|x| self.steps.values(x));
         }
         let Some((window, image)) = self.geometry else {
-            batch.x.append(&mut raw.x);
-            return Ok(());
+            x.append(&mut raw);
+            return;
         };
         let out_len: usize = self.shape.iter().product();
-        let start = batch.x.len();
-        batch.x.resize(start + indices.len() * out_len, 0.0);
+        let start = x.len();
+        x.resize(start + indices.len() * out_len, 0.0);
         let random = self.seed.zip(epoch);
-        batch.x[start..].par_chunks_mut(out_len.max(1)).zip(raw.x.par_chunks(in_len)).zip(indices).for_each(
+        x[start..].par_chunks_mut(out_len.max(1)).zip(raw.par_chunks(in_len)).zip(indices).for_each(
             |((dst, src), &i)| {
                 let draw = match random {
                     Some((seed, e)) => self.steps.random(window, [image[0], image[1]], seed, e, i),
@@ -121,7 +129,6 @@ impl Preprocessed {
                 place(src, image, window, draw, dst);
             },
         );
-        Ok(())
     }
 }
 
@@ -152,5 +159,16 @@ impl Examples for Preprocessed {
 
     fn rows_per_example(&self) -> usize {
         self.inner.rows_per_example()
+    }
+
+    /// The training pipeline streams the source's records and hands each batch here.
+    fn records(&self) -> Option<&RecordSplit> {
+        self.inner.records()
+    }
+
+    fn transform_streamed(&self, epoch: u64, positions: &[usize], batch: &mut Batch) -> Result<(), DataError> {
+        let raw = std::mem::take(&mut batch.x);
+        self.transform(Some(epoch), positions, raw, &mut batch.x);
+        Ok(())
     }
 }
