@@ -11,10 +11,11 @@
 
 use super::error::DataError;
 use super::examples::{Examples, LabelKind, Split};
-use super::formats::tfrecord::{Compression, ExampleSpec, ExampleStream, ImageEncoding, Order, scan};
+use super::formats::tfrecord::{Compression, Encoded, ExampleSpec, ExampleStream, ImageEncoding, Order, scan};
 use super::formats::{Dtype, image_folder::ColorMode};
 use super::pipeline::Batch;
 use super::{DataFacts, Dataset};
+use rayon::prelude::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -293,6 +294,40 @@ impl RecordReader {
         }
     }
 
+    /// Reads the next example into `pending` without decoding it; `false` once the stream
+    /// has ended.
+    pub fn take_encoded(&mut self, pending: &mut Vec<Encoded>) -> Result<bool, DataError> {
+        let next = self.stream.next_encoded()?;
+        let more = next.is_some();
+        pending.extend(next);
+        Ok(more)
+    }
+
+    /// Decodes `pending` into `batch` in order, the examples in parallel: PNG or JPEG images
+    /// take tens of microseconds each, too much for the pipeline's one thread to keep a
+    /// small model fed. The values are those [`RecordReader::append`] gives.
+    pub fn decode_into(&self, pending: Vec<Encoded>, batch: &mut Batch) -> Result<(), DataError> {
+        let (len, decoder, scale) = (self.stream.example_len(), self.stream.decoder(), self.scale);
+        let from = batch.x.len();
+        batch.x.resize(from + pending.len() * len, 0.0);
+        let labels: Vec<Result<u32, DataError>> = batch.x[from..]
+            .par_chunks_mut(len.max(1))
+            .zip(pending)
+            .map(|(out, encoded)| {
+                let label = decoder.decode(encoded, out)?;
+                if scale {
+                    // Division, not multiplication by 1/255, as every other u8 source.
+                    out.iter_mut().for_each(|v| *v /= 255.0);
+                }
+                Ok(label)
+            })
+            .collect();
+        for label in labels {
+            batch.y.push(label?);
+        }
+        Ok(())
+    }
+
     /// Skips the next `k` examples without decoding them; returns how many were skipped.
     pub fn skip(&mut self, k: usize) -> Result<usize, DataError> {
         self.stream.skip(k as u64).map(|n| n as usize)
@@ -394,5 +429,17 @@ mod tests {
         );
         assert_eq!(data.train.read(0..1).unwrap().y, [0], "a read behind the last one starts again");
         assert_eq!(facts(dir.path(), &config).unwrap().train_files, 2);
+
+        // Taken whole and decoded in parallel, the same values and labels as one by one; past
+        // the end, nothing more is taken.
+        let records = data.train.records().unwrap();
+        let (mut one, mut all) = (Batch::default(), Batch::default());
+        let mut reader = records.open(&[0, 1], Order::Files);
+        while reader.append(&mut one).unwrap() {}
+        let (mut reader, mut pending) = (records.open(&[0, 1], Order::Files), vec![]);
+        while reader.take_encoded(&mut pending).unwrap() {}
+        assert_eq!(pending.len(), 7);
+        reader.decode_into(pending, &mut all).unwrap();
+        assert_eq!((all.x, all.y), (one.x, one.y));
     }
 }

@@ -15,7 +15,7 @@
 
 use super::error::DataError;
 use super::examples::Split;
-use super::formats::tfrecord::Order;
+use super::formats::tfrecord::{Encoded, Order};
 use super::pipeline::{Batch, Cursor, PipelineOptions, Schedule, Shuffle};
 use super::records::{RecordReader, RecordSplit};
 use super::shard::Shard;
@@ -112,8 +112,10 @@ impl Streamed {
 struct Pass {
     epoch: u64,
     reader: RecordReader,
-    /// Outputs of the stream consumed (decoded or skipped).
+    /// Outputs of the stream consumed (taken or skipped).
     read: usize,
+    /// The batch's examples taken so far, decoded together by [`Pass::decode`].
+    pending: Vec<Encoded>,
 }
 
 impl Pass {
@@ -127,12 +129,17 @@ impl Pass {
         Ok(())
     }
 
-    fn take(&mut self, batch: &mut Batch, records: &RecordSplit) -> Result<(), DataError> {
-        if !self.reader.append(batch)? {
+    fn take(&mut self, records: &RecordSplit) -> Result<(), DataError> {
+        if !self.reader.take_encoded(&mut self.pending)? {
             return Err(records.ended_early());
         }
         self.read += 1;
         Ok(())
+    }
+
+    /// Decodes the examples taken into `batch`.
+    fn decode(&mut self, batch: &mut Batch) -> Result<(), DataError> {
+        self.reader.decode_into(std::mem::take(&mut self.pending), batch)
     }
 }
 
@@ -166,6 +173,7 @@ fn fill(
             epoch: cursor.epoch,
             reader: records.open(&how.files, order(schedule, cursor.epoch)),
             read: 0,
+            pending: Vec::new(),
         }),
     };
     let range = schedule.batch_at(cursor);
@@ -174,7 +182,7 @@ fn fill(
             for p in shard.positions(range.len()) {
                 pass.seek(range.start + p, records)?;
                 positions.push(pass.read);
-                pass.take(batch, records)?;
+                pass.take(records)?;
             }
             (shard.len_of(range.len()), range.len())
         }
@@ -184,11 +192,12 @@ fn fill(
             let n = shares.at(shares.me, step);
             for _ in 0..n {
                 positions.push(pass.read);
-                pass.take(batch, records)?;
+                pass.take(records)?;
             }
             (n, shares.global_at(step))
         }
     };
+    pass.decode(batch)?;
     batch.n = n;
     batch.global_n = global_n;
     batch.rows_per_example = 1;

@@ -45,6 +45,7 @@ pub enum Order {
 }
 
 /// One record and where it came from.
+#[derive(Debug)]
 struct Record {
     file: usize,
     offset: u64,
@@ -94,6 +95,27 @@ impl RecordStream {
     }
 }
 
+/// An example read from a stream, not decoded yet ([`ExampleStream::next_encoded`]).
+#[derive(Debug)]
+pub struct Encoded(Record);
+
+/// Decodes a stream's [`Encoded`] examples ([`ExampleStream::decoder`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Decoder<'a> {
+    spec: &'a ExampleSpec,
+    files: &'a [PathBuf],
+    example_len: usize,
+}
+
+impl Decoder<'_> {
+    /// Decodes `encoded`'s features into `out` and returns its label.
+    pub fn decode(&self, encoded: Encoded, out: &mut [f32]) -> Result<u32, DataError> {
+        check_buffer(self.example_len, out.len())?;
+        let Encoded(record) = encoded;
+        self.spec.decode(Bytes::from(record.payload), out, &self.files[record.file], record.offset)
+    }
+}
+
 /// Decoded examples streamed from TFRecord files.
 pub struct ExampleStream {
     records: RecordStream,
@@ -132,10 +154,21 @@ impl ExampleStream {
     /// Decodes the next example's features into `out` and returns its label, or `None` once
     /// every file is read.
     pub fn next_into(&mut self, out: &mut [f32]) -> Result<Option<u32>, DataError> {
-        check_buffer(self.example_len(), out.len())?;
-        let Some(record) = self.next_record()? else { return Ok(None) };
-        let path = &self.records.files[record.file];
-        self.spec.decode(Bytes::from(record.payload), out, path, record.offset).map(Some)
+        match self.next_encoded()? {
+            Some(encoded) => self.decoder().decode(encoded, out).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The next example as stored, for a [`Decoder`] to decode, perhaps on another thread;
+    /// `None` once every file is read.
+    pub fn next_encoded(&mut self) -> Result<Option<Encoded>, DataError> {
+        Ok(self.next_record()?.map(Encoded))
+    }
+
+    /// What decodes this stream's examples: shareable across threads, unlike the stream.
+    pub fn decoder(&self) -> Decoder<'_> {
+        Decoder { spec: &self.spec, files: &self.records.files, example_len: self.example_len() }
     }
 
     /// Skips the next `k` outputs without decoding them; returns how many were skipped
