@@ -1,6 +1,7 @@
 //! Exit codes and the error a command fails with: the contract scripts and schedulers rely on
 //! (README "Exit codes"). Every lower error maps to exactly one code here.
 
+use crate::cluster::job::JoinError;
 use crate::cluster::{Blame, ClusterError, TaskId, launch};
 use crate::collective::CollectiveError;
 use crate::data::DataError;
@@ -62,6 +63,10 @@ pub enum RunError {
     /// The job failed across processes (a task died, hung or was refused).
     #[error("error: {0}")]
     Cluster(String),
+    /// This task could not join the job: refused, or a peer died or hung during the
+    /// rendezvous. Kept typed so that the launcher learns whom it blames.
+    #[error("error: {0}")]
+    Join(#[from] JoinError),
     /// Training failed.
     #[error("error: {0}")]
     Train(TrainError),
@@ -91,8 +96,10 @@ impl RunError {
     /// The task this failure blames, as data for the launcher (see [`launch::blame_line`]).
     pub fn blame(&self) -> Option<Blame> {
         match self {
-            RunError::Train(TrainError::Strategy(StrategyError::Cluster(ClusterError::Failed(f)))) => f.blame(),
-            RunError::Train(TrainError::Strategy(StrategyError::Collective(c))) => collective_blame(c),
+            RunError::Train(TrainError::Strategy(StrategyError::Cluster(c)))
+            | RunError::Join(JoinError::Cluster(c)) => cluster_blame(c),
+            RunError::Train(TrainError::Strategy(StrategyError::Collective(c)))
+            | RunError::Join(JoinError::Collective(c)) => collective_blame(c),
             _ => None,
         }
     }
@@ -117,6 +124,7 @@ impl RunError {
             }
             RunError::Train(TrainError::Record(e)) if crate::checkpoint::is_no_space(&e.source) => Exit::NoSpace,
             RunError::Cluster(_)
+            | RunError::Join(_)
             | RunError::Train(TrainError::Strategy(
                 StrategyError::Cluster(_)
                 | StrategyError::Collective(_)
@@ -126,6 +134,17 @@ impl RunError {
             RunError::Train(_) | RunError::Failure(_) => Exit::Failure,
         };
         code as u8
+    }
+}
+
+/// Whom a control-plane failure while joining blames: the task the chief found missing,
+/// dead or silent, or the chief itself when it never answered. A refusal (wrong spec, token
+/// or certificate) blames nobody: every task is up, one is misconfigured.
+fn cluster_blame(e: &ClusterError) -> Option<Blame> {
+    match e {
+        ClusterError::Failed(f) => f.blame(),
+        ClusterError::ChiefUnreachable { chief, .. } => Some(Blame::Hung(*chief)),
+        _ => None,
     }
 }
 
@@ -182,10 +201,11 @@ impl From<StrategyError> for RunError {
         match e {
             StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
             StrategyError::Device(_) => RunError::Failure(e.to_string()),
+            // Kept typed, as a failed step's is, so that the launcher learns whom it blames.
             StrategyError::Cluster(_)
             | StrategyError::Collective(_)
             | StrategyError::Finished
-            | StrategyError::Remote(_) => RunError::Cluster(e.to_string()),
+            | StrategyError::Remote(_) => RunError::Train(TrainError::Strategy(e)),
         }
     }
 }

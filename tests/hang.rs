@@ -1,6 +1,7 @@
 //! A task that hangs (stopped with SIGSTOP: it answers neither heartbeats nor SIGTERM), the
 //! binary end to end: the launcher returns, or restarts the job, within `timeout_s` + 1 s and
-//! names the stuck task, not the worker that noticed.
+//! names the stuck task, not the worker that noticed; and one that hangs before the job has
+//! started, within `startup_timeout_s`.
 
 mod common;
 
@@ -73,4 +74,47 @@ fn with_restarts_the_hung_task_is_named_and_the_job_restarts_within_timeout_plus
     let _ = common::wait_within(launcher, LIMIT);
     assert!(line.starts_with("[launcher] worker:1 failed (hung: worker:0 found the job broken"), "{line}");
     assert!(took < Duration::from_secs(TIMEOUT_S + 1), "took {took:?}: {line}");
+}
+
+const STARTUP_S: u64 = 3;
+
+/// Stops `task` of a two-worker job dead as soon as it is launched, while it still loads the
+/// data (MNIST takes a few hundred milliseconds to decode), so it never joins; returns the
+/// launcher's output and how long after the stop it returned.
+fn hang_before_joining(task: usize) -> (std::process::Output, Duration) {
+    let dir = tempdir();
+    let launcher = common::trainrun()
+        .args(["specs/mnist_multiworker.toml", "-q"])
+        .args(["--set", &format!("cluster.startup_timeout_s={STARTUP_S}")])
+        .args(["--set", &format!("run.out_dir={}", dir.path().display())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start trainrun: {e}"));
+    let victim =
+        common::launched_task(launcher.id(), ("worker", task), LIMIT).unwrap_or_else(|| panic!("no worker:{task}"));
+    common::signal(victim, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let (out, _) = common::wait_within(launcher, LIMIT);
+    (out, stopped.elapsed())
+}
+
+#[test]
+fn a_worker_that_hangs_before_checking_in_is_named_not_the_chief_that_timed_out() {
+    let (out, took) = hang_before_joining(1);
+    assert_exit(&out, 5);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("worker:1 never checked in"), "the freeze came after the rendezvous?\n{stderr}");
+    assert!(stderr.contains("error: worker:1 failed (hung: worker:0 found the job broken"), "{stderr}");
+    assert!(took < Duration::from_secs(STARTUP_S + 2), "took {took:?}\n{stderr}");
+}
+
+#[test]
+fn a_chief_that_hangs_before_the_rendezvous_is_named_not_the_worker_that_gave_up() {
+    let (out, took) = hang_before_joining(0);
+    assert_exit(&out, 5);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("the chief worker:0 at"), "{stderr}");
+    assert!(stderr.contains("error: worker:0 failed (hung: worker:1 found the job broken"), "{stderr}");
+    assert!(took < Duration::from_secs(STARTUP_S + 2), "took {took:?}\n{stderr}");
 }

@@ -184,7 +184,7 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         ring: plan.strategy.reduction != Reduction::ParameterServer,
         expendable: expendable(plan.strategy.kind),
     })
-    .map_err(|e| RunError::Cluster(e.to_string()))
+    .map_err(RunError::from)
 }
 
 /// A stop that came from Ctrl-C is an interruption (exit code 130), not a preemption.
