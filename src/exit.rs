@@ -111,8 +111,8 @@ impl RunError {
             RunError::Launch(launch::LaunchError::TaskFailed { code, .. }) | RunError::TrialFailed { code, .. } => {
                 return *code;
             }
-            RunError::Launch(launch::LaunchError::Preempted) | RunError::Preempted(_) => Exit::Preempted,
-            RunError::Launch(launch::LaunchError::Interrupted) | RunError::Interrupted(_) => Exit::Interrupted,
+            RunError::Launch(launch::LaunchError::Preempted(_)) | RunError::Preempted(_) => Exit::Preempted,
+            RunError::Launch(launch::LaunchError::Interrupted(_)) | RunError::Interrupted(_) => Exit::Interrupted,
             RunError::Launch(_) => Exit::Cluster,
             RunError::Usage(_) | RunError::Spec(_) | RunError::Train(TrainError::Resume(_)) => Exit::Spec,
             RunError::Data(_) | RunError::Train(TrainError::Data(_)) => Exit::Data,

@@ -25,6 +25,8 @@ static SUPERVISING: AtomicBool = AtomicBool::new(false);
 static TRAINING: AtomicBool = AtomicBool::new(false);
 /// Set once the step loop has reached a step boundary and is stopping there.
 static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Set with [`TRAINING`] when the spec has `backup_and_restore`: there is a backup to resume from.
+static BACKS_UP: AtomicBool = AtomicBool::new(false);
 /// What records a stop the watchdog forces (the chief's `run.json`), given the stop and why.
 type Recorder = Box<dyn Fn(Stop, &str) + Send + Sync>;
 static FORCED: OnceLock<Recorder> = OnceLock::new();
@@ -111,8 +113,10 @@ pub fn supervise() -> &'static AtomicBool {
     stop_requested()
 }
 
-/// Marks the training loop started: a stop from now on saves a backup first.
-pub fn training_started() {
+/// Marks the training loop started: a stop from now on saves a backup first, when the spec
+/// has `backup_and_restore` (`backs_up`).
+pub fn training_started(backs_up: bool) {
+    BACKS_UP.store(backs_up, Ordering::SeqCst);
     TRAINING.store(true, Ordering::SeqCst);
 }
 
@@ -139,8 +143,13 @@ fn verdict(noticed: &mut Option<Instant>) -> Option<(Stop, String)> {
     }
     let since = *noticed.get_or_insert_with(Instant::now);
     (since.elapsed() >= STEP_WAIT).then(|| {
+        let next = if BACKS_UP.load(Ordering::SeqCst) {
+            "run the same command again to resume from the last backup"
+        } else {
+            "without a backup_and_restore callback the next run starts over"
+        };
         let why = format!(
-            "stopped by {}: the step or evaluation under way takes longer than {} ms, so it was abandoned; run the same command again to resume from the last backup",
+            "stopped by {}: the step or evaluation under way takes longer than {} ms, so it was abandoned; {next}",
             stop.name(),
             STEP_WAIT.as_millis()
         );

@@ -2,7 +2,9 @@
 //! (exit 6) or `interrupted` (exit 130) after a backup; a task waiting at the rendezvous
 //! or loading data ends within 1 s; a second Ctrl-C stops at once; the launcher passes a stop
 //! on, ends its back-off at once, and leaves no task behind. A step or an evaluation slower
-//! than a second does not hold a stop up: it is abandoned, and `run.json` says so.
+//! than a second does not hold a stop up: it is abandoned, and `run.json` says so. What a stop
+//! leaves to resume from is said as it is: nothing before training began, nothing without
+//! `backup_and_restore`.
 
 mod common;
 
@@ -129,6 +131,41 @@ fn a_task_loading_data_ends_within_a_second() {
     let took = asked.elapsed();
     assert_exit(&out, 6);
     assert!(took < PROMPT, "took {took:?}");
+}
+
+/// SIGTERM to the launcher of the two-worker job (no `backup_and_restore`), before training
+/// began and during it: each says truthfully what the next run starts from, no task claims a
+/// backup, and each task's lines carry its name once.
+#[test]
+fn sigterm_to_the_launcher_says_what_is_left_to_resume_from() {
+    let _serial = serial();
+    for began in [false, true] {
+        let dir = tempdir();
+        let out_dir = format!("run.out_dir={}", dir.path().display());
+        let mut launcher = common::spawn(&["specs/mnist_multiworker.toml", "--set", &out_dir]);
+        if began {
+            wait_for_file(&dir.path().join("run.json"), LIMIT, &mut [&mut launcher]);
+            std::thread::sleep(Duration::from_millis(300));
+        } else {
+            // Both tasks started: they decode MNIST (a few hundred milliseconds) before joining.
+            let until = Instant::now() + LIMIT;
+            while children(launcher.id()).len() < 2 && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        common::signal(launcher.id(), libc::SIGTERM);
+        let (out, _) = wait_within(launcher, LIMIT);
+        assert_exit(&out, 6);
+        let stderr = text(&out).1;
+        let said = if began {
+            "every task stopped on SIGTERM; without a backup_and_restore callback nothing was saved to resume from"
+        } else {
+            "every task stopped on SIGTERM before training began; nothing was saved"
+        };
+        assert!(stderr.contains(said), "began {began}: {stderr}");
+        assert!(!stderr.contains("backup;") && !stderr.contains("saves the backup"), "began {began}: {stderr}");
+        assert!(!stderr.contains("] [worker:"), "a task named twice: {stderr}");
+    }
 }
 
 /// The pids of every task the launcher `parent` started.

@@ -73,6 +73,8 @@ pub struct Launch {
     /// Roles whose death the job survives while another task of the role runs (workers
     /// under `parameter_server`: the coordinator runs their step again elsewhere).
     pub expendable: Vec<Role>,
+    /// The spec has `backup_and_restore`: a stopped job resumes from the chief's backup.
+    pub backs_up: bool,
 }
 
 /// Why the job failed.
@@ -102,27 +104,64 @@ pub enum LaunchError {
         /// The exit code the launcher returns.
         code: u8,
     },
-    /// The tasks stopped on SIGTERM after saving a backup.
-    #[error("every task stopped on SIGTERM after the chief saved a backup; run the same command again to resume")]
-    Preempted,
-    /// The tasks stopped on Ctrl-C: after a backup, or at once on a second Ctrl-C.
-    #[error("interrupted: every task stopped on Ctrl-C; run the same command again to resume from the last backup")]
-    Interrupted,
+    /// The tasks stopped on SIGTERM, after the same step.
+    #[error("every task stopped on SIGTERM{}", resumes(*.0))]
+    Preempted(Saved),
+    /// The tasks stopped on Ctrl-C: after the same step, or at once on a second Ctrl-C.
+    #[error("interrupted: every task stopped on Ctrl-C{}", resumes(*.0))]
+    Interrupted(Saved),
 }
 
-/// The launcher's own stop: SIGTERM is a preemption, Ctrl-C an interruption.
-fn stopped() -> LaunchError {
+/// What a job stopped on request left to resume from, as far as the launcher knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// No task had begun training (loading data, the rendezvous): nothing to save.
+    Nothing,
+    /// Training ran, and the spec has no `backup_and_restore`: the next run starts over.
+    NoBackups,
+    /// Training ran and the chief backs up: the next run resumes from the last backup.
+    Backup,
+}
+
+/// The end of a stop's message: what running the same command again does.
+fn resumes(saved: Saved) -> &'static str {
+    match saved {
+        Saved::Nothing => " before training began; nothing was saved, and the same command starts the run",
+        Saved::NoBackups => {
+            "; without a backup_and_restore callback nothing was saved to resume from, and the next run starts over"
+        }
+        Saved::Backup => "; run the same command again to resume from the chief's last backup",
+    }
+}
+
+/// The launcher's own stop: SIGTERM is a preemption, Ctrl-C an interruption. `began`: some
+/// start of the job reached its first step.
+fn stopped(launch: &Launch, began: bool) -> LaunchError {
+    let saved = match (began, launch.backs_up) {
+        (false, _) => Saved::Nothing,
+        (true, false) => Saved::NoBackups,
+        (true, true) => Saved::Backup,
+    };
     match crate::signals::received() {
-        Some(crate::signals::Stop::Interrupted) => LaunchError::Interrupted,
-        Some(crate::signals::Stop::Terminated) | None => LaunchError::Preempted,
+        Some(crate::signals::Stop::Interrupted) => LaunchError::Interrupted(saved),
+        Some(crate::signals::Stop::Terminated) | None => LaunchError::Preempted(saved),
     }
 }
 
 /// How one start of every task ended.
 enum Outcome {
     Done,
-    Preempted,
-    Failed { task: TaskId, status: String, tail: String, code: u8, at: Instant },
+    /// Stopped on request; `began`: the chief reported a step.
+    Preempted {
+        began: bool,
+    },
+    Failed {
+        task: TaskId,
+        status: String,
+        tail: String,
+        code: u8,
+        at: Instant,
+    },
 }
 
 /// A free port on 127.0.0.1 and the listener that holds it: while the caller keeps it, the
@@ -191,11 +230,12 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     loop {
         match incarnation(&launch, failed.take())? {
             Outcome::Done => return Ok(()),
-            Outcome::Preempted => return Err(stopped()),
+            // An earlier start that failed and was restarted had trained.
+            Outcome::Preempted { began } => return Err(stopped(&launch, began || restarts > 0)),
             Outcome::Failed { task, status, tail, code, at } => {
                 let stopping = launch.stop.load(Ordering::SeqCst);
                 if crate::signals::interrupted_twice() {
-                    return Err(LaunchError::Interrupted);
+                    return Err(stopped(&launch, true));
                 }
                 if restarts >= launch.max_restarts || NOT_RESTARTED.contains(&code) || stopping {
                     return Err(LaunchError::TaskFailed { task, status, tail, code });
@@ -212,7 +252,7 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
                     // Asked to stop while waiting: the last backup is where the next launch
                     // resumes, as after any preemption.
                     if launch.stop.load(Ordering::SeqCst) {
-                        return Err(stopped());
+                        return Err(stopped(&launch, true));
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -307,10 +347,12 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
     let mut waiting = after_failure;
     let mut forwarded: Option<Instant> = None;
     let mut preempted = false;
+    let mut began = false;
     loop {
         for line in arriving(&rx) {
             match line {
                 Line::Event(e) => {
+                    began |= training(&e);
                     if let (Event::Step { .. }, Some((at, task))) = (&e, waiting) {
                         waiting = None;
                         eprintln!("[launcher] training again {:.2} s after {task} failed", at.elapsed().as_secs_f64());
@@ -400,12 +442,15 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
     // Every task exited; drain remaining output in order.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
         match line {
-            Line::Event(e) => progress.show(e),
+            Line::Event(e) => {
+                began |= training(&e);
+                progress.show(e)
+            }
             Line::Log(task, text) if launch.progress != Mode::Quiet => eprintln!("[{task}] {text}"),
             Line::Log(..) | Line::Blame(..) => {}
         }
     }
-    Ok(if preempted { Outcome::Preempted } else { Outcome::Done })
+    Ok(if preempted { Outcome::Preempted { began } } else { Outcome::Done })
 }
 
 /// The failed tasks the job survives: those of an expendable role that will be restarted
@@ -495,6 +540,12 @@ fn failed(
         None => task,
     };
     Outcome::Failed { task, status, tail, code, at }
+}
+
+/// Whether the chief's `event` shows training under way: from its first epoch on, a stop is
+/// taken at a step boundary, after a backup when the spec backs up.
+fn training(event: &Event) -> bool {
+    matches!(event, Event::StartEpoch { .. } | Event::Step { .. } | Event::EndEpoch { .. })
 }
 
 /// The task that a task exiting with [`CLUSTER`] noticed, if it ended of something else: a

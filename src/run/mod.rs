@@ -105,11 +105,12 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         restart_backoff: c.restarts.backoff,
         stop: crate::signals::supervise(),
         expendable: expendable(p.plan.strategy.kind),
+        backs_up: p.plan.callbacks.backup_dir().is_some(),
     };
     if let Err(e) = launch::run(run) {
         let error = match e {
-            launch::LaunchError::Preempted => RunError::Preempted(e.to_string()),
-            launch::LaunchError::Interrupted => RunError::Interrupted(e.to_string()),
+            launch::LaunchError::Preempted(_) => RunError::Preempted(e.to_string()),
+            launch::LaunchError::Interrupted(_) => RunError::Interrupted(e.to_string()),
             e => RunError::Launch(e),
         };
         match error {
@@ -218,28 +219,30 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
     // training begins there is nothing to save, so the process ends at once.
     let stop = crate::signals::stop_requested();
     let plan = &p.plan;
-    let say_prefix = match plan.cluster.part {
-        Part::Task(task) => format!("[{task}] "),
-        Part::Single | Part::Launcher => String::new(),
+    let progress = progress_mode(inv);
+    // The launcher puts the task before each line of a task it started.
+    let launched = inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS");
+    let prefix = match plan.cluster.part {
+        Part::Task(task) if !launched => format!("[{task}] "),
+        Part::Task(_) | Part::Single | Part::Launcher => String::new(),
     };
+    let say_prefix = prefix.clone();
     crate::signals::start_watchdog(move |text| eprintln!("{say_prefix}{text}"));
     let (dataset, normalization) = load_preprocessed(inv, plan)?;
     let dataset = Arc::new(dataset);
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
-    let (mut job, prefix) = match plan.cluster.part {
-        Part::Task(task) => (Some(join(inv, plan, task, plan.model.params)?), format!("[{task}] ")),
-        Part::Single | Part::Launcher => (None, String::new()),
+    let mut job = match plan.cluster.part {
+        Part::Task(task) => Some(join(inv, plan, task, plan.model.params)?),
+        Part::Single | Part::Launcher => None,
     };
     let data = job.as_mut().and_then(|j| j.data.take());
-    let progress = progress_mode(inv);
-    let prefix = if progress == Mode::Events { String::new() } else { prefix };
     let quiet = progress == Mode::Quiet;
     let built =
         builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
             .map_err(RunError::from)?;
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     // From here a stop waits for the step boundary and saves a backup first.
-    crate::signals::training_started();
+    crate::signals::training_started(plan.callbacks.backup_dir().is_some());
     let mut record =
         if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {

@@ -18,7 +18,7 @@ fn enter(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(Job, DataPlane
     let mut job = join(inv, &p.plan, task, 0)?;
     let data = job.data.take().ok_or_else(|| RunError::Cluster(format!("{task} joined without a data plane")))?;
     // From here a stop request waits for the chief, which saves before it says stop.
-    crate::signals::training_started();
+    crate::signals::training_started(p.plan.callbacks.backup_dir().is_some());
     Ok((job, data))
 }
 

@@ -63,7 +63,7 @@ pub enum TrainError {
     },
     /// A task was asked to stop (SIGTERM): every task stopped at the same step, after the
     /// chief saved a backup to resume from.
-    #[error("{}", preempted_text(*step, backup.as_deref(), *chief))]
+    #[error("{}", preempted_text(*step, backup.as_deref(), *chief, *backs_up))]
     Preempted {
         /// The step every task stopped after.
         step: u64,
@@ -71,21 +71,23 @@ pub enum TrainError {
         backup: Option<PathBuf>,
         /// Whether this task is the chief (the one that saves).
         chief: bool,
+        /// Whether the spec has `backup_and_restore`.
+        backs_up: bool,
     },
 }
 
-fn preempted_text(step: u64, backup: Option<&std::path::Path>, chief: bool) -> String {
-    match (backup, chief) {
-        (Some(b), _) => format!(
+fn preempted_text(step: u64, backup: Option<&std::path::Path>, chief: bool, backs_up: bool) -> String {
+    match (backup, chief, backs_up) {
+        (Some(b), _, _) => format!(
             "preempted: stopped after step {step} and saved {}; run the same command again to resume",
             b.display()
         ),
-        (None, true) => format!(
-            "preempted: stopped after step {step}; without a backup_and_restore callback the next run starts over"
-        ),
-        (None, false) => {
+        (None, false, true) => {
             format!("preempted: stopped after step {step} with the other tasks; the chief saves the backup")
         }
+        (None, _, _) => format!(
+            "preempted: stopped after step {step}; without a backup_and_restore callback the next run starts over"
+        ),
     }
 }
 
