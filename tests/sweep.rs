@@ -1,6 +1,6 @@
 //! Sweeps end to end, as a user runs them: `trainrun sweep` over learning rate × batch size on
 //! real MNIST, twice with the same results; an interrupted sweep finishing only the missing
-//! trials; `--dry-run`; errors located in the sweep; failing and multi-worker trials;
+//! trials; SIGTERM and Ctrl-C stopping a sweep cleanly; `--dry-run`; errors located in the sweep; failing and multi-worker trials;
 //! `trainrun report` on what it wrote.
 
 mod common;
@@ -178,6 +178,50 @@ fn an_interrupted_sweep_runs_only_the_missing_trials() {
     assert_eq!(std::fs::read(&first).unwrap_or_default(), kept, "the complete trial was left alone");
     let rows = results(dir.path());
     assert!(rows.len() == 5 && rows[1..].iter().all(|r| r[3] == "ok"), "{rows:?}");
+}
+
+/// SIGTERM (then Ctrl-C) to a sweep while its second trial trains: the trial stops as a run
+/// does and stays pending, not failed; the sweep records the stop, says how far it got and
+/// exits 6 (130); the same command then runs the rest.
+#[test]
+fn a_stopped_sweep_records_the_stop_and_the_same_command_runs_the_rest() {
+    for (signal, code, name) in [(libc::SIGTERM, 6, "SIGTERM"), (libc::SIGINT, 130, "Ctrl-C (SIGINT)")] {
+        let dir = tempdir();
+        let o = format!("run.out_dir={}", dir.path().display());
+        let mut args = vec!["sweep", SPEC, "--set", &o];
+        args.extend_from_slice(&SHORT);
+        let mut child = common::trainrun()
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The second trial's run.json appears when it begins training.
+        common::wait_for_file(&dir.path().join(TRIALS[1]).join("run.json"), Duration::from_secs(60), &mut [&mut child]);
+        common::signal(child.id(), signal);
+        let (out, took) = common::wait_within(child, Duration::from_secs(60));
+        assert_exit(&out, code);
+        assert!(took < Duration::from_secs(2), "{name}: took {took:?}");
+        let (stdout, stderr) = text(&out);
+        assert!(stdout.contains(&format!("[2/4] {}: stopped by {name}", TRIALS[1])), "{stdout}");
+        assert!(
+            stderr.contains(&format!("sweep stopped by {name}: 1 of 4 trials complete; run the same command again")),
+            "{stderr}"
+        );
+        let record = json(&dir.path().join("sweep.json"));
+        assert_eq!(record["stopped_by"], name, "{record}");
+        // The sweep passes a stop on as SIGTERM (a terminal sends its own Ctrl-C to the trial).
+        let stopped = json(&dir.path().join(TRIALS[1]).join("run.json"));
+        assert_eq!(stopped["status"], "preempted", "{stopped}");
+        let rows = results(dir.path());
+        let status: Vec<&str> = rows[1..].iter().map(|r| r[3].as_str()).collect();
+        assert_eq!(status, ["ok", "pending", "pending", "pending"], "{rows:?}");
+
+        let out = run(&args);
+        assert_exit(&out, 0);
+        assert!(text(&out).0.contains("3 to run (1 complete)"), "{}", text(&out).0);
+        assert!(json(&dir.path().join("sweep.json"))["stopped_by"].is_null());
+    }
 }
 
 #[test]

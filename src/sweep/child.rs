@@ -1,10 +1,13 @@
 //! Running trials as child processes of this binary, at most K at once, each writing its
-//! output to `train.log` in its folder. A child dies with the sweep (Linux: parent-death
-//! signal), so an interrupted sweep leaves no trial training on alone.
+//! output to `train.log` in its folder. A stop asked of the sweep (SIGTERM, Ctrl-C) starts no
+//! further trial and is passed on to the running ones, which stop as any run does; a child
+//! dies with the sweep (Linux: parent-death signal), so a killed sweep leaves no trial
+//! training on alone.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -33,8 +36,9 @@ pub enum Event {
 }
 
 /// Runs `jobs` in order, `parallel` at a time, calling `on_event` on this thread as each
-/// starts and ends.
-pub fn run_all(jobs: Vec<Job>, parallel: usize, mut on_event: impl FnMut(Event)) {
+/// starts and ends; once `stop` is set, no further job starts and the running ones get
+/// SIGTERM (and SIGKILL on a second Ctrl-C).
+pub fn run_all(jobs: Vec<Job>, parallel: usize, stop: &AtomicBool, mut on_event: impl FnMut(Event)) {
     let queue = Mutex::new(jobs.into_iter().collect::<VecDeque<Job>>());
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
@@ -45,6 +49,9 @@ pub fn run_all(jobs: Vec<Job>, parallel: usize, mut on_event: impl FnMut(Event))
             // when the thread that forked a child exits.
             scope.spawn(move || {
                 loop {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
                     let job = match queue.lock() {
                         Ok(mut q) => q.pop_front(),
                         Err(_) => None,
@@ -54,7 +61,7 @@ pub fn run_all(jobs: Vec<Job>, parallel: usize, mut on_event: impl FnMut(Event))
                         break;
                     }
                     let started = Instant::now();
-                    let (code, error) = match run_one(&job) {
+                    let (code, error) = match run_one(&job, stop) {
                         Ok(status) => (exit_code(status), None),
                         Err(e) => (1, Some(e)),
                     };
@@ -72,7 +79,10 @@ pub fn run_all(jobs: Vec<Job>, parallel: usize, mut on_event: impl FnMut(Event))
     });
 }
 
-fn run_one(job: &Job) -> Result<ExitStatus, String> {
+/// How often a running trial is looked at: a stop reaches it within this.
+const POLL: Duration = Duration::from_millis(10);
+
+fn run_one(job: &Job, stop: &AtomicBool) -> Result<ExitStatus, String> {
     std::fs::create_dir_all(&job.dir).map_err(|e| format!("cannot create {}: {e}", job.dir.display()))?;
     let log = job.dir.join("train.log");
     let out = std::fs::File::create(&log).map_err(|e| format!("cannot write {}: {e}", log.display()))?;
@@ -92,7 +102,25 @@ fn run_one(job: &Job) -> Result<ExitStatus, String> {
         }
     }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", job.exe.display()))?;
-    child.wait().map_err(|e| format!("lost trial {}: {e}", job.index))
+    let mut forwarded = false;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| format!("lost trial {}: {e}", job.index))? {
+            return Ok(status);
+        }
+        if crate::signals::interrupted_twice() {
+            let _ = child.kill();
+        } else if !forwarded && stop.load(Ordering::SeqCst) {
+            // The trial stops at its next step boundary and records it, as any run does. Ctrl-C
+            // is passed on as SIGTERM too: a terminal already sent the trial its own SIGINT,
+            // and a second one would stop it at once, without its backup.
+            forwarded = true;
+            // SAFETY: kill(2) on our own child's pid, which try_wait has not reaped.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
+        }
+        std::thread::sleep(POLL);
+    }
 }
 
 /// The exit code of a process, 128 + the signal when it was killed (as shells report it).

@@ -7,6 +7,7 @@ use super::{Sweep, TRIAL_VAR, Trial};
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Unplanned};
 use crate::provenance::{Git, Host, rfc3339};
+use crate::signals::Stop;
 use crate::spec::{self, LoadError, render_each};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -52,6 +53,14 @@ fn on_event(
             let trial = &sweep.trials[index - 1];
             let dir = sweep.trial_dir(trial);
             let complete = code == 0 && results::completed(&dir, &checked[index - 1].sha256).is_some();
+            // The trial heard the sweep's SIGTERM, or a terminal's Ctrl-C itself.
+            let stop_codes = [Stop::Terminated, Stop::Interrupted].map(Stop::exit_code);
+            if let Some(stop) = crate::signals::received().filter(|_| !complete && stop_codes.contains(&code)) {
+                // Stopped as asked, not failed: it stays pending, and the same command runs it.
+                println!("[{index}/{n}] {}: stopped by {} after {:.1} s", trial.name, stop.name(), took.as_secs_f64());
+                let _ = write_results(&sweep.dir, &ranked(sweep, record, failures));
+                return;
+            }
             if !complete {
                 failures.insert(index, if code == 0 { 1 } else { code });
             }
@@ -150,12 +159,25 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         .collect();
     let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
     let n = sweep.trials.len();
-    child::run_all(jobs, opts.parallel, |event| on_event(inv, &sweep, &checked, &record, &mut failures, event));
+    let stop = crate::signals::supervise();
+    child::run_all(jobs, opts.parallel, stop, |event| on_event(inv, &sweep, &checked, &record, &mut failures, event));
 
     record.ended_at = Some(rfc3339(SystemTime::now()));
+    record.stopped_by = crate::signals::received().map(|s| s.name().to_string());
     write(&record_path, &record)?;
     let rows = ranked(&sweep, &record, &failures);
     write_results(&sweep.dir, &rows)?;
+    if let Some(stop) = crate::signals::received() {
+        let complete = rows.iter().filter(|r| r.status == Status::Ok).count();
+        let why = format!(
+            "sweep stopped by {}: {complete} of {n} trials complete; run the same command again to run the rest",
+            stop.name()
+        );
+        return Err(match stop {
+            Stop::Terminated => RunError::Preempted(why),
+            Stop::Interrupted => RunError::Interrupted(why),
+        });
+    }
     if !inv.quiet {
         let order = if sweep.higher_is_better { "higher is better" } else { "lower is better" };
         println!("\nranked by {} ({order}):", sweep.metric.as_str());
@@ -322,6 +344,7 @@ fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[Checked], parallel: 
         parallel,
         started_at: rfc3339(SystemTime::now()),
         ended_at: None,
+        stopped_by: None,
         command: std::env::args().collect(),
         git: Some(Git::of(inv.spec.parent().unwrap_or(Path::new(".")))),
         host: Some(Host::here()),

@@ -32,6 +32,10 @@ pub struct SweepRecord {
     pub started_at: String,
     /// `null` while it runs.
     pub ended_at: Option<String>,
+    /// What stopped this invocation before every trial ran (`SIGTERM`, `Ctrl-C (SIGINT)`);
+    /// `null` when it ran to the end.
+    #[serde(default)]
+    pub stopped_by: Option<String>,
     /// The command line.
     pub command: Vec<String>,
     /// The git state of the spec's folder.
