@@ -130,6 +130,12 @@ fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestEr
         spec::StrategySpec::MultiWorkerMirrored { communication, .. } => communication.timeout_s,
         _ => spec::CommunicationOptions::default().timeout_s,
     };
+    if let Some(ns) = &options.namespace {
+        check_namespace(ns)?;
+    }
+    if let Some(image) = &options.image {
+        check_image(image)?;
+    }
     let image = (options.image.clone().or_else(|| deploy.image.clone()))
         .unwrap_or_else(|| format!("trainrun:{}", env!("CARGO_PKG_VERSION")));
     Ok(Job {
@@ -143,6 +149,36 @@ fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestEr
         token: options.token.clone(),
         grace_s: timeout_s.ceil() as u64 + 30,
     })
+}
+
+/// A namespace is an RFC 1123 label: the API server refuses anything else, so say so before
+/// anything is applied.
+fn check_namespace(ns: &str) -> Result<(), ManifestError> {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let ok = ns.len() <= 63
+        && edge(ns.chars().next())
+        && edge(ns.chars().last())
+        && ns.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        return Ok(());
+    }
+    Err(ManifestError::Spec(format!(
+        "--namespace {ns:?} is not a Kubernetes namespace name: use at most 63 lowercase letters, digits and '-', \
+         starting and ending with a letter or digit, e.g. `--namespace ml-team`"
+    )))
+}
+
+/// An image reference has no spaces and does not end in its tag's or digest's separator; a
+/// pod with a malformed one fails only once scheduled (`InvalidImageName`).
+fn check_image(image: &str) -> Result<(), ManifestError> {
+    if !image.is_empty() && !image.chars().any(char::is_whitespace) && !image.ends_with([':', '@', '/']) {
+        return Ok(());
+    }
+    Err(ManifestError::Spec(format!(
+        "--image {image:?} is not a container image reference: write `registry/name:tag` without spaces, \
+         e.g. `--image registry.example.com/trainrun:{}`",
+        env!("CARGO_PKG_VERSION")
+    )))
 }
 
 /// The manifest text for `target`.
@@ -210,5 +246,22 @@ mod tests {
         assert_eq!(dns_name("__A.b__"), "a-b");
         assert_eq!(dns_name("%%%"), "trainrun");
         assert_eq!(dns_name(&"x".repeat(80)).len(), 40);
+    }
+
+    #[test]
+    fn namespaces_and_images_the_cluster_would_refuse_are_refused_here() {
+        for good in ["default", "ml-team", "a", "team-2"] {
+            assert!(check_namespace(good).is_ok(), "{good}");
+        }
+        for bad in ["My_NS", "-team", "team-", "", "a.b", &"x".repeat(64)] {
+            let Err(ManifestError::Spec(m)) = check_namespace(bad) else { panic!("{bad:?} accepted") };
+            assert!(m.starts_with(&format!("--namespace {bad:?} is not a Kubernetes namespace name")), "{m}");
+        }
+        for good in ["trainrun:0.1.0", "registry.example.com:5000/ml/trainrun@sha256:abc", "trainrun"] {
+            assert!(check_image(good).is_ok(), "{good}");
+        }
+        for bad in ["", "bad image", "trainrun:", "trainrun@", "registry/"] {
+            assert!(matches!(check_image(bad), Err(ManifestError::Spec(_))), "{bad:?} accepted");
+        }
     }
 }

@@ -14,17 +14,26 @@ pub struct DeploySpec {
     /// The container image holding `trainrun` (the repository's `Containerfile` builds one);
     /// `--image` overrides it. Default: `trainrun:<version>`. Example: `image = "registry.example.com/trainrun:0.1.0"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        pattern(r"^[^\s]*[^\s:@/]$"),
+        title = "container image reference",
+        extend("examples" = ["registry.example.com/trainrun:0.1.0"])
+    )]
     pub image: Option<String>,
     /// CPU each task requests, as a Kubernetes quantity (`"2"`, `"500m"`); Slurm gets it as
     /// `--cpus-per-task`, rounded up. Default: `run.threads` when set, else no request.
     /// Example: `cpu = "2"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?m?$"))]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?m?$"), title = "Kubernetes CPU quantity", extend("examples" = ["2", "500m"]))]
     pub cpu: Option<String>,
     /// Memory each task requests, as a Kubernetes quantity (`"4Gi"`, `"512Mi"`); Slurm gets it
     /// as `--mem`. Default: no request. Example: `memory = "4Gi"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(r"^[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?$"))]
+    #[schemars(
+        pattern(r"^[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?$"),
+        title = "Kubernetes memory quantity",
+        extend("examples" = ["4Gi", "512Mi"])
+    )]
     pub memory: Option<String>,
     /// Node labels a pod's node must have (Kubernetes `nodeSelector`). Default: none.
     /// Example: `node_selector = { "cloud.google.com/gke-nodepool" = "cpu-pool" }`.
@@ -55,7 +64,11 @@ pub struct DeploySpec {
     /// The Slurm time limit (`#SBATCH --time`, `[D-]HH:MM:SS`). Default: the partition's.
     /// Example: `time_limit = "02:00:00"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(r"^([0-9]+-)?[0-9]{1,2}:[0-9]{2}:[0-9]{2}$"))]
+    #[schemars(
+        pattern(r"^([0-9]+-)?[0-9]{1,2}:[0-9]{2}:[0-9]{2}$"),
+        title = "Slurm time limit",
+        extend("examples" = ["02:00:00", "1-12:00:00"])
+    )]
     pub time_limit: Option<String>,
 }
 
@@ -93,7 +106,7 @@ pub enum VolumeSpec {
     New {
         /// Its size, as a Kubernetes quantity. Default: `"10Gi"`. Example: `size = "50Gi"`.
         #[serde(default = "default_size")]
-        #[schemars(pattern(r"^[0-9]+(Ki|Mi|Gi|Ti)$"))]
+        #[schemars(pattern(r"^[0-9]+(Ki|Mi|Gi|Ti)$"), title = "Kubernetes storage quantity", extend("examples" = ["10Gi", "50Gi"]))]
         size: String,
         /// Its storage class. Default: the cluster's default class. Example: `storage_class = "nfs"`.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -286,7 +286,10 @@ impl<'s> Walker<'s> {
         }
         let key = keypath::format(path);
         let what = noun(self.root, schema).one;
-        let form = description(self.root, schema).split_once(": ").map_or("", |(_, form)| form.trim_end_matches('.'));
+        // The form is what follows ": " in the description's first sentence ("A task address:
+        // `host:port`."); later sentences (defaults, examples) say other things.
+        let first = description(self.root, schema).split(". ").next().unwrap_or("");
+        let form = first.split_once(": ").map_or("", |(_, form)| form.trim_end_matches('.'));
         let examples: Vec<String> = schema
             .get("examples")
             .and_then(Json::as_array)
