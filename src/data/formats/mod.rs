@@ -26,6 +26,22 @@ use super::error::DataError;
 pub use dtype::Dtype;
 use std::path::Path;
 
+/// Why stored float features cannot be trained on: the first value that is NaN or infinite
+/// (after conversion to `f32`), by its place in the example. A NaN in the data would
+/// otherwise surface steps later as diverged weights, blamed on the learning rate.
+pub fn non_finite(values: &[f32]) -> Option<String> {
+    let (j, v) = values.iter().enumerate().find(|(_, v)| !v.is_finite())?;
+    Some(format!("value {j} of the example is {v}, not a finite number; drop the example or fill the value in"))
+}
+
+/// Why `label` is no class index: negative, fractional, or `classes` or more.
+pub fn not_a_class(label: f64, classes: Option<u32>) -> String {
+    match classes {
+        Some(n) => format!("label {label} is not a class index, which must be in 0..{n}"),
+        None => format!("label {label} is not a class index, which must be a whole number from 0"),
+    }
+}
+
 /// The names of a dataset's classes; class `i` is `names()[i]`. Written by the run as
 /// `classes.json` so predictions can be mapped back.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

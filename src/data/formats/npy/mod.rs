@@ -201,7 +201,15 @@ fn labels_of(array: &NpyArray) -> Result<Labels, DataError> {
     let values = array.all_f64();
     if array.dtype.is_float() {
         let width = array.row_len();
-        return Ok(Labels::Targets { values: values.into_iter().map(|v| v as f32).collect(), width });
+        let values: Vec<f32> = values.into_iter().map(|v| v as f32).collect();
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(DataError::Malformed {
+                path: array.path.clone(),
+                at: Position::Record(i / width.max(1)),
+                problem: format!("target {} is not a finite number; drop the example or fill the value in", values[i]),
+            });
+        }
+        return Ok(Labels::Targets { values, width });
     }
     if array.row_len() != 1 {
         return Err(DataError::Malformed {
@@ -221,7 +229,7 @@ fn labels_of(array: &NpyArray) -> Result<Labels, DataError> {
             return Err(DataError::Malformed {
                 path: array.path.clone(),
                 at: Position::Record(i),
-                problem: format!("label {v} is not a class index (0 to {})", u32::MAX - 1),
+                problem: super::not_a_class(v, None),
             });
         }
         index.push(v as u32);
@@ -248,6 +256,13 @@ impl RandomAccess for NpyDataset {
     }
 
     fn read_at(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
-        self.features.read_row(i, out)
+        self.features.read_row(i, out)?;
+        // Integer features are finite by construction; only floats are scanned.
+        match self.features.dtype.is_float().then(|| super::non_finite(out)).flatten() {
+            None => Ok(()),
+            Some(problem) => {
+                Err(DataError::Malformed { path: self.features.path.clone(), at: Position::Record(i), problem })
+            }
+        }
     }
 }

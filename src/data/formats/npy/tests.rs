@@ -164,7 +164,10 @@ fn bad_files_are_refused_with_the_file_and_place() {
     let bad_labels = write(d, "neg.npy", &npy("<i4", &[3], &negative));
     assert_eq!(
         err(&x, &bad_labels),
-        format!("{}, record 1: label -1 is not a class index (0 to 4294967294)", bad_labels.display())
+        format!(
+            "{}, record 1: label -1 is not a class index, which must be a whole number from 0",
+            bad_labels.display()
+        )
     );
     let wide = write(d, "wide.npy", &npy("|u1", &[3, 2], &[0; 6]));
     assert!(err(&x, &wide).contains("labels of shape [3, 2] are neither class indices"));
@@ -198,4 +201,34 @@ fn an_array_larger_than_memory_is_mapped_not_read() {
     let mut out = vec![0.0; row];
     data.read(rows - 1, &mut out).unwrap();
     assert_eq!((out[4], out[5]), (0.0, 42.0));
+}
+
+/// A NaN or infinity in float features is refused when its example is read, naming the file,
+/// the record and the value; in float targets, when the labels load. Either would otherwise
+/// show up steps later as diverged weights.
+#[test]
+fn non_finite_features_and_targets_are_refused_naming_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let features: Vec<u8> =
+        [0.5f32, 1.0, f32::NAN, 2.0, 3.0, f32::INFINITY].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let x = write(d, "x.npy", &npy("<f4", &[3, 2], &features));
+    let classes: Vec<u8> = [0i64, 1, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let y = write(d, "y.npy", &npy("<i8", &[3], &classes));
+    let data = NpyDataset::open_pair(&x, &y).unwrap();
+    let mut row = [0.0; 2];
+    data.read(0, &mut row).unwrap();
+    let err = |i: usize| data.read(i, &mut [0.0; 2]).unwrap_err().to_string();
+    let why = "not a finite number; drop the example or fill the value in";
+    assert_eq!(err(1), format!("{}, record 1: value 0 of the example is NaN, {why}", x.display()));
+    assert_eq!(err(2), format!("{}, record 2: value 1 of the example is inf, {why}", x.display()));
+
+    let ok = write(d, "ok.npy", &npy("<f4", &[3, 2], &[0; 24]));
+    let targets: Vec<u8> = [0.5f64, f64::NAN, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let t = write(d, "t.npy", &npy("<f8", &[3], &targets));
+    let Err(e) = NpyDataset::open_pair(&ok, &t) else { panic!("a NaN target loaded") };
+    assert_eq!(
+        e.to_string(),
+        format!("{}, record 1: target NaN is not a finite number; drop the example or fill the value in", t.display())
+    );
 }

@@ -86,9 +86,8 @@ impl ExampleSpec {
                 )));
             }
         };
-        let classes = self.classes.unwrap_or(u32::MAX);
-        if !(0..i64::from(classes)).contains(&label) {
-            return Err(malformed(format!("label {label} is not a class index, which must be in 0..{classes}")));
+        if !(0..i64::from(self.classes.unwrap_or(u32::MAX))).contains(&label) {
+            return Err(malformed(super::super::not_a_class(label as f64, self.classes)));
         }
         let key = &self.image_key;
         let expected = out.len();
@@ -111,6 +110,9 @@ impl ExampleSpec {
                     )));
                 }
                 out.copy_from_slice(&list.value);
+                if let Some(why) = super::super::non_finite(out) {
+                    return Err(malformed(format!("feature `{key}`: {why}")));
+                }
             }
             (ImageEncoding::Encoded { height, width, color_mode }, Kind::BytesList(list)) if list.value.len() == 1 => {
                 let image = decode_bytes(&list.value[0], *color_mode)

@@ -101,9 +101,18 @@ fn float_lists_and_encoded_images_decode() {
         label_key: "y".into(),
         classes: Some(5),
     };
-    let mut stream = ExampleStream::new(vec![path], Compression::None, spec, Order::Files);
+    let mut stream = ExampleStream::new(vec![path], Compression::None, spec.clone(), Order::Files);
     let mut out = [0.0; 3];
     assert_eq!((stream.next_into(&mut out).unwrap(), out), (Some(4), [0.5, -1.0, 2.0]));
+    // A NaN stored in a float list is refused where it lies, not trained on.
+    let nan =
+        example(vec![("x", Kind::FloatList(proto::FloatList { value: vec![0.5, f32::NAN, 2.0] })), ("y", int64(4))]);
+    let path = file(dir.path(), "nan", &[nan]);
+    let err = first_error(&path, spec).to_string();
+    assert!(
+        err.ends_with("at byte 0: feature `x`: value 1 of the example is NaN, not a finite number; drop the example or fill the value in"),
+        "{err}"
+    );
 
     let gray = image::GrayImage::from_raw(2, 1, vec![0, 100]).unwrap();
     let mut png = std::io::Cursor::new(vec![]);
@@ -225,7 +234,7 @@ fn examples_that_do_not_fit_the_spec_are_refused() {
     );
     assert_eq!(
         err(example(vec![("image", bytes(vec![0; 4])), ("label", int64(-2))]), raw_spec(vec![4])),
-        format!("e at byte {at}: label -2 is not a class index, which must be in 0..4294967295")
+        format!("e at byte {at}: label -2 is not a class index, which must be a whole number from 0")
     );
     let ten = ExampleSpec { classes: Some(3), ..raw_spec(vec![4]) };
     assert!(err(example(vec![("image", bytes(vec![0; 4])), ("label", int64(3))]), ten).ends_with("must be in 0..3"));
