@@ -2,6 +2,14 @@
 
 use crate::vocab::Activation;
 
+/// ReLU as TensorFlow computes it: a NaN passes through. `v.max(0.0)` would turn it into 0,
+/// so a NaN that a diverged layer produced would vanish before the loss, and training would go
+/// on with a finite loss and broken weights. (The compare-and-select is also one `vmaxps`.)
+#[inline(always)]
+pub fn relu(v: f32) -> f32 {
+    if v < 0.0 { 0.0 } else { v }
+}
+
 /// Applies `act` to `y` in place; rows of `row_len` values matter for softmax.
 pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {
     // One small closure per function: a closure holding the whole match was too big to be
@@ -9,7 +17,7 @@ pub fn forward(act: Activation, y: &mut [f32], row_len: usize) {
     use super::simd::vectorized;
     match act {
         Activation::Linear => {}
-        Activation::Relu => vectorized(|| y.iter_mut().for_each(|v| *v = v.max(0.0))),
+        Activation::Relu => vectorized(|| y.iter_mut().for_each(|v| *v = relu(*v))),
         Activation::Sigmoid => vectorized(|| y.iter_mut().for_each(|v| *v = sigmoid(*v))),
         Activation::Tanh => vectorized(|| y.iter_mut().for_each(|v| *v = v.tanh())),
         Activation::Softmax => vectorized(|| y.chunks_exact_mut(row_len).for_each(softmax_row)),
@@ -70,4 +78,19 @@ pub fn softmax_row(row: &mut [f32]) {
         sum += *v;
     }
     row.iter_mut().for_each(|v| *v /= sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A NaN from a diverged layer reaches the loss, where the step loop stops the run at once;
+    /// zeroed, it would have let training go on with broken weights behind a finite loss.
+    #[test]
+    fn relu_passes_nan_on_and_clamps_the_rest() {
+        let mut y = [f32::NAN, -1.0, 0.0, 2.5, f32::INFINITY, f32::NEG_INFINITY];
+        forward(Activation::Relu, &mut y, y.len());
+        assert!(y[0].is_nan());
+        assert_eq!(y[1..], [0.0, 0.0, 2.5, f32::INFINITY, 0.0]);
+    }
 }

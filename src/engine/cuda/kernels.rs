@@ -63,7 +63,7 @@ __device__ float sigmoidf_(float x) {
 
 __device__ float act_f(float v, int act) {
     switch (act) {
-        case 1: return fmaxf(v, 0.0f);
+        case 1: return v < 0.0f ? 0.0f : v;  // a NaN passes, as on the CPU
         case 2: return sigmoidf_(v);
         case 3: return tanhf(v);
         default: return v;
@@ -367,7 +367,7 @@ extern "C" __global__ void bn_bwd(const float* dy, const float* x, float* dx, co
 
 // a = max(a + b, 0): a residual block's join.
 extern "C" __global__ void add_relu(float* a, const float* b, long long n) {
-    GRID_STRIDE(i, n) { a[i] = fmaxf(a[i] + b[i], 0.0f); }
+    GRID_STRIDE(i, n) { float v = a[i] + b[i]; a[i] = v < 0.0f ? 0.0f : v; }
 }
 
 // g = y > 0 ? g : 0: relu's backward from its output.

@@ -9,6 +9,7 @@
 use super::batch_norm::BatchNorm;
 use super::composite::{add, prefixed, ranges, sized, total};
 use super::conv2d::{Conv2d, KernelInit};
+use crate::engine::activation;
 use crate::engine::kernels::{Window, par_rows};
 use crate::engine::layer::{Layer, ParamSpec, Pass};
 use crate::engine::op::{BatchNormOp, ConvOp, Op, ResidualOp};
@@ -114,7 +115,7 @@ impl Residual {
 /// `v = max(v, 0)`, in parallel.
 fn relu(v: &mut [f32], rows: usize, row: usize, threads: usize) {
     par_rows(v, rows, row, threads, |_, _, part| {
-        part.iter_mut().for_each(|v| *v = v.max(0.0));
+        part.iter_mut().for_each(|v| *v = activation::relu(*v));
     });
 }
 
@@ -129,7 +130,7 @@ fn relu_mask(g: &mut [f32], y: &[f32], rows: usize, row: usize, threads: usize) 
 /// `a = max(a + b, 0)`, in parallel: the block's join.
 fn add_relu(a: &mut [f32], b: &[f32], rows: usize, row: usize, threads: usize) {
     par_rows(a, rows, row, threads, |_, r, part| {
-        part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a = (*a + b).max(0.0));
+        part.iter_mut().zip(&b[r.start * row..r.end * row]).for_each(|(a, b)| *a = activation::relu(*a + b));
     });
 }
 
