@@ -79,13 +79,15 @@ fn with_restarts_the_hung_task_is_named_and_the_job_restarts_within_timeout_plus
 const STARTUP_S: u64 = 3;
 
 /// Stops `task` of a two-worker job dead as soon as it is launched, while it still loads the
-/// data (MNIST takes a few hundred milliseconds to decode), so it never joins; returns the
-/// launcher's output and how long after the stop it returned.
-fn hang_before_joining(task: usize) -> (std::process::Output, Duration) {
+/// data (MNIST takes a few hundred milliseconds to decode), so it never joins; then, with
+/// `sigterm`, asks the launcher to stop. Returns the launcher's output and how long after the
+/// freeze it returned.
+fn hang_before_joining(task: usize, sigterm: bool) -> (std::process::Output, Duration) {
     let dir = tempdir();
     let launcher = common::trainrun()
         .args(["specs/mnist_multiworker.toml", "-q"])
         .args(["--set", &format!("cluster.startup_timeout_s={STARTUP_S}")])
+        .args(["--set", &format!("strategy.communication.timeout_s={TIMEOUT_S}")])
         .args(["--set", &format!("run.out_dir={}", dir.path().display())])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -95,13 +97,16 @@ fn hang_before_joining(task: usize) -> (std::process::Output, Duration) {
         common::launched_task(launcher.id(), ("worker", task), LIMIT).unwrap_or_else(|| panic!("no worker:{task}"));
     common::signal(victim, libc::SIGSTOP);
     let stopped = Instant::now();
+    if sigterm {
+        common::signal(launcher.id(), libc::SIGTERM);
+    }
     let (out, _) = common::wait_within(launcher, LIMIT);
     (out, stopped.elapsed())
 }
 
 #[test]
 fn a_worker_that_hangs_before_checking_in_is_named_not_the_chief_that_timed_out() {
-    let (out, took) = hang_before_joining(1);
+    let (out, took) = hang_before_joining(1, false);
     assert_exit(&out, 5);
     let stderr = text(&out).1;
     assert!(stderr.contains("worker:1 never checked in"), "the freeze came after the rendezvous?\n{stderr}");
@@ -111,10 +116,21 @@ fn a_worker_that_hangs_before_checking_in_is_named_not_the_chief_that_timed_out(
 
 #[test]
 fn a_chief_that_hangs_before_the_rendezvous_is_named_not_the_worker_that_gave_up() {
-    let (out, took) = hang_before_joining(0);
+    let (out, took) = hang_before_joining(0, false);
     assert_exit(&out, 5);
     let stderr = text(&out).1;
     assert!(stderr.contains("the chief worker:0 at"), "{stderr}");
     assert!(stderr.contains("error: worker:0 failed (hung: worker:1 found the job broken"), "{stderr}");
     assert!(took < Duration::from_secs(STARTUP_S + 2), "took {took:?}\n{stderr}");
+}
+
+#[test]
+fn a_task_that_answers_no_stop_is_killed_after_the_grace_period_and_said_to_be() {
+    // The launcher's grace for a stop is `timeout_s` + 2 s.
+    let (out, took) = hang_before_joining(1, true);
+    assert_exit(&out, 128 + 9);
+    let stderr = text(&out).1;
+    let said = format!("worker:1 failed (it answered no stop request within {} s", TIMEOUT_S + 2);
+    assert!(stderr.contains(&said) && stderr.contains("so the launcher killed it"), "{stderr}");
+    assert!(took < Duration::from_secs(TIMEOUT_S + 4), "took {took:?}\n{stderr}");
 }

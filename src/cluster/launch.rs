@@ -348,6 +348,8 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
     let mut forwarded: Option<Instant> = None;
     let mut preempted = false;
     let mut began = false;
+    // Tasks still running when the stop's grace period ran out, and so killed.
+    let mut unanswered: Vec<TaskId> = Vec::new();
     loop {
         for line in arriving(&rx) {
             match line {
@@ -379,13 +381,13 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
             forwarded = Some(Instant::now());
             signal(&children, libc::SIGTERM);
         }
-        let mut running = 0;
+        let mut running = Vec::new();
         let mut failed = Vec::new();
         let mut chief_runs = false;
         for (task, child) in children.iter_mut() {
             match child.try_wait() {
                 Ok(None) => {
-                    running += 1;
+                    running.push(*task);
                     chief_runs |= Some(*task) == launch.cluster.chief();
                 }
                 Ok(Some(status)) if matches!(status.code(), Some(PREEMPTED | INTERRUPTED)) => preempted = true,
@@ -420,7 +422,10 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         // Stopping tasks get the grace period to reach a step boundary and save; a second
         // Ctrl-C takes none.
         let now = crate::signals::interrupted_twice();
-        if (now || forwarded.is_some_and(|f| f.elapsed() > launch.grace)) && running > 0 {
+        if (now || forwarded.is_some_and(|f| f.elapsed() > launch.grace)) && !running.is_empty() {
+            if !now && unanswered.is_empty() {
+                unanswered.clone_from(&running);
+            }
             signal(&children, libc::SIGKILL);
         }
         // When several end in one poll, a task killed by a signal is the cause; the others
@@ -430,13 +435,13 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
         if failure.is_none() {
             failure = failed.into_iter().next();
         }
-        if failure.is_some() || (running == 0 && !(rejoin && rejoins.pending())) {
+        if failure.is_some() || (running.is_empty() && !(rejoin && rejoins.pending())) {
             break;
         }
     }
     drop(tx);
     if let Some((task, status)) = failure {
-        let heard = Heard { tails: &mut tails, blames: &mut blames };
+        let heard = Heard { tails: &mut tails, blames: &mut blames, unanswered: &unanswered };
         return Ok(failed(launch, &mut children, &rx, heard, task, status));
     }
     // Every task exited; drain remaining output in order.
@@ -479,6 +484,8 @@ fn restartable(status: ExitStatus) -> bool {
 struct Heard<'a> {
     tails: &'a mut BTreeMap<TaskId, VecDeque<String>>,
     blames: &'a mut BTreeMap<TaskId, Blame>,
+    /// Tasks the launcher killed because they answered no stop within the grace period.
+    unanswered: &'a [TaskId],
 }
 
 /// The job failed first in `task` (ended with `status`): stops the others and says which task
@@ -491,7 +498,7 @@ fn failed(
     task: TaskId,
     status: ExitStatus,
 ) -> Outcome {
-    let Heard { tails, blames } = heard;
+    let Heard { tails, blames, unanswered } = heard;
     let at = Instant::now();
     // Survivors usually notice the failure themselves and exit with an error naming it;
     // whoever has not after the grace period is killed. After a task found the job
@@ -524,6 +531,12 @@ fn failed(
         }
     }
     let (mut status, code) = describe(status);
+    if unanswered.contains(&task) {
+        status = format!(
+            "it answered no stop request within {} s ({status}), so the launcher killed it",
+            launch.grace.as_secs()
+        );
+    }
     let shown = |t: TaskId| {
         tails.get(&t).map_or(String::from("  (no output)"), |lines| {
             lines.iter().map(|l| format!("  [{t}] {l}")).collect::<Vec<_>>().join("\n")
