@@ -4,7 +4,8 @@ use crate::vocab::Activation;
 
 /// ReLU as TensorFlow computes it: a NaN passes through. `v.max(0.0)` would turn it into 0,
 /// so a NaN that a diverged layer produced would vanish before the loss, and training would go
-/// on with a finite loss and broken weights. (The compare-and-select is also one `vmaxps`.)
+/// on with a finite loss and broken weights. (The select vectorizes to a compare and a masked
+/// move; `max` needed a NaN fix-up besides.)
 #[inline(always)]
 pub fn relu(v: f32) -> f32 {
     if v < 0.0 { 0.0 } else { v }
@@ -89,7 +90,8 @@ mod tests {
     #[test]
     fn relu_passes_nan_on_and_clamps_the_rest() {
         let mut y = [f32::NAN, -1.0, 0.0, 2.5, f32::INFINITY, f32::NEG_INFINITY];
-        forward(Activation::Relu, &mut y, y.len());
+        let row = y.len();
+        forward(Activation::Relu, &mut y, row);
         assert!(y[0].is_nan());
         assert_eq!(y[1..], [0.0, 0.0, 2.5, f32::INFINITY, 0.0]);
     }
