@@ -15,12 +15,24 @@ const SPEC: &str = "specs/mnist_sweep.toml";
 const SHORT: [&str; 6] =
     ["--set", "train.steps_per_epoch=20", "--set", "train.evaluate_every_steps=10", "--set", "run.log_every_steps=5"];
 
+/// `trainrun sweep` of the short trials into `out`, as arguments.
+fn sweep_args(out: &Path) -> Vec<String> {
+    let mut args: Vec<String> = ["sweep", SPEC, "--set"].map(String::from).to_vec();
+    args.push(format!("run.out_dir={}", out.display()));
+    args.extend(SHORT.map(String::from));
+    args
+}
+
 fn sweep(out: &Path, extra: &[&str]) -> std::process::Output {
-    let dir = format!("run.out_dir={}", out.display());
-    let mut args = vec!["sweep", SPEC, "--set", &dir];
-    args.extend_from_slice(&SHORT);
-    args.extend_from_slice(extra);
-    run(&args)
+    let mut args = sweep_args(out);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The sweep of `sweep_args(out)` started in the background, its output piped or dropped.
+fn start_sweep(out: &Path, piped: bool) -> std::process::Child {
+    let stdio = || if piped { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+    common::trainrun().args(sweep_args(out)).stdout(stdio()).stderr(stdio()).spawn().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `results.csv` as rows of cells, without the timing columns (the only ones that may differ
@@ -138,15 +150,7 @@ fn a_sweep_runs_ranks_and_records_every_trial_the_same_twice_and_reports() {
 #[test]
 fn an_interrupted_sweep_runs_only_the_missing_trials() {
     let dir = tempdir();
-    let o = format!("run.out_dir={}", dir.path().display());
-    let mut args = vec!["sweep", SPEC, "--set", &o];
-    args.extend_from_slice(&SHORT);
-    let mut child = common::trainrun()
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut child = start_sweep(dir.path(), false);
     let first = dir.path().join(TRIALS[0]).join("summary.json");
     let start = Instant::now();
     while !first.exists() {
@@ -167,7 +171,7 @@ fn an_interrupted_sweep_runs_only_the_missing_trials() {
     }
     assert!(!second.join("summary.json").exists(), "trial 2 should have been interrupted");
 
-    let out = run(&args);
+    let out = sweep(dir.path(), &[]);
     assert_exit(&out, 0);
     let (stdout, _) = text(&out);
     assert!(stdout.contains("3 to run (1 complete)"), "{stdout}");
@@ -187,15 +191,7 @@ fn an_interrupted_sweep_runs_only_the_missing_trials() {
 fn a_stopped_sweep_records_the_stop_and_the_same_command_runs_the_rest() {
     for (signal, code, name) in [(libc::SIGTERM, 6, "SIGTERM"), (libc::SIGINT, 130, "Ctrl-C (SIGINT)")] {
         let dir = tempdir();
-        let o = format!("run.out_dir={}", dir.path().display());
-        let mut args = vec!["sweep", SPEC, "--set", &o];
-        args.extend_from_slice(&SHORT);
-        let mut child = common::trainrun()
-            .args(&args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut child = start_sweep(dir.path(), true);
         // The second trial's run.json appears when it begins training.
         common::wait_for_file(&dir.path().join(TRIALS[1]).join("run.json"), Duration::from_secs(60), &mut [&mut child]);
         common::signal(child.id(), signal);
@@ -217,7 +213,7 @@ fn a_stopped_sweep_records_the_stop_and_the_same_command_runs_the_rest() {
         let status: Vec<&str> = rows[1..].iter().map(|r| r[3].as_str()).collect();
         assert_eq!(status, ["ok", "pending", "pending", "pending"], "{rows:?}");
 
-        let out = run(&args);
+        let out = sweep(dir.path(), &[]);
         assert_exit(&out, 0);
         assert!(text(&out).0.contains("3 to run (1 complete)"), "{}", text(&out).0);
         assert!(json(&dir.path().join("sweep.json"))["stopped_by"].is_null());
