@@ -367,11 +367,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
                     if launch.progress != Mode::Quiet || failure.is_some() {
                         eprintln!("[{task}] {text}");
                     }
-                    let tail = tails.entry(task).or_default();
-                    tail.push_back(text);
-                    if tail.len() > TAIL {
-                        tail.pop_front();
-                    }
+                    keep(&mut tails, task, text);
                 }
                 Line::Blame(task, blame) => {
                     blames.insert(task, blame);
@@ -492,6 +488,15 @@ fn restartable(status: ExitStatus) -> bool {
     use std::os::unix::process::ExitStatusExt;
     let incurable = status.code().and_then(|c| u8::try_from(c).ok()).is_some_and(|c| NOT_RESTARTED.contains(&c));
     status.signal().is_some() || !incurable
+}
+
+/// Keeps `text` among `task`'s last [`TAIL`] lines, shown if the job fails in it.
+fn keep(tails: &mut BTreeMap<TaskId, VecDeque<String>>, task: TaskId, text: String) {
+    let tail = tails.entry(task).or_default();
+    tail.push_back(text);
+    if tail.len() > TAIL {
+        tail.pop_front();
+    }
 }
 
 /// Whether the chief's `event` shows training under way: from its first epoch on, a stop is

@@ -2,7 +2,7 @@
 //! failure names another as hung or dead, or one ended of a cause no restart cures; and the
 //! task's last lines to show with it.
 
-use super::{CAUSE_WAIT, CLUSTER, HANG_GRACE, Launch, NOT_RESTARTED, Outcome, PREEMPTED, TAIL, describe, terminate};
+use super::{CAUSE_WAIT, CLUSTER, HANG_GRACE, Launch, NOT_RESTARTED, Outcome, PREEMPTED, describe, keep, terminate};
 use crate::cluster::task_output::Line;
 use crate::cluster::{Blame, TaskId};
 use std::collections::{BTreeMap, VecDeque};
@@ -47,13 +47,7 @@ pub(super) fn failed(
     // Drain what the tasks said on the way out.
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
         match line {
-            Line::Log(t, text) => {
-                let tail = tails.entry(t).or_default();
-                tail.push_back(text);
-                if tail.len() > TAIL {
-                    tail.pop_front();
-                }
-            }
+            Line::Log(t, text) => keep(tails, t, text),
             Line::Blame(t, blame) => {
                 blames.insert(t, blame);
             }
