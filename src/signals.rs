@@ -120,6 +120,15 @@ pub fn training_started(backs_up: bool) {
     TRAINING.store(true, Ordering::SeqCst);
 }
 
+/// Marks training under way in a parameter-server job, whose stop lets the work in flight
+/// finish: the chief stops scheduling, waits for the closures its workers run (and an
+/// evaluation under way), saves, and then tells every worker and ps to leave. Abandoning the
+/// chief mid-way would leave them to find it gone, so the watchdog abandons nothing.
+pub fn cooperative_stop() {
+    TRAINING.store(true, Ordering::SeqCst);
+    STOPPING.store(true, Ordering::SeqCst);
+}
+
 /// The step loop reached a step boundary and stops there (a backup, then the exit): the
 /// watchdog leaves it to finish.
 pub fn stopping_at_step_boundary() {

@@ -323,3 +323,48 @@ fn check_shows_the_data_plane_and_the_chiefs_evaluation_threads() {
     let out = text(&res).0;
     assert!(out.contains("pulls and pushes through TCP; requests over TCP"), "{out}");
 }
+
+/// SIGTERM to the launcher of a parameter-server job. Before training, every task ends at
+/// once. During training the chief stops scheduling, drops the closures not started, lets
+/// those in flight finish, saves, and tells every worker and ps to leave: every task stops
+/// cleanly (no "the chief is gone"), the launcher says what the next run starts from, and the
+/// same command resumes from the backup.
+#[test]
+fn sigterm_stops_a_parameter_server_job_cleanly_and_the_same_command_resumes() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let backups = "callbacks=[{ kind = \"backup_and_restore\", save_freq = \"epoch\" }]";
+    let args = ["specs/mnist_parameter_server.toml", "--set", &o, "--set", backups, "--set", "train.epochs=20"];
+    for began in [false, true] {
+        let mut job = common::spawn(&args);
+        if began {
+            common::wait_for_file(&dir.path().join("backup/ckpt-0000000070/manifest.json"), LIMIT, &mut [&mut job]);
+        } else {
+            // Chief, two workers and a ps started: they decode MNIST before joining.
+            let until = Instant::now() + LIMIT;
+            while common::children(job.id()).len() < 4 && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let asked = Instant::now();
+        common::signal(job.id(), libc::SIGTERM);
+        let (res, _) = wait_within(job, LIMIT);
+        let took = asked.elapsed();
+        let stderr = text(&res).1;
+        assert_exit(&res, 6);
+        assert!(took < Duration::from_secs(5), "began {began}: took {took:?}\n{stderr}");
+        assert!(!stderr.contains("the chief is gone") && !stderr.contains("failed"), "began {began}: {stderr}");
+        let said = if began {
+            "every task stopped on SIGTERM; run the same command again to resume from the chief's last backup"
+        } else {
+            "every task stopped on SIGTERM before training began; nothing was saved"
+        };
+        assert!(stderr.contains(said), "began {began}: {stderr}");
+    }
+    assert_eq!(json(&dir.path().join("run.json"))["status"], "preempted");
+    let mut resumed = args.to_vec();
+    resumed.extend(["--set", "train.epochs=2"]);
+    let res = run(&resumed);
+    assert_exit(&res, 0);
+    assert!(text(&res).1.contains("resuming from"), "{}", text(&res).1);
+}

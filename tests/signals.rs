@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_exit, json, tempdir, text, wait_for_file, wait_within};
+use common::{assert_exit, children, json, tempdir, text, wait_for_file, wait_within};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -166,15 +166,6 @@ fn sigterm_to_the_launcher_says_what_is_left_to_resume_from() {
         assert!(!stderr.contains("backup;") && !stderr.contains("saves the backup"), "began {began}: {stderr}");
         assert!(!stderr.contains("] [worker:"), "a task named twice: {stderr}");
     }
-}
-
-/// The pids of every task the launcher `parent` started.
-fn children(parent: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse().ok())
-        .collect()
 }
 
 fn alive(pid: u32) -> bool {

@@ -213,14 +213,10 @@ enum Loop {
     Coordinator,
 }
 
-/// Trains in this process: the whole run, or this task's part of a job.
-fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError> {
-    // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
-    // training begins there is nothing to save, so the process ends at once.
-    let stop = crate::signals::stop_requested();
-    let plan = &p.plan;
-    let progress = progress_mode(inv);
-    // The launcher puts the task before each line of a task it started.
+/// Starts the stop watchdog: until training begins a stop ends the process at once (loading
+/// data and the rendezvous have nothing to save). Returns the prefix of this task's own lines:
+/// the launcher puts the task before each line of a task it started.
+fn watch_stops(inv: &Invocation, plan: &Plan) -> String {
     let launched = inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS");
     let prefix = match plan.cluster.part {
         Part::Task(task) if !launched => format!("[{task}] "),
@@ -228,6 +224,17 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
     };
     let say_prefix = prefix.clone();
     crate::signals::start_watchdog(move |text| eprintln!("{say_prefix}{text}"));
+    prefix
+}
+
+/// Trains in this process: the whole run, or this task's part of a job.
+fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError> {
+    // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
+    // training begins there is nothing to save, so the process ends at once.
+    let stop = crate::signals::stop_requested();
+    let plan = &p.plan;
+    let progress = progress_mode(inv);
+    let prefix = watch_stops(inv, plan);
     let (dataset, normalization) = load_preprocessed(inv, plan)?;
     let dataset = Arc::new(dataset);
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());

@@ -3,7 +3,7 @@
 //! closures. Both join the job as every task does, stay through SIGTERM until the chief,
 //! which saves the backup, tells them to leave, and then leave the control plane.
 
-use super::{join, load_data, pool};
+use super::{join, load_data, pool, watch_stops};
 use crate::builder;
 use crate::cluster::job::{DataPlane, Job};
 use crate::cluster::{Role, TaskId};
@@ -18,13 +18,14 @@ fn enter(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(Job, DataPlane
     let mut job = join(inv, &p.plan, task, 0)?;
     let data = job.data.take().ok_or_else(|| RunError::Cluster(format!("{task} joined without a data plane")))?;
     // From here a stop request waits for the chief, which saves before it says stop.
-    crate::signals::training_started(p.plan.callbacks.backup_dir().is_some());
+    crate::signals::cooperative_stop();
     Ok((job, data))
 }
 
 /// A ps task: holds its shards and applies the workers' gradients until the chief says stop.
 pub fn ps(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
     let plan = &p.plan;
+    watch_stops(inv, plan);
     let ps_plan =
         plan.parameter_server.as_ref().ok_or_else(|| RunError::Failure("no parameter servers planned".into()))?;
     let model = plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
@@ -51,6 +52,7 @@ pub fn ps(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> 
 /// A worker task: reads its own shuffle of the data and runs the chief's closures.
 pub fn worker(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
     let plan = &p.plan;
+    watch_stops(inv, plan);
     let dataset = Arc::new(load_data(inv, plan)?);
     let (job, data) = enter(inv, p, task)?;
     let ps = data.addresses.iter().filter(|(t, _)| t.role == Role::Ps).map(|(t, a)| (*t, *a)).collect();

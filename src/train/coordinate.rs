@@ -137,6 +137,7 @@ pub fn coordinate(
     resume: Option<ResumePoint>,
     data: &DataPlane,
 ) -> Result<Summary, TrainError> {
+    crate::signals::cooperative_stop();
     let t = &plan.train;
     let spe = t.steps_per_epoch.max(1);
     if let Some(r) = &resume {
@@ -214,6 +215,9 @@ impl Loop<'_> {
         while done < spe && stop.is_none() {
             vote = self.opts.stop.load(Ordering::Relaxed);
             if vote {
+                // Only the closures in flight finish; those still queued were never started,
+                // so their steps are not counted.
+                done -= self.job.coordinator.cancel();
                 break;
             }
             // A closure ends at the next evaluation, so that it sees exactly the steps before.

@@ -200,6 +200,15 @@ pub fn launched_task(parent: u32, task: (&str, usize), limit: std::time::Duratio
     None
 }
 
+/// The pids of every task the launcher `parent` started.
+pub fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
 /// Sends `signal` to `pid`.
 pub fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) with a pid this test started (or its launcher did); ESRCH at worst.

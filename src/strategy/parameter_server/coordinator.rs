@@ -69,7 +69,7 @@ pub struct Stats {
     pub steps_since_rejoin: Vec<u64>,
     /// Milliseconds each worker was lost before it came back, in all.
     pub absent_ms_per_worker: Vec<u64>,
-    /// Queued closures dropped after the first error.
+    /// Queued closures dropped after the first error, or at a stop.
     pub cancelled: u64,
 }
 
@@ -104,10 +104,10 @@ impl State {
         slowest.is_some_and(|slowest| self.stats.steps_per_worker[w] > slowest + s)
     }
 
-    /// Drops the queue after the first error.
-    fn cancel_queued(&mut self) {
+    /// Drops the queue (after the first error, or at a stop); returns the steps dropped.
+    fn cancel_queued(&mut self) -> u64 {
         self.stats.cancelled += self.queue.len() as u64;
-        self.queue.clear();
+        self.queue.drain(..).map(|c| c.steps).sum()
     }
 }
 
@@ -190,6 +190,14 @@ impl Coordinator {
         s.queue.push_back(Closure { id, first_step, steps });
         self.shared.changed.notify_all();
         Ok(id)
+    }
+
+    /// Drops the closures not started yet, for a stop: [`Coordinator::join`] then waits only
+    /// for those in flight. Returns the steps dropped, which were never run.
+    pub fn cancel(&self) -> u64 {
+        let steps = self.shared.lock().cancel_queued();
+        self.shared.changed.notify_all();
+        steps
     }
 
     /// Waits until every scheduled closure has completed or been cancelled; returns the first
