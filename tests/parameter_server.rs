@@ -341,10 +341,7 @@ fn sigterm_stops_a_parameter_server_job_cleanly_and_the_same_command_resumes() {
             common::wait_for_file(&dir.path().join("backup/ckpt-0000000070/manifest.json"), LIMIT, &mut [&mut job]);
         } else {
             // Chief, two workers and a ps started: they decode MNIST before joining.
-            let until = Instant::now() + LIMIT;
-            while common::children(job.id()).len() < 4 && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            common::wait_for_children(job.id(), 4, LIMIT);
         }
         let asked = Instant::now();
         common::signal(job.id(), libc::SIGTERM);

@@ -148,10 +148,7 @@ fn sigterm_to_the_launcher_says_what_is_left_to_resume_from() {
             std::thread::sleep(Duration::from_millis(300));
         } else {
             // Both tasks started: they decode MNIST (a few hundred milliseconds) before joining.
-            let until = Instant::now() + LIMIT;
-            while children(launcher.id()).len() < 2 && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            common::wait_for_children(launcher.id(), 2, LIMIT);
         }
         common::signal(launcher.id(), libc::SIGTERM);
         let (out, _) = wait_within(launcher, LIMIT);

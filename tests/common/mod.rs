@@ -209,6 +209,14 @@ pub fn children(parent: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Waits until the launcher `parent` has started `n` tasks, at most `limit`.
+pub fn wait_for_children(parent: u32, n: usize, limit: std::time::Duration) {
+    let until = std::time::Instant::now() + limit;
+    while children(parent).len() < n && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Sends `signal` to `pid`.
 pub fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) with a pid this test started (or its launcher did); ESRCH at worst.
