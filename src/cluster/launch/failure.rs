@@ -96,7 +96,7 @@ fn ended_first(children: &mut BTreeMap<TaskId, Child>) -> Option<(TaskId, ExitSt
 }
 
 /// The cause of a hang is the task that hung, not the one that noticed it (`task`): one that
-/// a task blamed as hung, as data (see [`blame_line`]), and that then answered no SIGTERM
+/// a task blamed as hung, as data (see [`super::blame_line`]), and that then answered no SIGTERM
 /// either (`killed`).
 fn stuck(noticed: bool, task: TaskId, killed: &[TaskId], blames: &BTreeMap<TaskId, Blame>) -> Option<TaskId> {
     let blamed = |t: TaskId| blames.values().any(|b| *b == Blame::Hung(t));
