@@ -225,7 +225,7 @@ extern "C" __global__ void max_pool_fwd(const float* x, float* y, int* argmax, l
             for (int ix = x0; ix < x1; ++ix) {
                 int idx = (iy * w + ix) * c + ch;
                 float v = img[idx];
-                if (first || v > m) { m = v; at = idx; first = 0; }
+                if (first || v > m || v != v) { m = v; at = idx; first = 0; }  // a NaN stays, as on the CPU
             }
         }
         y[i] = m;

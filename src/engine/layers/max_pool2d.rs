@@ -50,7 +50,15 @@ fn sweep(win: &Window, mut f: impl FnMut(usize, usize, bool)) {
     }
 }
 
-/// Max-pools one image `x` into `y`; only a strictly larger value replaces the maximum.
+/// Whether `v` takes the maximum's place: a strictly larger value, or a NaN, which then stays
+/// (as through ReLU, a diverged value reaches the loss instead of vanishing here).
+#[inline(always)]
+fn replaces(v: f32, max: f32) -> bool {
+    v > max || v.is_nan()
+}
+
+/// Max-pools one image `x` into `y`; only a strictly larger value (or a NaN) replaces the
+/// maximum.
 #[inline(always)]
 fn forward_image(win: &Window, x: &[f32], y: &mut [f32]) {
     let c = win.c;
@@ -59,7 +67,7 @@ fn forward_image(win: &Window, x: &[f32], y: &mut [f32]) {
         if first {
             y.copy_from_slice(src);
         } else {
-            y.iter_mut().zip(src).for_each(|(m, &v)| *m = if v > *m { v } else { *m });
+            y.iter_mut().zip(src).for_each(|(m, &v)| *m = if replaces(v, *m) { v } else { *m });
         }
     });
 }
@@ -114,7 +122,7 @@ fn forward_image_2x2(win: &Window, x: &[f32], y: &mut [f32]) {
             for ((((m, &a), &b), &d), &e) in y.iter_mut().zip(a).zip(b).zip(d).zip(e) {
                 let mut v = a;
                 for u in [b, d, e] {
-                    v = if u > v { u } else { v };
+                    v = if replaces(u, v) { u } else { v };
                 }
                 *m = v;
             }
@@ -272,5 +280,26 @@ mod tests {
         // `same` padding's last window on an odd side holds one row: the general sweep.
         assert!(!tiles_2x2(&Window::new((5, 4, 1), (2, 2), (2, 2), true).unwrap()));
         assert!(tiles_2x2(&Window::new((4, 4, 1), (2, 2), (2, 2), true).unwrap()));
+    }
+
+    /// A NaN anywhere in a window makes that window's maximum NaN, on both paths, so a
+    /// diverged value reaches the loss (where the step loop stops the run) instead of being
+    /// passed over; other windows keep their maximum.
+    #[test]
+    fn a_nan_anywhere_in_a_window_is_its_maximum() {
+        for same in [false, true] {
+            let win = Window::new((4, 4, 1), (2, 2), (2, 2), same).unwrap();
+            for at in [0, 1, 4, 5] {
+                let mut x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+                x[at] = f32::NAN;
+                let (mut fast, mut slow) = (vec![0.0; 4], vec![0.0; 4]);
+                forward_image_2x2(&win, &x, &mut fast);
+                forward_image(&win, &x, &mut slow);
+                for y in [&fast, &slow] {
+                    assert!(y[0].is_nan(), "NaN at {at}: {y:?}");
+                    assert_eq!(y[1..], [7.0, 13.0, 15.0], "NaN at {at}");
+                }
+            }
+        }
     }
 }
