@@ -106,6 +106,11 @@ impl CallbacksPlan {
         })
     }
 
+    /// Whether the run backs up (`backup_and_restore`): a stopped run resumes from a backup.
+    pub fn backs_up(&self) -> bool {
+        self.backup_dir().is_some()
+    }
+
     /// The folder of `backup_and_restore`, when the run backs up.
     pub fn backup_dir(&self) -> Option<&Path> {
         self.items.iter().find_map(|c| match &c.kind {

@@ -105,7 +105,7 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         restart_backoff: c.restarts.backoff,
         stop: crate::signals::supervise(),
         expendable: expendable(p.plan.strategy.kind),
-        backs_up: p.plan.callbacks.backup_dir().is_some(),
+        backs_up: p.plan.callbacks.backs_up(),
     };
     if let Err(e) = launch::run(run) {
         let error = match e {
@@ -249,7 +249,7 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
             .map_err(RunError::from)?;
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     // From here a stop waits for the step boundary and saves a backup first.
-    crate::signals::training_started(plan.callbacks.backup_dir().is_some());
+    crate::signals::training_started(plan.callbacks.backs_up());
     let mut record =
         if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {

@@ -84,7 +84,7 @@ impl Checkpointer {
             topology: topology(plan),
             seed: plan.seed,
             last_backup: None,
-            backs_up: plan.callbacks.backup_dir().is_some(),
+            backs_up: plan.callbacks.backs_up(),
         })
     }
 

@@ -177,8 +177,12 @@ pub fn coordinate(
             callbacks.finish(false)?;
             leave(lp.job)?;
             session.strategy.finish()?;
-            let backs_up = lp.plan.callbacks.backup_dir().is_some();
-            return Err(TrainError::Preempted { step: lp.step, backup, chief: true, backs_up });
+            return Err(TrainError::Preempted {
+                step: lp.step,
+                backup,
+                chief: true,
+                backs_up: plan.callbacks.backs_up(),
+            });
         }
         if stopped != StopReason::Completed {
             lp.progress.note(&format!("stopped: {}", stopped.name()));

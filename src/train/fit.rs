@@ -420,7 +420,7 @@ impl<'a> Loop<'a> {
         if let Err(e) = session.strategy.finish() {
             return e.into();
         }
-        TrainError::Preempted { step: self.step, backup, chief, backs_up: self.plan.callbacks.backup_dir().is_some() }
+        TrainError::Preempted { step: self.step, backup, chief, backs_up: self.plan.callbacks.backs_up() }
     }
 
     fn evaluate(&self, session: &mut Session) -> Result<BatchStats, TrainError> {
