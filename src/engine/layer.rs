@@ -199,25 +199,24 @@ pub trait Layer: Send {
     }
 }
 
-/// Pairs each layer with the one below it (views skipped, as they alias their input) for the
-/// fused backward ([`crate::engine::Sequential::backward_update`]), or unpairs them all when
-/// `on` is false. A layer above a ReLU masks its input gradient while that is still in cache
-/// (the dense layer, block by block); the ReLU's own layer then skips a pass that read its
-/// output and that gradient again (11 MB a step under the tutorial's big dense layer). The
-/// derivative is the same select (`dy` where `y > 0`, else 0) either way: the same bits.
-pub(crate) fn pair_relu_masks(layers: &mut [Box<dyn Layer>], on: bool) {
+/// Pairs each layer with the one below it (views skipped, as they alias their input), and
+/// returns which layers now mask their input gradient. A layer above a ReLU masks its input
+/// gradient while that is still in cache (the dense layer, block by block, and over the
+/// ReLU's nonzeros only: [`crate::engine::sparse`]); the ReLU's own layer then skips a pass
+/// that read its output and that gradient again (11 MB a step under the tutorial's big dense
+/// layer). The derivative is the same select (`dy` where `y > 0`, else 0) either way.
+pub(crate) fn pair_relu_masks(layers: &mut [Box<dyn Layer>]) -> Vec<bool> {
+    let mut masked = vec![false; layers.len()];
     let mut below: Option<usize> = None;
     for i in 0..layers.len() {
         if layers[i].is_view() {
             continue;
         }
         if let Some(j) = below {
-            let masked = on && layers[j].relu_output() && layers[i].mask_dx(true);
-            if !masked {
-                layers[i].mask_dx(false);
-            }
-            layers[j].dy_masked(masked);
+            masked[i] = layers[j].relu_output() && layers[i].mask_dx(true);
+            layers[j].dy_masked(masked[i]);
         }
         below = Some(i);
     }
+    masked
 }

@@ -11,9 +11,11 @@
 //! the optimizer's own arithmetic, as the optimizer pass over stored gradients did, so the
 //! weights are the same bits.
 
+use super::activation::relu_mask;
 use super::kernels::{partition, split_rows};
 use super::optimizer::SliceStep;
-use super::strided::{MatMut, MatRef, gemm_scaled};
+use super::sparse::{self, Columns};
+use super::strided::{ColumnBlock, MatMut, MatRef, gemm_scaled};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -31,6 +33,9 @@ pub struct Meeting<'a> {
     pub dz: &'a [f32],
     /// The input gradient, `n × inputs`; `None` for a model's first layer.
     pub dx: Option<&'a mut [f32]>,
+    /// `x` is a ReLU's output, and `dx` goes through its derivative here (the layer below
+    /// then takes it as it is).
+    pub mask: bool,
     /// Examples.
     pub n: usize,
     /// The kernel's rows.
@@ -64,31 +69,52 @@ pub fn update_kernel(
     let block_len = BLOCK_ROWS * units;
     let per_run = meetings.len() * block_len;
     scratch.resize(runs.len() * per_run, 0.0);
-    let products: Vec<(MatRef<'_>, MatRef<'_>)> =
-        meetings.iter().map(|m| (MatRef::rows(m.x, m.n, inputs), MatRef::rows(m.dz, m.n, units))).collect();
+    let replicas: Vec<(&[f32], &[f32], usize, bool)> = meetings.iter().map(|m| (m.x, m.dz, m.n, m.mask)).collect();
     // Each run's columns of every replica's `dx`.
-    let mut dxs: Vec<Vec<_>> = runs.iter().map(|_| Vec::new()).collect();
+    let mut dxs: Vec<Vec<Option<ColumnBlock<'_>>>> = runs.iter().map(|_| Vec::new()).collect();
     for m in meetings.iter_mut() {
-        let Some(dx) = m.dx.as_deref_mut() else { continue };
-        for (run, cols) in MatMut::rows(dx, m.n, inputs).split_cols(&runs).into_iter().enumerate() {
-            dxs[run].push((cols, MatRef::rows(m.dz, m.n, units)));
+        match m.dx.as_deref_mut() {
+            Some(dx) => {
+                for (run, cols) in MatMut::rows(dx, m.n, inputs).split_cols(&runs).into_iter().enumerate() {
+                    dxs[run].push(Some(cols));
+                }
+            }
+            None => dxs.iter_mut().for_each(|d| d.push(None)),
         }
     }
     let kernels = split_rows(kernel, &runs, units);
     let steps = update.split(&runs.iter().map(|r| r.start * units..r.end * units).collect::<Vec<_>>());
     let work = kernels.into_par_iter().zip(steps).zip(dxs).zip(scratch.par_chunks_mut(per_run)).zip(&runs);
     work.for_each(|((((w, mut step), mut dxs), sums), run)| {
+        let mut columns = Columns::default();
         for start in run.clone().step_by(BLOCK_ROWS) {
             let rows = start..(start + BLOCK_ROWS).min(run.end);
             let local = rows.start - run.start..rows.end - run.start;
             let w = &mut w[local.start * units..local.end * units];
-            for (dx, dz) in &mut dxs {
-                dx.gemm(local.clone(), *dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
-            }
             let len = rows.len() * units;
-            for (sum, (x, dz)) in sums.chunks_mut(block_len).zip(&products) {
-                let xt = x.block(0..x.shape().0, rows.clone()).t();
-                gemm_scaled(MatMut::rows(&mut sum[..len], rows.len(), units), xt, *dz, None, 1.0, 1);
+            for ((sum, dx), &(x, dz, n, mask)) in sums.chunks_mut(block_len).zip(&mut dxs).zip(&replicas) {
+                let sum = &mut sum[..len];
+                let sparse = (mask || dx.is_none())
+                    && sparse::worth_it(columns.count(x, n, inputs, rows.clone()), n * rows.len());
+                if sparse {
+                    columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
+                        if let Some(dx) = dx.as_mut() {
+                            let d = dx.row_mut(b, local.clone());
+                            sparse::masked_dx_row(d, idx, val, &dz[b * units..][..units], w, units);
+                        }
+                    });
+                    columns.product(sum, dz, units, None, 1.0);
+                    continue;
+                }
+                let dzm = MatRef::rows(dz, n, units);
+                if let Some(dx) = dx.as_mut() {
+                    dx.gemm(local.clone(), dzm, MatRef::rows(w, rows.len(), units).t(), 1.0);
+                    if mask {
+                        dx.for_each_row(local.clone(), |i, d| relu_mask(&x[i * inputs + rows.start..][..d.len()], d));
+                    }
+                }
+                let xt = MatRef::rows(x, n, inputs).block(0..n, rows.clone()).t();
+                gemm_scaled(MatMut::rows(sum, rows.len(), units), xt, dzm, None, 1.0, 1);
             }
             let grads: Vec<&[f32]> = sums.chunks(block_len).map(|s| &s[..len]).collect();
             step.sub(local.start * units..local.end * units).apply_sum(w, &grads);

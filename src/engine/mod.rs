@@ -21,6 +21,7 @@ pub mod optimizer;
 pub mod sequential;
 pub mod shape;
 pub mod simd;
+pub mod sparse;
 pub mod strided;
 
 #[cfg(test)]

@@ -143,6 +143,9 @@ pub struct Sequential {
     /// The layer replicas meet at ([`Sequential::meet`]): the biggest with a
     /// [`Layer::kernel_product`]; `None` when there is none or the model ties weights.
     meeting: Option<usize>,
+    /// Which layers write their input gradient through the ReLU below them
+    /// ([`super::layer::pair_relu_masks`]).
+    masks_dx: Vec<bool>,
     /// Where a backward walk split at the meeting layer stands.
     walk: Option<Walk>,
 }
@@ -230,6 +233,8 @@ impl Sequential {
             .filter_map(|i| layers[i].kernel_product().map(|(inputs, units)| (inputs * units, i)))
             .max()
             .map(|(_, i)| i);
+        let mut layers = layers;
+        let masks_dx = super::layer::pair_relu_masks(&mut layers);
         Ok(Self {
             input,
             layers,
@@ -242,6 +247,7 @@ impl Sequential {
             grad_bufs: [Vec::new(), Vec::new()],
             scratch: Vec::new(),
             meeting,
+            masks_dx,
             walk: None,
         })
     }
@@ -446,7 +452,8 @@ impl Sequential {
         let [a, b] = &mut self.grad_bufs;
         let (dy, dx) = if walk.cur == 0 { (&*a, b) } else { (&*b, a) };
         let dz = self.layers[m].backward_dz(pass, &mut grads[slot.params.clone()], &self.acts[out], dy, n);
-        Some(Meeting { x: &x[..n * inputs], dz, dx: need_dx.then_some(&mut dx[..n * inputs]), n, inputs, units })
+        let mask = self.masks_dx[m];
+        Some(Meeting { x: &x[..n * inputs], dz, dx: need_dx.then_some(&mut dx[..n * inputs]), mask, n, inputs, units })
     }
 
     /// Whether a backward walk paused just after the meeting layer
@@ -483,12 +490,10 @@ impl Sequential {
         let mut scratch = std::mem::take(&mut self.scratch);
         self.walk = None;
         let all = 0..self.layers.len();
-        super::layer::pair_relu_masks(&mut self.layers, true);
         self.backward_layers(x, n, all, 0, |layer, slot, x, y, dy, dx| {
             let p = slot.params.clone();
             layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
         });
-        super::layer::pair_relu_masks(&mut self.layers, false);
         self.scratch = scratch;
     }
 

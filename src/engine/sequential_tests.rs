@@ -27,12 +27,36 @@ fn model() -> Sequential {
     small_tutorial(8, 16)
 }
 
+/// `n` images of `side` × `side`, uniform in [0, 1); `sparse`: 97 % of the pixels 0, so that
+/// most windows of the convolution see only zeros and its ReLU output is mostly 0, which
+/// sends the dense layer above it down the sparse path ([`crate::engine::sparse`]).
+fn images(r: &mut impl rand::Rng, n: usize, side: usize, sparse: bool) -> Vec<f32> {
+    (0..n * side * side)
+        .map(|_| if sparse && r.random_range(0.0..1.0) < 0.97 { 0.0 } else { r.random_range(0.0..1.0) })
+        .collect()
+}
+
+/// Asserts that the convolution's ReLU output of the last forward (`n` examples) is sparse
+/// enough for the dense layer above to walk only its nonzeros, or dense enough for gemm.
+fn assert_conv_output_is(m: &Sequential, n: usize, sparse: bool) {
+    let out = &m.acts[0][..n * m.layers[1].output_shape().numel()];
+    let walked = crate::engine::sparse::worth_it(crate::engine::sparse::count_nonzeros(out), out.len());
+    assert_eq!(walked, sparse, "the convolution's output density");
+}
+
 /// Three steps of backward + optimizer pass against three of `backward_update`.
 #[test]
 fn fused_update_equals_the_unfused_one_within_rounding() {
+    for sparse in [false, true] {
+        fused_update_matches(sparse);
+    }
+}
+
+/// [`fused_update_equals_the_unfused_one_within_rounding`] on dense or mostly-zero images.
+fn fused_update_matches(sparse: bool) {
     let n = 6;
     let mut r = init::rng(&[3]);
-    let x: Vec<f32> = (0..n * 64).map(|_| r.random_range(0.0..1.0)).collect();
+    let x = images(&mut r, n, 8, sparse);
     let labels: Vec<u32> = (0..n).map(|_| r.random_range(0..5)).collect();
     let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
     for (momentum, wd) in [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3)] {
@@ -45,6 +69,7 @@ fn fused_update_equals_the_unfused_one_within_rounding() {
         for step in 0..3 {
             let pass = Pass { training: true, seed: step, accumulate: false, threads: 2 };
             a.forward(pass, &pa, &mut [], &x, n);
+            assert_conv_output_is(&a, n, sparse);
             let (out, dout) = a.output_and_grad(n);
             loss.evaluate(out, crate::engine::Truth::Classes(&labels), 5, 1.0 / n as f32, Some(dout));
             a.backward(pass, &pa, &mut grads, &x, n);
@@ -57,7 +82,7 @@ fn fused_update_equals_the_unfused_one_within_rounding() {
             b.backward_update(pass, &mut pb, &mut fused, &x, n);
         }
         let worst = pa.iter().zip(&pb).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-        assert!(worst < 1e-5, "momentum {momentum}, weight decay {wd}: off by {worst}");
+        assert!(worst < 1e-5, "sparse {sparse}, momentum {momentum}, weight decay {wd}: off by {worst}");
         assert_ne!(pa, init_of(&a), "training moved the weights");
         assert_eq!(oa.state().len(), ob.state().len());
         if let (Some((_, va)), Some((_, vb))) = (oa.state().first(), ob.state().first()) {
@@ -93,9 +118,17 @@ fn forward_loss(m: &mut Sequential, pass: Pass, params: &[f32], x: &[f32], label
 /// without meeting writes the bits of a whole backward.
 #[test]
 fn replicas_meeting_inside_backward_give_the_summed_update_bits() {
+    for sparse in [false, true] {
+        replicas_meeting_match(sparse);
+    }
+}
+
+/// [`replicas_meeting_inside_backward_give_the_summed_update_bits`] on dense or mostly-zero
+/// images.
+fn replicas_meeting_match(sparse: bool) {
     use crate::engine::meet::update_kernel;
     let mut r = init::rng(&[4]);
-    let x: Vec<f32> = (0..128 * 196).map(|_| r.random_range(0.0..1.0)).collect();
+    let x = images(&mut r, 128, 14, sparse);
     let labels: Vec<u32> = (0..128).map(|_| r.random_range(0..5)).collect();
     let parts = [0..64, 64..128];
     let pass = Pass { training: true, seed: 0, accumulate: false, threads: 1 };
@@ -154,7 +187,7 @@ fn replicas_meeting_inside_backward_give_the_summed_update_bits() {
             let (k, rest) = (worst(kernel.clone()), worst(0..kernel.start).max(worst(kernel.end..init.len())));
             assert!(
                 got == want,
-                "momentum {momentum}, {threads} threads: not the summed update's bits ({k} off in the kernel, {rest} elsewhere)"
+                "sparse {sparse}, momentum {momentum}, {threads} threads: not the summed update's bits ({k} off in the kernel, {rest} elsewhere)"
             );
             assert_ne!(got, init, "training moved the weights");
             assert!(opt.state() == opt_want.state(), "momentum {momentum}, {threads} threads: the velocity differs");
@@ -164,6 +197,7 @@ fn replicas_meeting_inside_backward_give_the_summed_update_bits() {
         let (mut a, mut b) = (meeting_model(), meeting_model());
         let (mut ga, mut gb) = (vec![0.0; init.len()], vec![0.0; init.len()]);
         forward_loss(&mut a, pass, &init, &x, &labels, 0..128);
+        assert_conv_output_is(&a, 128, sparse);
         a.backward(pass, &init, &mut ga, &x, 128);
         forward_loss(&mut b, pass, &init, &x, &labels, 0..128);
         assert!(b.backward_above(pass, &init, &mut gb, &x, 128));

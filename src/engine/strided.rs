@@ -235,6 +235,14 @@ impl ColumnBlock<'_> {
         unsafe { gemm_raw(target, a, b, None, scale, 1) }
     }
 
+    /// Row `i`'s `cols` of this block (counted within it).
+    pub fn row_mut(&mut self, i: usize, cols: Range<usize>) -> &mut [f32] {
+        assert!(i < self.rows && cols.start <= cols.end && cols.end <= self.cols.len(), "outside the block");
+        // SAFETY: row `i`'s `cols` are inside the matrix (checked by `split_cols` and above)
+        // and belong to this block alone, which stays borrowed mutably while the slice lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.rs + self.cols.start + cols.start), cols.len()) }
+    }
+
     /// Calls `f(row, values)` with each row's `cols` of this block (counted within it).
     pub fn for_each_row(&mut self, cols: Range<usize>, mut f: impl FnMut(usize, &mut [f32])) {
         assert!(cols.start <= cols.end && cols.end <= self.cols.len(), "columns outside their block");

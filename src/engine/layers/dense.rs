@@ -7,10 +7,16 @@ use crate::engine::meet::BLOCK_ROWS;
 use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
-use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
+use crate::engine::sparse;
+use crate::engine::strided::{ColumnBlock, MatMut, MatRef, gemm_scaled};
 use crate::vocab::Activation;
 use rayon::prelude::*;
 use std::ops::Range;
+
+thread_local! {
+    /// Each thread's list of one row's nonzeros for the sparse forward product.
+    static LIST: std::cell::RefCell<sparse::Nonzeros> = std::cell::RefCell::new(sparse::Nonzeros::default());
+}
 
 /// A fully connected layer over flat inputs.
 pub struct Dense {
@@ -84,9 +90,17 @@ impl Layer for Dense {
 
     fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
         let (kernel, bias) = params.split_at(self.inputs * self.units);
-        matmul(n, self.units, self.inputs, x, false, kernel, false, y, false, pass.threads);
-        let (units, act, use_bias) = (self.units, self.activation, self.use_bias);
-        par_rows(y, n, units, pass.threads, |_, _, rows| {
+        let (inputs, units, act, use_bias) = (self.inputs, self.units, self.activation, self.use_bias);
+        let x = &x[..n * inputs];
+        let sparse = sparse::worth_it(sparse::count_nonzeros(x), x.len());
+        if !sparse {
+            matmul(n, units, inputs, x, false, kernel, false, y, false, pass.threads);
+        }
+        par_rows(y, n, units, pass.threads, |_, part, rows| {
+            if sparse {
+                let x = &x[part.start * inputs..part.end * inputs];
+                LIST.with_borrow_mut(|list| sparse::forward_rows(x, inputs, kernel, units, rows, list));
+            }
             if use_bias {
                 add_bias(rows, &bias[..units]);
             }
@@ -110,17 +124,27 @@ impl Layer for Dense {
         let dz = self.dz(y, dy, n);
         let kernel = &params[..inputs * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
-        matmul(inputs, units, n, x, true, dz, false, g_kernel, pass.accumulate, threads);
         if use_bias {
             if !pass.accumulate {
                 g_bias.fill(0.0);
             }
             add_rows(g_bias, dz);
         }
+        let x = &x[..n * inputs];
+        // Above a ReLU, every block of kernel rows chooses between gemm and the walk over the
+        // ReLU's nonzeros, as the fused update and replicas meeting do, so all three take the
+        // same products; the walk computes `dx` only where ReLU lets it through.
+        if mask || (dx.is_none() && sparse::worth_it(sparse::count_nonzeros(x), x.len())) {
+            let sink = Sink::Grads { kernel, grads: g_kernel, accumulate: pass.accumulate };
+            let dx = dx.map(|dx| MatMut::rows(dx, n, inputs));
+            kernel_blocks(sink, dx, x, dz, (n, inputs, units), mask, threads);
+            return;
+        }
+        matmul(inputs, units, n, x, true, dz, false, g_kernel, pass.accumulate, threads);
         if let Some(dx) = dx {
             matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
             if mask {
-                activation::relu_mask(&x[..n * inputs], &mut dx[..n * inputs]);
+                activation::relu_mask(x, &mut dx[..n * inputs]);
             }
         }
     }
@@ -166,8 +190,8 @@ impl Layer for Dense {
         dx: Option<&mut [f32]>,
         n: usize,
     ) {
-        let (inputs, units, threads, use_bias) = (self.inputs, self.units, pass.threads, self.use_bias);
-        let mask = self.mask_dx.then_some(&x[..n * inputs]);
+        let (inputs, units, threads, use_bias, mask) =
+            (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx);
         let dz = self.dz(y, dy, n);
         let k_len = inputs * units;
         let (kernel, bias) = params.split_at_mut(k_len);
@@ -178,10 +202,26 @@ impl Layer for Dense {
             add_rows(g_bias, dz);
             update.sub(k_len..k_len + units).apply(bias, g_bias);
         }
+        let (x_rows, dz_rows) = (&x[..n * inputs], dz);
         let (x, dz) = (MatRef::rows(x, n, inputs), MatRef::rows(dz, n, units));
         let kernel_update = &mut update.sub(0..k_len);
         match dx {
-            Some(dx) => kernel_blocks(kernel, kernel_update, MatMut::rows(dx, n, inputs), x, dz, mask, threads),
+            Some(dx) => {
+                let sink = Sink::Step { kernel, step: kernel_update };
+                kernel_blocks(
+                    sink,
+                    Some(MatMut::rows(dx, n, inputs)),
+                    x_rows,
+                    dz_rows,
+                    (n, inputs, units),
+                    mask,
+                    threads,
+                )
+            }
+            None if sparse::worth_it(sparse::count_nonzeros(x_rows), x_rows.len()) => {
+                let sink = Sink::Step { kernel, step: kernel_update };
+                kernel_blocks(sink, None, x_rows, dz_rows, (n, inputs, units), mask, threads)
+            }
             None => kernel_update.apply_product(kernel, |target, keep, scale| {
                 gemm_scaled(MatMut::rows(target, inputs, units), x.t(), dz, keep, scale, threads)
             }),
@@ -189,43 +229,117 @@ impl Layer for Dense {
     }
 }
 
-/// `dx = dz · kernelᵀ` and the kernel's update from `xᵀ · dz`, block of kernel rows by block:
-/// a block gives its columns of `dx`, with the weights forward used, and then takes its
-/// update while still in cache. The blocks are fixed and dealt to threads in contiguous runs,
+/// Where the kernel's gradient goes, block by block: into the optimizer's update inside the
+/// product ([`SliceStep::apply_product`]), or stored for an all-reduce.
+enum Sink<'a, 's> {
+    Step { kernel: &'a mut [f32], step: &'a mut SliceStep<'s> },
+    Grads { kernel: &'a [f32], grads: &'a mut [f32], accumulate: bool },
+}
+
+/// One thread's run of kernel rows of a [`Sink`].
+enum RunSink<'a> {
+    Step { kernel: &'a mut [f32], step: SliceStep<'a> },
+    Grads { kernel: &'a [f32], grads: &'a mut [f32], accumulate: bool },
+}
+
+impl<'a> Sink<'a, '_> {
+    /// The runs of kernel rows `runs`, `units` wide.
+    fn split(self, runs: &[Range<usize>], units: usize) -> Vec<RunSink<'a>>
+    where
+        Self: 'a,
+    {
+        match self {
+            Sink::Step { kernel, step } => {
+                let steps = step.split(&runs.iter().map(|r| r.start * units..r.end * units).collect::<Vec<_>>());
+                split_rows(kernel, runs, units)
+                    .into_iter()
+                    .zip(steps)
+                    .map(|(kernel, step)| RunSink::Step { kernel, step })
+                    .collect()
+            }
+            Sink::Grads { kernel, grads, accumulate } => split_rows(grads, runs, units)
+                .into_iter()
+                .zip(runs)
+                .map(|(grads, r)| RunSink::Grads { kernel: &kernel[r.start * units..r.end * units], grads, accumulate })
+                .collect(),
+        }
+    }
+}
+
+impl RunSink<'_> {
+    /// The kernel rows `local` (counted within the run).
+    fn kernel(&self, local: Range<usize>, units: usize) -> &[f32] {
+        match self {
+            RunSink::Step { kernel, .. } => &kernel[local.start * units..local.end * units],
+            RunSink::Grads { kernel, .. } => &kernel[local.start * units..local.end * units],
+        }
+    }
+
+    /// Hands rows `local`'s gradient target to `product`, which writes
+    /// `target = keep·target + scale·g`.
+    fn take(&mut self, local: Range<usize>, units: usize, product: impl FnOnce(&mut [f32], Option<f32>, f32)) {
+        let range = local.start * units..local.end * units;
+        match self {
+            RunSink::Step { kernel, step } => step.sub(range.clone()).apply_product(&mut kernel[range], product),
+            RunSink::Grads { grads, accumulate, .. } => product(&mut grads[range], accumulate.then_some(1.0), 1.0),
+        }
+    }
+}
+
+/// `dx = dz · kernelᵀ` and the kernel's gradient `xᵀ · dz`, block of kernel rows by block:
+/// a block gives its columns of `dx`, with the weights forward used, and then its gradient to
+/// `sink` while still in cache. The blocks are fixed and dealt to threads in contiguous runs,
 /// so every product has the same shape, and the same bits, on any number of threads. With
-/// `mask` (the layer's input again, the ReLU output of the layer below), each block's `dx`
-/// also goes through ReLU's derivative while in cache, beside the `x` columns the update reads.
+/// `mask` (`x` is the ReLU output of the layer below), each block's `dx` also goes through
+/// ReLU's derivative while in cache, beside the `x` columns the gradient reads; then a block
+/// whose columns of `x` are mostly zero skips them ([`sparse`]).
 fn kernel_blocks(
-    kernel: &mut [f32],
-    update: &mut SliceStep<'_>,
-    dx: MatMut<'_>,
-    x: MatRef<'_>,
-    dz: MatRef<'_>,
-    mask: Option<&[f32]>,
+    sink: Sink<'_, '_>,
+    dx: Option<MatMut<'_>>,
+    x: &[f32],
+    dz: &[f32],
+    (n, inputs, units): (usize, usize, usize),
+    mask: bool,
     threads: usize,
 ) {
-    let (n, inputs, units) = (x.shape().0, x.shape().1, dz.shape().1);
+    let (xm, dz_rows, dz) = (MatRef::rows(x, n, inputs), dz, MatRef::rows(dz, n, units));
     let blocks = inputs.div_ceil(BLOCK_ROWS);
     let runs: Vec<Range<usize>> = partition(blocks, threads)
         .into_iter()
         .map(|b| (b.start * BLOCK_ROWS).min(inputs)..(b.end * BLOCK_ROWS).min(inputs))
         .collect();
-    let kernels = split_rows(kernel, &runs, units);
-    let steps = update.split(&runs.iter().map(|r| r.start * units..r.end * units).collect::<Vec<_>>());
-    let dxs = dx.split_cols(&runs);
-    kernels.into_par_iter().zip(steps).zip(dxs).zip(&runs).for_each(|(((w, mut step), mut dx), run)| {
+    let sinks = sink.split(&runs, units);
+    let dxs: Vec<Option<ColumnBlock<'_>>> = match dx {
+        Some(dx) => dx.split_cols(&runs).into_iter().map(Some).collect(),
+        None => runs.iter().map(|_| None).collect(),
+    };
+    sinks.into_par_iter().zip(dxs).zip(&runs).for_each(|((mut sink, mut dx), run)| {
+        let mut columns = sparse::Columns::default();
         for start in run.clone().step_by(BLOCK_ROWS) {
             let rows = start..(start + BLOCK_ROWS).min(run.end);
             let local = rows.start - run.start..rows.end - run.start;
-            let w = &mut w[local.start * units..local.end * units];
-            dx.gemm(local.clone(), dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
-            if let Some(x) = mask {
-                dx.for_each_row(local.clone(), |i, d| {
-                    activation::relu_mask(&x[i * inputs + rows.start..][..d.len()], d)
+            if (mask || dx.is_none()) && sparse::worth_it(columns.count(x, n, inputs, rows.clone()), n * rows.len()) {
+                let w = sink.kernel(local.clone(), units);
+                columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
+                    if let Some(dx) = dx.as_mut() {
+                        let d = dx.row_mut(b, local.clone());
+                        sparse::masked_dx_row(d, idx, val, &dz_rows[b * units..][..units], w, units);
+                    }
                 });
+                sink.take(local, units, |target, keep, scale| columns.product(target, dz_rows, units, keep, scale));
+                continue;
             }
-            step.sub(local.start * units..local.end * units).apply_product(w, |target, keep, scale| {
-                let xt = x.block(0..n, rows.clone()).t();
+            if let Some(dx) = dx.as_mut() {
+                let w = sink.kernel(local.clone(), units);
+                dx.gemm(local.clone(), dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
+                if mask {
+                    dx.for_each_row(local.clone(), |i, d| {
+                        activation::relu_mask(&x[i * inputs + rows.start..][..d.len()], d)
+                    });
+                }
+            }
+            sink.take(local, units, |target, keep, scale| {
+                let xt = xm.block(0..n, rows.clone()).t();
                 gemm_scaled(MatMut::rows(target, rows.len(), units), xt, dz, keep, scale, 1)
             });
         }
@@ -269,6 +383,80 @@ mod tests {
             let params = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
             Self { inputs, units, n, x, dy, params }
         }
+
+        /// The same shapes with `x` a ReLU's output: the first block of kernel rows dense
+        /// (gemm's path), the others about one value in nine nonzero (the sparse path).
+        fn relu_output() -> Self {
+            let mut f = Self::new();
+            let inputs = f.inputs;
+            for (i, v) in f.x.iter_mut().enumerate() {
+                let dense = i % inputs < BLOCK_ROWS;
+                *v = if (dense && i % 10 != 0) || (i * 7919) % 9 == 0 { v.abs() + 0.01 } else { 0.0 };
+            }
+            let (n, rows) = (f.n, BLOCK_ROWS);
+            let block = |b: usize| {
+                (0..n).flat_map(move |r| (b * rows..((b + 1) * rows).min(inputs)).map(move |k| r * inputs + k))
+            };
+            let count = |b: usize| block(b).filter(|&i| f.x[i] != 0.0).count();
+            assert!(
+                !sparse::worth_it(count(0), n * rows) && sparse::worth_it(count(1), n * rows),
+                "one block of each kind"
+            );
+            assert!(sparse::worth_it(sparse::count_nonzeros(&f.x), f.x.len()), "the forward product goes sparse");
+            f
+        }
+    }
+
+    /// Forward, the kernel's gradient and the masked `dx` on a ReLU's output (sparse blocks
+    /// beside a dense one) are the exact sums within rounding, and the same bits on any number
+    /// of threads.
+    #[test]
+    fn sparse_products_are_the_exact_ones_on_any_thread_count() {
+        let Fixture { inputs, units, n, x, dy, params } = Fixture::relu_output();
+        let run = |threads: usize| {
+            let pass = Pass { training: true, seed: 0, accumulate: false, threads };
+            let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+            assert!(layer.mask_dx(true));
+            let (mut y, mut g, mut dx) = (vec![0.0; n * units], vec![0.0; params.len()], vec![0.0; n * inputs]);
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                layer.forward(pass, &params, &mut [], &x, &mut y, n);
+                layer.backward(pass, &params, &mut g, &x, &y, &dy, Some(&mut dx), n);
+            });
+            (y, g, dx)
+        };
+        let (y, g, dx) = run(1);
+        let (w, bias) = params.split_at(inputs * units);
+        let close =
+            |got: f32, want: f64, what: &str| assert!((got as f64 - want).abs() < 1e-4, "{what}: {got} != {want}");
+        for b in 0..n {
+            for u in 0..units {
+                let z: f64 = bias[u] as f64
+                    + (0..inputs).map(|k| x[b * inputs + k] as f64 * w[k * units + u] as f64).sum::<f64>();
+                close(y[b * units + u], z.max(0.0), &format!("y[{b}, {u}]"));
+            }
+        }
+        let dz = |b: usize, u: usize| if y[b * units + u] > 0.0 { dy[b * units + u] as f64 } else { 0.0 };
+        for k in 0..inputs {
+            for u in 0..units {
+                let want: f64 = (0..n).map(|b| x[b * inputs + k] as f64 * dz(b, u)).sum();
+                close(g[k * units + u], want, &format!("kernel gradient [{k}, {u}]"));
+            }
+            for b in 0..n {
+                let want: f64 = (0..units).map(|u| dz(b, u) * w[k * units + u] as f64).sum();
+                close(dx[b * inputs + k], if x[b * inputs + k] > 0.0 { want } else { 0.0 }, &format!("dx[{b}, {k}]"));
+            }
+        }
+        for threads in [2, 3] {
+            assert!(run(threads) == (y.clone(), g.clone(), dx.clone()), "{threads} threads changed the bits");
+        }
+        // No examples: a stored gradient is zero, not the last step's.
+        let pass = Pass { training: true, seed: 0, accumulate: false, threads: 2 };
+        let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+        assert!(layer.mask_dx(true));
+        let mut stale = vec![1.0; params.len()];
+        layer.backward(pass, &params, &mut stale, &[], &[], &[], Some(&mut []), 0);
+        assert!(stale.iter().all(|v| *v == 0.0), "an empty batch left a gradient behind");
     }
 
     /// `mask_dx`: `dx` comes out through ReLU's derivative at `x`, block by block, the same
@@ -306,11 +494,24 @@ mod tests {
     /// backward + the optimizer pass, and are the same bits on any number of threads.
     #[test]
     fn blocked_kernel_update_matches_the_unfused_step_on_any_thread_count() {
-        let Fixture { inputs, units, n, x, dy, params } = Fixture::new();
+        for (fixture, mask) in [(Fixture::new(), false), (Fixture::relu_output(), true)] {
+            blocked_update_matches(fixture, mask);
+        }
+    }
+
+    /// [`blocked_kernel_update_matches_the_unfused_step_on_any_thread_count`] for one input,
+    /// `dx` masked or not.
+    fn blocked_update_matches(fixture: Fixture, mask: bool) {
+        let Fixture { inputs, units, n, x, dy, params } = fixture;
+        let layer = || {
+            let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+            assert!(layer.mask_dx(mask) || !mask);
+            layer
+        };
         for momentum in [0.0, 0.9] {
             let run_fused = |threads: usize| {
                 let pass = Pass { training: true, seed: 0, accumulate: false, threads };
-                let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+                let mut layer = layer();
                 let mut opt = Optimizer::Sgd(Sgd::new(params.len(), momentum, false, 0.0));
                 let (mut p, mut dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -325,7 +526,7 @@ mod tests {
                 (p, dx)
             };
             let pass = Pass { training: true, seed: 0, accumulate: false, threads: 1 };
-            let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+            let mut layer = layer();
             let mut opt = Optimizer::Sgd(Sgd::new(params.len(), momentum, false, 0.0));
             let (mut want, mut want_dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
             let mut g = vec![0.0; params.len()];
@@ -336,8 +537,16 @@ mod tests {
             }
             let (got, got_dx) = run_fused(1);
             let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-            assert!(worst(&got, &want) < 1e-5, "momentum {momentum}: weights off by {}", worst(&got, &want));
-            assert!(worst(&got_dx, &want_dx) < 1e-5, "momentum {momentum}: dx off by {}", worst(&got_dx, &want_dx));
+            assert!(
+                worst(&got, &want) < 1e-5,
+                "mask {mask}, momentum {momentum}: weights off by {}",
+                worst(&got, &want)
+            );
+            assert!(
+                worst(&got_dx, &want_dx) < 1e-5,
+                "mask {mask}, momentum {momentum}: dx off by {}",
+                worst(&got_dx, &want_dx)
+            );
             assert_ne!(got, params, "the update moved the weights");
             for threads in [2, 3] {
                 assert!(run_fused(threads) == (got.clone(), got_dx.clone()), "{threads} threads changed the bits");
