@@ -95,7 +95,7 @@ pub fn update_kernel(
             for ((sum, dx), &(x, dz, n, mask)) in sums.chunks_mut(block_len).zip(&mut dxs).zip(&replicas) {
                 let sum = &mut sum[..len];
                 let sparse = (mask || dx.is_none())
-                    && sparse::worth_it(columns.count(x, n, inputs, rows.clone()), n * rows.len());
+                    && sparse::backward_pays(columns.count(x, n, inputs, rows.clone()), n * rows.len());
                 if sparse {
                     columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
                         if let Some(dx) = dx.as_mut() {

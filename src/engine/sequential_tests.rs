@@ -40,7 +40,7 @@ fn images(r: &mut impl rand::Rng, n: usize, side: usize, sparse: bool) -> Vec<f3
 /// enough for the dense layer above to walk only its nonzeros, or dense enough for gemm.
 fn assert_conv_output_is(m: &Sequential, n: usize, sparse: bool) {
     let out = &m.acts[0][..n * m.layers[1].output_shape().numel()];
-    let walked = crate::engine::sparse::worth_it(crate::engine::sparse::count_nonzeros(out), out.len());
+    let walked = crate::engine::sparse::backward_pays(crate::engine::sparse::count_nonzeros(out), out.len());
     assert_eq!(walked, sparse, "the convolution's output density");
 }
 
@@ -69,7 +69,10 @@ fn fused_update_matches(sparse: bool) {
         for step in 0..3 {
             let pass = Pass { training: true, seed: step, accumulate: false, threads: 2 };
             a.forward(pass, &pa, &mut [], &x, n);
-            assert_conv_output_is(&a, n, sparse);
+            if step == 0 {
+                // Later steps move the convolution's biases, and with them its zeros.
+                assert_conv_output_is(&a, n, sparse);
+            }
             let (out, dout) = a.output_and_grad(n);
             loss.evaluate(out, crate::engine::Truth::Classes(&labels), 5, 1.0 / n as f32, Some(dout));
             a.backward(pass, &pa, &mut grads, &x, n);

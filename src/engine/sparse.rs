@@ -13,7 +13,8 @@
 //! nonzeros in column order, a kernel row's gradient sums the examples in batch order, and a
 //! `dx` element is one dot product with fixed lanes. Skipping a zero adds nothing a dense sum
 //! would not (`0 · w` is `0` for every finite `w`), so the results are gemm's up to rounding
-//! order. Whether a product goes sparse depends only on the data ([`worth_it`]), so runs stay
+//! order. Whether a product goes sparse depends only on the data ([`forward_pays`],
+//! [`backward_pays`]), so runs stay
 //! reproducible.
 
 use std::ops::Range;
@@ -53,14 +54,21 @@ macro_rules! multiversion {
     };
 }
 
-/// A product goes sparse when at most one value in this many is nonzero: measured on the
-/// tutorial's dense layer (64 × 21,632 · 21,632 × 128) on AVX-512, the sparse walk costs about
-/// as much as gemm at a density of 40 %.
-const DENSITY_DIVISOR: usize = 2;
+/// Whether forward's `x · kernel` should walk `x`'s nonzeros (`nonzeros` of `total` values)
+/// rather than call gemm: at a density of at most 1/5. Measured on one thread on the
+/// tutorial's dense layer (64 × 21,632 · 21,632 × 128, AVX-512, zeros spread evenly, which is
+/// the walk's worst case), the walk takes 0.44× gemm's time at a density of 5 %, 0.74× at
+/// 13 %, 0.93× at 20 % and 1.14× at 30 % (`sparse_speed`, an ignored test, prints these).
+pub fn forward_pays(nonzeros: usize, total: usize) -> bool {
+    nonzeros * 5 <= total
+}
 
-/// Whether `nonzeros` of `total` values are few enough for the sparse walk to win.
-pub fn worth_it(nonzeros: usize, total: usize) -> bool {
-    nonzeros * DENSITY_DIVISOR <= total
+/// Whether backward's products for a block of kernel rows should walk the nonzeros of the
+/// block's columns of `x`: at a density of at most 1/3. The kernel's gradient (gathering
+/// included) takes 0.49×, 0.59×, 0.76×, 0.92× and 1.14× gemm's time at 5, 13, 20, 30 and
+/// 40 %, the masked `dx` 0.46×, 0.54×, 0.73×, 0.86× and 0.98× (measured as above).
+pub fn backward_pays(nonzeros: usize, total: usize) -> bool {
+    nonzeros * 3 <= total
 }
 
 /// How many of `x`'s values are not zero (a NaN counts as not zero).

@@ -95,7 +95,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> std::time::Duration {
 #[ignore = "prints timings"]
 fn sparse_speed() {
     let (n, inputs, units) = (64usize, 21632usize, 128usize);
-    for density in [0.05f64, 0.13, 0.25, 0.5] {
+    for density in [0.05f64, 0.13, 0.2, 0.3, 0.4, 0.5] {
         let x: Vec<f32> = (0..n * inputs)
             .map(|i| {
                 let h = (i as u64).wrapping_mul(0x9E3779B97F4A7C15) >> 40;
@@ -134,7 +134,42 @@ fn sparse_speed() {
                 }
             })
         });
-        eprintln!("density {density}: forward {fwd:?}, gather {gather:?}, gather+product {product:?}, dx {dxt:?}");
+        use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
+        let gemm_fwd = best(10, || {
+            gemm_scaled(
+                MatMut::rows(&mut y, n, units),
+                MatRef::rows(&x, n, inputs),
+                MatRef::rows(&w, inputs, units),
+                None,
+                1.0,
+                1,
+            )
+        });
+        let gemm_product = best(10, || {
+            blocks(&mut |r| {
+                let xt = MatRef::rows(&x, n, inputs).block(0..n, r.clone()).t();
+                let t = MatMut::rows(&mut g[r.start * units..r.end * units], r.len(), units);
+                gemm_scaled(t, xt, MatRef::rows(&dz, n, units), Some(0.9), -0.1, 1);
+            })
+        });
+        let gemm_dx = best(10, || {
+            gemm_scaled(
+                MatMut::rows(&mut dx, n, inputs),
+                MatRef::rows(&dz, n, units),
+                MatRef::rows(&w, inputs, units).t(),
+                None,
+                1.0,
+                1,
+            );
+            crate::engine::activation::relu_mask(&x, &mut dx);
+        });
+        let r = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
+        eprintln!(
+            "density {density}: sparse/gemm forward {:.2} ({fwd:?}), product {:.2} ({product:?}), dx {:.2} ({dxt:?}); gather {gather:?}",
+            r(fwd, gemm_fwd),
+            r(product, gemm_product),
+            r(dxt, gemm_dx)
+        );
     }
 }
 

@@ -92,7 +92,7 @@ impl Layer for Dense {
         let (kernel, bias) = params.split_at(self.inputs * self.units);
         let (inputs, units, act, use_bias) = (self.inputs, self.units, self.activation, self.use_bias);
         let x = &x[..n * inputs];
-        let sparse = sparse::worth_it(sparse::count_nonzeros(x), x.len());
+        let sparse = sparse::forward_pays(sparse::count_nonzeros(x), x.len());
         if !sparse {
             matmul(n, units, inputs, x, false, kernel, false, y, false, pass.threads);
         }
@@ -134,7 +134,7 @@ impl Layer for Dense {
         // Above a ReLU, every block of kernel rows chooses between gemm and the walk over the
         // ReLU's nonzeros, as the fused update and replicas meeting do, so all three take the
         // same products; the walk computes `dx` only where ReLU lets it through.
-        if mask || (dx.is_none() && sparse::worth_it(sparse::count_nonzeros(x), x.len())) {
+        if mask || (dx.is_none() && sparse::backward_pays(sparse::count_nonzeros(x), x.len())) {
             let sink = Sink::Grads { kernel, grads: g_kernel, accumulate: pass.accumulate };
             let dx = dx.map(|dx| MatMut::rows(dx, n, inputs));
             kernel_blocks(sink, dx, x, dz, (n, inputs, units), mask, threads);
@@ -218,7 +218,7 @@ impl Layer for Dense {
                     threads,
                 )
             }
-            None if sparse::worth_it(sparse::count_nonzeros(x_rows), x_rows.len()) => {
+            None if sparse::backward_pays(sparse::count_nonzeros(x_rows), x_rows.len()) => {
                 let sink = Sink::Step { kernel, step: kernel_update };
                 kernel_blocks(sink, None, x_rows, dz_rows, (n, inputs, units), mask, threads)
             }
@@ -318,7 +318,9 @@ fn kernel_blocks(
         for start in run.clone().step_by(BLOCK_ROWS) {
             let rows = start..(start + BLOCK_ROWS).min(run.end);
             let local = rows.start - run.start..rows.end - run.start;
-            if (mask || dx.is_none()) && sparse::worth_it(columns.count(x, n, inputs, rows.clone()), n * rows.len()) {
+            if (mask || dx.is_none())
+                && sparse::backward_pays(columns.count(x, n, inputs, rows.clone()), n * rows.len())
+            {
                 let w = sink.kernel(local.clone(), units);
                 columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
                     if let Some(dx) = dx.as_mut() {
@@ -377,21 +379,26 @@ mod tests {
 
     impl Fixture {
         fn new() -> Self {
-            let (inputs, units, n) = (2 * BLOCK_ROWS + 88, 20, 5);
+            Self::with_inputs(2 * BLOCK_ROWS + 88)
+        }
+
+        fn with_inputs(inputs: usize) -> Self {
+            let (units, n) = (20, 5);
             let x = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
             let dy = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
             let params = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
             Self { inputs, units, n, x, dy, params }
         }
 
-        /// The same shapes with `x` a ReLU's output: the first block of kernel rows dense
-        /// (gemm's path), the others about one value in nine nonzero (the sparse path).
+        /// Four row blocks (the last short) with `x` a ReLU's output: in the first block of
+        /// kernel rows 40 % of `x` nonzero (gemm's path), in the others about one value in
+        /// eleven (the sparse path), and the whole sparse enough for forward to walk it.
         fn relu_output() -> Self {
-            let mut f = Self::new();
+            let mut f = Self::with_inputs(3 * BLOCK_ROWS + 88);
             let inputs = f.inputs;
             for (i, v) in f.x.iter_mut().enumerate() {
                 let dense = i % inputs < BLOCK_ROWS;
-                *v = if (dense && i % 10 != 0) || (i * 7919) % 9 == 0 { v.abs() + 0.01 } else { 0.0 };
+                *v = if (dense && i % 5 < 2) || (!dense && (i * 7919) % 11 == 0) { v.abs() + 0.01 } else { 0.0 };
             }
             let (n, rows) = (f.n, BLOCK_ROWS);
             let block = |b: usize| {
@@ -399,10 +406,10 @@ mod tests {
             };
             let count = |b: usize| block(b).filter(|&i| f.x[i] != 0.0).count();
             assert!(
-                !sparse::worth_it(count(0), n * rows) && sparse::worth_it(count(1), n * rows),
+                !sparse::backward_pays(count(0), n * rows) && sparse::backward_pays(count(1), n * rows),
                 "one block of each kind"
             );
-            assert!(sparse::worth_it(sparse::count_nonzeros(&f.x), f.x.len()), "the forward product goes sparse");
+            assert!(sparse::forward_pays(sparse::count_nonzeros(&f.x), f.x.len()), "the forward product goes sparse");
             f
         }
     }
