@@ -61,11 +61,7 @@ pub fn update_kernel(
         meetings.iter().all(|m| (m.inputs, m.units) == (inputs, units)) && kernel.len() == inputs * units,
         "replicas met at layers of different shapes"
     );
-    let blocks = inputs.div_ceil(BLOCK_ROWS);
-    let runs: Vec<Range<usize>> = partition(blocks, parts)
-        .into_iter()
-        .map(|b| (b.start * BLOCK_ROWS).min(inputs)..(b.end * BLOCK_ROWS).min(inputs))
-        .collect();
+    let runs = runs(inputs, parts);
     let block_len = BLOCK_ROWS * units;
     let per_run = meetings.len() * block_len;
     scratch.resize(runs.len() * per_run, 0.0);
@@ -93,31 +89,78 @@ pub fn update_kernel(
             let w = &mut w[local.start * units..local.end * units];
             let len = rows.len() * units;
             for ((sum, dx), &(x, dz, n, mask)) in sums.chunks_mut(block_len).zip(&mut dxs).zip(&replicas) {
-                let sum = &mut sum[..len];
-                let sparse = (mask || dx.is_none())
-                    && sparse::backward_pays(columns.count(x, n, inputs, rows.clone()), n * rows.len());
-                if sparse {
-                    columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
-                        if let Some(dx) = dx.as_mut() {
-                            let d = dx.row_mut(b, local.clone());
-                            sparse::masked_dx_row(d, idx, val, &dz[b * units..][..units], w, units);
-                        }
-                    });
-                    columns.product(sum, dz, units, None, 1.0);
-                    continue;
-                }
-                let dzm = MatRef::rows(dz, n, units);
-                if let Some(dx) = dx.as_mut() {
-                    dx.gemm(local.clone(), dzm, MatRef::rows(w, rows.len(), units).t(), 1.0);
-                    if mask {
-                        dx.for_each_row(local.clone(), |i, d| relu_mask(&x[i * inputs + rows.start..][..d.len()], d));
-                    }
-                }
-                let xt = MatRef::rows(x, n, inputs).block(0..n, rows.clone()).t();
-                gemm_scaled(MatMut::rows(sum, rows.len(), units), xt, dzm, None, 1.0, 1);
+                let block = Block { x, dz, n, inputs, units, rows: rows.clone(), local: local.clone(), mask };
+                let sparse = block.dx(&mut columns, dx.as_mut(), w);
+                block.product(&columns, sparse, &mut sum[..len], None, 1.0);
             }
             let grads: Vec<&[f32]> = sums.chunks(block_len).map(|s| &s[..len]).collect();
             step.sub(local.start * units..local.end * units).apply_sum(w, &grads);
         }
     });
+}
+
+/// The kernel's rows cut into fixed blocks of [`BLOCK_ROWS`] and dealt to `parts` threads in
+/// contiguous runs, so that every product has the same shape on any number of threads.
+pub fn runs(inputs: usize, parts: usize) -> Vec<Range<usize>> {
+    partition(inputs.div_ceil(BLOCK_ROWS), parts)
+        .into_iter()
+        .map(|b| (b.start * BLOCK_ROWS).min(inputs)..(b.end * BLOCK_ROWS).min(inputs))
+        .collect()
+}
+
+/// One replica's products for one block of kernel rows: its input `x` (`n × inputs`), the
+/// gradient `dz` (`n × units`), the block's kernel `rows` (`local` within the thread's run),
+/// and whether `x` is a ReLU's output whose derivative `dx` goes through here.
+#[derive(Debug)]
+pub struct Block<'a> {
+    pub x: &'a [f32],
+    pub dz: &'a [f32],
+    pub n: usize,
+    pub inputs: usize,
+    pub units: usize,
+    pub rows: Range<usize>,
+    pub local: Range<usize>,
+    pub mask: bool,
+}
+
+impl Block<'_> {
+    /// Writes the block's columns of `dx`, if any, with the block's kernel rows `w`, and
+    /// returns whether the block walks the nonzeros of its columns of `x`
+    /// ([`sparse::backward_pays`]; only where ReLU's derivative or no `dx` lets the zeros go),
+    /// which `columns` then holds for [`Block::product`]. Otherwise gemm, and the mask after.
+    pub fn dx(&self, columns: &mut Columns, dx: Option<&mut ColumnBlock<'_>>, w: &[f32]) -> bool {
+        let (x, dz, n, inputs, units, rows) = (self.x, self.dz, self.n, self.inputs, self.units, &self.rows);
+        let mut dx = dx;
+        if (self.mask || dx.is_none())
+            && sparse::backward_pays(columns.count(x, n, inputs, rows.clone()), n * rows.len())
+        {
+            columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
+                if let Some(dx) = dx.as_mut() {
+                    let d = dx.row_mut(b, self.local.clone());
+                    sparse::masked_dx_row(d, idx, val, &dz[b * units..][..units], w, units);
+                }
+            });
+            return true;
+        }
+        if let Some(dx) = dx {
+            dx.gemm(self.local.clone(), MatRef::rows(dz, n, units), MatRef::rows(w, rows.len(), units).t(), 1.0);
+            if self.mask {
+                dx.for_each_row(self.local.clone(), |i, d| relu_mask(&x[i * inputs + rows.start..][..d.len()], d));
+            }
+        }
+        false
+    }
+
+    /// `target = keep·target + scale·g` with the block's `g = xᵀ · dz`, over the nonzeros
+    /// `columns` holds when [`Block::dx`] chose the walk (`sparse`), else with gemm.
+    pub fn product(&self, columns: &Columns, sparse: bool, target: &mut [f32], keep: Option<f32>, scale: f32) {
+        let (n, units) = (self.n, self.units);
+        if sparse {
+            columns.product(target, self.dz, units, keep, scale);
+            return;
+        }
+        let xt = MatRef::rows(self.x, n, self.inputs).block(0..n, self.rows.clone()).t();
+        let target = MatMut::rows(target, self.rows.len(), units);
+        gemm_scaled(target, xt, MatRef::rows(self.dz, n, units), keep, scale, 1);
+    }
 }

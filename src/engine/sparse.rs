@@ -217,8 +217,8 @@ pub struct Columns {
     vals: Vec<f32>,
     /// One row's nonzeros in the block.
     row: Nonzeros,
-    /// The number of nonzeros.
-    pub nonzeros: usize,
+    /// The number of nonzeros [`Columns::count`] counted.
+    nonzeros: usize,
 }
 
 impl Columns {
@@ -315,12 +315,7 @@ fn update_row<const N: usize>(
     scale: f32,
 ) {
     let mut acc = [0.0f32; N];
-    for (&b, &v) in idx.iter().zip(val) {
-        let row = &dz[b as usize * units + at..][..N];
-        for (a, r) in acc.iter_mut().zip(row) {
-            *a = v.mul_add(*r, *a);
-        }
-    }
+    sum_rows_fixed::<N>(&mut acc, idx, val, dz, units, at);
     combine(&mut t[..N], &acc, keep, scale);
 }
 

@@ -1,9 +1,9 @@
 //! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
 
 use crate::engine::activation;
-use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
+use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, split_rows};
 use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
-use crate::engine::meet::BLOCK_ROWS;
+use crate::engine::meet::{self, BLOCK_ROWS, Block};
 use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
@@ -302,12 +302,7 @@ fn kernel_blocks(
     mask: bool,
     threads: usize,
 ) {
-    let (xm, dz_rows, dz) = (MatRef::rows(x, n, inputs), dz, MatRef::rows(dz, n, units));
-    let blocks = inputs.div_ceil(BLOCK_ROWS);
-    let runs: Vec<Range<usize>> = partition(blocks, threads)
-        .into_iter()
-        .map(|b| (b.start * BLOCK_ROWS).min(inputs)..(b.end * BLOCK_ROWS).min(inputs))
-        .collect();
+    let runs = meet::runs(inputs, threads);
     let sinks = sink.split(&runs, units);
     let dxs: Vec<Option<ColumnBlock<'_>>> = match dx {
         Some(dx) => dx.split_cols(&runs).into_iter().map(Some).collect(),
@@ -318,32 +313,9 @@ fn kernel_blocks(
         for start in run.clone().step_by(BLOCK_ROWS) {
             let rows = start..(start + BLOCK_ROWS).min(run.end);
             let local = rows.start - run.start..rows.end - run.start;
-            if (mask || dx.is_none())
-                && sparse::backward_pays(columns.count(x, n, inputs, rows.clone()), n * rows.len())
-            {
-                let w = sink.kernel(local.clone(), units);
-                columns.fill(x, n, inputs, rows.clone(), |b, idx, val| {
-                    if let Some(dx) = dx.as_mut() {
-                        let d = dx.row_mut(b, local.clone());
-                        sparse::masked_dx_row(d, idx, val, &dz_rows[b * units..][..units], w, units);
-                    }
-                });
-                sink.take(local, units, |target, keep, scale| columns.product(target, dz_rows, units, keep, scale));
-                continue;
-            }
-            if let Some(dx) = dx.as_mut() {
-                let w = sink.kernel(local.clone(), units);
-                dx.gemm(local.clone(), dz, MatRef::rows(w, rows.len(), units).t(), 1.0);
-                if mask {
-                    dx.for_each_row(local.clone(), |i, d| {
-                        activation::relu_mask(&x[i * inputs + rows.start..][..d.len()], d)
-                    });
-                }
-            }
-            sink.take(local, units, |target, keep, scale| {
-                let xt = xm.block(0..n, rows.clone()).t();
-                gemm_scaled(MatMut::rows(target, rows.len(), units), xt, dz, keep, scale, 1)
-            });
+            let block = Block { x, dz, n, inputs, units, rows, local: local.clone(), mask };
+            let sparse = block.dx(&mut columns, dx.as_mut(), sink.kernel(local.clone(), units));
+            sink.take(local, units, |target, keep, scale| block.product(&columns, sparse, target, keep, scale));
         }
     });
 }
