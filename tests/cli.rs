@@ -34,6 +34,32 @@ fn check_plans_every_checked_in_spec() {
     }
 }
 
+/// A published dataset not yet downloaded is not an error for `check`, but it says so, and
+/// whether a run would fetch it or, offline, stop on it.
+#[test]
+fn check_says_which_data_files_a_run_would_download() {
+    let empty = common::tempdir();
+    let check = |offline: &str| {
+        let out = common::trainrun()
+            .args(["check", "specs/mnist_single.toml"])
+            .env("TRAINRUN_DATA_DIR", empty.path())
+            .env("TRAINRUN_OFFLINE", offline)
+            .output()
+            .expect("trainrun runs");
+        assert_exit(&out, 0);
+        let (stdout, _) = text(&out);
+        stdout.lines().find(|l| l.contains("data folder")).unwrap_or_default().to_string()
+    };
+    let online = check("0");
+    assert!(online.contains("not there yet: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz"), "{online}");
+    assert!(online.contains("a run downloads them first"), "{online}");
+    let offline = check("1");
+    assert!(offline.contains("missing: train-images-idx3-ubyte.gz") && offline.contains("TRAINRUN_OFFLINE is set"));
+    let (stdout, _) = text(&run(&["check", "specs/mnist_single.toml"]));
+    let present = stdout.lines().find(|l| l.contains("data folder")).unwrap_or_default();
+    assert!(!present.contains('('), "the real data is all there: {present}");
+}
+
 #[test]
 fn check_shows_the_multiworker_arithmetic() {
     let out = run(&["check", "specs/mnist_multiworker.toml"]);
