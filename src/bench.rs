@@ -12,6 +12,7 @@
 pub mod augment;
 mod gpt;
 mod kill;
+mod tls;
 mod tta;
 
 use crate::data::Batch;
@@ -38,6 +39,9 @@ pub enum Part {
     Tta,
     /// Time to 98 % under `parameter_server` against `multi_worker_mirrored`, seed by seed.
     ParameterServer,
+    /// Mutual TLS against plain TCP on the two-worker tutorial job, alternating (needs the
+    /// MNIST files).
+    Tls,
 }
 
 /// One measurement.
@@ -232,6 +236,7 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
         Some(Part::Mirrored) => return mirrored(&exe),
         Some(Part::Tta) => return tta::one_process(&exe, &python),
         Some(Part::ParameterServer) => return tta::parameter_server(&exe),
+        Some(Part::Tls) => return tls::run(&exe, if quick { 2 } else { 8 }),
         None => {}
     }
     engine(steps)?;
@@ -254,7 +259,8 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
         return Ok(());
     }
     tta::one_process(&exe, &python)?;
-    tta::parameter_server(&exe)
+    tta::parameter_server(&exe)?;
+    tls::run(&exe, 8)
 }
 
 /// The tutorial model's step on seeded random images, every batch, thread count and update.

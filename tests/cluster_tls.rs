@@ -205,6 +205,9 @@ fn a_two_worker_job_over_tls_trains_the_same_weights_as_plain_tcp() {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         common::assert_exit(&common::run(&args), 0);
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(summary["transport"], if tls { "tcp_tls" } else { "tcp" }, "the run folder says how gradients went");
         weights.push(common::weights(&out_dir.join("model.safetensors")));
     }
     assert_eq!(weights[0], weights[1], "TLS changes how gradients travel, not what they sum to");

@@ -12,6 +12,7 @@
 //! on its own thread. Requests carry the job's token ([`JobToken`]).
 
 mod auth;
+pub mod certs;
 mod client;
 mod coordinator;
 mod error;

@@ -65,6 +65,10 @@ pub trait Communicator: Send {
     fn barrier(&mut self) -> Result<(), CollectiveError>;
     /// How gradients travel.
     fn transport(&self) -> TransportKind;
+    /// Whether they travel under TLS.
+    fn encrypted(&self) -> bool {
+        false
+    }
     /// The transport's own gradient buffer, when backward can write into it directly and
     /// [`Communicator::all_reduce_arena`] sums it in place (zero-copy shared memory); `None`
     /// when gradients live in the caller's buffer.
@@ -279,6 +283,13 @@ impl Communicator for Collective {
         match self {
             Collective::SharedMemory(c) => c.transport(),
             Collective::TcpRing(c) => c.transport(),
+        }
+    }
+
+    fn encrypted(&self) -> bool {
+        match self {
+            Collective::SharedMemory(c) => c.encrypted(),
+            Collective::TcpRing(c) => c.encrypted(),
         }
     }
 

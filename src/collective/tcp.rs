@@ -50,6 +50,8 @@ pub struct TcpRing {
     seq: u64,
     staging: Vec<u64>,
     broken: Option<String>,
+    /// Links upgraded to mutual TLS (`cluster.tls`).
+    encrypted: bool,
 }
 
 impl TcpRing {
@@ -69,6 +71,7 @@ impl TcpRing {
             seq: 0,
             staging: Vec::new(),
             broken: None,
+            encrypted: opts.tls.is_some(),
             peers,
         };
         if ring.peers.world() == 1 {
@@ -216,6 +219,10 @@ impl Communicator for TcpRing {
 
     fn transport(&self) -> super::TransportKind {
         super::TransportKind::Tcp
+    }
+
+    fn encrypted(&self) -> bool {
+        self.encrypted
     }
 
     fn overlaps_backward(&self) -> bool {

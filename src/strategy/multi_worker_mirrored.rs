@@ -199,7 +199,8 @@ impl Strategy for MultiWorkerMirrored {
     }
 
     fn transport(&self) -> Option<&'static str> {
-        self.job.as_ref().and_then(|j| j.comm.as_deref()).map(|c| c.transport().name())
+        let comm = self.job.as_ref().and_then(|j| j.comm.as_deref())?;
+        Some(if comm.encrypted() { "tcp_tls" } else { comm.transport().name() })
     }
 
     fn finish(&mut self) -> Result<(), StrategyError> {

@@ -251,7 +251,8 @@ pub struct Summary {
     pub num_replicas_in_sync: usize,
     /// Worker processes that trained.
     pub num_workers: usize,
-    /// How gradients travelled between workers (`shared_memory`, `tcp`), if they did.
+    /// How gradients travelled between workers (`shared_memory`, `tcp`, or `tcp_tls` under
+    /// `cluster.tls`), if they did.
     pub transport: Option<&'static str>,
     /// The step of the backup this run resumed from, if it did.
     pub resumed_from_step: Option<u64>,
