@@ -1,5 +1,5 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `eval`, `sweep`, `report`, `manifest`, `schema` and `bench` are the only other
+//! `check`, `eval`, `sweep`, `report`, `manifest`, `certs`, `schema` and `bench` are the only other
 //! commands.
 
 use crate::exit::{Exit, RunError};
@@ -101,6 +101,27 @@ enum Command {
         #[arg(long)]
         namespace: Option<String>,
     },
+    /// Make the TLS files cluster.tls names (a CA, and one certificate it signs for every name
+    /// the tasks reach each other by where the job runs), into a folder.
+    Certs {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The folder to write ca.crt, tls.crt and tls.key into (existing files are kept).
+        #[arg(long)]
+        out: PathBuf,
+        /// Where the job runs (default: where the spec's [cluster] says).
+        #[arg(long = "for", value_enum)]
+        target: Option<crate::deploy::Target>,
+        /// The Kubernetes namespace (TFJob task names carry it).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Another host name, IP address or `*.` wildcard to cover (repeatable).
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Days the certificates are valid.
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=3650))]
+        days: u32,
+    },
     /// Print the JSON Schema of specs (editors validate `#:schema` spec files with it).
     Schema,
     /// Measure training throughput of the tutorial model (batch 64 and 128, 1 and 2 threads).
@@ -172,6 +193,10 @@ pub fn main() -> ExitCode {
         Some(Command::Manifest { spec, target, image, namespace }) => {
             invocation(spec, false, None).and_then(|inv| crate::deploy::run(&inv, target, image, namespace))
         }
+        Some(Command::Certs { spec, out, target, namespace, names, days }) => {
+            let options = crate::deploy::certs::CertsOptions { target, namespace, names, days };
+            invocation(spec, false, None).and_then(|inv| crate::deploy::certs::run(&inv, &options, &out))
+        }
         Some(Command::Schema) => {
             print!("{}", crate::spec::schema_json());
             Ok(())
@@ -222,6 +247,12 @@ mod tests {
                 "--task",
                 "bench --only",
                 "bench --quick",
+                "certs --days",
+                "certs --for",
+                "certs --name",
+                "certs --namespace",
+                "certs --out",
+                "certs --set",
                 "check --json",
                 "check --set",
                 "eval --checkpoint",

@@ -212,3 +212,41 @@ fn a_two_worker_job_over_tls_trains_the_same_weights_as_plain_tcp() {
     }
     assert_eq!(weights[0], weights[1], "TLS changes how gradients travel, not what they sum to");
 }
+
+/// `trainrun certs` makes files for the spec's own cluster (this host) that a two-worker job
+/// runs over, and will not overwrite them.
+#[test]
+fn certs_from_trainrun_carry_the_two_worker_job() {
+    let dir = common::tempdir();
+    let tls = dir.path().join("tls");
+    let spec = "specs/mnist_multiworker.toml";
+    let out = common::run(&["certs", spec, "--out", &tls.display().to_string(), "--days", "2"]);
+    common::assert_exit(&out, 0);
+    let (said, _) = common::text(&out);
+    assert!(said.contains("  localhost\n  127.0.0.1\n") && said.contains("cluster.tls = {"), "{said}");
+    let files = TaskFiles { cert: tls.join("tls.crt"), key: tls.join("tls.key"), ca: tls.join("ca.crt") };
+    let out_dir = dir.path().join("run");
+    let out = common::run(&[
+        spec,
+        "--quiet",
+        "--set",
+        "strategy.communication.transport=\"tcp\"",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=5",
+        "--set",
+        &files.set(),
+        "--set",
+        &format!("run.out_dir=\"{}\"", out_dir.display()),
+    ]);
+    common::assert_exit(&out, 0);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["transport"], "tcp_tls");
+    let key = std::fs::read(&files.key).unwrap();
+    let again = common::run(&["certs", spec, "--out", &tls.display().to_string()]);
+    common::assert_exit(&again, 1);
+    assert!(common::text(&again).1.contains("exists already; nothing was overwritten"), "{:?}", common::text(&again));
+    assert_eq!(std::fs::read(&files.key).unwrap(), key);
+}

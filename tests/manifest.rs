@@ -62,6 +62,32 @@ fn the_command_line_takes_image_namespace_and_overrides() {
     assert!(common::text(&out).1.contains("did you mean `volume`?"), "{:?}", common::text(&out));
 }
 
+/// `trainrun certs` names the tasks as each scheduler's tasks reach each other, and asks for
+/// names under Slurm, whose nodes are known only when the job starts.
+#[test]
+fn certs_name_the_tasks_where_the_job_runs() {
+    let dir = common::tempdir();
+    let certs = |args: &[&str], out: &str| {
+        let out_dir = dir.path().join(out).display().to_string();
+        let all: Vec<&str> = [&["certs"][..], args, &["--out", &out_dir]].concat();
+        common::run(&all)
+    };
+    let out = certs(&[FULL, "--for", "tfjob", "--namespace", "ml"], "tfjob");
+    common::assert_exit(&out, 0);
+    let (said, _) = common::text(&out);
+    for name in ["full-job-chief-0.ml.svc", "full-job-worker-1.ml.svc", "full-job-evaluator-0.ml.svc"] {
+        assert!(said.lines().any(|l| l.trim() == name), "{name} in\n{said}");
+    }
+    assert!(said.contains("kubectl create secret generic"), "{said}");
+    let out = certs(&[WORKERS, "--for", "slurm"], "slurm");
+    common::assert_exit(&out, 2);
+    assert!(common::text(&out).1.contains("--name node01"), "{:?}", common::text(&out));
+    assert!(!dir.path().join("slurm/tls.key").exists(), "nothing written on a refusal");
+    let out = certs(&[WORKERS, "--for", "slurm", "--name", "*.hpc.example", "--name", "10.1.2.3"], "slurm");
+    common::assert_exit(&out, 0);
+    assert!(common::text(&out).0.contains("  *.hpc.example\n  10.1.2.3\n"), "{:?}", common::text(&out));
+}
+
 /// The program if it runs, else a loud skip.
 fn tool(name: &str) -> bool {
     let found = Command::new(name).arg("--help").output().is_ok_and(|o| o.status.success());

@@ -253,13 +253,14 @@ fn an_indexed_job_in_network_namespaces_trains_like_the_local_launcher_and_survi
     common::assert_exit(&out, 0);
     let reference = common::weights(&local.join("model.safetensors"));
 
-    // The certificates a `<job>-tls` Secret would hold, naming each pod as the others reach it.
+    // The files of the `<job>-tls` Secret, made as a user would: `trainrun certs --for
+    // kubernetes` names each pod as the others reach it.
     let tls = dir.path().join("tls-secret");
-    std::fs::create_dir_all(&tls).unwrap();
-    let ca = common::certs::Ca::new(&tls, "ca");
     let names: Vec<String> = (0..2).map(|i| format!("netns-job-{i}.netns-job")).collect();
-    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    ca.task(&tls, "tls", &name_refs);
+    let out = common::run(&["certs", SPEC, "--for", "kubernetes", "--out", &tls.display().to_string()]);
+    common::assert_exit(&out, 0);
+    let (said, _) = common::text(&out);
+    assert!(names.iter().all(|n| said.lines().any(|l| l.trim() == n)), "the pods' names:\n{said}");
 
     for (round, kill) in [(0, false), (1, true)] {
         let tls_set = "cluster.tls={ cert_file = \"x\", key_file = \"x\", ca_file = \"x\" }";

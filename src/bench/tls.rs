@@ -12,7 +12,7 @@ const SPEC: &str = "specs/mnist_multiworker.toml";
 pub(super) fn run(exe: &Path, pairs: usize) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("no temporary folder: {e}"))?;
     let names = ["localhost".to_string(), "127.0.0.1".to_string()];
-    let files = crate::cluster::certs::write(dir.path(), "bench", &names).map_err(|e| e.to_string())?;
+    let files = crate::cluster::certs::write(dir.path(), "bench", &names, 1).map_err(|e| e.to_string())?;
     let tls = format!(
         "cluster.tls={{ cert_file = {:?}, key_file = {:?}, ca_file = {:?} }}",
         files.cert.display().to_string(),

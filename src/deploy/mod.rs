@@ -6,6 +6,7 @@
 //! in the sbatch script) with the run name fixed, so pods and Slurm tasks agree on it whatever
 //! the file is called where it lands.
 
+pub mod certs;
 mod kubernetes;
 mod slurm;
 mod tfjob;
