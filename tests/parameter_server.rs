@@ -88,7 +88,7 @@ fn the_chief_evaluates_the_pulled_variables_every_n_steps() {
 /// bit for bit, with optimizer state (momentum, Adam's moments) living on the ps, whether
 /// pulls and pushes go through shared memory (the default on one host) or TCP.
 #[test]
-fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
+fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit_also_over_tls() {
     let steps = ["--set", "train.epochs=2", "--set", "train.steps_per_epoch=15"];
     for optimizer in [
         "optimizer={ kind = \"sgd\", learning_rate = 0.05, momentum = 0.9 }",
@@ -101,15 +101,30 @@ fn one_worker_and_one_ps_equal_the_default_strategy_bit_for_bit() {
         b.extend(steps);
         assert_exit(&run(&b), 0);
         let s_one = json(&one.path().join("summary.json"));
-        for (transport, shared) in [("auto", 1), ("tcp", 0)] {
+        // Under cluster.tls every data-plane connection is sealed too: the same bits.
+        let certs = tempdir();
+        let tls_dir = certs.path().join("tls");
+        assert_exit(&run(&["certs", "specs/mnist_parameter_server.toml", "--out", &tls_dir.display().to_string()]), 0);
+        let file = |f: &str| tls_dir.join(f).display().to_string();
+        let tls = format!(
+            "cluster.tls={{ cert_file = {:?}, key_file = {:?}, ca_file = {:?} }}",
+            file("tls.crt"),
+            file("tls.key"),
+            file("ca.crt")
+        );
+        for (transport, shared, sealed) in [("auto", 1, false), ("tcp", 0, false), ("tcp", 0, true)] {
             let ps = tempdir();
             let (o_ps, t) = (out(ps.path()), format!("strategy.transport=\"{transport}\""));
             let mut a = vec!["specs/mnist_parameter_server.toml", "-q", "--set", &o_ps, "--set", optimizer];
             a.extend(["--set", "cluster={ chief = 1, worker = 1, ps = 1 }", "--set", &t]);
+            if sealed {
+                a.extend(["--set", &tls]);
+            }
             a.extend(steps);
             assert_exit(&run(&a), 0);
             let s_ps = json(&ps.path().join("summary.json"));
             assert_eq!(s_ps["steps"], 30);
+            assert_eq!(s_ps["transport"], if sealed { "tcp_tls" } else { "tcp" });
             assert_eq!(s_ps["parameter_server"]["shared_memory_workers_per_ps"], serde_json::json!([shared]), "{s_ps}");
             assert_eq!(s_ps["weights_sha256"], s_one["weights_sha256"], "{optimizer} {transport}\n{s_ps}\n{s_one}");
         }

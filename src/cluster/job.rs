@@ -55,6 +55,10 @@ pub struct DataPlane {
     pub addresses: BTreeMap<TaskId, SocketAddr>,
     /// The job token's hash, which every connection's hello carries.
     pub token: u64,
+    /// Mutual TLS for every connection (`cluster.tls`), and each task's host as the cluster
+    /// names it, which its certificate must carry.
+    pub tls: Option<crate::collective::RingTls>,
+    pub hosts: BTreeMap<TaskId, String>,
 }
 
 /// This task's place in a running job.
@@ -168,7 +172,9 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
             Some(_) | None => data,
         };
         let token = job_token_hash(config.token.as_str());
-        let data = DataPlane { listener: data, addresses, token };
+        let hosts = roster.members.iter().map(|m| (m.task, host_of(&m.address).to_owned())).collect();
+        let tls = config.tls.as_ref().map(|t| t.ring().clone());
+        let data = DataPlane { listener: data, addresses, token, tls, hosts };
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: Some(data) });
     }
     let workers: Vec<_> = roster.members.iter().filter(|m| matches!(m.task.role, Role::Chief | Role::Worker)).collect();

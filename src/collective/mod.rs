@@ -43,6 +43,7 @@ pub use group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use shm::{ArenaReducer, ShmCommunicator, ShmOptions};
 pub use tcp::{TcpOptions, TcpRing};
 pub use tls::{PemError, PemFile, RingTls, TlsPeers};
+pub(crate) use tls::{Wire, secure_link};
 
 use sha2::{Digest, Sha256};
 use std::time::Duration;

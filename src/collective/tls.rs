@@ -328,6 +328,37 @@ pub(crate) fn upgrade(
     Ok((out.into_wire().map_err(Upgrade::Next)?, inc.into_wire().map_err(Upgrade::Prev)?))
 }
 
+/// One link's TLS handshake, for a connection that is not a ring link (the parameter-server
+/// data plane): the dialing side is the client and checks that the peer's certificate names
+/// `name` (`Some`); the accepting side (`None`) is the server. Returns the sealed link, its
+/// socket blocking again.
+pub(crate) fn secure_link(
+    tls: &RingTls,
+    sock: TcpStream,
+    name: Option<&str>,
+    within: Duration,
+) -> Result<Wire, String> {
+    sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let conn: Connection = match name {
+        Some(name) => {
+            let server = ServerName::try_from(name.to_owned())
+                .map_err(|e| format!("`{name}` is not a host name TLS can check ({e})"))?;
+            ClientConnection::new(tls.client.clone(), server).map_err(|e| format!("TLS failed: {e}"))?.into()
+        }
+        None => ServerConnection::new(tls.server.clone()).map_err(|e| format!("TLS failed: {e}"))?.into(),
+    };
+    let mut link = Handshake { conn, sock, confirmed: false };
+    let deadline = Instant::now() + within;
+    while !link.progress()? {
+        if Instant::now() >= deadline {
+            return Err(format!("the TLS handshake did not finish within {:.1} s", within.as_secs_f64()));
+        }
+        wait_any(&[&link.sock], Duration::from_millis(10));
+    }
+    link.sock.set_nonblocking(false).map_err(|e| e.to_string())?;
+    link.into_wire()
+}
+
 fn wait_any(socks: &[&TcpStream], limit: Duration) {
     let mut fds: Vec<libc::pollfd> =
         socks.iter().map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();

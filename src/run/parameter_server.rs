@@ -43,6 +43,7 @@ pub fn ps(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> 
         token: data.token,
         task,
         timeout: plan.cluster.timeout,
+        tls: data.tls,
     };
     let served = pool(plan.threads)?.install(|| server::serve(task_data));
     job.plane.shutdown();
@@ -55,8 +56,9 @@ pub fn worker(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunErr
     watch_stops(inv, plan);
     let dataset = Arc::new(load_data(inv, plan)?);
     let (job, data) = enter(inv, p, task)?;
-    let ps = data.addresses.iter().filter(|(t, _)| t.role == Role::Ps).map(|(t, a)| (*t, *a)).collect();
-    let me = steps::WorkerTask { index: task.index, listener: data.listener, ps, token: data.token };
+    let host = |t: &TaskId| data.hosts.get(t).cloned().unwrap_or_default();
+    let ps = data.addresses.iter().filter(|(t, _)| t.role == Role::Ps).map(|(t, a)| (*t, *a, host(t))).collect();
+    let me = steps::WorkerTask { index: task.index, listener: data.listener, ps, token: data.token, tls: data.tls };
     let served = pool(plan.threads)?.install(|| steps::serve(plan, dataset, me));
     job.plane.shutdown();
     Ok(served?)

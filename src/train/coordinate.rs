@@ -13,8 +13,8 @@ use super::record::{MetricsEvent, MetricsLine, ParameterServerStats, RunDir, Sum
 use super::resume::ResumePoint;
 use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
-use crate::cluster::Role;
 use crate::cluster::job::DataPlane;
+use crate::cluster::{Role, TaskId};
 use crate::data::{Cursor, EvalBatches};
 use crate::engine::BatchStats;
 use crate::plan::Plan;
@@ -39,6 +39,8 @@ struct Job {
     scheduled_steps: u64,
     /// Steps each worker had completed before this run (from the backup resumed).
     resumed_worker_steps: Vec<u64>,
+    /// Every connection runs under mutual TLS (`cluster.tls`).
+    encrypted: bool,
 }
 
 fn remote(e: impl ToString) -> TrainError {
@@ -52,23 +54,26 @@ impl Job {
     fn start(plan: &Plan, session: &Session, data: &DataPlane, worker_steps: &[u64]) -> Result<Self, TrainError> {
         let ps_plan = plan.parameter_server.as_ref().ok_or_else(|| remote("the plan has no parameter servers"))?;
         let layout = Layout::new(ps_plan, &session.tensors, &session.state_tensors).map_err(remote)?;
-        let of = |role| data.addresses.iter().filter(move |(t, _)| t.role == role).map(|(t, a)| (*t, *a));
+        let host = |t: &TaskId| data.hosts.get(t).cloned().unwrap_or_default();
+        let of = |role| data.addresses.iter().filter(move |(t, _)| t.role == role).map(|(t, a)| (*t, *a, host(t)));
         let ps: Vec<_> = of(Role::Ps).collect();
         let (startup, timeout) = (plan.cluster.startup_timeout, plan.cluster.timeout);
-        let mut servers = Servers::connect(layout, &ps, data.token, startup, timeout)?;
+        let mut servers = Servers::connect(layout, &ps, data.token, (startup, timeout), data.tls.as_ref())?;
         servers.set(&session.vars, &session.optimizer)?;
         let rates = Arc::new(Mutex::new(Rates::default()));
         let report = Arc::new(Mutex::new(Report::default()));
         let mut workers = Vec::new();
         let mut resumed_worker_steps = Vec::new();
-        for (i, (t, addr)) in of(Role::Worker).enumerate() {
+        for (i, (t, addr, host)) in of(Role::Worker).enumerate() {
             let (r, s) = (Arc::clone(&rates), Arc::clone(&report));
             let done = worker_steps.get(i).copied().unwrap_or(0);
             resumed_worker_steps.push(done);
-            workers.push(RemoteWorker::connect(t, addr, data.token, (startup, timeout), done, (r, s))?);
+            let (at, auth) = ((addr, host), (data.token, data.tls.clone()));
+            workers.push(RemoteWorker::connect(t, at, auth, (startup, timeout), done, (r, s))?);
         }
         let coordinator = Coordinator::new(workers, ps_plan.queue_size, ps_plan.max_staleness);
-        Ok(Self { servers, coordinator, rates, report, scheduled_steps: 0, resumed_worker_steps })
+        let encrypted = data.tls.is_some();
+        Ok(Self { servers, coordinator, rates, report, scheduled_steps: 0, resumed_worker_steps, encrypted })
     }
 
     /// The steps each worker has completed, this run and before it.
@@ -406,6 +411,7 @@ impl Loop<'_> {
     ) -> Result<Summary, TrainError> {
         let (plan, step) = (self.plan, self.step);
         let ps_stats = self.job.stats(&self.staleness);
+        let transport = if self.job.encrypted { "tcp_tls" } else { "tcp" };
         leave(self.job)?;
         let final_eval = match self.last_eval {
             Some((s, e)) if s == step => Some(e),
@@ -436,7 +442,7 @@ impl Loop<'_> {
                 input_wait_s: 0.0,
                 steady_examples_per_s: steady,
                 weights_sha256: weights_sha256(&session.vars),
-                transport: Some("tcp"),
+                transport: Some(transport),
                 resumed_from_step,
                 saves,
                 parameter_server: Some(ps_stats),

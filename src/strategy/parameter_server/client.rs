@@ -4,8 +4,9 @@
 
 use super::coordinator::{Closure, Failure, Worker};
 use super::layout::{Layout, gather, gather_trainable, scatter, scatter_trainable};
-use super::wire::{Conn, Frame, Tag, peer_error};
+use super::wire::{Conn, Frame, Secure, Tag, peer_error};
 use crate::cluster::TaskId;
+use crate::collective::RingTls;
 use crate::engine::{BatchStats, Optimizer};
 use crate::strategy::{StrategyError, Variables};
 use std::collections::BTreeMap;
@@ -23,17 +24,19 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Dials every ps of `ps` (by index) until `startup`; answers wait `timeout` at most.
+    /// Dials every ps of `ps` (by index, with its host) until `startup`, over TLS with `tls`;
+    /// answers wait `timeout` at most.
     pub fn connect(
         layout: Layout,
-        ps: &[(TaskId, SocketAddr)],
+        ps: &[(TaskId, SocketAddr, String)],
         token: u64,
-        startup: Duration,
-        timeout: Duration,
+        (startup, timeout): (Duration, Duration),
+        tls: Option<&RingTls>,
     ) -> Result<Self, StrategyError> {
         let mut conns = Vec::new();
-        for (t, addr) in ps {
-            let conn = Conn::dial(*addr, token, startup, timeout)
+        for (t, addr, host) in ps {
+            let secure = tls.map(|tls| (Secure { tls, within: startup }, host.as_str()));
+            let conn = Conn::dial(*addr, token, startup, timeout, secure)
                 .map_err(|e| StrategyError::Remote(peer_error(*t, "the connection", &e, timeout)))?;
             conns.push((*t, conn));
         }
@@ -128,6 +131,9 @@ pub struct RemoteWorker {
     task: TaskId,
     addr: SocketAddr,
     token: u64,
+    /// Its host as the cluster names it, which its certificate must carry under `tls`.
+    host: String,
+    tls: Option<RingTls>,
     /// How long a restarted worker may take to start and listen again (the startup timeout).
     startup: Duration,
     timeout: Duration,
@@ -139,19 +145,28 @@ pub struct RemoteWorker {
 }
 
 impl RemoteWorker {
-    /// Dials worker `task` at `addr`, which has completed `done` steps (in runs before this
-    /// one); closures read their rates from `rates` and add what they found to `report`.
+    /// Dials worker `task` at `addr` on `host` (over TLS with `tls`), which has completed
+    /// `done` steps (in runs before this one); closures read their rates from `rates` and add
+    /// what they found to `report`.
     pub fn connect(
         task: TaskId,
-        addr: SocketAddr,
-        token: u64,
+        (addr, host): (SocketAddr, String),
+        (token, tls): (u64, Option<RingTls>),
         (startup, timeout): (Duration, Duration),
         done: u64,
         (rates, report): (Arc<Mutex<Rates>>, Arc<Mutex<Report>>),
     ) -> Result<Self, StrategyError> {
-        let conn = Conn::dial(addr, token, startup, timeout)
-            .map_err(|e| StrategyError::Remote(peer_error(task, "the connection", &e, timeout)))?;
-        Ok(Self { task, addr, token, startup, timeout, conn: Some(conn), done, rates, report })
+        let mut worker = Self { task, addr, token, host, tls, startup, timeout, conn: None, done, rates, report };
+        let conn =
+            worker.dial(startup).map_err(|e| StrategyError::Remote(peer_error(task, "the connection", &e, timeout)))?;
+        worker.conn = Some(conn);
+        Ok(worker)
+    }
+
+    /// Dials the worker, trying until `within`.
+    fn dial(&self, within: Duration) -> std::io::Result<Conn> {
+        let secure = self.tls.as_ref().map(|tls| (Secure { tls, within: self.startup }, self.host.as_str()));
+        Conn::dial(self.addr, self.token, within, self.timeout, secure)
     }
 
     /// Tells the worker that training is over.
@@ -220,7 +235,7 @@ impl Worker for RemoteWorker {
         // left out, and the others run its share.
         let deadline = Instant::now() + self.startup;
         while Instant::now() < deadline && !give_up() {
-            if let Ok(conn) = Conn::dial(self.addr, self.token, Duration::ZERO, self.timeout) {
+            if let Ok(conn) = self.dial(Duration::ZERO) {
                 self.conn = Some(conn);
                 return true;
             }

@@ -7,8 +7,9 @@
 
 use super::layout::Piece;
 use super::shared::Shared;
-use super::wire::{Conn, Frame, Tag, text_of};
+use super::wire::{Conn, Frame, Secure, Tag, text_of};
 use crate::cluster::{Role, TaskId};
+use crate::collective::RingTls;
 use crate::engine::Optimizer;
 use std::net::TcpListener;
 use std::path::Path;
@@ -29,8 +30,11 @@ pub struct PsTask {
     pub token: u64,
     /// This task.
     pub task: TaskId,
-    /// How long a worker on this host may take to join a shared-memory segment it offered.
+    /// How long a worker on this host may take to join a shared-memory segment it offered
+    /// (and a peer to finish its TLS handshake).
     pub timeout: Duration,
+    /// Mutual TLS on every connection (`cluster.tls`).
+    pub tls: Option<RingTls>,
 }
 
 /// Who answers a connection, for the segments its peer may offer.
@@ -71,9 +75,11 @@ pub fn serve(task: PsTask) -> std::io::Result<()> {
                 stream.set_nonblocking(false)?;
                 let (held, done) = (Arc::clone(&held), Arc::clone(&done));
                 let me = Me { task: task.task, token: task.token, timeout: task.timeout };
+                let tls = task.tls.clone();
                 threads.push(std::thread::spawn(move || {
+                    let secure = tls.as_ref().map(|tls| Secure { tls, within: me.timeout });
                     // A stranger refused, or a peer gone: only that connection ends.
-                    if let Ok(conn) = Conn::accept(stream, me.token, None) {
+                    if let Ok(conn) = Conn::accept(stream, me.token, None, secure) {
                         let _ = answer(conn, &held, &done, me);
                     }
                 }));

@@ -141,7 +141,7 @@ mod tests {
         let within = Duration::from_secs(10);
         let server = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
-            let mut conn = Conn::accept(stream, token, Some(within)).unwrap();
+            let mut conn = Conn::accept(stream, token, Some(within), None).unwrap();
             let offer = conn.read().unwrap();
             assert_eq!((offer.tag, offer.ints.as_slice()), (Tag::Share, &[5u64, 3][..]));
             let mut shared = Shared::accept(Path::new(&offer.text()), 5, (ps, worker), token, within).unwrap();
@@ -154,7 +154,7 @@ mod tests {
             conn.write(&Frame::new(Tag::Ok, Vec::new(), Vec::new())).unwrap();
             pushed
         });
-        let mut conn = Conn::dial(addr, token, within, within).unwrap();
+        let mut conn = Conn::dial(addr, token, within, within, None).unwrap();
         assert!(conn.same_host());
         let mut shared = Shared::offer(&mut conn, (worker, ps), 5, token, within)
             .expect("shared memory on loopback")

@@ -7,12 +7,18 @@
 //! opens with a hello carrying the job token's hash, refused with a reason when it differs,
 //! and every read and write has the cluster's timeout, so a dead peer is an error naming it.
 //!
+//! Under `cluster.tls` each connection is upgraded to mutual TLS before its hello, as the
+//! ring's links are: the dialing task checks that the peer's certificate names the host the
+//! cluster gives it, and values, gradients and the token's hash travel in TLS 1.3 records.
+//!
 //! A frame is `tag: u32, ints: u32, floats: u32`, then `ints` little-endian `u64`s and
 //! `floats` little-endian `f32`s.
 
 use crate::cluster::TaskId;
+use crate::collective::{RingTls, Wire};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TRAINPS1");
@@ -98,25 +104,101 @@ pub struct Head {
     pub floats: usize,
 }
 
+/// The reader's or the writer's end of a connection: the socket itself (plain TCP clones
+/// it), or a handle on the TLS link, which needs both ways in one place.
+enum Half {
+    Plain(TcpStream),
+    Sealed(Arc<Mutex<Wire>>),
+}
+
+impl Half {
+    fn tcp<R>(&self, f: impl FnOnce(&TcpStream) -> R) -> R {
+        match self {
+            Half::Plain(s) => f(s),
+            Half::Sealed(w) => f(w.lock().unwrap_or_else(PoisonError::into_inner).tcp()),
+        }
+    }
+}
+
+impl Read for Half {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Half::Plain(s) => s.read(buf),
+            Half::Sealed(w) => w.lock().unwrap_or_else(PoisonError::into_inner).read(buf),
+        }
+    }
+}
+
+impl Write for Half {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Half::Plain(s) => s.write(buf),
+            Half::Sealed(w) => w.lock().unwrap_or_else(PoisonError::into_inner).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Half::Plain(s) => s.flush(),
+            Half::Sealed(w) => w.lock().unwrap_or_else(PoisonError::into_inner).flush(),
+        }
+    }
+}
+
+/// Mutual TLS for one connection: this task's configuration and, on the dialing side, the
+/// host name the peer's certificate must carry.
+#[derive(Clone, Copy)]
+pub struct Secure<'a> {
+    pub tls: &'a RingTls,
+    pub within: Duration,
+}
+
+impl Secure<'_> {
+    fn link(&self, stream: TcpStream, name: Option<&str>) -> io::Result<Arc<Mutex<Wire>>> {
+        let wire = crate::collective::secure_link(self.tls, stream, name, self.within)
+            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, format!("TLS: {e}")))?;
+        Ok(Arc::new(Mutex::new(wire)))
+    }
+}
+
 /// One open connection to or from a peer.
 pub struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    reader: BufReader<Half>,
+    writer: BufWriter<Half>,
     bytes: Vec<u8>,
 }
 
 impl Conn {
-    fn new(stream: TcpStream, timeout: Option<Duration>) -> io::Result<Self> {
+    /// `stream` with its timeouts, upgraded to TLS with `secure` (`name`: the peer's host,
+    /// when this side dialed).
+    fn new(
+        stream: TcpStream,
+        timeout: Option<Duration>,
+        secure: Option<(Secure<'_>, Option<&str>)>,
+    ) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
         stream.set_write_timeout(timeout)?;
-        let writer = BufWriter::with_capacity(1 << 20, stream.try_clone()?);
-        Ok(Self { reader: BufReader::with_capacity(1 << 20, stream), writer, bytes: Vec::new() })
+        let (reader, writer) = match secure {
+            None => (Half::Plain(stream.try_clone()?), Half::Plain(stream)),
+            Some((secure, name)) => {
+                let link = secure.link(stream, name)?;
+                (Half::Sealed(Arc::clone(&link)), Half::Sealed(link))
+            }
+        };
+        let writer = BufWriter::with_capacity(1 << 20, writer);
+        Ok(Self { reader: BufReader::with_capacity(1 << 20, reader), writer, bytes: Vec::new() })
     }
 
-    /// Dials `addr` until `within`, then says hello with `token`; every later read and write
-    /// fails after `timeout`.
-    pub fn dial(addr: SocketAddr, token: u64, within: Duration, timeout: Duration) -> io::Result<Self> {
+    /// Dials `addr` until `within`, over TLS to `host` with `secure`, then says hello with
+    /// `token`; every later read and write fails after `timeout`.
+    pub fn dial(
+        addr: SocketAddr,
+        token: u64,
+        within: Duration,
+        timeout: Duration,
+        secure: Option<(Secure<'_>, &str)>,
+    ) -> io::Result<Self> {
         let deadline = Instant::now() + within;
         let stream = loop {
             match TcpStream::connect_timeout(&addr, timeout) {
@@ -125,16 +207,21 @@ impl Conn {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         };
-        let mut conn = Self::new(stream, Some(timeout))?;
+        let mut conn = Self::new(stream, Some(timeout), secure.map(|(s, host)| (s, Some(host))))?;
         conn.call(&Frame::new(Tag::Hello, vec![MAGIC, VERSION, token], Vec::new()))?;
         Ok(conn)
     }
 
-    /// Takes an accepted stream: reads the hello and answers it; a stranger (another job's
-    /// task, another version) is refused with the reason and `Err` is returned. Reads wait
-    /// `timeout` at most (`None`: for ever).
-    pub fn accept(stream: TcpStream, token: u64, timeout: Option<Duration>) -> io::Result<Self> {
-        let mut conn = Self::new(stream, timeout)?;
+    /// Takes an accepted stream (over TLS with `secure`): reads the hello and answers it; a
+    /// stranger (another job's task, another version) is refused with the reason and `Err` is
+    /// returned. Reads wait `timeout` at most (`None`: for ever).
+    pub fn accept(
+        stream: TcpStream,
+        token: u64,
+        timeout: Option<Duration>,
+        secure: Option<Secure<'_>>,
+    ) -> io::Result<Self> {
+        let mut conn = Self::new(stream, timeout, secure.map(|s| (s, None)))?;
         let hello = conn.read()?;
         let refusal = match hello.ints.as_slice() {
             _ if hello.tag != Tag::Hello => Some("the first frame was not a hello"),
@@ -158,8 +245,7 @@ impl Conn {
 
     /// Whether both ends of the connection have the same address: the peer runs on this host.
     pub fn same_host(&self) -> bool {
-        let s = self.reader.get_ref();
-        matches!((s.local_addr(), s.peer_addr()), (Ok(a), Ok(b)) if a.ip() == b.ip())
+        self.reader.get_ref().tcp(|s| matches!((s.local_addr(), s.peer_addr()), (Ok(a), Ok(b)) if a.ip() == b.ip()))
     }
 
     /// Sends `frame`.
@@ -266,26 +352,62 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    fn pair(server_token: u64, client_token: u64) -> (io::Result<Conn>, io::Result<Conn>) {
+    /// A job's TLS configuration for a task on `localhost`, from a new CA.
+    fn tls() -> RingTls {
+        let dir = tempfile::tempdir().unwrap();
+        let files = crate::cluster::certs::write(dir.path(), "ps", &["localhost".to_string()], 1).unwrap();
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+        RingTls::new(&read(&files.cert), &read(&files.key), &read(&files.ca)).unwrap()
+    }
+
+    /// A connection's two ends, over TLS when `tls` gives the server's and the client's
+    /// configurations.
+    fn pair_over(
+        server_token: u64,
+        client_token: u64,
+        tls: Option<(RingTls, RingTls)>,
+    ) -> (io::Result<Conn>, io::Result<Conn>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
+        let within = Duration::from_secs(5);
+        let (server_tls, client_tls) = tls.map_or((None, None), |(s, c)| (Some(s), Some(c)));
         let server = std::thread::spawn(move || {
             let (s, _) = listener.accept().unwrap();
-            Conn::accept(s, server_token, Some(Duration::from_secs(5)))
+            Conn::accept(s, server_token, Some(within), server_tls.as_ref().map(|tls| Secure { tls, within }))
         });
-        let client = Conn::dial(addr, client_token, Duration::from_secs(5), Duration::from_secs(5));
+        let secure = client_tls.as_ref().map(|tls| (Secure { tls, within }, "localhost"));
+        let client = Conn::dial(addr, client_token, within, within, secure);
         (server.join().unwrap(), client)
     }
 
+    fn pair(server_token: u64, client_token: u64) -> (io::Result<Conn>, io::Result<Conn>) {
+        pair_over(server_token, client_token, None)
+    }
+
     #[test]
-    fn frames_round_trip_after_a_hello() {
-        let (server, client) = pair(7, 7);
-        let (mut server, mut client) = (server.unwrap(), client.unwrap());
-        let frame = Frame::new(Tag::Push, vec![3, u64::MAX], vec![0.5, -1.25, f32::MIN_POSITIVE]);
-        client.write(&frame).unwrap();
-        assert_eq!(server.read().unwrap(), frame);
-        server.write(&Frame::error("ps:0 is gone")).unwrap();
-        assert_eq!(client.read().unwrap().text(), "ps:0 is gone");
+    fn frames_round_trip_after_a_hello_plain_and_over_tls() {
+        let job = tls();
+        for secure in [None, Some((job.clone(), job.clone()))] {
+            let (server, client) = pair_over(7, 7, secure);
+            let (mut server, mut client) = (server.unwrap(), client.unwrap());
+            let frame = Frame::new(Tag::Push, vec![3, u64::MAX], vec![0.5, -1.25, f32::MIN_POSITIVE]);
+            client.write(&frame).unwrap();
+            assert_eq!(server.read().unwrap(), frame);
+            // A model-sized frame, many TLS records long, both ways.
+            let big = Frame::new(Tag::Ok, vec![1], (0..700_000).map(|i| i as f32).collect());
+            server.write(&big).unwrap();
+            assert_eq!(client.read().unwrap(), big);
+            server.write(&Frame::error("ps:0 is gone")).unwrap();
+            assert_eq!(client.read().unwrap().text(), "ps:0 is gone");
+        }
+    }
+
+    #[test]
+    fn a_peer_with_another_cas_certificate_is_refused_before_its_hello() {
+        let (server, client) = pair_over(7, 7, Some((tls(), tls())));
+        let (server, client) = (server.err().unwrap(), client.err().unwrap());
+        assert!(client.to_string().contains("not signed by this task's CA"), "{client}");
+        assert!(server.to_string().contains("TLS"), "{server}");
     }
 
     #[test]

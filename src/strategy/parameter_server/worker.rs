@@ -10,9 +10,9 @@
 
 use super::layout::{Layout, Piece, wire_order};
 use super::shared::Shared;
-use super::wire::{Conn, Frame, Tag, peer_error};
+use super::wire::{Conn, Frame, Secure, Tag, peer_error};
 use crate::cluster::{Role, TaskId};
-use crate::collective::TransportKind;
+use crate::collective::{RingTls, TransportKind};
 use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
 use crate::engine::BatchStats;
 use crate::engine::init::{STEP_DOMAIN, derive_seed};
@@ -33,10 +33,13 @@ pub struct WorkerTask {
     pub index: u32,
     /// Its bound data-plane listener, which the chief dials.
     pub listener: TcpListener,
-    /// Every ps task's data-plane address, by ps index.
-    pub ps: Vec<(TaskId, SocketAddr)>,
+    /// Every ps task's data-plane address and host (which its certificate names), by ps
+    /// index.
+    pub ps: Vec<(TaskId, SocketAddr, String)>,
     /// The job token's hash.
     pub token: u64,
+    /// Mutual TLS on every connection (`cluster.tls`).
+    pub tls: Option<RingTls>,
 }
 
 /// One worker's model, data and connections.
@@ -85,9 +88,11 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
     let timeout = plan.cluster.timeout;
     let (mut ps, mut shared) = (Vec::new(), Vec::new());
     let me = TaskId::new(Role::Worker, task.index);
-    for (i, (t, addr)) in task.ps.iter().enumerate() {
-        let mut conn = Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout)
-            .map_err(|e| failed(peer_error(*t, "the connection", &e, timeout)))?;
+    let secure = task.tls.as_ref().map(|tls| Secure { tls, within: plan.cluster.startup_timeout });
+    for (i, (t, addr, host)) in task.ps.iter().enumerate() {
+        let mut conn =
+            Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout, secure.map(|s| (s, &**host)))
+                .map_err(|e| failed(peer_error(*t, "the connection", &e, timeout)))?;
         // A push carries the learning rate and the ps's values.
         let floats = layout.len(i) + 1;
         shared.push(match ps_plan.transport {
@@ -136,7 +141,8 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
     };
     let (stream, _) = task.listener.accept().map_err(|e| failed(format!("the chief did not connect: {e}")))?;
     // Between closures the chief may evaluate or save for a while: no read timeout here.
-    let mut chief = Conn::accept(stream, task.token, None).map_err(|e| failed(format!("the chief's hello: {e}")))?;
+    let mut chief =
+        Conn::accept(stream, task.token, None, secure).map_err(|e| failed(format!("the chief's hello: {e}")))?;
     loop {
         let request = chief.read().map_err(|e| failed(format!("the chief is gone: {e}")))?;
         let reply = match request.tag {
