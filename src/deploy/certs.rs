@@ -30,6 +30,25 @@ fn host_of(address: &str) -> String {
     host.trim_start_matches('[').trim_end_matches(']').to_owned()
 }
 
+/// A name a certificate can carry and TLS can check: an IP address, a DNS name, or a `*.`
+/// wildcard over one.
+fn check_name(name: &str) -> Result<(), ManifestError> {
+    use rustls::pki_types::ServerName;
+    let dns = |n: &str| matches!(ServerName::try_from(n), Ok(ServerName::DnsName(_)));
+    let ok = match name.strip_prefix("*.") {
+        Some(domain) => dns(domain),
+        None => ServerName::try_from(name).is_ok(),
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(ManifestError::Spec(format!(
+        "--name {name:?} is not a host name, an IP address or a `*.` wildcard over a domain: write e.g. \
+         `--name node01.hpc.example.org`, `--name 10.0.0.7` or `--name '*.hpc.example.org'` (internationalized \
+         names in their xn-- form)"
+    )))
+}
+
 /// Every name a task is reached by, in rank order, then `options.names`, each once.
 pub fn names(spec: &Spec, options: &CertsOptions) -> Result<Vec<String>, ManifestError> {
     let mut names = Vec::new();
@@ -53,6 +72,9 @@ pub fn names(spec: &Spec, options: &CertsOptions) -> Result<Vec<String>, Manifes
                 _ => format!("{0}-{i}.{0}", job.name),
             }));
         }
+    }
+    for name in &options.names {
+        check_name(name)?;
     }
     names.extend(options.names.iter().cloned());
     let mut seen = std::collections::HashSet::new();
@@ -110,6 +132,17 @@ pub fn run(inv: &Invocation, options: &CertsOptions, out: &Path) -> Result<(), R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_tls_cannot_check_are_refused() {
+        for good in ["node01", "node01.hpc.example.org", "10.0.0.7", "::1", "*.hpc.example.org", "xn--nd-fka.example"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["bad name!", "nödé", "*.", "*.10.0.0.7", "a..b", ""] {
+            let Err(ManifestError::Spec(m)) = check_name(bad) else { panic!("{bad:?} accepted") };
+            assert!(m.starts_with(&format!("--name {bad:?} is not a host name")), "{m}");
+        }
+    }
 
     #[test]
     fn hosts_come_out_of_addresses() {

@@ -145,8 +145,8 @@ impl Write for Half {
     }
 }
 
-/// Mutual TLS for one connection: this task's configuration and, on the dialing side, the
-/// host name the peer's certificate must carry.
+/// Mutual TLS for one connection: this task's configuration, and how long the handshake
+/// may take. The dialing side also names the host the peer's certificate must carry.
 #[derive(Clone, Copy)]
 pub struct Secure<'a> {
     pub tls: &'a RingTls,
