@@ -13,12 +13,7 @@ pub(super) fn run(exe: &Path, pairs: usize) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("no temporary folder: {e}"))?;
     let names = ["localhost".to_string(), "127.0.0.1".to_string()];
     let files = crate::cluster::certs::write(dir.path(), "bench", &names, 1).map_err(|e| e.to_string())?;
-    let tls = format!(
-        "cluster.tls={{ cert_file = {:?}, key_file = {:?}, ca_file = {:?} }}",
-        files.cert.display().to_string(),
-        files.key.display().to_string(),
-        files.ca.display().to_string()
-    );
+    let tls = format!("cluster.tls={}", files.inline_table());
     let tcp = "strategy.communication.transport=\"tcp\"";
     println!("\n== TLS ÷ plain TCP, steady examples/s of the two-worker tutorial job on the TCP ring, alternating");
     println!("{:>6} {:>12} {:>12} {:>8}", "pair", "plain ex/s", "TLS ex/s", "ratio");

@@ -61,6 +61,14 @@ pub struct DataPlane {
     pub hosts: BTreeMap<TaskId, String>,
 }
 
+impl DataPlane {
+    /// Every task of `role`: its data-plane address and its host, in rank order.
+    pub fn peers(&self, role: Role) -> Vec<(TaskId, SocketAddr, String)> {
+        let host = |t: &TaskId| self.hosts.get(t).cloned().unwrap_or_default();
+        self.addresses.iter().filter(|(t, _)| t.role == role).map(|(t, a)| (*t, *a, host(t))).collect()
+    }
+}
+
 /// This task's place in a running job.
 pub struct Job {
     /// The control plane (heartbeats, commands, barriers).

@@ -22,6 +22,19 @@ pub struct TlsFiles {
     pub ca: PathBuf,
 }
 
+impl TlsFiles {
+    /// The files as `cluster.tls`'s TOML inline table.
+    pub fn inline_table(&self) -> String {
+        let quoted = |p: &Path| toml::Value::String(p.display().to_string()).to_string();
+        format!(
+            "{{ cert_file = {}, key_file = {}, ca_file = {} }}",
+            quoted(&self.cert),
+            quoted(&self.key),
+            quoted(&self.ca)
+        )
+    }
+}
+
 /// A TLS file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

@@ -119,11 +119,8 @@ pub fn run(inv: &Invocation, options: &CertsOptions, out: &Path) -> Result<(), R
             );
         }
         _ => println!(
-            "next: copy the three files to every task and set in the spec: cluster.tls = {{ cert_file = {:?}, \
-             key_file = {:?}, ca_file = {:?} }}",
-            files.cert.display().to_string(),
-            files.key.display().to_string(),
-            files.ca.display().to_string()
+            "next: copy the three files to every task and set in the spec: cluster.tls = {}",
+            files.inline_table()
         ),
     }
     Ok(())

@@ -56,8 +56,7 @@ pub fn worker(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunErr
     watch_stops(inv, plan);
     let dataset = Arc::new(load_data(inv, plan)?);
     let (job, data) = enter(inv, p, task)?;
-    let host = |t: &TaskId| data.hosts.get(t).cloned().unwrap_or_default();
-    let ps = data.addresses.iter().filter(|(t, _)| t.role == Role::Ps).map(|(t, a)| (*t, *a, host(t))).collect();
+    let ps = data.peers(Role::Ps);
     let me = steps::WorkerTask { index: task.index, listener: data.listener, ps, token: data.token, tls: data.tls };
     let served = pool(plan.threads)?.install(|| steps::serve(plan, dataset, me));
     job.plane.shutdown();

@@ -13,8 +13,8 @@ use super::record::{MetricsEvent, MetricsLine, ParameterServerStats, RunDir, Sum
 use super::resume::ResumePoint;
 use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
+use crate::cluster::Role;
 use crate::cluster::job::DataPlane;
-use crate::cluster::{Role, TaskId};
 use crate::data::{Cursor, EvalBatches};
 use crate::engine::BatchStats;
 use crate::plan::Plan;
@@ -54,9 +54,7 @@ impl Job {
     fn start(plan: &Plan, session: &Session, data: &DataPlane, worker_steps: &[u64]) -> Result<Self, TrainError> {
         let ps_plan = plan.parameter_server.as_ref().ok_or_else(|| remote("the plan has no parameter servers"))?;
         let layout = Layout::new(ps_plan, &session.tensors, &session.state_tensors).map_err(remote)?;
-        let host = |t: &TaskId| data.hosts.get(t).cloned().unwrap_or_default();
-        let of = |role| data.addresses.iter().filter(move |(t, _)| t.role == role).map(|(t, a)| (*t, *a, host(t)));
-        let ps: Vec<_> = of(Role::Ps).collect();
+        let ps = data.peers(Role::Ps);
         let (startup, timeout) = (plan.cluster.startup_timeout, plan.cluster.timeout);
         let mut servers = Servers::connect(layout, &ps, data.token, (startup, timeout), data.tls.as_ref())?;
         servers.set(&session.vars, &session.optimizer)?;
@@ -64,7 +62,7 @@ impl Job {
         let report = Arc::new(Mutex::new(Report::default()));
         let mut workers = Vec::new();
         let mut resumed_worker_steps = Vec::new();
-        for (i, (t, addr, host)) in of(Role::Worker).enumerate() {
+        for (i, (t, addr, host)) in data.peers(Role::Worker).into_iter().enumerate() {
             let (r, s) = (Arc::clone(&rates), Arc::clone(&report));
             let done = worker_steps.get(i).copied().unwrap_or(0);
             resumed_worker_steps.push(done);

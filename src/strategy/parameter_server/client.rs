@@ -35,7 +35,7 @@ impl Servers {
     ) -> Result<Self, StrategyError> {
         let mut conns = Vec::new();
         for (t, addr, host) in ps {
-            let secure = tls.map(|tls| (Secure { tls, within: startup }, host.as_str()));
+            let secure = tls.map(|tls| Secure { tls, within: startup, peer: Some(host) });
             let conn = Conn::dial(*addr, token, startup, timeout, secure)
                 .map_err(|e| StrategyError::Remote(peer_error(*t, "the connection", &e, timeout)))?;
             conns.push((*t, conn));
@@ -165,7 +165,7 @@ impl RemoteWorker {
 
     /// Dials the worker, trying until `within`.
     fn dial(&self, within: Duration) -> std::io::Result<Conn> {
-        let secure = self.tls.as_ref().map(|tls| (Secure { tls, within: self.startup }, self.host.as_str()));
+        let secure = self.tls.as_ref().map(|tls| Secure { tls, within: self.startup, peer: Some(&self.host) });
         Conn::dial(self.addr, self.token, within, self.timeout, secure)
     }
 

@@ -77,7 +77,7 @@ pub fn serve(task: PsTask) -> std::io::Result<()> {
                 let me = Me { task: task.task, token: task.token, timeout: task.timeout };
                 let tls = task.tls.clone();
                 threads.push(std::thread::spawn(move || {
-                    let secure = tls.as_ref().map(|tls| Secure { tls, within: me.timeout });
+                    let secure = tls.as_ref().map(|tls| Secure { tls, within: me.timeout, peer: None });
                     // A stranger refused, or a peer gone: only that connection ends.
                     if let Ok(conn) = Conn::accept(stream, me.token, None, secure) {
                         let _ = answer(conn, &held, &done, me);

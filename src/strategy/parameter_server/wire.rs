@@ -145,17 +145,19 @@ impl Write for Half {
     }
 }
 
-/// Mutual TLS for one connection: this task's configuration, and how long the handshake
-/// may take. The dialing side also names the host the peer's certificate must carry.
+/// Mutual TLS for one connection: this task's configuration, how long the handshake may
+/// take, and on the dialing side the host the peer's certificate must carry.
 #[derive(Clone, Copy)]
 pub struct Secure<'a> {
     pub tls: &'a RingTls,
     pub within: Duration,
+    /// `Some` where this side dialed (the TLS client).
+    pub peer: Option<&'a str>,
 }
 
 impl Secure<'_> {
-    fn link(&self, stream: TcpStream, name: Option<&str>) -> io::Result<Arc<Mutex<Wire>>> {
-        let wire = crate::collective::secure_link(self.tls, stream, name, self.within)
+    fn link(&self, stream: TcpStream) -> io::Result<Arc<Mutex<Wire>>> {
+        let wire = crate::collective::secure_link(self.tls, stream, self.peer, self.within)
             .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, format!("TLS: {e}")))?;
         Ok(Arc::new(Mutex::new(wire)))
     }
@@ -169,20 +171,15 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// `stream` with its timeouts, upgraded to TLS with `secure` (`name`: the peer's host,
-    /// when this side dialed).
-    fn new(
-        stream: TcpStream,
-        timeout: Option<Duration>,
-        secure: Option<(Secure<'_>, Option<&str>)>,
-    ) -> io::Result<Self> {
+    /// `stream` with its timeouts, upgraded to TLS with `secure`.
+    fn new(stream: TcpStream, timeout: Option<Duration>, secure: Option<Secure<'_>>) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
         stream.set_write_timeout(timeout)?;
         let (reader, writer) = match secure {
             None => (Half::Plain(stream.try_clone()?), Half::Plain(stream)),
-            Some((secure, name)) => {
-                let link = secure.link(stream, name)?;
+            Some(secure) => {
+                let link = secure.link(stream)?;
                 (Half::Sealed(Arc::clone(&link)), Half::Sealed(link))
             }
         };
@@ -190,14 +187,14 @@ impl Conn {
         Ok(Self { reader: BufReader::with_capacity(1 << 20, reader), writer, bytes: Vec::new() })
     }
 
-    /// Dials `addr` until `within`, over TLS to `host` with `secure`, then says hello with
-    /// `token`; every later read and write fails after `timeout`.
+    /// Dials `addr` until `within`, over TLS with `secure` (naming the peer's host), then
+    /// says hello with `token`; every later read and write fails after `timeout`.
     pub fn dial(
         addr: SocketAddr,
         token: u64,
         within: Duration,
         timeout: Duration,
-        secure: Option<(Secure<'_>, &str)>,
+        secure: Option<Secure<'_>>,
     ) -> io::Result<Self> {
         let deadline = Instant::now() + within;
         let stream = loop {
@@ -207,7 +204,7 @@ impl Conn {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         };
-        let mut conn = Self::new(stream, Some(timeout), secure.map(|(s, host)| (s, Some(host))))?;
+        let mut conn = Self::new(stream, Some(timeout), secure)?;
         conn.call(&Frame::new(Tag::Hello, vec![MAGIC, VERSION, token], Vec::new()))?;
         Ok(conn)
     }
@@ -221,7 +218,7 @@ impl Conn {
         timeout: Option<Duration>,
         secure: Option<Secure<'_>>,
     ) -> io::Result<Self> {
-        let mut conn = Self::new(stream, timeout, secure.map(|s| (s, None)))?;
+        let mut conn = Self::new(stream, timeout, secure)?;
         let hello = conn.read()?;
         let refusal = match hello.ints.as_slice() {
             _ if hello.tag != Tag::Hello => Some("the first frame was not a hello"),
@@ -373,9 +370,10 @@ mod tests {
         let (server_tls, client_tls) = tls.map_or((None, None), |(s, c)| (Some(s), Some(c)));
         let server = std::thread::spawn(move || {
             let (s, _) = listener.accept().unwrap();
-            Conn::accept(s, server_token, Some(within), server_tls.as_ref().map(|tls| Secure { tls, within }))
+            let secure = server_tls.as_ref().map(|tls| Secure { tls, within, peer: None });
+            Conn::accept(s, server_token, Some(within), secure)
         });
-        let secure = client_tls.as_ref().map(|tls| (Secure { tls, within }, "localhost"));
+        let secure = client_tls.as_ref().map(|tls| Secure { tls, within, peer: Some("localhost") });
         let client = Conn::dial(addr, client_token, within, within, secure);
         (server.join().unwrap(), client)
     }

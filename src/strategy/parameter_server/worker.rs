@@ -88,11 +88,11 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
     let timeout = plan.cluster.timeout;
     let (mut ps, mut shared) = (Vec::new(), Vec::new());
     let me = TaskId::new(Role::Worker, task.index);
-    let secure = task.tls.as_ref().map(|tls| Secure { tls, within: plan.cluster.startup_timeout });
+    let secure = task.tls.as_ref().map(|tls| Secure { tls, within: plan.cluster.startup_timeout, peer: None });
     for (i, (t, addr, host)) in task.ps.iter().enumerate() {
-        let mut conn =
-            Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout, secure.map(|s| (s, &**host)))
-                .map_err(|e| failed(peer_error(*t, "the connection", &e, timeout)))?;
+        let dial = secure.map(|s| Secure { peer: Some(host), ..s });
+        let mut conn = Conn::dial(*addr, task.token, plan.cluster.startup_timeout, timeout, dial)
+            .map_err(|e| failed(peer_error(*t, "the connection", &e, timeout)))?;
         // A push carries the learning rate and the ps's values.
         let floats = layout.len(i) + 1;
         shared.push(match ps_plan.transport {
