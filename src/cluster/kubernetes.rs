@@ -21,7 +21,7 @@ pub const SERVICE_VAR: &str = "TRAINRUN_KUBERNETES_SERVICE";
 pub const INDEX_VAR: &str = "JOB_COMPLETION_INDEX";
 
 /// Every task of the spec's `[cluster]`, in rank order.
-pub fn tasks(spec: &ClusterSpec) -> Result<Vec<TaskId>, String> {
+pub fn tasks(spec: &ClusterSpec, scheduler: &str) -> Result<Vec<TaskId>, String> {
     let mut tasks = Vec::new();
     for (role, entry) in super::resolve::roles(spec) {
         match entry {
@@ -29,7 +29,7 @@ pub fn tasks(spec: &ClusterSpec) -> Result<Vec<TaskId>, String> {
             Some(Tasks::Count(n)) => tasks.extend((0..n.get()).map(|i| TaskId::new(role, i))),
             Some(Tasks::Addresses(_)) => {
                 return Err(format!(
-                    "cluster.{role} lists addresses, but a Kubernetes Indexed Job places its pods itself: \
+                    "cluster.{role} lists addresses, but {scheduler} places the tasks itself: \
                      give a count, e.g. {role} = 2"
                 ));
             }
@@ -59,7 +59,7 @@ pub fn resolve(
              index; run trainrun in a Job with completionMode: Indexed (`trainrun manifest` writes one)"
         )
     })?;
-    let all = tasks(spec)?;
+    let all = tasks(spec, "a Kubernetes Indexed Job")?;
     let Some(&task) = all.get(index) else {
         return Err(format!(
             "{INDEX_VAR} = {index}, but the spec's [cluster] has {} tasks: set the Job's completions to {}",
@@ -121,6 +121,6 @@ mod tests {
         let e = resolve(&spec(0, 2, 0), 2222, &var(&[(INDEX_VAR, "1"), ("HOSTNAME", "j-0"), (SERVICE_VAR, "j")]));
         assert!(e.unwrap_err().contains("is not `<job>-1`"));
         let listed = ClusterSpec { worker: Some(Tasks::Addresses(vec!["a:1".into()])), ..ClusterSpec::default() };
-        assert!(tasks(&listed).unwrap_err().contains("give a count"));
+        assert!(tasks(&listed, "Slurm").unwrap_err().contains("give a count"));
     }
 }

@@ -106,8 +106,16 @@ fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestEr
         spec.strategy,
         spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
     );
-    let mut tasks =
-        if multi { crate::cluster::kubernetes::tasks(&spec.cluster).map_err(ManifestError::Spec)? } else { Vec::new() };
+    let scheduler = match target {
+        Target::Kubernetes => "a Kubernetes Indexed Job",
+        Target::Tfjob => "the TFJob operator",
+        Target::Slurm => "Slurm",
+    };
+    let mut tasks = if multi {
+        crate::cluster::kubernetes::tasks(&spec.cluster, scheduler).map_err(ManifestError::Spec)?
+    } else {
+        Vec::new()
+    };
     if tasks.is_empty() {
         tasks.push(TaskId::new(Role::Worker, 0));
     }
@@ -220,7 +228,14 @@ pub fn run(inv: &Invocation, target: Target, image: Option<String>, namespace: O
             || k == "TRAINRUN_TASK"
     };
     let env = inv.env.iter().filter(|(k, _)| !scheduler(k)).cloned().collect();
-    let here = Invocation { env, task: None, ..inv.clone() };
+    // As the chief's pod would (every task plans alike): a cluster of addresses on other hosts
+    // then plans here too, and the target says what it makes of them.
+    let multi = crate::plan::StrategyKind::of(&loaded.spec.strategy).multi_process();
+    let chief = crate::cluster::resolve::roles(&loaded.spec.cluster)
+        .into_iter()
+        .find(|(_, tasks)| multi && tasks.is_some())
+        .map(|(role, _)| TaskId::new(role, 0).to_string());
+    let here = Invocation { env, task: chief, ..inv.clone() };
     match crate::prepare::plan(&loaded, &here) {
         Ok(_) => {}
         Err(Unplanned::Spec(diags)) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),

@@ -2,6 +2,11 @@
 //! through the environment `srun` passes on, and `srun trainrun SPEC`, one Slurm task per
 //! worker (trainrun reads the cluster from Slurm's variables, as TensorFlow's
 //! `SlurmClusterResolver` does). One task per node, so `--mem` is a task's memory.
+//!
+//! The script runs under bash on a shared cluster, so no spec value may become shell code: the
+//! here-doc is quoted (no expansion inside) and ends at a marker that occurs nowhere in the spec
+//! text (checked, not hoped for), and every `#SBATCH` value is refused unless it is one plain
+//! word (a newline there would start a command line).
 
 use super::{Job, ManifestError, cpu};
 use crate::cluster::Role;
@@ -34,6 +39,33 @@ fn megabytes(quantity: &str) -> Option<u64> {
     Some(bytes.div_ceil(1 << 20).max(1))
 }
 
+/// The here-doc's end marker: `TRAINRUN_SPEC`, or the first `TRAINRUN_SPEC_<n>` that occurs
+/// nowhere in `text`. bash ends a here-doc only at a line equal to its marker, so a marker that
+/// is not even a substring of the body cannot be forged by any value in it.
+fn heredoc_marker(text: &str) -> String {
+    let mut marker = String::from("TRAINRUN_SPEC");
+    let mut n = 0u64;
+    while text.contains(&marker) {
+        n += 1;
+        marker = format!("TRAINRUN_SPEC_{n}");
+    }
+    marker
+}
+
+/// `#SBATCH --{option}={value}` for a value from the spec, which must be one word of printable
+/// ASCII: sbatch reads the line, but bash runs whatever follows a newline in it.
+fn directive(key: &str, option: &str, value: &str) -> Result<String, ManifestError> {
+    let plain =
+        |c: char| c.is_ascii_graphic() && !matches!(c, '\'' | '"' | '`' | '$' | '\\' | ';' | '&' | '|' | '<' | '>');
+    if !value.is_empty() && value.chars().all(plain) {
+        return Ok(format!("#SBATCH --{option}={value}\n"));
+    }
+    Err(ManifestError::Spec(format!(
+        "{key} = {value:?} cannot go into an sbatch script: use one word of letters, digits, '-', '_', '.', ',' or ':' \
+         (no spaces, quotes, newlines or shell characters), e.g. `{key} = \"cpu\"`"
+    )))
+}
+
 pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
     if let Some(other) = job.tasks.iter().find(|t| t.role != Role::Worker) {
         return Err(ManifestError::Spec(format!(
@@ -53,10 +85,10 @@ pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
         s.push_str(&format!("#SBATCH --mem={m}M\n"));
     }
     if let Some(p) = &job.deploy.partition {
-        s.push_str(&format!("#SBATCH --partition={p}\n"));
+        s.push_str(&directive("deploy.partition", "partition", p)?);
     }
     if let Some(t) = &job.deploy.time_limit {
-        s.push_str(&format!("#SBATCH --time={t}\n"));
+        s.push_str(&directive("deploy.time_limit", "time", t)?);
     }
     // SIGTERM reaches trainrun this long before the time limit, so the chief saves a backup.
     s.push_str(&format!("#SBATCH --signal=TERM@{}\n", job.grace_s));
@@ -64,7 +96,12 @@ pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
     s.push_str("#SBATCH --requeue\n\n");
     s.push_str("set -euo pipefail\n\n");
     s.push_str("# The resolved spec (written by `trainrun manifest --for slurm`).\n");
-    s.push_str(&format!("cat > \"{file}\" <<'TRAINRUN_SPEC'\n{}TRAINRUN_SPEC\n\n", job.spec_toml));
+    let mut spec = job.spec_toml.clone();
+    if !spec.ends_with('\n') {
+        spec.push('\n');
+    }
+    let marker = heredoc_marker(&spec);
+    s.push_str(&format!("cat > \"{file}\" <<'{marker}'\n{spec}{marker}\n\n"));
     s.push_str("# Every task of the job authenticates with this token; srun passes it on.\n");
     s.push_str(
         "export TRAINRUN_JOB_TOKEN=\"${TRAINRUN_JOB_TOKEN:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')}\"\n\n",
@@ -86,5 +123,23 @@ mod tests {
         assert_eq!(megabytes("512Mi"), Some(512));
         assert_eq!(megabytes("1G"), Some(954));
         assert_eq!(megabytes("3X"), None);
+    }
+
+    #[test]
+    fn the_heredoc_marker_occurs_nowhere_in_the_spec() {
+        assert_eq!(heredoc_marker("a = 1\n"), "TRAINRUN_SPEC");
+        assert_eq!(heredoc_marker("x = \"\"\"\nTRAINRUN_SPEC\n\"\"\"\n"), "TRAINRUN_SPEC_1");
+        assert_eq!(heredoc_marker("TRAINRUN_SPEC TRAINRUN_SPEC_1 TRAINRUN_SPEC_2"), "TRAINRUN_SPEC_3");
+    }
+
+    #[test]
+    fn sbatch_values_are_one_plain_word() {
+        assert_eq!(directive("deploy.partition", "partition", "cpu,long").unwrap(), "#SBATCH --partition=cpu,long\n");
+        for bad in ["", "cpu\ntouch /tmp/x", "a b", "$(id)", "`id`", "a;b", "x'y", "tab\t"] {
+            let Err(ManifestError::Spec(m)) = directive("deploy.partition", "partition", bad) else {
+                panic!("{bad:?} accepted")
+            };
+            assert!(m.starts_with(&format!("deploy.partition = {bad:?} cannot go into an sbatch script")), "{m}");
+        }
     }
 }

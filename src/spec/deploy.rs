@@ -57,9 +57,14 @@ pub struct DeploySpec {
     /// `/etc/trainrun/tls`. Default: `<job>-tls`. Example: `tls_secret = "trainrun-tls"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_secret: Option<String>,
-    /// The Slurm partition (`#SBATCH --partition`). Default: the cluster's default.
-    /// Example: `partition = "cpu"`.
+    /// The Slurm partition (`#SBATCH --partition`), or several separated by commas.
+    /// Default: the cluster's default. Example: `partition = "cpu"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        pattern(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$"),
+        title = "Slurm partition names",
+        extend("examples" = ["cpu", "cpu,long"])
+    )]
     pub partition: Option<String>,
     /// The Slurm time limit (`#SBATCH --time`, `[D-]HH:MM:SS`). Default: the partition's.
     /// Example: `time_limit = "02:00:00"`.
