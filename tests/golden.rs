@@ -85,3 +85,69 @@ fn the_fault_tolerant_job() {
     let got = finish("specs/mnist_fault_tolerant.toml", &["--set", "run.threads=1"]);
     check("fault tolerant", got, BATCH_128_MULTIWORKER);
 }
+
+/// `parameter_server` with one worker and one ps: the worker's steps in order, each pushed and
+/// applied by the ps. Not `default`'s bits: there the SGD update is fused into the dense
+/// layers' backward pass (one rounding), here the ps applies it after the push (two).
+#[test]
+fn parameter_servers_with_one_worker() {
+    let got = finish("specs/mnist_parameter_server.toml", &["--set", "cluster.worker=1", "--set", "run.threads=1"]);
+    check(
+        "parameter_server",
+        got,
+        ("e5a741b06cedc68be892c6d7489460a6cd6cf4d713aaf2e6a5fc3e3816662458", 2.292236890643835),
+    );
+}
+
+/// A regression on a CSV table (`y = 2a - b + 0.5` on a grid), mean squared error.
+#[test]
+fn a_csv_regression() {
+    let dir = tempdir();
+    for (name, rows, offset) in [("train.csv", 400, 0), ("test.csv", 64, 1000)] {
+        let mut csv = String::from("a,y,b\n");
+        for i in 0..rows {
+            let a = ((i + offset) % 17) as f32 / 17.0 - 0.5;
+            let b = ((i + offset) * 7 % 13) as f32 / 13.0 - 0.5;
+            csv += &format!("{a},{},{b}\n", 2.0 * a - b + 0.5);
+        }
+        std::fs::write(dir.path().join(name), csv).unwrap();
+    }
+    let spec = dir.path().join("spec.toml");
+    let text = format!(
+        "[run]\nname = \"regression\"\nseed = 5\nthreads = 1\n[data]\ndataset = \"csv\"\ndir = \"{}\"\n\
+         [data.csv]\ntrain = \"train.csv\"\ntest = \"test.csv\"\nlabel = \"y\"\n[batch]\nglobal = 32\n\
+         [optimizer]\nkind = \"sgd\"\nlearning_rate = 0.1\n[model]\n[[model.layers]]\ntype = \"dense\"\nunits = 8\nactivation = \"relu\"\n\
+         [[model.layers]]\ntype = \"dense\"\nunits = 1\n[train]\nepochs = 2\nsteps_per_epoch = 12\nloss = \"mean_squared_error\"\nmetrics = [\"mae\"]\n",
+        dir.path().display()
+    );
+    std::fs::write(&spec, text).unwrap();
+    let out_dir = format!("run.out_dir={}", dir.path().join("run").display());
+    let out = run(&[spec.to_str().unwrap(), "--quiet", "--set", &out_dir]);
+    assert_exit(&out, 0);
+    let s = json(&dir.path().join("run/summary.json"));
+    let got =
+        (s["weights_sha256"].as_str().unwrap_or_default().to_string(), s["test_loss"].as_f64().unwrap_or(f64::NAN));
+    check(
+        "csv regression",
+        got,
+        ("73fcc50c5ac0e404969bb58e2ef60dd06d1c0b4b5d68949fc79180167efed2ef", 0.2500097529184586),
+    );
+}
+
+/// The checked-in character GPT (4 layers, `n_embd` 128, block 64, two replicas, AdamW with
+/// warmup, cosine decay and clipping), 50 steps, validated on four batches.
+#[test]
+fn the_shakespeare_gpt_for_50_steps() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare");
+    let data = format!("data.dir={}", std::fs::canonicalize(&dir).unwrap_or(dir).display());
+    let out_dir = tempdir();
+    let out = format!("run.out_dir={}", out_dir.path().join("run").display());
+    let args = ["specs/shakespeare_char.toml", "--quiet", "--set", &out, "--set", &data, "--set", "run.threads=2"];
+    let sets = ["--set", "train.steps_per_epoch=50", "--set", "train.validation_steps=4"];
+    let out = run(&[&args[..], &sets[..]].concat());
+    assert_exit(&out, 0);
+    let s = json(&out_dir.path().join("run/summary.json"));
+    let got =
+        (s["weights_sha256"].as_str().unwrap_or_default().to_string(), s["test_loss"].as_f64().unwrap_or(f64::NAN));
+    check("gpt", got, ("52e9d536768852d38f1ef017529688e459f18376d7a8d5462a0a3a8d6ea6839a", 3.1222606690134853));
+}
