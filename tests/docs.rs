@@ -47,14 +47,14 @@ struct Block {
 /// What the checks read from one Markdown file.
 #[derive(Default)]
 struct Markdown {
-    /// Each heading's text as written, with its line.
-    headings: Vec<(usize, String)>,
+    /// Each heading's text as written.
+    headings: Vec<String>,
     links: Vec<Link>,
     blocks: Vec<Block>,
 }
 
 static LINK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r#"\]\(([^)\s]+)(?:\s+"[^"]*")?\)"#).unwrap());
-static CODE_SPAN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(`+)[^`]*?(`+)").unwrap());
+static CODE_SPAN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"`+[^`]*`+").unwrap());
 static HEADING: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$").unwrap());
 static INLINE_LINK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"!?\[([^\]]*)\]\([^)]*\)").unwrap());
 
@@ -84,7 +84,7 @@ fn scan(text: &str) -> Markdown {
             }
             None => {
                 if let Some(c) = HEADING.captures(line) {
-                    md.headings.push((n, c[2].to_string()));
+                    md.headings.push(c[2].to_string());
                 }
                 let prose = CODE_SPAN.replace_all(line, "");
                 for c in LINK.captures_iter(&prose) {
@@ -115,7 +115,7 @@ fn slug(heading: &str) -> String {
 fn anchors(md: &Markdown) -> BTreeSet<String> {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = BTreeSet::new();
-    for (_, heading) in &md.headings {
+    for heading in &md.headings {
         let base = slug(heading);
         let count = seen.entry(base.clone()).or_insert(0);
         out.insert(if *count == 0 { base.clone() } else { format!("{base}-{count}") });
