@@ -1,5 +1,5 @@
 //! Exit codes and the error a command fails with: the contract scripts and schedulers rely on
-//! (README "Exit codes"). Every lower error maps to exactly one code here.
+//! (docs/reliability.md, "Exit codes"). Every lower error maps to exactly one code here.
 
 use crate::cluster::job::JoinError;
 use crate::cluster::{Blame, ClusterError, TaskId, launch};
@@ -9,7 +9,7 @@ use crate::strategy::StrategyError;
 use crate::train::TrainError;
 use std::process::ExitCode;
 
-/// Documented exit codes (README "Exit codes").
+/// Documented exit codes (docs/reliability.md, "Exit codes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Exit {

@@ -29,7 +29,7 @@ pub(crate) struct BadOverride {
 
 const PREFIX: &str = "TRAINRUN_";
 
-/// The variables trainrun reads besides spec overrides (README "Layering" and "Exit codes"
+/// The variables trainrun reads besides spec overrides (docs/specs.md, "Layering", and docs/reliability.md
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
 pub(crate) const KNOWN_VARIABLES: [&str; 7] = [
