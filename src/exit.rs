@@ -201,6 +201,7 @@ impl From<StrategyError> for RunError {
         match e {
             StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
             StrategyError::Device(_) => RunError::Failure(e.to_string()),
+            StrategyError::Input(e) => RunError::Data(*e),
             // Kept typed, as a failed step's is, so that the launcher learns whom it blames.
             StrategyError::Cluster(_)
             | StrategyError::Collective(_)

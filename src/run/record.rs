@@ -126,7 +126,7 @@ fn run_record(inv: &Invocation, p: &Prepared) -> RunRecord {
         sweep: p.trial.as_ref().map(|t| t.origin.clone()),
         git: Git::of(folder),
         cluster: Topology {
-            strategy: p.plan.strategy.kind,
+            strategy: p.plan.strategy.kind(),
             source: c.source,
             tasks,
             task: c.task.map(|t: TaskId| t.to_string()),
