@@ -29,6 +29,7 @@ use crate::data::Batch;
 use crate::engine::{BatchStats, Optimizer, Sequential};
 use crate::plan::{Distribution, Plan, StrategyKind};
 use crate::vocab::{Device, DeviceKind};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// The model's variables: trainable parameters and non-trainable state, each one flat buffer.
@@ -143,15 +144,17 @@ pub trait Strategy: Send {
 
     /// Waits until every step executed so far is applied, makes `vars` and `optimizer` the
     /// job's current ones, and adds the statistics of steps not reported yet to `stats`, in
-    /// the order they were applied. A no-op where every step completes in
+    /// the order they were applied. Once `stop` is set, steps not started yet are dropped
+    /// instead of waited for; returns how many. A no-op where every step completes in
     /// [`Strategy::execute`] and [`Strategy::apply`].
     fn join(
         &mut self,
         _vars: &mut Variables,
         _optimizer: &mut Optimizer,
         _stats: &mut BatchStats,
-    ) -> Result<(), StrategyError> {
-        Ok(())
+        _stop: &AtomicBool,
+    ) -> Result<u64, StrategyError> {
+        Ok(0)
     }
 
     /// Loss and accuracy sums over `batches` (this task's share), across all replicas.

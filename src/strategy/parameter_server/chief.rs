@@ -17,6 +17,7 @@ use crate::plan::{CrossDevice, ParameterServerPlan, StrategyKind};
 use crate::strategy::local::Replicated;
 use crate::strategy::{Executed, Execution, Input, Replica, Strategy, StrategyError, Synchronous, Variables};
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -179,9 +180,13 @@ impl Strategy for Chief {
         vars: &mut Variables,
         optimizer: &mut Optimizer,
         stats: &mut BatchStats,
-    ) -> Result<(), StrategyError> {
+        stop: &AtomicBool,
+    ) -> Result<u64, StrategyError> {
         let running = self.running()?;
-        running.coordinator.join().map_err(remote)?;
+        // The whole epoch may be queued (the queue holds 256 Ki closures, as TensorFlow's): a
+        // stop drops what no worker has started.
+        let unrun = running.coordinator.join_unless(stop).map_err(remote)?;
+        running.next_step -= unrun;
         running.applied_at_join = running.coordinator.stats().steps_applied();
         let report = std::mem::take(&mut *running.report.lock().unwrap_or_else(PoisonError::into_inner));
         for closure in report.closures {
@@ -192,7 +197,8 @@ impl Strategy for Chief {
         }
         *running.rates.lock().unwrap_or_else(PoisonError::into_inner) =
             Rates { first: running.next_step, lrs: Vec::new() };
-        running.servers.pull(vars, optimizer)
+        running.servers.pull(vars, optimizer)?;
+        Ok(unrun)
     }
 
     /// Evaluates the variables pulled last. Every evaluation follows a join, so the workers

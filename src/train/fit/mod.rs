@@ -6,14 +6,16 @@
 //! closures of steps on the workers ([`Executed::Scheduled`]) and `join`s them, pulling the
 //! variables, wherever the loop needs them (evaluations, saves, an epoch's end).
 
-use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
+mod epoch;
+
+use super::callbacks::{Callbacks, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::record::{MetricsEvent, MetricsLine, RunDir, Summary};
+use super::record::{RunDir, Summary};
 use super::resume::ResumePoint;
 use super::summary::{Ending, eval_batch_size, stats, summary, sums};
 use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
-use crate::data::{EvalBatches, PipelineOptions};
+use crate::data::PipelineOptions;
 use crate::engine::BatchStats;
 use crate::plan::Plan;
 use crate::progress::{self, Progress, Shown};
@@ -60,8 +62,7 @@ pub fn fit(
                 Ran::Stopped => {
                     // Nothing more was scheduled: the steps in flight finish, then the backup.
                     lp.join(session)?;
-                    lp.save(epoch - 1, false, true, session, callbacks)?;
-                    return Err(lp.preempt(session, callbacks));
+                    return Err(lp.stop_mid_epoch(epoch, session, callbacks));
                 }
             }
             let done = lp.done_in(epoch);
@@ -71,6 +72,9 @@ pub fn fit(
             {
                 stopped = reason;
                 break 'epochs;
+            }
+            if lp.cut_short {
+                return Err(lp.stop_mid_epoch(epoch, session, callbacks));
             }
             if epoch_end {
                 break;
@@ -84,7 +88,11 @@ pub fn fit(
                 return Err(lp.preempt(session, callbacks));
             }
         }
-        lp.join(session)?;
+        // Steps scheduled ahead (a whole epoch may be) that a stop request dropped never ran:
+        // the epoch did not end.
+        if lp.join(session)? {
+            return Err(lp.stop_mid_epoch(epoch, session, callbacks));
+        }
         if let Some(reason) = lp.end_epoch(epoch, session, callbacks, run_dir.as_deref_mut())? {
             stopped = reason;
         }
@@ -165,6 +173,8 @@ struct Loop<'a> {
     /// Whether the variables here are those of `step` (every step executed is applied and
     /// in hand), so that a save may take them.
     in_hand: bool,
+    /// A stop request dropped steps scheduled ahead at the last join.
+    cut_short: bool,
     examples: u64,
     epoch_stats: BatchStats,
     last_epoch: BatchStats,
@@ -217,6 +227,7 @@ impl<'a> Loop<'a> {
             step: start,
             joined_at: start,
             in_hand: true,
+            cut_short: false,
             examples: lp.map_or(0, |l| l.examples),
             epoch_stats: lp.map(|l| stats(&l.epoch_sums)).unwrap_or_default(),
             last_epoch: lp.map(|l| stats(&l.last_epoch_sums)).unwrap_or_default(),
@@ -342,15 +353,18 @@ impl<'a> Loop<'a> {
     }
 
     /// Waits for every step executed to be applied and takes the variables and the
-    /// statistics of steps that ran elsewhere (a no-op where every step ran here).
-    fn join(&mut self, session: &mut Session) -> Result<(), TrainError> {
+    /// statistics of steps that ran elsewhere (a no-op where every step ran here). Returns
+    /// whether a stop request dropped steps not started yet: the epoch was cut short.
+    fn join(&mut self, session: &mut Session) -> Result<bool, TrainError> {
         if self.in_hand {
-            return Ok(());
+            return Ok(false);
         }
         let started = Instant::now();
         let examples = self.epoch_stats.examples;
         let (vars, optimizer) = (&mut session.vars, &mut session.optimizer);
-        session.strategy.join(vars, optimizer, &mut self.epoch_stats).map_err(strategy_error)?;
+        let stop = self.opts.stop;
+        let unrun = session.strategy.join(vars, optimizer, &mut self.epoch_stats, stop).map_err(strategy_error)?;
+        self.step -= unrun;
         let joined = self.epoch_stats.examples - examples;
         self.examples += joined;
         if self.step > self.timing.steady_from {
@@ -359,7 +373,16 @@ impl<'a> Loop<'a> {
         self.time(started.elapsed());
         self.joined_at = self.step;
         self.in_hand = true;
-        Ok(())
+        self.cut_short = unrun > 0;
+        Ok(self.cut_short)
+    }
+
+    /// Every task stops within the epoch (a stop request): the backup, then the preemption.
+    fn stop_mid_epoch(&mut self, epoch: u64, session: &mut Session, callbacks: &mut Callbacks) -> TrainError {
+        if let Err(e) = self.save(epoch - 1, false, true, session, callbacks) {
+            return e;
+        }
+        self.preempt(session, callbacks)
     }
 
     fn shown(&self) -> Shown {
@@ -381,77 +404,6 @@ impl<'a> Loop<'a> {
             val_accuracy: eval.map(|e| e.stats.accuracy()),
             learning_rate: self.lr,
         }
-    }
-
-    /// The evaluation every N steps (unless the epoch's end evaluates anyway); returns why to
-    /// stop when a callback says so.
-    fn evaluate_mid_epoch(
-        &mut self,
-        epoch: u64,
-        done: u64,
-        epoch_end: bool,
-        session: &mut Session,
-        callbacks: &mut Callbacks,
-        run_dir: Option<&mut RunDir>,
-    ) -> Result<Option<StopReason>, TrainError> {
-        let t = &self.plan.train;
-        let due = t.eval.and_then(|e| e.every_steps).is_some_and(|n| self.step.is_multiple_of(n));
-        if !due || (epoch_end && t.eval.is_some_and(|e| e.every_epoch)) {
-            return Ok(None);
-        }
-        self.join(session)?;
-        let stats = self.evaluate(session)?;
-        self.last_eval = Some(Eval { step: self.step, stats });
-        let logs = self.logs(epoch, &self.epoch_stats, self.last_eval);
-        if let Some(d) = run_dir {
-            d.metrics(&self.metrics_line(MetricsEvent::Evaluation, &logs, session))?;
-        }
-        let (loss, accuracy) = (stats.loss(), stats.accuracy());
-        self.progress.note(&format!("step {}: val_loss: {loss:.4} - val_accuracy: {accuracy:.4}", self.step));
-        let reason = match callbacks.on_evaluation(&logs) {
-            Control::Continue => return Ok(None),
-            Control::Stop(r) | Control::StopAndRestore(r) => r,
-        };
-        let shown = Shown { val: Some((loss, accuracy)), ..self.shown() };
-        self.progress.end_epoch(epoch, done, &shown);
-        self.progress.note(&format!("stopped: {}", reason.name()));
-        self.last_epoch = self.epoch_stats;
-        Ok(Some(reason))
-    }
-
-    /// An epoch's end: its evaluation, metrics line and display, and the callbacks' verdict
-    /// (acted on here: the best weights put back when asked). Returns why to stop, if so.
-    fn end_epoch(
-        &mut self,
-        epoch: u64,
-        session: &mut Session,
-        callbacks: &mut Callbacks,
-        run_dir: Option<&mut RunDir>,
-    ) -> Result<Option<StopReason>, TrainError> {
-        self.last_epoch = self.epoch_stats;
-        if self.plan.train.eval.is_some_and(|e| e.every_epoch) {
-            self.last_eval = Some(Eval { step: self.step, stats: self.evaluate(session)? });
-        }
-        let logs = self.logs(epoch, &self.epoch_stats, self.last_eval.filter(|e| e.step == self.step));
-        if let Some(d) = run_dir {
-            d.metrics(&self.metrics_line(MetricsEvent::Epoch, &logs, session))?;
-        }
-        let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
-        self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
-        self.timing.epoch = Duration::ZERO;
-        self.epoch_stats = BatchStats::default();
-        Ok(match callbacks.on_epoch_end(&logs, &session.vars)? {
-            Control::Continue => None,
-            Control::Stop(r) => Some(r),
-            Control::StopAndRestore(r) => {
-                if let Some(best) = callbacks.best_weights() {
-                    session.vars.clone_from(best);
-                    // The restored weights have not been evaluated yet.
-                    self.last_eval = None;
-                }
-                Some(r)
-            }
-        })
     }
 
     /// Saves what the callbacks ask for after this step (`epochs_done` epochs finished;
@@ -518,29 +470,6 @@ impl<'a> Loop<'a> {
             return e.into();
         }
         TrainError::Preempted { step: self.step, backup, chief, backs_up: self.plan.callbacks.backs_up() }
-    }
-
-    fn evaluate(&self, session: &mut Session) -> Result<BatchStats, TrainError> {
-        let Some(test) = session.dataset.test.as_ref() else {
-            return Ok(BatchStats::default());
-        };
-        let limit = self.plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
-        let mut batches = EvalBatches::new(test, self.eval_batch, session.shard);
-        let stats = session.strategy.evaluate(&mut session.vars, &mut batches.by_ref().take(limit))?;
-        batches.finish()?;
-        Ok(stats)
-    }
-
-    fn metrics_line(&self, event: MetricsEvent, logs: &Logs, session: &Session) -> MetricsLine {
-        let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
-        let line =
-            MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics);
-        let named = line.named.errors(
-            &self.plan.train.metrics,
-            &self.epoch_stats,
-            self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats).as_ref(),
-        );
-        MetricsLine { named, parameter_server: session.strategy.parameter_server_stats(), ..line }
     }
 
     /// The final evaluation, the weights, the last checkpoints and the summary.
