@@ -301,3 +301,35 @@ fn a_gpt_on_images_is_refused_with_the_data_source_to_use() {
         &["[model.gpt] sizes the gpt zoo model, but `zoo = \"gpt\"` is not set", "add `zoo = \"gpt\"` to [model]"],
     );
 }
+
+/// A failure timeout under two heartbeat intervals failed every multi-process run at start
+/// (exit 5, naming no key) while `check` passed it (issue 29): both refuse it now, naming the
+/// key and the minimum.
+#[test]
+fn a_failure_timeout_below_two_heartbeats_is_a_spec_error() {
+    refused_by_check_and_run(
+        "specs/mnist_multiworker.toml",
+        &["strategy.communication.timeout_s=0.3"],
+        &[
+            "strategy.communication.timeout_s = 0.3 is below the 0.5 s",
+            "use strategy.communication.timeout_s = 0.5 or more",
+        ],
+    );
+    refused_by_check_and_run(
+        "specs/mnist_parameter_server.toml",
+        &["strategy.timeout_s=0.2"],
+        &["strategy.timeout_s = 0.2 is below the 0.5 s"],
+    );
+    // One process has no heartbeats: nothing to refuse.
+    assert_exit(
+        &run(&[
+            "check",
+            "specs/mnist_multiworker.toml",
+            "--set",
+            "cluster.worker=1",
+            "--set",
+            "strategy.communication.timeout_s=0.3",
+        ]),
+        0,
+    );
+}

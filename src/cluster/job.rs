@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often tasks ping the chief; several pings fit in any sensible timeout.
-const HEARTBEAT: Duration = Duration::from_millis(250);
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// What joining needs.
 pub struct JobConfig {
