@@ -411,3 +411,26 @@ fn a_stop_within_a_long_epoch_takes_effect_at_once() {
         assert!(step > 0 && step < 60_000, "the backup of step {step}");
     }
 }
+
+/// `kill -9` of the chief (issue 29): the ps tasks and workers wait for the chief's word,
+/// which never comes, so the launcher no longer gives them the whole failure timeout (31 s
+/// before) nor says the job goes on without a worker that lost its chief: it reports the
+/// chief within seconds.
+#[test]
+fn a_killed_chief_is_reported_at_once() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let mut job = common::spawn(&["specs/mnist_parameter_server.toml", "--set", &o, "--set", "train.epochs=20"]);
+    common::wait_for_file(&dir.path().join("run.json"), LIMIT, &mut [&mut job]);
+    std::thread::sleep(Duration::from_secs(1));
+    let chief = common::launched_task(job.id(), ("chief", 0), LIMIT).expect("no chief task");
+    let killed = Instant::now();
+    common::signal(chief, libc::SIGKILL);
+    let (res, _) = wait_within(job, LIMIT);
+    let took = killed.elapsed();
+    let stderr = text(&res).1;
+    assert!(!res.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(5), "took {took:?}\n{stderr}");
+    assert!(stderr.contains("chief:0 failed (killed by signal 9)"), "{stderr}");
+    assert!(!stderr.contains("goes on without it"), "{stderr}");
+}

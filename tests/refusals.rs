@@ -161,13 +161,23 @@ fn unknown_trainrun_variables_get_a_did_you_mean() {
 #[test]
 fn a_run_folder_that_cannot_be_made_names_run_out_dir() {
     let out = run_env(&["specs/mnist_single.toml", "-q", "--set", "run.out_dir=/proc/trainrun-nope"], &[]);
-    assert_exit(&out, 1);
+    assert_exit(&out, 2);
     let (_, stderr) = text(&out);
     assert!(
         stderr.contains("`run.out_dir` = \"/proc/trainrun-nope\" (from --set run.out_dir=/proc/trainrun-nope)")
             && stderr.contains("help: point run.out_dir at a folder"),
         "{stderr}"
     );
+    // No restart cures it: the launcher fails the job at once, without "resuming from the
+    // last backup" (issue 29).
+    let out = run_env(
+        &["specs/mnist_multiworker.toml", "-q", "--set", "run.out_dir=/proc/trainrun-nope", "--set", "cluster.max_restarts=3"],
+        &[],
+    );
+    let (_, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("cannot create the run folder `run.out_dir`"), "{stderr}");
+    assert!(!stderr.contains("restarting"), "{stderr}");
 }
 
 #[test]

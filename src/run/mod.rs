@@ -195,8 +195,19 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         arena_floats,
         ring,
         expendable: expendable(plan.strategy.kind()),
+        control: inherited_control(inv, plan, task),
     })
     .map_err(RunError::from)
+}
+
+/// The control-plane listener the local launcher bound for `task` and handed down.
+fn inherited_control(inv: &Invocation, plan: &Plan, task: TaskId) -> Option<std::net::TcpListener> {
+    let fd = inv.env.iter().find(|(k, _)| k == launch::CONTROL_FD).map(|(_, v)| v.as_str())?;
+    let address = match plan.cluster.tasks.iter().find(|(t, _)| *t == task) {
+        Some((_, Address::At(a))) => a,
+        Some((_, Address::Local)) | None => return None,
+    };
+    launch::inherited_listener(fd, address)
 }
 
 /// A stop that came from Ctrl-C is an interruption (exit code 130), not a preemption.
