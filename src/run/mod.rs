@@ -211,7 +211,7 @@ fn inherited_control(inv: &Invocation, plan: &Plan, task: TaskId) -> Option<std:
 }
 
 /// A stop that came from Ctrl-C is an interruption (exit code 130), not a preemption.
-fn interrupted(e: RunError) -> RunError {
+pub(super) fn interrupted(e: RunError) -> RunError {
     match (e, crate::signals::received()) {
         (RunError::Preempted(text), Some(crate::signals::Stop::Interrupted)) => {
             RunError::Interrupted(text.replacen("preempted", "interrupted by Ctrl-C", 1))
