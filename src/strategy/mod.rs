@@ -18,7 +18,8 @@ pub use replica::{BatchView, Replica};
 
 use crate::cluster::job::Job;
 use crate::data::Batch;
-use crate::engine::{BatchStats, Optimizer, Sequential};
+use crate::engine::{Optimizer, Sequential};
+use crate::metrics::Sums;
 use crate::plan::{CrossDevice, Plan, Reduction, StrategyKind};
 use crate::vocab::{Device, DeviceKind};
 
@@ -58,7 +59,7 @@ pub enum StrategyError {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Step {
     /// Loss and accuracy sums over the whole global batch.
-    pub stats: BatchStats,
+    pub stats: Sums,
     /// Some task was asked to stop (SIGTERM) before this step: every task sees it at the same
     /// step, so they stop together.
     pub stop: bool,
@@ -108,7 +109,7 @@ pub trait Strategy: Send {
         &mut self,
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
-    ) -> Result<BatchStats, StrategyError>;
+    ) -> Result<Sums, StrategyError>;
 }
 
 /// The strategy `plan` asks for, over `models` (one per local device of the plan) and, for a

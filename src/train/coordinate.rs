@@ -8,15 +8,17 @@
 
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::fit::{Ending, summary, sums};
-use super::record::{MetricsEvent, MetricsLine, ParameterServerStats, RunDir, Summary};
+use super::fit::{Ending, summary};
+use super::metrics_log::{MetricsEvent, MetricsLine};
 use super::resume::ResumePoint;
+use super::run_dir::RunDir;
+use super::summary::{ParameterServerStats, Summary};
 use super::{FitOptions, Session, TrainError, eval_batch_size, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
 use crate::cluster::Role;
 use crate::cluster::job::DataPlane;
 use crate::data::{Cursor, EvalBatches};
-use crate::engine::BatchStats;
+use crate::metrics::{Reading, Sums};
 use crate::plan::Plan;
 use crate::progress::{Progress, Shown};
 use crate::strategy::StrategyError;
@@ -109,8 +111,8 @@ struct Loop<'a> {
     eval_batch: NonZeroUsize,
     step: u64,
     examples: u64,
-    last_epoch: BatchStats,
-    last_eval: Option<(u64, BatchStats)>,
+    last_epoch: Sums,
+    last_eval: Option<(u64, Sums)>,
     staleness: BTreeMap<u64, u64>,
     first_step_s: Option<f64>,
     steady: Duration,
@@ -156,7 +158,7 @@ pub fn coordinate(
         eval_batch: eval_batch_size(micro, 1, session.activation_len),
         step: start,
         examples: resume.as_ref().map_or(0, |r| r.loop_state.examples),
-        last_epoch: BatchStats::default(),
+        last_epoch: Sums::default(),
         last_eval: None,
         staleness: BTreeMap::new(),
         first_step_s: None,
@@ -253,10 +255,10 @@ impl Loop<'_> {
         for (k, v) in &report.staleness {
             *self.staleness.entry(*k).or_insert(0) += v;
         }
-        self.examples += report.stats.examples;
+        self.examples += report.stats.examples();
         if epoch > 1 || plan.train.epochs == 1 {
             self.steady += took;
-            self.steady_examples += report.stats.examples;
+            self.steady_examples += report.stats.examples();
         }
         Ok(Ran { done, vote, report, took, stop })
     }
@@ -283,7 +285,8 @@ impl Loop<'_> {
             learning_rate: callbacks.learning_rate(self.plan.learning_rate.at(self.step.saturating_sub(1))),
         };
         if let Some(d) = run_dir {
-            d.metrics(&self.metrics_line(MetricsEvent::Evaluation, &logs, 0.0))?;
+            let reading = Reading::new(&self.plan.train.metrics, train, Some(eval), 0.0);
+            d.metrics(&self.metrics_line(MetricsEvent::Evaluation, &logs, reading))?;
         }
         let (loss, accuracy) = (eval.loss(), eval.accuracy());
         self.progress.note(&format!("step {}: val_loss: {loss:.4} - val_accuracy: {accuracy:.4}", self.step));
@@ -297,9 +300,9 @@ impl Loop<'_> {
         Ok(Some(reason))
     }
 
-    fn metrics_line(&self, event: MetricsEvent, logs: &Logs, per_s: f64) -> MetricsLine {
+    fn metrics_line(&self, event: MetricsEvent, logs: &Logs, reading: Reading) -> MetricsLine {
         let wall_s = self.opts.launched.elapsed().as_secs_f64();
-        let line = MetricsLine::of(event, logs, per_s, wall_s, &self.plan.train.metrics);
+        let line = MetricsLine::of(event, logs, reading, wall_s);
         MetricsLine { parameter_server: Some(self.job.stats(&self.staleness)), ..line }
     }
 
@@ -339,14 +342,10 @@ impl Loop<'_> {
     ) -> Result<StopReason, TrainError> {
         self.last_epoch = ran.report.stats;
         if let Some(d) = run_dir {
-            let per_s = ran.report.stats.examples as f64 / ran.took.as_secs_f64().max(1e-9);
-            let mut line = self.metrics_line(MetricsEvent::Epoch, logs, per_s);
-            line.named = line.named.errors(
-                &self.plan.train.metrics,
-                &ran.report.stats,
-                self.last_eval.filter(|e| e.0 == self.step && logs.val_loss.is_some()).map(|e| e.1).as_ref(),
-            );
-            d.metrics(&line)?;
+            let per_s = ran.report.stats.examples() as f64 / ran.took.as_secs_f64().max(1e-9);
+            let val = self.last_eval.filter(|e| e.0 == self.step && logs.val_loss.is_some()).map(|e| e.1);
+            let reading = Reading::new(&self.plan.train.metrics, ran.report.stats, val, per_s);
+            d.metrics(&self.metrics_line(MetricsEvent::Epoch, logs, reading))?;
         }
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
@@ -377,9 +376,9 @@ impl Loop<'_> {
         let step = self.step;
         let loop_state = |callbacks| LoopState {
             examples: self.examples,
-            epoch_sums: sums(&if epoch_end { BatchStats::default() } else { ran.report.stats }),
-            last_epoch_sums: sums(&self.last_epoch),
-            last_eval: self.last_eval.map(|(step, e)| EvalState { step, sums: sums(&e) }),
+            epoch_sums: if epoch_end { Sums::default() } else { ran.report.stats },
+            last_epoch_sums: self.last_epoch,
+            last_eval: self.last_eval.map(|(step, sums)| EvalState { step, sums }),
             callbacks,
             best_weights: false,
             worker_steps: self.job.worker_steps(),
@@ -463,8 +462,8 @@ fn leave(job: Job) -> Result<(), TrainError> {
 /// machine) rather than its share of the cores while they train. Evaluating a snapshot beside
 /// the training workers instead hid nothing on two cores: the chief, two workers and a ps
 /// already keep both busy, so the evaluation's work only slowed the steps.
-fn evaluate(plan: &Plan, session: &mut Session, batch: NonZeroUsize) -> Result<BatchStats, TrainError> {
-    let Some(test) = session.dataset.test.as_ref() else { return Ok(BatchStats::default()) };
+fn evaluate(plan: &Plan, session: &mut Session, batch: NonZeroUsize) -> Result<Sums, TrainError> {
+    let Some(test) = session.dataset.test.as_ref() else { return Ok(Sums::default()) };
     let limit = plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
     let mut batches = EvalBatches::new(test, batch, session.shard).take(limit);
     let threads = plan.parameter_server.as_ref().map_or(plan.threads, |p| p.eval_threads);

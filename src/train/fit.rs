@@ -4,14 +4,16 @@
 
 use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary, peak_rss_mb};
+use super::metrics_log::{MetricsEvent, MetricsLine};
 use super::resume::ResumePoint;
+use super::run_dir::RunDir;
+use super::summary::{ParameterServerStats, Summary, SummaryMetrics, peak_rss_mb};
 use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::SaveStats;
-use crate::checkpoint::manifest::{EvalState, LoopState, Sums};
+use crate::checkpoint::manifest::{EvalState, LoopState};
 use crate::data::{Batch, EvalBatches, Pipeline, PipelineOptions};
-use crate::engine::BatchStats;
 use crate::engine::init::{STEP_DOMAIN, derive_seed};
+use crate::metrics::{Reading, Sums};
 use crate::plan::Plan;
 use crate::progress::{self, Progress, Shown};
 use std::num::NonZeroUsize;
@@ -100,7 +102,7 @@ fn non_finite_weights(step: u64, session: &Session) -> Result<(), TrainError> {
 #[derive(Debug, Clone, Copy)]
 struct Eval {
     step: u64,
-    stats: BatchStats,
+    stats: Sums,
 }
 
 /// Step times, for the throughput figures of the summary.
@@ -128,34 +130,14 @@ struct Loop<'a> {
     start: u64,
     step: u64,
     examples: u64,
-    epoch_stats: BatchStats,
-    last_epoch: BatchStats,
+    epoch_stats: Sums,
+    last_epoch: Sums,
     last_eval: Option<Eval>,
     lr: f64,
     timing: Timing,
     resumed_from_step: Option<u64>,
     /// Whether this task is the chief (the one that writes the run folder and saves).
     chief: bool,
-}
-
-pub(super) fn sums(s: &BatchStats) -> Sums {
-    Sums {
-        loss_sum: s.loss_sum,
-        correct: s.correct,
-        examples: s.examples,
-        abs_error_sum: s.abs_error_sum,
-        squared_error_sum: s.squared_error_sum,
-    }
-}
-
-fn stats(s: &Sums) -> BatchStats {
-    BatchStats {
-        loss_sum: s.loss_sum,
-        correct: s.correct,
-        examples: s.examples,
-        abs_error_sum: s.abs_error_sum,
-        squared_error_sum: s.squared_error_sum,
-    }
 }
 
 impl<'a> Loop<'a> {
@@ -195,9 +177,9 @@ impl<'a> Loop<'a> {
             start,
             step: start,
             examples: lp.map_or(0, |l| l.examples),
-            epoch_stats: lp.map(|l| stats(&l.epoch_sums)).unwrap_or_default(),
-            last_epoch: lp.map(|l| stats(&l.last_epoch_sums)).unwrap_or_default(),
-            last_eval: lp.and_then(|l| l.last_eval).map(|e| Eval { step: e.step, stats: stats(&e.sums) }),
+            epoch_stats: lp.map(|l| l.epoch_sums).unwrap_or_default(),
+            last_epoch: lp.map(|l| l.last_epoch_sums).unwrap_or_default(),
+            last_eval: lp.and_then(|l| l.last_eval).map(|e| Eval { step: e.step, stats: e.sums }),
             lr: callbacks.learning_rate(plan.learning_rate.at(start)),
             timing: Timing { steady_from, ..Timing::default() },
             resumed_from_step: resume.as_ref().map(|r| r.step),
@@ -239,7 +221,7 @@ impl<'a> Loop<'a> {
         let asked = self.opts.stop.load(Ordering::Relaxed);
         let out = session.strategy.compute_gradients(&mut session.vars, &self.micro, seed, asked)?;
         // Free on the hot path: a NaN gradient shows in the next step's loss at the latest.
-        if !out.stats.loss_sum.is_finite() {
+        if !out.stats.loss_sum().is_finite() {
             let what = first_non_finite(&session.vars, &session.tensors, &session.state_tensors)
                 .map_or_else(|| "the loss".to_string(), |t| format!("the loss, and the weights from `{t}` on,"));
             return Err(TrainError::NonFinite { step: self.step + 1, what });
@@ -250,7 +232,7 @@ impl<'a> Loop<'a> {
             self.pipeline.recycle(b);
         }
         self.step += 1;
-        self.examples += out.stats.examples;
+        self.examples += out.stats.examples();
         self.epoch_stats.add(out.stats);
         let took = started.elapsed();
         if let Some(d) = run_dir {
@@ -260,7 +242,7 @@ impl<'a> Loop<'a> {
         self.timing.all += took;
         if self.step > self.timing.steady_from {
             self.timing.steady += took;
-            self.timing.steady_examples += out.stats.examples;
+            self.timing.steady_examples += out.stats.examples();
         }
         self.progress.step(s + 1, &self.shown());
         Ok(out.stop)
@@ -275,7 +257,7 @@ impl<'a> Loop<'a> {
     }
 
     /// The logs after this step: `train` is the epoch's statistics so far.
-    fn logs(&self, epoch: u64, train: &BatchStats, eval: Option<Eval>) -> Logs {
+    fn logs(&self, epoch: u64, train: &Sums, eval: Option<Eval>) -> Logs {
         Logs {
             epoch,
             step: self.step,
@@ -342,7 +324,7 @@ impl<'a> Loop<'a> {
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
         self.timing.epoch = Duration::ZERO;
-        self.epoch_stats = BatchStats::default();
+        self.epoch_stats = Sums::default();
         Ok(match callbacks.on_epoch_end(&logs, &session.vars)? {
             Control::Continue => None,
             Control::Stop(r) => Some(r),
@@ -378,7 +360,7 @@ impl<'a> Loop<'a> {
         let at = Moment { step: self.step, epoch_end, preempting, logs: &logs };
         let cursor = self.pipeline.cursor();
         let (examples, epoch_sums, last_epoch, last_eval) =
-            (self.examples, sums(&self.epoch_stats), sums(&self.last_epoch), self.last_eval);
+            (self.examples, self.epoch_stats, self.last_epoch, self.last_eval);
         let step = self.step;
         let notes = callbacks.save(&at, |callbacks| {
             // Only when a save is due: a checkpoint never holds a NaN, and the pending
@@ -391,7 +373,7 @@ impl<'a> Loop<'a> {
                     examples,
                     epoch_sums,
                     last_epoch_sums: last_epoch,
-                    last_eval: last_eval.map(|e| EvalState { step: e.step, sums: sums(&e.stats) }),
+                    last_eval: last_eval.map(|e| EvalState { step: e.step, sums: e.stats }),
                     callbacks,
                     best_weights: false,
                     worker_steps: Vec::new(),
@@ -423,9 +405,9 @@ impl<'a> Loop<'a> {
         TrainError::Preempted { step: self.step, backup, chief, backs_up: self.plan.callbacks.backs_up() }
     }
 
-    fn evaluate(&self, session: &mut Session) -> Result<BatchStats, TrainError> {
+    fn evaluate(&self, session: &mut Session) -> Result<Sums, TrainError> {
         let Some(test) = session.dataset.test.as_ref() else {
-            return Ok(BatchStats::default());
+            return Ok(Sums::default());
         };
         let limit = self.plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
         let mut batches = EvalBatches::new(test, self.eval_batch, session.shard);
@@ -435,15 +417,10 @@ impl<'a> Loop<'a> {
     }
 
     fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
-        let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
-        let line =
-            MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics);
-        let named = line.named.errors(
-            &self.plan.train.metrics,
-            &self.epoch_stats,
-            self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats).as_ref(),
-        );
-        MetricsLine { named, ..line }
+        let per_s = self.epoch_stats.examples() as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
+        let val = self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats);
+        let reading = Reading::new(&self.plan.train.metrics, self.epoch_stats, val, per_s);
+        MetricsLine::of(event, logs, reading, self.opts.launched.elapsed().as_secs_f64())
     }
 
     /// The final evaluation, the weights, the last checkpoints and the summary.
@@ -503,8 +480,8 @@ impl<'a> Loop<'a> {
 /// How a training loop ended: what [`summary`] does not read from the plan or the session.
 pub(super) struct Ending {
     pub stopped: StopReason,
-    pub last_epoch: BatchStats,
-    pub final_eval: Option<BatchStats>,
+    pub last_epoch: Sums,
+    pub final_eval: Option<Sums>,
     pub steps: u64,
     pub examples: u64,
     pub first_step_s: Option<f64>,
@@ -521,11 +498,7 @@ pub(super) struct Ending {
 pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: Ending) -> Summary {
     let train_loss = end.last_epoch.loss();
     let final_loss = end.final_eval.map(|e| e.loss());
-    let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_loss, end.steady_examples_per_s).errors(
-        &plan.train.metrics,
-        &end.last_epoch,
-        end.final_eval.as_ref(),
-    );
+    let metrics = Reading::new(&plan.train.metrics, end.last_epoch, end.final_eval, end.steady_examples_per_s);
     Summary {
         trainrun_version: env!("CARGO_PKG_VERSION"),
         name: plan.name.clone(),
@@ -542,13 +515,7 @@ pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: En
         input_wait_s: end.input_wait_s,
         steady_examples_per_s: end.steady_examples_per_s,
         peak_rss_mb: peak_rss_mb(),
-        train_perplexity: named.perplexity,
-        test_perplexity: named.val_perplexity,
-        steady_tokens_per_s: named.tokens_per_s,
-        train_mae: named.mae,
-        test_mae: named.val_mae,
-        train_rmse: named.rmse,
-        test_rmse: named.val_rmse,
+        metrics: SummaryMetrics(metrics),
         weights_sha256: end.weights_sha256,
         params: session.vars.params.len(),
         threads: plan.threads,

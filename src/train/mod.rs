@@ -1,5 +1,5 @@
 //! The training loop: Keras's `model.fit` over a strategy, with evaluation, callbacks,
-//! checkpoints, resumption, preemption, progress and the run record.
+//! checkpoints, resumption, preemption, progress and the run folder.
 
 pub mod callbacks;
 pub mod checkpointer;
@@ -7,9 +7,11 @@ mod coordinate;
 pub mod ended;
 pub mod evaluator;
 mod fit;
-pub mod record;
+pub mod metrics_log;
 pub mod resume;
-pub mod run_record;
+pub mod run_dir;
+pub mod run_json;
+pub mod summary;
 pub mod tensorboard;
 mod weights;
 
@@ -23,7 +25,7 @@ use crate::data::{Dataset, Shard};
 use crate::engine::{Optimizer, TensorInfo};
 use crate::strategy::{Strategy, StrategyError, Variables};
 use callbacks::CallbackError;
-use record::RecordError;
+use run_dir::RecordError;
 use std::path::PathBuf;
 use std::sync::Arc;
 

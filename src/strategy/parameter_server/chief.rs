@@ -4,7 +4,8 @@
 
 use crate::cluster::job::Job;
 use crate::data::Batch;
-use crate::engine::{BatchStats, Optimizer};
+use crate::engine::Optimizer;
+use crate::metrics::Sums;
 use crate::plan::{CrossDevice, StrategyKind};
 use crate::strategy::local::Replicated;
 use crate::strategy::{Replica, Step, Strategy, StrategyError, Variables};
@@ -59,7 +60,7 @@ impl Strategy for Chief {
         &mut self,
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
-    ) -> Result<BatchStats, StrategyError> {
+    ) -> Result<Sums, StrategyError> {
         self.local.evaluate(vars, batches)
     }
 }
