@@ -8,7 +8,7 @@ use crate::exit::RunError;
 use crate::plan::{Facts, Hardware, Plan, StrategyKind};
 use crate::spec::sweep::Sweep;
 use crate::spec::{self, Diagnostic, Loaded};
-use crate::train::run_record::TrialOrigin;
+use crate::train::run_json::TrialOrigin;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Instant;

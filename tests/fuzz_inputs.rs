@@ -299,6 +299,7 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
     use trainrun::checkpoint::manifest::*;
     use trainrun::checkpoint::{Layout, Snapshot, Store};
     use trainrun::engine::sequential::TensorInfo;
+    use trainrun::metrics::{accuracy, loss, mae, rmse};
     static FILES: OnceLock<(Vec<u8>, Vec<u8>, Vec<TensorInfo>)> = OnceLock::new();
     FILES.get_or_init(|| {
         let tensors = vec![
@@ -312,7 +313,12 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
             optimizer: vec![("momentum".into(), vec![0.25; 8])],
             best: None,
         };
-        let sums = Sums { loss_sum: 1.5, correct: 3, examples: 4, abs_error_sum: 0.5, squared_error_sum: 0.25 };
+        let mut sums = trainrun::metrics::Sums::of_examples(4);
+        for (slot, value) in
+            [(loss::SUM, 1.5), (accuracy::CORRECT, 3.0), (mae::ABS_ERROR, 0.5), (rmse::SQUARED_ERROR, 0.25)]
+        {
+            sums.accumulate(slot, value);
+        }
         let manifest = Manifest {
             format: FORMAT,
             trainrun_version: "fuzz".into(),
@@ -333,7 +339,7 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
             loop_state: LoopState {
                 examples: 1920,
                 epoch_sums: sums,
-                last_epoch_sums: Sums::default(),
+                last_epoch_sums: trainrun::metrics::Sums::default(),
                 last_eval: Some(EvalState { step: 20, sums }),
                 callbacks: [
                     ("model_checkpoint".to_string(), serde_json::json!({ "best": 0.5 })),
@@ -464,7 +470,7 @@ fn run_json_rewrites_of_random_and_mutated_files_never_panic() {
     // The stop watchdog and the launcher rewrite a `run.json` that may be damaged or cut short
     // (a full disk, a killed writer): they change a `running` record and leave anything else.
     use trainrun::signals::Stop;
-    use trainrun::train::run_record::{mark_failed, mark_interrupted, mark_stopped};
+    use trainrun::train::run_json::{mark_failed, mark_interrupted, mark_stopped};
     let seeds: Vec<Vec<u8>> = [
         r#"{"status": "running", "exit_code": null, "error": null, "wall_s": 1.5}"#,
         r#"{"status": "preempted", "exit_code": 6}"#,

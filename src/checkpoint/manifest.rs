@@ -3,6 +3,7 @@
 //! every file. It is written last: a folder without one is an unfinished checkpoint.
 
 use crate::data::Cursor;
+use crate::metrics::Sums;
 use serde::{Deserialize, Serialize};
 
 /// The manifest's format; a reader refuses others.
@@ -46,22 +47,42 @@ pub struct Topology {
     pub accumulation_steps: usize,
 }
 
-/// Loss and accuracy sums, exactly as the loop accumulates them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Sums {
-    /// Sum of per-example losses.
-    #[serde(with = "float")]
-    pub loss_sum: f64,
-    /// Correct predictions.
-    pub correct: u64,
-    /// Examples.
-    pub examples: u64,
-    /// Regression rows' mean absolute errors, summed (absent in older checkpoints: 0).
-    #[serde(default, with = "float")]
-    pub abs_error_sum: f64,
-    /// Regression rows' mean squared errors, summed (absent in older checkpoints: 0).
-    #[serde(default, with = "float")]
-    pub squared_error_sum: f64,
+/// [`Sums`] as a JSON object of its slots by name (`{"loss_sum": 1.5, "correct": 3.0, …}`),
+/// each a [`float`], exactly as the loop accumulated them. Backups written before the sums
+/// became slots have the same names, with integer counts, and the oldest lack
+/// `abs_error_sum` and `squared_error_sum`: both read, a missing slot as 0. A name no slot has
+/// is refused rather than dropped (a newer trainrun's metric this one cannot carry on).
+pub mod sums {
+    use crate::metrics::{SLOTS, Sums};
+    use serde::ser::SerializeMap;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    #[derive(Serialize, Deserialize)]
+    struct Float(#[serde(with = "super::float")] f64);
+
+    pub fn serialize<S: Serializer>(sums: &Sums, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(Sums::LEN))?;
+        for (slot, value) in sums.slots() {
+            map.serialize_entry(slot.name, &Float(value))?;
+        }
+        map.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Sums, D::Error> {
+        let mut values = [0.0; Sums::LEN];
+        for (name, Float(value)) in BTreeMap::<String, Float>::deserialize(d)? {
+            let Some(slot) = SLOTS.iter().find(|s| s.name == name) else {
+                let known: Vec<&str> = SLOTS.iter().map(|s| s.name).collect();
+                return Err(serde::de::Error::custom(format!(
+                    "unknown sum `{name}` (this trainrun sums {})",
+                    known.join(", ")
+                )));
+            };
+            values[slot.index] = value;
+        }
+        Ok(Sums::from_values(values))
+    }
 }
 
 /// The last evaluation on the test split.
@@ -70,6 +91,7 @@ pub struct EvalState {
     /// The step it was taken at.
     pub step: u64,
     /// Its sums.
+    #[serde(with = "sums")]
     pub sums: Sums,
 }
 
@@ -83,8 +105,10 @@ pub struct LoopState {
     /// Training examples processed so far (all replicas).
     pub examples: u64,
     /// Sums of the epoch in progress (empty at an epoch boundary).
+    #[serde(with = "sums")]
     pub epoch_sums: Sums,
     /// Sums of the last finished epoch (the summary's `train_loss`).
+    #[serde(with = "sums")]
     pub last_epoch_sums: Sums,
     /// The last evaluation, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -247,6 +271,7 @@ pub mod float_opt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::{accuracy, loss, mae, rmse};
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct Memory {
@@ -272,8 +297,34 @@ mod tests {
         assert_eq!(back, state);
         let m: Memory = serde_json::from_value(back["model_checkpoint"].clone()).unwrap();
         assert_eq!(m, Memory { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 });
-        let sums = Sums { loss_sum: f64::NAN, correct: 1, examples: 2, ..Sums::default() };
-        let back: Sums = serde_json::from_str(&serde_json::to_string(&sums).unwrap()).unwrap();
-        assert!(back.loss_sum.is_nan());
+        let mut sums = Sums::of_examples(2);
+        sums.accumulate(loss::SUM, f64::NAN);
+        let eval = EvalState { step: 3, sums };
+        let back: EvalState = serde_json::from_str(&serde_json::to_string(&eval).unwrap()).unwrap();
+        assert!(back.sums.loss_sum().is_nan());
+        assert_eq!(back.sums.examples(), 2);
+    }
+
+    /// A backup written before the sums became slots: named fields, integer counts.
+    #[test]
+    fn sums_of_older_backups_read() {
+        let old = r#"{"step": 20, "sums": {"loss_sum": 1.5, "correct": 3, "examples": 4, "abs_error_sum": 0.5,
+            "squared_error_sum": 0.25}}"#;
+        let back: EvalState = serde_json::from_str(old).unwrap();
+        let expected = [(loss::SUM, 1.5), (accuracy::CORRECT, 3.0), (loss::EXAMPLES, 4.0), (mae::ABS_ERROR, 0.5)];
+        for (slot, value) in expected.into_iter().chain([(rmse::SQUARED_ERROR, 0.25)]) {
+            assert_eq!(back.sums.get(slot), value, "{}", slot.name);
+        }
+        // Older still: no regression errors.
+        let oldest = r#"{"step": 20, "sums": {"loss_sum": "NaN", "correct": 3, "examples": 4}}"#;
+        let back: EvalState = serde_json::from_str(oldest).unwrap();
+        assert!(back.sums.loss_sum().is_nan());
+        assert_eq!((back.sums.get(mae::ABS_ERROR), back.sums.get(rmse::SQUARED_ERROR)), (0.0, 0.0));
+        // What this trainrun writes reads back the same.
+        let again: EvalState = serde_json::from_str(&serde_json::to_string(&back).unwrap()).unwrap();
+        assert_eq!(again.sums.values().map(f64::to_bits), back.sums.values().map(f64::to_bits));
+        let unknown = r#"{"step": 20, "sums": {"loss_sum": 1.0, "hinge_sum": 2.0}}"#;
+        let err = serde_json::from_str::<EvalState>(unknown).unwrap_err().to_string();
+        assert!(err.contains("unknown sum `hinge_sum`"), "{err}");
     }
 }

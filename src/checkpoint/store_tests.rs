@@ -2,11 +2,12 @@
 
 use super::*;
 use crate::checkpoint::manifest::{
-    CallbacksState, LoopState, Metrics, OptimizerKind, OptimizerState, RngState, Sums, Topology,
+    CallbacksState, LoopState, Metrics, OptimizerKind, OptimizerState, RngState, Topology,
 };
 use crate::checkpoint::{Kind, Layout, Snapshot};
 use crate::data::Cursor;
 use crate::engine::TensorInfo;
+use crate::metrics::{Sums, accuracy, loss};
 
 fn layout() -> Layout {
     Layout {
@@ -30,6 +31,9 @@ fn snapshot(x: f32) -> Snapshot {
 }
 
 pub(crate) fn manifest(step: u64) -> Manifest {
+    let mut epoch_sums = Sums::of_examples(4);
+    epoch_sums.accumulate(loss::SUM, 1.25);
+    epoch_sums.accumulate(accuracy::CORRECT, 3.0);
     Manifest {
         format: crate::checkpoint::manifest::FORMAT,
         trainrun_version: "test".into(),
@@ -49,7 +53,7 @@ pub(crate) fn manifest(step: u64) -> Manifest {
         optimizer: OptimizerState { kind: OptimizerKind::Sgd, iterations: step, buffers: vec!["momentum".into()] },
         loop_state: LoopState {
             examples: step * 64,
-            epoch_sums: Sums { loss_sum: 1.25, correct: 3, examples: 4, ..Sums::default() },
+            epoch_sums,
             last_epoch_sums: Sums::default(),
             last_eval: None,
             callbacks: CallbacksState::new(),
@@ -85,7 +89,7 @@ fn a_checkpoint_reads_back_exactly() {
     assert_eq!((loaded.params, loaded.state), (s.params, s.state));
     assert_eq!(loaded.optimizer, s.optimizer);
     assert_eq!(loaded.manifest.files.len(), 2);
-    assert_eq!(loaded.manifest.loop_state.epoch_sums.loss_sum, 1.25);
+    assert_eq!(loaded.manifest.loop_state.epoch_sums.loss_sum(), 1.25);
     let listed: Vec<u64> = store.list().unwrap().iter().map(|l| l.step).collect();
     assert_eq!(listed, [10]);
 }

@@ -1,12 +1,15 @@
-//! Losses (Keras's six) with their gradients, and the accuracy metric.
+//! Losses (Keras's six) with their gradients, and the sums the metrics read.
 //!
 //! The outputs are rows of `width` values, compared with the [`Truth`]: one class index per
 //! row (an image's class, or a language model's next token at one position), or `width` float
 //! targets per row (regression). Per-row losses are summed, and the gradient is scaled by
 //! `scale`: the caller passes 1 / (rows in the whole global batch), so gradients summed over
 //! accumulation steps and replicas give exactly the gradient of the global batch's mean loss.
+//! The loss fills its own sums (losses, examples); every metric observes each row for its own
+//! ([`crate::metrics`]).
 
 use super::activation::sigmoid;
+use crate::metrics::{self, Label, Sums};
 use crate::vocab::Loss;
 
 /// Keras's `backend.epsilon()`: probabilities are clipped to `[EPS, 1 - EPS]`.
@@ -66,55 +69,9 @@ impl Target<'_> {
     }
 }
 
-/// Sums over a batch, for display and reduction across replicas.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct BatchStats {
-    /// Sum of per-example losses.
-    pub loss_sum: f64,
-    /// Examples whose highest output is the label.
-    pub correct: u64,
-    /// Examples seen.
-    pub examples: u64,
-    /// Sum over regression rows of the mean absolute error of the row (0 for class rows).
-    pub abs_error_sum: f64,
-    /// Sum over regression rows of the mean squared error of the row (0 for class rows).
-    pub squared_error_sum: f64,
-}
-
-impl BatchStats {
-    /// Adds another batch's sums.
-    pub fn add(&mut self, other: BatchStats) {
-        self.loss_sum += other.loss_sum;
-        self.correct += other.correct;
-        self.examples += other.examples;
-        self.abs_error_sum += other.abs_error_sum;
-        self.squared_error_sum += other.squared_error_sum;
-    }
-
-    /// Mean absolute error over every target value (Keras `mae`; 0 with no examples).
-    pub fn mae(&self) -> f64 {
-        if self.examples == 0 { 0.0 } else { self.abs_error_sum / self.examples as f64 }
-    }
-
-    /// Root mean squared error over every target value (Keras `RootMeanSquaredError`).
-    pub fn rmse(&self) -> f64 {
-        if self.examples == 0 { 0.0 } else { (self.squared_error_sum / self.examples as f64).sqrt() }
-    }
-
-    /// Mean loss (0 with no examples).
-    pub fn loss(&self) -> f64 {
-        if self.examples == 0 { 0.0 } else { self.loss_sum / self.examples as f64 }
-    }
-
-    /// Accuracy (0 with no examples).
-    pub fn accuracy(&self) -> f64 {
-        if self.examples == 0 { 0.0 } else { self.correct as f64 / self.examples as f64 }
-    }
-}
-
 impl LossFn {
-    /// Loss sums and accuracy for `out` (`truth.rows(width)` rows of `width` values); when
-    /// `grad` is given, writes `scale × dloss/dout` into it. Accuracy counts class rows only.
+    /// The sums of `out` (`truth.rows(width)` rows of `width` values): the loss's, and every
+    /// metric's from its rows; when `grad` is given, writes `scale × dloss/dout` into it.
     pub fn evaluate(
         &self,
         out: &[f32],
@@ -122,34 +79,27 @@ impl LossFn {
         width: usize,
         scale: f32,
         mut grad: Option<&mut [f32]>,
-    ) -> BatchStats {
+    ) -> Sums {
         let rows = truth.rows(width);
-        let mut stats = BatchStats { examples: rows as u64, ..BatchStats::default() };
+        let mut sums = Sums::of_examples(rows);
         for i in 0..rows {
             let row = &out[i * width..(i + 1) * width];
             let target = match truth {
                 Truth::Classes(labels) => {
                     let label = labels[i] as usize;
-                    if argmax(row) == label {
-                        stats.correct += 1;
-                    }
+                    metrics::observe(row, Label::Class(label), &mut sums);
                     Target::Class(label)
                 }
                 Truth::Targets(values) => {
                     let t = &values[i * width..(i + 1) * width];
-                    let (abs, sq) = row.iter().zip(t).fold((0f64, 0f64), |(a, s), (&o, &t)| {
-                        let e = f64::from(o) - f64::from(t);
-                        (a + e.abs(), s + e * e)
-                    });
-                    stats.abs_error_sum += abs / width as f64;
-                    stats.squared_error_sum += sq / width as f64;
+                    metrics::observe(row, Label::Targets(t), &mut sums);
                     Target::Values(t)
                 }
             };
             let g = grad.as_deref_mut().map(|g| &mut g[i * width..(i + 1) * width]);
-            stats.loss_sum += f64::from(self.example(row, target, scale, g));
+            sums.accumulate(metrics::loss::SUM, f64::from(self.example(row, target, scale, g)));
         }
-        stats
+        sums
     }
 
     /// One row's loss; writes its scaled gradient into `g` when given.
@@ -274,17 +224,6 @@ fn probability_crossentropy(row: &[f32], target: Target<'_>, scale: f32, g: Opti
     }
 }
 
-/// Index of the largest value (the first on ties, as `tf.argmax`).
-pub fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (j, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = j;
-        }
-    }
-    best
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,10 +239,10 @@ mod tests {
     ];
 
     /// Checks `f`'s gradient at `out` against central differences of step `h`.
-    fn check_gradient(f: LossFn, out: &[f32], truth: Truth<'_>, width: usize, h: f32) -> BatchStats {
+    fn check_gradient(f: LossFn, out: &[f32], truth: Truth<'_>, width: usize, h: f32) -> Sums {
         let mut grad = vec![0.0; out.len()];
         let stats = f.evaluate(out, truth, width, 1.0, Some(&mut grad));
-        let loss = |o: &[f32]| f.evaluate(o, truth, width, 1.0, None).loss_sum;
+        let loss = |o: &[f32]| f.evaluate(o, truth, width, 1.0, None).loss_sum();
         for i in 0..out.len() {
             let (mut up, mut down) = (out.to_vec(), out.to_vec());
             up[i] += h;
@@ -341,7 +280,7 @@ mod tests {
     fn accuracy_counts_argmax_hits() {
         let f = LossFn { kind: Loss::MeanSquaredError, from_logits: false };
         let s = f.evaluate(&[0.1, 0.9, 0.8, 0.2], Truth::Classes(&[1, 1]), 2, 1.0, None);
-        assert_eq!((s.correct, s.examples), (1, 2));
+        assert_eq!((s.get(metrics::accuracy::CORRECT), s.examples()), (1.0, 2));
         assert_eq!(s.accuracy(), 0.5);
     }
 
@@ -358,7 +297,7 @@ mod tests {
                     .map(|i| if from_logits { (i as f32 * 0.91).cos() * 1.7 } else { 0.1 + 0.13 * (i % 4) as f32 })
                     .collect();
                 let s = check_gradient(f, &out, Truth::Targets(&targets), width, 1e-3);
-                assert_eq!((s.examples, s.correct), (2, 0));
+                assert_eq!((s.examples(), s.get(metrics::accuracy::CORRECT)), (2, 0.0));
             }
         }
     }
@@ -371,7 +310,7 @@ mod tests {
             let (mut a, mut b) = (vec![0.0; 4], vec![0.0; 4]);
             let by_class = f.evaluate(&out, Truth::Classes(&[2]), 4, 0.5, Some(&mut a));
             let by_values = f.evaluate(&out, Truth::Targets(&[0.0, 0.0, 1.0, 0.0]), 4, 0.5, Some(&mut b));
-            assert!((by_class.loss_sum - by_values.loss_sum).abs() < 1e-6, "{kind:?}");
+            assert!((by_class.loss_sum() - by_values.loss_sum()).abs() < 1e-6, "{kind:?}");
             for (x, y) in a.iter().zip(&b) {
                 assert!((x - y).abs() < 1e-6, "{kind:?}: {a:?} vs {b:?}");
             }
@@ -383,7 +322,7 @@ mod tests {
         let out = [1.0f32, 3.0];
         let t = [0.0f32, 0.5];
         let value =
-            |kind| LossFn { kind, from_logits: false }.evaluate(&out, Truth::Targets(&t), 2, 1.0, None).loss_sum;
+            |kind| LossFn { kind, from_logits: false }.evaluate(&out, Truth::Targets(&t), 2, 1.0, None).loss_sum();
         assert!((value(Loss::MeanSquaredError) - (1.0 + 6.25) / 2.0).abs() < 1e-6);
         assert!((value(Loss::MeanAbsoluteError) - (1.0 + 2.5) / 2.0).abs() < 1e-6);
         // Huber: 0.5·1² below delta, 1·(2.5 - 0.5) above.
@@ -396,7 +335,7 @@ mod tests {
     fn sequence_labels_are_one_row_per_position() {
         let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
         let s = f.evaluate(&[0.0; 6 * 5], Truth::Classes(&[0, 1, 2, 3, 4, 0]), 5, 1.0, None);
-        assert_eq!(s.examples, 6);
+        assert_eq!(s.examples(), 6);
         assert!((s.loss() - 5f64.ln()).abs() < 1e-6);
     }
 }

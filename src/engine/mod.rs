@@ -28,7 +28,7 @@ pub mod strided;
 pub(crate) mod gradcheck;
 
 pub use layer::{Init, Layer, ParamSpec, Pass, Tie};
-pub use loss::{BatchStats, LossFn, Truth};
+pub use loss::{LossFn, Truth};
 pub use op::Op;
 pub use optimizer::Optimizer;
 pub use sequential::{LayerSummary, Sequential, TensorInfo};

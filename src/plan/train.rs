@@ -2,6 +2,7 @@
 
 use crate::data::{DataFacts, LabelKind};
 use crate::engine::LossFn;
+use crate::metrics::{self, Needs};
 use crate::model::{LayerConfig, ModelPlan};
 use crate::spec::{Diagnostic, Spec};
 use crate::vocab::{Loss, Metric};
@@ -156,30 +157,23 @@ pub fn resolve(
 
 /// Why `metric` cannot be measured for `loss` on data labelled `labels`, if it cannot.
 fn unmeasurable(metric: Metric, loss: Loss, labels: LabelKind) -> Option<Diagnostic> {
-    match metric {
-        Metric::Accuracy => None,
-        Metric::Perplexity => (!cross_entropy(loss)).then(|| {
-            Diagnostic::error(
-                "train.metrics",
-                format!("train.metrics = \"perplexity\" is exp of a cross-entropy, but train.loss = \"{}\"", loss_name(loss)),
-            )
-            .help("use loss = \"sparse_categorical_crossentropy\", or drop \"perplexity\" from train.metrics")
+    let name = metrics::of(metric).name();
+    let refused = |what: &str, but: String, fix: &str| {
+        Diagnostic::error("train.metrics", format!("train.metrics = \"{name}\" {what}, but {but}"))
+            .help(format!("{fix}, or drop \"{name}\" from train.metrics"))
+    };
+    match metrics::of(metric).needs() {
+        Needs::Nothing => None,
+        Needs::CrossEntropy(what) => (!cross_entropy(loss)).then(|| {
+            let but = format!("train.loss = \"{}\"", loss_name(loss));
+            refused(what, but, "use loss = \"sparse_categorical_crossentropy\"")
         }),
-        Metric::TokensPerS => (!matches!(labels, LabelKind::Sequence { .. })).then(|| {
-            Diagnostic::error(
-                "train.metrics",
-                "train.metrics = \"tokens_per_s\" counts the tokens of sequences, but the dataset has one label per example",
-            )
-            .help("train a language model on a `text` or `tokens` source, or drop \"tokens_per_s\" from train.metrics")
+        Needs::Sequences(what) => (!matches!(labels, LabelKind::Sequence { .. })).then(|| {
+            let but = "the dataset has one label per example".to_string();
+            refused(what, but, "train a language model on a `text` or `tokens` source")
         }),
-        Metric::Mae | Metric::Rmse => (!matches!(labels, LabelKind::Target { .. })).then(|| {
-            let name = if metric == Metric::Mae { "mae" } else { "rmse" };
-            Diagnostic::error(
-                "train.metrics",
-                format!("train.metrics = \"{name}\" measures errors against float targets, but the dataset has class labels"),
-            )
-            .help(format!("use \"accuracy\" for classes, or drop \"{name}\" from train.metrics"))
-        }),
+        Needs::Targets(what) => (!matches!(labels, LabelKind::Target { .. }))
+            .then(|| refused(what, "the dataset has class labels".to_string(), "use \"accuracy\" for classes")),
     }
 }
 

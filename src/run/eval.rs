@@ -45,7 +45,7 @@ pub fn eval(inv: &Invocation, checkpoint: &Path) -> Result<(), RunError> {
     println!("test: loss: {:.4} - accuracy: {:.4}", stats.loss(), stats.accuracy());
     println!(
         "{}",
-        serde_json::json!({ "step": step, "test_loss": stats.loss(), "test_accuracy": stats.accuracy(), "examples": stats.examples })
+        serde_json::json!({ "step": step, "test_loss": stats.loss(), "test_accuracy": stats.accuracy(), "examples": stats.examples() })
     );
     Ok(())
 }

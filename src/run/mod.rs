@@ -5,7 +5,7 @@
 mod check;
 mod eval;
 mod parameter_server;
-mod record;
+mod run_folder;
 mod sample;
 
 pub use check::check;
@@ -22,7 +22,7 @@ use crate::plan::{Distribution, Part, Plan, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare};
 use crate::progress::Mode;
 use crate::train::{self, FitOptions};
-use record::Record;
+use run_folder::RunFolder;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -124,9 +124,9 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         match error {
             RunError::Preempted(_) => {}
             // The chief saw SIGTERM from the launcher (or was killed by a second Ctrl-C).
-            RunError::Interrupted(_) => crate::train::run_record::mark_interrupted(&p.plan.out_dir, &error.to_string()),
+            RunError::Interrupted(_) => crate::train::run_json::mark_interrupted(&p.plan.out_dir, &error.to_string()),
             // A chief killed before it could say so leaves `run.json` at `running`.
-            _ => crate::train::run_record::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string()),
+            _ => crate::train::run_json::mark_failed(&p.plan.out_dir, error.exit(), &error.to_string()),
         }
         return Err(error);
     }
@@ -264,10 +264,10 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // From here a stop waits for the step boundary and saves a backup first.
     crate::signals::training_started(plan.callbacks.backs_up());
     let mut record =
-        if chief { Some(Record::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
+        if chief { Some(RunFolder::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
-        crate::signals::on_forced_stop(move |stop, why| crate::train::run_record::mark_stopped(&dir, stop, why));
+        crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
     }
     if chief {
         if let Some(vocabulary) = vocabulary {
@@ -279,7 +279,7 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     }
     let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
     let result = pool(plan.threads).and_then(|pool| {
-        let run_dir = record.as_mut().map(Record::dir);
+        let run_dir = record.as_mut().map(RunFolder::dir);
         let summary = pool.install(|| train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume))?;
         if let Some(r) = record.as_mut() {
             r.dir().summary(&summary).map_err(|e| RunError::Train(e.into()))?;

@@ -12,10 +12,11 @@ use super::{Step, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
 use crate::engine::cuda::worker::{Pending, Worker};
 use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, model, probe};
-use crate::engine::{BatchStats, Optimizer, Sequential};
+use crate::engine::{Optimizer, Sequential};
+use crate::metrics::Sums;
 use crate::plan::CrossDevice;
 use crate::plan::{CrossDevicePlan, Distribution, OptimizerPlan, Plan, StrategyKind};
-use crate::vocab::{DeviceKind, Metric};
+use crate::vocab::DeviceKind;
 use std::sync::Arc;
 
 /// Replicas on GPUs.
@@ -70,14 +71,7 @@ pub fn new(plan: &Plan, models: Vec<Sequential>) -> Result<Gpus, StrategyError> 
         }
     };
     model::check_loss(plan.train.loss_fn()).map_err(err)?;
-    // The GPU loss kernel sums losses and correct predictions only; a regression error read
-    // back from it would be a silent 0.
-    if let Some(m) = plan.train.metrics.iter().find(|m| matches!(m, Metric::Mae | Metric::Rmse)) {
-        return Err(StrategyError::Unsupported(format!(
-            "GPU: train.metrics = \"{}\" has no GPU kernel yet; drop it from train.metrics, or train on CPUs",
-            if *m == Metric::Mae { "mae" } else { "rmse" }
-        )));
-    }
+    model::check_metrics(&plan.train.metrics).map_err(err)?;
     let indices: Vec<usize> = devices.iter().map(|d| d.index as usize).collect();
     probe::training(&indices).map_err(err)?;
     let ptx: Arc<str> = kernels::compile().map_err(err)?.to_src().into();
@@ -187,7 +181,7 @@ impl Synchronous for Gpus {
             let state_len = vars.state.len();
             pending.push(
                 w.submit(move |r| {
-                    let mut stats = BatchStats::default();
+                    let mut stats = Sums::default();
                     for (i, (x, y, n)) in parts.iter().enumerate() {
                         stats.add(r.train_step(x, y, *n, scale, i > 0)?);
                     }
@@ -200,7 +194,7 @@ impl Synchronous for Gpus {
             );
         }
         let results = wait_all(pending, failed)?;
-        let mut total = BatchStats::default();
+        let mut total = Sums::default();
         let count = results.len() as f32;
         let mut state: Option<Vec<f32>> = None;
         for (stats, s) in results {
@@ -269,9 +263,9 @@ impl Synchronous for Gpus {
         &mut self,
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
-    ) -> Result<BatchStats, StrategyError> {
+    ) -> Result<Sums, StrategyError> {
         self.sync_in(vars, None)?;
-        let mut total = BatchStats::default();
+        let mut total = Sums::default();
         for batch in batches {
             let mut pending = Vec::with_capacity(self.workers.len());
             for (w, mut parts) in self.workers.iter().zip(self.parts(std::slice::from_ref(&batch))) {

@@ -8,10 +8,11 @@ use super::cross_device;
 use super::replica::BatchView;
 use super::{Replica, Step, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
+use crate::engine::Optimizer;
 use crate::engine::init::derive_seed;
 use crate::engine::meet::{Meeting, update_kernel};
 use crate::engine::optimizer::FusedStep;
-use crate::engine::{BatchStats, Optimizer};
+use crate::metrics::Sums;
 use crate::plan::CrossDevice;
 use crate::plan::StrategyKind;
 
@@ -52,7 +53,7 @@ impl LocalReplicas {
         micro: &[Batch],
         scale: f32,
         seed: u64,
-    ) -> Result<BatchStats, StrategyError> {
+    ) -> Result<Sums, StrategyError> {
         let stats = self.gradients_unreduced(vars, primary, micro, scale, seed);
         let mut buffers: Vec<&mut [f32]> =
             std::iter::once(primary).chain(self.grads.iter_mut().map(|g| g.as_mut_slice())).collect();
@@ -69,7 +70,7 @@ impl LocalReplicas {
         micro: &[Batch],
         scale: f32,
         seed: u64,
-    ) -> BatchStats {
+    ) -> Sums {
         let parts = self.replicas.len();
         let first = self.first_replica;
         for s in &mut self.states {
@@ -77,7 +78,7 @@ impl LocalReplicas {
         }
         let params = &vars.params;
         let results = self.each(primary, &mut vars.state, |r, replica, grads, state| {
-            let mut stats = BatchStats::default();
+            let mut stats = Sums::default();
             let mut grads = grads;
             for (i, batch) in micro.iter().enumerate() {
                 let s = derive_seed(&[seed, i as u64, first + r as u64]);
@@ -87,7 +88,7 @@ impl LocalReplicas {
             stats
         });
         self.average_states(&mut vars.state);
-        let mut total = BatchStats::default();
+        let mut total = Sums::default();
         results.into_iter().for_each(|s| total.add(s));
         total
     }
@@ -146,7 +147,7 @@ impl LocalReplicas {
         batch: &Batch,
         scale: f32,
         seed: u64,
-    ) -> BatchStats {
+    ) -> Sums {
         let (parts, first) = (self.replicas.len(), self.first_replica);
         for s in &mut self.states {
             s.clone_from(&vars.state);
@@ -157,7 +158,7 @@ impl LocalReplicas {
             replica.forward_above(params, state, grads, BatchView::part(batch, r, parts), scale, s)
         });
         self.average_states(&mut vars.state);
-        let mut total = BatchStats::default();
+        let mut total = Sums::default();
         results.into_iter().for_each(|s| total.add(s));
         total
     }
@@ -210,7 +211,7 @@ impl LocalReplicas {
     }
 
     /// Loss and accuracy sums over `batch`, split across the replicas.
-    pub fn evaluate(&mut self, vars: &mut Variables, batch: &Batch) -> BatchStats {
+    pub fn evaluate(&mut self, vars: &mut Variables, batch: &Batch) -> Sums {
         let parts = self.replicas.len();
         for s in &mut self.states {
             s.clone_from(&vars.state);
@@ -219,7 +220,7 @@ impl LocalReplicas {
         let results = self.each(&mut [], &mut vars.state, |r, replica, _, state| {
             replica.evaluate_view(params, state, BatchView::part(batch, r, parts))
         });
-        let mut total = BatchStats::default();
+        let mut total = Sums::default();
         results.into_iter().for_each(|s| total.add(s));
         total
     }
@@ -336,9 +337,9 @@ impl Synchronous for Replicated {
         &mut self,
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
-    ) -> Result<BatchStats, StrategyError> {
+    ) -> Result<Sums, StrategyError> {
         self.materialize(vars);
-        let mut stats = BatchStats::default();
+        let mut stats = Sums::default();
         for b in batches {
             stats.add(self.local.evaluate(vars, &b));
         }

@@ -4,8 +4,9 @@
 
 use super::{Executed, Execution, Input, Strategy, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
+use crate::engine::Optimizer;
 use crate::engine::init::{STEP_DOMAIN, derive_seed};
-use crate::engine::{BatchStats, Optimizer};
+use crate::metrics::Sums;
 use std::time::Instant;
 
 /// A [`Synchronous`] strategy, stepping one optimizer step at a time.
@@ -54,7 +55,7 @@ impl Strategy for Lockstep {
         &mut self,
         vars: &mut Variables,
         batches: &mut (dyn Iterator<Item = Batch> + Send),
-    ) -> Result<BatchStats, StrategyError> {
+    ) -> Result<Sums, StrategyError> {
         self.inner.evaluate(vars, batches)
     }
 

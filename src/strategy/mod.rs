@@ -26,7 +26,8 @@ pub use replica::{BatchView, Replica};
 
 use crate::cluster::job::Job;
 use crate::data::Batch;
-use crate::engine::{BatchStats, Optimizer, Sequential};
+use crate::engine::{Optimizer, Sequential};
+use crate::metrics::Sums;
 use crate::plan::{Distribution, Plan, StrategyKind};
 use crate::vocab::{Device, DeviceKind};
 use std::sync::atomic::AtomicBool;
@@ -71,7 +72,7 @@ pub enum StrategyError {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Step {
     /// Loss and accuracy sums over the whole global batch.
-    pub stats: BatchStats,
+    pub stats: Sums,
     /// Some task was asked to stop (SIGTERM) before this step: every task sees it at the same
     /// step, so they stop together.
     pub stop: bool,
@@ -151,7 +152,7 @@ pub trait Strategy: Send {
         &mut self,
         _vars: &mut Variables,
         _optimizer: &mut Optimizer,
-        _stats: &mut BatchStats,
+        _stats: &mut Sums,
         _stop: &AtomicBool,
     ) -> Result<u64, StrategyError> {
         Ok(0)
@@ -162,7 +163,7 @@ pub trait Strategy: Send {
         &mut self,
         vars: &mut Variables,
         batches: &mut (dyn Iterator<Item = Batch> + Send),
-    ) -> Result<BatchStats, StrategyError>;
+    ) -> Result<Sums, StrategyError>;
 
     /// Copies the chief's `data` to every task (restored state at start); a no-op in one
     /// process.
@@ -237,7 +238,7 @@ pub trait Synchronous: Send {
         &mut self,
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
-    ) -> Result<BatchStats, StrategyError>;
+    ) -> Result<Sums, StrategyError>;
 }
 
 /// The strategy `plan` asks for, over `models` (one per local device of the plan) and, for a

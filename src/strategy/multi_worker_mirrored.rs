@@ -18,9 +18,10 @@ use super::{Replica, Step, StrategyError, Synchronous, Variables};
 use crate::cluster::job::Job;
 use crate::collective::{BucketReducer, Communicator, Packs};
 use crate::data::Batch;
+use crate::engine::Optimizer;
 use crate::engine::init::derive_seed;
 use crate::engine::sequential::GradSink;
-use crate::engine::{BatchStats, Optimizer};
+use crate::metrics::Sums;
 use crate::plan::{CrossDevice, StrategyKind};
 use crate::vocab::{Device, DeviceKind};
 use std::ops::Range;
@@ -104,20 +105,6 @@ impl MultiWorkerMirrored {
     }
 }
 
-fn sums(stats: BatchStats) -> [f64; 5] {
-    [stats.loss_sum, stats.correct as f64, stats.examples as f64, stats.abs_error_sum, stats.squared_error_sum]
-}
-
-fn from_sums(s: &[f64]) -> BatchStats {
-    BatchStats {
-        loss_sum: s[0],
-        correct: s[1] as u64,
-        examples: s[2] as u64,
-        abs_error_sum: s[3],
-        squared_error_sum: s[4],
-    }
-}
-
 impl Synchronous for MultiWorkerMirrored {
     fn kind(&self) -> StrategyKind {
         StrategyKind::MultiWorkerMirrored
@@ -160,10 +147,12 @@ impl Synchronous for MultiWorkerMirrored {
         }
         // The stop votes ride on the statistics' all-reduce: every worker learns at the same
         // step that some task was asked to stop, at no extra round trip.
-        let [loss, correct, examples, abs, squared] = sums(local);
-        let mut global = [loss, correct, examples, abs, squared, if stop { 1.0 } else { 0.0 }];
+        let mut global = [0.0; Sums::LEN + 1];
+        global[..Sums::LEN].copy_from_slice(&local.summable());
+        global[Sums::LEN] = if stop { 1.0 } else { 0.0 };
         comm.all_reduce_sum_f64(&mut global)?;
-        Ok(Step { stats: from_sums(&global), stop: global[5] > 0.0 })
+        let stats = Sums::from_values(std::array::from_fn(|i| global[i]));
+        Ok(Step { stats, stop: global[Sums::LEN] > 0.0 })
     }
 
     fn broadcast(&mut self, data: &mut [f32]) -> Result<(), StrategyError> {
@@ -185,17 +174,17 @@ impl Synchronous for MultiWorkerMirrored {
         &mut self,
         vars: &mut Variables,
         batches: &mut dyn Iterator<Item = Batch>,
-    ) -> Result<BatchStats, StrategyError> {
-        let mut local = BatchStats::default();
+    ) -> Result<Sums, StrategyError> {
+        let mut local = Sums::default();
         for b in batches {
             local.add(match &mut self.replicas {
                 Replicas::One(r) => r.evaluate(vars, &b),
                 Replicas::Many(l) => l.evaluate(vars, &b),
             });
         }
-        let mut global = sums(local);
+        let mut global = local.summable();
         self.comm()?.all_reduce_sum_f64(&mut global)?;
-        Ok(from_sums(&global))
+        Ok(Sums::from_values(global))
     }
 
     fn transport(&self) -> Option<&'static str> {
@@ -223,9 +212,9 @@ fn one_replica(
     vars: &mut Variables,
     micro: &[Batch],
     (scale, seed, rank): (f32, u64, u64),
-) -> Result<BatchStats, StrategyError> {
+) -> Result<Sums, StrategyError> {
     let len = replica.model().param_len();
-    let mut local = BatchStats::default();
+    let mut local = Sums::default();
     let last = micro.len().saturating_sub(1);
     for (i, batch) in micro.iter().enumerate() {
         let s = derive_seed(&[seed, i as u64, rank]);

@@ -4,7 +4,8 @@ use super::Variables;
 use crate::data::Batch;
 use crate::engine::meet::Meeting;
 use crate::engine::sequential::GradSink;
-use crate::engine::{BatchStats, LossFn, Optimizer, Pass, Sequential, Truth};
+use crate::engine::{LossFn, Optimizer, Pass, Sequential, Truth};
+use crate::metrics::Sums;
 
 /// A model copy with its loss.
 pub struct Replica {
@@ -34,7 +35,7 @@ impl Replica {
         batch: BatchView<'_>,
         scale: f32,
         seed: u64,
-    ) -> BatchStats {
+    ) -> Sums {
         let pass = Pass { training: true, seed, accumulate: false, threads: self.threads };
         self.model.forward(pass, params, state, batch.x, batch.n);
         let (out, dout) = self.model.output_and_grad(batch.n);
@@ -88,7 +89,7 @@ impl Replica {
         batch: BatchView<'_>,
         scale: f32,
         seed: u64,
-    ) -> BatchStats {
+    ) -> Sums {
         let stats = self.forward_loss(params, state, batch, scale, seed);
         if let Some((pass, n)) = self.pending {
             self.model.backward_above(pass, params, grads, &self.input, n);
@@ -136,7 +137,7 @@ impl Replica {
         scale: f32,
         seed: u64,
         accumulate: bool,
-    ) -> BatchStats {
+    ) -> Sums {
         let view = BatchView::of(batch);
         self.forward_backward_view(&vars.params, &mut vars.state, grads, view, scale, seed, accumulate)
     }
@@ -153,7 +154,7 @@ impl Replica {
         scale: f32,
         seed: u64,
         accumulate: bool,
-    ) -> BatchStats {
+    ) -> Sums {
         self.pending = None;
         if batch.n == 0 {
             // A short global batch can leave this replica nothing: it adds no gradient.
@@ -162,7 +163,7 @@ impl Replica {
                 grads.slice(0..len).fill(0.0);
             }
             grads.ready(len);
-            return BatchStats::default();
+            return Sums::default();
         }
         let pass = Pass { training: true, seed, accumulate, threads: self.threads };
         self.model.forward(pass, params, state, batch.x, batch.n);
@@ -173,16 +174,16 @@ impl Replica {
     }
 
     /// Loss and accuracy sums of `batch` in inference mode.
-    pub fn evaluate(&mut self, vars: &mut Variables, batch: &Batch) -> BatchStats {
+    pub fn evaluate(&mut self, vars: &mut Variables, batch: &Batch) -> Sums {
         self.evaluate_view(&vars.params, &mut vars.state, BatchView::of(batch))
     }
 
     /// [`Replica::evaluate`] on part of a batch.
-    pub fn evaluate_view(&mut self, params: &[f32], state: &mut [f32], batch: BatchView<'_>) -> BatchStats {
+    pub fn evaluate_view(&mut self, params: &[f32], state: &mut [f32], batch: BatchView<'_>) -> Sums {
         // Forward overwrites the activations a pending backward would need.
         self.pending = None;
         if batch.n == 0 {
-            return BatchStats::default();
+            return Sums::default();
         }
         let pass = Pass { training: false, seed: 0, accumulate: false, threads: self.threads };
         let out = self.model.forward(pass, params, state, batch.x, batch.n);

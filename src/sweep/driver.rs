@@ -364,7 +364,7 @@ fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[Checked], parallel: 
 }
 
 fn write(path: &Path, record: &SweepRecord) -> Result<(), RunError> {
-    crate::train::record::write_json(path, record).map_err(|e| RunError::Failure(e.to_string()))
+    crate::train::run_dir::write_json(path, record).map_err(|e| RunError::Failure(e.to_string()))
 }
 
 fn write_results(dir: &Path, rows: &[Row]) -> Result<(), RunError> {

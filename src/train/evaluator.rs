@@ -7,7 +7,7 @@
 use super::TrainError;
 use crate::checkpoint::{CheckpointError, Layout, Loaded, Store, store};
 use crate::data::{DataError, EvalBatches, Shard, Split};
-use crate::engine::BatchStats;
+use crate::metrics::Sums;
 use crate::strategy::{Replica, Variables};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -46,9 +46,9 @@ pub fn evaluate_checkpoint(
     test: &Split,
     batch: NonZeroUsize,
     loaded: Loaded,
-) -> Result<BatchStats, DataError> {
+) -> Result<Sums, DataError> {
     let mut vars = Variables { params: loaded.params, state: loaded.state };
-    let mut stats = BatchStats::default();
+    let mut stats = Sums::default();
     let mut batches = EvalBatches::new(test, batch, Shard::WHOLE);
     for b in batches.by_ref() {
         stats.add(replica.evaluate(&mut vars, &b));
@@ -114,7 +114,7 @@ pub fn watch(
                 epoch,
                 test_loss: stats.loss(),
                 test_accuracy: stats.accuracy(),
-                examples: stats.examples,
+                examples: stats.examples(),
                 eval_s: started.elapsed().as_secs_f64(),
             };
             append(&w.out, &line)?;

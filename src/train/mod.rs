@@ -1,20 +1,20 @@
 //! The training loop: Keras's `model.fit` over a strategy, with evaluation, callbacks,
-//! checkpoints, resumption, preemption, progress and the run record.
+//! checkpoints, resumption, preemption, progress and the run folder.
 
 pub mod callbacks;
 pub mod checkpointer;
 pub mod ended;
 pub mod evaluator;
 mod fit;
-pub mod record;
+pub mod metrics_log;
 pub mod resume;
-pub mod run_record;
-mod summary;
+pub mod run_dir;
+pub mod run_json;
+pub mod summary;
 pub mod tensorboard;
 mod weights;
 
-pub use fit::{FitOptions, fit};
-pub use summary::eval_batch_size;
+pub use fit::{FitOptions, eval_batch_size, fit};
 
 pub use weights::{first_non_finite, save_weights, weights_sha256};
 
@@ -23,7 +23,7 @@ use crate::data::{Dataset, Shard};
 use crate::engine::{Optimizer, TensorInfo};
 use crate::strategy::{Strategy, StrategyError, Variables};
 use callbacks::CallbackError;
-use record::RecordError;
+use run_dir::RecordError;
 use std::path::PathBuf;
 use std::sync::Arc;
 

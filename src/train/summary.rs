@@ -1,107 +1,124 @@
-//! How a run ends on paper: `summary.json` from what the loop measured, the statistics a
-//! backup carries, and the evaluation batch size.
+//! `summary.json`: how the run ended, its final losses and listed metrics, its throughput and
+//! its hashes, written once at the end. A sweep reads it to rank trials and to skip those
+//! already complete.
 
-use super::Session;
-use super::callbacks::StopReason;
-use super::record::{NamedMetrics, Summary, peak_rss_mb};
-use crate::checkpoint::SaveStats;
-use crate::checkpoint::manifest::Sums;
-use crate::engine::BatchStats;
-use crate::plan::Plan;
-use std::num::NonZeroUsize;
-use std::time::Instant;
+use crate::metrics::Reading;
+pub use crate::strategy::ParameterServerStats;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 
-/// Activation memory an evaluation batch may use: bigger batches run the forward pass's
-/// products more efficiently, and per-example results do not depend on the batch size.
-const EVAL_BYTES: usize = 32 << 20;
-
-pub(super) fn sums(s: &BatchStats) -> Sums {
-    Sums {
-        loss_sum: s.loss_sum,
-        correct: s.correct,
-        examples: s.examples,
-        abs_error_sum: s.abs_error_sum,
-        squared_error_sum: s.squared_error_sum,
-    }
-}
-
-pub(super) fn stats(s: &Sums) -> BatchStats {
-    BatchStats {
-        loss_sum: s.loss_sum,
-        correct: s.correct,
-        examples: s.examples,
-        abs_error_sum: s.abs_error_sum,
-        squared_error_sum: s.squared_error_sum,
-    }
-}
-
-/// How a training loop ended: what [`summary`] does not read from the plan or the session.
-pub(super) struct Ending {
-    pub stopped: StopReason,
-    pub last_epoch: BatchStats,
-    pub final_eval: Option<BatchStats>,
+/// `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// trainrun version.
+    pub trainrun_version: &'static str,
+    /// Run name.
+    pub name: String,
+    /// Run seed.
+    pub seed: u64,
+    /// Why training stopped: `completed`, `early_stopping`, `target_reached`.
+    pub stopped: super::callbacks::StopReason,
+    /// Mean training loss of the last epoch.
+    pub train_loss: f64,
+    /// Training accuracy of the last epoch.
+    pub train_accuracy: f64,
+    /// Final test-split loss.
+    pub test_loss: Option<f64>,
+    /// Final test-split accuracy.
+    pub test_accuracy: Option<f64>,
+    /// Optimizer steps done.
     pub steps: u64,
+    /// Training examples processed (all replicas).
     pub examples: u64,
-    pub first_step_s: Option<f64>,
+    /// Launch to exit, seconds.
+    pub wall_s: f64,
+    /// Launch to the first training step, seconds.
+    pub first_step_s: f64,
+    /// Seconds the step loop waited for the input pipeline's batches (this task's), summed
+    /// over every step: near 0 when the pipeline keeps ahead of training.
     pub input_wait_s: f64,
+    /// Training throughput after the first epoch (or after warm-up steps in a one-epoch run),
+    /// evaluation excluded.
     pub steady_examples_per_s: f64,
+    /// Peak resident memory of this process, MB.
+    pub peak_rss_mb: f64,
+    /// The metrics `train.metrics` lists beyond loss and accuracy: `train_perplexity`,
+    /// `test_perplexity`, `steady_tokens_per_s`, `train_mae`, `test_rmse`, …
+    #[serde(flatten)]
+    pub metrics: SummaryMetrics,
+    /// SHA-256 of the final weights (`model.safetensors` content order), for determinism checks.
     pub weights_sha256: String,
+    /// Trainable parameters.
+    pub params: usize,
+    /// Compute threads used.
+    pub threads: usize,
+    /// Replicas whose gradients were summed each step.
+    pub num_replicas_in_sync: usize,
+    /// Worker processes that trained.
+    pub num_workers: usize,
+    /// How gradients travelled between workers (`shared_memory`, `tcp`, or `tcp_tls` under
+    /// `cluster.tls`), if they did.
     pub transport: Option<&'static str>,
+    /// The step of the backup this run resumed from, if it did.
     pub resumed_from_step: Option<u64>,
-    pub saves: Option<SaveStats>,
-    pub parameter_server: Option<crate::strategy::ParameterServerStats>,
+    /// Checkpoints this process wrote (model checkpoints and backups), when it saves any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints_written: Option<u64>,
+    /// The longest a save blocked a training step (snapshot and queueing), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_block_ms_max: Option<f64>,
+    /// The longest background write of one checkpoint (files, fsyncs, pruning), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_write_ms_max: Option<f64>,
+    /// Under `parameter_server`: steps applied per worker, rescheduled, staleness.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerStats>,
 }
 
-/// `summary.json` of a run that ended so.
-pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: Ending) -> Summary {
-    let train_loss = end.last_epoch.loss();
-    let final_loss = end.final_eval.map(|e| e.loss());
-    let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_loss, end.steady_examples_per_s).errors(
-        &plan.train.metrics,
-        &end.last_epoch,
-        end.final_eval.as_ref(),
-    );
-    Summary {
-        trainrun_version: env!("CARGO_PKG_VERSION"),
-        name: plan.name.clone(),
-        seed: plan.seed,
-        stopped: end.stopped,
-        train_loss,
-        train_accuracy: end.last_epoch.accuracy(),
-        test_loss: final_loss,
-        test_accuracy: end.final_eval.map(|e| e.accuracy()),
-        steps: end.steps,
-        examples: end.examples,
-        wall_s: launched.elapsed().as_secs_f64(),
-        first_step_s: end.first_step_s.unwrap_or(0.0),
-        input_wait_s: end.input_wait_s,
-        steady_examples_per_s: end.steady_examples_per_s,
-        peak_rss_mb: peak_rss_mb(),
-        train_perplexity: named.perplexity,
-        test_perplexity: named.val_perplexity,
-        steady_tokens_per_s: named.tokens_per_s,
-        train_mae: named.mae,
-        test_mae: named.val_mae,
-        train_rmse: named.rmse,
-        test_rmse: named.val_rmse,
-        weights_sha256: end.weights_sha256,
-        params: session.vars.params.len(),
-        threads: plan.threads,
-        num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
-        num_workers: plan.strategy.num_workers,
-        transport: end.transport,
-        resumed_from_step: end.resumed_from_step,
-        checkpoints_written: end.saves.map(|s| s.saves),
-        save_block_ms_max: end.saves.map(|s| s.block_max.as_secs_f64() * 1e3),
-        save_write_ms_max: end.saves.map(|s| s.write_max.as_secs_f64() * 1e3),
-        parameter_server: end.parameter_server,
+/// The metrics a spec lists beyond loss and accuracy, from the last epoch's sums and the
+/// final evaluation's, as `summary.json` names them: `train_mae`, `test_mae`, and a
+/// throughput's own name (`steady_tokens_per_s`, measured as `steady_examples_per_s`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SummaryMetrics(pub Reading);
+
+impl Serialize for SummaryMetrics {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for (metric, split, value) in self.0.values() {
+            map.serialize_entry(&metric.summary_key(split), &value)?;
+        }
+        map.end()
     }
 }
 
-/// The largest multiple of the training micro-batch (at most 1024 examples per replica) whose
-/// activations fit [`EVAL_BYTES`] on each replica.
-pub fn eval_batch_size(micro: NonZeroUsize, replicas: usize, activation_len: usize) -> NonZeroUsize {
-    let per_replica = (EVAL_BYTES / (4 * activation_len.max(1))).clamp(1, 1024);
-    let multiple = (per_replica * replicas.max(1) / micro.get()).max(1);
-    NonZeroUsize::new(micro.get() * multiple).unwrap_or(micro)
+/// `summary.json`: the summary and the hash of the spec that produced it.
+#[derive(Serialize)]
+pub(super) struct SummaryFile<'a> {
+    #[serde(flatten)]
+    pub summary: &'a Summary,
+    /// The plan's results hash ([`crate::plan::SpecHashes::results`]): a sweep skips a trial
+    /// whose folder holds the same.
+    pub spec_sha256: &'a str,
+}
+
+/// Peak resident set size of this process in MB (0 where the OS does not say).
+pub fn peak_rss_mb() -> f64 {
+    // Linux's `ru_maxrss` starts at the forking parent's peak (it survives exec), so a run
+    // started by a big process (a test harness, a notebook) reported that process's memory.
+    // `VmHWM` is this address space's own high-water mark.
+    let hwm = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse::<f64>().ok()
+    });
+    if let Some(kb) = hwm {
+        return kb / 1024.0;
+    }
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    // Linux reports kilobytes, macOS bytes.
+    let kb = if cfg!(target_os = "macos") { usage.ru_maxrss as f64 / 1024.0 } else { usage.ru_maxrss as f64 };
+    kb / 1024.0
 }

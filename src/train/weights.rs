@@ -1,7 +1,7 @@
 //! Final weights as a safetensors file (tensor names are Keras weight paths, so other tools can
 //! load them), and a digest of the weights for determinism checks.
 
-use super::record::RecordError;
+use super::run_dir::RecordError;
 use crate::engine::TensorInfo;
 use crate::strategy::Variables;
 use safetensors::tensor::{Dtype, TensorView};

@@ -9,7 +9,8 @@ use super::error::CudaError;
 use super::layers::{BatchNorm, Conv, Dense, MaxPool, Scratch, bias_act, gap_backward, gap_forward};
 use super::residual::{Block, Vars};
 use crate::engine::op::{BatchNormOp, ConvOp, Op as EngineOp};
-use crate::engine::{BatchStats, LossFn, Sequential, Shape};
+use crate::engine::{LossFn, Sequential, Shape};
+use crate::metrics::{self, Sums};
 use crate::vocab::{Activation, Loss};
 
 /// What one layer computes.
@@ -69,6 +70,22 @@ fn unsupported(name: &str, kind: &str) -> CudaError {
     CudaError::Unsupported(format!(
         "layer {name} ({kind}) has no GPU kernel yet; the GPU runs dense, conv2d, max_pool2d, global_avg_pool2d, batch_norm, activation, residual, flatten and reshape; train this model on CPUs (strategy.device = \"cpu:0\")"
     ))
+}
+
+/// The sums the GPU loss kernel fills: the loss's, and correct predictions.
+const FILLED: [metrics::Slot; 3] = [metrics::loss::SUM, metrics::loss::EXAMPLES, metrics::accuracy::CORRECT];
+
+/// Refuses a metric that reads a sum the GPU loss kernel does not fill: it would read a
+/// silent 0.
+pub fn check_metrics(listed: &[crate::vocab::Metric]) -> Result<(), CudaError> {
+    let unfilled = |m: &&dyn metrics::Metric| m.reads().iter().any(|slot| !FILLED.contains(slot));
+    match listed.iter().map(|&m| metrics::of(m)).find(unfilled) {
+        Some(m) => Err(CudaError::Unsupported(format!(
+            "train.metrics = \"{}\" has no GPU kernel yet; drop it from train.metrics, or train on CPUs",
+            m.name()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The loss the GPU computes: sparse or one-hot categorical cross-entropy from logits.
@@ -334,7 +351,7 @@ impl GpuModel {
     }
 
     /// The loss over the output `out`, writing `scale × dloss/dout` into `grad[0]`.
-    fn loss(&self, gpu: &Gpu, out: DevPtr, n: usize, scale: f32) -> Result<BatchStats, CudaError> {
+    fn loss(&self, gpu: &Gpu, out: DevPtr, n: usize, scale: f32) -> Result<Sums, CudaError> {
         let (_, labels, loss, correct, dout) = self.parts()?;
         let classes = self.classes;
         launch!(
@@ -353,13 +370,11 @@ impl GpuModel {
         let (mut l, mut c) = (vec![0f32; n], vec![0i32; n]);
         gpu.download(loss, &mut l)?;
         gpu.download(correct, &mut c)?;
-        Ok(BatchStats {
-            loss_sum: l.iter().map(|&v| f64::from(v)).sum(),
-            correct: c.iter().filter(|&&v| v != 0).count() as u64,
-            examples: n as u64,
-            // The GPU loss kernel takes class labels only: no regression errors to sum.
-            ..BatchStats::default()
-        })
+        // The GPU loss kernel takes class labels only: it fills the slots of `FILLED`.
+        let mut sums = Sums::of_examples(n);
+        sums.accumulate(metrics::loss::SUM, l.iter().map(|&v| f64::from(v)).sum());
+        sums.accumulate(metrics::accuracy::CORRECT, c.iter().filter(|&&v| v != 0).count() as f64);
+        Ok(sums)
     }
 
     /// Adds (or, unless `accumulate`, writes) the gradient of `n` examples into the arena's
@@ -374,12 +389,12 @@ impl GpuModel {
         n: usize,
         scale: f32,
         accumulate: bool,
-    ) -> Result<BatchStats, CudaError> {
+    ) -> Result<Sums, CudaError> {
         if n == 0 {
             if !accumulate {
                 gpu.zero(arena.grads(), arena.param_len())?;
             }
-            return Ok(BatchStats::default());
+            return Ok(Sums::default());
         }
         self.load(gpu, x, y, n)?;
         let out = self.forward(gpu, arena, n, true)?;
@@ -389,16 +404,9 @@ impl GpuModel {
     }
 
     /// Loss and accuracy sums of `n` examples in inference mode.
-    pub fn evaluate(
-        &mut self,
-        gpu: &Gpu,
-        arena: &Arena,
-        x: &[f32],
-        y: &[u32],
-        n: usize,
-    ) -> Result<BatchStats, CudaError> {
+    pub fn evaluate(&mut self, gpu: &Gpu, arena: &Arena, x: &[f32], y: &[u32], n: usize) -> Result<Sums, CudaError> {
         if n == 0 {
-            return Ok(BatchStats::default());
+            return Ok(Sums::default());
         }
         self.load(gpu, x, y, n)?;
         let out = self.forward(gpu, arena, n, false)?;

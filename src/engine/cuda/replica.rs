@@ -6,7 +6,8 @@ use super::device::Gpu;
 use super::error::CudaError;
 use super::model::GpuModel;
 use super::nccl::AllReduce;
-use crate::engine::{BatchStats, Sequential};
+use crate::engine::Sequential;
+use crate::metrics::Sums;
 
 /// A model replica on one GPU.
 pub struct GpuReplica {
@@ -50,7 +51,7 @@ impl GpuReplica {
         n: usize,
         scale: f32,
         accumulate: bool,
-    ) -> Result<BatchStats, CudaError> {
+    ) -> Result<Sums, CudaError> {
         self.model.train_step(&self.gpu, &self.arena, x, y, n, scale, accumulate)
     }
 
@@ -68,7 +69,7 @@ impl GpuReplica {
     }
 
     /// Loss and accuracy sums in inference mode.
-    pub fn evaluate(&mut self, x: &[f32], y: &[u32], n: usize) -> Result<BatchStats, CudaError> {
+    pub fn evaluate(&mut self, x: &[f32], y: &[u32], n: usize) -> Result<Sums, CudaError> {
         self.model.evaluate(&self.gpu, &self.arena, x, y, n)
     }
 

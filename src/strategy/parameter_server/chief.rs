@@ -12,7 +12,8 @@ use super::stats::ParameterServerStats;
 use crate::cluster::Role;
 use crate::cluster::job::{DataPlane, Job};
 use crate::data::Batch;
-use crate::engine::{BatchStats, Optimizer};
+use crate::engine::Optimizer;
+use crate::metrics::Sums;
 use crate::plan::{CrossDevice, ParameterServerPlan, StrategyKind};
 use crate::strategy::local::Replicated;
 use crate::strategy::{Executed, Execution, Input, Replica, Strategy, StrategyError, Synchronous, Variables};
@@ -179,7 +180,7 @@ impl Strategy for Chief {
         &mut self,
         vars: &mut Variables,
         optimizer: &mut Optimizer,
-        stats: &mut BatchStats,
+        stats: &mut Sums,
         stop: &AtomicBool,
     ) -> Result<u64, StrategyError> {
         let running = self.running()?;
@@ -210,7 +211,7 @@ impl Strategy for Chief {
         &mut self,
         vars: &mut Variables,
         batches: &mut (dyn Iterator<Item = Batch> + Send),
-    ) -> Result<BatchStats, StrategyError> {
+    ) -> Result<Sums, StrategyError> {
         let threads = self.plan.eval_threads;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

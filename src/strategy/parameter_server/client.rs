@@ -7,7 +7,8 @@ use super::layout::{Layout, gather, gather_trainable, scatter, scatter_trainable
 use super::wire::{Conn, Frame, Secure, Tag, peer_error};
 use crate::cluster::TaskId;
 use crate::collective::RingTls;
-use crate::engine::{BatchStats, Optimizer};
+use crate::engine::Optimizer;
+use crate::metrics::Sums;
 use crate::strategy::{StrategyError, Variables};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -131,8 +132,8 @@ impl Rates {
 /// What the workers' closures reported since the chief last took it.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// Loss and accuracy sums of each closure completed, in the order they completed.
-    pub closures: Vec<BatchStats>,
+    /// The sums of each closure completed, in the order they completed.
+    pub closures: Vec<Sums>,
     /// Steps by staleness: how many updates reached a ps between a step's pull and its push.
     pub staleness: BTreeMap<u64, u64>,
 }
@@ -222,18 +223,12 @@ impl Worker for RemoteWorker {
                 return Err(Failure::WorkerLost(peer_error(self.task, "a closure", &e, self.timeout)));
             }
         };
-        let [loss, correct, examples, abs, squared, staleness @ ..] = answer.ints.as_slice() else {
+        let Some((sums, staleness)) = answer.ints.split_at_checked(Sums::LEN) else {
             return Err(Failure::Failed(format!("{} answered a closure without its statistics", self.task)));
         };
         self.done += closure.steps;
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
-        report.closures.push(BatchStats {
-            loss_sum: f64::from_bits(*loss),
-            correct: *correct,
-            examples: *examples,
-            abs_error_sum: f64::from_bits(*abs),
-            squared_error_sum: f64::from_bits(*squared),
-        });
+        report.closures.push(Sums::from_values(std::array::from_fn(|i| f64::from_bits(sums[i]))));
         for s in staleness {
             *report.staleness.entry(*s).or_default() += 1;
         }

@@ -14,9 +14,9 @@ use super::wire::{Conn, Frame, Secure, Tag, peer_error};
 use crate::cluster::{Role, TaskId};
 use crate::collective::{RingTls, TransportKind};
 use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
-use crate::engine::BatchStats;
 use crate::engine::init::{STEP_DOMAIN, derive_seed};
 use crate::engine::optimizer::clip_by_global_norm;
+use crate::metrics::Sums;
 use crate::plan::{OptimizerPlan, ParameterServerPlan, Plan};
 use crate::strategy::{BatchView, Replica, StrategyError};
 use std::io;
@@ -166,8 +166,8 @@ pub fn serve(
 
 impl Stepper<'_> {
     /// Runs `ints = [first step, steps, steps this worker completed before]` at
-    /// `floats = [lr of each step]`; answers `[loss sum bits, correct, examples, staleness of
-    /// each step…]`.
+    /// `floats = [lr of each step]`; answers `[the bits of each slot of the steps' sums,
+    /// staleness of each step…]`.
     fn closure(&mut self, request: &Frame) -> Result<Frame, String> {
         let &[first, steps, done] = request.ints.as_slice() else {
             return Err("a run names its first step, its steps and the worker's steps done".into());
@@ -178,20 +178,14 @@ impl Stepper<'_> {
         if request.floats.len() as u64 != steps {
             return Err(format!("a run of {steps} steps with {} learning rates", request.floats.len()));
         }
-        let mut stats = BatchStats::default();
+        let mut stats = Sums::default();
         let mut staleness = Vec::with_capacity(steps as usize);
         for (k, &lr) in request.floats.iter().enumerate() {
             let (s, stale) = self.step(first + k as u64, lr)?;
             stats.add(s);
             staleness.push(stale);
         }
-        let mut ints = vec![
-            stats.loss_sum.to_bits(),
-            stats.correct,
-            stats.examples,
-            stats.abs_error_sum.to_bits(),
-            stats.squared_error_sum.to_bits(),
-        ];
+        let mut ints: Vec<u64> = stats.values().map(f64::to_bits).to_vec();
         ints.extend(staleness);
         Ok(Frame::new(Tag::Ok, ints, Vec::new()))
     }
@@ -213,7 +207,7 @@ impl Stepper<'_> {
 
     /// One step: pull, forward and backward, push. Returns its statistics and the most
     /// updates any ps applied between this step's pull and its push.
-    fn step(&mut self, step: u64, lr: f32) -> Result<(BatchStats, u64), String> {
+    fn step(&mut self, step: u64, lr: f32) -> Result<(Sums, u64), String> {
         let timeout = self.plan.cluster.timeout;
         for i in 0..self.ps.len() {
             let (t, conn) = &mut self.ps[i];
@@ -226,7 +220,7 @@ impl Stepper<'_> {
         }
         let scale = 1.0 / self.micro.iter().map(Batch::global_rows).sum::<usize>().max(1) as f32;
         let seed = derive_seed(&[self.plan.seed, STEP_DOMAIN, step]);
-        let mut stats = BatchStats::default();
+        let mut stats = Sums::default();
         for (i, batch) in self.micro.iter().enumerate() {
             let s = derive_seed(&[seed, i as u64, 0]);
             let view = BatchView::of(batch);
@@ -237,7 +231,7 @@ impl Stepper<'_> {
             self.pipeline.recycle(b);
         }
         self.drawn += 1;
-        if !stats.loss_sum.is_finite() {
+        if !stats.loss_sum().is_finite() {
             return Err(format!("training diverged at step {}: the loss is not finite (NaN or infinite)", step + 1));
         }
         if let Some(c) = clip_norm(&self.plan.optimizer) {

@@ -3,12 +3,13 @@
 
 use super::{Eval, Loop};
 use crate::data::EvalBatches;
-use crate::engine::BatchStats;
+use crate::metrics::{Reading, Sums};
 use crate::progress::Shown;
 use crate::train::Session;
 use crate::train::TrainError;
 use crate::train::callbacks::{Callbacks, Control, Logs, StopReason};
-use crate::train::record::{MetricsEvent, MetricsLine, RunDir};
+use crate::train::metrics_log::{MetricsEvent, MetricsLine};
+use crate::train::run_dir::RunDir;
 use std::time::Duration;
 
 impl Loop<'_> {
@@ -70,7 +71,7 @@ impl Loop<'_> {
         let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
         self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
         self.timing.epoch = Duration::ZERO;
-        self.epoch_stats = BatchStats::default();
+        self.epoch_stats = Sums::default();
         Ok(match callbacks.on_epoch_end(&logs, &session.vars)? {
             Control::Continue => None,
             Control::Stop(r) => Some(r),
@@ -85,9 +86,9 @@ impl Loop<'_> {
         })
     }
 
-    pub(super) fn evaluate(&self, session: &mut Session) -> Result<BatchStats, TrainError> {
+    pub(super) fn evaluate(&self, session: &mut Session) -> Result<Sums, TrainError> {
         let Some(test) = session.dataset.test.as_ref() else {
-            return Ok(BatchStats::default());
+            return Ok(Sums::default());
         };
         let limit = self.plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
         let mut batches = EvalBatches::new(test, self.eval_batch, session.shard);
@@ -97,14 +98,10 @@ impl Loop<'_> {
     }
 
     pub(super) fn metrics_line(&self, event: MetricsEvent, logs: &Logs, session: &Session) -> MetricsLine {
-        let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
-        let line =
-            MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics);
-        let named = line.named.errors(
-            &self.plan.train.metrics,
-            &self.epoch_stats,
-            self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats).as_ref(),
-        );
-        MetricsLine { named, parameter_server: session.strategy.parameter_server_stats(), ..line }
+        let per_s = self.epoch_stats.examples() as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
+        let val = self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats);
+        let reading = Reading::new(&self.plan.train.metrics, self.epoch_stats, val, per_s);
+        let line = MetricsLine::of(event, logs, reading, self.opts.launched.elapsed().as_secs_f64());
+        MetricsLine { parameter_server: session.strategy.parameter_server_stats(), ..line }
     }
 }

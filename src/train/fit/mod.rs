@@ -6,20 +6,24 @@
 //! closures of steps on the workers ([`Executed::Scheduled`]) and `join`s them, pulling the
 //! variables, wherever the loop needs them (evaluations, saves, an epoch's end).
 
+mod ending;
 mod epoch;
+
+pub use ending::eval_batch_size;
 
 use super::callbacks::{Callbacks, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::record::{RunDir, Summary};
 use super::resume::ResumePoint;
-use super::summary::{Ending, eval_batch_size, stats, summary, sums};
+use super::run_dir::RunDir;
+use super::summary::Summary;
 use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
 use crate::checkpoint::manifest::{EvalState, LoopState};
 use crate::data::PipelineOptions;
-use crate::engine::BatchStats;
+use crate::metrics::Sums;
 use crate::plan::Plan;
 use crate::progress::{self, Progress, Shown};
 use crate::strategy::{Executed, Execution, Input, StrategyError};
+use ending::{Ending, summary};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -141,7 +145,7 @@ fn non_finite_weights(step: u64, session: &Session) -> Result<(), TrainError> {
 #[derive(Debug, Clone, Copy)]
 struct Eval {
     step: u64,
-    stats: BatchStats,
+    stats: Sums,
 }
 
 /// Step times, for the throughput figures of the summary.
@@ -176,8 +180,8 @@ struct Loop<'a> {
     /// A stop request dropped steps scheduled ahead at the last join.
     cut_short: bool,
     examples: u64,
-    epoch_stats: BatchStats,
-    last_epoch: BatchStats,
+    epoch_stats: Sums,
+    last_epoch: Sums,
     last_eval: Option<Eval>,
     lr: f64,
     /// The learning rate of each step of the execution at hand.
@@ -229,9 +233,9 @@ impl<'a> Loop<'a> {
             in_hand: true,
             cut_short: false,
             examples: lp.map_or(0, |l| l.examples),
-            epoch_stats: lp.map(|l| stats(&l.epoch_sums)).unwrap_or_default(),
-            last_epoch: lp.map(|l| stats(&l.last_epoch_sums)).unwrap_or_default(),
-            last_eval: lp.and_then(|l| l.last_eval).map(|e| Eval { step: e.step, stats: stats(&e.sums) }),
+            epoch_stats: lp.map(|l| l.epoch_sums).unwrap_or_default(),
+            last_epoch: lp.map(|l| l.last_epoch_sums).unwrap_or_default(),
+            last_eval: lp.and_then(|l| l.last_eval).map(|e| Eval { step: e.step, stats: e.sums }),
             lr: callbacks.learning_rate(plan.learning_rate.at(start)),
             lrs: Vec::new(),
             timing: Timing { steady_from, ..Timing::default() },
@@ -299,7 +303,7 @@ impl<'a> Loop<'a> {
             Executed::Computed { step: out, input_wait } => {
                 self.timing.input_wait += input_wait;
                 // Free on the hot path: a NaN gradient shows in the next step's loss at the latest.
-                if !out.stats.loss_sum.is_finite() {
+                if !out.stats.loss_sum().is_finite() {
                     let what = first_non_finite(&session.vars, &session.tensors, &session.state_tensors).map_or_else(
                         || "the loss".to_string(),
                         |t| format!("the loss, and the weights from `{t}` on,"),
@@ -310,7 +314,7 @@ impl<'a> Loop<'a> {
                 let (vars, optimizer) = (&mut session.vars, &mut session.optimizer);
                 session.strategy.apply(vars, optimizer, &mut self.input, self.lr as f32).map_err(strategy_error)?;
                 self.step += 1;
-                self.examples += out.stats.examples;
+                self.examples += out.stats.examples();
                 self.epoch_stats.add(out.stats);
                 let took = started.elapsed();
                 if let Some(d) = run_dir {
@@ -320,7 +324,7 @@ impl<'a> Loop<'a> {
                 self.timing.all += took;
                 if self.step > self.timing.steady_from {
                     self.timing.steady += took;
-                    self.timing.steady_examples += out.stats.examples;
+                    self.timing.steady_examples += out.stats.examples();
                 }
                 self.in_hand = true;
                 self.progress.step(s + 1, &self.shown());
@@ -360,12 +364,12 @@ impl<'a> Loop<'a> {
             return Ok(false);
         }
         let started = Instant::now();
-        let examples = self.epoch_stats.examples;
+        let examples = self.epoch_stats.examples();
         let (vars, optimizer) = (&mut session.vars, &mut session.optimizer);
         let stop = self.opts.stop;
         let unrun = session.strategy.join(vars, optimizer, &mut self.epoch_stats, stop).map_err(strategy_error)?;
         self.step -= unrun;
-        let joined = self.epoch_stats.examples - examples;
+        let joined = self.epoch_stats.examples() - examples;
         self.examples += joined;
         if self.step > self.timing.steady_from {
             self.timing.steady_examples += joined;
@@ -394,7 +398,7 @@ impl<'a> Loop<'a> {
     }
 
     /// The logs after this step: `train` is the epoch's statistics so far.
-    fn logs(&self, epoch: u64, train: &BatchStats, eval: Option<Eval>) -> Logs {
+    fn logs(&self, epoch: u64, train: &Sums, eval: Option<Eval>) -> Logs {
         Logs {
             epoch,
             step: self.step,
@@ -427,7 +431,7 @@ impl<'a> Loop<'a> {
         let at = Moment { step: self.step, epoch_end, preempting, logs: &logs };
         let cursor = self.input.cursor();
         let (examples, epoch_sums, last_epoch, last_eval) =
-            (self.examples, sums(&self.epoch_stats), sums(&self.last_epoch), self.last_eval);
+            (self.examples, self.epoch_stats, self.last_epoch, self.last_eval);
         let step = self.step;
         let notes = callbacks.save(&at, |callbacks| {
             // Only when a save is due: a checkpoint never holds a NaN, and the pending
@@ -440,7 +444,7 @@ impl<'a> Loop<'a> {
                     examples,
                     epoch_sums,
                     last_epoch_sums: last_epoch,
-                    last_eval: last_eval.map(|e| EvalState { step: e.step, sums: sums(&e.stats) }),
+                    last_eval: last_eval.map(|e| EvalState { step: e.step, sums: e.stats }),
                     callbacks,
                     best_weights: false,
                     worker_steps: session.strategy.worker_steps(),

@@ -166,5 +166,5 @@ fn mark(dir: &Path, from: &[&str], status: RunStatus, code: u8, error: &str) {
     record["error"] = error.into();
     record["ended_at"] = rfc3339(SystemTime::now()).into();
     // Best effort: the launcher is already reporting the failure itself.
-    let _ = super::record::write_json(&path, &record);
+    let _ = super::run_dir::write_json(&path, &record);
 }

@@ -6,16 +6,16 @@ use crate::data::Normalization;
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Prepared};
 use crate::provenance::{Git, Host, rfc3339};
-use crate::train::record::{RunDir, RunDirOptions};
-use crate::train::run_record::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
+use crate::train::run_dir::{RecordError, RunDir, RunDirOptions};
+use crate::train::run_json::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
 
 /// The chief's run folder and its `run.json`.
-pub struct Record {
+pub struct RunFolder {
     dir: RunDir,
     record: RunRecord,
 }
 
-impl Record {
+impl RunFolder {
     /// Creates (or, resuming after `resumed_step`, reopens) the run folder and writes `run.json`.
     /// `normalization` is what `normalize = "adapt"` computed, if it did.
     pub fn start(
@@ -23,7 +23,7 @@ impl Record {
         p: &Prepared,
         resumed_step: Option<u64>,
         normalization: Option<Normalization>,
-    ) -> Result<Record, RunError> {
+    ) -> Result<RunFolder, RunError> {
         let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
         let options = RunDirOptions {
             resolved_spec: resolved,
@@ -40,7 +40,7 @@ impl Record {
         .map_err(|e| out_dir_error(p, e))?;
         let record = RunRecord { normalization, ..run_record(inv, p) };
         dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
-        Ok(Record { dir, record })
+        Ok(RunFolder { dir, record })
     }
 
     /// The folder, for the training loop.
@@ -63,7 +63,7 @@ impl Record {
 }
 
 /// The run folder cannot be made: say which key chose it and where that came from.
-fn out_dir_error(p: &Prepared, e: crate::train::record::RecordError) -> RunError {
+fn out_dir_error(p: &Prepared, e: RecordError) -> RunError {
     if e.path != p.plan.out_dir || crate::checkpoint::is_no_space(&e.source) {
         return RunError::Train(e.into());
     }

@@ -1,0 +1,272 @@
+//! The run folder: the resolved spec, `run.json` ([`super::run_json`]), `metrics.jsonl`
+//! ([`super::metrics_log`]), TensorBoard event files under `tensorboard/` (Keras's layout:
+//! `train/` and `validation/`), and `summary.json` ([`super::summary`]) at the end.
+
+use super::metrics_log::{MetricsEvent, MetricsLine, NamedMetrics};
+use super::run_json::RunRecord;
+use super::summary::{Summary, SummaryFile};
+use super::tensorboard::EventWriter;
+use crate::metrics::{Reading, Split, Sums};
+use crate::vocab::Metric;
+use serde::Serialize;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How a run folder is written.
+#[derive(Debug, Clone)]
+pub struct RunDirOptions {
+    /// The resolved spec, as TOML.
+    pub resolved_spec: String,
+    /// The plan's results hash of it ([`crate::plan::SpecHashes::results`]).
+    pub spec_sha256: String,
+    /// Steps per `step` line and TensorBoard `batch_*` scalars.
+    pub log_every_steps: u64,
+    /// When the process started, for `wall_s`.
+    pub launched: Instant,
+    /// `train.metrics`: which metrics the lines carry.
+    pub metrics: Vec<Metric>,
+}
+
+/// Training steps since the last `step` line.
+#[derive(Debug, Default)]
+struct Interval {
+    stats: Sums,
+    time: Duration,
+}
+
+/// Writes the files of one run folder.
+pub struct RunDir {
+    dir: PathBuf,
+    metrics: BufWriter<File>,
+    options: RunDirOptions,
+    interval: Interval,
+    train: EventWriter,
+    /// Opened at the first evaluation, so runs that never evaluate have no empty curve.
+    validation: Option<EventWriter>,
+    /// The last line written, whose epoch and learning rate the final evaluation repeats.
+    last: Option<MetricsLine>,
+    /// The step of the last evaluation written.
+    evaluated_at: Option<u64>,
+}
+
+/// A file could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {path}: {source}")]
+pub struct RecordError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RecordError + '_ {
+    move |source| RecordError { path: path.to_path_buf(), source }
+}
+
+/// Writes `value` as pretty JSON to `path` through a temporary file, so readers (a sweep
+/// deciding what is complete) never see half a file.
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<(), RecordError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| RecordError { path: path.into(), source: e.into() })?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text + "\n").and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
+        // A full disk must not keep a half-written temporary file.
+        let _ = std::fs::remove_file(&tmp);
+        io(path)(e)
+    })
+}
+
+impl RunDir {
+    /// Creates `dir`, writes the resolved spec into it and starts `metrics.jsonl` and the
+    /// TensorBoard files. Event files of an earlier run into the same folder are removed:
+    /// TensorBoard would draw both.
+    pub fn create(dir: &Path, options: RunDirOptions) -> Result<Self, RecordError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join("metrics.jsonl");
+        let metrics = BufWriter::new(File::create(&path).map_err(io(&path))?);
+        for sub in ["train", "validation"] {
+            let events = dir.join("tensorboard").join(sub);
+            for entry in std::fs::read_dir(&events).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
+                    std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+                }
+            }
+        }
+        Self::open(dir, options, metrics)
+    }
+
+    /// Reopens `dir` for a run resumed after `step`: `metrics.jsonl` keeps its lines up to
+    /// that step (later ones are trained again) and continues; TensorBoard gets a new event
+    /// file, and its reader drops the old file's steps past the resumed one.
+    pub fn resume(dir: &Path, options: RunDirOptions, step: u64) -> Result<Self, RecordError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join("metrics.jsonl");
+        let old = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let mut kept = String::new();
+        for line in old.lines() {
+            let at = serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64());
+            if at.is_some_and(|s| s <= step) {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        let tmp = dir.join("metrics.jsonl.tmp");
+        std::fs::write(&tmp, kept).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(io(&path))?;
+        Self::open(dir, options, BufWriter::new(file))
+    }
+
+    fn open(dir: &Path, options: RunDirOptions, metrics: BufWriter<File>) -> Result<Self, RecordError> {
+        let spec = dir.join("spec.toml");
+        std::fs::write(&spec, &options.resolved_spec).map_err(io(&spec))?;
+        let events = dir.join("tensorboard").join("train");
+        let train = EventWriter::create(&events).map_err(io(&events))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            metrics,
+            options,
+            interval: Interval::default(),
+            train,
+            validation: None,
+            last: None,
+            evaluated_at: None,
+        })
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `run.json`.
+    pub fn record(&self, record: &RunRecord) -> Result<(), RecordError> {
+        write_json(&self.dir.join("run.json"), record)
+    }
+
+    /// Counts one training step; every `log_every_steps` steps, writes a `step` line and
+    /// TensorBoard's `batch_*` scalars averaged over them.
+    pub fn step(&mut self, epoch: u64, step: u64, stats: Sums, lr: f64, took: Duration) -> Result<(), RecordError> {
+        self.interval.stats.add(stats);
+        self.interval.time += took;
+        if !step.is_multiple_of(self.options.log_every_steps.max(1)) {
+            return Ok(());
+        }
+        let Interval { stats, time } = std::mem::take(&mut self.interval);
+        let per_s = stats.examples() as f64 / time.as_secs_f64().max(1e-9);
+        let line = MetricsLine {
+            event: MetricsEvent::Step,
+            epoch,
+            step,
+            loss: stats.loss(),
+            accuracy: stats.accuracy(),
+            val_loss: None,
+            val_accuracy: None,
+            learning_rate: lr,
+            examples_per_s: per_s,
+            wall_s: self.options.launched.elapsed().as_secs_f64(),
+            named: NamedMetrics(Reading::new(&self.options.metrics, stats, None, per_s)),
+            parameter_server: None,
+        };
+        self.metrics(&line)
+    }
+
+    /// Appends a line to `metrics.jsonl` (flushed, so a killed run keeps its history) and
+    /// its scalars to the TensorBoard files.
+    pub fn metrics(&mut self, line: &MetricsLine) -> Result<(), RecordError> {
+        let path = self.dir.join("metrics.jsonl");
+        let text = serde_json::to_string(line).map_err(|e| RecordError { path: path.clone(), source: e.into() })?;
+        writeln!(self.metrics, "{text}").and_then(|_| self.metrics.flush()).map_err(io(&path))?;
+        self.events(line)?;
+        if line.event != MetricsEvent::Step {
+            self.last = Some(line.clone());
+        }
+        Ok(())
+    }
+
+    /// TensorBoard scalars with Keras's names: `batch_*` every N steps and `epoch_*` per
+    /// epoch (step = epoch) in `train/`; in `validation/`, `epoch_*` and
+    /// `evaluation_*_vs_iterations` (step = optimizer step).
+    fn events(&mut self, line: &MetricsLine) -> Result<(), RecordError> {
+        let train: Vec<(&str, f64)> = [
+            ("loss", line.loss),
+            ("accuracy", line.accuracy),
+            ("learning_rate", line.learning_rate),
+            ("examples_per_s", line.examples_per_s),
+        ]
+        .into_iter()
+        .chain(line.named.scalars(Split::Train))
+        .collect();
+        let named = |prefix: &str| train.iter().map(|(k, v)| (format!("{prefix}_{k}"), *v)).collect::<Vec<_>>();
+        let train_path = self.train.path().to_path_buf();
+        match line.event {
+            MetricsEvent::Step => write(&mut self.train, line.step, &named("batch")).map_err(io(&train_path))?,
+            MetricsEvent::Epoch => write(&mut self.train, line.epoch, &named("epoch")).map_err(io(&train_path))?,
+            MetricsEvent::Evaluation => {}
+        }
+        let (Some(loss), Some(accuracy)) = (line.val_loss, line.val_accuracy) else {
+            return Ok(());
+        };
+        // An epoch's line repeats an evaluation made at the same step: one point per step.
+        let repeated = self.evaluated_at == Some(line.step);
+        self.evaluated_at = Some(line.step);
+        let events = self.dir.join("tensorboard").join("validation");
+        let validation = match &mut self.validation {
+            Some(v) => v,
+            None => self.validation.insert(EventWriter::create(&events).map_err(io(&events))?),
+        };
+        if line.event == MetricsEvent::Epoch {
+            let mut per_epoch = vec![("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
+            per_epoch.extend(line.named.scalars(Split::Test).map(|(k, v)| (format!("epoch_{k}"), v)));
+            write(validation, line.epoch, &per_epoch).map_err(io(&events))?;
+        }
+        if repeated {
+            return Ok(());
+        }
+        let mut per_step = vec![
+            ("evaluation_loss_vs_iterations".to_string(), loss),
+            ("evaluation_accuracy_vs_iterations".to_string(), accuracy),
+        ];
+        per_step.extend(line.named.scalars(Split::Test).map(|(k, v)| (format!("evaluation_{k}_vs_iterations"), v)));
+        write(validation, line.step, &per_step).map_err(io(&events))
+    }
+
+    /// Writes `summary.json`; a final evaluation not logged yet (runs that evaluate only at
+    /// the end) gets its `evaluation` line and scalars first.
+    pub fn summary(&mut self, summary: &Summary) -> Result<(), RecordError> {
+        if let (Some(loss), Some(accuracy)) = (summary.test_loss, summary.test_accuracy)
+            && self.evaluated_at != Some(summary.steps)
+        {
+            let last = self.last.as_ref();
+            let per_s = last.map_or(0.0, |l| l.examples_per_s);
+            let line = MetricsLine {
+                event: MetricsEvent::Evaluation,
+                epoch: last.map_or(1, |l| l.epoch),
+                step: summary.steps,
+                loss: summary.train_loss,
+                accuracy: summary.train_accuracy,
+                val_loss: Some(loss),
+                val_accuracy: Some(accuracy),
+                learning_rate: last.map_or(0.0, |l| l.learning_rate),
+                examples_per_s: per_s,
+                wall_s: self.options.launched.elapsed().as_secs_f64(),
+                named: NamedMetrics(summary.metrics.0.clone().at(per_s)),
+                parameter_server: None,
+            };
+            self.metrics(&line)?;
+        }
+        let file = SummaryFile { summary, spec_sha256: &self.options.spec_sha256 };
+        write_json(&self.dir.join("summary.json"), &file)
+    }
+}
+
+fn write(w: &mut EventWriter, step: u64, scalars: &[(String, f64)]) -> std::io::Result<()> {
+    let refs: Vec<(&str, f64)> = scalars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    w.scalars(step, &refs)
+}
