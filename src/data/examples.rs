@@ -4,7 +4,7 @@
 
 use super::error::DataError;
 use super::pipeline::Batch;
-use super::records::RecordSplit;
+use super::source::tfrecord::RecordSplit;
 use serde::Serialize;
 use std::fmt;
 use std::sync::Arc;

@@ -1,18 +1,20 @@
-//! The synthetic dataset: seeded random `u8` images that a model can learn. Each class has a
+//! The `synthetic` source: seeded random `u8` images that a model can learn. Each class has a
 //! fixed random pattern of bright pixels; every example is its class's pattern plus uniform
 //! noise, so accuracy climbs from chance as a model trains, and benchmarks measure real work.
 //!
 //! Each example is generated from its own stream (a hash of seed, split and index), so the data
 //! depends on the seed alone and test examples differ from training ones.
 
-use super::error::DataError;
+use super::DataSource;
 use super::idx::IdxArray;
-use super::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
+use crate::data::error::DataError;
+use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
+use std::path::Path;
 
 /// `[data.synthetic]`: a seeded random dataset for benchmarks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -66,6 +68,36 @@ impl Default for SyntheticConfig {
     }
 }
 
+/// `data.dataset = "synthetic"`: `[data.synthetic]`, generated from the run seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyntheticSource {
+    pub config: SyntheticConfig,
+    pub seed: u64,
+}
+
+impl DataSource for SyntheticSource {
+    fn name(&self) -> &'static str {
+        "synthetic"
+    }
+
+    /// Generated in memory: no folder.
+    fn dir(&self) -> Option<&Path> {
+        None
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        vec![]
+    }
+
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        facts(&self.config)
+    }
+
+    fn load(&self) -> Result<Dataset, DataError> {
+        generate(&self.config, self.seed)
+    }
+}
+
 /// Separates this use of the run seed from its other uses (weights, shuffling).
 const DOMAIN: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
 /// Brightness a class pattern adds to its pixels.
@@ -95,7 +127,7 @@ pub fn shape_of(spec: &SyntheticConfig) -> Result<ExampleShape, DataError> {
 }
 
 /// The facts of a synthetic dataset, straight from the spec.
-pub fn facts(spec: &SyntheticConfig) -> Result<DataFacts, DataError> {
+fn facts(spec: &SyntheticConfig) -> Result<DataFacts, DataError> {
     check(spec)?;
     Ok(DataFacts {
         train_examples: spec.train_examples.get(),
@@ -123,7 +155,7 @@ fn check(spec: &SyntheticConfig) -> Result<(), DataError> {
 }
 
 /// Generates the dataset `[data.synthetic]` describes, deterministically from `seed`.
-pub fn generate(spec: &SyntheticConfig, seed: u64) -> Result<Dataset, DataError> {
+fn generate(spec: &SyntheticConfig, seed: u64) -> Result<Dataset, DataError> {
     check(spec)?;
     let shape = shape_of(spec)?;
     let len = shape.len();

@@ -6,15 +6,16 @@
 //! id out of range would otherwise index past the model's output row. A file whose length is
 //! not a whole number of tokens is an error naming it.
 
-use super::error::{DataError, Position};
-use super::examples::{LabelKind, Split};
-use super::windows::{Tokens, Windows, count};
-use super::{DataFacts, Dataset};
+use super::{DataSource, missing_in, require};
+use crate::data::error::{DataError, Position};
+use crate::data::examples::{LabelKind, Split};
+use crate::data::windows::{Tokens, Windows, count};
+use crate::data::{DataFacts, Dataset};
 use memmap2::Mmap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `[data.tokens]`: token id files for a language model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -59,6 +60,37 @@ impl TokenDtype {
     }
 }
 
+/// `data.dataset = "tokens"`: `[data.tokens]`'s files in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokensSource {
+    pub dir: PathBuf,
+    pub config: TokensConfig,
+}
+
+impl DataSource for TokensSource {
+    fn name(&self) -> &'static str {
+        "tokens"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        missing_in(&self.dir, self.config.train.iter().chain(&self.config.validation))
+    }
+
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        facts(&self.dir, &self.config)
+    }
+
+    fn load(&self) -> Result<Dataset, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        load(&self.dir, &self.config)
+    }
+}
+
 fn map(path: &Path, dtype: TokenDtype) -> Result<Tokens, DataError> {
     let io = |source| DataError::Read { path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
@@ -83,7 +115,7 @@ fn map(path: &Path, dtype: TokenDtype) -> Result<Tokens, DataError> {
     })
 }
 
-type Files = Vec<(std::path::PathBuf, Tokens)>;
+type Files = Vec<(PathBuf, Tokens)>;
 
 fn map_all(dir: &Path, names: &[String], dtype: TokenDtype) -> Result<Files, DataError> {
     names.iter().map(|n| map(&dir.join(n), dtype).map(|t| (dir.join(n), t))).collect()
@@ -91,7 +123,7 @@ fn map_all(dir: &Path, names: &[String], dtype: TokenDtype) -> Result<Files, Dat
 
 /// The vocabulary size: the configured one, every id checked against it, or the largest id
 /// plus one.
-fn vocab_size(config: &TokensConfig, files: &[&(std::path::PathBuf, Tokens)]) -> Result<u32, DataError> {
+fn vocab_size(config: &TokensConfig, files: &[&(PathBuf, Tokens)]) -> Result<u32, DataError> {
     match config.vocab_size {
         None => {
             let max = files.iter().flat_map(|(_, t)| (0..t.len()).map(|i| t.get(i))).max().unwrap_or(0);
@@ -136,7 +168,7 @@ fn mapped(dir: &Path, config: &TokensConfig) -> Result<(Files, Files, u32), Data
 
 /// Example counts, shape and vocabulary (the files are mapped and, without `vocab_size`,
 /// scanned for their largest id).
-pub fn facts(dir: &Path, config: &TokensConfig) -> Result<DataFacts, DataError> {
+fn facts(dir: &Path, config: &TokensConfig) -> Result<DataFacts, DataError> {
     let (train, validation, vocab) = mapped(dir, config)?;
     let block = config.block_size.get();
     let windows = |files: &Files, stride| files.iter().map(|(_, t)| count(t.len(), block, stride)).sum();
@@ -151,7 +183,7 @@ pub fn facts(dir: &Path, config: &TokensConfig) -> Result<DataFacts, DataError> 
 }
 
 /// Maps and checks the files.
-pub fn load(dir: &Path, config: &TokensConfig) -> Result<Dataset, DataError> {
+fn load(dir: &Path, config: &TokensConfig) -> Result<Dataset, DataError> {
     let (train, validation, vocab) = mapped(dir, config)?;
     let block = config.block_size.get();
     let strip = |files: Files| files.into_iter().map(|(_, t)| t).collect::<Vec<_>>();

@@ -7,10 +7,11 @@
 //! from both. The vocabulary is written to the run folder as `vocab.json`, so a sampler can
 //! turn ids back into text.
 
-use super::error::{DataError, Position};
-use super::examples::{LabelKind, Split};
-use super::windows::{Tokens, Windows, count};
-use super::{DataFacts, Dataset};
+use super::{DataSource, missing_in, require};
+use crate::data::error::{DataError, Position};
+use crate::data::examples::{LabelKind, Split};
+use crate::data::windows::{Tokens, Windows, count};
+use crate::data::{DataFacts, Dataset};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -84,6 +85,37 @@ impl Vocabulary {
     /// True when there are no tokens.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// `data.dataset = "text"`: `[data.text]`'s files in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextSource {
+    pub dir: PathBuf,
+    pub config: TextConfig,
+}
+
+impl DataSource for TextSource {
+    fn name(&self) -> &'static str {
+        "text"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        missing_in(&self.dir, self.config.train.iter().chain(&self.config.validation))
+    }
+
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        facts(&self.dir, &self.config)
+    }
+
+    fn load(&self) -> Result<Dataset, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        load(&self.dir, &self.config)
     }
 }
 
@@ -172,7 +204,7 @@ fn no_training_text(config: &TextConfig) -> Result<(), DataError> {
 
 /// Example counts, shape and vocabulary size: the files are read (text is small next to the
 /// model that trains on it).
-pub fn facts(dir: &Path, config: &TextConfig) -> Result<DataFacts, DataError> {
+fn facts(dir: &Path, config: &TextConfig) -> Result<DataFacts, DataError> {
     no_training_text(config)?;
     let texts = read(dir, config)?;
     let block = config.block_size.get();
@@ -193,7 +225,7 @@ pub fn facts(dir: &Path, config: &TextConfig) -> Result<DataFacts, DataError> {
 }
 
 /// Reads, tokenizes and windows the texts.
-pub fn load(dir: &Path, config: &TextConfig) -> Result<Dataset, DataError> {
+fn load(dir: &Path, config: &TextConfig) -> Result<Dataset, DataError> {
     no_training_text(config)?;
     let texts = read(dir, config)?;
     let block = config.block_size.get();
