@@ -181,7 +181,7 @@ pub fn resolve(
             }
         }
     };
-    let (preprocessing, facts) = super::preprocessing::resolve(spec.preprocessing.as_ref(), spec.dataset, facts, diags);
+    let (preprocessing, facts) = super::preprocessing::resolve(spec.preprocessing.as_ref(), &**source, facts, diags);
     if spec.prefetch == 0 {
         diags.push(
             Diagnostic::warning("data.prefetch", "data.prefetch = 0 prepares batches on the training thread")

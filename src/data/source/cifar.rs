@@ -22,7 +22,7 @@ mod tests;
 
 pub use preset::CifarPreset;
 
-use super::{DataSource, require};
+use super::{DataSource, RawValues, require};
 use crate::data::arrays::{Arrays, classes_of, label_kind};
 use crate::data::download::Fetcher;
 use crate::data::error::{DataError, Position};
@@ -100,6 +100,10 @@ impl DataSource for CifarSource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &files_dir(&self.dir, self.dataset), self.missing_files())?;
         load(&self.dir, self.dataset)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Bytes
     }
 }
 

@@ -18,7 +18,7 @@
 //!
 //! The whole table is parsed at open into `f32` (a CSV file is larger than its values).
 
-use super::{DataSource, missing_in, require};
+use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position, UnknownName};
 use crate::data::examples::{Examples, LabelKind, Split};
 use crate::data::formats::{Classes, Dtype, Labels, RandomAccess, classes_from_names};
@@ -89,6 +89,10 @@ impl DataSource for CsvSource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         load(&self.dir, &self.config)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Numbers
     }
 }
 

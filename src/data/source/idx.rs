@@ -6,7 +6,7 @@
 //! number of dimensions, one big-endian `u32` per dimension, then the elements row-major.
 //! Compression is recognised by the gzip magic bytes, never by the file name.
 
-use super::{DataSource, both, require};
+use super::{DataSource, RawValues, both, require};
 use crate::data::error::DataError;
 use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use flate2::read::MultiGzDecoder;
@@ -86,6 +86,10 @@ impl DataSource for IdxSource {
             vocabulary: None,
             classes: None,
         })
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Bytes
     }
 }
 

@@ -23,7 +23,7 @@ pub(crate) mod resize;
 #[cfg(test)]
 mod tests;
 
-use super::{DataSource, require};
+use super::{DataSource, RawValues, require};
 use crate::data::arrays::{Arrays, classes_of, label_kind};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
@@ -129,6 +129,10 @@ impl DataSource for ImageFolderSource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         load(&self.dir, &self.config)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Bytes
     }
 }
 

@@ -7,7 +7,7 @@
 //! a file damaged on disk almost always also breaks its gzip CRC or its header.
 
 use super::idx::{image_split, load_split, read_idx_dims};
-use super::{DataSource, both, require};
+use super::{DataSource, RawValues, both, require};
 use crate::data::download::{Checksum, Fetcher, RemoteFile};
 use crate::data::error::DataError;
 use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind};
@@ -191,6 +191,10 @@ impl DataSource for MnistSource {
             vocabulary: None,
             classes: None,
         })
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Bytes
     }
 }
 

@@ -25,8 +25,9 @@
 //!
 //! What a source answers and what it does not: it knows its files (missing ones, fetching
 //! them), its facts without loading (sizes, example shape, label kind, and `train_files`,
-//! which decides what `auto_shard_policy = "auto"` picks), how to load its splits, and whether
-//! it is a stream shuffled by its own buffer. How a split is read is the split's business
+//! which decides what `auto_shard_policy = "auto"` picks), how to load its splits, what its
+//! values are (for `[data.preprocessing]`), and whether it is a stream shuffled by its own
+//! buffer. How a split is read is the split's business
 //! ([`Examples`](super::examples::Examples)): by index, or, for a split read only in order, as
 //! a stream that the pipeline replays up to the cursor on resume (`Examples::records`).
 
@@ -89,12 +90,30 @@ pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
     /// Loads both splits: into memory, memory-mapped, or opened for streaming.
     fn load(&self) -> Result<Dataset, DataError>;
 
+    /// What the examples' values are as loaded, which decides what `[data.preprocessing]`
+    /// may do to them.
+    fn raw_values(&self) -> RawValues;
+
     /// For a source read only in order (a stream), its own shuffle: a stream is shuffled by
     /// `data.<name>.shuffle_buffer`, never by `data.shuffle_buffer`. `None` for a source
     /// read by index.
     fn stream_shuffle(&self) -> Option<Shuffle> {
         None
     }
+}
+
+/// What a source's example values are, which decides what `data.preprocessing.rescale`
+/// multiplies and whether the examples can be augmented as images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawValues {
+    /// Image bytes, which the source already divides by 255.
+    Bytes,
+    /// Numbers as written in the file.
+    Numbers,
+    /// Arrays whose dtype only reading tells (`u8` is divided by 255, others are not).
+    ArrayDtype,
+    /// Token ids: nothing to scale or augment.
+    Tokens,
 }
 
 /// Compares two sources whatever their types, so a plan that holds one stays `PartialEq`:

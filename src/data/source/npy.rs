@@ -19,7 +19,7 @@ mod npz;
 #[cfg(test)]
 mod tests;
 
-use super::{DataSource, missing_in, require};
+use super::{DataSource, RawValues, missing_in, require};
 use crate::data::arrays::{Arrays, label_kind};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
@@ -106,6 +106,10 @@ impl DataSource for NpySource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         load(&self.dir, &self.config)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::ArrayDtype
     }
 }
 

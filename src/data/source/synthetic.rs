@@ -5,8 +5,8 @@
 //! Each example is generated from its own stream (a hash of seed, split and index), so the data
 //! depends on the seed alone and test examples differ from training ones.
 
-use super::DataSource;
 use super::idx::IdxArray;
+use super::{DataSource, RawValues};
 use crate::data::error::DataError;
 use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use rand_chacha::ChaCha8Rng;
@@ -95,6 +95,10 @@ impl DataSource for SyntheticSource {
 
     fn load(&self) -> Result<Dataset, DataError> {
         generate(&self.config, self.seed)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Bytes
     }
 }
 

@@ -7,7 +7,7 @@
 //! from both. The vocabulary is written to the run folder as `vocab.json`, so a sampler can
 //! turn ids back into text.
 
-use super::{DataSource, missing_in, require};
+use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
 use crate::data::windows::{Tokens, Windows, count};
@@ -116,6 +116,10 @@ impl DataSource for TextSource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         load(&self.dir, &self.config)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Tokens
     }
 }
 

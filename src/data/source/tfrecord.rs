@@ -35,7 +35,7 @@ pub use shuffle::ShuffleBuffer;
 pub use split::{RecordReader, RecordSplit};
 
 use super::image_folder::ColorMode;
-use super::{DataSource, require};
+use super::{DataSource, RawValues, require};
 use crate::data::error::DataError;
 use crate::data::examples::{LabelKind, Split};
 use crate::data::formats::{Dtype, check_buffer};
@@ -254,6 +254,10 @@ impl DataSource for TfRecordSource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         load(&self.dir, &self.config)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::ArrayDtype
     }
 
     /// `data.tfrecord.shuffle_buffer`, or off.

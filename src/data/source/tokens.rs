@@ -6,7 +6,7 @@
 //! id out of range would otherwise index past the model's output row. A file whose length is
 //! not a whole number of tokens is an error naming it.
 
-use super::{DataSource, missing_in, require};
+use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
 use crate::data::windows::{Tokens, Windows, count};
@@ -88,6 +88,10 @@ impl DataSource for TokensSource {
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         load(&self.dir, &self.config)
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Tokens
     }
 }
 
