@@ -92,14 +92,38 @@ impl DataSource for CifarSource {
         fetch_missing(&self.dir, self.dataset, fetcher)
     }
 
-    /// From file sizes only; files not yet downloaded are taken to be the published ones.
+    /// Example counts, shape and classes, from file sizes only.
     fn facts(&self) -> Result<DataFacts, DataError> {
-        facts(&self.dir, self.dataset)
+        let (dir, dataset) = (&self.dir, self.dataset);
+        Ok(DataFacts {
+            train_examples: examples(dir, dataset, CifarSplit::Train)?,
+            test_examples: examples(dir, dataset, CifarSplit::Test)?,
+            example_shape: vec![32, 32, 3],
+            labels: LabelKind::Class { classes: dataset.classes().len() },
+            // Examples are sharded across workers: the `file` policy is not offered for CIFAR.
+            train_files: 1,
+        })
     }
 
+    /// Reads both splits, on two threads.
     fn load(&self) -> Result<Dataset, DataError> {
-        require(self.name(), &files_dir(&self.dir, self.dataset), self.missing_files())?;
-        load(&self.dir, self.dataset)
+        let files = files_dir(&self.dir, self.dataset);
+        require(self.name(), &files, self.missing_files())?;
+        let dataset = self.dataset;
+        let (train, test) = std::thread::scope(|s| {
+            let test = s.spawn(|| Cifar::open(&files, dataset, CifarSplit::Test));
+            let train = Cifar::open(&files, dataset, CifarSplit::Train);
+            // A panic there is a bug in the reader, not a user error: pass it on unchanged.
+            (train, test.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        });
+        let (train, test) = (train?, test?);
+        // One byte per value, in memory.
+        let split = |c: Cifar| {
+            let held = c.len() * c.example_len();
+            Split::of(Arrays::new(c, held))
+        };
+        let (labels, classes) = (label_kind(train.labels()), classes_of(train.labels()));
+        Ok(Dataset { train: split(train), test: Some(split(test)), labels, vocabulary: None, classes })
     }
 
     fn raw_values(&self) -> RawValues {
@@ -144,37 +168,6 @@ fn examples(dir: &Path, dataset: CifarDataset, split: CifarSplit) -> Result<usiz
         total += len as usize / dataset.record_len();
     }
     Ok(total)
-}
-
-/// Example counts, shape and classes, from file sizes only.
-fn facts(dir: &Path, dataset: CifarDataset) -> Result<DataFacts, DataError> {
-    Ok(DataFacts {
-        train_examples: examples(dir, dataset, CifarSplit::Train)?,
-        test_examples: examples(dir, dataset, CifarSplit::Test)?,
-        example_shape: vec![32, 32, 3],
-        labels: LabelKind::Class { classes: dataset.classes().len() },
-        // Examples are sharded across workers: the `file` policy is not offered for CIFAR.
-        train_files: 1,
-    })
-}
-
-/// Reads both splits, on two threads.
-fn load(dir: &Path, dataset: CifarDataset) -> Result<Dataset, DataError> {
-    let files = files_dir(dir, dataset);
-    let (train, test) = std::thread::scope(|s| {
-        let test = s.spawn(|| Cifar::open(&files, dataset, CifarSplit::Test));
-        let train = Cifar::open(&files, dataset, CifarSplit::Train);
-        // A panic there is a bug in the reader, not a user error: pass it on unchanged.
-        (train, test.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-    });
-    let (train, test) = (train?, test?);
-    // One byte per value, in memory.
-    let split = |c: Cifar| {
-        let held = c.len() * c.example_len();
-        Split::of(Arrays::new(c, held))
-    };
-    let (labels, classes) = (label_kind(train.labels()), classes_of(train.labels()));
-    Ok(Dataset { train: split(train), test: Some(split(test)), labels, vocabulary: None, classes })
 }
 
 const SIDE: usize = 32;

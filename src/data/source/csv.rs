@@ -81,14 +81,33 @@ impl DataSource for CsvSource {
         missing_in(&self.dir, std::iter::once(&self.config.train).chain(&self.config.test))
     }
 
+    /// Example counts, features and label kind (the tables are parsed).
     fn facts(&self) -> Result<DataFacts, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        facts(&self.dir, &self.config)
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test) = read(dir, config)?;
+        Ok(DataFacts {
+            train_examples: train.len(),
+            test_examples: test.as_ref().map_or(0, CsvDataset::len),
+            example_shape: train.shape().to_vec(),
+            labels: label_kind(&train).0,
+            train_files: 1,
+        })
     }
 
+    /// Parses the tables.
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        load(&self.dir, &self.config)
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test) = read(dir, config)?;
+        let (labels, classes) = label_kind(&train);
+        Ok(Dataset {
+            train: Split::of(Table(train)),
+            test: test.map(|t| Split::of(Table(t))),
+            labels,
+            vocabulary: None,
+            classes,
+        })
     }
 
     fn raw_values(&self) -> RawValues {
@@ -160,31 +179,6 @@ fn read(dir: &Path, config: &CsvConfig) -> Result<(CsvDataset, Option<CsvDataset
         }
     };
     Ok((train, test))
-}
-
-/// Example counts, features and label kind (the tables are parsed).
-fn facts(dir: &Path, config: &CsvConfig) -> Result<DataFacts, DataError> {
-    let (train, test) = read(dir, config)?;
-    Ok(DataFacts {
-        train_examples: train.len(),
-        test_examples: test.as_ref().map_or(0, CsvDataset::len),
-        example_shape: train.shape().to_vec(),
-        labels: label_kind(&train).0,
-        train_files: 1,
-    })
-}
-
-/// Parses the tables.
-fn load(dir: &Path, config: &CsvConfig) -> Result<Dataset, DataError> {
-    let (train, test) = read(dir, config)?;
-    let (labels, classes) = label_kind(&train);
-    Ok(Dataset {
-        train: Split::of(Table(train)),
-        test: test.map(|t| Split::of(Table(t))),
-        labels,
-        vocabulary: None,
-        classes,
-    })
 }
 
 /// Which columns to read.

@@ -121,14 +121,24 @@ impl DataSource for ImageFolderSource {
         self.config.folders().into_iter().filter(|f| !self.dir.join(f).is_dir()).map(|f| format!("{f}/")).collect()
     }
 
+    /// Example counts, shape and classes, from listing the folders.
     fn facts(&self) -> Result<DataFacts, DataError> {
-        require(self.name(), &self.dir, self.missing_files())?;
-        facts(&self.dir, &self.config)
+        self.load().map(|d| d.facts(1))
     }
 
+    /// Lists the folders; images are decoded as batches are read.
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        load(&self.dir, &self.config)
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test) = read(dir, config)?;
+        let (labels, classes) = (label_kind(train.labels()), classes_of(train.labels()));
+        Ok(Dataset {
+            train: Split::of(Arrays::new(train, 0)),
+            test: test.map(|t| Split::of(Arrays::new(t, 0))),
+            labels,
+            vocabulary: None,
+            classes,
+        })
     }
 
     fn raw_values(&self) -> RawValues {
@@ -144,24 +154,6 @@ fn read(dir: &Path, config: &ImageFolderConfig) -> Result<(ImageFolder, Option<I
         train.check_same_classes(test)?;
     }
     Ok((train, test))
-}
-
-/// Example counts, shape and classes, from listing the folders.
-fn facts(dir: &Path, config: &ImageFolderConfig) -> Result<DataFacts, DataError> {
-    load(dir, config).map(|d| d.facts(1))
-}
-
-/// Lists the folders; images are decoded as batches are read.
-fn load(dir: &Path, config: &ImageFolderConfig) -> Result<Dataset, DataError> {
-    let (train, test) = read(dir, config)?;
-    let (labels, classes) = (label_kind(train.labels()), classes_of(train.labels()));
-    Ok(Dataset {
-        train: Split::of(Arrays::new(train, 0)),
-        test: test.map(|t| Split::of(Arrays::new(t, 0))),
-        labels,
-        vocabulary: None,
-        classes,
-    })
 }
 
 /// The channels images are decoded to (Keras' `color_mode`).

@@ -15,9 +15,11 @@
 //! | `cifar10`, `cifar100` | [`cifar`] | [`CifarSource`] | [`Cifar100Config`] |
 //! | `tfrecord` | [`tfrecord`] | [`TfRecordSource`] | [`TfRecordConfig`] |
 //!
-//! Adding a source: its file here (the type, its `impl DataSource`, its table) and its `mod`
-//! line below; its `DatasetKind` variant and table field in `src/spec/data.rs`; its arm in
-//! `plan::source` (`src/plan/data.rs`), the one exhaustive match from the spec's name to a source.
+//! Adding a source touches four files and one generated file: its file here (the type, its
+//! `impl DataSource`, its `[data.<kind>]` table) and its `mod` line below; its `DatasetKind`
+//! variant and table field in `src/spec/data.rs`; its arm in `plan::source`
+//! (`src/plan/data.rs`), the one exhaustive match from the spec's name to a source; and
+//! `schemas/trainrun.schema.json`, regenerated (`trainrun schema`).
 //!
 //! A trait object rather than an enum: the plan holds an [`AnySource`] (a shared
 //! `dyn DataSource`), so a new source adds no variant and no arm here. The plan stays

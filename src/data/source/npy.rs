@@ -98,14 +98,23 @@ impl DataSource for NpySource {
         missing_in(&self.dir, self.config.files().iter())
     }
 
+    /// Example counts, shape and label kind (headers mapped, labels read).
     fn facts(&self) -> Result<DataFacts, DataError> {
-        require(self.name(), &self.dir, self.missing_files())?;
-        facts(&self.dir, &self.config)
+        self.load().map(|d| d.facts(1))
     }
 
+    /// Maps the arrays; examples are converted as batches are read.
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        load(&self.dir, &self.config)
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test, labels) = read(dir, config)?;
+        Ok(Dataset {
+            train: Split::of(Arrays::new(train, 0)),
+            test: test.map(|t| Split::of(Arrays::new(t, 0))),
+            labels,
+            vocabulary: None,
+            classes: None,
+        })
     }
 
     fn raw_values(&self) -> RawValues {
@@ -149,23 +158,6 @@ fn read(dir: &Path, config: &NpyConfig) -> Result<(NpyDataset, Option<NpyDataset
         };
     }
     Ok((train, test, labels))
-}
-
-/// Example counts, shape and label kind (headers mapped, labels read).
-fn facts(dir: &Path, config: &NpyConfig) -> Result<DataFacts, DataError> {
-    load(dir, config).map(|d| d.facts(1))
-}
-
-/// Maps the arrays; examples are converted as batches are read.
-fn load(dir: &Path, config: &NpyConfig) -> Result<Dataset, DataError> {
-    let (train, test, labels) = read(dir, config)?;
-    Ok(Dataset {
-        train: Split::of(Arrays::new(train, 0)),
-        test: test.map(|t| Split::of(Arrays::new(t, 0))),
-        labels,
-        vocabulary: None,
-        classes: None,
-    })
 }
 
 /// One array, memory-mapped; values are read an example (a row along the first axis) at a

@@ -244,16 +244,21 @@ impl DataSource for TfRecordSource {
         self.config.missing_files(&self.dir)
     }
 
-    /// A framing pass over every file counts its records.
+    /// Example counts (a framing pass over every file), shape, classes and the training files.
     fn facts(&self) -> Result<DataFacts, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        facts(&self.dir, &self.config)
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test) = read(dir, config)?;
+        let files = train.file_lens().len();
+        Ok(dataset(train, test, config).facts(files))
     }
 
     /// Counts the records of every file; examples are read as batches are made.
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        load(&self.dir, &self.config)
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test) = read(dir, config)?;
+        Ok(dataset(train, test, config))
     }
 
     fn raw_values(&self) -> RawValues {
@@ -274,19 +279,6 @@ fn read(dir: &Path, config: &TfRecordConfig) -> Result<(RecordSplit, Option<Reco
     let test =
         if test_files.is_empty() { None } else { Some(RecordSplit::new(test_files, config.compression(), spec)?) };
     Ok((train, test))
-}
-
-/// Example counts (a framing pass over every file), shape, classes and the training files.
-fn facts(dir: &Path, config: &TfRecordConfig) -> Result<DataFacts, DataError> {
-    let (train, test) = read(dir, config)?;
-    let files = train.file_lens().len();
-    Ok(dataset(train, test, config).facts(files))
-}
-
-/// Counts the records of every file; examples are read as batches are made.
-fn load(dir: &Path, config: &TfRecordConfig) -> Result<Dataset, DataError> {
-    let (train, test) = read(dir, config)?;
-    Ok(dataset(train, test, config))
 }
 
 fn dataset(train: RecordSplit, test: Option<RecordSplit>, config: &TfRecordConfig) -> Dataset {

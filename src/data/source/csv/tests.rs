@@ -80,6 +80,10 @@ fn bad_cells_name_file_line_column_and_value() {
     );
 }
 
+fn source(dir: &Path, config: CsvConfig) -> CsvSource {
+    CsvSource { dir: dir.to_path_buf(), config }
+}
+
 fn config(test: Option<&str>) -> CsvConfig {
     CsvConfig { train: "a.csv".into(), test: test.map(String::from), label: "y".into(), features: None, labels: None }
 }
@@ -88,20 +92,20 @@ fn config(test: Option<&str>) -> CsvConfig {
 fn float_labels_are_targets_and_names_are_sorted_classes() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.csv"), "x1,y,x2\n1,0.5,2\n3,1.5,4\n").unwrap();
-    let data = load(dir.path(), &config(None)).unwrap();
+    let data = source(dir.path(), config(None)).load().unwrap();
     assert_eq!(data.labels, LabelKind::Target { width: 1 });
     let b = data.train.read(0..2).unwrap();
     assert_eq!((b.x, b.y, b.targets), (vec![1., 2., 3., 4.], vec![], vec![0.5, 1.5]));
 
     std::fs::write(dir.path().join("a.csv"), "x1,y\n1,dog\n3,cat\n").unwrap();
     std::fs::write(dir.path().join("b.csv"), "x1,y\n1,cat\n3,dog\n").unwrap();
-    let data = load(dir.path(), &config(Some("b.csv"))).unwrap();
+    let data = source(dir.path(), config(Some("b.csv"))).load().unwrap();
     assert_eq!(data.labels, LabelKind::Class { classes: 2 });
     assert_eq!(data.classes.as_ref().map(Classes::names), Some(&["cat".to_string(), "dog".into()][..]));
     assert_eq!(data.train.read(0..2).unwrap().y, [1, 0]);
-    assert_eq!(facts(dir.path(), &config(Some("b.csv"))).unwrap(), data.facts(1));
+    assert_eq!(source(dir.path(), config(Some("b.csv"))).facts().unwrap(), data.facts(1));
 
     std::fs::write(dir.path().join("b.csv"), "x1,y\n1,cat\n3,bird\n").unwrap();
-    let err = load(dir.path(), &config(Some("b.csv"))).unwrap_err().to_string();
+    let err = source(dir.path(), config(Some("b.csv"))).load().unwrap_err().to_string();
     assert!(err.contains("the training labels are cat, dog, the test labels bird, cat"), "{err}");
 }

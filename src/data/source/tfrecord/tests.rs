@@ -264,7 +264,8 @@ fn reads_by_index_in_file_order_across_files_and_backwards() {
     }
     let config: TfRecordConfig =
         toml::from_str("train = [\"p*.tfrecord\"]\nshape = [2]\nclasses = 7\nshuffle_buffer = 0").unwrap();
-    let data = load(dir.path(), &config).unwrap();
+    let source = TfRecordSource { dir: dir.path().to_path_buf(), config };
+    let data = source.load().unwrap();
     assert_eq!((data.train.len(), data.train.records().map(RecordSplit::file_lens)), (7, Some(&[3, 4][..])));
     let b = data.train.read(2..5).unwrap();
     assert_eq!(
@@ -272,7 +273,7 @@ fn reads_by_index_in_file_order_across_files_and_backwards() {
         (vec![2, 3, 4], vec![20. / 255., 20. / 255., 30. / 255., 30. / 255., 40. / 255., 40. / 255.])
     );
     assert_eq!(data.train.read(0..1).unwrap().y, [0], "a read behind the last one starts again");
-    assert_eq!(facts(dir.path(), &config).unwrap().train_files, 2);
+    assert_eq!(source.facts().unwrap().train_files, 2);
 
     // Taken whole and decoded in parallel, the same values and labels as one by one; past
     // the end, nothing more is taken.
