@@ -1,6 +1,7 @@
 //! Where examples come from: one file per source, named as `data.dataset` names it, each a type
 //! implementing [`DataSource`]; a source's file format is read in the same file, or under the
-//! folder of its name when it needs more than one (`npy/`, `tfrecord/`).
+//! folder of its name when it needs more than one (`npy/`, `image_folder/`, `cifar/`,
+//! `tfrecord/`).
 //!
 //! | `data.dataset` | file | type | `[data.<kind>]` table |
 //! |---|---|---|---|
@@ -32,6 +33,12 @@
 //! buffer. How a split is read is the split's business
 //! ([`Examples`](super::examples::Examples)): by index, or, for a split read only in order, as
 //! a stream that the pipeline replays up to the cursor on resume (`Examples::records`).
+//!
+//! A streamed source of files (JSONL, Parquet, a `datasets` folder) fits the same way: its
+//! `facts` count examples from footers or a framing pass and give the shard units in
+//! `train_files` (files, or row groups), its `stream_shuffle` its buffer; what it adds is a
+//! second implementation of the stream behind `Examples::records`, which then becomes a trait
+//! of its own with the stream's exact resume position (file, row group, row).
 
 pub mod cifar;
 pub mod csv;
