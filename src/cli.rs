@@ -51,11 +51,13 @@ enum Command {
         /// Text the generated tokens continue (every character must be in the vocabulary).
         #[arg(long, default_value = "\n")]
         prompt: String,
-        /// Tokens to generate.
+        /// Tokens to generate (at most 1,048,576).
         #[arg(long, default_value_t = 500)]
         tokens: usize,
         /// Divides the logits: below 1 is more conservative, above 1 more varied.
-        #[arg(long, default_value_t = 1.0)]
+        // A negative value reaches sample's own check, which says what a temperature must be,
+        // rather than clap's "to pass '-1' as a value, use '-- -1'".
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
         temperature: f32,
         /// Draw only among the k likeliest tokens.
         #[arg(long = "top-k", value_name = "K")]

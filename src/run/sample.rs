@@ -4,6 +4,11 @@
 //! `block_size` tokens, left-aligned and padded after its end: attention is causal, so the
 //! padding never reaches the position whose logits are read. Draws come from a ChaCha stream
 //! seeded by `--seed` alone, so the same checkpoint, prompt and seed give the same text.
+//!
+//! Tokens decode with the vocabulary the run wrote (`vocab.json` beside the checkpoint),
+//! checked against the model, never one rebuilt from the spec's data as it is today. The text
+//! streams out as it is generated, and a stop (SIGTERM, Ctrl-C) ends it after the token at
+//! hand, the text so far already printed.
 
 use super::{load_data, pool};
 use crate::data::Vocabulary;
@@ -11,7 +16,13 @@ use crate::engine::{Pass, init};
 use crate::exit::RunError;
 use crate::prepare::{Invocation, prepare};
 use rand::RngExt;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+/// The most tokens one call generates: far beyond any context a model here reads, and a
+/// bound on a typo's cost (`--tokens 1000000000` ran for hours without a word).
+pub const MAX_TOKENS: usize = 1 << 20;
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -39,6 +50,13 @@ pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<
     if o.top_k == Some(0) {
         return Err(RunError::Usage("--top-k 0 leaves no token to draw: use 1 or more, or leave it out".into()));
     }
+    if o.tokens > MAX_TOKENS {
+        return Err(RunError::Usage(format!(
+            "--tokens {} is more than one call generates ({MAX_TOKENS}): ask for fewer, e.g. --tokens 1000",
+            o.tokens
+        )));
+    }
+    let stop = crate::signals::stop_requested();
     let p = prepare(inv)?;
     let plan = &p.plan;
     let Some(&[block, vocab]) = plan.model.per_position().then_some(plan.model.output.0.as_slice()) else {
@@ -47,19 +65,46 @@ pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<
             plan.model.output
         )));
     };
-    let vocabulary = load_data(inv, plan)?.vocabulary.ok_or_else(|| {
-        RunError::Unsupported("sample needs a `text` data source: its vocabulary maps tokens to text".into())
-    })?;
+    let vocabulary = match run_vocabulary(checkpoint)? {
+        Some((file, v)) if v.len() as usize != vocab => {
+            return Err(RunError::Usage(format!(
+                "{} holds {} tokens, but the model predicts {vocab}: the checkpoint was not trained with this \
+                 vocabulary; give the run's own checkpoint, or sample with the spec the run trained",
+                file.display(),
+                v.len()
+            )));
+        }
+        Some((_, v)) => v,
+        None => {
+            let v = load_data(inv, plan)?.vocabulary.ok_or_else(|| {
+                RunError::Unsupported("sample needs a `text` data source: its vocabulary maps tokens to text".into())
+            })?;
+            eprintln!(
+                "warning: no vocab.json beside {}: decoding with the vocabulary of the spec's data as it is now",
+                checkpoint.display()
+            );
+            v
+        }
+    };
     let mut model = plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
     let layout = crate::builder::layout(&model);
     let (params, mut state) = weights(checkpoint, &layout)?;
     let mut context = encode(&vocabulary, &o.prompt)?;
     let mut rng = init::rng(&[o.seed]);
     let pass = Pass { training: false, seed: 0, accumulate: false, threads: plan.threads };
-    let mut out = o.prompt.clone();
     let mut x = vec![0.0f32; block];
     let pool = pool(plan.threads)?;
-    for _ in 0..o.tokens {
+    let mut out = std::io::stdout().lock();
+    let written = |e: std::io::Error| RunError::Failure(format!("cannot write the sample: {e}"));
+    write!(out, "{}", o.prompt).and_then(|()| out.flush()).map_err(written)?;
+    for n in 0..o.tokens {
+        if stop.load(Ordering::Relaxed) {
+            writeln!(out).map_err(written)?;
+            return Err(super::interrupted(RunError::Preempted(format!(
+                "preempted: sample stopped after {n} of {} tokens; the text so far is above",
+                o.tokens
+            ))));
+        }
         let window = &context[context.len().saturating_sub(block)..];
         x.fill(0.0);
         x.iter_mut().zip(window).for_each(|(x, t)| *x = *t as f32);
@@ -67,10 +112,50 @@ pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<
         let logits = pool.install(|| model.forward(pass, &params, &mut state, &x, 1));
         let token = draw(&logits[last * vocab..(last + 1) * vocab], o, rng.random::<f64>());
         context.push(token as u32);
-        out.push_str(&decode(&vocabulary, token));
+        write!(out, "{}", decode(&vocabulary, token)).and_then(|()| out.flush()).map_err(written)?;
     }
-    println!("{out}");
+    writeln!(out).map_err(written)?;
     Ok(())
+}
+
+/// The vocabulary the run wrote beside `checkpoint` (a checkpoint folder, a run folder or a
+/// weights file): `vocab.json` in it or in a folder above (a run's checkpoints sit in its
+/// folder), read and checked; `None` when there is none.
+fn run_vocabulary(checkpoint: &Path) -> Result<Option<(PathBuf, Vocabulary)>, RunError> {
+    let Some(file) = checkpoint.ancestors().take(4).map(|d| d.join("vocab.json")).find(|f| f.is_file()) else {
+        return Ok(None);
+    };
+    let bad = |why: String| {
+        RunError::Usage(format!(
+            "{} is not a vocabulary trainrun wrote: {why}; it belongs beside the run's checkpoints as the run wrote it",
+            file.display()
+        ))
+    };
+    let text = std::fs::read_to_string(&file).map_err(|e| bad(e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let vocabulary = match json["tokenization"].as_str() {
+        Some("byte") => match json["size"].as_u64() {
+            Some(256) => Vocabulary::Byte { size: 256 },
+            other => return Err(bad(format!("a byte vocabulary has 256 tokens, not {other:?}"))),
+        },
+        Some("char") => {
+            let tokens: Vec<String> = json["tokens"]
+                .as_array()
+                .ok_or_else(|| bad("a char vocabulary lists its `tokens`".into()))?
+                .iter()
+                .map(|t| t.as_str().map(str::to_owned).ok_or_else(|| bad(format!("token {t} is not a string"))))
+                .collect::<Result<_, _>>()?;
+            if let Some(t) = tokens.iter().find(|t| t.chars().count() != 1) {
+                return Err(bad(format!("token {t:?} is not one character")));
+            }
+            if let Some(w) = tokens.windows(2).find(|w| w[0] >= w[1]) {
+                return Err(bad(format!("tokens {:?} and {:?} are not in order (or repeat)", w[0], w[1])));
+            }
+            Vocabulary::Char { tokens }
+        }
+        other => return Err(bad(format!("`tokenization` is {other:?}, not \"char\" or \"byte\""))),
+    };
+    Ok(Some((file, vocabulary)))
 }
 
 /// The weights of a checkpoint folder, or of a run folder's (or a file's) `model.safetensors`.
