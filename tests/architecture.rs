@@ -213,3 +213,59 @@ fn the_checks_see_what_they_check() {
     assert!(all.iter().any(|(p, t)| module(p) == "plan" && uses(&code(t)).contains("spec")));
     assert!(functions("fn a() {\n    x\n}\n").first().is_some_and(|f| f.2 == 3));
 }
+
+/// Sources that serve more than one `data.dataset` name, by the file that holds them.
+const SOURCE_FAMILIES: [(&str, &str); 3] = [("fashion_mnist", "mnist"), ("cifar10", "cifar"), ("cifar100", "cifar")];
+
+/// The `data.dataset` names: the variants of `spec::DatasetKind`, in snake case.
+fn dataset_names() -> Vec<String> {
+    let text = std::fs::read_to_string("src/spec/data.rs").unwrap_or_default();
+    let Some(start) = text.find("pub enum DatasetKind {") else { return vec![] };
+    let body = &text[start..];
+    let body = &body[..body.find("\n}").unwrap_or(body.len())];
+    body.lines()
+        .filter_map(|l| l.strip_prefix("    ")?.strip_suffix(','))
+        .filter(|v| v.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map(|v| {
+            v.chars().enumerate().fold(String::new(), |mut s, (i, c)| {
+                if c.is_ascii_uppercase() && i > 0 {
+                    s.push('_');
+                }
+                s.push(c.to_ascii_lowercase());
+                s
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn each_data_source_is_in_its_own_file() {
+    // Every `impl DataSource for` is alone in a file of src/data/source/ ...
+    let impls: Vec<(PathBuf, usize)> = sources()
+        .into_iter()
+        .map(|(p, t)| (p, t.lines().filter(|l| l.starts_with("impl DataSource for ")).count()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let misplaced: Vec<String> = impls
+        .iter()
+        .filter(|(p, n)| *n != 1 || p.parent() != Some(Path::new("src/data/source")))
+        .map(|(p, n)| format!("{} ({n} sources)", p.display()))
+        .collect();
+    assert!(
+        misplaced.is_empty(),
+        "a data source is one file of src/data/source/, one per file:\n  {}",
+        misplaced.join("\n  ")
+    );
+    // ... and every `data.dataset` name has its file, named as the spec names it.
+    let names = dataset_names();
+    let files: BTreeSet<String> =
+        impls.iter().filter_map(|(p, _)| Some(p.file_stem()?.to_str()?.to_string())).collect();
+    let missing: Vec<String> = names
+        .iter()
+        .map(|n| SOURCE_FAMILIES.iter().find(|(name, _)| name == n).map_or(n.as_str(), |(_, file)| file))
+        .filter(|file| !files.contains(*file))
+        .map(|file| format!("src/data/source/{file}.rs"))
+        .collect();
+    assert!(missing.is_empty(), "data.dataset names without their source file:\n  {}", missing.join("\n  "));
+    assert!(names.len() >= 12 && names.contains(&"image_folder".to_string()), "{names:?}");
+}

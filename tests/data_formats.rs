@@ -15,11 +15,11 @@ use trainrun::data::DataError;
 use trainrun::data::formats::bench::{
     Throughput, bench_png_folder, bench_tfrecord, raw_image_example, write_png_folder, write_tfrecord,
 };
-use trainrun::data::formats::csv::{CsvDataset, CsvOptions};
-use trainrun::data::formats::image_folder::{ColorMode, ImageFolder, ImageFolderOptions};
-use trainrun::data::formats::npy::NpyDataset;
-use trainrun::data::formats::tfrecord::{Compression, ExampleSpec, ExampleStream, ImageEncoding, Order, write_record};
 use trainrun::data::formats::{Dtype, Labels, RandomAccess};
+use trainrun::data::source::csv::{CsvDataset, CsvOptions};
+use trainrun::data::source::image_folder::{ColorMode, ImageFolder, ImageFolderOptions};
+use trainrun::data::source::npy::NpyDataset;
+use trainrun::data::source::tfrecord::{Compression, ExampleSpec, ExampleStream, ImageEncoding, Order, write_record};
 
 /// Runs `script` with `python3 -c`, the folder as `sys.argv[1]`, and returns its stdout; `None`
 /// (after saying so) when `modules` cannot be imported.

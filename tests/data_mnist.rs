@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trainrun::data::download::verify;
 use trainrun::data::{
-    Cursor, DataDirs, EvalBatches, Fetcher, Pipeline, PipelineOptions, Preset, Shard, Shuffle, Source,
+    AnySource, Cursor, DataDirs, EvalBatches, Fetcher, Pipeline, PipelineOptions, Preset, Shard, Shuffle,
 };
 use trainrun::spec::DataSpec;
 
@@ -21,7 +21,7 @@ fn mnist_dir() -> PathBuf {
     common::data_dir()
 }
 
-fn mnist() -> Source {
+fn mnist() -> AnySource {
     let dirs = DataDirs { trainrun_data_dir: Some(mnist_dir()), ..DataDirs::default() };
     trainrun::plan::source(&DataSpec::default(), &dirs, 42).unwrap()
 }
@@ -192,7 +192,7 @@ fn measure() {
     println!("after loading: {}", peak_rss());
     let images = mnist_dir().join(&Preset::mnist().train_images.name);
     let t = Instant::now();
-    let train_images = trainrun::data::idx::read_idx(&images).unwrap();
+    let train_images = trainrun::data::source::idx::read_idx(&images).unwrap();
     println!("train images alone (one thread): {:?}", t.elapsed());
     drop(train_images);
     let data = Arc::new(data.unwrap());

@@ -11,7 +11,7 @@ use common::{assert_exit, json, tempdir, wait_within};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use trainrun::data::formats::bench::raw_image_example;
-use trainrun::data::formats::tfrecord::write_record;
+use trainrun::data::source::tfrecord::write_record;
 
 const LIMIT: Duration = Duration::from_secs(300);
 /// Values per example: 8×8 one-channel images, or 64 CSV columns.

@@ -14,8 +14,8 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use trainrun::data::formats::bench::raw_image_example;
-use trainrun::data::formats::tfrecord::write_record;
-use trainrun::data::{Cursor, Pipeline, PipelineOptions, Shard, Shuffle, Source, TfRecordConfig};
+use trainrun::data::source::tfrecord::write_record;
+use trainrun::data::{Cursor, DataSource, Pipeline, PipelineOptions, Shard, Shuffle, TfRecordConfig, TfRecordSource};
 
 /// Side of the square one-channel images.
 const SIDE: usize = 4;
@@ -150,14 +150,14 @@ fn check_shows_the_file_policy_auto_picks_for_tfrecords() {
 }
 
 /// The labels one pipeline reads over `batches` batches.
-fn labels_read(source: &Source, shard: Shard, shuffle: Shuffle, batches: usize) -> Vec<Vec<u32>> {
+fn labels_read(source: &TfRecordSource, shard: Shard, shuffle: Shuffle, batches: usize) -> Vec<Vec<u32>> {
     labels_from(source, shard, shuffle, Cursor::default(), batches).0
 }
 
 /// The labels and global batch sizes a pipeline started at `start` reads over `batches`
 /// batches.
 fn labels_from(
-    source: &Source,
+    source: &TfRecordSource,
     shard: Shard,
     shuffle: Shuffle,
     start: Cursor,
@@ -189,7 +189,7 @@ fn two_workers_over_four_files_read_disjoint_files_and_every_record_once_per_epo
         "train = [\"part-*.tfrecord\"]\nshape = [{SIDE}, {SIDE}, 1]\nclasses = 100\nshuffle_buffer = 4"
     ))
     .unwrap();
-    let source = Source::TfRecord { dir: dir.path().to_path_buf(), config };
+    let source = TfRecordSource { dir: dir.path().to_path_buf(), config };
     let two = NonZeroUsize::new(2).unwrap();
     for shuffle in [Shuffle::Off, Shuffle::Buffer(NonZeroUsize::new(4).unwrap())] {
         // Worker 0 has 20 records, worker 1 has 17; each takes 4 of a global batch of 8, so an
@@ -335,17 +335,17 @@ fn write_with(path: &Path, n: usize, bad: usize, payload: &[u8]) {
 }
 
 /// An `Example` with the given features.
-fn example(features: Vec<(&str, trainrun::data::formats::tfrecord::proto::feature::Kind)>) -> Vec<u8> {
+fn example(features: Vec<(&str, trainrun::data::source::tfrecord::proto::feature::Kind)>) -> Vec<u8> {
     use prost::Message;
-    use trainrun::data::formats::tfrecord::proto;
+    use trainrun::data::source::tfrecord::proto;
     let feature = features.into_iter().map(|(k, kind)| (k.to_string(), proto::Feature { kind: Some(kind) }));
     proto::Example { features: Some(proto::Features { feature: feature.collect() }) }.encode_to_vec()
 }
 
 #[test]
 fn malformed_tfrecords_exit_4_naming_the_file_and_the_byte_offset() {
-    use trainrun::data::formats::tfrecord::proto::{BytesList, FloatList, Int64List, feature::Kind};
-    use trainrun::data::formats::tfrecord::{Compression, scan};
+    use trainrun::data::source::tfrecord::proto::{BytesList, FloatList, Int64List, feature::Kind};
+    use trainrun::data::source::tfrecord::{Compression, scan};
     let dir = tempdir();
     write_halves(dir.path(), false);
     let spec = spec(dir.path(), &table(""), "", 40);

@@ -446,10 +446,10 @@ fn idx_seeds() -> Vec<Vec<u8>> {
 fn idx_and_gzip_of_random_and_mutated_bytes_never_panic() {
     let path = PathBuf::from("train-images-idx3-ubyte.gz");
     for seed in idx_seeds() {
-        prop_assert_ok(trainrun::data::idx::decode_idx(seed, &path).map(|_| ()));
+        prop_assert_ok(trainrun::data::source::idx::decode_idx(seed, &path).map(|_| ()));
     }
     check(15_000, mutated(idx_seeds()), |bytes| {
-        let _ = trainrun::data::idx::decode_idx(bytes, &path);
+        let _ = trainrun::data::source::idx::decode_idx(bytes, &path);
         Ok(())
     });
 }
@@ -460,7 +460,7 @@ fn idx_headers_read_from_files_of_random_and_mutated_bytes_never_panic() {
     let path = dir.path().join("t10k-labels-idx1-ubyte.gz");
     check(5_000, mutated(idx_seeds()), |bytes| {
         std::fs::write(&path, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let _ = trainrun::data::idx::read_idx_dims(&path);
+        let _ = trainrun::data::source::idx::read_idx_dims(&path);
         Ok(())
     });
 }

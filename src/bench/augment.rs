@@ -7,7 +7,7 @@
 
 use crate::data::formats::bench::write_png_folder;
 use crate::data::preprocess::Crop;
-use crate::data::{Batch, ImageFolderConfig, Preprocessing, Source, Split};
+use crate::data::{Batch, DataSource, ImageFolderConfig, ImageFolderSource, Preprocessing, Split};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -90,7 +90,7 @@ fn pass(split: &Split, pool: &rayon::ThreadPool, epoch: u64) -> Result<Pass, Str
 pub fn measure(folder: &Path, threads: usize, rounds: usize) -> Result<Measured, String> {
     let side = NonZeroUsize::new(32).unwrap_or(NonZeroUsize::MIN);
     let config = ImageFolderConfig { image_size: [side, side], ..ImageFolderConfig::default() };
-    let source = Source::ImageFolder { config, dir: folder.to_path_buf() };
+    let source = ImageFolderSource { config, dir: folder.to_path_buf() };
     let plain = source.load().map_err(|e| e.to_string())?;
     let augment =
         Preprocessing { crop: Some(Crop { padding: 4, height: 32, width: 32 }), flip: true, ..Default::default() };

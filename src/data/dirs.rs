@@ -35,3 +35,31 @@ impl DataDirs {
             .or_else(|| cache.map(|c| c.join("trainrun").join(dataset)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(data: Option<&str>, xdg: Option<&str>, home: Option<&str>) -> DataDirs {
+        DataDirs {
+            trainrun_data_dir: data.map(PathBuf::from),
+            xdg_cache_home: xdg.map(PathBuf::from),
+            home: home.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn data_dir_resolution_order() {
+        let all = dirs(Some("/env"), Some("/xdg"), Some("/home/u"));
+        let spec = Some(Path::new("/spec"));
+        assert_eq!(all.resolve(spec, "mnist"), Some("/spec".into()));
+        assert_eq!(all.resolve(None, "mnist"), Some("/env".into()));
+        let no_env = dirs(None, Some("/xdg"), Some("/home/u"));
+        assert_eq!(no_env.resolve(None, "mnist"), Some("/xdg/trainrun/mnist".into()));
+        // A relative XDG_CACHE_HOME is invalid and skipped.
+        let relative = dirs(None, Some("cache"), Some("/home/u"));
+        let home = Some(PathBuf::from("/home/u/.cache/trainrun/fashion_mnist"));
+        assert_eq!(relative.resolve(None, "fashion_mnist"), home);
+        assert_eq!(dirs(None, None, None).resolve(None, "mnist"), None);
+    }
+}

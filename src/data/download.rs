@@ -198,7 +198,7 @@ fn hash<D: Digest>(reader: &mut dyn Read) -> Result<String, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::data::idx::{encode_idx, gzip};
+    use crate::data::source::idx::{encode_idx, gzip};
     use std::collections::HashMap;
     use std::io::Write;
     use std::net::{SocketAddr, TcpListener};

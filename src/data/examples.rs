@@ -1,10 +1,11 @@
-//! The data-source seam: every source gives its splits as [`Examples`], read by index into a
-//! [`Batch`] as `f32` features of any shape and labels of one [`LabelKind`]. The pipeline, the
-//! evaluator and the strategies see only a [`Split`]; adding a source is a new `Examples`.
+//! The split seam: every source ([`DataSource`](super::DataSource)) gives its splits as
+//! [`Examples`], read by index into a [`Batch`] as `f32` features of any shape and labels of
+//! one [`LabelKind`]. The pipeline, the evaluator and the strategies see only a [`Split`]; a
+//! source whose examples are read in a new way brings a new `Examples`.
 
 use super::error::DataError;
 use super::pipeline::Batch;
-use super::records::RecordSplit;
+use super::source::tfrecord::RecordSplit;
 use serde::Serialize;
 use std::fmt;
 use std::sync::Arc;

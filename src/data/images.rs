@@ -5,8 +5,8 @@
 use super::ExampleShape;
 use super::error::DataError;
 use super::examples::{Examples, Split};
-use super::idx::IdxArray;
 use super::pipeline::Batch;
+use super::source::idx::IdxArray;
 
 /// `u8` images, NHWC, and their labels.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,8 @@
-//! Datasets and the input pipeline: IDX files ([`idx`]), where they live and how they are
-//! fetched ([`sources`], [`download`]), a seeded synthetic dataset ([`synthetic`]), and a
-//! deterministic, sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]); readers
-//! for the formats users bring (NumPy, CSV, image folders, TFRecord, CIFAR: [`formats`]), and
-//! the sources built on them ([`table`], [`numpy`], [`folders`], [`cifar`], [`records`]).
+//! Datasets and the input pipeline: the sources, one file per `data.dataset` behind the
+//! [`DataSource`] trait, each reading its own file format ([`source`]); where their files live
+//! and how published ones are fetched ([`DataDirs`], [`download`]); and a deterministic,
+//! sharded, prefetching batcher with `tf.data` semantics ([`pipeline`]) over the splits they
+//! load ([`Examples`]).
 //!
 //! Images stay `u8` in memory (MNIST train + test: 55 MB); only the batch being handed out is
 //! `f32`, so a training process stays far under its memory budget.
@@ -12,52 +12,45 @@
 //! # use trainrun::data::*;
 //! # fn main() -> Result<(), DataError> {
 //! let dir = DataDirs::from_process_env().resolve(None, "mnist").ok_or(DataError::NoDataDir { dataset: "mnist" })?;
-//! let source = Source::Preset { preset: Preset::mnist(), dir };
+//! let source = MnistSource { preset: Preset::mnist(), dir };
 //! source.fetch_missing(&Fetcher::default())?;
 //! let data = std::sync::Arc::new(source.load()?);
 //! # Ok(()) }
 //! ```
 
 mod arrays;
-pub mod cifar;
 mod dirs;
 pub mod download;
 mod error;
 pub mod examples;
-pub mod folders;
 pub mod formats;
-pub mod idx;
 pub mod images;
-pub mod numpy;
 pub mod pipeline;
 pub mod preprocess;
-pub mod records;
 mod shard;
-pub mod sources;
+pub mod source;
 mod streamed;
-pub mod synthetic;
-pub mod table;
-pub mod text;
-pub mod tokens;
 pub mod windows;
 
-pub use cifar::{Cifar100Config, LabelMode};
 pub use dirs::DataDirs;
 pub use download::{Checksum, Fetcher, RemoteFile};
 pub use error::{DataError, FileFailure, Position, UnknownName};
 pub use examples::{Examples, LabelKind, Split};
-pub use folders::ImageFolderConfig;
-pub use formats::image_folder::ColorMode;
-pub use numpy::{NpyConfig, NpyPair};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use preprocess::{Normalization, Preprocessing, PreprocessingConfig};
-pub use records::{TfRecordCompression, TfRecordConfig, TfRecordEncoding};
 pub use shard::Shard;
-pub use sources::{IdxFiles, Preset, Source};
-pub use synthetic::SyntheticConfig;
-pub use table::{CsvConfig, CsvLabels};
-pub use text::{TextConfig, Tokenization, Vocabulary, VocabularyFrom};
-pub use tokens::{TokenDtype, TokensConfig};
+pub use source::cifar::LabelMode;
+pub use source::csv::CsvLabels;
+pub use source::image_folder::ColorMode;
+pub use source::npy::NpyPair;
+pub use source::text::{Tokenization, Vocabulary, VocabularyFrom};
+pub use source::tfrecord::{TfRecordCompression, TfRecordEncoding};
+pub use source::tokens::TokenDtype;
+pub use source::{
+    AnySource, Cifar100Config, CifarSource, CsvConfig, CsvSource, DataSource, IdxFiles, IdxSource, ImageFolderConfig,
+    ImageFolderSource, MnistSource, NpyConfig, NpySource, Preset, RawValues, SyntheticConfig, SyntheticSource,
+    TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig, TokensSource,
+};
 
 /// The shape of one image: height × width × channels (NHWC without the N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::data::ExampleShape;
-use crate::data::idx::IdxArray;
+use crate::data::source::idx::IdxArray;
 
 /// `n` examples of shape 1×2×1 whose pixels encode their index (`i % 256`, `i / 256`), so a
 /// batch can be decoded back into example indices.

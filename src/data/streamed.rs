@@ -15,10 +15,9 @@
 
 use super::error::DataError;
 use super::examples::Split;
-use super::formats::tfrecord::{Encoded, Order};
 use super::pipeline::{Batch, Cursor, PipelineOptions, Schedule, Shuffle};
-use super::records::{RecordReader, RecordSplit};
 use super::shard::Shard;
+use super::source::tfrecord::{Encoded, Order, RecordReader, RecordSplit};
 use std::sync::mpsc::{Receiver, SyncSender};
 
 /// How one worker reads a streamed split.

@@ -2,8 +2,11 @@
 //! pipeline orders and batches them, and how workers split them.
 
 use super::{Replicas, StrategyKind};
-use crate::data::formats::cifar::CifarDataset;
-use crate::data::{DataDirs, DataError, DataFacts, Preprocessing, Preset, Shuffle, Source};
+use crate::data::source::cifar::CifarDataset;
+use crate::data::{
+    AnySource, CifarSource, CsvSource, DataDirs, DataError, DataFacts, DataSource, IdxSource, ImageFolderSource,
+    MnistSource, NpySource, Preprocessing, Preset, Shuffle, SyntheticSource, TextSource, TfRecordSource, TokensSource,
+};
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
 
@@ -26,7 +29,7 @@ pub enum ShardPolicy {
 pub struct DataPlan {
     /// Where the examples come from.
     #[serde(skip)]
-    pub source: Source,
+    pub source: AnySource,
     /// Sizes and shapes, after preprocessing (the crop's shape, `validation_split`'s sizes).
     pub facts: DataFacts,
     /// `[data.preprocessing]`, resolved.
@@ -46,70 +49,86 @@ pub struct DataPlan {
 }
 
 /// The source `[data]` names, with its folder resolved from `data.dir` or the environment
-/// (`dirs`); `seed` (the run seed) drives the synthetic generator. Reads nothing.
-pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, DataError> {
+/// (`dirs`); `seed` (the run seed) drives the synthetic generator. Reads nothing. The one
+/// match from a spec name to a source: a new source is an arm here.
+pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, DataError> {
     let dir =
         |name: &'static str| dirs.resolve(spec.dir.as_deref(), name).ok_or(DataError::NoDataDir { dataset: name });
+    // A table the source cannot do without, or the error naming it with an example.
+    fn needs<T: Clone>(
+        table: &Option<T>,
+        dataset: &'static str,
+        section: &'static str,
+        example: &'static str,
+    ) -> Result<T, DataError> {
+        table.clone().ok_or(DataError::MissingSection { dataset, section, example })
+    }
     Ok(match spec.dataset {
-        DatasetKind::Mnist => Source::Preset { dir: dir("mnist")?, preset: Preset::mnist() },
-        DatasetKind::FashionMnist => Source::Preset { dir: dir("fashion_mnist")?, preset: Preset::fashion_mnist() },
-        DatasetKind::Idx => Source::Idx {
-            files: spec.files.clone().ok_or(DataError::MissingSection {
-                dataset: "idx",
-                section: "[data.files]",
-                example: "[data.files] train_images = \"train-images-idx3-ubyte.gz\", \
-                          train_labels = \"train-labels-idx1-ubyte.gz\"",
-            })?,
+        DatasetKind::Mnist => AnySource::new(MnistSource { dir: dir("mnist")?, preset: Preset::mnist() }),
+        DatasetKind::FashionMnist => {
+            AnySource::new(MnistSource { dir: dir("fashion_mnist")?, preset: Preset::fashion_mnist() })
+        }
+        DatasetKind::Idx => AnySource::new(IdxSource {
+            files: needs(
+                &spec.files,
+                "idx",
+                "[data.files]",
+                "[data.files] train_images = \"train-images-idx3-ubyte.gz\", \
+                 train_labels = \"train-labels-idx1-ubyte.gz\"",
+            )?,
             dir: dir("idx")?,
-        },
-        DatasetKind::Synthetic => Source::Synthetic { config: spec.synthetic.clone().unwrap_or_default(), seed },
-        DatasetKind::Text => Source::Text {
-            config: spec.text.clone().ok_or(DataError::MissingSection {
-                dataset: "text",
-                section: "[data.text]",
-                example: "[data.text] train = [\"train.txt\"], validation = [\"val.txt\"], block_size = 64",
-            })?,
+        }),
+        DatasetKind::Synthetic => {
+            AnySource::new(SyntheticSource { config: spec.synthetic.clone().unwrap_or_default(), seed })
+        }
+        DatasetKind::Text => AnySource::new(TextSource {
+            config: needs(
+                &spec.text,
+                "text",
+                "[data.text]",
+                "[data.text] train = [\"train.txt\"], validation = [\"val.txt\"], block_size = 64",
+            )?,
             dir: dir("text")?,
-        },
-        DatasetKind::Tokens => Source::Tokens {
-            config: spec.tokens.clone().ok_or(DataError::MissingSection {
-                dataset: "tokens",
-                section: "[data.tokens]",
-                example: "[data.tokens] train = [\"train.bin\"], validation = [\"val.bin\"], block_size = 256",
-            })?,
+        }),
+        DatasetKind::Tokens => AnySource::new(TokensSource {
+            config: needs(
+                &spec.tokens,
+                "tokens",
+                "[data.tokens]",
+                "[data.tokens] train = [\"train.bin\"], validation = [\"val.bin\"], block_size = 256",
+            )?,
             dir: dir("tokens")?,
-        },
-        DatasetKind::Csv => Source::Csv {
-            config: spec.csv.clone().ok_or(DataError::MissingSection {
-                dataset: "csv",
-                section: "[data.csv]",
-                example: "[data.csv] train = \"train.csv\", label = \"species\"",
-            })?,
+        }),
+        DatasetKind::Csv => AnySource::new(CsvSource {
+            config: needs(&spec.csv, "csv", "[data.csv]", "[data.csv] train = \"train.csv\", label = \"species\"")?,
             dir: dir("csv")?,
-        },
-        DatasetKind::Npy => Source::Npy {
-            config: spec.npy.clone().ok_or(DataError::MissingSection {
-                dataset: "npy",
-                section: "[data.npy]",
-                example: "[data.npy] train = { features = \"x_train.npy\", labels = \"y_train.npy\" }",
-            })?,
+        }),
+        DatasetKind::Npy => AnySource::new(NpySource {
+            config: needs(
+                &spec.npy,
+                "npy",
+                "[data.npy]",
+                "[data.npy] train = { features = \"x_train.npy\", labels = \"y_train.npy\" }",
+            )?,
             dir: dir("npy")?,
-        },
-        DatasetKind::ImageFolder => {
-            Source::ImageFolder { config: spec.image_folder.clone().unwrap_or_default(), dir: dir("image_folder")? }
-        }
-        DatasetKind::Cifar10 => Source::Cifar { dir: dir("cifar10")?, dataset: CifarDataset::Cifar10 },
+        }),
+        DatasetKind::ImageFolder => AnySource::new(ImageFolderSource {
+            config: spec.image_folder.clone().unwrap_or_default(),
+            dir: dir("image_folder")?,
+        }),
+        DatasetKind::Cifar10 => AnySource::new(CifarSource { dir: dir("cifar10")?, dataset: CifarDataset::Cifar10 }),
         DatasetKind::Cifar100 => {
-            Source::Cifar { dir: dir("cifar100")?, dataset: spec.cifar100.unwrap_or_default().dataset() }
+            AnySource::new(CifarSource { dir: dir("cifar100")?, dataset: spec.cifar100.unwrap_or_default().dataset() })
         }
-        DatasetKind::Tfrecord => Source::TfRecord {
-            config: spec.tfrecord.clone().ok_or(DataError::MissingSection {
-                dataset: "tfrecord",
-                section: "[data.tfrecord]",
-                example: "[data.tfrecord] train = [\"train-*.tfrecord\"], shape = [28, 28, 1], classes = 10",
-            })?,
+        DatasetKind::Tfrecord => AnySource::new(TfRecordSource {
+            config: needs(
+                &spec.tfrecord,
+                "tfrecord",
+                "[data.tfrecord]",
+                "[data.tfrecord] train = [\"train-*.tfrecord\"], shape = [28, 28, 1], classes = 10",
+            )?,
             dir: dir("tfrecord")?,
-        },
+        }),
     })
 }
 
@@ -117,7 +136,7 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, Dat
 /// strategy of `kind`.
 pub fn resolve(
     spec: &DataSpec,
-    source: &Source,
+    source: &AnySource,
     facts: &DataFacts,
     kind: StrategyKind,
     replicas: &Replicas,
@@ -164,7 +183,7 @@ pub fn resolve(
             }
         }
     };
-    let (preprocessing, facts) = super::preprocessing::resolve(spec.preprocessing.as_ref(), spec.dataset, facts, diags);
+    let (preprocessing, facts) = super::preprocessing::resolve(spec.preprocessing.as_ref(), &**source, facts, diags);
     if spec.prefetch == 0 {
         diags.push(
             Diagnostic::warning("data.prefetch", "data.prefetch = 0 prepares batches on the training thread")
@@ -175,7 +194,7 @@ pub fn resolve(
         source: source.clone(),
         facts,
         preprocessing,
-        shuffle: shuffle(spec, source, diags),
+        shuffle: shuffle(spec, &**source, diags),
         drop_remainder: spec.drop_remainder,
         prefetch: spec.prefetch,
         shard,
@@ -184,33 +203,22 @@ pub fn resolve(
 }
 
 /// How each data-epoch is ordered: `data.shuffle_buffer`, or for a stream (TFRecord), which
-/// cannot be shuffled whole, its own `data.tfrecord.shuffle_buffer`.
-fn shuffle(spec: &DataSpec, source: &Source, diags: &mut Vec<Diagnostic>) -> Shuffle {
-    match source {
-        Source::TfRecord { config, .. } => {
-            if let Some(size) = spec.shuffle_buffer {
-                diags.push(
-                    Diagnostic::error(
-                        "data.shuffle_buffer",
-                        format!(
-                            "data.shuffle_buffer = {size} does not apply to dataset = \"tfrecord\": a stream is shuffled by its own buffer"
-                        ),
-                    )
-                    .help(format!("remove it and set data.tfrecord.shuffle_buffer = {size} instead")),
-                );
-            }
-            config.shuffle().map_or(Shuffle::Off, Shuffle::Buffer)
-        }
-        Source::Preset { .. }
-        | Source::Idx { .. }
-        | Source::Synthetic { .. }
-        | Source::Text { .. }
-        | Source::Tokens { .. }
-        | Source::Csv { .. }
-        | Source::Npy { .. }
-        | Source::ImageFolder { .. }
-        | Source::Cifar { .. } => Shuffle::from_buffer_size(spec.shuffle_buffer),
+/// cannot be shuffled whole, its own `data.<name>.shuffle_buffer`.
+fn shuffle(spec: &DataSpec, source: &dyn DataSource, diags: &mut Vec<Diagnostic>) -> Shuffle {
+    let Some(own) = source.stream_shuffle() else { return Shuffle::from_buffer_size(spec.shuffle_buffer) };
+    if let Some(size) = spec.shuffle_buffer {
+        let name = source.name();
+        diags.push(
+            Diagnostic::error(
+                "data.shuffle_buffer",
+                format!(
+                    "data.shuffle_buffer = {size} does not apply to dataset = \"{name}\": a stream is shuffled by its own buffer"
+                ),
+            )
+            .help(format!("remove it and set data.{name}.shuffle_buffer = {size} instead")),
+        );
     }
+    own
 }
 
 #[cfg(test)]

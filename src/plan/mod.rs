@@ -33,7 +33,7 @@ pub use strategy::{
 pub use train::{EvalPlan, TrainPlan};
 
 use crate::cluster::Resolution;
-use crate::data::{DataFacts, Source};
+use crate::data::{AnySource, DataFacts};
 use crate::engine::Shape;
 use crate::model::ModelPlan;
 use crate::spec::{Diagnostic, Severity, Spec, StrategySpec};
@@ -45,7 +45,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
     /// Where the examples come from (`plan::source` resolved it).
-    pub source: Source,
+    pub source: AnySource,
     /// The training and test data's sizes and shapes.
     pub data: DataFacts,
     /// Cores of this machine.

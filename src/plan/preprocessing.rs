@@ -5,66 +5,40 @@
 //! sees (the crop's shape, the carved splits' sizes).
 
 use crate::data::preprocess::{Crop, FlipMode, Normalization, Normalize, NormalizeConfig};
-use crate::data::{DataFacts, Preprocessing, PreprocessingConfig};
-use crate::spec::{DatasetKind, Diagnostic};
-
-/// What a source's raw values are, which decides what `rescale` multiplies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Raw {
-    /// Image bytes, which the source already divides by 255.
-    Bytes,
-    /// Numbers as written in the file.
-    Numbers,
-    /// Arrays whose dtype only reading tells (u8 is divided by 255, others are not).
-    ArrayDtype,
-    /// Token ids: nothing to scale or augment.
-    Tokens,
-}
-
-fn raw(dataset: DatasetKind) -> Raw {
-    match dataset {
-        DatasetKind::Mnist
-        | DatasetKind::FashionMnist
-        | DatasetKind::Idx
-        | DatasetKind::Synthetic
-        | DatasetKind::ImageFolder
-        | DatasetKind::Cifar10
-        | DatasetKind::Cifar100 => Raw::Bytes,
-        DatasetKind::Csv => Raw::Numbers,
-        DatasetKind::Npy | DatasetKind::Tfrecord => Raw::ArrayDtype,
-        DatasetKind::Text | DatasetKind::Tokens => Raw::Tokens,
-    }
-}
+use crate::data::{DataFacts, DataSource, Preprocessing, PreprocessingConfig, RawValues};
+use crate::spec::Diagnostic;
 
 const KEY: &str = "data.preprocessing";
 
-/// Resolves `config` for `dataset` whose headers gave `facts`; returns the preprocessing and
+/// Resolves `config` for `source` whose headers gave `facts`; returns the preprocessing and
 /// the facts after it.
 pub fn resolve(
     config: Option<&PreprocessingConfig>,
-    dataset: DatasetKind,
+    source: &dyn DataSource,
     facts: &DataFacts,
     diags: &mut Vec<Diagnostic>,
 ) -> (Preprocessing, DataFacts) {
     let Some(c) = config else {
         return (Preprocessing::default(), facts.clone());
     };
-    if dataset == DatasetKind::Tfrecord && c.validation_split.is_some() {
+    let name = source.name();
+    if source.stream_shuffle().is_some() && c.validation_split.is_some() {
         // Carving a split off a stream would read the training records by index: a pass per
         // batch. The transforms themselves run inside the stream.
         diags.push(
             Diagnostic::error(
                 format!("{KEY}.validation_split"),
-                "validation_split is not supported with data.dataset = \"tfrecord\": its records are read as a stream",
+                format!(
+                    "validation_split is not supported with data.dataset = \"{name}\": its records are read as a stream"
+                ),
             )
-            .help("write the validation examples to files of their own and list them in data.tfrecord.test"),
+            .help(format!("write the validation examples to files of their own and list them in data.{name}.test")),
         );
         return (Preprocessing::default(), facts.clone());
     }
-    let name = serde_json::to_value(dataset).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-    let raw = raw(dataset);
+    let raw = source.raw_values();
     let mut facts = facts.clone();
-    if raw == Raw::Tokens {
+    if raw == RawValues::Tokens {
         let set = [
             ("rescale", c.rescale.is_some()),
             ("normalize", c.normalize.is_some()),
@@ -81,14 +55,14 @@ pub fn resolve(
             );
         }
     }
-    let scale = rescale(c.rescale, raw, &name, diags);
+    let scale = rescale(c.rescale, raw, name, diags);
     let normalize = c.normalize.as_ref().and_then(|n| normalize(n, &facts.example_shape, diags));
     let flip = c.random_flip.is_some_and(|FlipMode::Horizontal| true);
     let image = match facts.example_shape.as_slice() {
-        &[h, w, _] if raw != Raw::Tokens => Some([h, w]),
+        &[h, w, _] if raw != RawValues::Tokens => Some([h, w]),
         _ => None,
     };
-    if image.is_none() && raw != Raw::Tokens {
+    if image.is_none() && raw != RawValues::Tokens {
         for (key, on) in [("random_crop", c.random_crop.is_some()), ("random_flip", flip)] {
             if on {
                 diags.push(
@@ -127,12 +101,12 @@ pub fn resolve(
         }
         _ => None,
     };
-    let keep_for_training = c.validation_split.and_then(|v| validation(v, &name, &mut facts, diags));
+    let keep_for_training = c.validation_split.and_then(|v| validation(v, name, &mut facts, diags));
     (Preprocessing { scale, normalize, crop, flip: flip && image.is_some(), keep_for_training }, facts)
 }
 
 /// The multiplier on the source's values that makes raw values times `rescale`.
-fn rescale(rescale: Option<f32>, raw: Raw, name: &str, diags: &mut Vec<Diagnostic>) -> Option<f32> {
+fn rescale(rescale: Option<f32>, raw: RawValues, name: &str, diags: &mut Vec<Diagnostic>) -> Option<f32> {
     let r = rescale?;
     let key = format!("{KEY}.rescale");
     if !r.is_finite() || r == 0.0 {
@@ -143,10 +117,10 @@ fn rescale(rescale: Option<f32>, raw: Raw, name: &str, diags: &mut Vec<Diagnosti
         return None;
     }
     let factor = match raw {
-        Raw::Bytes => r * 255.0,
-        Raw::Numbers => r,
-        Raw::Tokens => return None,
-        Raw::ArrayDtype => {
+        RawValues::Bytes => r * 255.0,
+        RawValues::Numbers => r,
+        RawValues::Tokens => return None,
+        RawValues::ArrayDtype => {
             diags.push(
                 Diagnostic::error(key, format!("rescale = {r} is not applied to data.dataset = \"{name}\": only reading the arrays tells whether they are bytes (divided by 255) or numbers"))
                     .help("remove rescale and store the arrays already scaled, or use normalize"),
@@ -156,7 +130,7 @@ fn rescale(rescale: Option<f32>, raw: Raw, name: &str, diags: &mut Vec<Diagnosti
     };
     // 1/255 for bytes is what the source already does: nothing to add, and the values keep
     // their bits.
-    if factor == 1.0 || (raw == Raw::Bytes && r == 1.0 / 255.0) { None } else { Some(factor) }
+    if factor == 1.0 || (raw == RawValues::Bytes && r == 1.0 / 255.0) { None } else { Some(factor) }
 }
 
 fn normalize(config: &NormalizeConfig, shape: &[usize], diags: &mut Vec<Diagnostic>) -> Option<Normalize> {

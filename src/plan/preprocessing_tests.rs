@@ -2,8 +2,9 @@
 //! crop and a validation split, and every error naming the key, the value and a fix.
 
 use super::*;
-use crate::data::LabelKind;
 use crate::data::preprocess::{AdaptWord, RandomCropConfig};
+use crate::data::{AnySource, DataDirs, LabelKind};
+use crate::spec::{DataSpec, DatasetKind};
 
 fn facts(shape: &[usize], train: usize, test: usize) -> DataFacts {
     DataFacts {
@@ -19,9 +20,23 @@ fn cifar() -> DataFacts {
     facts(&[32, 32, 3], 50_000, 10_000)
 }
 
+/// The source `data.dataset = dataset` names, with the smallest table it needs.
+fn source(dataset: DatasetKind) -> AnySource {
+    let tables = r#"
+        csv = { train = "t.csv", label = "y" }
+        npy = { train = { features = "x.npy", labels = "y.npy" } }
+        text = { train = ["t.txt"], block_size = 64 }
+        tokens = { train = ["t.bin"], block_size = 64 }
+        tfrecord = { train = ["t.tfrecord"], shape = [8, 8, 1], classes = 10 }
+    "#;
+    let spec = DataSpec { dataset, ..toml::from_str(tables).unwrap() };
+    let dirs = DataDirs { trainrun_data_dir: Some("/data".into()), ..DataDirs::default() };
+    crate::plan::source(&spec, &dirs, 0).unwrap()
+}
+
 fn run(c: PreprocessingConfig, dataset: DatasetKind, f: &DataFacts) -> (Preprocessing, DataFacts, Vec<String>) {
     let mut diags = Vec::new();
-    let (p, f) = resolve(Some(&c), dataset, f, &mut diags);
+    let (p, f) = resolve(Some(&c), &*source(dataset), f, &mut diags);
     (
         p,
         f,
@@ -32,7 +47,7 @@ fn run(c: PreprocessingConfig, dataset: DatasetKind, f: &DataFacts) -> (Preproce
 #[test]
 fn no_table_is_no_preprocessing() {
     let mut diags = Vec::new();
-    let (p, f) = resolve(None, DatasetKind::Mnist, &cifar(), &mut diags);
+    let (p, f) = resolve(None, &*source(DatasetKind::Mnist), &cifar(), &mut diags);
     assert!(p.is_identity() && diags.is_empty());
     assert_eq!(f, cifar());
 }

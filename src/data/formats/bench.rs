@@ -7,10 +7,12 @@
 //! as slow as it gets); the files are read warm from the page cache, as they are from the
 //! second epoch on.
 
-use super::image_folder::{ColorMode, ImageFolder, ImageFolderOptions};
-use super::tfrecord::{Compression, ExampleSpec, ExampleStream, ImageEncoding, Order, proto, write_record};
 use super::{RandomAccess, io_error};
 use crate::data::error::DataError;
+use crate::data::source::image_folder::{ColorMode, ImageFolder, ImageFolderOptions};
+use crate::data::source::tfrecord::{
+    Compression, ExampleSpec, ExampleStream, ImageEncoding, Order, proto, write_record,
+};
 use prost::Message;
 use prost::bytes::Bytes;
 use rand_chacha::ChaCha8Rng;

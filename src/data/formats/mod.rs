@@ -1,12 +1,10 @@
-//! Readers for the file formats a user brings: NumPy `.npy`/`.npz` ([`npy`]), CSV ([`csv`]),
-//! Keras-style image folders ([`image_folder`]), TFRecord files of `tf.train.Example`
-//! ([`tfrecord`]) and the binary CIFAR-10/100 files ([`cifar`]).
-//!
-//! Random-access formats implement [`RandomAccess`]: the number of examples, one example's
-//! shape and source [`Dtype`], all [`Labels`] (small, so held in memory), and `read(i, out)`,
-//! which converts example `i` to `f32` without rescaling (a `u8` pixel stays `0.0..=255.0`;
-//! scaling is a preprocessing step). TFRecord files are streamed instead, in file order or
-//! through a `tf.data`-style shuffle buffer.
+//! What the readers of random-access formats share: [`RandomAccess`] (the number of
+//! examples, one example's shape and source [`Dtype`], all [`Labels`], small, so held in
+//! memory, and `read(i, out)`, which converts example `i` to `f32` without rescaling: a `u8`
+//! pixel stays `0.0..=255.0`; scaling is a preprocessing step), the [`Classes`] of string
+//! labels, and the checks every reader makes. The readers live with their sources:
+//! `source/npy`, `source/csv.rs`, `source/image_folder`, `source/cifar`; TFRecord files are
+//! streamed instead (`source/tfrecord`).
 //!
 //! Every malformed file is a [`DataError`] naming the file and the place: line and column,
 //! record index or byte offset.
@@ -15,12 +13,7 @@
 //! data it generates.
 
 pub mod bench;
-pub mod cifar;
-pub mod csv;
-mod dtype;
-pub mod image_folder;
-pub mod npy;
-pub mod tfrecord;
+pub(crate) mod dtype;
 
 use super::error::DataError;
 pub use dtype::Dtype;

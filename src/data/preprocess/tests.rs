@@ -4,7 +4,7 @@
 
 use super::transform::{Draw, Steps, centre, place};
 use super::*;
-use crate::data::idx::IdxArray;
+use crate::data::source::idx::IdxArray;
 use crate::data::{Batch, Cursor, ExampleShape, LabelKind, Pipeline, PipelineOptions, Shard, Shuffle};
 use std::num::NonZeroUsize;
 
@@ -185,8 +185,8 @@ fn a_restarted_pipeline_reads_the_same_augmented_batches() {
 #[test]
 fn a_tfrecord_stream_is_preprocessed_like_reading_by_index() {
     use crate::data::formats::bench::raw_image_example;
-    use crate::data::formats::tfrecord::write_record;
-    use crate::data::records::{TfRecordConfig, load};
+    use crate::data::source::tfrecord::write_record;
+    use crate::data::{DataSource, TfRecordConfig, TfRecordSource};
     let dir = tempfile::tempdir().unwrap();
     for f in 0..2 {
         let mut bytes = vec![];
@@ -199,7 +199,8 @@ fn a_tfrecord_stream_is_preprocessed_like_reading_by_index() {
     let config: TfRecordConfig =
         toml::from_str("train = [\"t*.tfrecord\"]\nshape = [2, 2, 1]\nclasses = 5\nshuffle_buffer = 0").unwrap();
     let p = Preprocessing { scale: Some(2.0), crop: Some(crop(1, 2, 2)), flip: true, ..Preprocessing::default() };
-    let data = Arc::new(p.apply(load(dir.path(), &config).unwrap(), 3).unwrap().0);
+    let data =
+        Arc::new(p.apply(TfRecordSource { dir: dir.path().to_path_buf(), config }.load().unwrap(), 3).unwrap().0);
     assert!(data.train.records().is_some(), "the preprocessed split still streams");
     let opts = PipelineOptions { shuffle: Shuffle::Off, drop_remainder: false, ..options(3) };
     let mut pipe = Pipeline::new(data.clone(), &opts, Cursor::default()).unwrap();

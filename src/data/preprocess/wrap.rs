@@ -5,7 +5,7 @@
 use super::super::error::DataError;
 use super::super::examples::{Examples, Split};
 use super::super::pipeline::Batch;
-use super::super::records::RecordSplit;
+use super::super::source::tfrecord::RecordSplit;
 use super::Crop;
 use super::transform::{Steps, centre, place};
 use rayon::prelude::*;

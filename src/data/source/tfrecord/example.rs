@@ -3,11 +3,11 @@
 //! PNG or JPEG (decoded and resized as image folders are), or a float list of a known shape;
 //! the label is an `int64` class index.
 
-use super::super::Dtype;
-use super::super::dtype::widen_u8;
-use super::super::image_folder::{ColorMode, decode_bytes, resize};
 use super::proto::{Example, feature::Kind};
 use crate::data::error::{DataError, Position, UnknownName};
+use crate::data::formats::Dtype;
+use crate::data::formats::dtype::widen_u8;
+use crate::data::source::image_folder::{ColorMode, decode_bytes, resize};
 use prost::Message;
 use prost::bytes::Bytes;
 use std::num::NonZeroUsize;
@@ -87,7 +87,7 @@ impl ExampleSpec {
             }
         };
         if !(0..i64::from(self.classes.unwrap_or(u32::MAX))).contains(&label) {
-            return Err(malformed(super::super::not_a_class(label as f64, self.classes)));
+            return Err(malformed(crate::data::formats::not_a_class(label as f64, self.classes)));
         }
         let key = &self.image_key;
         let expected = out.len();
@@ -110,7 +110,7 @@ impl ExampleSpec {
                     )));
                 }
                 out.copy_from_slice(&list.value);
-                if let Some(why) = super::super::non_finite(out) {
+                if let Some(why) = crate::data::formats::non_finite(out) {
                     return Err(malformed(format!("feature `{key}`: {why}")));
                 }
             }

@@ -6,8 +6,8 @@
 //!
 //! Files are read through a buffer, a record at a time: never whole.
 
-use super::super::io_error;
 use crate::data::error::{DataError, Position};
+use crate::data::formats::io_error;
 use flate2::bufread::MultiGzDecoder;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -52,7 +52,7 @@ pub fn write_record(out: &mut impl Write, payload: &[u8]) -> io::Result<()> {
 }
 
 /// The byte source: a plain file can skip a payload by seeking; gzip must inflate it.
-enum Source {
+enum FileBytes {
     /// The file and its length.
     Plain(BufReader<File>, u64),
     /// Boxed: the inflate state is 300 bytes more than a plain reader.
@@ -60,28 +60,28 @@ enum Source {
 }
 
 /// Reads the records of one file in order.
-pub struct RecordReader {
+pub struct RecordFile {
     path: PathBuf,
-    source: Source,
+    bytes: FileBytes,
     /// Offset of the next record.
     offset: u64,
 }
 
-impl RecordReader {
+impl RecordFile {
     /// Opens `path` for reading from its first record.
     pub fn open(path: &Path, compression: Compression) -> Result<Self, DataError> {
         let file = File::open(path).map_err(io_error(path))?;
-        let source = match compression {
+        let bytes = match compression {
             Compression::None => {
                 let len = file.metadata().map_err(io_error(path))?.len();
-                Source::Plain(BufReader::with_capacity(BUFFER, file), len)
+                FileBytes::Plain(BufReader::with_capacity(BUFFER, file), len)
             }
-            Compression::Gzip => Source::Gzip(Box::new(BufReader::with_capacity(
+            Compression::Gzip => FileBytes::Gzip(Box::new(BufReader::with_capacity(
                 BUFFER,
                 MultiGzDecoder::new(BufReader::with_capacity(BUFFER, file)),
             ))),
         };
-        Ok(Self { path: path.to_path_buf(), source, offset: 0 })
+        Ok(Self { path: path.to_path_buf(), bytes, offset: 0 })
     }
 
     /// The file.
@@ -115,13 +115,13 @@ impl RecordReader {
     pub fn skip(&mut self) -> Result<Option<u64>, DataError> {
         let Some(len) = self.header()? else { return Ok(None) };
         let at = self.offset;
-        let skipped = match &mut self.source {
-            Source::Plain(file, end) => {
+        let skipped = match &mut self.bytes {
+            FileBytes::Plain(file, end) => {
                 // In a plain file the record's offset is the file position.
                 let skip = len.min(end.saturating_sub(at + 12));
                 file.seek_relative(skip as i64).map(|()| skip)
             }
-            Source::Gzip(gz) => io::copy(&mut gz.take(len), &mut io::sink()),
+            FileBytes::Gzip(gz) => io::copy(&mut gz.take(len), &mut io::sink()),
         }
         .map_err(|e| self.io_error(e))?;
         if skipped < len {
@@ -170,9 +170,9 @@ impl RecordReader {
     }
 
     fn reader(&mut self) -> &mut dyn BufRead {
-        match &mut self.source {
-            Source::Plain(r, _) => r,
-            Source::Gzip(r) => r,
+        match &mut self.bytes {
+            FileBytes::Plain(r, _) => r,
+            FileBytes::Gzip(r) => r,
         }
     }
 
@@ -185,9 +185,9 @@ impl RecordReader {
     }
 
     fn io_error(&self, source: io::Error) -> DataError {
-        match self.source {
-            Source::Plain(..) => DataError::Read { path: self.path.clone(), source },
-            Source::Gzip(_) => DataError::Gzip { path: self.path.clone(), source },
+        match self.bytes {
+            FileBytes::Plain(..) => DataError::Read { path: self.path.clone(), source },
+            FileBytes::Gzip(_) => DataError::Gzip { path: self.path.clone(), source },
         }
     }
 }
@@ -209,7 +209,7 @@ fn read_full(reader: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
 /// The offset of every record of a file: a framing scan that checks each length's CRC and
 /// skips the payloads (for a gzip file they must still be inflated).
 pub fn scan(path: &Path, compression: Compression) -> Result<Vec<u64>, DataError> {
-    let mut reader = RecordReader::open(path, compression)?;
+    let mut reader = RecordFile::open(path, compression)?;
     let mut offsets = vec![];
     while let Some(at) = reader.skip()? {
         offsets.push(at);

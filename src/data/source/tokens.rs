@@ -6,15 +6,16 @@
 //! id out of range would otherwise index past the model's output row. A file whose length is
 //! not a whole number of tokens is an error naming it.
 
-use super::error::{DataError, Position};
-use super::examples::{LabelKind, Split};
-use super::windows::{Tokens, Windows, count};
-use super::{DataFacts, Dataset};
+use super::{DataSource, RawValues, missing_in, require};
+use crate::data::error::{DataError, Position};
+use crate::data::examples::{LabelKind, Split};
+use crate::data::windows::{Tokens, Windows, count};
+use crate::data::{DataFacts, Dataset};
 use memmap2::Mmap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `[data.tokens]`: token id files for a language model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -59,6 +60,66 @@ impl TokenDtype {
     }
 }
 
+/// `data.dataset = "tokens"`: `[data.tokens]`'s files in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokensSource {
+    pub dir: PathBuf,
+    pub config: TokensConfig,
+}
+
+impl DataSource for TokensSource {
+    fn name(&self) -> &'static str {
+        "tokens"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        missing_in(&self.dir, self.config.train.iter().chain(&self.config.validation))
+    }
+
+    /// Example counts, shape and vocabulary (the files are mapped and, without `vocab_size`,
+    /// scanned for their largest id).
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, validation, vocab) = mapped(dir, config)?;
+        let block = config.block_size.get();
+        let windows = |files: &Files, stride| files.iter().map(|(_, t)| count(t.len(), block, stride)).sum();
+        Ok(DataFacts {
+            train_examples: windows(&train, 1),
+            test_examples: windows(&validation, block),
+            example_shape: vec![block],
+            labels: LabelKind::Sequence { classes: vocab, len: block },
+            // Windows are sharded by example: splitting files across workers is not offered.
+            train_files: 0,
+        })
+    }
+
+    /// Maps and checks the files.
+    fn load(&self) -> Result<Dataset, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, validation, vocab) = mapped(dir, config)?;
+        let block = config.block_size.get();
+        let strip = |files: Files| files.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+        let test = (!validation.is_empty()).then(|| Split::of(Windows::new(strip(validation), block, block)));
+        Ok(Dataset {
+            train: Split::of(Windows::new(strip(train), block, 1)),
+            test,
+            labels: LabelKind::Sequence { classes: vocab, len: block },
+            vocabulary: None,
+            classes: None,
+        })
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Tokens
+    }
+}
+
 fn map(path: &Path, dtype: TokenDtype) -> Result<Tokens, DataError> {
     let io = |source| DataError::Read { path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
@@ -83,7 +144,7 @@ fn map(path: &Path, dtype: TokenDtype) -> Result<Tokens, DataError> {
     })
 }
 
-type Files = Vec<(std::path::PathBuf, Tokens)>;
+type Files = Vec<(PathBuf, Tokens)>;
 
 fn map_all(dir: &Path, names: &[String], dtype: TokenDtype) -> Result<Files, DataError> {
     names.iter().map(|n| map(&dir.join(n), dtype).map(|t| (dir.join(n), t))).collect()
@@ -91,7 +152,7 @@ fn map_all(dir: &Path, names: &[String], dtype: TokenDtype) -> Result<Files, Dat
 
 /// The vocabulary size: the configured one, every id checked against it, or the largest id
 /// plus one.
-fn vocab_size(config: &TokensConfig, files: &[&(std::path::PathBuf, Tokens)]) -> Result<u32, DataError> {
+fn vocab_size(config: &TokensConfig, files: &[&(PathBuf, Tokens)]) -> Result<u32, DataError> {
     match config.vocab_size {
         None => {
             let max = files.iter().flat_map(|(_, t)| (0..t.len()).map(|i| t.get(i))).max().unwrap_or(0);
@@ -134,40 +195,13 @@ fn mapped(dir: &Path, config: &TokensConfig) -> Result<(Files, Files, u32), Data
     Ok((train, validation, vocab))
 }
 
-/// Example counts, shape and vocabulary (the files are mapped and, without `vocab_size`,
-/// scanned for their largest id).
-pub fn facts(dir: &Path, config: &TokensConfig) -> Result<DataFacts, DataError> {
-    let (train, validation, vocab) = mapped(dir, config)?;
-    let block = config.block_size.get();
-    let windows = |files: &Files, stride| files.iter().map(|(_, t)| count(t.len(), block, stride)).sum();
-    Ok(DataFacts {
-        train_examples: windows(&train, 1),
-        test_examples: windows(&validation, block),
-        example_shape: vec![block],
-        labels: LabelKind::Sequence { classes: vocab, len: block },
-        // Windows are sharded by example: splitting files across workers is not offered.
-        train_files: 0,
-    })
-}
-
-/// Maps and checks the files.
-pub fn load(dir: &Path, config: &TokensConfig) -> Result<Dataset, DataError> {
-    let (train, validation, vocab) = mapped(dir, config)?;
-    let block = config.block_size.get();
-    let strip = |files: Files| files.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
-    let test = (!validation.is_empty()).then(|| Split::of(Windows::new(strip(validation), block, block)));
-    Ok(Dataset {
-        train: Split::of(Windows::new(strip(train), block, 1)),
-        test,
-        labels: LabelKind::Sequence { classes: vocab, len: block },
-        vocabulary: None,
-        classes: None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn source(dir: &Path, config: TokensConfig) -> TokensSource {
+        TokensSource { dir: dir.to_path_buf(), config }
+    }
 
     fn config(dtype: TokenDtype, vocab_size: Option<u32>) -> TokensConfig {
         TokensConfig {
@@ -188,14 +222,14 @@ mod tests {
         for (dtype, bytes, offset) in [(TokenDtype::U16, &u16s, 0), (TokenDtype::U32, &u32s, 70_000)] {
             std::fs::write(dir.path().join("train.bin"), bytes).unwrap();
             std::fs::write(dir.path().join("val.bin"), &bytes[..3 * dtype.bytes()]).unwrap();
-            let data = load(dir.path(), &config(dtype, None)).unwrap();
+            let data = source(dir.path(), config(dtype, None)).load().unwrap();
             assert_eq!(data.labels, LabelKind::Sequence { classes: 65_536 + offset, len: 2 });
             assert_eq!((data.train.len(), data.test.as_ref().map(Split::len)), (3, Some(1)));
             let b = data.train.read(1..2).unwrap();
             assert_eq!(b.x, [(300 + offset) as f32, (2 + offset) as f32]);
             assert_eq!(b.y, [2 + offset, 65_535 + offset]);
             assert_eq!(data.bytes_held(), 0, "mapped, not copied");
-            assert_eq!(facts(dir.path(), &config(dtype, None)).unwrap(), data.facts(0));
+            assert_eq!(source(dir.path(), config(dtype, None)).facts().unwrap(), data.facts(0));
         }
     }
 
@@ -204,10 +238,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("train.bin"), [1u8, 0, 9, 0, 3]).unwrap();
         std::fs::write(dir.path().join("val.bin"), [1u8, 0]).unwrap();
-        let err = load(dir.path(), &config(TokenDtype::U16, None)).unwrap_err().to_string();
+        let err = source(dir.path(), config(TokenDtype::U16, None)).load().unwrap_err().to_string();
         assert!(err.contains("train.bin at byte 4: 5 bytes is not a whole number of U16 tokens"), "{err}");
         std::fs::write(dir.path().join("train.bin"), [1u8, 0, 9, 0]).unwrap();
-        let err = load(dir.path(), &config(TokenDtype::U16, Some(5))).unwrap_err().to_string();
+        let err = source(dir.path(), config(TokenDtype::U16, Some(5))).load().unwrap_err().to_string();
         assert!(err.contains("train.bin at byte 2: token id 9 is not below data.tokens.vocab_size = 5"), "{err}");
     }
 }

@@ -4,7 +4,7 @@
 use super::proto::{self, feature::Kind};
 use super::*;
 use crate::data::formats::bench::raw_image_example;
-use crate::data::formats::image_folder::ColorMode;
+use crate::data::pipeline::Batch;
 use prost::Message;
 use std::path::Path;
 
@@ -55,7 +55,7 @@ fn framing_round_trips_and_the_scan_finds_every_record() {
     let dir = tempfile::tempdir().unwrap();
     let payloads = vec![b"a".to_vec(), vec![], vec![7; 300_000]];
     let path = file(dir.path(), "r.tfrecord", &payloads);
-    let mut reader = RecordReader::open(&path, Compression::None).unwrap();
+    let mut reader = RecordFile::open(&path, Compression::None).unwrap();
     let mut buf = vec![];
     let mut offsets = vec![];
     while let Some(at) = reader.read_into(&mut buf).unwrap() {
@@ -66,7 +66,7 @@ fn framing_round_trips_and_the_scan_finds_every_record() {
     assert_eq!(scan(&path, Compression::None).unwrap(), offsets);
     assert_eq!(Compression::detect(&path).unwrap(), Compression::None);
     let gz = dir.path().join("r.tfrecord.gz");
-    std::fs::write(&gz, crate::data::idx::gzip(&std::fs::read(&path).unwrap())).unwrap();
+    std::fs::write(&gz, crate::data::source::idx::gzip(&std::fs::read(&path).unwrap())).unwrap();
     assert_eq!(Compression::detect(&gz).unwrap(), Compression::Gzip);
     assert_eq!(scan(&gz, Compression::Gzip).unwrap(), offsets);
 }
@@ -77,7 +77,7 @@ fn examples_stream_across_files_plain_and_gzip() {
     let a = file(dir.path(), "a", &numbered(3, 0));
     let b = file(dir.path(), "b", &numbered(2, 3));
     let b_gz = dir.path().join("b.gz");
-    std::fs::write(&b_gz, crate::data::idx::gzip(&std::fs::read(&b).unwrap())).unwrap();
+    std::fs::write(&b_gz, crate::data::source::idx::gzip(&std::fs::read(&b).unwrap())).unwrap();
     let mut stream = ExampleStream::new(vec![a.clone(), b], Compression::None, raw_spec(vec![2, 2, 1]), Order::Files);
     assert_eq!((stream.shape(), stream.dtype()), (&[2, 2, 1][..], Dtype::U8));
     let mut image = [0.0; 4];
@@ -250,4 +250,40 @@ fn examples_that_do_not_fit_the_spec_are_refused() {
     let broken = err(example(vec![("image", bytes(vec![0x89, b'P', b'N', b'G'])), ("label", int64(0))]), png);
     // The first record, raw bytes, is no PNG either.
     assert!(broken.starts_with("e at byte 0: feature `image`: cannot decode the image: "), "{broken}");
+}
+
+#[test]
+fn reads_by_index_in_file_order_across_files_and_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    for (f, range) in [(0, 0..3), (1, 3..7)] {
+        let mut bytes = vec![];
+        for i in range {
+            write_record(&mut bytes, &raw_image_example(vec![i as u8 * 10; 2], i)).unwrap();
+        }
+        std::fs::write(dir.path().join(format!("p{f}.tfrecord")), bytes).unwrap();
+    }
+    let config: TfRecordConfig =
+        toml::from_str("train = [\"p*.tfrecord\"]\nshape = [2]\nclasses = 7\nshuffle_buffer = 0").unwrap();
+    let source = TfRecordSource { dir: dir.path().to_path_buf(), config };
+    let data = source.load().unwrap();
+    assert_eq!((data.train.len(), data.train.records().map(RecordSplit::file_lens)), (7, Some(&[3, 4][..])));
+    let b = data.train.read(2..5).unwrap();
+    assert_eq!(
+        (b.y, b.x),
+        (vec![2, 3, 4], vec![20. / 255., 20. / 255., 30. / 255., 30. / 255., 40. / 255., 40. / 255.])
+    );
+    assert_eq!(data.train.read(0..1).unwrap().y, [0], "a read behind the last one starts again");
+    assert_eq!(source.facts().unwrap().train_files, 2);
+
+    // Taken whole and decoded in parallel, the same values and labels as one by one; past
+    // the end, nothing more is taken.
+    let records = data.train.records().unwrap();
+    let (mut one, mut all) = (Batch::default(), Batch::default());
+    let mut reader = records.open(&[0, 1], Order::Files);
+    while reader.append(&mut one).unwrap() {}
+    let (mut reader, mut pending) = (records.open(&[0, 1], Order::Files), vec![]);
+    while reader.take_encoded(&mut pending).unwrap() {}
+    assert_eq!(pending.len(), 7);
+    reader.decode_into(pending, &mut all).unwrap();
+    assert_eq!((all.x, all.y), (one.x, one.y));
 }

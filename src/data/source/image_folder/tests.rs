@@ -1,8 +1,8 @@
 //! Image folders of PNG and JPEG files written with the `image` crate, read back; and the
 //! refusals: empty class, no classes, corrupt image, splits with other classes.
 
-use super::super::read_one as read;
 use super::*;
+use crate::data::formats::read_one as read;
 use image::{GrayImage, RgbImage};
 
 fn options(height: usize, width: usize, color_mode: ColorMode) -> ImageFolderOptions {

@@ -1,8 +1,8 @@
 //! `.npy` and `.npz` files written by hand per NumPy's format document, read back; and every
 //! refusal, with the file and place it names.
 
-use super::super::read_all;
 use super::*;
+use crate::data::formats::read_all;
 use std::io::Write;
 use zip::write::SimpleFileOptions;
 

@@ -7,10 +7,11 @@
 //! from both. The vocabulary is written to the run folder as `vocab.json`, so a sampler can
 //! turn ids back into text.
 
-use super::error::{DataError, Position};
-use super::examples::{LabelKind, Split};
-use super::windows::{Tokens, Windows, count};
-use super::{DataFacts, Dataset};
+use super::{DataSource, RawValues, missing_in, require};
+use crate::data::error::{DataError, Position};
+use crate::data::examples::{LabelKind, Split};
+use crate::data::windows::{Tokens, Windows, count};
+use crate::data::{DataFacts, Dataset};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -84,6 +85,79 @@ impl Vocabulary {
     /// True when there are no tokens.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// `data.dataset = "text"`: `[data.text]`'s files in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextSource {
+    pub dir: PathBuf,
+    pub config: TextConfig,
+}
+
+impl DataSource for TextSource {
+    fn name(&self) -> &'static str {
+        "text"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        missing_in(&self.dir, self.config.train.iter().chain(&self.config.validation))
+    }
+
+    /// Example counts, shape and vocabulary size: the files are read (text is small next to the
+    /// model that trains on it).
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        no_training_text(config)?;
+        let texts = read(dir, config)?;
+        let block = config.block_size.get();
+        let tokens = |t: &str| match config.tokenization {
+            Tokenization::Char => t.chars().count(),
+            Tokenization::Byte => t.len(),
+        };
+        let windows =
+            |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
+        Ok(DataFacts {
+            train_examples: windows(&texts.train, 1),
+            test_examples: windows(&texts.validation, block),
+            example_shape: vec![block],
+            labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
+            // Windows are sharded by example: splitting files across workers is not offered.
+            train_files: 0,
+        })
+    }
+
+    /// Reads, tokenizes and windows the texts.
+    fn load(&self) -> Result<Dataset, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        no_training_text(config)?;
+        let texts = read(dir, config)?;
+        let block = config.block_size.get();
+        let tokens = |files: &[(PathBuf, String)]| -> Result<Vec<Tokens>, DataError> {
+            files.iter().map(|(p, t)| encode(p, t, &texts.vocabulary).map(Tokens::Owned)).collect()
+        };
+        let train = Split::of(Windows::new(tokens(&texts.train)?, block, 1));
+        let test = match texts.validation.is_empty() {
+            true => None,
+            false => Some(Split::of(Windows::new(tokens(&texts.validation)?, block, block))),
+        };
+        Ok(Dataset {
+            train,
+            test,
+            labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
+            vocabulary: Some(texts.vocabulary),
+            classes: None,
+        })
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Tokens
     }
 }
 
@@ -170,53 +244,13 @@ fn no_training_text(config: &TextConfig) -> Result<(), DataError> {
     Ok(())
 }
 
-/// Example counts, shape and vocabulary size: the files are read (text is small next to the
-/// model that trains on it).
-pub fn facts(dir: &Path, config: &TextConfig) -> Result<DataFacts, DataError> {
-    no_training_text(config)?;
-    let texts = read(dir, config)?;
-    let block = config.block_size.get();
-    let tokens = |t: &str| match config.tokenization {
-        Tokenization::Char => t.chars().count(),
-        Tokenization::Byte => t.len(),
-    };
-    let windows =
-        |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
-    Ok(DataFacts {
-        train_examples: windows(&texts.train, 1),
-        test_examples: windows(&texts.validation, block),
-        example_shape: vec![block],
-        labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
-        // Windows are sharded by example: splitting files across workers is not offered.
-        train_files: 0,
-    })
-}
-
-/// Reads, tokenizes and windows the texts.
-pub fn load(dir: &Path, config: &TextConfig) -> Result<Dataset, DataError> {
-    no_training_text(config)?;
-    let texts = read(dir, config)?;
-    let block = config.block_size.get();
-    let tokens = |files: &[(PathBuf, String)]| -> Result<Vec<Tokens>, DataError> {
-        files.iter().map(|(p, t)| encode(p, t, &texts.vocabulary).map(Tokens::Owned)).collect()
-    };
-    let train = Split::of(Windows::new(tokens(&texts.train)?, block, 1));
-    let test = match texts.validation.is_empty() {
-        true => None,
-        false => Some(Split::of(Windows::new(tokens(&texts.validation)?, block, block))),
-    };
-    Ok(Dataset {
-        train,
-        test,
-        labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
-        vocabulary: Some(texts.vocabulary),
-        classes: None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn source(dir: &Path, config: TextConfig) -> TextSource {
+        TextSource { dir: dir.to_path_buf(), config }
+    }
 
     fn config(tokenization: Tokenization, vocabulary: VocabularyFrom) -> TextConfig {
         TextConfig {
@@ -237,7 +271,7 @@ mod tests {
     fn char_vocabulary_is_sorted_and_windows_predict_the_next_char() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "baca\nb", "abcab");
-        let data = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap();
+        let data = source(dir.path(), config(Tokenization::Char, VocabularyFrom::Train)).load().unwrap();
         let Some(Vocabulary::Char { tokens }) = &data.vocabulary else { panic!("{:?}", data.vocabulary) };
         assert_eq!(tokens, &["\n", "a", "b", "c"]);
         assert_eq!(data.labels, LabelKind::Sequence { classes: 4, len: 3 });
@@ -245,7 +279,10 @@ mod tests {
         assert_eq!((data.train.len(), data.test.as_ref().map(Split::len)), (3, Some(1)));
         let first = data.train.read(0..1).unwrap();
         assert_eq!((first.x, first.y), (vec![2., 1., 3.], vec![1, 3, 1]));
-        assert_eq!(facts(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap(), data.facts(0));
+        assert_eq!(
+            source(dir.path(), config(Tokenization::Char, VocabularyFrom::Train)).facts().unwrap(),
+            data.facts(0)
+        );
         assert_eq!(
             serde_json::to_string(data.vocabulary.as_ref().unwrap()).unwrap(),
             r#"{"tokenization":"char","tokens":["\n","a","b","c"]}"#
@@ -256,7 +293,7 @@ mod tests {
     fn a_validation_char_missing_from_the_vocabulary_is_named_with_its_place() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "abc abc\n", "abc\nab\u{e9}c");
-        let err = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap_err().to_string();
+        let err = source(dir.path(), config(Tokenization::Char, VocabularyFrom::Train)).load().unwrap_err().to_string();
         assert!(
             err.ends_with(
                 "val.txt:2:3: the character 'é' (U+00E9) is not in the vocabulary built from the training text; \
@@ -264,7 +301,7 @@ mod tests {
             ),
             "{err}"
         );
-        let data = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::TrainAndValidation)).unwrap();
+        let data = source(dir.path(), config(Tokenization::Char, VocabularyFrom::TrainAndValidation)).load().unwrap();
         assert_eq!(data.labels, LabelKind::Sequence { classes: 6, len: 3 });
     }
 
@@ -272,7 +309,7 @@ mod tests {
     fn byte_tokens_are_the_utf8_bytes() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "h\u{e9}llo", "hello");
-        let data = load(dir.path(), &config(Tokenization::Byte, VocabularyFrom::Train)).unwrap();
+        let data = source(dir.path(), config(Tokenization::Byte, VocabularyFrom::Train)).load().unwrap();
         assert_eq!(data.labels, LabelKind::Sequence { classes: 256, len: 3 });
         assert_eq!(data.train.read(0..1).unwrap().x, [104., 0xc3 as f32, 0xa9 as f32]);
     }
@@ -282,7 +319,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("train.txt"), b"abc\xffdef").unwrap();
         std::fs::write(dir.path().join("val.txt"), b"abc").unwrap();
-        let err = load(dir.path(), &config(Tokenization::Char, VocabularyFrom::Train)).unwrap_err().to_string();
+        let err = source(dir.path(), config(Tokenization::Char, VocabularyFrom::Train)).load().unwrap_err().to_string();
         assert!(err.contains("train.txt at byte 3: not UTF-8 text"), "{err}");
     }
 }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::data::download::tests::serve;
 use crate::data::download::{Checksum, Fetcher, RemoteFile};
-use crate::data::idx::gzip;
+use crate::data::source::idx::gzip;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 

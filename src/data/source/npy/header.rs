@@ -7,8 +7,8 @@
 //! The literal is parsed here rather than by a crate: it is a tiny, fully specified grammar, and
 //! a parse error must name its byte offset in the file.
 
-use super::super::dtype::{ByteOrder, Dtype};
 use crate::data::error::{DataError, Position};
+use crate::data::formats::dtype::{ByteOrder, Dtype};
 use std::path::Path;
 
 const MAGIC: &[u8; 6] = b"\x93NUMPY";

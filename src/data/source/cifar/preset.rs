@@ -4,10 +4,10 @@
 //! moved into place one by one, so an interrupted unpack never leaves a half-written file
 //! under a real name. The archive is deleted once unpacked.
 
-use super::super::io_error;
 use super::{CifarDataset, CifarSplit};
 use crate::data::download::{Checksum, Fetcher, RemoteFile};
 use crate::data::error::DataError;
+use crate::data::formats::io_error;
 use flate2::read::GzDecoder;
 use std::fs::{self, File};
 use std::io::BufReader;

@@ -1,18 +1,20 @@
-//! The synthetic dataset: seeded random `u8` images that a model can learn. Each class has a
+//! The `synthetic` source: seeded random `u8` images that a model can learn. Each class has a
 //! fixed random pattern of bright pixels; every example is its class's pattern plus uniform
 //! noise, so accuracy climbs from chance as a model trains, and benchmarks measure real work.
 //!
 //! Each example is generated from its own stream (a hash of seed, split and index), so the data
 //! depends on the seed alone and test examples differ from training ones.
 
-use super::error::DataError;
 use super::idx::IdxArray;
-use super::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
+use super::{DataSource, RawValues};
+use crate::data::error::DataError;
+use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
+use std::path::Path;
 
 /// `[data.synthetic]`: a seeded random dataset for benchmarks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -66,6 +68,61 @@ impl Default for SyntheticConfig {
     }
 }
 
+/// `data.dataset = "synthetic"`: `[data.synthetic]`, generated from the run seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyntheticSource {
+    pub config: SyntheticConfig,
+    pub seed: u64,
+}
+
+impl DataSource for SyntheticSource {
+    fn name(&self) -> &'static str {
+        "synthetic"
+    }
+
+    /// Generated in memory: no folder.
+    fn dir(&self) -> Option<&Path> {
+        None
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        vec![]
+    }
+
+    /// The facts of a synthetic dataset, straight from the spec.
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        let spec = &self.config;
+        check(spec)?;
+        Ok(DataFacts {
+            train_examples: spec.train_examples.get(),
+            test_examples: spec.test_examples,
+            example_shape: shape_of(spec)?.dims(),
+            labels: LabelKind::Class { classes: spec.classes },
+            train_files: 0,
+        })
+    }
+
+    /// Generates the dataset `[data.synthetic]` describes, deterministically from `seed`.
+    fn load(&self) -> Result<Dataset, DataError> {
+        let (spec, seed) = (&self.config, self.seed);
+        check(spec)?;
+        let shape = shape_of(spec)?;
+        let len = shape.len();
+        let classes = spec.classes as usize;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ DOMAIN);
+        // About a quarter of the pixels are bright in each class's pattern.
+        let patterns: Vec<u8> = (0..classes * len).map(|_| if rng.next_u32() % 4 == 0 { PATTERN } else { 0 }).collect();
+        let make = |n: usize, stream: u64| split(&patterns, shape, classes, n, mix(seed, stream));
+        let train = make(spec.train_examples.get(), 0);
+        let test = (spec.test_examples > 0).then(|| make(spec.test_examples, 1));
+        Ok(Dataset { train, test, labels: LabelKind::Class { classes: spec.classes }, vocabulary: None, classes: None })
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::Bytes
+    }
+}
+
 /// Separates this use of the run seed from its other uses (weights, shuffling).
 const DOMAIN: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
 /// Brightness a class pattern adds to its pixels.
@@ -94,18 +151,6 @@ pub fn shape_of(spec: &SyntheticConfig) -> Result<ExampleShape, DataError> {
     Ok(ExampleShape { height, width, channels })
 }
 
-/// The facts of a synthetic dataset, straight from the spec.
-pub fn facts(spec: &SyntheticConfig) -> Result<DataFacts, DataError> {
-    check(spec)?;
-    Ok(DataFacts {
-        train_examples: spec.train_examples.get(),
-        test_examples: spec.test_examples,
-        example_shape: shape_of(spec)?.dims(),
-        labels: LabelKind::Class { classes: spec.classes },
-        train_files: 0,
-    })
-}
-
 fn check(spec: &SyntheticConfig) -> Result<(), DataError> {
     if !(2..=256).contains(&spec.classes) {
         return Err(DataError::BadSynthetic {
@@ -120,21 +165,6 @@ fn check(spec: &SyntheticConfig) -> Result<(), DataError> {
         });
     }
     Ok(())
-}
-
-/// Generates the dataset `[data.synthetic]` describes, deterministically from `seed`.
-pub fn generate(spec: &SyntheticConfig, seed: u64) -> Result<Dataset, DataError> {
-    check(spec)?;
-    let shape = shape_of(spec)?;
-    let len = shape.len();
-    let classes = spec.classes as usize;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ DOMAIN);
-    // About a quarter of the pixels are bright in each class's pattern.
-    let patterns: Vec<u8> = (0..classes * len).map(|_| if rng.next_u32() % 4 == 0 { PATTERN } else { 0 }).collect();
-    let make = |n: usize, stream: u64| split(&patterns, shape, classes, n, mix(seed, stream));
-    let train = make(spec.train_examples.get(), 0);
-    let test = (spec.test_examples > 0).then(|| make(spec.test_examples, 1));
-    Ok(Dataset { train, test, labels: LabelKind::Class { classes: spec.classes }, vocabulary: None, classes: None })
 }
 
 fn split(patterns: &[u8], shape: ExampleShape, classes: usize, n: usize, base: u64) -> Split {
@@ -190,6 +220,10 @@ mod tests {
     use super::*;
     use std::num::NonZeroUsize;
 
+    fn source(config: &SyntheticConfig, seed: u64) -> SyntheticSource {
+        SyntheticSource { config: config.clone(), seed }
+    }
+
     fn spec(train: usize, test: usize, shape: &[usize], classes: u32) -> SyntheticConfig {
         SyntheticConfig {
             train_examples: NonZeroUsize::new(train).unwrap(),
@@ -202,10 +236,10 @@ mod tests {
     #[test]
     fn same_seed_same_data_other_seed_other_data() {
         let s = spec(100, 20, &[8, 8, 3], 5);
-        let a = generate(&s, 1).unwrap();
+        let a = source(&s, 1).load().unwrap();
         let all = |d: &Dataset| d.train.read(0..d.train.len()).unwrap();
-        assert_eq!(all(&a), all(&generate(&s, 1).unwrap()));
-        assert_ne!(all(&a).x, all(&generate(&s, 2).unwrap()).x);
+        assert_eq!(all(&a), all(&source(&s, 1).load().unwrap()));
+        assert_ne!(all(&a).x, all(&source(&s, 2).load().unwrap()).x);
         assert_eq!(a.train.example_len(), 192);
         assert_eq!(all(&a).x.len(), 100 * 192);
         let test = a.test.as_ref().unwrap();
@@ -218,7 +252,7 @@ mod tests {
     fn nearest_pattern_classifies_well_above_chance() {
         // A class-mean classifier fitted on train must beat chance by far on test: the data is
         // learnable, so accuracy numbers from it mean something.
-        let data = generate(&spec(2000, 500, &[28, 28], 10), 7).unwrap();
+        let data = source(&spec(2000, 500, &[28, 28], 10), 7).load().unwrap();
         let len = 784;
         let mut means = vec![0f64; 10 * len];
         let mut counts = [0f64; 10];
@@ -251,12 +285,12 @@ mod tests {
 
     #[test]
     fn bad_specs_are_errors() {
-        let err = generate(&spec(10, 0, &[4, 4], 1), 0).unwrap_err().to_string();
+        let err = source(&spec(10, 0, &[4, 4], 1), 0).load().unwrap_err().to_string();
         assert!(err.contains("classes = 1 is out of range"), "{err}");
         let err = shape_of(&spec(10, 0, &[2, 2, 2, 2], 3)).unwrap_err().to_string();
         assert!(err.contains("has 4 dimensions"), "{err}");
-        let err = facts(&spec(usize::MAX, 0, &[1 << 20], 3)).unwrap_err().to_string();
+        let err = source(&spec(usize::MAX, 0, &[1 << 20], 3), 0).facts().unwrap_err().to_string();
         assert!(err.contains("do not fit in memory"), "{err}");
-        assert!(generate(&spec(3, 0, &[5], 256), 0).unwrap().test.is_none());
+        assert!(source(&spec(3, 0, &[5], 256), 0).load().unwrap().test.is_none());
     }
 }

@@ -1,4 +1,6 @@
-//! NumPy arrays: a `.npy` pair (features and labels) or one `.npz` archive holding both.
+//! The `npy` source: NumPy arrays, a `.npy` file of features and one of labels per split, or
+//! the named arrays of one `.npz` archive (as `np.savez("mnist.npz", x_train=…, y_train=…)`
+//! writes them). Integer labels are class indices, float labels regression targets.
 //!
 //! Files are memory-mapped, so a features array larger than RAM works: the kernel pages in
 //! the examples being read. Labels are converted once, at open, into [`Labels`]: integer
@@ -17,13 +19,146 @@ mod npz;
 #[cfg(test)]
 mod tests;
 
-use super::dtype::{self, ByteOrder, Dtype};
-use super::{Classes, Labels, RandomAccess, check_buffer, check_index, io_error};
+use super::{DataSource, RawValues, missing_in, require};
+use crate::data::arrays::{Arrays, label_kind};
 use crate::data::error::{DataError, Position};
+use crate::data::examples::{LabelKind, Split};
+use crate::data::formats::dtype::{self, ByteOrder, Dtype};
+use crate::data::formats::{Classes, Labels, RandomAccess, check_buffer, check_index, io_error};
+use crate::data::{DataFacts, Dataset};
 use memmap2::Mmap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// `[data.npy]`: the arrays of each split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NpyConfig {
+    /// A `.npz` archive holding every array, relative to `data.dir`; `train` and `test` then
+    /// name its members (the `.npy` suffix may be left out). Default: none (`train` and
+    /// `test` name `.npy` files). Example: `npz = "mnist.npz"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub npz: Option<String>,
+    /// The training arrays. Required.
+    /// Example: `train = { features = "x_train.npy", labels = "y_train.npy" }`.
+    pub train: NpyPair,
+    /// The test arrays, evaluated after each epoch. Default: none (nothing is evaluated).
+    /// Example: `test = { features = "x_test.npy", labels = "y_test.npy" }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<NpyPair>,
+}
+
+/// One split's arrays: `.npy` files (relative to `data.dir`), or members of `data.npy.npz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NpyPair {
+    /// Features, one example per row of the first axis, of any shape and of dtype u8, i8, u16,
+    /// i16, i32, i64, f16, f32 or f64 (u8 is divided by 255). Required.
+    /// Example: `features = "x_train.npy"`.
+    pub features: String,
+    /// Labels, as many as feature rows: integers of shape `(n,)` or `(n, 1)` are class
+    /// indices, floats of shape `(n,)` or `(n, k)` regression targets. Required.
+    /// Example: `labels = "y_train.npy"`.
+    pub labels: String,
+}
+
+impl NpyConfig {
+    /// The files `data.dir` must hold.
+    pub fn files(&self) -> Vec<String> {
+        match &self.npz {
+            Some(npz) => vec![npz.clone()],
+            None => std::iter::once(&self.train)
+                .chain(&self.test)
+                .flat_map(|p| [p.features.clone(), p.labels.clone()])
+                .collect(),
+        }
+    }
+}
+
+/// `data.dataset = "npy"`: `[data.npy]`'s arrays in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpySource {
+    pub dir: PathBuf,
+    pub config: NpyConfig,
+}
+
+impl DataSource for NpySource {
+    fn name(&self) -> &'static str {
+        "npy"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        missing_in(&self.dir, self.config.files().iter())
+    }
+
+    /// Example counts, shape and label kind (headers mapped, labels read).
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        self.load().map(|d| d.facts(1))
+    }
+
+    /// Maps the arrays; examples are converted as batches are read.
+    fn load(&self) -> Result<Dataset, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        let (train, test, labels) = read(dir, config)?;
+        Ok(Dataset {
+            train: Split::of(Arrays::new(train, 0)),
+            test: test.map(|t| Split::of(Arrays::new(t, 0))),
+            labels,
+            vocabulary: None,
+            classes: None,
+        })
+    }
+
+    fn raw_values(&self) -> RawValues {
+        RawValues::ArrayDtype
+    }
+}
+
+fn open(dir: &Path, config: &NpyConfig, pair: &NpyPair) -> Result<NpyDataset, DataError> {
+    match &config.npz {
+        Some(npz) => NpyDataset::open_npz(&dir.join(npz), &pair.features, &pair.labels),
+        None => NpyDataset::open_pair(&dir.join(&pair.features), &dir.join(&pair.labels)),
+    }
+}
+
+/// Maps both splits and checks that they agree on the example shape and the label kind.
+fn read(dir: &Path, config: &NpyConfig) -> Result<(NpyDataset, Option<NpyDataset>, LabelKind), DataError> {
+    let train = open(dir, config, &config.train)?;
+    let mut labels = label_kind(train.labels());
+    let test = config.test.as_ref().map(|pair| open(dir, config, pair)).transpose()?;
+    if let Some(test) = &test {
+        let path = |d: &NpyDataset| d.features().path().to_path_buf();
+        let differ =
+            |difference: String| DataError::ClassesDiffer { first: path(&train), second: path(test), difference };
+        if test.shape() != train.shape() {
+            let (a, b) = (train.shape(), test.shape());
+            return Err(differ(format!("the training examples have shape {a:?}, the test examples {b:?}")));
+        }
+        labels = match (labels, label_kind(test.labels())) {
+            // Class indices are numbers: the classes are those of either split.
+            (LabelKind::Class { classes: a }, LabelKind::Class { classes: b }) => {
+                LabelKind::Class { classes: a.max(b) }
+            }
+            (a, b) if a == b => a,
+            (a, b) => {
+                let kind = |k: LabelKind| match k.classes() {
+                    Some(_) => "class indices".to_string(),
+                    None => format!("{} float targets per example", k.row_width()),
+                };
+                return Err(differ(format!("the training labels are {}, the test labels {}", kind(a), kind(b))));
+            }
+        };
+    }
+    Ok((train, test, labels))
+}
 
 /// One array, memory-mapped; values are read an example (a row along the first axis) at a
 /// time.
@@ -229,7 +364,7 @@ fn labels_of(array: &NpyArray) -> Result<Labels, DataError> {
             return Err(DataError::Malformed {
                 path: array.path.clone(),
                 at: Position::Record(i),
-                problem: super::not_a_class(v, None),
+                problem: crate::data::formats::not_a_class(v, None),
             });
         }
         index.push(v as u32);
@@ -258,7 +393,7 @@ impl RandomAccess for NpyDataset {
     fn read_at(&self, i: usize, out: &mut [f32]) -> Result<(), DataError> {
         self.features.read_row(i, out)?;
         // Integer features are finite by construction; only floats are scanned.
-        match self.features.dtype.is_float().then(|| super::non_finite(out)).flatten() {
+        match self.features.dtype.is_float().then(|| crate::data::formats::non_finite(out)).flatten() {
             None => Ok(()),
             Some(problem) => {
                 Err(DataError::Malformed { path: self.features.path.clone(), at: Position::Record(i), problem })

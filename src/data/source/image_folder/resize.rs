@@ -6,7 +6,7 @@
 //! kernel when shrinking (it antialiases), so a 64→32 resize averages 4×4 pixels where
 //! TensorFlow blends 2×2, and the values differ.
 
-use super::super::dtype::widen_u8;
+use crate::data::formats::dtype::widen_u8;
 
 /// One output coordinate's two source indices and the weight of the second.
 #[derive(Debug, Clone, Copy, PartialEq)]

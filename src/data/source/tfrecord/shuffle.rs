@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn matches_the_in_memory_pipelines_buffered_order() {
-        use crate::data::idx::IdxArray;
+        use crate::data::source::idx::IdxArray;
         use crate::data::{Cursor, Dataset, ExampleShape, Pipeline, PipelineOptions, Shard, Shuffle, Split};
         // One global batch of the whole set; each example's label is its index.
         let n = 200;

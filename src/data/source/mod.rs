@@ -1,0 +1,221 @@
+//! Where examples come from: one file per source, named as `data.dataset` names it, each a type
+//! implementing [`DataSource`]; a source's file format is read in the same file, or under the
+//! folder of its name when it needs more than one (`npy/`, `image_folder/`, `cifar/`,
+//! `tfrecord/`).
+//!
+//! | `data.dataset` | file | type | `[data.<kind>]` table |
+//! |---|---|---|---|
+//! | `mnist`, `fashion_mnist` | [`mnist`] | [`MnistSource`] (a [`Preset`]) | none |
+//! | `idx` | [`idx`] | [`IdxSource`] | `[data.files]` ([`IdxFiles`]) |
+//! | `synthetic` | [`synthetic`] | [`SyntheticSource`] | [`SyntheticConfig`] |
+//! | `text` | [`text`] | [`TextSource`] | [`TextConfig`] |
+//! | `tokens` | [`tokens`] | [`TokensSource`] | [`TokensConfig`] |
+//! | `csv` | [`csv`] | [`CsvSource`] | [`CsvConfig`] |
+//! | `npy` | [`npy`] | [`NpySource`] | [`NpyConfig`] |
+//! | `image_folder` | [`image_folder`] | [`ImageFolderSource`] | [`ImageFolderConfig`] |
+//! | `cifar10`, `cifar100` | [`cifar`] | [`CifarSource`] | [`Cifar100Config`] |
+//! | `tfrecord` | [`tfrecord`] | [`TfRecordSource`] | [`TfRecordConfig`] |
+//!
+//! Adding a source touches four files and one generated file: its file here (the type, its
+//! `impl DataSource`, its `[data.<kind>]` table) and its `mod` line below; its `DatasetKind`
+//! variant and table field in `src/spec/data.rs`; its arm in `plan::source`
+//! (`src/plan/data.rs`), the one exhaustive match from the spec's name to a source; and
+//! `schemas/trainrun.schema.json`, regenerated (`trainrun schema`).
+//!
+//! A trait object rather than an enum: the plan holds an [`AnySource`] (a shared
+//! `dyn DataSource`), so a new source adds no variant and no arm here. The plan stays
+//! comparable through [`SameSource`], which every `PartialEq` source gets for free.
+//!
+//! What a source answers and what it does not: it knows its files (missing ones, fetching
+//! them), its facts without loading (sizes, example shape, label kind, and `train_files`,
+//! which decides what `auto_shard_policy = "auto"` picks), how to load its splits, what its
+//! values are (for `[data.preprocessing]`), and whether it is a stream shuffled by its own
+//! buffer. How a split is read is the split's business
+//! ([`Examples`](super::examples::Examples)): by index, or, for a split read only in order, as
+//! a stream that the pipeline replays up to the cursor on resume (`Examples::records`).
+//!
+//! A streamed source of files (JSONL, Parquet, a `datasets` folder) fits the same way: its
+//! `facts` count examples from footers or a framing pass and give the shard units in
+//! `train_files` (files, or row groups), its `stream_shuffle` its buffer; what it adds is a
+//! second implementation of the stream behind `Examples::records`, which then becomes a trait
+//! of its own with the stream's exact resume position (file, row group, row).
+
+pub mod cifar;
+pub mod csv;
+pub mod idx;
+pub mod image_folder;
+pub mod mnist;
+pub mod npy;
+pub mod synthetic;
+pub mod text;
+pub mod tfrecord;
+pub mod tokens;
+
+pub use cifar::{Cifar100Config, CifarSource};
+pub use csv::{CsvConfig, CsvSource};
+pub use idx::{IdxFiles, IdxSource};
+pub use image_folder::{ImageFolderConfig, ImageFolderSource};
+pub use mnist::{MnistSource, Preset};
+pub use npy::{NpyConfig, NpySource};
+pub use synthetic::{SyntheticConfig, SyntheticSource};
+pub use text::{TextConfig, TextSource};
+pub use tfrecord::{TfRecordConfig, TfRecordSource};
+pub use tokens::{TokensConfig, TokensSource};
+
+use super::download::Fetcher;
+use super::error::DataError;
+use super::pipeline::Shuffle;
+use super::{DataFacts, Dataset};
+use std::any::Any;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What every data source answers, from the spec's table and its folder, for `trainrun check`
+/// (facts, missing files) and for a run (fetching, loading).
+pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
+    /// The dataset's name, as `data.dataset` spells it (`mnist`, `cifar100`, `csv`).
+    fn name(&self) -> &'static str;
+
+    /// The folder the files are read from; `None` for generated data.
+    fn dir(&self) -> Option<&Path>;
+
+    /// Files (folders end in `/`) the source needs that are not there, as the spec or the
+    /// publisher names them. Only checks that they exist.
+    fn missing_files(&self) -> Vec<String>;
+
+    /// Downloads the missing files of a published dataset; returns the paths written. A
+    /// source of the user's own files has nothing to fetch: its missing files are the error
+    /// of [`DataSource::facts`] or [`DataSource::load`].
+    fn fetch_missing(&self, fetcher: &Fetcher) -> Result<Vec<PathBuf>, DataError> {
+        let _ = fetcher;
+        Ok(vec![])
+    }
+
+    /// Example counts, one example's shape, the label kind and the training files, read as
+    /// cheaply as the format allows (headers, file sizes, a framing pass).
+    fn facts(&self) -> Result<DataFacts, DataError>;
+
+    /// Loads both splits: into memory, memory-mapped, or opened for streaming.
+    fn load(&self) -> Result<Dataset, DataError>;
+
+    /// What the examples' values are as loaded, which decides what `[data.preprocessing]`
+    /// may do to them.
+    fn raw_values(&self) -> RawValues;
+
+    /// For a source read only in order (a stream), its own shuffle: a stream is shuffled by
+    /// `data.<name>.shuffle_buffer`, never by `data.shuffle_buffer`. `None` for a source
+    /// read by index.
+    fn stream_shuffle(&self) -> Option<Shuffle> {
+        None
+    }
+}
+
+/// What a source's example values are, which decides what `data.preprocessing.rescale`
+/// multiplies and whether the examples can be augmented as images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawValues {
+    /// Image bytes, which the source already divides by 255.
+    Bytes,
+    /// Numbers as written in the file.
+    Numbers,
+    /// Arrays whose dtype only reading tells (`u8` is divided by 255, others are not).
+    ArrayDtype,
+    /// Token ids: nothing to scale or augment.
+    Tokens,
+}
+
+/// Compares two sources whatever their types, so a plan that holds one stays `PartialEq`:
+/// equal when both are the same type with equal fields. Every `PartialEq` type has it.
+pub trait SameSource {
+    /// The source, to be downcast by [`SameSource::same_as`].
+    fn as_any(&self) -> &dyn Any;
+
+    /// Whether `other` is a source of this type equal to this one.
+    fn same_as(&self, other: &dyn Any) -> bool;
+}
+
+impl<T: PartialEq + 'static> SameSource for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn same_as(&self, other: &dyn Any) -> bool {
+        other.downcast_ref::<T>() == Some(self)
+    }
+}
+
+/// A source of any kind, shared: what the plan holds and the run loads. Derefs to the
+/// [`DataSource`], so `source.load()` reads as on the source itself.
+#[derive(Debug, Clone)]
+pub struct AnySource(Arc<dyn DataSource>);
+
+impl AnySource {
+    /// `source`, shared.
+    pub fn new(source: impl DataSource + 'static) -> Self {
+        Self(Arc::new(source))
+    }
+}
+
+impl std::ops::Deref for AnySource {
+    type Target = dyn DataSource;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl PartialEq for AnySource {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b): (&dyn DataSource, &dyn DataSource) = (&*self.0, &*other.0);
+        SameSource::same_as(a, SameSource::as_any(b))
+    }
+}
+
+/// `Ok` when nothing is missing; else the error naming every missing file and the folder
+/// they were looked for in.
+fn require(dataset: &'static str, dir: &Path, missing: Vec<String>) -> Result<(), DataError> {
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(DataError::MissingFiles { dataset, dir: dir.to_path_buf(), files: missing })
+    }
+}
+
+/// The names among `names` that are not files in `dir` (absolute names stay as they are).
+fn missing_in<'a>(dir: &Path, names: impl Iterator<Item = &'a String>) -> Vec<String> {
+    names.filter(|n| !dir.join(n).is_file()).cloned().collect()
+}
+
+/// Runs `a` here and `b` on a second thread, so the big training file and the test files
+/// decode at the same time.
+fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+    std::thread::scope(|s| {
+        let handle = s.spawn(b);
+        let a = a();
+        // A panic here is a bug in this module, not a user error: pass it on unchanged.
+        let b = handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (a, b)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+
+    #[test]
+    fn sources_compare_by_type_and_fields() {
+        let config = SyntheticConfig::default();
+        let synthetic =
+            |config: &SyntheticConfig, seed| AnySource::new(SyntheticSource { config: config.clone(), seed });
+        let a = synthetic(&config, 1);
+        assert_eq!(a, synthetic(&config, 1));
+        assert_ne!(a, synthetic(&config, 2));
+        assert_ne!(a, synthetic(&SyntheticConfig { train_examples: NonZeroUsize::MIN, ..config.clone() }, 1));
+        let mnist = AnySource::new(MnistSource { preset: Preset::mnist(), dir: "/d".into() });
+        assert_ne!(a, mnist);
+        assert_eq!(mnist, mnist.clone());
+        assert_eq!((a.name(), mnist.name()), ("synthetic", "mnist"));
+    }
+}
