@@ -26,7 +26,7 @@ pub use data::{DataPlan, ShardPolicy, source};
 pub use lr::{LrPlan, Scaling, Schedule, Warmup};
 pub use optimizer::{DecayPlan, OptimizerPlan};
 pub use parameter_server::{ParameterServerPlan, Shard, VariablePlacement, num_shards, split_rows};
-pub use strategy::{AllReduce, CollectivePlan, CrossDevice, Hardware, Reduction, StrategyKind, StrategyPlan};
+pub use strategy::{CollectivePlan, CrossDevice, Hardware, Reduction, StrategyKind, StrategyPlan};
 pub use train::{EvalPlan, TrainPlan};
 
 use crate::cluster::Resolution;

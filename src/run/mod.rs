@@ -13,9 +13,10 @@ pub use eval::eval;
 pub use sample::{SampleOptions, sample};
 
 use crate::builder::{self, Resources};
-use crate::cluster::job::{self, Job, JobConfig};
+use crate::cluster::job::{self, DataPlaneKind, Job, JobConfig};
 use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
+use crate::collective::{Algorithm, TransportKind};
 use crate::data::{Dataset, Fetcher, Normalization};
 use crate::exit::RunError;
 use crate::plan::{Part, Plan, Reduction, StrategyKind};
@@ -164,10 +165,12 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         None => None,
         Some(files) => Some(Arc::new(TlsMaterial::load(files.clone()).map_err(|e| RunError::Cluster(e.to_string()))?)),
     };
-    let transport = match plan.strategy.reduction {
-        Reduction::Collective(c) => c.transport,
-        Reduction::None | Reduction::CrossDevice { .. } | Reduction::ParameterServer => {
-            crate::collective::TransportKind::Tcp
+    let data_plane = match plan.strategy.reduction {
+        Reduction::Collective(c) => DataPlaneKind::AllReduce { algorithm: c.algorithm, transport: c.transport },
+        Reduction::ParameterServer => DataPlaneKind::Endpoints,
+        // One replica per task: a world of one, whose all-reduce moves nothing.
+        Reduction::None | Reduction::CrossDevice { .. } => {
+            DataPlaneKind::AllReduce { algorithm: Algorithm::Ring, transport: TransportKind::Tcp }
         }
     };
     job::join(JobConfig {
@@ -180,9 +183,8 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         tls,
         startup: plan.cluster.startup_timeout,
         timeout: plan.cluster.timeout,
-        transport,
+        data_plane,
         arena_floats,
-        ring: plan.strategy.reduction != Reduction::ParameterServer,
         expendable: expendable(plan.strategy.kind),
     })
     .map_err(RunError::from)

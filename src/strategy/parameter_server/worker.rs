@@ -116,7 +116,7 @@ pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(),
                     )));
                 }
             },
-            TransportKind::Tcp => None,
+            TransportKind::Tcp | TransportKind::TcpTls => None,
         });
         ps.push((*t, conn));
     }
