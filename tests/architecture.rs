@@ -213,3 +213,23 @@ fn the_checks_see_what_they_check() {
     assert!(all.iter().any(|(p, t)| module(p) == "plan" && uses(&code(t)).contains("spec")));
     assert!(functions("fn a() {\n    x\n}\n").first().is_some_and(|f| f.2 == 3));
 }
+
+/// Each all-reduce algorithm lives in its own file, named as the plan names it, and every file
+/// there is one: adding an algorithm is a file, a variant and its arms
+/// (`docs/architecture.md`).
+#[test]
+fn each_all_reduce_algorithm_has_its_own_file() {
+    let dir = Path::new("src/collective/algorithm");
+    let named: BTreeSet<String> =
+        trainrun::collective::Algorithm::ALL.iter().map(|a| format!("{}.rs", a.name())).collect();
+    let files: BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs") && n != "mod.rs" && !test_file(Path::new(n)))
+        .collect();
+    assert_eq!(
+        named, files,
+        "every collective::Algorithm has a file src/collective/algorithm/<name>.rs, and every file there is an algorithm"
+    );
+}

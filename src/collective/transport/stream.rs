@@ -152,10 +152,7 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
                     if hdr_got < HEADER {
                         hdr_got += n;
                         if hdr_got == HEADER {
-                            let theirs = parse_header(&hdr_in);
-                            if theirs != (desc, seq) {
-                                return Err(out_of_step(peers, prev.peer, (&desc, seq), (&theirs.0, theirs.1)));
-                            }
+                            check_header(peers, prev.peer, (&desc, seq), &hdr_in)?;
                         }
                         continue;
                     }
@@ -179,14 +176,7 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
         }
 
         // TLS may still hold records of what was written.
-        let flushed = match to.as_deref_mut() {
-            None => true,
-            Some(next) => match next.stream.flush_pending() {
-                Ok(done) => done,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
-                Err(e) => return Err(io_error(next, peers, op, e)),
-            },
-        };
+        let flushed = flush(to.as_deref_mut(), peers, op)?;
         let sending = hdr_sent < HEADER || send_idx < total_sends || !flushed;
         let receiving = hdr_got < HEADER || recv_idx < sched.recvs.len();
         if !sending && !receiving {
@@ -194,25 +184,50 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
         }
         // A pending send whose data has not arrived yet waits for the receive side only.
         let can_send = hdr_sent < HEADER || send_idx < sched.sends.len() + forwarded.len() || !flushed;
-        let now = Instant::now();
-        let stalled = now.saturating_duration_since(last_send.max(last_recv));
-        if stalled >= timeout {
-            // Blame the direction that went quiet first.
-            let blame = if can_send && (!receiving || last_send < last_recv) {
-                to.as_deref().or(from.as_deref())
-            } else {
-                from.as_deref().or(to.as_deref())
-            };
-            let peer = blame.map_or_else(|| peers.me().to_string(), |l| peers.name(l.peer).to_string());
-            return Err(CollectiveError::Timeout { peer, op, after: timeout });
-        }
-        wait(to.as_deref(), from.as_deref(), can_send, receiving, timeout - stalled).map_err(|e| {
-            match from.as_deref().or(to.as_deref()) {
-                Some(link) => io_error(link, peers, op, e),
-                None => internal("an exchange waited without a connection"),
-            }
-        })?;
+        let (to, from) = (to.as_deref(), from.as_deref());
+        wait_or_time_out((to, from), (can_send, receiving), (last_send, last_recv), peers, op, timeout)?;
     }
+}
+
+/// Sends what a sealed connection still holds; `Ok(true)` once nothing is left.
+fn flush(to: Option<&mut Link>, peers: &Peers, op: Op) -> Result<bool, CollectiveError> {
+    let Some(next) = to else { return Ok(true) };
+    match next.stream.flush_pending() {
+        Ok(done) => Ok(done),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(io_error(next, peers, op, e)),
+    }
+}
+
+/// The header `got` that `from` opened the exchange with, against this rank's.
+fn check_header(peers: &Peers, from: usize, ours: (&OpDesc, u64), got: &[u8; HEADER]) -> Result<(), CollectiveError> {
+    let (theirs, their_seq) = parse_header(got);
+    if (&theirs, their_seq) == ours {
+        return Ok(());
+    }
+    Err(out_of_step(peers, from, ours, (&theirs, their_seq)))
+}
+
+/// After a round in which nothing more could move: the timeout error when nothing has moved
+/// for `timeout`, blaming the direction that went quiet first; else waits for the sockets.
+fn wait_or_time_out(
+    (to, from): (Option<&Link>, Option<&Link>),
+    (can_send, receiving): (bool, bool),
+    (last_send, last_recv): (Instant, Instant),
+    peers: &Peers,
+    op: Op,
+    timeout: Duration,
+) -> Result<(), CollectiveError> {
+    let stalled = Instant::now().saturating_duration_since(last_send.max(last_recv));
+    if stalled >= timeout {
+        let blame = if can_send && (!receiving || last_send < last_recv) { to.or(from) } else { from.or(to) };
+        let peer = blame.map_or_else(|| peers.me().to_string(), |l| peers.name(l.peer).to_string());
+        return Err(CollectiveError::Timeout { peer, op, after: timeout });
+    }
+    wait(to, from, can_send, receiving, timeout - stalled).map_err(|e| match from.or(to) {
+        Some(link) => io_error(link, peers, op, e),
+        None => internal("an exchange waited without a connection"),
+    })
 }
 
 /// Blocks until the connection to `to` can take data or the one from `from` has some, or
