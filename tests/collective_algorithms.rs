@@ -21,10 +21,7 @@ fn peer_entry() {
 }
 
 fn launcher() -> Launcher {
-    Launcher {
-        program: std::env::current_exe().expect("the test binary's path"),
-        args: ["peer_entry", "--exact", "--nocapture", "--test-threads=1"].map(Into::into).to_vec(),
-    }
+    Launcher::test_entry("peer_entry").expect("the test binary's path")
 }
 
 /// Floats per all-reduce: one, fewer than the ranks, uneven, and more than one segment of

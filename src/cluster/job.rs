@@ -216,32 +216,26 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
                 ..ShmOptions::new(path)
             })
         }
-        TransportKind::Tcp => Transport::TcpRing(tcp(&workers, data, token, None)?),
+        TransportKind::Tcp => {
+            let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
+            Transport::TcpRing(TcpOptions { job_token: token, ..TcpOptions::new(addrs, data) })
+        }
         TransportKind::TcpTls => {
             let Some(tls) = &config.tls else {
                 return Err(JoinError::Transport(format!(
                     "{task}: the plan moves gradients over TCP under TLS, but this task has no cluster.tls"
                 )));
             };
+            let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
             // Each rank's certificate must name the host the cluster gives it.
             let names = workers.iter().map(|m| host_of(&m.address).to_owned()).collect();
-            Transport::TcpRing(tcp(&workers, data, token, Some(TlsPeers { config: tls.ring().clone(), names }))?)
+            let tls = Some(TlsPeers { config: tls.ring().clone(), names });
+            Transport::TcpRing(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
         }
     };
     let timeouts = crate::collective::Timeouts { connect: config.startup, op: config.timeout };
     let comm = Collective::build(peers, algorithm, transport, timeouts)?;
     Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief, data: None })
-}
-
-/// TCP options for the training workers, by rank, with this task's data-plane listener.
-fn tcp(
-    workers: &[&super::Member],
-    listener: TcpListener,
-    token: u64,
-    tls: Option<TlsPeers>,
-) -> Result<TcpOptions, JoinError> {
-    let addrs = workers.iter().map(|m| data_address(m)).collect::<Result<Vec<_>, _>>()?;
-    Ok(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, listener) })
 }
 
 /// The data-plane address `m` sent at check-in.

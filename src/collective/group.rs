@@ -28,6 +28,13 @@ impl Launcher {
     pub fn current_exe() -> io::Result<Launcher> {
         Ok(Launcher { program: std::env::current_exe()?, args: Vec::new() })
     }
+
+    /// This test binary running only its test `entry`, the peer's body, which exits before
+    /// the harness reports: how multi-process tests start their peers.
+    pub fn test_entry(entry: &str) -> io::Result<Launcher> {
+        let args = [entry, "--exact", "--nocapture", "--test-threads=1"].map(OsString::from).to_vec();
+        Ok(Launcher { program: std::env::current_exe()?, args })
+    }
 }
 
 /// What every peer of a group does.

@@ -74,7 +74,7 @@ pub(crate) struct Cell {
 /// The counters of one ordered pair of ranks (sender, receiver) for point-to-point transfers,
 /// on two cache lines: each is written by one end and read by the other.
 #[repr(C)]
-pub(crate) struct Pair {
+pub(crate) struct PairCounters {
     /// Messages the sender has posted for the receiver; only grows.
     pub posted: AtomicU64,
     _line: [u64; 7],
@@ -186,10 +186,12 @@ impl Segment {
     }
 
     /// The counters of messages from rank `from` to rank `to`.
-    pub(crate) fn pair(&self, from: usize, to: usize) -> &Pair {
+    pub(crate) fn pair(&self, from: usize, to: usize) -> &PairCounters {
         let (from, to) = (from.min(self.world - 1), to.min(self.world - 1));
         // SAFETY: as for `header`: pairs lie between the cells and the data, 128-byte aligned.
-        unsafe { &*(self.map.as_ptr().add(self.layout.pairs_off + (from * self.world + to) * PAIR) as *const Pair) }
+        unsafe {
+            &*(self.map.as_ptr().add(self.layout.pairs_off + (from * self.world + to) * PAIR) as *const PairCounters)
+        }
     }
 
     /// Start of rank `rank`'s staging area (`staging_floats` long, 64-byte aligned).

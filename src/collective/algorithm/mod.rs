@@ -20,7 +20,7 @@ mod ring;
 pub use direct::{ArenaReducer, ShmCommunicator};
 
 use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
-use super::transport::{Combine, Exchange, PointToPoint, Schedule, TransportKind, Wiring};
+use super::transport::{Combine, Exchange, PointToPoint, Transfers, TransportKind, Wiring};
 use super::{Communicator, Peers};
 
 /// The all-reduce algorithm between workers, as the plan decided it; the names are what
@@ -165,7 +165,7 @@ impl Exchanges<'_> {
         &mut self,
         to: Option<usize>,
         from: Option<usize>,
-        schedule: &Schedule,
+        schedule: &Transfers,
         data: &mut [u8],
     ) -> Result<(), CollectiveError> {
         let x = Exchange {

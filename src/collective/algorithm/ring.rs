@@ -14,7 +14,7 @@
 //! rank-order sum (a single addition commutes); for more it is a fixed rotation of it.
 
 use super::super::error::CollectiveError;
-use super::super::transport::{Combine, RecvItem, Schedule, Wiring};
+use super::super::transport::{Combine, RecvItem, Transfers, Wiring};
 use super::{Exchanges, Group, PointToPointAlgorithm};
 use std::ops::Range;
 
@@ -92,7 +92,7 @@ fn segments(r: Range<usize>, seg_elems: usize, esize: usize) -> impl Iterator<It
 }
 
 /// Ring all-reduce (reduce-scatter, then all-gather) of `elems` elements of `esize` bytes.
-fn all_reduce(rank: usize, world: usize, elems: usize, esize: usize, seg_elems: usize, sum: Combine) -> Schedule {
+fn all_reduce(rank: usize, world: usize, elems: usize, esize: usize, seg_elems: usize, sum: Combine) -> Transfers {
     let ring = |back: usize| chunk(elems, world, (rank + world * 2 - back) % world);
     let mut recvs = Vec::new();
     for t in 0..world - 1 {
@@ -103,17 +103,17 @@ fn all_reduce(rank: usize, world: usize, elems: usize, esize: usize, seg_elems: 
         let items = segments(ring(t), seg_elems, esize);
         recvs.extend(items.map(|range| RecvItem { range, combine: Combine::Copy, forward: t + 2 < world }));
     }
-    Schedule { sends: segments(ring(0), seg_elems, esize).collect(), recvs }
+    Transfers { sends: segments(ring(0), seg_elems, esize).collect(), recvs }
 }
 
 /// Pipelined chain broadcast of `elems` f32 for the rank `pos` places after the root.
-fn broadcast(pos: usize, world: usize, elems: usize, seg_elems: usize) -> Schedule {
+fn broadcast(pos: usize, world: usize, elems: usize, seg_elems: usize) -> Transfers {
     let all: Vec<Range<usize>> = segments(0..elems, seg_elems, 4).collect();
     if pos == 0 {
-        return Schedule { sends: all, recvs: Vec::new() };
+        return Transfers { sends: all, recvs: Vec::new() };
     }
     let forward = pos + 1 < world;
-    Schedule {
+    Transfers {
         sends: Vec::new(),
         recvs: all.into_iter().map(|range| RecvItem { range, combine: Combine::Copy, forward }).collect(),
     }

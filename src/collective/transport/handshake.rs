@@ -16,7 +16,7 @@ use super::super::Peers;
 use super::super::error::{CollectiveError, Op, Secs};
 use super::super::stranger::Answer;
 use super::Wiring;
-use super::stream::Link;
+use super::stream::PeerLink;
 use super::tls::Wire;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{self, Read, Write};
@@ -148,7 +148,7 @@ pub(crate) fn connect(
     token: u64,
     wiring: &Wiring,
     connect: Duration,
-) -> Result<(Vec<Link>, Vec<Link>), CollectiveError> {
+) -> Result<(Vec<PeerLink>, Vec<PeerLink>), CollectiveError> {
     let deadline = Instant::now() + connect;
     let mut dials = Vec::with_capacity(wiring.sends_to.len());
     for &peer in &wiring.sends_to {
@@ -195,15 +195,15 @@ pub(crate) fn connect(
             let mut i = 0;
             while i < pending.len() {
                 match pending[i].progress(p, token, &waiting, now) {
-                    Progress::Waiting => i += 1,
-                    Progress::Accepted(from) => {
+                    Knock::Waiting => i += 1,
+                    Knock::Accepted(from) => {
                         let g = pending.swap_remove(i);
                         if let Some(slot) = wiring.receives_from.iter().position(|&r| r == from) {
                             accepted[slot] = Some(g.stream);
                         }
                         break;
                     }
-                    Progress::Refused(why) => {
+                    Knock::Refused(why) => {
                         pending.swap_remove(i);
                         refused.push(why);
                     }
@@ -223,14 +223,14 @@ pub(crate) fn connect(
         let Dial::Done(s) = d.state else {
             return Err(CollectiveError::Invalid("internal error: setup ended unfinished".into()));
         };
-        outs.push(Link { stream: Wire::Plain(s), peer: d.peer, addr: d.addr });
+        outs.push(PeerLink { stream: Wire::Plain(s), peer: d.peer, addr: d.addr });
     }
     let mut ins = Vec::with_capacity(accepted.len());
     for (&peer, s) in wiring.receives_from.iter().zip(accepted) {
         let Some(s) = s else {
             return Err(CollectiveError::Invalid("internal error: setup ended unfinished".into()));
         };
-        ins.push(Link {
+        ins.push(PeerLink {
             stream: Wire::Plain(s),
             peer,
             addr: addrs.get(peer).copied().unwrap_or_else(|| addr_or_unspecified(listener)),
@@ -384,7 +384,7 @@ struct Greeting {
     since: Instant,
 }
 
-enum Progress {
+enum Knock {
     Waiting,
     /// A hello from this rank, which was expected.
     Accepted(usize),
@@ -398,25 +398,25 @@ const GREETING_LIMIT: Duration = Duration::from_secs(2);
 
 impl Greeting {
     /// Reads what arrived; once the hello is complete, answers it.
-    fn progress(&mut self, p: &Peers, token: u64, waiting: &[usize], now: Instant) -> Progress {
+    fn progress(&mut self, p: &Peers, token: u64, waiting: &[usize], now: Instant) -> Knock {
         let from = self.from;
         match self.stream.read(&mut self.hello[self.got..]) {
-            Ok(0) => return Progress::Refused(format!("{from} hung up before greeting")),
+            Ok(0) => return Knock::Refused(format!("{from} hung up before greeting")),
             Ok(n) => self.got += n,
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-            Err(e) => return Progress::Refused(format!("{from} failed before greeting ({e})")),
+            Err(e) => return Knock::Refused(format!("{from} failed before greeting ({e})")),
         }
         if self.got < HELLO {
             if self.got >= 8 && self.hello[..8] != MAGIC {
-                return Progress::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
+                return Knock::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
             }
             if now.saturating_duration_since(self.since) > GREETING_LIMIT {
-                return Progress::Refused(format!("{from} sent no greeting within {}", Secs(GREETING_LIMIT)));
+                return Knock::Refused(format!("{from} sent no greeting within {}", Secs(GREETING_LIMIT)));
             }
-            return Progress::Waiting;
+            return Knock::Waiting;
         }
         let Some(h) = parse_hello(&self.hello) else {
-            return Progress::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
+            return Knock::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
         };
         let verdict = judge(p, &h, token, waiting);
         let mut reply = [0u8; REPLY];
@@ -426,9 +426,9 @@ impl Greeting {
         // 16 bytes into a fresh socket's empty send buffer: written whole or not at all.
         let sent = self.stream.write_all(&reply);
         match (verdict, sent) {
-            (None, Ok(())) => Progress::Accepted(h.from as usize),
-            (None, Err(e)) => Progress::Refused(format!("{from} vanished during the handshake ({e})")),
-            (Some(v), _) => Progress::Refused(format!("{from} claiming rank {}: {}", h.from, v.reason())),
+            (None, Ok(())) => Knock::Accepted(h.from as usize),
+            (None, Err(e)) => Knock::Refused(format!("{from} vanished during the handshake ({e})")),
+            (Some(v), _) => Knock::Refused(format!("{from} claiming rank {}: {}", h.from, v.reason())),
         }
     }
 }

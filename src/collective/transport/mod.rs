@@ -95,12 +95,12 @@ pub(crate) struct RecvItem {
 /// One rank's part of one exchange: the byte ranges it sends first, then every forwarded
 /// receipt, and the segments it receives, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Schedule {
+pub(crate) struct Transfers {
     pub sends: Vec<Range<usize>>,
     pub recvs: Vec<RecvItem>,
 }
 
-impl Schedule {
+impl Transfers {
     /// The most bytes one summed segment holds (what a transport stages a receipt in).
     pub(crate) fn biggest_sum(&self) -> usize {
         self.recvs.iter().filter(|i| i.combine != Combine::Copy).map(|i| i.range.len()).max().unwrap_or(0)
@@ -118,7 +118,7 @@ impl Schedule {
 pub(crate) struct Exchange<'a> {
     pub to: Option<usize>,
     pub from: Option<usize>,
-    pub schedule: &'a Schedule,
+    pub schedule: &'a Transfers,
     /// The collective it belongs to, and its number on this communicator, which both ends
     /// check before mixing data.
     pub desc: OpDesc,

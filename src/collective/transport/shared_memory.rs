@@ -285,8 +285,8 @@ impl SlotHeader {
 }
 
 /// Where one exchange stands on this rank.
-struct Progress<'s> {
-    sched: &'s super::Schedule,
+struct Tally<'s> {
+    sched: &'s super::Transfers,
     /// Messages this exchange sends (the header, then every send and forward) and receives.
     to_send: usize,
     to_recv: usize,
@@ -298,7 +298,7 @@ struct Progress<'s> {
     forwarded: Vec<Range<usize>>,
 }
 
-impl Progress<'_> {
+impl Tally<'_> {
     /// The byte range message `i` carries, once known (forwards wait for their receipt).
     fn payload(&self, i: usize) -> Option<Range<usize>> {
         let i = i.checked_sub(1)?;
@@ -311,7 +311,7 @@ impl Progress<'_> {
 
 impl SharedMemory {
     /// Posts what can be posted to `to`; whether anything was.
-    fn post(&self, to: usize, x: &Exchange<'_>, p: &mut Progress<'_>, data: &[u8]) -> Result<bool, CollectiveError> {
+    fn post(&self, to: usize, x: &Exchange<'_>, p: &mut Tally<'_>, data: &[u8]) -> Result<bool, CollectiveError> {
         let pair = self.seg.pair(self.peers.rank(), to);
         let mut moved = false;
         while p.sent < p.to_send {
@@ -345,13 +345,7 @@ impl SharedMemory {
     }
 
     /// Takes what has arrived from `from`; whether anything did.
-    fn take(
-        &self,
-        from: usize,
-        x: &Exchange<'_>,
-        p: &mut Progress<'_>,
-        data: &mut [u8],
-    ) -> Result<bool, CollectiveError> {
+    fn take(&self, from: usize, x: &Exchange<'_>, p: &mut Tally<'_>, data: &mut [u8]) -> Result<bool, CollectiveError> {
         let pair = self.seg.pair(from, self.peers.rank());
         let mut moved = false;
         while p.got < p.to_recv && pair.posted.load(Ordering::Acquire) > p.got_before + p.got as u64 {
@@ -418,7 +412,7 @@ impl PointToPoint for SharedMemory {
         if sched.recvs.iter().any(|i| i.combine != Combine::Copy && i.range.len() % i.combine.element_bytes() != 0) {
             return Err(internal("a summed segment of a partial element"));
         }
-        let mut p = Progress {
+        let mut p = Tally {
             sched,
             to_send: x.to.map_or(0, |_| 1 + sched.total_sends()),
             to_recv: x.from.map_or(0, |_| 1 + sched.recvs.len()),

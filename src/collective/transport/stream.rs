@@ -12,7 +12,7 @@
 use super::super::Peers;
 use super::super::error::{CollectiveError, Op, OpDesc};
 use super::tls::Wire;
-use super::{Combine, Schedule, combine, internal, out_of_step};
+use super::{Combine, Transfers, combine, internal, out_of_step};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// One connection: the socket (plain or TLS), and the rank at its other end.
 #[derive(Debug)]
-pub(crate) struct Link {
+pub(crate) struct PeerLink {
     pub stream: Wire,
     pub peer: usize,
     /// The peer's listening address (what the user configured), for errors.
@@ -50,9 +50,9 @@ fn parse_header(h: &[u8; HEADER]) -> (OpDesc, u64) {
 /// Everything a run needs besides the schedule.
 pub(crate) struct Run<'a> {
     /// The connection to send on; `None` when this rank sends nothing.
-    pub to: Option<&'a mut Link>,
+    pub to: Option<&'a mut PeerLink>,
     /// The connection to receive from; `None` when this rank receives nothing.
-    pub from: Option<&'a mut Link>,
+    pub from: Option<&'a mut PeerLink>,
     pub peers: &'a Peers,
     pub desc: OpDesc,
     pub seq: u64,
@@ -61,11 +61,11 @@ pub(crate) struct Run<'a> {
     pub staging: &'a mut Vec<u64>,
 }
 
-fn closed(link: &Link, peers: &Peers, op: Op) -> CollectiveError {
+fn closed(link: &PeerLink, peers: &Peers, op: Op) -> CollectiveError {
     CollectiveError::ConnectionClosed { peer: peers.name(link.peer).to_string(), addr: link.addr, op }
 }
 
-fn io_error(link: &Link, peers: &Peers, op: Op, e: io::Error) -> CollectiveError {
+fn io_error(link: &PeerLink, peers: &Peers, op: Op, e: io::Error) -> CollectiveError {
     match e.kind() {
         io::ErrorKind::ConnectionReset
         | io::ErrorKind::ConnectionAborted
@@ -76,7 +76,7 @@ fn io_error(link: &Link, peers: &Peers, op: Op, e: io::Error) -> CollectiveError
 }
 
 /// Runs `sched` over `data` until every send is written and every receipt applied.
-pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), CollectiveError> {
+pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Transfers) -> Result<(), CollectiveError> {
     let Run { mut to, mut from, peers, desc, seq, timeout, staging } = r;
     let op = desc.op();
     let total_sends = sched.total_sends();
@@ -190,7 +190,7 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Schedule) -> Result<(), C
 }
 
 /// Sends what a sealed connection still holds; `Ok(true)` once nothing is left.
-fn flush(to: Option<&mut Link>, peers: &Peers, op: Op) -> Result<bool, CollectiveError> {
+fn flush(to: Option<&mut PeerLink>, peers: &Peers, op: Op) -> Result<bool, CollectiveError> {
     let Some(next) = to else { return Ok(true) };
     match next.stream.flush_pending() {
         Ok(done) => Ok(done),
@@ -211,7 +211,7 @@ fn check_header(peers: &Peers, from: usize, ours: (&OpDesc, u64), got: &[u8; HEA
 /// After a round in which nothing more could move: the timeout error when nothing has moved
 /// for `timeout`, blaming the direction that went quiet first; else waits for the sockets.
 fn wait_or_time_out(
-    (to, from): (Option<&Link>, Option<&Link>),
+    (to, from): (Option<&PeerLink>, Option<&PeerLink>),
     (can_send, receiving): (bool, bool),
     (last_send, last_recv): (Instant, Instant),
     peers: &Peers,
@@ -232,8 +232,8 @@ fn wait_or_time_out(
 
 /// Blocks until the connection to `to` can take data or the one from `from` has some, or
 /// `limit`.
-fn wait(to: Option<&Link>, from: Option<&Link>, out: bool, input: bool, limit: Duration) -> io::Result<()> {
-    let fd = |l: Option<&Link>, want: bool| l.filter(|_| want).map_or(-1, |l| l.stream.fd());
+fn wait(to: Option<&PeerLink>, from: Option<&PeerLink>, out: bool, input: bool, limit: Duration) -> io::Result<()> {
+    let fd = |l: Option<&PeerLink>, want: bool| l.filter(|_| want).map_or(-1, |l| l.stream.fd());
     let mut fds = [
         libc::pollfd { fd: fd(to, out), events: libc::POLLOUT, revents: 0 },
         libc::pollfd { fd: fd(from, input), events: libc::POLLIN, revents: 0 },

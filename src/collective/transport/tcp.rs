@@ -11,7 +11,7 @@
 
 use super::super::error::{CollectiveError, Op};
 use super::super::{Peers, Timeouts};
-use super::stream::{self, Link, Run};
+use super::stream::{self, PeerLink, Run};
 use super::tls::{self, TlsPeers};
 use super::{Exchange, PointToPoint, TransportKind, Wiring, handshake};
 use std::io;
@@ -47,9 +47,9 @@ impl TcpOptions {
 pub struct TcpTransport {
     peers: Peers,
     /// Connections this rank sends on, one per rank it sends to.
-    outs: Vec<Link>,
+    outs: Vec<PeerLink>,
     /// Connections this rank receives on, one per rank it receives from.
-    ins: Vec<Link>,
+    ins: Vec<PeerLink>,
     op_timeout: Duration,
     segment_bytes: usize,
     staging: Vec<u64>,
@@ -116,7 +116,12 @@ fn tune(s: &TcpStream, buffer: Option<usize>) -> io::Result<()> {
 }
 
 /// The connection to or from `rank` among `links`, or an error naming what is missing.
-fn link<'a>(links: &'a mut [Link], rank: usize, peers: &Peers, way: &str) -> Result<&'a mut Link, CollectiveError> {
+fn link<'a>(
+    links: &'a mut [PeerLink],
+    rank: usize,
+    peers: &Peers,
+    way: &str,
+) -> Result<&'a mut PeerLink, CollectiveError> {
     links.iter_mut().find(|l| l.peer == rank).ok_or_else(|| {
         CollectiveError::Invalid(format!(
             "internal error: the algorithm {way} {}, but its wiring did not list that connection",

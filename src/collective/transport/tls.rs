@@ -16,7 +16,7 @@
 use super::super::Peers;
 use super::super::error::{CollectiveError, Secs};
 use super::record::{REKEY_EXPORTER_LABEL, Rekey, Sealed};
-use super::stream::Link;
+use super::stream::PeerLink;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
@@ -298,10 +298,10 @@ pub(crate) fn describe(e: &rustls::Error) -> String {
 pub(crate) fn secure(
     p: &Peers,
     t: &TlsPeers,
-    outs: Vec<Link>,
-    ins: Vec<Link>,
+    outs: Vec<PeerLink>,
+    ins: Vec<PeerLink>,
     within: Duration,
-) -> Result<(Vec<Link>, Vec<Link>), CollectiveError> {
+) -> Result<(Vec<PeerLink>, Vec<PeerLink>), CollectiveError> {
     let refused = |link: &(usize, SocketAddr), reason: String| CollectiveError::Refused {
         peer: p.name(link.0).to_string(),
         addr: link.1,
@@ -310,7 +310,7 @@ pub(crate) fn secure(
     let dialed = outs.len();
     let mut ends = Vec::with_capacity(outs.len() + ins.len());
     let mut shakes = Vec::with_capacity(outs.len() + ins.len());
-    for (i, Link { stream, peer, addr }) in outs.into_iter().chain(ins).enumerate() {
+    for (i, PeerLink { stream, peer, addr }) in outs.into_iter().chain(ins).enumerate() {
         let Wire::Plain(sock) = stream else {
             return Err(CollectiveError::Invalid("internal error: a link was upgraded to TLS twice".into()));
         };
@@ -348,7 +348,7 @@ pub(crate) fn secure(
     let mut links = Vec::with_capacity(shakes.len());
     for (shake, end) in shakes.into_iter().zip(&ends) {
         let stream = shake.into_wire().map_err(|why| refused(end, why))?;
-        links.push(Link { stream, peer: end.0, addr: end.1 });
+        links.push(PeerLink { stream, peer: end.0, addr: end.1 });
     }
     let ins = links.split_off(dialed);
     Ok((links, ins))

@@ -144,7 +144,7 @@ fn own_pair() -> (Wire, Wire) {
     }
     let peers = Peers::new(0, vec!["worker:0".into()]).unwrap();
     let t = TlsPeers { config: tls, names: vec!["localhost".into()] };
-    let link = |s| Link { stream: Wire::Plain(s), peer: 0, addr };
+    let link = |s| PeerLink { stream: Wire::Plain(s), peer: 0, addr };
     let (mut outs, mut ins) = secure(&peers, &t, vec![link(next)], vec![link(prev)], Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}"));
     (outs.remove(0).stream, ins.remove(0).stream)
