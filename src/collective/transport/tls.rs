@@ -108,7 +108,7 @@ impl RingTls {
             .map_err(|e| unusable(PemFile::Key, e))?;
         // Ring links are never resumed: tickets would only be bytes in the way.
         server.send_tls13_tickets = 0;
-        // The ring seals its records itself with the handshake's keys (see [`Sealed`]).
+        // Connections seal their records themselves with the handshake's keys (see [`Sealed`]).
         server.enable_secret_extraction = true;
         let mut client = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(versions)
@@ -121,7 +121,7 @@ impl RingTls {
     }
 }
 
-/// TLS for a ring: this task's configurations and every rank's host name as the cluster
+/// TLS for the TCP transport: this task's configurations and every rank's host name as the cluster
 /// names it (the name the rank's certificate must carry), by rank.
 #[derive(Debug, Clone)]
 pub struct TlsPeers {
@@ -354,7 +354,7 @@ pub(crate) fn secure(
     Ok((links, ins))
 }
 
-/// One link's TLS handshake, for a connection that is not a ring link (the parameter-server
+/// One link's TLS handshake, for a connection outside the collective (the parameter-server
 /// data plane): the dialing side is the client and checks that the peer's certificate names
 /// `name` (`Some`); the accepting side (`None`) is the server. Returns the sealed link, its
 /// socket blocking again.
