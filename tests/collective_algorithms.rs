@@ -8,7 +8,7 @@
 mod common;
 
 use common::{assert_exit, run, text};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use trainrun::collective::bench::{self, PeerMode, Wire};
 use trainrun::collective::{Algorithm, Launcher, PeerGroup, PeerSpec, Timeouts};
 
@@ -66,6 +66,33 @@ fn every_algorithm_matches_the_f64_sum_over_every_transport_it_runs_on() {
             }
         }
     }
+}
+
+/// The ring over shared memory waits on one peer at a time, point to point: a peer that dies
+/// while the other waits on it is named within milliseconds, not at the 30 s timeout.
+#[test]
+fn a_peer_killed_mid_ring_over_shared_memory_is_named_quickly() {
+    let spec = PeerSpec {
+        label: "algorithms-kill".into(),
+        mode: PeerMode::Soak,
+        wire: Wire::Shm,
+        world: 2,
+        sizes: vec![250_000],
+        iters: 1_000_000,
+        timeouts: Timeouts { connect: Duration::from_secs(20), op: Duration::from_secs(30) },
+    };
+    let mut group = PeerGroup::spawn_with(&launcher(), &spec, Algorithm::Ring).unwrap_or_else(|e| panic!("{e}"));
+    for rank in 0..2 {
+        let ready = group.wait_for_line(rank, "TRAINRUN-READY", Duration::from_secs(30));
+        assert!(ready.is_some(), "worker:{rank} never got going");
+    }
+    let victim = group.pid(1).expect("worker:1's pid");
+    let killed = Instant::now();
+    group.kill(1).unwrap_or_else(|e| panic!("{e}"));
+    let outcomes = group.finish(Duration::from_secs(60));
+    assert!(killed.elapsed() < Duration::from_secs(3), "took {:?}", killed.elapsed());
+    assert_eq!(outcomes[0].code, Some(i32::from(bench::EXIT_COLLECTIVE)), "{}", outcomes[0].stderr);
+    assert_eq!(outcomes[0].stderr.trim(), format!("worker:0: worker:1 is gone: its process exited (pid {victim})"));
 }
 
 /// `trainrun check`'s all-reduce line for the multi-worker tutorial job with `sets`.
