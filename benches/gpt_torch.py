@@ -8,10 +8,12 @@ the same batch (12 random windows of 64 + 1 characters of `train.txt`), the same
 Keras's default that trainrun keeps, weight decay 0.1 on tensors of rank ≥ 2 only), the same
 schedule (linear warmup from 0 over 100 steps, cosine to 1e-4 at step 2,000), global-norm
 clipping at 1.0, and the same validation (the mean loss over every position of Macbeth's
-non-overlapping 65-character windows).
+non-overlapping 65-character windows). Run it with a Python that has torch (`trainrun bench`
+runs the one `TRAINRUN_BENCH_PYTHON` names):
 
-    /work/torchvenv/bin/python benches/gpt_torch.py --threads 2
-    /work/torchvenv/bin/python benches/gpt_torch.py --steps 200 --throughput-only
+    python3 -m pip install torch
+    python3 benches/gpt_torch.py --threads 2
+    python3 benches/gpt_torch.py --steps 200 --throughput-only
 
 Prints progress lines, then one JSON line: steady tokens/s (steps after the first 10, evaluation
 excluded), the final validation loss, launch-to-exit seconds, seconds from launch to the first
@@ -57,7 +59,7 @@ def main():
         import torch.nn as nn
         import torch.nn.functional as F
     except ImportError:
-        print("skipped: torch is not installed (a CPU torch venv: ../shared/tools/torch-cpu-venv.sh)")
+        print("skipped: torch is not installed (set TRAINRUN_BENCH_PYTHON to a Python with torch)")
         return 0
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)

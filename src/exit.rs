@@ -1,5 +1,5 @@
 //! Exit codes and the error a command fails with: the contract scripts and schedulers rely on
-//! (README "Exit codes"). Every lower error maps to exactly one code here.
+//! (docs/reliability.md, "Exit codes"). Every lower error maps to exactly one code here.
 
 use crate::cluster::job::JoinError;
 use crate::cluster::{Blame, ClusterError, TaskId, launch};
@@ -9,7 +9,7 @@ use crate::strategy::StrategyError;
 use crate::train::TrainError;
 use std::process::ExitCode;
 
-/// Documented exit codes (README "Exit codes").
+/// Documented exit codes (docs/reliability.md, "Exit codes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Exit {
@@ -201,6 +201,7 @@ impl From<StrategyError> for RunError {
         match e {
             StrategyError::Unsupported(_) => RunError::Unsupported(e.to_string()),
             StrategyError::Device(_) => RunError::Failure(e.to_string()),
+            StrategyError::Input(e) => RunError::Data(*e),
             // Kept typed, as a failed step's is, so that the launcher learns whom it blames.
             StrategyError::Cluster(_)
             | StrategyError::Collective(_)

@@ -49,7 +49,7 @@ pub enum Stop {
 }
 
 impl Stop {
-    /// The documented exit code (README "Exit codes").
+    /// The documented exit code (docs/reliability.md, "Exit codes").
     pub fn exit_code(self) -> u8 {
         match self {
             Stop::Terminated => 6,

@@ -84,7 +84,9 @@ fn check_json_is_the_plan() {
     assert_eq!(plan["strategy"]["num_replicas_in_sync"], 2);
     assert_eq!(plan["model"]["params"], 2_770_634);
     assert_eq!(plan["cluster"]["part"]["kind"], "launcher");
-    assert_eq!(plan["strategy"]["reduction"]["transport"], "shared_memory");
+    // The strategy's own settings sit beside its kind (`plan::Distribution`).
+    assert_eq!(plan["strategy"]["kind"], "multi_worker_mirrored");
+    assert_eq!(plan["strategy"]["transport"], "shared_memory");
     assert_eq!(plan["learning_rate"]["scaled"], 0.001);
 }
 

@@ -380,3 +380,57 @@ fn sigterm_stops_a_parameter_server_job_cleanly_and_the_same_command_resumes() {
     assert_exit(&res, 0);
     assert!(text(&res).1.contains("resuming from"), "{}", text(&res).1);
 }
+
+/// A stop within a long epoch (issue 29): the chief queues the whole epoch at once (the queue
+/// holds 256 Ki closures, as TensorFlow's), so the stop must drop the queued closures while it
+/// joins, not wait for the epoch's end. SIGTERM (exit 6) and Ctrl-C (exit 130) each end the
+/// job within seconds, with a backup of the step reached and a truthful `run.json`.
+#[test]
+fn a_stop_within_a_long_epoch_takes_effect_at_once() {
+    for (signal, code, status) in [(libc::SIGTERM, 6, "preempted"), (libc::SIGINT, 130, "interrupted")] {
+        let dir = tempdir();
+        let o = out(dir.path());
+        let backups = "callbacks=[{ kind = \"backup_and_restore\", save_freq = \"epoch\" }]";
+        let long = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=60000"];
+        let args = [&["specs/mnist_parameter_server.toml", "--set", &o, "--set", backups][..], &long[..]].concat();
+        let mut job = common::spawn(&args);
+        // The chief writes run.json once the job is joined and training is about to begin.
+        common::wait_for_file(&dir.path().join("run.json"), LIMIT, &mut [&mut job]);
+        std::thread::sleep(Duration::from_secs(2));
+        let asked = Instant::now();
+        common::signal(job.id(), signal);
+        let (res, _) = wait_within(job, LIMIT);
+        let took = asked.elapsed();
+        assert_exit(&res, code);
+        assert!(took < Duration::from_secs(5), "took {took:?}\n{}", text(&res).1);
+        assert_eq!(json(&dir.path().join("run.json"))["status"], status);
+        assert!(!dir.path().join("summary.json").exists(), "a stopped run writes no summary");
+        let backups: Vec<_> = std::fs::read_dir(dir.path().join("backup")).unwrap().flatten().collect();
+        let [backup] = backups.as_slice() else { panic!("one backup, not {backups:?}") };
+        let step = json(&backup.path().join("manifest.json"))["manifest"]["step"].as_u64().unwrap_or(0);
+        assert!(step > 0 && step < 60_000, "the backup of step {step}");
+    }
+}
+
+/// `kill -9` of the chief (issue 29): the ps tasks and workers wait for the chief's word,
+/// which never comes, so the launcher no longer gives them the whole failure timeout (31 s
+/// before) nor says the job goes on without a worker that lost its chief: it reports the
+/// chief within seconds.
+#[test]
+fn a_killed_chief_is_reported_at_once() {
+    let dir = tempdir();
+    let o = out(dir.path());
+    let mut job = common::spawn(&["specs/mnist_parameter_server.toml", "--set", &o, "--set", "train.epochs=20"]);
+    common::wait_for_file(&dir.path().join("run.json"), LIMIT, &mut [&mut job]);
+    std::thread::sleep(Duration::from_secs(1));
+    let chief = common::launched_task(job.id(), ("chief", 0), LIMIT).expect("no chief task");
+    let killed = Instant::now();
+    common::signal(chief, libc::SIGKILL);
+    let (res, _) = wait_within(job, LIMIT);
+    let took = killed.elapsed();
+    let stderr = text(&res).1;
+    assert!(!res.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(5), "took {took:?}\n{stderr}");
+    assert!(stderr.contains("chief:0 failed (killed by signal 9)"), "{stderr}");
+    assert!(!stderr.contains("goes on without it"), "{stderr}");
+}

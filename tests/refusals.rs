@@ -161,13 +161,30 @@ fn unknown_trainrun_variables_get_a_did_you_mean() {
 #[test]
 fn a_run_folder_that_cannot_be_made_names_run_out_dir() {
     let out = run_env(&["specs/mnist_single.toml", "-q", "--set", "run.out_dir=/proc/trainrun-nope"], &[]);
-    assert_exit(&out, 1);
+    assert_exit(&out, 2);
     let (_, stderr) = text(&out);
     assert!(
         stderr.contains("`run.out_dir` = \"/proc/trainrun-nope\" (from --set run.out_dir=/proc/trainrun-nope)")
             && stderr.contains("help: point run.out_dir at a folder"),
         "{stderr}"
     );
+    // No restart cures it: the launcher fails the job at once, without "resuming from the
+    // last backup" (issue 29).
+    let out = run_env(
+        &[
+            "specs/mnist_multiworker.toml",
+            "-q",
+            "--set",
+            "run.out_dir=/proc/trainrun-nope",
+            "--set",
+            "cluster.max_restarts=3",
+        ],
+        &[],
+    );
+    let (_, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("cannot create the run folder `run.out_dir`"), "{stderr}");
+    assert!(!stderr.contains("restarting"), "{stderr}");
 }
 
 #[test]
@@ -299,5 +316,37 @@ fn a_gpt_on_images_is_refused_with_the_data_source_to_use() {
         path,
         &["model.zoo=mnist_cnn"],
         &["[model.gpt] sizes the gpt zoo model, but `zoo = \"gpt\"` is not set", "add `zoo = \"gpt\"` to [model]"],
+    );
+}
+
+/// A failure timeout under two heartbeat intervals failed every multi-process run at start
+/// (exit 5, naming no key) while `check` passed it (issue 29): both refuse it now, naming the
+/// key and the minimum.
+#[test]
+fn a_failure_timeout_below_two_heartbeats_is_a_spec_error() {
+    refused_by_check_and_run(
+        "specs/mnist_multiworker.toml",
+        &["strategy.communication.timeout_s=0.3"],
+        &[
+            "strategy.communication.timeout_s = 0.3 is below the 0.5 s",
+            "use strategy.communication.timeout_s = 0.5 or more",
+        ],
+    );
+    refused_by_check_and_run(
+        "specs/mnist_parameter_server.toml",
+        &["strategy.timeout_s=0.2"],
+        &["strategy.timeout_s = 0.2 is below the 0.5 s"],
+    );
+    // One process has no heartbeats: nothing to refuse.
+    assert_exit(
+        &run(&[
+            "check",
+            "specs/mnist_multiworker.toml",
+            "--set",
+            "cluster.worker=1",
+            "--set",
+            "strategy.communication.timeout_s=0.3",
+        ]),
+        0,
     );
 }

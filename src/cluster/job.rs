@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often tasks ping the chief; several pings fit in any sensible timeout.
-const HEARTBEAT: Duration = Duration::from_millis(250);
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// What joining needs.
 pub struct JobConfig {
@@ -42,6 +42,10 @@ pub struct JobConfig {
     pub arena_floats: usize,
     /// Roles whose death the job survives and whose restarted process rejoins it.
     pub expendable: Vec<Role>,
+    /// The control-plane listener on this task's address, already bound by whoever started
+    /// the task (the local launcher, so that no other process can take the port in between);
+    /// `None`: bind it here.
+    pub control: Option<TcpListener>,
 }
 
 /// What the data plane among the tasks is, as the plan decided it.
@@ -141,7 +145,7 @@ fn own_address(task: TaskId, own: &str, within: Duration) -> Result<SocketAddr, 
 }
 
 /// Joins the job as `config.task`.
-pub fn join(config: JobConfig) -> Result<Job, JoinError> {
+pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     let task = config.task;
     let own = config.addresses.get(&task).cloned().ok_or_else(|| {
         JoinError::Transport(format!("{task} has no address in the cluster ({} tasks listed)", config.addresses.len()))
@@ -149,7 +153,10 @@ pub fn join(config: JobConfig) -> Result<Job, JoinError> {
     let host = host_of(&own).to_string();
     let bind = |source| JoinError::Bind { task, host: own.clone(), source };
     let at = own_address(task, &own, config.startup)?;
-    let control = TcpListener::bind(at).map_err(bind)?;
+    let control = match config.control.take() {
+        Some(listener) => listener,
+        None => TcpListener::bind(at).map_err(bind)?,
+    };
     let data =
         TcpListener::bind((at.ip(), 0)).map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;
     let data_addr = data.local_addr().map_err(|source| JoinError::Bind { task, host: host.clone(), source })?;

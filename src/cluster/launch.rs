@@ -8,6 +8,9 @@
 //! to every task: they stop together after a backup (exit code 6), and so does the launcher.
 
 mod failure;
+mod handover;
+
+pub use handover::{CONTROL_FD, inherited_listener};
 
 use super::rejoin::Rejoins;
 pub use super::task_output::blame_line;
@@ -170,8 +173,9 @@ enum Outcome {
 /// next call cannot be given the same port (released ports are handed out again, and two
 /// tasks were once given one port).
 fn free_port() -> Result<(TcpListener, u16), LaunchError> {
-    // The port is released before the task binds it; another process taking it in between
-    // makes that task fail to bind, which is reported like any failure.
+    // The launcher keeps the listener and hands it down to the task ([`CONTROL_FD`]), so no
+    // other process can take the port between the choice and the task's start (or a
+    // restarted task's).
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr().map(|a| (l, a.port())))
         .map_err(|e| LaunchError::Setup(format!("no free port on 127.0.0.1: {e}")))
@@ -264,31 +268,31 @@ pub fn run(launch: Launch) -> Result<(), LaunchError> {
     }
 }
 
-/// What every process of one start of the job is given: the addresses and the job token.
+/// What every process of one start of the job is given: the addresses and the job token,
+/// and each local task its control-plane listener.
 struct Started {
     addresses: BTreeMap<TaskId, String>,
     token: super::JobToken,
+    listeners: BTreeMap<TaskId, TcpListener>,
 }
 
 /// Starts every task with its TF_CONFIG and a fresh job token, forwarding their output to
 /// `tx`; on a failed start, stops those already started.
 fn spawn_all(launch: &Launch, tx: &mpsc::Sender<Line>) -> Result<(Started, BTreeMap<TaskId, Child>), LaunchError> {
     let token = new_job_token().map_err(|e| LaunchError::Setup(e.to_string()))?;
-    let (mut addresses, mut held) = (BTreeMap::new(), Vec::new());
+    let (mut addresses, mut listeners) = (BTreeMap::new(), BTreeMap::new());
     for (task, address) in &launch.cluster.tasks {
         let a = match address {
             Address::Local => {
                 let (listener, port) = free_port()?;
-                held.push(listener);
+                listeners.insert(*task, listener);
                 format!("127.0.0.1:{port}")
             }
             Address::At(a) => a.clone(),
         };
         addresses.insert(*task, a);
     }
-    // Released only now, every local task's port distinct, for the tasks to bind.
-    drop(held);
-    let started = Started { addresses, token };
+    let started = Started { addresses, token, listeners };
     let mut children = BTreeMap::new();
     for task in started.addresses.keys().copied() {
         match spawn(launch, &started, task, tx) {
@@ -314,14 +318,22 @@ fn spawn(launch: &Launch, started: &Started, task: TaskId, tx: &mpsc::Sender<Lin
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let control = started.listeners.get(&task).map(std::os::fd::AsRawFd::as_raw_fd);
+    if let Some(fd) = control {
+        cmd.env(CONTROL_FD, fd.to_string());
+    }
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
-        // SAFETY: prctl in the child between fork and exec touches no shared state. A task
-        // whose launcher dies gets SIGTERM instead of training on alone.
+        // SAFETY: prctl and fcntl in the child between fork and exec touch no shared state. A
+        // task whose launcher dies gets SIGTERM instead of training on alone; its own
+        // control-plane listener (and no other) stays open across exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if let Some(fd) = control {
+                    libc::fcntl(fd, libc::F_SETFD, 0);
+                }
                 Ok(())
             });
         }
@@ -394,7 +406,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
             }
         }
         let rejoin = chief_runs && forwarded.is_none();
-        let lost = survivable(launch, &children, &failed, rejoin);
+        let lost = if chief_runs { survivable(launch, &children, &failed, rejoin) } else { Vec::new() };
         let_go(launch, &mut children, &lost, rejoin.then_some(&mut rejoins));
         failed.retain(|f| !lost.contains(f));
         for task in rejoins.ready(Instant::now()).into_iter().filter(|_| rejoin) {
@@ -468,9 +480,9 @@ fn let_go(
     }
 }
 
-/// The failed tasks the job survives: those of an expendable role that will be restarted
-/// (`rejoin`: the chief still runs and no stop was asked) or while another task of that role
-/// still runs.
+/// The failed tasks the job survives, while the chief runs: those of an expendable role that
+/// will be restarted (`rejoin`: no stop was asked) or while another task of that role still
+/// runs.
 fn survivable(
     launch: &Launch,
     children: &BTreeMap<TaskId, Child>,

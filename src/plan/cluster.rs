@@ -124,6 +124,22 @@ pub fn resolve(
             );
         }
     }
+    // A task is declared dead after two missed heartbeats: a shorter timeout fails every job
+    // of several tasks.
+    let shortest = crate::cluster::job::HEARTBEAT * 2;
+    if multi_process && cluster.tasks.len() > 1 && timeout_s.is_finite() && timeout_s < shortest.as_secs_f64() {
+        diags.push(
+            Diagnostic::error(
+                timeout_key,
+                format!(
+                    "{timeout_key} = {timeout_s} is below the {} s a failure timeout needs: tasks send a heartbeat every {} s, and a task is declared gone only after missing two",
+                    shortest.as_secs_f64(),
+                    crate::cluster::job::HEARTBEAT.as_secs_f64()
+                ),
+            )
+            .help(format!("use {timeout_key} = {} or more (the default is 30)", shortest.as_secs_f64())),
+        );
+    }
     let part = match (multi_process && cluster.tasks.len() > 1, resolution.task) {
         // TF_CONFIG's evaluator, split off the training cluster, runs on its own.
         (_, Some(task)) if multi_process && task.role == Role::Evaluator => Part::Task(task),

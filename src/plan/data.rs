@@ -1,7 +1,7 @@
 //! `[data]`, resolved: where the examples come from (folder and files found), how the input
 //! pipeline orders and batches them, and how workers split them.
 
-use super::{StrategyKind, StrategyPlan};
+use super::{Replicas, StrategyKind};
 use crate::data::formats::cifar::CifarDataset;
 use crate::data::{DataDirs, DataError, DataFacts, Preprocessing, Preset, Shuffle, Source};
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
@@ -113,23 +113,25 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<Source, Dat
     })
 }
 
-/// Plans the pipeline over `source` (whose facts are `facts`) for `strategy`'s workers.
+/// Plans the pipeline over `source` (whose facts are `facts`) for the `replicas` of a
+/// strategy of `kind`.
 pub fn resolve(
     spec: &DataSpec,
     source: &Source,
     facts: &DataFacts,
-    strategy: &StrategyPlan,
+    kind: StrategyKind,
+    replicas: &Replicas,
     diags: &mut Vec<Diagnostic>,
 ) -> DataPlan {
     // Under parameter_server each worker reads its own shuffle of every example, as
     // TensorFlow's `create_per_worker_dataset`: nothing is sharded.
-    let workers = match strategy.kind {
+    let workers = match kind {
         StrategyKind::ParameterServer => 1,
         StrategyKind::Default
         | StrategyKind::OneDevice
         | StrategyKind::Mirrored
         | StrategyKind::CentralStorage
-        | StrategyKind::MultiWorkerMirrored => strategy.num_workers,
+        | StrategyKind::MultiWorkerMirrored => replicas.num_workers,
     };
     let shard = if workers <= 1 {
         ShardPolicy::None

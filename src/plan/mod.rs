@@ -26,7 +26,9 @@ pub use data::{DataPlan, ShardPolicy, source};
 pub use lr::{LrPlan, Scaling, Schedule, Warmup};
 pub use optimizer::{DecayPlan, OptimizerPlan};
 pub use parameter_server::{ParameterServerPlan, Shard, VariablePlacement, num_shards, split_rows};
-pub use strategy::{CollectivePlan, CrossDevice, Hardware, Reduction, StrategyKind, StrategyPlan};
+pub use strategy::{
+    CollectivePlan, CrossDevice, CrossDevicePlan, Distribution, Hardware, Replicas, StrategyKind, StrategyPlan,
+};
 pub use train::{EvalPlan, TrainPlan};
 
 use crate::cluster::Resolution;
@@ -82,9 +84,6 @@ pub struct Plan {
     pub train: TrainPlan,
     /// Callbacks.
     pub callbacks: CallbacksPlan,
-    /// Variable placement and the coordinator, exactly when `strategy.kind = "parameter_server"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameter_server: Option<ParameterServerPlan>,
     /// Hashes of the spec that tell runs and backups apart.
     pub hashes: SpecHashes,
     /// Warnings to show before running.
@@ -151,11 +150,12 @@ impl Plan {
         };
         let multi_process = StrategyKind::of(&spec.strategy).multi_process();
         let cluster = cluster::resolve(&spec.cluster, &facts.cluster, multi_process, timeout_s, &mut diags);
-        let strategy = strategy::resolve(&spec.strategy, &cluster, facts.hardware, &mut diags);
-        let batch = batch::resolve(&spec.batch, strategy.num_replicas_in_sync, &strategy.replicas_text())
+        let replicas = strategy::replicas(&spec.strategy, &cluster, facts.hardware, &mut diags);
+        let batch = batch::resolve(&spec.batch, replicas.num_replicas_in_sync, &replicas.replicas_text())
             .map_err(|e| diags.push(e))
             .ok();
-        let data = data::resolve(&spec.data, &facts.source, &facts.data, &strategy, &mut diags);
+        let kind = StrategyKind::of(&spec.strategy);
+        let data = data::resolve(&spec.data, &facts.source, &facts.data, kind, &replicas, &mut diags);
         let global = batch.map_or(1, |b| b.global);
         // The model sees the data after preprocessing (a crop's shape, validation_split's sizes).
         let input = Shape(data.facts.example_shape.clone());
@@ -170,6 +170,7 @@ impl Plan {
             facts.cores,
             &mut diags,
         );
+        let strategy = strategy::resolve(&spec.strategy, replicas, &cluster, parameter_server, &mut diags);
         let (default_lr, optimizer) = optimizer::resolve(spec, &mut diags);
         let learning_rate =
             lr::resolve(&spec.optimizer, default_lr, global, train.steps_per_epoch, train.total_steps, &mut diags);
@@ -191,8 +192,8 @@ impl Plan {
         }
 
         let failed = diags.iter().any(|d| d.severity == Severity::Error);
-        match (batch, learning_rate, model, failed) {
-            (Some(batch), Some(learning_rate), Some(model), false) => {
+        match (batch, learning_rate, model, strategy, failed) {
+            (Some(batch), Some(learning_rate), Some(model), Some(strategy), false) => {
                 // Tasks on this machine share its cores.
                 let local_tasks = if cluster.is_local() { cluster.tasks.len().max(1) } else { 1 };
                 Ok(Plan {
@@ -209,7 +210,6 @@ impl Plan {
                     model,
                     train,
                     callbacks,
-                    parameter_server,
                     hashes: SpecHashes::of(spec),
                     warnings: diags,
                 })

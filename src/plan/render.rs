@@ -1,6 +1,8 @@
 //! The plan as `trainrun check` prints it: one line per decision, with the arithmetic shown.
 
-use super::{CallbackKind, CrossDevice, Part, Plan, Reduction, SaveEvery, Scaling, Schedule, ShardPolicy};
+use super::{
+    CallbackKind, CrossDevice, CrossDevicePlan, Distribution, Part, Plan, SaveEvery, Scaling, Schedule, ShardPolicy,
+};
 use crate::cluster::Address;
 use crate::collective::TransportKind;
 use crate::data::{LabelKind, Shuffle};
@@ -40,7 +42,7 @@ type Rows = Vec<(&'static str, String)>;
 
 /// Renders `plan` as aligned `key  value` lines.
 pub fn text(plan: &Plan) -> String {
-    let mut rows: Rows = vec![("strategy", plan.strategy.kind.name().to_string())];
+    let mut rows: Rows = vec![("strategy", plan.strategy.kind().name().to_string())];
     for section in [
         cluster,
         replicas,
@@ -227,13 +229,14 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
     let s = &plan.strategy;
     rows.push((
         "all-reduce",
-        match s.reduction {
-            Reduction::None => "none (one replica)".to_string(),
-            Reduction::CrossDevice { algorithm, auto } => {
-                let why = if algorithm == CrossDevice::Nccl { "GPU devices" } else { "CPU devices" };
-                if auto { format!("{} (auto: {why})", algorithm.name()) } else { algorithm.name().to_string() }
+        match &s.distribution {
+            Distribution::Default | Distribution::OneDevice => "none (one replica)".to_string(),
+            Distribution::Mirrored(CrossDevicePlan { algorithm, auto }) => {
+                let why = if *algorithm == CrossDevice::Nccl { "GPU devices" } else { "CPU devices" };
+                if *auto { format!("{} (auto: {why})", algorithm.name()) } else { algorithm.name().to_string() }
             }
-            Reduction::Collective(cp) => {
+            Distribution::CentralStorage => CrossDevice::ReductionToOneDevice.name().to_string(),
+            Distribution::MultiWorkerMirrored(cp) => {
                 let how = format!("{} over {}", cp.algorithm.describe(), cp.transport.describe());
                 let how = match (cp.auto, cp.auto_transport) {
                     (true, true) => format!("{how}; both chosen by auto"),
@@ -252,7 +255,7 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
                     plan.cluster.timeout.as_secs_f64()
                 )
             }
-            Reduction::ParameterServer => "parameter servers (asynchronous)".to_string(),
+            Distribution::ParameterServer(_) => "parameter servers (asynchronous)".to_string(),
         },
     ));
 }
@@ -260,7 +263,7 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
 /// Under `parameter_server`: the coordinator's settings, where every variable or shard lives
 /// and the bytes per ps.
 fn parameter_servers(plan: &Plan, rows: &mut Rows) {
-    let Some(ps) = &plan.parameter_server else { return };
+    let Distribution::ParameterServer(ps) = &plan.strategy.distribution else { return };
     let staleness = match ps.max_staleness {
         None => "unbounded staleness (fully asynchronous)".to_string(),
         Some(s) => format!("max_staleness {s}: a worker {} ahead of the slowest waits", plural(s + 1, "step")),

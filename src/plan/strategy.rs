@@ -1,6 +1,9 @@
-//! The strategy: which replicas exist, on which devices, and how their gradients are reduced.
+//! The strategy: which replicas exist, on which devices, and how their gradients meet. The
+//! plan holds one [`Distribution`], whose variant is the strategy and carries exactly that
+//! strategy's settings (the multi-worker all-reduce, the parameter servers' placement), so
+//! nothing downstream re-checks that a setting is there or falls back when it is not.
 
-use super::ClusterPlan;
+use super::{ClusterPlan, ParameterServerPlan};
 use crate::cluster::{Address, Role, Source};
 use crate::collective::{Algorithm, TransportKind};
 use crate::spec::{
@@ -83,37 +86,79 @@ pub struct CollectivePlan {
     pub bytes_per_pack: NonZeroUsize,
 }
 
-/// How gradients of replicas meet.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// `mirrored`'s in-process reduction, as `cross_device_ops` resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CrossDevicePlan {
+    pub algorithm: CrossDevice,
+    /// Chosen by `auto` from the device kind.
+    pub auto: bool,
+}
+
+/// The strategy, with exactly its own settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Reduction {
-    /// One replica: nothing to reduce.
-    None,
-    /// Replicas in one process (`mirrored`, `central_storage`), by this algorithm.
-    CrossDevice {
-        algorithm: CrossDevice,
-        /// Chosen by `auto` from the device kind.
-        auto: bool,
-    },
-    /// Across worker processes.
-    Collective(CollectivePlan),
-    /// Workers push gradients to parameter servers and pull variables.
-    ParameterServer,
+pub enum Distribution {
+    /// One replica on the default device: nothing to reduce.
+    Default,
+    /// One replica on a named device: nothing to reduce.
+    OneDevice,
+    /// One replica per local device, summed in this process.
+    Mirrored(CrossDevicePlan),
+    /// Variables on the CPU, one replica per local device, summed on the CPU
+    /// (`ReductionToOneDevice`).
+    CentralStorage,
+    /// One replica per device of every worker process, summed across them by all-reduce.
+    MultiWorkerMirrored(CollectivePlan),
+    /// Variables on parameter servers; workers step asynchronously on closures the chief
+    /// schedules.
+    ParameterServer(ParameterServerPlan),
+}
+
+impl Distribution {
+    /// The strategy's kind.
+    pub fn kind(&self) -> StrategyKind {
+        match self {
+            Distribution::Default => StrategyKind::Default,
+            Distribution::OneDevice => StrategyKind::OneDevice,
+            Distribution::Mirrored(_) => StrategyKind::Mirrored,
+            Distribution::CentralStorage => StrategyKind::CentralStorage,
+            Distribution::MultiWorkerMirrored(_) => StrategyKind::MultiWorkerMirrored,
+            Distribution::ParameterServer(_) => StrategyKind::ParameterServer,
+        }
+    }
+}
+
+/// Which replicas exist and where: what every strategy has.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replicas {
+    /// Devices of each worker, one replica each.
+    pub devices: Vec<Device>,
+    /// Worker processes that hold replicas (the chief counts as one under MultiWorkerMirrored).
+    pub num_workers: usize,
+    /// Replicas whose gradients are summed each step: `workers × devices`, or the devices of
+    /// one worker under `parameter_server`, whose workers step on their own.
+    pub num_replicas_in_sync: usize,
 }
 
 /// The resolved strategy and devices.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StrategyPlan {
-    /// The strategy.
-    pub kind: StrategyKind,
     /// Devices of each worker, one replica each.
     pub devices: Vec<Device>,
     /// Worker processes that hold replicas (the chief counts as one under MultiWorkerMirrored).
     pub num_workers: usize,
     /// `workers × devices`: replicas whose gradients are summed each step.
     pub num_replicas_in_sync: usize,
-    /// How the gradients are reduced.
-    pub reduction: Reduction,
+    /// The strategy and its settings.
+    #[serde(flatten)]
+    pub distribution: Distribution,
+}
+
+impl StrategyPlan {
+    /// The strategy's kind.
+    pub fn kind(&self) -> StrategyKind {
+        self.distribution.kind()
+    }
 }
 
 impl StrategyKind {
@@ -140,12 +185,22 @@ impl StrategyKind {
     }
 }
 
+/// "2 workers × 1 device", to explain the replica count in messages.
+fn replicas_text(w: usize, d: usize) -> String {
+    format!("{w} worker{} × {d} device{}", if w == 1 { "" } else { "s" }, if d == 1 { "" } else { "s" })
+}
+
+impl Replicas {
+    /// "2 workers × 1 device", to explain the replica count in messages.
+    pub fn replicas_text(&self) -> String {
+        replicas_text(self.num_workers, self.devices.len())
+    }
+}
+
 impl StrategyPlan {
     /// "2 workers × 1 device", to explain the replica count in messages.
     pub fn replicas_text(&self) -> String {
-        let d = self.devices.len();
-        let w = self.num_workers;
-        format!("{w} worker{} × {d} device{}", if w == 1 { "" } else { "s" }, if d == 1 { "" } else { "s" })
+        replicas_text(self.num_workers, self.devices.len())
     }
 }
 
@@ -166,56 +221,43 @@ fn count_devices(devices: &Devices, hw: Hardware) -> Vec<Device> {
     }
 }
 
-/// Resolves the strategy against the planned cluster and the hardware.
-pub fn resolve(
+/// The replicas the strategy runs, against the planned cluster and the hardware: what the
+/// batch and the data shards are planned from, before the model is known.
+pub fn replicas(
     strategy: &StrategySpec,
     cluster: &ClusterPlan,
     hw: Hardware,
     errors: &mut Vec<Diagnostic>,
-) -> StrategyPlan {
+) -> Replicas {
     let (chief, worker, ps) = (cluster.count(Role::Chief), cluster.count(Role::Worker), cluster.count(Role::Ps));
     // Where to point a problem: the spec's key, or the variable that defined the cluster.
     let key = |spec_key: &str| match cluster.source {
         Source::TfConfig | Source::Slurm | Source::Kubernetes => "cluster".to_string(),
         Source::Spec | Source::Single => spec_key.to_string(),
     };
-    let (devices, reduction) = match strategy {
-        StrategySpec::Default => (vec![Device::default()], Reduction::None),
-        StrategySpec::OneDevice { device } => (vec![*device], Reduction::None),
-        StrategySpec::Mirrored { devices, cross_device_ops } => {
-            let devices = count_devices(devices, hw);
-            let algorithm = cross_device(&devices, *cross_device_ops, errors);
-            let auto = *cross_device_ops == CrossDeviceOps::Auto;
-            (devices, Reduction::CrossDevice { algorithm, auto })
-        }
-        StrategySpec::CentralStorage { devices } => (
-            count_devices(devices, hw),
-            Reduction::CrossDevice { algorithm: CrossDevice::ReductionToOneDevice, auto: false },
-        ),
-        StrategySpec::MultiWorkerMirrored { devices, communication } => {
-            let devices = count_devices(devices, hw);
-            (devices.clone(), Reduction::Collective(collective(&devices, communication, cluster, errors)))
-        }
-        StrategySpec::ParameterServer { .. } => {
-            if ps == 0 || worker == 0 {
-                errors.push(
-                    Diagnostic::error(
-                        "strategy.kind",
-                        match cluster.source {
-                            Source::Single => "strategy.kind = \"parameter_server\" needs ps and worker tasks, but there is no [cluster]".to_string(),
-                            source => format!(
-                                "strategy.kind = \"parameter_server\" needs ps and worker tasks; the cluster ({}) has {ps} ps and {worker} workers",
-                                source.describe()
-                            ),
-                        },
-                    )
-                        .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
-                );
-            }
-            (vec![Device::default()], Reduction::ParameterServer)
-        }
+    let devices = match strategy {
+        StrategySpec::Default | StrategySpec::ParameterServer { .. } => vec![Device::default()],
+        StrategySpec::OneDevice { device } => vec![*device],
+        StrategySpec::Mirrored { devices, .. }
+        | StrategySpec::CentralStorage { devices }
+        | StrategySpec::MultiWorkerMirrored { devices, .. } => count_devices(devices, hw),
     };
     let kind = StrategyKind::of(strategy);
+    if kind == StrategyKind::ParameterServer && (ps == 0 || worker == 0) {
+        errors.push(
+            Diagnostic::error(
+                "strategy.kind",
+                match cluster.source {
+                    Source::Single => "strategy.kind = \"parameter_server\" needs ps and worker tasks, but there is no [cluster]".to_string(),
+                    source => format!(
+                        "strategy.kind = \"parameter_server\" needs ps and worker tasks; the cluster ({}) has {ps} ps and {worker} workers",
+                        source.describe()
+                    ),
+                },
+            )
+                .help("add e.g. ps = 1 and worker = 2 to [cluster]"),
+        );
+    }
 
     let mut seen = std::collections::BTreeSet::new();
     for d in &devices {
@@ -262,7 +304,34 @@ pub fn resolve(
     }
     // Under ParameterServerStrategy training is asynchronous: each worker steps on its own.
     let replicas_per_step = if kind == StrategyKind::ParameterServer { 1 } else { num_workers };
-    StrategyPlan { kind, num_replicas_in_sync: replicas_per_step * devices.len(), devices, num_workers, reduction }
+    Replicas { num_replicas_in_sync: replicas_per_step * devices.len(), devices, num_workers }
+}
+
+/// The strategy over `replicas`, with its own settings resolved; `parameter_server` is the
+/// placement planned for `strategy.kind = "parameter_server"` (`None` when that failed, which
+/// `errors` already says).
+pub fn resolve(
+    strategy: &StrategySpec,
+    replicas: Replicas,
+    cluster: &ClusterPlan,
+    parameter_server: Option<ParameterServerPlan>,
+    errors: &mut Vec<Diagnostic>,
+) -> Option<StrategyPlan> {
+    let distribution = match strategy {
+        StrategySpec::Default => Distribution::Default,
+        StrategySpec::OneDevice { .. } => Distribution::OneDevice,
+        StrategySpec::Mirrored { cross_device_ops, .. } => Distribution::Mirrored(CrossDevicePlan {
+            algorithm: cross_device(&replicas.devices, *cross_device_ops, errors),
+            auto: *cross_device_ops == CrossDeviceOps::Auto,
+        }),
+        StrategySpec::CentralStorage { .. } => Distribution::CentralStorage,
+        StrategySpec::MultiWorkerMirrored { communication, .. } => {
+            Distribution::MultiWorkerMirrored(collective(&replicas.devices, communication, cluster, errors))
+        }
+        StrategySpec::ParameterServer { .. } => Distribution::ParameterServer(parameter_server?),
+    };
+    let Replicas { devices, num_workers, num_replicas_in_sync } = replicas;
+    Some(StrategyPlan { devices, num_workers, num_replicas_in_sync, distribution })
 }
 
 /// `cross_device_ops`, with `auto` resolved by the device kind.

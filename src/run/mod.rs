@@ -19,7 +19,7 @@ use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
 use crate::collective::{Algorithm, TransportKind};
 use crate::data::{Dataset, Fetcher, Normalization};
 use crate::exit::RunError;
-use crate::plan::{Part, Plan, Reduction, StrategyKind};
+use crate::plan::{Distribution, Part, Plan, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare};
 use crate::progress::Mode;
 use crate::train::{self, FitOptions};
@@ -37,14 +37,22 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     }
     // Refused before any process starts, not from inside every task.
     crate::strategy::runnable(&p.plan)?;
-    let async_ps = p.plan.strategy.kind == StrategyKind::ParameterServer;
-    match p.plan.cluster.part {
-        Part::Launcher => launch(inv, &p),
-        Part::Task(task) if task.role == Role::Evaluator => eval::sidecar(inv, &p, task),
-        Part::Task(task) if async_ps && task.role == Role::Ps => parameter_server::ps(inv, &p, task),
-        Part::Task(task) if async_ps && task.role == Role::Worker => parameter_server::worker(inv, &p, task),
-        Part::Task(task) if async_ps && task.role == Role::Chief => train_here(inv, &p, Loop::Coordinator),
-        Part::Single | Part::Task(_) => train_here(inv, &p, Loop::Steps),
+    let parameter_servers = match &p.plan.strategy.distribution {
+        Distribution::ParameterServer(ps) => Some(ps),
+        Distribution::Default
+        | Distribution::OneDevice
+        | Distribution::Mirrored(_)
+        | Distribution::CentralStorage
+        | Distribution::MultiWorkerMirrored(_) => None,
+    };
+    match (p.plan.cluster.part, parameter_servers) {
+        (Part::Launcher, _) => launch(inv, &p),
+        (Part::Task(task), _) if task.role == Role::Evaluator => eval::sidecar(inv, &p, task),
+        (Part::Task(task), Some(ps)) if task.role == Role::Ps => parameter_server::ps(inv, &p, ps, task),
+        (Part::Task(task), Some(ps)) if task.role == Role::Worker => parameter_server::worker(inv, &p, ps, task),
+        // The chief of a parameter-server job trains through the same loop: its strategy
+        // schedules the steps on the workers.
+        (Part::Single | Part::Task(_), _) => train_here(inv, &p),
     }
 }
 
@@ -105,7 +113,7 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         max_restarts: c.restarts.max_restarts,
         restart_backoff: c.restarts.backoff,
         stop: crate::signals::supervise(),
-        expendable: expendable(p.plan.strategy.kind),
+        expendable: expendable(p.plan.strategy.kind()),
         backs_up: p.plan.callbacks.backs_up(),
     };
     if let Err(e) = launch::run(run) {
@@ -165,11 +173,13 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         None => None,
         Some(files) => Some(Arc::new(TlsMaterial::load(files.clone()).map_err(|e| RunError::Cluster(e.to_string()))?)),
     };
-    let data_plane = match plan.strategy.reduction {
-        Reduction::Collective(c) => DataPlaneKind::AllReduce { algorithm: c.algorithm, transport: c.transport },
-        Reduction::ParameterServer => DataPlaneKind::Endpoints,
+    let data_plane = match &plan.strategy.distribution {
+        Distribution::MultiWorkerMirrored(c) => {
+            DataPlaneKind::AllReduce { algorithm: c.algorithm, transport: c.transport }
+        }
+        Distribution::ParameterServer(_) => DataPlaneKind::Endpoints,
         // One replica per task: a world of one, whose all-reduce moves nothing.
-        Reduction::None | Reduction::CrossDevice { .. } => {
+        Distribution::Default | Distribution::OneDevice | Distribution::Mirrored(_) | Distribution::CentralStorage => {
             DataPlaneKind::AllReduce { algorithm: Algorithm::Ring, transport: TransportKind::Tcp }
         }
     };
@@ -185,9 +195,20 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         timeout: plan.cluster.timeout,
         data_plane,
         arena_floats,
-        expendable: expendable(plan.strategy.kind),
+        expendable: expendable(plan.strategy.kind()),
+        control: inherited_control(inv, plan, task),
     })
     .map_err(RunError::from)
+}
+
+/// The control-plane listener the local launcher bound for `task` and handed down.
+fn inherited_control(inv: &Invocation, plan: &Plan, task: TaskId) -> Option<std::net::TcpListener> {
+    let fd = inv.env.iter().find(|(k, _)| k == launch::CONTROL_FD).map(|(_, v)| v.as_str())?;
+    let address = match plan.cluster.tasks.iter().find(|(t, _)| *t == task) {
+        Some((_, Address::At(a))) => a,
+        Some((_, Address::Local)) | None => return None,
+    };
+    launch::inherited_listener(fd, address)
 }
 
 /// A stop that came from Ctrl-C is an interruption (exit code 130), not a preemption.
@@ -207,14 +228,6 @@ fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(
     std::fs::write(&path, json + "\n").map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
 }
 
-/// Which loop trains: synchronous steps (`train::fit`), or the parameter-server chief's
-/// coordinator scheduling them on workers (`train::coordinate`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Loop {
-    Steps,
-    Coordinator,
-}
-
 /// Starts the stop watchdog: until training begins a stop ends the process at once (loading
 /// data and the rendezvous have nothing to save). Returns the prefix of this task's own lines:
 /// the launcher puts the task before each line of a task it started.
@@ -230,7 +243,7 @@ fn watch_stops(inv: &Invocation, plan: &Plan) -> String {
 }
 
 /// Trains in this process: the whole run, or this task's part of a job.
-fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError> {
+fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
     // training begins there is nothing to save, so the process ends at once.
     let stop = crate::signals::stop_requested();
@@ -240,11 +253,10 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
     let (dataset, normalization) = load_preprocessed(inv, plan)?;
     let dataset = Arc::new(dataset);
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
-    let mut job = match plan.cluster.part {
+    let job = match plan.cluster.part {
         Part::Task(task) => Some(join(inv, plan, task, plan.model.params)?),
         Part::Single | Part::Launcher => None,
     };
-    let data = job.as_mut().and_then(|j| j.data.take());
     let quiet = progress == Mode::Quiet;
     let built =
         builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
@@ -269,15 +281,7 @@ fn train_here(inv: &Invocation, p: &Prepared, how: Loop) -> Result<(), RunError>
     let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
     let result = pool(plan.threads).and_then(|pool| {
         let run_dir = record.as_mut().map(Record::dir);
-        let summary = pool.install(|| match (how, &data) {
-            (Loop::Coordinator, Some(data)) => {
-                train::coordinate(plan, &mut session, &mut callbacks, run_dir, &opts, resume, data)
-            }
-            (Loop::Steps, _) => train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume),
-            (Loop::Coordinator, None) => Err(train::TrainError::Strategy(crate::strategy::StrategyError::Remote(
-                "the coordinator has no data plane: it runs as the chief of a job".into(),
-            ))),
-        })?;
+        let summary = pool.install(|| train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume))?;
         if let Some(r) = record.as_mut() {
             r.dir().summary(&summary).map_err(|e| RunError::Train(e.into()))?;
             if progress != Mode::Quiet && progress != Mode::Events {

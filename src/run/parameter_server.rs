@@ -1,6 +1,6 @@
-//! The parts of a parameter-server job besides the chief (which trains through
-//! `train::coordinate`): a ps task serves its shards, a worker task runs the chief's
-//! closures. Both join the job as every task does, stay through SIGTERM until the chief,
+//! The parts of a parameter-server job besides the chief (which trains through `train::fit`,
+//! its strategy scheduling the steps): a ps task serves its shards, a worker task runs the
+//! chief's closures. Both join the job as every task does, stay through SIGTERM until the chief,
 //! which saves the backup, tells them to leave, and then leave the control plane.
 
 use super::{join, load_data, pool, watch_stops};
@@ -8,6 +8,7 @@ use crate::builder;
 use crate::cluster::job::{DataPlane, Job};
 use crate::cluster::{Role, TaskId};
 use crate::exit::RunError;
+use crate::plan::ParameterServerPlan;
 use crate::prepare::{Invocation, Prepared};
 use crate::strategy::parameter_server::layout::{Layout, local_tensors};
 use crate::strategy::parameter_server::{ps as server, worker as steps};
@@ -23,11 +24,9 @@ fn enter(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(Job, DataPlane
 }
 
 /// A ps task: holds its shards and applies the workers' gradients until the chief says stop.
-pub fn ps(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
+pub fn ps(inv: &Invocation, p: &Prepared, ps_plan: &ParameterServerPlan, task: TaskId) -> Result<(), RunError> {
     let plan = &p.plan;
     watch_stops(inv, plan);
-    let ps_plan =
-        plan.parameter_server.as_ref().ok_or_else(|| RunError::Failure("no parameter servers planned".into()))?;
     let model = plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
     let layout = Layout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(RunError::Failure)?;
     let index = task.index as usize;
@@ -51,14 +50,14 @@ pub fn ps(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> 
 }
 
 /// A worker task: reads its own shuffle of the data and runs the chief's closures.
-pub fn worker(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunError> {
+pub fn worker(inv: &Invocation, p: &Prepared, ps_plan: &ParameterServerPlan, task: TaskId) -> Result<(), RunError> {
     let plan = &p.plan;
     watch_stops(inv, plan);
     let dataset = Arc::new(load_data(inv, plan)?);
     let (job, data) = enter(inv, p, task)?;
     let ps = data.peers(Role::Ps);
     let me = steps::WorkerTask { index: task.index, listener: data.listener, ps, token: data.token, tls: data.tls };
-    let served = pool(plan.threads)?.install(|| steps::serve(plan, dataset, me));
+    let served = pool(plan.threads)?.install(|| steps::serve(plan, ps_plan, dataset, me));
     job.plane.shutdown();
     Ok(served?)
 }

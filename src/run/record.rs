@@ -73,8 +73,10 @@ fn out_dir_error(p: &Prepared, e: crate::train::record::RecordError) -> RunError
         None => "the default, runs/<run.name>".to_string(),
     };
     let reason = crate::spec::io_reason(&e.source);
-    RunError::Failure(format!(
-        "cannot create the run folder `run.out_dir` = \"{dir}\" (from {from}): {reason}\n  \
+    // A restart would try the same folder again: the spec must name another (exit 2, which
+    // the launcher does not restart).
+    RunError::Spec(format!(
+        "error: cannot create the run folder `run.out_dir` = \"{dir}\" (from {from}): {reason}\n  \
          help: point run.out_dir at a folder this process can create and write, e.g. `--set run.out_dir=runs/{}`",
         p.loaded.spec.run.name.as_deref().unwrap_or("run")
     ))
@@ -126,7 +128,7 @@ fn run_record(inv: &Invocation, p: &Prepared) -> RunRecord {
         sweep: p.trial.as_ref().map(|t| t.origin.clone()),
         git: Git::of(folder),
         cluster: Topology {
-            strategy: p.plan.strategy.kind,
+            strategy: p.plan.strategy.kind(),
             source: c.source,
             tasks,
             task: c.task.map(|t: TaskId| t.to_string()),

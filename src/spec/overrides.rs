@@ -29,10 +29,10 @@ pub(crate) struct BadOverride {
 
 const PREFIX: &str = "TRAINRUN_";
 
-/// The variables trainrun reads besides spec overrides (README "Layering" and "Exit codes"
+/// The variables trainrun reads besides spec overrides (docs/specs.md, "Layering", and docs/reliability.md
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
-pub(crate) const KNOWN_VARIABLES: [&str; 7] = [
+pub(crate) const KNOWN_VARIABLES: [&str; 8] = [
     "TRAINRUN_DATA_DIR",
     "TRAINRUN_OFFLINE",
     "TRAINRUN_TASK",
@@ -41,6 +41,8 @@ pub(crate) const KNOWN_VARIABLES: [&str; 7] = [
     "TRAINRUN_SWEEP_TRIAL",
     // The headless Service of a Kubernetes Indexed Job (`cluster::kubernetes::SERVICE_VAR`).
     "TRAINRUN_KUBERNETES_SERVICE",
+    // The control-plane listener the local launcher bound and handed down (`cluster::launch`).
+    "TRAINRUN_CONTROL_FD",
 ];
 
 /// `trainrun bench` describes its all-reduce peers' part with variables of this prefix.

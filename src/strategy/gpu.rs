@@ -8,13 +8,13 @@
 //! downloaded after each update, so both sides always agree.
 
 use super::replica::BatchView;
-use super::{Step, Strategy, StrategyError, Variables};
+use super::{Step, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
 use crate::engine::cuda::worker::{Pending, Worker};
 use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, model, probe};
 use crate::engine::{BatchStats, Optimizer, Sequential};
 use crate::plan::CrossDevice;
-use crate::plan::{OptimizerPlan, Plan, Reduction, StrategyKind};
+use crate::plan::{CrossDevicePlan, Distribution, OptimizerPlan, Plan, StrategyKind};
 use crate::vocab::{DeviceKind, Metric};
 use std::sync::Arc;
 
@@ -52,7 +52,7 @@ pub fn new(plan: &Plan, models: Vec<Sequential>) -> Result<Gpus, StrategyError> 
             "strategy.devices mixes GPUs with \"{cpu}\"; list only GPUs (or only CPUs)"
         )));
     }
-    if let Reduction::CrossDevice { algorithm, .. } = plan.strategy.reduction
+    if let Distribution::Mirrored(CrossDevicePlan { algorithm, .. }) = plan.strategy.distribution
         && devices.len() > 1
         && algorithm != CrossDevice::Nccl
     {
@@ -101,7 +101,7 @@ pub fn new(plan: &Plan, models: Vec<Sequential>) -> Result<Gpus, StrategyError> 
         ready.push(init);
     }
     wait_all(ready, err)?;
-    let kind = plan.strategy.kind;
+    let kind = plan.strategy.kind();
     Ok(Gpus { kind, workers, params: Vec::new(), state: Vec::new(), velocity: Vec::new(), loaded: false })
 }
 
@@ -168,7 +168,7 @@ impl Gpus {
     }
 }
 
-impl Strategy for Gpus {
+impl Synchronous for Gpus {
     fn kind(&self) -> StrategyKind {
         self.kind
     }

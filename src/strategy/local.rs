@@ -6,7 +6,7 @@
 
 use super::cross_device;
 use super::replica::BatchView;
-use super::{Replica, Step, Strategy, StrategyError, Variables};
+use super::{Replica, Step, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
 use crate::engine::init::derive_seed;
 use crate::engine::meet::{Meeting, update_kernel};
@@ -273,7 +273,7 @@ impl Replicated {
     }
 }
 
-impl Strategy for Replicated {
+impl Synchronous for Replicated {
     fn kind(&self) -> StrategyKind {
         self.kind
     }

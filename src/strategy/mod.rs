@@ -1,26 +1,36 @@
-//! Distribution strategies behind one small trait: how a step's gradient is computed over the
-//! replicas and reduced. Adding a strategy is an enum variant, a file, and a match arm.
+//! Distribution strategies behind one seam, [`Strategy`]: how each optimizer step runs over the
+//! replicas, which is all the training loop (`train::fit`, one loop for every strategy) leaves
+//! to them. Synchronous strategies compute every step's gradient in lockstep and apply it
+//! ([`Synchronous`], run through [`lockstep::Lockstep`]); under `parameter_server` the chief
+//! schedules closures of steps on the workers instead (`parameter_server::chief`). Adding a
+//! strategy is a variant of `plan::Distribution`, a file, and an arm in [`build`].
 
 mod central_storage;
 mod cross_device;
 mod default;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod input;
 mod local;
+mod lockstep;
 mod mirrored;
 mod multi_worker_mirrored;
 mod one_device;
 pub mod parameter_server;
 mod replica;
 
+pub use input::Input;
 pub use multi_worker_mirrored::{MultiWorkerMirrored, check_devices as check_multi_worker_devices};
+pub use parameter_server::stats::ParameterServerStats;
 pub use replica::{BatchView, Replica};
 
 use crate::cluster::job::Job;
 use crate::data::Batch;
 use crate::engine::{BatchStats, Optimizer, Sequential};
-use crate::plan::{CrossDevice, Plan, Reduction, StrategyKind};
+use crate::plan::{Distribution, Plan, StrategyKind};
 use crate::vocab::{Device, DeviceKind};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 /// The model's variables: trainable parameters and non-trainable state, each one flat buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +62,9 @@ pub enum StrategyError {
     /// A task of a parameter-server job failed, left or went silent (the text names it).
     #[error("{0}")]
     Remote(String),
+    /// The input pipeline failed (the training loop reports it as the data error it is).
+    #[error(transparent)]
+    Input(Box<crate::data::DataError>),
 }
 
 /// What one step's gradient computation found, the same at every task.
@@ -64,8 +77,124 @@ pub struct Step {
     pub stop: bool,
 }
 
-/// How one task computes and reduces each step's gradient.
+/// One execution of the training loop: the steps to run (or schedule) next.
+pub struct Execution<'a> {
+    /// The variables the steps start from (synchronous strategies update them in place).
+    pub vars: &'a mut Variables,
+    /// This task's input (synchronous strategies read each step's micro-batches from it).
+    pub input: &'a mut Input,
+    /// The first step's index, counted from 0 over the whole run.
+    pub step: u64,
+    /// The learning rate of each step.
+    pub lrs: &'a [f32],
+    /// The run's seed; each step's randomness derives from it and the step.
+    pub seed: u64,
+    /// This task was asked to stop (SIGTERM) before these steps.
+    pub stop: bool,
+}
+
+/// What an execution did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Executed {
+    /// The step's gradient is computed in this task and waits for [`Strategy::apply`].
+    Computed {
+        /// Its statistics over the whole global batch, and whether any task voted to stop.
+        step: Step,
+        /// Time spent waiting for the input pipeline's batches.
+        input_wait: Duration,
+    },
+    /// The steps went to the workers, which run them on their own: their statistics come
+    /// with [`Strategy::join`].
+    Scheduled {
+        /// Steps applied since the last [`Strategy::join`], for the progress display.
+        applied: u64,
+    },
+    /// A stop was asked: nothing was scheduled, and `unrun` steps queued earlier were
+    /// cancelled before any worker started them.
+    Stopped { unrun: u64 },
+}
+
+/// How one task runs the training steps of its strategy: the seam between the training loop
+/// and the strategies.
 pub trait Strategy: Send {
+    /// The most steps one [`Strategy::execute`] takes (1 unless closures carry several).
+    fn steps_per_execution(&self) -> u64 {
+        1
+    }
+
+    /// Training begins from `vars` and `optimizer` (restored from a backup, when one was);
+    /// `worker_steps` are the steps each worker had completed before (parameter servers).
+    fn start(&mut self, _vars: &Variables, _optimizer: &Optimizer, _worker_steps: &[u64]) -> Result<(), StrategyError> {
+        Ok(())
+    }
+
+    /// Runs or schedules the steps of `cx` (one step, unless [`Strategy::steps_per_execution`]
+    /// allows more).
+    fn execute(&mut self, cx: Execution<'_>) -> Result<Executed, StrategyError>;
+
+    /// Applies the optimizer with the gradient [`Executed::Computed`] left, at `lr`, and gives
+    /// the step's batches back to `input`.
+    fn apply(
+        &mut self,
+        vars: &mut Variables,
+        optimizer: &mut Optimizer,
+        input: &mut Input,
+        lr: f32,
+    ) -> Result<(), StrategyError>;
+
+    /// Waits until every step executed so far is applied, makes `vars` and `optimizer` the
+    /// job's current ones, and adds the statistics of steps not reported yet to `stats`, in
+    /// the order they were applied. Once `stop` is set, steps not started yet are dropped
+    /// instead of waited for; returns how many. A no-op where every step completes in
+    /// [`Strategy::execute`] and [`Strategy::apply`].
+    fn join(
+        &mut self,
+        _vars: &mut Variables,
+        _optimizer: &mut Optimizer,
+        _stats: &mut BatchStats,
+        _stop: &AtomicBool,
+    ) -> Result<u64, StrategyError> {
+        Ok(0)
+    }
+
+    /// Loss and accuracy sums over `batches` (this task's share), across all replicas.
+    fn evaluate(
+        &mut self,
+        vars: &mut Variables,
+        batches: &mut (dyn Iterator<Item = Batch> + Send),
+    ) -> Result<BatchStats, StrategyError>;
+
+    /// Copies the chief's `data` to every task (restored state at start); a no-op in one
+    /// process.
+    fn broadcast(&mut self, _data: &mut [f32]) -> Result<(), StrategyError> {
+        Ok(())
+    }
+
+    /// Leaves the job cleanly at the end of training (the chief waits for the workers).
+    fn finish(&mut self) -> Result<(), StrategyError> {
+        Ok(())
+    }
+
+    /// How gradients travel between tasks, if they do.
+    fn transport(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The steps each worker has completed, this run and before it, where workers keep their
+    /// own place in the data (parameter servers); empty otherwise.
+    fn worker_steps(&self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// What the parameter-server coordinator did, under `parameter_server`.
+    fn parameter_server_stats(&self) -> Option<ParameterServerStats> {
+        None
+    }
+}
+
+/// How one task of a synchronous strategy computes and reduces each step's gradient: every
+/// replica of every task takes each step together ([`lockstep::Lockstep`] runs it).
+pub trait Synchronous: Send {
     /// The strategy's kind.
     fn kind(&self) -> StrategyKind;
 
@@ -73,8 +202,8 @@ pub trait Strategy: Send {
     /// the strategy's gradient buffer the gradient of the mean loss over the whole global
     /// batch (all replicas), and returning loss and accuracy sums over the whole global batch.
     /// `stop` is this task's vote to stop; the result says whether any task voted. A strategy
-    /// may leave part of that work for [`Strategy::apply`] to fuse into the update (one replica
-    /// in one process defers backward; local replicas defer their sum).
+    /// may leave part of that work for [`Synchronous::apply`] to fuse into the update (one
+    /// replica in one process defers backward; local replicas defer their sum).
     fn compute_gradients(
         &mut self,
         vars: &mut Variables,
@@ -83,8 +212,8 @@ pub trait Strategy: Send {
         stop: bool,
     ) -> Result<Step, StrategyError>;
 
-    /// Applies the optimizer with the gradients of the last [`Strategy::compute_gradients`].
-    /// Synchronous strategies update every replica's copy identically.
+    /// Applies the optimizer with the gradients of the last [`Synchronous::compute_gradients`].
+    /// Every replica's copy is updated identically.
     fn apply(&mut self, vars: &mut Variables, optimizer: &mut Optimizer, lr: f32) -> Result<(), StrategyError>;
 
     /// How gradients travel between worker processes, if they do.
@@ -117,55 +246,44 @@ pub trait Strategy: Send {
 pub fn build(plan: &Plan, models: Vec<Sequential>, job: Option<Job>) -> Result<Box<dyn Strategy>, StrategyError> {
     let devices = &plan.strategy.devices;
     let on_gpus = devices.iter().any(|d| d.kind == DeviceKind::Gpu);
-    match plan.strategy.kind {
-        StrategyKind::Default => Ok(Box::new(default::new(one(replicas(plan, models))?))),
-        StrategyKind::OneDevice | StrategyKind::Mirrored if on_gpus => gpus(plan, models),
-        StrategyKind::OneDevice => Ok(Box::new(one_device::new(one(replicas(plan, models))?))),
-        StrategyKind::Mirrored => {
-            let algorithm = match plan.strategy.reduction {
-                Reduction::CrossDevice { algorithm, .. } => algorithm,
-                Reduction::None | Reduction::Collective(_) | Reduction::ParameterServer => {
-                    CrossDevice::ReductionToOneDevice
-                }
-            };
-            Ok(Box::new(mirrored::new(replicas(plan, models), algorithm)))
-        }
-        StrategyKind::CentralStorage => {
+    let synchronous: Box<dyn Synchronous> = match &plan.strategy.distribution {
+        Distribution::Default => Box::new(default::new(one(replicas(plan, models))?)),
+        Distribution::OneDevice | Distribution::Mirrored(_) if on_gpus => gpus(plan, models)?,
+        Distribution::OneDevice => Box::new(one_device::new(one(replicas(plan, models))?)),
+        Distribution::Mirrored(cross_device) => Box::new(mirrored::new(replicas(plan, models), cross_device.algorithm)),
+        Distribution::CentralStorage => {
             cpus_only(devices)?;
-            Ok(Box::new(central_storage::new(replicas(plan, models))))
+            Box::new(central_storage::new(replicas(plan, models)))
         }
-        StrategyKind::MultiWorkerMirrored => {
+        Distribution::MultiWorkerMirrored(collective) => {
             check_multi_worker_devices(devices)?;
-            let bytes_per_pack = match plan.strategy.reduction {
-                Reduction::Collective(c) => c.bytes_per_pack.get(),
-                Reduction::None | Reduction::CrossDevice { .. } | Reduction::ParameterServer => usize::MAX,
-            };
             let job = job.ok_or_else(|| {
                 StrategyError::Unsupported(
                     "multi_worker_mirrored runs in a task of a job: name the task with --task".into(),
                 )
             })?;
-            Ok(Box::new(MultiWorkerMirrored::new(replicas(plan, models), job, bytes_per_pack)?))
+            Box::new(MultiWorkerMirrored::new(replicas(plan, models), job, collective.bytes_per_pack.get())?)
         }
-        StrategyKind::ParameterServer => {
+        Distribution::ParameterServer(ps) => {
             cpus_only(devices)?;
             // The chief only evaluates, while the workers wait: with every thread it has.
-            let threads = plan.parameter_server.as_ref().map_or(plan.threads, |p| p.eval_threads);
             let model = models
                 .into_iter()
                 .next()
                 .ok_or_else(|| StrategyError::Unsupported("no model to place on a device".into()))?;
-            let replica = Replica::new(model, plan.train.loss_fn(), plan.model.classes, threads);
-            Ok(Box::new(parameter_server::chief::new(replica, job)))
+            let replica = Replica::new(model, plan.train.loss_fn(), plan.model.classes, ps.eval_threads);
+            let timeouts = (plan.cluster.startup_timeout, plan.cluster.timeout);
+            return Ok(Box::new(parameter_server::chief::new(replica, job, ps.clone(), timeouts)?));
         }
-    }
+    };
+    Ok(Box::new(lockstep::Lockstep::new(synchronous, plan.batch.accumulation_steps)))
 }
 
 /// Refuses, before anything starts, a plan this build cannot run: GPU devices where only
 /// CPUs run.
 pub fn runnable(plan: &Plan) -> Result<(), StrategyError> {
     let devices = &plan.strategy.devices;
-    match plan.strategy.kind {
+    match plan.strategy.kind() {
         StrategyKind::Default | StrategyKind::OneDevice | StrategyKind::Mirrored => Ok(()),
         StrategyKind::CentralStorage | StrategyKind::ParameterServer => cpus_only(devices),
         StrategyKind::MultiWorkerMirrored => check_multi_worker_devices(devices),
@@ -189,13 +307,13 @@ fn one(mut replicas: Vec<Replica>) -> Result<Replica, StrategyError> {
 
 /// Replicas on GPUs: the CUDA engine.
 #[cfg(feature = "cuda")]
-fn gpus(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
+fn gpus(plan: &Plan, models: Vec<Sequential>) -> Result<Box<dyn Synchronous>, StrategyError> {
     Ok(Box::new(gpu::new(plan, models)?))
 }
 
 /// Replicas on GPUs need the CUDA build.
 #[cfg(not(feature = "cuda"))]
-fn gpus(plan: &Plan, _models: Vec<Sequential>) -> Result<Box<dyn Strategy>, StrategyError> {
+fn gpus(plan: &Plan, _models: Vec<Sequential>) -> Result<Box<dyn Synchronous>, StrategyError> {
     cpus_only(&plan.strategy.devices)?;
     Err(StrategyError::Unsupported("GPU devices need a GPU build of trainrun".into()))
 }

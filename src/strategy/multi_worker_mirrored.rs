@@ -14,7 +14,7 @@
 //! shared copy of the variables.
 
 use super::local::LocalReplicas;
-use super::{Replica, Step, Strategy, StrategyError, Variables};
+use super::{Replica, Step, StrategyError, Synchronous, Variables};
 use crate::cluster::job::Job;
 use crate::collective::{BucketReducer, Communicator, Packs};
 use crate::data::Batch;
@@ -118,7 +118,7 @@ fn from_sums(s: &[f64]) -> BatchStats {
     }
 }
 
-impl Strategy for MultiWorkerMirrored {
+impl Synchronous for MultiWorkerMirrored {
     fn kind(&self) -> StrategyKind {
         StrategyKind::MultiWorkerMirrored
     }

@@ -96,7 +96,7 @@ fn load(inv: &Invocation) -> Result<Sweep, RunError> {
     match Sweep::new(&base) {
         Ok(Some(sweep)) => Ok(sweep),
         Ok(None) => Err(RunError::Usage(format!(
-            "{} has no [sweep] section; add one (README: \"Sweeps\") or train it with `trainrun {}`",
+            "{} has no [sweep] section; add one (docs/sweeps.md) or train it with `trainrun {}`",
             inv.spec.display(),
             inv.spec.display()
         ))),

@@ -3,18 +3,18 @@
 
 pub mod callbacks;
 pub mod checkpointer;
-mod coordinate;
 pub mod ended;
 pub mod evaluator;
 mod fit;
 pub mod record;
 pub mod resume;
 pub mod run_record;
+mod summary;
 pub mod tensorboard;
 mod weights;
 
-pub use coordinate::coordinate;
-pub use fit::{FitOptions, eval_batch_size, fit};
+pub use fit::{FitOptions, fit};
+pub use summary::eval_batch_size;
 
 pub use weights::{first_non_finite, save_weights, weights_sha256};
 

@@ -33,7 +33,7 @@ pub struct RunRecord {
     pub trainrun_version: &'static str,
     /// How the run stands.
     pub status: RunStatus,
-    /// The process exit code, once ended (README "Exit codes").
+    /// The process exit code, once ended (docs/reliability.md, "Exit codes").
     pub exit_code: Option<u8>,
     /// The error, when it failed.
     pub error: Option<String>,

@@ -3,7 +3,7 @@
 "baby" Shakespeare model (4 layers, 4 heads, n_embd 128, block 64, batch 12, dropout 0), float32,
 F.scaled_dot_product_attention, exact GELU, median step over 30 steps after 3 warm-up steps.
 
-    /work/torchvenv/bin/python tests/bench/torch_gpt_blocks.py [threads]
+    python3 tests/bench/torch_gpt_blocks.py [threads]   # a Python with torch
 
 Compare with `cargo test --release --lib engine::layers::bench -- --ignored --nocapture`, run
 alternately in one sitting (the host's timing moves ±30 % run to run).

@@ -35,7 +35,11 @@ pub(super) fn failed(
     // broken, a survivor is most likely the task that hung.
     let noticed = status.code() == Some(CLUSTER);
     let earlier = if noticed { ended_first(children) } else { None };
-    let killed = terminate(children, if noticed { HANG_GRACE.min(launch.grace) } else { launch.grace });
+    // Nobody saves but the chief: without it the others have nothing to finish (the ps tasks
+    // and workers of a parameter-server job would wait for its word until their timeout).
+    let chief_gone = launch.cluster.chief() == Some(task);
+    let grace = if noticed || chief_gone { HANG_GRACE.min(launch.grace) } else { launch.grace };
+    let killed = terminate(children, grace);
 
     // A peer that noticed first may have exited before the cause did: a task ending with
     // a code no restart cures (a full disk) is the one to act on.

@@ -216,7 +216,7 @@ fn rate(per_call: usize, calls: u64, mut f: impl FnMut(u64)) -> f64 {
 /// AES-128-GCM per core in the call shapes `record.rs` uses (the content type sealed as the
 /// scatter's extra input, opening into a separate buffer) against sealing in place, at TLS
 /// 1.3's 16 KiB records and at sizes TLS does not allow, over 512 KiB that stay in cache: the
-/// README's "What TLS costs" figures. Both shapes must give the same record.
+/// figures of docs/benchmarks.md, "Mutual TLS". Both shapes must give the same record.
 /// `cargo test --release --lib aes_gcm_speed -- --ignored --nocapture`
 #[test]
 #[ignore = "a measurement; run on an idle machine"]

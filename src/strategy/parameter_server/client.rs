@@ -107,21 +107,32 @@ impl Servers {
     }
 }
 
-/// The learning rate of each step of the epoch being scheduled (callbacks may change it
-/// between epochs, never within one).
+/// The learning rate of each step scheduled since the steps were last joined.
 #[derive(Debug, Clone, Default)]
 pub struct Rates {
-    /// The epoch's first step.
+    /// The first step with a rate.
     pub first: u64,
-    /// One rate per step of the epoch.
+    /// One rate per step from `first`.
     pub lrs: Vec<f32>,
+}
+
+impl Rates {
+    /// Adds the rates of the steps from `first`: after the steps so far, or, when those were
+    /// all joined (a new epoch, steps cancelled), instead of them.
+    pub fn extend(&mut self, first: u64, lrs: &[f32]) {
+        if first != self.first + self.lrs.len() as u64 {
+            self.first = first;
+            self.lrs.clear();
+        }
+        self.lrs.extend_from_slice(lrs);
+    }
 }
 
 /// What the workers' closures reported since the chief last took it.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// Loss and accuracy sums of the steps completed.
-    pub stats: BatchStats,
+    /// Loss and accuracy sums of each closure completed, in the order they completed.
+    pub closures: Vec<BatchStats>,
     /// Steps by staleness: how many updates reached a ps between a step's pull and its push.
     pub staleness: BTreeMap<u64, u64>,
 }
@@ -216,7 +227,7 @@ impl Worker for RemoteWorker {
         };
         self.done += closure.steps;
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
-        report.stats.add(BatchStats {
+        report.closures.push(BatchStats {
             loss_sum: f64::from_bits(*loss),
             correct: *correct,
             examples: *examples,

@@ -10,8 +10,13 @@
 
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often a join looks at the stop request while no closure ends.
+const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// Steps `first_step..first_step + steps` as one unit of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +133,10 @@ impl Shared {
     fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn wait_timeout<'a>(&self, guard: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        self.changed.wait_timeout(guard, timeout).map_or_else(|e| e.into_inner().0, |(g, _)| g)
+    }
 }
 
 /// The chief's coordinator over a fixed set of workers.
@@ -203,20 +212,33 @@ impl Coordinator {
     /// Waits until every scheduled closure has completed or been cancelled; returns the first
     /// error, once.
     pub fn join(&self) -> Result<(), CoordinatorError> {
+        self.join_unless(&AtomicBool::new(false)).map(|_| ())
+    }
+
+    /// [`Coordinator::join`], but once `stop` is set the closures not started yet are dropped
+    /// and only those in flight are waited for: a stop request takes effect within a closure,
+    /// however many are queued. Returns the steps dropped.
+    pub fn join_unless(&self, stop: &AtomicBool) -> Result<u64, CoordinatorError> {
+        let mut dropped = 0;
         let mut s = self.shared.lock();
         loop {
+            if dropped == 0 && stop.load(Ordering::Relaxed) {
+                dropped = s.cancel_queued();
+            }
             if let Some(e) = s.error.take() {
                 return Err(e);
             }
             if s.queue.is_empty() && s.in_flight == 0 {
-                return Ok(());
+                return Ok(dropped);
             }
             if s.gone == s.live.len() {
                 let left = s.queue.len();
                 s.cancel_queued();
                 return Err(CoordinatorError::NoWorkers(left));
             }
-            s = self.shared.wait(s);
+            // Woken by every closure that ends; the timeout only bounds how late a stop
+            // request is seen when none does.
+            s = self.shared.wait_timeout(s, STOP_POLL);
         }
     }
 

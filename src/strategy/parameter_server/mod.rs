@@ -2,7 +2,8 @@
 //! (`coordinator.rs`) and its ends of the data plane (`client.rs`), the ps tasks (`ps.rs`),
 //! the workers' loop (`worker.rs`), where shards lie in the model's buffers (`layout.rs`) and
 //! the wire format (`wire.rs`), with shared memory between a worker and a ps on one
-//! host (`shared.rs`). The chief's training loop is `train::coordinate`.
+//! host (`shared.rs`). The chief trains through `train::fit`, as every strategy does; its
+//! strategy (`chief.rs`) schedules the steps on the workers.
 
 pub mod chief;
 pub mod client;
@@ -10,5 +11,6 @@ pub mod coordinator;
 pub mod layout;
 pub mod ps;
 mod shared;
+pub mod stats;
 mod wire;
 pub mod worker;

@@ -17,7 +17,7 @@ use crate::data::{Batch, Cursor, Dataset, Pipeline, PipelineOptions, Shard};
 use crate::engine::BatchStats;
 use crate::engine::init::{STEP_DOMAIN, derive_seed};
 use crate::engine::optimizer::clip_by_global_norm;
-use crate::plan::{OptimizerPlan, Plan};
+use crate::plan::{OptimizerPlan, ParameterServerPlan, Plan};
 use crate::strategy::{BatchView, Replica, StrategyError};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -76,9 +76,13 @@ pub fn pipeline_options(plan: &Plan, index: u32) -> PipelineOptions {
 }
 
 /// Runs the chief's closures until it says stop.
-pub fn serve(plan: &Plan, dataset: Arc<Dataset>, task: WorkerTask) -> Result<(), StrategyError> {
+pub fn serve(
+    plan: &Plan,
+    ps_plan: &ParameterServerPlan,
+    dataset: Arc<Dataset>,
+    task: WorkerTask,
+) -> Result<(), StrategyError> {
     let failed = StrategyError::Remote;
-    let ps_plan = plan.parameter_server.as_ref().ok_or_else(|| failed("the plan has no parameter servers".into()))?;
     let model = plan.model.build().map_err(|e| failed(e.to_string()))?;
     let layout = Layout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(failed)?;
     let (params, state) = (vec![0.0; model.param_len()], vec![0.0; model.state_len()]);

@@ -1,26 +1,28 @@
 //! `model.fit`: the step loop over a strategy, with evaluation, callbacks, checkpoints,
-//! resumption and preemption. [`fit`] is the loop's outline; [`Loop`] holds its state and does
-//! each part.
+//! resumption and preemption: one loop for every strategy. [`fit`] is the loop's outline;
+//! [`Loop`] holds its state and does each part. What differs between strategies is behind the
+//! [`Strategy`](crate::strategy::Strategy) seam: a synchronous strategy computes each step
+//! here ([`Executed::Computed`], then `apply`); under `parameter_server` the chief schedules
+//! closures of steps on the workers ([`Executed::Scheduled`]) and `join`s them, pulling the
+//! variables, wherever the loop needs them (evaluations, saves, an epoch's end).
 
-use super::callbacks::{Callbacks, Control, Logs, Moment, StopReason};
+mod epoch;
+
+use super::callbacks::{Callbacks, Logs, Moment, StopReason};
 use super::checkpointer::SavePoint;
-use super::record::{MetricsEvent, MetricsLine, NamedMetrics, ParameterServerStats, RunDir, Summary, peak_rss_mb};
+use super::record::{RunDir, Summary};
 use super::resume::ResumePoint;
+use super::summary::{Ending, eval_batch_size, stats, summary, sums};
 use super::{Session, TrainError, first_non_finite, save_weights, weights_sha256};
-use crate::checkpoint::SaveStats;
-use crate::checkpoint::manifest::{EvalState, LoopState, Sums};
-use crate::data::{Batch, EvalBatches, Pipeline, PipelineOptions};
+use crate::checkpoint::manifest::{EvalState, LoopState};
+use crate::data::PipelineOptions;
 use crate::engine::BatchStats;
-use crate::engine::init::{STEP_DOMAIN, derive_seed};
 use crate::plan::Plan;
 use crate::progress::{self, Progress, Shown};
+use crate::strategy::{Executed, Execution, Input, StrategyError};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// Activation memory an evaluation batch may use: bigger batches run the forward pass's
-/// products more efficiently, and per-example results do not depend on the batch size.
-const EVAL_BYTES: usize = 32 << 20;
 
 /// How the loop reports.
 pub struct FitOptions {
@@ -53,23 +55,43 @@ pub fn fit(
         let first = lp.first_step_of(epoch);
         lp.progress.start_epoch(epoch, t.steps_per_epoch, first);
         let mut vote = false;
-        for s in first..t.steps_per_epoch {
-            vote = lp.train_step(epoch, s, session, callbacks, run_dir.as_deref_mut())?;
-            let epoch_end = s + 1 == t.steps_per_epoch;
+        loop {
+            match lp.execute(epoch, session, callbacks, run_dir.as_deref_mut())? {
+                Ran::Stepped { stop } => vote = stop,
+                Ran::Scheduled => {}
+                Ran::Stopped => {
+                    // Nothing more was scheduled: the steps in flight finish, then the backup.
+                    lp.join(session)?;
+                    return Err(lp.stop_mid_epoch(epoch, session, callbacks));
+                }
+            }
+            let done = lp.done_in(epoch);
+            let epoch_end = done == t.steps_per_epoch;
             if let Some(reason) =
-                lp.evaluate_mid_epoch(epoch, s, epoch_end, session, callbacks, run_dir.as_deref_mut())?
+                lp.evaluate_mid_epoch(epoch, done, epoch_end, session, callbacks, run_dir.as_deref_mut())?
             {
                 stopped = reason;
                 break 'epochs;
             }
+            if lp.cut_short {
+                return Err(lp.stop_mid_epoch(epoch, session, callbacks));
+            }
             if epoch_end {
                 break;
             }
-            // Mid-epoch: save what is due, then stop together if a task was asked to.
-            lp.save(epoch - 1, false, vote, session, callbacks)?;
+            // Mid-epoch: save what is due (where the variables are at hand), then stop
+            // together if a task was asked to.
+            if lp.in_hand {
+                lp.save(epoch - 1, false, vote, session, callbacks)?;
+            }
             if vote {
                 return Err(lp.preempt(session, callbacks));
             }
+        }
+        // Steps scheduled ahead (a whole epoch may be) that a stop request dropped never ran:
+        // the epoch did not end.
+        if lp.join(session)? {
+            return Err(lp.stop_mid_epoch(epoch, session, callbacks));
         }
         if let Some(reason) = lp.end_epoch(epoch, session, callbacks, run_dir.as_deref_mut())? {
             stopped = reason;
@@ -86,6 +108,25 @@ pub fn fit(
         }
     }
     lp.finish(stopped, session, callbacks, run_dir)
+}
+
+/// What one execution of the loop did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    /// A step ran here and was applied; `stop`: some task voted to stop.
+    Stepped { stop: bool },
+    /// Steps went to the workers.
+    Scheduled,
+    /// A stop was asked and nothing more was scheduled.
+    Stopped,
+}
+
+/// A strategy's error as the loop reports it: the input pipeline's as the data error it is.
+fn strategy_error(e: StrategyError) -> TrainError {
+    match e {
+        StrategyError::Input(e) => TrainError::Data(*e),
+        e => TrainError::Strategy(e),
+    }
 }
 
 /// Refuses weights holding a NaN or an infinity (the update of `step` made them so).
@@ -121,47 +162,36 @@ struct Timing {
 struct Loop<'a> {
     plan: &'a Plan,
     opts: &'a FitOptions,
-    pipeline: Pipeline,
+    input: Input,
     pub progress: Progress,
-    micro: Vec<Batch>,
     eval_batch: NonZeroUsize,
     start: u64,
+    /// Steps executed: computed and applied here, or scheduled on the workers.
     step: u64,
+    /// The step when the strategy last joined every step executed.
+    joined_at: u64,
+    /// Whether the variables here are those of `step` (every step executed is applied and
+    /// in hand), so that a save may take them.
+    in_hand: bool,
+    /// A stop request dropped steps scheduled ahead at the last join.
+    cut_short: bool,
     examples: u64,
     epoch_stats: BatchStats,
     last_epoch: BatchStats,
     last_eval: Option<Eval>,
     lr: f64,
+    /// The learning rate of each step of the execution at hand.
+    lrs: Vec<f32>,
     timing: Timing,
     resumed_from_step: Option<u64>,
     /// Whether this task is the chief (the one that writes the run folder and saves).
     chief: bool,
 }
 
-pub(super) fn sums(s: &BatchStats) -> Sums {
-    Sums {
-        loss_sum: s.loss_sum,
-        correct: s.correct,
-        examples: s.examples,
-        abs_error_sum: s.abs_error_sum,
-        squared_error_sum: s.squared_error_sum,
-    }
-}
-
-fn stats(s: &Sums) -> BatchStats {
-    BatchStats {
-        loss_sum: s.loss_sum,
-        correct: s.correct,
-        examples: s.examples,
-        abs_error_sum: s.abs_error_sum,
-        squared_error_sum: s.squared_error_sum,
-    }
-}
-
 impl<'a> Loop<'a> {
     fn new(
         plan: &'a Plan,
-        session: &Session,
+        session: &mut Session,
         callbacks: &mut Callbacks,
         opts: &'a FitOptions,
         resume: Option<ResumePoint>,
@@ -178,27 +208,32 @@ impl<'a> Loop<'a> {
             shard: session.shard,
         };
         let cursor = resume.as_ref().map(|r| r.cursor).unwrap_or_default();
-        let pipeline = Pipeline::new(session.dataset.clone(), &options, cursor)?;
+        let input = Input::new(session.dataset.clone(), options, cursor);
         if let Some(r) = &resume {
             callbacks.restore(&r.loop_state.callbacks, r.epochs_done, r.best.as_ref())?;
         }
+        let worker_steps = resume.as_ref().map_or(&[][..], |r| &r.loop_state.worker_steps);
+        session.strategy.start(&session.vars, &session.optimizer, worker_steps)?;
         let start = resume.as_ref().map_or(0, |r| r.step);
         let steady_from = if t.epochs >= 2 { t.steps_per_epoch } else { (t.steps_per_epoch / 5).min(10) };
         let lp = resume.as_ref().map(|r| &r.loop_state);
         Ok(Self {
             plan,
             opts,
-            pipeline,
+            input,
             progress: Progress::new(opts.progress, t.epochs, opts.prefix.clone()),
-            micro: Vec::with_capacity(plan.batch.accumulation_steps),
             eval_batch: eval_batch_size(micro_global, plan.strategy.num_replicas_in_sync, session.activation_len),
             start,
             step: start,
+            joined_at: start,
+            in_hand: true,
+            cut_short: false,
             examples: lp.map_or(0, |l| l.examples),
             epoch_stats: lp.map(|l| stats(&l.epoch_sums)).unwrap_or_default(),
             last_epoch: lp.map(|l| stats(&l.last_epoch_sums)).unwrap_or_default(),
             last_eval: lp.and_then(|l| l.last_eval).map(|e| Eval { step: e.step, stats: stats(&e.sums) }),
             lr: callbacks.learning_rate(plan.learning_rate.at(start)),
+            lrs: Vec::new(),
             timing: Timing { steady_from, ..Timing::default() },
             resumed_from_step: resume.as_ref().map(|r| r.step),
             chief: false,
@@ -219,51 +254,135 @@ impl<'a> Loop<'a> {
         if epoch == self.first_epoch() { self.start % self.spe() } else { 0 }
     }
 
-    /// One optimizer step (step `s` of `epoch`); returns whether some task voted to stop.
-    fn train_step(
+    /// Steps of `epoch` executed so far.
+    fn done_in(&self, epoch: u64) -> u64 {
+        self.step - (epoch - 1) * self.spe()
+    }
+
+    /// Steps the next execution takes: what the strategy allows, within the epoch, ending at
+    /// the next evaluation (so that it sees exactly the steps before it).
+    fn next_steps(&self, epoch: u64, strategy_steps: u64) -> u64 {
+        let left = self.spe() - self.done_in(epoch);
+        let every = self.plan.train.eval.and_then(|e| e.every_steps).unwrap_or(u64::MAX).max(1);
+        strategy_steps.max(1).min(left).min(every - self.step % every)
+    }
+
+    /// One execution (step `s` of `epoch` on): one optimizer step computed and applied here,
+    /// or a closure of steps scheduled on the workers.
+    fn execute(
         &mut self,
         epoch: u64,
-        s: u64,
         session: &mut Session,
         callbacks: &Callbacks,
         run_dir: Option<&mut RunDir>,
-    ) -> Result<bool, TrainError> {
+    ) -> Result<Ran, TrainError> {
         let started = Instant::now();
         self.timing.first_step_s.get_or_insert_with(|| self.opts.launched.elapsed().as_secs_f64());
-        let waiting = Instant::now();
-        for _ in 0..self.plan.batch.accumulation_steps {
-            self.micro.push(self.pipeline.next_batch()?);
+        let s = self.done_in(epoch);
+        let n = self.next_steps(epoch, session.strategy.steps_per_execution());
+        self.lrs.clear();
+        let mut lr = self.lr;
+        for k in self.step..self.step + n {
+            lr = callbacks.learning_rate(self.plan.learning_rate.at(k));
+            self.lrs.push(lr as f32);
         }
-        self.timing.input_wait += waiting.elapsed();
-        let seed = derive_seed(&[self.plan.seed, STEP_DOMAIN, self.step]);
         let asked = self.opts.stop.load(Ordering::Relaxed);
-        let out = session.strategy.compute_gradients(&mut session.vars, &self.micro, seed, asked)?;
-        // Free on the hot path: a NaN gradient shows in the next step's loss at the latest.
-        if !out.stats.loss_sum.is_finite() {
-            let what = first_non_finite(&session.vars, &session.tensors, &session.state_tensors)
-                .map_or_else(|| "the loss".to_string(), |t| format!("the loss, and the weights from `{t}` on,"));
-            return Err(TrainError::NonFinite { step: self.step + 1, what });
+        let cx = Execution {
+            vars: &mut session.vars,
+            input: &mut self.input,
+            step: self.step,
+            lrs: &self.lrs,
+            seed: self.plan.seed,
+            stop: asked,
+        };
+        match session.strategy.execute(cx).map_err(strategy_error)? {
+            Executed::Computed { step: out, input_wait } => {
+                self.timing.input_wait += input_wait;
+                // Free on the hot path: a NaN gradient shows in the next step's loss at the latest.
+                if !out.stats.loss_sum.is_finite() {
+                    let what = first_non_finite(&session.vars, &session.tensors, &session.state_tensors).map_or_else(
+                        || "the loss".to_string(),
+                        |t| format!("the loss, and the weights from `{t}` on,"),
+                    );
+                    return Err(TrainError::NonFinite { step: self.step + 1, what });
+                }
+                self.lr = lr;
+                let (vars, optimizer) = (&mut session.vars, &mut session.optimizer);
+                session.strategy.apply(vars, optimizer, &mut self.input, self.lr as f32).map_err(strategy_error)?;
+                self.step += 1;
+                self.examples += out.stats.examples;
+                self.epoch_stats.add(out.stats);
+                let took = started.elapsed();
+                if let Some(d) = run_dir {
+                    d.step(epoch, self.step, out.stats, self.lr, took)?;
+                }
+                self.timing.epoch += took;
+                self.timing.all += took;
+                if self.step > self.timing.steady_from {
+                    self.timing.steady += took;
+                    self.timing.steady_examples += out.stats.examples;
+                }
+                self.in_hand = true;
+                self.progress.step(s + 1, &self.shown());
+                Ok(Ran::Stepped { stop: out.stop })
+            }
+            Executed::Scheduled { applied } => {
+                self.lr = lr;
+                self.step += n;
+                self.in_hand = false;
+                self.time(started.elapsed());
+                let joined = self.joined_at.saturating_sub((epoch - 1) * self.spe());
+                self.progress.step(joined + applied, &Shown::default());
+                Ok(Ran::Scheduled)
+            }
+            Executed::Stopped { unrun } => {
+                self.step -= unrun;
+                self.in_hand = false;
+                Ok(Ran::Stopped)
+            }
         }
-        self.lr = callbacks.learning_rate(self.plan.learning_rate.at(self.step));
-        session.strategy.apply(&mut session.vars, &mut session.optimizer, self.lr as f32)?;
-        for b in self.micro.drain(..) {
-            self.pipeline.recycle(b);
-        }
-        self.step += 1;
-        self.examples += out.stats.examples;
-        self.epoch_stats.add(out.stats);
-        let took = started.elapsed();
-        if let Some(d) = run_dir {
-            d.step(epoch, self.step, out.stats, self.lr, took)?;
-        }
+    }
+
+    /// Training time that is not one step's (scheduling, waiting for the workers' steps).
+    fn time(&mut self, took: Duration) {
         self.timing.epoch += took;
         self.timing.all += took;
         if self.step > self.timing.steady_from {
             self.timing.steady += took;
-            self.timing.steady_examples += out.stats.examples;
         }
-        self.progress.step(s + 1, &self.shown());
-        Ok(out.stop)
+    }
+
+    /// Waits for every step executed to be applied and takes the variables and the
+    /// statistics of steps that ran elsewhere (a no-op where every step ran here). Returns
+    /// whether a stop request dropped steps not started yet: the epoch was cut short.
+    fn join(&mut self, session: &mut Session) -> Result<bool, TrainError> {
+        if self.in_hand {
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let examples = self.epoch_stats.examples;
+        let (vars, optimizer) = (&mut session.vars, &mut session.optimizer);
+        let stop = self.opts.stop;
+        let unrun = session.strategy.join(vars, optimizer, &mut self.epoch_stats, stop).map_err(strategy_error)?;
+        self.step -= unrun;
+        let joined = self.epoch_stats.examples - examples;
+        self.examples += joined;
+        if self.step > self.timing.steady_from {
+            self.timing.steady_examples += joined;
+        }
+        self.time(started.elapsed());
+        self.joined_at = self.step;
+        self.in_hand = true;
+        self.cut_short = unrun > 0;
+        Ok(self.cut_short)
+    }
+
+    /// Every task stops within the epoch (a stop request): the backup, then the preemption.
+    fn stop_mid_epoch(&mut self, epoch: u64, session: &mut Session, callbacks: &mut Callbacks) -> TrainError {
+        if let Err(e) = self.save(epoch - 1, false, true, session, callbacks) {
+            return e;
+        }
+        self.preempt(session, callbacks)
     }
 
     fn shown(&self) -> Shown {
@@ -287,76 +406,6 @@ impl<'a> Loop<'a> {
         }
     }
 
-    /// The evaluation every N steps (unless the epoch's end evaluates anyway); returns why to
-    /// stop when a callback says so.
-    fn evaluate_mid_epoch(
-        &mut self,
-        epoch: u64,
-        s: u64,
-        epoch_end: bool,
-        session: &mut Session,
-        callbacks: &mut Callbacks,
-        run_dir: Option<&mut RunDir>,
-    ) -> Result<Option<StopReason>, TrainError> {
-        let t = &self.plan.train;
-        let due = t.eval.and_then(|e| e.every_steps).is_some_and(|n| self.step.is_multiple_of(n));
-        if !due || (epoch_end && t.eval.is_some_and(|e| e.every_epoch)) {
-            return Ok(None);
-        }
-        let stats = self.evaluate(session)?;
-        self.last_eval = Some(Eval { step: self.step, stats });
-        let logs = self.logs(epoch, &self.epoch_stats, self.last_eval);
-        if let Some(d) = run_dir {
-            d.metrics(&self.metrics_line(MetricsEvent::Evaluation, &logs))?;
-        }
-        let (loss, accuracy) = (stats.loss(), stats.accuracy());
-        self.progress.note(&format!("step {}: val_loss: {loss:.4} - val_accuracy: {accuracy:.4}", self.step));
-        let reason = match callbacks.on_evaluation(&logs) {
-            Control::Continue => return Ok(None),
-            Control::Stop(r) | Control::StopAndRestore(r) => r,
-        };
-        let shown = Shown { val: Some((loss, accuracy)), ..self.shown() };
-        self.progress.end_epoch(epoch, s + 1, &shown);
-        self.progress.note(&format!("stopped: {}", reason.name()));
-        self.last_epoch = self.epoch_stats;
-        Ok(Some(reason))
-    }
-
-    /// An epoch's end: its evaluation, metrics line and display, and the callbacks' verdict
-    /// (acted on here: the best weights put back when asked). Returns why to stop, if so.
-    fn end_epoch(
-        &mut self,
-        epoch: u64,
-        session: &mut Session,
-        callbacks: &mut Callbacks,
-        run_dir: Option<&mut RunDir>,
-    ) -> Result<Option<StopReason>, TrainError> {
-        self.last_epoch = self.epoch_stats;
-        if self.plan.train.eval.is_some_and(|e| e.every_epoch) {
-            self.last_eval = Some(Eval { step: self.step, stats: self.evaluate(session)? });
-        }
-        let logs = self.logs(epoch, &self.epoch_stats, self.last_eval.filter(|e| e.step == self.step));
-        if let Some(d) = run_dir {
-            d.metrics(&self.metrics_line(MetricsEvent::Epoch, &logs))?;
-        }
-        let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
-        self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
-        self.timing.epoch = Duration::ZERO;
-        self.epoch_stats = BatchStats::default();
-        Ok(match callbacks.on_epoch_end(&logs, &session.vars)? {
-            Control::Continue => None,
-            Control::Stop(r) => Some(r),
-            Control::StopAndRestore(r) => {
-                if let Some(best) = callbacks.best_weights() {
-                    session.vars.clone_from(best);
-                    // The restored weights have not been evaluated yet.
-                    self.last_eval = None;
-                }
-                Some(r)
-            }
-        })
-    }
-
     /// Saves what the callbacks ask for after this step (`epochs_done` epochs finished;
     /// `preempting`: every task voted to stop, so a backup is due).
     fn save(
@@ -376,7 +425,7 @@ impl<'a> Loop<'a> {
             if epoch_end { (epochs_done, self.last_epoch) } else { (epochs_done + 1, self.epoch_stats) };
         let logs = self.logs(epoch, &train, self.last_eval.filter(|e| e.step == self.step));
         let at = Moment { step: self.step, epoch_end, preempting, logs: &logs };
-        let cursor = self.pipeline.cursor();
+        let cursor = self.input.cursor();
         let (examples, epoch_sums, last_epoch, last_eval) =
             (self.examples, sums(&self.epoch_stats), sums(&self.last_epoch), self.last_eval);
         let step = self.step;
@@ -394,7 +443,7 @@ impl<'a> Loop<'a> {
                     last_eval: last_eval.map(|e| EvalState { step: e.step, sums: sums(&e.stats) }),
                     callbacks,
                     best_weights: false,
-                    worker_steps: Vec::new(),
+                    worker_steps: session.strategy.worker_steps(),
                 },
                 vars: &session.vars,
                 optimizer: &session.optimizer,
@@ -423,29 +472,6 @@ impl<'a> Loop<'a> {
         TrainError::Preempted { step: self.step, backup, chief, backs_up: self.plan.callbacks.backs_up() }
     }
 
-    fn evaluate(&self, session: &mut Session) -> Result<BatchStats, TrainError> {
-        let Some(test) = session.dataset.test.as_ref() else {
-            return Ok(BatchStats::default());
-        };
-        let limit = self.plan.train.eval.and_then(|e| e.validation_steps).map_or(usize::MAX, |v| v as usize);
-        let mut batches = EvalBatches::new(test, self.eval_batch, session.shard);
-        let stats = session.strategy.evaluate(&mut session.vars, &mut batches.by_ref().take(limit))?;
-        batches.finish()?;
-        Ok(stats)
-    }
-
-    fn metrics_line(&self, event: MetricsEvent, logs: &Logs) -> MetricsLine {
-        let per_s = self.epoch_stats.examples as f64 / self.timing.epoch.as_secs_f64().max(1e-9);
-        let line =
-            MetricsLine::of(event, logs, per_s, self.opts.launched.elapsed().as_secs_f64(), &self.plan.train.metrics);
-        let named = line.named.errors(
-            &self.plan.train.metrics,
-            &self.epoch_stats,
-            self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats).as_ref(),
-        );
-        MetricsLine { named, ..line }
-    }
-
     /// The final evaluation, the weights, the last checkpoints and the summary.
     fn finish(
         mut self,
@@ -465,6 +491,7 @@ impl<'a> Loop<'a> {
         non_finite_weights(self.step, session)?;
         let sha = weights_sha256(&session.vars);
         let transport = session.strategy.transport();
+        let parameter_server = session.strategy.parameter_server_stats();
         // Every checkpoint is on disk before the job ends, so the evaluator finds the last one.
         let saves = callbacks.finish(true)?;
         session.strategy.finish()?;
@@ -494,79 +521,8 @@ impl<'a> Loop<'a> {
                 transport,
                 resumed_from_step: self.resumed_from_step,
                 saves,
-                parameter_server: None,
+                parameter_server,
             },
         ))
     }
-}
-
-/// How a training loop ended: what [`summary`] does not read from the plan or the session.
-pub(super) struct Ending {
-    pub stopped: StopReason,
-    pub last_epoch: BatchStats,
-    pub final_eval: Option<BatchStats>,
-    pub steps: u64,
-    pub examples: u64,
-    pub first_step_s: Option<f64>,
-    pub input_wait_s: f64,
-    pub steady_examples_per_s: f64,
-    pub weights_sha256: String,
-    pub transport: Option<&'static str>,
-    pub resumed_from_step: Option<u64>,
-    pub saves: Option<SaveStats>,
-    pub parameter_server: Option<ParameterServerStats>,
-}
-
-/// `summary.json` of a run that ended so: shared by `fit` and the parameter-server chief's loop.
-pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: Ending) -> Summary {
-    let train_loss = end.last_epoch.loss();
-    let final_loss = end.final_eval.map(|e| e.loss());
-    let named = NamedMetrics::of(&plan.train.metrics, train_loss, final_loss, end.steady_examples_per_s).errors(
-        &plan.train.metrics,
-        &end.last_epoch,
-        end.final_eval.as_ref(),
-    );
-    Summary {
-        trainrun_version: env!("CARGO_PKG_VERSION"),
-        name: plan.name.clone(),
-        seed: plan.seed,
-        stopped: end.stopped,
-        train_loss,
-        train_accuracy: end.last_epoch.accuracy(),
-        test_loss: final_loss,
-        test_accuracy: end.final_eval.map(|e| e.accuracy()),
-        steps: end.steps,
-        examples: end.examples,
-        wall_s: launched.elapsed().as_secs_f64(),
-        first_step_s: end.first_step_s.unwrap_or(0.0),
-        input_wait_s: end.input_wait_s,
-        steady_examples_per_s: end.steady_examples_per_s,
-        peak_rss_mb: peak_rss_mb(),
-        train_perplexity: named.perplexity,
-        test_perplexity: named.val_perplexity,
-        steady_tokens_per_s: named.tokens_per_s,
-        train_mae: named.mae,
-        test_mae: named.val_mae,
-        train_rmse: named.rmse,
-        test_rmse: named.val_rmse,
-        weights_sha256: end.weights_sha256,
-        params: session.vars.params.len(),
-        threads: plan.threads,
-        num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
-        num_workers: plan.strategy.num_workers,
-        transport: end.transport,
-        resumed_from_step: end.resumed_from_step,
-        checkpoints_written: end.saves.map(|s| s.saves),
-        save_block_ms_max: end.saves.map(|s| s.block_max.as_secs_f64() * 1e3),
-        save_write_ms_max: end.saves.map(|s| s.write_max.as_secs_f64() * 1e3),
-        parameter_server: end.parameter_server,
-    }
-}
-
-/// The largest multiple of the training micro-batch (at most 1024 examples per replica) whose
-/// activations fit [`EVAL_BYTES`] on each replica.
-pub fn eval_batch_size(micro: NonZeroUsize, replicas: usize, activation_len: usize) -> NonZeroUsize {
-    let per_replica = (EVAL_BYTES / (4 * activation_len.max(1))).clamp(1, 1024);
-    let multiple = (per_replica * replicas.max(1) / micro.get()).max(1);
-    NonZeroUsize::new(micro.get() * multiple).unwrap_or(micro)
 }
