@@ -171,14 +171,7 @@ fn a_run_folder_that_cannot_be_made_names_run_out_dir() {
     // No restart cures it: the launcher fails the job at once, without "resuming from the
     // last backup" (issue 29).
     let out = run_env(
-        &[
-            "specs/mnist_multiworker.toml",
-            "-q",
-            "--set",
-            "run.out_dir=/proc/trainrun-nope",
-            "--set",
-            "cluster.max_restarts=3",
-        ],
+        &["specs/mnist_multiworker.toml", "-q", "--set", "run.out_dir=/proc/trainrun-nope", "--set", "cluster.max_restarts=3"],
         &[],
     );
     let (_, stderr) = text(&out);
