@@ -34,6 +34,8 @@ pub enum Part {
     Peers,
     /// Mirrored 2 replicas × 1 thread against one replica × 2 threads, alternating.
     Mirrored,
+    /// All-reduce between worker processes: every algorithm over every transport it runs on.
+    Collective,
     /// Time to 98 % in one process and `mnist_fast` to 98.5 %, with TensorFlow's time to 98 %
     /// alongside (needs the MNIST files).
     Tta,
@@ -234,6 +236,7 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
         Some(Part::Engine) => return engine(steps),
         Some(Part::Peers) => return peers(steps),
         Some(Part::Mirrored) => return mirrored(&exe),
+        Some(Part::Collective) => return collective(),
         Some(Part::Tta) => return tta::one_process(&exe, &python),
         Some(Part::ParameterServer) => return tta::parameter_server(&exe),
         Some(Part::Tls) => return tls::run(&exe, if quick { 2 } else { 8 }),
@@ -242,11 +245,7 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
     engine(steps)?;
     peers(steps)?;
 
-    println!("\n== all-reduce between processes on this host (busbw = size × 2(N−1)/N ÷ time, as nccl-tests)");
-    let launcher = crate::collective::Launcher::current_exe().map_err(|e| e.to_string())?;
-    let rows = crate::collective::bench::run(&crate::collective::bench::BenchOptions::standard(launcher))
-        .map_err(|e| e.to_string())?;
-    print!("{}", crate::collective::bench::table(&rows));
+    collective()?;
 
     // Before the MNIST jobs, which end the bench early without the MNIST files.
     gpt::run(&exe, &python, quick)?;
@@ -261,6 +260,16 @@ pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
     tta::one_process(&exe, &python)?;
     tta::parameter_server(&exe)?;
     tls::run(&exe, 8)
+}
+
+/// The all-reduce table: every algorithm over every transport it runs on, 2 and 4 processes.
+fn collective() -> Result<(), String> {
+    use crate::collective::bench::{BenchOptions, run, table};
+    println!("\n== all-reduce between processes on this host (busbw = size × 2(N−1)/N ÷ time, as nccl-tests)");
+    let launcher = crate::collective::Launcher::current_exe().map_err(|e| e.to_string())?;
+    let rows = run(&BenchOptions::standard(launcher)).map_err(|e| e.to_string())?;
+    print!("{}", table(&rows));
+    Ok(())
 }
 
 /// The tutorial model's step on seeded random images, every batch, thread count and update.

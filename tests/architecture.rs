@@ -269,3 +269,23 @@ fn each_data_source_is_in_its_own_file() {
     assert!(missing.is_empty(), "data.dataset names without their source file:\n  {}", missing.join("\n  "));
     assert!(names.len() >= 12 && names.contains(&"image_folder".to_string()), "{names:?}");
 }
+
+/// Each all-reduce algorithm lives in its own file, named as the plan names it, and every file
+/// there is one: adding an algorithm is a file, a variant and its arms
+/// (`docs/architecture.md`).
+#[test]
+fn each_all_reduce_algorithm_has_its_own_file() {
+    let dir = Path::new("src/collective/algorithm");
+    let named: BTreeSet<String> =
+        trainrun::collective::Algorithm::ALL.iter().map(|a| format!("{}.rs", a.name())).collect();
+    let files: BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs") && n != "mod.rs" && !test_file(Path::new(n)))
+        .collect();
+    assert_eq!(
+        named, files,
+        "every collective::Algorithm has a file src/collective/algorithm/<name>.rs, and every file there is an algorithm"
+    );
+}

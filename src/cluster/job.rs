@@ -1,12 +1,13 @@
 //! Joining a job: this task starts its control plane, checks in with the chief (same spec,
-//! same trainrun version, right token), and connects the data plane among the training
-//! workers: shared memory when they all run on one host, else a TCP ring.
+//! same trainrun version, right token), and connects the data plane the plan chose
+//! ([`DataPlaneKind`]): the training workers' all-reduce, its algorithm over its transport, or
+//! every task's endpoint for a strategy that connects them itself.
 
 use super::tls::{TlsMaterial, host_of};
 use super::{ClusterConfig, ClusterError, ControlPlane, JobToken, Role, TaskId, Timeouts};
 use crate::collective::{
-    Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, TlsPeers, Transport, TransportKind,
-    job_token_hash,
+    Algorithm, Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, TlsPeers, Transport,
+    TransportKind, job_token_hash,
 };
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
@@ -36,19 +37,26 @@ pub struct JobConfig {
     /// How long a collective may stall, or a task stay silent, before the job fails.
     pub timeout: Duration,
     /// The data plane the plan chose.
-    pub transport: TransportKind,
+    pub data_plane: DataPlaneKind,
     /// Gradient values the shared-memory arena holds, so backward writes straight into it.
     pub arena_floats: usize,
-    /// Whether the training workers form a ring (synchronous all-reduce); without one this
-    /// task keeps its data-plane listener and everyone's data address ([`DataPlane`]) for a
-    /// data plane of the strategy's own (parameter servers).
-    pub ring: bool,
     /// Roles whose death the job survives and whose restarted process rejoins it.
     pub expendable: Vec<Role>,
     /// The control-plane listener on this task's address, already bound by whoever started
     /// the task (the local launcher, so that no other process can take the port in between);
     /// `None`: bind it here.
     pub control: Option<TcpListener>,
+}
+
+/// What the data plane among the tasks is, as the plan decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPlaneKind {
+    /// The training workers all-reduce (synchronous training): this algorithm over this
+    /// transport.
+    AllReduce { algorithm: Algorithm, transport: TransportKind },
+    /// This task keeps its data-plane listener and gets everyone's data address
+    /// ([`DataPlane`]), for a data plane of the strategy's own (parameter servers).
+    Endpoints,
 }
 
 /// The data-plane endpoints of every task, for a strategy that connects them itself.
@@ -171,7 +179,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
         control,
     )?;
     let roster = plane.rendezvous()?;
-    if !config.ring {
+    let DataPlaneKind::AllReduce { algorithm, transport } = config.data_plane else {
         let mut addresses = BTreeMap::new();
         for m in &roster.members {
             addresses.insert(m.task, data_address(m)?);
@@ -191,46 +199,49 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
         let tls = config.tls.as_ref().map(|t| t.ring().clone());
         let data = DataPlane { listener: data, addresses, token, tls, hosts };
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: Some(data) });
-    }
+    };
     let workers: Vec<_> = roster.members.iter().filter(|m| matches!(m.task.role, Role::Chief | Role::Worker)).collect();
     let Some(rank) = workers.iter().position(|m| m.task == task) else {
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: None });
     };
     let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
-    let one_host = workers.iter().all(|m| m.host == workers[0].host);
     let token = job_token_hash(config.token.as_str());
-    if config.transport == TransportKind::SharedMemory && !one_host {
-        let hosts: Vec<String> = workers.iter().map(|m| format!("{} on {}", m.task, m.host)).collect();
-        return Err(JoinError::Transport(format!(
-            "the shared-memory transport needs every worker on one host, but they run on several ({}); set strategy.communication.transport = \"tcp\"",
-            hosts.join(", ")
-        )));
-    }
-    let transport = if config.transport == TransportKind::SharedMemory {
-        // Unique per job and per launch: the token, and the chief's process id.
-        let path = segment_dir().join(format!("trainrun-{token:016x}-{}", workers[0].pid));
-        Transport::SharedMemory(ShmOptions {
-            arena_bytes: 4 * config.arena_floats,
-            job_token: token,
-            ..ShmOptions::new(path)
-        })
-    } else {
-        let mut addrs = Vec::with_capacity(workers.len());
-        for m in &workers {
-            addrs.push(data_address(m)?);
+    let transport = match transport {
+        TransportKind::SharedMemory => {
+            if !workers.iter().all(|m| m.host == workers[0].host) {
+                let hosts: Vec<String> = workers.iter().map(|m| format!("{} on {}", m.task, m.host)).collect();
+                return Err(JoinError::Transport(format!(
+                    "the shared-memory transport needs every worker on one host, but they run on several ({}); set strategy.communication.transport = \"tcp\"",
+                    hosts.join(", ")
+                )));
+            }
+            // Unique per job and per launch: the token, and the chief's process id.
+            let path = segment_dir().join(format!("trainrun-{token:016x}-{}", workers[0].pid));
+            Transport::SharedMemory(ShmOptions {
+                arena_bytes: 4 * config.arena_floats,
+                job_token: token,
+                ..ShmOptions::new(path)
+            })
         }
-        // Each rank's certificate must name the host the cluster gives it.
-        let tls = config.tls.as_ref().map(|t| TlsPeers {
-            config: t.ring().clone(),
-            names: workers.iter().map(|m| host_of(&m.address).to_owned()).collect(),
-        });
-        Transport::TcpRing(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
+        TransportKind::Tcp => {
+            let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
+            Transport::TcpRing(TcpOptions { job_token: token, ..TcpOptions::new(addrs, data) })
+        }
+        TransportKind::TcpTls => {
+            let Some(tls) = &config.tls else {
+                return Err(JoinError::Transport(format!(
+                    "{task}: the plan moves gradients over TCP under TLS, but this task has no cluster.tls"
+                )));
+            };
+            let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
+            // Each rank's certificate must name the host the cluster gives it.
+            let names = workers.iter().map(|m| host_of(&m.address).to_owned()).collect();
+            let tls = Some(TlsPeers { config: tls.ring().clone(), names });
+            Transport::TcpRing(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
+        }
     };
-    let comm = Collective::connect(
-        peers,
-        transport,
-        crate::collective::Timeouts { connect: config.startup, op: config.timeout },
-    )?;
+    let timeouts = crate::collective::Timeouts { connect: config.startup, op: config.timeout };
+    let comm = Collective::build(peers, algorithm, transport, timeouts)?;
     Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief, data: None })
 }
 

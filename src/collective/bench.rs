@@ -1,14 +1,14 @@
 //! `trainrun bench`'s collective table: all-reduce of 1, 11 and 64 MB between 2 and 4 real
 //! worker processes (this binary, started as peers through environment variables: see
-//! [`peer_main_from_env`]) on every transport, reported as median time and bus bandwidth the
-//! nccl-tests way: size × 2(N−1)/N ÷ time, the bytes each rank's link must carry, comparable
-//! across world sizes.
+//! [`peer_main_from_env`]) for every algorithm over every transport it runs on, reported as
+//! median time and bus bandwidth the nccl-tests way: size × 2(N−1)/N ÷ time, the bytes each
+//! rank's link must carry, comparable across world sizes.
 
-use super::Timeouts;
-use super::group::{GroupError, Launcher, PeerGroup, PeerSpec};
+use super::group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use super::peer::{
     EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env, peer_main_from_env,
 };
+use super::{Algorithm, Timeouts};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -16,6 +16,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     pub launcher: Launcher,
+    /// Each runs over every wire of `wires` that carries it ([`Wire::carries`]).
+    pub algorithms: Vec<Algorithm>,
     pub wires: Vec<Wire>,
     pub worlds: Vec<usize>,
     /// Float counts.
@@ -23,12 +25,13 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// Every transport, 2 and 4 ranks, 1 MB, 11.08 MB (the reference model's 2.77 M
-    /// gradients) and 64 MB.
+    /// Every algorithm over every transport, 2 and 4 ranks, 1 MB, 11.08 MB (the reference
+    /// model's 2.77 M gradients) and 64 MB.
     pub fn standard(launcher: Launcher) -> BenchOptions {
         BenchOptions {
             launcher,
-            wires: vec![Wire::Shm, Wire::ShmArena, Wire::Tcp],
+            algorithms: Algorithm::ALL.to_vec(),
+            wires: vec![Wire::Shm, Wire::ShmArena, Wire::Tcp, Wire::TcpTls],
             worlds: vec![2, 4],
             sizes: vec![250_000, 2_770_000, 16_000_000],
         }
@@ -38,6 +41,7 @@ impl BenchOptions {
 /// One measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchRow {
+    pub algorithm: Algorithm,
     pub wire: Wire,
     pub world: usize,
     pub bytes: usize,
@@ -59,9 +63,9 @@ pub enum BenchError {
     #[error(transparent)]
     Group(#[from] GroupError),
     #[error("{wire} with {world} ranks: worker:{rank} failed (exit code {code:?}): {stderr}")]
-    Peer { wire: &'static str, world: usize, rank: usize, code: Option<i32>, stderr: String },
+    Peer { wire: String, world: usize, rank: usize, code: Option<i32>, stderr: String },
     #[error("{wire} with {world} ranks: rank 0 reported no result for {bytes} bytes")]
-    NoResult { wire: &'static str, world: usize, bytes: usize },
+    NoResult { wire: String, world: usize, bytes: usize },
 }
 
 /// Rounds to time: enough for a stable median, about a second of work per size.
@@ -69,45 +73,65 @@ fn rounds(floats: usize) -> usize {
     (50_000_000 / floats.max(1)).clamp(10, 100)
 }
 
-/// Runs every configuration, one process group per transport, world and size.
+/// Runs every configuration, one process group per algorithm, transport, world and size.
 pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
     let mut rows = Vec::new();
-    for &wire in &opts.wires {
-        for &world in &opts.worlds {
-            for &floats in &opts.sizes {
-                let spec = PeerSpec {
-                    label: format!("bench-{}-{world}-{floats}", wire.as_str()),
-                    mode: PeerMode::Bench,
-                    wire,
-                    world,
-                    sizes: vec![floats],
-                    iters: rounds(floats),
-                    timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
-                };
-                let group = PeerGroup::spawn(&opts.launcher, &spec)?;
-                let outcomes = group.finish(Duration::from_secs(300));
-                for o in &outcomes {
-                    if o.code != Some(0) {
-                        return Err(BenchError::Peer {
-                            wire: wire.as_str(),
-                            world,
-                            rank: o.rank,
-                            code: o.code,
-                            stderr: o.stderr.trim().to_string(),
-                        });
-                    }
+    for &algorithm in &opts.algorithms {
+        for wire in opts.wires.iter().copied().filter(|w| w.carries(algorithm)) {
+            for &world in &opts.worlds {
+                for &floats in &opts.sizes {
+                    rows.push(run_one(&opts.launcher, algorithm, wire, world, floats)?);
                 }
-                let bytes = floats * 4;
-                let result = outcomes
-                    .first()
-                    .and_then(|o| o.lines.iter().find_map(|l| parse_result(l)))
-                    .filter(|r| r.0 == bytes)
-                    .ok_or(BenchError::NoResult { wire: wire.as_str(), world, bytes })?;
-                rows.push(BenchRow { wire, world, bytes, median: result.1, min: result.2 });
             }
         }
     }
     Ok(rows)
+}
+
+/// `algorithm` over `wire` as the table labels it.
+fn label(algorithm: Algorithm, wire: Wire) -> String {
+    format!("{} over {}", algorithm.name(), wire.as_str())
+}
+
+fn run_one(
+    launcher: &Launcher,
+    algorithm: Algorithm,
+    wire: Wire,
+    world: usize,
+    floats: usize,
+) -> Result<BenchRow, BenchError> {
+    let spec = PeerSpec {
+        label: format!("bench-{}-{}-{world}-{floats}", algorithm.name(), wire.as_str()),
+        mode: PeerMode::Bench,
+        wire,
+        world,
+        sizes: vec![floats],
+        iters: rounds(floats),
+        timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
+    };
+    let outcomes = PeerGroup::spawn_with(launcher, &spec, algorithm)?.finish(Duration::from_secs(300));
+    check(&outcomes, &label(algorithm, wire), world)?;
+    let bytes = floats * 4;
+    let result = outcomes
+        .first()
+        .and_then(|o| o.lines.iter().find_map(|l| parse_result(l)))
+        .filter(|r| r.0 == bytes)
+        .ok_or_else(|| BenchError::NoResult { wire: label(algorithm, wire), world, bytes })?;
+    Ok(BenchRow { algorithm, wire, world, bytes, median: result.1, min: result.2 })
+}
+
+/// Every peer exited cleanly, or the first that did not.
+fn check(outcomes: &[PeerOutcome], wire: &str, world: usize) -> Result<(), BenchError> {
+    match outcomes.iter().find(|o| o.code != Some(0)) {
+        None => Ok(()),
+        Some(o) => Err(BenchError::Peer {
+            wire: wire.to_string(),
+            world,
+            rank: o.rank,
+            code: o.code,
+            stderr: o.stderr.trim().to_string(),
+        }),
+    }
 }
 
 fn parse_result(line: &str) -> Option<(usize, Duration, Duration)> {
@@ -142,17 +166,7 @@ pub fn run_overlap(
                 timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
             };
             let outcomes = PeerGroup::spawn(&opts.launcher, &spec)?.finish(Duration::from_secs(300));
-            for o in &outcomes {
-                if o.code != Some(0) {
-                    return Err(BenchError::Peer {
-                        wire: wire.as_str(),
-                        world,
-                        rank: o.rank,
-                        code: o.code,
-                        stderr: o.stderr.trim().to_string(),
-                    });
-                }
-            }
+            check(&outcomes, wire.as_str(), world)?;
             for line in outcomes.first().map(|o| o.lines.as_slice()).unwrap_or_default() {
                 let mut it = line.strip_prefix("TRAINRUN-OVERLAP ").unwrap_or_default().split_whitespace();
                 if let (Some(label), Some(secs)) = (it.next(), it.next().and_then(|s| s.parse::<f64>().ok())) {
@@ -166,12 +180,12 @@ pub fn run_overlap(
 
 /// The rows as a table.
 pub fn table(rows: &[BenchRow]) -> String {
-    let mut s = String::from("transport   ranks      size   median ms   min ms   busbw GB/s\n");
+    let mut s = String::from("algorithm over transport  ranks      size   median ms   min ms   busbw GB/s\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<10} {:>6} {:>6.1} MB {:>11.3} {:>8.3} {:>12.2}",
-            r.wire.as_str(),
+            "{:<24} {:>6} {:>6.1} MB {:>11.3} {:>8.3} {:>12.2}",
+            label(r.algorithm, r.wire),
             r.world,
             r.bytes as f64 / 1e6,
             r.median.as_secs_f64() * 1e3,
@@ -189,6 +203,7 @@ mod tests {
     #[test]
     fn bus_bandwidth_is_the_nccl_tests_formula() {
         let r = BenchRow {
+            algorithm: Algorithm::Direct,
             wire: Wire::Shm,
             world: 4,
             bytes: 1_000_000_000,

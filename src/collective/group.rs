@@ -2,11 +2,11 @@
 //! multi-process tests use it. A dropped group kills and reaps whatever still runs and
 //! removes its shared-memory segment, so no test leaves processes or files behind.
 
-use super::Timeouts;
 use super::peer::{
-    ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH, ENV_SIZES, ENV_WIRE,
-    ENV_WORLD, PeerMode, Wire,
+    ENV_ALGORITHM, ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH, ENV_SIZES,
+    ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_WIRE, ENV_WORLD, PeerMode, Wire,
 };
+use super::{Algorithm, Timeouts};
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -27,6 +27,13 @@ impl Launcher {
     /// This very executable, no arguments.
     pub fn current_exe() -> io::Result<Launcher> {
         Ok(Launcher { program: std::env::current_exe()?, args: Vec::new() })
+    }
+
+    /// This test binary running only its test `entry`, the peer's body, which exits before
+    /// the harness reports: how multi-process tests start their peers.
+    pub fn test_entry(entry: &str) -> io::Result<Launcher> {
+        let args = [entry, "--exact", "--nocapture", "--test-threads=1"].map(OsString::from).to_vec();
+        Ok(Launcher { program: std::env::current_exe()?, args })
     }
 }
 
@@ -66,6 +73,8 @@ pub enum GroupError {
     },
     #[error("peer {rank} did not report its TCP address within {secs} s; its stderr: {stderr}")]
     NoAddress { rank: usize, secs: u64, stderr: String },
+    #[error("cannot make the peers' TLS certificates: {0}")]
+    Certificates(String),
     #[error("cannot send the address list to peer {rank}: {source}")]
     Addresses {
         rank: usize,
@@ -85,10 +94,24 @@ pub struct PeerGroup {
 }
 
 impl PeerGroup {
-    /// Starts `spec.world` peers; for TCP, also brokers their addresses.
+    /// Starts `spec.world` peers running the wire's usual algorithm
+    /// ([`Wire::usual_algorithm`]); for TCP, also brokers their addresses.
     pub fn spawn(launcher: &Launcher, spec: &PeerSpec) -> Result<PeerGroup, GroupError> {
+        PeerGroup::spawn_with(launcher, spec, spec.wire.usual_algorithm())
+    }
+
+    /// Starts `spec.world` peers running `algorithm`; under TLS they share a CA and a
+    /// certificate made for them.
+    pub fn spawn_with(launcher: &Launcher, spec: &PeerSpec, algorithm: Algorithm) -> Result<PeerGroup, GroupError> {
         let shm_path = PathBuf::from(format!("/dev/shm/trainrun-{}-{}", spec.label, std::process::id()));
         let sizes: Vec<String> = spec.sizes.iter().map(|s| s.to_string()).collect();
+        let tls: Vec<(&str, String)> = match spec.wire {
+            Wire::TcpTls => {
+                let [cert, key, ca] = pems().map_err(|e| GroupError::Certificates(e.to_string()))?;
+                vec![(ENV_TLS_CERT, cert), (ENV_TLS_KEY, key), (ENV_TLS_CA, ca)]
+            }
+            Wire::Shm | Wire::ShmArena | Wire::Tcp => Vec::new(),
+        };
         let (tx, lines) = mpsc::channel();
         let mut group = PeerGroup {
             children: Vec::new(),
@@ -105,6 +128,8 @@ impl PeerGroup {
                 .env(ENV_RANK, rank.to_string())
                 .env(ENV_WORLD, spec.world.to_string())
                 .env(ENV_WIRE, spec.wire.as_str())
+                .env(ENV_ALGORITHM, algorithm.name())
+                .envs(tls.iter().map(|(k, v)| (k, v)))
                 .env(ENV_SHM_PATH, &group.shm_path)
                 .env(ENV_SIZES, sizes.join(","))
                 .env(ENV_ITERS, spec.iters.to_string())
@@ -143,8 +168,9 @@ impl PeerGroup {
             group.stdins.push(child.stdin.take());
             group.children.push(child);
         }
-        if spec.wire == Wire::Tcp {
-            group.broker_addresses(spec)?;
+        match spec.wire {
+            Wire::Tcp | Wire::TcpTls => group.broker_addresses(spec)?,
+            Wire::Shm | Wire::ShmArena => {}
         }
         Ok(group)
     }
@@ -250,6 +276,17 @@ impl PeerGroup {
             })
             .collect()
     }
+}
+
+/// A CA and a certificate it signed for `localhost`, as PEM: (certificate, key, CA).
+fn pems() -> Result<[String; 3], rcgen::Error> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec!["localhost".to_string()])?.signed_by(&key, &issuer)?;
+    Ok([cert.pem(), key.serialize_pem(), issuer.pem()])
 }
 
 impl Drop for PeerGroup {

@@ -1,13 +1,16 @@
 //! The collective data plane: all-reduce, broadcast and barrier between the worker processes
 //! of a job, fast on one host and correct across hosts.
 //!
-//! [`Communicator`] is the seam the trainer programs against. [`Collective::connect`] builds
-//! the transport a [`Transport`] names, with one exhaustive `match`:
-//! - [`ShmCommunicator`] ([`shm`]): every rank on one host, through a shared-memory segment;
-//!   an 11 MB all-reduce between two processes takes about 1 ms through `all_reduce_sum` and
-//!   about 0.25 ms zero-copy through the arena on the 2-core development machine.
-//! - [`TcpRing`] ([`tcp`], [`ring`]): ranks in a ring over TCP, pipelined reduce-scatter then
-//!   all-gather; works across hosts.
+//! [`Communicator`] is the seam the trainer programs against. A communicator is an
+//! [`Algorithm`] (`algorithm/`, one file each) over a transport (`transport/`, one file each,
+//! named by [`TransportKind`]), and [`Collective::build`] makes it from the pair with one
+//! exhaustive `match`:
+//! - [`ShmCommunicator`]: the `direct` algorithm over shared memory, every rank summing its
+//!   share straight from every rank's buffer; an 11 MB all-reduce between two processes takes
+//!   about 1 ms through `all_reduce_sum` and about 0.25 ms zero-copy through the arena on the
+//!   2-core development machine.
+//! - [`Scheduled`]: a point-to-point algorithm (the `ring`) over a point-to-point transport:
+//!   shared memory, TCP, or TCP under mutual TLS; works across hosts.
 //!
 //! [`BucketReducer`] ([`bucket`]) overlaps gradient reduction with backward. [`mod@bench`]
 //! measures everything with real processes; a binary wires it up with
@@ -20,30 +23,29 @@
 //! data. Sums are deterministic: the same inputs give the same bits on every rank and in
 //! every run.
 
+mod algorithm;
 pub mod bench;
 pub mod bucket;
 mod error;
 mod group;
-mod handshake;
 mod liveness;
 mod overlap;
 mod peer;
-mod record;
 pub mod reduce;
-pub mod ring;
 pub(crate) mod segment;
-pub mod shm;
 pub(crate) mod stranger;
-pub mod tcp;
-pub mod tls;
+mod transport;
 
+pub use algorithm::{Algorithm, ArenaReducer, Scheduled, ShmCommunicator};
 pub use bucket::{BucketReducer, Packs};
 pub use error::{CollectiveError, Op};
 pub use group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
-pub use shm::{ArenaReducer, ShmCommunicator, ShmOptions};
-pub use tcp::{TcpOptions, TcpRing};
-pub use tls::{PemError, PemFile, RingTls, TlsPeers};
-pub(crate) use tls::{Wire, secure_link};
+pub use transport::TransportKind;
+pub use transport::shared_memory::ShmOptions;
+pub use transport::tcp::TcpOptions;
+pub use transport::tls;
+pub use transport::tls::{PemError, PemFile, RingTls, TlsPeers};
+pub(crate) use transport::tls::{Wire, secure_link};
 
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -66,10 +68,6 @@ pub trait Communicator: Send {
     fn barrier(&mut self) -> Result<(), CollectiveError>;
     /// How gradients travel.
     fn transport(&self) -> TransportKind;
-    /// Whether they travel under TLS.
-    fn encrypted(&self) -> bool {
-        false
-    }
     /// The transport's own gradient buffer, when backward can write into it directly and
     /// [`Communicator::all_reduce_arena`] sums it in place (zero-copy shared memory); `None`
     /// when gradients live in the caller's buffer.
@@ -148,16 +146,6 @@ impl Peers {
         self.name(self.rank)
     }
 
-    /// The rank this one sends to in a ring.
-    pub fn next(&self) -> usize {
-        (self.rank + 1) % self.world()
-    }
-
-    /// The rank this one receives from in a ring.
-    pub fn prev(&self) -> usize {
-        (self.rank + self.world() - 1) % self.world()
-    }
-
     fn check_root(&self, root: usize) -> Result<(), CollectiveError> {
         if root < self.world() {
             Ok(())
@@ -192,76 +180,94 @@ pub fn job_token_hash(token: &str) -> u64 {
     u64::from_le_bytes(b)
 }
 
-/// Which data plane carries gradients between workers, as the plan decided it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TransportKind {
-    /// A shared-memory segment: every worker on one host.
-    SharedMemory,
-    /// A TCP ring: workers anywhere.
-    Tcp,
-}
-
-impl TransportKind {
-    /// The name `summary.json` and `trainrun check` use.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::SharedMemory => "shared_memory",
-            TransportKind::Tcp => "tcp",
-        }
-    }
-}
-
-/// Which transport to build, with its settings.
+/// Which transport to connect, with its settings.
 #[derive(Debug)]
 pub enum Transport {
     /// All ranks on this host.
     SharedMemory(ShmOptions),
-    /// Ranks anywhere, in a TCP ring.
+    /// Ranks anywhere, over TCP (under mutual TLS when [`TcpOptions::tls`] is set). The name is
+    /// the one [`Collective::connect`] runs over it, the ring.
     TcpRing(TcpOptions),
 }
 
-/// A connected communicator of whichever transport was chosen.
+/// A connected communicator: an algorithm over a transport.
 pub enum Collective {
-    /// See [`ShmCommunicator`].
+    /// The `direct` algorithm over shared memory ([`ShmCommunicator`]), with its zero-copy
+    /// arena.
     SharedMemory(ShmCommunicator),
-    /// See [`TcpRing`].
-    TcpRing(TcpRing),
+    /// A point-to-point algorithm over any transport ([`Scheduled`]).
+    Scheduled(Scheduled),
 }
 
 impl Collective {
-    /// Builds and connects the transport `transport` names.
-    pub fn connect(peers: Peers, transport: Transport, timeouts: Timeouts) -> Result<Collective, CollectiveError> {
-        match transport {
-            Transport::SharedMemory(opts) => {
-                ShmCommunicator::join(peers, &opts, timeouts).map(Collective::SharedMemory)
+    /// Connects `algorithm` over `transport`: the one place that pairs them. A pair that cannot
+    /// run is an error (the plan refuses it before anything starts).
+    pub fn build(
+        peers: Peers,
+        algorithm: Algorithm,
+        transport: Transport,
+        timeouts: Timeouts,
+    ) -> Result<Collective, CollectiveError> {
+        let Some(steps) = algorithm.point_to_point() else {
+            return match transport {
+                Transport::SharedMemory(opts) => {
+                    ShmCommunicator::join(peers, &opts, timeouts).map(Collective::SharedMemory)
+                }
+                Transport::TcpRing(_) => Err(CollectiveError::Invalid(format!(
+                    "the {} algorithm cannot run over TCP: {}",
+                    algorithm.name(),
+                    algorithm.refuses(TransportKind::Tcp).unwrap_or("it needs shared memory")
+                ))),
+            };
+        };
+        let group = algorithm::Group::all(&peers);
+        let link: Box<dyn transport::PointToPoint> = match transport {
+            // Point-to-point transfers go through the outboxes, never the arena.
+            Transport::SharedMemory(opts) => Box::new(transport::shared_memory::SharedMemory::join(
+                peers,
+                &ShmOptions { arena_bytes: 0, ..opts },
+                timeouts,
+            )?),
+            Transport::TcpRing(opts) => {
+                Box::new(transport::tcp::TcpTransport::connect(peers, opts, &steps.wiring(&group), timeouts)?)
             }
-            Transport::TcpRing(opts) => TcpRing::connect(peers, opts, timeouts).map(Collective::TcpRing),
-        }
+        };
+        Ok(Collective::Scheduled(Scheduled::new(steps, link)))
     }
 
-    /// The transport as a trait object: the one place that dispatches.
+    /// Connects the algorithm each transport runs by default: `direct` over shared memory, the
+    /// ring over TCP.
+    pub fn connect(peers: Peers, transport: Transport, timeouts: Timeouts) -> Result<Collective, CollectiveError> {
+        let algorithm = match &transport {
+            Transport::SharedMemory(_) => Algorithm::Direct,
+            Transport::TcpRing(_) => Algorithm::Ring,
+        };
+        Collective::build(peers, algorithm, transport, timeouts)
+    }
+
+    /// The communicator as a trait object: the one place that dispatches.
     pub fn as_dyn(&mut self) -> &mut dyn Communicator {
         match self {
             Collective::SharedMemory(c) => c,
-            Collective::TcpRing(c) => c,
+            Collective::Scheduled(c) => c,
+        }
+    }
+
+    fn as_dyn_ref(&self) -> &dyn Communicator {
+        match self {
+            Collective::SharedMemory(c) => c,
+            Collective::Scheduled(c) => c,
         }
     }
 }
 
 impl Communicator for Collective {
     fn rank(&self) -> usize {
-        match self {
-            Collective::SharedMemory(c) => c.rank(),
-            Collective::TcpRing(c) => c.rank(),
-        }
+        self.as_dyn_ref().rank()
     }
 
     fn world(&self) -> usize {
-        match self {
-            Collective::SharedMemory(c) => c.world(),
-            Collective::TcpRing(c) => c.world(),
-        }
+        self.as_dyn_ref().world()
     }
 
     fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
@@ -281,17 +287,7 @@ impl Communicator for Collective {
     }
 
     fn transport(&self) -> TransportKind {
-        match self {
-            Collective::SharedMemory(c) => c.transport(),
-            Collective::TcpRing(c) => c.transport(),
-        }
-    }
-
-    fn encrypted(&self) -> bool {
-        match self {
-            Collective::SharedMemory(c) => c.encrypted(),
-            Collective::TcpRing(c) => c.encrypted(),
-        }
+        self.as_dyn_ref().transport()
     }
 
     fn arena(&mut self) -> Option<&mut [f32]> {
@@ -303,9 +299,6 @@ impl Communicator for Collective {
     }
 
     fn overlaps_backward(&self) -> bool {
-        match self {
-            Collective::SharedMemory(c) => c.overlaps_backward(),
-            Collective::TcpRing(c) => c.overlaps_backward(),
-        }
+        self.as_dyn_ref().overlaps_backward()
     }
 }

@@ -4,10 +4,14 @@
 //! [`super::group::PeerGroup`] is the other end.
 //!
 //! TCP needs addresses nobody knows in advance: each peer binds `127.0.0.1:0`, prints
-//! `TRAINRUN-PORT <addr>`, and reads `TRAINRUN-ADDRS <a0>,<a1>,…` from stdin.
+//! `TRAINRUN-PORT <addr>`, and reads `TRAINRUN-ADDRS <a0>,<a1>,…` from stdin. TCP under TLS
+//! also takes a CA and a certificate for `localhost` that every peer shares, as PEM text in
+//! the environment.
 
 use super::reduce::sequential_sum;
-use super::{Collective, Communicator, Peers, ShmOptions, TcpOptions, Timeouts, Transport};
+use super::{
+    Algorithm, Collective, Communicator, Peers, RingTls, ShmOptions, TcpOptions, Timeouts, TlsPeers, Transport,
+};
 use std::io::{self, BufRead, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
@@ -23,6 +27,12 @@ pub(crate) const ENV_SIZES: &str = "TRAINRUN_COLLECTIVE_SIZES";
 pub(crate) const ENV_ITERS: &str = "TRAINRUN_COLLECTIVE_ITERS";
 pub(crate) const ENV_OP_TIMEOUT_MS: &str = "TRAINRUN_COLLECTIVE_OP_TIMEOUT_MS";
 pub(crate) const ENV_CONNECT_TIMEOUT_MS: &str = "TRAINRUN_COLLECTIVE_CONNECT_TIMEOUT_MS";
+/// The algorithm ([`Algorithm::name`]); the wire's usual one when unset.
+pub(crate) const ENV_ALGORITHM: &str = "TRAINRUN_COLLECTIVE_ALGORITHM";
+/// PEM text of the certificate, key and CA every peer uses under TLS.
+pub(crate) const ENV_TLS_CERT: &str = "TRAINRUN_COLLECTIVE_TLS_CERT";
+pub(crate) const ENV_TLS_KEY: &str = "TRAINRUN_COLLECTIVE_TLS_KEY";
+pub(crate) const ENV_TLS_CA: &str = "TRAINRUN_COLLECTIVE_TLS_CA";
 /// Optional tuning knobs: shared-memory staging bytes per rank, TCP segment and socket buffer
 /// bytes.
 pub(crate) const ENV_STAGING: &str = "TRAINRUN_COLLECTIVE_STAGING_BYTES";
@@ -62,8 +72,10 @@ pub enum Wire {
     Shm,
     /// Shared memory, zero-copy through the arena.
     ShmArena,
-    /// TCP ring over loopback.
+    /// TCP over loopback.
     Tcp,
+    /// TCP over loopback under mutual TLS.
+    TcpTls,
 }
 
 impl Wire {
@@ -72,17 +84,37 @@ impl Wire {
             Wire::Shm => "shm",
             Wire::ShmArena => "shm-arena",
             Wire::Tcp => "tcp",
+            Wire::TcpTls => "tcp-tls",
         }
+    }
+
+    /// The algorithm [`Collective::connect`] runs over it.
+    pub fn usual_algorithm(self) -> Algorithm {
+        match self {
+            Wire::Shm | Wire::ShmArena => Algorithm::Direct,
+            Wire::Tcp | Wire::TcpTls => Algorithm::Ring,
+        }
+    }
+
+    /// Whether `algorithm` can run over it: the arena is the `direct` algorithm's alone.
+    pub fn carries(self, algorithm: Algorithm) -> bool {
+        let kind = match self {
+            Wire::Shm => super::TransportKind::SharedMemory,
+            Wire::ShmArena => return algorithm == Algorithm::Direct,
+            Wire::Tcp => super::TransportKind::Tcp,
+            Wire::TcpTls => super::TransportKind::TcpTls,
+        };
+        algorithm.refuses(kind).is_none()
     }
 }
 
 impl FromStr for Wire {
     type Err = String;
     fn from_str(s: &str) -> Result<Wire, String> {
-        [Wire::Shm, Wire::ShmArena, Wire::Tcp]
+        [Wire::Shm, Wire::ShmArena, Wire::Tcp, Wire::TcpTls]
             .into_iter()
             .find(|w| w.as_str() == s)
-            .ok_or_else(|| format!("unknown transport {s:?}; use shm, shm-arena or tcp"))
+            .ok_or_else(|| format!("unknown transport {s:?}; use shm, shm-arena, tcp or tcp-tls"))
     }
 }
 
@@ -104,6 +136,9 @@ struct PeerEnv {
     rank: usize,
     world: usize,
     wire: Wire,
+    algorithm: Algorithm,
+    /// Certificate, key and CA (PEM) under TLS.
+    tls: Option<[String; 3]>,
     shm_path: String,
     sizes: Vec<usize>,
     iters: usize,
@@ -135,11 +170,27 @@ impl PeerEnv {
             .map(|s| s.parse().map_err(|_| format!("{ENV_SIZES}: {s:?} is not a count of floats")))
             .collect::<Result<Vec<usize>, String>>()?;
         let ms = |key: &str| parse::<u64>(&get, key).map(Duration::from_millis);
+        let wire: Wire = parse(&get, ENV_WIRE)?;
+        let algorithm = match get(ENV_ALGORITHM) {
+            None => wire.usual_algorithm(),
+            Some(name) => {
+                Algorithm::from_name(&name).ok_or_else(|| format!("{ENV_ALGORITHM}={name:?} is no algorithm"))?
+            }
+        };
+        let tls = match (get(ENV_TLS_CERT), get(ENV_TLS_KEY), get(ENV_TLS_CA)) {
+            (Some(cert), Some(key), Some(ca)) => Some([cert, key, ca]),
+            _ if wire == Wire::TcpTls => {
+                return Err(format!("{ENV_WIRE}=tcp-tls needs {ENV_TLS_CERT}, {ENV_TLS_KEY} and {ENV_TLS_CA}"));
+            }
+            _ => None,
+        };
         Ok(Some(PeerEnv {
             mode,
             rank: parse(&get, ENV_RANK)?,
             world: parse(&get, ENV_WORLD)?,
-            wire: parse(&get, ENV_WIRE)?,
+            wire,
+            algorithm,
+            tls,
             shm_path: get(ENV_SHM_PATH).unwrap_or_default(),
             sizes,
             iters: parse(&get, ENV_ITERS)?,
@@ -201,7 +252,7 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, Failure> {
                 ..defaults
             })
         }
-        Wire::Tcp => {
+        Wire::Tcp | Wire::TcpTls => {
             let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
             let me = listener.local_addr().map_err(|e| (EXIT_USAGE, e.to_string()))?;
             say(&format!("TRAINRUN-PORT {me}"));
@@ -214,15 +265,24 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, Failure> {
                 .split(',')
                 .map(|a| a.parse::<SocketAddr>().map_err(|e| (EXIT_USAGE, format!("address {a:?}: {e}"))))
                 .collect::<Result<Vec<_>, _>>()?;
+            let tls = match (&env.tls, env.wire) {
+                (Some([cert, key, ca]), Wire::TcpTls) => Some(TlsPeers {
+                    config: RingTls::new(cert.as_bytes(), key.as_bytes(), ca.as_bytes())
+                        .map_err(|(file, e)| (EXIT_USAGE, format!("TLS {file:?}: {e}")))?,
+                    names: vec!["localhost".to_string(); env.world],
+                }),
+                _ => None,
+            };
             let defaults = TcpOptions::new(addrs, listener);
             Transport::TcpRing(TcpOptions {
                 segment_bytes: env.segment_bytes.unwrap_or(defaults.segment_bytes),
                 socket_buffer_bytes: env.socket_buffer_bytes.or(defaults.socket_buffer_bytes),
+                tls,
                 ..defaults
             })
         }
     };
-    Collective::connect(peers, transport, env.timeouts).map_err(collective)
+    Collective::build(peers, env.algorithm, transport, env.timeouts).map_err(collective)
 }
 
 /// Seeded data, different per rank and size.
@@ -283,18 +343,24 @@ fn soak(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
 }
 
 fn verify(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+    let exact = env.algorithm.sums_in_rank_order(env.world);
     for &len in &env.sizes {
         let mut data = seeded(env.rank, len);
         reduce(c, env.wire, &mut data)?;
         let inputs: Vec<Vec<f32>> = (0..env.world).map(|r| seeded(r, len)).collect();
         let want = sequential_sum(&inputs);
-        // Shared memory sums in rank order exactly; a ring of more than two rotates it.
-        let exact = env.wire != Wire::Tcp || env.world == 2;
         for (i, (g, w)) in data.iter().zip(&want).enumerate() {
-            let scale: f32 = inputs.iter().map(|x| x[i].abs()).sum();
-            let ok = if exact { g.to_bits() == w.to_bits() } else { (g - w).abs() <= scale * 4.0 * f32::EPSILON };
-            if !ok {
-                return Err((EXIT_WRONG_SUM, format!("{len} floats: element {i} is {g}, the sequential sum is {w}")));
+            // Against the sum in f64: each of the N−1 additions rounds once, by at most ε of
+            // the running sum, so the error is at most N·ε·Σ|x|.
+            let exact_sum: f64 = inputs.iter().map(|x| f64::from(x[i])).sum();
+            let scale: f64 = inputs.iter().map(|x| f64::from(x[i].abs())).sum();
+            let close = (f64::from(*g) - exact_sum).abs() <= scale * env.world as f64 * f64::from(f32::EPSILON);
+            // Rank-order algorithms give the plain sequential sum bit for bit.
+            if !close || (exact && g.to_bits() != w.to_bits()) {
+                return Err((
+                    EXIT_WRONG_SUM,
+                    format!("{len} floats: element {i} is {g}, the sequential sum is {w}, the f64 sum {exact_sum}"),
+                ));
             }
         }
         let hash =

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | 0 | header: magic, version, world, staging and arena sizes, job token, abort flag |
 //! | 128 + 128·r | rank r's cell: sequence counter, pid, descriptor of its current op |
+//! | `pairs_off` + 128·(s·world + r) | the counters of messages from rank s to rank r |
 //! | `data_off` + r·`stride` | rank r's staging area, then its arena (f32 each) |
 //!
 //! Header and cells are only touched through atomics: other processes write them at any time.
@@ -27,11 +28,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TRNSHM\0\x01");
-const VERSION: u64 = 1;
+/// 2: the pairs' counters for point-to-point transfers follow the cells.
+const VERSION: u64 = 2;
 const CELLS_OFF: usize = 128;
 /// Two cache lines per cell: the adjacent-line prefetcher pulls lines in pairs, and a rank
 /// spinning on its neighbour's counter must not steal the line its own counter lives in.
 const CELL: usize = 128;
+/// Two cache lines per pair: its two counters are written by different ranks.
+const PAIR: usize = 128;
 const POLL: Duration = Duration::from_millis(5);
 
 #[repr(C)]
@@ -67,9 +71,21 @@ pub(crate) struct Cell {
     pub cpu: AtomicU64,
 }
 
+/// The counters of one ordered pair of ranks (sender, receiver) for point-to-point transfers,
+/// on two cache lines: each is written by one end and read by the other.
+#[repr(C)]
+pub(crate) struct PairCounters {
+    /// Messages the sender has posted for the receiver; only grows.
+    pub posted: AtomicU64,
+    _line: [u64; 7],
+    /// Of those, the messages the receiver has taken; only grows.
+    pub taken: AtomicU64,
+}
+
 /// Byte layout for a world and region sizes; `None` when it overflows.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Layout {
+    pairs_off: usize,
     data_off: usize,
     stride: usize,
     total: usize,
@@ -77,13 +93,14 @@ struct Layout {
 
 impl Layout {
     fn new(world: usize, staging: usize, arena: usize) -> Option<Layout> {
-        let data_off = CELLS_OFF.checked_add(CELL.checked_mul(world)?)?.next_multiple_of(4096);
+        let pairs_off = CELLS_OFF.checked_add(CELL.checked_mul(world)?)?;
+        let data_off = pairs_off.checked_add(PAIR.checked_mul(world.checked_mul(world)?)?)?.next_multiple_of(4096);
         let region = staging.checked_add(arena)?.checked_mul(4)?.next_multiple_of(4096);
         // An odd number of cache lines past a page keeps slots from sharing their low 12
         // address bits, so loads from one slot never falsely wait on stores to another.
         let stride = region.checked_add(5 * 64)?;
         let total = data_off.checked_add(stride.checked_mul(world)?)?;
-        Some(Layout { data_off, stride, total })
+        Some(Layout { pairs_off, data_off, stride, total })
     }
 }
 
@@ -139,11 +156,9 @@ impl Segment {
             ))
         })?;
         let deadline = Instant::now() + connect;
-        let mut seg = if peers.rank() == 0 {
-            create(path, peers.world(), staging, arena, job_token, layout, deadline)?
-        } else {
-            open(peers, path, staging, arena, job_token, layout, deadline, connect)?
-        };
+        let wanted = Wanted { path, world: peers.world(), staging, arena, job_token, layout };
+        let mut seg =
+            if peers.rank() == 0 { create(&wanted, deadline)? } else { open(peers, &wanted, deadline, connect)? };
         seg.register(peers)?;
         seg.wait_for_all(peers, deadline, connect)?;
         seg.file.release();
@@ -168,6 +183,15 @@ impl Segment {
         let rank = rank.min(self.world - 1);
         // SAFETY: as for `header`: cells lie inside the header page(s), 128-byte aligned.
         unsafe { &*(self.map.as_ptr().add(CELLS_OFF + rank * CELL) as *const Cell) }
+    }
+
+    /// The counters of messages from rank `from` to rank `to`.
+    pub(crate) fn pair(&self, from: usize, to: usize) -> &PairCounters {
+        let (from, to) = (from.min(self.world - 1), to.min(self.world - 1));
+        // SAFETY: as for `header`: pairs lie between the cells and the data, 128-byte aligned.
+        unsafe {
+            &*(self.map.as_ptr().add(self.layout.pairs_off + (from * self.world + to) * PAIR) as *const PairCounters)
+        }
     }
 
     /// Start of rank `rank`'s staging area (`staging_floats` long, 64-byte aligned).
@@ -288,15 +312,20 @@ fn map(file: &File, path: &Path, len: usize) -> Result<MmapRaw, CollectiveError>
     MmapOptions::new().len(len).populate().map_raw(file).map_err(|e| seg_err(path, "cannot map it", e))
 }
 
-fn create(
-    path: &Path,
+/// The segment a rank asks for: where, for how many ranks, with which region sizes, for which
+/// job.
+#[derive(Clone, Copy)]
+struct Wanted<'a> {
+    path: &'a Path,
     world: usize,
     staging: usize,
     arena: usize,
     job_token: u64,
     layout: Layout,
-    deadline: Instant,
-) -> Result<Segment, CollectiveError> {
+}
+
+fn create(w: &Wanted<'_>, deadline: Instant) -> Result<Segment, CollectiveError> {
+    let Wanted { path, world, staging, arena, job_token, layout } = *w;
     let file = loop {
         match File::options().read(true).write(true).create_new(true).mode(0o600).open(path) {
             Ok(f) => break f,
@@ -390,17 +419,8 @@ fn remove_if_stale(path: &Path, deadline: Instant) -> Result<(), CollectiveError
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn open(
-    peers: &Peers,
-    path: &Path,
-    staging: usize,
-    arena: usize,
-    job_token: u64,
-    layout: Layout,
-    deadline: Instant,
-    connect: Duration,
-) -> Result<Segment, CollectiveError> {
+fn open(peers: &Peers, w: &Wanted<'_>, deadline: Instant, connect: Duration) -> Result<Segment, CollectiveError> {
+    let Wanted { path, staging, arena, job_token, layout, .. } = *w;
     let mut seen = format!("it never created the shared-memory segment {}", path.display());
     loop {
         if Instant::now() >= deadline {
@@ -481,6 +501,7 @@ mod tests {
     fn layout_keeps_slots_aligned_and_apart() {
         let l = Layout::new(4, 1000, 0).unwrap();
         assert_eq!(l.data_off % 4096, 0);
+        assert!(l.pairs_off + 16 * PAIR <= l.data_off);
         assert_eq!(l.stride % 64, 0);
         assert_ne!(l.stride % 4096, 0);
         assert!(l.stride >= 4000);

@@ -27,8 +27,7 @@ pub use lr::{LrPlan, Scaling, Schedule, Warmup};
 pub use optimizer::{DecayPlan, OptimizerPlan};
 pub use parameter_server::{ParameterServerPlan, Shard, VariablePlacement, num_shards, split_rows};
 pub use strategy::{
-    AllReduce, CollectivePlan, CrossDevice, CrossDevicePlan, Distribution, Hardware, Replicas, StrategyKind,
-    StrategyPlan,
+    CollectivePlan, CrossDevice, CrossDevicePlan, Distribution, Hardware, Replicas, StrategyKind, StrategyPlan,
 };
 pub use train::{EvalPlan, TrainPlan};
 

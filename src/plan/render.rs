@@ -1,8 +1,7 @@
 //! The plan as `trainrun check` prints it: one line per decision, with the arithmetic shown.
 
 use super::{
-    AllReduce, CallbackKind, CrossDevice, CrossDevicePlan, Distribution, Part, Plan, SaveEvery, Scaling, Schedule,
-    ShardPolicy,
+    CallbackKind, CrossDevice, CrossDevicePlan, Distribution, Part, Plan, SaveEvery, Scaling, Schedule, ShardPolicy,
 };
 use crate::cluster::Address;
 use crate::collective::TransportKind;
@@ -238,17 +237,13 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
             }
             Distribution::CentralStorage => CrossDevice::ReductionToOneDevice.name().to_string(),
             Distribution::MultiWorkerMirrored(cp) => {
-                let how = match (cp.implementation, cp.transport) {
-                    (AllReduce::Nccl, _) => "nccl".to_string(),
-                    (AllReduce::Ring, TransportKind::SharedMemory) => {
-                        "shared memory, every worker summing its share of the slots (every worker on this host)"
-                            .to_string()
-                    }
-                    (AllReduce::Ring, TransportKind::Tcp) => {
-                        "ring over TCP (reduce-scatter, then all-gather)".to_string()
-                    }
+                let how = format!("{} over {}", cp.algorithm.describe(), cp.transport.describe());
+                let how = match (cp.auto, cp.auto_transport) {
+                    (true, true) => format!("{how}; both chosen by auto"),
+                    (true, false) => format!("{how}; the algorithm chosen by auto"),
+                    (false, true) => format!("{how}; the transport chosen by auto"),
+                    (false, false) => how,
                 };
-                let how = if cp.auto || cp.auto_transport { format!("{how}, chosen by auto") } else { how };
                 let how = match s.devices.len() {
                     1 => how,
                     // Several devices per worker: TensorFlow's hierarchical all-reduce.
@@ -285,7 +280,7 @@ fn parameter_servers(plan: &Plan, rows: &mut Rows) {
     let plane = match (ps.transport, ps.auto_transport) {
         (TransportKind::SharedMemory, true) => "shared memory between a worker and a ps on one host, else TCP",
         (TransportKind::SharedMemory, false) => "shared memory (every worker on its ps tasks' host)",
-        (TransportKind::Tcp, _) => "TCP",
+        (TransportKind::Tcp | TransportKind::TcpTls, _) => "TCP",
     };
     rows.push(("data plane", format!("pulls and pushes through {plane}; requests over TCP")));
     rows.push((

@@ -5,7 +5,7 @@
 
 use super::{ClusterPlan, ParameterServerPlan};
 use crate::cluster::{Address, Role, Source};
-use crate::collective::TransportKind;
+use crate::collective::{Algorithm, TransportKind};
 use crate::spec::{
     CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, Devices, Diagnostic,
     StrategySpec,
@@ -70,27 +70,17 @@ impl CrossDevice {
     }
 }
 
-/// The cross-worker all-reduce algorithm, resolved from `communication.implementation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AllReduce {
-    /// Chunked, pipelined ring (reduce-scatter, then all-gather); over shared memory every
-    /// worker sums its share of the slots.
-    Ring,
-    /// NCCL between GPU workers.
-    Nccl,
-}
-
-/// How workers' gradients meet, as `[strategy.communication]` resolves.
+/// How workers' gradients meet, as `[strategy.communication]` resolves: an algorithm over a
+/// transport, a pair that can run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CollectivePlan {
-    /// The algorithm.
-    pub implementation: AllReduce,
-    /// Whether `auto` chose it.
+    /// The all-reduce algorithm.
+    pub algorithm: Algorithm,
+    /// Whether `implementation = "auto"` chose it.
     pub auto: bool,
-    /// The data plane.
+    /// The transport it runs over.
     pub transport: TransportKind,
-    /// Whether `auto` chose the transport.
+    /// Whether `transport = "auto"` chose it.
     pub auto_transport: bool,
     /// Gradients travel in packs of about this many bytes while backward continues.
     pub bytes_per_pack: NonZeroUsize,
@@ -366,34 +356,52 @@ fn cross_device(devices: &[Device], ops: CrossDeviceOps, errors: &mut Vec<Diagno
     }
 }
 
-/// `[strategy.communication]`, with `auto` resolved: NCCL for GPU workers, else the ring;
-/// shared memory when every task runs on one host, else TCP.
+/// `[strategy.communication]`, with `auto` resolved: shared memory when every task runs on one
+/// host, else TCP (under TLS with `cluster.tls`); the fastest algorithm over that transport.
 fn collective(
     devices: &[Device],
     c: &CommunicationOptions,
     cluster: &ClusterPlan,
     errors: &mut Vec<Diagnostic>,
 ) -> CollectivePlan {
-    let all_gpu = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
-    let implementation = match c.implementation {
-        CollectiveImplementation::Auto if all_gpu => AllReduce::Nccl,
-        CollectiveImplementation::Auto | CollectiveImplementation::Ring => AllReduce::Ring,
-        CollectiveImplementation::Nccl => AllReduce::Nccl,
-    };
-    if implementation == AllReduce::Nccl && !all_gpu {
-        errors.push(
-            Diagnostic::error(
-                "strategy.communication.implementation",
-                "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs",
-            )
-            .help("use implementation = \"ring\" (or \"auto\") for CPU workers"),
-        );
-    }
     let transport = match c.transport {
         CollectiveTransport::Auto if one_host(cluster) => TransportKind::SharedMemory,
-        CollectiveTransport::Auto | CollectiveTransport::Tcp => TransportKind::Tcp,
         CollectiveTransport::SharedMemory => TransportKind::SharedMemory,
+        // `cluster.tls` seals every connection between tasks, the gradients' too.
+        CollectiveTransport::Auto | CollectiveTransport::Tcp if cluster.tls.is_some() => TransportKind::TcpTls,
+        CollectiveTransport::Auto | CollectiveTransport::Tcp => TransportKind::Tcp,
     };
+    let key = "strategy.communication.implementation";
+    let algorithm = match c.implementation {
+        CollectiveImplementation::Auto => Algorithm::fastest_over(transport),
+        CollectiveImplementation::Ring => Algorithm::Ring,
+        CollectiveImplementation::Nccl => {
+            let gpus = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
+            let why = if gpus {
+                "implementation = \"nccl\" needs NCCL between worker processes, which this version does not build"
+            } else {
+                "implementation = \"nccl\" needs GPU devices, but the workers' devices are CPUs"
+            };
+            errors.push(
+                Diagnostic::error(key, why)
+                    .help("use implementation = \"ring\" (or \"auto\") between worker processes"),
+            );
+            Algorithm::fastest_over(transport)
+        }
+    };
+    if let Some(why) = algorithm.refuses(transport) {
+        errors.push(
+            Diagnostic::error(
+                key,
+                format!(
+                    "implementation = \"{}\" cannot run over strategy.communication.transport = \"{}\": {why}",
+                    algorithm.name(),
+                    transport.name()
+                ),
+            )
+            .help(format!("use implementation = \"auto\" (it picks {})", Algorithm::fastest_over(transport).name())),
+        );
+    }
     let bytes_per_pack = usize::try_from(c.bytes_per_pack).ok().and_then(NonZeroUsize::new).unwrap_or_else(|| {
         errors.push(
             Diagnostic::error(
@@ -405,7 +413,7 @@ fn collective(
         NonZeroUsize::MIN
     });
     CollectivePlan {
-        implementation,
+        algorithm,
         auto: c.implementation == CollectiveImplementation::Auto,
         transport,
         auto_transport: c.transport == CollectiveTransport::Auto,

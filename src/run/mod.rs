@@ -13,9 +13,10 @@ pub use eval::eval;
 pub use sample::{SampleOptions, sample};
 
 use crate::builder::{self, Resources};
-use crate::cluster::job::{self, Job, JobConfig};
+use crate::cluster::job::{self, DataPlaneKind, Job, JobConfig};
 use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
+use crate::collective::{Algorithm, TransportKind};
 use crate::data::{Dataset, Fetcher, Normalization};
 use crate::exit::RunError;
 use crate::plan::{Distribution, Part, Plan, StrategyKind};
@@ -172,13 +173,14 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         None => None,
         Some(files) => Some(Arc::new(TlsMaterial::load(files.clone()).map_err(|e| RunError::Cluster(e.to_string()))?)),
     };
-    // The data plane: the workers' all-reduce, or (`ring: false`) the endpoints a strategy
-    // connects itself (parameter servers).
-    let (transport, ring) = match &plan.strategy.distribution {
-        Distribution::MultiWorkerMirrored(c) => (c.transport, true),
-        Distribution::ParameterServer(_) => (crate::collective::TransportKind::Tcp, false),
+    let data_plane = match &plan.strategy.distribution {
+        Distribution::MultiWorkerMirrored(c) => {
+            DataPlaneKind::AllReduce { algorithm: c.algorithm, transport: c.transport }
+        }
+        Distribution::ParameterServer(_) => DataPlaneKind::Endpoints,
+        // One replica per task: a world of one, whose all-reduce moves nothing.
         Distribution::Default | Distribution::OneDevice | Distribution::Mirrored(_) | Distribution::CentralStorage => {
-            (crate::collective::TransportKind::Tcp, true)
+            DataPlaneKind::AllReduce { algorithm: Algorithm::Ring, transport: TransportKind::Tcp }
         }
     };
     job::join(JobConfig {
@@ -191,9 +193,8 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         tls,
         startup: plan.cluster.startup_timeout,
         timeout: plan.cluster.timeout,
-        transport,
+        data_plane,
         arena_floats,
-        ring,
         expendable: expendable(plan.strategy.kind()),
         control: inherited_control(inv, plan, task),
     })

@@ -189,7 +189,7 @@ impl Synchronous for MultiWorkerMirrored {
 
     fn transport(&self) -> Option<&'static str> {
         let comm = self.job.as_ref().and_then(|j| j.comm.as_deref())?;
-        Some(if comm.encrypted() { "tcp_tls" } else { comm.transport().name() })
+        Some(comm.transport().name())
     }
 
     fn finish(&mut self) -> Result<(), StrategyError> {

@@ -120,7 +120,7 @@ pub fn serve(
                     )));
                 }
             },
-            TransportKind::Tcp => None,
+            TransportKind::Tcp | TransportKind::TcpTls => None,
         });
         ps.push((*t, conn));
     }

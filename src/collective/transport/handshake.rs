@@ -1,20 +1,22 @@
-//! Setting up the TCP ring. Every rank has already bound its listener (the control plane
-//! exchanged the addresses). In one nonblocking loop, until the connect deadline, a rank
-//! - dials its next rank (retrying refused or failed attempts every 20 ms), sends a hello
-//!   (magic, version, world, its rank, the rank it means to reach, job token hash) and reads
-//!   the answer: a refusal fails setup at once, naming the peer and the reason;
-//! - accepts its previous rank: a hello that checks out gets an OK; anything else that knocks
-//!   (another job's worker, a mis-wired rank, a port scanner) is refused with the reason and
-//!   setup goes on waiting for the real peer; if it never comes, the error lists the
-//!   refusals.
+//! Setting up the TCP transport's connections. Every rank has already bound its listener (the
+//! control plane exchanged the addresses). In one nonblocking loop, until the connect deadline,
+//! a rank
+//! - dials every rank it sends to (retrying refused or failed attempts every 20 ms), sends a
+//!   hello (magic, version, world, its rank, the rank it means to reach, job token hash) and
+//!   reads the answer: a refusal fails setup at once, naming the peer and the reason;
+//! - accepts every rank it receives from: a hello that checks out gets an OK; anything else
+//!   that knocks (another job's worker, a mis-wired rank, a port scanner) is refused with the
+//!   reason and setup goes on waiting for the real peers; if one never comes, the error lists
+//!   the refusals.
 //!
-//! Doing both at once means no rank waits on a third to make progress, and a refusal is
-//! never stuck behind a slow neighbour.
+//! Doing all at once means no rank waits on a third to make progress, and a refusal is never
+//! stuck behind a slow neighbour.
 
-use super::Peers;
-use super::error::{CollectiveError, Op, Secs};
-use super::ring::Link;
-use super::stranger::Answer;
+use super::super::Peers;
+use super::super::error::{CollectiveError, Op, Secs};
+use super::super::stranger::Answer;
+use super::Wiring;
+use super::stream::PeerLink;
 use super::tls::Wire;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{self, Read, Write};
@@ -52,7 +54,9 @@ impl Refusal {
             Refusal::Token => "the job tokens differ (is it another job's worker?)",
             Refusal::World => "the world sizes differ",
             Refusal::NotMe => "it is not the rank this one meant to reach: the address lists differ",
-            Refusal::NotPrev => "only the previous rank in the ring may connect to it: the address lists differ",
+            Refusal::NotPrev => {
+                "only the ranks it receives from may connect to it, once each: the address lists differ"
+            }
         }
     }
 }
@@ -97,8 +101,8 @@ fn parse_hello(b: &[u8; HELLO]) -> Option<Hello> {
     })
 }
 
-/// Why a hello does not come from the rank expected, or `None` when it does.
-fn judge(p: &Peers, h: &Hello, token: u64) -> Option<Refusal> {
+/// Why a hello does not come from a rank still expected (`waiting`), or `None` when it does.
+fn judge(p: &Peers, h: &Hello, token: u64, waiting: &[usize]) -> Option<Refusal> {
     if h.version != VERSION {
         Some(Refusal::Version)
     } else if h.token != token {
@@ -107,14 +111,14 @@ fn judge(p: &Peers, h: &Hello, token: u64) -> Option<Refusal> {
         Some(Refusal::World)
     } else if h.to as usize != p.rank() {
         Some(Refusal::NotMe)
-    } else if h.from as usize != p.prev() {
+    } else if !waiting.contains(&(h.from as usize)) {
         Some(Refusal::NotPrev)
     } else {
         None
     }
 }
 
-/// Where dialing the next rank stands.
+/// Where dialing a rank stands.
 enum Dial {
     /// Not connected; try again at this instant.
     Idle(Instant),
@@ -125,122 +129,157 @@ enum Dial {
     Done(TcpStream),
 }
 
-/// Connects the ring: returns the links to the next and the previous rank.
+/// One rank this rank sends to: where dialing it stands.
+struct Dialing {
+    peer: usize,
+    addr: SocketAddr,
+    hello: [u8; HELLO],
+    state: Dial,
+    /// Why the last attempt failed, for the error if none succeeds.
+    last_attempt: String,
+}
+
+/// Connects what `wiring` lists: returns the connections to every rank this one sends to and
+/// from every rank it receives from, in the wiring's order.
 pub(crate) fn connect(
     p: &Peers,
     addrs: &[SocketAddr],
     listener: &TcpListener,
     token: u64,
+    wiring: &Wiring,
     connect: Duration,
-) -> Result<(Link, Link), CollectiveError> {
+) -> Result<(Vec<PeerLink>, Vec<PeerLink>), CollectiveError> {
     let deadline = Instant::now() + connect;
-    let next_addr = addrs[p.next()];
-    let setup_err = |rank: usize, addr: SocketAddr, e: io::Error| CollectiveError::Io {
+    let mut dials = Vec::with_capacity(wiring.sends_to.len());
+    for &peer in &wiring.sends_to {
+        let addr = *addrs.get(peer).ok_or_else(|| {
+            CollectiveError::Invalid(format!("rank {peer} has no address among {} addresses", addrs.len()))
+        })?;
+        let hello = Hello { version: VERSION, world: p.world() as u32, from: p.rank() as u32, to: peer as u32, token };
+        dials.push(Dialing {
+            peer,
+            addr,
+            hello: hello_bytes(&hello),
+            state: Dial::Idle(Instant::now()),
+            last_attempt: String::from("none finished"),
+        });
+    }
+    // Whom listener errors are about: the first rank expected to connect.
+    let first_in = wiring.receives_from.first().copied().unwrap_or(p.rank());
+    let setup_err = |rank: usize, e: io::Error| CollectiveError::Io {
         peer: p.name(rank).to_string(),
-        addr,
+        addr: addrs.get(rank).copied().unwrap_or_else(|| addr_or_unspecified(listener)),
         op: Op::Setup,
         source: e,
     };
-    listener.set_nonblocking(true).map_err(|e| setup_err(p.prev(), addrs[p.prev()], e))?;
-    let hello = hello_bytes(&Hello {
-        version: VERSION,
-        world: p.world() as u32,
-        from: p.rank() as u32,
-        to: p.next() as u32,
-        token,
-    });
-    let mut dial = Dial::Idle(Instant::now());
-    let mut last_attempt = String::from("none finished");
-    let mut prev: Option<Link> = None;
+    listener.set_nonblocking(true).map_err(|e| setup_err(first_in, e))?;
+    let mut accepted: Vec<Option<TcpStream>> = wiring.receives_from.iter().map(|_| None).collect();
     let mut pending: Vec<Greeting> = Vec::new();
     let mut refused: Vec<String> = Vec::new();
     loop {
         let now = Instant::now();
-        dial = advance(dial, now, p, next_addr, &hello, &mut last_attempt)?;
-        if prev.is_none() {
+        for d in &mut dials {
+            advance(d, now, p)?;
+        }
+        if accepted.iter().any(Option::is_none) {
             match listener.accept() {
                 Ok((s, from)) => match s.set_nonblocking(true) {
                     Ok(()) => pending.push(Greeting { stream: s, from, hello: [0; HELLO], got: 0, since: now }),
                     Err(e) => refused.push(format!("{from}: {e}")),
                 },
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-                Err(e) => return Err(setup_err(p.prev(), addrs[p.prev()], e)),
+                Err(e) => return Err(setup_err(first_in, e)),
             }
+            let waiting: Vec<usize> =
+                wiring.receives_from.iter().zip(&accepted).filter(|(_, a)| a.is_none()).map(|(r, _)| *r).collect();
             let mut i = 0;
             while i < pending.len() {
-                match pending[i].progress(p, token, now) {
-                    Progress::Waiting => i += 1,
-                    Progress::Accepted => {
+                match pending[i].progress(p, token, &waiting, now) {
+                    Knock::Waiting => i += 1,
+                    Knock::Accepted(from) => {
                         let g = pending.swap_remove(i);
-                        prev = Some(Link { stream: Wire::Plain(g.stream), peer: p.prev(), addr: addrs[p.prev()] });
+                        if let Some(slot) = wiring.receives_from.iter().position(|&r| r == from) {
+                            accepted[slot] = Some(g.stream);
+                        }
                         break;
                     }
-                    Progress::Refused(why) => {
+                    Knock::Refused(why) => {
                         pending.swap_remove(i);
                         refused.push(why);
                     }
                 }
             }
         }
-        if let Dial::Done(_) = &dial
-            && prev.is_some()
-        {
+        if dials.iter().all(|d| matches!(d.state, Dial::Done(_))) && accepted.iter().all(Option::is_some) {
             break;
         }
         if Instant::now() >= deadline {
-            return Err(timed_out(p, &dial, prev.is_some(), &refused, listener, (next_addr, &last_attempt), connect));
+            return Err(timed_out(p, &dials, (&wiring.receives_from, &accepted), &refused, listener, connect));
         }
         thread::sleep(Duration::from_millis(1));
     }
-    match (dial, prev) {
-        (Dial::Done(s), Some(prev)) => Ok((Link { stream: Wire::Plain(s), peer: p.next(), addr: next_addr }, prev)),
-        _ => Err(CollectiveError::Invalid("internal error: setup ended unfinished".into())),
+    let mut outs = Vec::with_capacity(dials.len());
+    for d in dials {
+        let Dial::Done(s) = d.state else {
+            return Err(CollectiveError::Invalid("internal error: setup ended unfinished".into()));
+        };
+        outs.push(PeerLink { stream: Wire::Plain(s), peer: d.peer, addr: d.addr });
     }
+    let mut ins = Vec::with_capacity(accepted.len());
+    for (&peer, s) in wiring.receives_from.iter().zip(accepted) {
+        let Some(s) = s else {
+            return Err(CollectiveError::Invalid("internal error: setup ended unfinished".into()));
+        };
+        ins.push(PeerLink {
+            stream: Wire::Plain(s),
+            peer,
+            addr: addrs.get(peer).copied().unwrap_or_else(|| addr_or_unspecified(listener)),
+        });
+    }
+    Ok((outs, ins))
 }
 
-/// One step of dialing the next rank: connect, send the hello, read the answer.
-fn advance(
-    dial: Dial,
-    now: Instant,
-    p: &Peers,
-    next_addr: SocketAddr,
-    hello: &[u8; HELLO],
-    last_attempt: &mut String,
-) -> Result<Dial, CollectiveError> {
-    Ok(match dial {
-        Dial::Idle(at) if now >= at => match start_connect(next_addr) {
+fn addr_or_unspecified(l: &TcpListener) -> SocketAddr {
+    l.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+
+/// One step of dialing a rank: connect, send the hello, read the answer.
+fn advance(d: &mut Dialing, now: Instant, p: &Peers) -> Result<(), CollectiveError> {
+    let state = std::mem::replace(&mut d.state, Dial::Idle(now));
+    d.state = match state {
+        Dial::Idle(at) if now >= at => match start_connect(d.addr) {
             Ok(s) => Dial::Connecting(s),
             Err(e) => {
-                *last_attempt = e.to_string();
+                d.last_attempt = e.to_string();
                 Dial::Idle(now + RETRY)
             }
         },
         Dial::Connecting(s) => match connected(&s) {
             Ok(false) => Dial::Connecting(s),
-            Ok(true) => match send_hello(s, hello) {
+            Ok(true) => match send_hello(s, &d.hello) {
                 Ok(stream) => Dial::Answer(stream, [0; REPLY], 0),
                 // It accepted, then closed before taking the hello: not a worker's way.
                 Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
-                    return Err(hung_up(p, next_addr, &[]));
+                    return Err(hung_up(p, d, &[]));
                 }
                 Err(e) => {
-                    *last_attempt = e.to_string();
+                    d.last_attempt = e.to_string();
                     Dial::Idle(now + RETRY)
                 }
             },
             Err(e) => {
-                *last_attempt = e.to_string();
+                d.last_attempt = e.to_string();
                 Dial::Idle(now + RETRY)
             }
         },
         Dial::Answer(mut s, mut b, got) => match s.read(&mut b[got..]) {
-            Ok(0) => return Err(hung_up(p, next_addr, &b[..got])),
+            Ok(0) => return Err(hung_up(p, d, &b[..got])),
             Ok(n) if got + n == REPLY && b[..8] != MAGIC => {
                 let what = Answer::of(&more_of(&mut s, &b), false).describe();
-                return Err(CollectiveError::Stranger { peer: p.name(p.next()).to_string(), addr: next_addr, what });
+                return Err(CollectiveError::Stranger { peer: p.name(d.peer).to_string(), addr: d.addr, what });
             }
             Ok(n) if got + n == REPLY => {
-                check_answer(p, &b, next_addr)?;
+                check_answer(p, d, &b)?;
                 Dial::Done(s)
             }
             Ok(n) => Dial::Answer(s, b, got + n),
@@ -248,51 +287,56 @@ fn advance(
                 Dial::Answer(s, b, got)
             }
             Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted) => {
-                return Err(hung_up(p, next_addr, &b[..got]));
+                return Err(hung_up(p, d, &b[..got]));
             }
             Err(e) => {
                 return Err(CollectiveError::Io {
-                    peer: p.name(p.next()).to_string(),
-                    addr: next_addr,
+                    peer: p.name(d.peer).to_string(),
+                    addr: d.addr,
                     op: Op::Setup,
                     source: e,
                 });
             }
         },
-        d => d,
-    })
+        other => other,
+    };
+    Ok(())
 }
 
-/// Why setup did not finish in time: who did not connect, accept or answer.
+/// Why setup did not finish in time: who did not accept, connect or answer.
 fn timed_out(
     p: &Peers,
-    dial: &Dial,
-    accepted: bool,
+    dials: &[Dialing],
+    (receives_from, accepted): (&[usize], &[Option<TcpStream>]),
     refused: &[String],
     listener: &TcpListener,
-    (next_addr, last_attempt): (SocketAddr, &str),
     connect: Duration,
 ) -> CollectiveError {
-    match (dial, accepted) {
-        (Dial::Idle(_) | Dial::Connecting(_), _) => CollectiveError::NotJoined {
-            peer: p.name(p.next()).to_string(),
+    if let Some(d) = dials.iter().find(|d| matches!(d.state, Dial::Idle(_) | Dial::Connecting(_))) {
+        return CollectiveError::NotJoined {
+            peer: p.name(d.peer).to_string(),
             after: connect,
-            detail: format!("nothing accepted a connection at {next_addr} (last attempt: {last_attempt})"),
-        },
-        (_, false) => CollectiveError::NotJoined {
-            peer: p.name(p.prev()).to_string(),
+            detail: format!("nothing accepted a connection at {} (last attempt: {})", d.addr, d.last_attempt),
+        };
+    }
+    if let Some((&peer, _)) = receives_from.iter().zip(accepted).find(|(_, a)| a.is_none()) {
+        return CollectiveError::NotJoined {
+            peer: p.name(peer).to_string(),
             after: connect,
             detail: if refused.is_empty() {
                 format!("it never connected to this rank (listening on {})", addr_of(listener))
             } else {
                 format!("it never connected; refused meanwhile: {}", refused.join("; "))
             },
-        },
-        _ => CollectiveError::Refused {
-            peer: p.name(p.next()).to_string(),
-            addr: next_addr,
+        };
+    }
+    match dials.iter().find(|d| !matches!(d.state, Dial::Done(_))) {
+        Some(d) => CollectiveError::Refused {
+            peer: p.name(d.peer).to_string(),
+            addr: d.addr,
             reason: format!("it did not answer the handshake within {}", Secs(connect)),
         },
+        None => CollectiveError::Invalid("internal error: setup timed out with every connection made".into()),
     }
 }
 
@@ -340,9 +384,10 @@ struct Greeting {
     since: Instant,
 }
 
-enum Progress {
+enum Knock {
     Waiting,
-    Accepted,
+    /// A hello from this rank, which was expected.
+    Accepted(usize),
     /// Why, for the error if the real peer never comes.
     Refused(String),
 }
@@ -353,27 +398,27 @@ const GREETING_LIMIT: Duration = Duration::from_secs(2);
 
 impl Greeting {
     /// Reads what arrived; once the hello is complete, answers it.
-    fn progress(&mut self, p: &Peers, token: u64, now: Instant) -> Progress {
+    fn progress(&mut self, p: &Peers, token: u64, waiting: &[usize], now: Instant) -> Knock {
         let from = self.from;
         match self.stream.read(&mut self.hello[self.got..]) {
-            Ok(0) => return Progress::Refused(format!("{from} hung up before greeting")),
+            Ok(0) => return Knock::Refused(format!("{from} hung up before greeting")),
             Ok(n) => self.got += n,
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-            Err(e) => return Progress::Refused(format!("{from} failed before greeting ({e})")),
+            Err(e) => return Knock::Refused(format!("{from} failed before greeting ({e})")),
         }
         if self.got < HELLO {
             if self.got >= 8 && self.hello[..8] != MAGIC {
-                return Progress::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
+                return Knock::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
             }
             if now.saturating_duration_since(self.since) > GREETING_LIMIT {
-                return Progress::Refused(format!("{from} sent no greeting within {}", Secs(GREETING_LIMIT)));
+                return Knock::Refused(format!("{from} sent no greeting within {}", Secs(GREETING_LIMIT)));
             }
-            return Progress::Waiting;
+            return Knock::Waiting;
         }
         let Some(h) = parse_hello(&self.hello) else {
-            return Progress::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
+            return Knock::Refused(format!("{from} is not a trainrun worker (wrong greeting)"));
         };
-        let verdict = judge(p, &h, token);
+        let verdict = judge(p, &h, token, waiting);
         let mut reply = [0u8; REPLY];
         reply[..8].copy_from_slice(&MAGIC);
         reply[8..12].copy_from_slice(&verdict.map_or(0, |v| v as u32).to_le_bytes());
@@ -381,16 +426,16 @@ impl Greeting {
         // 16 bytes into a fresh socket's empty send buffer: written whole or not at all.
         let sent = self.stream.write_all(&reply);
         match (verdict, sent) {
-            (None, Ok(())) => Progress::Accepted,
-            (None, Err(e)) => Progress::Refused(format!("{from} vanished during the handshake ({e})")),
-            (Some(v), _) => Progress::Refused(format!("{from} claiming rank {}: {}", h.from, v.reason())),
+            (None, Ok(())) => Knock::Accepted(h.from as usize),
+            (None, Err(e)) => Knock::Refused(format!("{from} vanished during the handshake ({e})")),
+            (Some(v), _) => Knock::Refused(format!("{from} claiming rank {}: {}", h.from, v.reason())),
         }
     }
 }
 
-/// The next rank closed the connection after sending `got` (less than a whole answer).
-fn hung_up(p: &Peers, addr: SocketAddr, got: &[u8]) -> CollectiveError {
-    let peer = p.name(p.next()).to_string();
+/// The dialed rank closed the connection after sending `got` (less than a whole answer).
+fn hung_up(p: &Peers, d: &Dialing, got: &[u8]) -> CollectiveError {
+    let (peer, addr) = (p.name(d.peer).to_string(), d.addr);
     if got.is_empty() || got.starts_with(&MAGIC[..got.len().min(MAGIC.len())]) {
         return CollectiveError::Refused {
             peer,
@@ -424,8 +469,8 @@ fn more_of(s: &mut TcpStream, first: &[u8]) -> Vec<u8> {
 }
 
 /// A whole answer from a trainrun worker: its verdict on this rank's hello.
-fn check_answer(p: &Peers, b: &[u8; REPLY], addr: SocketAddr) -> Result<(), CollectiveError> {
-    let refused = |reason: String| CollectiveError::Refused { peer: p.name(p.next()).to_string(), addr, reason };
+fn check_answer(p: &Peers, d: &Dialing, b: &[u8; REPLY]) -> Result<(), CollectiveError> {
+    let refused = |reason: String| CollectiveError::Refused { peer: p.name(d.peer).to_string(), addr: d.addr, reason };
     match u32_at(b, 8) {
         0 => Ok(()),
         c => {
@@ -444,10 +489,12 @@ mod tests {
         let back = parse_hello(&hello_bytes(&h)).unwrap();
         assert_eq!((back.version, back.world, back.from, back.to, back.token), (VERSION, 3, 2, 0, 9));
         let p = Peers::new(0, vec!["a".into(), "b".into(), "c".into()]).unwrap();
-        assert_eq!(judge(&p, &back, 9), None);
-        assert_eq!(judge(&p, &back, 8), Some(Refusal::Token));
-        assert_eq!(judge(&p, &Hello { from: 1, ..back }, 9), Some(Refusal::NotPrev));
-        assert_eq!(judge(&p, &Hello { to: 1, from: 2, version: VERSION, world: 3, token: 9 }, 9), Some(Refusal::NotMe));
+        assert_eq!(judge(&p, &back, 9, &[2]), None);
+        assert_eq!(judge(&p, &back, 8, &[2]), Some(Refusal::Token));
+        assert_eq!(judge(&p, &Hello { from: 1, ..back }, 9, &[2]), Some(Refusal::NotPrev));
+        assert_eq!(judge(&p, &back, 9, &[]), Some(Refusal::NotPrev), "a rank already connected");
+        let other = Hello { to: 1, from: 2, version: VERSION, world: 3, token: 9 };
+        assert_eq!(judge(&p, &other, 9, &[2]), Some(Refusal::NotMe));
         assert!(parse_hello(&[0u8; HELLO]).is_none());
         for r in [Refusal::Version, Refusal::Token, Refusal::World, Refusal::NotMe, Refusal::NotPrev] {
             assert_eq!(Refusal::from_code(r as u32), Some(r));

@@ -1,23 +1,28 @@
-//! Mutual TLS on the TCP ring. After the ring's own handshake (which refuses strangers and
-//! other jobs by the token's hash), each link is upgraded: a rank is the TLS client on its link
-//! to the next rank and the server on the link from the previous one. Both present the job
-//! CA's certificates and check the other's, so gradients travel encrypted, between tasks the CA
-//! vouches for.
+//! The `tcp_tls` transport: the TCP transport's connections under mutual TLS. After the
+//! transport's own handshake (which refuses strangers and other jobs by the token's hash), each
+//! connection is upgraded ([`secure`]): a rank is the TLS client on the connections it dialed
+//! and the server on those it accepted. Both ends present the job CA's certificates and check
+//! the other's, so gradients travel encrypted, between tasks the CA vouches for. The
+//! parameter-server data plane and the control plane reuse the configurations
+//! ([`RingTls`]) and [`secure_link`].
 //!
 //! rustls does the handshake (certificates, CA, names, key agreement); the bytes then travel
 //! in TLS 1.3 records that [`Sealed`] (`record.rs`) seals and opens under the keys it agreed.
-//! [`Wire`] is what the ring engine reads and writes: a plain nonblocking socket, or a sealed
+//! [`Wire`] is what an exchange reads and writes: a plain nonblocking socket, or a sealed
 //! one. TLS 1.3 only, AES-128-GCM first: on this machine AES-128-GCM ran 5–10 GB/s per core
 //! (measured with ring) against 3–9 GB/s for AES-256-GCM and under 2 GB/s for
 //! ChaCha20-Poly1305.
 
+use super::super::Peers;
+use super::super::error::{CollectiveError, Secs};
 use super::record::{REKEY_EXPORTER_LABEL, Rekey, Sealed};
+use super::stream::PeerLink;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig, ServerConnection};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -103,7 +108,7 @@ impl RingTls {
             .map_err(|e| unusable(PemFile::Key, e))?;
         // Ring links are never resumed: tickets would only be bytes in the way.
         server.send_tls13_tickets = 0;
-        // The ring seals its records itself with the handshake's keys (see [`Sealed`]).
+        // Connections seal their records themselves with the handshake's keys (see [`Sealed`]).
         server.enable_secret_extraction = true;
         let mut client = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(versions)
@@ -116,7 +121,7 @@ impl RingTls {
     }
 }
 
-/// TLS for a ring: this task's configurations and every rank's host name as the cluster
+/// TLS for the TCP transport: this task's configurations and every rank's host name as the cluster
 /// names it (the name the rank's certificate must carry), by rank.
 #[derive(Debug, Clone)]
 pub struct TlsPeers {
@@ -124,17 +129,7 @@ pub struct TlsPeers {
     pub names: Vec<String>,
 }
 
-/// Why a TLS link could not be set up, for the error naming the peer.
-#[derive(Debug)]
-pub(crate) enum Upgrade {
-    /// On the link to the next rank.
-    Next(String),
-    /// On the link from the previous rank.
-    Prev(String),
-    Timeout,
-}
-
-/// One direction of the ring as the engine sees it.
+/// One connection as an exchange sees it.
 #[derive(Debug)]
 pub(crate) enum Wire {
     Plain(TcpStream),
@@ -295,40 +290,71 @@ pub(crate) fn describe(e: &rustls::Error) -> String {
     }
 }
 
-/// Upgrades both links of a rank to TLS, driving the two handshakes at once (each rank is a
-/// client on one link and a server on the other; doing one after the other would deadlock
-/// around the ring). `next_name` is the next rank's host as the cluster names it, which its
-/// certificate must carry.
-pub(crate) fn upgrade(
-    tls: &RingTls,
-    next: TcpStream,
-    prev: TcpStream,
-    next_name: &str,
+/// Upgrades every connection of a rank to TLS, driving all the handshakes at once (a rank is
+/// the client on the connections it dialed and the server on those it accepted; doing one
+/// after another would deadlock around a ring). Each dialed connection's peer must present a
+/// certificate for its host as the cluster names it (`TlsPeers::names`). A refusal names the
+/// peer and why.
+pub(crate) fn secure(
+    p: &Peers,
+    t: &TlsPeers,
+    outs: Vec<PeerLink>,
+    ins: Vec<PeerLink>,
     within: Duration,
-) -> Result<(Wire, Wire), Upgrade> {
-    let name = ServerName::try_from(next_name.to_owned())
-        .map_err(|e| Upgrade::Next(format!("`{next_name}` is not a host name TLS can check ({e})")))?;
-    let client =
-        ClientConnection::new(tls.client.clone(), name).map_err(|e| Upgrade::Next(format!("TLS failed: {e}")))?;
-    let server = ServerConnection::new(tls.server.clone()).map_err(|e| Upgrade::Prev(format!("TLS failed: {e}")))?;
-    let mut out = Handshake { conn: client.into(), sock: next, confirmed: false };
-    let mut inc = Handshake { conn: server.into(), sock: prev, confirmed: false };
-    let deadline = Instant::now() + within;
-    let (mut out_done, mut in_done) = (false, false);
-    while !(out_done && in_done) {
-        out_done = out_done || out.progress().map_err(Upgrade::Next)?;
-        in_done = in_done || inc.progress().map_err(Upgrade::Prev)?;
-        if Instant::now() >= deadline {
-            return Err(Upgrade::Timeout);
-        }
-        if !(out_done && in_done) {
-            wait_any(&[&out.sock, &inc.sock], Duration::from_millis(10));
-        }
+) -> Result<(Vec<PeerLink>, Vec<PeerLink>), CollectiveError> {
+    let refused = |link: &(usize, SocketAddr), reason: String| CollectiveError::Refused {
+        peer: p.name(link.0).to_string(),
+        addr: link.1,
+        reason,
+    };
+    let dialed = outs.len();
+    let mut ends = Vec::with_capacity(outs.len() + ins.len());
+    let mut shakes = Vec::with_capacity(outs.len() + ins.len());
+    for (i, PeerLink { stream, peer, addr }) in outs.into_iter().chain(ins).enumerate() {
+        let Wire::Plain(sock) = stream else {
+            return Err(CollectiveError::Invalid("internal error: a link was upgraded to TLS twice".into()));
+        };
+        let end = (peer, addr);
+        let conn: Connection = if i < dialed {
+            let name = t.names.get(peer).map_or("", String::as_str);
+            let server = ServerName::try_from(name.to_owned())
+                .map_err(|e| refused(&end, format!("`{name}` is not a host name TLS can check ({e})")))?;
+            ClientConnection::new(t.config.client.clone(), server)
+                .map_err(|e| refused(&end, format!("TLS failed: {e}")))?
+                .into()
+        } else {
+            ServerConnection::new(t.config.server.clone())
+                .map_err(|e| refused(&end, format!("TLS failed: {e}")))?
+                .into()
+        };
+        shakes.push(Handshake { conn, sock, confirmed: false });
+        ends.push(end);
     }
-    Ok((out.into_wire().map_err(Upgrade::Next)?, inc.into_wire().map_err(Upgrade::Prev)?))
+    let deadline = Instant::now() + within;
+    let mut done = vec![false; shakes.len()];
+    while let Some(first) = done.iter().position(|d| !d) {
+        for (i, shake) in shakes.iter_mut().enumerate() {
+            done[i] = done[i] || shake.progress().map_err(|why| refused(&ends[i], why))?;
+        }
+        if done.iter().all(|d| *d) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(refused(&ends[first], format!("the TLS handshake did not finish within {}", Secs(within))));
+        }
+        let socks: Vec<&TcpStream> = shakes.iter().map(|h| &h.sock).collect();
+        wait_any(&socks, Duration::from_millis(10));
+    }
+    let mut links = Vec::with_capacity(shakes.len());
+    for (shake, end) in shakes.into_iter().zip(&ends) {
+        let stream = shake.into_wire().map_err(|why| refused(end, why))?;
+        links.push(PeerLink { stream, peer: end.0, addr: end.1 });
+    }
+    let ins = links.split_off(dialed);
+    Ok((links, ins))
 }
 
-/// One link's TLS handshake, for a connection that is not a ring link (the parameter-server
+/// One link's TLS handshake, for a connection outside the collective (the parameter-server
 /// data plane): the dialing side is the client and checks that the peer's certificate names
 /// `name` (`Some`); the accepting side (`None`) is the server. Returns the sealed link, its
 /// socket blocking again.

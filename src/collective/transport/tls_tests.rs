@@ -77,7 +77,7 @@ fn read_all(wire: &mut Wire, piece: usize) -> Result<Vec<u8>, io::Error> {
 fn a_rustls_peer_reads_the_ring_records_and_writes_ones_it_reads() {
     let (mut wire, mut conn, mut sock) = connect();
     // More than a seal batch, ending in a short record.
-    let up = pattern(crate::collective::record::SEAL_BATCH_BYTES + 100_003, 7);
+    let up = pattern(crate::collective::transport::record::SEAL_BATCH_BYTES + 100_003, 7);
     let mut sent = 0;
     while sent < up.len() || !wire.flush_pending().unwrap() {
         match wire.write(&up[sent..]) {
@@ -136,12 +136,18 @@ fn own_pair() -> (Wire, Wire) {
     let (cert, key, ca) = pems();
     let tls = RingTls::new(cert.as_bytes(), key.as_bytes(), ca.as_bytes()).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let next = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let next = TcpStream::connect(addr).unwrap();
     let (prev, _) = listener.accept().unwrap();
     for s in [&next, &prev] {
         s.set_nonblocking(true).unwrap();
     }
-    upgrade(&tls, next, prev, "localhost", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e:?}"))
+    let peers = Peers::new(0, vec!["worker:0".into()]).unwrap();
+    let t = TlsPeers { config: tls, names: vec!["localhost".into()] };
+    let link = |s| PeerLink { stream: Wire::Plain(s), peer: 0, addr };
+    let (mut outs, mut ins) = secure(&peers, &t, vec![link(next)], vec![link(prev)], Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}"));
+    (outs.remove(0).stream, ins.remove(0).stream)
 }
 
 /// Writes all of `bytes` into `to` while reading them from `from`.

@@ -1,0 +1,295 @@
+//! All-reduce algorithms, one file each, named as [`Algorithm`] names them:
+//! - `ring.rs`: the pipelined ring, over any point-to-point transport;
+//! - `direct.rs`: every rank sums its share straight from every rank's buffer, over shared
+//!   memory only.
+//!
+//! An algorithm over point-to-point transfers implements [`PointToPointAlgorithm`]: which
+//! ranks it talks to ([`Wiring`], so connection-based transports connect exactly those) and,
+//! for each collective, the exchanges it runs through [`Exchanges`]. It works in the numbering
+//! of a [`Group`]: all ranks, or a subgroup (one host's ranks, the hosts' leaders) that
+//! [`Exchanges::among`] runs a step on, so a hierarchical algorithm is the flat ones applied
+//! to subgroups. [`Scheduled`] is the communicator that runs any of them over any transport.
+//!
+//! Adding an algorithm: its file here, a variant of [`Algorithm`] with its arms in this
+//! file's `impl Algorithm` (name, description, transports it refuses), and its arm in
+//! [`Algorithm::point_to_point`].
+
+mod direct;
+mod ring;
+
+pub use direct::{ArenaReducer, ShmCommunicator};
+
+use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
+use super::transport::{Combine, Exchange, PointToPoint, Transfers, TransportKind, Wiring};
+use super::{Communicator, Peers};
+
+/// The all-reduce algorithm between workers, as the plan decided it; the names are what
+/// `trainrun check` prints and each algorithm's file is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Every rank sums its share of the data straight from every rank's buffer, in rank order
+    /// (`direct.rs`): shared memory only.
+    Direct,
+    /// The pipelined ring, reduce-scatter then all-gather (`ring.rs`): any transport.
+    Ring,
+}
+
+impl Algorithm {
+    /// Every algorithm, for tables and tests that cover them all.
+    pub const ALL: [Algorithm; 2] = [Algorithm::Direct, Algorithm::Ring];
+
+    /// Its name, which is its file's.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Direct => "direct",
+            Algorithm::Ring => "ring",
+        }
+    }
+
+    /// The algorithm with this name.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// What it does, for `trainrun check`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Algorithm::Direct => {
+                "direct: every worker sums its share straight from every worker's buffer, in worker order"
+            }
+            Algorithm::Ring => "ring: reduce-scatter, then all-gather",
+        }
+    }
+
+    /// Why it cannot run over `transport`, or `None` when it can.
+    pub fn refuses(self, transport: TransportKind) -> Option<&'static str> {
+        match (self, transport) {
+            (Algorithm::Direct, TransportKind::Tcp | TransportKind::TcpTls) => {
+                Some("it reads every worker's memory, so it needs every worker on one host with shared memory")
+            }
+            (Algorithm::Direct, TransportKind::SharedMemory) | (Algorithm::Ring, _) => None,
+        }
+    }
+
+    /// The fastest algorithm over `transport` as measured here (`trainrun bench --only
+    /// collective`): `implementation = "auto"`.
+    pub fn fastest_over(transport: TransportKind) -> Algorithm {
+        match transport {
+            TransportKind::SharedMemory => Algorithm::Direct,
+            TransportKind::Tcp | TransportKind::TcpTls => Algorithm::Ring,
+        }
+    }
+
+    /// Whether its sums over `world` ranks are the plain rank-order sums bit for bit (else a
+    /// fixed reordering of them, the same bits every run).
+    pub fn sums_in_rank_order(self, world: usize) -> bool {
+        match self {
+            Algorithm::Direct => true,
+            // Two ranks: one addition, which commutes.
+            Algorithm::Ring => world <= 2,
+        }
+    }
+
+    /// The point-to-point algorithm, or `None` for one that is not (`direct`).
+    pub(crate) fn point_to_point(self) -> Option<Box<dyn PointToPointAlgorithm>> {
+        match self {
+            Algorithm::Direct => None,
+            Algorithm::Ring => Some(Box::new(ring::Ring)),
+        }
+    }
+}
+
+/// The ranks an algorithm runs among, numbered 0..size: every rank, or a subgroup of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Group {
+    /// Global ranks, by group rank.
+    members: Vec<usize>,
+    /// This rank's place among them.
+    me: usize,
+}
+
+impl Group {
+    /// Every rank of `peers`.
+    pub(crate) fn all(peers: &Peers) -> Group {
+        Group { members: (0..peers.world()).collect(), me: peers.rank() }
+    }
+
+    #[cfg_attr(not(test), expect(dead_code, reason = "the hierarchical algorithms to come run steps on subgroups"))]
+    /// The subgroup of this group's ranks `ranks` (group ranks, in the subgroup's order), or
+    /// `None` when this rank is not among them.
+    pub(crate) fn subgroup(&self, ranks: &[usize]) -> Option<Group> {
+        let members: Option<Vec<usize>> = ranks.iter().map(|&r| self.members.get(r).copied()).collect();
+        let me = ranks.iter().position(|&r| r == self.me)?;
+        Some(Group { members: members?, me })
+    }
+
+    /// This rank, in the group's numbering.
+    pub(crate) fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Ranks in the group.
+    pub(crate) fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The global rank of group rank `r`.
+    pub(crate) fn global(&self, r: usize) -> usize {
+        self.members[r.min(self.members.len() - 1)]
+    }
+}
+
+/// One collective as an algorithm runs it: exchanges over the transport among a group.
+pub(crate) struct Exchanges<'a> {
+    transport: &'a mut dyn PointToPoint,
+    group: &'a Group,
+    desc: OpDesc,
+    seq: u64,
+}
+
+impl Exchanges<'_> {
+    /// The ranks this step runs among.
+    pub(crate) fn group(&self) -> &Group {
+        self.group
+    }
+
+    /// Elements of `esize` bytes per segment the transport moves best.
+    pub(crate) fn segment_elems(&self, esize: usize) -> usize {
+        (self.transport.segment_bytes() / esize).max(1)
+    }
+
+    /// Sends to group rank `to` what `schedule` says while receiving from group rank `from`
+    /// ([`PointToPoint::exchange`]); `None` on a side that moves nothing.
+    pub(crate) fn exchange(
+        &mut self,
+        to: Option<usize>,
+        from: Option<usize>,
+        schedule: &Transfers,
+        data: &mut [u8],
+    ) -> Result<(), CollectiveError> {
+        let x = Exchange {
+            to: to.map(|r| self.group.global(r)),
+            from: from.map(|r| self.group.global(r)),
+            schedule,
+            desc: self.desc,
+            seq: self.seq,
+        };
+        self.transport.exchange(x, data)
+    }
+
+    #[cfg_attr(not(test), expect(dead_code, reason = "the hierarchical algorithms to come run steps on subgroups"))]
+    /// The same collective among `group` only (a subgroup made with [`Group::subgroup`]).
+    pub(crate) fn among<'b>(&'b mut self, group: &'b Group) -> Exchanges<'b> {
+        Exchanges { transport: &mut *self.transport, group, desc: self.desc, seq: self.seq }
+    }
+}
+
+/// An all-reduce algorithm over point-to-point transfers; one file each.
+pub(crate) trait PointToPointAlgorithm: Send {
+    /// The ranks this rank of `group` sends to and receives from, by global rank, each once.
+    fn wiring(&self, group: &Group) -> Wiring;
+    /// Replaces `data` (elements that `sum` adds) with their element-wise sum over the group,
+    /// the same bits on every rank.
+    fn all_reduce(&self, x: &mut Exchanges<'_>, data: &mut [u8], sum: Combine) -> Result<(), CollectiveError>;
+    /// Copies group rank `root`'s `data` (f32) into every rank's.
+    fn broadcast(&self, x: &mut Exchanges<'_>, data: &mut [u8], root: usize) -> Result<(), CollectiveError>;
+    /// Returns once every rank of the group has called it.
+    fn barrier(&self, x: &mut Exchanges<'_>) -> Result<(), CollectiveError>;
+}
+
+/// The communicator that runs a point-to-point algorithm over a transport.
+pub struct Scheduled {
+    algorithm: Box<dyn PointToPointAlgorithm>,
+    transport: Box<dyn PointToPoint>,
+    group: Group,
+    /// Collectives run so far; both ends of every exchange check it.
+    seq: u64,
+    broken: Option<String>,
+}
+
+impl Scheduled {
+    /// `algorithm` over `transport`, whose connections `algorithm.wiring` listed.
+    pub(crate) fn new(algorithm: Box<dyn PointToPointAlgorithm>, transport: Box<dyn PointToPoint>) -> Scheduled {
+        let group = Group::all(transport.peers());
+        Scheduled { algorithm, transport, group, seq: 0, broken: None }
+    }
+
+    /// Runs one collective; an error that leaves the peers out of step breaks the
+    /// communicator and tells them.
+    fn run(
+        &mut self,
+        kind: u64,
+        (len, aux): (u64, u64),
+        f: impl FnOnce(&dyn PointToPointAlgorithm, &mut Exchanges<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        if let Some(why) = &self.broken {
+            return Err(CollectiveError::Broken(why.clone()));
+        }
+        if self.group.size() == 1 {
+            return Ok(());
+        }
+        self.seq += 1;
+        let desc = OpDesc { kind, len, aux };
+        let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq };
+        let r = f(&*self.algorithm, &mut x);
+        if let Err(e) = &r
+            && e.breaks()
+        {
+            self.broken = Some(e.to_string());
+            self.transport.abandon();
+        }
+        r
+    }
+}
+
+impl Communicator for Scheduled {
+    fn rank(&self) -> usize {
+        self.transport.peers().rank()
+    }
+
+    fn world(&self) -> usize {
+        self.transport.peers().world()
+    }
+
+    fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.run(ALL_REDUCE, (data.len() as u64, 0), |a, x| {
+            a.all_reduce(x, bytemuck::cast_slice_mut(data), Combine::SumF32)
+        })
+    }
+
+    fn all_reduce_sum_f64(&mut self, data: &mut [f64]) -> Result<(), CollectiveError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.run(F64, (data.len() as u64, 0), |a, x| a.all_reduce(x, bytemuck::cast_slice_mut(data), Combine::SumF64))
+    }
+
+    fn broadcast(&mut self, data: &mut [f32], root: usize) -> Result<(), CollectiveError> {
+        self.transport.peers().check_root(root)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.run(BROADCAST, (data.len() as u64, root as u64), |a, x| {
+            a.broadcast(x, bytemuck::cast_slice_mut(data), root)
+        })
+    }
+
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.run(BARRIER, (0, 0), |a, x| a.barrier(x))
+    }
+
+    fn transport(&self) -> TransportKind {
+        self.transport.kind()
+    }
+
+    fn overlaps_backward(&self) -> bool {
+        self.transport.overlaps_backward()
+    }
+}
+
+#[cfg(test)]
+mod tests;
