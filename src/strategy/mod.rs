@@ -14,7 +14,7 @@ pub mod parameter_server;
 mod replica;
 
 pub use multi_worker_mirrored::{MultiWorkerMirrored, check_devices as check_multi_worker_devices};
-pub use replica::{BatchView, Replica};
+pub use replica::{BatchView, MicroStep, Replica};
 
 use crate::cluster::job::Job;
 use crate::data::Batch;
