@@ -292,7 +292,7 @@ multiversion! {
                         // 128 values: the sum stays in registers ([`sum_rows_fixed`]).
                         let mut acc = [0.0f32; 128];
                         sum_rows_fixed::<128>(&mut acc, idx, val, dz, units, j * 8 * LANES);
-                        combine(t, &acc, keep, scale);
+                        combine(&mut t[..128], &acc, keep, scale);
                     }
                     _ => {
                         let mut acc = [0.0f32; 8 * LANES];
