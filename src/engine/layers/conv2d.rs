@@ -225,25 +225,13 @@ impl Layer for Conv2d {
                     win.im2col(&x[(r.start + start) * in_len..], imgs, part_patches);
                     part_patches
                 };
-                gemm(
-                    MatMut::rows(d_kernel, pl, filters),
-                    MatRef::rows(patches, rows, pl).t(),
-                    MatRef::rows(dz, rows, filters),
-                    start > 0,
-                    1.0,
-                    1,
-                );
+                let (patches_m, dz_m) = (MatRef::rows(patches, rows, pl), MatRef::rows(dz, rows, filters));
+                gemm(MatMut::rows(d_kernel, pl, filters), patches_m.t(), dz_m, start > 0, 1.0, 1);
                 add_rows(d_bias, dz);
                 if let Some(dx) = dx.as_deref_mut() {
                     d_patches.resize(rows * pl, 0.0);
-                    gemm(
-                        MatMut::rows(d_patches, rows, pl),
-                        MatRef::rows(dz, rows, filters),
-                        MatRef::rows(kernel, pl, filters).t(),
-                        false,
-                        1.0,
-                        1,
-                    );
+                    let kernel = MatRef::rows(kernel, pl, filters);
+                    gemm(MatMut::rows(d_patches, rows, pl), dz_m, kernel.t(), false, 1.0, 1);
                     let dx = &mut dx[start * in_len..(start + imgs) * in_len];
                     dx.fill(0.0);
                     win.col2im(d_patches, imgs, dx);

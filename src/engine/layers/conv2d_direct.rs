@@ -209,14 +209,8 @@ mod tests {
             let mut patches = vec![0.0; rows * TAPS];
             win.im2col(&x, images, &mut patches);
             let mut want = vec![0.0; rows * filters];
-            gemm(
-                MatMut::rows(&mut want, rows, filters),
-                MatRef::rows(&patches, rows, TAPS),
-                MatRef::rows(&kernel, TAPS, filters),
-                false,
-                1.0,
-                1,
-            );
+            let (patches_m, kernel_m) = (MatRef::rows(&patches, rows, TAPS), MatRef::rows(&kernel, TAPS, filters));
+            gemm(MatMut::rows(&mut want, rows, filters), patches_m, kernel_m, false, 1.0, 1);
             add_bias(&mut want, &bias);
             let mut got = vec![f32::NAN; rows * filters];
             forward(&win, &kernel, Some(&bias), &x, images, &mut got);
@@ -224,14 +218,8 @@ mod tests {
 
             let dz = values(rows * filters, 4);
             let mut want_k = vec![0.0; TAPS * filters];
-            gemm(
-                MatMut::rows(&mut want_k, TAPS, filters),
-                MatRef::rows(&patches, rows, TAPS).t(),
-                MatRef::rows(&dz, rows, filters),
-                false,
-                1.0,
-                1,
-            );
+            let dz_m = MatRef::rows(&dz, rows, filters);
+            gemm(MatMut::rows(&mut want_k, TAPS, filters), patches_m.t(), dz_m, false, 1.0, 1);
             let mut want_b = vec![0.5; filters];
             crate::engine::kernels::add_rows(&mut want_b, &dz);
             let (mut got_k, mut got_b) = (vec![0.0; TAPS * filters], vec![0.5; filters]);

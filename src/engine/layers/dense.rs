@@ -458,13 +458,8 @@ mod tests {
             layer.dy_masked(premasked);
             let Some(mut step) = opt.fused(0.1) else { panic!("SGD must fuse") };
             let mut slice = step.slice(0..p.len());
-            layer.backward_update(
-                Backward { pass, x: &x, y: &y, dy: &dy, n },
-                &mut p,
-                &mut slice,
-                &mut Vec::new(),
-                Some(&mut dx),
-            );
+            let cx = Backward { pass, x: &x, y: &y, dy: &dy, n };
+            layer.backward_update(cx, &mut p, &mut slice, &mut Vec::new(), Some(&mut dx));
             (p, dx)
         };
         let (want_p, mut want_dx) = run(false, false);
@@ -505,13 +500,8 @@ mod tests {
                         layer.forward(Forward { pass, x: &x, n }, &p, &mut [], &mut y);
                         let Some(mut step) = opt.fused(0.1) else { panic!("SGD must fuse") };
                         let mut slice = step.slice(0..p.len());
-                        layer.backward_update(
-                            Backward { pass, x: &x, y: &y, dy: &dy, n },
-                            &mut p,
-                            &mut slice,
-                            &mut Vec::new(),
-                            Some(&mut dx),
-                        );
+                        let cx = Backward { pass, x: &x, y: &y, dy: &dy, n };
+                        layer.backward_update(cx, &mut p, &mut slice, &mut Vec::new(), Some(&mut dx));
                     }
                 });
                 (p, dx)

@@ -148,14 +148,8 @@ impl MultiHeadAttention {
         let (b_qkv, rest) = rest.split_at(3 * d);
         let (w_out, b_out) = rest.split_at(d * d);
         let qkv = sized(&mut self.qkv, rows * 3 * d);
-        gemm(
-            MatMut::rows(qkv, rows, 3 * d),
-            MatRef::rows(x, rows, d),
-            MatRef::rows(w_qkv, d, 3 * d),
-            false,
-            1.0,
-            threads,
-        );
+        let (x, w_qkv) = (MatRef::rows(x, rows, d), MatRef::rows(w_qkv, d, 3 * d));
+        gemm(MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -260,14 +254,8 @@ impl Head<'_> {
         let [q, k, v] = geo.qkv(qkv, head);
         let mut scores = MatMut::rows(p, t, t);
         for (rows, cols) in row_blocks(geo) {
-            gemm(
-                scores.block(rows.clone(), 0..cols),
-                q.block(rows, 0..hd),
-                k.block(0..cols, 0..hd).t(),
-                false,
-                geo.scale(),
-                1,
-            );
+            let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
+            gemm(scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
         }
         vectorized(
             #[inline(always)]
@@ -302,14 +290,8 @@ impl Head<'_> {
         {
             let mut g = MatMut::rows(dp, t, t);
             for (rows, cols) in row_blocks(geo) {
-                gemm(
-                    g.block(rows.clone(), 0..cols),
-                    d_out.block(rows, 0..hd),
-                    v.block(0..cols, 0..hd).t(),
-                    false,
-                    1.0,
-                    1,
-                );
+                let (d_out, v) = (d_out.block(rows.clone(), 0..hd), v.block(0..cols, 0..hd));
+                gemm(g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
             }
         }
         let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
@@ -389,30 +371,17 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        let (merged, d_merged) = (&self.merged[..], sized(&mut self.d_merged, rows * d));
+        let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
+        let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
-            gemm(
-                MatMut::rows(g_wout, d, d),
-                MatRef::rows(merged, rows, d).t(),
-                MatRef::rows(dy, rows, d),
-                acc,
-                1.0,
-                threads,
-            );
+            gemm(MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
             if !acc {
                 g_bout[..d].fill(0.0);
             }
             add_rows(&mut g_bout[..d], dy);
         };
         both(threads, output_weights, |threads| {
-            gemm(
-                MatMut::rows(d_merged, rows, d),
-                MatRef::rows(dy, rows, d),
-                MatRef::rows(w_out, d, d).t(),
-                false,
-                1.0,
-                threads,
-            )
+            gemm(MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
         });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -427,25 +396,16 @@ impl Layer for MultiHeadAttention {
                     let (at, first) = (i * per + head * t * t, b * per + head * t * t);
                     let p = (&probs[first..][..t * t], &used[first..][..t * t]);
                     let (qkv, d_out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &d_merged[b * t * d..][..t * d]);
-                    Head { geo: &geo, qkv, head, first: first as u64, drop_seed }.backward(
-                        p,
-                        d_out,
-                        &mut dp[at..at + t * t],
-                        dqkv,
-                    );
+                    let head = Head { geo: &geo, qkv, head, first: first as u64, drop_seed };
+                    head.backward(p, d_out, &mut dp[at..at + t * t], dqkv);
                 }
             }
         });
         let d_qkv = &self.d_qkv[..rows * 3 * d];
+        let (x, d_qkv_m, w_qkv) =
+            (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
-            gemm(
-                MatMut::rows(g_wqkv, d, 3 * d),
-                MatRef::rows(x, rows, d).t(),
-                MatRef::rows(d_qkv, rows, 3 * d),
-                acc,
-                1.0,
-                threads,
-            );
+            gemm(MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
             if !acc {
                 g_bqkv.fill(0.0);
             }
@@ -453,14 +413,7 @@ impl Layer for MultiHeadAttention {
         };
         match dx {
             Some(dx) => both(threads, qkv_weights, |threads| {
-                gemm(
-                    MatMut::rows(dx, rows, d),
-                    MatRef::rows(d_qkv, rows, 3 * d),
-                    MatRef::rows(w_qkv, d, 3 * d).t(),
-                    false,
-                    1.0,
-                    threads,
-                )
+                gemm(MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
             }),
             None => qkv_weights(threads),
         }

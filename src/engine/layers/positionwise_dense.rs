@@ -84,16 +84,11 @@ impl Layer for PositionwiseDense {
         let (rows, units, inputs) = (self.rows(n), self.units, self.inputs);
         let dy = &dy[..rows * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
-        let (use_bias, acc, kernel) = (self.use_bias, pass.accumulate, &params[..inputs * units]);
+        let (use_bias, acc) = (self.use_bias, pass.accumulate);
+        let kernel = MatRef::rows(&params[..inputs * units], inputs, units);
+        let (x, dy_m) = (MatRef::rows(x, rows, inputs), MatRef::rows(dy, rows, units));
         let mut weights = |threads| {
-            gemm(
-                MatMut::rows(g_kernel, inputs, units),
-                MatRef::rows(x, rows, inputs).t(),
-                MatRef::rows(dy, rows, units),
-                acc,
-                1.0,
-                threads,
-            );
+            gemm(MatMut::rows(g_kernel, inputs, units), x.t(), dy_m, acc, 1.0, threads);
             if use_bias {
                 if !acc {
                     g_bias[..units].fill(0.0);
@@ -103,14 +98,7 @@ impl Layer for PositionwiseDense {
         };
         match dx {
             Some(dx) => both(pass.threads, weights, |threads| {
-                gemm(
-                    MatMut::rows(dx, rows, inputs),
-                    MatRef::rows(dy, rows, units),
-                    MatRef::rows(kernel, inputs, units).t(),
-                    false,
-                    1.0,
-                    threads,
-                )
+                gemm(MatMut::rows(dx, rows, inputs), dy_m, kernel.t(), false, 1.0, threads)
             }),
             None => weights(pass.threads),
         }
