@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 use trainrun::engine::Shape;
 use trainrun::engine::cuda::{CudaError, SgdConfig, probe};
-use trainrun::gpu_check::{self as check, TOLERANCE};
+use trainrun::gpu_check::{self as check, Case, TOLERANCE};
 use trainrun::spec::{ModelSpec, ZooModel};
 
 fn main() -> ExitCode {
@@ -41,7 +41,8 @@ fn run(index: usize) -> Result<bool, CudaError> {
     for (name, spec, input, batch) in
         [("mnist_cnn", zoo(ZooModel::MnistCnn), &mnist, 64), ("resnet20", zoo(ZooModel::Resnet20), &cifar, 32)]
     {
-        let c = check::compare_with_cpu(index, &spec, input, 10, batch, 3, sgd, 0.01)?;
+        let case = Case { index, spec: &spec, input, classes: 10, batch, steps: 3 };
+        let c = check::compare_with_cpu(case, sgd, 0.01)?;
         let verdict = if c.max_relative <= TOLERANCE { "ok" } else { "FAILED" };
         ok &= c.max_relative <= TOLERANCE;
         println!(
@@ -54,7 +55,7 @@ fn run(index: usize) -> Result<bool, CudaError> {
         ("resnet20", zoo(ZooModel::Resnet20), &cifar, 128),
         ("resnet20", zoo(ZooModel::Resnet20), &cifar, 1024),
     ] {
-        let t = check::throughput(index, &spec, input, 10, batch, 20)?;
+        let t = check::throughput(Case { index, spec: &spec, input, classes: 10, batch, steps: 20 })?;
         println!(
             "throughput {name:<10} batch {batch:>4} on {}: {:.1} ms/step, {:.0} examples/s",
             t.device, t.ms_per_step, t.examples_per_s

@@ -45,6 +45,18 @@ pub fn synthetic_batch(input: &Shape, classes: usize, n: usize, seed: u64) -> Ba
     }
 }
 
+/// What a check trains: `spec`'s model for `input` and `classes` on `gpu:index`, `batch`
+/// examples a step, for `steps` steps.
+#[derive(Debug, Clone, Copy)]
+pub struct Case<'a> {
+    pub index: usize,
+    pub spec: &'a ModelSpec,
+    pub input: &'a Shape,
+    pub classes: usize,
+    pub batch: usize,
+    pub steps: usize,
+}
+
 /// Opens `gpu:index` and places the GPU twin of `layout` on it, after probing everything it
 /// needs.
 fn gpu_replica(index: usize, layout: &Sequential, classes: usize, momentum: bool) -> Result<GpuReplica, CudaError> {
@@ -53,19 +65,10 @@ fn gpu_replica(index: usize, layout: &Sequential, classes: usize, momentum: bool
     GpuReplica::new(index, &ptx, layout, classes, momentum)
 }
 
-/// Trains `spec`'s model `steps` SGD steps on one seeded batch on the CPU and on `gpu:index`
-/// from the same initial weights, and compares the results.
-#[allow(clippy::too_many_arguments)]
-pub fn compare_with_cpu(
-    index: usize,
-    spec: &ModelSpec,
-    input: &Shape,
-    classes: usize,
-    batch: usize,
-    steps: usize,
-    sgd: SgdConfig,
-    lr: f32,
-) -> Result<Comparison, CudaError> {
+/// Trains the case's model its steps of SGD (`sgd` at `lr`) on one seeded batch on the CPU
+/// and on its GPU from the same initial weights, and compares the results.
+pub fn compare_with_cpu(case: Case<'_>, sgd: SgdConfig, lr: f32) -> Result<Comparison, CudaError> {
+    let Case { index, spec, input, classes, batch, steps } = case;
     let seed = 42;
     let layout = build(spec, input, classes)?;
     let mut gpu = gpu_replica(index, &layout, classes, sgd.momentum > 0.0)?;
@@ -120,16 +123,10 @@ pub struct GpuThroughput {
     pub examples_per_s: f64,
 }
 
-/// Trains `spec`'s model on `gpu:index` on seeded random data of `input` (SGD, momentum 0.9)
-/// and times `steps` steps after a warm-up; each step uploads its batch, as a run does.
-pub fn throughput(
-    index: usize,
-    spec: &ModelSpec,
-    input: &Shape,
-    classes: usize,
-    batch: usize,
-    steps: usize,
-) -> Result<GpuThroughput, CudaError> {
+/// Trains the case's model on its GPU on seeded random data (SGD, momentum 0.9) and times its
+/// steps after a warm-up; each step uploads its batch, as a run does.
+pub fn throughput(case: Case<'_>) -> Result<GpuThroughput, CudaError> {
+    let Case { index, spec, input, classes, batch, steps } = case;
     let layout = build(spec, input, classes)?;
     let mut gpu = gpu_replica(index, &layout, classes, true)?;
     let (params, state) = layout.init(7);

@@ -204,6 +204,27 @@ fn functions_stay_short() {
     assert!(long.is_empty(), "functions over {MAX_FN_LINES} lines; split them:\n  {}", long.join("\n  "));
 }
 
+/// Clippy's `too_many_arguments` is never silenced: a wide signature takes a context value
+/// (`engine::layer::Backward`) or a small struct instead.
+#[test]
+fn no_function_silences_too_many_arguments() {
+    let allowed: Vec<String> = sources()
+        .into_iter()
+        .flat_map(|(p, text)| {
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains("too_many_arguments"))
+                .map(|(i, _)| format!("{}:{}", p.display(), i + 1))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        allowed.is_empty(),
+        "`too_many_arguments` allowed; pass a context value or a small struct instead:\n  {}",
+        allowed.join("\n  ")
+    );
+}
+
 #[test]
 fn the_checks_see_what_they_check() {
     // A check that finds nothing to check would pass vacuously.

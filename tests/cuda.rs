@@ -13,7 +13,7 @@ use trainrun::engine::cuda::device::Gpu;
 use trainrun::engine::cuda::nccl::{AllReduce, new_id};
 use trainrun::engine::cuda::probe::{self, Library};
 use trainrun::engine::cuda::{SgdConfig, kernels};
-use trainrun::gpu_check::{self as check, TOLERANCE};
+use trainrun::gpu_check::{self as check, Case, TOLERANCE};
 use trainrun::spec::{ModelSpec, ZooModel};
 
 /// Whether gpu:0 can train here; says why not when it cannot.
@@ -85,8 +85,9 @@ fn gpu_matches_cpu_on_the_tutorial_model() {
         return;
     }
     let sgd = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
-    let c = check::compare_with_cpu(0, &zoo(ZooModel::MnistCnn), &Shape(vec![28, 28, 1]), 10, 64, 3, sgd, 0.01)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (spec, input) = (zoo(ZooModel::MnistCnn), Shape(vec![28, 28, 1]));
+    let case = Case { index: 0, spec: &spec, input: &input, classes: 10, batch: 64, steps: 3 };
+    let c = check::compare_with_cpu(case, sgd, 0.01).unwrap_or_else(|e| panic!("{e}"));
     println!("tutorial model: max relative difference {:.2e} ({}), losses {:?}", c.max_relative, c.worst, c.losses);
     assert!(c.max_relative <= TOLERANCE, "{c:?}");
 }
@@ -97,8 +98,9 @@ fn gpu_matches_cpu_on_resnet20() {
         return;
     }
     let sgd = SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 1e-4 };
-    let c = check::compare_with_cpu(0, &zoo(ZooModel::Resnet20), &Shape(vec![32, 32, 3]), 10, 32, 3, sgd, 0.01)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (spec, input) = (zoo(ZooModel::Resnet20), Shape(vec![32, 32, 3]));
+    let case = Case { index: 0, spec: &spec, input: &input, classes: 10, batch: 32, steps: 3 };
+    let c = check::compare_with_cpu(case, sgd, 0.01).unwrap_or_else(|e| panic!("{e}"));
     println!("resnet20: max relative difference {:.2e} ({}), losses {:?}", c.max_relative, c.worst, c.losses);
     assert!(c.max_relative <= TOLERANCE, "{c:?}");
 }

@@ -1,7 +1,7 @@
 //! Finite-difference gradient checks shared by every layer's tests.
 
 use super::init;
-use super::layer::{Layer, Pass};
+use super::layer::{Backward, Forward, Layer, Pass};
 use super::shape::Shape;
 use rand::RngExt;
 
@@ -54,16 +54,21 @@ fn check(layer: &mut dyn Layer, x: Result<&[f32], usize>, n: usize, training: bo
     let loss = |layer: &mut dyn Layer, params: &[f32], x: &[f32]| -> f64 {
         let mut y = vec![0.0; out_len];
         let mut st = state.clone();
-        layer.forward(pass, params, &mut st, x, &mut y, n);
+        layer.forward(Forward { pass, x, n }, params, &mut st, &mut y);
         y.iter().zip(&proj).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum()
     };
 
     let mut y = vec![0.0; out_len];
     let mut st = state.clone();
-    layer.forward(pass, &params, &mut st, &x, &mut y, n);
+    layer.forward(Forward { pass, x: &x, n }, &params, &mut st, &mut y);
     let mut grads = vec![0.0; params.len()];
     let mut dx = vec![0.0; x.len()];
-    layer.backward(pass, &params, &mut grads, &x, &y, &proj, input_grad.then_some(&mut dx[..]), n);
+    layer.backward(
+        Backward { pass, x: &x, y: &y, dy: &proj, n },
+        &params,
+        &mut grads,
+        input_grad.then_some(&mut dx[..]),
+    );
 
     let h = 2e-3f32;
     let name = layer.kind();
@@ -98,8 +103,13 @@ fn check(layer: &mut dyn Layer, x: Result<&[f32], usize>, n: usize, training: bo
 
     // Accumulation adds onto what is there.
     let mut twice = grads.clone();
-    layer.forward(pass, &params, &mut state.clone(), &x, &mut y, n);
-    layer.backward(Pass { accumulate: true, ..pass }, &params, &mut twice, &x, &y, &proj, None, n);
+    layer.forward(Forward { pass, x: &x, n }, &params, &mut state.clone(), &mut y);
+    layer.backward(
+        Backward { pass: Pass { accumulate: true, ..pass }, x: &x, y: &y, dy: &proj, n },
+        &params,
+        &mut twice,
+        None,
+    );
     for (a, b) in twice.iter().zip(&grads) {
         assert_close(f64::from(*a), 2.0 * f64::from(*b), 1e-4, &format!("{name} accumulate"));
     }
@@ -128,16 +138,22 @@ fn check_fused_update(
         for round in 0..2 {
             // The gradient at the current weights, as backward would leave it.
             let mut g = grads.to_vec();
-            layer.forward(pass, &want, &mut state.to_vec(), x, &mut y, n);
-            layer.backward(pass, &want, &mut g, x, &y, dy, None, n);
+            layer.forward(Forward { pass, x, n }, &want, &mut state.to_vec(), &mut y);
+            layer.backward(Backward { pass, x, y: &y, dy, n }, &want, &mut g, None);
             want_opt.step(&mut want, &g, 0.1);
 
-            layer.forward(pass, &got, &mut state.to_vec(), x, &mut y, n);
+            layer.forward(Forward { pass, x, n }, &got, &mut state.to_vec(), &mut y);
             let mut fused_dx = vec![0.0; x.len()];
             let mut scratch = Vec::new();
             let Some(mut step) = got_opt.fused(0.1) else { panic!("plain SGD must fuse") };
             let mut slice = step.slice(0..got.len());
-            layer.backward_update(pass, &mut got, &mut slice, &mut scratch, x, &y, dy, Some(&mut fused_dx), n);
+            layer.backward_update(
+                Backward { pass, x, y: &y, dy, n },
+                &mut got,
+                &mut slice,
+                &mut scratch,
+                Some(&mut fused_dx),
+            );
             if round == 0 {
                 assert_eq!(fused_dx, dx, "{name}: dx must use the weights forward used");
             }

@@ -1,102 +1,10 @@
-//! CPU kernels: row-major matrix products over `gemm`, im2col / col2im, and a fixed partition
-//! of work across threads.
+//! CPU kernels: im2col / col2im, row-wise adds, and a fixed partition of work across threads
+//! (the matrix products are `strided::gemm`).
 //!
 //! Work is split into a fixed number of contiguous parts (never rayon's adaptive splitting)
 //! so sums happen in the same order every run: same spec and seed, bit-identical weights.
 
-use gemm::Parallelism;
 use std::ops::Range;
-
-/// `c[m×n] = (accumulate ? c : 0) + op(a) · op(b)`, all row-major.
-///
-/// `a` is `m×k`, or `k×m` when `a_t` (then `aᵀ` is used); `b` is `k×n`, or `n×k` when `b_t`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    a_t: bool,
-    b: &[f32],
-    b_t: bool,
-    c: &mut [f32],
-    accumulate: bool,
-    threads: usize,
-) {
-    let keep = accumulate.then_some(1.0);
-    gemm_scaled(m, n, k, (a, a_t), (b, b_t), c, keep, 1.0, threads);
-}
-
-/// `c[m×n] = keep·c + scale · op(a) · op(b)` (`c` is overwritten when `keep` is `None`), all
-/// row-major: the scalings gemm applies as it writes `c`, so an optimizer update can land in
-/// the weights (`keep` 1, `scale` −lr) or the velocity (`keep` momentum) without the gradient
-/// ever being stored. `a` is `(values, transposed)` as in [`matmul`], `b` likewise.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_scaled(
-    m: usize,
-    n: usize,
-    k: usize,
-    (a, a_t): (&[f32], bool),
-    (b, b_t): (&[f32], bool),
-    c: &mut [f32],
-    keep: Option<f32>,
-    scale: f32,
-    threads: usize,
-) {
-    // Bounds are checked here because gemm takes raw pointers.
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "matmul operand too small");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        match keep {
-            None => c[..m * n].fill(0.0),
-            Some(1.0) => {}
-            Some(f) => c[..m * n].iter_mut().for_each(|v| *v *= f),
-        }
-        return;
-    }
-    let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
-    let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
-    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-    tune_packing();
-    // SAFETY: the assert above keeps every index the strides reach inside the slices, and
-    // `c` does not alias `a` or `b` (it is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            keep.is_some(),
-            a.as_ptr(),
-            a_cs,
-            a_rs,
-            b.as_ptr(),
-            b_cs,
-            b_rs,
-            keep.unwrap_or(1.0),
-            scale,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-}
-
-/// On one thread gemm copies ("packs") a column-major left operand when the product has more
-/// than 8 × 6 columns; on several, above 16 × 6. The dense forward's left operand is the
-/// kernel, already column-major for gemm, so at batch 64 one thread re-packed all of it
-/// (11 MB for the tutorial's first dense layer) every step, as several threads do not. Use the
-/// multi-thread rule everywhere. Packing moves values, never changes a sum, so results are
-/// the same bits either way.
-pub(crate) fn tune_packing() {
-    static TUNED: std::sync::Once = std::sync::Once::new();
-    TUNED.call_once(|| gemm::set_lhs_packing_threshold_single_thread(gemm::get_lhs_packing_threshold_multi_thread()));
-}
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()` values).
 pub fn add_bias(y: &mut [f32], bias: &[f32]) {
@@ -376,45 +284,6 @@ impl Window {
 mod tests {
     use super::*;
 
-    fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
-        let mut c = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-            }
-        }
-        c
-    }
-
-    fn transpose(rows: usize, cols: usize, a: &[f32]) -> Vec<f32> {
-        let mut t = vec![0.0; a.len()];
-        for r in 0..rows {
-            for c in 0..cols {
-                t[c * rows + r] = a[r * cols + c];
-            }
-        }
-        t
-    }
-
-    #[test]
-    fn matmul_matches_naive_in_every_transpose() {
-        let (m, n, k) = (7, 5, 9);
-        let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.5).collect();
-        let want = naive(m, n, k, &a, &b);
-        let (at, bt) = (transpose(m, k, &a), transpose(k, n, &b));
-        for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-            let mut c = vec![1.0; m * n];
-            let aa = if a_t { &at } else { &a };
-            let bb = if b_t { &bt } else { &b };
-            matmul(m, n, k, aa, a_t, bb, b_t, &mut c, false, 2);
-            assert_eq!(c, want, "a_t={a_t} b_t={b_t}");
-            matmul(m, n, k, aa, a_t, bb, b_t, &mut c, true, 1);
-            let doubled: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
-            assert_eq!(c, doubled);
-        }
-    }
-
     #[test]
     fn partition_is_contiguous_and_complete() {
         for (n, parts) in [(10, 3), (2, 4), (0, 2), (64, 2)] {
@@ -466,32 +335,5 @@ mod tests {
         let lhs: f32 = cols.iter().zip(&p).map(|(a, b)| a * b).sum();
         let rhs: f32 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
         assert_eq!(lhs, rhs);
-    }
-}
-
-#[cfg(test)]
-mod thread_invariance {
-    use super::matmul;
-
-    /// Results must not depend on how many threads run them, so a spec gives the same weights
-    /// on any machine: gemm splits the output, never a sum, across threads.
-    #[test]
-    fn matmul_bits_do_not_depend_on_threads() {
-        for (m, n, k, a_t, b_t) in
-            [(64, 128, 2000, false, false), (2000, 128, 64, true, false), (64, 2000, 128, false, true)]
-        {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
-            let run = |threads: usize| {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                let mut c = vec![0.0f32; m * n];
-                pool.install(|| matmul(m, n, k, &a, a_t, &b, b_t, &mut c, false, threads));
-                c
-            };
-            let one = run(1);
-            for t in [2, 3, 4] {
-                assert!(run(t) == one, "{m}×{n}×{k} differs between 1 and {t} threads");
-            }
-        }
     }
 }

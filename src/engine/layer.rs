@@ -72,6 +72,37 @@ pub struct Pass {
     pub threads: usize,
 }
 
+/// The batch a layer's forward pass reads: what the pass is for, the input, and its size.
+/// The layer's own tensors and its output are arguments beside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward<'a> {
+    /// Training or inference, the seed, the threads.
+    pub pass: Pass,
+    /// The input, `n × input_shape`.
+    pub x: &'a [f32],
+    /// Examples.
+    pub n: usize,
+}
+
+/// What a layer's backward pass reads besides its parameters: what the pass is for, the
+/// forward pass's input and output, the gradient of that output, and the batch size. The
+/// parameters (read, or updated in place by [`Layer::backward_update`]) and what the pass
+/// writes are arguments beside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Backward<'a> {
+    /// Training or inference, the seed, accumulation, the threads.
+    pub pass: Pass,
+    /// The forward input, `n × input_shape`.
+    pub x: &'a [f32],
+    /// The forward output, `n × output_shape` (empty where the caller knows the layer
+    /// does not read it).
+    pub y: &'a [f32],
+    /// The gradient of the loss with respect to `y`.
+    pub dy: &'a [f32],
+    /// Examples.
+    pub n: usize,
+}
+
 /// A layer: a pure function of its parameters and input, plus its backward pass.
 ///
 /// Layers own scratch buffers (dropout mask, im2col patches), so each replica
@@ -137,23 +168,12 @@ pub trait Layer: Send {
     /// derivative already ([`Layer::mask_dx`] above it), so backward takes it as it is.
     fn dy_masked(&mut self, _on: bool) {}
 
-    /// Computes `y` (n × output_shape) from `x` (n × input_shape).
-    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize);
+    /// Computes `y` (n × output_shape) from `cx.x` (n × input_shape).
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]);
 
-    /// Writes (or, with `pass.accumulate`, adds) parameter gradients into `grads` and, when
-    /// `dx` is given, the input gradient into it. `x`, `y` are the forward input and output.
-    #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    );
+    /// Writes (or, with `cx.pass.accumulate`, adds) parameter gradients into `grads` and,
+    /// when `dx` is given, the input gradient into it.
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>);
 
     /// `Some((inputs, units))` when the layer's first tensor is an `inputs × units` kernel
     /// whose gradient is `xᵀ·dz` and whose input gradient is `dz·kernelᵀ`, `dz` being what
@@ -166,7 +186,7 @@ pub trait Layer: Send {
     /// [`Layer::backward`] short of the kernel, for a layer with a [`Layer::kernel_product`]:
     /// writes the gradients of the tensors after the kernel into `grads` (the layer's whole
     /// slice; the kernel's part is left alone) and returns `dz`. Other layers return nothing.
-    fn backward_dz(&mut self, _pass: Pass, _grads: &mut [f32], _y: &[f32], _dy: &[f32], _n: usize) -> &[f32] {
+    fn backward_dz(&mut self, _cx: Backward<'_>, _grads: &mut [f32]) -> &[f32] {
         &[]
     }
 
@@ -175,24 +195,19 @@ pub trait Layer: Send {
     /// can write the update itself override it (`dense`); the default stores the gradient in
     /// `scratch` (grown to what the layer needs, and kept for the next step) and applies the
     /// optimizer's arithmetic to it, giving the unfused path's bits.
-    #[allow(clippy::too_many_arguments)]
     fn backward_update(
         &mut self,
-        pass: Pass,
+        cx: Backward<'_>,
         params: &mut [f32],
         update: &mut SliceStep<'_>,
         scratch: &mut Vec<f32>,
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
         dx: Option<&mut [f32]>,
-        n: usize,
     ) {
         if scratch.len() < params.len() {
             scratch.resize(params.len(), 0.0);
         }
         let grads = &mut scratch[..params.len()];
-        self.backward(Pass { accumulate: false, ..pass }, params, grads, x, y, dy, dx, n);
+        self.backward(Backward { pass: Pass { accumulate: false, ..cx.pass }, ..cx }, params, grads, dx);
         if !params.is_empty() {
             update.apply(params, grads);
         }

@@ -27,7 +27,7 @@ pub mod strided;
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
-pub use layer::{Init, Layer, ParamSpec, Pass, Tie};
+pub use layer::{Backward, Forward, Init, Layer, ParamSpec, Pass, Tie};
 pub use loss::{LossFn, Truth};
 pub use op::Op;
 pub use optimizer::Optimizer;

@@ -11,7 +11,7 @@
 //! so checkpoints and optimizers see it once.
 
 use super::init;
-use super::layer::{Layer, Pass};
+use super::layer::{Backward, Forward, Layer, Pass};
 use super::meet::Meeting;
 use super::optimizer::FusedStep;
 use super::shape::Shape;
@@ -357,7 +357,7 @@ impl Sequential {
                 Buf::Input => x,
                 Buf::Own(i) => &self.acts[i],
             };
-            layer.forward(pass, &params[slot.view.clone()], &mut state[slot.state.clone()], x, &mut y, n);
+            layer.forward(Forward { pass, x, n }, &params[slot.view.clone()], &mut state[slot.state.clone()], &mut y);
             self.acts[out] = y;
         }
         self.output(n)
@@ -389,23 +389,22 @@ impl Sequential {
     /// marking each finished prefix ready.
     pub fn backward(&mut self, pass: Pass, params: &[f32], grads: &mut dyn GradSink, x: &[f32], n: usize) {
         self.walk = None;
-        self.backward_range(pass, params, grads, x, n, Walk { end: self.layers.len(), cur: 0 }, 0);
+        let start = Walk { end: self.layers.len(), cur: 0 };
+        self.backward_range(Forward { pass, x, n }, params, grads, start, 0);
     }
 
-    /// [`Sequential::backward`] over layers `stop..walk.end`, from gradient buffer
-    /// `walk.cur`; returns where the walk stands after them.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Sequential::backward`] of the forward pass `input` over layers `stop..walk.end`, from
+    /// gradient buffer `walk.cur`; returns where the walk stands after them.
     fn backward_range(
         &mut self,
-        pass: Pass,
+        input: Forward<'_>,
         params: &[f32],
         grads: &mut dyn GradSink,
-        x: &[f32],
-        n: usize,
         walk: Walk,
         stop: usize,
     ) -> Walk {
-        self.backward_layers(x, n, stop..walk.end, walk.cur, |layer, slot, x, y, dy, dx| {
+        let pass = input.pass;
+        self.backward_layers(input, stop..walk.end, walk.cur, |layer, slot, cx, dx| {
             let p = slot.view.clone();
             let g = grads.slice(p.clone());
             let mut own = pass;
@@ -420,7 +419,7 @@ impl Sequential {
                 g[from..].fill(0.0);
                 own.accumulate = true;
             }
-            layer.backward(own, &params[p], g, x, y, dy, dx, n);
+            layer.backward(Backward { pass: own, ..cx }, &params[p], g, dx);
             grads.ready(slot.params.end);
         })
     }
@@ -430,7 +429,7 @@ impl Sequential {
     pub fn backward_above(&mut self, pass: Pass, params: &[f32], grads: &mut [f32], x: &[f32], n: usize) -> bool {
         let Some(m) = self.meeting else { return false };
         let start = Walk { end: self.layers.len(), cur: 0 };
-        self.walk = Some(self.backward_range(pass, params, &mut &mut *grads, x, n, start, m + 1));
+        self.walk = Some(self.backward_range(Forward { pass, x, n }, params, &mut &mut *grads, start, m + 1));
         true
     }
 
@@ -451,7 +450,8 @@ impl Sequential {
         };
         let [a, b] = &mut self.grad_bufs;
         let (dy, dx) = if walk.cur == 0 { (&*a, b) } else { (&*b, a) };
-        let dz = self.layers[m].backward_dz(pass, &mut grads[slot.params.clone()], &self.acts[out], dy, n);
+        let cx = Backward { pass, x, y: &self.acts[out], dy, n };
+        let dz = self.layers[m].backward_dz(cx, &mut grads[slot.params.clone()]);
         let mask = self.masks_dx[m];
         Some(Meeting { x: &x[..n * inputs], dz, dx: need_dx.then_some(&mut dx[..n * inputs]), mask, n, inputs, units })
     }
@@ -474,7 +474,7 @@ impl Sequential {
     /// layer, or below it after [`Sequential::meet`]); `false` when none was paused.
     pub fn backward_rest(&mut self, pass: Pass, params: &[f32], grads: &mut [f32], x: &[f32], n: usize) -> bool {
         let Some(walk) = self.walk.take() else { return false };
-        self.backward_range(pass, params, &mut &mut *grads, x, n, walk, 0);
+        self.backward_range(Forward { pass, x, n }, params, &mut &mut *grads, walk, 0);
         true
     }
 
@@ -490,9 +490,9 @@ impl Sequential {
         let mut scratch = std::mem::take(&mut self.scratch);
         self.walk = None;
         let all = 0..self.layers.len();
-        self.backward_layers(x, n, all, 0, |layer, slot, x, y, dy, dx| {
+        self.backward_layers(Forward { pass, x, n }, all, 0, |layer, slot, cx, dx| {
             let p = slot.params.clone();
-            layer.backward_update(pass, &mut params[p.clone()], &mut step.slice(p), &mut scratch, x, y, dy, dx, n);
+            layer.backward_update(cx, &mut params[p.clone()], &mut step.slice(p), &mut scratch, dx);
         });
         self.scratch = scratch;
     }
@@ -503,18 +503,17 @@ impl Sequential {
         ties(&self.slots)
     }
 
-    /// Walks `layers` back to front, starting from gradient buffer `cur`, calling `f(layer,
-    /// its slot, x, y, dy, dx)` with ping-pong gradient buffers; `dx` is `None` for the first
-    /// layer. Returns where the walk stands after them.
-    #[allow(clippy::type_complexity)]
+    /// Walks `layers` of the forward pass `input` back to front, starting from gradient buffer
+    /// `cur`, calling `f(layer, its slot, its backward context, dx)` with ping-pong gradient
+    /// buffers; `dx` is `None` for the first layer. Returns where the walk stands after them.
     fn backward_layers(
         &mut self,
-        x: &[f32],
-        n: usize,
+        input: Forward<'_>,
         layers: Range<usize>,
         mut cur: usize,
-        mut f: impl FnMut(&mut dyn Layer, &Slot, &[f32], &[f32], &[f32], Option<&mut [f32]>),
+        mut f: impl FnMut(&mut dyn Layer, &Slot, Backward<'_>, Option<&mut [f32]>),
     ) -> Walk {
+        let Forward { pass, x, n } = input;
         let widest = std::iter::once(&self.input)
             .chain(self.layers.iter().map(|l| l.output_shape()))
             .map(Shape::numel)
@@ -537,7 +536,8 @@ impl Sequential {
             let [a, b] = &mut self.grad_bufs;
             let (dy, dx) = if cur == 0 { (&*a, b) } else { (&*b, a) };
             let need_dx = slot.input != Buf::Input;
-            f(layer.as_mut(), slot, x, &self.acts[out], dy, need_dx.then_some(&mut dx[..]));
+            let cx = Backward { pass, x, y: &self.acts[out], dy, n };
+            f(layer.as_mut(), slot, cx, need_dx.then_some(&mut dx[..]));
             if need_dx {
                 cur = 1 - cur;
             }

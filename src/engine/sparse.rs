@@ -288,7 +288,12 @@ multiversion! {
             let (idx, val) = columns.column(c);
             for (j, t) in t.chunks_mut(8 * LANES).enumerate() {
                 match t.len() {
-                    128 => update_row::<128>(t, idx, val, dz, units, j * 8 * LANES, keep, scale),
+                    128 => {
+                        // 128 values: the sum stays in registers ([`sum_rows_fixed`]).
+                        let mut acc = [0.0f32; 128];
+                        sum_rows_fixed::<128>(&mut acc, idx, val, dz, units, j * 8 * LANES);
+                        combine(&mut t[..128], &acc, keep, scale);
+                    }
                     _ => {
                         let mut acc = [0.0f32; 8 * LANES];
                         let acc = &mut acc[..t.len()];
@@ -299,24 +304,6 @@ multiversion! {
             }
         }
     }
-}
-
-/// `t = keep·t + scale·Σ v·dz[b, at..]` over `(b, v)` in `(idx, val)`, the sum in registers.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn update_row<const N: usize>(
-    t: &mut [f32],
-    idx: &[u32],
-    val: &[f32],
-    dz: &[f32],
-    units: usize,
-    at: usize,
-    keep: Option<f32>,
-    scale: f32,
-) {
-    let mut acc = [0.0f32; N];
-    sum_rows_fixed::<N>(&mut acc, idx, val, dz, units, at);
-    combine(&mut t[..N], &acc, keep, scale);
 }
 
 /// `t = keep·t + scale·g` (`scale·g` without `keep`).

@@ -1,5 +1,6 @@
-//! Strided matrix views over slices and a bounds-checked `gemm` on them: attention multiplies
-//! one head's columns of a `[T, 3·D]` buffer without copying them out.
+//! Strided matrix views over slices and a bounds-checked `gemm` on them, the engine's one
+//! matrix product: a row-major operand is `MatRef::rows`, its transpose `.t()` (no copy), and
+//! attention multiplies one head's columns of a `[T, 3·D]` buffer without copying them out.
 
 use gemm::Parallelism;
 use std::ops::Range;
@@ -83,9 +84,13 @@ impl<'a> MatMut<'a> {
         reach(self.rows, self.cols, self.rs, self.cs) <= self.data.len()
     }
 
-    /// Rows never overlap columns: one stride steps over the whole extent of the other.
+    /// Rows never overlap columns: one stride steps over the whole extent of the other (an
+    /// empty view has no element to overlap).
     fn is_injective(&self) -> bool {
-        let (r, c) = (self.rows.saturating_sub(1), self.cols.saturating_sub(1));
+        if self.rows == 0 || self.cols == 0 {
+            return true;
+        }
+        let (r, c) = (self.rows - 1, self.cols - 1);
         (self.cs >= 1 && (r == 0 || self.rs > c * self.cs)) || (self.rs >= 1 && (c == 0 || self.cs > r * self.rs))
     }
 }
@@ -151,7 +156,7 @@ unsafe fn gemm_raw(c: Target, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, s
         return;
     }
     let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-    crate::engine::kernels::tune_packing();
+    tune_packing();
     let s = |v: usize| v as isize;
     // SAFETY: `a` and `b` are checked above, `c` by the contract; its elements are distinct,
     // so threads never write one place twice.
@@ -178,6 +183,17 @@ unsafe fn gemm_raw(c: Target, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, s
             parallelism,
         );
     }
+}
+
+/// On one thread gemm copies ("packs") a column-major left operand when the product has more
+/// than 8 × 6 columns; on several, above 16 × 6. The dense forward's left operand is the
+/// kernel, already column-major for gemm, so at batch 64 one thread re-packed all of it
+/// (11 MB for the tutorial's first dense layer) every step, as several threads do not. Use the
+/// multi-thread rule everywhere. Packing moves values, never changes a sum, so results are
+/// the same bits either way.
+fn tune_packing() {
+    static TUNED: std::sync::Once = std::sync::Once::new();
+    TUNED.call_once(|| gemm::set_lhs_packing_threshold_single_thread(gemm::get_lhs_packing_threshold_multi_thread()));
 }
 
 /// Column blocks of one row-major matrix that different threads write at once: their
@@ -314,5 +330,82 @@ mod tests {
         let buf = [1.0; 4];
         let mut c = [0.0; 4];
         gemm(MatMut::new(&mut c, 2, 2, 1, 1), MatRef::rows(&buf, 2, 2), MatRef::rows(&buf, 2, 2), false, 1.0, 1);
+    }
+
+    /// The plain product of row-major `a` (`m × k`) and `b` (`k × n`).
+    fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    fn transpose(rows: usize, cols: usize, a: &[f32]) -> Vec<f32> {
+        let mut t = vec![0.0; a.len()];
+        for r in 0..rows {
+            for c in 0..cols {
+                t[c * rows + r] = a[r * cols + c];
+            }
+        }
+        t
+    }
+
+    /// A row-major operand, stored as it is or transposed (then read through `.t()`).
+    fn operand(data: &[f32], rows: usize, cols: usize, transposed: bool) -> MatRef<'_> {
+        if transposed { MatRef::rows(data, cols, rows).t() } else { MatRef::rows(data, rows, cols) }
+    }
+
+    #[test]
+    fn row_major_products_match_naive_in_every_transpose() {
+        let (m, n, k) = (7, 5, 9);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.5).collect();
+        let want = naive(m, n, k, &a, &b);
+        let (at, bt) = (transpose(m, k, &a), transpose(k, n, &b));
+        for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut c = vec![1.0; m * n];
+            let aa = operand(if a_t { &at } else { &a }, m, k, a_t);
+            let bb = operand(if b_t { &bt } else { &b }, k, n, b_t);
+            gemm(MatMut::rows(&mut c, m, n), aa, bb, false, 1.0, 2);
+            assert_eq!(c, want, "a_t={a_t} b_t={b_t}");
+            gemm(MatMut::rows(&mut c, m, n), aa, bb, true, 1.0, 1);
+            let doubled: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+            assert_eq!(c, doubled);
+        }
+    }
+
+    /// Results must not depend on how many threads run them, so a spec gives the same weights
+    /// on any machine: gemm splits the output, never a sum, across threads.
+    #[test]
+    fn product_bits_do_not_depend_on_threads() {
+        for (m, n, k, a_t, b_t) in
+            [(64, 128, 2000, false, false), (2000, 128, 64, true, false), (64, 2000, 128, false, true)]
+        {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut c = vec![0.0f32; m * n];
+                let (aa, bb) = (operand(&a, m, k, a_t), operand(&b, k, n, b_t));
+                pool.install(|| gemm(MatMut::rows(&mut c, m, n), aa, bb, false, 1.0, threads));
+                c
+            };
+            let one = run(1);
+            for t in [2, 3, 4] {
+                assert!(run(t) == one, "{m}×{n}×{k} differs between 1 and {t} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_products_write_nothing_and_zero_depth_clears() {
+        let mut c = vec![3.0; 4];
+        gemm(MatMut::rows(&mut c, 4, 0), MatRef::rows(&[1.0; 8], 4, 2), MatRef::rows(&[], 2, 0), false, 1.0, 1);
+        assert_eq!(c, [3.0; 4]);
+        gemm(MatMut::rows(&mut c, 2, 2), MatRef::rows(&[], 2, 0), MatRef::rows(&[], 0, 2), false, 1.0, 1);
+        assert_eq!(c, [0.0; 4]);
     }
 }

@@ -100,9 +100,10 @@ fn median(reps: usize, mut f: impl FnMut()) -> f64 {
 #[test]
 #[ignore = "timing; run on an idle machine"]
 fn mnist_cnn_breakdown() {
-    use crate::engine::Layer;
-    use crate::engine::kernels::{Window, matmul};
+    use crate::engine::kernels::Window;
     use crate::engine::layers::{Conv2d, Dense};
+    use crate::engine::strided::{MatMut, MatRef, gemm};
+    use crate::engine::{Backward, Forward, Layer};
     use crate::vocab::Activation;
     for threads in [1, 2] {
         let Ok(pool) = rayon::ThreadPoolBuilder::new().num_threads(threads).build() else {
@@ -124,40 +125,34 @@ fn mnist_cnn_breakdown() {
             let cp = vec![0.01f32; 320];
             let mut cg = vec![0.0f32; 320];
             let mut cy = vec![0.0f32; n * 21632];
-            let cf = median(20, || conv.forward(pass, &cp, &mut [], &x, &mut cy, n));
+            let cf = median(20, || conv.forward(Forward { pass, x: &x, n }, &cp, &mut [], &mut cy));
             let dy = vec![0.01f32; n * 21632];
             let cb = median(20, || {
-                conv.backward(pass, &cp, &mut cg, &x, &cy, &dy, None, n)
+                conv.backward(Backward { pass, x: &x, y: &cy, dy: &dy, n }, &cp, &mut cg, None)
             });
             let mut d1 = Dense::new(21632, 128, Activation::Relu, true);
             let p1 = vec![0.001f32; 21632 * 128 + 128];
             let mut g1 = vec![0.0f32; p1.len()];
             let mut y1 = vec![0.0f32; n * 128];
-            let df = median(20, || d1.forward(pass, &p1, &mut [], &cy, &mut y1, n));
+            let df = median(20, || d1.forward(Forward { pass, x: &cy, n }, &p1, &mut [], &mut y1));
             let dy1 = vec![0.01f32; n * 128];
             let mut dx1 = vec![0.0f32; n * 21632];
             let db = median(20, || {
-                d1.backward(pass, &p1, &mut g1, &cy, &y1, &dy1, Some(&mut dx1), n)
+                d1.backward(Backward { pass, x: &cy, y: &y1, dy: &dy1, n }, &p1, &mut g1, Some(&mut dx1))
             });
             let mut c = vec![0.0f32; n * 128];
-            let gf = median(20, || {
-                matmul(n, 128, 21632, &cy, false, &p1, false, &mut c, false, threads)
-            });
-            let gw = median(20, || {
-                matmul(21632, 128, n, &cy, true, &dy1, false, &mut g1, false, threads)
-            });
-            let gx = median(20, || {
-                matmul(n, 21632, 128, &dy1, false, &p1, true, &mut dx1, false, threads)
-            });
+            let (cy_m, p1_m, dy1_m) =
+                (MatRef::rows(&cy, n, 21632), MatRef::rows(&p1, 21632, 128), MatRef::rows(&dy1, n, 128));
+            let gf = median(20, || gemm(MatMut::rows(&mut c, n, 128), cy_m, p1_m, false, 1.0, threads));
+            let gw = median(20, || gemm(MatMut::rows(&mut g1, 21632, 128), cy_m.t(), dy1_m, false, 1.0, threads));
+            let gx = median(20, || gemm(MatMut::rows(&mut dx1, n, 21632), dy1_m, p1_m.t(), false, 1.0, threads));
             let mut patches = vec![0.0f32; n * win.positions() * win.patch_len()];
             let i2c = median(20, || win.im2col(&x, n, &mut patches));
             let mut cz = vec![0.0f32; n * 21632];
-            let cgf = median(20, || {
-                matmul(n * 676, 32, 9, &patches, false, &cp, false, &mut cz, false, threads)
-            });
-            let cgw = median(20, || {
-                matmul(9, 32, n * 676, &patches, true, &dy, false, &mut cg, false, threads)
-            });
+            let (patches_m, cp_m, dy_m) =
+                (MatRef::rows(&patches, n * 676, 9), MatRef::rows(&cp, 9, 32), MatRef::rows(&dy, n * 676, 32));
+            let cgf = median(20, || gemm(MatMut::rows(&mut cz, n * 676, 32), patches_m, cp_m, false, 1.0, threads));
+            let cgw = median(20, || gemm(MatMut::rows(&mut cg, 9, 32), patches_m.t(), dy_m, false, 1.0, threads));
             let relu = median(20, || {
                 crate::engine::activation::backward(Activation::Relu, &cy, &dy, &mut cz, 32)
             });

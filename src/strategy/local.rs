@@ -5,7 +5,7 @@
 //! duplicates) and batch-norm statistics are averaged over replicas after each step.
 
 use super::cross_device;
-use super::replica::BatchView;
+use super::replica::{BatchView, MicroStep};
 use super::{Replica, Step, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
 use crate::engine::Optimizer;
@@ -83,7 +83,8 @@ impl LocalReplicas {
             for (i, batch) in micro.iter().enumerate() {
                 let s = derive_seed(&[seed, i as u64, first + r as u64]);
                 let view = BatchView::part(batch, r, parts);
-                stats.add(replica.forward_backward_view(params, state, &mut grads, view, scale, s, i > 0));
+                let micro = MicroStep { scale, seed: s, accumulate: i > 0 };
+                stats.add(replica.forward_backward_view(params, state, &mut grads, view, micro));
             }
             stats
         });

@@ -22,7 +22,7 @@ mod replica;
 pub use input::Input;
 pub use multi_worker_mirrored::{MultiWorkerMirrored, check_devices as check_multi_worker_devices};
 pub use parameter_server::stats::ParameterServerStats;
-pub use replica::{BatchView, Replica};
+pub use replica::{BatchView, MicroStep, Replica};
 
 use crate::cluster::job::Job;
 use crate::data::Batch;

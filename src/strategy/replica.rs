@@ -139,22 +139,21 @@ impl Replica {
         accumulate: bool,
     ) -> Sums {
         let view = BatchView::of(batch);
-        self.forward_backward_view(&vars.params, &mut vars.state, grads, view, scale, seed, accumulate)
+        let micro = MicroStep { scale, seed, accumulate };
+        self.forward_backward_view(&vars.params, &mut vars.state, grads, view, micro)
     }
 
     /// [`Replica::forward_backward`] on part of a batch, with the parameters read-only, so
     /// several replicas can share one copy of them.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_backward_view(
         &mut self,
         params: &[f32],
         state: &mut [f32],
         grads: &mut dyn GradSink,
         batch: BatchView<'_>,
-        scale: f32,
-        seed: u64,
-        accumulate: bool,
+        micro: MicroStep,
     ) -> Sums {
+        let MicroStep { scale, seed, accumulate } = micro;
         self.pending = None;
         if batch.n == 0 {
             // A short global batch can leave this replica nothing: it adds no gradient.
@@ -189,6 +188,17 @@ impl Replica {
         let out = self.model.forward(pass, params, state, batch.x, batch.n);
         self.loss.evaluate(out, batch.truth(), self.classes, 1.0, None)
     }
+}
+
+/// How one micro-batch's gradient joins its step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MicroStep {
+    /// Each example's loss weight: 1 / examples in the whole step.
+    pub scale: f32,
+    /// The seed of the micro-batch's randomness (dropout masks).
+    pub seed: u64,
+    /// Add to the gradient of the micro-batches before it instead of overwriting it.
+    pub accumulate: bool,
 }
 
 /// Part of a batch: `n` examples' features and labels.

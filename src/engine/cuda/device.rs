@@ -190,20 +190,17 @@ impl Gpu {
         Ok(self.stream.synchronize()?)
     }
 
-    /// `c[m×n] = (accumulate ? c : 0) + op(a) · op(b)`, all row-major, exactly as the CPU
-    /// engine's `kernels::matmul`: `a` is `m×k` (`k×m` when `a_t`), `b` is `k×n` (`n×k` when
-    /// `b_t`).
+    /// `c[m×n] = (accumulate ? c : 0) + op(a) · op(b)`, all row-major, as the CPU engine's
+    /// `strided::gemm` on row-major views: `a` is `(pointer, transposed)`, the pointer to an
+    /// `m×k` matrix (`k×m` when transposed), `b` likewise with `k×n` (`n×k`).
     ///
     /// cuBLAS is column-major: a row-major matrix is its transpose there, so this computes
     /// `cᵀ = op(b)ᵀ · op(a)ᵀ`, swapping the operands instead of transposing anything.
-    #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
         (m, n, k): (usize, usize, usize),
-        a: DevPtr,
-        a_t: bool,
-        b: DevPtr,
-        b_t: bool,
+        (a, a_t): (DevPtr, bool),
+        (b, b_t): (DevPtr, bool),
         c: DevPtr,
         accumulate: bool,
     ) -> Result<(), CudaError> {
@@ -285,7 +282,7 @@ impl ColumnMajor {
 #[cfg(test)]
 mod tests {
     use super::ColumnMajor;
-    use crate::engine::kernels::matmul;
+    use crate::engine::strided::{MatMut, MatRef, gemm};
 
     /// A plain column-major sgemm, as cuBLAS defines it (alpha 1, beta 0).
     fn sgemm(g: &ColumnMajor, a: &[f32], b: &[f32]) -> Vec<f32> {
@@ -308,7 +305,10 @@ mod tests {
         let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
         for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut want = vec![0.0; m * n];
-            matmul(m, n, k, &a, a_t, &b, b_t, &mut want, false, 1);
+            // The same values read as `a_t`/`b_t` say: row-major, or the transpose's row-major.
+            let aa = if a_t { MatRef::rows(&a, k, m).t() } else { MatRef::rows(&a, m, k) };
+            let bb = if b_t { MatRef::rows(&b, n, k).t() } else { MatRef::rows(&b, k, n) };
+            gemm(MatMut::rows(&mut want, m, n), aa, bb, false, 1.0, 1);
             // The first operand cuBLAS reads is `b`, the second `a`.
             let got = sgemm(&ColumnMajor::of((m, n, k), a_t, b_t), &b, &a);
             assert_eq!(got, want, "a_t={a_t} b_t={b_t}");

@@ -27,6 +27,31 @@ pub struct Scratch {
     pub coef: Buf,
 }
 
+/// Where a pass reads and writes the arena: parameters, gradients (backward) and state
+/// (forward).
+#[derive(Debug, Clone, Copy)]
+pub struct Vars {
+    pub p: DevPtr,
+    pub g: DevPtr,
+    pub s: DevPtr,
+}
+
+/// What a layer's pass on the GPU reads besides its activations: the device, the scratch the
+/// layers share, the arena, the batch size, and what the pass is for (the GPU's
+/// [`crate::engine::Pass`]).
+#[derive(Clone, Copy)]
+pub struct DevicePass<'a> {
+    pub gpu: &'a Gpu,
+    pub sc: &'a Scratch,
+    pub vars: Vars,
+    /// Examples.
+    pub n: usize,
+    /// Batch normalization uses (and moves) the batch's statistics, not the moving ones.
+    pub training: bool,
+    /// Backward adds into the gradients instead of overwriting them.
+    pub accumulate: bool,
+}
+
 /// An activation as the kernels take it: the elementwise code, and whether softmax follows.
 fn act_code(act: Activation) -> (i32, bool) {
     match act {
@@ -91,29 +116,26 @@ pub struct Dense {
 }
 
 impl Dense {
-    pub fn forward(&self, gpu: &Gpu, p: DevPtr, x: DevPtr, y: DevPtr, n: usize) -> Result<(), CudaError> {
-        gpu.matmul((n, self.units, self.inputs), x, false, at(p, self.kernel), false, y, false)?;
+    pub fn forward(&self, cx: DevicePass<'_>, x: DevPtr, y: DevPtr) -> Result<(), CudaError> {
+        let DevicePass { gpu, vars: Vars { p, .. }, n, .. } = cx;
+        gpu.matmul((n, self.units, self.inputs), (x, false), (at(p, self.kernel), false), y, false)?;
         bias_act(gpu, y, self.bias.map_or(0, |b| at(p, b)), n, self.units, self.act)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
-        gpu: &Gpu,
-        sc: &Scratch,
-        (p, g): (DevPtr, DevPtr),
+        cx: DevicePass<'_>,
         (x, y, dy): (DevPtr, DevPtr, DevPtr),
         dx: Option<DevPtr>,
-        n: usize,
-        acc: bool,
     ) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, vars: Vars { p, g, .. }, n, accumulate: acc, .. } = cx;
         let dz = act_backward(gpu, self.act, y, dy, sc.dz.ptr(), n, self.units)?;
-        gpu.matmul((self.inputs, self.units, n), x, true, dz, false, at(g, self.kernel), acc)?;
+        gpu.matmul((self.inputs, self.units, n), (x, true), (dz, false), at(g, self.kernel), acc)?;
         if let Some(b) = self.bias {
             col_sum(gpu, dz, n, self.units, at(g, b), acc)?;
         }
         if let Some(dx) = dx {
-            gpu.matmul((n, self.inputs, self.units), dz, false, at(p, self.kernel), true, dx, false)?;
+            gpu.matmul((n, self.inputs, self.units), (dz, false), (at(p, self.kernel), true), dx, false)?;
         }
         Ok(())
     }
@@ -202,7 +224,8 @@ impl Conv {
         )
     }
 
-    pub fn forward(&self, gpu: &Gpu, sc: &Scratch, p: DevPtr, x: DevPtr, y: DevPtr, n: usize) -> Result<(), CudaError> {
+    pub fn forward(&self, cx: DevicePass<'_>, x: DevPtr, y: DevPtr) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, vars: Vars { p, .. }, n, .. } = cx;
         let (win, f) = (&self.win, self.filters);
         let (in_len, out_len) = (win.h * win.w * win.c, win.positions() * f);
         let chunk = self.chunk(n);
@@ -210,30 +233,19 @@ impl Conv {
             let imgs = chunk.min(n - start);
             self.im2col(gpu, at(x, start * in_len), sc.patches.ptr(), imgs)?;
             let rows = imgs * win.positions();
-            gpu.matmul(
-                (rows, f, win.patch_len()),
-                sc.patches.ptr(),
-                false,
-                at(p, self.kernel),
-                false,
-                at(y, start * out_len),
-                false,
-            )?;
+            let (patches, kernel) = ((sc.patches.ptr(), false), (at(p, self.kernel), false));
+            gpu.matmul((rows, f, win.patch_len()), patches, kernel, at(y, start * out_len), false)?;
         }
         bias_act(gpu, y, self.bias.map_or(0, |b| at(p, b)), n * win.positions(), f, self.act)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
-        gpu: &Gpu,
-        sc: &Scratch,
-        (p, g): (DevPtr, DevPtr),
+        cx: DevicePass<'_>,
         (x, y, dy): (DevPtr, DevPtr, DevPtr),
         dx: Option<DevPtr>,
-        n: usize,
-        acc: bool,
     ) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, vars: Vars { p, g, .. }, n, accumulate: acc, .. } = cx;
         let (win, f) = (&self.win, self.filters);
         let (in_len, out_len, pl) = (win.h * win.w * win.c, win.positions() * f, win.patch_len());
         let dz = act_backward(gpu, self.act, y, dy, sc.dz.ptr(), n * win.positions(), f)?;
@@ -246,9 +258,9 @@ impl Conv {
             let rows = imgs * win.positions();
             let dz = at(dz, start * out_len);
             self.im2col(gpu, at(x, start * in_len), sc.patches.ptr(), imgs)?;
-            gpu.matmul((pl, f, rows), sc.patches.ptr(), true, dz, false, at(g, self.kernel), acc || start > 0)?;
+            gpu.matmul((pl, f, rows), (sc.patches.ptr(), true), (dz, false), at(g, self.kernel), acc || start > 0)?;
             if let Some(dx) = dx {
-                gpu.matmul((rows, pl, f), dz, false, at(p, self.kernel), true, sc.d_patches.ptr(), false)?;
+                gpu.matmul((rows, pl, f), (dz, false), (at(p, self.kernel), true), sc.d_patches.ptr(), false)?;
                 self.col2im(gpu, sc.d_patches.ptr(), at(dx, start * in_len), imgs)?;
             }
         }
@@ -350,17 +362,8 @@ impl BatchNorm {
         n * self.numel / self.channels.max(1)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        gpu: &Gpu,
-        sc: &Scratch,
-        (p, s): (DevPtr, DevPtr),
-        x: DevPtr,
-        y: DevPtr,
-        n: usize,
-        training: bool,
-    ) -> Result<(), CudaError> {
+    pub fn forward(&self, cx: DevicePass<'_>, x: DevPtr, y: DevPtr) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, vars: Vars { p, s, .. }, n, training, .. } = cx;
         let (c, rows) = (self.channels, self.rows(n));
         if training {
             launch!(gpu, "channel_sums", Gpu::per_block(c), x, x, rows as i64, c as i32, sc.sums.ptr())?;
@@ -395,17 +398,8 @@ impl BatchNorm {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
-        &self,
-        gpu: &Gpu,
-        sc: &Scratch,
-        (p, g): (DevPtr, DevPtr),
-        (x, dy): (DevPtr, DevPtr),
-        dx: Option<DevPtr>,
-        n: usize,
-        (training, acc): (bool, bool),
-    ) -> Result<(), CudaError> {
+    pub fn backward(&self, cx: DevicePass<'_>, (x, dy): (DevPtr, DevPtr), dx: Option<DevPtr>) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, vars: Vars { p, g, .. }, n, training, accumulate: acc } = cx;
         let (c, rows) = (self.channels, self.rows(n));
         launch!(gpu, "channel_sums", Gpu::per_block(c), dy, x, rows as i64, c as i32, sc.sums.ptr())?;
         launch!(

@@ -6,8 +6,8 @@
 use super::arena::Arena;
 use super::device::{Buf, DevPtr, Gpu, at, launch};
 use super::error::CudaError;
-use super::layers::{BatchNorm, Conv, Dense, MaxPool, Scratch, bias_act, gap_backward, gap_forward};
-use super::residual::{Block, Vars};
+use super::layers::{BatchNorm, Conv, Dense, DevicePass, MaxPool, Scratch, Vars, bias_act, gap_backward, gap_forward};
+use super::residual::Block;
 use crate::engine::op::{BatchNormOp, ConvOp, Op as EngineOp};
 use crate::engine::{LossFn, Sequential, Shape};
 use crate::metrics::{self, Sums};
@@ -264,21 +264,22 @@ impl GpuModel {
     /// Runs the layers on `n` examples already in the input buffer; returns the output.
     fn forward(&self, gpu: &Gpu, arena: &Arena, n: usize, training: bool) -> Result<DevPtr, CudaError> {
         let (sc, ..) = self.parts()?;
-        let v = Vars { p: arena.params(), g: arena.grads(), s: arena.state() };
+        let vars = Vars { p: arena.params(), g: arena.grads(), s: arena.state() };
+        let cx = DevicePass { gpu, sc, vars, n, training, accumulate: false };
         for layer in &self.layers {
             let (x, y) = (self.ptr(layer.input)?, self.ptr(layer.output)?);
             match &layer.op {
                 Op::View => {}
-                Op::Dense(d) => d.forward(gpu, v.p, x, y, n)?,
-                Op::Conv(c) => c.forward(gpu, sc, v.p, x, y, n)?,
+                Op::Dense(d) => d.forward(cx, x, y)?,
+                Op::Conv(c) => c.forward(cx, x, y)?,
                 Op::MaxPool(p) => p.forward(gpu, x, y, n)?,
                 Op::GlobalAvgPool { hw, c } => gap_forward(gpu, x, y, n, *hw, *c)?,
-                Op::BatchNorm(bn) => bn.forward(gpu, sc, (v.p, v.s), x, y, n, training)?,
+                Op::BatchNorm(bn) => bn.forward(cx, x, y)?,
                 Op::Activation { act, row } => {
                     gpu.copy(y, x, n * layer.out_len)?;
                     bias_act(gpu, y, 0, n * layer.out_len / row, *row, *act)?;
                 }
-                Op::Residual(b) => b.forward(gpu, sc, v, x, y, n, training)?,
+                Op::Residual(b) => b.forward(cx, x, y)?,
             }
         }
         self.ptr(self.layers.last().map_or(Slot::Input, |l| l.output))
@@ -287,8 +288,9 @@ impl GpuModel {
     /// Backpropagates the loss gradient in `grad[0]` into the arena's gradients.
     fn backward(&self, gpu: &Gpu, arena: &Arena, n: usize, acc: bool) -> Result<(), CudaError> {
         let (sc, ..) = self.parts()?;
-        let v = Vars { p: arena.params(), g: arena.grads(), s: arena.state() };
-        let pg = (v.p, v.g);
+        let vars = Vars { p: arena.params(), g: arena.grads(), s: arena.state() };
+        // Backward follows a training forward: batch norm's statistics are the batch's.
+        let cx = DevicePass { gpu, sc, vars, n, training: true, accumulate: acc };
         let mut cur = 0;
         for layer in self.layers.iter().rev() {
             let Slot::Own(_) = layer.output else { continue };
@@ -300,8 +302,8 @@ impl GpuModel {
             let dx = (layer.input != Slot::Input).then_some(dx_buf);
             match &layer.op {
                 Op::View => {}
-                Op::Dense(d) => d.backward(gpu, sc, pg, (x, y, dy), dx, n, acc)?,
-                Op::Conv(c) => c.backward(gpu, sc, pg, (x, y, dy), dx, n, acc)?,
+                Op::Dense(d) => d.backward(cx, (x, y, dy), dx)?,
+                Op::Conv(c) => c.backward(cx, (x, y, dy), dx)?,
                 Op::MaxPool(p) => {
                     if let Some(dx) = dx {
                         p.backward(gpu, dy, dx, n)?;
@@ -312,7 +314,7 @@ impl GpuModel {
                         gap_backward(gpu, dy, dx, n, *hw, *c)?;
                     }
                 }
-                Op::BatchNorm(bn) => bn.backward(gpu, sc, pg, (x, dy), dx, n, (true, acc))?,
+                Op::BatchNorm(bn) => bn.backward(cx, (x, dy), dx)?,
                 Op::Activation { act, row } => {
                     if let Some(dx) = dx {
                         let rows = n * layer.out_len / row;
@@ -322,7 +324,7 @@ impl GpuModel {
                         }
                     }
                 }
-                Op::Residual(b) => b.backward(gpu, sc, v, (x, y, dy), dx, n, (true, acc))?,
+                Op::Residual(b) => b.backward(cx, (x, y, dy), dx)?,
             }
             if dx.is_some() {
                 cur = 1 - cur;
@@ -332,7 +334,7 @@ impl GpuModel {
     }
 
     /// Uploads `n` examples and their labels.
-    fn load(&mut self, gpu: &Gpu, x: &[f32], y: &[u32], n: usize) -> Result<(), CudaError> {
+    fn load(&mut self, gpu: &Gpu, (x, y, n): (&[f32], &[u32], usize)) -> Result<(), CudaError> {
         if x.len() != n * self.input_len || y.len() != n {
             return Err(CudaError::Unsupported(format!(
                 "a batch of {n} examples needs {} inputs and {n} labels, got {} and {}",
@@ -377,16 +379,14 @@ impl GpuModel {
         Ok(sums)
     }
 
-    /// Adds (or, unless `accumulate`, writes) the gradient of `n` examples into the arena's
-    /// gradients, each example's loss weighted by `scale`, and moves the batch-norm statistics.
-    #[allow(clippy::too_many_arguments)]
+    /// Adds (or, unless `accumulate`, writes) the gradient of the `n` examples `x` labelled
+    /// `y` into the arena's gradients, each example's loss weighted by `scale`, and moves the
+    /// batch-norm statistics.
     pub fn train_step(
         &mut self,
         gpu: &Gpu,
         arena: &Arena,
-        x: &[f32],
-        y: &[u32],
-        n: usize,
+        (x, y, n): (&[f32], &[u32], usize),
         scale: f32,
         accumulate: bool,
     ) -> Result<Sums, CudaError> {
@@ -396,7 +396,7 @@ impl GpuModel {
             }
             return Ok(Sums::default());
         }
-        self.load(gpu, x, y, n)?;
+        self.load(gpu, (x, y, n))?;
         let out = self.forward(gpu, arena, n, true)?;
         let stats = self.loss(gpu, out, n, scale)?;
         self.backward(gpu, arena, n, accumulate)?;
@@ -408,7 +408,7 @@ impl GpuModel {
         if n == 0 {
             return Ok(Sums::default());
         }
-        self.load(gpu, x, y, n)?;
+        self.load(gpu, (x, y, n))?;
         let out = self.forward(gpu, arena, n, false)?;
         self.loss(gpu, out, n, 0.0)
     }
@@ -416,7 +416,7 @@ impl GpuModel {
     /// The outputs (logits) of `n` examples in inference mode, for checks against the CPU.
     pub fn predict(&mut self, gpu: &Gpu, arena: &Arena, x: &[f32], n: usize) -> Result<Vec<f32>, CudaError> {
         let labels = vec![0u32; n];
-        self.load(gpu, x, &labels, n)?;
+        self.load(gpu, (x, &labels, n))?;
         let out = self.forward(gpu, arena, n, false)?;
         let mut v = vec![0.0; n * self.classes];
         gpu.download(at(out, 0), &mut v)?;

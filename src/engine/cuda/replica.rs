@@ -52,7 +52,7 @@ impl GpuReplica {
         scale: f32,
         accumulate: bool,
     ) -> Result<Sums, CudaError> {
-        self.model.train_step(&self.gpu, &self.arena, x, y, n, scale, accumulate)
+        self.model.train_step(&self.gpu, &self.arena, (x, y, n), scale, accumulate)
     }
 
     /// Sums the gradients over the group; a no-op alone.

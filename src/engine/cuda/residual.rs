@@ -4,7 +4,7 @@
 
 use super::device::{Buf, DevPtr, Gpu};
 use super::error::CudaError;
-use super::layers::{BatchNorm, Conv, Scratch, add, add_relu, bias_act, relu_mask};
+use super::layers::{BatchNorm, Conv, DevicePass, add, add_relu, bias_act, relu_mask};
 use crate::vocab::Activation;
 
 /// The block's children and the activations it keeps for backward.
@@ -21,14 +21,6 @@ pub struct Block {
     pub kept: Option<[Buf; 4]>,
 }
 
-/// Where a pass reads and writes: parameters, gradients (backward) and state (forward).
-#[derive(Clone, Copy)]
-pub struct Vars {
-    pub p: DevPtr,
-    pub g: DevPtr,
-    pub s: DevPtr,
-}
-
 impl Block {
     /// Allocates the kept activations for batches of up to `n`.
     pub fn reserve(&mut self, gpu: &Gpu, n: usize) -> Result<(), CudaError> {
@@ -41,67 +33,52 @@ impl Block {
         self.kept.as_ref().ok_or_else(|| CudaError::Unsupported("residual block used before reserve".into()))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        gpu: &Gpu,
-        sc: &Scratch,
-        v: Vars,
-        x: DevPtr,
-        y: DevPtr,
-        n: usize,
-        training: bool,
-    ) -> Result<(), CudaError> {
+    pub fn forward(&self, cx: DevicePass<'_>, x: DevPtr, y: DevPtr) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, n, .. } = cx;
         let [c1, a1, c2, proj] = self.kept()?;
         let len = n * self.out_len;
-        let ps = (v.p, v.s);
-        self.conv1.forward(gpu, sc, v.p, x, c1.ptr(), n)?;
-        self.bn1.forward(gpu, sc, ps, c1.ptr(), a1.ptr(), n, training)?;
+        self.conv1.forward(cx, x, c1.ptr())?;
+        self.bn1.forward(cx, c1.ptr(), a1.ptr())?;
         bias_act(gpu, a1.ptr(), 0, len, 1, Activation::Relu)?;
-        self.conv2.forward(gpu, sc, v.p, a1.ptr(), c2.ptr(), n)?;
-        self.bn2.forward(gpu, sc, ps, c2.ptr(), y, n, training)?;
+        self.conv2.forward(cx, a1.ptr(), c2.ptr())?;
+        self.bn2.forward(cx, c2.ptr(), y)?;
         match &self.shortcut {
             None => add_relu(gpu, y, x, len),
             Some((conv, bn)) => {
                 // g[0] is backward scratch, free here: it holds the shortcut until added.
-                conv.forward(gpu, sc, v.p, x, proj.ptr(), n)?;
-                bn.forward(gpu, sc, ps, proj.ptr(), sc.g[0].ptr(), n, training)?;
+                conv.forward(cx, x, proj.ptr())?;
+                bn.forward(cx, proj.ptr(), sc.g[0].ptr())?;
                 add_relu(gpu, y, sc.g[0].ptr(), len)
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
-        gpu: &Gpu,
-        sc: &Scratch,
-        v: Vars,
+        cx: DevicePass<'_>,
         (x, y, dy): (DevPtr, DevPtr, DevPtr),
         dx: Option<DevPtr>,
-        n: usize,
-        (training, acc): (bool, bool),
     ) -> Result<(), CudaError> {
+        let DevicePass { gpu, sc, n, .. } = cx;
         let [c1, a1, c2, proj] = self.kept()?;
         let len = n * self.out_len;
-        let pg = (v.p, v.g);
         let [g0, g1, g2, gx] = [sc.g[0].ptr(), sc.g[1].ptr(), sc.g[2].ptr(), sc.g[3].ptr()];
         gpu.copy(g0, dy, len)?;
         relu_mask(gpu, g0, y, len)?;
         // Main branch, back to front: g2 = d c2, g1 = d a1, then g2 = d c1.
-        self.bn2.backward(gpu, sc, pg, (c2.ptr(), g0), Some(g2), n, (training, acc))?;
-        self.conv2.backward(gpu, sc, pg, (a1.ptr(), c2.ptr(), g2), Some(g1), n, acc)?;
+        self.bn2.backward(cx, (c2.ptr(), g0), Some(g2))?;
+        self.conv2.backward(cx, (a1.ptr(), c2.ptr(), g2), Some(g1))?;
         relu_mask(gpu, g1, a1.ptr(), len)?;
-        self.bn1.backward(gpu, sc, pg, (c1.ptr(), g1), Some(g2), n, (training, acc))?;
-        self.conv1.backward(gpu, sc, pg, (x, c1.ptr(), g2), dx, n, acc)?;
+        self.bn1.backward(cx, (c1.ptr(), g1), Some(g2))?;
+        self.conv1.backward(cx, (x, c1.ptr(), g2), dx)?;
         match &self.shortcut {
             None => match dx {
                 Some(dx) => add(gpu, dx, g0, len),
                 None => Ok(()),
             },
             Some((conv, bn)) => {
-                bn.backward(gpu, sc, pg, (proj.ptr(), g0), Some(g1), n, (training, acc))?;
-                conv.backward(gpu, sc, pg, (x, proj.ptr(), g1), dx.map(|_| gx), n, acc)?;
+                bn.backward(cx, (proj.ptr(), g0), Some(g1))?;
+                conv.backward(cx, (x, proj.ptr(), g1), dx.map(|_| gx))?;
                 match dx {
                     Some(dx) => add(gpu, dx, gx, n * self.in_len),
                     None => Ok(()),

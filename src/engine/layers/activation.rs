@@ -2,7 +2,7 @@
 
 use crate::engine::activation;
 use crate::engine::kernels::par_rows;
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer};
 use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
@@ -37,7 +37,8 @@ impl Layer for ActivationLayer {
         &self.output
     }
 
-    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (act, row) = (self.activation, self.last_axis());
         let len = n * self.output.numel();
         y[..len].copy_from_slice(&x[..len]);
@@ -45,17 +46,8 @@ impl Layer for ActivationLayer {
         par_rows(y, rows, row, pass.threads, |_, _, part| activation::forward(act, part, row));
     }
 
-    fn backward(
-        &mut self,
-        _: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        _: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { y, dy, n, .. } = cx;
         if let Some(dx) = dx {
             let len = n * self.output.numel();
             activation::backward(self.activation, &y[..len], &dy[..len], &mut dx[..len], self.last_axis());

@@ -3,7 +3,7 @@
 
 use super::max_pool2d::images_per_part;
 use crate::engine::kernels::Window;
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer};
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
 
@@ -68,7 +68,8 @@ impl Layer for AvgPool2d {
         &self.output
     }
 
-    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let win = self.win;
         let (in_len, out_len) = (win.h * win.w * win.c, self.output.numel());
         if n == 0 || out_len == 0 {
@@ -83,17 +84,8 @@ impl Layer for AvgPool2d {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        _: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, dy, n, .. } = cx;
         let Some(dx) = dx else { return };
         let win = self.win;
         let (c, in_len, out_len) = (win.c, win.h * win.w * win.c, self.output.numel());

@@ -6,7 +6,7 @@
 //! bit-identical run to run on a given thread count.
 
 use crate::engine::kernels::{SUM_PARTS, par_rows, partition};
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::op::{BatchNormOp, Op};
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
@@ -69,7 +69,6 @@ impl BatchNorm {
 }
 
 /// `out[r, ch] = a[ch]·u[r, ch] + b[ch]·v[r, ch] + d[ch]` over `rows` rows, in parallel.
-#[allow(clippy::too_many_arguments)]
 fn affine(
     out: &mut [f32],
     u: &[f32],
@@ -135,7 +134,8 @@ impl Layer for BatchNorm {
         ]
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let c = self.channels;
         let rows = n * self.output.numel() / c.max(1);
         let (gamma, beta) = params.split_at(c);
@@ -169,17 +169,8 @@ impl Layer for BatchNorm {
         affine(y, x, x, (&scale, &zeros, &shift), rows, c, pass.threads);
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, dy, n, .. } = cx;
         let c = self.channels;
         let rows = n * self.output.numel() / c.max(1);
         let (sum_dy, sum_dy_x) = self.sums(dy, x, rows);

@@ -7,10 +7,11 @@
 
 use super::conv2d_direct;
 use crate::engine::activation;
-use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, matmul, partition, split_rows};
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, partition, split_rows};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::op::{ConvOp, Op};
 use crate::engine::shape::Shape;
+use crate::engine::strided::{MatMut, MatRef, gemm};
 use crate::vocab::Activation;
 use rayon::prelude::*;
 
@@ -137,7 +138,8 @@ impl Layer for Conv2d {
         p
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (win, filters, act, use_bias) = (self.win, self.filters, self.activation, self.use_bias);
         let chunk = self.images_per_chunk();
         let (kernel, bias) = params.split_at(self.kernel_len());
@@ -163,7 +165,9 @@ impl Layer for Conv2d {
                 let patches = &mut part.patches[at..at + imgs * per_image];
                 win.im2col(&x[start * in_len..], imgs, patches);
                 let y = &mut y[start * out_len..(start + imgs) * out_len];
-                matmul(imgs * win.positions(), filters, win.patch_len(), patches, false, kernel, false, y, false, 1);
+                let (rows, pl) = (imgs * win.positions(), win.patch_len());
+                let (patches, kernel) = (MatRef::rows(patches, rows, pl), MatRef::rows(kernel, pl, filters));
+                gemm(MatMut::rows(y, rows, filters), patches, kernel, false, 1.0, 1);
                 if use_bias {
                     add_bias(y, &bias[..filters]);
                 }
@@ -172,17 +176,8 @@ impl Layer for Conv2d {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, y, dy, n } = cx;
         let (win, filters) = (self.win, self.filters);
         let act = if self.dy_masked { Activation::Linear } else { self.activation };
         let chunk = self.images_per_chunk();
@@ -230,11 +225,13 @@ impl Layer for Conv2d {
                     win.im2col(&x[(r.start + start) * in_len..], imgs, part_patches);
                     part_patches
                 };
-                matmul(pl, filters, rows, patches, true, dz, false, d_kernel, start > 0, 1);
+                let (patches_m, dz_m) = (MatRef::rows(patches, rows, pl), MatRef::rows(dz, rows, filters));
+                gemm(MatMut::rows(d_kernel, pl, filters), patches_m.t(), dz_m, start > 0, 1.0, 1);
                 add_rows(d_bias, dz);
                 if let Some(dx) = dx.as_deref_mut() {
                     d_patches.resize(rows * pl, 0.0);
-                    matmul(rows, pl, filters, dz, false, kernel, true, d_patches, false, 1);
+                    let kernel = MatRef::rows(kernel, pl, filters);
+                    gemm(MatMut::rows(d_patches, rows, pl), dz_m, kernel.t(), false, 1.0, 1);
                     let dx = &mut dx[start * in_len..(start + imgs) * in_len];
                     dx.fill(0.0);
                     win.col2im(d_patches, imgs, dx);

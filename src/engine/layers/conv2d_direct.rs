@@ -187,7 +187,8 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::kernels::{add_bias, matmul};
+    use crate::engine::kernels::add_bias;
+    use crate::engine::strided::{MatMut, MatRef, gemm};
 
     fn values(len: usize, seed: usize) -> Vec<f32> {
         (0..len).map(|i| (((i * 37 + seed * 11) % 101) as f32 / 101.0 - 0.5) * 1.7).collect()
@@ -208,7 +209,8 @@ mod tests {
             let mut patches = vec![0.0; rows * TAPS];
             win.im2col(&x, images, &mut patches);
             let mut want = vec![0.0; rows * filters];
-            matmul(rows, filters, TAPS, &patches, false, &kernel, false, &mut want, false, 1);
+            let (patches_m, kernel_m) = (MatRef::rows(&patches, rows, TAPS), MatRef::rows(&kernel, TAPS, filters));
+            gemm(MatMut::rows(&mut want, rows, filters), patches_m, kernel_m, false, 1.0, 1);
             add_bias(&mut want, &bias);
             let mut got = vec![f32::NAN; rows * filters];
             forward(&win, &kernel, Some(&bias), &x, images, &mut got);
@@ -216,7 +218,8 @@ mod tests {
 
             let dz = values(rows * filters, 4);
             let mut want_k = vec![0.0; TAPS * filters];
-            matmul(TAPS, filters, rows, &patches, true, &dz, false, &mut want_k, false, 1);
+            let dz_m = MatRef::rows(&dz, rows, filters);
+            gemm(MatMut::rows(&mut want_k, TAPS, filters), patches_m.t(), dz_m, false, 1.0, 1);
             let mut want_b = vec![0.5; filters];
             crate::engine::kernels::add_rows(&mut want_b, &dz);
             let (mut got_k, mut got_b) = (vec![0.0; TAPS * filters], vec![0.5; filters]);

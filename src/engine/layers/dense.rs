@@ -1,14 +1,14 @@
 //! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
 
 use crate::engine::activation;
-use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, split_rows};
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::kernels::{add_bias, add_rows, par_rows, split_rows};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::meet::{self, BLOCK_ROWS, Block};
 use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
 use crate::engine::sparse;
-use crate::engine::strided::{ColumnBlock, MatMut, MatRef, gemm_scaled};
+use crate::engine::strided::{ColumnBlock, MatMut, MatRef, gemm, gemm_scaled};
 use crate::vocab::Activation;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -88,13 +88,21 @@ impl Layer for Dense {
         p
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (kernel, bias) = params.split_at(self.inputs * self.units);
         let (inputs, units, act, use_bias) = (self.inputs, self.units, self.activation, self.use_bias);
         let x = &x[..n * inputs];
         let sparse = sparse::forward_pays(sparse::count_nonzeros(x), x.len());
         if !sparse {
-            matmul(n, units, inputs, x, false, kernel, false, y, false, pass.threads);
+            gemm(
+                MatMut::rows(y, n, units),
+                MatRef::rows(x, n, inputs),
+                MatRef::rows(kernel, inputs, units),
+                false,
+                1.0,
+                pass.threads,
+            );
         }
         par_rows(y, n, units, pass.threads, |_, part, rows| {
             if sparse {
@@ -108,17 +116,8 @@ impl Layer for Dense {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, y, dy, n } = cx;
         let (inputs, units, threads, use_bias, mask) =
             (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx);
         let dz = self.dz(y, dy, n);
@@ -140,9 +139,11 @@ impl Layer for Dense {
             kernel_blocks(sink, dx, x, dz, (n, inputs, units), mask, threads);
             return;
         }
-        matmul(inputs, units, n, x, true, dz, false, g_kernel, pass.accumulate, threads);
+        let (x_m, dz_m, kernel_m) =
+            (MatRef::rows(x, n, inputs), MatRef::rows(dz, n, units), MatRef::rows(kernel, inputs, units));
+        gemm(MatMut::rows(g_kernel, inputs, units), x_m.t(), dz_m, pass.accumulate, 1.0, threads);
         if let Some(dx) = dx {
-            matmul(n, inputs, units, dz, false, kernel, true, dx, false, threads);
+            gemm(MatMut::rows(dx, n, inputs), dz_m, kernel_m.t(), false, 1.0, threads);
             if mask {
                 activation::relu_mask(x, &mut dx[..n * inputs]);
             }
@@ -153,7 +154,8 @@ impl Layer for Dense {
         Some((self.inputs, self.units))
     }
 
-    fn backward_dz(&mut self, pass: Pass, grads: &mut [f32], y: &[f32], dy: &[f32], n: usize) -> &[f32] {
+    fn backward_dz(&mut self, cx: Backward<'_>, grads: &mut [f32]) -> &[f32] {
+        let Backward { pass, y, dy, n, .. } = cx;
         let (k_len, units, use_bias) = (self.inputs * self.units, self.units, self.use_bias);
         let len = n * units;
         if self.activation == Activation::Linear || self.dy_masked {
@@ -180,16 +182,13 @@ impl Layer for Dense {
     /// kernel is read once per backward instead of twice (and packed for `dx` from cache).
     fn backward_update(
         &mut self,
-        pass: Pass,
+        cx: Backward<'_>,
         params: &mut [f32],
         update: &mut SliceStep<'_>,
         scratch: &mut Vec<f32>,
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
         dx: Option<&mut [f32]>,
-        n: usize,
     ) {
+        let Backward { pass, x, y, dy, n } = cx;
         let (inputs, units, threads, use_bias, mask) =
             (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx);
         let dz = self.dz(y, dy, n);
@@ -336,6 +335,7 @@ impl Dense {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::layer::Pass;
     use crate::engine::optimizer::{Optimizer, Sgd};
 
     /// A kernel of several row blocks (the last one short), with its input, output gradient and
@@ -399,8 +399,8 @@ mod tests {
             let (mut y, mut g, mut dx) = (vec![0.0; n * units], vec![0.0; params.len()], vec![0.0; n * inputs]);
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             pool.install(|| {
-                layer.forward(pass, &params, &mut [], &x, &mut y, n);
-                layer.backward(pass, &params, &mut g, &x, &y, &dy, Some(&mut dx), n);
+                layer.forward(Forward { pass, x: &x, n }, &params, &mut [], &mut y);
+                layer.backward(Backward { pass, x: &x, y: &y, dy: &dy, n }, &params, &mut g, Some(&mut dx));
             });
             (y, g, dx)
         };
@@ -434,7 +434,7 @@ mod tests {
         let mut layer = Dense::new(inputs, units, Activation::Relu, true);
         assert!(layer.mask_dx(true));
         let mut stale = vec![1.0; params.len()];
-        layer.backward(pass, &params, &mut stale, &[], &[], &[], Some(&mut []), 0);
+        layer.backward(Backward { pass, x: &[], y: &[], dy: &[], n: 0 }, &params, &mut stale, Some(&mut []));
         assert!(stale.iter().all(|v| *v == 0.0), "an empty batch left a gradient behind");
     }
 
@@ -449,7 +449,7 @@ mod tests {
             let mut layer = Dense::new(inputs, units, Activation::Relu, true);
             let mut opt = Optimizer::Sgd(Sgd::new(params.len(), 0.9, false, 0.0));
             let (mut p, mut dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
-            layer.forward(pass, &p, &mut [], &x, &mut y, n);
+            layer.forward(Forward { pass, x: &x, n }, &p, &mut [], &mut y);
             let mut dy = dy.clone();
             if premasked {
                 activation::relu_mask(&y, &mut dy);
@@ -458,7 +458,8 @@ mod tests {
             layer.dy_masked(premasked);
             let Some(mut step) = opt.fused(0.1) else { panic!("SGD must fuse") };
             let mut slice = step.slice(0..p.len());
-            layer.backward_update(pass, &mut p, &mut slice, &mut Vec::new(), &x, &y, &dy, Some(&mut dx), n);
+            let cx = Backward { pass, x: &x, y: &y, dy: &dy, n };
+            layer.backward_update(cx, &mut p, &mut slice, &mut Vec::new(), Some(&mut dx));
             (p, dx)
         };
         let (want_p, mut want_dx) = run(false, false);
@@ -496,10 +497,11 @@ mod tests {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                 pool.install(|| {
                     for _ in 0..2 {
-                        layer.forward(pass, &p, &mut [], &x, &mut y, n);
+                        layer.forward(Forward { pass, x: &x, n }, &p, &mut [], &mut y);
                         let Some(mut step) = opt.fused(0.1) else { panic!("SGD must fuse") };
                         let mut slice = step.slice(0..p.len());
-                        layer.backward_update(pass, &mut p, &mut slice, &mut Vec::new(), &x, &y, &dy, Some(&mut dx), n);
+                        let cx = Backward { pass, x: &x, y: &y, dy: &dy, n };
+                        layer.backward_update(cx, &mut p, &mut slice, &mut Vec::new(), Some(&mut dx));
                     }
                 });
                 (p, dx)
@@ -510,8 +512,8 @@ mod tests {
             let (mut want, mut want_dx, mut y) = (params.clone(), vec![0.0; n * inputs], vec![0.0; n * units]);
             let mut g = vec![0.0; params.len()];
             for _ in 0..2 {
-                layer.forward(pass, &want, &mut [], &x, &mut y, n);
-                layer.backward(pass, &want, &mut g, &x, &y, &dy, Some(&mut want_dx), n);
+                layer.forward(Forward { pass, x: &x, n }, &want, &mut [], &mut y);
+                layer.backward(Backward { pass, x: &x, y: &y, dy: &dy, n }, &want, &mut g, Some(&mut want_dx));
                 opt.step(&mut want, &g, 0.1);
             }
             let (got, got_dx) = run_fused(1);

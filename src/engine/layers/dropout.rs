@@ -8,7 +8,7 @@
 
 use crate::engine::init::derive_seed;
 use crate::engine::kernels::par_rows;
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer, Pass};
 use crate::engine::shape::Shape;
 
 /// Randomly zeroes inputs in training.
@@ -74,23 +74,15 @@ impl Layer for Dropout {
         &self.output
     }
 
-    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         self.apply(pass, x, y, n);
     }
 
     /// Backward must get the forward pass's `seed` (one `Pass` per step): the mask is
     /// recomputed from it.
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        _: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, dy, n, .. } = cx;
         if let Some(dx) = dx {
             self.apply(pass, dy, dx, n);
         }
@@ -111,7 +103,7 @@ mod tests {
         let mut d = Dropout::new(0.25, 3, Shape(vec![row]));
         let x = vec![1.0f32; n * row];
         let mut y = vec![0.0; n * row];
-        d.forward(pass(true, 11, 2), &[], &mut [], &x, &mut y, n);
+        d.forward(Forward { pass: pass(true, 11, 2), x: &x, n }, &[], &mut [], &mut y);
         let dropped = y.iter().filter(|v| **v == 0.0).count() as f64 / y.len() as f64;
         assert!((dropped - 0.25).abs() < 0.01, "dropped {dropped}");
         let mean = y.iter().map(|v| f64::from(*v)).sum::<f64>() / y.len() as f64;
@@ -124,7 +116,12 @@ mod tests {
         let x: Vec<f32> = (0..600).map(|i| i as f32).collect();
         let run = |salt: u64, seed: u64, threads: usize| {
             let mut y = vec![0.0; x.len()];
-            Dropout::new(0.5, salt, Shape(vec![100])).forward(pass(true, seed, threads), &[], &mut [], &x, &mut y, 6);
+            Dropout::new(0.5, salt, Shape(vec![100])).forward(
+                Forward { pass: pass(true, seed, threads), x: &x, n: 6 },
+                &[],
+                &mut [],
+                &mut y,
+            );
             y
         };
         assert_eq!(run(1, 5, 1), run(1, 5, 2));
@@ -136,7 +133,12 @@ mod tests {
     fn inference_is_the_identity() {
         let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
         let mut y = vec![0.0; 20];
-        Dropout::new(0.9, 0, Shape(vec![10])).forward(pass(false, 1, 2), &[], &mut [], &x, &mut y, 2);
+        Dropout::new(0.9, 0, Shape(vec![10])).forward(
+            Forward { pass: pass(false, 1, 2), x: &x, n: 2 },
+            &[],
+            &mut [],
+            &mut y,
+        );
         assert_eq!(x, y);
     }
 }

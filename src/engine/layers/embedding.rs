@@ -10,7 +10,7 @@
 //! Clamping it to a valid id instead would train a real token on garbage.
 
 use crate::engine::kernels::par_rows;
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::shape::Shape;
 
 /// Token embeddings.
@@ -55,7 +55,8 @@ impl Layer for Embedding {
         vec![ParamSpec::new("embeddings", vec![self.vocab, self.dim], self.init)]
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (rows, d) = (n * self.output.0[0], self.dim);
         par_rows(y, rows, d, pass.threads, |_, r, part| {
             for (out, id) in part.chunks_exact_mut(d).zip(&x[r]) {
@@ -67,17 +68,8 @@ impl Layer for Embedding {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        _: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], grads: &mut [f32], _: Option<&mut [f32]>) {
+        let Backward { pass, x, dy, n, .. } = cx;
         let (rows, d) = (n * self.output.0[0], self.dim);
         let table = &mut grads[..self.vocab * d];
         if !pass.accumulate {
@@ -102,6 +94,7 @@ impl Layer for Embedding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::layer::Pass;
 
     fn pass() -> Pass {
         Pass { training: true, seed: 1, accumulate: false, threads: 2 }
@@ -113,11 +106,11 @@ mod tests {
         let table = [0.0, 1.0, 10.0, 11.0, 20.0, 21.0];
         let x = [2.0, 0.0, 2.0, 1.0];
         let mut y = [0.0; 8];
-        e.forward(pass(), &table, &mut [], &x, &mut y, 1);
+        e.forward(Forward { pass: pass(), x: &x, n: 1 }, &table, &mut [], &mut y);
         assert_eq!(y, [20.0, 21.0, 0.0, 1.0, 20.0, 21.0, 10.0, 11.0]);
         let dy = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
         let mut g = [9.0; 6];
-        e.backward(pass(), &table, &mut g, &x, &y, &dy, None, 1);
+        e.backward(Backward { pass: pass(), x: &x, y: &y, dy: &dy, n: 1 }, &table, &mut g, None);
         assert_eq!(g, [3.0, 4.0, 7.0, 8.0, 6.0, 8.0]);
     }
 
@@ -129,10 +122,10 @@ mod tests {
         let table = [5.0, 6.0];
         let x = [-1.0, 2.0, 0.5, f32::NAN, 1.0];
         let mut y = [9.0; 5];
-        e.forward(pass(), &table, &mut [], &x, &mut y, 1);
+        e.forward(Forward { pass: pass(), x: &x, n: 1 }, &table, &mut [], &mut y);
         assert_eq!(y, [0.0, 0.0, 0.0, 0.0, 6.0]);
         let mut g = [0.0; 2];
-        e.backward(pass(), &table, &mut g, &x, &y, &[1.0; 5], None, 1);
+        e.backward(Backward { pass: pass(), x: &x, y: &y, dy: &[1.0; 5], n: 1 }, &table, &mut g, None);
         assert_eq!(g, [0.0, 1.0]);
     }
 }

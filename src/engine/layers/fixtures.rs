@@ -9,7 +9,7 @@
 
 use super::*;
 use crate::engine::fastmath::{erf, erfc};
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer, Pass};
 use crate::engine::sequential::Sequential;
 use crate::engine::shape::Shape;
 use serde_json::Value;
@@ -60,10 +60,10 @@ fn run(
     with_dx: bool,
 ) -> [Vec<f32>; 3] {
     let mut y = vec![0.0; n * layer.output_shape().numel()];
-    layer.forward(pass(seed), params, &mut [], x, &mut y, n);
+    layer.forward(Forward { pass: pass(seed), x, n }, params, &mut [], &mut y);
     let mut grads = vec![f32::NAN; params.len()];
     let mut dx = vec![f32::NAN; x.len()];
-    layer.backward(pass(seed), params, &mut grads, x, &y, dy, with_dx.then_some(&mut dx[..]), n);
+    layer.backward(Backward { pass: pass(seed), x, y: &y, dy, n }, params, &mut grads, with_dx.then_some(&mut dx[..]));
     [y, grads, dx]
 }
 

@@ -9,7 +9,7 @@
 
 use crate::engine::fastmath::{normal_cdf_pdf, sigmoid};
 use crate::engine::kernels::{par_rows, partition, split_rows};
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer};
 use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
 use rayon::prelude::*;
@@ -192,23 +192,15 @@ impl Layer for Gelu {
         &self.output
     }
 
-    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let len = n * self.output.numel();
         self.grad.resize(len, 0.0);
         forward(self.form, x, y, &mut self.grad, len, pass.threads);
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        _: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, dy, n, .. } = cx;
         if let Some(dx) = dx {
             backward(&self.grad, dy, dx, n * self.output.numel(), pass.threads);
         }

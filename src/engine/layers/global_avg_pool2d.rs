@@ -2,7 +2,7 @@
 //! height and width (the head of a ResNet).
 
 use super::max_pool2d::images_per_part;
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer};
 use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
@@ -33,7 +33,8 @@ impl Layer for GlobalAvgPool2d {
         &self.output
     }
 
-    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (c, hw) = (self.output.numel(), self.positions);
         if n == 0 || c == 0 {
             return;
@@ -52,17 +53,8 @@ impl Layer for GlobalAvgPool2d {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        _: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, dy, n, .. } = cx;
         let Some(dx) = dx else { return };
         let (c, hw) = (self.output.numel(), self.positions);
         if n == 0 || c == 0 || hw == 0 {

@@ -8,7 +8,7 @@
 
 use crate::engine::fastmath::{dot, sum};
 use crate::engine::kernels::{SUM_PARTS, partition, split_rows};
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
 use rayon::prelude::*;
@@ -45,17 +45,15 @@ impl LayerNorm {
     /// [`Layer::backward`] plus `residual` (shaped like `dx`) added to `dx` in the same pass:
     /// the gradient a pre-LN block's residual path carries past the normalization, without a
     /// pass (and a wait for both threads) of its own. The same bits as adding it afterwards.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward_residual(
         &mut self,
-        pass: Pass,
+        cx: Backward<'_>,
         params: &[f32],
         grads: &mut [f32],
-        (x, dy): (&[f32], &[f32]),
         dx: Option<&mut [f32]>,
         residual: Option<&[f32]>,
-        n: usize,
     ) {
+        let Backward { pass, x, dy, n, .. } = cx;
         let (d, rows) = (self.dim, self.rows(n));
         let gamma = &params[..d];
         let ranges = partition(rows, SUM_PARTS);
@@ -132,7 +130,8 @@ impl Layer for LayerNorm {
         vec![ParamSpec::new("gamma", vec![self.dim], Init::Ones), ParamSpec::new("beta", vec![self.dim], Init::Zeros)]
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (d, rows, eps) = (self.dim, self.rows(n), self.epsilon);
         let (gamma, beta) = params.split_at(d);
         self.mean.resize(rows, 0.0);
@@ -162,17 +161,7 @@ impl Layer for LayerNorm {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
-        self.backward_residual(pass, params, grads, (x, dy), dx, None, n);
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        self.backward_residual(cx, params, grads, dx, None);
     }
 }

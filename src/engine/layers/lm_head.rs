@@ -8,9 +8,9 @@
 //! path (`embedding/embeddings`), which the model builder knows because it names the layers.
 
 use super::positionwise_dense::PositionwiseDense;
-use crate::engine::kernels::matmul;
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass, Tie};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Tie};
 use crate::engine::shape::Shape;
+use crate::engine::strided::{MatMut, MatRef, gemm};
 
 /// Where the head's matrix comes from.
 enum Weights {
@@ -65,35 +65,35 @@ impl Layer for LmHead {
         }
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]) {
         match &mut self.weights {
-            Weights::Own(dense) => dense.forward(pass, params, state, x, y, n),
+            Weights::Own(dense) => dense.forward(cx, params, state, y),
             Weights::Tied(_) => {
-                let rows = n * self.output.0[0];
-                matmul(rows, self.vocab, self.dim, x, false, params, true, y, false, pass.threads);
+                let (rows, vocab, dim) = (cx.n * self.output.0[0], self.vocab, self.dim);
+                let (x, table) = (MatRef::rows(cx.x, rows, dim), MatRef::rows(params, vocab, dim));
+                gemm(MatMut::rows(y, rows, vocab), x, table.t(), false, 1.0, cx.pass.threads);
             }
         }
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
         match &mut self.weights {
-            Weights::Own(dense) => dense.backward(pass, params, grads, x, y, dy, dx, n),
+            Weights::Own(dense) => dense.backward(cx, params, grads, dx),
             Weights::Tied(_) => {
+                let Backward { pass, x, dy, n, .. } = cx;
                 let (rows, vocab, dim) = (n * self.output.0[0], self.vocab, self.dim);
+                let dy = MatRef::rows(dy, rows, vocab);
                 // dE [vocab, dim] = dyᵀ · h.
-                matmul(vocab, dim, rows, dy, true, x, false, grads, pass.accumulate, pass.threads);
+                gemm(
+                    MatMut::rows(grads, vocab, dim),
+                    dy.t(),
+                    MatRef::rows(x, rows, dim),
+                    pass.accumulate,
+                    1.0,
+                    pass.threads,
+                );
                 if let Some(dx) = dx {
-                    matmul(rows, dim, vocab, dy, false, params, false, dx, false, pass.threads);
+                    gemm(MatMut::rows(dx, rows, dim), dy, MatRef::rows(params, vocab, dim), false, 1.0, pass.threads);
                 }
             }
         }
@@ -103,6 +103,7 @@ impl Layer for LmHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::layer::Pass;
     use crate::engine::layers::Embedding;
     use crate::engine::sequential::{GradSink, Sequential, SequentialError};
     use std::ops::Range;

@@ -5,7 +5,7 @@
 //! indices in forward did not, and cost inference as much as training.
 
 use crate::engine::kernels::Window;
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer};
 use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 use rayon::prelude::*;
@@ -210,7 +210,8 @@ impl Layer for MaxPool2d {
         &self.output
     }
 
-    fn forward(&mut self, pass: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let win = self.win;
         let (in_len, out_len) = (win.h * win.w * win.c, self.output.numel());
         if n == 0 || out_len == 0 {
@@ -223,17 +224,8 @@ impl Layer for MaxPool2d {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, y, dy, n } = cx;
         let Some(dx) = dx else { return };
         let win = self.win;
         let (in_len, out_len) = (win.h * win.w * win.c, self.output.numel());

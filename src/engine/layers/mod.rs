@@ -50,7 +50,7 @@ mod tests {
     use super::*;
     use crate::engine::gradcheck::{check_layer, check_layer_params};
     use crate::engine::kernels::Window;
-    use crate::engine::layer::{Layer, Pass};
+    use crate::engine::layer::{Backward, Forward, Layer, Pass};
     use crate::engine::shape::Shape;
     use crate::vocab::Activation;
 
@@ -96,7 +96,7 @@ mod tests {
     /// `layer` run forward on `x` (`n` examples) with `params` and `state`.
     fn run(layer: &mut dyn Layer, training: bool, params: &[f32], state: &mut [f32], x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0.0; n * layer.output_shape().numel()];
-        layer.forward(pass(training), params, state, x, &mut y, n);
+        layer.forward(Forward { pass: pass(training), x, n }, params, state, &mut y);
         y
     }
 
@@ -117,7 +117,7 @@ mod tests {
         let x = [1.0, 3.0, 3.0, 2.0];
         assert_eq!(run(&mut pool, true, &[], &mut [], &x, 1), [3.0]);
         let mut dx = [9.0; 4];
-        pool.backward(pass(true), &[], &mut [], &x, &[3.0], &[1.0], Some(&mut dx), 1);
+        pool.backward(Backward { pass: pass(true), x: &x, y: &[3.0], dy: &[1.0], n: 1 }, &[], &mut [], Some(&mut dx));
         assert_eq!(dx, [0.0, 1.0, 0.0, 0.0]);
     }
 
@@ -359,7 +359,7 @@ mod tests {
 mod thread_invariance {
     use crate::engine::Shape;
     use crate::engine::kernels::Window;
-    use crate::engine::layer::{Layer, Pass};
+    use crate::engine::layer::{Backward, Forward, Layer, Pass};
     use crate::engine::layers::{BatchNorm, Conv2d};
     use crate::vocab::Activation;
 
@@ -378,10 +378,10 @@ mod thread_invariance {
                 let (mut y, dy) =
                     (vec![0.0; out], (0..out).map(|i| ((i * 13) % 29) as f32 / 29.0 - 0.5).collect::<Vec<_>>());
                 let pass = Pass { training: true, seed: 1, accumulate: false, threads };
-                layer.forward(pass, &params, &mut state, &x, &mut y, n);
+                layer.forward(Forward { pass, x: &x, n }, &params, &mut state, &mut y);
                 let mut grads = vec![0.0; params.len()];
                 let mut dx = vec![0.0; x.len()];
-                layer.backward(pass, &params, &mut grads, &x, &y, &dy, Some(&mut dx), n);
+                layer.backward(Backward { pass, x: &x, y: &y, dy: &dy, n }, &params, &mut grads, Some(&mut dx));
                 (y, grads, dx, state)
             })
         };

@@ -24,8 +24,8 @@
 use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
 use crate::engine::fastmath::{dot, exp, max, sum};
-use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows, partition, split_rows};
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::kernels::{add_bias, add_rows, par_rows, partition, split_rows};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
 use crate::engine::strided::{MatMut, MatRef, gemm};
@@ -139,15 +139,8 @@ impl MultiHeadAttention {
     /// The forward pass plus `residual` (shaped like `y`), added in the output bias's pass:
     /// the transformer block's residual connection without a pass (and a wait for both
     /// threads) of its own. The same bits as adding it after [`Layer::forward`].
-    pub fn forward_residual(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        x: &[f32],
-        y: &mut [f32],
-        residual: Option<&[f32]>,
-        n: usize,
-    ) {
+    pub fn forward_residual(&mut self, cx: Forward<'_>, params: &[f32], y: &mut [f32], residual: Option<&[f32]>) {
+        let Forward { pass, x, n } = cx;
         let (geo, drops) = (self.geo, self.drops(pass));
         let (t, d, threads) = (geo.t, geo.d, pass.threads);
         let rows = n * t;
@@ -155,7 +148,8 @@ impl MultiHeadAttention {
         let (b_qkv, rest) = rest.split_at(3 * d);
         let (w_out, b_out) = rest.split_at(d * d);
         let qkv = sized(&mut self.qkv, rows * 3 * d);
-        matmul(rows, 3 * d, d, x, false, w_qkv, false, qkv, false, threads);
+        let (x, w_qkv) = (MatRef::rows(x, rows, d), MatRef::rows(w_qkv, d, 3 * d));
+        gemm(MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -173,12 +167,12 @@ impl MultiHeadAttention {
                     let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[at..at + t * t] };
                     let first = (b * per + head * t * t) as u64;
                     let (qkv, out) = (&qkv[i * t * 3 * d..][..t * 3 * d], &mut out[i * t * d..][..t * d]);
-                    head_forward(&geo, qkv, head, first, drop_seed, &mut p[at..at + t * t], dr, out);
+                    Head { geo: &geo, qkv, head, first, drop_seed }.forward(&mut p[at..at + t * t], dr, out);
                 }
             }
         });
         let merged = &self.merged[..rows * d];
-        matmul(rows, d, d, merged, false, w_out, false, y, false, threads);
+        gemm(MatMut::rows(y, rows, d), MatRef::rows(merged, rows, d), MatRef::rows(w_out, d, d), false, 1.0, threads);
         match residual {
             Some(r) => add_bias_residual(y, &b_out[..d], r, rows, d, threads),
             None => par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d])),
@@ -236,105 +230,102 @@ fn col_blocks(geo: &Geometry) -> impl Iterator<Item = (Range<usize>, usize)> + '
     (0..geo.t).step_by(BLOCK).map(|c0| (c0..(c0 + BLOCK).min(geo.t), if geo.causal { c0 } else { 0 }))
 }
 
-/// Head `head` of one example (`qkv`: its `[T, 3·dim]` projections): probabilities into `p`
-/// (and, with `drop_seed`, the dropped ones into `dropped`), output into the head's columns
-/// of `out`, the example's `[T, dim]` merged heads. `first` is the index of `p`'s first value
-/// among the pass's probabilities, which numbers the dropout mask.
-#[allow(clippy::too_many_arguments)]
-fn head_forward(
-    geo: &Geometry,
-    qkv: &[f32],
+/// One head of one example, as the per-head products read it.
+#[derive(Debug, Clone, Copy)]
+struct Head<'a> {
+    geo: &'a Geometry,
+    /// The example's `[T, 3·dim]` projections.
+    qkv: &'a [f32],
+    /// Which head.
     head: usize,
+    /// The index of the head's first probability among the pass's, which numbers the dropout
+    /// mask.
     first: u64,
+    /// The pass seed, given when dropout is on.
     drop_seed: Option<u64>,
-    p: &mut [f32],
-    dropped: &mut [f32],
-    out: &mut [f32],
-) {
-    let (t, hd) = (geo.t, geo.hd);
-    let [q, k, v] = geo.qkv(qkv, head);
-    let mut scores = MatMut::rows(p, t, t);
-    for (rows, cols) in row_blocks(geo) {
-        gemm(
-            scores.block(rows.clone(), 0..cols),
-            q.block(rows, 0..hd),
-            k.block(0..cols, 0..hd).t(),
-            false,
-            geo.scale(),
-            1,
-        );
-    }
-    vectorized(
-        #[inline(always)]
-        || softmax_rows(geo, p),
-    );
-    let used: &[f32] = match drop_seed {
-        None => p,
-        Some(seed) => {
-            let mask = masker(geo.rate, geo.salt, seed);
-            for ((d, p), i) in dropped.iter_mut().zip(p.iter()).zip(first..) {
-                *d = p * mask(i);
-            }
-            dropped
-        }
-    };
-    let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
-    for (rows, cols) in row_blocks(geo) {
-        gemm(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), false, 1.0, 1);
-    }
 }
 
-/// Head `head`'s backward for one example: from `d_out` (the example's `[T, dim]` gradient of
-/// the merged heads) to the gradients of its query, key and value, written into the head's
-/// columns of `dqkv` (`[T, 3·dim]`), with `dp` as `[T, T]` scratch. `used` are the
-/// probabilities the forward pass multiplied the values by: `probs`, or the dropped ones when
-/// `drop_seed` (the pass seed, given when dropout was on) is given.
-#[allow(clippy::too_many_arguments)]
-fn head_backward(
-    geo: &Geometry,
-    qkv: &[f32],
-    head: usize,
-    first: u64,
-    drop_seed: Option<u64>,
-    (probs, used): (&[f32], &[f32]),
-    d_out: &[f32],
-    dp: &mut [f32],
-    dqkv: &mut [f32],
-) {
-    let (t, d, hd) = (geo.t, geo.d, geo.hd);
-    let [q, k, v] = geo.qkv(qkv, head);
-    let d_out = MatRef::new(&d_out[head * hd..], t, hd, d, 1);
-    let used = MatRef::rows(used, t, t);
-    {
-        let mut g = MatMut::rows(dp, t, t);
+impl Head<'_> {
+    /// Probabilities into `p` (and, with dropout, the dropped ones into `dropped`), output
+    /// into the head's columns of `out`, the example's `[T, dim]` merged heads.
+    fn forward(self, p: &mut [f32], dropped: &mut [f32], out: &mut [f32]) {
+        let Head { geo, qkv, head, first, drop_seed } = self;
+        let (t, hd) = (geo.t, geo.hd);
+        let [q, k, v] = geo.qkv(qkv, head);
+        let mut scores = MatMut::rows(p, t, t);
         for (rows, cols) in row_blocks(geo) {
-            gemm(g.block(rows.clone(), 0..cols), d_out.block(rows, 0..hd), v.block(0..cols, 0..hd).t(), false, 1.0, 1);
+            let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
+            gemm(scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
+        }
+        vectorized(
+            #[inline(always)]
+            || softmax_rows(geo, p),
+        );
+        let used: &[f32] = match drop_seed {
+            None => p,
+            Some(seed) => {
+                let mask = masker(geo.rate, geo.salt, seed);
+                for ((d, p), i) in dropped.iter_mut().zip(p.iter()).zip(first..) {
+                    *d = p * mask(i);
+                }
+                dropped
+            }
+        };
+        let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
+        for (rows, cols) in row_blocks(geo) {
+            gemm(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), false, 1.0, 1);
         }
     }
-    let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
-    for (cols, from) in col_blocks(geo) {
-        let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
-        gemm(dv.block(cols, 0..hd), p, g, false, 1.0, 1);
-    }
-    if let Some(seed) = drop_seed {
-        let mask = masker(geo.rate, geo.salt, seed);
-        for (g, i) in dp.iter_mut().zip(first..) {
-            *g *= mask(i);
+
+    /// The backward from `d_out` (the example's `[T, dim]` gradient of the merged heads) to
+    /// the gradients of the head's query, key and value, written into its columns of `dqkv`
+    /// (`[T, 3·dim]`), with `dp` as `[T, T]` scratch. `used` are the probabilities the forward
+    /// pass multiplied the values by: `probs`, or the dropped ones with dropout.
+    fn backward(self, (probs, used): (&[f32], &[f32]), d_out: &[f32], dp: &mut [f32], dqkv: &mut [f32]) {
+        let Head { geo, qkv, head, first, drop_seed } = self;
+        let (t, d, hd) = (geo.t, geo.d, geo.hd);
+        let [q, k, v] = geo.qkv(qkv, head);
+        let d_out = MatRef::new(&d_out[head * hd..], t, hd, d, 1);
+        let used = MatRef::rows(used, t, t);
+        {
+            let mut g = MatMut::rows(dp, t, t);
+            for (rows, cols) in row_blocks(geo) {
+                let (d_out, v) = (d_out.block(rows.clone(), 0..hd), v.block(0..cols, 0..hd));
+                gemm(g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
+            }
         }
-    }
-    vectorized(
-        #[inline(always)]
-        || softmax_backward_rows(geo, probs, dp),
-    );
-    let ds = MatRef::rows(dp, t, t);
-    let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
-    for (rows, cols) in row_blocks(geo) {
-        gemm(dq.block(rows.clone(), 0..hd), ds.block(rows, 0..cols), k.block(0..cols, 0..hd), false, geo.scale(), 1);
-    }
-    let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
-    for (cols, from) in col_blocks(geo) {
-        let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
-        gemm(dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+        let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
+        for (cols, from) in col_blocks(geo) {
+            let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
+            gemm(dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+        }
+        if let Some(seed) = drop_seed {
+            let mask = masker(geo.rate, geo.salt, seed);
+            for (g, i) in dp.iter_mut().zip(first..) {
+                *g *= mask(i);
+            }
+        }
+        vectorized(
+            #[inline(always)]
+            || softmax_backward_rows(geo, probs, dp),
+        );
+        let ds = MatRef::rows(dp, t, t);
+        let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
+        for (rows, cols) in row_blocks(geo) {
+            gemm(
+                dq.block(rows.clone(), 0..hd),
+                ds.block(rows, 0..cols),
+                k.block(0..cols, 0..hd),
+                false,
+                geo.scale(),
+                1,
+            );
+        }
+        let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
+        for (cols, from) in col_blocks(geo) {
+            let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
+            gemm(dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+        }
     }
 }
 
@@ -365,21 +356,12 @@ impl Layer for MultiHeadAttention {
         ]
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
-        self.forward_residual(pass, params, x, y, None, n);
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        self.forward_residual(cx, params, y, None);
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, dy, n, .. } = cx;
         let (geo, drops) = (self.geo, self.drops(pass));
         let (t, d, threads, acc) = (geo.t, geo.d, pass.threads, pass.accumulate);
         let rows = n * t;
@@ -389,15 +371,18 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        let (merged, d_merged) = (&self.merged[..], sized(&mut self.d_merged, rows * d));
+        let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
+        let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
-            matmul(d, d, rows, merged, true, dy, false, g_wout, acc, threads);
+            gemm(MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
             if !acc {
                 g_bout[..d].fill(0.0);
             }
             add_rows(&mut g_bout[..d], dy);
         };
-        both(threads, output_weights, |threads| matmul(rows, d, d, dy, false, w_out, true, d_merged, false, threads));
+        both(threads, output_weights, |threads| {
+            gemm(MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
+        });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
         let d_probs = split_rows(sized(&mut self.d_probs, n * per), &ranges, per);
@@ -411,13 +396,16 @@ impl Layer for MultiHeadAttention {
                     let (at, first) = (i * per + head * t * t, b * per + head * t * t);
                     let p = (&probs[first..][..t * t], &used[first..][..t * t]);
                     let (qkv, d_out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &d_merged[b * t * d..][..t * d]);
-                    head_backward(&geo, qkv, head, first as u64, drop_seed, p, d_out, &mut dp[at..at + t * t], dqkv);
+                    let head = Head { geo: &geo, qkv, head, first: first as u64, drop_seed };
+                    head.backward(p, d_out, &mut dp[at..at + t * t], dqkv);
                 }
             }
         });
         let d_qkv = &self.d_qkv[..rows * 3 * d];
+        let (x, d_qkv_m, w_qkv) =
+            (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
-            matmul(d, 3 * d, rows, x, true, d_qkv, false, g_wqkv, acc, threads);
+            gemm(MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
             if !acc {
                 g_bqkv.fill(0.0);
             }
@@ -425,7 +413,7 @@ impl Layer for MultiHeadAttention {
         };
         match dx {
             Some(dx) => both(threads, qkv_weights, |threads| {
-                matmul(rows, d, 3 * d, d_qkv, false, w_qkv, true, dx, false, threads)
+                gemm(MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
             }),
             None => qkv_weights(threads),
         }

@@ -3,7 +3,7 @@
 //! are added to a `[T, dim]` input.
 
 use crate::engine::kernels::par_rows;
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::shape::Shape;
 
 /// Adds a learned vector per position.
@@ -34,7 +34,8 @@ impl Layer for PositionEmbedding {
         vec![ParamSpec::new("embeddings", vec![self.block_size, self.dim], Init::Normal { std: 0.02 })]
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let row = self.output.numel();
         let table = &params[..row];
         par_rows(y, n, row, pass.threads, |_, r, part| {
@@ -51,17 +52,8 @@ impl Layer for PositionEmbedding {
         });
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        _: &[f32],
-        grads: &mut [f32],
-        _: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, dy, n, .. } = cx;
         let row = self.output.numel();
         let table = &mut grads[..self.block_size * self.dim];
         if !pass.accumulate {

@@ -4,9 +4,10 @@
 //! doing so for the models built on it. The transformer block's MLP and the LM head use this.
 
 use super::composite::{add_bias_residual, both};
-use crate::engine::kernels::{add_bias, add_rows, matmul, par_rows};
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::kernels::{add_bias, add_rows, par_rows};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::shape::Shape;
+use crate::engine::strided::{MatMut, MatRef, gemm};
 
 /// `kernel [in, units]` and optional `bias [units]`, shared by all positions.
 pub struct PositionwiseDense {
@@ -35,27 +36,20 @@ impl PositionwiseDense {
 
     /// `y = x · kernel` alone, returning the bias (empty without one) for the caller to add
     /// in a pass it has anyway: the transformer block adds it inside GELU's.
-    pub fn product<'p>(&self, pass: Pass, params: &'p [f32], x: &[f32], y: &mut [f32], n: usize) -> &'p [f32] {
-        let (rows, units) = (self.rows(n), self.units);
-        let (kernel, bias) = params.split_at(self.inputs * units);
-        matmul(rows, units, self.inputs, x, false, kernel, false, y, false, pass.threads);
+    pub fn product<'p>(&self, cx: Forward<'_>, params: &'p [f32], y: &mut [f32]) -> &'p [f32] {
+        let (rows, inputs, units) = (self.rows(cx.n), self.inputs, self.units);
+        let (kernel, bias) = params.split_at(inputs * units);
+        let (x, kernel) = (MatRef::rows(cx.x, rows, inputs), MatRef::rows(kernel, inputs, units));
+        gemm(MatMut::rows(y, rows, units), x, kernel, false, 1.0, cx.pass.threads);
         if self.use_bias { &bias[..units] } else { &[] }
     }
 
     /// The forward pass plus `residual` (shaped like `y`), added in the bias's pass: one pass
     /// over `y` (and one wait for both threads) instead of two. The same bits as adding the
     /// residual after [`Layer::forward`].
-    pub fn forward_residual(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        x: &[f32],
-        y: &mut [f32],
-        residual: Option<&[f32]>,
-        n: usize,
-    ) {
-        let (rows, units) = (self.rows(n), self.units);
-        let bias = self.product(pass, params, x, y, n);
+    pub fn forward_residual(&mut self, cx: Forward<'_>, params: &[f32], y: &mut [f32], residual: Option<&[f32]>) {
+        let (rows, units, pass) = (self.rows(cx.n), self.units, cx.pass);
+        let bias = self.product(cx, params, y);
         match residual {
             Some(r) => add_bias_residual(y, bias, r, rows, units, pass.threads),
             None if self.use_bias => par_rows(y, rows, units, pass.threads, |_, _, part| add_bias(part, bias)),
@@ -81,27 +75,20 @@ impl Layer for PositionwiseDense {
         p
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
-        self.forward_residual(pass, params, x, y, None, n);
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        self.forward_residual(cx, params, y, None);
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, dy, n, .. } = cx;
         let (rows, units, inputs) = (self.rows(n), self.units, self.inputs);
         let dy = &dy[..rows * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
-        let (use_bias, acc, kernel) = (self.use_bias, pass.accumulate, &params[..inputs * units]);
+        let (use_bias, acc) = (self.use_bias, pass.accumulate);
+        let kernel = MatRef::rows(&params[..inputs * units], inputs, units);
+        let (x, dy_m) = (MatRef::rows(x, rows, inputs), MatRef::rows(dy, rows, units));
         let mut weights = |threads| {
-            matmul(inputs, units, rows, x, true, dy, false, g_kernel, acc, threads);
+            gemm(MatMut::rows(g_kernel, inputs, units), x.t(), dy_m, acc, 1.0, threads);
             if use_bias {
                 if !acc {
                     g_bias[..units].fill(0.0);
@@ -111,7 +98,7 @@ impl Layer for PositionwiseDense {
         };
         match dx {
             Some(dx) => both(pass.threads, weights, |threads| {
-                matmul(rows, inputs, units, dy, false, kernel, true, dx, false, threads)
+                gemm(MatMut::rows(dx, rows, inputs), dy_m, kernel.t(), false, 1.0, threads)
             }),
             None => weights(pass.threads),
         }

@@ -11,7 +11,7 @@ use super::composite::{add, prefixed, ranges, sized, total};
 use super::conv2d::{Conv2d, KernelInit};
 use crate::engine::activation;
 use crate::engine::kernels::{Window, par_rows};
-use crate::engine::layer::{Layer, ParamSpec, Pass};
+use crate::engine::layer::{Backward, Forward, Layer, ParamSpec};
 use crate::engine::op::{BatchNormOp, ConvOp, Op, ResidualOp};
 use crate::engine::shape::Shape;
 use crate::vocab::Activation;
@@ -180,41 +180,33 @@ impl Layer for Residual {
         prefixed(self.children(), |l| l.state())
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], state: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let (p, s) = (&self.params, &self.state);
         let row = self.output.numel();
         let (len, t) = (n * row, pass.threads);
         let (c1, a1, c2) = (sized(&mut self.c1, len), sized(&mut self.a1, len), sized(&mut self.c2, len));
         let y = &mut y[..len];
-        self.conv1.forward(pass, &params[p[0].clone()], &mut [], x, c1, n);
-        self.bn1.forward(pass, &params[p[1].clone()], &mut state[s[0].clone()], c1, a1, n);
+        self.conv1.forward(cx, &params[p[0].clone()], &mut [], c1);
+        self.bn1.forward(Forward { pass, x: c1, n }, &params[p[1].clone()], &mut state[s[0].clone()], a1);
         relu(a1, n, row, t);
-        self.conv2.forward(pass, &params[p[2].clone()], &mut [], a1, c2, n);
-        self.bn2.forward(pass, &params[p[3].clone()], &mut state[s[1].clone()], c2, y, n);
+        self.conv2.forward(Forward { pass, x: a1, n }, &params[p[2].clone()], &mut [], c2);
+        self.bn2.forward(Forward { pass, x: c2, n }, &params[p[3].clone()], &mut state[s[1].clone()], y);
         match &mut self.shortcut {
             None => add_relu(y, x, n, row, t),
             Some(proj) => {
                 // g0 is backward scratch, free here: it holds the shortcut until added.
                 let out = sized(&mut proj.out, len);
                 let sc = sized(&mut self.g0, len);
-                proj.conv.forward(pass, &params[p[4].clone()], &mut [], x, out, n);
-                proj.bn.forward(pass, &params[p[5].clone()], &mut state[s[2].clone()], out, sc, n);
+                proj.conv.forward(cx, &params[p[4].clone()], &mut [], out);
+                proj.bn.forward(Forward { pass, x: out, n }, &params[p[5].clone()], &mut state[s[2].clone()], sc);
                 add_relu(y, sc, n, row, t);
             }
         }
     }
 
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        y: &[f32],
-        dy: &[f32],
-        mut dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], mut dx: Option<&mut [f32]>) {
+        let Backward { pass, x, y, dy, n } = cx;
         let p = &self.params;
         let row = self.output.numel();
         let (len, t) = (n * row, pass.threads);
@@ -226,11 +218,31 @@ impl Layer for Residual {
         let g0 = &*g0;
         let (g1, g2) = (sized(&mut self.g1, len), sized(&mut self.g2, len));
         // Main branch, back to front: g2 = d c2, g1 = d a1, then g2 = d c1.
-        self.bn2.backward(pass, &params[p[3].clone()], &mut grads[p[3].clone()], c2, y, g0, Some(g2), n);
-        self.conv2.backward(pass, &params[p[2].clone()], &mut grads[p[2].clone()], a1, c2, g2, Some(g1), n);
+        self.bn2.backward(
+            Backward { pass, x: c2, y, dy: g0, n },
+            &params[p[3].clone()],
+            &mut grads[p[3].clone()],
+            Some(g2),
+        );
+        self.conv2.backward(
+            Backward { pass, x: a1, y: c2, dy: g2, n },
+            &params[p[2].clone()],
+            &mut grads[p[2].clone()],
+            Some(g1),
+        );
         relu_mask(g1, a1, n, row, t);
-        self.bn1.backward(pass, &params[p[1].clone()], &mut grads[p[1].clone()], c1, a1, g1, Some(g2), n);
-        self.conv1.backward(pass, &params[p[0].clone()], &mut grads[p[0].clone()], x, c1, g2, dx.as_deref_mut(), n);
+        self.bn1.backward(
+            Backward { pass, x: c1, y: a1, dy: g1, n },
+            &params[p[1].clone()],
+            &mut grads[p[1].clone()],
+            Some(g2),
+        );
+        self.conv1.backward(
+            Backward { pass, x, y: c1, dy: g2, n },
+            &params[p[0].clone()],
+            &mut grads[p[0].clone()],
+            dx.as_deref_mut(),
+        );
         match &mut self.shortcut {
             None => {
                 if let Some(dx) = dx {
@@ -239,9 +251,19 @@ impl Layer for Residual {
             }
             Some(proj) => {
                 let out = &proj.out[..len];
-                proj.bn.backward(pass, &params[p[5].clone()], &mut grads[p[5].clone()], out, out, g0, Some(g1), n);
+                proj.bn.backward(
+                    Backward { pass, x: out, y: out, dy: g0, n },
+                    &params[p[5].clone()],
+                    &mut grads[p[5].clone()],
+                    Some(g1),
+                );
                 let gx = dx.is_some().then(|| sized(&mut self.gx, in_len));
-                proj.conv.backward(pass, &params[p[4].clone()], &mut grads[p[4].clone()], x, out, g1, gx, n);
+                proj.conv.backward(
+                    Backward { pass, x, y: out, dy: g1, n },
+                    &params[p[4].clone()],
+                    &mut grads[p[4].clone()],
+                    gx,
+                );
                 if let Some(dx) = dx {
                     add(&mut dx[..in_len], &self.gx[..in_len], n, self.input, t);
                 }

@@ -19,7 +19,7 @@ use super::layer_norm::LayerNorm;
 use super::multi_head_attention::MultiHeadAttention;
 use super::positionwise_dense::PositionwiseDense;
 use crate::engine::init::derive_seed;
-use crate::engine::layer::{Init, Layer, ParamSpec, Pass};
+use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use std::ops::Range;
 
@@ -146,7 +146,8 @@ impl Layer for TransformerBlock {
         prefixed(self.children(), |l| l.params())
     }
 
-    fn forward(&mut self, pass: Pass, params: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
         let p = &self.params;
         let (d, threads) = (self.cfg.dim, pass.threads);
         let rows = n * self.cfg.seq_len;
@@ -154,44 +155,35 @@ impl Layer for TransformerBlock {
         let drops = self.drops(pass);
         let (h1, x1, h2) = (sized(&mut self.h1, len), sized(&mut self.x1, len), sized(&mut self.h2, len));
         let y = &mut y[..len];
-        self.ln_1.forward(pass, &params[p[0].clone()], &mut [], x, h1, n);
+        self.ln_1.forward(cx, &params[p[0].clone()], &mut [], h1);
         // Without dropout each residual is added in the pass that adds the bias before it.
         if drops {
             let a = sized(&mut self.s[0], len);
-            self.attention.forward(pass, &params[p[1].clone()], &mut [], h1, a, n);
-            self.attn_dropout.forward(pass, &[], &mut [], a, x1, n);
+            self.attention.forward(Forward { pass, x: h1, n }, &params[p[1].clone()], &mut [], a);
+            self.attn_dropout.forward(Forward { pass, x: a, n }, &[], &mut [], x1);
             add(x1, x, rows, d, threads);
         } else {
-            self.attention.forward_residual(pass, &params[p[1].clone()], h1, x1, Some(x), n);
+            self.attention.forward_residual(Forward { pass, x: h1, n }, &params[p[1].clone()], x1, Some(x));
         }
-        self.ln_2.forward(pass, &params[p[2].clone()], &mut [], x1, h2, n);
+        self.ln_2.forward(Forward { pass, x: x1, n }, &params[p[2].clone()], &mut [], h2);
         let (f, g, gd) = (sized(&mut self.f, wide), sized(&mut self.g, wide), sized(&mut self.gd, wide));
-        let bias = self.mlp_fc.product(pass, &params[p[3].clone()], h2, f, n);
+        let bias = self.mlp_fc.product(Forward { pass, x: h2, n }, &params[p[3].clone()], f);
         // Evaluation has no backward, so no GELU derivative to keep.
         let gd = pass.training.then_some(gd);
         gelu::forward_biased(self.cfg.gelu, f, (bias, self.cfg.hidden), rows, (g, gd), threads);
         if drops {
             let m = sized(&mut self.s[0], len);
-            self.mlp_proj.forward(pass, &params[p[4].clone()], &mut [], g, m, n);
-            self.mlp_dropout.forward(pass, &[], &mut [], m, y, n);
+            self.mlp_proj.forward(Forward { pass, x: g, n }, &params[p[4].clone()], &mut [], m);
+            self.mlp_dropout.forward(Forward { pass, x: m, n }, &[], &mut [], y);
             add(y, x1, rows, d, threads);
         } else {
-            self.mlp_proj.forward_residual(pass, &params[p[4].clone()], g, y, Some(x1), n);
+            self.mlp_proj.forward_residual(Forward { pass, x: g, n }, &params[p[4].clone()], y, Some(x1));
         }
     }
 
     /// Children ignore their forward output in backward (none needs it), so they get `&[]`.
-    fn backward(
-        &mut self,
-        pass: Pass,
-        params: &[f32],
-        grads: &mut [f32],
-        x: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { pass, x, dy, n, .. } = cx;
         let p = &self.params;
         let (d, threads) = (self.cfg.dim, pass.threads);
         let rows = n * self.cfg.seq_len;
@@ -206,33 +198,42 @@ impl Layer for TransformerBlock {
             (&self.h1[..len], &self.x1[..len], &self.h2[..len], &self.g[..wide], &self.gd[..wide]);
         // MLP branch, back to front: s0 = d m, w0 = d g, w1 = d f, s1 = d h2, s2 = d x₁.
         let dm: &[f32] = if drops {
-            self.mlp_dropout.backward(pass, &[], &mut [], &[], &[], dy, Some(s0), n);
+            self.mlp_dropout.backward(Backward { pass, x: &[], y: &[], dy, n }, &[], &mut [], Some(s0));
             s0
         } else {
             dy
         };
-        self.mlp_proj.backward(pass, &params[p[4].clone()], &mut grads[p[4].clone()], g, &[], dm, Some(w0), n);
-        gelu::backward(gd, w0, w1, wide, threads);
-        self.mlp_fc.backward(pass, &params[p[3].clone()], &mut grads[p[3].clone()], h2, &[], w1, Some(s1), n);
-        // s2 = ln_2's input gradient plus the residual path's dy, in one pass.
-        self.ln_2.backward_residual(
-            pass,
-            &params[p[2].clone()],
-            &mut grads[p[2].clone()],
-            (x1, s1),
-            Some(s2),
-            Some(dy),
-            n,
+        self.mlp_proj.backward(
+            Backward { pass, x: g, y: &[], dy: dm, n },
+            &params[p[4].clone()],
+            &mut grads[p[4].clone()],
+            Some(w0),
         );
+        gelu::backward(gd, w0, w1, wide, threads);
+        self.mlp_fc.backward(
+            Backward { pass, x: h2, y: &[], dy: w1, n },
+            &params[p[3].clone()],
+            &mut grads[p[3].clone()],
+            Some(s1),
+        );
+        // s2 = ln_2's input gradient plus the residual path's dy, in one pass.
+        let ln_2 = Backward { pass, x: x1, y: &[], dy: s1, n };
+        self.ln_2.backward_residual(ln_2, &params[p[2].clone()], &mut grads[p[2].clone()], Some(s2), Some(dy));
         // Attention branch: s0 = d a, s1 = d h1.
         let da: &[f32] = if drops {
-            self.attn_dropout.backward(pass, &[], &mut [], &[], &[], s2, Some(s0), n);
+            self.attn_dropout.backward(Backward { pass, x: &[], y: &[], dy: s2, n }, &[], &mut [], Some(s0));
             s0
         } else {
             s2
         };
-        self.attention.backward(pass, &params[p[1].clone()], &mut grads[p[1].clone()], h1, &[], da, Some(s1), n);
+        self.attention.backward(
+            Backward { pass, x: h1, y: &[], dy: da, n },
+            &params[p[1].clone()],
+            &mut grads[p[1].clone()],
+            Some(s1),
+        );
         // dx = ln_1's input gradient plus the residual path's d x₁, in one pass.
-        self.ln_1.backward_residual(pass, &params[p[0].clone()], &mut grads[p[0].clone()], (x, s1), dx, Some(s2), n);
+        let ln_1 = Backward { pass, x, y: &[], dy: s1, n };
+        self.ln_1.backward_residual(ln_1, &params[p[0].clone()], &mut grads[p[0].clone()], dx, Some(s2));
     }
 }

@@ -1,6 +1,6 @@
 //! `flatten` and `reshape`: the same values seen with another shape, so no work at all.
 
-use crate::engine::layer::{Layer, Pass};
+use crate::engine::layer::{Backward, Forward, Layer};
 use crate::engine::op::Op;
 use crate::engine::shape::Shape;
 
@@ -39,23 +39,15 @@ impl Layer for View {
         true
     }
 
-    fn forward(&mut self, _: Pass, _: &[f32], _: &mut [f32], x: &[f32], y: &mut [f32], n: usize) {
+    fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
+        let Forward { x, n, .. } = cx;
         // The model aliases views and never calls this; copying keeps the layer correct alone.
         let len = n * self.output.numel();
         y[..len].copy_from_slice(&x[..len]);
     }
 
-    fn backward(
-        &mut self,
-        _: Pass,
-        _: &[f32],
-        _: &mut [f32],
-        _: &[f32],
-        _: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        n: usize,
-    ) {
+    fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
+        let Backward { dy, n, .. } = cx;
         if let Some(dx) = dx {
             let len = n * self.output.numel();
             dx[..len].copy_from_slice(&dy[..len]);

@@ -76,7 +76,7 @@ impl SliceStep<'_> {
     }
 
     /// Applies the update with a gradient `g` that only `product` computes: it must write
-    /// `target = keep·target + scale·g` (gemm's own scaling, as [`crate::engine::kernels::gemm_scaled`]
+    /// `target = keep·target + scale·g` (gemm's own scaling, as [`crate::engine::strided::gemm_scaled`]
     /// does). Plain SGD makes the weights the target; momentum makes the velocity the target,
     /// then adds it to the weights. Weight decay folds into `keep` (SGD) or one more term of
     /// that pass (momentum). The gradient's rounding into f32 is skipped, so the bits differ

@@ -57,13 +57,13 @@ impl<'s> Walker<'s> {
     /// Checks `value` at `path` against `schema`; `doc` is the nearest property schema, whose
     /// doc comment gives examples for the help.
     fn check(&mut self, value: &Value, schema: &'s Json, doc: &'s Json, path: &mut Vec<Seg>) {
-        let (resolved, def) = resolve(self.root, schema);
+        let (resolved, _) = resolve(self.root, schema);
         if let Some(alternatives) = branches(resolved, "oneOf") {
             if let Some(values) = constants(&alternatives) {
                 return self.check_constant(value, &values, schema, doc, path);
             }
             if let Some(tag) = discriminator(self.root, &alternatives) {
-                return self.check_tagged(value, alternatives, tag, def, schema, doc, path);
+                return self.check_tagged(value, alternatives, tag, schema, doc, path);
             }
             return self.check_alternatives(value, &alternatives, schema, doc, path);
         }
@@ -116,17 +116,18 @@ impl<'s> Walker<'s> {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Checks `value` against the internally tagged `branches` of `schema` (`tag` tells them
+    /// apart), naming the enum after `schema`'s definition (`LayerSpec` → `layer`).
     fn check_tagged(
         &mut self,
         value: &Value,
         branches: Vec<&'s Json>,
         tag: &'s str,
-        def: Option<&str>,
         schema: &'s Json,
         doc: &'s Json,
         path: &mut Vec<Seg>,
     ) {
+        let (_, def) = resolve(self.root, schema);
         let what = def
             .map(|d| d.trim_end_matches("Spec").trim_end_matches("Config").to_ascii_lowercase())
             .unwrap_or_else(|| "value".to_string());

@@ -18,7 +18,7 @@ use crate::engine::init::{STEP_DOMAIN, derive_seed};
 use crate::engine::optimizer::clip_by_global_norm;
 use crate::metrics::Sums;
 use crate::plan::{OptimizerPlan, ParameterServerPlan, Plan};
-use crate::strategy::{BatchView, Replica, StrategyError};
+use crate::strategy::{BatchView, MicroStep, Replica, StrategyError};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::num::NonZeroUsize;
@@ -225,7 +225,8 @@ impl Stepper<'_> {
             let s = derive_seed(&[seed, i as u64, 0]);
             let view = BatchView::of(batch);
             let grads = &mut self.grads.as_mut_slice();
-            stats.add(self.replica.forward_backward_view(&self.params, &mut self.state, grads, view, scale, s, i > 0));
+            let micro = MicroStep { scale, seed: s, accumulate: i > 0 };
+            stats.add(self.replica.forward_backward_view(&self.params, &mut self.state, grads, view, micro));
         }
         for b in self.micro.drain(..) {
             self.pipeline.recycle(b);
