@@ -380,10 +380,17 @@ fn a_two_worker_backup_restores_into_one_and_into_four_workers() {
     assert!(stderr.contains("global batch of 128") && stderr.contains("batch.global = 128"), "{stderr}");
 }
 
+/// The evaluator follows every `model_checkpoint` callback, each checkpoint once.
 #[test]
 fn the_evaluator_evaluates_every_checkpoint_exactly_once() {
     let dir = tempdir();
     let o = out(dir.path());
+    let epochs = dir.path().join("epochs");
+    let callbacks = format!(
+        "callbacks=[{{ kind = \"model_checkpoint\", save_freq = 10 }}, \
+         {{ kind = \"model_checkpoint\", save_freq = \"epoch\", dir = \"{}\" }}]",
+        epochs.display()
+    );
     let args = [
         "specs/mnist_multiworker.toml",
         "-q",
@@ -394,7 +401,7 @@ fn the_evaluator_evaluates_every_checkpoint_exactly_once() {
         "--set",
         "train.steps_per_epoch=20",
         "--set",
-        "callbacks=[{ kind = \"model_checkpoint\", save_freq = 10 }]",
+        &callbacks,
         "--set",
         &o,
     ];
@@ -404,11 +411,18 @@ fn the_evaluator_evaluates_every_checkpoint_exactly_once() {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let steps: Vec<u64> = lines.iter().filter_map(|l| l["step"].as_u64()).collect();
-    assert_eq!(steps, [10, 20, 30, 40], "{lines:?}");
+    let steps_of = |callback: &str| -> Vec<u64> {
+        let mut steps: Vec<u64> =
+            lines.iter().filter(|l| l["callback"] == callback).filter_map(|l| l["step"].as_u64()).collect();
+        steps.sort();
+        steps
+    };
+    assert_eq!(steps_of("model_checkpoint"), [10, 20, 30, 40], "{lines:?}");
+    assert_eq!(steps_of("model_checkpoint_1"), [20, 40], "{lines:?}");
+    assert_eq!(lines.len(), 6, "{lines:?}");
     let s = summary(dir.path());
-    let last = &lines[3];
-    assert_eq!(last["test_accuracy"], s["test_accuracy"]);
+    let last = lines.iter().find(|l| l["callback"] == "model_checkpoint" && l["step"] == 40).cloned();
+    assert_eq!(last.map(|l| l["test_accuracy"].clone()), Some(s["test_accuracy"].clone()));
     assert!(lines.iter().all(|l| l["examples"] == 10_000));
 }
 

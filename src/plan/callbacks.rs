@@ -94,10 +94,10 @@ pub struct CallbacksPlan {
 }
 
 impl CallbacksPlan {
-    /// The folder of each `model_checkpoint`, in order.
-    pub fn model_dirs(&self) -> impl Iterator<Item = &Path> {
+    /// Each `model_checkpoint` callback's name and folder, in order.
+    pub fn model_dirs(&self) -> impl Iterator<Item = (&str, &Path)> {
         self.items.iter().filter_map(|c| match &c.kind {
-            CallbackKind::ModelCheckpoint { dir, .. } => Some(dir.as_path()),
+            CallbackKind::ModelCheckpoint { dir, .. } => Some((c.name.as_str(), dir.as_path())),
             CallbackKind::BackupAndRestore { .. }
             | CallbackKind::EarlyStopping { .. }
             | CallbackKind::ReduceLrOnPlateau { .. }
@@ -214,6 +214,39 @@ pub fn resolve(
             Diagnostic::error("callbacks", format!("{backups} backup_and_restore callbacks; a run has at most one"))
                 .help("keep one"),
         );
+    }
+    // Two callbacks saving into one folder would delete each other's checkpoints
+    // (`max_to_keep`) and resume from each other's saves.
+    let folders: Vec<(usize, &str, &Path)> = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match &c.kind {
+            CallbackKind::ModelCheckpoint { dir, .. } | CallbackKind::BackupAndRestore { dir, .. } => {
+                Some((i, c.name.as_str(), dir.as_path()))
+            }
+            CallbackKind::EarlyStopping { .. }
+            | CallbackKind::ReduceLrOnPlateau { .. }
+            | CallbackKind::CsvLogger { .. }
+            | CallbackKind::StopAtTarget { .. } => None,
+        })
+        .collect();
+    for (n, (i, name, dir)) in folders.iter().enumerate() {
+        // A second backup_and_restore is refused above already.
+        let both_backups = |first: &str| first.starts_with("backup") && name.starts_with("backup");
+        if let Some((_, first, _)) = folders[..n].iter().find(|(_, first, d)| d == dir && !both_backups(first)) {
+            diags.push(
+                Diagnostic::error(
+                    format!("callbacks[{i}]"),
+                    format!(
+                        "{first} and {name} both save into {}: each would delete or resume the other's saves",
+                        dir.display()
+                    ),
+                )
+                .help(format!(
+                    "give {name} a folder of its own (`dir = \"...\"`, or `backup_dir` for backup_and_restore)"
+                )),
+            );
+        }
     }
     CallbacksPlan { items }
 }

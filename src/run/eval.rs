@@ -10,7 +10,7 @@ use crate::prepare::{Invocation, Prepared, prepare};
 use crate::strategy::Replica;
 use crate::train::{TrainError, evaluator};
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 /// What evaluating needs: a replica of the planned model, its layout, the data and threads.
@@ -57,12 +57,11 @@ pub fn sidecar(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunEr
     let stop = crate::signals::stop_requested();
     let plan = &p.plan;
     // Planning refused an evaluator without a model_checkpoint callback.
-    let dir = plan
-        .callbacks
-        .model_dirs()
-        .next()
-        .ok_or_else(|| RunError::Failure("the evaluator has no checkpoints to watch".into()))?
-        .to_path_buf();
+    let dirs: Vec<(String, PathBuf)> =
+        plan.callbacks.model_dirs().map(|(name, dir)| (name.to_string(), dir.to_path_buf())).collect();
+    if dirs.is_empty() {
+        return Err(RunError::Failure("the evaluator has no checkpoints to watch".into()));
+    }
     let mut e = evaluation(inv, p)?;
     let test = e.dataset.test.as_ref().ok_or_else(|| RunError::Failure("the dataset has no test split".into()))?;
     // Outside the training cluster (TF_CONFIG listed it there), it learns the end from the
@@ -77,7 +76,8 @@ pub fn sidecar(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunEr
     let quiet = inv.quiet;
     let prefix =
         if inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS") { String::new() } else { format!("[{task}] ") };
-    let watch = evaluator::Watch { dir, out: plan.out_dir.join("eval.jsonl"), layout: &e.layout, test, batch: e.batch };
+    let watch =
+        evaluator::Watch { dirs, out: plan.out_dir.join("eval.jsonl"), layout: &e.layout, test, batch: e.batch };
     let plane = job.as_ref().map(|j| &j.plane);
     let finished = || -> Result<bool, TrainError> {
         let mut done = stop.load(Ordering::SeqCst);

@@ -1,7 +1,7 @@
 //! The sidecar evaluator (TensorFlow's `SidecarEvaluator`): a task outside the replicas that
-//! watches the `model_checkpoint` folder, evaluates each new checkpoint on the test split
-//! exactly once (also across restarts: `eval.jsonl` says which are done), and stops once
-//! training has finished and the last checkpoint is evaluated. The same evaluation serves
+//! watches the folder of every `model_checkpoint` callback, evaluates each new checkpoint on
+//! the test split exactly once (also across restarts: `eval.jsonl` says which are done), and
+//! stops once training has finished and the last checkpoint is evaluated. The same evaluation serves
 //! `trainrun eval SPEC --checkpoint PATH`.
 
 use super::TrainError;
@@ -23,6 +23,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// One line of `eval.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EvalLine {
+    /// The `model_checkpoint` callback that saved it (`model_checkpoint`, `model_checkpoint_1`, …).
+    pub callback: String,
     /// The checkpoint's folder name.
     pub checkpoint: String,
     /// Its step.
@@ -57,16 +59,23 @@ pub fn evaluate_checkpoint(
     Ok(stats)
 }
 
-/// The steps `eval.jsonl` already has.
-fn done(path: &Path) -> BTreeSet<u64> {
+/// The (callback, step) pairs `eval.jsonl` already has; a line without a callback (written
+/// before evaluators watched more than one folder) is `first`'s.
+fn done(path: &Path, first: &str) -> BTreeSet<(String, u64)> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["step"].as_u64()).collect()
+    text.lines()
+        .filter_map(|l| {
+            let line = serde_json::from_str::<serde_json::Value>(l).ok()?;
+            let callback = line["callback"].as_str().unwrap_or(first).to_string();
+            Some((callback, line["step"].as_u64()?))
+        })
+        .collect()
 }
 
 /// What the watcher needs.
 pub struct Watch<'a> {
-    /// The `model_checkpoint` folder.
-    pub dir: PathBuf,
+    /// Each `model_checkpoint` callback's name and folder (at least one).
+    pub dirs: Vec<(String, PathBuf)>,
     /// `eval.jsonl`.
     pub out: PathBuf,
     /// The model's tensors.
@@ -85,14 +94,22 @@ pub fn watch(
     mut finished: impl FnMut() -> Result<bool, TrainError>,
     mut note: impl FnMut(&str),
 ) -> Result<usize, TrainError> {
-    let store = Store::new(&w.dir);
-    let mut seen = done(&w.out);
+    let stores: Vec<(&str, Store)> = w.dirs.iter().map(|(name, dir)| (name.as_str(), Store::new(dir))).collect();
+    let first = stores.first().map_or("", |(name, _)| name);
+    let mut seen = done(&w.out, first);
     let mut count = 0;
     loop {
         // Read before scanning: a checkpoint committed before the end is then always seen.
         let last_round = finished()?;
-        let new: Vec<_> = store.list()?.into_iter().filter(|l| l.committed && !seen.contains(&l.step)).collect();
-        for listed in new {
+        let mut new = Vec::new();
+        for (name, store) in &stores {
+            let key = |step| (name.to_string(), step);
+            new.extend(
+                store.list()?.into_iter().filter(|l| l.committed && !seen.contains(&key(l.step))).map(|l| (*name, l)),
+            );
+        }
+        for (callback, listed) in new {
+            let key = (callback.to_string(), listed.step);
             let started = Instant::now();
             let loaded = match store::load(&listed.path, w.layout) {
                 Ok(l) => l,
@@ -102,13 +119,14 @@ pub fn watch(
                     if listed.path.exists() {
                         note(&format!("skipping checkpoint {}: {e}", listed.path.display()));
                     }
-                    seen.insert(listed.step);
+                    seen.insert(key);
                     continue;
                 }
             };
             let epoch = loaded.manifest.epoch;
             let stats = evaluate_checkpoint(replica, w.test, w.batch, loaded)?;
             let line = EvalLine {
+                callback: callback.to_string(),
                 checkpoint: store::name(listed.step),
                 step: listed.step,
                 epoch,
@@ -118,11 +136,13 @@ pub fn watch(
                 eval_s: started.elapsed().as_secs_f64(),
             };
             append(&w.out, &line)?;
+            // Which callback saved it only matters when several do.
+            let of = if stores.len() > 1 { format!(" of {}", line.callback) } else { String::new() };
             note(&format!(
-                "{} (step {}): test_loss: {:.4} - test_accuracy: {:.4}",
+                "{}{of} (step {}): test_loss: {:.4} - test_accuracy: {:.4}",
                 line.checkpoint, line.step, line.test_loss, line.test_accuracy
             ));
-            seen.insert(listed.step);
+            seen.insert(key);
             count += 1;
         }
         if last_round {
