@@ -6,10 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Modules that run a planned job: they take the plan (or their slice of it), not the spec.
-const RUNTIME: [&str; 8] = ["train", "strategy", "collective", "engine", "data", "checkpoint", "builder", "cluster"];
+const RUNTIME: [&str; 10] =
+    ["train", "strategy", "collective", "engine", "data", "checkpoint", "builder", "cluster", "model", "metrics"];
 
 /// The cluster's resolution half: it turns `[cluster]`, TF_CONFIG, Slurm or Kubernetes into the
-/// cluster the plan holds, so it reads the spec's `[cluster]` section.
+/// cluster the plan holds, so it reads the spec's `[cluster]` section. These four files are
+/// planning that lives beside the cluster types it produces (`Cluster`, `Address`, `Role`): they
+/// run before the plan exists (`prepare`), and `deploy` uses the same rules to write manifests.
+/// Nothing they define is used once the job runs.
 const RESOLUTION: [&str; 4] =
     ["src/cluster/resolve.rs", "src/cluster/tf_config.rs", "src/cluster/slurm.rs", "src/cluster/kubernetes.rs"];
 
@@ -309,4 +313,32 @@ fn each_all_reduce_algorithm_has_its_own_file() {
         named, files,
         "every collective::Algorithm has a file src/collective/algorithm/<name>.rs, and every file there is an algorithm"
     );
+}
+
+/// Each metric is one file of src/metrics/ named as `train.metrics` names it, and every metric a
+/// spec can name has one: adding a metric is its file and its registration
+/// (`docs/architecture.md`).
+#[test]
+fn each_metric_is_in_its_own_file() {
+    let impls: Vec<(PathBuf, usize)> = sources()
+        .into_iter()
+        .map(|(p, t)| (p, t.lines().filter(|l| l.starts_with("impl Metric for ")).count()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let misplaced: Vec<String> = impls
+        .iter()
+        .filter(|(p, n)| *n != 1 || p.parent() != Some(Path::new("src/metrics")))
+        .map(|(p, n)| format!("{} ({n} metrics)", p.display()))
+        .collect();
+    assert!(misplaced.is_empty(), "a metric is one file of src/metrics/, one per file:\n  {}", misplaced.join("\n  "));
+    let files: BTreeSet<String> =
+        impls.iter().filter_map(|(p, _)| Some(p.file_stem()?.to_str()?.to_string())).collect();
+    let missing: Vec<String> = trainrun::metrics::ORDER
+        .iter()
+        .map(|m| trainrun::metrics::of(*m).name())
+        .chain(["loss"])
+        .filter(|name| !files.contains(*name))
+        .map(|name| format!("src/metrics/{name}.rs"))
+        .collect();
+    assert!(missing.is_empty(), "metrics without their file:\n  {}", missing.join("\n  "));
 }
