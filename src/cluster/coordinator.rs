@@ -90,6 +90,8 @@ struct Inner {
     answering: BTreeMap<TaskId, usize>,
 }
 
+/// TensorFlow's coordination service, on the chief (see the module docs); not the
+/// parameter-server `Coordinator`, which is TensorFlow's `ClusterCoordinator`.
 pub(crate) struct CoordinationService {
     settings: Arc<Settings>,
     local: Arc<Local>,
