@@ -19,7 +19,7 @@ use crate::data::Batch;
 use crate::engine::init;
 use crate::engine::optimizer::{Optimizer, Sgd};
 use crate::engine::{LossFn, Shape};
-use crate::spec::{Loss, ModelSpec, ZooModel};
+use crate::spec::{LossKind, ModelSpec, ZooModel};
 use crate::strategy::{BatchView, Replica, Variables};
 use rand::RngExt;
 use std::path::Path;
@@ -27,7 +27,7 @@ use std::time::Instant;
 
 /// One table of the bench, for `trainrun bench --only`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Part {
+pub enum BenchPart {
     /// The tutorial model's step at batch 64 and 128 on 1 and 2 threads.
     Engine,
     /// trainrun against JAX's jitted step, alternating.
@@ -48,7 +48,7 @@ pub enum Part {
 
 /// One measurement.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Throughput {
+pub struct StepThroughput {
     /// Examples per step.
     pub batch: usize,
     /// Compute threads.
@@ -61,13 +61,13 @@ pub struct Throughput {
 
 /// Measures one configuration: `steps` timed steps after a warm-up, median step time; the
 /// update is plain SGD (the tutorial's) or SGD with momentum 0.9.
-pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Result<Throughput, String> {
+pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Result<StepThroughput, String> {
     let spec = ModelSpec { zoo: Some(ZooModel::MnistCnn), layers: Vec::new(), gpt: None };
     let model = crate::model::build_spec(&spec, &Shape(vec![28, 28, 1]), 10).map_err(|d| format!("{d:?}"))?;
     let (params, state) = model.init(42);
     let mut vars = Variables { params, state };
     let mut optimizer = Optimizer::Sgd(Sgd::new(vars.params.len(), if momentum { 0.9 } else { 0.0 }, false, 0.0));
-    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     let mut replica = Replica::new(model, loss, 10, threads);
     let mut r = init::rng(&[7]);
     let batch_data = Batch {
@@ -95,7 +95,7 @@ pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Re
     });
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    Ok(Throughput { batch, threads, ms_per_step: median * 1e3, examples_per_s: batch as f64 / median })
+    Ok(StepThroughput { batch, threads, ms_per_step: median * 1e3, examples_per_s: batch as f64 / median })
 }
 
 /// trainrun against JAX's jitted step (`benches/jax_tutorial.py`), the strongest CPU peer, at
@@ -150,13 +150,13 @@ fn jax(python: &str, batch: usize, threads: usize, momentum: bool, steps: usize)
 }
 
 /// What one end-to-end job measured.
-struct Job {
+struct JobMeasure {
     wall_s: f64,
     summary: serde_json::Value,
 }
 
 /// Runs `trainrun spec` as a user would and reads its summary.
-fn job(exe: &Path, spec: &str, sets: &[&str]) -> Result<Job, String> {
+fn job(exe: &Path, spec: &str, sets: &[&str]) -> Result<JobMeasure, String> {
     job_with(exe, spec, sets, |_| Ok(()))
 }
 
@@ -167,7 +167,7 @@ fn job_with(
     spec: &str,
     sets: &[&str],
     during: impl FnOnce(u32) -> Result<(), String>,
-) -> Result<Job, String> {
+) -> Result<JobMeasure, String> {
     let dir =
         std::env::temp_dir().join(format!("trainrun-bench-{}-{}", std::process::id(), spec.replace(['/', '.'], "_")));
     let started = Instant::now();
@@ -192,7 +192,7 @@ fn job_with(
     let text = std::fs::read_to_string(dir.join("summary.json")).map_err(|e| format!("{spec}: {e}"))?;
     let _ = std::fs::remove_dir_all(&dir);
     let summary = serde_json::from_str(&text).map_err(|e| format!("{spec}: {e}"))?;
-    Ok(Job { wall_s, summary })
+    Ok(JobMeasure { wall_s, summary })
 }
 
 /// The input readers' throughput on data written to a temporary folder: a folder of 32×32
@@ -228,18 +228,18 @@ fn f(v: &serde_json::Value, key: &str) -> f64 {
 
 /// Prints every table, or only the one `only` names; end-to-end jobs run when the MNIST files
 /// can be found.
-pub fn run(quick: bool, only: Option<Part>) -> Result<(), String> {
+pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
     let steps = if quick { 20 } else { 100 };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the trainrun binary: {e}"))?;
     let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     match only {
-        Some(Part::Engine) => return engine(steps),
-        Some(Part::Peers) => return peers(steps),
-        Some(Part::Mirrored) => return mirrored(&exe),
-        Some(Part::Collective) => return collective(),
-        Some(Part::Tta) => return tta::one_process(&exe, &python),
-        Some(Part::ParameterServer) => return tta::parameter_server(&exe),
-        Some(Part::Tls) => return tls::run(&exe, if quick { 2 } else { 8 }),
+        Some(BenchPart::Engine) => return engine(steps),
+        Some(BenchPart::Peers) => return peers(steps),
+        Some(BenchPart::Mirrored) => return mirrored(&exe),
+        Some(BenchPart::Collective) => return collective(),
+        Some(BenchPart::Tta) => return tta::one_process(&exe, &python),
+        Some(BenchPart::ParameterServer) => return tta::parameter_server(&exe),
+        Some(BenchPart::Tls) => return tls::run(&exe, if quick { 2 } else { 8 }),
         None => {}
     }
     engine(steps)?;

@@ -16,13 +16,13 @@ use std::time::Instant;
 #[command(name = "trainrun", version, args_conflicts_with_subcommands = true, arg_required_else_help = true)]
 pub struct Cli {
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<CliCommand>,
     #[command(flatten)]
     run: RunArgs,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {
+enum CliCommand {
     /// Print the plan (strategy, replicas, batch and learning-rate arithmetic, data shards,
     /// all-reduce, checkpoints) without training.
     Check {
@@ -133,7 +133,7 @@ enum Command {
         quick: bool,
         /// Only one table, for A/B sittings that must fit a quiet window (default: every table).
         #[arg(long, value_enum)]
-        only: Option<crate::bench::Part>,
+        only: Option<crate::bench::BenchPart>,
     },
 }
 
@@ -179,31 +179,31 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         None => invocation(cli.run.spec, cli.run.quiet, cli.run.task).and_then(|inv| run::train(&inv)).map(|_| ()),
-        Some(Command::Check { spec, json }) => invocation(spec, false, None).and_then(|inv| run::check(&inv, json)),
-        Some(Command::Eval { spec, checkpoint }) => {
+        Some(CliCommand::Check { spec, json }) => invocation(spec, false, None).and_then(|inv| run::check(&inv, json)),
+        Some(CliCommand::Eval { spec, checkpoint }) => {
             invocation(spec, false, None).and_then(|inv| run::eval(&inv, &checkpoint))
         }
-        Some(Command::Sample { spec, checkpoint, prompt, tokens, temperature, top_k, seed }) => {
+        Some(CliCommand::Sample { spec, checkpoint, prompt, tokens, temperature, top_k, seed }) => {
             // A shell cannot easily pass a newline: `\n` in the prompt is one.
             let prompt = prompt.replace("\\n", "\n");
             let options = run::SampleOptions { prompt, tokens, temperature, top_k, seed };
             invocation(spec, false, None).and_then(|inv| run::sample(&inv, &checkpoint, &options))
         }
-        Some(Command::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
+        Some(CliCommand::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
             .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
-        Some(Command::Report { dir }) => crate::report::run(&dir),
-        Some(Command::Manifest { spec, target, image, namespace }) => {
+        Some(CliCommand::Report { dir }) => crate::report::run(&dir),
+        Some(CliCommand::Manifest { spec, target, image, namespace }) => {
             invocation(spec, false, None).and_then(|inv| crate::deploy::run(&inv, target, image, namespace))
         }
-        Some(Command::Certs { spec, out, target, namespace, names, days }) => {
+        Some(CliCommand::Certs { spec, out, target, namespace, names, days }) => {
             let options = crate::deploy::certs::CertsOptions { target, namespace, names, days };
             invocation(spec, false, None).and_then(|inv| crate::deploy::certs::run(&inv, &options, &out))
         }
-        Some(Command::Schema) => {
+        Some(CliCommand::Schema) => {
             print!("{}", crate::spec::schema_json());
             Ok(())
         }
-        Some(Command::Bench { quick, only }) => crate::bench::run(quick, only).map_err(RunError::Failure),
+        Some(CliCommand::Bench { quick, only }) => crate::bench::run(quick, only).map_err(RunError::Failure),
     };
     match result {
         Ok(()) => Exit::Ok.into(),

@@ -8,7 +8,7 @@ use crate::engine::optimizer::{Optimizer, Sgd};
 use crate::engine::{LossFn, Sequential, Shape, init};
 use crate::spec::ModelSpec;
 use crate::strategy::{Replica, Variables};
-use crate::vocab::Loss;
+use crate::vocab::LossKind;
 use rand::RngExt;
 use std::time::Instant;
 
@@ -76,7 +76,7 @@ pub fn compare_with_cpu(case: Case<'_>, sgd: SgdConfig, lr: f32) -> Result<Compa
     gpu.arena().upload_params(gpu.gpu(), &params)?;
     gpu.arena().upload_state(gpu.gpu(), &state)?;
     let mut vars = Variables { params, state };
-    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     let mut cpu = Replica::new(build(spec, input, classes)?, loss, classes, 2);
     let mut optimizer = Optimizer::Sgd(Sgd::new(vars.params.len(), sgd.momentum, sgd.nesterov, sgd.weight_decay));
     let data = synthetic_batch(input, classes, batch, seed);

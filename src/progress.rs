@@ -23,7 +23,7 @@ pub struct Shown {
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub enum ProgressMode {
     /// A live bar (stderr is a terminal).
     Bar,
     /// One line per epoch.
@@ -53,22 +53,22 @@ pub enum Event {
     Note { text: String },
 }
 
-impl Mode {
+impl ProgressMode {
     /// A bar on a terminal, lines otherwise, unless `quiet`.
     pub fn detect(quiet: bool) -> Self {
         if quiet {
-            Mode::Quiet
+            ProgressMode::Quiet
         } else if std::io::stderr().is_terminal() {
-            Mode::Bar
+            ProgressMode::Bar
         } else {
-            Mode::Lines
+            ProgressMode::Lines
         }
     }
 }
 
 /// The display of one run.
 pub struct Progress {
-    mode: Mode,
+    mode: ProgressMode,
     epochs: u64,
     bar: Option<ProgressBar>,
     started: Instant,
@@ -94,7 +94,7 @@ fn per_step(elapsed: Duration, steps: u64) -> String {
 
 impl Progress {
     /// A display for `epochs` epochs.
-    pub fn new(mode: Mode, epochs: u64, prefix: impl Into<String>) -> Self {
+    pub fn new(mode: ProgressMode, epochs: u64, prefix: impl Into<String>) -> Self {
         Self { mode, epochs, bar: None, started: Instant::now(), steps: 0, resumed: 0, prefix: prefix.into() }
     }
 
@@ -120,9 +120,9 @@ impl Progress {
         self.show(Event::Note { text: text.to_string() });
     }
 
-    /// Shows `event`: draws it, or in [`Mode::Events`] passes it on.
+    /// Shows `event`: draws it, or in [`ProgressMode::Events`] passes it on.
     pub fn show(&mut self, event: Event) {
-        if self.mode == Mode::Events {
+        if self.mode == ProgressMode::Events {
             if let Ok(json) = serde_json::to_string(&event) {
                 println!("{EVENT_MARK}{json}");
             }
@@ -133,7 +133,7 @@ impl Progress {
                 self.started = Instant::now();
                 self.steps = steps;
                 self.resumed = done;
-                if self.mode == Mode::Bar {
+                if self.mode == ProgressMode::Bar {
                     let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
                     let style = ProgressStyle::with_template("{prefix} {pos}/{len} [{bar:30}] {elapsed} {msg}")
                         .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -155,12 +155,12 @@ impl Progress {
                 let elapsed = self.started.elapsed();
                 let timed = done.saturating_sub(self.resumed);
                 match (self.mode, self.bar.take()) {
-                    (Mode::Bar, Some(bar)) => {
+                    (ProgressMode::Bar, Some(bar)) => {
                         bar.set_position(done);
                         bar.set_message(format!("{} - {}", per_step(elapsed, timed), metrics_text(&shown)));
                         bar.abandon();
                     }
-                    (Mode::Lines, _) => println!(
+                    (ProgressMode::Lines, _) => println!(
                         "{}Epoch {epoch}/{} - {done}/{} - {:.1}s {} - {}",
                         self.prefix,
                         self.epochs,
@@ -174,7 +174,7 @@ impl Progress {
             }
             Event::Note { text } => match (&self.bar, self.mode) {
                 (Some(bar), _) => bar.println(format!("{}{text}", self.prefix)),
-                (None, Mode::Quiet) => {}
+                (None, ProgressMode::Quiet) => {}
                 (None, _) => println!("{}{text}", self.prefix),
             },
         }

@@ -1,6 +1,6 @@
 //! The shape of the house, checked on the source: the runtime takes the typed plan and never
 //! reads the spec; top-level modules depend on each other without cycles; files and functions
-//! stay small. Each failure names the files to fix (`docs/architecture.md` says how).
+//! stay small; a type name means one thing. Each failure names the files to fix (`docs/architecture.md` says how).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -341,4 +341,83 @@ fn each_metric_is_in_its_own_file() {
         .map(|name| format!("src/metrics/{name}.rs"))
         .collect();
     assert!(missing.is_empty(), "metrics without their file:\n  {}", missing.join("\n  "));
+}
+
+/// Type names defined more than once on purpose, with why. Every other name has one meaning
+/// across `src/`: the one a TensorFlow or Keras reader expects keeps the name, the others say
+/// what they are (`docs/architecture.md`, "Glossary", for the words).
+const SHARED_NAMES: [(&str, &str); 2] = [
+    ("Dense", "engine::cuda::layers::Dense is Keras's Dense, as engine::layers::Dense is, on the GPU"),
+    (
+        "BatchNorm",
+        "engine::cuda::layers::BatchNorm is Keras's BatchNormalization, as engine::layers::BatchNorm is, on the GPU",
+    ),
+];
+
+/// The type a line defines: `struct`, `enum`, `trait` or `union` at any indentation, and a
+/// `type` alias when it is `pub` or at column 0 (an indented private `type` is an associated
+/// type of an impl or a trait).
+fn defined_type(line: &str) -> Option<&str> {
+    let rest = line.trim_start();
+    let indented = rest.len() < line.len();
+    let (public, rest) = match rest.strip_prefix("pub") {
+        Some(r) if r.starts_with('(') => (true, r.split_once(')')?.1),
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    if public && !rest.starts_with(char::is_whitespace) {
+        return None;
+    }
+    let (keyword, rest) = rest.trim_start().split_once(char::is_whitespace)?;
+    let name = rest.trim_start();
+    let name = &name[..name.find(|c: char| !c.is_ascii_alphanumeric() && c != '_').unwrap_or(name.len())];
+    let kind = ["struct", "enum", "trait", "union", "type"].contains(&keyword);
+    let alias_in_impl = keyword == "type" && !public && indented;
+    (kind && !alias_in_impl && name.starts_with(|c: char| c.is_ascii_uppercase())).then_some(name)
+}
+
+#[test]
+fn no_type_name_is_defined_twice() {
+    let mut defined: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (path, text) in sources() {
+        for (i, line) in text.lines().enumerate() {
+            if let Some(name) = defined_type(line) {
+                defined.entry(name.to_string()).or_default().push(format!("{}:{}", path.display(), i + 1));
+            }
+        }
+    }
+    let twice: Vec<String> = defined
+        .iter()
+        .filter(|(name, at)| at.len() > 1 && !SHARED_NAMES.iter().any(|(shared, _)| shared == name))
+        .map(|(name, at)| format!("{name}: {}", at.join(", ")))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "type names defined more than once; keep the name for the meaning TensorFlow gives it and \
+         rename the others after what they are:\n  {}",
+        twice.join("\n  ")
+    );
+    let stale: Vec<&str> = SHARED_NAMES
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| defined.get(*name).is_none_or(|at| at.len() < 2))
+        .collect();
+    assert!(stale.is_empty(), "SHARED_NAMES lists names no longer defined twice: {stale:?}");
+    assert!(defined.len() > 300 && defined.contains_key("Layer"), "{} type names", defined.len());
+}
+
+#[test]
+fn defined_type_reads_definitions_as_the_inventory_does() {
+    assert_eq!(defined_type("pub struct Job {"), Some("Job"));
+    assert_eq!(defined_type("    pub(crate) enum Wire {"), Some("Wire"));
+    assert_eq!(defined_type("struct Recorder<'r>(&'r mut Vec<usize>);"), Some("Recorder"));
+    assert_eq!(defined_type("pub trait Metric: Sync {"), Some("Metric"));
+    assert_eq!(defined_type("type Failure = (u8, String);"), Some("Failure"));
+    assert_eq!(defined_type("    pub type Error = String;"), Some("Error"));
+    // An associated type, a comment, a lowercase name and a longer word are not definitions.
+    assert_eq!(defined_type("    type Output = f32;"), None);
+    assert_eq!(defined_type("/// struct Job"), None);
+    assert_eq!(defined_type("struct x;"), None);
+    assert_eq!(defined_type("structure Job"), None);
+    assert_eq!(defined_type("public struct Job"), None);
 }

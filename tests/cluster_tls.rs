@@ -143,8 +143,10 @@ fn ring(world: usize, files: impl Fn(usize) -> Arc<TlsMaterial>, data: Vec<Vec<f
             let peers = Peers::new(rank, names).unwrap();
             let options =
                 TcpOptions { job_token: 7, segment_bytes: 4096, tls: Some(tls), ..TcpOptions::new(addrs, listener) };
-            let timeouts =
-                trainrun::collective::Timeouts { connect: Duration::from_secs(5), op: Duration::from_secs(20) };
+            let timeouts = trainrun::collective::CollectiveTimeouts {
+                connect: Duration::from_secs(5),
+                op: Duration::from_secs(20),
+            };
             let out = Collective::connect(peers, Transport::TcpRing(options), timeouts)
                 .and_then(|mut c| c.all_reduce_sum(&mut mine).map(|()| mine))
                 .map_err(|e: CollectiveError| e.to_string());

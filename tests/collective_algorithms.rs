@@ -10,7 +10,7 @@ mod common;
 use common::{assert_exit, run, text};
 use std::time::{Duration, Instant};
 use trainrun::collective::bench::{self, PeerMode, Wire};
-use trainrun::collective::{Algorithm, Launcher, PeerGroup, PeerSpec, Timeouts};
+use trainrun::collective::{Algorithm, CollectiveTimeouts, Launcher, PeerGroup, PeerSpec};
 
 /// Not a test: the body of every peer process. Without the peer environment it does nothing.
 #[test]
@@ -37,7 +37,7 @@ fn sums(algorithm: Algorithm, wire: Wire, world: usize, run: usize) -> Vec<Vec<S
         world,
         sizes: SIZES.to_vec(),
         iters: 1,
-        timeouts: Timeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) },
+        timeouts: CollectiveTimeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) },
     };
     let case = format!("{} over {}, {world} ranks", algorithm.name(), wire.as_str());
     let group = PeerGroup::spawn_with(&launcher(), &spec, algorithm).unwrap_or_else(|e| panic!("{case}: {e}"));
@@ -79,7 +79,7 @@ fn a_peer_killed_mid_ring_over_shared_memory_is_named_quickly() {
         world: 2,
         sizes: vec![250_000],
         iters: 1_000_000,
-        timeouts: Timeouts { connect: Duration::from_secs(20), op: Duration::from_secs(30) },
+        timeouts: CollectiveTimeouts { connect: Duration::from_secs(20), op: Duration::from_secs(30) },
     };
     let mut group = PeerGroup::spawn_with(&launcher(), &spec, Algorithm::Ring).unwrap_or_else(|e| panic!("{e}"));
     for rank in 0..2 {

@@ -11,12 +11,13 @@ use std::thread;
 use std::time::Duration;
 use trainrun::collective::reduce::sequential_sum;
 use trainrun::collective::{
-    BucketReducer, Collective, CollectiveError, Communicator, PackReduce, Packs, Peers, ShmCommunicator, ShmOptions,
-    TcpOptions, Timeouts, Transport,
+    BucketReducer, Collective, CollectiveError, CollectiveTimeouts, Communicator, PackReduce, Packs, Peers,
+    ShmCommunicator, ShmOptions, TcpOptions, Transport,
 };
 
 const HARD_LIMIT: Duration = Duration::from_secs(120);
-const TIMEOUTS: Timeouts = Timeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) };
+const TIMEOUTS: CollectiveTimeouts =
+    CollectiveTimeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) };
 /// Small on purpose: 1 KiB staging (256 floats) and 1 KiB TCP segments.
 const SMALL: usize = 1024;
 

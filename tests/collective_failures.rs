@@ -10,12 +10,12 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 use trainrun::collective::{
-    Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, Timeouts, Transport,
+    Collective, CollectiveError, CollectiveTimeouts, Communicator, Peers, ShmOptions, TcpOptions, Transport,
 };
 
 const HARD_LIMIT: Duration = Duration::from_secs(60);
 const CONNECT: Duration = Duration::from_secs(1);
-const TIMEOUTS: Timeouts = Timeouts { connect: CONNECT, op: Duration::from_secs(10) };
+const TIMEOUTS: CollectiveTimeouts = CollectiveTimeouts { connect: CONNECT, op: Duration::from_secs(10) };
 
 fn names(world: usize) -> Vec<String> {
     (0..world).map(|r| format!("worker:{r}")).collect()
@@ -148,7 +148,7 @@ fn tcp_refuses_another_jobs_worker_at_once_and_keeps_waiting_for_its_own() {
         let ours = vec![addrs[0], addrs[1]];
         let a = ours.clone();
         let zero = thread::spawn(move || -> Result<f32, CollectiveError> {
-            let t = Timeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
+            let t = CollectiveTimeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
             let mut c = Collective::connect(Peers::new(0, names(2))?, tcp(l0, a, 1), t)?;
             let mut v = [1.0f32];
             c.all_reduce_sum(&mut v)?;
@@ -160,7 +160,7 @@ fn tcp_refuses_another_jobs_worker_at_once_and_keeps_waiting_for_its_own() {
         insta::assert_snapshot!(redact(&err.to_string()), @"worker:0 (127.0.0.1:PORT) refused this rank: the job tokens differ (is it another job's worker?)");
         // Our own rank 1 still gets in.
         let one = thread::spawn(move || -> Result<f32, CollectiveError> {
-            let t = Timeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
+            let t = CollectiveTimeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
             let mut c = Collective::connect(Peers::new(1, names(2))?, tcp(l1, ours, 1), t)?;
             let mut v = [2.0f32];
             c.all_reduce_sum(&mut v)?;
@@ -204,7 +204,7 @@ fn strangers_do_not_break_the_real_setup() {
             .map(|(rank, l)| {
                 let addrs = addrs.clone();
                 thread::spawn(move || -> Result<Vec<f32>, CollectiveError> {
-                    let t = Timeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
+                    let t = CollectiveTimeouts { connect: Duration::from_secs(10), ..TIMEOUTS };
                     let mut c = Collective::connect(Peers::new(rank, names(2))?, tcp(l, addrs, 5), t)?;
                     let mut v = vec![rank as f32 + 1.0; 10];
                     c.all_reduce_sum(&mut v)?;
@@ -250,7 +250,7 @@ fn a_silent_peer_is_named_after_the_operation_timeout() {
             let ls: Vec<TcpListener> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
             let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
             let path = shm_path("silent");
-            let timeouts = Timeouts { connect: Duration::from_secs(10), op: Duration::from_millis(500) };
+            let timeouts = CollectiveTimeouts { connect: Duration::from_secs(10), op: Duration::from_millis(500) };
             let transport = move |l: TcpListener| match kind {
                 "shm" => shm(&path, 3),
                 _ => tcp(l, addrs.clone(), 3),

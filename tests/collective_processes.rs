@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 use trainrun::collective::bench::{self, BenchOptions, PeerMode, Wire};
-use trainrun::collective::{Launcher, PeerGroup, PeerOutcome, PeerSpec, Timeouts};
+use trainrun::collective::{CollectiveTimeouts, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 
 const HARD_LIMIT: Duration = Duration::from_secs(120);
 
@@ -57,7 +57,7 @@ fn spec(
         world,
         sizes,
         iters,
-        timeouts: Timeouts { connect: Duration::from_secs(20), op },
+        timeouts: CollectiveTimeouts { connect: Duration::from_secs(20), op },
     }
 }
 

@@ -328,14 +328,14 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
             cursor: trainrun::data::Cursor { epoch: 1, offset: 640 },
             rng: RngState { seed: 42, step: 30 },
             spec_hash: "abc".into(),
-            topology: Topology {
+            topology: SavedTopology {
                 num_workers: 2,
                 num_replicas_in_sync: 2,
                 per_replica_batch: 32,
                 global_batch: 64,
                 accumulation_steps: 1,
             },
-            optimizer: OptimizerState { kind: OptimizerKind::Sgd, iterations: 30, buffers: vec!["momentum".into()] },
+            optimizer: OptimizerState { kind: SavedOptimizer::Sgd, iterations: 30, buffers: vec!["momentum".into()] },
             loop_state: LoopState {
                 examples: 1920,
                 epoch_sums: sums,

@@ -2,7 +2,7 @@
 
 use std::num::NonZeroUsize;
 use std::path::Path;
-use trainrun::spec::{Activation, LayerConfig, Loss, OptimizerKind, Size2, StrategySpec, load};
+use trainrun::spec::{Activation, LayerConfig, LossKind, OptimizerKind, Size2, StrategySpec, load};
 
 #[test]
 fn the_tutorial_spec_loads() {
@@ -17,7 +17,7 @@ fn the_tutorial_spec_loads() {
     assert_eq!(spec.optimizer.learning_rate, Some(0.001));
     assert_eq!(spec.train.epochs.get(), 3);
     assert_eq!(spec.train.steps_per_epoch.map(|s| s.get()), Some(70));
-    assert_eq!(spec.train.loss, Loss::SparseCategoricalCrossentropy);
+    assert_eq!(spec.train.loss, LossKind::SparseCategoricalCrossentropy);
     assert!(spec.train.from_logits);
     assert!(matches!(spec.strategy, StrategySpec::MultiWorkerMirrored { .. }));
     assert_eq!(spec.cluster.worker.as_ref().map(|w| w.len()), Some(2));

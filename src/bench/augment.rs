@@ -17,13 +17,13 @@ const BATCH: usize = 256;
 
 /// One timed pass over a split.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Pass {
+pub struct TimedPass {
     pub images: usize,
     pub wall_s: f64,
     pub cpu_s: f64,
 }
 
-impl Pass {
+impl TimedPass {
     /// Images per wall-clock second.
     pub fn images_per_s(&self) -> f64 {
         self.images as f64 / self.wall_s.max(1e-9)
@@ -33,8 +33,8 @@ impl Pass {
 /// Decode-only and decode+augment passes over the folder, alternated `rounds` times.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measured {
-    pub decode: Vec<Pass>,
-    pub augmented: Vec<Pass>,
+    pub decode: Vec<TimedPass>,
+    pub augmented: Vec<TimedPass>,
 }
 
 /// Where the generated folder is kept between runs: `$XDG_CACHE_HOME/trainrun/bench`, else
@@ -71,7 +71,7 @@ fn cpu_seconds() -> f64 {
 }
 
 /// Reads every example of `split` in batches, as the training pipeline's thread does.
-fn pass(split: &Split, pool: &rayon::ThreadPool, epoch: u64) -> Result<Pass, String> {
+fn pass(split: &Split, pool: &rayon::ThreadPool, epoch: u64) -> Result<TimedPass, String> {
     let indices: Vec<usize> = (0..split.len()).collect();
     let mut batch = Batch::default();
     let (wall, cpu) = (Instant::now(), cpu_seconds());
@@ -83,7 +83,7 @@ fn pass(split: &Split, pool: &rayon::ThreadPool, epoch: u64) -> Result<Pass, Str
         })
     })
     .map_err(|e| e.to_string())?;
-    Ok(Pass { images: indices.len(), wall_s: wall.elapsed().as_secs_f64(), cpu_s: cpu_seconds() - cpu })
+    Ok(TimedPass { images: indices.len(), wall_s: wall.elapsed().as_secs_f64(), cpu_s: cpu_seconds() - cpu })
 }
 
 /// Times decode-only and decode+augment passes over `folder` on `threads` threads.
@@ -104,7 +104,7 @@ pub fn measure(folder: &Path, threads: usize, rounds: usize) -> Result<Measured,
     Ok(m)
 }
 
-fn best(passes: &[Pass]) -> Pass {
+fn best(passes: &[TimedPass]) -> TimedPass {
     passes.iter().copied().fold(passes[0], |b, p| if p.wall_s < b.wall_s { p } else { b })
 }
 

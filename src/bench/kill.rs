@@ -7,7 +7,7 @@
 //! the two training times is printed too, but at ±30 % run to run it measures the noise more
 //! than the kill.
 
-use super::{Job, f, job, job_with};
+use super::{JobMeasure, f, job, job_with};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ pub fn run(exe: &Path, steps: u64) -> Result<(), String> {
         [format!("train.steps_per_epoch={steps}"), "train.epochs=1".into(), "train.steps_per_execution=1".into()];
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let plain = job(exe, SPEC, &sets)?;
-    let training = |j: &Job| f(&j.summary, "wall_s") - f(&j.summary, "first_step_s");
+    let training = |j: &JobMeasure| f(&j.summary, "wall_s") - f(&j.summary, "first_step_s");
     // Halfway through the training of the run without a kill, from the launch.
     let at = Duration::from_secs_f64(f(&plain.summary, "first_step_s") + training(&plain) / 2.0);
     let killed = job_with(exe, SPEC, &sets, |launcher| kill_worker(launcher, at))?;

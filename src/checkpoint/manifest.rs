@@ -34,7 +34,9 @@ pub struct RngState {
 
 /// The job's shape when the checkpoint was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Topology {
+// serde's error texts name it as before the rename.
+#[serde(rename = "Topology")]
+pub struct SavedTopology {
     /// Worker processes that held replicas.
     pub num_workers: usize,
     /// Replicas whose gradients were summed each step.
@@ -125,19 +127,20 @@ pub struct LoopState {
 
 /// Which optimizer wrote the state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OptimizerKind {
+// serde's error texts name it as before the rename.
+#[serde(rename = "OptimizerKind", rename_all = "snake_case")]
+pub enum SavedOptimizer {
     /// SGD (with or without momentum).
     Sgd,
     /// Adam or AdamW.
     Adam,
 }
 
-impl std::fmt::Display for OptimizerKind {
+impl std::fmt::Display for SavedOptimizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            OptimizerKind::Sgd => "sgd",
-            OptimizerKind::Adam => "adam",
+            SavedOptimizer::Sgd => "sgd",
+            SavedOptimizer::Adam => "adam",
         })
     }
 }
@@ -146,7 +149,7 @@ impl std::fmt::Display for OptimizerKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OptimizerState {
     /// Which optimizer.
-    pub kind: OptimizerKind,
+    pub kind: SavedOptimizer,
     /// Updates applied.
     pub iterations: u64,
     /// Names of the state buffers (`momentum`; `m`, `v`).
@@ -202,7 +205,7 @@ pub struct Manifest {
     /// output settings.
     pub spec_hash: String,
     /// The job's shape.
-    pub topology: Topology,
+    pub topology: SavedTopology,
     /// Optimizer kind and counters.
     pub optimizer: OptimizerState,
     /// The loop's state.
@@ -274,7 +277,7 @@ mod tests {
     use crate::metrics::{accuracy, loss, mae, rmse};
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
-    struct Memory {
+    struct Remembered {
         #[serde(with = "float")]
         best: f64,
         #[serde(with = "float_opt")]
@@ -286,17 +289,17 @@ mod tests {
     fn infinities_and_exact_values_round_trip() {
         let mut state = CallbacksState::new();
         for (name, m) in [
-            ("early_stopping", Memory { best: f64::INFINITY, kept: None, wait: 2 }),
-            ("reduce_lr_on_plateau", Memory { best: f64::NEG_INFINITY, kept: Some(1e-300), wait: 0 }),
-            ("model_checkpoint", Memory { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 }),
+            ("early_stopping", Remembered { best: f64::INFINITY, kept: None, wait: 2 }),
+            ("reduce_lr_on_plateau", Remembered { best: f64::NEG_INFINITY, kept: Some(1e-300), wait: 0 }),
+            ("model_checkpoint", Remembered { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 }),
         ] {
             state.insert(name.to_string(), serde_json::to_value(&m).unwrap());
         }
         let text = serde_json::to_string(&state).unwrap();
         let back: CallbacksState = serde_json::from_str(&text).unwrap();
         assert_eq!(back, state);
-        let m: Memory = serde_json::from_value(back["model_checkpoint"].clone()).unwrap();
-        assert_eq!(m, Memory { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 });
+        let m: Remembered = serde_json::from_value(back["model_checkpoint"].clone()).unwrap();
+        assert_eq!(m, Remembered { best: 0.123_456_789_012_345_67, kept: Some(f64::INFINITY), wait: 1 });
         let mut sums = Sums::of_examples(2);
         sums.accumulate(loss::SUM, f64::NAN);
         let eval = EvalState { step: 3, sums };

@@ -16,7 +16,7 @@ pub mod writer;
 
 pub use manifest::{Kind, Manifest};
 pub use policy::{Admit, Policy};
-pub use store::{Listed, Loaded, Store};
+pub use store::{Listed, LoadedCheckpoint, Store};
 pub use writer::{SaveStats, Writer};
 
 use crate::engine::TensorInfo;

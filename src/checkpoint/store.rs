@@ -34,7 +34,7 @@ pub struct Listed {
 
 /// A checkpoint read and verified.
 #[derive(Debug, Clone)]
-pub struct Loaded {
+pub struct LoadedCheckpoint {
     /// Its folder.
     pub path: PathBuf,
     /// Its manifest.
@@ -239,7 +239,11 @@ impl Store {
 
     /// The newest checkpoint that reads back whole, skipping (and reporting through `warn`)
     /// every newer one that is unfinished or damaged.
-    pub fn latest_good(&self, layout: &Layout, mut warn: impl FnMut(&str)) -> Result<Option<Loaded>, CheckpointError> {
+    pub fn latest_good(
+        &self,
+        layout: &Layout,
+        mut warn: impl FnMut(&str),
+    ) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
         for l in self.list()?.iter().rev() {
             match load(&l.path, layout) {
                 Ok(loaded) => return Ok(Some(loaded)),
@@ -316,7 +320,7 @@ fn verified(dir: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>, Chec
 }
 
 /// Reads and verifies the checkpoint in `dir` for a model of `layout`.
-pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
+pub fn load(dir: &Path, layout: &Layout) -> Result<LoadedCheckpoint, CheckpointError> {
     let missing = |reason| CheckpointError::Missing { dir: dir.to_path_buf(), reason, nearby: super::nearby(dir) };
     match std::fs::metadata(dir) {
         Err(_) => return Err(missing("no such folder")),
@@ -357,7 +361,7 @@ pub fn load(dir: &Path, layout: &Layout) -> Result<Loaded, CheckpointError> {
     } else {
         None
     };
-    Ok(Loaded { path: dir.to_path_buf(), manifest, params, state, optimizer, best })
+    Ok(LoadedCheckpoint { path: dir.to_path_buf(), manifest, params, state, optimizer, best })
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::checkpoint::manifest::{
-    CallbacksState, LoopState, Metrics, OptimizerKind, OptimizerState, RngState, Topology,
+    CallbacksState, LoopState, Metrics, OptimizerState, RngState, SavedOptimizer, SavedTopology,
 };
 use crate::checkpoint::{Kind, Layout, Snapshot};
 use crate::data::Cursor;
@@ -43,14 +43,14 @@ pub(crate) fn manifest(step: u64) -> Manifest {
         cursor: Cursor { epoch: 0, offset: step as usize * 64 },
         rng: RngState { seed: 42, step },
         spec_hash: "abc".into(),
-        topology: Topology {
+        topology: SavedTopology {
             num_workers: 2,
             num_replicas_in_sync: 2,
             per_replica_batch: 32,
             global_batch: 64,
             accumulation_steps: 1,
         },
-        optimizer: OptimizerState { kind: OptimizerKind::Sgd, iterations: step, buffers: vec!["momentum".into()] },
+        optimizer: OptimizerState { kind: SavedOptimizer::Sgd, iterations: step, buffers: vec!["momentum".into()] },
         loop_state: LoopState {
             examples: step * 64,
             epoch_sums,

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// One checkpoint to write, and how to prune its store after.
-pub struct Job {
+pub struct SaveJob {
     /// Where.
     pub store: Store,
     /// The model's tensors.
@@ -59,11 +59,11 @@ pub const MODELS_WAITING_BYTES: u64 = 1 << 30;
 const POOL: usize = 2;
 
 #[derive(Default)]
-struct State {
+struct WriterState {
     /// Backups waiting, oldest first.
-    backups: VecDeque<Job>,
+    backups: VecDeque<SaveJob>,
     /// Model checkpoints waiting, oldest first.
-    models: VecDeque<Job>,
+    models: VecDeque<SaveJob>,
     /// Bytes the waiting model checkpoints hold.
     models_bytes: u64,
     /// Whether the last job taken was a backup: the lanes take turns.
@@ -88,19 +88,19 @@ struct State {
 }
 
 #[derive(Default)]
-struct Shared {
-    state: Mutex<State>,
+struct WriterShared {
+    state: Mutex<WriterState>,
     changed: Condvar,
 }
 
-impl State {
+impl WriterState {
     /// Whether anything waits.
     fn idle(&self) -> bool {
         self.backups.is_empty() && self.models.is_empty()
     }
 
     /// The next job: the lanes in turn, a backup first when both have one.
-    fn next(&mut self) -> Option<Job> {
+    fn next(&mut self) -> Option<SaveJob> {
         let backup = !self.backups.is_empty() && (self.models.is_empty() || !self.took_backup);
         let job = if backup { self.backups.pop_front() } else { self.models.pop_front() }?;
         if !backup {
@@ -121,7 +121,7 @@ impl State {
     }
 
     /// Puts `job` in its lane; returns the backup it supersedes.
-    fn enqueue(&mut self, job: Job) -> Option<Job> {
+    fn enqueue(&mut self, job: SaveJob) -> Option<SaveJob> {
         if !job.supersedable {
             self.models_bytes += footprint(&job.snapshot);
             self.models.push_back(job);
@@ -133,12 +133,12 @@ impl State {
     }
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+impl WriterShared {
+    fn lock(&self) -> MutexGuard<'_, WriterState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn wait<'a>(&self, guard: MutexGuard<'a, WriterState>) -> MutexGuard<'a, WriterState> {
         self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -160,7 +160,7 @@ fn touched(params: usize, state: usize, optimizer: &[(String, usize)]) -> Snapsh
 
 /// Returns a snapshot to the pool when nobody else holds it; beyond [`POOL`] it is freed,
 /// so a burst of saves waiting on a slow disk does not keep its memory.
-fn recycle(state: &mut State, snapshot: Arc<Snapshot>) {
+fn recycle(state: &mut WriterState, snapshot: Arc<Snapshot>) {
     if state.pool.len() < POOL
         && let Ok(s) = Arc::try_unwrap(snapshot)
     {
@@ -170,14 +170,14 @@ fn recycle(state: &mut State, snapshot: Arc<Snapshot>) {
 
 /// The writer thread and its queue.
 pub struct Writer {
-    shared: Arc<Shared>,
+    shared: Arc<WriterShared>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Writer {
     /// Starts the thread.
     pub fn start() -> Result<Self, CheckpointError> {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(WriterShared::default());
         let state = shared.clone();
         let thread = std::thread::Builder::new()
             .name("trainrun-ckpt".into())
@@ -229,7 +229,7 @@ impl Writer {
 
     /// Queues `jobs`; `blocked_since` is when the step loop stopped to save, so the time it
     /// was blocked (snapshot and queueing) is recorded.
-    pub fn submit(&mut self, jobs: Vec<Job>, blocked_since: Instant) -> Result<(), CheckpointError> {
+    pub fn submit(&mut self, jobs: Vec<SaveJob>, blocked_since: Instant) -> Result<(), CheckpointError> {
         let mut state = self.shared.lock();
         if let Some(e) = state.error.take() {
             return Err(e);
@@ -312,11 +312,11 @@ fn classify(error: CheckpointError, store: &Store, needed: u64) -> CheckpointErr
 }
 
 #[cfg(test)]
-fn state_delay(shared: &Shared) -> Duration {
+fn state_delay(shared: &WriterShared) -> Duration {
     shared.lock().delay
 }
 
-fn run(shared: &Shared) {
+fn run(shared: &WriterShared) {
     // Writing yields to training: on a machine with as many compute threads as cores, the
     // checkpoint waits rather than the step.
     #[cfg(target_os = "linux")]
@@ -353,7 +353,7 @@ fn run(shared: &Shared) {
             shared.lock().pool.push(made);
         }
 
-        let Job { store, layout, snapshot, manifest, policy, .. } = job;
+        let SaveJob { store, layout, snapshot, manifest, policy, .. } = job;
         let started = Instant::now();
         let step = manifest.step;
         #[cfg(test)]
@@ -401,7 +401,7 @@ mod tests {
         let layout = Arc::new(Layout { tensors: vec![], state_tensors: vec![], params: 0, state: 0 });
         let mut w = Writer::start().unwrap();
         let manifest = crate::checkpoint::store::tests::manifest;
-        let job = |step| Job {
+        let job = |step| SaveJob {
             store: store.clone(),
             layout: layout.clone(),
             snapshot: Arc::new(Snapshot::default()),
@@ -420,8 +420,8 @@ mod tests {
         assert!(steps.len() <= 2);
     }
 
-    fn job(store: &Store, step: u64, backup: bool) -> Job {
-        Job {
+    fn job(store: &Store, step: u64, backup: bool) -> SaveJob {
+        SaveJob {
             store: store.clone(),
             layout: Arc::new(Layout { tensors: vec![], state_tensors: vec![], params: 0, state: 0 }),
             snapshot: Arc::new(Snapshot::default()),
@@ -431,7 +431,7 @@ mod tests {
         }
     }
 
-    fn taken(state: &mut State) -> Option<(bool, u64)> {
+    fn taken(state: &mut WriterState) -> Option<(bool, u64)> {
         state.next().map(|j| (j.supersedable, j.manifest.step))
     }
 
@@ -440,7 +440,7 @@ mod tests {
     #[test]
     fn lanes_take_turns_and_backups_are_superseded_only_past_two() {
         let (models, backups) = (Store::new("m"), Store::new("b"));
-        let mut s = State::default();
+        let mut s = WriterState::default();
         for step in [10, 20] {
             assert!(s.enqueue(job(&models, step, false)).is_none());
             assert!(s.enqueue(job(&backups, step, true)).is_none(), "fewer than two backups: keep both");
@@ -496,7 +496,7 @@ mod tests {
         let (a, b) = (Store::new(dir.path().join("a")), Store::new(dir.path().join("b")));
         let layout = Arc::new(Layout { tensors: vec![], state_tensors: vec![], params: 0, state: 0 });
         let every = Policy { max_to_keep: None, best_only: None };
-        let job = |store: &Store, step| Job {
+        let job = |store: &Store, step| SaveJob {
             store: store.clone(),
             layout: layout.clone(),
             snapshot: Arc::new(Snapshot::default()),
@@ -504,7 +504,7 @@ mod tests {
             policy: every,
             supersedable: false,
         };
-        let jobs: Vec<Vec<Job>> = (1..=4).map(|step| vec![job(&a, step), job(&b, step)]).collect();
+        let jobs: Vec<Vec<SaveJob>> = (1..=4).map(|step| vec![job(&a, step), job(&b, step)]).collect();
         // Bounded, so a lost wake-up fails the test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -35,7 +35,7 @@ const PROBE_WAIT: Duration = Duration::from_secs(1);
 const CLOSED_LIMIT: Duration = Duration::from_secs(3);
 
 /// What the plane asks of the heartbeat task.
-pub(crate) enum Control {
+pub(crate) enum HeartbeatControl {
     /// Say goodbye and end the stream: this task shuts down cleanly.
     Leave,
     /// Fail the job for this reason.
@@ -259,7 +259,11 @@ impl ChiefLink {
 
     /// Pings the chief until the job ends, recording what the chief says in `local`. `ready`
     /// fires at the first answer: from then on the chief watches this task's stream.
-    pub(crate) async fn heartbeats(self: Arc<Self>, ready: oneshot::Sender<()>, mut control: mpsc::Receiver<Control>) {
+    pub(crate) async fn heartbeats(
+        self: Arc<Self>,
+        ready: oneshot::Sender<()>,
+        mut control: mpsc::Receiver<HeartbeatControl>,
+    ) {
         let t = self.settings.timeouts;
         let ping = |leaving, abort| pb::Ping { caller: Some(self.caller()), leaving, abort };
         let (tx, rx) = mpsc::channel(8);
@@ -317,11 +321,11 @@ impl ChiefLink {
                     // The plane was dropped without `shutdown`: end the stream without a
                     // goodbye, so the chief reports this task's death.
                     None => return,
-                    Some(Control::Leave) => {
+                    Some(HeartbeatControl::Leave) => {
                         leaving = true;
                         let _ = tx.send(ping(true, None)).await;
                     }
-                    Some(Control::Abort(reason)) => {
+                    Some(HeartbeatControl::Abort(reason)) => {
                         let _ = tx.send(ping(false, Some(reason))).await;
                     }
                 },

@@ -67,7 +67,7 @@ struct Barrier {
 
 /// What a heartbeat stream has already told its task.
 #[derive(Default)]
-pub(crate) struct Cursor {
+pub(crate) struct HeartbeatCursor {
     commands: usize,
     failure: bool,
     finished: bool,
@@ -86,21 +86,23 @@ struct Inner {
     metrics: Vec<MetricRecord>,
     finished: bool,
     /// Check-in streams still open, per task: a refused or failed task may not have read its
-    /// answer yet, and a failing chief waits for it (see [`Coordinator::wait_heard`]).
+    /// answer yet, and a failing chief waits for it (see [`CoordinationService::wait_heard`]).
     answering: BTreeMap<TaskId, usize>,
 }
 
-pub(crate) struct Coordinator {
+/// TensorFlow's coordination service, on the chief (see the module docs); not the
+/// parameter-server `Coordinator`, which is TensorFlow's `ClusterCoordinator`.
+pub(crate) struct CoordinationService {
     settings: Arc<Settings>,
     local: Arc<Local>,
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
 }
 
-impl Coordinator {
+impl CoordinationService {
     /// The chief checks itself in.
     pub(crate) fn new(settings: Arc<Settings>, local: Arc<Local>, own: CheckIn) -> Arc<Self> {
-        let coordinator = Arc::new(Coordinator {
+        let coordinator = Arc::new(CoordinationService {
             settings,
             local,
             inner: Mutex::new(Inner::default()),
@@ -154,7 +156,7 @@ impl Coordinator {
 
     /// Registers a task, or refuses it. While the job is starting, a refusal fails every task:
     /// a task on another spec, outside the cluster, or started twice is a launch mistake that
-    /// waiting cannot fix. Returns the attempt number for [`Coordinator::withdraw`], and the
+    /// waiting cannot fix. Returns the attempt number for [`CoordinationService::withdraw`], and the
     /// check-in stream's [`Answering`], counted before any failure is decided so that a
     /// failing chief cannot miss it.
     pub(crate) fn check_in(self: &Arc<Self>, c: CheckIn) -> (Result<u64, Failure>, Answering) {
@@ -409,7 +411,7 @@ impl Coordinator {
 
     /// What `cursor`'s stream has not been told yet; `None` when nothing is new, unless
     /// `always` (a ping always gets an answer, which is how a task knows the chief lives).
-    pub(crate) fn pong(&self, cursor: &mut Cursor, always: bool) -> Option<pb::Pong> {
+    pub(crate) fn pong(&self, cursor: &mut HeartbeatCursor, always: bool) -> Option<pb::Pong> {
         let inner = self.lock();
         let commands: Vec<pb::Command> = (inner.commands.iter().enumerate())
             .skip(cursor.commands)
@@ -480,7 +482,7 @@ impl Coordinator {
 
 /// One open check-in stream; dropping it (when the stream's task ends) uncounts it.
 pub(crate) struct Answering {
-    coordinator: Arc<Coordinator>,
+    coordinator: Arc<CoordinationService>,
     task: TaskId,
 }
 

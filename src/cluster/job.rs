@@ -240,7 +240,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
             Transport::TcpRing(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
         }
     };
-    let timeouts = crate::collective::Timeouts { connect: config.startup, op: config.timeout };
+    let timeouts = crate::collective::CollectiveTimeouts { connect: config.startup, op: config.timeout };
     let comm = Collective::build(peers, algorithm, transport, timeouts)?;
     Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief, data: None })
 }

@@ -16,7 +16,7 @@ use super::rejoin::Rejoins;
 pub use super::task_output::blame_line;
 use super::task_output::{Line, arriving, forward};
 use super::{Address, Blame, Cluster, Role, TaskId, new_job_token};
-use crate::progress::{Event, Mode, Progress};
+use crate::progress::{Event, Progress, ProgressMode};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -66,7 +66,7 @@ pub struct Launch {
     /// How long a task that lost a peer may take to notice and exit before it is killed.
     pub grace: Duration,
     /// How the launcher shows progress.
-    pub progress: Mode,
+    pub progress: ProgressMode,
     /// Epochs, for the progress display.
     pub epochs: u64,
     /// How often a failed job is started again.
@@ -376,7 +376,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
                     progress.show(e)
                 }
                 Line::Log(task, text) => {
-                    if launch.progress != Mode::Quiet || failure.is_some() {
+                    if launch.progress != ProgressMode::Quiet || failure.is_some() {
                         eprintln!("[{task}] {text}");
                     }
                     keep(&mut tails, task, text);
@@ -449,7 +449,7 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
                 began |= training(&e);
                 progress.show(e)
             }
-            Line::Log(task, text) if launch.progress != Mode::Quiet => eprintln!("[{task}] {text}"),
+            Line::Log(task, text) if launch.progress != ProgressMode::Quiet => eprintln!("[{task}] {text}"),
             Line::Log(..) | Line::Blame(..) => {}
         }
     }

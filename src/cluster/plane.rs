@@ -18,8 +18,8 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use super::auth::{CheckToken, TagRpc};
-use super::client::{ChiefLink, Control};
-use super::coordinator::{CheckIn, Coordinator};
+use super::client::{ChiefLink, HeartbeatControl};
+use super::coordinator::{CheckIn, CoordinationService};
 use super::health::{Health, Local};
 use super::service::ClusterService;
 use super::wire::pb;
@@ -55,7 +55,7 @@ pub(crate) struct Settings {
 }
 
 enum Side {
-    Chief(Arc<Coordinator>),
+    Chief(Arc<CoordinationService>),
     Worker(Arc<ChiefLink>),
 }
 
@@ -67,7 +67,7 @@ pub struct ControlPlane {
     local_addr: SocketAddr,
     own: pb::CheckInRequest,
     roster: Mutex<Option<Arc<Roster>>>,
-    heartbeat: Mutex<Option<(mpsc::Sender<Control>, JoinHandle<()>)>>,
+    heartbeat: Mutex<Option<(mpsc::Sender<HeartbeatControl>, JoinHandle<()>)>>,
     /// `None` once shut down.
     runtime: Option<Runtime>,
 }
@@ -132,7 +132,8 @@ impl ControlPlane {
         let local = Local::new();
         let _context = runtime.enter();
         let side = if settings.task == settings.chief {
-            let coordinator = Coordinator::new(settings.clone(), local.clone(), check_in(&settings, &own, local_addr));
+            let coordinator =
+                CoordinationService::new(settings.clone(), local.clone(), check_in(&settings, &own, local_addr));
             let ticking = coordinator.clone();
             let period = settings.timeouts.heartbeat / 2;
             runtime.spawn(async move {
@@ -230,7 +231,7 @@ impl ControlPlane {
         }
     }
 
-    fn coordinator(&self, call: &'static str) -> Result<&Arc<Coordinator>, ClusterError> {
+    fn coordinator(&self, call: &'static str) -> Result<&Arc<CoordinationService>, ClusterError> {
         match &self.side {
             Side::Chief(c) => Ok(c),
             Side::Worker(_) => Err(ClusterError::Usage { call, what: "the chief's control plane" }),
@@ -332,7 +333,7 @@ impl ControlPlane {
                 if let Some((tx, handle)) = heartbeat {
                     let limit = self.settings.timeouts.failure;
                     let _ = self.block_on("abort", async move {
-                        let _ = tx.send(Control::Abort(reason.to_owned())).await;
+                        let _ = tx.send(HeartbeatControl::Abort(reason.to_owned())).await;
                         let _ = tokio::time::timeout(limit, handle).await;
                     });
                 }
@@ -356,7 +357,7 @@ impl ControlPlane {
                 let heartbeat = lock(&self.heartbeat).take();
                 if let Some((tx, handle)) = heartbeat {
                     let _ = self.block_on("shutdown", async move {
-                        let _ = tx.send(Control::Leave).await;
+                        let _ = tx.send(HeartbeatControl::Leave).await;
                         let _ = tokio::time::timeout(limit, handle).await;
                     });
                 }

@@ -1,5 +1,5 @@
 //! The gRPC service. Every task serves it on its own address; only the chief's instance has a
-//! [`Coordinator`] behind it, and the others refuse every call with the chief's name, which
+//! [`CoordinationService`] behind it, and the others refuse every call with the chief's name, which
 //! turns a task pointed at the wrong address into a clear error rather than a hang.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::Failure;
 use super::TaskId;
-use super::coordinator::{CheckIn, Coordinator, Cursor, Rendezvous};
+use super::coordinator::{CheckIn, CoordinationService, HeartbeatCursor, Rendezvous};
 use super::wire::{self, pb};
 
 use pb::rendezvous_update::Update;
@@ -19,11 +19,11 @@ pub(crate) struct ClusterService {
     pub(crate) me: TaskId,
     pub(crate) chief: TaskId,
     pub(crate) chief_address: String,
-    pub(crate) coordinator: Option<Arc<Coordinator>>,
+    pub(crate) coordinator: Option<Arc<CoordinationService>>,
 }
 
 impl ClusterService {
-    fn coordinator(&self) -> Result<Arc<Coordinator>, Status> {
+    fn coordinator(&self) -> Result<Arc<CoordinationService>, Status> {
         self.coordinator.clone().ok_or_else(|| {
             Status::failed_precondition(format!(
                 "{} is not the chief; the chief is {} at {}: check the cluster's addresses",
@@ -109,7 +109,7 @@ impl pb::cluster_server::Cluster for ClusterService {
 
 /// Streams who is still missing, then the roster or the failure.
 async fn rendezvous_updates(
-    coordinator: Arc<Coordinator>,
+    coordinator: Arc<CoordinationService>,
     task: TaskId,
     outcome: Result<u64, Failure>,
     tx: &mpsc::Sender<Result<pb::RendezvousUpdate, Status>>,
@@ -156,14 +156,14 @@ async fn rendezvous_updates(
 
 /// Answers each ping, pushes what is new as it happens, and reports the stream's end.
 async fn heartbeats(
-    coordinator: Arc<Coordinator>,
+    coordinator: Arc<CoordinationService>,
     task: TaskId,
     first: pb::Ping,
     mut pings: Streaming<pb::Ping>,
     tx: mpsc::Sender<Result<pb::Pong, Status>>,
 ) {
     let mut changes = coordinator.subscribe();
-    let mut cursor = Cursor::default();
+    let mut cursor = HeartbeatCursor::default();
     let mut ping = Some(first);
     loop {
         if let Some(p) = ping.take() {

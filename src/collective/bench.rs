@@ -8,7 +8,7 @@ use super::group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use super::peer::{
     EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env, peer_main_from_env,
 };
-use super::{Algorithm, Timeouts};
+use super::{Algorithm, CollectiveTimeouts};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -107,7 +107,7 @@ fn run_one(
         world,
         sizes: vec![floats],
         iters: rounds(floats),
-        timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
+        timeouts: CollectiveTimeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
     };
     let outcomes = PeerGroup::spawn_with(launcher, &spec, algorithm)?.finish(Duration::from_secs(300));
     check(&outcomes, &label(algorithm, wire), world)?;
@@ -163,7 +163,7 @@ pub fn run_overlap(
                 world,
                 sizes,
                 iters: steps,
-                timeouts: Timeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
+                timeouts: CollectiveTimeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
             };
             let outcomes = PeerGroup::spawn(&opts.launcher, &spec)?.finish(Duration::from_secs(300));
             check(&outcomes, wire.as_str(), world)?;

@@ -126,9 +126,9 @@ mod tests {
     use super::*;
 
     /// Records the packs it sees and doubles them.
-    struct Recorder<'r>(&'r mut Vec<usize>);
+    struct PackRecorder<'r>(&'r mut Vec<usize>);
 
-    impl PackReduce for Recorder<'_> {
+    impl PackReduce for PackRecorder<'_> {
         fn reduce_pack(&mut self, pack: &mut [f32]) -> Result<(), CollectiveError> {
             self.0.push(pack.len());
             pack.iter_mut().for_each(|x| *x *= 2.0);
@@ -141,7 +141,7 @@ mod tests {
         let mut grads = vec![0.0f32; 10];
         let mut seen = Vec::new();
         let r = BucketReducer::new(3 * 4)
-            .run(Recorder(&mut seen), &mut grads, |p| {
+            .run(PackRecorder(&mut seen), &mut grads, |p| {
                 for layer in [0..4, 4..5, 5..10] {
                     assert!(p.offset() <= layer.start);
                     p.get_mut(layer.clone()).unwrap().iter_mut().for_each(|x| *x = 1.0);
@@ -160,7 +160,7 @@ mod tests {
     fn what_backward_leaves_unreported_is_reduced_at_the_end() {
         let mut grads = vec![1.0f32; 5];
         let mut seen = Vec::new();
-        BucketReducer::new(8).run(Recorder(&mut seen), &mut grads, |_| ()).unwrap();
+        BucketReducer::new(8).run(PackRecorder(&mut seen), &mut grads, |_| ()).unwrap();
         assert_eq!(seen, vec![2, 2, 1]);
         assert!(grads.iter().all(|&x| x == 2.0));
     }

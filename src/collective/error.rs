@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// The collective an error happened in; part of every message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub enum CollectiveOp {
     /// Connecting, handshaking, joining the shared-memory segment.
     Setup,
     /// [`super::Communicator::all_reduce_sum`] or a zero-copy arena all-reduce.
@@ -22,14 +22,14 @@ pub enum Op {
     Barrier,
 }
 
-impl fmt::Display for Op {
+impl fmt::Display for CollectiveOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Op::Setup => "connection setup",
-            Op::AllReduce => "all-reduce",
-            Op::AllReduceF64 => "f64 all-reduce",
-            Op::Broadcast => "broadcast",
-            Op::Barrier => "barrier",
+            CollectiveOp::Setup => "connection setup",
+            CollectiveOp::AllReduce => "all-reduce",
+            CollectiveOp::AllReduceF64 => "f64 all-reduce",
+            CollectiveOp::Broadcast => "broadcast",
+            CollectiveOp::Barrier => "barrier",
         })
     }
 }
@@ -50,12 +50,12 @@ pub(crate) const BROADCAST: u64 = 4;
 pub(crate) const BARRIER: u64 = 5;
 
 impl OpDesc {
-    pub(crate) fn op(&self) -> Op {
+    pub(crate) fn op(&self) -> CollectiveOp {
         match self.kind {
-            ALL_REDUCE | ARENA => Op::AllReduce,
-            F64 => Op::AllReduceF64,
-            BROADCAST => Op::Broadcast,
-            _ => Op::Barrier,
+            ALL_REDUCE | ARENA => CollectiveOp::AllReduce,
+            F64 => CollectiveOp::AllReduceF64,
+            BROADCAST => CollectiveOp::Broadcast,
+            _ => CollectiveOp::Barrier,
         }
     }
 
@@ -99,16 +99,16 @@ impl fmt::Display for Secs {
 pub enum CollectiveError {
     /// A peer stayed silent for the whole operation timeout.
     #[error("{peer} did not answer the {op} within {}", Secs(*after))]
-    Timeout { peer: String, op: Op, after: Duration },
+    Timeout { peer: String, op: CollectiveOp, after: Duration },
     /// A peer's process no longer exists (shared memory checks peers' pids while waiting).
     #[error("{peer} is gone: its process exited (pid {pid})")]
     PeerExited { peer: String, pid: u32 },
     /// A peer closed or reset its connection.
     #[error("connection to {peer} ({addr}) closed during the {op}")]
-    ConnectionClosed { peer: String, addr: SocketAddr, op: Op },
+    ConnectionClosed { peer: String, addr: SocketAddr, op: CollectiveOp },
     /// A peer hit an error of its own and marked the shared segment as abandoned.
     #[error("{peer} gave up the {op} after an error of its own; its log names the cause")]
-    PeerAborted { peer: String, op: Op },
+    PeerAborted { peer: String, op: CollectiveOp },
     /// The ranks disagree about which collective they are in: a trainer bug (different
     /// sizes, a skipped call), caught before any data was mixed.
     #[error("{peer} is out of step: it started {theirs} while this rank started {ours}")]
@@ -129,7 +129,7 @@ pub enum CollectiveError {
     Io {
         peer: String,
         addr: SocketAddr,
-        op: Op,
+        op: CollectiveOp,
         #[source]
         source: io::Error,
     },
@@ -165,14 +165,18 @@ mod tests {
 
     #[test]
     fn messages_name_the_peer() {
-        let e = CollectiveError::Timeout { peer: "worker:1".into(), op: Op::AllReduce, after: Duration::from_secs(30) };
+        let e = CollectiveError::Timeout {
+            peer: "worker:1".into(),
+            op: CollectiveOp::AllReduce,
+            after: Duration::from_secs(30),
+        };
         assert_eq!(e.to_string(), "worker:1 did not answer the all-reduce within 30 s");
         let e = CollectiveError::PeerExited { peer: "worker:1".into(), pid: 1234 };
         assert_eq!(e.to_string(), "worker:1 is gone: its process exited (pid 1234)");
         let e = CollectiveError::ConnectionClosed {
             peer: "worker:1".into(),
             addr: "10.0.0.2:4001".parse().unwrap(),
-            op: Op::AllReduce,
+            op: CollectiveOp::AllReduce,
         };
         assert_eq!(e.to_string(), "connection to worker:1 (10.0.0.2:4001) closed during the all-reduce");
     }

@@ -6,7 +6,7 @@ use super::peer::{
     ENV_ALGORITHM, ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH, ENV_SIZES,
     ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_WIRE, ENV_WORLD, PeerMode, Wire,
 };
-use super::{Algorithm, Timeouts};
+use super::{Algorithm, CollectiveTimeouts};
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -48,7 +48,7 @@ pub struct PeerSpec {
     /// Float counts.
     pub sizes: Vec<usize>,
     pub iters: usize,
-    pub timeouts: Timeouts,
+    pub timeouts: CollectiveTimeouts,
 }
 
 /// How one peer ended.

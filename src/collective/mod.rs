@@ -38,14 +38,14 @@ mod transport;
 
 pub use algorithm::{Algorithm, ArenaReducer, Scheduled, ShmCommunicator};
 pub use bucket::{BucketReducer, Packs};
-pub use error::{CollectiveError, Op};
+pub use error::{CollectiveError, CollectiveOp};
 pub use group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use transport::TransportKind;
 pub use transport::shared_memory::ShmOptions;
 pub use transport::tcp::TcpOptions;
 pub use transport::tls;
+pub(crate) use transport::tls::{LinkStream, secure_link};
 pub use transport::tls::{PemError, PemFile, RingTls, TlsPeers};
-pub(crate) use transport::tls::{Wire, secure_link};
 
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -157,17 +157,17 @@ impl Peers {
 
 /// How long to wait for peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
+pub struct CollectiveTimeouts {
     /// For every rank to show up at construction.
     pub connect: Duration,
     /// For a peer to make progress inside one collective.
     pub op: Duration,
 }
 
-impl Default for Timeouts {
+impl Default for CollectiveTimeouts {
     /// 60 s to connect, 30 s per collective.
-    fn default() -> Timeouts {
-        Timeouts { connect: Duration::from_secs(60), op: Duration::from_secs(30) }
+    fn default() -> CollectiveTimeouts {
+        CollectiveTimeouts { connect: Duration::from_secs(60), op: Duration::from_secs(30) }
     }
 }
 
@@ -206,7 +206,7 @@ impl Collective {
         peers: Peers,
         algorithm: Algorithm,
         transport: Transport,
-        timeouts: Timeouts,
+        timeouts: CollectiveTimeouts,
     ) -> Result<Collective, CollectiveError> {
         let Some(steps) = algorithm.point_to_point() else {
             return match transport {
@@ -237,7 +237,11 @@ impl Collective {
 
     /// Connects the algorithm each transport runs by default: `direct` over shared memory, the
     /// ring over TCP.
-    pub fn connect(peers: Peers, transport: Transport, timeouts: Timeouts) -> Result<Collective, CollectiveError> {
+    pub fn connect(
+        peers: Peers,
+        transport: Transport,
+        timeouts: CollectiveTimeouts,
+    ) -> Result<Collective, CollectiveError> {
         let algorithm = match &transport {
             Transport::SharedMemory(_) => Algorithm::Direct,
             Transport::TcpRing(_) => Algorithm::Ring,

@@ -10,7 +10,8 @@
 
 use super::reduce::sequential_sum;
 use super::{
-    Algorithm, Collective, Communicator, Peers, RingTls, ShmOptions, TcpOptions, Timeouts, TlsPeers, Transport,
+    Algorithm, Collective, CollectiveTimeouts, Communicator, Peers, RingTls, ShmOptions, TcpOptions, TlsPeers,
+    Transport,
 };
 use std::io::{self, BufRead, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -142,7 +143,7 @@ struct PeerEnv {
     shm_path: String,
     sizes: Vec<usize>,
     iters: usize,
-    timeouts: Timeouts,
+    timeouts: CollectiveTimeouts,
     staging_bytes: Option<usize>,
     segment_bytes: Option<usize>,
     socket_buffer_bytes: Option<usize>,
@@ -194,7 +195,7 @@ impl PeerEnv {
             shm_path: get(ENV_SHM_PATH).unwrap_or_default(),
             sizes,
             iters: parse(&get, ENV_ITERS)?,
-            timeouts: Timeouts { connect: ms(ENV_CONNECT_TIMEOUT_MS)?, op: ms(ENV_OP_TIMEOUT_MS)? },
+            timeouts: CollectiveTimeouts { connect: ms(ENV_CONNECT_TIMEOUT_MS)?, op: ms(ENV_OP_TIMEOUT_MS)? },
             staging_bytes: get(ENV_STAGING).map(|_| parse(&get, ENV_STAGING)).transpose()?,
             segment_bytes: get(ENV_SEGMENT).map(|_| parse(&get, ENV_SEGMENT)).transpose()?,
             socket_buffer_bytes: get(ENV_SOCKET_BUFFER).map(|_| parse(&get, ENV_SOCKET_BUFFER)).transpose()?,
@@ -234,13 +235,13 @@ pub(crate) fn say(line: &str) {
     let _ = out.flush();
 }
 
-type Failure = (u8, String);
+type PeerFailure = (u8, String);
 
-fn collective(e: super::CollectiveError) -> Failure {
+fn collective(e: super::CollectiveError) -> PeerFailure {
     (EXIT_COLLECTIVE, e.to_string())
 }
 
-fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, Failure> {
+fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure> {
     let names = (0..env.world).map(|r| format!("worker:{r}")).collect();
     let peers = Peers::new(env.rank, names).map_err(|e| (EXIT_USAGE, e.to_string()))?;
     let transport = match env.wire {
@@ -299,7 +300,7 @@ pub(crate) fn seeded(rank: usize, len: usize) -> Vec<f32> {
 }
 
 /// All-reduces `data` through whichever path the wire names.
-fn reduce(c: &mut Collective, wire: Wire, data: &mut [f32]) -> Result<(), Failure> {
+fn reduce(c: &mut Collective, wire: Wire, data: &mut [f32]) -> Result<(), PeerFailure> {
     match (wire, c) {
         (Wire::ShmArena, Collective::SharedMemory(s)) => {
             s.arena_mut()[..data.len()].copy_from_slice(data);
@@ -311,7 +312,7 @@ fn reduce(c: &mut Collective, wire: Wire, data: &mut [f32]) -> Result<(), Failur
     }
 }
 
-fn run(env: &PeerEnv) -> Result<(), Failure> {
+fn run(env: &PeerEnv) -> Result<(), PeerFailure> {
     let biggest = env.sizes.iter().copied().max().unwrap_or(0);
     let mut c = connect(env, biggest)?;
     match env.mode {
@@ -330,7 +331,7 @@ fn run(env: &PeerEnv) -> Result<(), Failure> {
     }
 }
 
-fn soak(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+fn soak(env: &PeerEnv, c: &mut Collective) -> Result<(), PeerFailure> {
     let mut data = seeded(env.rank, env.sizes.first().copied().unwrap_or(1));
     for i in 0..env.iters {
         data.fill(1.0);
@@ -342,7 +343,7 @@ fn soak(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
     Ok(())
 }
 
-fn verify(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+fn verify(env: &PeerEnv, c: &mut Collective) -> Result<(), PeerFailure> {
     let exact = env.algorithm.sums_in_rank_order(env.world);
     for &len in &env.sizes {
         let mut data = seeded(env.rank, len);
@@ -370,7 +371,7 @@ fn verify(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
     Ok(())
 }
 
-fn bench(env: &PeerEnv, c: &mut Collective) -> Result<(), Failure> {
+fn bench(env: &PeerEnv, c: &mut Collective) -> Result<(), PeerFailure> {
     let world = env.world;
     for &len in &env.sizes {
         let mut data = vec![1.0f32; len];

@@ -39,7 +39,7 @@ const PAIR: usize = 128;
 const POLL: Duration = Duration::from_millis(5);
 
 #[repr(C)]
-struct Header {
+struct SegmentHeader {
     magic: AtomicU64,
     version: AtomicU64,
     world: AtomicU64,
@@ -84,15 +84,15 @@ pub(crate) struct PairCounters {
 
 /// Byte layout for a world and region sizes; `None` when it overflows.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Layout {
+struct SegmentLayout {
     pairs_off: usize,
     data_off: usize,
     stride: usize,
     total: usize,
 }
 
-impl Layout {
-    fn new(world: usize, staging: usize, arena: usize) -> Option<Layout> {
+impl SegmentLayout {
+    fn new(world: usize, staging: usize, arena: usize) -> Option<SegmentLayout> {
         let pairs_off = CELLS_OFF.checked_add(CELL.checked_mul(world)?)?;
         let data_off = pairs_off.checked_add(PAIR.checked_mul(world.checked_mul(world)?)?)?.next_multiple_of(4096);
         let region = staging.checked_add(arena)?.checked_mul(4)?.next_multiple_of(4096);
@@ -100,7 +100,7 @@ impl Layout {
         // address bits, so loads from one slot never falsely wait on stores to another.
         let stride = region.checked_add(5 * 64)?;
         let total = data_off.checked_add(stride.checked_mul(world)?)?;
-        Some(Layout { pairs_off, data_off, stride, total })
+        Some(SegmentLayout { pairs_off, data_off, stride, total })
     }
 }
 
@@ -112,7 +112,7 @@ pub(crate) struct Segment {
     world: usize,
     staging: usize,
     arena: usize,
-    layout: Layout,
+    layout: SegmentLayout,
     file: FileGuard,
 }
 
@@ -149,7 +149,7 @@ impl Segment {
         job_token: u64,
         connect: Duration,
     ) -> Result<Segment, CollectiveError> {
-        let layout = Layout::new(peers.world(), staging, arena).ok_or_else(|| {
+        let layout = SegmentLayout::new(peers.world(), staging, arena).ok_or_else(|| {
             CollectiveError::Invalid(format!(
                 "a shared-memory segment for {} ranks of {staging} + {arena} floats does not fit in memory",
                 peers.world()
@@ -173,10 +173,10 @@ impl Segment {
         self.arena
     }
 
-    fn header(&self) -> &Header {
+    fn header(&self) -> &SegmentHeader {
         // SAFETY: the mapping is page-aligned and at least `layout.total` >= 4096 bytes long;
         // any bit pattern is a valid atomic, and atomics may be shared across processes.
-        unsafe { &*(self.map.as_ptr() as *const Header) }
+        unsafe { &*(self.map.as_ptr() as *const SegmentHeader) }
     }
 
     pub(crate) fn cell(&self, rank: usize) -> &Cell {
@@ -321,7 +321,7 @@ struct Wanted<'a> {
     staging: usize,
     arena: usize,
     job_token: u64,
-    layout: Layout,
+    layout: SegmentLayout,
 }
 
 fn create(w: &Wanted<'_>, deadline: Instant) -> Result<Segment, CollectiveError> {
@@ -499,13 +499,13 @@ mod tests {
 
     #[test]
     fn layout_keeps_slots_aligned_and_apart() {
-        let l = Layout::new(4, 1000, 0).unwrap();
+        let l = SegmentLayout::new(4, 1000, 0).unwrap();
         assert_eq!(l.data_off % 4096, 0);
         assert!(l.pairs_off + 16 * PAIR <= l.data_off);
         assert_eq!(l.stride % 64, 0);
         assert_ne!(l.stride % 4096, 0);
         assert!(l.stride >= 4000);
         assert_eq!(l.total, l.data_off + 4 * l.stride);
-        assert!(Layout::new(usize::MAX / 2, 10, 0).is_none());
+        assert!(SegmentLayout::new(usize::MAX / 2, 10, 0).is_none());
     }
 }

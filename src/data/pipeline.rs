@@ -118,7 +118,7 @@ impl Batch {
 
 /// The pure arithmetic of the batch sequence.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Schedule {
+pub(super) struct BatchSchedule {
     examples: usize,
     pub(super) seed: u64,
     pub(super) shuffle: Shuffle,
@@ -126,7 +126,7 @@ pub(super) struct Schedule {
     drop_remainder: bool,
 }
 
-impl Schedule {
+impl BatchSchedule {
     fn new(examples: usize, options: &PipelineOptions) -> Self {
         Self {
             examples,
@@ -242,7 +242,7 @@ pub struct Pipeline {
     batches: Option<Receiver<Result<Batch, DataError>>>,
     recycled: Sender<Batch>,
     worker: Option<JoinHandle<()>>,
-    schedule: Schedule,
+    schedule: BatchSchedule,
     cursor: Cursor,
 }
 
@@ -270,7 +270,7 @@ impl Pipeline {
         if start.offset > examples {
             return Err(DataError::BadCursor { offset: start.offset, examples });
         }
-        let schedule = Schedule::new(examples, options);
+        let schedule = BatchSchedule::new(examples, options);
         let cursor = schedule.normalize(start);
         let (send, batches) = mpsc::sync_channel(options.prefetch);
         let (recycle, recycled) = mpsc::channel();
@@ -326,7 +326,7 @@ impl Drop for Pipeline {
 
 fn produce(
     split: &Split,
-    schedule: Schedule,
+    schedule: BatchSchedule,
     shard: Shard,
     mut cursor: Cursor,
     send: &SyncSender<Result<Batch, DataError>>,

@@ -119,7 +119,7 @@ fn shuffle_buffer_matches_the_reference() {
     for (n, b) in [(1, 1), (10, 1), (10, 3), (50, 7), (50, 50), (50, 80), (1000, 64)] {
         for epoch in 0..3 {
             let opts = options(5, buf(b), 1, false);
-            let ours = Schedule::new(n, &opts).epoch_order(epoch);
+            let ours = BatchSchedule::new(n, &opts).epoch_order(epoch);
             let mut rng = ChaCha8Rng::seed_from_u64(5 ^ SHUFFLE_DOMAIN);
             rng.set_stream(epoch);
             let mut input = 0..n;
@@ -132,14 +132,14 @@ fn shuffle_buffer_matches_the_reference() {
             }
         }
     }
-    let identity = Schedule::new(20, &options(5, buf(1), 1, false)).epoch_order(3);
+    let identity = BatchSchedule::new(20, &options(5, buf(1), 1, false)).epoch_order(3);
     assert_eq!(identity, (0..20).collect::<Vec<_>>());
 }
 
 #[test]
 fn full_shuffle_is_roughly_uniform() {
     // Where example 0 lands over many epochs: each of 8 positions about 1/8 of the time.
-    let schedule = Schedule::new(8, &options(3, Shuffle::Full, 1, false));
+    let schedule = BatchSchedule::new(8, &options(3, Shuffle::Full, 1, false));
     let mut counts = [0u32; 8];
     for epoch in 0..8000 {
         let order = schedule.epoch_order(epoch);

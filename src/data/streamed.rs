@@ -15,7 +15,7 @@
 
 use super::error::DataError;
 use super::examples::Split;
-use super::pipeline::{Batch, Cursor, PipelineOptions, Schedule, Shuffle};
+use super::pipeline::{Batch, BatchSchedule, Cursor, PipelineOptions, Shuffle};
 use super::shard::Shard;
 use super::source::tfrecord::{Encoded, Order, RecordReader, RecordSplit};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -108,16 +108,16 @@ impl Streamed {
 }
 
 /// The stream of the epoch being read.
-struct Pass {
+struct EpochStream {
     epoch: u64,
     reader: RecordReader,
     /// Outputs of the stream consumed (taken or skipped).
     read: usize,
-    /// The batch's examples taken so far, decoded together by [`Pass::decode`].
+    /// The batch's examples taken so far, decoded together by [`EpochStream::decode`].
     pending: Vec<Encoded>,
 }
 
-impl Pass {
+impl EpochStream {
     /// Moves the stream to output `to`.
     fn seek(&mut self, to: usize, records: &RecordSplit) -> Result<(), DataError> {
         let k = to.saturating_sub(self.read);
@@ -142,7 +142,7 @@ impl Pass {
     }
 }
 
-fn order(schedule: &Schedule, epoch: u64) -> Order {
+fn order(schedule: &BatchSchedule, epoch: u64) -> Order {
     match schedule.shuffle {
         Shuffle::Buffer(buffer_size) => Order::Shuffled { buffer_size, seed: schedule.seed, epoch },
         // `Full` is refused by `Streamed::new`.
@@ -157,10 +157,10 @@ fn fill(
     positions: &mut Vec<usize>,
     records: &RecordSplit,
     how: &Streamed,
-    schedule: &Schedule,
+    schedule: &BatchSchedule,
     shard: Shard,
     cursor: Cursor,
-    pass: &mut Option<Pass>,
+    pass: &mut Option<EpochStream>,
 ) -> Result<(), DataError> {
     batch.x.clear();
     batch.y.clear();
@@ -168,7 +168,7 @@ fn fill(
     positions.clear();
     let pass = match pass {
         Some(p) if p.epoch == cursor.epoch => p,
-        _ => pass.insert(Pass {
+        _ => pass.insert(EpochStream {
             epoch: cursor.epoch,
             reader: records.open(&how.files, order(schedule, cursor.epoch)),
             read: 0,
@@ -207,7 +207,7 @@ fn fill(
 pub(super) fn produce(
     split: &Split,
     how: &Streamed,
-    schedule: Schedule,
+    schedule: BatchSchedule,
     shard: Shard,
     mut cursor: Cursor,
     send: &SyncSender<Result<Batch, DataError>>,

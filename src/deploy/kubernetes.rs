@@ -10,14 +10,14 @@
 //! Because every task of a job stops when one dies, one restart costs a failure per task:
 //! `backoffLimit` is `cluster.max_restarts` × tasks.
 
-use super::{BINARY, Job, ManifestError, RUNS_DIR, SPEC_DIR, TLS_DIR, cpu, yaml};
+use super::{BINARY, DeployJob, ManifestError, RUNS_DIR, SPEC_DIR, TLS_DIR, cpu, yaml};
 use crate::spec::VolumeSpec;
 use serde_json::{Value, json};
 
 /// The container's name; `podFailurePolicy` rules name it.
 const CONTAINER: &str = "trainrun";
 
-pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
+pub(super) fn render(job: &DeployJob) -> Result<String, ManifestError> {
     let mut docs = shared_objects(job);
     docs.push(service(job));
     docs.push(indexed_job(job));
@@ -25,7 +25,7 @@ pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
 }
 
 /// The Secret, claim and ConfigMap both Kubernetes targets need.
-pub(super) fn shared_objects(job: &Job) -> Vec<Value> {
+pub(super) fn shared_objects(job: &DeployJob) -> Vec<Value> {
     let mut docs = Vec::new();
     if job.deploy.token_secret.is_none() {
         docs.push(json!({
@@ -60,11 +60,11 @@ pub(super) fn shared_objects(job: &Job) -> Vec<Value> {
     docs
 }
 
-fn labels(job: &Job) -> Value {
+fn labels(job: &DeployJob) -> Value {
     json!({ "app.kubernetes.io/name": "trainrun", "app.kubernetes.io/instance": job.name })
 }
 
-pub(super) fn metadata(job: &Job, name: &str) -> Value {
+pub(super) fn metadata(job: &DeployJob, name: &str) -> Value {
     let mut m = json!({ "name": name, "labels": labels(job) });
     if let Some(ns) = &job.namespace {
         m["namespace"] = json!(ns);
@@ -73,7 +73,7 @@ pub(super) fn metadata(job: &Job, name: &str) -> Value {
 }
 
 /// The task container: `name` and the port's name are the operator's when it has rules.
-pub(super) fn container(job: &Job, name: &str, port_name: &str, extra_env: Vec<Value>) -> Value {
+pub(super) fn container(job: &DeployJob, name: &str, port_name: &str, extra_env: Vec<Value>) -> Value {
     let secret = job.deploy.token_secret.clone().unwrap_or_else(|| format!("{}-token", job.name));
     let mut env = vec![
         json!({ "name": "TRAINRUN_JOB_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": "token" } } }),
@@ -110,7 +110,7 @@ pub(super) fn container(job: &Job, name: &str, port_name: &str, extra_env: Vec<V
     c
 }
 
-pub(super) fn volumes(job: &Job) -> Value {
+pub(super) fn volumes(job: &DeployJob) -> Value {
     let claim = match &job.deploy.volume {
         VolumeSpec::Claim { name } => name.clone(),
         VolumeSpec::New { .. } => format!("{}-runs", job.name),
@@ -127,7 +127,7 @@ pub(super) fn volumes(job: &Job) -> Value {
 }
 
 /// The pod spec every task shares.
-pub(super) fn pod_spec(job: &Job, container: Value) -> Value {
+pub(super) fn pod_spec(job: &DeployJob, container: Value) -> Value {
     let mut spec = json!({
         "terminationGracePeriodSeconds": job.grace_s,
         "containers": [container],
@@ -139,7 +139,7 @@ pub(super) fn pod_spec(job: &Job, container: Value) -> Value {
     spec
 }
 
-fn service(job: &Job) -> Value {
+fn service(job: &DeployJob) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Service",
@@ -154,7 +154,7 @@ fn service(job: &Job) -> Value {
     })
 }
 
-fn indexed_job(job: &Job) -> Value {
+fn indexed_job(job: &DeployJob) -> Value {
     let tasks = job.tasks.len();
     let env = vec![json!({ "name": crate::cluster::kubernetes::SERVICE_VAR, "value": job.name })];
     let mut pod = pod_spec(job, container(job, CONTAINER, "control", env));

@@ -48,7 +48,7 @@ pub(crate) const RUNS_DIR: &str = "/runs";
 pub(crate) const BINARY: &str = "/trainrun";
 
 /// What every target needs, derived once from the spec.
-pub(crate) struct Job {
+pub(crate) struct DeployJob {
     /// DNS-1123 name of the job, from `run.name`.
     pub name: String,
     /// The spec the tasks run.
@@ -101,7 +101,7 @@ fn tls_in(dir: &str) -> TlsSpec {
     }
 }
 
-fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestError> {
+fn job(spec: &Spec, target: Target, options: &Options) -> Result<DeployJob, ManifestError> {
     let multi = matches!(
         spec.strategy,
         spec::StrategySpec::MultiWorkerMirrored { .. } | spec::StrategySpec::ParameterServer { .. }
@@ -147,7 +147,7 @@ fn job(spec: &Spec, target: Target, options: &Options) -> Result<Job, ManifestEr
     }
     let image = (options.image.clone().or_else(|| deploy.image.clone()))
         .unwrap_or_else(|| format!("trainrun:{}", env!("CARGO_PKG_VERSION")));
-    Ok(Job {
+    Ok(DeployJob {
         name,
         spec: resolved,
         spec_toml,
@@ -213,7 +213,7 @@ pub(crate) fn yaml(documents: &[serde_json::Value]) -> Result<String, ManifestEr
 }
 
 /// CPU each task requests: `deploy.cpu`, else `run.threads`.
-pub(crate) fn cpu(job: &Job) -> Option<String> {
+pub(crate) fn cpu(job: &DeployJob) -> Option<String> {
     job.deploy.cpu.clone().or_else(|| job.spec.run.threads.map(|t| t.to_string()))
 }
 

@@ -8,7 +8,7 @@
 //! text (checked, not hoped for), and every `#SBATCH` value is refused unless it is one plain
 //! word (a newline there would start a command line).
 
-use super::{Job, ManifestError, cpu};
+use super::{DeployJob, ManifestError, cpu};
 use crate::cluster::Role;
 
 /// `"500m"` → 1, `"2"` → 2: Slurm counts whole CPUs.
@@ -66,7 +66,7 @@ fn directive(key: &str, option: &str, value: &str) -> Result<String, ManifestErr
     )))
 }
 
-pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
+pub(super) fn render(job: &DeployJob) -> Result<String, ManifestError> {
     if let Some(other) = job.tasks.iter().find(|t| t.role != Role::Worker) {
         return Err(ManifestError::Spec(format!(
             "the spec's [cluster] has a {} task, but under Slurm every task is a worker: use worker = N only",

@@ -10,7 +10,7 @@
 //! after the chief is done.
 
 use super::kubernetes::{container, metadata, pod_spec, shared_objects};
-use super::{Job, ManifestError, yaml};
+use super::{DeployJob, ManifestError, yaml};
 use crate::cluster::Role;
 use serde_json::{Map, Value, json};
 
@@ -23,7 +23,7 @@ fn replica_type(role: Role) -> &'static str {
     }
 }
 
-pub(super) fn render(job: &Job) -> Result<String, ManifestError> {
+pub(super) fn render(job: &DeployJob) -> Result<String, ManifestError> {
     let mut docs = shared_objects(job);
     let mut replicas = Map::new();
     for role in [Role::Chief, Role::Worker, Role::Ps, Role::Evaluator] {

@@ -10,7 +10,7 @@
 
 use super::activation::sigmoid;
 use crate::metrics::{self, Label, Sums};
-use crate::vocab::Loss;
+use crate::vocab::LossKind;
 
 /// Keras's `backend.epsilon()`: probabilities are clipped to `[EPS, 1 - EPS]`.
 const EPS: f32 = 1e-7;
@@ -19,7 +19,7 @@ const EPS: f32 = 1e-7;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LossFn {
     /// The function.
-    pub kind: Loss,
+    pub kind: LossKind,
     /// Outputs are logits (else probabilities).
     pub from_logits: bool,
 }
@@ -48,23 +48,23 @@ impl Truth<'_> {
 
 /// One row's truth.
 #[derive(Debug, Clone, Copy)]
-enum Target<'a> {
+enum RowTruth<'a> {
     Class(usize),
     Values(&'a [f32]),
 }
 
-impl Target<'_> {
+impl RowTruth<'_> {
     /// The target value of output `j` (one-hot for a class).
     fn at(&self, j: usize) -> f32 {
         match self {
-            Target::Class(label) => {
+            RowTruth::Class(label) => {
                 if j == *label {
                     1.0
                 } else {
                     0.0
                 }
             }
-            Target::Values(values) => values[j],
+            RowTruth::Values(values) => values[j],
         }
     }
 }
@@ -88,12 +88,12 @@ impl LossFn {
                 Truth::Classes(labels) => {
                     let label = labels[i] as usize;
                     metrics::observe(row, Label::Class(label), &mut sums);
-                    Target::Class(label)
+                    RowTruth::Class(label)
                 }
                 Truth::Targets(values) => {
                     let t = &values[i * width..(i + 1) * width];
                     metrics::observe(row, Label::Targets(t), &mut sums);
-                    Target::Values(t)
+                    RowTruth::Values(t)
                 }
             };
             let g = grad.as_deref_mut().map(|g| &mut g[i * width..(i + 1) * width]);
@@ -103,17 +103,17 @@ impl LossFn {
     }
 
     /// One row's loss; writes its scaled gradient into `g` when given.
-    fn example(&self, row: &[f32], target: Target<'_>, scale: f32, g: Option<&mut [f32]>) -> f32 {
+    fn example(&self, row: &[f32], target: RowTruth<'_>, scale: f32, g: Option<&mut [f32]>) -> f32 {
         let width = row.len() as f32;
         match (self.kind, self.from_logits) {
             // Categorical cross-entropy against a one-hot label is the sparse one; against float
             // targets both are `-Σ t·log softmax`.
-            (Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy, true) => {
+            (LossKind::SparseCategoricalCrossentropy | LossKind::CategoricalCrossentropy, true) => {
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
                 let total = match target {
-                    Target::Class(_) => 1.0,
-                    Target::Values(t) => t.iter().sum(),
+                    RowTruth::Class(_) => 1.0,
+                    RowTruth::Values(t) => t.iter().sum(),
                 };
                 if let Some(g) = g {
                     for (j, (g, v)) in g.iter_mut().zip(row).enumerate() {
@@ -121,14 +121,14 @@ impl LossFn {
                     }
                 }
                 match target {
-                    Target::Class(label) => sum.ln() + max - row[label],
-                    Target::Values(t) => t.iter().zip(row).map(|(t, v)| t * (sum.ln() + max - v)).sum(),
+                    RowTruth::Class(label) => sum.ln() + max - row[label],
+                    RowTruth::Values(t) => t.iter().zip(row).map(|(t, v)| t * (sum.ln() + max - v)).sum(),
                 }
             }
-            (Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy, false) => {
+            (LossKind::SparseCategoricalCrossentropy | LossKind::CategoricalCrossentropy, false) => {
                 probability_crossentropy(row, target, scale, g)
             }
-            (Loss::BinaryCrossentropy, true) => {
+            (LossKind::BinaryCrossentropy, true) => {
                 let mut loss = 0.0;
                 for (j, &z) in row.iter().enumerate() {
                     loss += z.max(0.0) - z * target.at(j) + (-z.abs()).exp().ln_1p();
@@ -140,7 +140,7 @@ impl LossFn {
                 }
                 loss / width
             }
-            (Loss::BinaryCrossentropy, false) => {
+            (LossKind::BinaryCrossentropy, false) => {
                 let mut loss = 0.0;
                 for (j, &p) in row.iter().enumerate() {
                     let q = p.clamp(EPS, 1.0 - EPS);
@@ -155,7 +155,7 @@ impl LossFn {
                 }
                 loss / width
             }
-            (Loss::MeanSquaredError, _) => {
+            (LossKind::MeanSquaredError, _) => {
                 if let Some(g) = g {
                     for (j, (g, &o)) in g.iter_mut().zip(row).enumerate() {
                         *g = scale * 2.0 * (o - target.at(j)) / width;
@@ -163,7 +163,7 @@ impl LossFn {
                 }
                 row.iter().enumerate().map(|(j, o)| (o - target.at(j)).powi(2)).sum::<f32>() / width
             }
-            (Loss::MeanAbsoluteError, _) => {
+            (LossKind::MeanAbsoluteError, _) => {
                 if let Some(g) = g {
                     for (j, (g, &o)) in g.iter_mut().zip(row).enumerate() {
                         // The subgradient 0 at equality, as TensorFlow's `sign`.
@@ -173,7 +173,7 @@ impl LossFn {
                 }
                 row.iter().enumerate().map(|(j, o)| (o - target.at(j)).abs()).sum::<f32>() / width
             }
-            (Loss::Huber, _) => {
+            (LossKind::Huber, _) => {
                 if let Some(g) = g {
                     for (j, (g, &o)) in g.iter_mut().zip(row).enumerate() {
                         *g = scale * (o - target.at(j)).clamp(-HUBER_DELTA, HUBER_DELTA) / width;
@@ -190,10 +190,10 @@ impl LossFn {
 }
 
 /// Cross-entropy of probabilities (not logits), as Keras: renormalized, then clipped.
-fn probability_crossentropy(row: &[f32], target: Target<'_>, scale: f32, g: Option<&mut [f32]>) -> f32 {
+fn probability_crossentropy(row: &[f32], target: RowTruth<'_>, scale: f32, g: Option<&mut [f32]>) -> f32 {
     let sum: f32 = row.iter().sum::<f32>().max(f32::MIN_POSITIVE);
     match target {
-        Target::Class(label) => {
+        RowTruth::Class(label) => {
             let p = row[label] / sum;
             let clipped = p.clamp(EPS, 1.0 - EPS);
             if let Some(g) = g {
@@ -206,7 +206,7 @@ fn probability_crossentropy(row: &[f32], target: Target<'_>, scale: f32, g: Opti
             }
             -clipped.ln()
         }
-        Target::Values(t) => {
+        RowTruth::Values(t) => {
             // -Σ t_k ln(x_k / s); a term whose probability is clipped has no gradient.
             let inside = |k: usize| {
                 let p = row[k] / sum;
@@ -229,13 +229,13 @@ mod tests {
     use super::*;
     use crate::engine::gradcheck::assert_close;
 
-    const ALL: [Loss; 6] = [
-        Loss::SparseCategoricalCrossentropy,
-        Loss::CategoricalCrossentropy,
-        Loss::BinaryCrossentropy,
-        Loss::MeanSquaredError,
-        Loss::MeanAbsoluteError,
-        Loss::Huber,
+    const ALL: [LossKind; 6] = [
+        LossKind::SparseCategoricalCrossentropy,
+        LossKind::CategoricalCrossentropy,
+        LossKind::BinaryCrossentropy,
+        LossKind::MeanSquaredError,
+        LossKind::MeanAbsoluteError,
+        LossKind::Huber,
     ];
 
     /// Checks `f`'s gradient at `out` against central differences of step `h`.
@@ -271,14 +271,14 @@ mod tests {
 
     #[test]
     fn sparse_crossentropy_of_uniform_logits_is_ln_classes() {
-        let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+        let f = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
         let s = f.evaluate(&[0.0; 10], Truth::Classes(&[3]), 10, 1.0, None);
         assert!((s.loss() - 10f64.ln()).abs() < 1e-6);
     }
 
     #[test]
     fn accuracy_counts_argmax_hits() {
-        let f = LossFn { kind: Loss::MeanSquaredError, from_logits: false };
+        let f = LossFn { kind: LossKind::MeanSquaredError, from_logits: false };
         let s = f.evaluate(&[0.1, 0.9, 0.8, 0.2], Truth::Classes(&[1, 1]), 2, 1.0, None);
         assert_eq!((s.get(metrics::accuracy::CORRECT), s.examples()), (1.0, 2));
         assert_eq!(s.accuracy(), 0.5);
@@ -323,17 +323,17 @@ mod tests {
         let t = [0.0f32, 0.5];
         let value =
             |kind| LossFn { kind, from_logits: false }.evaluate(&out, Truth::Targets(&t), 2, 1.0, None).loss_sum();
-        assert!((value(Loss::MeanSquaredError) - (1.0 + 6.25) / 2.0).abs() < 1e-6);
-        assert!((value(Loss::MeanAbsoluteError) - (1.0 + 2.5) / 2.0).abs() < 1e-6);
+        assert!((value(LossKind::MeanSquaredError) - (1.0 + 6.25) / 2.0).abs() < 1e-6);
+        assert!((value(LossKind::MeanAbsoluteError) - (1.0 + 2.5) / 2.0).abs() < 1e-6);
         // Huber: 0.5·1² below delta, 1·(2.5 - 0.5) above.
-        assert!((value(Loss::Huber) - (0.5 + 2.0) / 2.0).abs() < 1e-6);
+        assert!((value(LossKind::Huber) - (0.5 + 2.0) / 2.0).abs() < 1e-6);
     }
 
     /// Per-position labels are rows like any other: a batch of 2 sequences of 3 positions is 6
     /// rows, and the mean is over positions.
     #[test]
     fn sequence_labels_are_one_row_per_position() {
-        let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+        let f = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
         let s = f.evaluate(&[0.0; 6 * 5], Truth::Classes(&[0, 1, 2, 3, 4, 0]), 5, 1.0, None);
         assert_eq!(s.examples(), 6);
         assert!((s.loss() - 5f64.ln()).abs() < 1e-6);

@@ -89,7 +89,7 @@ pub fn update_kernel(
             let w = &mut w[local.start * units..local.end * units];
             let len = rows.len() * units;
             for ((sum, dx), &(x, dz, n, mask)) in sums.chunks_mut(block_len).zip(&mut dxs).zip(&replicas) {
-                let block = Block { x, dz, n, inputs, units, rows: rows.clone(), local: local.clone(), mask };
+                let block = RowBlock { x, dz, n, inputs, units, rows: rows.clone(), local: local.clone(), mask };
                 let sparse = block.dx(&mut columns, dx.as_mut(), w);
                 block.product(&columns, sparse, &mut sum[..len], None, 1.0);
             }
@@ -112,7 +112,7 @@ pub fn runs(inputs: usize, parts: usize) -> Vec<Range<usize>> {
 /// gradient `dz` (`n × units`), the block's kernel `rows` (`local` within the thread's run),
 /// and whether `x` is a ReLU's output whose derivative `dx` goes through here.
 #[derive(Debug)]
-pub struct Block<'a> {
+pub struct RowBlock<'a> {
     pub x: &'a [f32],
     pub dz: &'a [f32],
     pub n: usize,
@@ -123,11 +123,11 @@ pub struct Block<'a> {
     pub mask: bool,
 }
 
-impl Block<'_> {
+impl RowBlock<'_> {
     /// Writes the block's columns of `dx`, if any, with the block's kernel rows `w`, and
     /// returns whether the block walks the nonzeros of its columns of `x`
     /// ([`sparse::backward_pays`]; only where ReLU's derivative or no `dx` lets the zeros go),
-    /// which `columns` then holds for [`Block::product`]. Otherwise gemm, and the mask after.
+    /// which `columns` then holds for [`RowBlock::product`]. Otherwise gemm, and the mask after.
     pub fn dx(&self, columns: &mut Columns, dx: Option<&mut ColumnBlock<'_>>, w: &[f32]) -> bool {
         let (x, dz, n, inputs, units, rows) = (self.x, self.dz, self.n, self.inputs, self.units, &self.rows);
         let mut dx = dx;
@@ -152,7 +152,7 @@ impl Block<'_> {
     }
 
     /// `target = keep·target + scale·g` with the block's `g = xᵀ · dz`, over the nonzeros
-    /// `columns` holds when [`Block::dx`] chose the walk (`sparse`), else with gemm.
+    /// `columns` holds when [`RowBlock::dx`] chose the walk (`sparse`), else with gemm.
     pub fn product(&self, columns: &Columns, sparse: bool, target: &mut [f32], keep: Option<f32>, scale: f32) {
         let (n, units) = (self.n, self.units);
         if sparse {

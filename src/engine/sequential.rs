@@ -61,12 +61,12 @@ pub struct LayerView<'a> {
 
 /// Where a layer reads or writes its activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Buf {
+enum Activations {
     Input,
     Own(usize),
 }
 
-struct Slot {
+struct LayerSlot {
     name: String,
     /// The tensors this layer owns, in the arena.
     params: Range<usize>,
@@ -78,12 +78,16 @@ struct Slot {
     /// A later layer ties to the same tensor as this one: its gradient is there first.
     adds: bool,
     state: Range<usize>,
-    input: Buf,
-    output: Buf,
+    input: Activations,
+    output: Activations,
 }
 
 /// Points each tied layer's view at the tensor it borrows and records the loan on the owner.
-fn resolve_ties(layers: &[Box<dyn Layer>], slots: &mut [Slot], tensors: &[TensorInfo]) -> Result<(), SequentialError> {
+fn resolve_ties(
+    layers: &[Box<dyn Layer>],
+    slots: &mut [LayerSlot],
+    tensors: &[TensorInfo],
+) -> Result<(), SequentialError> {
     for i in 0..layers.len() {
         let Some(tie) = layers[i].tie() else { continue };
         let layer = slots[i].name.clone();
@@ -129,7 +133,7 @@ fn resolve_ties(layers: &[Box<dyn Layer>], slots: &mut [Slot], tensors: &[Tensor
 pub struct Sequential {
     input: Shape,
     layers: Vec<Box<dyn Layer>>,
-    slots: Vec<Slot>,
+    slots: Vec<LayerSlot>,
     tensors: Vec<TensorInfo>,
     state_tensors: Vec<TensorInfo>,
     param_len: usize,
@@ -174,7 +178,7 @@ impl Sequential {
     /// Lays out `layers` (built for inputs of `input`) over one arena, resolving weight ties.
     pub fn try_new(input: Shape, layers: Vec<Box<dyn Layer>>) -> Result<Self, SequentialError> {
         let mut counts = std::collections::HashMap::<&str, usize>::new();
-        let mut slots: Vec<Slot> = Vec::with_capacity(layers.len());
+        let mut slots: Vec<LayerSlot> = Vec::with_capacity(layers.len());
         let mut acts = 0;
         for layer in &layers {
             let seen = counts.entry(layer.kind()).or_insert(0);
@@ -183,14 +187,14 @@ impl Sequential {
                 k => format!("{}_{k}", layer.kind()),
             };
             *seen += 1;
-            let input = slots.last().map_or(Buf::Input, |s| s.output);
+            let input = slots.last().map_or(Activations::Input, |s| s.output);
             let output = if layer.is_view() {
                 input
             } else {
                 acts += 1;
-                Buf::Own(acts - 1)
+                Activations::Own(acts - 1)
             };
-            slots.push(Slot {
+            slots.push(LayerSlot {
                 name,
                 params: 0..0,
                 view: 0..0,
@@ -348,14 +352,14 @@ impl Sequential {
         assert_eq!(x.len(), n * self.input.numel(), "input batch does not match the model's input shape");
         for (layer, slot) in self.layers.iter_mut().zip(&self.slots) {
             // Views alias their input buffer: nothing to compute.
-            let (Buf::Own(out), false) = (slot.output, layer.is_view()) else {
+            let (Activations::Own(out), false) = (slot.output, layer.is_view()) else {
                 continue;
             };
             let mut y = std::mem::take(&mut self.acts[out]);
             y.resize(n * layer.output_shape().numel(), 0.0);
             let x = match slot.input {
-                Buf::Input => x,
-                Buf::Own(i) => &self.acts[i],
+                Activations::Input => x,
+                Activations::Own(i) => &self.acts[i],
             };
             layer.forward(Forward { pass, x, n }, &params[slot.view.clone()], &mut state[slot.state.clone()], &mut y);
             self.acts[out] = y;
@@ -365,9 +369,9 @@ impl Sequential {
 
     fn output(&self, n: usize) -> &[f32] {
         let len = n * self.output_shape().numel();
-        match self.slots.last().map_or(Buf::Input, |s| s.output) {
-            Buf::Own(i) => &self.acts[i][..len],
-            Buf::Input => &[],
+        match self.slots.last().map_or(Activations::Input, |s| s.output) {
+            Activations::Own(i) => &self.acts[i][..len],
+            Activations::Input => &[],
         }
     }
 
@@ -377,9 +381,9 @@ impl Sequential {
         if self.grad_bufs[0].len() < len {
             self.grad_bufs[0].resize(len, 0.0);
         }
-        let out = match self.slots.last().map_or(Buf::Input, |s| s.output) {
-            Buf::Own(i) => &self.acts[i][..len],
-            Buf::Input => &[],
+        let out = match self.slots.last().map_or(Activations::Input, |s| s.output) {
+            Activations::Own(i) => &self.acts[i][..len],
+            Activations::Input => &[],
         };
         (out, &mut self.grad_bufs[0][..len])
     }
@@ -441,12 +445,12 @@ impl Sequential {
         let walk = self.walk.filter(|w| w.end == m + 1)?;
         let (inputs, units) = self.layers[m].kernel_product()?;
         let slot = &self.slots[m];
-        let Buf::Own(out) = slot.output else { return None };
-        let need_dx = slot.input != Buf::Input;
+        let Activations::Own(out) = slot.output else { return None };
+        let need_dx = slot.input != Activations::Input;
         self.walk = Some(Walk { end: m, cur: if need_dx { 1 - walk.cur } else { walk.cur } });
         let x = match slot.input {
-            Buf::Input => x,
-            Buf::Own(i) => &self.acts[i],
+            Activations::Input => x,
+            Activations::Own(i) => &self.acts[i],
         };
         let [a, b] = &mut self.grad_bufs;
         let (dy, dx) = if walk.cur == 0 { (&*a, b) } else { (&*b, a) };
@@ -511,7 +515,7 @@ impl Sequential {
         input: Forward<'_>,
         layers: Range<usize>,
         mut cur: usize,
-        mut f: impl FnMut(&mut dyn Layer, &Slot, Backward<'_>, Option<&mut [f32]>),
+        mut f: impl FnMut(&mut dyn Layer, &LayerSlot, Backward<'_>, Option<&mut [f32]>),
     ) -> Walk {
         let Forward { pass, x, n } = input;
         let widest = std::iter::once(&self.input)
@@ -526,16 +530,16 @@ impl Sequential {
         }
         let end = layers.start;
         for (layer, slot) in self.layers[layers.clone()].iter_mut().zip(&self.slots[layers]).rev() {
-            let (Buf::Own(out), false) = (slot.output, layer.is_view()) else {
+            let (Activations::Own(out), false) = (slot.output, layer.is_view()) else {
                 continue;
             };
             let x = match slot.input {
-                Buf::Input => x,
-                Buf::Own(i) => &self.acts[i],
+                Activations::Input => x,
+                Activations::Own(i) => &self.acts[i],
             };
             let [a, b] = &mut self.grad_bufs;
             let (dy, dx) = if cur == 0 { (&*a, b) } else { (&*b, a) };
-            let need_dx = slot.input != Buf::Input;
+            let need_dx = slot.input != Activations::Input;
             let cx = Backward { pass, x, y: &self.acts[out], dy, n };
             f(layer.as_mut(), slot, cx, need_dx.then_some(&mut dx[..]));
             if need_dx {
@@ -547,7 +551,7 @@ impl Sequential {
 }
 
 /// Whether a slot computes with another's tensor ([`Sequential::has_ties`]).
-fn ties(slots: &[Slot]) -> bool {
+fn ties(slots: &[LayerSlot]) -> bool {
     slots.iter().any(|s| s.adds || !s.shared.is_empty())
 }
 

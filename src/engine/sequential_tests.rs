@@ -5,7 +5,7 @@ use crate::engine::kernels::Window;
 use crate::engine::layers::{Conv2d, Dense, View};
 use crate::engine::optimizer::{Optimizer, Sgd};
 use crate::engine::{LossFn, init};
-use crate::vocab::{Activation, Loss};
+use crate::vocab::{Activation, LossKind};
 use rand::RngExt;
 
 /// The tutorial model's shape, small: reshape → conv 3 × 3 relu with 4 filters → flatten →
@@ -58,7 +58,7 @@ fn fused_update_matches(sparse: bool) {
     let mut r = init::rng(&[3]);
     let x = images(&mut r, n, 8, sparse);
     let labels: Vec<u32> = (0..n).map(|_| r.random_range(0..5)).collect();
-    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     for (momentum, wd) in [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3)] {
         let (mut a, mut b) = (model(), model());
         let (init, _) = a.init(5);
@@ -109,7 +109,7 @@ fn meeting_model() -> Sequential {
 
 /// Forward and loss of examples `rows` of `x` (196 values each) with their `labels`.
 fn forward_loss(m: &mut Sequential, pass: Pass, params: &[f32], x: &[f32], labels: &[u32], rows: Range<usize>) {
-    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     m.forward(pass, params, &mut [], &x[rows.start * 196..rows.end * 196], rows.len());
     let (out, dout) = m.output_and_grad(rows.len());
     loss.evaluate(out, crate::engine::Truth::Classes(&labels[rows]), 5, 1.0 / 128.0, Some(dout));

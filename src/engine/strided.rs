@@ -114,11 +114,11 @@ pub fn gemm_scaled(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32
     assert!(a.in_bounds() && b.in_bounds() && c.in_bounds() && c.is_injective(), "gemm view out of its slice");
     let (rows, cols, rs, cs) = (c.rows, c.cols, c.rs, c.cs);
     // SAFETY: `c` is checked above and borrowed mutably for the call.
-    unsafe { gemm_raw(Target { ptr: c.data.as_mut_ptr(), rows, cols, rs, cs }, a, b, keep, scale, threads) }
+    unsafe { gemm_raw(GemmTarget { ptr: c.data.as_mut_ptr(), rows, cols, rs, cs }, a, b, keep, scale, threads) }
 }
 
 /// A destination gemm writes through a raw pointer.
-struct Target {
+struct GemmTarget {
     ptr: *mut f32,
     rows: usize,
     cols: usize,
@@ -129,7 +129,7 @@ struct Target {
 /// # Safety
 /// Every element of `c` (`ptr + i·rs + j·cs`) must be valid for writes, distinct, and not
 /// aliased by `a`, `b` or any other live reference for the duration of the call.
-unsafe fn gemm_raw(c: Target, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, scale: f32, threads: usize) {
+unsafe fn gemm_raw(c: GemmTarget, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, scale: f32, threads: usize) {
     assert!(
         a.cols == b.rows && c.rows == a.rows && c.cols == b.cols,
         "gemm shapes: {}×{} · {}×{} into {}×{}",
@@ -244,7 +244,7 @@ impl ColumnBlock<'_> {
         // SAFETY: `first` is inside the matrix (checked by `split_cols` and above), so the
         // offset stays inside its allocation.
         let ptr = unsafe { self.ptr.add(first) };
-        let target = Target { ptr, rows: self.rows, cols: cols.len(), rs: self.rs, cs: 1 };
+        let target = GemmTarget { ptr, rows: self.rows, cols: cols.len(), rs: self.rs, cs: 1 };
         // SAFETY: the elements are rows × `cols` of this block, inside the matrix, owned by
         // this block alone, and `a`, `b` are shared borrows of other buffers (the matrix is
         // mutably borrowed for `'a`).

@@ -2,7 +2,7 @@
 //! `accuracy` on sparse labels). Rows with float targets count as examples but never as
 //! correct. Every line and summary writes it, listed or not.
 
-use super::{Label, Metric, Reduction, Slot, Split, Sums, loss, metric::per_example};
+use super::{Label, Metric, Reduction, Slot, SplitKind, Sums, loss, metric::per_example};
 
 /// Rows whose highest output is the label.
 pub const CORRECT: Slot = Slot { index: 2, name: "correct", reduction: Reduction::Sum };
@@ -32,7 +32,7 @@ impl Metric for Accuracy {
         }
     }
 
-    fn value(&self, _split: Split, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
+    fn value(&self, _split: SplitKind, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
         Some(fraction(sums))
     }
 
@@ -65,6 +65,6 @@ mod tests {
         Accuracy.observe(&[0.5, 0.5], Label::Class(0), &mut sums);
         Accuracy.observe(&[0.1, 0.9], Label::Targets(&[0.0, 1.0]), &mut sums);
         assert_eq!(sums.get(CORRECT), 2.0);
-        assert_eq!(Accuracy.value(Split::Test, &sums, 0.0), Some(0.5));
+        assert_eq!(Accuracy.value(SplitKind::Test, &sums, 0.0), Some(0.5));
     }
 }

@@ -3,7 +3,7 @@
 //! computing the gradient, so this metric observes no row itself. Every line and summary
 //! writes it, and every mean of the other metrics is over its examples.
 
-use super::{Metric, Reduction, Slot, Split, Sums, metric::per_example};
+use super::{Metric, Reduction, Slot, SplitKind, Sums, metric::per_example};
 
 /// Sum of per-example losses.
 pub const SUM: Slot = Slot { index: 0, name: "loss_sum", reduction: Reduction::Sum };
@@ -28,7 +28,7 @@ impl Metric for Loss {
         &[SUM, EXAMPLES]
     }
 
-    fn value(&self, _split: Split, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
+    fn value(&self, _split: SplitKind, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
         Some(mean(sums))
     }
 

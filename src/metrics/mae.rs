@@ -2,7 +2,7 @@
 //! regression row the mean of `|output - target|` over its outputs, averaged over the rows.
 //! Written as `mae`/`val_mae` on lines and `train_mae`/`test_mae` in the summary.
 
-use super::{Label, Metric, Needs, Reduction, Slot, Split, Sums, loss, metric::per_example};
+use super::{Label, Metric, Needs, Reduction, Slot, SplitKind, Sums, loss, metric::per_example};
 
 /// Regression rows' mean absolute errors, summed.
 pub const ABS_ERROR: Slot = Slot { index: 3, name: "abs_error_sum", reduction: Reduction::Sum };
@@ -26,7 +26,7 @@ impl Metric for Mae {
         }
     }
 
-    fn value(&self, _split: Split, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
+    fn value(&self, _split: SplitKind, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
         Some(per_example(sums, ABS_ERROR))
     }
 

@@ -1,6 +1,6 @@
 //! The [`Metric`] trait and the words it is stated in: the [`Slot`]s of [`super::Sums`] a
 //! metric owns and how each reduces, the [`Label`] of an output row it observes, the
-//! [`Split`] a value is of, and what it [`Needs`] of a run to be measured at all.
+//! [`SplitKind`] a value is of, and what it [`Needs`] of a run to be measured at all.
 
 use super::Sums;
 
@@ -49,7 +49,7 @@ pub enum Label<'a> {
 
 /// Which examples a value is of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Split {
+pub enum SplitKind {
     /// The training batches of a span (the last steps, the epoch so far, the last epoch).
     Train,
     /// The test split, at an evaluation.
@@ -89,7 +89,7 @@ pub trait Metric: Sync {
 
     /// Its value on `split` from that split's `sums` and the training examples per second
     /// over the same span; `None` where it has none (a throughput has no test-split value).
-    fn value(&self, split: Split, sums: &Sums, examples_per_s: f64) -> Option<f64>;
+    fn value(&self, split: SplitKind, sums: &Sums, examples_per_s: f64) -> Option<f64>;
 
     /// What it needs of a run.
     fn needs(&self) -> Needs {
@@ -103,10 +103,10 @@ pub trait Metric: Sync {
     }
 
     /// Its key in `summary.json` (`train_mae`, `test_mae`).
-    fn summary_key(&self, split: Split) -> String {
+    fn summary_key(&self, split: SplitKind) -> String {
         let prefix = match split {
-            Split::Train => "train",
-            Split::Test => "test",
+            SplitKind::Train => "train",
+            SplitKind::Test => "test",
         };
         format!("{prefix}_{}", self.name())
     }

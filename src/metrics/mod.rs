@@ -13,7 +13,7 @@
 //!   the checkpoint manifest and the run folder carry it whole, without naming a metric.
 //! - [`Reading`] is what lines and the summary write: the listed metrics' values over a span.
 //! - Registration is here and only here: the exhaustive [`of`] from the spec's
-//!   [`vocab::Metric`], the writing [`ORDER`], and the [`SLOTS`] table. A new metric is its
+//!   [`vocab::MetricKind`], the writing [`ORDER`], and the [`SLOTS`] table. A new metric is its
 //!   own file and these lines, plus its spec variant (and schema) so that a spec can name it.
 //!
 //! The layer: `engine` (the loss fills the sums), `strategy`, `checkpoint`, `plan` and
@@ -33,30 +33,30 @@ pub mod rmse;
 mod sums;
 pub mod tokens_per_s;
 
-pub use metric::{Label, Metric, Needs, Reduction, Slot, Split};
+pub use metric::{Label, Metric, Needs, Reduction, Slot, SplitKind};
 pub use reading::Reading;
 pub use sums::Sums;
 
 use crate::vocab;
 
 /// The metric `train.metrics` names.
-pub const fn of(metric: vocab::Metric) -> &'static dyn Metric {
+pub const fn of(metric: vocab::MetricKind) -> &'static dyn Metric {
     match metric {
-        vocab::Metric::Accuracy => &accuracy::Accuracy,
-        vocab::Metric::Perplexity => &perplexity::Perplexity,
-        vocab::Metric::TokensPerS => &tokens_per_s::TokensPerS,
-        vocab::Metric::Mae => &mae::Mae,
-        vocab::Metric::Rmse => &rmse::Rmse,
+        vocab::MetricKind::Accuracy => &accuracy::Accuracy,
+        vocab::MetricKind::Perplexity => &perplexity::Perplexity,
+        vocab::MetricKind::TokensPerS => &tokens_per_s::TokensPerS,
+        vocab::MetricKind::Mae => &mae::Mae,
+        vocab::MetricKind::Rmse => &rmse::Rmse,
     }
 }
 
 /// Every metric a spec can name, in the order lines, TensorBoard and the summary write them.
-pub const ORDER: [vocab::Metric; 5] = [
-    vocab::Metric::Accuracy,
-    vocab::Metric::Perplexity,
-    vocab::Metric::TokensPerS,
-    vocab::Metric::Mae,
-    vocab::Metric::Rmse,
+pub const ORDER: [vocab::MetricKind; 5] = [
+    vocab::MetricKind::Accuracy,
+    vocab::MetricKind::Perplexity,
+    vocab::MetricKind::TokensPerS,
+    vocab::MetricKind::Mae,
+    vocab::MetricKind::Rmse,
 ];
 
 /// Every slot of [`Sums`], at its index.
@@ -101,7 +101,7 @@ mod tests {
                 _ => {}
             }
         }
-        let schema = serde_json::to_value(schemars::schema_for!(vocab::Metric)).unwrap_or_default();
+        let schema = serde_json::to_value(schemars::schema_for!(vocab::MetricKind)).unwrap_or_default();
         let mut spec = Vec::new();
         names(&schema, &mut spec);
         spec.sort();

@@ -3,7 +3,7 @@
 //! the loss's. Written as `perplexity`/`val_perplexity` on lines and
 //! `train_perplexity`/`test_perplexity` in the summary.
 
-use super::{Metric, Needs, Slot, Split, Sums, loss};
+use super::{Metric, Needs, Slot, SplitKind, Sums, loss};
 
 /// `exp(loss)`.
 pub struct Perplexity;
@@ -17,7 +17,7 @@ impl Metric for Perplexity {
         &[loss::SUM, loss::EXAMPLES]
     }
 
-    fn value(&self, _split: Split, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
+    fn value(&self, _split: SplitKind, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
         Some(loss::mean(sums).exp())
     }
 

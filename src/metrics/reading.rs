@@ -2,14 +2,14 @@
 //! sums, the test split's (when evaluated) and the examples per second; the run folder
 //! writes them under its own keys (`val_mae` on a line, `test_mae` in the summary).
 
-use super::{Metric, ORDER, Split, Sums, of};
+use super::{Metric, ORDER, SplitKind, Sums, of};
 use crate::vocab;
 
 /// The listed metrics of one span, with what their values are read from.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reading {
     /// The listed metrics not always written, in registration order ([`ORDER`]).
-    listed: Vec<vocab::Metric>,
+    listed: Vec<vocab::MetricKind>,
     /// The training batches' sums.
     train: Sums,
     /// The test split's sums, when evaluated.
@@ -21,7 +21,7 @@ pub struct Reading {
 impl Reading {
     /// The metrics of `listed` beyond those always written, over a span whose training
     /// batches summed to `train` at `examples_per_s`, and whose evaluation found `test`.
-    pub fn new(listed: &[vocab::Metric], train: Sums, test: Option<Sums>, examples_per_s: f64) -> Self {
+    pub fn new(listed: &[vocab::MetricKind], train: Sums, test: Option<Sums>, examples_per_s: f64) -> Self {
         let listed = ORDER.into_iter().filter(|m| listed.contains(m) && !of(*m).always_written()).collect();
         Self { listed, train, test, examples_per_s }
     }
@@ -38,12 +38,13 @@ impl Reading {
 
     /// Every value: metric by metric in registration order, the training value, then the
     /// test split's; only those that are.
-    pub fn values(&self) -> impl Iterator<Item = (&'static dyn Metric, Split, f64)> + '_ {
+    pub fn values(&self) -> impl Iterator<Item = (&'static dyn Metric, SplitKind, f64)> + '_ {
         self.listed.iter().flat_map(move |&m| {
             let metric = of(m);
-            let train = metric.value(Split::Train, &self.train, self.examples_per_s).map(|v| (metric, Split::Train, v));
-            let test = self.test.as_ref().and_then(|t| metric.value(Split::Test, t, self.examples_per_s));
-            train.into_iter().chain(test.map(|v| (metric, Split::Test, v)))
+            let train =
+                metric.value(SplitKind::Train, &self.train, self.examples_per_s).map(|v| (metric, SplitKind::Train, v));
+            let test = self.test.as_ref().and_then(|t| metric.value(SplitKind::Test, t, self.examples_per_s));
+            train.into_iter().chain(test.map(|v| (metric, SplitKind::Test, v)))
         })
     }
 }
@@ -58,12 +59,17 @@ mod tests {
         let mut train = Sums::of_examples(2);
         train.accumulate(loss::SUM, 2.0);
         train.accumulate(mae::ABS_ERROR, 1.0);
-        let listed = [vocab::Metric::Mae, vocab::Metric::Accuracy, vocab::Metric::TokensPerS, vocab::Metric::Mae];
+        let listed = [
+            vocab::MetricKind::Mae,
+            vocab::MetricKind::Accuracy,
+            vocab::MetricKind::TokensPerS,
+            vocab::MetricKind::Mae,
+        ];
         let reading = Reading::new(&listed, train, Some(Sums::of_examples(1)), 7.0);
         let values: Vec<_> = reading.values().map(|(m, split, v)| (m.name(), split, v)).collect();
         assert_eq!(
             values,
-            [("tokens_per_s", Split::Train, 7.0), ("mae", Split::Train, 0.5), ("mae", Split::Test, 0.0)]
+            [("tokens_per_s", SplitKind::Train, 7.0), ("mae", SplitKind::Train, 0.5), ("mae", SplitKind::Test, 0.0)]
         );
         assert_eq!(reading.at(3.0).values().next().map(|v| v.2), Some(3.0));
     }

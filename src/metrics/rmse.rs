@@ -3,7 +3,7 @@
 //! outputs, averaged over the rows, then the root. Written as `rmse`/`val_rmse` on lines and
 //! `train_rmse`/`test_rmse` in the summary.
 
-use super::{Label, Metric, Needs, Reduction, Slot, Split, Sums, loss, metric::per_example};
+use super::{Label, Metric, Needs, Reduction, Slot, SplitKind, Sums, loss, metric::per_example};
 
 /// Regression rows' mean squared errors, summed.
 pub const SQUARED_ERROR: Slot = Slot { index: 4, name: "squared_error_sum", reduction: Reduction::Sum };
@@ -30,7 +30,7 @@ impl Metric for Rmse {
         }
     }
 
-    fn value(&self, _split: Split, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
+    fn value(&self, _split: SplitKind, sums: &Sums, _examples_per_s: f64) -> Option<f64> {
         Some(per_example(sums, SQUARED_ERROR).sqrt())
     }
 

@@ -5,7 +5,7 @@
 //! `tokens_per_s` on lines, and in the summary as `steady_tokens_per_s`, measured as
 //! `steady_examples_per_s` is.
 
-use super::{Metric, Needs, Slot, Split, Sums};
+use super::{Metric, Needs, Slot, SplitKind, Sums};
 
 /// Tokens per second.
 pub struct TokensPerS;
@@ -19,10 +19,10 @@ impl Metric for TokensPerS {
         &[]
     }
 
-    fn value(&self, split: Split, _sums: &Sums, examples_per_s: f64) -> Option<f64> {
+    fn value(&self, split: SplitKind, _sums: &Sums, examples_per_s: f64) -> Option<f64> {
         match split {
-            Split::Train => Some(examples_per_s),
-            Split::Test => None,
+            SplitKind::Train => Some(examples_per_s),
+            SplitKind::Test => None,
         }
     }
 
@@ -30,10 +30,10 @@ impl Metric for TokensPerS {
         Needs::Sequences("counts the tokens of sequences")
     }
 
-    fn summary_key(&self, split: Split) -> String {
+    fn summary_key(&self, split: SplitKind) -> String {
         match split {
-            Split::Train => "steady_tokens_per_s".into(),
-            Split::Test => "test_tokens_per_s".into(),
+            SplitKind::Train => "steady_tokens_per_s".into(),
+            SplitKind::Test => "test_tokens_per_s".into(),
         }
     }
 }

@@ -6,7 +6,7 @@ use super::build_spec;
 use super::{ModelSpec, ZooModel};
 use crate::engine::optimizer::Sgd;
 use crate::engine::{LossFn, Optimizer, Pass, Shape, init};
-use crate::vocab::Loss;
+use crate::vocab::LossKind;
 use rand::RngExt;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ fn time_steps(zoo: ZooModel, input: &[usize], batch: usize, threads: usize, step
     let mut r = init::rng(&[3]);
     let x: Vec<f32> = (0..batch * input.iter().product::<usize>()).map(|_| r.random_range(0.0..1.0)).collect();
     let labels: Vec<u32> = (0..batch).map(|i| (i % 10) as u32).collect();
-    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     let (mut params, mut state) = model.init(1);
     let mut grads = vec![0.0; params.len()];
     let mut opt = Optimizer::Sgd(Sgd::new(params.len(), 0.9, false, 0.0));

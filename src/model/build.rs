@@ -21,24 +21,24 @@ pub(crate) const BN_EPSILON: f32 = 1e-3;
 
 /// Where the layers come from, for keys and messages.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Source {
+pub(super) enum LayerSource {
     /// `[[model.layers]]`: diagnostics name `model.layers[i].field`.
     Layers,
     /// A zoo model: diagnostics name `model.zoo` and say which of its layers failed.
     Zoo(ZooModel),
 }
 
-impl Source {
+impl LayerSource {
     pub(super) fn diag(self, i: usize, field: Option<&str>, kind: &str, message: String) -> Diagnostic {
         match self {
-            Source::Layers => {
+            LayerSource::Layers => {
                 let key = match field {
                     Some(f) => format!("model.layers[{i}].{f}"),
                     None => format!("model.layers[{i}]"),
                 };
                 Diagnostic::error(key, message)
             }
-            Source::Zoo(zoo) => {
+            LayerSource::Zoo(zoo) => {
                 Diagnostic::error("model.zoo", format!("{} layer {i} ({kind}): {message}", super::zoo::name(zoo)))
             }
         }
@@ -59,7 +59,7 @@ pub(super) fn layers(
     input: &Shape,
     classes: usize,
     conv_init: KernelInit,
-    source: Source,
+    source: LayerSource,
 ) -> Checked {
     let mut layers: Vec<Box<dyn Layer>> = Vec::with_capacity(specs.len());
     let mut diags = Vec::new();
@@ -106,7 +106,7 @@ pub(super) struct Tied {
 pub(super) struct Ctx {
     pub i: usize,
     pub kind: &'static str,
-    pub source: Source,
+    pub source: LayerSource,
     /// The dataset's classes: a language model's vocabulary.
     pub classes: usize,
     /// Transformer blocks in the model, for their scaled initialization.

@@ -27,7 +27,7 @@ use crate::data::LabelKind;
 use crate::diagnostic::Diagnostic;
 use crate::engine::layers::KernelInit;
 use crate::engine::{Sequential, Shape};
-use build::Source;
+use build::LayerSource;
 use serde::Serialize;
 
 /// A model as planned: the layers (a zoo model expanded into its layers), checked against
@@ -62,7 +62,7 @@ pub struct BuildError(String);
 impl ModelPlan {
     /// A fresh engine model: one per replica, each with its own activation buffers.
     pub fn build(&self) -> Result<Sequential, BuildError> {
-        let checked = build::layers(&self.layers, &self.input, self.classes, self.conv_init, Source::Layers);
+        let checked = build::layers(&self.layers, &self.input, self.classes, self.conv_init, LayerSource::Layers);
         match checked.diags.first() {
             None => Sequential::try_new(self.input.clone(), checked.layers).map_err(|e| BuildError(e.to_string())),
             Some(d) => Err(BuildError(d.message.clone())),
@@ -121,9 +121,9 @@ pub fn describe_for(spec: &ModelSpec, input: &Shape, labels: LabelKind) -> Resul
         }
         (Some(zoo), true) => {
             let (layers, init) = zoo::layers(spec, zoo, input, classes).map_err(|d| vec![d])?;
-            (layers, init, Source::Zoo(zoo))
+            (layers, init, LayerSource::Zoo(zoo))
         }
-        (None, false) => (spec.layers.clone(), KernelInit::GlorotUniform, Source::Layers),
+        (None, false) => (spec.layers.clone(), KernelInit::GlorotUniform, LayerSource::Layers),
     };
     let mut checked = build::layers(&layers, input, classes, conv_init, source);
     if let Some(out) = checked.output.as_ref().filter(|o| o.numel() != labels.outputs()) {
@@ -155,7 +155,7 @@ pub fn build_spec(spec: &ModelSpec, input: &Shape, classes: usize) -> Result<Seq
 
 /// The model's output size differs from what the labels need: point at the dense layer that
 /// sets it, when the layers after it keep its shape.
-fn output_mismatch(specs: &[LayerConfig], out: &Shape, labels: LabelKind, source: Source) -> Diagnostic {
+fn output_mismatch(specs: &[LayerConfig], out: &Shape, labels: LabelKind, source: LayerSource) -> Diagnostic {
     let (outputs, width) = (out.numel(), labels.row_width());
     let message = match labels {
         LabelKind::Class { classes } => {

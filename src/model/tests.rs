@@ -5,7 +5,7 @@ use super::{build_spec, summary};
 use crate::diagnostic::Diagnostic;
 use crate::engine::optimizer::Sgd;
 use crate::engine::{LossFn, Optimizer, Pass, Sequential, Shape, init};
-use crate::vocab::Loss;
+use crate::vocab::LossKind;
 use rand::RngExt;
 
 fn zoo(z: ZooModel, input: &[usize], classes: usize) -> Sequential {
@@ -214,7 +214,7 @@ fn bands(n: usize) -> (Vec<f32>, Vec<u32>) {
 fn train(model: &mut Sequential, steps: u64) -> (f64, f64, Vec<f32>, Vec<f32>) {
     let (x, labels) = bands(48);
     let n = labels.len();
-    let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     let (mut params, mut state) = model.init(7);
     let mut grads = vec![0.0; model.param_len()];
     let mut opt = Optimizer::Sgd(Sgd::new(params.len(), 0.9, false, 0.0));
@@ -269,7 +269,7 @@ fn a_spec_built_cnn_learns_and_is_deterministic() {
     let (x, labels) = bands(48);
     let pass = Pass { training: false, seed: 0, accumulate: false, threads: 2 };
     let out = model.forward(pass, &params, &mut state, &x, labels.len());
-    let f = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+    let f = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
     let acc = f.evaluate(out, crate::engine::Truth::Classes(&labels), 3, 1.0, None).accuracy();
     assert!(acc > 0.9, "accuracy {acc}");
 

@@ -25,7 +25,7 @@ pub use cluster::{ClusterPlan, Part, Restarts};
 pub use data::{DataPlan, ShardPolicy, source};
 pub use lr::{LrPlan, Scaling, Schedule, Warmup};
 pub use optimizer::{DecayPlan, OptimizerPlan};
-pub use parameter_server::{ParameterServerPlan, Shard, VariablePlacement, num_shards, split_rows};
+pub use parameter_server::{ParameterServerPlan, VariablePlacement, VariableShard, num_shards, split_rows};
 pub use strategy::{
     CollectivePlan, CrossDevice, CrossDevicePlan, Distribution, Hardware, Replicas, StrategyKind, StrategyPlan,
 };

@@ -14,7 +14,7 @@ const VALUE_BYTES: u64 = 4;
 
 /// One piece of a variable on one ps task: rows `start..start + rows` of axis 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Shard {
+pub struct VariableShard {
     /// The ps task's index.
     pub ps: usize,
     /// First row of axis 0.
@@ -35,7 +35,7 @@ pub struct VariablePlacement {
     /// Whether it is trained (else a statistic such as a moving mean).
     pub trainable: bool,
     /// Its shards; one when the variable is whole.
-    pub shards: Vec<Shard>,
+    pub shards: Vec<VariableShard>,
 }
 
 /// The parameter-server layout and the coordinator's settings.
@@ -127,7 +127,7 @@ pub fn place(
                     next += 1;
                     let bytes = rows as u64 * row_values * VALUE_BYTES;
                     bytes_per_ps[ps] += bytes;
-                    let shard = Shard { ps, start, rows, bytes };
+                    let shard = VariableShard { ps, start, rows, bytes };
                     start += rows;
                     shard
                 })

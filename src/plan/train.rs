@@ -5,7 +5,7 @@ use crate::engine::LossFn;
 use crate::metrics::{self, Needs};
 use crate::model::{LayerConfig, ModelPlan};
 use crate::spec::{Diagnostic, Spec};
-use crate::vocab::{Loss, Metric};
+use crate::vocab::{LossKind, MetricKind};
 use serde::Serialize;
 
 /// When the test split is evaluated.
@@ -29,11 +29,11 @@ pub struct TrainPlan {
     /// `epochs × steps_per_epoch`.
     pub total_steps: u64,
     /// The loss.
-    pub loss: Loss,
+    pub loss: LossKind,
     /// Whether model outputs are logits.
     pub from_logits: bool,
     /// Metrics besides the loss.
-    pub metrics: Vec<Metric>,
+    pub metrics: Vec<MetricKind>,
     /// Evaluation; `None` when there is no test split.
     pub eval: Option<EvalPlan>,
 }
@@ -156,7 +156,7 @@ pub fn resolve(
 }
 
 /// Why `metric` cannot be measured for `loss` on data labelled `labels`, if it cannot.
-fn unmeasurable(metric: Metric, loss: Loss, labels: LabelKind) -> Option<Diagnostic> {
+fn unmeasurable(metric: MetricKind, loss: LossKind, labels: LabelKind) -> Option<Diagnostic> {
     let name = metrics::of(metric).name();
     let refused = |what: &str, but: String, fix: &str| {
         Diagnostic::error("train.metrics", format!("train.metrics = \"{name}\" {what}, but {but}"))
@@ -178,22 +178,24 @@ fn unmeasurable(metric: Metric, loss: Loss, labels: LabelKind) -> Option<Diagnos
 }
 
 /// Whether the loss is a cross-entropy over classes (a softmax's), whose `exp` is a perplexity.
-fn cross_entropy(loss: Loss) -> bool {
+fn cross_entropy(loss: LossKind) -> bool {
     match loss {
-        Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy => true,
-        Loss::BinaryCrossentropy | Loss::MeanSquaredError | Loss::MeanAbsoluteError | Loss::Huber => false,
+        LossKind::SparseCategoricalCrossentropy | LossKind::CategoricalCrossentropy => true,
+        LossKind::BinaryCrossentropy | LossKind::MeanSquaredError | LossKind::MeanAbsoluteError | LossKind::Huber => {
+            false
+        }
     }
 }
 
 /// The spec name of a loss.
-fn loss_name(loss: Loss) -> &'static str {
+fn loss_name(loss: LossKind) -> &'static str {
     match loss {
-        Loss::SparseCategoricalCrossentropy => "sparse_categorical_crossentropy",
-        Loss::CategoricalCrossentropy => "categorical_crossentropy",
-        Loss::BinaryCrossentropy => "binary_crossentropy",
-        Loss::MeanSquaredError => "mean_squared_error",
-        Loss::MeanAbsoluteError => "mean_absolute_error",
-        Loss::Huber => "huber",
+        LossKind::SparseCategoricalCrossentropy => "sparse_categorical_crossentropy",
+        LossKind::CategoricalCrossentropy => "categorical_crossentropy",
+        LossKind::BinaryCrossentropy => "binary_crossentropy",
+        LossKind::MeanSquaredError => "mean_squared_error",
+        LossKind::MeanAbsoluteError => "mean_absolute_error",
+        LossKind::Huber => "huber",
     }
 }
 
@@ -203,13 +205,13 @@ fn outputs_logits(model: &ModelPlan) -> bool {
 }
 
 /// The spec name of a loss that reads class indices only (float targets cannot be its labels).
-fn sparse_on_targets(loss: Loss) -> Option<&'static str> {
+fn sparse_on_targets(loss: LossKind) -> Option<&'static str> {
     match loss {
-        Loss::SparseCategoricalCrossentropy => Some("sparse_categorical_crossentropy"),
-        Loss::CategoricalCrossentropy
-        | Loss::BinaryCrossentropy
-        | Loss::MeanSquaredError
-        | Loss::MeanAbsoluteError
-        | Loss::Huber => None,
+        LossKind::SparseCategoricalCrossentropy => Some("sparse_categorical_crossentropy"),
+        LossKind::CategoricalCrossentropy
+        | LossKind::BinaryCrossentropy
+        | LossKind::MeanSquaredError
+        | LossKind::MeanAbsoluteError
+        | LossKind::Huber => None,
     }
 }

@@ -76,8 +76,13 @@ pub fn sidecar(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunEr
     let quiet = inv.quiet;
     let prefix =
         if inv.env.iter().any(|(k, _)| k == "TRAINRUN_PROGRESS") { String::new() } else { format!("[{task}] ") };
-    let watch =
-        evaluator::Watch { dirs, out: plan.out_dir.join("eval.jsonl"), layout: &e.layout, test, batch: e.batch };
+    let watch = evaluator::CheckpointWatch {
+        dirs,
+        out: plan.out_dir.join("eval.jsonl"),
+        layout: &e.layout,
+        test,
+        batch: e.batch,
+    };
     let plane = job.as_ref().map(|j| &j.plane);
     let finished = || -> Result<bool, TrainError> {
         let mut done = stop.load(Ordering::SeqCst);

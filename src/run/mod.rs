@@ -21,7 +21,7 @@ use crate::data::{Dataset, Fetcher, Normalization};
 use crate::exit::RunError;
 use crate::plan::{Distribution, Part, Plan, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare};
-use crate::progress::Mode;
+use crate::progress::ProgressMode;
 use crate::train::{self, FitOptions};
 use run_folder::RunFolder;
 use std::collections::BTreeMap;
@@ -86,11 +86,11 @@ fn load_preprocessed(inv: &Invocation, plan: &Plan) -> Result<(Dataset, Option<N
     Ok(plan.data.preprocessing.apply(plan.data.source.load()?, plan.seed)?)
 }
 
-fn progress_mode(inv: &Invocation) -> Mode {
+fn progress_mode(inv: &Invocation) -> ProgressMode {
     match inv.env.iter().find(|(k, _)| k == "TRAINRUN_PROGRESS").map(|(_, v)| v.as_str()) {
-        Some("events") => Mode::Events,
-        Some("quiet") => Mode::Quiet,
-        _ => Mode::detect(inv.quiet),
+        Some("events") => ProgressMode::Events,
+        Some("quiet") => ProgressMode::Quiet,
+        _ => ProgressMode::detect(inv.quiet),
     }
 }
 
@@ -108,7 +108,7 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         args,
         cluster: Cluster { source: c.source, tasks: c.tasks.iter().cloned().collect() },
         grace: c.timeout + std::time::Duration::from_secs(2),
-        progress: Mode::detect(inv.quiet),
+        progress: ProgressMode::detect(inv.quiet),
         epochs: p.plan.train.epochs,
         max_restarts: c.restarts.max_restarts,
         restart_backoff: c.restarts.backoff,
@@ -257,7 +257,7 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         Part::Task(task) => Some(join(inv, plan, task, plan.model.params)?),
         Part::Single | Part::Launcher => None,
     };
-    let quiet = progress == Mode::Quiet;
+    let quiet = progress == ProgressMode::Quiet;
     let built =
         builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
             .map_err(RunError::from)?;
@@ -284,7 +284,7 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         let summary = pool.install(|| train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume))?;
         if let Some(r) = record.as_mut() {
             r.dir().summary(&summary).map_err(|e| RunError::Train(e.into()))?;
-            if progress != Mode::Quiet && progress != Mode::Events {
+            if progress != ProgressMode::Quiet && progress != ProgressMode::Events {
                 println!("wrote {}", r.dir().path().display());
             }
         }

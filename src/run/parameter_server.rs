@@ -10,7 +10,7 @@ use crate::cluster::{Role, TaskId};
 use crate::exit::RunError;
 use crate::plan::ParameterServerPlan;
 use crate::prepare::{Invocation, Prepared};
-use crate::strategy::parameter_server::layout::{Layout, local_tensors};
+use crate::strategy::parameter_server::layout::{PsLayout, local_tensors};
 use crate::strategy::parameter_server::{ps as server, worker as steps};
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ pub fn ps(inv: &Invocation, p: &Prepared, ps_plan: &ParameterServerPlan, task: T
     let plan = &p.plan;
     watch_stops(inv, plan);
     let model = plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
-    let layout = Layout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(RunError::Failure)?;
+    let layout = PsLayout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(RunError::Failure)?;
     let index = task.index as usize;
     let pieces = layout.ps.get(index).cloned().ok_or_else(|| RunError::Failure(format!("{task} holds no shards")))?;
     let tensors = local_tensors(&pieces, model.tensors());

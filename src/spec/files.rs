@@ -1,7 +1,7 @@
 //! Spec files: reading one, following its `extends` chain, and turning TOML into the values
 //! figment merges.
 
-use super::origins::{Layer, LayerKind, Origins};
+use super::origins::{LayerKind, Origins, SpecLayer};
 use super::render::{Finding, Place};
 use figment::value::{Dict, Num, Tag, Value};
 use std::collections::BTreeMap;
@@ -21,8 +21,8 @@ pub(crate) struct SpecFile {
 
 impl SpecFile {
     /// The layer of this file for [`Origins`].
-    pub fn layer(&self) -> Layer {
-        Layer { name: self.path.display().to_string(), kind: LayerKind::File { source: self.source.clone() } }
+    pub fn layer(&self) -> SpecLayer {
+        SpecLayer { name: self.path.display().to_string(), kind: LayerKind::File { source: self.source.clone() } }
     }
 }
 

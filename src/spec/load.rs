@@ -4,7 +4,7 @@
 
 use super::files::{self, SpecFile, Unreadable, io_reason, table_to_dict};
 use super::keypath::{self, Seg};
-use super::origins::{self, Layer, LayerKind, Origins, SweepAt};
+use super::origins::{self, LayerKind, Origins, SpecLayer, SweepAt};
 use super::overrides::{self, BadOverride, Override};
 use super::render::{Finding, Place, render_findings, render_parts};
 use super::{Spec, schema_value, validate};
@@ -169,7 +169,7 @@ fn load_layers(
         Ok(Ok(chain)) => chain,
     };
 
-    let mut layers: Vec<Layer> = Vec::new();
+    let mut layers: Vec<SpecLayer> = Vec::new();
     let mut figment = Figment::new();
     for file in chain.iter().rev() {
         figment = figment.merge(file_layer(file));
@@ -200,7 +200,7 @@ fn load_layers(
                     metadata: Metadata::from(ov.name.clone(), Source::Custom(ov.name.clone())),
                     data,
                 });
-                layers.push(Layer { name: ov.name, kind: kind(ov.segs) });
+                layers.push(SpecLayer { name: ov.name, kind: kind(ov.segs) });
             }
             Err(BadOverride { name, message, help }) => {
                 let mut finding = Finding::new("", message).help(help);
@@ -209,7 +209,7 @@ fn load_layers(
                     None => Place::Layer { layer: layers.len(), span: None },
                 };
                 findings.push(finding);
-                layers.push(Layer { name, kind: kind(Vec::new()) });
+                layers.push(SpecLayer { name, kind: kind(Vec::new()) });
             }
         }
     }

@@ -30,7 +30,7 @@ mod words;
 pub use crate::data::{IdxFiles, SyntheticConfig};
 pub use crate::diagnostic::{Diagnostic, Severity};
 pub use crate::model::{LayerConfig, ModelSpec, Padding, Size2, ZooModel};
-pub use crate::vocab::{Activation, BadDevice, Device, DeviceKind, Loss, Metric, Monitor};
+pub use crate::vocab::{Activation, BadDevice, Device, DeviceKind, LossKind, MetricKind, Monitor};
 pub use batch::BatchSpec;
 pub use data::{AutoShardPolicy, DataSpec, DatasetKind};
 pub use deploy::{AccessMode, DeploySpec, VolumeSpec};
@@ -46,7 +46,7 @@ pub use strategy::{
     ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, StrategySpec,
     Tasks, TlsSpec, VariablePartitioner,
 };
-pub use sweep::{Distribution, GridValues, RandomSpec, SweepMetric, SweepSpec};
+pub use sweep::{GridValues, RandomSpec, SweepDistribution, SweepMetric, SweepSpec};
 pub use train::{CallbackSpec, EpochWord, Mode, SaveFreq, TrainSpec};
 
 use schemars::JsonSchema;

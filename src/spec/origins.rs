@@ -11,7 +11,7 @@ use toml::de::{DeTable, DeValue};
 
 /// One layer of a spec, lowest precedence first in [`Origins`].
 #[derive(Debug, Clone)]
-pub(crate) struct Layer {
+pub(crate) struct SpecLayer {
     /// How the layer is named to the user; also its figment metadata name.
     pub name: String,
     /// What the layer is.
@@ -52,26 +52,26 @@ pub(crate) enum Aim {
 /// variable or a `--set`. Rendered with [`render`](super::render).
 #[derive(Debug, Clone)]
 pub struct Origins {
-    layers: Vec<Layer>,
+    layers: Vec<SpecLayer>,
     merged: Value,
     tags: HashMap<Tag, usize>,
 }
 
 /// A layer, and the bytes of it to point at when it is a file.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Located {
+pub(crate) struct LocatedLayer {
     pub layer: usize,
     pub span: Option<Range<usize>>,
 }
 
 impl Origins {
     /// Layers that were never merged (the load stopped while reading files).
-    pub(crate) fn unmerged(layers: Vec<Layer>) -> Self {
+    pub(crate) fn unmerged(layers: Vec<SpecLayer>) -> Self {
         Self { layers, merged: Value::Dict(Tag::Default, Default::default()), tags: HashMap::new() }
     }
 
     /// The layers of `figment`, lowest first, and the value they merged into.
-    pub(crate) fn merged(layers: Vec<Layer>, merged: Value, figment: &Figment) -> Self {
+    pub(crate) fn merged(layers: Vec<SpecLayer>, merged: Value, figment: &Figment) -> Self {
         let mut tags = HashMap::new();
         let mut stack = vec![&merged];
         while let Some(value) = stack.pop() {
@@ -104,7 +104,7 @@ impl Origins {
         &self.merged
     }
 
-    pub(crate) fn layers(&self) -> &[Layer] {
+    pub(crate) fn layers(&self) -> &[SpecLayer] {
         &self.layers
     }
 
@@ -115,7 +115,7 @@ impl Origins {
 
     /// Where the value at `segs` came from. A path no layer set (a missing key, a default)
     /// points at its nearest ancestor that a layer does set, else at the top file.
-    pub(crate) fn locate(&self, segs: &[Seg], aim: Aim) -> Option<Located> {
+    pub(crate) fn locate(&self, segs: &[Seg], aim: Aim) -> Option<LocatedLayer> {
         let (depth, node) = descend(&self.merged, segs);
         if depth == segs.len()
             && depth > 0
@@ -126,7 +126,7 @@ impl Origins {
                 return Some(at);
             }
             let span = self.span_in(layer, segs, aim);
-            return Some(Located { layer, span });
+            return Some(LocatedLayer { layer, span });
         }
         // A table can come from several layers: point at the one of highest precedence that
         // writes in it. A value no layer set is derived from its table's others (the global
@@ -139,23 +139,23 @@ impl Origins {
                 match &l.kind {
                     LayerKind::File { .. } => {
                         if let Some(span) = self.span_in(layer, prefix, aim) {
-                            return Some(Located { layer, span: Some(span) });
+                            return Some(LocatedLayer { layer, span: Some(span) });
                         }
                     }
                     LayerKind::Override { segs: set } | LayerKind::Sweep { segs: set, .. } => {
                         if set.starts_with(prefix) {
-                            return Some(self.in_sweep(layer, aim).unwrap_or(Located { layer, span: None }));
+                            return Some(self.in_sweep(layer, aim).unwrap_or(LocatedLayer { layer, span: None }));
                         }
                     }
                 }
             }
         }
-        self.top_file().map(|layer| Located { layer, span: None })
+        self.top_file().map(|layer| LocatedLayer { layer, span: None })
     }
 
     /// A sweep trial's value points at where the sweep writes it: its key for unknown keys,
     /// else its value.
-    fn in_sweep(&self, layer: usize, aim: Aim) -> Option<Located> {
+    fn in_sweep(&self, layer: usize, aim: Aim) -> Option<LocatedLayer> {
         let LayerKind::Sweep { at: Some(at), .. } = &self.layers.get(layer)?.kind else {
             return None;
         };
@@ -163,7 +163,7 @@ impl Origins {
             Aim::Key => at.key.clone().or_else(|| at.value.clone()),
             Aim::Value => at.value.clone().or_else(|| at.key.clone()),
         };
-        Some(Located { layer: at.file, span })
+        Some(LocatedLayer { layer: at.file, span })
     }
 
     fn span_in(&self, layer: usize, segs: &[Seg], aim: Aim) -> Option<Range<usize>> {

@@ -3,7 +3,7 @@
 //! Plain text without colors, so the output is the same everywhere and can be snapshotted.
 
 use super::keypath;
-use super::origins::{Aim, LayerKind, Located, Origins};
+use super::origins::{Aim, LayerKind, LocatedLayer, Origins};
 use crate::diagnostic::{Diagnostic, Severity};
 use annotate_snippets::{AnnotationKind, Group, Level, Origin, Renderer, Snippet};
 use std::ops::Range;
@@ -89,7 +89,7 @@ pub fn render_each(diagnostics: &[Diagnostic], origins: &Origins) -> Vec<String>
 /// Each finding rendered, in order.
 pub(crate) fn render_parts(findings: &[Finding], origins: &Origins) -> Vec<String> {
     let renderer = Renderer::plain();
-    let mut placed: Vec<(&Finding, Option<Located>)> = findings.iter().map(|f| (f, place(f, origins))).collect();
+    let mut placed: Vec<(&Finding, Option<LocatedLayer>)> = findings.iter().map(|f| (f, place(f, origins))).collect();
     placed.sort_by_key(|(_, at)| order(at.as_ref(), origins));
     let mut out = Vec::new();
     for (finding, at) in &placed {
@@ -119,9 +119,9 @@ pub(crate) fn render_parts(findings: &[Finding], origins: &Origins) -> Vec<Strin
     out
 }
 
-fn place(finding: &Finding, origins: &Origins) -> Option<Located> {
+fn place(finding: &Finding, origins: &Origins) -> Option<LocatedLayer> {
     match &finding.place {
-        Place::Layer { layer, span } => Some(Located { layer: *layer, span: span.clone() }),
+        Place::Layer { layer, span } => Some(LocatedLayer { layer: *layer, span: span.clone() }),
         Place::Key(aim) => {
             // A key that does not parse (a planner bug) still gets its message, at the file.
             let segs = keypath::parse(&finding.diag.key).unwrap_or_default();
@@ -132,7 +132,7 @@ fn place(finding: &Finding, origins: &Origins) -> Option<Located> {
 
 /// Files from the named one down its `extends` chain, then overrides in the order given;
 /// within a file, by position.
-fn order(at: Option<&Located>, origins: &Origins) -> (usize, usize, usize) {
+fn order(at: Option<&LocatedLayer>, origins: &Origins) -> (usize, usize, usize) {
     let Some(at) = at else {
         return (0, 0, 0);
     };

@@ -1,6 +1,6 @@
 //! `[train]` and `[[callbacks]]`: Keras's `model.fit` arguments and callbacks.
 
-use crate::vocab::{Loss, Metric, Monitor};
+use crate::vocab::{LossKind, MetricKind, Monitor};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU64;
@@ -26,7 +26,7 @@ pub struct TrainSpec {
     pub steps_per_execution: NonZeroU64,
     /// The loss. Example: `loss = "sparse_categorical_crossentropy"`.
     #[serde(default)]
-    pub loss: Loss,
+    pub loss: LossKind,
     /// The model's last layer outputs logits, not probabilities. Default: `false`, as Keras.
     /// Example: `from_logits = true`.
     #[serde(default)]
@@ -38,7 +38,7 @@ pub struct TrainSpec {
     /// in the summary). Default: `["accuracy"]`.
     /// Example: `metrics = ["accuracy", "perplexity", "tokens_per_s"]`.
     #[serde(default = "default_metrics")]
-    pub metrics: Vec<Metric>,
+    pub metrics: Vec<MetricKind>,
     /// Evaluate on the test split every this many steps, besides every epoch's end.
     /// Default: off. Example: `evaluate_every_steps = 200`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,8 +66,8 @@ fn is_one(n: &NonZeroU64) -> bool {
     n.get() == 1
 }
 
-fn default_metrics() -> Vec<Metric> {
-    vec![Metric::Accuracy]
+fn default_metrics() -> Vec<MetricKind> {
+    vec![MetricKind::Accuracy]
 }
 
 fn yes() -> bool {
@@ -80,7 +80,7 @@ impl Default for TrainSpec {
             epochs: default_epochs(),
             steps_per_epoch: None,
             steps_per_execution: default_steps_per_execution(),
-            loss: Loss::default(),
+            loss: LossKind::default(),
             from_logits: false,
             metrics: default_metrics(),
             evaluate_every_steps: None,

@@ -10,7 +10,7 @@
 use super::replica::BatchView;
 use super::{Step, StrategyError, Synchronous, Variables};
 use crate::data::Batch;
-use crate::engine::cuda::worker::{Pending, Worker};
+use crate::engine::cuda::worker::{GpuThread, Pending};
 use crate::engine::cuda::{CudaError, GpuReplica, SgdConfig, kernels, model, probe};
 use crate::engine::{Optimizer, Sequential};
 use crate::metrics::Sums;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// Replicas on GPUs.
 pub struct Gpus {
     kind: StrategyKind,
-    workers: Vec<Worker>,
+    workers: Vec<GpuThread>,
     /// What the GPUs hold, as last uploaded or downloaded.
     params: Vec<f32>,
     state: Vec<f32>,
@@ -32,7 +32,7 @@ pub struct Gpus {
 }
 
 /// One replica's share of a batch: images, labels, examples.
-type Part = (Vec<f32>, Vec<u32>, usize);
+type ReplicaShare = (Vec<f32>, Vec<u32>, usize);
 
 /// A GPU problem found while setting up: the spec cannot run here (exit code 3).
 fn err(e: CudaError) -> StrategyError {
@@ -82,7 +82,7 @@ pub fn new(plan: &Plan, models: Vec<Sequential>) -> Result<Gpus, StrategyError> 
     let mut ready = Vec::with_capacity(world);
     for ((rank, &index), cpu) in indices.iter().enumerate().zip(models) {
         let ptx = ptx.clone();
-        let (worker, init) = Worker::spawn(index, move || {
+        let (worker, init) = GpuThread::spawn(index, move || {
             let mut replica = GpuReplica::new(index, &ptx, &cpu, classes, momentum)?;
             if let Some(id) = id {
                 // Blocks until every GPU's thread has joined.
@@ -146,7 +146,7 @@ impl Gpus {
     }
 
     /// Each replica's contiguous part of every batch, copied for its thread.
-    fn parts(&self, micro: &[Batch]) -> Vec<Vec<Part>> {
+    fn parts(&self, micro: &[Batch]) -> Vec<Vec<ReplicaShare>> {
         let n = self.workers.len();
         (0..n)
             .map(|r| {

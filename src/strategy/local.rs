@@ -353,11 +353,11 @@ mod tests {
     use super::*;
     use crate::engine::LossFn;
     use crate::engine::optimizer::Sgd;
-    use crate::vocab::Loss;
+    use crate::vocab::LossKind;
 
     /// The tutorial model's shape, small, with a 576 × 128 dense layer to meet at.
     fn replica() -> Replica {
-        let loss = LossFn { kind: Loss::SparseCategoricalCrossentropy, from_logits: true };
+        let loss = LossFn { kind: LossKind::SparseCategoricalCrossentropy, from_logits: true };
         Replica::new(crate::engine::sequential::tests::small_tutorial(14, 128), loss, 5, 1)
     }
 

@@ -43,18 +43,18 @@ impl GradSink for Packs<'_> {
 }
 
 /// This worker's replicas.
-enum Replicas {
+enum WorkerReplicas {
     /// One device: backward can feed the all-reduce pack by pack.
     One(Replica),
     /// Several devices: summed locally before the cross-worker all-reduce.
     Many(LocalReplicas),
 }
 
-impl Replicas {
+impl WorkerReplicas {
     fn param_len(&self) -> usize {
         match self {
-            Replicas::One(r) => r.model().param_len(),
-            Replicas::Many(l) => l.param_len(),
+            WorkerReplicas::One(r) => r.model().param_len(),
+            WorkerReplicas::Many(l) => l.param_len(),
         }
     }
 }
@@ -73,7 +73,7 @@ pub fn check_devices(devices: &[Device]) -> Result<(), StrategyError> {
 
 /// A worker of a multi-worker job.
 pub struct MultiWorkerMirrored {
-    replicas: Replicas,
+    replicas: WorkerReplicas,
     job: Option<Job>,
     /// Gradients, unless they live in the shared-memory arena.
     grads: Vec<f32>,
@@ -90,9 +90,11 @@ impl MultiWorkerMirrored {
         let per_worker = replicas.len() as u64;
         let replicas = match replicas.len() {
             0 => return Err(StrategyError::Unsupported("no model to place on a device".into())),
-            1 => Replicas::One(replicas.remove(0)),
+            1 => WorkerReplicas::One(replicas.remove(0)),
             // Replicas are numbered across the job so that dropout masks differ between them.
-            _ => Replicas::Many(LocalReplicas::new(replicas, CrossDevice::ReductionToOneDevice, rank * per_worker)),
+            _ => {
+                WorkerReplicas::Many(LocalReplicas::new(replicas, CrossDevice::ReductionToOneDevice, rank * per_worker))
+            }
         };
         let len = replicas.param_len();
         // Backward writes straight into the transport's arena when it has one.
@@ -126,8 +128,8 @@ impl Synchronous for MultiWorkerMirrored {
         job.plane.check()?;
         let comm = job.comm.as_deref_mut().ok_or(StrategyError::Finished)?;
         let local = match replicas {
-            Replicas::One(replica) => one_replica(replica, comm, grads, packs, vars, micro, (scale, seed, rank))?,
-            Replicas::Many(local) => {
+            WorkerReplicas::One(replica) => one_replica(replica, comm, grads, packs, vars, micro, (scale, seed, rank))?,
+            WorkerReplicas::Many(local) => {
                 if let Some(arena) = comm.arena() {
                     let stats = local.gradients(vars, &mut arena[..len], micro, scale, seed)?;
                     comm.all_reduce_arena(len)?;
@@ -178,8 +180,8 @@ impl Synchronous for MultiWorkerMirrored {
         let mut local = Sums::default();
         for b in batches {
             local.add(match &mut self.replicas {
-                Replicas::One(r) => r.evaluate(vars, &b),
-                Replicas::Many(l) => l.evaluate(vars, &b),
+                WorkerReplicas::One(r) => r.evaluate(vars, &b),
+                WorkerReplicas::Many(l) => l.evaluate(vars, &b),
             });
         }
         let mut global = local.summable();

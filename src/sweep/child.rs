@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// One trial to run.
 #[derive(Debug, Clone)]
-pub struct Job {
+pub struct TrialProcess {
     /// 1-based trial number.
     pub index: usize,
     /// Its folder (created here, for the log).
@@ -28,7 +28,7 @@ pub struct Job {
 
 /// What happened to a job.
 #[derive(Debug)]
-pub enum Event {
+pub enum TrialEvent {
     /// It started.
     Started(usize),
     /// It ended: exit code (128 + signal when killed) and how long it ran.
@@ -38,8 +38,8 @@ pub enum Event {
 /// Runs `jobs` in order, `parallel` at a time, calling `on_event` on this thread as each
 /// starts and ends; once `stop` is set, no further job starts and the running ones get
 /// SIGTERM (and SIGKILL on a second Ctrl-C).
-pub fn run_all(jobs: Vec<Job>, parallel: usize, stop: &AtomicBool, mut on_event: impl FnMut(Event)) {
-    let queue = Mutex::new(jobs.into_iter().collect::<VecDeque<Job>>());
+pub fn run_all(jobs: Vec<TrialProcess>, parallel: usize, stop: &AtomicBool, mut on_event: impl FnMut(TrialEvent)) {
+    let queue = Mutex::new(jobs.into_iter().collect::<VecDeque<TrialProcess>>());
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
         for _ in 0..parallel.max(1) {
@@ -57,7 +57,7 @@ pub fn run_all(jobs: Vec<Job>, parallel: usize, stop: &AtomicBool, mut on_event:
                         Err(_) => None,
                     };
                     let Some(job) = job else { break };
-                    if tx.send(Event::Started(job.index)).is_err() {
+                    if tx.send(TrialEvent::Started(job.index)).is_err() {
                         break;
                     }
                     let started = Instant::now();
@@ -65,7 +65,7 @@ pub fn run_all(jobs: Vec<Job>, parallel: usize, stop: &AtomicBool, mut on_event:
                         Ok(status) => (exit_code(status), None),
                         Err(e) => (1, Some(e)),
                     };
-                    let ended = Event::Ended { index: job.index, code, took: started.elapsed(), error };
+                    let ended = TrialEvent::Ended { index: job.index, code, took: started.elapsed(), error };
                     if tx.send(ended).is_err() {
                         break;
                     }
@@ -82,7 +82,7 @@ pub fn run_all(jobs: Vec<Job>, parallel: usize, stop: &AtomicBool, mut on_event:
 /// How often a running trial is looked at: a stop reaches it within this.
 const POLL: Duration = Duration::from_millis(10);
 
-fn run_one(job: &Job, stop: &AtomicBool) -> Result<ExitStatus, String> {
+fn run_one(job: &TrialProcess, stop: &AtomicBool) -> Result<ExitStatus, String> {
     std::fs::create_dir_all(&job.dir).map_err(|e| format!("cannot create {}: {e}", job.dir.display()))?;
     let log = job.dir.join("train.log");
     let out = std::fs::File::create(&log).map_err(|e| format!("cannot write {}: {e}", log.display()))?;

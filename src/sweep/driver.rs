@@ -1,7 +1,7 @@
 //! `trainrun sweep SPEC`: validate every trial up front (every problem at once, exit 2), list
 //! them (`--dry-run`), or run the trials not complete yet and rank them all.
 
-use super::child::{self, Event, Job};
+use super::child::{self, TrialEvent, TrialProcess};
 use super::results::{self, Row, Status, SweepRecord, TrialRecord};
 use super::{Sweep, TRIAL_VAR, Trial};
 use crate::exit::RunError;
@@ -23,7 +23,7 @@ pub struct SweepOptions {
 }
 
 /// A trial that validated.
-struct Checked {
+struct ValidTrial {
     /// Hash of its resolved spec.
     sha256: String,
     /// Threads its plan gives each task, and whether the spec chose them.
@@ -36,20 +36,20 @@ struct Checked {
 fn on_event(
     inv: &Invocation,
     sweep: &Sweep,
-    checked: &[Checked],
+    checked: &[ValidTrial],
     record: &SweepRecord,
     failures: &mut BTreeMap<usize, u8>,
-    event: Event,
+    event: TrialEvent,
 ) {
     let n = sweep.trials.len();
     match event {
-        Event::Started(i) => {
+        TrialEvent::Started(i) => {
             if !inv.quiet {
                 let name = &sweep.trials[i - 1].name;
                 println!("[{i}/{n}] {name}: running (log: {})", sweep.dir.join(name).join("train.log").display());
             }
         }
-        Event::Ended { index, code, took, error } => {
+        TrialEvent::Ended { index, code, took, error } => {
             let trial = &sweep.trials[index - 1];
             let dir = sweep.trial_dir(trial);
             let complete = code == 0 && results::completed(&dir, &checked[index - 1].sha256).is_some();
@@ -149,7 +149,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
 
     let exe =
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
-    let jobs: Vec<Job> = sweep
+    let jobs: Vec<TrialProcess> = sweep
         .trials
         .iter()
         .zip(&checked)
@@ -219,7 +219,7 @@ fn tail(dir: &Path, error: Option<&str>) -> String {
 
 /// Loads and plans every trial, reporting every problem of every trial at once; problems
 /// that several trials share are shown once.
-fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<Checked>, RunError> {
+fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError> {
     let mut problems: Vec<(String, Vec<usize>)> = Vec::new();
     let mut warnings: Vec<(String, Vec<usize>)> = Vec::new();
     let add = |list: &mut Vec<(String, Vec<usize>)>, parts: Vec<String>, trial: usize| {
@@ -243,7 +243,7 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<Checked>, RunError> {
         match crate::prepare::plan(&loaded, inv) {
             Ok(plan) => {
                 add(&mut warnings, render_each(&plan.warnings, &loaded.origins), trial.index);
-                checked.push(Checked {
+                checked.push(ValidTrial {
                     sha256: loaded.spec.results_sha256(),
                     threads: plan.threads,
                     threads_set: loaded.spec.run.threads.is_some(),
@@ -294,7 +294,14 @@ fn merged(list: &[(String, Vec<usize>)], sweep: &Sweep) -> String {
 }
 
 /// The child process that runs `trial`.
-fn job(inv: &Invocation, sweep: &Sweep, trial: &Trial, checked: &Checked, exe: &Path, parallel: usize) -> Job {
+fn job(
+    inv: &Invocation,
+    sweep: &Sweep,
+    trial: &Trial,
+    checked: &ValidTrial,
+    exe: &Path,
+    parallel: usize,
+) -> TrialProcess {
     let mut args = vec![inv.spec.display().to_string()];
     for s in &inv.sets {
         args.extend(["--set".to_string(), s.clone()]);
@@ -304,7 +311,7 @@ fn job(inv: &Invocation, sweep: &Sweep, trial: &Trial, checked: &Checked, exe: &
     if parallel > 1 && !checked.threads_set {
         args.extend(["--set".to_string(), format!("run.threads={}", (checked.threads / parallel).max(1))]);
     }
-    Job {
+    TrialProcess {
         index: trial.index,
         dir: sweep.trial_dir(trial),
         exe: exe.to_path_buf(),
@@ -313,7 +320,7 @@ fn job(inv: &Invocation, sweep: &Sweep, trial: &Trial, checked: &Checked, exe: &
     }
 }
 
-fn dry_run(sweep: &Sweep, checked: &[Checked], done: &[bool]) -> String {
+fn dry_run(sweep: &Sweep, checked: &[ValidTrial], done: &[bool]) -> String {
     let order = if sweep.higher_is_better { "higher is better" } else { "lower is better" };
     let mut out = format!(
         "sweep {}: {} trials in {}, ranked by {} ({order}), sweep seed {}\n",
@@ -332,7 +339,7 @@ fn dry_run(sweep: &Sweep, checked: &[Checked], done: &[bool]) -> String {
     out
 }
 
-fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[Checked], parallel: usize) -> SweepRecord {
+fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTrial], parallel: usize) -> SweepRecord {
     SweepRecord {
         trainrun_version: env!("CARGO_PKG_VERSION").to_string(),
         name: sweep.name.clone(),

@@ -3,9 +3,11 @@
 //! the step loop waits only for the memcpy. Only the chief has one.
 
 use super::callbacks::Moment;
-use crate::checkpoint::manifest::{FORMAT, LoopState, Metrics, OptimizerKind, OptimizerState, RngState, Topology};
+use crate::checkpoint::manifest::{
+    FORMAT, LoopState, Metrics, OptimizerState, RngState, SavedOptimizer, SavedTopology,
+};
 use crate::checkpoint::policy::Policy;
-use crate::checkpoint::writer::Job;
+use crate::checkpoint::writer::SaveJob;
 use crate::checkpoint::{CheckpointError, Kind, Layout, Manifest, SaveStats, Store, Writer, copy_into};
 use crate::data::Cursor;
 use crate::engine::Optimizer;
@@ -41,8 +43,8 @@ pub struct SavePoint<'a> {
 }
 
 /// The job's shape, as manifests record it.
-pub fn topology(plan: &Plan) -> Topology {
-    Topology {
+pub fn topology(plan: &Plan) -> SavedTopology {
+    SavedTopology {
         num_workers: plan.strategy.num_workers,
         num_replicas_in_sync: plan.strategy.num_replicas_in_sync,
         per_replica_batch: plan.batch.per_replica,
@@ -52,10 +54,10 @@ pub fn topology(plan: &Plan) -> Topology {
 }
 
 /// The optimizer's kind as manifests name it.
-pub fn optimizer_kind(o: &Optimizer) -> OptimizerKind {
+pub fn optimizer_kind(o: &Optimizer) -> SavedOptimizer {
     match o {
-        Optimizer::Sgd(_) => OptimizerKind::Sgd,
-        Optimizer::Adam(_) => OptimizerKind::Adam,
+        Optimizer::Sgd(_) => SavedOptimizer::Sgd,
+        Optimizer::Adam(_) => SavedOptimizer::Adam,
     }
 }
 
@@ -64,7 +66,7 @@ pub struct Checkpointer {
     writer: Writer,
     layout: Arc<Layout>,
     spec_hash: String,
-    topology: Topology,
+    topology: SavedTopology,
     seed: u64,
     /// The backup store and step of the last backup queued.
     last_backup: Option<(Store, u64)>,
@@ -160,7 +162,7 @@ impl Checkpointer {
         ordered.sort_by_key(|r| r.kind == Kind::Backup);
         let jobs = ordered
             .into_iter()
-            .map(|r| Job {
+            .map(|r| SaveJob {
                 supersedable: r.kind == Kind::Backup,
                 manifest: manifest(r.kind),
                 store: r.store,

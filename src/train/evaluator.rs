@@ -5,7 +5,7 @@
 //! `trainrun eval SPEC --checkpoint PATH`.
 
 use super::TrainError;
-use crate::checkpoint::{CheckpointError, Layout, Loaded, Store, store};
+use crate::checkpoint::{CheckpointError, Layout, LoadedCheckpoint, Store, store};
 use crate::data::{DataError, EvalBatches, Shard, Split};
 use crate::metrics::Sums;
 use crate::strategy::{Replica, Variables};
@@ -47,7 +47,7 @@ pub fn evaluate_checkpoint(
     replica: &mut Replica,
     test: &Split,
     batch: NonZeroUsize,
-    loaded: Loaded,
+    loaded: LoadedCheckpoint,
 ) -> Result<Sums, DataError> {
     let mut vars = Variables { params: loaded.params, state: loaded.state };
     let mut stats = Sums::default();
@@ -73,7 +73,7 @@ fn done(path: &Path, first: &str) -> BTreeSet<(String, u64)> {
 }
 
 /// What the watcher needs.
-pub struct Watch<'a> {
+pub struct CheckpointWatch<'a> {
     /// Each `model_checkpoint` callback's name and folder (at least one).
     pub dirs: Vec<(String, PathBuf)>,
     /// `eval.jsonl`.
@@ -89,7 +89,7 @@ pub struct Watch<'a> {
 /// Watches until `finished` says training is over (it errs when the job failed), evaluating
 /// every committed checkpoint once. Returns how many it evaluated.
 pub fn watch(
-    w: &Watch<'_>,
+    w: &CheckpointWatch<'_>,
     replica: &mut Replica,
     mut finished: impl FnMut() -> Result<bool, TrainError>,
     mut note: impl FnMut(&str),

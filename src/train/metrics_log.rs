@@ -4,7 +4,7 @@
 
 use super::callbacks::Logs;
 use super::summary::ParameterServerStats;
-use crate::metrics::{Metric, Reading, Split};
+use crate::metrics::{Metric, Reading, SplitKind};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
@@ -84,7 +84,7 @@ pub struct NamedMetrics(pub Reading);
 
 impl NamedMetrics {
     /// TensorBoard's scalars (`name`, value) of `split`, in the order the line writes them.
-    pub fn scalars(&self, split: Split) -> impl Iterator<Item = (&'static str, f64)> + '_ {
+    pub fn scalars(&self, split: SplitKind) -> impl Iterator<Item = (&'static str, f64)> + '_ {
         self.0.values().filter(move |(_, s, _)| *s == split).map(|(m, _, v)| (m.name(), v))
     }
 }
@@ -100,9 +100,9 @@ impl Serialize for NamedMetrics {
 }
 
 /// A metric's key on a line: Keras's `mae`, `val_mae`.
-fn key(metric: &dyn Metric, split: Split) -> String {
+fn key(metric: &dyn Metric, split: SplitKind) -> String {
     match split {
-        Split::Train => metric.name().to_string(),
-        Split::Test => format!("val_{}", metric.name()),
+        SplitKind::Train => metric.name().to_string(),
+        SplitKind::Test => format!("val_{}", metric.name()),
     }
 }

@@ -6,8 +6,8 @@
 //! set the batch.
 
 use super::{Session, TrainError};
-use crate::checkpoint::manifest::{LoopState, OptimizerKind};
-use crate::checkpoint::{Loaded, Manifest};
+use crate::checkpoint::manifest::{LoopState, SavedOptimizer};
+use crate::checkpoint::{LoadedCheckpoint, Manifest};
 use crate::data::Cursor;
 use crate::plan::Plan;
 use crate::strategy::Variables;
@@ -33,7 +33,9 @@ pub struct ResumePoint {
 
 /// What the chief sends ahead of the buffers.
 #[derive(Debug, Serialize, Deserialize)]
-struct Header {
+// serde's error texts name it as before the rename.
+#[serde(rename = "Header")]
+struct ResumeHeader {
     from: String,
     manifest: Manifest,
 }
@@ -43,7 +45,7 @@ pub fn check(
     plan: &Plan,
     m: &Manifest,
     dir: &Path,
-    kind: OptimizerKind,
+    kind: SavedOptimizer,
     optimizer_buffers: &[&str],
 ) -> Result<(), TrainError> {
     let t = &m.topology;
@@ -125,7 +127,7 @@ pub fn restore(
     plan: &Plan,
     session: &mut Session,
     is_chief: bool,
-    loaded: Option<Loaded>,
+    loaded: Option<LoadedCheckpoint>,
     spec_hash: &str,
     mut note: impl FnMut(&str),
 ) -> Result<Option<ResumePoint>, TrainError> {
@@ -134,7 +136,7 @@ pub fn restore(
     let header = match &loaded {
         Some(l) => {
             check(plan, &l.manifest, &l.path, kind, &buffers)?;
-            let h = Header { from: l.path.display().to_string(), manifest: l.manifest.clone() };
+            let h = ResumeHeader { from: l.path.display().to_string(), manifest: l.manifest.clone() };
             Some(serde_json::to_vec(&h).map_err(|e| TrainError::Resume(e.to_string()))?)
         }
         None if is_chief => Some(Vec::new()),
@@ -144,7 +146,8 @@ pub fn restore(
     if bytes.is_empty() {
         return Ok(None);
     }
-    let Header { from, manifest } = serde_json::from_slice(&bytes).map_err(|e| TrainError::Resume(e.to_string()))?;
+    let ResumeHeader { from, manifest } =
+        serde_json::from_slice(&bytes).map_err(|e| TrainError::Resume(e.to_string()))?;
     if !is_chief {
         check(plan, &manifest, Path::new(&from), kind, &buffers)?;
     }

@@ -6,8 +6,8 @@ use super::metrics_log::{MetricsEvent, MetricsLine, NamedMetrics};
 use super::run_json::RunRecord;
 use super::summary::{Summary, SummaryFile};
 use super::tensorboard::EventWriter;
-use crate::metrics::{Reading, Split, Sums};
-use crate::vocab::Metric;
+use crate::metrics::{Reading, SplitKind, Sums};
+use crate::vocab::MetricKind;
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -26,7 +26,7 @@ pub struct RunDirOptions {
     /// When the process started, for `wall_s`.
     pub launched: Instant,
     /// `train.metrics`: which metrics the lines carry.
-    pub metrics: Vec<Metric>,
+    pub metrics: Vec<MetricKind>,
 }
 
 /// Training steps since the last `step` line.
@@ -201,7 +201,7 @@ impl RunDir {
             ("examples_per_s", line.examples_per_s),
         ]
         .into_iter()
-        .chain(line.named.scalars(Split::Train))
+        .chain(line.named.scalars(SplitKind::Train))
         .collect();
         let named = |prefix: &str| train.iter().map(|(k, v)| (format!("{prefix}_{k}"), *v)).collect::<Vec<_>>();
         let train_path = self.train.path().to_path_buf();
@@ -223,7 +223,7 @@ impl RunDir {
         };
         if line.event == MetricsEvent::Epoch {
             let mut per_epoch = vec![("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
-            per_epoch.extend(line.named.scalars(Split::Test).map(|(k, v)| (format!("epoch_{k}"), v)));
+            per_epoch.extend(line.named.scalars(SplitKind::Test).map(|(k, v)| (format!("epoch_{k}"), v)));
             write(validation, line.epoch, &per_epoch).map_err(io(&events))?;
         }
         if repeated {
@@ -233,7 +233,7 @@ impl RunDir {
             ("evaluation_loss_vs_iterations".to_string(), loss),
             ("evaluation_accuracy_vs_iterations".to_string(), accuracy),
         ];
-        per_step.extend(line.named.scalars(Split::Test).map(|(k, v)| (format!("evaluation_{k}_vs_iterations"), v)));
+        per_step.extend(line.named.scalars(SplitKind::Test).map(|(k, v)| (format!("evaluation_{k}_vs_iterations"), v)));
         write(validation, line.step, &per_step).map_err(io(&events))
     }
 

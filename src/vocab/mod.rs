@@ -38,8 +38,9 @@ impl Activation {
 
 /// `train.loss`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Loss {
+// Named `Loss` in the schema and in serde's error texts, as before the rename.
+#[serde(rename = "Loss", rename_all = "snake_case")]
+pub enum LossKind {
     /// Cross-entropy against integer class labels.
     #[default]
     SparseCategoricalCrossentropy,
@@ -56,20 +57,23 @@ pub enum Loss {
     Huber,
 }
 
-impl Loss {
+impl LossKind {
     /// Whether the loss compares outputs to values (a regression loss), not to classes.
     pub fn regression(self) -> bool {
         match self {
-            Loss::MeanSquaredError | Loss::MeanAbsoluteError | Loss::Huber => true,
-            Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy | Loss::BinaryCrossentropy => false,
+            LossKind::MeanSquaredError | LossKind::MeanAbsoluteError | LossKind::Huber => true,
+            LossKind::SparseCategoricalCrossentropy
+            | LossKind::CategoricalCrossentropy
+            | LossKind::BinaryCrossentropy => false,
         }
     }
 }
 
 /// `train.metrics` entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
+// Named `Metric` in the schema and in serde's error texts, as before the rename.
+#[serde(rename = "Metric", rename_all = "snake_case")]
+pub enum MetricKind {
     /// Fraction of examples whose highest output is the label.
     Accuracy,
     /// `exp` of the mean cross-entropy (per position for a language model): the number of

@@ -28,7 +28,7 @@ use super::super::reduce::{copy, sum_to_all};
 use super::super::segment::Segment;
 use super::super::transport::TransportKind;
 use super::super::transport::shared_memory::{SharedMemory, ShmOptions};
-use super::super::{Communicator, PackReduce, Peers, Timeouts};
+use super::super::{CollectiveTimeouts, Communicator, PackReduce, Peers};
 use std::ops::Range;
 
 /// A rank's side of the phase protocol.
@@ -58,7 +58,11 @@ pub struct ShmCommunicator {
 impl ShmCommunicator {
     /// Joins the segment: rank 0 creates it, the others open it (retrying until
     /// `timeouts.connect`); returns once every rank is in.
-    pub fn join(peers: Peers, opts: &ShmOptions, timeouts: Timeouts) -> Result<ShmCommunicator, CollectiveError> {
+    pub fn join(
+        peers: Peers,
+        opts: &ShmOptions,
+        timeouts: CollectiveTimeouts,
+    ) -> Result<ShmCommunicator, CollectiveError> {
         let shm = SharedMemory::join(peers, opts, timeouts)?;
         Ok(ShmCommunicator { shm, st: Sync { seq: 0, pieces: 0, broken: None } })
     }

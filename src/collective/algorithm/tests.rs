@@ -2,7 +2,7 @@
 //! the other ranks run theirs, over the same transport.
 
 use super::*;
-use crate::collective::Timeouts;
+use crate::collective::CollectiveTimeouts;
 use crate::collective::error::ALL_REDUCE;
 use crate::collective::transport::shared_memory::{SharedMemory, ShmOptions};
 use std::thread;
@@ -28,7 +28,7 @@ fn the_ring_runs_on_two_subgroups_at_once_over_shared_memory() {
             thread::spawn(move || -> Result<Vec<f32>, CollectiveError> {
                 let names = (0..world).map(|r| format!("worker:{r}")).collect();
                 let peers = Peers::new(rank, names)?;
-                let timeouts = Timeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) };
+                let timeouts = CollectiveTimeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) };
                 // A small outbox, so 1000 floats go in many pipelined segments.
                 let opts = ShmOptions { staging_bytes: 1024, ..ShmOptions::new(path) };
                 let mut shm = SharedMemory::join(peers, &opts, timeouts)?;

@@ -13,11 +13,11 @@
 //! stuck behind a slow neighbour.
 
 use super::super::Peers;
-use super::super::error::{CollectiveError, Op, Secs};
+use super::super::error::{CollectiveError, CollectiveOp, Secs};
 use super::super::stranger::Answer;
 use super::Wiring;
 use super::stream::PeerLink;
-use super::tls::Wire;
+use super::tls::LinkStream;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -169,7 +169,7 @@ pub(crate) fn connect(
     let setup_err = |rank: usize, e: io::Error| CollectiveError::Io {
         peer: p.name(rank).to_string(),
         addr: addrs.get(rank).copied().unwrap_or_else(|| addr_or_unspecified(listener)),
-        op: Op::Setup,
+        op: CollectiveOp::Setup,
         source: e,
     };
     listener.set_nonblocking(true).map_err(|e| setup_err(first_in, e))?;
@@ -223,7 +223,7 @@ pub(crate) fn connect(
         let Dial::Done(s) = d.state else {
             return Err(CollectiveError::Invalid("internal error: setup ended unfinished".into()));
         };
-        outs.push(PeerLink { stream: Wire::Plain(s), peer: d.peer, addr: d.addr });
+        outs.push(PeerLink { stream: LinkStream::Plain(s), peer: d.peer, addr: d.addr });
     }
     let mut ins = Vec::with_capacity(accepted.len());
     for (&peer, s) in wiring.receives_from.iter().zip(accepted) {
@@ -231,7 +231,7 @@ pub(crate) fn connect(
             return Err(CollectiveError::Invalid("internal error: setup ended unfinished".into()));
         };
         ins.push(PeerLink {
-            stream: Wire::Plain(s),
+            stream: LinkStream::Plain(s),
             peer,
             addr: addrs.get(peer).copied().unwrap_or_else(|| addr_or_unspecified(listener)),
         });
@@ -293,7 +293,7 @@ fn advance(d: &mut Dialing, now: Instant, p: &Peers) -> Result<(), CollectiveErr
                 return Err(CollectiveError::Io {
                     peer: p.name(d.peer).to_string(),
                     addr: d.addr,
-                    op: Op::Setup,
+                    op: CollectiveOp::Setup,
                     source: e,
                 });
             }

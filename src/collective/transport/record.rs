@@ -83,7 +83,7 @@ fn invalid(what: impl Into<String>) -> io::Error {
 }
 
 /// One direction's key, IV and next sequence number, and how it moves to the next key.
-struct Direction {
+struct DirectionKeys {
     key: LessSafeKey,
     iv: [u8; NONCE_LEN],
     seq: u64,
@@ -94,8 +94,8 @@ struct Direction {
     epoch: u32,
 }
 
-impl Direction {
-    fn new((seq, secrets): (u64, ConnectionTrafficSecrets), rekey: Rekey) -> Result<Direction, String> {
+impl DirectionKeys {
+    fn new((seq, secrets): (u64, ConnectionTrafficSecrets), rekey: Rekey) -> Result<DirectionKeys, String> {
         let (algorithm, key, iv) = match secrets {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
             ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
@@ -106,7 +106,7 @@ impl Direction {
         };
         let key = UnboundKey::new(algorithm, key.as_ref()).map_err(|_| "a TLS key of the wrong size".to_owned())?;
         let iv: [u8; NONCE_LEN] = iv.as_ref().try_into().map_err(|_| "a TLS IV of the wrong size".to_owned())?;
-        Ok(Direction { key: LessSafeKey::new(key), iv, seq, algorithm, rekey, records: 0, epoch: 0 })
+        Ok(DirectionKeys { key: LessSafeKey::new(key), iv, seq, algorithm, rekey, records: 0, epoch: 0 })
     }
 
     /// Moves to the next key and IV, with sequence numbers from 0 again.
@@ -177,8 +177,8 @@ fn content_len(inner: &[u8]) -> io::Result<usize> {
 /// A link after the TLS handshake, reading and writing TLS 1.3 records; see the module docs.
 pub(crate) struct Sealed {
     sock: TcpStream,
-    tx: Direction,
-    rx: Direction,
+    tx: DirectionKeys,
+    rx: DirectionKeys,
     /// Sealed records not yet written: `out[out_pos..out_len]`.
     out: Vec<u8>,
     out_pos: usize,
@@ -212,8 +212,8 @@ impl Sealed {
     ) -> Result<Sealed, String> {
         Ok(Sealed {
             sock,
-            tx: Direction::new(tx, tx_rekey)?,
-            rx: Direction::new(rx, rx_rekey)?,
+            tx: DirectionKeys::new(tx, tx_rekey)?,
+            rx: DirectionKeys::new(rx, rx_rekey)?,
             out: Vec::new(),
             out_pos: 0,
             out_len: 0,

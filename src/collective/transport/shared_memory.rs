@@ -19,11 +19,11 @@
 //! publishers ring, with a deadline, and checks the awaited peer's pid every 2 ms so a dead
 //! peer is named quickly ([`Patience`]).
 
-use super::super::error::{CollectiveError, Op, OpDesc};
+use super::super::error::{CollectiveError, CollectiveOp, OpDesc};
 use super::super::liveness::process_exited;
 use super::super::reduce::copy;
 use super::super::segment::Segment;
-use super::super::{Peers, Timeouts};
+use super::super::{CollectiveTimeouts, Peers};
 use super::{Combine, Exchange, PointToPoint, TransportKind, combine, internal, out_of_step};
 use std::ops::Range;
 use std::path::PathBuf;
@@ -89,7 +89,11 @@ pub struct SharedMemory {
 impl SharedMemory {
     /// Joins the segment: rank 0 creates it, the others open it (retrying until
     /// `timeouts.connect`); returns once every rank is in.
-    pub(crate) fn join(peers: Peers, opts: &ShmOptions, timeouts: Timeouts) -> Result<SharedMemory, CollectiveError> {
+    pub(crate) fn join(
+        peers: Peers,
+        opts: &ShmOptions,
+        timeouts: CollectiveTimeouts,
+    ) -> Result<SharedMemory, CollectiveError> {
         let staging = (opts.staging_bytes / 4).max(64);
         let arena = opts.arena_bytes / 4;
         let seg = Segment::join(&peers, &opts.path, staging, arena, opts.job_token, timeouts.connect)?;
@@ -175,7 +179,7 @@ impl SharedMemory {
 /// that the awaited peer's process still exists, until the operation timeout.
 struct Patience<'a> {
     shm: &'a SharedMemory,
-    op: Op,
+    op: CollectiveOp,
     my_cpu: u64,
     start: Instant,
     next_liveness: Instant,
@@ -185,7 +189,7 @@ struct Patience<'a> {
 
 impl<'a> Patience<'a> {
     /// Starts waiting now; publishes the CPU this rank runs on.
-    fn new(shm: &'a SharedMemory, op: Op) -> Patience<'a> {
+    fn new(shm: &'a SharedMemory, op: CollectiveOp) -> Patience<'a> {
         // SAFETY: no arguments; returns the calling thread's CPU or -1.
         let my_cpu = unsafe { libc::sched_getcpu() } as u64;
         shm.seg.cell(shm.peers.rank()).cpu.store(my_cpu, Ordering::Relaxed);

@@ -1,4 +1,4 @@
-//! One exchange over byte streams (plain TCP or TLS-sealed, [`Wire`]): a single nonblocking
+//! One exchange over byte streams (plain TCP or TLS-sealed, [`LinkStream`]): a single nonblocking
 //! loop writes the schedule's sends to the connection to `to` and reads receipts from the
 //! connection from `from`, applying each completed segment and queueing it to be sent on at
 //! once, so sending, receiving and summing overlap segment by segment.
@@ -10,8 +10,8 @@
 //! step are caught before any data is mixed.
 
 use super::super::Peers;
-use super::super::error::{CollectiveError, Op, OpDesc};
-use super::tls::Wire;
+use super::super::error::{CollectiveError, CollectiveOp, OpDesc};
+use super::tls::LinkStream;
 use super::{Combine, Transfers, combine, internal, out_of_step};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// One connection: the socket (plain or TLS), and the rank at its other end.
 #[derive(Debug)]
 pub(crate) struct PeerLink {
-    pub stream: Wire,
+    pub stream: LinkStream,
     pub peer: usize,
     /// The peer's listening address (what the user configured), for errors.
     pub addr: SocketAddr,
@@ -61,11 +61,11 @@ pub(crate) struct Run<'a> {
     pub staging: &'a mut Vec<u64>,
 }
 
-fn closed(link: &PeerLink, peers: &Peers, op: Op) -> CollectiveError {
+fn closed(link: &PeerLink, peers: &Peers, op: CollectiveOp) -> CollectiveError {
     CollectiveError::ConnectionClosed { peer: peers.name(link.peer).to_string(), addr: link.addr, op }
 }
 
-fn io_error(link: &PeerLink, peers: &Peers, op: Op, e: io::Error) -> CollectiveError {
+fn io_error(link: &PeerLink, peers: &Peers, op: CollectiveOp, e: io::Error) -> CollectiveError {
     match e.kind() {
         io::ErrorKind::ConnectionReset
         | io::ErrorKind::ConnectionAborted
@@ -190,7 +190,7 @@ pub(crate) fn run(r: Run<'_>, data: &mut [u8], sched: &Transfers) -> Result<(), 
 }
 
 /// Sends what a sealed connection still holds; `Ok(true)` once nothing is left.
-fn flush(to: Option<&mut PeerLink>, peers: &Peers, op: Op) -> Result<bool, CollectiveError> {
+fn flush(to: Option<&mut PeerLink>, peers: &Peers, op: CollectiveOp) -> Result<bool, CollectiveError> {
     let Some(next) = to else { return Ok(true) };
     match next.stream.flush_pending() {
         Ok(done) => Ok(done),
@@ -215,7 +215,7 @@ fn wait_or_time_out(
     (can_send, receiving): (bool, bool),
     (last_send, last_recv): (Instant, Instant),
     peers: &Peers,
-    op: Op,
+    op: CollectiveOp,
     timeout: Duration,
 ) -> Result<(), CollectiveError> {
     let stalled = Instant::now().saturating_duration_since(last_send.max(last_recv));

@@ -9,8 +9,8 @@
 //! is caught by the operation timeout, a dead one by EOF or reset, and either way the error
 //! names it.
 
-use super::super::error::{CollectiveError, Op};
-use super::super::{Peers, Timeouts};
+use super::super::error::{CollectiveError, CollectiveOp};
+use super::super::{CollectiveTimeouts, Peers};
 use super::stream::{self, PeerLink, Run};
 use super::tls::{self, TlsPeers};
 use super::{Exchange, PointToPoint, TransportKind, Wiring, handshake};
@@ -64,7 +64,7 @@ impl TcpTransport {
         peers: Peers,
         opts: TcpOptions,
         wiring: &Wiring,
-        timeouts: Timeouts,
+        timeouts: CollectiveTimeouts,
     ) -> Result<TcpTransport, CollectiveError> {
         if opts.addrs.len() != peers.world() {
             return Err(CollectiveError::Invalid(format!(
@@ -91,7 +91,7 @@ impl TcpTransport {
             tune(link.stream.tcp(), opts.socket_buffer_bytes).map_err(|e| CollectiveError::Io {
                 peer: p.name(link.peer).to_string(),
                 addr: link.addr,
-                op: Op::Setup,
+                op: CollectiveOp::Setup,
                 source: e,
             })?;
         }

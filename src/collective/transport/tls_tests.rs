@@ -19,7 +19,7 @@ fn pems() -> (String, String, String) {
 
 /// This side's sealed link (the ring's TLS client) and a rustls server on the other end, once
 /// the handshake and the confirmation are through.
-fn connect() -> (Wire, ServerConnection, TcpStream) {
+fn connect() -> (LinkStream, ServerConnection, TcpStream) {
     let (cert, key, ca) = pems();
     let tls = RingTls::new(cert.as_bytes(), key.as_bytes(), ca.as_bytes()).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -57,7 +57,7 @@ fn pattern(len: usize, step: usize) -> Vec<u8> {
 
 /// Reads from the nonblocking `wire` in pieces of `piece` bytes until the end of the stream or
 /// an error.
-fn read_all(wire: &mut Wire, piece: usize) -> Result<Vec<u8>, io::Error> {
+fn read_all(wire: &mut LinkStream, piece: usize) -> Result<Vec<u8>, io::Error> {
     let (mut got, mut buf) = (Vec::new(), vec![0u8; piece]);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -132,7 +132,7 @@ fn a_record_altered_on_the_way_is_refused() {
 }
 
 /// Two of the ring's own ends, handshaken with each other: (the TLS client's, the server's).
-fn own_pair() -> (Wire, Wire) {
+fn own_pair() -> (LinkStream, LinkStream) {
     let (cert, key, ca) = pems();
     let tls = RingTls::new(cert.as_bytes(), key.as_bytes(), ca.as_bytes()).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -144,14 +144,14 @@ fn own_pair() -> (Wire, Wire) {
     }
     let peers = Peers::new(0, vec!["worker:0".into()]).unwrap();
     let t = TlsPeers { config: tls, names: vec!["localhost".into()] };
-    let link = |s| PeerLink { stream: Wire::Plain(s), peer: 0, addr };
+    let link = |s| PeerLink { stream: LinkStream::Plain(s), peer: 0, addr };
     let (mut outs, mut ins) = secure(&peers, &t, vec![link(next)], vec![link(prev)], Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}"));
     (outs.remove(0).stream, ins.remove(0).stream)
 }
 
 /// Writes all of `bytes` into `to` while reading them from `from`.
-fn send(to: &mut Wire, from: &mut Wire, bytes: &[u8]) -> io::Result<Vec<u8>> {
+fn send(to: &mut LinkStream, from: &mut LinkStream, bytes: &[u8]) -> io::Result<Vec<u8>> {
     let (mut sent, mut got, mut buf) = (0, Vec::new(), vec![0u8; 1 << 16]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while got.len() < bytes.len() {
@@ -175,10 +175,10 @@ fn send(to: &mut Wire, from: &mut Wire, bytes: &[u8]) -> io::Result<Vec<u8>> {
     Ok(got)
 }
 
-fn sealed(wire: &mut Wire) -> &mut Sealed {
+fn sealed(wire: &mut LinkStream) -> &mut Sealed {
     match wire {
-        Wire::Sealed(s) => s,
-        Wire::Plain(_) => panic!("a plain link"),
+        LinkStream::Sealed(s) => s,
+        LinkStream::Plain(_) => panic!("a plain link"),
     }
 }
 

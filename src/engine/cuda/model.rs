@@ -11,10 +11,10 @@ use super::residual::Block;
 use crate::engine::op::{BatchNormOp, ConvOp, Op as EngineOp};
 use crate::engine::{LossFn, Sequential, Shape};
 use crate::metrics::{self, Sums};
-use crate::vocab::{Activation, Loss};
+use crate::vocab::{Activation, LossKind};
 
 /// What one layer computes.
-enum Op {
+enum DeviceOp {
     /// Reshape or flatten: the output aliases the input.
     View,
     Dense(Dense),
@@ -32,23 +32,23 @@ enum Op {
     Residual(Box<Block>),
 }
 
-/// Where a layer reads or writes activations (as `Sequential`'s `Buf`).
+/// Where a layer reads or writes activations (as `Sequential`'s `Activations`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
+enum DeviceActivations {
     Input,
     Own(usize),
 }
 
-struct Layer {
-    op: Op,
-    input: Slot,
-    output: Slot,
+struct DeviceLayer {
+    op: DeviceOp,
+    input: DeviceActivations,
+    output: DeviceActivations,
     out_len: usize,
 }
 
 /// A model on one GPU, with its activation buffers.
 pub struct GpuModel {
-    layers: Vec<Layer>,
+    layers: Vec<DeviceLayer>,
     input_len: usize,
     classes: usize,
     /// Widest example (input or any layer's output), for the gradient buffers.
@@ -77,7 +77,7 @@ const FILLED: [metrics::Slot; 3] = [metrics::loss::SUM, metrics::loss::EXAMPLES,
 
 /// Refuses a metric that reads a sum the GPU loss kernel does not fill: it would read a
 /// silent 0.
-pub fn check_metrics(listed: &[crate::vocab::Metric]) -> Result<(), CudaError> {
+pub fn check_metrics(listed: &[crate::vocab::MetricKind]) -> Result<(), CudaError> {
     let unfilled = |m: &&dyn metrics::Metric| m.reads().iter().any(|slot| !FILLED.contains(slot));
     match listed.iter().map(|&m| metrics::of(m)).find(unfilled) {
         Some(m) => Err(CudaError::Unsupported(format!(
@@ -91,7 +91,7 @@ pub fn check_metrics(listed: &[crate::vocab::Metric]) -> Result<(), CudaError> {
 /// The loss the GPU computes: sparse or one-hot categorical cross-entropy from logits.
 pub fn check_loss(loss: LossFn) -> Result<(), CudaError> {
     match (loss.kind, loss.from_logits) {
-        (Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy, true) => Ok(()),
+        (LossKind::SparseCategoricalCrossentropy | LossKind::CategoricalCrossentropy, true) => Ok(()),
         (kind, from_logits) => Err(CudaError::Unsupported(format!(
             "the GPU computes only (sparse) categorical cross-entropy from logits, not {kind:?} with from_logits = {from_logits}; set train.from_logits = true with a linear last layer, or train on CPUs"
         ))),
@@ -119,24 +119,24 @@ fn batch_norm(gpu: &Gpu, b: BatchNormOp, numel: usize) -> Result<BatchNorm, Cuda
 }
 
 /// The GPU op of a layer the CPU model built as `op` on inputs of `input`.
-fn gpu_op(gpu: &Gpu, op: EngineOp, input: &Shape, output: &Shape) -> Result<Op, CudaError> {
+fn gpu_op(gpu: &Gpu, op: EngineOp, input: &Shape, output: &Shape) -> Result<DeviceOp, CudaError> {
     Ok(match op {
-        EngineOp::View => Op::View,
+        EngineOp::View => DeviceOp::View,
         EngineOp::Dense { inputs, units, activation, kernel, bias } => {
-            Op::Dense(Dense { inputs, units, act: activation, kernel, bias })
+            DeviceOp::Dense(Dense { inputs, units, act: activation, kernel, bias })
         }
-        EngineOp::Conv2d(c) => Op::Conv(conv(c)),
-        EngineOp::MaxPool2d(win) => Op::MaxPool(MaxPool { win, argmax: None }),
-        EngineOp::GlobalAvgPool2d { positions, channels } => Op::GlobalAvgPool { hw: positions, c: channels },
-        EngineOp::BatchNorm(b) => Op::BatchNorm(batch_norm(gpu, b, input.numel())?),
-        EngineOp::Activation(act) => Op::Activation { act, row: output.0.last().copied().unwrap_or(1) },
+        EngineOp::Conv2d(c) => DeviceOp::Conv(conv(c)),
+        EngineOp::MaxPool2d(win) => DeviceOp::MaxPool(MaxPool { win, argmax: None }),
+        EngineOp::GlobalAvgPool2d { positions, channels } => DeviceOp::GlobalAvgPool { hw: positions, c: channels },
+        EngineOp::BatchNorm(b) => DeviceOp::BatchNorm(batch_norm(gpu, b, input.numel())?),
+        EngineOp::Activation(act) => DeviceOp::Activation { act, row: output.0.last().copied().unwrap_or(1) },
         EngineOp::Residual(r) => {
             let numel = output.numel();
             let shortcut = match r.shortcut {
                 Some((c, b)) => Some((conv(c), batch_norm(gpu, b, numel)?)),
                 None => None,
             };
-            Op::Residual(Box::new(Block {
+            DeviceOp::Residual(Box::new(Block {
                 bn1: batch_norm(gpu, r.bn1, numel)?,
                 bn2: batch_norm(gpu, r.bn2, numel)?,
                 conv1: conv(r.conv1),
@@ -158,7 +158,7 @@ impl GpuModel {
         let input = model.input_shape().clone();
         let (mut widest, mut channels) = (input.numel(), 1);
         let views = model.layer_views();
-        let mut layers: Vec<Layer> = Vec::with_capacity(views.len());
+        let mut layers: Vec<DeviceLayer> = Vec::with_capacity(views.len());
         let mut own = 0;
         for view in &views {
             let op = view.op.ok_or_else(|| unsupported(view.name, view.kind))?;
@@ -166,23 +166,23 @@ impl GpuModel {
             let shape = view.output_shape;
             widest = widest.max(shape.numel());
             match &op {
-                Op::BatchNorm(bn) => channels = channels.max(bn.channels),
-                Op::Residual(b) => channels = channels.max(b.bn1.channels),
-                Op::View
-                | Op::Dense(_)
-                | Op::Conv(_)
-                | Op::MaxPool(_)
-                | Op::GlobalAvgPool { .. }
-                | Op::Activation { .. } => {}
+                DeviceOp::BatchNorm(bn) => channels = channels.max(bn.channels),
+                DeviceOp::Residual(b) => channels = channels.max(b.bn1.channels),
+                DeviceOp::View
+                | DeviceOp::Dense(_)
+                | DeviceOp::Conv(_)
+                | DeviceOp::MaxPool(_)
+                | DeviceOp::GlobalAvgPool { .. }
+                | DeviceOp::Activation { .. } => {}
             }
-            let input = layers.last().map_or(Slot::Input, |l| l.output);
-            let output = if matches!(op, Op::View) {
+            let input = layers.last().map_or(DeviceActivations::Input, |l| l.output);
+            let output = if matches!(op, DeviceOp::View) {
                 input
             } else {
                 own += 1;
-                Slot::Own(own - 1)
+                DeviceActivations::Own(own - 1)
             };
-            layers.push(Layer { op, input, output, out_len: shape.numel() });
+            layers.push(DeviceLayer { op, input, output, out_len: shape.numel() });
         }
         let outputs = views.last().map_or(input.numel(), |v| v.output_shape.numel());
         if outputs != classes {
@@ -214,19 +214,23 @@ impl GpuModel {
         let mut patches = 1;
         self.acts.clear();
         for layer in &mut self.layers {
-            if let Slot::Own(_) = layer.output {
+            if let DeviceActivations::Own(_) = layer.output {
                 self.acts.push(gpu.alloc_f32(n * layer.out_len)?);
             }
             match &mut layer.op {
-                Op::Conv(c) => patches = patches.max(c.patch_values(n)),
-                Op::MaxPool(p) => p.argmax = Some(gpu.alloc(n * layer.out_len * 4)?),
-                Op::Residual(b) => {
+                DeviceOp::Conv(c) => patches = patches.max(c.patch_values(n)),
+                DeviceOp::MaxPool(p) => p.argmax = Some(gpu.alloc(n * layer.out_len * 4)?),
+                DeviceOp::Residual(b) => {
                     b.reserve(gpu, n)?;
                     for c in [&b.conv1, &b.conv2].into_iter().chain(b.shortcut.as_ref().map(|s| &s.0)) {
                         patches = patches.max(c.patch_values(n));
                     }
                 }
-                Op::View | Op::Dense(_) | Op::GlobalAvgPool { .. } | Op::BatchNorm(_) | Op::Activation { .. } => {}
+                DeviceOp::View
+                | DeviceOp::Dense(_)
+                | DeviceOp::GlobalAvgPool { .. }
+                | DeviceOp::BatchNorm(_)
+                | DeviceOp::Activation { .. } => {}
             }
         }
         self.scratch = Some(Scratch {
@@ -246,10 +250,10 @@ impl GpuModel {
         Ok(())
     }
 
-    fn ptr(&self, slot: Slot) -> Result<DevPtr, CudaError> {
+    fn ptr(&self, slot: DeviceActivations) -> Result<DevPtr, CudaError> {
         match slot {
-            Slot::Input => self.x.as_ref().map(Buf::ptr),
-            Slot::Own(i) => self.acts.get(i).map(Buf::ptr),
+            DeviceActivations::Input => self.x.as_ref().map(Buf::ptr),
+            DeviceActivations::Own(i) => self.acts.get(i).map(Buf::ptr),
         }
         .ok_or_else(|| CudaError::Unsupported("activation buffer missing".into()))
     }
@@ -269,20 +273,20 @@ impl GpuModel {
         for layer in &self.layers {
             let (x, y) = (self.ptr(layer.input)?, self.ptr(layer.output)?);
             match &layer.op {
-                Op::View => {}
-                Op::Dense(d) => d.forward(cx, x, y)?,
-                Op::Conv(c) => c.forward(cx, x, y)?,
-                Op::MaxPool(p) => p.forward(gpu, x, y, n)?,
-                Op::GlobalAvgPool { hw, c } => gap_forward(gpu, x, y, n, *hw, *c)?,
-                Op::BatchNorm(bn) => bn.forward(cx, x, y)?,
-                Op::Activation { act, row } => {
+                DeviceOp::View => {}
+                DeviceOp::Dense(d) => d.forward(cx, x, y)?,
+                DeviceOp::Conv(c) => c.forward(cx, x, y)?,
+                DeviceOp::MaxPool(p) => p.forward(gpu, x, y, n)?,
+                DeviceOp::GlobalAvgPool { hw, c } => gap_forward(gpu, x, y, n, *hw, *c)?,
+                DeviceOp::BatchNorm(bn) => bn.forward(cx, x, y)?,
+                DeviceOp::Activation { act, row } => {
                     gpu.copy(y, x, n * layer.out_len)?;
                     bias_act(gpu, y, 0, n * layer.out_len / row, *row, *act)?;
                 }
-                Op::Residual(b) => b.forward(cx, x, y)?,
+                DeviceOp::Residual(b) => b.forward(cx, x, y)?,
             }
         }
-        self.ptr(self.layers.last().map_or(Slot::Input, |l| l.output))
+        self.ptr(self.layers.last().map_or(DeviceActivations::Input, |l| l.output))
     }
 
     /// Backpropagates the loss gradient in `grad[0]` into the arena's gradients.
@@ -293,29 +297,29 @@ impl GpuModel {
         let cx = DevicePass { gpu, sc, vars, n, training: true, accumulate: acc };
         let mut cur = 0;
         for layer in self.layers.iter().rev() {
-            let Slot::Own(_) = layer.output else { continue };
-            if matches!(layer.op, Op::View) {
+            let DeviceActivations::Own(_) = layer.output else { continue };
+            if matches!(layer.op, DeviceOp::View) {
                 continue;
             }
             let (x, y) = (self.ptr(layer.input)?, self.ptr(layer.output)?);
             let (dy, dx_buf) = (self.grad[cur].ptr(), self.grad[1 - cur].ptr());
-            let dx = (layer.input != Slot::Input).then_some(dx_buf);
+            let dx = (layer.input != DeviceActivations::Input).then_some(dx_buf);
             match &layer.op {
-                Op::View => {}
-                Op::Dense(d) => d.backward(cx, (x, y, dy), dx)?,
-                Op::Conv(c) => c.backward(cx, (x, y, dy), dx)?,
-                Op::MaxPool(p) => {
+                DeviceOp::View => {}
+                DeviceOp::Dense(d) => d.backward(cx, (x, y, dy), dx)?,
+                DeviceOp::Conv(c) => c.backward(cx, (x, y, dy), dx)?,
+                DeviceOp::MaxPool(p) => {
                     if let Some(dx) = dx {
                         p.backward(gpu, dy, dx, n)?;
                     }
                 }
-                Op::GlobalAvgPool { hw, c } => {
+                DeviceOp::GlobalAvgPool { hw, c } => {
                     if let Some(dx) = dx {
                         gap_backward(gpu, dy, dx, n, *hw, *c)?;
                     }
                 }
-                Op::BatchNorm(bn) => bn.backward(cx, (x, dy), dx)?,
-                Op::Activation { act, row } => {
+                DeviceOp::BatchNorm(bn) => bn.backward(cx, (x, dy), dx)?,
+                DeviceOp::Activation { act, row } => {
                     if let Some(dx) = dx {
                         let rows = n * layer.out_len / row;
                         let dz = super::layers::act_backward(gpu, *act, y, dy, dx, rows, *row)?;
@@ -324,7 +328,7 @@ impl GpuModel {
                         }
                     }
                 }
-                Op::Residual(b) => b.backward(cx, (x, y, dy), dx)?,
+                DeviceOp::Residual(b) => b.backward(cx, (x, y, dy), dx)?,
             }
             if dx.is_some() {
                 cur = 1 - cur;
@@ -348,7 +352,7 @@ impl GpuModel {
         }
         self.reserve(gpu, n)?;
         let (_, labels, ..) = self.parts()?;
-        gpu.upload(self.ptr(Slot::Input)?, x)?;
+        gpu.upload(self.ptr(DeviceActivations::Input)?, x)?;
         gpu.upload(labels, y)
     }
 

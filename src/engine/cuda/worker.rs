@@ -7,12 +7,12 @@ use super::replica::GpuReplica;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-type Job = Box<dyn FnOnce(&mut GpuReplica) + Send>;
+type GpuTask = Box<dyn FnOnce(&mut GpuReplica) + Send>;
 
 /// The thread that owns one GPU's replica.
-pub struct Worker {
+pub struct GpuThread {
     index: usize,
-    jobs: Option<mpsc::Sender<Job>>,
+    jobs: Option<mpsc::Sender<GpuTask>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -29,14 +29,14 @@ impl<R> Pending<R> {
     }
 }
 
-impl Worker {
+impl GpuThread {
     /// Starts the thread for `gpu:index`, building its replica with `init` there; the
     /// returned [`Pending`] says whether that worked.
     pub fn spawn(
         index: usize,
         init: impl FnOnce() -> Result<GpuReplica, CudaError> + Send + 'static,
     ) -> Result<(Self, Pending<()>), CudaError> {
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::channel::<GpuTask>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("trainrun-gpu{index}"))
@@ -65,7 +65,7 @@ impl Worker {
         f: impl FnOnce(&mut GpuReplica) -> Result<R, CudaError> + Send + 'static,
     ) -> Result<Pending<R>, CudaError> {
         let (tx, rx) = mpsc::channel();
-        let job: Job = Box::new(move |r| {
+        let job: GpuTask = Box::new(move |r| {
             let _ = tx.send(f(r));
         });
         self.jobs
@@ -77,7 +77,7 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
+impl Drop for GpuThread {
     fn drop(&mut self) {
         // Closing the queue ends the thread's loop; the replica is freed on its own thread.
         self.jobs.take();

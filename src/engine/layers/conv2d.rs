@@ -31,7 +31,7 @@ pub enum KernelInit {
 
 /// One thread's scratch.
 #[derive(Default)]
-struct Part {
+struct ThreadScratch {
     /// im2col patches: one chunk's, or (see [`KEEP_VALUES`]) the whole part's, kept from
     /// forward for backward.
     patches: Vec<f32>,
@@ -55,7 +55,7 @@ pub struct Conv2d {
     use_bias: bool,
     kernel_init: KernelInit,
     output: Shape,
-    parts: Vec<Part>,
+    parts: Vec<ThreadScratch>,
     /// Batch size whose patches the parts hold from the last training forward.
     kept: Option<usize>,
     /// Backward's `dy` comes through the ReLU's derivative already ([`Layer::dy_masked`]).
@@ -144,7 +144,7 @@ impl Layer for Conv2d {
         let chunk = self.images_per_chunk();
         let (kernel, bias) = params.split_at(self.kernel_len());
         let ranges = partition(n, SUM_PARTS);
-        self.parts.resize_with(ranges.len(), Part::default);
+        self.parts.resize_with(ranges.len(), ThreadScratch::default);
         let (in_len, out_len, per_image) =
             (win.h * win.w * win.c, win.positions() * filters, win.positions() * win.patch_len());
         let direct = conv2d_direct::applies(&win, filters);
@@ -187,7 +187,7 @@ impl Layer for Conv2d {
         let kept = self.kept.take() == Some(n);
         let direct = conv2d_direct::applies(&win, filters);
         let ranges = partition(n, SUM_PARTS);
-        self.parts.resize_with(ranges.len(), Part::default);
+        self.parts.resize_with(ranges.len(), ThreadScratch::default);
         let dxs: Vec<Option<&mut [f32]>> = match dx {
             Some(dx) => split_rows(&mut dx[..n * in_len], &ranges, in_len).into_iter().map(Some).collect(),
             None => ranges.iter().map(|_| None).collect(),
@@ -200,7 +200,7 @@ impl Layer for Conv2d {
                 // The direct kernels add to it from the first chunk on.
                 part.d_kernel.fill(0.0);
             }
-            let Part { patches: part_patches, d_patches, dz: part_dz, d_kernel, d_bias } = part;
+            let ThreadScratch { patches: part_patches, d_patches, dz: part_dz, d_kernel, d_bias } = part;
             for start in (0..r.len()).step_by(chunk) {
                 let imgs = chunk.min(r.len() - start);
                 let rows = imgs * win.positions();

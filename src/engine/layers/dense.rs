@@ -3,7 +3,7 @@
 use crate::engine::activation;
 use crate::engine::kernels::{add_bias, add_rows, par_rows, split_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
-use crate::engine::meet::{self, BLOCK_ROWS, Block};
+use crate::engine::meet::{self, BLOCK_ROWS, RowBlock};
 use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
@@ -312,7 +312,7 @@ fn kernel_blocks(
         for start in run.clone().step_by(BLOCK_ROWS) {
             let rows = start..(start + BLOCK_ROWS).min(run.end);
             let local = rows.start - run.start..rows.end - run.start;
-            let block = Block { x, dz, n, inputs, units, rows, local: local.clone(), mask };
+            let block = RowBlock { x, dz, n, inputs, units, rows, local: local.clone(), mask };
             let sparse = block.dx(&mut columns, dx.as_mut(), sink.kernel(local.clone(), units));
             sink.take(local, units, |target, keep, scale| block.product(&columns, sparse, target, keep, scale));
         }

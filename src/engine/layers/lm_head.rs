@@ -113,13 +113,13 @@ mod tests {
     }
 
     /// Records what backward asks of the gradient buffer.
-    struct Recorder {
+    struct GradRecorder {
         grads: Vec<f32>,
         ready: usize,
         log: Vec<String>,
     }
 
-    impl GradSink for Recorder {
+    impl GradSink for GradRecorder {
         fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
             assert!(range.start >= self.ready, "asked for {range:?} after marking {} ready", self.ready);
             self.log.push(format!("slice {range:?}"));
@@ -134,11 +134,11 @@ mod tests {
     }
 
     /// `Σ y ⊙ r` of `model` on `x`, and its gradient by backward, for `params`.
-    fn loss_and_grads(model: &mut Sequential, params: &[f32], x: &[f32], r: &[f32]) -> (f64, Recorder) {
+    fn loss_and_grads(model: &mut Sequential, params: &[f32], x: &[f32], r: &[f32]) -> (f64, GradRecorder) {
         let y = model.forward(pass(false), params, &mut [], x, 1);
         let loss = y.iter().zip(r).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
         model.output_and_grad(1).1.copy_from_slice(r);
-        let mut sink = Recorder { grads: vec![f32::NAN; params.len()], ready: 0, log: Vec::new() };
+        let mut sink = GradRecorder { grads: vec![f32::NAN; params.len()], ready: 0, log: Vec::new() };
         model.backward(pass(false), params, &mut sink, x, 1);
         (loss, sink)
     }

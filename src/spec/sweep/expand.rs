@@ -3,7 +3,7 @@
 //! a seed derived from the sweep seed and the trial's values.
 
 use crate::engine::init::{derive_seed, rng};
-use crate::spec::{Assignment, Diagnostic, Distribution, SweepSpec};
+use crate::spec::{Assignment, Diagnostic, SweepDistribution, SweepSpec};
 use rand::Rng;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -118,13 +118,15 @@ fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
                 );
             }
             let bad = match dist {
-                Distribution::Uniform { low, high } if low.partial_cmp(high) != Some(std::cmp::Ordering::Less) => {
+                SweepDistribution::Uniform { low, high } if low.partial_cmp(high) != Some(std::cmp::Ordering::Less) => {
                     Some(format!("low = {low} ≥ high = {high}"))
                 }
-                Distribution::LogUniform { low, high } if !(*low > 0.0 && low < high) => {
+                SweepDistribution::LogUniform { low, high } if !(*low > 0.0 && low < high) => {
                     Some(format!("needs 0 < low < high, found low = {low}, high = {high}"))
                 }
-                Distribution::IntUniform { low, high } if low > high => Some(format!("low = {low} > high = {high}")),
+                SweepDistribution::IntUniform { low, high } if low > high => {
+                    Some(format!("low = {low} > high = {high}"))
+                }
                 _ => None,
             };
             if let Some(why) = bad {
@@ -183,18 +185,18 @@ fn samples(sweep: &SweepSpec, seed: u64) -> Vec<Vec<Assignment>> {
 }
 
 /// One value of `dist` from the random word `bits`.
-fn draw(dist: &Distribution, bits: u64) -> Json {
+fn draw(dist: &SweepDistribution, bits: u64) -> Json {
     // 53 random bits as a float in [0, 1), the same on every platform.
     let u = (bits >> 11) as f64 / (1u64 << 53) as f64;
     match dist {
-        Distribution::Uniform { low, high } => real(low + u * (high - low)),
-        Distribution::LogUniform { low, high } => real((low.ln() + u * (high.ln() - low.ln())).exp()),
-        Distribution::IntUniform { low, high } => {
+        SweepDistribution::Uniform { low, high } => real(low + u * (high - low)),
+        SweepDistribution::LogUniform { low, high } => real((low.ln() + u * (high.ln() - low.ln())).exp()),
+        SweepDistribution::IntUniform { low, high } => {
             let span = (*high as i128 - *low as i128 + 1) as f64;
             let offset = ((u * span) as i128).min(*high as i128 - *low as i128);
             Json::from((*low as i128 + offset) as i64)
         }
-        Distribution::Choice { values } => {
+        SweepDistribution::Choice { values } => {
             let i = ((u * values.len() as f64) as usize).min(values.len().saturating_sub(1));
             values.get(i).cloned().unwrap_or(Json::Null)
         }

@@ -18,7 +18,7 @@ fn trials(sweep: &SweepSpec, seed: u64) -> Vec<Trial> {
     }
 }
 
-fn random(samples: u32, parameters: &[(&str, Distribution)]) -> Option<RandomSpec> {
+fn random(samples: u32, parameters: &[(&str, SweepDistribution)]) -> Option<RandomSpec> {
     Some(RandomSpec {
         samples: NonZeroU32::new(samples).unwrap_or(NonZeroU32::MIN),
         parameters: parameters.iter().map(|(k, d)| (k.to_string(), d.clone())).collect(),
@@ -67,10 +67,10 @@ fn random_draws_are_seeded_in_range_and_rounded() {
         random: random(
             20,
             &[
-                ("optimizer.learning_rate", Distribution::LogUniform { low: 1e-4, high: 1e-1 }),
-                ("optimizer.momentum", Distribution::Uniform { low: 0.5, high: 0.9 }),
-                ("train.epochs", Distribution::IntUniform { low: 1, high: 3 }),
-                ("batch.global", Distribution::Choice { values: vec![json!(32), json!(64)] }),
+                ("optimizer.learning_rate", SweepDistribution::LogUniform { low: 1e-4, high: 1e-1 }),
+                ("optimizer.momentum", SweepDistribution::Uniform { low: 0.5, high: 0.9 }),
+                ("train.epochs", SweepDistribution::IntUniform { low: 1, high: 3 }),
+                ("batch.global", SweepDistribution::Choice { values: vec![json!(32), json!(64)] }),
             ],
         ),
         ..SweepSpec::default()
@@ -99,7 +99,7 @@ fn random_draws_are_seeded_in_range_and_rounded() {
 #[test]
 fn random_samples_cross_the_grid_and_explicit_trials_follow() {
     let mut sweep = grid(&[("batch.global", json!([32, 64]))]);
-    sweep.random = random(3, &[("optimizer.learning_rate", Distribution::Uniform { low: 0.01, high: 0.1 })]);
+    sweep.random = random(3, &[("optimizer.learning_rate", SweepDistribution::Uniform { low: 0.01, high: 0.1 })]);
     sweep.trials = vec![[("optimizer.learning_rate".to_string(), json!(0.5))].into_iter().collect()];
     let t = trials(&sweep, 1);
     assert_eq!(t.len(), 2 * 3 + 1);
@@ -112,7 +112,7 @@ fn random_samples_cross_the_grid_and_explicit_trials_follow() {
     }
     // More samples append trials: the first ones keep their numbers, names and values.
     let mut more = sweep.clone();
-    more.random = random(4, &[("optimizer.learning_rate", Distribution::Uniform { low: 0.01, high: 0.1 })]);
+    more.random = random(4, &[("optimizer.learning_rate", SweepDistribution::Uniform { low: 0.01, high: 0.1 })]);
     more.trials.clear();
     assert_eq!(trials(&more, 1)[..6], t[..6]);
     assert_eq!(t[6].name, "trial-007-lr0.5");
@@ -148,8 +148,8 @@ fn problems_name_their_keys() {
     both.random = random(
         2,
         &[
-            ("optimizer.learning_rate", Distribution::Uniform { low: 0.0, high: 1.0 }),
-            ("optimizer.momentum", Distribution::LogUniform { low: 0.0, high: 1.0 }),
+            ("optimizer.learning_rate", SweepDistribution::Uniform { low: 0.0, high: 1.0 }),
+            ("optimizer.momentum", SweepDistribution::LogUniform { low: 0.0, high: 1.0 }),
         ],
     );
     assert_eq!(

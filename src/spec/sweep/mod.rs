@@ -66,14 +66,15 @@ pub struct RandomSpec {
     pub samples: NonZeroU32,
     /// The distribution of each key path. Example:
     /// `parameters = { "optimizer.learning_rate" = { kind = "log_uniform", low = 1e-4, high = 0.1 } }`.
-    pub parameters: BTreeMap<String, Distribution>,
+    pub parameters: BTreeMap<String, SweepDistribution>,
 }
 
 /// How a random key path is drawn. Real values are rounded to 4 significant digits, so they
 /// read well in tables and folder names and can be typed back in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Distribution {
+// Named `Distribution` in the schema and in serde's error texts, as before the rename.
+#[serde(rename = "Distribution", tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SweepDistribution {
     /// Uniform between `low` and `high`.
     Uniform {
         /// Lowest value. Example: `low = 0.0`.

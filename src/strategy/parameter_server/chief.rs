@@ -7,7 +7,7 @@
 
 use super::client::{Rates, RemoteWorker, Report, Servers};
 use super::coordinator::Coordinator;
-use super::layout::Layout;
+use super::layout::PsLayout;
 use super::stats::ParameterServerStats;
 use crate::cluster::Role;
 use crate::cluster::job::{DataPlane, Job};
@@ -33,7 +33,7 @@ pub struct Chief {
     job: Option<Job>,
     /// The ps tasks' and workers' data-plane endpoints and where the variables' shards lie,
     /// until training starts.
-    data: Option<(DataPlane, Layout)>,
+    data: Option<(DataPlane, PsLayout)>,
     running: Option<Running>,
 }
 
@@ -69,7 +69,7 @@ pub fn new(
             "the parameter-server coordinator runs as the chief of a job: name the task with --task".into(),
         )
     })?;
-    let layout = Layout::new(&plan, replica.model().tensors(), replica.model().state_tensors()).map_err(remote)?;
+    let layout = PsLayout::new(&plan, replica.model().tensors(), replica.model().state_tensors()).map_err(remote)?;
     Ok(Chief {
         local: Replicated::new(StrategyKind::ParameterServer, vec![replica], CrossDevice::ReductionToOneDevice),
         plan,
@@ -96,7 +96,7 @@ impl Running {
     /// each resumes its own shuffle.
     fn start(
         chief: &Chief,
-        (data, layout): (DataPlane, Layout),
+        (data, layout): (DataPlane, PsLayout),
         (vars, optimizer): (&Variables, &Optimizer),
         worker_steps: &[u64],
     ) -> Result<Self, StrategyError> {

@@ -2,8 +2,8 @@
 //! at the start, pull them all for evaluation and checkpoints, stop) and [`RemoteWorker`] (a
 //! worker as the coordinator drives it: send a closure, read its statistics).
 
-use super::coordinator::{Closure, Failure, Worker};
-use super::layout::{Layout, gather, gather_trainable, scatter, scatter_trainable};
+use super::coordinator::{Closure, ClosureFailure, Worker};
+use super::layout::{PsLayout, gather, gather_trainable, scatter, scatter_trainable};
 use super::wire::{Conn, Frame, Secure, Tag, peer_error};
 use crate::cluster::TaskId;
 use crate::collective::RingTls;
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// The chief's connections to every ps task.
 pub struct Servers {
     ps: Vec<(TaskId, Conn)>,
-    layout: Layout,
+    layout: PsLayout,
     timeout: Duration,
     /// Per ps, the workers it served through shared memory at the last pull.
     shared_workers: Vec<u64>,
@@ -28,7 +28,7 @@ impl Servers {
     /// Dials every ps of `ps` (by index, with its host) until `startup`, over TLS with `tls`;
     /// answers wait `timeout` at most.
     pub fn connect(
-        layout: Layout,
+        layout: PsLayout,
         ps: &[(TaskId, SocketAddr, String)],
         token: u64,
         (startup, timeout): (Duration, Duration),
@@ -200,15 +200,17 @@ impl Drop for RemoteWorker {
 }
 
 impl Worker for RemoteWorker {
-    fn run(&mut self, closure: &Closure) -> Result<(), Failure> {
-        let Some(conn) = self.conn.as_mut() else { return Err(Failure::WorkerLost(format!("{} is gone", self.task))) };
+    fn run(&mut self, closure: &Closure) -> Result<(), ClosureFailure> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(ClosureFailure::WorkerLost(format!("{} is gone", self.task)));
+        };
         let lrs: Vec<f32> = {
             let r = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
             let from = closure.first_step.saturating_sub(r.first) as usize;
             r.lrs.iter().skip(from).take(closure.steps as usize).copied().collect()
         };
         if lrs.len() as u64 != closure.steps {
-            return Err(Failure::Failed(format!("no learning rate for steps from {}", closure.first_step)));
+            return Err(ClosureFailure::Failed(format!("no learning rate for steps from {}", closure.first_step)));
         }
         // The worker's place in its own shuffle goes with every closure: a restarted worker,
         // or every worker after a resume, continues where its predecessor's completed steps
@@ -217,14 +219,14 @@ impl Worker for RemoteWorker {
         let answer = match conn.call(&frame) {
             Ok(a) => a,
             // The worker itself answered with an error: a ps is gone, or the loss diverged.
-            Err(e) if e.kind() == std::io::ErrorKind::Other => return Err(Failure::Failed(e.to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::Other => return Err(ClosureFailure::Failed(e.to_string())),
             Err(e) => {
                 self.conn = None;
-                return Err(Failure::WorkerLost(peer_error(self.task, "a closure", &e, self.timeout)));
+                return Err(ClosureFailure::WorkerLost(peer_error(self.task, "a closure", &e, self.timeout)));
             }
         };
         let Some((sums, staleness)) = answer.ints.split_at_checked(Sums::LEN) else {
-            return Err(Failure::Failed(format!("{} answered a closure without its statistics", self.task)));
+            return Err(ClosureFailure::Failed(format!("{} answered a closure without its statistics", self.task)));
         };
         self.done += closure.steps;
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);

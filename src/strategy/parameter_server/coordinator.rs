@@ -31,7 +31,7 @@ pub struct Closure {
 
 /// Why a closure did not complete on a worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
+pub enum ClosureFailure {
     /// The worker is gone (killed, preempted, unreachable): the closure runs again elsewhere.
     WorkerLost(String),
     /// The closure itself failed (a ps is gone, a non-finite loss): the job fails.
@@ -41,7 +41,7 @@ pub enum Failure {
 /// One remote worker as the coordinator drives it.
 pub trait Worker: Send + 'static {
     /// Runs `closure` to completion: pulls variables, computes and pushes each step.
-    fn run(&mut self, closure: &Closure) -> Result<(), Failure>;
+    fn run(&mut self, closure: &Closure) -> Result<(), ClosureFailure>;
     /// Waits for the lost worker to come back (the launcher restarts it); `false` when it
     /// will not, and the coordinator stops using it. Gives up as soon as `give_up` says so
     /// (the job is ending).
@@ -85,7 +85,7 @@ impl Stats {
     }
 }
 
-struct State {
+struct QueueState {
     queue: VecDeque<Closure>,
     in_flight: usize,
     /// Workers taking work now (not lost, not rejoining).
@@ -100,7 +100,7 @@ struct State {
     quiet_before: u64,
 }
 
-impl State {
+impl QueueState {
     /// Whether worker `w` must wait for slower live workers before taking more work.
     fn too_far_ahead(&self, w: usize, max_staleness: Option<u64>) -> bool {
         let Some(s) = max_staleness else { return false };
@@ -116,32 +116,32 @@ impl State {
     }
 }
 
-struct Shared {
-    state: Mutex<State>,
+struct QueueShared {
+    state: Mutex<QueueState>,
     changed: Condvar,
     capacity: usize,
     max_staleness: Option<u64>,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+impl QueueShared {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
         // A worker thread that panicked leaves consistent counters: every update is one
         // statement under the lock.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn wait<'a>(&self, guard: MutexGuard<'a, QueueState>) -> MutexGuard<'a, QueueState> {
         self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait_timeout<'a>(&self, guard: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+    fn wait_timeout<'a>(&self, guard: MutexGuard<'a, QueueState>, timeout: Duration) -> MutexGuard<'a, QueueState> {
         self.changed.wait_timeout(guard, timeout).map_or_else(|e| e.into_inner().0, |(g, _)| g)
     }
 }
 
 /// The chief's coordinator over a fixed set of workers.
 pub struct Coordinator {
-    shared: Arc<Shared>,
+    shared: Arc<QueueShared>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -149,8 +149,8 @@ impl Coordinator {
     /// Starts one thread per worker; `queue_size` closures may wait before `schedule` blocks.
     pub fn new<W: Worker>(workers: Vec<W>, queue_size: NonZeroUsize, max_staleness: Option<u64>) -> Self {
         let n = workers.len();
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
+        let shared = Arc::new(QueueShared {
+            state: Mutex::new(QueueState {
                 queue: VecDeque::new(),
                 in_flight: 0,
                 live: vec![true; n],
@@ -264,7 +264,7 @@ impl Drop for Coordinator {
 }
 
 /// One worker's thread: take a closure, run it, record what happened.
-fn drive<W: Worker>(shared: &Shared, w: usize, mut worker: W) {
+fn drive<W: Worker>(shared: &QueueShared, w: usize, mut worker: W) {
     loop {
         let closure = {
             let mut s = shared.lock();
@@ -292,7 +292,7 @@ fn drive<W: Worker>(shared: &Shared, w: usize, mut worker: W) {
                     s.stats.steps_since_rejoin[w] += closure.steps;
                     false
                 }
-                Err(Failure::WorkerLost(_)) => {
+                Err(ClosureFailure::WorkerLost(_)) => {
                     // At least once: the closure runs next, on whichever worker is free.
                     s.stats.rescheduled += 1;
                     if !s.closing {
@@ -301,7 +301,7 @@ fn drive<W: Worker>(shared: &Shared, w: usize, mut worker: W) {
                     s.live[w] = false;
                     true
                 }
-                Err(Failure::Failed(message)) => {
+                Err(ClosureFailure::Failed(message)) => {
                     if closure.id >= s.quiet_before {
                         s.quiet_before = s.stats.scheduled;
                         s.error = Some(CoordinatorError::Closure {

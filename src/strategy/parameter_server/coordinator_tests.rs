@@ -6,7 +6,7 @@ use super::*;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Duration;
 
-type Script = Box<dyn FnMut(&Closure) -> Result<(), Failure> + Send>;
+type Script = Box<dyn FnMut(&Closure) -> Result<(), ClosureFailure> + Send>;
 
 /// A worker that can be held at the start of each closure, reports what it starts, follows a
 /// script for each closure and records the closures it completed.
@@ -45,19 +45,19 @@ impl Fake {
         (self, rx)
     }
 
-    fn scripted(mut self, script: impl FnMut(&Closure) -> Result<(), Failure> + Send + 'static) -> Self {
+    fn scripted(mut self, script: impl FnMut(&Closure) -> Result<(), ClosureFailure> + Send + 'static) -> Self {
         self.script = Box::new(script);
         self
     }
 }
 
 impl Worker for Fake {
-    fn run(&mut self, closure: &Closure) -> Result<(), Failure> {
+    fn run(&mut self, closure: &Closure) -> Result<(), ClosureFailure> {
         if let Some(s) = &self.started {
             let _ = s.send(closure.id);
         }
         if let Some(g) = &self.gate {
-            g.recv().map_err(|_| Failure::WorkerLost("gate closed".into()))?;
+            g.recv().map_err(|_| ClosureFailure::WorkerLost("gate closed".into()))?;
         }
         (self.script)(closure)?;
         self.completed.lock().unwrap().push(closure.id);
@@ -110,7 +110,7 @@ fn the_first_error_is_returned_once_and_queued_closures_are_cancelled() {
     let done = Arc::new(Mutex::new(Vec::new()));
     let (fake, permits) = Fake::new(&done).gated();
     let (fake, started) = fake.reporting();
-    let fake = fake.scripted(|c| if c.id == 0 { Err(Failure::Failed("ps:0 is gone".into())) } else { Ok(()) });
+    let fake = fake.scripted(|c| if c.id == 0 { Err(ClosureFailure::Failed("ps:0 is gone".into())) } else { Ok(()) });
     let c = Coordinator::new(vec![fake], queue(8), None);
     for step in 0..4 {
         c.schedule(step, 1).unwrap();
@@ -137,7 +137,7 @@ fn only_the_first_of_several_failures_is_returned() {
     let done = Arc::new(Mutex::new(Vec::new()));
     // Two workers fail their closures together; one error comes back, then nothing.
     let workers: Vec<(Fake, Sender<()>)> = (0..2)
-        .map(|_| Fake::new(&done).scripted(|c| Err(Failure::Failed(format!("closure {} failed", c.id)))).gated())
+        .map(|_| Fake::new(&done).scripted(|c| Err(ClosureFailure::Failed(format!("closure {} failed", c.id)))).gated())
         .collect();
     let (workers, permits): (Vec<Fake>, Vec<Sender<()>>) = workers.into_iter().unzip();
     let c = Coordinator::new(workers, queue(8), None);
@@ -169,7 +169,7 @@ fn a_closure_lost_with_its_worker_runs_again() {
             Ok(())
         } else {
             lost_once = true;
-            Err(Failure::WorkerLost("worker:0 was killed".into()))
+            Err(ClosureFailure::WorkerLost("worker:0 was killed".into()))
         }
     });
     // The steady worker is held at its first closure, so the flaky one surely gets work.
@@ -198,7 +198,7 @@ fn a_closure_lost_with_its_worker_runs_again() {
 #[test]
 fn a_worker_that_never_comes_back_leaves_its_work_to_the_others() {
     let done = Arc::new(Mutex::new(Vec::new()));
-    let mut gone = Fake::new(&done).scripted(|_| Err(Failure::WorkerLost("worker:0 was killed".into())));
+    let mut gone = Fake::new(&done).scripted(|_| Err(ClosureFailure::WorkerLost("worker:0 was killed".into())));
     gone.rejoins = false;
     // The steady worker is held at its first closure, so the other one takes the next.
     let (steady, permits) = Fake::new(&done).gated();
@@ -216,7 +216,7 @@ fn a_worker_that_never_comes_back_leaves_its_work_to_the_others() {
     assert_eq!(stats.rescheduled, 1);
 
     // With no worker left the job fails instead of waiting for ever.
-    let mut alone = Fake::new(&done).scripted(|_| Err(Failure::WorkerLost("worker:0 was killed".into())));
+    let mut alone = Fake::new(&done).scripted(|_| Err(ClosureFailure::WorkerLost("worker:0 was killed".into())));
     alone.rejoins = false;
     let c = Coordinator::new(vec![alone], queue(4), None);
     c.schedule(0, 1).unwrap();
@@ -227,7 +227,7 @@ fn a_worker_that_never_comes_back_leaves_its_work_to_the_others() {
 #[test]
 fn a_worker_awaited_for_ever_holds_up_neither_join_nor_the_end() {
     let done = Arc::new(Mutex::new(Vec::new()));
-    let mut lost = Fake::new(&done).scripted(|_| Err(Failure::WorkerLost("worker:0 was killed".into())));
+    let mut lost = Fake::new(&done).scripted(|_| Err(ClosureFailure::WorkerLost("worker:0 was killed".into())));
     lost.waits = true;
     let (steady, permits) = Fake::new(&done).gated();
     let c = Coordinator::new(vec![lost, steady], queue(8), None);
@@ -254,7 +254,7 @@ struct HeldOnce {
 }
 
 impl Worker for HeldOnce {
-    fn run(&mut self, _: &Closure) -> Result<(), Failure> {
+    fn run(&mut self, _: &Closure) -> Result<(), ClosureFailure> {
         let held = {
             let mut first = self.first.lock().unwrap();
             first.get_or_insert(self.tag) == &self.tag

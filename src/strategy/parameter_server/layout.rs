@@ -18,11 +18,11 @@ pub struct Piece {
 
 /// Every ps task's pieces, indexed by ps.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
+pub struct PsLayout {
     pub ps: Vec<Vec<Piece>>,
 }
 
-impl Layout {
+impl PsLayout {
     /// The plan's placement over the model whose buffers `tensors` and `state_tensors`
     /// describe; `Err` names a planned variable the model lacks.
     pub fn new(
@@ -123,7 +123,7 @@ pub fn local_tensors(pieces: &[Piece], tensors: &[TensorInfo]) -> Vec<TensorInfo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Shard, VariablePlacement};
+    use crate::plan::{VariablePlacement, VariableShard};
     use std::num::{NonZeroU64, NonZeroUsize};
 
     #[test]
@@ -135,7 +135,7 @@ mod tests {
             TensorInfo { name: "d/bias".into(), shape: vec![2], offset: 6 },
         ];
         let state = vec![TensorInfo { name: "bn/moving_mean".into(), shape: vec![2], offset: 0 }];
-        let shard = |ps, start, rows| Shard { ps, start, rows, bytes: 0 };
+        let shard = |ps, start, rows| VariableShard { ps, start, rows, bytes: 0 };
         let var =
             |name: &str, trainable, shards| VariablePlacement { name: name.into(), shape: vec![], trainable, shards };
         let plan = ParameterServerPlan {
@@ -153,7 +153,7 @@ mod tests {
             eval_threads: 1,
             steps_per_execution: NonZeroU64::MIN,
         };
-        let layout = Layout::new(&plan, &tensors, &state).unwrap();
+        let layout = PsLayout::new(&plan, &tensors, &state).unwrap();
         assert_eq!(layout.ps[0], vec![Piece { state: false, range: 0..4 }, Piece { state: false, range: 6..8 }]);
         assert_eq!(layout.ps[1], vec![Piece { state: false, range: 4..6 }, Piece { state: true, range: 0..2 }]);
         assert_eq!((layout.trainable_len(1), layout.len(1)), (2, 4));

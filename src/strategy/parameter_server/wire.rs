@@ -15,7 +15,7 @@
 //! `floats` little-endian `f32`s.
 
 use crate::cluster::TaskId;
-use crate::collective::{RingTls, Wire};
+use crate::collective::{LinkStream, RingTls};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -97,7 +97,7 @@ pub fn text_of(floats: &[f32]) -> String {
 
 /// A frame's tag and integers, read before its floats.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Head {
+pub struct FrameHead {
     pub tag: Tag,
     pub ints: Vec<u64>,
     /// How many floats follow.
@@ -108,7 +108,7 @@ pub struct Head {
 /// it), or a handle on the TLS link, which needs both ways in one place.
 enum Half {
     Plain(TcpStream),
-    Sealed(Arc<Mutex<Wire>>),
+    Sealed(Arc<Mutex<LinkStream>>),
 }
 
 impl Half {
@@ -156,7 +156,7 @@ pub struct Secure<'a> {
 }
 
 impl Secure<'_> {
-    fn link(&self, stream: TcpStream) -> io::Result<Arc<Mutex<Wire>>> {
+    fn link(&self, stream: TcpStream) -> io::Result<Arc<Mutex<LinkStream>>> {
         let wire = crate::collective::secure_link(self.tls, stream, self.peer, self.within)
             .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, format!("TLS: {e}")))?;
         Ok(Arc::new(Mutex::new(wire)))
@@ -278,7 +278,7 @@ impl Conn {
 
     /// Reads the next frame's tag and integers; exactly `floats` values follow, for
     /// [`Conn::read_floats`] to take before the next read.
-    pub fn read_head(&mut self) -> io::Result<Head> {
+    pub fn read_head(&mut self) -> io::Result<FrameHead> {
         let mut head = [0u8; 12];
         self.reader.read_exact(&mut head)?;
         let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
@@ -291,7 +291,7 @@ impl Conn {
         self.bytes.resize(8 * ints as usize, 0);
         self.reader.read_exact(&mut self.bytes)?;
         let ints = self.bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-        Ok(Head { tag, ints, floats: floats as usize })
+        Ok(FrameHead { tag, ints, floats: floats as usize })
     }
 
     /// Reads the next `out.len()` floats of the frame being read straight into `out` (a

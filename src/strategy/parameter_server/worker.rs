@@ -8,7 +8,7 @@
 //! loss scaling, the gradient clipped by its global norm before it is split over the ps), so
 //! one worker with one ps trains bit for bit as `default` does.
 
-use super::layout::{Layout, Piece, wire_order};
+use super::layout::{Piece, PsLayout, wire_order};
 use super::shared::Shared;
 use super::wire::{Conn, Frame, Secure, Tag, peer_error};
 use crate::cluster::{Role, TaskId};
@@ -51,7 +51,7 @@ struct Stepper<'a> {
     pipeline: Pipeline,
     /// Steps whose batches this worker's pipeline has given (its place in its shuffle).
     drawn: u64,
-    layout: Layout,
+    layout: PsLayout,
     ps: Vec<(TaskId, Conn)>,
     /// Per ps, the segment pulls and pushes go through when it runs on this host.
     shared: Vec<Option<Shared>>,
@@ -84,7 +84,7 @@ pub fn serve(
 ) -> Result<(), StrategyError> {
     let failed = StrategyError::Remote;
     let model = plan.model.build().map_err(|e| failed(e.to_string()))?;
-    let layout = Layout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(failed)?;
+    let layout = PsLayout::new(ps_plan, model.tensors(), model.state_tensors()).map_err(failed)?;
     let (params, state) = (vec![0.0; model.param_len()], vec![0.0; model.state_len()]);
     let options = pipeline_options(plan, task.index);
     let pipeline =

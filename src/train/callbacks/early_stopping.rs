@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// What it remembers across a resume.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-struct Memory {
+struct BestAndWait {
     #[serde(with = "float")]
     best: f64,
     wait: u32,
@@ -22,7 +22,7 @@ pub struct EarlyStopping {
     min_delta: f64,
     patience: u32,
     restore_best: bool,
-    memory: Memory,
+    memory: BestAndWait,
     /// The weights at the best value, when `restore_best_weights`.
     best_vars: Option<Variables>,
 }
@@ -30,7 +30,7 @@ pub struct EarlyStopping {
 impl EarlyStopping {
     /// Early stopping on `watch`.
     pub fn new(name: String, watch: Watch, min_delta: f64, patience: u32, restore_best: bool) -> Self {
-        let memory = Memory { best: worst(watch.direction), wait: 0 };
+        let memory = BestAndWait { best: worst(watch.direction), wait: 0 };
         Self { name, watch, min_delta, patience, restore_best, memory, best_vars: None }
     }
 }
@@ -69,7 +69,7 @@ impl Callback for EarlyStopping {
     }
 
     fn restore(&mut self, from: &Restore<'_>) -> Result<(), CallbackError> {
-        if let Ok(m) = serde_json::from_value::<Memory>(from.state.clone()) {
+        if let Ok(m) = serde_json::from_value::<BestAndWait>(from.state.clone()) {
             self.memory = m;
         }
         if self.restore_best {

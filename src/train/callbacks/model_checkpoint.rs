@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// What it remembers across a resume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-struct Memory {
+struct Best {
     /// The best monitored value so far (`save_best_only`).
     #[serde(with = "float_opt")]
     best: Option<f64>,
@@ -26,7 +26,7 @@ pub struct ModelCheckpoint {
     every: SaveEvery,
     watch: Option<Watch>,
     policy: Policy,
-    memory: Memory,
+    memory: Best,
     warned_no_value: bool,
 }
 
@@ -46,7 +46,7 @@ impl ModelCheckpoint {
             every,
             watch: best_only,
             policy,
-            memory: Memory::default(),
+            memory: Best::default(),
             warned_no_value: false,
         }
     }
@@ -89,7 +89,7 @@ impl Callback for ModelCheckpoint {
     }
 
     fn restore(&mut self, from: &Restore<'_>) -> Result<(), CallbackError> {
-        if let Ok(m) = serde_json::from_value::<Memory>(from.state.clone()) {
+        if let Ok(m) = serde_json::from_value::<Best>(from.state.clone()) {
             self.memory = m;
         }
         Ok(())

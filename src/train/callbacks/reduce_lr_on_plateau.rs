@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// What it remembers across a resume.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-struct Memory {
+struct Plateau {
     #[serde(with = "float")]
     best: f64,
     wait: u32,
@@ -29,7 +29,7 @@ pub struct ReduceLrOnPlateau {
     min_delta: f64,
     cooldown: u32,
     min_lr: f64,
-    memory: Memory,
+    memory: Plateau,
 }
 
 impl ReduceLrOnPlateau {
@@ -43,7 +43,7 @@ impl ReduceLrOnPlateau {
         cooldown: u32,
         min_lr: f64,
     ) -> Self {
-        let memory = Memory { best: worst(watch.direction), wait: 0, cooling: 0, multiplier: 1.0 };
+        let memory = Plateau { best: worst(watch.direction), wait: 0, cooling: 0, multiplier: 1.0 };
         Self { name, watch, factor, patience, min_delta, cooldown, min_lr, memory }
     }
 }
@@ -83,7 +83,7 @@ impl Callback for ReduceLrOnPlateau {
     }
 
     fn restore(&mut self, from: &Restore<'_>) -> Result<(), CallbackError> {
-        if let Ok(m) = serde_json::from_value::<Memory>(from.state.clone()) {
+        if let Ok(m) = serde_json::from_value::<Plateau>(from.state.clone()) {
             self.memory = m;
         }
         Ok(())

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 /// How the loop reports.
 pub struct FitOptions {
     /// Progress display.
-    pub progress: progress::Mode,
+    pub progress: progress::ProgressMode,
     /// Prefix of every progress line (a task's role under the launcher).
     pub prefix: String,
     /// When the process started, for `wall_s` and `first_step_s`.
