@@ -4,6 +4,7 @@
 
 mod check;
 mod eval;
+mod lock;
 mod parameter_server;
 mod run_folder;
 mod sample;
@@ -37,6 +38,9 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     }
     // Refused before any process starts, not from inside every task.
     crate::strategy::runnable(&p.plan)?;
+    // Before anything is written into the run folder: one run at a time in it, and never a
+    // folder that is not a run's. Held until this process ends.
+    let _lock = if owns_run_folder(inv, &p) { Some(lock::acquire(&p)?) } else { None };
     let parameter_servers = match &p.plan.strategy.distribution {
         Distribution::ParameterServer(ps) => Some(ps),
         Distribution::Default
@@ -53,6 +57,18 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
         // The chief of a parameter-server job trains through the same loop: its strategy
         // schedules the steps on the workers.
         (Part::Single | Part::Task(_), _) => train_here(inv, &p),
+    }
+}
+
+/// Whether this process locks the run folder: a single process, the local launcher (whose
+/// tasks write the folder under its lock), or the chief of a job started task by task.
+fn owns_run_folder(inv: &Invocation, p: &Prepared) -> bool {
+    match p.plan.cluster.part {
+        Part::Single | Part::Launcher => true,
+        Part::Task(task) => {
+            let launched = inv.env.iter().any(|(k, _)| k == launch::CONTROL_FD);
+            Some(task) == p.plan.cluster.chief && !launched
+        }
     }
 }
 
@@ -268,7 +284,10 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         if chief { Some(RunFolder::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
+        let crashed = dir.clone();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
+        // A panic ends the process from the panicking thread: `run.json` says so, not `running`.
+        crate::crash::on_panic(move |report| crate::train::run_json::mark_crashed(&crashed, report));
     }
     if chief {
         if let Some(vocabulary) = vocabulary {

@@ -46,6 +46,20 @@ pub fn check(
     kind: OptimizerKind,
     optimizer_buffers: &[&str],
 ) -> Result<(), TrainError> {
+    if m.spec_hash != plan.hashes.training {
+        // Another seed, model, data or optimizer trains something else: resuming it would mix
+        // two runs (two runs into one folder did, each resuming the other's backup).
+        return Err(TrainError::Resume(format!(
+            "the backup {} was written by another spec: its training hash is {}, this run's is {} (a backup \
+             resumes only the spec that wrote it; run.name, run.out_dir, run.threads, [cluster], [strategy] and the \
+             batch split may change)\n  help: give this run a folder of its own (e.g. --set \
+             run.out_dir=runs/<another name>), or delete {} to start afresh in this one",
+            dir.display(),
+            m.spec_hash,
+            plan.hashes.training,
+            dir.parent().unwrap_or(dir).display(),
+        )));
+    }
     let t = &m.topology;
     if t.global_batch != plan.batch.global {
         let accum = if t.accumulation_steps > 1 {
@@ -126,7 +140,6 @@ pub fn restore(
     session: &mut Session,
     is_chief: bool,
     loaded: Option<Loaded>,
-    spec_hash: &str,
     mut note: impl FnMut(&str),
 ) -> Result<Option<ResumePoint>, TrainError> {
     let buffers: Vec<&'static str> = session.optimizer.state().iter().map(|(n, _)| *n).collect();
@@ -182,9 +195,6 @@ pub fn restore(
                 plan.strategy.num_workers,
                 t.global_batch
             ));
-        }
-        if manifest.spec_hash != spec_hash {
-            note("the spec changed since the backup was written: training continues from it under the new spec");
         }
     }
     Ok(Some(ResumePoint {

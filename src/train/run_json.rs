@@ -137,6 +137,12 @@ pub fn mark_failed(dir: &Path, code: u8, error: &str) {
     mark(dir, &["running"], RunStatus::Failed, code, error);
 }
 
+/// Marks the `run.json` in `dir` failed with exit code 70 when it still says `running`: the
+/// panic hook's word (`crate::crash`), `report` being its bug report.
+pub fn mark_crashed(dir: &Path, report: &str) {
+    mark(dir, &["running"], RunStatus::Failed, crate::crash::BUG as u8, report);
+}
+
 /// Marks the `run.json` in `dir` interrupted: the launcher got Ctrl-C, and its chief either
 /// stopped on the SIGTERM passed on (`preempted`) or was killed by a second Ctrl-C (`running`).
 pub fn mark_interrupted(dir: &Path, error: &str) {
