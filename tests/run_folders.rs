@@ -18,22 +18,21 @@ fn short_run(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
     run(&args)
 }
 
+/// A run into `dir` that trains far longer than any test waits, started in the background.
+fn long_run(dir: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    let out_dir = format!("run.out_dir={}", dir.display());
+    let mut args = vec!["specs/mnist_single.toml", "-q", "--set", "train.epochs=1", "--set"];
+    args.extend(["train.steps_per_epoch=100000", "--set", &out_dir]);
+    args.extend(extra);
+    common::spawn(&args)
+}
+
 #[test]
 fn a_second_run_into_a_folder_in_use_is_refused_naming_the_holder() {
     let dir = tempdir();
     let d = dir.path().join("run");
-    let out_dir = format!("run.out_dir={}", d.display());
     // Long enough to still be training when the second run starts.
-    let mut first = common::spawn(&[
-        "specs/mnist_single.toml",
-        "-q",
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "train.steps_per_epoch=100000",
-        "--set",
-        &out_dir,
-    ]);
+    let mut first = long_run(&d, &[]);
     let pid = first.id();
     common::wait_for_file(&d.join("run.json"), Duration::from_secs(60), &mut [&mut first]);
     let second = short_run(&d, &["--set", "run.seed=7"]);
@@ -58,25 +57,14 @@ fn a_backup_another_spec_wrote_is_refused_not_resumed() {
     let dir = tempdir();
     let d = dir.path();
     // A run that diverges keeps its last good backup.
-    let diverging = [
-        "--set",
-        "train.loss=\"mean_squared_error\"",
-        "--set",
-        "optimizer.learning_rate=1000",
-        "--set",
-        "callbacks=[{ kind = \"backup_and_restore\", save_freq = 1 }]",
-        "--set",
-        "train.steps_per_epoch=50",
-    ];
-    assert_exit(&short_run(d, &diverging), 1);
+    let backup = ["--set", "callbacks=[{ kind = \"backup_and_restore\", save_freq = 1 }]"];
+    assert_exit(&common::run_diverging(d, &backup), 1);
     let backups: Vec<_> = std::fs::read_dir(d.join("backup")).unwrap().map(|e| e.unwrap().path()).collect();
     let written_by =
         json(&backups[0].join("manifest.json"))["manifest"]["spec_hash"].as_str().unwrap_or_default().to_string();
     assert!(!written_by.is_empty(), "{backups:?}");
     // Another seed trains another model: its run must not continue the backup.
-    let mut other = diverging.to_vec();
-    other.extend(["--set", "run.seed=7"]);
-    let out = short_run(d, &other);
+    let out = common::run_diverging(d, &[&backup[..], &["--set", "run.seed=7"]].concat());
     assert_exit(&out, 2);
     let stderr = text(&out).1;
     assert!(
@@ -133,18 +121,7 @@ fn a_new_run_does_not_present_an_earlier_runs_summary_and_weights_as_its_own() {
     assert_exit(&short_run(d, &[]), 0);
     assert!(d.join("summary.json").exists() && d.join("model.safetensors").exists());
     // The second run stops before its end: nothing of the first may pass for its results.
-    let mut second = common::spawn(&[
-        "specs/mnist_single.toml",
-        "-q",
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "train.steps_per_epoch=100000",
-        "--set",
-        &format!("run.out_dir={}", d.display()),
-        "--set",
-        "run.seed=7",
-    ]);
+    let mut second = long_run(d, &["--set", "run.seed=7"]);
     let start = std::time::Instant::now();
     while json(&d.join("run.json"))["seeds"]["run"] != 7 {
         assert!(second.try_wait().ok().flatten().is_none(), "the second run ended before it started training");
