@@ -68,7 +68,8 @@ fn a_backup_another_spec_wrote_is_refused_not_resumed() {
     assert_exit(&out, 2);
     let stderr = text(&out).1;
     assert!(
-        stderr.contains("was written by another spec: its training hash is ") && stderr.contains(&written_by),
+        stderr.contains("was written by another spec: run.seed changed since (its training hash is ")
+            && stderr.contains(&written_by),
         "{stderr}"
     );
     assert!(stderr.contains("help: give this run a folder of its own") && stderr.contains("or delete "), "{stderr}");
@@ -105,7 +106,10 @@ fn a_folder_that_is_not_a_run_folder_is_refused_and_left_as_it_was() {
             && stderr.contains("it is not a trainrun run folder: it holds `Cargo.toml`, and no run.json"),
         "{stderr}"
     );
-    assert!(stderr.contains("help: point run.out_dir at a new or empty folder"), "{stderr}");
+    assert!(
+        stderr.contains("help: point run.out_dir at a folder this process can create and write, new or empty"),
+        "{stderr}"
+    );
     assert!(events.join("events.out.tfevents.1.someone").exists(), "another program's files are not deleted");
     assert!(!d.join("run.json").exists() && !d.join("metrics.jsonl").exists(), "nothing written");
     // An earlier run's folder is one.

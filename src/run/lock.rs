@@ -131,8 +131,8 @@ pub(super) fn refused(p: &Prepared, reason: &str, action: Option<&str>) -> RunEr
     let what = action.map_or_else(|| "use".to_string(), str::to_string);
     RunError::Spec(format!(
         "error: cannot {what} the run folder `run.out_dir` = \"{dir}\" (from {}): {reason}\n  \
-         help: point run.out_dir at a new or empty folder, or at an earlier run's, e.g. `--set run.out_dir={}`; \
-         a run writes run.json, spec.toml, weights and tensorboard/ there",
+         help: point run.out_dir at a folder this process can create and write, new or empty or an earlier \
+         run's, e.g. `--set run.out_dir={}`; a run writes run.json, spec.toml, weights and tensorboard/ there",
         origin(p),
         other_folder(p)
     ))

@@ -38,9 +38,6 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     }
     // Refused before any process starts, not from inside every task.
     crate::strategy::runnable(&p.plan)?;
-    // Before anything is written into the run folder: one run at a time in it, and never a
-    // folder that is not a run's. Held until this process ends.
-    let _lock = if owns_run_folder(inv, &p) { Some(lock::acquire(&p)?) } else { None };
     let parameter_servers = match &p.plan.strategy.distribution {
         Distribution::ParameterServer(ps) => Some(ps),
         Distribution::Default
@@ -70,6 +67,11 @@ fn owns_run_folder(inv: &Invocation, p: &Prepared) -> bool {
             Some(task) == p.plan.cluster.chief && !launched
         }
     }
+}
+
+/// Locks the run folder when this process owns it (see [`lock`]): held until it ends.
+fn lock_run_folder(inv: &Invocation, p: &Prepared) -> Result<Option<lock::RunLock>, RunError> {
+    if owns_run_folder(inv, p) { lock::acquire(p).map(Some) } else { Ok(None) }
 }
 
 /// Prints a line unless quiet.
@@ -112,6 +114,8 @@ fn progress_mode(inv: &Invocation) -> Mode {
 
 /// Starts every task of the local cluster as a process of this binary and supervises them.
 fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
+    // Before any task starts: the tasks write the folder under the launcher's lock.
+    let _lock = lock_run_folder(inv, p)?;
     let exe =
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut args = vec![inv.spec.display().to_string()];
@@ -273,6 +277,10 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         Part::Task(task) => Some(join(inv, plan, task, plan.model.params)?),
         Part::Single | Part::Launcher => None,
     };
+    // Before the backup is read and anything is written into the run folder (after the
+    // rendezvous, so a task refused from a job never takes a folder it would not train into):
+    // one run at a time in it, and never a folder that is not a run's.
+    let _lock = lock_run_folder(inv, p)?;
     let quiet = progress == Mode::Quiet;
     let built =
         builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
