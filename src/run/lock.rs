@@ -1,11 +1,11 @@
-//! One run per run folder. Before a run writes anything into `run.out_dir` it checks that the
-//! folder is one a run may write into (missing, empty, or a trainrun run folder: never `/` or
-//! a project's folder, whose files a run would overwrite), then takes an advisory lock on
-//! `run.lock` inside it (`flock`: the kernel releases it when the holder ends, however it
-//! ends, so no stale lock outlives a killed run) and writes who holds it, for the message a
-//! second run gets. The process that owns the folder holds it: a single process, the local
-//! launcher (its tasks share the folder under it), or, in a job started task by task, the
-//! chief.
+//! One run per run folder. Before a run reads a backup or writes into `run.out_dir` it
+//! checks that the folder is one a run may write into (missing, empty, or a trainrun run
+//! folder: never `/` or a project's folder, whose files a run would overwrite), then takes an
+//! advisory lock on `run.lock` inside it (`flock`: the kernel releases it when the holder
+//! ends, however it ends, so no stale lock outlives a killed run) and writes who holds it, for
+//! the message a second run gets. The process that owns the folder holds it: a single
+//! process, the local launcher (its tasks share the folder under it), or, in a job started
+//! task by task, the chief.
 
 use crate::exit::RunError;
 use crate::prepare::Prepared;

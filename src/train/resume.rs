@@ -78,22 +78,6 @@ pub fn check(
     kind: OptimizerKind,
     optimizer_buffers: &[&str],
 ) -> Result<(), TrainError> {
-    let another_run = changed_keys(m, plan).into_iter().filter(|k| !resumable(k)).collect::<Vec<_>>();
-    if !another_run.is_empty() {
-        // Another seed, model, data or optimizer trains something else: resuming it would mix
-        // two runs (two runs into one folder did, each resuming the other's backup).
-        return Err(TrainError::Resume(format!(
-            "the backup {} was written by another spec: {} changed since (its training hash is {}, this run's is \
-             {}); a backup resumes only the run that wrote it, which may train longer or evaluate and log \
-             otherwise\n  help: give this run a folder of its own (e.g. --set run.out_dir=runs/<another name>), or \
-             delete {} to start afresh in this one",
-            dir.display(),
-            another_run.join(", "),
-            m.spec_hash,
-            plan.hashes.training,
-            dir.parent().unwrap_or(dir).display(),
-        )));
-    }
     let t = &m.topology;
     if t.global_batch != plan.batch.global {
         let accum = if t.accumulation_steps > 1 {
@@ -127,6 +111,22 @@ pub fn check(
             saved.join(", "),
             kind,
             optimizer_buffers.join(", ")
+        )));
+    }
+    let another_run = changed_keys(m, plan).into_iter().filter(|k| !resumable(k)).collect::<Vec<_>>();
+    if !another_run.is_empty() {
+        // Another seed, model, data or optimizer trains something else: resuming it would mix
+        // two runs (two runs into one folder did, each resuming the other's backup).
+        return Err(TrainError::Resume(format!(
+            "the backup {} was written by another spec: {} changed since (its training hash is {}, this run's is \
+             {}); a backup resumes only the run that wrote it, which may train longer or evaluate and log \
+             otherwise\n  help: give this run a folder of its own (e.g. --set run.out_dir=runs/<another name>), or \
+             delete {} to start afresh in this one",
+            dir.display(),
+            another_run.join(", "),
+            m.spec_hash,
+            plan.hashes.training,
+            dir.parent().unwrap_or(dir).display(),
         )));
     }
     Ok(())
