@@ -295,7 +295,8 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         let crashed = dir.clone();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
         // A panic ends the process from the panicking thread: `run.json` says so, not `running`.
-        crate::crash::on_panic(move |report| crate::train::run_json::mark_crashed(&crashed, report));
+        let bug = crate::exit::Exit::Bug as u8;
+        crate::crash::on_panic(move |report| crate::train::run_json::mark_failed(&crashed, bug, report));
     }
     if chief {
         if let Some(vocabulary) = vocabulary {

@@ -132,15 +132,10 @@ impl RunRecord {
 }
 
 /// Marks the `run.json` in `dir` failed when it still says `running`: the launcher's word
-/// for a chief task that was killed before it could write it.
+/// for a chief task that was killed before it could write it, and the panic hook's
+/// (`crate::crash`, exit code 70) for a run that panicked.
 pub fn mark_failed(dir: &Path, code: u8, error: &str) {
     mark(dir, &["running"], RunStatus::Failed, code, error);
-}
-
-/// Marks the `run.json` in `dir` failed with exit code 70 when it still says `running`: the
-/// panic hook's word (`crate::crash`), `report` being its bug report.
-pub fn mark_crashed(dir: &Path, report: &str) {
-    mark(dir, &["running"], RunStatus::Failed, crate::crash::BUG as u8, report);
 }
 
 /// Marks the `run.json` in `dir` interrupted: the launcher got Ctrl-C, and its chief either
