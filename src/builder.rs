@@ -148,6 +148,6 @@ pub fn build(
         (true, Some(dir)) => Store::new(dir).latest_good(&layout, |w| warn(&format!("warning: {w}")))?,
         _ => None,
     };
-    let resume = resume::restore(plan, &mut session, chief, loaded, &hash, note)?;
+    let resume = resume::restore(plan, &mut session, chief, loaded, note)?;
     Ok(Built { session, callbacks, resume, chief })
 }

@@ -11,9 +11,32 @@
 
 use std::io::Write;
 use std::panic::PanicHookInfo;
+use std::sync::Mutex;
 
 /// The exit code of a panic.
 pub const BUG: i32 = crate::exit::Exit::Bug as i32;
+
+/// What to record before the process ends on a panic (the run folder's `run.json`), given the
+/// report's text.
+type PanicRecorder = Box<dyn Fn(&str) + Send>;
+
+static RECORDERS: Mutex<Vec<PanicRecorder>> = Mutex::new(Vec::new());
+
+/// Has `record` called with the bug report when a panic ends the process, so that what the
+/// process left behind says how it ended.
+pub fn on_panic(record: impl Fn(&str) + Send + 'static) {
+    if let Ok(mut recorders) = RECORDERS.lock() {
+        recorders.push(Box::new(record));
+    }
+}
+
+/// Calls the recorders; a panic while one was being added (the lock held, or poisoned) skips
+/// them rather than hang the process that must end.
+fn record(report: &str) {
+    if let Ok(recorders) = RECORDERS.try_lock() {
+        recorders.iter().for_each(|r| r(report));
+    }
+}
 
 /// Installs the hook; call first thing in `main`.
 pub fn install() {
@@ -28,7 +51,9 @@ pub fn install() {
         }
         let args: Vec<String> = std::env::args().collect();
         let thread = std::thread::current();
-        let _ = writeln!(std::io::stderr(), "{}", report(&message, info, thread.name(), &args));
+        let report = report(&message, info, thread.name(), &args);
+        let _ = writeln!(std::io::stderr(), "{report}");
+        record(report.lines().next().unwrap_or(&message).trim_start_matches("error: "));
         std::process::exit(BUG);
     }));
 }

@@ -12,22 +12,7 @@ fn a_loss_that_overflows_stops_training_and_keeps_the_last_good_backup() {
     let dir = tempdir();
     let d = dir.path();
     // Mean squared error on logits with a huge rate overflows within a few steps.
-    let out = common::run(&[
-        "specs/mnist_single.toml",
-        "-q",
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "train.steps_per_epoch=50",
-        "--set",
-        "train.loss=\"mean_squared_error\"",
-        "--set",
-        "optimizer.learning_rate=1000",
-        "--set",
-        "callbacks=[{ kind = \"backup_and_restore\", save_freq = 1 }]",
-        "--set",
-        &format!("run.out_dir={}", d.display()),
-    ]);
+    let out = common::run_diverging(d, &["--set", "callbacks=[{ kind = \"backup_and_restore\", save_freq = 1 }]"]);
     assert_exit(&out, 1);
     let stderr = text(&out).1;
     assert!(stderr.contains("training diverged at step "), "{stderr}");
@@ -44,4 +29,21 @@ fn a_loss_that_overflows_stops_training_and_keeps_the_last_good_backup() {
             assert!(values.iter().all(|v| v.is_finite()), "{}: `{name}` is not finite", b.display());
         }
     }
+}
+
+/// Without backups the message said "it resumes from the last backup" (issue 29): there is
+/// none; it says that the next run starts over and how to have one.
+#[test]
+fn divergence_without_backups_says_the_next_run_starts_over() {
+    let dir = tempdir();
+    let out = common::run_diverging(dir.path(), &[]);
+    assert_exit(&out, 1);
+    let stderr = text(&out).1;
+    assert!(
+        stderr.contains("training diverged at step ") && stderr.contains("there is no backup to go back to"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the next run starts over from step 0"), "{stderr}");
+    assert!(stderr.contains("kind = \"backup_and_restore\""), "{stderr}");
+    assert!(!stderr.contains("resumes from the last backup"), "{stderr}");
 }

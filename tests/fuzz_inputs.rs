@@ -328,6 +328,7 @@ fn checkpoint_files() -> &'static (Vec<u8>, Vec<u8>, Vec<trainrun::engine::seque
             cursor: trainrun::data::Cursor { epoch: 1, offset: 640 },
             rng: RngState { seed: 42, step: 30 },
             spec_hash: "abc".into(),
+            spec_keys: Default::default(),
             topology: SavedTopology {
                 num_workers: 2,
                 num_replicas_in_sync: 2,

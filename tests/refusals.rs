@@ -350,3 +350,79 @@ fn a_failure_timeout_below_two_heartbeats_is_a_spec_error() {
         0,
     );
 }
+
+/// `trainrun certs` without `--for` on a spec whose [cluster] lists no task said "Slurm picks
+/// the nodes" (issue 29): it says what is missing, `--for` and its values.
+#[test]
+fn certs_without_for_and_without_tasks_asks_for_for() {
+    let dir = common::tempdir();
+    let out = run(&["certs", "specs/mnist_single.toml", "--out", &dir.path().join("tls").display().to_string()]);
+    assert_exit(&out, 2);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("the spec's [cluster] lists no task") && stderr.contains("no `--for`"), "{stderr}");
+    assert!(stderr.contains("`--for kubernetes`, `--for tfjob` or `--for slurm`"), "{stderr}");
+    assert!(!stderr.contains("Slurm picks the nodes"), "{stderr}");
+}
+
+/// `trainrun report` called a `summary.json` that does not parse missing ("the run has not
+/// finished", issue 29): it names the file, the line and column, and the parse error.
+#[test]
+fn report_names_a_corrupt_summary_with_its_line_and_column() {
+    let dir = common::tempdir();
+    let d = dir.path();
+    std::fs::write(
+        d.join("metrics.jsonl"),
+        "{\"event\":\"step\",\"epoch\":1,\"step\":5,\"loss\":2.0,\"accuracy\":0.1}\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("summary.json"), "{\"steps\": 5,\n  \"test_loss\": }\n").unwrap();
+    let out = run(&["report", &d.display().to_string()]);
+    assert_exit(&out, 1);
+    let stderr = text(&out).1;
+    let file = d.join("summary.json");
+    assert!(
+        stderr.contains(&format!("{}:2:16: summary.json is corrupt, not missing: expected value", file.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("help: it was cut short or edited"), "{stderr}");
+}
+
+/// A sweep that one trial's bad file stopped named no trial (issue 29): it names the trial,
+/// the values it sets and its folder, and keeps the file's exit code.
+#[test]
+fn a_sweep_stopped_by_one_trials_file_names_the_trial() {
+    let dir = common::tempdir();
+    let d = dir.path();
+    let mut rows = String::from("a,y,b\n");
+    for i in 0..64 {
+        rows += &format!("{},{},{}\n", (i % 17) as f32 / 17.0, (i % 5) as f32 / 5.0, (i * 7 % 13) as f32 / 13.0);
+    }
+    std::fs::write(d.join("train.csv"), rows).unwrap();
+    std::fs::write(d.join("bad.csv"), "a,y,b\n1,2\n").unwrap();
+    let spec = d.join("sweep.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "[run]\nname = \"csvsweep\"\nout_dir = \"{out}\"\n[data]\ndataset = \"csv\"\ndir = \"{data}\"\n\
+             [data.csv]\ntrain = \"train.csv\"\nlabel = \"y\"\n[batch]\nglobal = 8\n[optimizer]\nkind = \"sgd\"\n\
+             learning_rate = 0.1\n[model]\n[[model.layers]]\ntype = \"dense\"\nunits = 1\n[train]\nepochs = 1\n\
+             steps_per_epoch = 5\nloss = \"mean_squared_error\"\n[sweep]\nmetric = \"train_loss\"\nmode = \"min\"\n\
+             [sweep.grid]\n\"data.csv.train\" = [\"train.csv\", \"bad.csv\"]\n",
+            out = d.join("sweep").display(),
+            data = d.display()
+        ),
+    )
+    .unwrap();
+    let out = run(&["sweep", &spec.display().to_string()]);
+    assert_exit(&out, 4);
+    let stderr = text(&out).1;
+    assert!(
+        stderr.contains("trial 2 of 2 (trial-002-") && stderr.contains("cannot run, so no trial was run"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("bad.csv: CSV error"), "{stderr}");
+    assert!(
+        stderr.contains("data.csv.train = \"bad.csv\"; its folder: ") && stderr.contains("/sweep/trial-002-"),
+        "{stderr}"
+    );
+}

@@ -204,6 +204,10 @@ pub struct Manifest {
     /// SHA-256 of the resolved spec without its topology (cluster, strategy, batch) and
     /// output settings.
     pub spec_hash: String,
+    /// One short hash per key path of what `spec_hash` covers ([`crate::plan::SpecHashes`]'s
+    /// `training_keys`): which keys changed since. Empty in backups of older versions.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub spec_keys: std::collections::BTreeMap<String, String>,
     /// The job's shape.
     pub topology: SavedTopology,
     /// Optimizer kind and counters.

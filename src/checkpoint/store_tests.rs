@@ -43,6 +43,7 @@ pub(crate) fn manifest(step: u64) -> Manifest {
         cursor: Cursor { epoch: 0, offset: step as usize * 64 },
         rng: RngState { seed: 42, step },
         spec_hash: "abc".into(),
+        spec_keys: Default::default(),
         topology: SavedTopology {
             num_workers: 2,
             num_replicas_in_sync: 2,

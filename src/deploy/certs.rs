@@ -80,11 +80,17 @@ pub fn names(spec: &Spec, options: &CertsOptions) -> Result<Vec<String>, Manifes
     let mut seen = std::collections::HashSet::new();
     names.retain(|n| seen.insert(n.clone()));
     if names.is_empty() {
-        return Err(ManifestError::Spec(
-            "Slurm picks the nodes when the job starts, so name them: `--name node01 --name node02`, or a wildcard \
-             such as `--name '*.cluster.example.org'`"
+        return Err(ManifestError::Spec(match options.target {
+            Some(_) => "Slurm picks the nodes when the job starts, so name them: `--name node01 --name node02`, or a \
+                        wildcard such as `--name '*.cluster.example.org'`"
                 .to_owned(),
-        ));
+            // Without `--for` the names come from the spec's own [cluster]: say that it has
+            // none, not that Slurm needs them.
+            None => "the spec's [cluster] lists no task to make certificates for (no `host:port` addresses or local \
+                     tasks), and no `--for` says where the job runs: pass `--for kubernetes`, `--for tfjob` or `--for \
+                     slurm` (with `--name node01 --name node02` for Slurm's nodes), or name the hosts with `--name`"
+                .to_owned(),
+        }));
     }
     Ok(names)
 }

@@ -104,6 +104,9 @@ pub struct SpecHashes {
     /// What a backup may resume under: the spec without the cluster, the strategy, the batch
     /// split (the global batch is checked on its own) and output settings.
     pub training: String,
+    /// One short hash per key path of what `training` covers, so a resume can say which keys
+    /// changed since the backup (and refuse those that make it another run's).
+    pub training_keys: std::collections::BTreeMap<String, String>,
 }
 
 impl SpecHashes {
@@ -122,6 +125,7 @@ impl SpecHashes {
             results: spec.results_sha256(),
             results_keys: spec.results_keys(),
             training: crate::spec::sha256_json(&s),
+            training_keys: s.results_keys(),
         }
     }
 }

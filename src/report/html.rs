@@ -35,8 +35,9 @@ fn number(v: Option<&Json>, digits: usize) -> String {
     }
 }
 
-/// The page of one run: its summary, then the plots.
-pub fn run_page(name: &str, summary: Option<&Json>) -> String {
+/// The page of one run: its summary (or, without one, how `record`, its `run.json`, says it
+/// ended), then the plots.
+pub fn run_page(name: &str, summary: Option<&Json>, record: Option<&Json>) -> String {
     let mut body = String::from("<table>\n");
     let keys = [
         ("test_accuracy", 4),
@@ -54,7 +55,16 @@ pub fn run_page(name: &str, summary: Option<&Json>) -> String {
     }
     body.push_str("</table>\n");
     if summary.is_none() {
-        body.push_str("<p class=\"meta\">No summary.json: the run has not finished.</p>\n");
+        let status = record.and_then(|r| r["status"].as_str());
+        let line = match (status, record.and_then(|r| r["exit_code"].as_u64())) {
+            (None | Some("running"), _) => "No summary.json: the run has not finished.".to_string(),
+            (Some(status), code) => format!(
+                "No summary.json: run.json says the run ended `{status}`{}{}.",
+                code.map_or(String::new(), |c| format!(" (exit code {c})")),
+                record.and_then(|r| r["error"].as_str()).map_or(String::new(), |e| format!(": {e}"))
+            ),
+        };
+        let _ = writeln!(body, "<p class=\"meta\">{}</p>", esc(&line));
     }
     page(&format!("Run {name}"), &body)
 }
@@ -139,7 +149,11 @@ mod tests {
         assert_eq!(number(Some(&Json::from(0.123456)), 4), "0.1235");
         assert_eq!(number(Some(&Json::from(100)), 4), "100");
         assert_eq!(number(None, 4), "–");
-        let page = run_page("r<1>", None);
+        let page = run_page("r<1>", None, None);
         assert!(page.contains("<title>Run r&lt;1&gt;</title>") && page.contains("loss.svg"));
+        assert!(page.contains("the run has not finished"));
+        let crashed = serde_json::json!({"status": "failed", "exit_code": 70, "error": "index out of bounds"});
+        let page = run_page("r", None, Some(&crashed));
+        assert!(page.contains("the run ended `failed` (exit code 70): index out of bounds"), "{page}");
     }
 }

@@ -31,6 +31,23 @@ pub enum ReportError {
         #[source]
         source: std::io::Error,
     },
+    /// A JSON file of the run is there but does not parse (cut short, edited): not missing.
+    #[error(
+        "{}:{line}:{column}: {} is corrupt, not missing: {message}\n  help: it was cut short or edited; \
+         run the spec again to write it anew, or delete it to report the curves alone",
+        path.display(),
+        path.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Where the parser stopped, 1-based.
+        line: usize,
+        /// The column there, 1-based.
+        column: usize,
+        /// What the parser found.
+        message: String,
+    },
     /// Plotting failed.
     #[error("cannot draw: {0}")]
     Draw(String),
@@ -46,7 +63,9 @@ impl From<ReportError> for RunError {
     fn from(e: ReportError) -> Self {
         match e {
             ReportError::NotAFolder(_) => RunError::Usage(e.to_string()),
-            ReportError::Io { .. } | ReportError::Draw(_) => RunError::Failure(e.to_string()),
+            ReportError::Io { .. } | ReportError::Corrupt { .. } | ReportError::Draw(_) => {
+                RunError::Failure(e.to_string())
+            }
         }
     }
 }
@@ -115,10 +134,25 @@ pub fn write(dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     Err(ReportError::NotAFolder(dir.to_path_buf()))
 }
 
-fn name_of(dir: &Path) -> String {
-    let summary = std::fs::read_to_string(dir.join("summary.json")).ok();
-    let name =
-        summary.and_then(|s| serde_json::from_str::<Json>(&s).ok()).and_then(|s| s["name"].as_str().map(String::from));
+/// The JSON file `name` of `dir`: `None` when it is not there, an error naming where it
+/// breaks when it is there but does not parse.
+fn read_json(dir: &Path, name: &str) -> Result<Option<Json>, ReportError> {
+    let path = dir.join(name);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ReportError::io(&path, e)),
+    };
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        // serde_json ends its message with the place, which the error puts first.
+        let message = e.to_string();
+        let message = message.rfind(" at line ").map_or(message.as_str(), |at| &message[..at]).to_string();
+        ReportError::Corrupt { path, line: e.line(), column: e.column(), message }
+    })
+}
+
+fn name_of(dir: &Path, summary: Option<&Json>) -> String {
+    let name = summary.and_then(|s| s["name"].as_str().map(String::from));
     name.unwrap_or_else(|| dir.file_name().map_or("run".into(), |n| n.to_string_lossy().into_owned()))
 }
 
@@ -150,12 +184,15 @@ fn draw_all(dir: &Path, charts: &[Chart; 2]) -> Result<Vec<PathBuf>, ReportError
 }
 
 fn write_run(dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let name = name_of(dir);
+    let summary = read_json(dir, "summary.json")?;
+    // How the run ended, for a run without a summary: a failed run is not one still going.
+    let record = read_json(dir, "run.json")?;
+    let name = name_of(dir, summary.as_ref());
     let curves = read_curves(dir)?;
     let mut written = draw_all(dir, &charts(&name, &[(name.clone(), curves)]))?;
-    let summary = std::fs::read_to_string(dir.join("summary.json")).ok().and_then(|s| serde_json::from_str(&s).ok());
     let page = dir.join("report.html");
-    std::fs::write(&page, html::run_page(&name, summary.as_ref())).map_err(|e| ReportError::io(&page, e))?;
+    std::fs::write(&page, html::run_page(&name, summary.as_ref(), record.as_ref()))
+        .map_err(|e| ReportError::io(&page, e))?;
     written.push(page);
     Ok(written)
 }

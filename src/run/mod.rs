@@ -4,6 +4,7 @@
 
 mod check;
 mod eval;
+mod lock;
 mod parameter_server;
 mod run_folder;
 mod sample;
@@ -56,6 +57,23 @@ pub fn train(inv: &Invocation) -> Result<(), RunError> {
     }
 }
 
+/// Whether this process locks the run folder: a single process, the local launcher (whose
+/// tasks write the folder under its lock), or the chief of a job started task by task.
+fn owns_run_folder(inv: &Invocation, p: &Prepared) -> bool {
+    match p.plan.cluster.part {
+        Part::Single | Part::Launcher => true,
+        Part::Task(task) => {
+            let launched = inv.env.iter().any(|(k, _)| k == launch::CONTROL_FD);
+            Some(task) == p.plan.cluster.chief && !launched
+        }
+    }
+}
+
+/// Locks the run folder when this process owns it (see [`lock`]): held until it ends.
+fn lock_run_folder(inv: &Invocation, p: &Prepared) -> Result<Option<lock::RunLock>, RunError> {
+    if owns_run_folder(inv, p) { lock::acquire(p).map(Some) } else { Ok(None) }
+}
+
 /// Prints a line unless quiet.
 fn say(quiet: bool, prefix: &str, text: &str) {
     if !quiet {
@@ -96,6 +114,8 @@ fn progress_mode(inv: &Invocation) -> ProgressMode {
 
 /// Starts every task of the local cluster as a process of this binary and supervises them.
 fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
+    // Before any task starts: the tasks write the folder under the launcher's lock.
+    let _lock = lock_run_folder(inv, p)?;
     let exe =
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut args = vec![inv.spec.display().to_string()];
@@ -257,6 +277,10 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         Part::Task(task) => Some(join(inv, plan, task, plan.model.params)?),
         Part::Single | Part::Launcher => None,
     };
+    // Before the backup is read and anything is written into the run folder (after the
+    // rendezvous, so a task refused from a job never takes a folder it would not train into):
+    // one run at a time in it, and never a folder that is not a run's.
+    let _lock = lock_run_folder(inv, p)?;
     let quiet = progress == ProgressMode::Quiet;
     let built =
         builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
@@ -268,7 +292,11 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         if chief { Some(RunFolder::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
+        let crashed = dir.clone();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
+        // A panic ends the process from the panicking thread: `run.json` says so, not `running`.
+        let bug = crate::exit::Exit::Bug as u8;
+        crate::crash::on_panic(move |report| crate::train::run_json::mark_failed(&crashed, bug, report));
     }
     if chief {
         if let Some(vocabulary) = vocabulary {

@@ -67,19 +67,7 @@ fn out_dir_error(p: &Prepared, e: RecordError) -> RunError {
     if e.path != p.plan.out_dir || crate::checkpoint::is_no_space(&e.source) {
         return RunError::Train(e.into());
     }
-    let dir = p.plan.out_dir.display();
-    let from = match &p.loaded.spec.run.out_dir {
-        Some(_) => p.loaded.origins.origin("run.out_dir").unwrap_or("the spec").to_string(),
-        None => "the default, runs/<run.name>".to_string(),
-    };
-    let reason = crate::spec::io_reason(&e.source);
-    // A restart would try the same folder again: the spec must name another (exit 2, which
-    // the launcher does not restart).
-    RunError::Spec(format!(
-        "error: cannot create the run folder `run.out_dir` = \"{dir}\" (from {from}): {reason}\n  \
-         help: point run.out_dir at a folder this process can create and write, e.g. `--set run.out_dir=runs/{}`",
-        p.loaded.spec.run.name.as_deref().unwrap_or("run")
-    ))
+    super::lock::refused(p, &crate::spec::io_reason(&e.source), Some("create"))
 }
 
 /// `run.json` as training starts.

@@ -238,7 +238,7 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
                 add(&mut problems, parts, trial.index);
                 continue;
             }
-            Err(e @ LoadError::Read { .. }) => return Err(RunError::Spec(e.to_string())),
+            Err(e @ LoadError::Read { .. }) => return Err(in_trial(sweep, trial, RunError::Spec(e.to_string()))),
         };
         match crate::prepare::plan(&loaded, inv) {
             Ok(plan) => {
@@ -250,7 +250,7 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
                 });
             }
             Err(Unplanned::Spec(diags)) => add(&mut problems, render_each(&diags, &loaded.origins), trial.index),
-            Err(Unplanned::Run(e)) => return Err(e),
+            Err(Unplanned::Run(e)) => return Err(in_trial(sweep, trial, e)),
         }
     }
     if !warnings.is_empty() && !inv.quiet {
@@ -267,6 +267,27 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
         inv.spec.display(),
         sweep.trials.len()
     )))
+}
+
+/// `e`, which stopped the sweep while checking `trial` (a file of its own that cannot be
+/// read), with the trial it came from: its number, the values it sets and its folder. The
+/// exit code stays `e`'s.
+fn in_trial(sweep: &Sweep, trial: &Trial, e: RunError) -> RunError {
+    let text = e.to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    RunError::TrialFailed {
+        code: e.exit(),
+        message: format!(
+            "trial {} of {} ({}) cannot run, so no trial was run: {text}\n  trial {}: {}; its folder: {}\n  \
+             help: fix what it names, or change the value in [sweep] that gives it",
+            trial.index,
+            sweep.trials.len(),
+            trial.name,
+            trial.index,
+            trial.describe(),
+            sweep.trial_dir(trial).display()
+        ),
+    }
 }
 
 /// Rendered problems, each once, with the trials it is in when not all of them.

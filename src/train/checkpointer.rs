@@ -66,6 +66,7 @@ pub struct Checkpointer {
     writer: Writer,
     layout: Arc<Layout>,
     spec_hash: String,
+    spec_keys: std::collections::BTreeMap<String, String>,
     topology: SavedTopology,
     seed: u64,
     /// The backup store and step of the last backup queued.
@@ -83,6 +84,7 @@ impl Checkpointer {
             writer,
             layout: Arc::new(layout),
             spec_hash,
+            spec_keys: plan.hashes.training_keys.clone(),
             topology: topology(plan),
             seed: plan.seed,
             last_backup: None,
@@ -139,6 +141,7 @@ impl Checkpointer {
             cursor: p.cursor,
             rng: RngState { seed: self.seed, step: at.step },
             spec_hash: self.spec_hash.clone(),
+            spec_keys: self.spec_keys.clone(),
             topology: self.topology,
             optimizer: OptimizerState {
                 kind: optimizer_kind(p.optimizer),

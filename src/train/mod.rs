@@ -50,16 +50,14 @@ pub enum TrainError {
     Resume(String),
     /// A loss or a weight became NaN or infinite (Keras's `TerminateOnNaN`): training stops
     /// before anything non-finite is saved, so the last good backup stays.
-    #[error(
-        "training diverged at step {step}: {what} is not finite (NaN or infinite); nothing from this step on was \
-         saved, the last good backup stays\n  help: lower optimizer.learning_rate, add optimizer.warmup or \
-         clip gradients, then run again (it resumes from the last backup)"
-    )]
+    #[error("{}", non_finite_text(*step, what, *backs_up))]
     NonFinite {
         /// The step whose loss or update was not finite.
         step: u64,
         /// The loss, or the first non-finite tensor by its Keras weight path.
         what: String,
+        /// Whether the spec has `backup_and_restore`: what the next run starts from.
+        backs_up: bool,
     },
     /// A task was asked to stop (SIGTERM): every task stopped at the same step, after the
     /// chief saved a backup to resume from.
@@ -74,6 +72,25 @@ pub enum TrainError {
         /// Whether the spec has `backup_and_restore`.
         backs_up: bool,
     },
+}
+
+fn non_finite_text(step: u64, what: &str, backs_up: bool) -> String {
+    let (kept, next) = if backs_up {
+        (
+            "the last good backup stays",
+            "then run again (it resumes from the last backup, or starts over if none was saved yet)",
+        )
+    } else {
+        (
+            "there is no backup to go back to",
+            "then run again: without a backup_and_restore callback the next run starts over from step 0 (add \
+             `[[callbacks]] kind = \"backup_and_restore\"` to resume from the last good step next time)",
+        )
+    };
+    format!(
+        "training diverged at step {step}: {what} is not finite (NaN or infinite); nothing from this step on was \
+         saved, {kept}\n  help: lower optimizer.learning_rate, add optimizer.warmup or clip gradients, {next}"
+    )
 }
 
 fn preempted_text(step: u64, backup: Option<&std::path::Path>, chief: bool, backs_up: bool) -> String {

@@ -40,6 +40,38 @@ struct ResumeHeader {
     manifest: Manifest,
 }
 
+/// What a resumed run may change besides what the training hash leaves out: how long it
+/// trains, how it evaluates, logs and saves, and where the data is.
+const RESUMABLE: [&str; 10] = [
+    "train.epochs",
+    "train.steps_per_epoch",
+    "train.steps_per_execution",
+    "train.metrics",
+    "train.evaluate_every_steps",
+    "train.evaluate_every_epoch",
+    "train.validation_steps",
+    "callbacks",
+    "run.log_every_steps",
+    "data.dir",
+];
+
+/// Whether `key` (a key path, `callbacks.0.kind`) is one a resumed run may change.
+fn resumable(key: &str) -> bool {
+    RESUMABLE.iter().any(|r| key.strip_prefix(r).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '['])))
+}
+
+/// The key paths whose values changed since the backup `m` was written; none when the hashes
+/// agree. A backup of a version that recorded no keys names `the spec` as a whole, and is
+/// resumed as before, under the new spec.
+fn changed_keys(m: &Manifest, plan: &Plan) -> Vec<String> {
+    let now = &plan.hashes.training_keys;
+    if m.spec_hash == plan.hashes.training || m.spec_keys.is_empty() {
+        return Vec::new();
+    }
+    let keys: std::collections::BTreeSet<&String> = m.spec_keys.keys().chain(now.keys()).collect();
+    keys.into_iter().filter(|k| m.spec_keys.get(*k) != now.get(*k)).cloned().collect()
+}
+
 /// Checks that `m` can resume under `plan`; the error says what to change.
 pub fn check(
     plan: &Plan,
@@ -81,6 +113,22 @@ pub fn check(
             saved.join(", "),
             kind,
             optimizer_buffers.join(", ")
+        )));
+    }
+    let another_run = changed_keys(m, plan).into_iter().filter(|k| !resumable(k)).collect::<Vec<_>>();
+    if !another_run.is_empty() {
+        // Another seed, model, data or optimizer trains something else: resuming it would mix
+        // two runs (two runs into one folder did, each resuming the other's backup).
+        return Err(TrainError::Resume(format!(
+            "the backup {} was written by another spec: {} changed since (its training hash is {}, this run's is \
+             {}); a backup resumes only the run that wrote it, which may train longer or evaluate and log \
+             otherwise\n  help: give this run a folder of its own (e.g. --set run.out_dir=runs/<another name>), or \
+             delete {} to start afresh in this one",
+            dir.display(),
+            another_run.join(", "),
+            m.spec_hash,
+            plan.hashes.training,
+            dir.parent().unwrap_or(dir).display(),
         )));
     }
     Ok(())
@@ -128,7 +176,6 @@ pub fn restore(
     session: &mut Session,
     is_chief: bool,
     loaded: Option<LoadedCheckpoint>,
-    spec_hash: &str,
     mut note: impl FnMut(&str),
 ) -> Result<Option<ResumePoint>, TrainError> {
     let buffers: Vec<&'static str> = session.optimizer.state().iter().map(|(n, _)| *n).collect();
@@ -177,6 +224,13 @@ pub fn restore(
     if is_chief {
         let t = &manifest.topology;
         note(&format!("resuming from {from} at step {} (epoch {})", manifest.step, manifest.epoch + 1));
+        if manifest.spec_hash != plan.hashes.training {
+            let changed = changed_keys(&manifest, plan);
+            let which = if changed.is_empty() { "the spec".to_string() } else { changed.join(", ") };
+            note(&format!(
+                "{which} changed since the backup was written: training continues from it under the new spec"
+            ));
+        }
         if t.num_workers != plan.strategy.num_workers {
             note(&format!(
                 "the backup was written by {} worker{}, this run has {}: weights, optimizer state and the data position carry over (same global batch, {})",
@@ -185,9 +239,6 @@ pub fn restore(
                 plan.strategy.num_workers,
                 t.global_batch
             ));
-        }
-        if manifest.spec_hash != spec_hash {
-            note("the spec changed since the backup was written: training continues from it under the new spec");
         }
     }
     Ok(Some(ResumePoint {
@@ -209,6 +260,17 @@ mod tests {
         let text = b"{\"step\": 140, \"odd\": [1, 2, 3]}";
         for n in 0..text.len() {
             assert_eq!(from_words(&to_words(&text[..n]), n), &text[..n]);
+        }
+    }
+
+    #[test]
+    fn a_resume_may_train_longer_not_another_model() {
+        for key in ["train.epochs", "callbacks", "callbacks.0.save_freq", "callbacks[1]", "data.dir"] {
+            assert!(resumable(key), "{key}");
+        }
+        for key in ["run.seed", "train.epochs_x", "optimizer.learning_rate", "model.layers", "data.dirt", "train.loss"]
+        {
+            assert!(!resumable(key), "{key}");
         }
     }
 }

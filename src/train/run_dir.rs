@@ -81,9 +81,16 @@ pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<(), Reco
 impl RunDir {
     /// Creates `dir`, writes the resolved spec into it and starts `metrics.jsonl` and the
     /// TensorBoard files. Event files of an earlier run into the same folder are removed:
-    /// TensorBoard would draw both.
+    /// TensorBoard would draw both; so are its `summary.json` and final weights, which would
+    /// pass for this run's until it ends.
     pub fn create(dir: &Path, options: RunDirOptions) -> Result<Self, RecordError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        for earlier in ["summary.json", "model.safetensors"] {
+            match std::fs::remove_file(dir.join(earlier)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir.join(earlier))(e)),
+                Ok(()) | Err(_) => {}
+            }
+        }
         let path = dir.join("metrics.jsonl");
         let metrics = BufWriter::new(File::create(&path).map_err(io(&path))?);
         for sub in ["train", "validation"] {

@@ -132,7 +132,8 @@ impl RunRecord {
 }
 
 /// Marks the `run.json` in `dir` failed when it still says `running`: the launcher's word
-/// for a chief task that was killed before it could write it.
+/// for a chief task that was killed before it could write it, and the panic hook's
+/// (`crate::crash`, exit code 70) for a run that panicked.
 pub fn mark_failed(dir: &Path, code: u8, error: &str) {
     mark(dir, &["running"], RunStatus::Failed, code, error);
 }

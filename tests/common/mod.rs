@@ -43,6 +43,30 @@ pub fn trainrun() -> Command {
     cmd
 }
 
+/// Overrides under which `specs/mnist_single.toml` diverges within a few steps: mean squared
+/// error on logits with a huge learning rate.
+pub const DIVERGING: [&str; 8] = [
+    "--set",
+    "train.epochs=1",
+    "--set",
+    "train.steps_per_epoch=50",
+    "--set",
+    "train.loss=\"mean_squared_error\"",
+    "--set",
+    "optimizer.learning_rate=1000",
+];
+
+/// Runs `specs/mnist_single.toml` into `out_dir` under [`DIVERGING`] and `extra` overrides.
+pub fn run_diverging(out_dir: &Path, extra: &[&str]) -> Output {
+    let out = format!("run.out_dir={}", out_dir.display());
+    let args: Vec<&str> = ["specs/mnist_single.toml", "-q", "--set", &out]
+        .into_iter()
+        .chain(DIVERGING)
+        .chain(extra.iter().copied())
+        .collect();
+    run(&args)
+}
+
 /// Runs `trainrun` with `args`.
 /// Starts `trainrun args` with its output piped (read it with [`wait_within`]).
 pub fn spawn(args: &[&str]) -> Child {

@@ -1,6 +1,7 @@
 //! Rules a JSON Schema cannot express, checked on the merged spec with the schema's problems:
-//! learning-rate table keys that name one batch twice (`"64"` and `"064"`), and a
-//! `cluster.token_file` that other users can read (refused as ssh refuses such a key).
+//! learning-rate table keys that name one batch twice (`"64"` and `"064"`), a
+//! `cluster.token_file` that other users can read (refused as ssh refuses such a key), and an
+//! empty `run.out_dir` (which would make the working directory the run folder).
 
 use crate::spec::keypath::{self, Seg};
 use crate::spec::render::Finding;
@@ -16,7 +17,29 @@ pub(crate) fn check(value: &Value) -> Vec<Finding> {
     if let Some(Value::String(_, path)) = value.find_ref("cluster.token_file") {
         findings.extend(token_file(path));
     }
+    if let Some(Value::String(_, dir)) = value.find_ref("run.out_dir") {
+        findings.extend(empty_out_dir(dir));
+    }
     findings
+}
+
+/// An empty `run.out_dir`: the run would write `run.json`, weights and `tensorboard/` into
+/// whatever folder it was started from.
+fn empty_out_dir(dir: &str) -> Option<Finding> {
+    if !dir.trim().is_empty() {
+        return None;
+    }
+    Some(
+        Finding::new(
+            "run.out_dir",
+            format!("`run.out_dir` = {dir:?} is empty: the run would write its files into the current folder"),
+        )
+        .label("empty")
+        .help(
+            "name a folder of the run's own, e.g. `run.out_dir = \"runs/mnist\"`, or leave the key out for \
+             runs/<run.name>",
+        ),
+    )
 }
 
 /// Keys of the learning-rate table that name a batch size an earlier key already names.
@@ -83,6 +106,13 @@ mod tests {
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].diag.key, "optimizer.scaling.table.64");
         assert!(found[0].diag.message.contains("batch 64 twice, as \"064\" and \"64\""), "{}", found[0].diag.message);
+    }
+
+    #[test]
+    fn an_empty_out_dir_is_refused() {
+        assert!(empty_out_dir("").is_some_and(|f| f.diag.key == "run.out_dir"));
+        assert!(empty_out_dir(" ").is_some());
+        assert!(empty_out_dir("runs/a").is_none());
     }
 
     #[test]

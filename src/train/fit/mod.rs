@@ -134,9 +134,9 @@ fn strategy_error(e: StrategyError) -> TrainError {
 }
 
 /// Refuses weights holding a NaN or an infinity (the update of `step` made them so).
-fn non_finite_weights(step: u64, session: &Session) -> Result<(), TrainError> {
+fn non_finite_weights(step: u64, session: &Session, backs_up: bool) -> Result<(), TrainError> {
     match first_non_finite(&session.vars, &session.tensors, &session.state_tensors) {
-        Some(t) => Err(TrainError::NonFinite { step, what: format!("the weight tensor `{t}`") }),
+        Some(t) => Err(TrainError::NonFinite { step, what: format!("the weight tensor `{t}`"), backs_up }),
         None => Ok(()),
     }
 }
@@ -308,7 +308,11 @@ impl<'a> Loop<'a> {
                         || "the loss".to_string(),
                         |t| format!("the loss, and the weights from `{t}` on,"),
                     );
-                    return Err(TrainError::NonFinite { step: self.step + 1, what });
+                    return Err(TrainError::NonFinite {
+                        step: self.step + 1,
+                        what,
+                        backs_up: self.plan.callbacks.backs_up(),
+                    });
                 }
                 self.lr = lr;
                 let (vars, optimizer) = (&mut session.vars, &mut session.optimizer);
@@ -432,11 +436,11 @@ impl<'a> Loop<'a> {
         let cursor = self.input.cursor();
         let (examples, epoch_sums, last_epoch, last_eval) =
             (self.examples, self.epoch_stats, self.last_epoch, self.last_eval);
-        let step = self.step;
+        let (step, backs_up) = (self.step, self.plan.callbacks.backs_up());
         let notes = callbacks.save(&at, |callbacks| {
             // Only when a save is due: a checkpoint never holds a NaN, and the pending
             // backup it would replace stays.
-            non_finite_weights(step, session)?;
+            non_finite_weights(step, session, backs_up)?;
             Ok::<_, TrainError>(SavePoint {
                 epochs_done,
                 cursor,
@@ -492,7 +496,7 @@ impl<'a> Loop<'a> {
         if let Some(e) = final_eval {
             self.progress.note(&format!("test: loss: {:.4} - accuracy: {:.4}", e.loss(), e.accuracy()));
         }
-        non_finite_weights(self.step, session)?;
+        non_finite_weights(self.step, session, self.plan.callbacks.backs_up())?;
         let sha = weights_sha256(&session.vars);
         let transport = session.strategy.transport();
         let parameter_server = session.strategy.parameter_server_stats();
