@@ -10,8 +10,10 @@
 mod build;
 mod config;
 mod sequence;
+mod size;
 
 pub use config::{GptConfig, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
+pub use size::{ModelSize, Shrink, size};
 
 pub mod zoo;
 
@@ -20,6 +22,8 @@ pub mod zoo;
 mod bench;
 #[cfg(test)]
 mod gpt_tests;
+#[cfg(test)]
+mod size_tests;
 #[cfg(test)]
 mod tests;
 

@@ -251,6 +251,9 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<Checked>, RunError> {
             }
             Err(Unplanned::Spec(diags)) => add(&mut problems, render_each(&diags, &loaded.origins), trial.index),
             Err(Unplanned::Run(e)) => return Err(e),
+            Err(Unplanned::TooBig(too_big)) => {
+                return Err(RunError::Unsupported(format!("sweep trial {}: {too_big}", trial.index)));
+            }
         }
     }
     if !warnings.is_empty() && !inv.quiet {
