@@ -83,7 +83,7 @@ fn gpt(g: &GptConfig, input: &Shape, vocab: u64) -> Option<ModelSize> {
     let per_block = mul(32, mul(t, c)).saturating_add(mul(2 * h, mul(t, t)));
     let around = mul(8, mul(t, c)).saturating_add(mul(4, t)).saturating_add(mul(t, vocab));
     let activations = mul(n, per_block).saturating_add(around);
-    let shrink = vec![
+    let shrink = [
         Shrink { key: "model.gpt.n_layer".into(), now: format!("{n} blocks of 12 × n_embd² values"), params: blocks },
         Shrink {
             key: "model.gpt.n_embd".into(),
@@ -135,7 +135,7 @@ fn listed(
             shrink.push(Shrink { key: layer_key(source, i, &layers[i]), now: layer_now(&layers[i]), params: own });
         }
     }
-    shrink.sort_by(|a, b| b.params.cmp(&a.params));
+    shrink.sort_by_key(|s| std::cmp::Reverse(s.params));
     Some(ModelSize { params, state, activations, shrink })
 }
 
