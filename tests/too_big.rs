@@ -132,19 +132,20 @@ fn dense_layers_too_big_for_the_machine_are_refused_naming_the_layer() {
     assert_exit(&out, 0);
 }
 
+/// `trainrun args` with `TRAINRUN_MEMORY_LIMIT=limit`: its exit code and stderr.
+fn with_limit(args: &[&str], limit: &str) -> (i32, String) {
+    let out = common::trainrun().args(args).env("TRAINRUN_MEMORY_LIMIT", limit).output();
+    let out = out.unwrap_or_else(|e| panic!("cannot start trainrun: {e}"));
+    (out.status.code().unwrap_or(-1), text(&out).1)
+}
+
 #[test]
 fn the_memory_limit_variable_replaces_the_machine_and_is_checked() {
-    let mut cmd = common::trainrun();
-    cmd.args(["specs/shakespeare_char.toml", "-q"]).env("TRAINRUN_MEMORY_LIMIT", "100MiB");
-    let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
-    assert_exit(&out, 3);
-    let (_, stderr) = text(&out);
+    let (code, stderr) = with_limit(&["specs/shakespeare_char.toml", "-q"], "100MiB");
+    assert_eq!(code, 3, "{stderr}");
     assert!(stderr.contains("more than this machine's 100 MiB (TRAINRUN_MEMORY_LIMIT)"), "{stderr}");
     assert!(stderr.contains("batch.per_replica (now 6)"), "activations are the largest part:\n{stderr}");
-    let mut cmd = common::trainrun();
-    cmd.args(["check", "specs/shakespeare_char.toml"]).env("TRAINRUN_MEMORY_LIMIT", "lots");
-    let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
-    assert_exit(&out, 2);
-    let (_, stderr) = text(&out);
+    let (code, stderr) = with_limit(&["check", "specs/shakespeare_char.toml"], "lots");
+    assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("TRAINRUN_MEMORY_LIMIT=\"lots\" is not a memory size"), "{stderr}");
 }

@@ -217,7 +217,7 @@ pub fn summary(model: &Sequential) -> String {
 }
 
 /// `1234567` → `1,234,567`.
-fn thousands(v: usize) -> String {
+pub(crate) fn thousands(v: usize) -> String {
     let digits = v.to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {

@@ -132,50 +132,27 @@ fn listed(
             activations = activations.saturating_add(out.max(layer.activation_len() as u64));
         }
         if own > 0 {
-            shrink.push(Shrink { key: layer_key(source, i, &layers[i]), now: layer_now(&layers[i]), params: own });
+            shrink.push(layer_shrink(source, i, &layers[i], own));
         }
     }
     shrink.sort_by_key(|s| std::cmp::Reverse(s.params));
     Some(ModelSize { params, state, activations, shrink })
 }
 
-/// The key of layer `i`'s size field (`units`, `filters`, …), or the layer itself.
-fn layer_key(source: Source, i: usize, layer: &LayerConfig) -> String {
-    let field = match layer {
-        LayerConfig::Dense { .. } | LayerConfig::PositionwiseDense { .. } => Some("units"),
-        LayerConfig::Conv2d { .. } | LayerConfig::Residual { .. } => Some("filters"),
-        LayerConfig::Embedding { .. } => Some("output_dim"),
-        LayerConfig::PositionEmbedding { .. } => Some("block_size"),
-        LayerConfig::TransformerBlock { .. } => Some("intermediate_dim"),
-        LayerConfig::MaxPool2d { .. }
-        | LayerConfig::AvgPool2d { .. }
-        | LayerConfig::GlobalAvgPool2d
-        | LayerConfig::Flatten
-        | LayerConfig::Reshape { .. }
-        | LayerConfig::Dropout { .. }
-        | LayerConfig::BatchNorm { .. }
-        | LayerConfig::Activation { .. }
-        | LayerConfig::LayerNorm { .. }
-        | LayerConfig::Gelu { .. }
-        | LayerConfig::MultiHeadAttention { .. }
-        | LayerConfig::LmHead { .. } => None,
-    };
-    match (source, field) {
-        (Source::Layers, Some(f)) => format!("model.layers[{i}].{f}"),
-        (Source::Layers, None) => format!("model.layers[{i}]"),
-        (Source::Zoo(_), _) => "model.zoo".into(),
-    }
-}
-
-/// What layer's size field holds now, for the message.
-fn layer_now(layer: &LayerConfig) -> String {
-    match layer {
-        LayerConfig::Dense { units, .. } | LayerConfig::PositionwiseDense { units, .. } => format!("{units} units"),
-        LayerConfig::Conv2d { filters, .. } | LayerConfig::Residual { filters, .. } => format!("{filters} filters"),
-        LayerConfig::Embedding { output_dim } => format!("{output_dim} per token"),
-        LayerConfig::PositionEmbedding { block_size } => format!("{block_size} positions"),
+/// The key of layer `i`'s size field (`units`, `filters`, …) and what it holds now, or the
+/// layer itself when no field of its own sizes it.
+fn layer_shrink(source: Source, i: usize, layer: &LayerConfig, params: u64) -> Shrink {
+    let (field, now) = match layer {
+        LayerConfig::Dense { units, .. } | LayerConfig::PositionwiseDense { units, .. } => {
+            (Some("units"), format!("{units} units"))
+        }
+        LayerConfig::Conv2d { filters, .. } | LayerConfig::Residual { filters, .. } => {
+            (Some("filters"), format!("{filters} filters"))
+        }
+        LayerConfig::Embedding { output_dim } => (Some("output_dim"), format!("{output_dim} per token")),
+        LayerConfig::PositionEmbedding { block_size } => (Some("block_size"), format!("{block_size} positions")),
         LayerConfig::TransformerBlock { intermediate_dim, .. } => {
-            intermediate_dim.map_or("4 × the input's width".into(), |d| d.to_string())
+            (Some("intermediate_dim"), intermediate_dim.map_or("4 × the input's width".into(), |d| d.to_string()))
         }
         LayerConfig::MaxPool2d { .. }
         | LayerConfig::AvgPool2d { .. }
@@ -188,6 +165,12 @@ fn layer_now(layer: &LayerConfig) -> String {
         | LayerConfig::LayerNorm { .. }
         | LayerConfig::Gelu { .. }
         | LayerConfig::MultiHeadAttention { .. }
-        | LayerConfig::LmHead { .. } => format!("a {} layer", layer.kind()),
-    }
+        | LayerConfig::LmHead { .. } => (None, format!("a {} layer", layer.kind())),
+    };
+    let key = match (source, field) {
+        (Source::Layers, Some(f)) => format!("model.layers[{i}].{f}"),
+        (Source::Layers, None) => format!("model.layers[{i}]"),
+        (Source::Zoo(_), _) => "model.zoo".into(),
+    };
+    Shrink { key, now, params }
 }

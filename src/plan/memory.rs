@@ -8,7 +8,7 @@
 
 use super::OptimizerPlan;
 use crate::data::{DataFacts, LabelKind};
-use crate::model::{ModelSize, Shrink};
+use crate::model::{ModelSize, Shrink, thousands};
 use serde::Serialize;
 use std::fmt;
 
@@ -164,7 +164,7 @@ impl MemoryEstimate {
 
     /// Each part with its arithmetic, one per line, indented.
     pub fn parts(&self) -> String {
-        let values = |n: u64| if n == u64::MAX { "more than 18 × 10¹⁸".to_string() } else { thousands(n) };
+        let values = |n: u64| if n == u64::MAX { "more than 18 × 10¹⁸".to_string() } else { thousands(n as usize) };
         let rows = [
             ("parameters", self.params, format!("{} values × 4 B", values(self.param_count))),
             ("gradients", self.gradients, format!("one copy per replica × {}", self.replicas)),
@@ -182,7 +182,11 @@ impl MemoryEstimate {
             (
                 "data held",
                 self.data,
-                format!("{} examples × {} B", thousands(self.examples), thousands(self.example_bytes)),
+                format!(
+                    "{} examples × {} B",
+                    thousands(self.examples as usize),
+                    thousands(self.example_bytes as usize)
+                ),
             ),
         ];
         let mut out = String::new();
@@ -268,19 +272,6 @@ pub fn size(bytes: u64) -> String {
         _ if value >= 10.0 => format!("{value:.1} {}", units[unit]),
         _ => format!("{value:.2} {}", units[unit]),
     }
-}
-
-/// `1234567` → `1,234,567`.
-fn thousands(v: u64) -> String {
-    let digits = v.to_string();
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 /// Parses a byte size as `TRAINRUN_MEMORY_LIMIT` takes it: `512GiB`, `64G`, `1.5TiB`,

@@ -188,22 +188,23 @@ impl Plan {
                 memory::estimate(&size, &optimizer, per_replica, replicas.devices.len(), &data.facts, local_tasks);
             (size, estimate)
         });
-        if let Some((size, estimate)) = memory.as_ref().filter(|(_, e)| e.needed > facts.memory.bytes) {
-            if diags.iter().any(|d| d.severity == Severity::Error) {
-                return Err(PlanError::Spec(diags));
-            }
-            let batch_key = format!("batch.per_replica (now {})", estimate.per_replica);
-            return Err(PlanError::TooBig(Box::new(TooBig {
+        // A model too big to hold is not expanded (a GPT's layer list alone can exceed the
+        // machine); the rest is planned, so that the spec's own errors come first.
+        let too_big = memory.as_ref().filter(|(_, e)| e.needed > facts.memory.bytes).map(|(size, estimate)| {
+            Box::new(TooBig {
                 estimate: estimate.clone(),
                 machine: facts.memory,
                 shrink: size.shrink.clone(),
-                batch_key,
-            })));
-        }
+                batch_key: format!("batch.per_replica (now {})", estimate.per_replica),
+            })
+        });
         let memory = memory.map(|(_, estimate)| estimate);
-        let model = crate::model::describe_for(&spec.model, &input, data.facts.labels)
-            .map_err(|model_diags| diags.extend(model_diags))
-            .ok();
+        let model = match too_big {
+            Some(_) => None,
+            None => crate::model::describe_for(&spec.model, &input, data.facts.labels)
+                .map_err(|model_diags| diags.extend(model_diags))
+                .ok(),
+        };
         let train = train::resolve(spec, model.as_ref(), &data.facts, global, &mut diags);
         let parameter_server = parameter_server::resolve(
             spec,
@@ -234,6 +235,9 @@ impl Plan {
         }
 
         let failed = diags.iter().any(|d| d.severity == Severity::Error);
+        if let (Some(too_big), false) = (too_big, failed) {
+            return Err(PlanError::TooBig(too_big));
+        }
         match (batch, learning_rate, model, strategy, failed) {
             (Some(batch), Some(learning_rate), Some(model), Some(strategy), false) => Ok(Plan {
                 out_dir,
