@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use trainrun::data::{Cursor, DataDirs, Pipeline, PipelineOptions, Shard};
 use trainrun::engine::Pass;
-use trainrun::plan::{Facts, Hardware, Plan};
+use trainrun::plan::{Facts, Hardware, Plan, PlanError};
 
 fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).unwrap_or_else(|| "specs/mnist_single.toml".into());
@@ -19,9 +19,12 @@ fn main() -> anyhow::Result<()> {
     let loaded = trainrun::spec::load(path.as_ref(), &env, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
     let source = trainrun::plan::source(&loaded.spec.data, &DataDirs::from_process_env(), loaded.spec.run.seed)?;
     let cluster = trainrun::cluster::Resolution { cluster: trainrun::cluster::Cluster::single(), task: None };
-    let facts = Facts { data: source.facts()?, source, cores: 2, hardware: Hardware { gpus: 0 }, cluster };
-    let plan = Plan::new(&loaded.spec, &facts)
-        .map_err(|d| anyhow::anyhow!("{}", trainrun::spec::render(&d, &loaded.origins)))?;
+    let memory = trainrun::machine_memory::read(&[])?;
+    let facts = Facts { data: source.facts()?, source, cores: 2, hardware: Hardware { gpus: 0 }, cluster, memory };
+    let plan = Plan::new(&loaded.spec, &facts).map_err(|e| match e {
+        PlanError::Spec(d) => anyhow::anyhow!("{}", trainrun::spec::render(&d, &loaded.origins)),
+        PlanError::TooBig(too_big) => anyhow::anyhow!("{too_big}"),
+    })?;
 
     // The planned model, its initial weights, and the optimizer the plan chose.
     let mut model = plan.model.build()?;

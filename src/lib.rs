@@ -18,6 +18,7 @@ pub mod engine;
 pub mod exit;
 #[cfg(feature = "cuda")]
 pub mod gpu_check;
+pub mod machine_memory;
 pub mod metrics;
 pub mod model;
 pub mod plan;

@@ -5,7 +5,7 @@
 use crate::data::DataDirs;
 use crate::data::DataError;
 use crate::exit::RunError;
-use crate::plan::{Facts, Hardware, Plan, StrategyKind};
+use crate::plan::{Facts, Hardware, Plan, PlanError, StrategyKind, TooBig};
 use crate::spec::sweep::Sweep;
 use crate::spec::{self, Diagnostic, Loaded};
 use crate::train::run_json::TrialOrigin;
@@ -50,6 +50,8 @@ pub enum Unplanned {
     Spec(Vec<Diagnostic>),
     /// Anything else (data that cannot be read).
     Run(RunError),
+    /// A valid spec whose model this machine cannot hold.
+    TooBig(Box<TooBig>),
 }
 
 pub fn data_dirs(env: &[(String, String)]) -> DataDirs {
@@ -65,6 +67,16 @@ pub fn flag(env: &[(String, String)], key: &str) -> bool {
 /// Loads and plans the spec, rendering every problem with its location. Under a sweep
 /// (`TRAINRUN_SWEEP_TRIAL`), the spec is that trial's.
 pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
+    match prepare_or_too_big(inv)? {
+        Ok(prepared) => Ok(prepared),
+        Err(too_big) => Err(RunError::Unsupported(too_big.to_string())),
+    }
+}
+
+/// As [`prepare`], but a model this machine cannot hold comes back as what it needs, for
+/// `trainrun check` to warn about (a spec is often checked on a smaller machine than it
+/// runs on).
+pub fn prepare_or_too_big(inv: &Invocation) -> Result<Result<Prepared, Box<TooBig>>, RunError> {
     let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
     let (loaded, trial) = match trial_from_env(&inv.env)? {
         Some(wanted) => {
@@ -77,11 +89,12 @@ pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
         Ok(planned) => planned,
         Err(Unplanned::Spec(diags)) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
         Err(Unplanned::Run(e)) => return Err(e),
+        Err(Unplanned::TooBig(too_big)) => return Ok(Err(too_big)),
     };
     if !plan.warnings.is_empty() && !inv.quiet {
         eprint!("{}", spec::render(&plan.warnings, &loaded.origins));
     }
-    Ok(Prepared { loaded, plan, trial })
+    Ok(Ok(Prepared { loaded, plan, trial }))
 }
 
 /// Plans a loaded spec: gathers the facts (data sizes, cores, cluster) and calls the pure
@@ -100,8 +113,12 @@ pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<Plan, Unplanned> {
         cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
         hardware: Hardware { gpus: 0 },
         cluster,
+        memory: crate::machine_memory::read(&inv.env).map_err(|e| Unplanned::Run(RunError::Usage(e.to_string())))?,
     };
-    Plan::new(&loaded.spec, &facts).map_err(Unplanned::Spec)
+    Plan::new(&loaded.spec, &facts).map_err(|e| match e {
+        PlanError::Spec(diags) => Unplanned::Spec(diags),
+        PlanError::TooBig(too_big) => Unplanned::TooBig(too_big),
+    })
 }
 
 /// Files the spec itself names (`[data.files]`) that do not exist are a spec error at their

@@ -239,8 +239,8 @@ pub fn run(inv: &Invocation, target: Target, image: Option<String>, namespace: O
     match crate::prepare::plan(&loaded, &here) {
         Ok(_) => {}
         Err(Unplanned::Spec(diags)) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
-        // The data need not be on this machine: the pods read their own.
-        Err(Unplanned::Run(_)) => {}
+        // The data need not be on this machine, nor fit its memory: the pods have their own.
+        Err(Unplanned::Run(_) | Unplanned::TooBig(_)) => {}
     }
     let token = crate::cluster::new_job_token().map_err(|e| RunError::Failure(e.to_string()))?;
     let options = Options { image, namespace, token: token.as_str().to_owned() };

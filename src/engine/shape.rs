@@ -12,6 +12,12 @@ impl Shape {
         self.0.iter().product()
     }
 
+    /// Values in one example, or `None` when the count does not fit a `usize`: sizes that
+    /// come from a spec are counted with this before anything is allocated.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
     /// `(h, w, c)` when the shape is an image.
     pub fn hwc(&self) -> Option<(usize, usize, usize)> {
         match self.0.as_slice() {

@@ -10,8 +10,10 @@
 mod build;
 mod config;
 mod sequence;
+mod size;
 
 pub use config::{GptConfig, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
+pub use size::{ModelSize, Shrink, size};
 
 pub mod zoo;
 
@@ -20,6 +22,8 @@ pub mod zoo;
 mod bench;
 #[cfg(test)]
 mod gpt_tests;
+#[cfg(test)]
+mod size_tests;
 #[cfg(test)]
 mod tests;
 
@@ -213,7 +217,7 @@ pub fn summary(model: &Sequential) -> String {
 }
 
 /// `1234567` → `1,234,567`.
-fn thousands(v: usize) -> String {
+pub(crate) fn thousands(v: usize) -> String {
     let digits = v.to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {

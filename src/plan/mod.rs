@@ -12,6 +12,7 @@ mod callbacks;
 mod cluster;
 mod data;
 mod lr;
+mod memory;
 mod optimizer;
 mod parameter_server;
 mod preprocessing;
@@ -24,6 +25,7 @@ pub use callbacks::{CallbackKind, CallbackPlan, CallbacksPlan, SaveEvery, Watch}
 pub use cluster::{ClusterPlan, Part, Restarts};
 pub use data::{DataPlan, ShardPolicy, source};
 pub use lr::{LrPlan, Scaling, Schedule, Warmup};
+pub use memory::{ADDRESS_SPACE, MachineMemory, MemoryEstimate, MemorySource, TooBig, parse_size};
 pub use optimizer::{DecayPlan, OptimizerPlan};
 pub use parameter_server::{ParameterServerPlan, VariablePlacement, VariableShard, num_shards, split_rows};
 pub use strategy::{
@@ -53,6 +55,18 @@ pub struct Facts {
     pub hardware: Hardware,
     /// The cluster (spec, TF_CONFIG or Slurm) and this process's task.
     pub cluster: Resolution,
+    /// The memory this machine gives the job: a model whose estimate exceeds it is not
+    /// planned further.
+    pub memory: MachineMemory,
+}
+
+/// Why a spec did not plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlanError {
+    /// Problems of the spec (errors and warnings).
+    Spec(Vec<Diagnostic>),
+    /// A valid spec whose model this machine cannot hold (exit 3).
+    TooBig(Box<TooBig>),
 }
 
 /// Everything a run will do.
@@ -84,6 +98,9 @@ pub struct Plan {
     pub train: TrainPlan,
     /// Callbacks.
     pub callbacks: CallbacksPlan,
+    /// The memory one task needs at its peak, estimated before anything is allocated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryEstimate>,
     /// Hashes of the spec that tell runs and backups apart.
     pub hashes: SpecHashes,
     /// Warnings to show before running.
@@ -136,8 +153,10 @@ pub(crate) fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error>
 }
 
 impl Plan {
-    /// Plans `spec` given `facts`; on failure returns every problem found (errors and warnings).
-    pub fn new(spec: &Spec, facts: &Facts) -> Result<Plan, Vec<Diagnostic>> {
+    /// Plans `spec` given `facts`; on failure returns every problem found (errors and
+    /// warnings), or, for a valid spec, that the model needs more memory than `facts.memory`:
+    /// that is found from arithmetic on the spec, before the model's layers are expanded.
+    pub fn new(spec: &Spec, facts: &Facts) -> Result<Plan, PlanError> {
         let mut diags = Vec::new();
         // The failure timeout, and the key that set it (errors name the key the user wrote).
         let timeout_s = match &spec.strategy {
@@ -163,9 +182,33 @@ impl Plan {
         let global = batch.map_or(1, |b| b.global);
         // The model sees the data after preprocessing (a crop's shape, validation_split's sizes).
         let input = Shape(data.facts.example_shape.clone());
-        let model = crate::model::describe_for(&spec.model, &input, data.facts.labels)
-            .map_err(|model_diags| diags.extend(model_diags))
-            .ok();
+        let mut optimizer_diags = Vec::new();
+        let (default_lr, optimizer) = optimizer::resolve(spec, &mut optimizer_diags);
+        // Tasks on this machine share its cores and its memory.
+        let local_tasks = if cluster.is_local() { cluster.tasks.len().max(1) } else { 1 };
+        let memory = crate::model::size(&spec.model, &input, data.facts.labels).map(|size| {
+            let per_replica = batch.map_or(1, |b| b.per_replica);
+            let estimate =
+                memory::estimate(&size, &optimizer, per_replica, replicas.devices.len(), &data.facts, local_tasks);
+            (size, estimate)
+        });
+        // A model too big to hold is not expanded (a GPT's layer list alone can exceed the
+        // machine); the rest is planned, so that the spec's own errors come first.
+        let too_big = memory.as_ref().filter(|(_, e)| e.needed > facts.memory.bytes).map(|(size, estimate)| {
+            Box::new(TooBig {
+                estimate: estimate.clone(),
+                machine: facts.memory,
+                shrink: size.shrink.clone(),
+                batch_key: format!("batch.per_replica (now {})", estimate.per_replica),
+            })
+        });
+        let memory = memory.map(|(_, estimate)| estimate);
+        let model = match too_big {
+            Some(_) => None,
+            None => crate::model::describe_for(&spec.model, &input, data.facts.labels)
+                .map_err(|model_diags| diags.extend(model_diags))
+                .ok(),
+        };
         let train = train::resolve(spec, model.as_ref(), &data.facts, global, &mut diags);
         let parameter_server = parameter_server::resolve(
             spec,
@@ -175,7 +218,7 @@ impl Plan {
             &mut diags,
         );
         let strategy = strategy::resolve(&spec.strategy, replicas, &cluster, parameter_server, &mut diags);
-        let (default_lr, optimizer) = optimizer::resolve(spec, &mut diags);
+        diags.extend(optimizer_diags);
         let learning_rate =
             lr::resolve(&spec.optimizer, default_lr, global, train.steps_per_epoch, train.total_steps, &mut diags);
         let name = spec.run.name.clone().unwrap_or_else(|| "run".to_string());
@@ -196,29 +239,29 @@ impl Plan {
         }
 
         let failed = diags.iter().any(|d| d.severity == Severity::Error);
+        if let (Some(too_big), false) = (too_big, failed) {
+            return Err(PlanError::TooBig(too_big));
+        }
         match (batch, learning_rate, model, strategy, failed) {
-            (Some(batch), Some(learning_rate), Some(model), Some(strategy), false) => {
-                // Tasks on this machine share its cores.
-                let local_tasks = if cluster.is_local() { cluster.tasks.len().max(1) } else { 1 };
-                Ok(Plan {
-                    out_dir,
-                    name,
-                    seed: spec.run.seed,
-                    threads: spec.run.threads.map_or((facts.cores / local_tasks).max(1), |t| t.get()),
-                    cluster,
-                    strategy,
-                    batch,
-                    learning_rate,
-                    optimizer,
-                    data,
-                    model,
-                    train,
-                    callbacks,
-                    hashes: SpecHashes::of(spec),
-                    warnings: diags,
-                })
-            }
-            _ => Err(diags),
+            (Some(batch), Some(learning_rate), Some(model), Some(strategy), false) => Ok(Plan {
+                out_dir,
+                name,
+                seed: spec.run.seed,
+                threads: spec.run.threads.map_or((facts.cores / local_tasks).max(1), |t| t.get()),
+                cluster,
+                strategy,
+                batch,
+                learning_rate,
+                optimizer,
+                data,
+                model,
+                train,
+                callbacks,
+                memory,
+                hashes: SpecHashes::of(spec),
+                warnings: diags,
+            }),
+            _ => Err(PlanError::Spec(diags)),
         }
     }
 

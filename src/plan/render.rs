@@ -55,6 +55,9 @@ pub fn text(plan: &Plan) -> String {
     ] {
         section(plan, &mut rows);
     }
+    if let Some(memory) = &plan.memory {
+        rows.push(("memory", memory.summary()));
+    }
     rows.push(("threads", format!("{} per task", plan.threads)));
     rows.push(("output", plan.out_dir.display().to_string()));
 

@@ -1,11 +1,26 @@
-//! `trainrun check`: prints the plan — what a run would do — without training.
+//! `trainrun check`: prints the plan — what a run would do — without training. A model this
+//! machine cannot hold is not an error here (a spec is often checked on a laptop for a
+//! cluster): check prints its memory estimate and a warning, and a run refuses it.
 
 use crate::exit::RunError;
-use crate::prepare::{Invocation, flag, prepare};
+use crate::prepare::{Invocation, flag, prepare_or_too_big};
 
 /// Prints the plan of `inv`'s spec, as text or JSON.
 pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
-    let p = prepare(inv)?;
+    let p = match prepare_or_too_big(inv)? {
+        Ok(p) => p,
+        Err(too_big) => {
+            if json {
+                let text = serde_json::json!({ "memory": too_big.estimate, "machine": too_big.machine, "fits": false });
+                println!("{}", serde_json::to_string_pretty(&text).map_err(|e| RunError::Failure(e.to_string()))?);
+            }
+            eprintln!("warning: {too_big}");
+            eprintln!(
+                "  = note: the plan stops here, before the model is expanded; a run on this machine exits 3, one on a machine with more memory goes on"
+            );
+            return Ok(());
+        }
+    };
     let source = &p.plan.data.source;
     let model = p.plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
     if json {

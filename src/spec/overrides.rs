@@ -32,8 +32,10 @@ const PREFIX: &str = "TRAINRUN_";
 /// The variables trainrun reads besides spec overrides (docs/specs.md, "Layering", and docs/reliability.md
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
-pub(crate) const KNOWN_VARIABLES: [&str; 8] = [
+pub(crate) const KNOWN_VARIABLES: [&str; 9] = [
     "TRAINRUN_DATA_DIR",
+    // The memory to plan for instead of the machine's (`machine_memory::LIMIT_VAR`).
+    "TRAINRUN_MEMORY_LIMIT",
     "TRAINRUN_OFFLINE",
     "TRAINRUN_TASK",
     "TRAINRUN_JOB_TOKEN",

@@ -251,6 +251,9 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
             }
             Err(Unplanned::Spec(diags)) => add(&mut problems, render_each(&diags, &loaded.origins), trial.index),
             Err(Unplanned::Run(e)) => return Err(in_trial(sweep, trial, e)),
+            Err(Unplanned::TooBig(too_big)) => {
+                return Err(in_trial(sweep, trial, RunError::Unsupported(too_big.to_string())));
+            }
         }
     }
     if !warnings.is_empty() && !inv.quiet {
