@@ -132,7 +132,7 @@ pub fn resolve(
     if let (Some(problem), crate::data::LabelKind::Target { width }) = (sparse_on_targets(t.loss), facts.labels) {
         diags.push(
             Diagnostic::error("train.loss", format!("train.loss = \"{problem}\" needs class labels, but the dataset has {width} float target(s) per example"))
-                .help("use loss = \"mean_squared_error\", \"mean_absolute_error\" or \"huber\" for regression"),
+                .help("use loss = \"mean_squared_error\", \"mean_absolute_error\" or \"huber\" for regression; if the labels are classes written as numbers (a CSV column of -1, 0, 1), set data.csv.labels = \"classes\""),
         );
     }
     if !t.from_logits && model.is_some_and(outputs_logits) && !t.loss.regression() {
