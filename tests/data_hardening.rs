@@ -276,8 +276,8 @@ fn empty_and_one_dimensional_numpy_features_are_named_as_such() {
     assert!(!stderr.contains("units = 0"), "{stderr}");
     let stderr = refused(
         &spec(dir.path(), &data("flat_x.npy", "flat_y.npy"), 2, CE),
-        4,
-        &["flat_x.npy", "shape (16,)", "x.reshape(-1, 1)"],
+        2,
+        &["each example is a single number (features of shape (n,))", "x.reshape(-1, 1)"],
     );
     assert!(!stderr.contains("train a language model"), "{stderr}");
 }

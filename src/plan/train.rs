@@ -126,7 +126,12 @@ pub fn resolve(
                     m.output
                 ),
             )
-            .help("train a language model on a data source with a label per position (`text` or `tokens`)"),
+            .help(if facts.example_shape.is_empty() {
+                // 1-D NumPy features: one number per example reads as a sequence to the model.
+                "each example is a single number (features of shape (n,)): save the features with a feature axis, shape (n, 1) (x.reshape(-1, 1) in NumPy)"
+            } else {
+                "train a language model on a data source with a label per position (`text` or `tokens`)"
+            }),
         );
     }
     if let (Some(problem), crate::data::LabelKind::Target { width }) = (sparse_on_targets(t.loss), facts.labels) {

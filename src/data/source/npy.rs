@@ -340,13 +340,6 @@ impl NpyDataset {
                 features.shape
             ));
         }
-        if features.shape.len() < 2 {
-            return malformed(format!(
-                "features of shape ({n},) hold one number per example, not an array of them; save them with a \
-                 feature axis, shape ({n}, 1) (x.reshape(-1, 1)), or, for a stream of token ids, use \
-                 data.dataset = \"tokens\""
-            ));
-        }
         let labels = labels_of(&labels_array)?;
         let shape = features.shape[1..].to_vec();
         Ok(Self { features, len: n, shape, labels, labels_path: labels_array.path })

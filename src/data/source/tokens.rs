@@ -223,11 +223,11 @@ fn mapped(dir: &Path, config: &TokensConfig) -> Result<(Files, Files, u32), Data
     no_training_files(config)?;
     let train = map_all(dir, &config.train, config.dtype)?;
     let validation = map_all(dir, &config.validation, config.dtype)?;
+    let vocab = vocab_size(config, &train.iter().chain(&validation).collect::<Vec<_>>())?;
     for (split, files) in [(WindowSplit::Train, &train), (WindowSplit::Validation, &validation)] {
         let counts: Vec<(&Path, usize)> = files.iter().map(|(p, t)| (p.as_path(), t.len())).collect();
         require_windows("tokens", split, &counts, config.block_size.get())?;
     }
-    let vocab = vocab_size(config, &train.iter().chain(&validation).collect::<Vec<_>>())?;
     Ok((train, validation, vocab))
 }
 
