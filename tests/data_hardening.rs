@@ -210,7 +210,7 @@ fn unclear_csv_tables_get_messages_naming_the_problem() {
 
     // Labels -1, 0, 1 are read as float targets: the loss error names `data.csv.labels`.
     let signs: String = std::iter::once("a,b,y\n".to_string())
-        .chain((0..32).map(|i| format!("{},{},{}\n", i % 3, i % 5, i as i32 % 3 - 1)))
+        .chain((0..32i32).map(|i| format!("{},{},{}\n", i % 3, i % 5, i % 3 - 1)))
         .collect();
     std::fs::write(dir.path().join("train.csv"), signs).unwrap();
     let path = spec(dir.path(), &csv_data(""), 3, CE);

@@ -216,24 +216,26 @@ pub enum DataError {
         source: csv::Error,
     },
 
-    /// A CSV test table whose columns are not the training table's.
+    /// A CSV test table whose columns are not the training table's; `difference` names
+    /// them (`missing `b`; extra `c``).
     #[error(
-        "{}: its columns are not those of the training table {}: {}; the test table is read by \
-         column name, so it needs every column of the training table (in any order) and no \
-         other: fix its header, or list the columns to read in `data.csv.features`",
-        .test.display(), .train.display(), columns_differ(missing, extra)
+        "{}: its columns are not those of the training table {}: {difference}; the test table is \
+         read by column name, so it needs every column of the training table (in any order) and \
+         no other: fix its header, or list the columns to read in `data.csv.features`",
+        .test.display(), .train.display()
     )]
-    ColumnsDiffer { train: PathBuf, test: PathBuf, missing: Vec<String>, extra: Vec<String> },
+    ColumnsDiffer { train: PathBuf, test: PathBuf, difference: String },
 
-    /// A CSV test table with class names the training table does not have.
+    /// A CSV test table with class names the training table does not have; `labels` says
+    /// which and the training table's classes (`label column `y` holds `tiny` ... (its
+    /// classes: big, small)`).
     #[error(
-        "{}: label column `{column}` holds {} that the training table {} does not have (its \
-         classes: {}); a model predicts only the classes it trained on: fix those labels, or add \
+        "{}: {labels}; a model predicts only the classes it trained on: fix those labels, or add \
          examples of them to the training table; if the labels are numbers to predict, set \
          `data.csv.labels = \"regression\"`",
-        .test.display(), quoted(unknown), .train.display(), known.join(", ")
+        .test.display()
     )]
-    UnknownClasses { train: PathBuf, test: PathBuf, column: String, unknown: Vec<String>, known: Vec<String> },
+    UnknownClasses { test: PathBuf, labels: String },
 
     /// A `.npz` file that is not a readable zip archive.
     #[error("{}: not a readable zip archive: {source}", .path.display())]
@@ -287,13 +289,13 @@ pub enum DataError {
 }
 
 /// `missing `a`, `b`; extra `c``: what a test table lacks and has besides.
-fn columns_differ(missing: &[String], extra: &[String]) -> String {
+pub(crate) fn columns_differ(missing: &[String], extra: &[String]) -> String {
     let part = |what: &str, names: &[String]| (!names.is_empty()).then(|| format!("{what} {}", quoted(names)));
     [part("missing", missing), part("extra", extra)].into_iter().flatten().collect::<Vec<_>>().join("; ")
 }
 
 /// Names in backquotes, separated by commas.
-fn quoted(names: &[String]) -> String {
+pub(crate) fn quoted(names: &[String]) -> String {
     names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
 }
 

@@ -19,7 +19,7 @@
 //! The whole table is parsed at open into `f32` (a CSV file is larger than its values).
 
 use super::{DataSource, RawValues, missing_in, require};
-use crate::data::error::{DataError, Position, UnknownName};
+use crate::data::error::{DataError, Position, UnknownName, columns_differ, quoted};
 use crate::data::examples::{Examples, LabelKind, Split};
 use crate::data::formats::{Classes, Dtype, Labels, RandomAccess, classes_from_names};
 use crate::data::pipeline::Batch;
@@ -174,7 +174,8 @@ fn read(dir: &Path, config: &CsvConfig) -> Result<(CsvDataset, Option<CsvDataset
         let extra: Vec<String> =
             header.iter().filter(|h| **h != config.label && !train.feature_names().contains(h)).cloned().collect();
         if !missing.is_empty() || !extra.is_empty() {
-            return Err(DataError::ColumnsDiffer { train: train_path, test: test_path, missing, extra });
+            let difference = columns_differ(&missing, &extra);
+            return Err(DataError::ColumnsDiffer { train: train_path, test: test_path, difference });
         }
         options.features = Some(train.feature_names().to_vec());
     }
@@ -191,13 +192,14 @@ fn read(dir: &Path, config: &CsvConfig) -> Result<(CsvDataset, Option<CsvDataset
         let name = |i: &u32| names.names()[*i as usize].clone();
         let unknown: Vec<String> = used.iter().map(name).filter(|n| classes.index_of(n).is_none()).collect();
         if !unknown.is_empty() {
-            return Err(DataError::UnknownClasses {
-                train: train_path,
-                test: test_path,
-                column: config.label.clone(),
-                unknown,
-                known: classes.names().to_vec(),
-            });
+            let labels = format!(
+                "label column `{}` holds {} that the training table {} does not have (its classes: {})",
+                config.label,
+                quoted(&unknown),
+                train_path.display(),
+                classes.names().join(", ")
+            );
+            return Err(DataError::UnknownClasses { test: test_path, labels });
         }
         for i in index.iter_mut() {
             *i = classes.index_of(&names.names()[*i as usize]).unwrap_or(*i);
