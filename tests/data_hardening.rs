@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_exit, json, run, tempdir, text};
+use common::{assert_exit, json, run, tempdir, text, with_python};
 use std::path::{Path, PathBuf};
 
 /// A spec training one dense layer of `units` on the `[data]` table `data`, in `dir`.
@@ -69,21 +69,6 @@ fn refused(spec: &Path, code: i32, needles: &[&str]) -> String {
     last
 }
 
-/// Runs `script` with `python3 -c` and the folder as `sys.argv[1]`; `false` (after saying so
-/// loudly) when numpy cannot be imported.
-fn with_numpy(script: &str, dir: &Path) -> bool {
-    let python = |args: &[&str]| std::process::Command::new("python3").args(args).output();
-    if !python(&["-c", "import numpy"]).is_ok_and(|o| o.status.success()) {
-        let why = "skipped: python3 cannot import numpy (python3 -m pip install numpy); not cross-checked";
-        println!("{why}");
-        eprintln!("\n*** {why} ***\n");
-        return false;
-    }
-    let out = python(&["-c", script, dir.to_str().unwrap()]).unwrap();
-    assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    true
-}
-
 /// Item 5: NumPy archives, stored and deflated, whose member `x` has a CRC-32 other than its
 /// bytes' (NumPy's `np.load` refuses both).
 #[test]
@@ -109,7 +94,7 @@ for name, save in [("stored.npz", np.savez), ("deflated.npz", np.savez_compresse
         pass
     print(f"{name} {crc:#010x} {crc ^ 0x10:#010x}")
 "#;
-    if !with_numpy(script, dir.path()) {
+    if !with_python("numpy", script, dir.path()) {
         return;
     }
     for npz in ["stored.npz", "deflated.npz"] {
@@ -265,7 +250,7 @@ fn empty_and_one_dimensional_numpy_features_are_named_as_such() {
         np.save(os.path.join(d, 'empty_y.npy'), np.zeros((0,), dtype=np.int64))\n\
         np.save(os.path.join(d, 'flat_x.npy'), np.arange(16, dtype=np.float32))\n\
         np.save(os.path.join(d, 'flat_y.npy'), np.arange(16) % 2)";
-    if !with_numpy(script, dir.path()) {
+    if !with_python("numpy", script, dir.path()) {
         return;
     }
     let data = |x: &str, y: &str| {
@@ -345,16 +330,9 @@ fn an_image_folder_link_loop_is_refused_and_other_links_are_followed() {
         \x20   os.makedirs(os.path.join(d, folder))\n\
         \x20   for i in range(n):\n\
         \x20       Image.new('RGB', (8, 8), (40 * i, 0, 0)).save(os.path.join(d, folder, f'{i}.png'))";
-    let python = std::process::Command::new("python3").args(["-c", "import PIL"]).output();
-    if !python.is_ok_and(|o| o.status.success()) {
-        let why = "skipped: python3 cannot import PIL (python3 -m pip install pillow); not checked";
-        println!("{why}");
-        eprintln!("\n*** {why} ***\n");
+    if !with_python("PIL", script, dir.path()) {
         return;
     }
-    let out =
-        std::process::Command::new("python3").args(["-c", script, dir.path().to_str().unwrap()]).output().unwrap();
-    assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
     let data = "dataset = \"image_folder\"\n\n[data.image_folder]\nimage_size = [8, 8]\ncolor_mode = \"rgb\"";
     let path = spec(dir.path(), data, 2, CE);
     // A link to a folder outside the split is followed: 6 + 3 images in class b.
