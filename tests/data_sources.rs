@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_exit, json, run, tempdir, text};
+use common::{assert_exit, json, run, tempdir, text, with_python};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -364,21 +364,6 @@ fn the_resnet20_spec_checks_cleanly() {
     assert!(stdout.contains("cifar10"), "{stdout}");
 }
 
-/// Runs `script` with `python3 -c` and the folder as `sys.argv[1]`; `false` (after saying so
-/// loudly) when numpy cannot be imported.
-fn with_numpy(script: &str, dir: &Path) -> bool {
-    let python = |args: &[&str]| std::process::Command::new("python3").args(args).output();
-    if !python(&["-c", "import numpy"]).is_ok_and(|o| o.status.success()) {
-        let why = "skipped: python3 cannot import numpy (python3 -m pip install numpy); not cross-checked";
-        println!("{why}");
-        eprintln!("\n*** {why} ***\n");
-        return false;
-    }
-    let out = python(&["-c", script, dir.to_str().unwrap()]).unwrap();
-    assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    true
-}
-
 #[test]
 fn an_npz_written_by_numpy_trains_to_the_same_weights_as_the_npy_files() {
     let dir = tempdir();
@@ -390,7 +375,7 @@ fn an_npz_written_by_numpy_trains_to_the_same_weights_as_the_npy_files() {
         a = {k: np.load(os.path.join(d, k + '.npy')) for k in ['x_train', 'y_train', 'x_test', 'y_test']}\n\
         assert a['x_train'].dtype == np.uint8 and a['x_train'].shape == (256, 4, 4, 1)\n\
         np.savez_compressed(os.path.join(d, 'numpy.npz'), **a)";
-    if !with_numpy(script, dir.path()) {
+    if !with_python("numpy", script, dir.path()) {
         return;
     }
     for f in ["x_train", "y_train", "x_test", "y_test"] {

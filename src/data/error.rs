@@ -16,11 +16,13 @@ pub enum DataError {
     },
 
     /// The file starts like gzip but does not decompress.
-    #[error("{}: corrupt gzip data ({source}); delete the file and fetch it again", .path.display())]
+    #[error("{}: corrupt gzip data ({source}); {}", .path.display(), damaged_fix(*.downloaded))]
     Gzip {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+        /// Whether trainrun fetches the file itself, so fetching it again is the fix.
+        downloaded: bool,
     },
 
     /// The first two bytes of an IDX file must be zero.
@@ -43,11 +45,10 @@ pub enum DataError {
 
     /// The file holds fewer bytes than its header describes.
     #[error(
-        "{}: truncated: the header describes {expected} bytes, the file holds {found}; \
-         delete it and fetch it again",
-        .path.display()
+        "{}: truncated: the header describes {expected} bytes, the file holds {found}; {}",
+        .path.display(), damaged_fix(*.downloaded)
     )]
-    Truncated { path: PathBuf, expected: u64, found: u64 },
+    Truncated { path: PathBuf, expected: u64, found: u64, downloaded: bool },
 
     /// The file holds more bytes than its header describes.
     #[error(
@@ -187,9 +188,25 @@ pub enum DataError {
     #[error("{}: the class folder holds no .png, .jpg or .jpeg image; add images or remove it", .dir.display())]
     EmptyClass { dir: PathBuf },
 
+    /// A folder link in a class folder that leads back into its own walk.
+    #[error(
+        "{}: a link to {}, {}; remove the link (links to folders elsewhere are followed)",
+        .link.display(), .target.display(),
+        if *.ancestor { "a folder that holds it, so reading it would loop" } else { "a folder already read, so its images would count twice" }
+    )]
+    FolderLoop { link: PathBuf, target: PathBuf, ancestor: bool },
+
     /// Two splits of an image folder name different classes.
     #[error("{} and {} must have the same class folders; {difference}", .first.display(), .second.display())]
     ClassesDiffer { first: PathBuf, second: PathBuf, difference: String },
+
+    /// The test split's examples do not fit the model of the training split's.
+    #[error(
+        "{} (training) and {} (test) do not fit one model: {difference}; save both splits with the \
+         same example shape and the same kind of labels",
+        .train.display(), .test.display()
+    )]
+    SplitsDiffer { train: PathBuf, test: PathBuf, difference: String },
 
     /// A CSV file the `csv` crate cannot split into records.
     #[error("{}: {source}", .path.display())]
@@ -199,6 +216,27 @@ pub enum DataError {
         source: csv::Error,
     },
 
+    /// A CSV test table whose columns are not the training table's; `difference` names
+    /// them (`missing `b`; extra `c``).
+    #[error(
+        "{}: its columns are not those of the training table {}: {difference}; the test table is \
+         read by column name, so it needs every column of the training table (in any order) and \
+         no other: fix its header, or list the columns to read in `data.csv.features`",
+        .test.display(), .train.display()
+    )]
+    ColumnsDiffer { train: PathBuf, test: PathBuf, difference: String },
+
+    /// A CSV test table with class names the training table does not have; `labels` says
+    /// which and the training table's classes (`label column `y` holds `tiny` ... (its
+    /// classes: big, small)`).
+    #[error(
+        "{}: {labels}; a model predicts only the classes it trained on: fix those labels, or add \
+         examples of them to the training table; if the labels are numbers to predict, set \
+         `data.csv.labels = \"regression\"`",
+        .test.display()
+    )]
+    UnknownClasses { test: PathBuf, labels: String },
+
     /// A `.npz` file that is not a readable zip archive.
     #[error("{}: not a readable zip archive: {source}", .path.display())]
     Zip {
@@ -206,6 +244,24 @@ pub enum DataError {
         #[source]
         source: zip::result::ZipError,
     },
+
+    /// The files of a language model's split are all shorter than one window.
+    #[error("{}", TooFew { dataset, split: *split, files, block: *block })]
+    TooFewTokens {
+        dataset: &'static str,
+        split: crate::data::windows::WindowSplit,
+        files: Vec<(PathBuf, usize)>,
+        block: usize,
+    },
+
+    /// A `.npz` member whose bytes do not have the CRC-32 its archive records.
+    #[error(
+        "{}: member `{member}` fails its CRC-32 check (the archive records {expected:#010x}, its \
+         bytes give {found:#010x}); the archive is corrupt and NumPy refuses it too: write it \
+         again (np.savez or np.savez_compressed) or copy it again from where it was made",
+        .path.display()
+    )]
+    MemberCrc { path: PathBuf, member: String, expected: u32, found: u32 },
 
     /// `[data.tfrecord]` cannot be used as written.
     #[error("data.tfrecord: {problem}")]
@@ -230,6 +286,39 @@ pub enum DataError {
     /// A reader was given an output buffer of the wrong length.
     #[error("the output buffer holds {found} values, one example needs {expected}")]
     BufferLength { expected: usize, found: usize },
+}
+
+/// `missing `a`, `b`; extra `c``: what a test table lacks and has besides.
+pub(crate) fn columns_differ(missing: &[String], extra: &[String]) -> String {
+    let part = |what: &str, names: &[String]| (!names.is_empty()).then(|| format!("{what} {}", quoted(names)));
+    [part("missing", missing), part("extra", extra)].into_iter().flatten().collect::<Vec<_>>().join("; ")
+}
+
+/// Names in backquotes, separated by commas.
+pub(crate) fn quoted(names: &[String]) -> String {
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+impl DataError {
+    /// The error, for a file trainrun fetches itself (a published dataset's): a damaged one
+    /// is fixed by fetching it again, which for a user's own file would be harmful advice.
+    pub fn downloaded(self) -> Self {
+        match self {
+            DataError::Gzip { path, source, .. } => DataError::Gzip { path, source, downloaded: true },
+            DataError::Truncated { path, expected, found, .. } => {
+                DataError::Truncated { path, expected, found, downloaded: true }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The fix for a damaged file: fetching it again when trainrun fetches it, else remaking it.
+fn damaged_fix(downloaded: bool) -> &'static str {
+    match downloaded {
+        true => "delete the file and fetch it again",
+        false => "the file was cut short or damaged: copy or write it again from where it was made",
+    }
 }
 
 /// Where in a file a problem is.
@@ -293,6 +382,45 @@ fn did_you_mean(name: &str, available: &[String]) -> String {
     let score = |a: &String| strsim::jaro_winkler(&name.to_ascii_lowercase(), &a.to_ascii_lowercase());
     let best = available.iter().map(|a| (score(a), a)).filter(|(s, _)| *s >= 0.8).max_by(|a, b| a.0.total_cmp(&b.0));
     best.map(|(_, a)| format!(" (did you mean `{a}`?)")).unwrap_or_default()
+}
+
+/// The message of [`DataError::TooFewTokens`].
+struct TooFew<'a> {
+    dataset: &'a str,
+    split: crate::data::windows::WindowSplit,
+    files: &'a [(PathBuf, usize)],
+    block: usize,
+}
+
+impl fmt::Display for TooFew<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::data::windows::WindowSplit;
+        let (source, block) = (self.dataset, self.block);
+        for (i, (path, tokens)) in self.files.iter().enumerate() {
+            let (separator, unit) = if i == 0 { ("", " tokens") } else { (", ", "") };
+            write!(f, "{separator}{} {}{tokens}{unit}", path.display(), if i == 0 { "holds " } else { "" })?;
+        }
+        let (split, key, consequence) = match self.split {
+            WindowSplit::Train => ("training", "train", "there is nothing to train on"),
+            WindowSplit::Validation => ("validation", "validation", "nothing would be evaluated"),
+        };
+        let what = if source == "text" { "text" } else { "tokens" };
+        write!(
+            f,
+            ": the {split} files need one window of data.{source}.block_size + 1 = {} tokens at least, so \
+             {consequence}; give data.{source}.{key} more {what}",
+            block + 1
+        )?;
+        // A block of 1 needs 2 tokens: the longest file tells what block would fit.
+        let longest = self.files.iter().map(|&(_, t)| t).max().unwrap_or(0);
+        if longest >= 2 {
+            write!(f, ", lower data.{source}.block_size to {} or less", longest - 1)?;
+        }
+        match self.split {
+            WindowSplit::Train => Ok(()),
+            WindowSplit::Validation => write!(f, ", or drop data.{source}.validation"),
+        }
+    }
 }
 
 /// One file that no mirror could deliver, and why each attempt failed.

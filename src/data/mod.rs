@@ -90,6 +90,38 @@ pub struct DataFacts {
     /// Training files, for the `file` shard policy (which needs one per worker at least).
     /// `0` for the synthetic dataset: it is generated in memory, so there are none to split.
     pub train_files: usize,
+    /// What looks wrong in data that can still train (one class only): the plan shows each
+    /// as a warning, at `check` and at a run's start.
+    #[serde(skip)]
+    pub warnings: Vec<DataWarning>,
+}
+
+/// Data that trains but probably not as meant, found while reading its facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataWarning {
+    /// The spec key to look at (`data.csv.label`).
+    pub key: String,
+    /// What was found, with the values.
+    pub message: String,
+    /// What to do about it.
+    pub help: String,
+}
+
+impl DataWarning {
+    /// Every training example in `path` has the class `name` (`key` names the labels).
+    pub fn one_class(key: &str, path: &std::path::Path, name: &str) -> Self {
+        Self {
+            key: key.into(),
+            message: format!(
+                "every training label in {} is `{name}`: a classifier of one class has nothing to learn, \
+                 and its accuracy of 1.0 means nothing",
+                path.display()
+            ),
+            help: "check the labels and that the file is the whole training set; a classifier needs examples \
+                   of two classes at least"
+                .into(),
+        }
+    }
 }
 
 /// A loaded dataset: the training split, the test split when there is one, and what the
@@ -114,6 +146,7 @@ impl Dataset {
             example_shape: self.train.shape().to_vec(),
             labels: self.labels,
             train_files,
+            warnings: vec![],
         }
     }
 

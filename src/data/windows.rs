@@ -90,6 +90,33 @@ pub fn count(tokens: usize, block: usize, stride: usize) -> usize {
     }
 }
 
+/// Which split of a language model's files a [`require_windows`] check is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowSplit {
+    /// `data.<source>.train`.
+    Train,
+    /// `data.<source>.validation`.
+    Validation,
+}
+
+/// `Ok` when the files of `split` of the `source` (`text`, `tokens`), each given with its
+/// token count, hold one window of `block + 1` tokens at least (a split without files has
+/// nothing to check); else the error naming every file, its count and the block size.
+/// Without it a short training text said only "no examples", and a short validation text
+/// evaluated nothing, silently.
+pub fn require_windows(
+    source: &'static str,
+    split: WindowSplit,
+    files: &[(&std::path::Path, usize)],
+    block: usize,
+) -> Result<(), DataError> {
+    if files.is_empty() || files.iter().any(|&(_, tokens)| count(tokens, block, 1) > 0) {
+        return Ok(());
+    }
+    let files = files.iter().map(|&(path, tokens)| (path.to_path_buf(), tokens)).collect();
+    Err(DataError::TooFewTokens { dataset: source, split, files, block })
+}
+
 impl Examples for Windows {
     fn len(&self) -> usize {
         self.starts.last().copied().unwrap_or(0)
@@ -147,5 +174,25 @@ mod tests {
         assert_eq!(split.read(2..3).unwrap().y, [7, 8, 9]);
         assert_eq!(count(10, 3, 3), 3);
         assert_eq!(count(3, 3, 1), 0);
+    }
+
+    #[test]
+    fn a_split_shorter_than_one_window_names_its_files_and_the_block() {
+        let (a, b) = (std::path::Path::new("a.txt"), std::path::Path::new("b.txt"));
+        assert!(require_windows("text", WindowSplit::Validation, &[], 8).is_ok());
+        assert!(require_windows("text", WindowSplit::Validation, &[(a, 3), (b, 9)], 8).is_ok());
+        let err = require_windows("text", WindowSplit::Validation, &[(a, 3), (b, 8)], 8).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "a.txt holds 3 tokens, b.txt 8: the validation files need one window of data.text.block_size + 1 \
+             = 9 tokens at least, so nothing would be evaluated; give data.text.validation more text, \
+             lower data.text.block_size to 7 or less, or drop data.text.validation"
+        );
+        let err = require_windows("tokens", WindowSplit::Train, &[(a, 0)], 8).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "a.txt holds 0 tokens: the training files need one window of data.tokens.block_size + 1 = 9 \
+             tokens at least, so there is nothing to train on; give data.tokens.train more tokens"
+        );
     }
 }

@@ -183,6 +183,9 @@ pub fn resolve(
             }
         }
     };
+    for warning in &facts.warnings {
+        diags.push(Diagnostic::warning(warning.key.clone(), warning.message.clone()).help(warning.help.clone()));
+    }
     let (preprocessing, facts) = super::preprocessing::resolve(spec.preprocessing.as_ref(), &**source, facts, diags);
     if spec.prefetch == 0 {
         diags.push(

@@ -183,6 +183,9 @@ pub fn resolve(
         }
     };
     let (variables, bytes_per_ps) = place(&variables, *variable_partitioner, num_ps);
+    if let Some(idle) = idle_servers(&variables, num_ps.get()) {
+        diags.push(idle);
+    }
     Some(ParameterServerPlan {
         num_ps: num_ps.get(),
         variables,
@@ -199,6 +202,27 @@ pub fn resolve(
         },
         auto_transport: *transport == CollectiveTransport::Auto,
         eval_threads: spec.run.threads.map_or(cores.max(1), |t| t.get()),
+    })
+}
+
+/// A warning naming the ps tasks that hold no shard: round-robin placement of fewer shards
+/// than servers leaves the rest idle, each a process and a connection per worker for nothing.
+fn idle_servers(variables: &[VariablePlacement], num_ps: usize) -> Option<Diagnostic> {
+    let shards = variables.iter().map(|v| v.shards.len()).sum::<usize>();
+    let idle: Vec<String> = (0..num_ps)
+        .filter(|&ps| !variables.iter().flat_map(|v| &v.shards).any(|s| s.ps == ps))
+        .map(|ps| format!("ps:{ps}"))
+        .collect();
+    (!idle.is_empty()).then(|| {
+        let (n, vars) = (variables.len(), if variables.len() == 1 { "variable" } else { "variables" });
+        Diagnostic::warning(
+            "cluster.ps",
+            format!("{num_ps} parameter servers for {n} {vars} in {shards} shard(s): {} hold nothing", idle.join(", ")),
+        )
+        .help(format!(
+            "use cluster.ps = {}, or split the variables over more servers with strategy.variable_partitioner",
+            num_ps - idle.len()
+        ))
     })
 }
 

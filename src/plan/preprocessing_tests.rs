@@ -13,6 +13,7 @@ fn facts(shape: &[usize], train: usize, test: usize) -> DataFacts {
         example_shape: shape.to_vec(),
         labels: LabelKind::Class { classes: 10 },
         train_files: 1,
+        warnings: vec![],
     }
 }
 

@@ -126,13 +126,18 @@ pub fn resolve(
                     m.output
                 ),
             )
-            .help("train a language model on a data source with a label per position (`text` or `tokens`)"),
+            .help(if facts.example_shape.is_empty() {
+                // 1-D NumPy features: one number per example reads as a sequence to the model.
+                "each example is a single number (features of shape (n,)): save the features with a feature axis, shape (n, 1) (x.reshape(-1, 1) in NumPy)"
+            } else {
+                "train a language model on a data source with a label per position (`text` or `tokens`)"
+            }),
         );
     }
     if let (Some(problem), crate::data::LabelKind::Target { width }) = (sparse_on_targets(t.loss), facts.labels) {
         diags.push(
             Diagnostic::error("train.loss", format!("train.loss = \"{problem}\" needs class labels, but the dataset has {width} float target(s) per example"))
-                .help("use loss = \"mean_squared_error\", \"mean_absolute_error\" or \"huber\" for regression"),
+                .help("use loss = \"mean_squared_error\", \"mean_absolute_error\" or \"huber\" for regression; if the labels are classes written as numbers (a CSV column of -1, 0, 1), set data.csv.labels = \"classes\""),
         );
     }
     if !t.from_logits && model.is_some_and(outputs_logits) && !t.loss.regression() {

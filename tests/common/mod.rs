@@ -300,3 +300,18 @@ pub fn wait_for_any_backup(dir: &Path, limit: std::time::Duration, child: &mut C
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
+
+/// Runs `script` with `python3 -c` and the folder as `sys.argv[1]`; `false` (after saying so
+/// loudly) when `module` (`numpy`, `PIL`) cannot be imported, so the test skips.
+pub fn with_python(module: &str, script: &str, dir: &Path) -> bool {
+    let python = |args: &[&str]| Command::new("python3").args(args).output();
+    if !python(&["-c", &format!("import {module}")]).is_ok_and(|o| o.status.success()) {
+        let why = format!("skipped: python3 cannot import {module} (python3 -m pip install it); not cross-checked");
+        println!("{why}");
+        eprintln!("\n*** {why} ***\n");
+        return false;
+    }
+    let out = python(&["-c", script, dir.to_str().unwrap()]).unwrap();
+    assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    true
+}

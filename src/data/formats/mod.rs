@@ -114,6 +114,15 @@ impl Labels {
         }
     }
 
+    /// The name of the one class every example has, when there is exactly one: a classifier
+    /// that has nothing to learn.
+    pub fn single_class(&self) -> Option<&str> {
+        let Labels::Classes { index, classes } = self else { return None };
+        let first = *index.first()?;
+        let name = classes.names().get(first as usize).map(String::as_str);
+        index.iter().all(|&i| i == first).then_some(name).flatten()
+    }
+
     /// The classes, for classification labels.
     pub fn classes(&self) -> Option<&Classes> {
         match self {

@@ -19,11 +19,11 @@
 //! The whole table is parsed at open into `f32` (a CSV file is larger than its values).
 
 use super::{DataSource, RawValues, missing_in, require};
-use crate::data::error::{DataError, Position, UnknownName};
+use crate::data::error::{DataError, Position, UnknownName, columns_differ, quoted};
 use crate::data::examples::{Examples, LabelKind, Split};
 use crate::data::formats::{Classes, Dtype, Labels, RandomAccess, classes_from_names};
 use crate::data::pipeline::Batch;
-use crate::data::{DataFacts, Dataset};
+use crate::data::{DataFacts, DataWarning, Dataset};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -86,12 +86,15 @@ impl DataSource for CsvSource {
         require(self.name(), &self.dir, self.missing_files())?;
         let (dir, config) = (&self.dir, &self.config);
         let (train, test) = read(dir, config)?;
+        let one_class = train.labels().single_class();
+        let warning = |name| DataWarning::one_class("data.csv.label", &dir.join(&config.train), name);
         Ok(DataFacts {
             train_examples: train.len(),
             test_examples: test.as_ref().map_or(0, CsvDataset::len),
             example_shape: train.shape().to_vec(),
             labels: label_kind(&train).0,
             train_files: 1,
+            warnings: one_class.map(warning).into_iter().collect(),
         })
     }
 
@@ -142,11 +145,8 @@ impl Examples for Table {
     }
 }
 
-fn open(dir: &Path, name: &str, config: &CsvConfig) -> Result<(PathBuf, CsvDataset), DataError> {
-    let options =
-        CsvOptions { label: config.label.clone(), features: config.features.clone(), label_kind: config.labels };
-    let path = dir.join(name);
-    CsvDataset::open(&path, &options).map(|t| (path, t))
+fn options(config: &CsvConfig) -> CsvOptions {
+    CsvOptions { label: config.label.clone(), features: config.features.clone(), label_kind: config.labels }
 }
 
 /// The label kind of the training table, and its classes.
@@ -157,28 +157,56 @@ fn label_kind(table: &CsvDataset) -> (LabelKind, Option<Classes>) {
     }
 }
 
-/// Reads both tables and checks that they agree.
+/// Reads both tables. The test table is read as the training table was: its columns by
+/// header name (a position would silently pair other columns), its labels of the same kind,
+/// and its class names as the training table's indices.
 fn read(dir: &Path, config: &CsvConfig) -> Result<(CsvDataset, Option<CsvDataset>), DataError> {
-    let (train_path, train) = open(dir, &config.train, config)?;
-    let test = match &config.test {
-        None => None,
-        Some(name) => {
-            let (test_path, test) = open(dir, name, config)?;
-            let (a, b) = (label_kind(&train), label_kind(&test));
-            // Class indices come from sorted names per file: the files must name the same classes.
-            if a.1 != b.1 || std::mem::discriminant(&a.0) != std::mem::discriminant(&b.0) {
-                let names =
-                    |c: &Option<Classes>| c.as_ref().map_or("float targets".to_string(), |c| c.names().join(", "));
-                return Err(DataError::ClassesDiffer {
-                    first: train_path,
-                    second: test_path,
-                    difference: format!("the training labels are {}, the test labels {}", names(&a.1), names(&b.1)),
-                });
-            }
-            Some(test)
+    let train_path = dir.join(&config.train);
+    let train = CsvDataset::open(&train_path, &options(config))?;
+    let Some(name) = &config.test else { return Ok((train, None)) };
+    let test_path = dir.join(name);
+    let mut options = options(config);
+    if config.features.is_none() {
+        let header = CsvDataset::header(&test_path, &config.label)?;
+        let named = |n: &String| header.contains(n);
+        let wanted = train.feature_names().iter().chain(std::iter::once(&config.label));
+        let missing: Vec<String> = wanted.filter(|n| !named(n)).cloned().collect();
+        let extra: Vec<String> =
+            header.iter().filter(|h| **h != config.label && !train.feature_names().contains(h)).cloned().collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            let difference = columns_differ(&missing, &extra);
+            return Err(DataError::ColumnsDiffer { train: train_path, test: test_path, difference });
         }
-    };
-    Ok((train, test))
+        options.features = Some(train.feature_names().to_vec());
+    }
+    options.label_kind = Some(match train.labels() {
+        Labels::Classes { .. } => CsvLabels::Classes,
+        Labels::Targets { .. } => CsvLabels::Regression,
+    });
+    let mut test = CsvDataset::open(&test_path, &options)?;
+    if let (Labels::Classes { classes, .. }, Labels::Classes { index, classes: names }) =
+        (train.labels(), &mut test.labels)
+    {
+        // Numbered classes name every index up to the largest: only the labels used count.
+        let used: std::collections::BTreeSet<u32> = index.iter().copied().collect();
+        let name = |i: &u32| names.names()[*i as usize].clone();
+        let unknown: Vec<String> = used.iter().map(name).filter(|n| classes.index_of(n).is_none()).collect();
+        if !unknown.is_empty() {
+            let labels = format!(
+                "label column `{}` holds {} that the training table {} does not have (its classes: {})",
+                config.label,
+                quoted(&unknown),
+                train_path.display(),
+                classes.names().join(", ")
+            );
+            return Err(DataError::UnknownClasses { test: test_path, labels });
+        }
+        for i in index.iter_mut() {
+            *i = classes.index_of(&names.names()[*i as usize]).unwrap_or(*i);
+        }
+        *names = classes.clone();
+    }
+    Ok((train, Some(test)))
 }
 
 /// Which columns to read.
@@ -218,8 +246,7 @@ impl CsvDataset {
     /// Parses the table at `path`.
     pub fn open(path: &Path, options: &CsvOptions) -> Result<Self, DataError> {
         let csv_error = |source| DataError::Csv { path: path.to_path_buf(), source };
-        let mut reader = ::csv::ReaderBuilder::new().trim(::csv::Trim::All).from_path(path).map_err(csv_error)?;
-        let header: Vec<String> = reader.headers().map_err(csv_error)?.iter().map(str::to_string).collect();
+        let (mut reader, header) = Self::reader(path, &options.label)?;
         let column = |name: &str| {
             header.iter().position(|h| h == name).ok_or_else(|| {
                 DataError::UnknownName(Box::new(UnknownName {
@@ -259,6 +286,13 @@ impl CsvDataset {
             }
             cells.push(LabelCell { value: record.get(label_column).unwrap_or_default().to_string(), line });
         }
+        if cells.is_empty() {
+            return Err(DataError::Malformed {
+                path: path.to_path_buf(),
+                at: Position::Line { line: 2, column: 1 },
+                problem: format!("the table has a header ({}) but no rows; add rows of values", header.join(",")),
+            });
+        }
         let at = |line| Position::Line { line, column: label_column + 1 };
         let labels = labels_of(&cells, options.label_kind).map_err(|(line, problem)| DataError::Malformed {
             path: path.to_path_buf(),
@@ -267,6 +301,31 @@ impl CsvDataset {
         })?;
         let feature_names = feature_columns.iter().map(|&c| header[c].clone()).collect();
         Ok(Self { features, shape: [feature_columns.len()], feature_names, labels })
+    }
+
+    /// The column names of the table at `path` (whose label column is `label`), from its
+    /// header row.
+    pub fn header(path: &Path, label: &str) -> Result<Vec<String>, DataError> {
+        Self::reader(path, label).map(|(_, header)| header)
+    }
+
+    /// A reader past the header row, and the header; an empty file is an error that says
+    /// what the first line must hold (with the label column `label`, when there is one).
+    fn reader(path: &Path, label: &str) -> Result<(::csv::Reader<std::fs::File>, Vec<String>), DataError> {
+        let csv_error = |source| DataError::Csv { path: path.to_path_buf(), source };
+        let mut reader = ::csv::ReaderBuilder::new().trim(::csv::Trim::All).from_path(path).map_err(csv_error)?;
+        let header: Vec<String> = reader.headers().map_err(csv_error)?.iter().map(str::to_string).collect();
+        if header.iter().all(String::is_empty) {
+            return Err(DataError::Malformed {
+                path: path.to_path_buf(),
+                at: Position::Line { line: 1, column: 1 },
+                problem: format!(
+                    "the file is empty; a CSV table starts with a header row naming its columns (the label column `{label}` among them), \
+                     then one row of values per example"
+                ),
+            });
+        }
+        Ok((reader, header))
     }
 
     /// The features of row `i` (empty when out of range).
@@ -312,6 +371,11 @@ fn parse_number(cell: &str) -> Result<f32, String> {
     }
     match cell.parse::<f32>() {
         Ok(v) if v.is_finite() => Ok(v),
+        // Finite as a double but not as a float: the value is fine, only too large for f32.
+        Ok(_) if cell.parse::<f64>().is_ok_and(f64::is_finite) => Err(format!(
+            "{cell} is out of the range of a 32-bit float (about ±3.4e38), which trainrun reads values \
+             as; rescale the column (for example to its logarithm or a smaller unit)"
+        )),
         Ok(_) => Err(format!("{cell:?} is not a finite number")),
         Err(_) => Err(format!("{cell:?} is not a number")),
     }

@@ -65,6 +65,7 @@ impl DataSource for IdxSource {
             example_shape: train.dims(),
             labels: LabelKind::Class { classes },
             train_files: 1,
+            warnings: vec![],
         })
     }
 
@@ -256,11 +257,16 @@ fn read_head(
 ) -> Result<(), DataError> {
     let need = want.saturating_sub(head.len()) as u64;
     reader.take(need).read_to_end(head).map_err(|source| match is_gzip {
-        true => DataError::Gzip { path: path.to_path_buf(), source },
+        true => DataError::Gzip { path: path.to_path_buf(), source, downloaded: false },
         false => read_error(path, source),
     })?;
     if head.len() < want {
-        return Err(DataError::Truncated { path: path.to_path_buf(), expected: want as u64, found: head.len() as u64 });
+        return Err(DataError::Truncated {
+            path: path.to_path_buf(),
+            expected: want as u64,
+            found: head.len() as u64,
+            downloaded: false,
+        });
     }
     Ok(())
 }
@@ -278,9 +284,11 @@ fn inflate(gz: &[u8], path: &Path) -> Result<Vec<u8>, DataError> {
     // failed reservation just means growing as we go.
     let mut out = Vec::new();
     let _ = out.try_reserve_exact(hint + 1);
-    MultiGzDecoder::new(gz)
-        .read_to_end(&mut out)
-        .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
+    MultiGzDecoder::new(gz).read_to_end(&mut out).map_err(|source| DataError::Gzip {
+        path: path.to_path_buf(),
+        source,
+        downloaded: false,
+    })?;
     Ok(out)
 }
 
@@ -295,7 +303,7 @@ pub(crate) fn parse_idx(bytes: Vec<u8>, path: &Path) -> Result<IdxArray, DataErr
         })?;
     let found = bytes.len() as u64;
     if found < expected {
-        return Err(DataError::Truncated { path: path.to_path_buf(), expected, found });
+        return Err(DataError::Truncated { path: path.to_path_buf(), expected, found, downloaded: false });
     }
     if found > expected {
         return Err(DataError::TrailingBytes { path: path.to_path_buf(), expected, found });
@@ -313,6 +321,7 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, usize), DataEr
         path: path.to_path_buf(),
         expected: expected as u64,
         found: bytes.len() as u64,
+        downloaded: false,
     };
     let &[z0, z1, code, rank, ..] = bytes else {
         return Err(truncated(4));

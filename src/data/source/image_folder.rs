@@ -346,13 +346,23 @@ fn subfolders(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
 }
 
 /// The images under a class folder, as Keras orders them: by folder, then by file name.
+/// Links to folders are followed, as Keras does, but never into a folder the walk already
+/// reached: `a/loop -> ..` once walked the whole split again under class `a` until paths grew
+/// too long, labelling every class's images `a`. Folders are compared by canonical path.
 fn images_in(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     let mut found = vec![];
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(folder) = pending.pop() {
+    let root = std::fs::canonicalize(dir).map_err(io_error(dir))?;
+    let mut seen = std::collections::HashSet::from([root.clone()]);
+    let mut pending = vec![(dir.to_path_buf(), root)];
+    while let Some((folder, real_folder)) = pending.pop() {
         for (path, is_dir) in entries(&folder)? {
             if is_dir {
-                pending.push(path);
+                let real = std::fs::canonicalize(&path).map_err(io_error(&path))?;
+                let ancestor = real_folder.starts_with(&real);
+                if ancestor || !seen.insert(real.clone()) {
+                    return Err(DataError::FolderLoop { link: path, target: real, ancestor });
+                }
+                pending.push((path, real));
             } else if is_image(&path) {
                 found.push(path);
             }

@@ -103,6 +103,7 @@ impl Preset {
             example_shape: self.shape.dims(),
             labels: LabelKind::Class { classes: self.classes },
             train_files: 1,
+            warnings: vec![],
         }
     }
 
@@ -165,7 +166,7 @@ impl DataSource for MnistSource {
         let preset = &self.preset;
         for (f, dims) in preset.files().iter().zip(preset.expected_dims()) {
             if let Some(path) = locate(&self.dir, &f.name) {
-                check_dims(preset, &path, read_idx_dims(&path)?, &dims)?;
+                check_dims(preset, &path, read_idx_dims(&path).map_err(DataError::downloaded)?, &dims)?;
             }
         }
         Ok(preset.facts())
@@ -178,7 +179,7 @@ impl DataSource for MnistSource {
         let path = |f: &RemoteFile| locate(dir, &f.name).unwrap_or_else(|| dir.join(&f.name));
         let [ti, tl, vi, vl] = preset.files().map(path);
         let (train, test) = both(|| load_split(&ti, &tl), || load_split(&vi, &vl));
-        let (train, test) = (train?, test?);
+        let (train, test) = (train.map_err(DataError::downloaded)?, test.map_err(DataError::downloaded)?);
         let dims = preset.expected_dims();
         check_dims(preset, &ti, train.0.dims().to_vec(), &dims[0])?;
         check_dims(preset, &vi, test.0.dims().to_vec(), &dims[2])?;

@@ -25,7 +25,7 @@ use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
 use crate::data::formats::dtype::{self, ByteOrder, Dtype};
 use crate::data::formats::{Classes, Labels, RandomAccess, check_buffer, check_index, io_error};
-use crate::data::{DataFacts, Dataset};
+use crate::data::{DataFacts, DataWarning, Dataset};
 use memmap2::Mmap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -100,25 +100,36 @@ impl DataSource for NpySource {
 
     /// Example counts, shape and label kind (headers mapped, labels read).
     fn facts(&self) -> Result<DataFacts, DataError> {
-        self.load().map(|d| d.facts(1))
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (train, test, labels) = read(&self.dir, &self.config)?;
+        let warning = train
+            .labels()
+            .single_class()
+            .map(|name| DataWarning::one_class("data.npy.train", &train.labels_path, name));
+        let mut facts = dataset(train, test, labels).facts(1);
+        facts.warnings.extend(warning);
+        Ok(facts)
     }
 
     /// Maps the arrays; examples are converted as batches are read.
     fn load(&self) -> Result<Dataset, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
-        let (dir, config) = (&self.dir, &self.config);
-        let (train, test, labels) = read(dir, config)?;
-        Ok(Dataset {
-            train: Split::of(Arrays::new(train, 0)),
-            test: test.map(|t| Split::of(Arrays::new(t, 0))),
-            labels,
-            vocabulary: None,
-            classes: None,
-        })
+        let (train, test, labels) = read(&self.dir, &self.config)?;
+        Ok(dataset(train, test, labels))
     }
 
     fn raw_values(&self) -> RawValues {
         RawValues::ArrayDtype
+    }
+}
+
+fn dataset(train: NpyDataset, test: Option<NpyDataset>, labels: LabelKind) -> Dataset {
+    Dataset {
+        train: Split::of(Arrays::new(train, 0)),
+        test: test.map(|t| Split::of(Arrays::new(t, 0))),
+        labels,
+        vocabulary: None,
+        classes: None,
     }
 }
 
@@ -136,8 +147,7 @@ fn read(dir: &Path, config: &NpyConfig) -> Result<(NpyDataset, Option<NpyDataset
     let test = config.test.as_ref().map(|pair| open(dir, config, pair)).transpose()?;
     if let Some(test) = &test {
         let path = |d: &NpyDataset| d.features().path().to_path_buf();
-        let differ =
-            |difference: String| DataError::ClassesDiffer { first: path(&train), second: path(test), difference };
+        let differ = |difference: String| DataError::SplitsDiffer { train: path(&train), test: path(test), difference };
         if test.shape() != train.shape() {
             let (a, b) = (train.shape(), test.shape());
             return Err(differ(format!("the training examples have shape {a:?}, the test examples {b:?}")));
@@ -292,6 +302,8 @@ pub struct NpyDataset {
     len: usize,
     shape: Vec<usize>,
     labels: Labels,
+    /// The labels' file (or `archive.npz/member.npy`), for the warnings about them.
+    labels_path: PathBuf,
 }
 
 impl NpyDataset {
@@ -320,9 +332,17 @@ impl NpyDataset {
                 labels: n_labels,
             });
         }
+        let malformed =
+            |problem| Err(DataError::Malformed { path: features.path.clone(), at: Position::File, problem });
+        if n == 0 {
+            return malformed(format!(
+                "the arrays hold no examples (features of shape {:?}); save the split with its examples",
+                features.shape
+            ));
+        }
         let labels = labels_of(&labels_array)?;
         let shape = features.shape[1..].to_vec();
-        Ok(Self { features, len: n, shape, labels })
+        Ok(Self { features, len: n, shape, labels, labels_path: labels_array.path })
     }
 
     /// The features array.

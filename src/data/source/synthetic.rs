@@ -99,6 +99,7 @@ impl DataSource for SyntheticSource {
             example_shape: shape_of(spec)?.dims(),
             labels: LabelKind::Class { classes: spec.classes },
             train_files: 0,
+            warnings: vec![],
         })
     }
 

@@ -10,7 +10,7 @@
 use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
-use crate::data::windows::{Tokens, Windows, count};
+use crate::data::windows::{Tokens, WindowSplit, Windows, count, require_windows};
 use crate::data::{DataFacts, Dataset};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,16 @@ pub enum Tokenization {
     Char,
     /// One token per byte of the UTF-8 text: 256 ids.
     Byte,
+}
+
+impl Tokenization {
+    /// The number of tokens in `text`.
+    fn count(self, text: &str) -> usize {
+        match self {
+            Tokenization::Char => text.chars().count(),
+            Tokenization::Byte => text.len(),
+        }
+    }
 }
 
 /// `data.text.vocabulary`.
@@ -116,10 +126,7 @@ impl DataSource for TextSource {
         no_training_text(config)?;
         let texts = read(dir, config)?;
         let block = config.block_size.get();
-        let tokens = |t: &str| match config.tokenization {
-            Tokenization::Char => t.chars().count(),
-            Tokenization::Byte => t.len(),
-        };
+        let tokens = |t: &str| config.tokenization.count(t);
         let windows =
             |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
         Ok(DataFacts {
@@ -129,6 +136,7 @@ impl DataSource for TextSource {
             labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
             // Windows are sharded by example: splitting files across workers is not offered.
             train_files: 0,
+            warnings: vec![],
         })
     }
 
@@ -186,6 +194,12 @@ fn read_text(path: PathBuf) -> Result<(PathBuf, String), DataError> {
 fn read(dir: &Path, config: &TextConfig) -> Result<Texts, DataError> {
     let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
     let (train, validation) = (all(&config.train)?, all(&config.validation)?);
+    let block = config.block_size.get();
+    for (split, files) in [(WindowSplit::Train, &train), (WindowSplit::Validation, &validation)] {
+        let counts: Vec<(&Path, usize)> =
+            files.iter().map(|(p, t)| (p.as_path(), config.tokenization.count(t))).collect();
+        require_windows("text", split, &counts, block)?;
+    }
     let vocabulary = match config.tokenization {
         Tokenization::Byte => Vocabulary::Byte { size: 256 },
         Tokenization::Char => {

@@ -9,8 +9,8 @@
 use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
-use crate::data::windows::{Tokens, Windows, count};
-use crate::data::{DataFacts, Dataset};
+use crate::data::windows::{Tokens, WindowSplit, Windows, count, require_windows};
+use crate::data::{DataFacts, DataWarning, Dataset};
 use memmap2::Mmap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -95,6 +95,7 @@ impl DataSource for TokensSource {
             labels: LabelKind::Sequence { classes: vocab, len: block },
             // Windows are sharded by example: splitting files across workers is not offered.
             train_files: 0,
+            warnings: packed_u16(config, &train, vocab).into_iter().collect(),
         })
     }
 
@@ -176,6 +177,37 @@ fn vocab_size(config: &TokensConfig, files: &[&(PathBuf, Tokens)]) -> Result<u32
     }
 }
 
+/// A warning when u32 ids look like pairs of u16 ids (a u16 file read with `dtype = "u32"`):
+/// a vocabulary larger than the tokens, whose ids' high halves vary as much as their low
+/// halves (each high half is the next token). Real u32 ids past 65,535 have few high halves.
+/// Not checked with an explicit `vocab_size`, which says the ids are as meant.
+fn packed_u16(config: &TokensConfig, train: &Files, vocab: u32) -> Option<DataWarning> {
+    let tokens: usize = train.iter().map(|(_, t)| t.len()).sum();
+    if config.dtype != TokenDtype::U32 || config.vocab_size.is_some() || vocab <= 65_536 || vocab as usize <= tokens {
+        return None;
+    }
+    let (mut high, mut low) = (vec![false; 65_536], vec![false; 65_536]);
+    for (_, t) in train {
+        for i in 0..t.len() {
+            let id = t.get(i);
+            (high[(id >> 16) as usize], low[(id & 0xffff) as usize]) = (true, true);
+        }
+    }
+    let distinct = |seen: &[bool]| seen.iter().filter(|&&s| s).count();
+    let (high, low) = (distinct(&high), distinct(&low));
+    (high >= 3 && 2 * high >= low).then(|| DataWarning {
+        key: "data.tokens.dtype".into(),
+        message: format!(
+            "read as u32, the training files make a vocabulary of {vocab} ids for {tokens} tokens, and the ids \
+             look like two u16 ids each ({high} distinct high halves, {low} distinct low halves): the output \
+             layer gets {vocab} classes"
+        ),
+        help: "this looks like a u16 file: set data.tokens.dtype = \"u16\" (the default); if the ids are \
+               right, set data.tokens.vocab_size"
+            .into(),
+    })
+}
+
 fn no_training_files(config: &TokensConfig) -> Result<(), DataError> {
     if config.train.is_empty() {
         return Err(DataError::MissingSection {
@@ -192,6 +224,10 @@ fn mapped(dir: &Path, config: &TokensConfig) -> Result<(Files, Files, u32), Data
     let train = map_all(dir, &config.train, config.dtype)?;
     let validation = map_all(dir, &config.validation, config.dtype)?;
     let vocab = vocab_size(config, &train.iter().chain(&validation).collect::<Vec<_>>())?;
+    for (split, files) in [(WindowSplit::Train, &train), (WindowSplit::Validation, &validation)] {
+        let counts: Vec<(&Path, usize)> = files.iter().map(|(p, t)| (p.as_path(), t.len())).collect();
+        require_windows("tokens", split, &counts, config.block_size.get())?;
+    }
     Ok((train, validation, vocab))
 }
 

@@ -98,9 +98,11 @@ impl CifarPreset {
     fn unpack_into(&self, archive: &Path, temp: &Path, dir: &Path) -> Result<(), DataError> {
         let file = File::open(archive).map_err(io_error(archive))?;
         // `unpack` refuses entries that would land outside `temp` (`..`, absolute paths).
-        tar::Archive::new(GzDecoder::new(BufReader::new(file)))
-            .unpack(temp)
-            .map_err(|source| DataError::Gzip { path: archive.to_path_buf(), source })?;
+        tar::Archive::new(GzDecoder::new(BufReader::new(file))).unpack(temp).map_err(|source| DataError::Gzip {
+            path: archive.to_path_buf(),
+            source,
+            downloaded: true,
+        })?;
         let files_dir = self.files_dir(dir);
         fs::create_dir_all(&files_dir).map_err(io_error(&files_dir))?;
         for name in self.missing_files(dir) {

@@ -67,13 +67,16 @@ fn truncated_and_corrupt_gzip_are_errors() {
     let tiny = write(dir.path(), "tiny", &[0, 0]);
     let err = read_idx_dims(&tiny).unwrap_err().to_string();
     assert!(
-        err.ends_with("tiny: truncated: the header describes 4 bytes, the file holds 2; delete it and fetch it again"),
+        err.ends_with("tiny: truncated: the header describes 4 bytes, the file holds 2; the file was cut short or damaged: copy or write it again from where it was made"),
         "{err}"
     );
     let header_cut = write(dir.path(), "cut", &gzip(&[0, 0, 8, 3, 0, 0, 0]));
     let err = read_idx_dims(&header_cut).unwrap_err().to_string();
     assert!(
-        err.ends_with("cut: truncated: the header describes 16 bytes, the file holds 7; delete it and fetch it again"),
+        err.ends_with(
+            "cut: truncated: the header describes 16 bytes, the file holds 7; the file was cut short or damaged: \
+             copy or write it again from where it was made"
+        ),
         "{err}"
     );
     let missing = dir.path().join("nope");

@@ -187,7 +187,16 @@ impl RecordFile {
     fn io_error(&self, source: io::Error) -> DataError {
         match self.bytes {
             FileBytes::Plain(..) => DataError::Read { path: self.path.clone(), source },
-            FileBytes::Gzip(_) => DataError::Gzip { path: self.path.clone(), source },
+            // A plain file declared gzip fails here too: name the key before the damage.
+            FileBytes::Gzip(_) => DataError::Malformed {
+                path: self.path.clone(),
+                at: Position::File,
+                problem: format!(
+                    "not readable as gzip ({source}), which data.tfrecord.compression = \"gzip\" says it is: \
+                     set compression = \"none\" if the file is not compressed; if it is, it was cut short \
+                     or damaged: write it again"
+                ),
+            },
         }
     }
 }
