@@ -151,10 +151,9 @@ fn order(schedule: &BatchSchedule, epoch: u64) -> Order {
 }
 
 /// Fills `batch` with this worker's part of the global batch at `cursor`, and `positions`
-/// with where in the epoch's stream each of its examples was.
+/// with where in the epoch's stream each of its examples was (one output, the two together).
 fn fill(
-    batch: &mut Batch,
-    positions: &mut Vec<usize>,
+    (batch, positions): (&mut Batch, &mut Vec<usize>),
     records: &RecordSplit,
     how: &Streamed,
     schedule: &BatchSchedule,
@@ -220,7 +219,7 @@ pub(super) fn produce(
     let (mut pass, mut positions) = (None, Vec::new());
     loop {
         let mut batch = recycled.try_recv().unwrap_or_default();
-        let filled = fill(&mut batch, &mut positions, records, how, &schedule, shard, cursor, &mut pass)
+        let filled = fill((&mut batch, &mut positions), records, how, &schedule, shard, cursor, &mut pass)
             .and_then(|()| split.transform_streamed(cursor.epoch, &positions, &mut batch));
         let failed = filled.is_err();
         if send.send(filled.map(|()| batch)).is_err() || failed {
