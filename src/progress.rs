@@ -15,10 +15,10 @@ pub const EVENT_MARK: char = '\u{1e}';
 pub struct Shown {
     /// Mean training loss of the epoch so far.
     pub loss: f64,
-    /// Training accuracy of the epoch so far.
-    pub accuracy: f64,
+    /// Training accuracy of the epoch so far; none for float targets.
+    pub accuracy: Option<f64>,
     /// Latest test-split loss and accuracy.
-    pub val: Option<(f64, f64)>,
+    pub val: Option<(f64, Option<f64>)>,
 }
 
 /// How progress is shown.
@@ -80,9 +80,15 @@ pub struct Progress {
 }
 
 fn metrics_text(m: &Shown) -> String {
-    let mut s = format!("loss: {:.4} - accuracy: {:.4}", m.loss, m.accuracy);
+    let mut s = format!("loss: {:.4}", m.loss);
+    if let Some(a) = m.accuracy {
+        s.push_str(&format!(" - accuracy: {a:.4}"));
+    }
     if let Some((l, a)) = m.val {
-        s.push_str(&format!(" - val_loss: {l:.4} - val_accuracy: {a:.4}"));
+        s.push_str(&format!(" - val_loss: {l:.4}"));
+        if let Some(a) = a {
+            s.push_str(&format!(" - val_accuracy: {a:.4}"));
+        }
     }
     s
 }

@@ -107,8 +107,43 @@ fn mae_and_rmse_are_written_everywhere_and_agree_with_the_losses() {
             assert!(contains(&run_dir.join("tensorboard/train"), "epoch_mae"));
             assert!(contains(&run_dir.join("tensorboard/train"), "batch_rmse"));
             assert!(contains(&run_dir.join("tensorboard/validation"), "evaluation_mae_vs_iterations"));
+            // A regression has no accuracy: none is recorded (it used to write `accuracy: 0.0`).
+            for key in ["train_accuracy", "test_accuracy"] {
+                assert!(s.get(key).is_none_or(|v| v.is_null()), "{key} in {s}");
+            }
+            assert!(metrics.iter().all(|l| l.get("accuracy").is_none() && l.get("val_accuracy").is_none()));
+            assert!(!contains(&run_dir.join("tensorboard/train"), "accuracy"));
+            assert!(!contains(&run_dir.join("tensorboard/validation"), "accuracy"));
+            assert!(contains(&run_dir.join("tensorboard/validation"), "evaluation_loss_vs_iterations"));
         }
     }
+}
+
+/// `accuracy` counts class predictions: listing it for float targets is refused, as `mae`
+/// is for classes, and the progress lines of a regression show none.
+#[test]
+fn accuracy_is_refused_on_float_targets_and_never_shown_for_them() {
+    let dir = tempdir();
+    write_regression(dir.path(), "train.csv", 64, 0);
+    write_regression(dir.path(), "test.csv", 32, 0);
+    let path = spec(dir.path(), "", "mean_squared_error", "[\"accuracy\", \"mae\"]");
+    for command in [vec!["check", path.to_str().unwrap()], vec![path.to_str().unwrap(), "--quiet"]] {
+        let out = run(&command);
+        assert_exit(&out, 2);
+        let stderr = text(&out).1;
+        assert!(
+            stderr.contains("train.metrics = \"accuracy\" counts class predictions")
+                && stderr.contains("float targets")
+                && stderr.contains("use \"mae\" or \"rmse\""),
+            "{stderr}"
+        );
+    }
+    let path = spec(dir.path(), "", "mean_squared_error", "[\"mae\"]");
+    let out = run(&[path.to_str().unwrap(), "--set", "run.threads=1"]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    assert!(!stdout.contains("accuracy") && !stderr.contains("accuracy"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("val_loss") || stderr.contains("val_loss"), "{stdout}\n{stderr}");
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! `accuracy`: the fraction of class rows whose highest output is the label (Keras's
 //! `accuracy` on sparse labels). Rows with float targets count as examples but never as
-//! correct. Every line and summary writes it, listed or not.
+//! correct. Every line and summary of a classifier writes it, listed or not; a regression
+//! (float targets) has none, and listing it there is refused.
 
-use super::{Label, Metric, Reduction, Slot, SplitKind, Sums, loss, metric::per_example};
+use super::{Label, Metric, Needs, Reduction, Slot, SplitKind, Sums, loss, metric::per_example};
 
 /// Rows whose highest output is the label.
 pub const CORRECT: Slot = Slot { index: 2, name: "correct", reduction: Reduction::Sum };
@@ -36,6 +37,12 @@ impl Metric for Accuracy {
         Some(fraction(sums))
     }
 
+    fn needs(&self) -> Needs {
+        Needs::Classes("counts class predictions")
+    }
+
+    /// Written for every classifier, listed or not (as Keras); never for float targets, where
+    /// no prediction is a class.
     fn always_written(&self) -> bool {
         true
     }

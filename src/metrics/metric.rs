@@ -68,6 +68,8 @@ pub enum Needs {
     Sequences(&'static str),
     /// Float targets (regression).
     Targets(&'static str),
+    /// Class labels (one per example, or per position of a sequence).
+    Classes(&'static str),
 }
 
 /// A metric: its name, the sums it owns and reads, and its value from them.

@@ -34,6 +34,8 @@ pub struct TrainPlan {
     pub from_logits: bool,
     /// Metrics besides the loss.
     pub metrics: Vec<MetricKind>,
+    /// Whether accuracy is measured and written: for class labels, never for float targets.
+    pub accuracy: bool,
     /// Evaluation; `None` when there is no test split.
     pub eval: Option<EvalPlan>,
 }
@@ -156,6 +158,7 @@ pub fn resolve(
         loss: t.loss,
         from_logits: t.from_logits,
         metrics: t.metrics.clone(),
+        accuracy: !matches!(facts.labels, LabelKind::Target { .. }),
         eval,
     }
 }
@@ -179,6 +182,10 @@ fn unmeasurable(metric: MetricKind, loss: LossKind, labels: LabelKind) -> Option
         }),
         Needs::Targets(what) => (!matches!(labels, LabelKind::Target { .. }))
             .then(|| refused(what, "the dataset has class labels".to_string(), "use \"accuracy\" for classes")),
+        Needs::Classes(what) => matches!(labels, LabelKind::Target { .. }).then(|| {
+            let but = "the dataset's labels are float targets (a regression)".to_string();
+            refused(what, but, "use \"mae\" or \"rmse\" for a regression")
+        }),
     }
 }
 

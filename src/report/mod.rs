@@ -96,15 +96,16 @@ fn read_curves(dir: &Path) -> Result<RunCurves, ReportError> {
         let Some(step) = l["step"].as_u64() else { continue };
         let x = step as f64;
         let training = if has_steps { l["event"] == "step" } else { l["event"] == "epoch" };
-        if training && let (Some(loss), Some(acc)) = (l["loss"].as_f64(), l["accuracy"].as_f64()) {
+        // A regression's lines have no accuracy: its loss curves are drawn all the same.
+        if training && let Some(loss) = l["loss"].as_f64() {
             curves.loss.0.push((x, loss));
-            curves.accuracy.0.push((x, acc));
+            curves.accuracy.0.extend(l["accuracy"].as_f64().map(|acc| (x, acc)));
         }
-        if let (Some(loss), Some(acc)) = (l["val_loss"].as_f64(), l["val_accuracy"].as_f64())
+        if let Some(loss) = l["val_loss"].as_f64()
             && evaluated.insert(step, ()).is_none()
         {
             curves.loss.1.push((x, loss));
-            curves.accuracy.1.push((x, acc));
+            curves.accuracy.1.extend(l["val_accuracy"].as_f64().map(|acc| (x, acc)));
         }
     }
     Ok(curves)

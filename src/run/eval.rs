@@ -42,11 +42,15 @@ pub fn eval(inv: &Invocation, checkpoint: &Path) -> Result<(), RunError> {
     let (replica, batch) = (&mut e.replica, e.batch);
     let stats = e.pool.install(|| evaluator::evaluate_checkpoint(replica, test, batch, loaded))?;
     println!("checkpoint {} (step {step})", checkpoint.display());
-    println!("test: loss: {:.4} - accuracy: {:.4}", stats.loss(), stats.accuracy());
-    println!(
-        "{}",
-        serde_json::json!({ "step": step, "test_loss": stats.loss(), "test_accuracy": stats.accuracy(), "examples": stats.examples() })
-    );
+    // Float targets have no accuracy.
+    let accuracy = p.plan.train.accuracy.then(|| stats.accuracy());
+    let shown = accuracy.map_or(String::new(), |a| format!(" - accuracy: {a:.4}"));
+    println!("test: loss: {:.4}{shown}", stats.loss());
+    let mut line = serde_json::json!({ "step": step, "test_loss": stats.loss(), "examples": stats.examples() });
+    if let Some(a) = accuracy {
+        line["test_accuracy"] = serde_json::json!(a);
+    }
+    println!("{line}");
     Ok(())
 }
 
@@ -82,6 +86,7 @@ pub fn sidecar(inv: &Invocation, p: &Prepared, task: TaskId) -> Result<(), RunEr
         layout: &e.layout,
         test,
         batch: e.batch,
+        accuracy: plan.train.accuracy,
     };
     let plane = job.as_ref().map(|j| &j.plane);
     let finished = || -> Result<bool, TrainError> {

@@ -31,6 +31,7 @@ impl RunFolder {
             log_every_steps: p.loaded.spec.run.log_every_steps.get(),
             launched: inv.launched,
             metrics: p.plan.train.metrics.clone(),
+            accuracy: p.plan.train.accuracy,
         };
         let out = &p.plan.out_dir;
         let dir = match resumed_step {

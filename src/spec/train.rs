@@ -32,12 +32,12 @@ pub struct TrainSpec {
     #[serde(default)]
     pub from_logits: bool,
     /// Metrics besides the loss, written to `metrics.jsonl`, TensorBoard and `summary.json`:
-    /// `accuracy` (always written), `perplexity` (`exp` of a cross-entropy loss: `perplexity`,
+    /// `accuracy` (always written for class labels; refused for float targets), `perplexity` (`exp` of a cross-entropy loss: `perplexity`,
     /// `val_perplexity`; `train_perplexity`, `test_perplexity` in the summary) and
     /// `tokens_per_s` (training tokens per second of a language model; `steady_tokens_per_s`
-    /// in the summary). Default: `["accuracy"]`.
+    /// in the summary), `mae` and `rmse` (float targets). Default: none beyond accuracy.
     /// Example: `metrics = ["accuracy", "perplexity", "tokens_per_s"]`.
-    #[serde(default = "default_metrics")]
+    #[serde(default)]
     pub metrics: Vec<MetricKind>,
     /// Evaluate on the test split every this many steps, besides every epoch's end.
     /// Default: off. Example: `evaluate_every_steps = 200`.
@@ -66,10 +66,6 @@ fn is_one(n: &NonZeroU64) -> bool {
     n.get() == 1
 }
 
-fn default_metrics() -> Vec<MetricKind> {
-    vec![MetricKind::Accuracy]
-}
-
 fn yes() -> bool {
     true
 }
@@ -82,7 +78,7 @@ impl Default for TrainSpec {
             steps_per_execution: default_steps_per_execution(),
             loss: LossKind::default(),
             from_logits: false,
-            metrics: default_metrics(),
+            metrics: Vec::new(),
             evaluate_every_steps: None,
             evaluate_every_epoch: true,
             validation_steps: None,

@@ -151,7 +151,7 @@ impl Checkpointer {
             loop_state: LoopState { best_weights: best.is_some(), ..p.loop_state.clone() },
             metrics: Metrics {
                 loss: Some(logs.loss),
-                accuracy: Some(logs.accuracy),
+                accuracy: logs.accuracy,
                 val_loss: logs.val_loss,
                 val_accuracy: logs.val_accuracy,
             },

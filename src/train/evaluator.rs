@@ -33,8 +33,9 @@ pub struct EvalLine {
     pub epoch: u64,
     /// Test-split loss.
     pub test_loss: f64,
-    /// Test-split accuracy.
-    pub test_accuracy: f64,
+    /// Test-split accuracy; none for float targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f64>,
     /// Test examples evaluated.
     pub examples: u64,
     /// Seconds the evaluation took.
@@ -84,6 +85,8 @@ pub struct CheckpointWatch<'a> {
     pub test: &'a Split,
     /// Examples per evaluation batch.
     pub batch: NonZeroUsize,
+    /// Whether to measure accuracy: class labels have it, float targets do not.
+    pub accuracy: bool,
 }
 
 /// Watches until `finished` says training is over (it errs when the job failed), evaluating
@@ -131,17 +134,15 @@ pub fn watch(
                 step: listed.step,
                 epoch,
                 test_loss: stats.loss(),
-                test_accuracy: stats.accuracy(),
+                test_accuracy: w.accuracy.then(|| stats.accuracy()),
                 examples: stats.examples(),
                 eval_s: started.elapsed().as_secs_f64(),
             };
             append(&w.out, &line)?;
             // Which callback saved it only matters when several do.
             let of = if stores.len() > 1 { format!(" of {}", line.callback) } else { String::new() };
-            note(&format!(
-                "{}{of} (step {}): test_loss: {:.4} - test_accuracy: {:.4}",
-                line.checkpoint, line.step, line.test_loss, line.test_accuracy
-            ));
+            let accuracy = line.test_accuracy.map_or(String::new(), |a| format!(" - test_accuracy: {a:.4}"));
+            note(&format!("{}{of} (step {}): test_loss: {:.4}{accuracy}", line.checkpoint, line.step, line.test_loss));
             seen.insert(key);
             count += 1;
         }

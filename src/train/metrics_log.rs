@@ -32,7 +32,8 @@ pub struct MetricsLine {
     /// Mean training loss of the epoch so far (of the last steps for `step` lines).
     pub loss: f64,
     /// Training accuracy of the epoch so far (of the last steps for `step` lines).
-    pub accuracy: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
     /// Test-split loss, when evaluated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,

@@ -27,6 +27,8 @@ pub struct RunDirOptions {
     pub launched: Instant,
     /// `train.metrics`: which metrics the lines carry.
     pub metrics: Vec<MetricKind>,
+    /// Whether the lines carry accuracy: class labels do, float targets do not.
+    pub accuracy: bool,
 }
 
 /// Training steps since the last `step` line.
@@ -172,7 +174,7 @@ impl RunDir {
             epoch,
             step,
             loss: stats.loss(),
-            accuracy: stats.accuracy(),
+            accuracy: self.options.accuracy.then(|| stats.accuracy()),
             val_loss: None,
             val_accuracy: None,
             learning_rate: lr,
@@ -202,12 +204,13 @@ impl RunDir {
     /// `evaluation_*_vs_iterations` (step = optimizer step).
     fn events(&mut self, line: &MetricsLine) -> Result<(), RecordError> {
         let train: Vec<(&str, f64)> = [
-            ("loss", line.loss),
+            ("loss", Some(line.loss)),
             ("accuracy", line.accuracy),
-            ("learning_rate", line.learning_rate),
-            ("examples_per_s", line.examples_per_s),
+            ("learning_rate", Some(line.learning_rate)),
+            ("examples_per_s", Some(line.examples_per_s)),
         ]
         .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
         .chain(line.named.scalars(SplitKind::Train))
         .collect();
         let named = |prefix: &str| train.iter().map(|(k, v)| (format!("{prefix}_{k}"), *v)).collect::<Vec<_>>();
@@ -217,9 +220,11 @@ impl RunDir {
             MetricsEvent::Epoch => write(&mut self.train, line.epoch, &named("epoch")).map_err(io(&train_path))?,
             MetricsEvent::Evaluation => {}
         }
-        let (Some(loss), Some(accuracy)) = (line.val_loss, line.val_accuracy) else {
+        let Some(loss) = line.val_loss else {
             return Ok(());
         };
+        // Float targets have no accuracy: their validation scalars are the loss and the listed metrics.
+        let accuracy = |name: &str| line.val_accuracy.map(|a| (name.to_string(), a));
         // An epoch's line repeats an evaluation made at the same step: one point per step.
         let repeated = self.evaluated_at == Some(line.step);
         self.evaluated_at = Some(line.step);
@@ -229,17 +234,19 @@ impl RunDir {
             None => self.validation.insert(EventWriter::create(&events).map_err(io(&events))?),
         };
         if line.event == MetricsEvent::Epoch {
-            let mut per_epoch = vec![("epoch_loss".to_string(), loss), ("epoch_accuracy".to_string(), accuracy)];
+            let mut per_epoch: Vec<(String, f64)> =
+                [Some(("epoch_loss".to_string(), loss)), accuracy("epoch_accuracy")].into_iter().flatten().collect();
             per_epoch.extend(line.named.scalars(SplitKind::Test).map(|(k, v)| (format!("epoch_{k}"), v)));
             write(validation, line.epoch, &per_epoch).map_err(io(&events))?;
         }
         if repeated {
             return Ok(());
         }
-        let mut per_step = vec![
-            ("evaluation_loss_vs_iterations".to_string(), loss),
-            ("evaluation_accuracy_vs_iterations".to_string(), accuracy),
-        ];
+        let mut per_step: Vec<(String, f64)> =
+            [Some(("evaluation_loss_vs_iterations".to_string(), loss)), accuracy("evaluation_accuracy_vs_iterations")]
+                .into_iter()
+                .flatten()
+                .collect();
         per_step.extend(line.named.scalars(SplitKind::Test).map(|(k, v)| (format!("evaluation_{k}_vs_iterations"), v)));
         write(validation, line.step, &per_step).map_err(io(&events))
     }
@@ -247,7 +254,7 @@ impl RunDir {
     /// Writes `summary.json`; a final evaluation not logged yet (runs that evaluate only at
     /// the end) gets its `evaluation` line and scalars first.
     pub fn summary(&mut self, summary: &Summary) -> Result<(), RecordError> {
-        if let (Some(loss), Some(accuracy)) = (summary.test_loss, summary.test_accuracy)
+        if let Some(loss) = summary.test_loss
             && self.evaluated_at != Some(summary.steps)
         {
             let last = self.last.as_ref();
@@ -259,7 +266,7 @@ impl RunDir {
                 loss: summary.train_loss,
                 accuracy: summary.train_accuracy,
                 val_loss: Some(loss),
-                val_accuracy: Some(accuracy),
+                val_accuracy: summary.test_accuracy,
                 learning_rate: last.map_or(0.0, |l| l.learning_rate),
                 examples_per_s: per_s,
                 wall_s: self.options.launched.elapsed().as_secs_f64(),

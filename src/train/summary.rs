@@ -20,8 +20,9 @@ pub struct Summary {
     pub stopped: super::callbacks::StopReason,
     /// Mean training loss of the last epoch.
     pub train_loss: f64,
-    /// Training accuracy of the last epoch.
-    pub train_accuracy: f64,
+    /// Training accuracy of the last epoch; none for float targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_accuracy: Option<f64>,
     /// Final test-split loss.
     pub test_loss: Option<f64>,
     /// Final test-split accuracy.

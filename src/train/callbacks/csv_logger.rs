@@ -87,7 +87,7 @@ fn write_row(open: &mut Open, logs: &Logs) -> std::io::Result<()> {
     }
     // Keras writes `NA` for a column a later row lacks.
     let opt = |v: Option<f64>| v.map_or("NA".to_string(), |v| v.to_string());
-    let mut row = format!("{},{},{},{}", logs.epoch - 1, logs.accuracy, logs.learning_rate, logs.loss);
+    let mut row = format!("{},{},{},{}", logs.epoch - 1, opt(logs.accuracy), logs.learning_rate, logs.loss);
     if open.val {
         row.push_str(&format!(",{},{}", opt(logs.val_accuracy), opt(logs.val_loss)));
     }

@@ -30,8 +30,8 @@ pub struct Logs {
     pub step: u64,
     /// Training loss of the epoch so far.
     pub loss: f64,
-    /// Training accuracy of the epoch so far.
-    pub accuracy: f64,
+    /// Training accuracy of the epoch so far; none for float targets.
+    pub accuracy: Option<f64>,
     /// Test-split loss, when evaluated.
     pub val_loss: Option<f64>,
     /// Test-split accuracy, when evaluated.
@@ -45,7 +45,7 @@ impl Logs {
     pub fn get(&self, m: Monitor) -> Option<f64> {
         match m {
             Monitor::Loss => Some(self.loss),
-            Monitor::Accuracy => Some(self.accuracy),
+            Monitor::Accuracy => self.accuracy,
             Monitor::ValLoss => self.val_loss,
             Monitor::ValAccuracy => self.val_accuracy,
         }

@@ -6,7 +6,7 @@ fn logs(epoch: u64, val_loss: f64) -> Logs {
         epoch,
         step: epoch * 10,
         loss: 1.0,
-        accuracy: 0.5,
+        accuracy: Some(0.5),
         val_loss: Some(val_loss),
         val_accuracy: Some(0.9),
         learning_rate: 0.1,

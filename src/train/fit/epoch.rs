@@ -38,8 +38,9 @@ impl Loop<'_> {
         if let Some(d) = run_dir {
             d.metrics(&self.metrics_line(MetricsEvent::Evaluation, &logs, session))?;
         }
-        let (loss, accuracy) = (stats.loss(), stats.accuracy());
-        self.progress.note(&format!("step {}: val_loss: {loss:.4} - val_accuracy: {accuracy:.4}", self.step));
+        let (loss, accuracy) = (stats.loss(), self.accuracy(&stats));
+        let shown_accuracy = accuracy.map_or(String::new(), |a| format!(" - val_accuracy: {a:.4}"));
+        self.progress.note(&format!("step {}: val_loss: {loss:.4}{shown_accuracy}", self.step));
         let reason = match callbacks.on_evaluation(&logs) {
             Control::Continue => return Ok(None),
             Control::Stop(r) | Control::StopAndRestore(r) => r,
@@ -68,7 +69,8 @@ impl Loop<'_> {
         if let Some(d) = run_dir {
             d.metrics(&self.metrics_line(MetricsEvent::Epoch, &logs, session))?;
         }
-        let shown = Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.zip(logs.val_accuracy) };
+        let shown =
+            Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.map(|l| (l, logs.val_accuracy)) };
         self.progress.end_epoch(epoch, self.plan.train.steps_per_epoch, &shown);
         self.timing.epoch = Duration::ZERO;
         self.epoch_stats = Sums::default();

@@ -396,9 +396,14 @@ impl<'a> Loop<'a> {
     fn shown(&self) -> Shown {
         Shown {
             loss: self.epoch_stats.loss(),
-            accuracy: self.epoch_stats.accuracy(),
-            val: self.last_eval.map(|e| (e.stats.loss(), e.stats.accuracy())),
+            accuracy: self.accuracy(&self.epoch_stats),
+            val: self.last_eval.map(|e| (e.stats.loss(), self.accuracy(&e.stats))),
         }
+    }
+
+    /// The accuracy of `sums`, for class labels only: float targets have none.
+    fn accuracy(&self, sums: &Sums) -> Option<f64> {
+        self.plan.train.accuracy.then(|| sums.accuracy())
     }
 
     /// The logs after this step: `train` is the epoch's statistics so far.
@@ -407,9 +412,9 @@ impl<'a> Loop<'a> {
             epoch,
             step: self.step,
             loss: train.loss(),
-            accuracy: train.accuracy(),
+            accuracy: self.accuracy(train),
             val_loss: eval.map(|e| e.stats.loss()),
-            val_accuracy: eval.map(|e| e.stats.accuracy()),
+            val_accuracy: eval.and_then(|e| self.accuracy(&e.stats)),
             learning_rate: self.lr,
         }
     }
@@ -494,7 +499,8 @@ impl<'a> Loop<'a> {
             _ => None,
         };
         if let Some(e) = final_eval {
-            self.progress.note(&format!("test: loss: {:.4} - accuracy: {:.4}", e.loss(), e.accuracy()));
+            let accuracy = self.accuracy(&e).map_or(String::new(), |a| format!(" - accuracy: {a:.4}"));
+            self.progress.note(&format!("test: loss: {:.4}{accuracy}", e.loss()));
         }
         non_finite_weights(self.step, session, self.plan.callbacks.backs_up())?;
         let sha = weights_sha256(&session.vars);
