@@ -343,17 +343,6 @@ fn each_metric_is_in_its_own_file() {
     assert!(missing.is_empty(), "metrics without their file:\n  {}", missing.join("\n  "));
 }
 
-/// Type names defined more than once on purpose, with why. Every other name has one meaning
-/// across `src/`: the one a TensorFlow or Keras reader expects keeps the name, the others say
-/// what they are (`docs/architecture.md`, "Glossary", for the words).
-const SHARED_NAMES: [(&str, &str); 2] = [
-    ("Dense", "engine::cuda::layers::Dense is Keras's Dense, as engine::layers::Dense is, on the GPU"),
-    (
-        "BatchNorm",
-        "engine::cuda::layers::BatchNorm is Keras's BatchNormalization, as engine::layers::BatchNorm is, on the GPU",
-    ),
-];
-
 /// The type a line defines: `struct`, `enum`, `trait` or `union` at any indentation, and a
 /// `type` alias when it is `pub` or at column 0 (an indented private `type` is an associated
 /// type of an impl or a trait).
@@ -376,6 +365,8 @@ fn defined_type(line: &str) -> Option<&str> {
     (kind && !alias_in_impl && name.starts_with(|c: char| c.is_ascii_uppercase())).then_some(name)
 }
 
+/// Every type name has one meaning across `src/`: the one a TensorFlow or Keras reader expects
+/// keeps the name, the others say what they are (`docs/architecture.md`, "Glossary").
 #[test]
 fn no_type_name_is_defined_twice() {
     let mut defined: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -388,7 +379,7 @@ fn no_type_name_is_defined_twice() {
     }
     let twice: Vec<String> = defined
         .iter()
-        .filter(|(name, at)| at.len() > 1 && !SHARED_NAMES.iter().any(|(shared, _)| shared == name))
+        .filter(|(_, at)| at.len() > 1)
         .map(|(name, at)| format!("{name}: {}", at.join(", ")))
         .collect();
     assert!(
@@ -397,12 +388,6 @@ fn no_type_name_is_defined_twice() {
          rename the others after what they are:\n  {}",
         twice.join("\n  ")
     );
-    let stale: Vec<&str> = SHARED_NAMES
-        .iter()
-        .map(|(name, _)| *name)
-        .filter(|name| defined.get(*name).is_none_or(|at| at.len() < 2))
-        .collect();
-    assert!(stale.is_empty(), "SHARED_NAMES lists names no longer defined twice: {stale:?}");
     assert!(defined.len() > 300 && defined.contains_key("Layer"), "{} type names", defined.len());
 }
 

@@ -107,7 +107,7 @@ pub fn act_backward(
 
 /// A dense layer's geometry and parameter offsets.
 #[derive(Debug, Clone)]
-pub struct Dense {
+pub struct DeviceDense {
     pub inputs: usize,
     pub units: usize,
     pub act: Activation,
@@ -115,7 +115,7 @@ pub struct Dense {
     pub bias: Option<usize>,
 }
 
-impl Dense {
+impl DeviceDense {
     pub fn forward(&self, cx: DevicePass<'_>, x: DevPtr, y: DevPtr) -> Result<(), CudaError> {
         let DevicePass { gpu, vars: Vars { p, .. }, n, .. } = cx;
         gpu.matmul((n, self.units, self.inputs), (x, false), (at(p, self.kernel), false), y, false)?;
@@ -343,7 +343,7 @@ pub fn gap_backward(gpu: &Gpu, dy: DevPtr, dx: DevPtr, n: usize, hw: usize, c: u
 
 /// Batch normalization over the last axis: offsets of γ, β and the moving statistics, and
 /// the mean and 1/σ of the last forward pass.
-pub struct BatchNorm {
+pub struct DeviceBatchNorm {
     pub channels: usize,
     /// Values per example (`channels` divides it).
     pub numel: usize,
@@ -357,7 +357,7 @@ pub struct BatchNorm {
     pub inv_std: Buf,
 }
 
-impl BatchNorm {
+impl DeviceBatchNorm {
     fn rows(&self, n: usize) -> usize {
         n * self.numel / self.channels.max(1)
     }

@@ -6,7 +6,9 @@
 use super::arena::Arena;
 use super::device::{Buf, DevPtr, Gpu, at, launch};
 use super::error::CudaError;
-use super::layers::{BatchNorm, Conv, Dense, DevicePass, MaxPool, Scratch, Vars, bias_act, gap_backward, gap_forward};
+use super::layers::{
+    Conv, DeviceBatchNorm, DeviceDense, DevicePass, MaxPool, Scratch, Vars, bias_act, gap_backward, gap_forward,
+};
 use super::residual::Block;
 use crate::engine::op::{BatchNormOp, ConvOp, Op as EngineOp};
 use crate::engine::{LossFn, Sequential, Shape};
@@ -17,14 +19,14 @@ use crate::vocab::{Activation, LossKind};
 enum DeviceOp {
     /// Reshape or flatten: the output aliases the input.
     View,
-    Dense(Dense),
+    Dense(DeviceDense),
     Conv(Conv),
     MaxPool(MaxPool),
     GlobalAvgPool {
         hw: usize,
         c: usize,
     },
-    BatchNorm(BatchNorm),
+    BatchNorm(DeviceBatchNorm),
     Activation {
         act: Activation,
         row: usize,
@@ -103,8 +105,8 @@ fn conv(c: ConvOp) -> Conv {
 }
 
 /// A batch norm over examples of `numel` values.
-fn batch_norm(gpu: &Gpu, b: BatchNormOp, numel: usize) -> Result<BatchNorm, CudaError> {
-    Ok(BatchNorm {
+fn batch_norm(gpu: &Gpu, b: BatchNormOp, numel: usize) -> Result<DeviceBatchNorm, CudaError> {
+    Ok(DeviceBatchNorm {
         channels: b.channels,
         numel,
         momentum: b.momentum,
@@ -123,7 +125,7 @@ fn gpu_op(gpu: &Gpu, op: EngineOp, input: &Shape, output: &Shape) -> Result<Devi
     Ok(match op {
         EngineOp::View => DeviceOp::View,
         EngineOp::Dense { inputs, units, activation, kernel, bias } => {
-            DeviceOp::Dense(Dense { inputs, units, act: activation, kernel, bias })
+            DeviceOp::Dense(DeviceDense { inputs, units, act: activation, kernel, bias })
         }
         EngineOp::Conv2d(c) => DeviceOp::Conv(conv(c)),
         EngineOp::MaxPool2d(win) => DeviceOp::MaxPool(MaxPool { win, argmax: None }),

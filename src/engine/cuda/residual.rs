@@ -4,16 +4,16 @@
 
 use super::device::{Buf, DevPtr, Gpu};
 use super::error::CudaError;
-use super::layers::{BatchNorm, Conv, DevicePass, add, add_relu, bias_act, relu_mask};
+use super::layers::{Conv, DeviceBatchNorm, DevicePass, add, add_relu, bias_act, relu_mask};
 use crate::vocab::Activation;
 
 /// The block's children and the activations it keeps for backward.
 pub struct Block {
     pub conv1: Conv,
-    pub bn1: BatchNorm,
+    pub bn1: DeviceBatchNorm,
     pub conv2: Conv,
-    pub bn2: BatchNorm,
-    pub shortcut: Option<(Conv, BatchNorm)>,
+    pub bn2: DeviceBatchNorm,
+    pub shortcut: Option<(Conv, DeviceBatchNorm)>,
     /// Values in one input and one output example.
     pub in_len: usize,
     pub out_len: usize,
