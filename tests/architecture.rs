@@ -377,11 +377,8 @@ fn no_type_name_is_defined_twice() {
             }
         }
     }
-    let twice: Vec<String> = defined
-        .iter()
-        .filter(|(_, at)| at.len() > 1)
-        .map(|(name, at)| format!("{name}: {}", at.join(", ")))
-        .collect();
+    let twice: Vec<String> =
+        defined.iter().filter(|(_, at)| at.len() > 1).map(|(name, at)| format!("{name}: {}", at.join(", "))).collect();
     assert!(
         twice.is_empty(),
         "type names defined more than once; keep the name for the meaning TensorFlow gives it and \

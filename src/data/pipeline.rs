@@ -198,7 +198,8 @@ fn buffer_shuffle(n: usize, size: usize, rng: &mut impl Rng) -> Vec<usize> {
 
 /// A uniform draw from `0..n` (Lemire's multiply-and-reject). Written out rather than taken from
 /// `rand` so the sequence, which checkpoints depend on, cannot change with a `rand` release.
-fn below(rng: &mut impl Rng, n: usize) -> usize {
+/// The TFRecord shuffle buffer draws with it too, so the two shuffles agree.
+pub(crate) fn below(rng: &mut impl Rng, n: usize) -> usize {
     let n = n as u64;
     let threshold = n.wrapping_neg() % n;
     loop {

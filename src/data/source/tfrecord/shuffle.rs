@@ -7,8 +7,9 @@
 //! (`ChaCha8` keyed by the seed, stream = data-epoch, Lemire's bounded draw), so the order of
 //! `n` streamed records equals the pipeline's `Shuffle::Buffer` order of `n` examples.
 
+use crate::data::pipeline::below;
 use rand_chacha::ChaCha8Rng;
-use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::rand_core::SeedableRng;
 use std::num::NonZeroUsize;
 
 /// Separates the shuffle's use of the run seed from its other uses (the pipeline's value).
@@ -58,19 +59,6 @@ impl<T> ShuffleBuffer<T> {
             None => self.items.swap_remove(slot),
         };
         Ok(Some(out))
-    }
-}
-
-/// A uniform draw from `0..n` (Lemire's multiply-and-reject), as the pipeline draws, so the two
-/// shuffles agree; written out so the sequence cannot change with a `rand` release.
-fn below(rng: &mut impl Rng, n: usize) -> usize {
-    let n = n as u64;
-    let threshold = n.wrapping_neg() % n;
-    loop {
-        let m = u128::from(rng.next_u64()) * u128::from(n);
-        if (m as u64) >= threshold {
-            return (m >> 64) as usize;
-        }
     }
 }
 
