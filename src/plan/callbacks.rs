@@ -232,8 +232,8 @@ pub fn resolve(
         .collect();
     for (n, (i, name, dir)) in folders.iter().enumerate() {
         // A second backup_and_restore is refused above already.
-        let both_backups = |first: &str| first.starts_with("backup") && name.starts_with("backup");
-        if let Some((_, first, _)) = folders[..n].iter().find(|(_, first, d)| d == dir && !both_backups(first)) {
+        let backup = |i: usize| matches!(items[i].kind, CallbackKind::BackupAndRestore { .. });
+        if let Some((_, first, _)) = folders[..n].iter().find(|(j, _, d)| d == dir && !(backup(*i) && backup(*j))) {
             diags.push(
                 Diagnostic::error(
                     format!("callbacks[{i}]"),
