@@ -1,5 +1,5 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `eval`, `sweep`, `report`, `manifest`, `certs`, `schema` and `bench` are the only other
+//! `check`, `eval`, `predict`, `sweep`, `report`, `manifest`, `certs`, `schema` and `bench` are the only other
 //! commands.
 
 use crate::exit::{Exit, RunError};
@@ -65,6 +65,27 @@ enum CliCommand {
         /// Seed of the draws.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+    /// Write the model's predictions for the test split (the spec gives the model and the data):
+    /// one row per example, in order; `.csv`, `.jsonl` or `.npy` by the output's extension.
+    Predict {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// A checkpoint folder, a run folder (its final `model.safetensors`) or the file.
+        #[arg(long, value_name = "PATH")]
+        checkpoint: PathBuf,
+        /// The file to write, e.g. `predictions.csv`; an existing one is refused unless --force.
+        #[arg(long, value_name = "FILE")]
+        output: PathBuf,
+        /// Classes listed per example, likeliest first.
+        #[arg(long = "top-k", value_name = "K", default_value = "5")]
+        top_k: NonZeroUsize,
+        /// Replace an existing output file.
+        #[arg(long)]
+        force: bool,
+        /// Print nothing but errors.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Run every trial of the spec's [sweep] as its own run under the sweep folder (the spec's
     /// run.out_dir), skipping trials already complete, then rank them in results.csv.
@@ -189,6 +210,10 @@ pub fn main() -> ExitCode {
             let options = run::SampleOptions { prompt, tokens, temperature, top_k, seed };
             invocation(spec, false, None).and_then(|inv| run::sample(&inv, &checkpoint, &options))
         }
+        Some(CliCommand::Predict { spec, checkpoint, output, top_k, force, quiet }) => {
+            let options = run::PredictOptions { output, top_k, force };
+            invocation(spec, quiet, None).and_then(|inv| run::predict(&inv, &checkpoint, &options))
+        }
         Some(CliCommand::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
             .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
         Some(CliCommand::Report { dir }) => crate::report::run(&dir),
@@ -263,6 +288,12 @@ mod tests {
                 "manifest --image",
                 "manifest --namespace",
                 "manifest --set",
+                "predict --checkpoint",
+                "predict --force",
+                "predict --output",
+                "predict --quiet",
+                "predict --set",
+                "predict --top-k",
                 "sample --checkpoint",
                 "sample --prompt",
                 "sample --seed",

@@ -6,11 +6,13 @@ mod check;
 mod eval;
 mod lock;
 mod parameter_server;
+mod predict;
 mod run_folder;
 mod sample;
 
 pub use check::check;
 pub use eval::eval;
+pub use predict::{PredictOptions, predict};
 pub use sample::{SampleOptions, sample};
 
 use crate::builder::{self, Resources};

@@ -159,7 +159,7 @@ fn run_vocabulary(checkpoint: &Path) -> Result<Option<(PathBuf, Vocabulary)>, Ru
 }
 
 /// The weights of a checkpoint folder, or of a run folder's (or a file's) `model.safetensors`.
-fn weights(path: &Path, layout: &crate::checkpoint::Layout) -> Result<(Vec<f32>, Vec<f32>), RunError> {
+pub(super) fn weights(path: &Path, layout: &crate::checkpoint::Layout) -> Result<(Vec<f32>, Vec<f32>), RunError> {
     let file = if path.is_dir() { path.join("model.safetensors") } else { path.to_path_buf() };
     if path.join("manifest.json").exists() {
         let loaded = crate::checkpoint::store::load(path, layout)?;
