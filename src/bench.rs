@@ -62,7 +62,7 @@ pub struct StepThroughput {
 /// Measures one configuration: `steps` timed steps after a warm-up, median step time; the
 /// update is plain SGD (the tutorial's) or SGD with momentum 0.9.
 pub fn measure(batch: usize, threads: usize, momentum: bool, steps: usize) -> Result<StepThroughput, String> {
-    let spec = ModelSpec { zoo: Some(ZooModel::MnistCnn), layers: Vec::new(), gpt: None };
+    let spec = ModelSpec { zoo: Some(ZooModel::MnistCnn), ..ModelSpec::default() };
     let model = crate::model::build_spec(&spec, &Shape(vec![28, 28, 1]), 10).map_err(|d| format!("{d:?}"))?;
     let (params, state) = model.init(42);
     let mut vars = Variables { params, state };

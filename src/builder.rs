@@ -3,7 +3,7 @@
 //! them (one exhaustive match in `strategy::build`), the optimizer, the callbacks and, when a
 //! backup exists, the restored state. Nothing here reads the spec.
 
-use crate::checkpoint::{CheckpointError, Layout, Store};
+use crate::checkpoint::{CheckpointError, Layout, Store, warm_start};
 use crate::cluster::job::Job;
 use crate::collective::Communicator;
 use crate::data::{DataError, Dataset, Shard};
@@ -112,12 +112,27 @@ fn shard(plan: &Plan, job: Option<&Job>) -> Result<Shard, DataError> {
     }
 }
 
+/// The line a warm start shows: what it loaded from where, and what it left.
+pub fn warm_start_note(w: &warm_start::WarmStart) -> String {
+    let mut text = format!(
+        "warm start from {}: {} tensor{} ({} values) loaded, optimizer state fresh",
+        w.file.display(),
+        w.loaded.len(),
+        if w.loaded.len() == 1 { "" } else { "s" },
+        w.values()
+    );
+    for line in w.mismatches() {
+        text.push_str(&format!("\n  left: {line}"));
+    }
+    text
+}
+
 /// Builds the running job `plan` describes from `resources`; `note` shows what happened (a
 /// resumed backup), `warn` what went wrong on the way (a damaged backup, skipped).
 pub fn build(
     plan: &Plan,
     resources: Resources,
-    note: impl FnMut(&str),
+    mut note: impl FnMut(&str),
     mut warn: impl FnMut(&str),
 ) -> Result<Built, BuildFailure> {
     let Resources { dataset, job } = resources;
@@ -125,8 +140,17 @@ pub fn build(
     let shard = shard(plan, job.as_ref())?;
     let models = models(plan)?;
     let first = models.first().ok_or(StrategyError::Unsupported("no model to place on a device".into()))?;
-    let (params, state) = first.init(plan.seed);
+    let (mut params, mut state) = first.init(plan.seed);
     let layout = layout(first);
+    if let Some(init) = &plan.model.init_from {
+        // Every task loads the same file, so every replica starts from the same weights
+        // without a broadcast; a resumed backup overwrites them below.
+        let tensors = (layout.tensors.as_slice(), params.as_mut_slice());
+        let report = warm_start::load(&init.path, init.strict, tensors, (&layout.state_tensors, &mut state))?;
+        if chief {
+            note(&warm_start_note(&report));
+        }
+    }
     let activation_len = first.activation_len();
     let optimizer = optimizer(&plan.optimizer, first.tensors(), params.len());
     let strategy = strategy::build(plan, models, job)?;

@@ -28,7 +28,7 @@ fn gpu() -> bool {
 }
 
 fn zoo(model: ZooModel) -> ModelSpec {
-    ModelSpec { zoo: Some(model), layers: Vec::new(), gpt: None }
+    ModelSpec { zoo: Some(model), ..ModelSpec::default() }
 }
 
 #[test]

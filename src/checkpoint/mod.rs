@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod policy;
 pub mod store;
 pub mod tensors;
+pub mod warm_start;
 pub mod writer;
 
 pub use manifest::{Kind, Manifest};

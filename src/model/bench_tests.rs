@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// Median times of forward, backward, optimizer and the whole step over `steps` steps.
 fn time_steps(zoo: ZooModel, input: &[usize], batch: usize, threads: usize, steps: usize) -> [Duration; 4] {
-    let spec = ModelSpec { zoo: Some(zoo), layers: Vec::new(), gpt: None };
+    let spec = ModelSpec { zoo: Some(zoo), ..ModelSpec::default() };
     let Ok(mut model) = build_spec(&spec, &Shape(input.to_vec()), 10) else {
         panic!("zoo model failed to build");
     };

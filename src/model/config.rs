@@ -24,6 +24,29 @@ pub struct ModelSpec {
     /// 128-wide "baby GPT"). Example: `[model.gpt]` / `n_layer = 6`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpt: Option<GptConfig>,
+    /// Weights to start from, loaded by name before training (fine-tuning); the optimizer
+    /// state starts fresh, and a backup of the run itself still wins on resume.
+    /// Example: `init_from = { path = "runs/pretrain", strict = false }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitFrom>,
+}
+
+/// `model.init_from`: a warm start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InitFrom {
+    /// A checkpoint folder, a run folder (its final `model.safetensors`) or a safetensors
+    /// file. Example: `path = "runs/pretrain/checkpoints/ckpt-0000000500"`.
+    pub path: std::path::PathBuf,
+    /// Refuse any tensor missing from the file, any the model lacks and any of another shape
+    /// (`true`), or load what matches and keep the rest freshly initialized, saying which
+    /// (`false`: a new classification head). Default: `true`.
+    #[serde(default = "strict_by_default")]
+    pub strict: bool,
+}
+
+fn strict_by_default() -> bool {
+    true
 }
 
 /// `[model.gpt]`: a GPT-2-style decoder-only transformer (Radford et al., 2019, as nanoGPT

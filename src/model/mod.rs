@@ -12,7 +12,7 @@ mod config;
 mod sequence;
 mod size;
 
-pub use config::{GptConfig, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
+pub use config::{GptConfig, InitFrom, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
 pub use size::{ModelSize, Shrink, size};
 
 pub mod zoo;
@@ -56,6 +56,9 @@ pub struct ModelPlan {
     pub params: usize,
     /// Non-trainable values (batch-norm moving statistics).
     pub state: usize,
+    /// Weights to start from (`model.init_from`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitFrom>,
 }
 
 /// A planned model that did not build (planning checked it, so this is a bug).
@@ -148,6 +151,7 @@ pub fn describe_for(spec: &ModelSpec, input: &Shape, labels: LabelKind) -> Resul
         conv_init,
         params: model.param_len(),
         state: model.state_len(),
+        init_from: spec.init_from.clone(),
     })
 }
 

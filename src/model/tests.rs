@@ -9,7 +9,7 @@ use crate::vocab::LossKind;
 use rand::RngExt;
 
 fn zoo(z: ZooModel, input: &[usize], classes: usize) -> Sequential {
-    let spec = ModelSpec { zoo: Some(z), layers: Vec::new(), gpt: None };
+    let spec = ModelSpec { zoo: Some(z), ..ModelSpec::default() };
     match build_spec(&spec, &Shape(input.to_vec()), classes) {
         Ok(m) => m,
         Err(d) => panic!("{}", render(&d)),

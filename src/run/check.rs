@@ -41,6 +41,22 @@ pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
     };
     println!("  {:<20}  {dir}{fetch}", "data folder");
     print!("{}", crate::model::summary(&model));
+    if let Some(init) = &p.plan.model.init_from {
+        let layout = crate::builder::layout(&model);
+        let tensors: Vec<_> = layout.tensors.iter().chain(&layout.state_tensors).collect();
+        let survey = crate::checkpoint::warm_start::survey(&init.path, &tensors)?;
+        println!(
+            "{}",
+            crate::builder::warm_start_note(&survey).replacen("warm start from", "warm start: will load from", 1)
+        );
+        if init.strict && !survey.mismatches().is_empty() {
+            return Err(RunError::Usage(format!(
+                "model.init_from is strict and {} does not match the model (the lines above); a run would stop here: \
+                 set model.init_from.strict = false to load what matches",
+                survey.file.display()
+            )));
+        }
+    }
     if let Some(sweep) = &p.loaded.spec.sweep {
         println!("{}", crate::sweep::check_note(&p.loaded, sweep)?);
     }
