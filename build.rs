@@ -1,6 +1,7 @@
 //! Generates the control plane's gRPC code from `proto/cluster.proto`, and the prost types of
 //! TensorFlow's `tf.train.Example` from the vendored `proto/tensorflow/` (read by the TFRecord
-//! reader). The vendored `protoc` means no system protobuf compiler is needed on any
+//! reader), and ONNX's model format from the vendored `proto/onnx/onnx.proto` (written by
+//! `trainrun export --format onnx`). The vendored `protoc` means no system protobuf compiler is needed on any
 //! developer's machine or in CI.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,10 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Images in a `BytesList` become slices of the record buffer rather than copies.
         .bytes(".tensorflow")
         // Upstream's comments hold indented proto text that rustdoc would run as doctests.
-        .disable_comments([".tensorflow"])
+        .disable_comments([".tensorflow", ".onnx"])
         .compile_with_config(
             config,
-            &["proto/cluster.proto", "proto/tensorflow/core/example/example.proto"],
+            &["proto/cluster.proto", "proto/tensorflow/core/example/example.proto", "proto/onnx/onnx.proto"],
             &["proto"],
         )?;
     Ok(())

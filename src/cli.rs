@@ -1,5 +1,5 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `eval`, `predict`, `sweep`, `report`, `manifest`, `certs`, `schema` and `bench` are the only other
+//! `check`, `eval`, `predict`, `export`, `sweep`, `report`, `manifest`, `certs`, `schema` and `bench` are the only other
 //! commands.
 
 use crate::exit::{Exit, RunError};
@@ -86,6 +86,22 @@ enum CliCommand {
         /// Print nothing but errors.
         #[arg(long, short)]
         quiet: bool,
+    },
+    /// Write a run's model for other tools: `--format onnx` for ONNX Runtime (the run's own
+    /// spec.toml gives the model).
+    Export {
+        /// A run folder, one of its checkpoint folders, or its `model.safetensors`.
+        #[arg(value_name = "RUN_OR_CHECKPOINT")]
+        path: PathBuf,
+        /// The format to write.
+        #[arg(long, value_enum)]
+        format: crate::export::ExportFormat,
+        /// The file to write, e.g. `model.onnx`; an existing one is refused unless --force.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Replace an existing file.
+        #[arg(long)]
+        force: bool,
     },
     /// Run every trial of the spec's [sweep] as its own run under the sweep folder (the spec's
     /// run.out_dir), skipping trials already complete, then rank them in results.csv.
@@ -214,6 +230,7 @@ pub fn main() -> ExitCode {
             let options = run::PredictOptions { output, top_k, force };
             invocation(spec, quiet, None).and_then(|inv| run::predict(&inv, &checkpoint, &options))
         }
+        Some(CliCommand::Export { path, format, out, force }) => run::export(&path, format, &out, force, env.clone()),
         Some(CliCommand::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
             .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
         Some(CliCommand::Report { dir }) => crate::report::run(&dir),
@@ -284,6 +301,9 @@ mod tests {
                 "check --set",
                 "eval --checkpoint",
                 "eval --set",
+                "export --force",
+                "export --format",
+                "export --out",
                 "manifest --for",
                 "manifest --image",
                 "manifest --namespace",

@@ -16,6 +16,7 @@ pub mod deploy;
 pub mod diagnostic;
 pub mod engine;
 pub mod exit;
+pub mod export;
 #[cfg(feature = "cuda")]
 pub mod gpu_check;
 pub mod machine_memory;

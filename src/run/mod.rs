@@ -4,6 +4,7 @@
 
 mod check;
 mod eval;
+mod export;
 mod lock;
 mod parameter_server;
 mod predict;
@@ -12,6 +13,7 @@ mod sample;
 
 pub use check::check;
 pub use eval::eval;
+pub use export::export;
 pub use predict::{PredictOptions, predict};
 pub use sample::{SampleOptions, sample};
 

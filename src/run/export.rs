@@ -1,0 +1,78 @@
+//! `trainrun export RUN_OR_CHECKPOINT --format onnx --out FILE`: the model of a run folder (its
+//! final `model.safetensors`), one of its checkpoint folders, or a weights file inside it,
+//! written for other tools. The model is the one the run's own `spec.toml` describes (found in
+//! the folder or the nearest folder above it), so nothing else need be given. The file is
+//! written whole under a temporary name and renamed into place; one that exists is refused
+//! unless `--force`.
+
+use crate::exit::RunError;
+use crate::export::ExportFormat;
+use crate::prepare::{Invocation, prepare};
+use std::path::{Path, PathBuf};
+
+/// Writes the model at `path` to `out` in `format`.
+pub fn export(
+    path: &Path,
+    format: ExportFormat,
+    out: &Path,
+    force: bool,
+    env: Vec<(String, String)>,
+) -> Result<(), RunError> {
+    if out.exists() && !force {
+        return Err(RunError::Usage(format!(
+            "--out {} exists: an export never writes over a file; give another name, or --force to replace it",
+            out.display()
+        )));
+    }
+    let spec = run_spec(path)?;
+    let inv = Invocation { spec, sets: Vec::new(), env, quiet: true, task: None, launched: std::time::Instant::now() };
+    let p = prepare(&inv)?;
+    let model = p.plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
+    let layout = crate::builder::layout(&model);
+    let (params, state) = super::sample::weights(path, &layout)?;
+    let bytes = match format {
+        ExportFormat::Onnx => {
+            let doc = format!("exported by trainrun {} from {}", env!("CARGO_PKG_VERSION"), path.display());
+            crate::export::onnx::export(&model, &params, &state, &doc)
+                .map_err(|e| RunError::Unsupported(e.to_string()))?
+        }
+    };
+    let mut partial = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    partial.push(format!(".partial-{}", std::process::id()));
+    let partial = out.with_file_name(partial);
+    let written = std::fs::write(&partial, &bytes).and_then(|()| std::fs::rename(&partial, out));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&partial);
+        return Err(RunError::Failure(format!("cannot write {}: {e}", out.display())));
+    }
+    eprintln!(
+        "wrote {} ({} bytes, ONNX opset {}): input `input` float32 [batch, {}], output `output` float32 [batch, {}]",
+        out.display(),
+        bytes.len(),
+        crate::export::onnx::OPSET,
+        shape(&model.input_shape().0),
+        shape(&model.output_shape().0)
+    );
+    Ok(())
+}
+
+fn shape(dims: &[usize]) -> String {
+    dims.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The run's `spec.toml`: in `path` (a run folder) or the nearest folder above it.
+fn run_spec(path: &Path) -> Result<PathBuf, RunError> {
+    if !path.exists() {
+        return Err(RunError::Usage(format!(
+            "{} does not exist: give a run folder, one of its checkpoint folders, or its model.safetensors",
+            path.display()
+        )));
+    }
+    path.ancestors().take(4).map(|d| d.join("spec.toml")).find(|f| f.is_file()).ok_or_else(|| {
+        RunError::Usage(format!(
+            "no spec.toml in {} or the folders above it: export reads the model from the run folder a run wrote \
+             (runs/<name>, or a checkpoint folder inside it)",
+            path.display()
+        ))
+    })
+}

@@ -1,0 +1,130 @@
+//! `trainrun export RUN --format onnx` end to end: the tutorial CNN, `mnist_fast` (batch norm,
+//! max pooling) and ResNet-20 (residual blocks with projections) are trained briefly, exported,
+//! checked by `onnx.checker`, and run by ONNX Runtime on the same inputs `trainrun predict`
+//! reads; both give the same probabilities within 1e-5. Layers without an ONNX form are refused
+//! by name, and an existing file is not overwritten. The Python checks say so loudly and skip
+//! when `onnx` and `onnxruntime` cannot be imported (`.ci/run` installs them).
+
+mod common;
+
+use common::{assert_exit, data_dir, run, tempdir, text, with_python};
+use std::path::Path;
+
+/// Trains `spec` briefly into `dir/run`, exports it to `dir/model.onnx` and predicts the test
+/// split into `dir/p.npy`.
+fn train_export_predict(dir: &Path, spec: &str, extra: &[&str]) {
+    let run_dir = dir.join("run");
+    let mut args = vec![
+        spec.to_string(),
+        "-q".into(),
+        "--set".into(),
+        format!("run.out_dir={}", run_dir.display()),
+        "--set".into(),
+        "train.steps_per_epoch=20".into(),
+        "--set".into(),
+        "train.epochs=1".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    assert_exit(&run(&args.iter().map(String::as_str).collect::<Vec<_>>()), 0);
+    let (r, m, p) = (run_dir.display().to_string(), dir.join("model.onnx"), dir.join("p.npy"));
+    let (m, p) = (m.display().to_string(), p.display().to_string());
+    let out = run(&["export", &r, "--format", "onnx", "--out", &m]);
+    assert_exit(&out, 0);
+    assert!(text(&out).1.contains("ONNX opset 13"), "{}", text(&out).1);
+    let spec_toml = run_dir.join("spec.toml").display().to_string();
+    assert_exit(&run(&["predict", &spec_toml, "--checkpoint", &r, "--output", &p]), 0);
+}
+
+/// `onnx.checker` passes and ONNX Runtime's softmaxed outputs on `x` (a NumPy expression over
+/// the folder `d`) equal predict's probabilities within 1e-5.
+fn onnx_runtime_agrees(dir: &Path, inputs: &str) {
+    let script = format!(
+        "import sys, os, gzip, numpy as np, onnx, onnxruntime as ort\n\
+         d = sys.argv[1]\n\
+         m = onnx.load(os.path.join(d, 'model.onnx'))\n\
+         onnx.checker.check_model(m, full_check=True)\n\
+         x = {inputs}\n\
+         y = ort.InferenceSession(os.path.join(d, 'model.onnx')).run(['output'], {{'input': x}})[0]\n\
+         e = np.exp(y - y.max(1, keepdims=True)); probs = e / e.sum(1, keepdims=True)\n\
+         p = np.load(os.path.join(d, 'p.npy'))\n\
+         assert probs.shape == p.shape, (probs.shape, p.shape)\n\
+         diff = np.abs(probs - p).max()\n\
+         assert diff <= 1e-5, diff\n\
+         print('max difference', diff)\n"
+    );
+    with_python("onnxruntime", &script, dir);
+}
+
+/// The MNIST test images as the model reads them, as a NumPy expression.
+fn mnist_test() -> String {
+    let dir = data_dir();
+    let gz = dir.join("t10k-images-idx3-ubyte.gz");
+    let read = if gz.exists() {
+        format!("gzip.open('{}').read()", gz.display())
+    } else {
+        format!("open('{}', 'rb').read()", dir.join("t10k-images-idx3-ubyte").display())
+    };
+    format!("np.frombuffer({read}[16:], np.uint8).reshape(-1, 28, 28, 1).astype(np.float32) / 255")
+}
+
+#[test]
+fn the_tutorial_cnn_runs_in_onnx_runtime_as_in_trainrun() {
+    let tmp = tempdir();
+    train_export_predict(tmp.path(), "specs/mnist_single.toml", &[]);
+    onnx_runtime_agrees(tmp.path(), &mnist_test());
+}
+
+#[test]
+fn batch_norm_and_pooling_run_in_onnx_runtime_as_in_trainrun() {
+    let tmp = tempdir();
+    train_export_predict(tmp.path(), "specs/mnist_fast.toml", &[]);
+    onnx_runtime_agrees(tmp.path(), &mnist_test());
+}
+
+#[test]
+fn resnet20_runs_in_onnx_runtime_as_in_trainrun() {
+    let tmp = tempdir();
+    // 32×32 colour images and labels written by NumPy, read by both.
+    let wrote = with_python(
+        "numpy",
+        "import numpy as np, sys, os\n\
+         d = sys.argv[1]; r = np.random.default_rng(3)\n\
+         for split, n in (('train', 64), ('test', 40)): \
+         np.save(os.path.join(d, f'x_{split}.npy'), r.random((n, 32, 32, 3), dtype=np.float32)); \
+         np.save(os.path.join(d, f'y_{split}.npy'), r.integers(0, 10, n))\n",
+        tmp.path(),
+    );
+    if !wrote {
+        return;
+    }
+    let data = format!(
+        "data={{ dataset = \"npy\", dir = \"{}\", npy = {{ train = {{ features = \"x_train.npy\", labels = \"y_train.npy\" }}, \
+         test = {{ features = \"x_test.npy\", labels = \"y_test.npy\" }} }} }}",
+        tmp.path().display()
+    );
+    let sets = ["--set", &data, "--set", "model.layers=[]", "--set", "model.zoo=\"resnet20\"", "--set", "batch.global=16"];
+    train_export_predict(tmp.path(), "specs/mnist_single.toml", &sets);
+    onnx_runtime_agrees(tmp.path(), "np.load(os.path.join(d, 'x_test.npy'))");
+}
+
+#[test]
+fn layers_without_an_onnx_form_are_refused_by_name_and_files_are_kept() {
+    let tmp = tempdir();
+    let run_dir = tmp.path().join("run");
+    let layers = "model.layers=[{ type = \"reshape\", target_shape = [28, 28, 1] }, { type = \"avg_pool2d\" }, \
+                  { type = \"flatten\" }, { type = \"dense\", units = 10 }]";
+    let o = format!("run.out_dir={}", run_dir.display());
+    let out = run(&["specs/mnist_single.toml", "-q", "--set", &o, "--set", layers, "--set", "train.steps_per_epoch=2"]);
+    assert_exit(&out, 0);
+    let (r, m) = (run_dir.display().to_string(), tmp.path().join("m.onnx").display().to_string());
+    let out = run(&["export", &r, "--format", "onnx", "--out", &m]);
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("layer `avg_pool2d` (avg_pool2d) has no ONNX form"), "{}", text(&out).1);
+    assert!(!Path::new(&m).exists());
+
+    std::fs::write(&m, "keep").unwrap();
+    let out = run(&["export", &r, "--format", "onnx", "--out", &m]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("--force"), "{}", text(&out).1);
+    assert_eq!(std::fs::read_to_string(&m).unwrap(), "keep");
+}
