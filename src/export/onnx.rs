@@ -47,7 +47,7 @@ pub enum OnnxError {
 }
 
 /// Where the running value is and in which layout.
-struct Running {
+struct GraphValue {
     name: String,
     /// The value is channels-first (`[batch, c, h, w]`), for convolutions and pools.
     nchw: bool,
@@ -68,7 +68,7 @@ struct Graph<'a> {
 pub fn export(model: &Sequential, params: &[f32], state: &[f32], doc: &str) -> Result<Vec<u8>, OnnxError> {
     let mut g = Graph { params, state, nodes: Vec::new(), initializers: Vec::new(), counter: 0 };
     let input = model.input_shape().0.clone();
-    let mut at = Running { name: "input".into(), nchw: false, shape: input.clone() };
+    let mut at = GraphValue { name: "input".into(), nchw: false, shape: input.clone() };
     for view in model.layer_views() {
         let name = view.name.to_string();
         let out_shape = view.output_shape.0.clone();
@@ -173,14 +173,14 @@ impl Graph<'_> {
         output
     }
 
-    fn channels_first(&mut self, at: &mut Running) {
+    fn channels_first(&mut self, at: &mut GraphValue) {
         if !at.nchw && at.shape.len() == 3 {
             at.name = self.node("Transpose", "to_nchw", &[&at.name], vec![ints("perm", &[0, 3, 1, 2])]);
             at.nchw = true;
         }
     }
 
-    fn channels_last(&mut self, at: &mut Running) {
+    fn channels_last(&mut self, at: &mut GraphValue) {
         if at.nchw {
             at.name = self.node("Transpose", "to_nhwc", &[&at.name], vec![ints("perm", &[0, 2, 3, 1])]);
             at.nchw = false;
