@@ -102,7 +102,8 @@ fn resnet20_runs_in_onnx_runtime_as_in_trainrun() {
          test = {{ features = \"x_test.npy\", labels = \"y_test.npy\" }} }} }}",
         tmp.path().display()
     );
-    let sets = ["--set", &data, "--set", "model.layers=[]", "--set", "model.zoo=\"resnet20\"", "--set", "batch.global=16"];
+    let sets =
+        ["--set", &data, "--set", "model.layers=[]", "--set", "model.zoo=\"resnet20\"", "--set", "batch.global=16"];
     train_export_predict(tmp.path(), "specs/mnist_single.toml", &sets);
     onnx_runtime_agrees(tmp.path(), "np.load(os.path.join(d, 'x_test.npy'))");
 }

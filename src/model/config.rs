@@ -26,7 +26,7 @@ pub struct ModelSpec {
     pub gpt: Option<GptConfig>,
     /// Weights to start from, loaded by name before training (fine-tuning); the optimizer
     /// state starts fresh, and a backup of the run itself still wins on resume.
-    /// Example: `init_from = { path = "runs/pretrain", strict = false }`.
+    /// Example: `[model]` / `init_from = { path = "runs/pretrain", strict = false }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
 }
