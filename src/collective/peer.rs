@@ -259,7 +259,8 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
             })
         }
         Wire::Tcp | Wire::TcpTls => {
-            let listener = TcpListener::bind((env.host.as_str(), 0)).map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
+            let listener =
+                TcpListener::bind((env.host.as_str(), 0)).map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
             let me = listener.local_addr().map_err(|e| (EXIT_USAGE, e.to_string()))?;
             say(&format!("TRAINRUN-PORT {me}"));
             let mut line = String::new();

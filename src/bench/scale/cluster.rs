@@ -94,7 +94,11 @@ pub fn kill_inside(namespaces: &[String]) -> usize {
 pub fn leftovers(tag: &str) -> Vec<String> {
     let list = ip(&["netns", "list"]).unwrap_or_default();
     let mine = format!("{tag}-");
-    list.lines().filter_map(|l| l.split_whitespace().next()).filter(|n| n.starts_with(&mine)).map(str::to_owned).collect()
+    list.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&mine))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The hosts of one run.

@@ -103,7 +103,10 @@ impl Torch {
     ) -> Result<Vec<f64>, GlooError> {
         let args = ["step".to_string(), "--batch".into(), batch.to_string(), "--steps".into(), steps.to_string()];
         let v = self.ranks(cluster, p, &args, deadline, stop)?;
-        Ok(v["step_ms"].as_array().map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect()).unwrap_or_default())
+        Ok(v["step_ms"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_default())
     }
 
     /// gloo's all-reduce: (bytes, median seconds) per size.

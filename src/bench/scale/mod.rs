@@ -55,6 +55,9 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
     );
     for profile in Profile::ALL {
         for &n in worlds {
+            if stop.load(Ordering::SeqCst) {
+                return Err(stopped(stop, String::new()));
+            }
             let p = Placement::for_tasks(n);
             let cluster = match Cluster::new(p.hosts, profile, stop) {
                 Ok(c) => c,
@@ -93,10 +96,15 @@ fn measure(
     stop: &AtomicBool,
 ) -> Result<String, String> {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<18} {:>10} {:>14} {:>12} {:>10}", "implementation", "transport", "rendezvous s", "step ms p50", "p90");
+    let _ = writeln!(
+        out,
+        "{:<18} {:>10} {:>14} {:>12} {:>10}",
+        "implementation", "transport", "rendezvous s", "step ms p50", "p90"
+    );
     let mut ours = Vec::new();
     for implementation in implementations() {
-        let settings = TrainSettings { steps: STEPS, per_replica_batch: BATCH, implementation, deadline: deadline(p.tasks) };
+        let settings =
+            TrainSettings { steps: STEPS, per_replica_batch: BATCH, implementation, deadline: deadline(p.tasks) };
         let r = train::train(exe, cluster, p, &settings, stop).map_err(|e| e.to_string())?;
         let _ = writeln!(
             out,
@@ -134,7 +142,8 @@ fn measure(
         a / b
     );
     for (bytes, secs) in torch.all_reduce(cluster, p, deadline(p.tasks), stop).map_err(|e| e.to_string())? {
-        let best = rows.iter().filter(|r| r.bytes == bytes).map(|r| r.median.as_secs_f64()).fold(f64::INFINITY, f64::min);
+        let best =
+            rows.iter().filter(|r| r.bytes == bytes).map(|r| r.median.as_secs_f64()).fold(f64::INFINITY, f64::min);
         let _ = writeln!(
             out,
             "gloo all-reduce {:>10}: {:.3} ms; trainrun's best ÷ gloo's: {:.2}×",

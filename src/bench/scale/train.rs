@@ -185,7 +185,9 @@ fn read_records(run: &Path) -> Result<TrainResult, TrainError> {
     let summary: serde_json::Value = serde_json::from_str(&read("summary.json")?)
         .map_err(|e| TrainError::Record { file: "summary.json".into(), why: e.to_string() })?;
     let number = |key: &str| {
-        summary[key].as_f64().ok_or_else(|| TrainError::Record { file: "summary.json".into(), why: format!("no {key}") })
+        summary[key]
+            .as_f64()
+            .ok_or_else(|| TrainError::Record { file: "summary.json".into(), why: format!("no {key}") })
     };
     let rendezvous_s = number("first_step_s")?;
     let steps = number("steps")? as u64;
