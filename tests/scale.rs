@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use trainrun::bench::scale::cluster::{Cluster, ClusterError, Profile, leftovers};
-use trainrun::bench::scale::train::{Placement, TrainSettings, train};
+use trainrun::bench::scale::train::{Placement, TrainResult, TrainSettings, train};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
 
@@ -79,37 +79,38 @@ fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_trainrun"))
 }
 
+/// `tasks` tasks on their hosts train `steps` steps to completion, within `limit`; the
+/// cluster's settings and what the job measured, after checking the cluster left nothing.
+fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(String, TrainResult)> {
+    let p = Placement::for_tasks(tasks);
+    let cluster = cluster(p)?;
+    let tag = cluster.tag.clone();
+    let settings = TrainSettings { steps, per_replica_batch: 16, implementation: "auto".into(), deadline: limit };
+    let result = train(exe(), &cluster, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(result.steps, steps);
+    assert_eq!(result.transport, "tcp", "the hosts have different addresses");
+    assert_eq!(result.step_ms.len() as u64, steps - 1, "one time per step after the first");
+    assert!(!leftovers(&tag).is_empty(), "the namespaces exist while the cluster does");
+    let settings = cluster.settings();
+    drop(cluster);
+    assert_nothing_left(&tag, std::process::id());
+    Some((settings, result))
+}
+
 #[test]
 fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     let p = Placement::for_tasks(4);
     assert_eq!((p.hosts, p.per_host()), (2, 2));
-    let Some(cluster) = cluster(p) else {
+    let Some((_, result)) = train_and_clean_up(4, 20, Duration::from_secs(60)) else {
         return;
     };
-    let tag = cluster.tag.clone();
-    let settings = TrainSettings {
-        steps: 20,
-        per_replica_batch: 16,
-        implementation: "auto".into(),
-        deadline: Duration::from_secs(60),
-    };
-    let result = train(exe(), &cluster, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(result.steps, 20);
-    assert_eq!(result.transport, "tcp", "the hosts have different addresses");
-    assert_eq!(result.step_ms.len(), 19, "one time per step after the first");
     assert!(result.rendezvous_s > 0.0 && result.rendezvous_s < 30.0, "{result:?}");
-    assert!(!leftovers(&tag).is_empty(), "the namespaces exist while the cluster does");
-    drop(cluster);
-    assert_nothing_left(&tag, std::process::id());
 }
 
-/// `trainrun bench --only scale` stopped by `signal` once its first cluster is up.
-fn stopped_mid_run(signal: libc::c_int) {
-    let probe = cluster(Placement::for_tasks(2));
-    let Some(probe) = probe else {
-        return;
-    };
-    drop(probe);
+/// `trainrun bench --only scale` started, once its first cluster is up: the bench and that
+/// cluster's tag; `None` (having said why) where clusters cannot be made.
+fn bench_with_a_cluster() -> Option<(std::process::Child, String)> {
+    drop(cluster(Placement::for_tasks(2))?);
     let mut bench = common::trainrun()
         .args(["bench", "--only", "scale"])
         .env("TRAINRUN_BENCH_PYTHON", "/nonexistent/python")
@@ -117,7 +118,6 @@ fn stopped_mid_run(signal: libc::c_int) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let owner = bench.id();
     let mut lines = BufReader::new(bench.stdout.take().unwrap()).lines();
     // `-- N = 2 (2 × 1), cluster <tag>: …` once the namespaces exist.
     let tag = loop {
@@ -126,8 +126,17 @@ fn stopped_mid_run(signal: libc::c_int) {
             break rest.split(':').next().unwrap().to_owned();
         }
     };
+    Some((bench, tag))
+}
+
+/// The bench stopped by `signal` mid-run removes everything itself.
+fn stopped_mid_run(signal: libc::c_int) {
+    let Some((bench, tag)) = bench_with_a_cluster() else {
+        return;
+    };
+    let owner = bench.id();
     std::thread::sleep(Duration::from_millis(300));
-    common::signal(bench.id(), signal);
+    common::signal(owner, signal);
     let (out, took) = common::wait_within(bench, Duration::from_secs(30));
     let (_, stderr) = common::text(&out);
     assert!(!out.status.success(), "{stderr}");
@@ -146,32 +155,36 @@ fn a_harness_stopped_by_ctrl_c_leaves_nothing() {
     stopped_mid_run(libc::SIGINT);
 }
 
+/// SIGKILL gives the bench no chance to clean up: the next cluster removes what it left.
+#[test]
+fn what_a_harness_killed_by_sigkill_left_the_next_one_removes() {
+    let Some((mut bench, tag)) = bench_with_a_cluster() else {
+        return;
+    };
+    let owner = bench.id();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!leftovers(&tag).is_empty(), "the bench's namespaces exist while it runs");
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    // (Another test's cluster, made meanwhile, may have removed them already.)
+    drop(cluster(Placement::for_tasks(2)));
+    assert_nothing_left(&tag, owner);
+}
+
 /// Target: 64 tasks train to completion; rendezvous ≤ 3 s.
 #[test]
 #[ignore = "64 processes for about a minute: run with --ignored"]
 fn sixty_four_tasks_on_eight_hosts_train_to_completion() {
     let p = Placement::for_tasks(64);
     assert_eq!((p.hosts, p.per_host()), (8, 8));
-    let Some(cluster) = cluster(p) else {
+    let Some((settings, result)) = train_and_clean_up(64, 40, Duration::from_secs(300)) else {
         return;
     };
-    let tag = cluster.tag.clone();
-    let settings = TrainSettings {
-        steps: 40,
-        per_replica_batch: 16,
-        implementation: "auto".into(),
-        deadline: Duration::from_secs(300),
-    };
-    let result = train(exe(), &cluster, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "64 tasks (8 × 8), {}: rendezvous {:.3} s, step p50 {:.3} ms, p90 {:.3} ms",
-        cluster.settings(),
+        "64 tasks (8 × 8), {settings}: rendezvous {:.3} s, step p50 {:.3} ms, p90 {:.3} ms",
         result.rendezvous_s,
         result.step_median_ms(),
         result.step_p90_ms()
     );
-    assert_eq!(result.steps, 40);
     assert!(result.rendezvous_s <= 3.0, "rendezvous of 64 tasks took {:.3} s (target ≤ 3 s)", result.rendezvous_s);
-    drop(cluster);
-    assert_nothing_left(&tag, std::process::id());
 }

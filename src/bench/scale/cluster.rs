@@ -101,6 +101,36 @@ pub fn leftovers(tag: &str) -> Vec<String> {
         .collect()
 }
 
+/// Removes what clusters of harnesses that no longer run left behind: a harness killed by
+/// SIGKILL has no chance to clean up, so the next one does. A namespace's owner is the process
+/// id in its name; while that process runs (another harness, or a process that reused the id)
+/// its namespaces are left alone.
+pub fn sweep_stale() {
+    let owner = |name: &str| {
+        let hex = name.strip_prefix("trs")?.split('x').next()?;
+        u32::from_str_radix(hex, 16).ok()
+    };
+    let dead = |pid: u32| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let list = ip(&["netns", "list"]).unwrap_or_default();
+    let stale: Vec<String> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| owner(n).is_some_and(dead))
+        .map(str::to_owned)
+        .collect();
+    kill_inside(&stale);
+    for ns in &stale {
+        let _ = ip(&["netns", "del", ns]);
+    }
+    let temp = std::env::temp_dir();
+    for entry in std::fs::read_dir(&temp).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.strip_prefix("trainrun-scale-").and_then(owner).is_some_and(dead) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The hosts of one run.
 pub struct Cluster {
     /// In every name this cluster made: namespaces, its work folder.
@@ -120,6 +150,7 @@ impl Cluster {
     /// whatever runs inside them.
     pub fn new(hosts: usize, profile: Profile, stop: &'static AtomicBool) -> Result<Cluster, ClusterError> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
+        sweep_stale();
         let tag = format!("trs{:x}x{:x}", std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed));
         let switch = format!("{tag}-sw");
         let work = tempfile::Builder::new()

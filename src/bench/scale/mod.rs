@@ -162,3 +162,18 @@ fn size(bytes: usize) -> String {
         b => format!("{} KB", b >> 10),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_train_with_auto_and_every_algorithm_the_spec_names() {
+        let names = implementations();
+        assert_eq!(names.first().map(String::as_str), Some("auto"));
+        assert!(names.iter().any(|n| n == "ring"), "{names:?}");
+        // `direct` needs shared memory between every worker: it cannot run between hosts.
+        assert!(!names.iter().any(|n| n == "direct"), "{names:?}");
+        assert_eq!((size(1024), size(1 << 20), size(16 << 20)), ("1 KB".into(), "1 MB".into(), "16 MB".into()));
+    }
+}

@@ -92,7 +92,11 @@ pub enum TrainError {
 fn spec(p: Placement, s: &TrainSettings, out: &Path) -> String {
     let global = p.tasks * s.per_replica_batch;
     format!(
-        r#"[run]
+        r#"batch = {{ per_replica = {batch} }}
+optimizer = {{ kind = "sgd", learning_rate = 0.05 }}
+model = {{ layers = [{{ type = "flatten" }}, {{ type = "dense", units = 32, activation = "relu" }}, {{ type = "dense", units = 10 }}] }}
+train = {{ epochs = 1, steps_per_epoch = {steps}, loss = "sparse_categorical_crossentropy", from_logits = true }}
+[run]
 name = "scale"
 seed = 5
 threads = 1
@@ -100,33 +104,10 @@ log_every_steps = 1
 out_dir = "{out}"
 [data]
 dataset = "synthetic"
-[data.synthetic]
-train_examples = {train}
-test_examples = {test}
+synthetic = {{ train_examples = {train}, test_examples = {test} }}
 [strategy]
 kind = "multi_worker_mirrored"
-[strategy.communication]
-implementation = "{implementation}"
-[batch]
-per_replica = {batch}
-[optimizer]
-kind = "sgd"
-learning_rate = 0.05
-[model]
-[[model.layers]]
-type = "flatten"
-[[model.layers]]
-type = "dense"
-units = 32
-activation = "relu"
-[[model.layers]]
-type = "dense"
-units = 10
-[train]
-epochs = 1
-steps_per_epoch = {steps}
-loss = "sparse_categorical_crossentropy"
-from_logits = true
+communication = {{ implementation = "{implementation}" }}
 "#,
         out = out.display(),
         train = global * s.steps as usize,
