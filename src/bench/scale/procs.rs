@@ -81,25 +81,9 @@ impl Procs {
         let deadline = Instant::now() + limit;
         let mut done = vec![false; self.procs.len()];
         while done.iter().any(|d| !d) {
-            for i in 0..self.procs.len() {
-                if done[i] {
-                    continue;
-                }
-                let p = &mut self.procs[i];
-                match p.child.try_wait() {
-                    Ok(Some(status)) if status.success() => done[i] = true,
-                    Ok(Some(status)) => {
-                        let (name, status, tail) = (p.name.clone(), status.to_string(), tail(&p.log));
-                        self.kill();
-                        return Err(ProcsError::Failed { name, status, tail });
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        let name = p.name.clone();
-                        self.kill();
-                        return Err(ProcsError::Spawn { name, source: e });
-                    }
-                }
+            if let Some(e) = self.poll(&mut done) {
+                self.kill();
+                return Err(e);
             }
             if stop.load(Ordering::SeqCst) {
                 self.kill();
@@ -113,6 +97,25 @@ impl Procs {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// Marks the processes that exited successfully in `done`; the first that failed.
+    fn poll(&mut self, done: &mut [bool]) -> Option<ProcsError> {
+        for (p, d) in self.procs.iter_mut().zip(done.iter_mut()).filter(|(_, d)| !**d) {
+            match p.child.try_wait() {
+                Ok(Some(status)) if status.success() => *d = true,
+                Ok(Some(status)) => {
+                    return Some(ProcsError::Failed {
+                        name: p.name.clone(),
+                        status: status.to_string(),
+                        tail: tail(&p.log),
+                    });
+                }
+                Ok(None) => {}
+                Err(source) => return Some(ProcsError::Spawn { name: p.name.clone(), source }),
+            }
+        }
+        None
     }
 
     /// Kills and reaps every process.

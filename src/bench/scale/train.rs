@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn placements_are_hosts_of_equal_size() {
         let shapes: Vec<(usize, usize)> =
-            [2, 4, 8, 16, 32, 64].map(|n| Placement::for_tasks(n)).iter().map(|p| (p.hosts, p.per_host())).collect();
+            [2, 4, 8, 16, 32, 64].map(Placement::for_tasks).iter().map(|p| (p.hosts, p.per_host())).collect();
         assert_eq!(shapes, [(2, 1), (2, 2), (4, 2), (8, 2), (8, 4), (8, 8)]);
         let p = Placement::for_tasks(4);
         assert_eq!((0..4).map(|i| p.host_of(i)).collect::<Vec<_>>(), [0, 0, 1, 1]);
