@@ -13,16 +13,16 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use trainrun::bench::scale::cluster::{Cluster, ClusterError, Profile, leftovers};
+use trainrun::bench::scale::hosts::{HostsError, NamespaceHosts, Profile, leftovers};
 use trainrun::bench::scale::train::{Placement, TrainResult, TrainSettings, train};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// A cluster for `p`, or `None` after saying loudly why the test cannot run here.
-fn cluster(p: Placement) -> Option<Cluster> {
-    match Cluster::new(p.hosts, Profile::FAST, &NEVER) {
+fn cluster(p: Placement) -> Option<NamespaceHosts> {
+    match NamespaceHosts::new(p.hosts, Profile::FAST, &NEVER) {
         Ok(c) => Some(c),
-        Err(e @ ClusterError::NoNamespaces(_)) => {
+        Err(e @ HostsError::NoNamespaces(_)) => {
             eprintln!("\n*** SKIPPED: {e} ***\n");
             None
         }

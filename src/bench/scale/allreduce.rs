@@ -1,11 +1,11 @@
-//! All-reduce between N peer processes spread over a [`Cluster`]'s hosts, the way
+//! All-reduce between N peer processes spread over the hosts of a [`NamespaceHosts`], the way
 //! `bench --only collective` measures it on one host (same peers, same timing: the slowest
 //! rank's time, median over rounds), for every algorithm this binary has that runs over TCP
 //! ([`Algorithm::ALL`]), so an algorithm added there shows up here without an edit. Each peer
 //! starts in its rank's host through a small shell wrapper that reads the rank the group gives
 //! it and listens on that host's address ([`ENV_HOST`]).
 
-use super::cluster::{Cluster, address};
+use super::hosts::{NamespaceHosts, address};
 use super::train::Placement;
 use crate::collective::bench::{BenchError, BenchOptions, BenchRow, ENV_HOST, ENV_RANK, Wire, run};
 use crate::collective::{Algorithm, Launcher};
@@ -20,7 +20,7 @@ pub fn algorithms() -> Vec<Algorithm> {
 }
 
 /// `exe` started as rank `$TRAINRUN_COLLECTIVE_RANK` in that rank's host, listening there.
-fn launcher(exe: &Path, cluster: &Cluster, p: Placement) -> Launcher {
+fn launcher(exe: &Path, cluster: &NamespaceHosts, p: Placement) -> Launcher {
     let pairs: Vec<String> =
         (0..p.tasks).map(|r| format!("{} {}", cluster.host(p.host_of(r)), address(p.host_of(r)))).collect();
     let script = format!(
@@ -32,7 +32,7 @@ fn launcher(exe: &Path, cluster: &Cluster, p: Placement) -> Launcher {
 }
 
 /// Every algorithm at every size in [`SIZES`] between `p.tasks` ranks.
-pub fn measure(exe: &Path, cluster: &Cluster, p: Placement) -> Result<Vec<BenchRow>, BenchError> {
+pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: Placement) -> Result<Vec<BenchRow>, BenchError> {
     run(&BenchOptions {
         launcher: launcher(exe, cluster, p),
         algorithms: algorithms(),

@@ -2,7 +2,7 @@
 //! (`TRAINRUN_BENCH_PYTHON`), one process per rank in the same hosts as trainrun's tasks: DDP
 //! over gloo on the same MLP and batch (step times), and gloo's all-reduce at the same sizes.
 
-use super::cluster::{Cluster, address};
+use super::hosts::{NamespaceHosts, address};
 use super::procs::{Procs, ProcsError, Start};
 use super::train::Placement;
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use std::time::Duration;
 const SCRIPT: &str = "benches/ddp_gloo.py";
 
 /// The interpreter and the script, both absolute (the ranks run in the cluster's folder).
-pub struct Torch {
+pub struct TorchReference {
     python: PathBuf,
     script: PathBuf,
 }
@@ -25,9 +25,9 @@ pub enum GlooError {
     NoFigures(String),
 }
 
-impl Torch {
+impl TorchReference {
     /// `python` if it can import torch and the script is here; else why not.
-    pub fn find(python: &str) -> Result<Torch, String> {
+    pub fn find(python: &str) -> Result<TorchReference, String> {
         let script = std::env::current_dir().map_err(|e| e.to_string())?.join(SCRIPT);
         if !script.exists() {
             return Err(format!("no {SCRIPT} here: run the bench from the repository root"));
@@ -43,7 +43,7 @@ impl Torch {
             .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
         let text = String::from_utf8_lossy(&out.stdout);
         match out.status.success() && text.trim().ends_with("True") {
-            true => Ok(Torch { python, script }),
+            true => Ok(TorchReference { python, script }),
             false => Err(format!(
                 "{} has no torch with gloo; set TRAINRUN_BENCH_PYTHON to a Python with torch",
                 python.display()
@@ -54,7 +54,7 @@ impl Torch {
     /// Runs the script's `mode` on every rank; rank 0's figures line.
     fn ranks(
         &self,
-        cluster: &Cluster,
+        cluster: &NamespaceHosts,
         p: Placement,
         args: &[String],
         deadline: Duration,
@@ -94,7 +94,7 @@ impl Torch {
     /// DDP's step times, ms.
     pub fn step_ms(
         &self,
-        cluster: &Cluster,
+        cluster: &NamespaceHosts,
         p: Placement,
         batch: usize,
         steps: u64,
@@ -112,7 +112,7 @@ impl Torch {
     /// gloo's all-reduce: (bytes, median seconds) per size.
     pub fn all_reduce(
         &self,
-        cluster: &Cluster,
+        cluster: &NamespaceHosts,
         p: Placement,
         deadline: Duration,
         stop: &AtomicBool,

@@ -1,5 +1,5 @@
 //! `trainrun bench --only scale`: real `trainrun` jobs of N = 2 … 64 worker tasks on up to 8
-//! hosts made on this machine ([`cluster`]: network namespaces on a bridge, links shaped with
+//! hosts made on this machine ([`hosts`]: network namespaces on a bridge, links shaped with
 //! `htb`, delay with `netem` where the kernel has it), per N and link profile: the rendezvous
 //! time and step time (median, p90) from the tasks' own records ([`train`]), the all-reduce
 //! time of every algorithm at 1 KB, 1 MB and 16 MB ([`allreduce`]), and, given a Python with
@@ -8,12 +8,12 @@
 //! the settings are printed with the results. Needs root: without it the bench says why.
 
 pub mod allreduce;
-pub mod cluster;
 pub mod gloo;
+pub mod hosts;
 pub mod procs;
 pub mod train;
 
-use cluster::{Cluster, ClusterError, Profile};
+use hosts::{HostsError, NamespaceHosts, Profile};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +48,7 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
     // A second Ctrl-C must not end the process before the cluster is removed.
     crate::signals::supervise();
     let worlds: &[usize] = if full { &[2, 4, 8, 16, 32, 64] } else { &[2, 4, 8] };
-    let torch = gloo::Torch::find(python);
+    let torch = gloo::TorchReference::find(python);
     println!(
         "\n== scale: N worker tasks as hosts × tasks (network namespaces on a bridge), MLP 784-32-10 on synthetic \
          images, batch {BATCH} per task, 1 thread a task, {STEPS} steps"
@@ -59,9 +59,9 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
                 return Err(stopped(stop, String::new()));
             }
             let p = Placement::for_tasks(n);
-            let cluster = match Cluster::new(p.hosts, profile, stop) {
+            let cluster = match NamespaceHosts::new(p.hosts, profile, stop) {
                 Ok(c) => c,
-                Err(e @ ClusterError::NoNamespaces(_)) => {
+                Err(e @ HostsError::NoNamespaces(_)) => {
                     println!("skipped: {e}");
                     return Ok(());
                 }
@@ -90,9 +90,9 @@ fn stopped(stop: &AtomicBool, e: String) -> String {
 /// One cluster's rows.
 fn measure(
     exe: &Path,
-    cluster: &Cluster,
+    cluster: &NamespaceHosts,
     p: Placement,
-    torch: Option<&gloo::Torch>,
+    torch: Option<&gloo::TorchReference>,
     stop: &AtomicBool,
 ) -> Result<String, String> {
     let mut out = String::new();

@@ -3,7 +3,7 @@
 //! folder, waited for with a deadline and a stop flag. Dropping them kills and reaps whatever
 //! still runs, so no process outlives the harness that started it.
 
-use super::cluster::Cluster;
+use super::hosts::NamespaceHosts;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,7 +53,7 @@ pub struct Procs {
 
 impl Procs {
     /// Starts `s` in its host; stdout and stderr go to `<name>.log` in the cluster's folder.
-    pub fn start(&mut self, cluster: &Cluster, s: Start<'_>) -> Result<(), ProcsError> {
+    pub fn start(&mut self, cluster: &NamespaceHosts, s: Start<'_>) -> Result<(), ProcsError> {
         let log = cluster.work().join(format!("{}.log", s.name.replace(':', "-")));
         let out = std::fs::File::create(&log)?;
         let err = out.try_clone()?;

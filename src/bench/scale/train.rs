@@ -1,4 +1,4 @@
-//! A real `trainrun` job in a [`Cluster`]: N worker tasks, each started in its host with
+//! A real `trainrun` job in a [`NamespaceHosts`]: N worker tasks, each started in its host with
 //! TensorFlow's `TF_CONFIG` naming every task by its host's address, training a small MLP
 //! (784 → 32 relu → 10) on synthetic images with one thread a task, so the two cores of this
 //! machine carry the communication. What it reports comes from the tasks' own records: the
@@ -6,7 +6,7 @@
 //! before every task has checked in and the data plane is connected) and its
 //! `metrics.jsonl`, one line a step, whose times give the step-time percentiles.
 
-use super::cluster::{Cluster, address};
+use super::hosts::{NamespaceHosts, address};
 use super::procs::{Procs, ProcsError, Start};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -81,7 +81,7 @@ pub fn percentile(v: &[f64], q: f64) -> f64 {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum TrainError {
+pub enum ScaleJobError {
     #[error(transparent)]
     Procs(#[from] ProcsError),
     #[error("the chief's record {file}: {why}")]
@@ -126,11 +126,11 @@ fn task_address(p: Placement, i: usize) -> String {
 /// Trains the job to completion in `cluster` and reads the chief's records.
 pub fn train(
     exe: &Path,
-    cluster: &Cluster,
+    cluster: &NamespaceHosts,
     p: Placement,
     s: &TrainSettings,
     stop: &AtomicBool,
-) -> Result<TrainResult, TrainError> {
+) -> Result<TrainResult, ScaleJobError> {
     let dir = cluster.work().join(format!("train-{}-{}", p.tasks, s.implementation));
     std::fs::create_dir_all(&dir).map_err(ProcsError::from)?;
     let spec_path = dir.join("scale.toml");
@@ -158,17 +158,17 @@ pub fn train(
 }
 
 /// The rendezvous and step times from the chief's run folder.
-fn read_records(run: &Path) -> Result<TrainResult, TrainError> {
+fn read_records(run: &Path) -> Result<TrainResult, ScaleJobError> {
     let read = |file: &str| {
         std::fs::read_to_string(run.join(file))
-            .map_err(|e| TrainError::Record { file: file.into(), why: e.to_string() })
+            .map_err(|e| ScaleJobError::Record { file: file.into(), why: e.to_string() })
     };
     let summary: serde_json::Value = serde_json::from_str(&read("summary.json")?)
-        .map_err(|e| TrainError::Record { file: "summary.json".into(), why: e.to_string() })?;
+        .map_err(|e| ScaleJobError::Record { file: "summary.json".into(), why: e.to_string() })?;
     let number = |key: &str| {
         summary[key]
             .as_f64()
-            .ok_or_else(|| TrainError::Record { file: "summary.json".into(), why: format!("no {key}") })
+            .ok_or_else(|| ScaleJobError::Record { file: "summary.json".into(), why: format!("no {key}") })
     };
     let rendezvous_s = number("first_step_s")?;
     let steps = number("steps")? as u64;

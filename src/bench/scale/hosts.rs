@@ -46,7 +46,7 @@ pub enum Delay {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub enum HostsError {
     /// Not root, or no `ip` command: the harness cannot run here.
     #[error(
         "cannot make a network namespace ({0}): the scale harness needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip` and `tc`"
@@ -132,7 +132,7 @@ pub fn sweep_stale() {
 }
 
 /// The hosts of one run.
-pub struct Cluster {
+pub struct NamespaceHosts {
     /// In every name this cluster made: namespaces, its work folder.
     pub tag: String,
     pub profile: Profile,
@@ -145,10 +145,10 @@ pub struct Cluster {
     alive: Arc<AtomicBool>,
 }
 
-impl Cluster {
+impl NamespaceHosts {
     /// `hosts` namespaces on a bridge, shaped by `profile`; when `stop` is set, a watcher kills
     /// whatever runs inside them.
-    pub fn new(hosts: usize, profile: Profile, stop: &'static AtomicBool) -> Result<Cluster, ClusterError> {
+    pub fn new(hosts: usize, profile: Profile, stop: &'static AtomicBool) -> Result<NamespaceHosts, HostsError> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         sweep_stale();
         let tag = format!("trs{:x}x{:x}", std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed));
@@ -156,10 +156,10 @@ impl Cluster {
         let work = tempfile::Builder::new()
             .prefix(&format!("trainrun-scale-{tag}-"))
             .tempdir()
-            .map_err(|e| ClusterError::Setup(format!("no temporary folder: {e}")))?;
+            .map_err(|e| HostsError::Setup(format!("no temporary folder: {e}")))?;
         // The first namespace tells whether the harness can run here at all.
-        ip(&["netns", "add", &switch]).map_err(ClusterError::NoNamespaces)?;
-        let mut cluster = Cluster {
+        ip(&["netns", "add", &switch]).map_err(HostsError::NoNamespaces)?;
+        let mut cluster = NamespaceHosts {
             tag,
             profile,
             delay: Delay::Applied,
@@ -168,8 +168,8 @@ impl Cluster {
             work,
             alive: Arc::new(AtomicBool::new(true)),
         };
-        cluster.wire(hosts).map_err(ClusterError::Setup)?;
-        cluster.delay = cluster.shape().map_err(ClusterError::Setup)?;
+        cluster.wire(hosts).map_err(HostsError::Setup)?;
+        cluster.delay = cluster.shape().map_err(HostsError::Setup)?;
         cluster.watch(stop);
         Ok(cluster)
     }
@@ -273,7 +273,7 @@ pub fn address(h: usize) -> String {
     format!("10.213.{}.{}", (h + 1) / 256, (h + 1) % 256)
 }
 
-impl Drop for Cluster {
+impl Drop for NamespaceHosts {
     fn drop(&mut self) {
         self.alive.store(false, Ordering::SeqCst);
         let namespaces = self.namespaces();
