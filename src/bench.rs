@@ -12,6 +12,7 @@
 pub mod augment;
 mod gpt;
 mod kill;
+pub mod scale;
 mod tls;
 mod tta;
 
@@ -44,6 +45,11 @@ pub enum BenchPart {
     /// Mutual TLS against plain TCP on the two-worker tutorial job, alternating (needs the
     /// MNIST files).
     Tls,
+    /// N = 2, 4 and 8 worker tasks on hosts made of network namespaces: rendezvous, step time
+    /// and all-reduce per algorithm, with PyTorch DDP over gloo alongside (needs root).
+    Scale,
+    /// The same up to N = 64 (8 hosts × 8 tasks).
+    ScaleFull,
 }
 
 /// One measurement.
@@ -240,6 +246,8 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::Tta) => return tta::one_process(&exe, &python),
         Some(BenchPart::ParameterServer) => return tta::parameter_server(&exe),
         Some(BenchPart::Tls) => return tls::run(&exe, if quick { 2 } else { 8 }),
+        Some(BenchPart::Scale) => return scale::run(&exe, &python, false),
+        Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
         None => {}
     }
     engine(steps)?;

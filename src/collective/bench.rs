@@ -6,7 +6,8 @@
 
 use super::group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use super::peer::{
-    EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env, peer_main_from_env,
+    ENV_HOST, ENV_RANK, EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env,
+    peer_main_from_env,
 };
 use super::{Algorithm, CollectiveTimeouts};
 use std::fmt::Write as _;

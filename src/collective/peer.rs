@@ -20,7 +20,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 pub(crate) const ENV_MODE: &str = "TRAINRUN_COLLECTIVE_PEER";
-pub(crate) const ENV_RANK: &str = "TRAINRUN_COLLECTIVE_RANK";
+pub const ENV_RANK: &str = "TRAINRUN_COLLECTIVE_RANK";
 pub(crate) const ENV_WORLD: &str = "TRAINRUN_COLLECTIVE_WORLD";
 pub(crate) const ENV_WIRE: &str = "TRAINRUN_COLLECTIVE_TRANSPORT";
 pub(crate) const ENV_SHM_PATH: &str = "TRAINRUN_COLLECTIVE_SHM_PATH";
@@ -39,6 +39,9 @@ pub(crate) const ENV_TLS_CA: &str = "TRAINRUN_COLLECTIVE_TLS_CA";
 pub(crate) const ENV_STAGING: &str = "TRAINRUN_COLLECTIVE_STAGING_BYTES";
 pub(crate) const ENV_SEGMENT: &str = "TRAINRUN_COLLECTIVE_SEGMENT_BYTES";
 pub(crate) const ENV_SOCKET_BUFFER: &str = "TRAINRUN_COLLECTIVE_SOCKET_BUFFER_BYTES";
+/// The address a TCP peer listens on: 127.0.0.1 unless set (a peer in a network namespace of
+/// its own listens on that namespace's address, `bench --only scale`).
+pub const ENV_HOST: &str = "TRAINRUN_COLLECTIVE_HOST";
 
 /// Exit codes of a peer process.
 pub const EXIT_OK: u8 = 0;
@@ -147,6 +150,7 @@ struct PeerEnv {
     staging_bytes: Option<usize>,
     segment_bytes: Option<usize>,
     socket_buffer_bytes: Option<usize>,
+    host: String,
 }
 
 fn parse<T: FromStr>(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<T, String> {
@@ -199,6 +203,7 @@ impl PeerEnv {
             staging_bytes: get(ENV_STAGING).map(|_| parse(&get, ENV_STAGING)).transpose()?,
             segment_bytes: get(ENV_SEGMENT).map(|_| parse(&get, ENV_SEGMENT)).transpose()?,
             socket_buffer_bytes: get(ENV_SOCKET_BUFFER).map(|_| parse(&get, ENV_SOCKET_BUFFER)).transpose()?,
+            host: get(ENV_HOST).unwrap_or_else(|| "127.0.0.1".into()),
         }))
     }
 }
@@ -254,7 +259,8 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
             })
         }
         Wire::Tcp | Wire::TcpTls => {
-            let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
+            let listener =
+                TcpListener::bind((env.host.as_str(), 0)).map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
             let me = listener.local_addr().map_err(|e| (EXIT_USAGE, e.to_string()))?;
             say(&format!("TRAINRUN-PORT {me}"));
             let mut line = String::new();
