@@ -6,10 +6,11 @@
 //! per-connection cost the chief pays in a real job.
 //!
 //! Every task checks in, they heartbeat for a while (the chief's CPU is read from
-//! `/proc/<pid>/stat` meanwhile), then the helper task is stopped with SIGSTOP and every task
-//! must name it as silent within the failure timeout. The figures are printed; 256 tasks run
-//! in CI, 1,024 are `#[ignore]`d and run by hand (`cargo test --release --test
-//! control_plane_scale -- --ignored --nocapture one_thousand`).
+//! `/proc/<pid>/stat` meanwhile), then the helper task is stopped with SIGSTOP (every task must
+//! name it as silent within the failure timeout) or killed with SIGKILL (every task must name
+//! it as dead at once). The figures are printed; 256 tasks run in CI, 1,024 are `#[ignore]`d
+//! and run by hand (`cargo test --release --test control_plane_scale -- --ignored --nocapture
+//! one_thousand`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -153,6 +154,15 @@ fn helper_process() {
     }
 }
 
+/// How the helper task fails.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// SIGSTOP: it hangs, its connections stay open.
+    Hang,
+    /// SIGKILL: its connections close.
+    Death,
+}
+
 /// What one run measured.
 struct Figures {
     rendezvous: Duration,
@@ -161,7 +171,7 @@ struct Figures {
 }
 
 /// `n` tasks: the chief and the task to hang in helper processes, the rest here.
-fn simulate(n: u32, timeouts: Timeouts, heartbeat_for: Duration) -> Figures {
+fn simulate(n: u32, timeouts: Timeouts, heartbeat_for: Duration, fault: Fault) -> Figures {
     let chief: TaskId = "chief:0".parse().unwrap();
     let silent: TaskId = format!("worker:{}", n / 2).parse().unwrap();
     let workers: Vec<TaskId> = (0..n - 1).map(|i| format!("worker:{i}").parse().unwrap()).collect();
@@ -207,17 +217,26 @@ fn simulate(n: u32, timeouts: Timeouts, heartbeat_for: Duration) -> Figures {
     let chief_cores = (cpu_seconds(chief_pid) - cpu_before) / window.elapsed().as_secs_f64();
     assert!(planes.iter().all(|p| p.check().is_ok()), "a task failed while all lived");
 
+    let signal = match fault {
+        Fault::Hang => libc::SIGSTOP,
+        Fault::Death => libc::SIGKILL,
+    };
     // SAFETY: kill only sends a signal to the helper process this test started.
-    assert_eq!(unsafe { libc::kill(silent_pid as i32, libc::SIGSTOP) }, 0);
+    assert_eq!(unsafe { libc::kill(silent_pid as i32, signal) }, 0);
     let stopped = Instant::now();
     let limit = timeouts.failure + Duration::from_secs(5);
     let mut named_within = Duration::ZERO;
     for p in &planes {
         loop {
-            match p.check() {
-                Err(ClusterError::Failed(Failure::Silent { task, .. })) if task == silent => break,
-                Err(other) => panic!("{} failed otherwise: {other}", p.task()),
-                Ok(()) => {
+            match (fault, p.check()) {
+                (Fault::Hang, Err(ClusterError::Failed(Failure::Silent { task, .. })))
+                | (Fault::Death, Err(ClusterError::Failed(Failure::Died { task, .. })))
+                    if task == silent =>
+                {
+                    break;
+                }
+                (_, Err(other)) => panic!("{} failed otherwise: {other}", p.task()),
+                (_, Ok(())) => {
                     assert!(stopped.elapsed() < limit, "{} did not hear of {silent} within {limit:?}", p.task());
                     thread::sleep(Duration::from_millis(5));
                 }
@@ -229,11 +248,15 @@ fn simulate(n: u32, timeouts: Timeouts, heartbeat_for: Duration) -> Figures {
     assert!(said.contains(&format!("{silent} ")), "{said}");
     println!(
         "{n} tasks: rendezvous {:.2} s (chief CPU {rendezvous_cpu:.2} s); chief CPU {:.3} cores over {:.0} s of heartbeats (configured every {} ms, paced by the plane); \
-         {silent} stopped and named at every task after {:.2} s (failure timeout {:.1} s)",
+         {silent} {} and named at every task after {:.2} s (failure timeout {:.1} s)",
         rendezvous.as_secs_f64(),
         chief_cores,
         heartbeat_for.as_secs_f64(),
         timeouts.heartbeat.as_millis(),
+        match fault {
+            Fault::Hang => "stopped",
+            Fault::Death => "killed",
+        },
         named_within.as_secs_f64(),
         timeouts.failure.as_secs_f64(),
     );
@@ -242,14 +265,16 @@ fn simulate(n: u32, timeouts: Timeouts, heartbeat_for: Duration) -> Figures {
     Figures { rendezvous, chief_cores, named_within }
 }
 
+const SMALL: Timeouts = Timeouts {
+    startup: Duration::from_secs(60),
+    failure: Duration::from_secs(4),
+    heartbeat: Duration::from_millis(250),
+};
+
 #[test]
 fn two_hundred_fifty_six_tasks_check_in_heartbeat_and_name_the_one_that_hangs() {
-    let timeouts = Timeouts {
-        startup: Duration::from_secs(60),
-        failure: Duration::from_secs(4),
-        heartbeat: Duration::from_millis(250),
-    };
-    let f = simulate(256, timeouts, Duration::from_secs(4));
+    let timeouts = SMALL;
+    let f = simulate(256, timeouts, Duration::from_secs(4), Fault::Hang);
     assert!(f.rendezvous < Duration::from_secs(30), "rendezvous took {:?}", f.rendezvous);
     assert!(f.chief_cores <= 1.0, "the chief used {:.2} cores", f.chief_cores);
     // The chief notices at the timeout (checked every half heartbeat), then tells everyone.
@@ -264,8 +289,15 @@ fn one_thousand_twenty_four_tasks_check_in_heartbeat_and_name_the_one_that_hangs
         failure: Duration::from_secs(10),
         heartbeat: Duration::from_millis(250),
     };
-    let f = simulate(1024, timeouts, Duration::from_secs(10));
+    let f = simulate(1024, timeouts, Duration::from_secs(10), Fault::Hang);
     assert!(f.rendezvous <= Duration::from_secs(10), "rendezvous took {:?}", f.rendezvous);
     assert!(f.chief_cores <= 1.0, "the chief used {:.2} cores", f.chief_cores);
     assert!(f.named_within <= timeouts.failure + Duration::from_secs(2), "named after {:?}", f.named_within);
+}
+
+#[test]
+fn two_hundred_fifty_six_tasks_name_the_one_killed_at_once() {
+    let f = simulate(256, SMALL, Duration::from_secs(1), Fault::Death);
+    // A closed connection is noticed without waiting for the timeout.
+    assert!(f.named_within < Duration::from_secs(2), "named after {:?}", f.named_within);
 }
