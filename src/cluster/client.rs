@@ -265,7 +265,12 @@ impl ChiefLink {
         mut control: mpsc::Receiver<HeartbeatControl>,
     ) {
         let t = self.settings.timeouts;
-        let ping = |leaving, abort| pb::Ping { caller: Some(self.caller()), leaving, abort };
+        let ping = |leaving, abort| pb::Ping {
+            caller: Some(self.caller()),
+            leaving,
+            abort,
+            step_times: self.local.clock.read().map(pb::StepTimes::from),
+        };
         let (tx, rx) = mpsc::channel(8);
         // The chief reads the first ping before it answers the call.
         let _ = tx.try_send(ping(false, None));

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use super::health::Local;
 use super::plane::Settings;
+use super::stragglers::{self, StepTimes, Straggler};
 use super::wire::{self, pb};
 use super::{Command, Failure, Member, MetricRecord, Roster, TaskId};
 
@@ -102,6 +103,8 @@ struct Inner {
     liveness: BTreeMap<TaskId, Liveness>,
     commands: Vec<Command>,
     metrics: Vec<MetricRecord>,
+    /// Each task's latest step times, from its heartbeat.
+    step_times: BTreeMap<TaskId, StepTimes>,
     finished: bool,
     /// Check-in streams still open, per task: a refused or failed task may not have read its
     /// answer yet, and a failing chief waits for it (see [`CoordinationService::wait_heard`]).
@@ -407,8 +410,11 @@ impl CoordinationService {
         }
     }
 
-    pub(crate) fn ping(&self, task: TaskId) {
+    pub(crate) fn ping(&self, task: TaskId, step_times: Option<StepTimes>) {
         let mut inner = self.lock();
+        if let Some(t) = step_times {
+            inner.step_times.insert(task, t);
+        }
         if let Some(l) = inner.liveness.get_mut(&task) {
             l.last_seen = Instant::now();
             if l.link == Link::Expected {
@@ -478,6 +484,15 @@ impl CoordinationService {
 
     pub(crate) fn add_metrics(&self, task: TaskId, json: String) {
         self.lock().metrics.push(MetricRecord { task, json });
+    }
+
+    /// The job's stragglers by its step times so far, the chief's own included.
+    pub(crate) fn stragglers(&self) -> Vec<Straggler> {
+        let mut times = self.lock().step_times.clone();
+        if let Some(own) = self.local.clock.read() {
+            times.insert(self.settings.chief, own);
+        }
+        stragglers::stragglers(&times)
     }
 
     pub(crate) fn take_metrics(&self) -> Vec<MetricRecord> {

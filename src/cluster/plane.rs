@@ -335,6 +335,21 @@ impl ControlPlane {
         }
     }
 
+    /// Records how long this task worked in a step (waits in collectives excluded); its
+    /// heartbeat carries the recent percentiles to the chief. Cheap: call it every step.
+    pub fn record_step(&self, busy: Duration) {
+        self.local.clock.record(busy);
+    }
+
+    /// The job's stragglers as the chief sees them (see [`crate::cluster::Straggler`]); empty
+    /// at other tasks.
+    pub fn stragglers(&self) -> Vec<super::Straggler> {
+        match &self.side {
+            Side::Chief(c) => c.stragglers(),
+            Side::Worker(_) => Vec::new(),
+        }
+    }
+
     /// Chief only: the records received since the last call, in arrival order.
     pub fn take_metrics(&self) -> Result<Vec<MetricRecord>, ClusterError> {
         Ok(self.coordinator("take_metrics")?.take_metrics())

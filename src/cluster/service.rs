@@ -181,7 +181,7 @@ async fn heartbeats(
     let mut ping = Some(first);
     loop {
         if let Some(p) = ping.take() {
-            coordinator.ping(task);
+            coordinator.ping(task, p.step_times.map(Into::into));
             if let Some(reason) = p.abort {
                 coordinator.fail(Failure::Aborted { task, reason });
             }
