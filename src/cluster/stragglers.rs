@@ -92,7 +92,7 @@ pub(crate) fn stragglers(times: &BTreeMap<TaskId, StepTimes>) -> Vec<Straggler> 
     let mut medians: Vec<f64> = judged.iter().map(|(_, t)| t.p50_ms).collect();
     medians.sort_by(f64::total_cmp);
     let mid = medians.len() / 2;
-    let median = if medians.len() % 2 == 0 { (medians[mid - 1] + medians[mid]) / 2.0 } else { medians[mid] };
+    let median = if medians.len().is_multiple_of(2) { (medians[mid - 1] + medians[mid]) / 2.0 } else { medians[mid] };
     if median <= 0.0 {
         return Vec::new();
     }
