@@ -265,7 +265,12 @@ impl ChiefLink {
         mut control: mpsc::Receiver<HeartbeatControl>,
     ) {
         let t = self.settings.timeouts;
-        let ping = |leaving, abort| pb::Ping { caller: Some(self.caller()), leaving, abort };
+        let ping = |leaving, abort| pb::Ping {
+            caller: Some(self.caller()),
+            leaving,
+            abort,
+            step_times: self.local.clock.read().map(pb::StepTimes::from),
+        };
         let (tx, rx) = mpsc::channel(8);
         // The chief reads the first ping before it answers the call.
         let _ = tx.try_send(ping(false, None));
@@ -283,23 +288,25 @@ impl ChiefLink {
         };
         let mut tick = tokio::time::interval(t.heartbeat);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut last_pong = Instant::now();
+        // Its own timer rather than a check at each ping: in a large job pings are far apart
+        // (see `plane::paced`), and a hung chief is still named within the failure timeout.
+        let silence = sleep_until(Instant::now() + t.failure);
+        tokio::pin!(silence);
         let mut leaving = false;
         let mut ready = Some(ready);
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    if !leaving && last_pong.elapsed() >= t.failure {
-                        self.local.fail(Failure::Silent { task: self.chief(), after: t.failure });
-                        return;
-                    }
-                    // A full queue means the chief stopped reading; the silence check above
-                    // will catch it.
+                    // A full queue means the chief stopped reading; the silence timer catches it.
                     let _ = tx.try_send(ping(false, None));
+                }
+                () = &mut silence, if !leaving => {
+                    self.local.fail(Failure::Silent { task: self.chief(), after: t.failure });
+                    return;
                 }
                 message = pongs.message() => match message {
                     Ok(Some(pong)) => {
-                        last_pong = Instant::now();
+                        silence.as_mut().reset(Instant::now() + t.failure);
                         if let Some(ready) = ready.take() {
                             let _ = ready.send(());
                         }

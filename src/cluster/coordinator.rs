@@ -3,8 +3,15 @@
 //! ([`super::service`]) and the chief's own [`super::ControlPlane`] only ask and wait.
 //!
 //! The first failure wins and is final: the job has one cause, reported alike everywhere.
-//! State sits behind a std mutex held only for bookkeeping, never across an `.await`; a watch
-//! channel wakes every waiter after each change, and each waiter re-reads what it needs.
+//! State sits behind a std mutex held only for bookkeeping, never across an `.await`; watch
+//! channels wake the waiters, and each waiter re-reads what it needs.
+//!
+//! At a thousand tasks, whom a change wakes is what the chief's load is made of: a change
+//! that woke every stream would cost O(N) wake-ups, and N such changes (one per check-in, one
+//! per goodbye) O(N²), a million at 1,024 tasks. So there are three channels: `changed` for
+//! what heartbeat streams and barriers wait on (commands, failures, barriers, the end),
+//! `decided` for the rendezvous' outcome alone, and `gone` for streams that end, which only
+//! a chief on its way out waits for.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -14,6 +21,7 @@ use tokio::sync::watch;
 
 use super::health::Local;
 use super::plane::Settings;
+use super::stragglers::{self, StepTimes, Straggler};
 use super::wire::{self, pb};
 use super::{Command, Failure, Member, MetricRecord, Roster, TaskId};
 
@@ -38,9 +46,17 @@ impl CheckIn {
 
 /// Where the rendezvous stands.
 pub(crate) enum Rendezvous {
-    Waiting(Vec<TaskId>),
+    /// Who is still missing, or `None` when the asker already knows (the same [`Missing`]
+    /// version).
+    Waiting(Option<Missing>),
     Done(Arc<Roster>),
     Failed(Failure),
+}
+
+/// The tasks not checked in yet, as of one version of the arrivals.
+pub(crate) struct Missing {
+    pub(crate) version: u64,
+    pub(crate) tasks: Vec<TaskId>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -77,6 +93,9 @@ pub(crate) struct HeartbeatCursor {
 struct Inner {
     /// Each check-in's attempt number beside it, so a stale stream cannot withdraw a newer one.
     arrivals: BTreeMap<TaskId, (u64, CheckIn)>,
+    /// Counts changes to `arrivals` before the roster, so that a waiting task is told who
+    /// is missing only when that changed.
+    arrivals_version: u64,
     attempts: u64,
     roster: Option<Arc<Roster>>,
     failure: Option<Failure>,
@@ -84,6 +103,8 @@ struct Inner {
     liveness: BTreeMap<TaskId, Liveness>,
     commands: Vec<Command>,
     metrics: Vec<MetricRecord>,
+    /// Each task's latest step times, from its heartbeat.
+    step_times: BTreeMap<TaskId, StepTimes>,
     finished: bool,
     /// Check-in streams still open, per task: a refused or failed task may not have read its
     /// answer yet, and a failing chief waits for it (see [`CoordinationService::wait_heard`]).
@@ -97,6 +118,10 @@ pub(crate) struct CoordinationService {
     local: Arc<Local>,
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
+    /// The roster completed or the job failed.
+    decided: watch::Sender<u64>,
+    /// A stream ended: a heartbeat stream closed or said goodbye, a check-in stream was read.
+    gone: watch::Sender<u64>,
 }
 
 impl CoordinationService {
@@ -107,6 +132,8 @@ impl CoordinationService {
             local,
             inner: Mutex::new(Inner::default()),
             changed: watch::Sender::new(0),
+            decided: watch::Sender::new(0),
+            gone: watch::Sender::new(0),
         });
         // The chief always matches itself, so its own check-in cannot be refused.
         let _ = coordinator.check_in(own);
@@ -119,16 +146,30 @@ impl CoordinationService {
     }
 
     fn notify(&self) {
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+        bump(&self.changed);
+    }
+
+    /// How many tasks the job has.
+    pub(crate) fn tasks(&self) -> usize {
+        self.settings.roster.len()
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }
 
+    /// Wakes when the rendezvous completes or fails.
+    pub(crate) fn subscribe_decided(&self) -> watch::Receiver<u64> {
+        self.decided.subscribe()
+    }
+
     /// Re-evaluates `f` after every change until it yields.
-    async fn wait_for<T>(&self, mut f: impl FnMut(&Inner) -> Option<T>) -> T {
-        let mut changes = self.subscribe();
+    async fn wait_for<T>(&self, f: impl FnMut(&Inner) -> Option<T>) -> T {
+        self.wait_on(self.subscribe(), f).await
+    }
+
+    /// Re-evaluates `f` after every wake-up of `changes` until it yields.
+    async fn wait_on<T>(&self, mut changes: watch::Receiver<u64>, mut f: impl FnMut(&Inner) -> Option<T>) -> T {
         loop {
             if let Some(t) = f(&self.lock()) {
                 return t;
@@ -146,6 +187,7 @@ impl CoordinationService {
             inner.failure = Some(failure.clone());
             self.local.fail(failure);
             self.notify();
+            bump(&self.decided);
         }
     }
 
@@ -203,10 +245,10 @@ impl CoordinationService {
         let attempt = inner.attempts;
         if inner.roster.is_none() {
             inner.arrivals.insert(c.task, (attempt, c));
+            inner.arrivals_version += 1;
             if inner.arrivals.len() == s.roster.len() {
                 self.complete(inner);
             }
-            self.notify();
         } else if self.rejoins(inner, c.task) {
             // The restarted process takes its predecessor's place: its requests are the
             // task's now, and it has the failure timeout to open its heartbeat stream.
@@ -246,6 +288,7 @@ impl CoordinationService {
             let link = Link::Expected;
             inner.liveness.insert(task, Liveness { link, last_seen: now });
         }
+        bump(&self.decided);
     }
 
     /// A task whose check-in stream broke before the roster was complete is missing again,
@@ -255,21 +298,26 @@ impl CoordinationService {
         let current = inner.arrivals.get(&task).map(|(a, _)| *a);
         if inner.roster.is_none() && current == Some(attempt) && task != self.settings.chief {
             inner.arrivals.remove(&task);
-            self.notify();
+            inner.arrivals_version += 1;
         }
     }
 
-    pub(crate) fn rendezvous(&self) -> Rendezvous {
-        view(&self.lock(), &self.settings)
+    /// Where the rendezvous stands, for a task last told of version `told` of the arrivals.
+    pub(crate) fn rendezvous(&self, told: Option<u64>) -> Rendezvous {
+        let inner = self.lock();
+        match decision(&inner) {
+            Some(Ok(roster)) => Rendezvous::Done(roster),
+            Some(Err(f)) => Rendezvous::Failed(f),
+            None if told == Some(inner.arrivals_version) => Rendezvous::Waiting(None),
+            None => Rendezvous::Waiting(Some(Missing {
+                version: inner.arrivals_version,
+                tasks: missing(&inner, &self.settings),
+            })),
+        }
     }
 
     pub(crate) async fn wait_rendezvous(&self) -> Result<Arc<Roster>, Failure> {
-        self.wait_for(|inner| match view(inner, &self.settings) {
-            Rendezvous::Waiting(_) => None,
-            Rendezvous::Done(roster) => Some(Ok(roster)),
-            Rendezvous::Failed(f) => Some(Err(f)),
-        })
-        .await
+        self.wait_on(self.subscribe_decided(), decision).await
     }
 
     /// Checks that a request comes from the process that checked in as its task, once the
@@ -362,8 +410,11 @@ impl CoordinationService {
         }
     }
 
-    pub(crate) fn ping(&self, task: TaskId) {
+    pub(crate) fn ping(&self, task: TaskId, step_times: Option<StepTimes>) {
         let mut inner = self.lock();
+        if let Some(t) = step_times {
+            inner.step_times.insert(task, t);
+        }
         if let Some(l) = inner.liveness.get_mut(&task) {
             l.last_seen = Instant::now();
             if l.link == Link::Expected {
@@ -373,7 +424,10 @@ impl CoordinationService {
     }
 
     pub(crate) fn left(&self, task: TaskId) {
-        self.set_link(task, Link::Left);
+        if let Some(l) = self.lock().liveness.get_mut(&task) {
+            l.link = Link::Left;
+        }
+        bump(&self.gone);
     }
 
     /// A heartbeat stream ended. Without a goodbye first, the task is gone: killed, crashed or
@@ -387,6 +441,7 @@ impl CoordinationService {
         if let Some(l) = inner.liveness.get_mut(&task) {
             l.link = Link::Closed;
         }
+        bump(&self.gone);
         if self.settings.expendable.contains(&task.role) && inner.roster.is_some() {
             // The strategy runs its work elsewhere (the parameter-server coordinator), and a
             // restarted process may take the task's place.
@@ -398,15 +453,6 @@ impl CoordinationService {
              or lost its connection ({cause})"
         );
         self.fail_locked(&mut inner, Failure::Died { task, detail });
-        self.notify();
-    }
-
-    fn set_link(&self, task: TaskId, link: Link) {
-        let mut inner = self.lock();
-        if let Some(l) = inner.liveness.get_mut(&task) {
-            l.link = link;
-        }
-        self.notify();
     }
 
     /// What `cursor`'s stream has not been told yet; `None` when nothing is new, unless
@@ -440,6 +486,15 @@ impl CoordinationService {
         self.lock().metrics.push(MetricRecord { task, json });
     }
 
+    /// The job's stragglers by its step times so far, the chief's own included.
+    pub(crate) fn stragglers(&self) -> Vec<Straggler> {
+        let mut times = self.lock().step_times.clone();
+        if let Some(own) = self.local.clock.read() {
+            times.insert(self.settings.chief, own);
+        }
+        stragglers::stragglers(&times)
+    }
+
     pub(crate) fn take_metrics(&self) -> Vec<MetricRecord> {
         std::mem::take(&mut self.lock().metrics)
     }
@@ -455,7 +510,8 @@ impl CoordinationService {
     /// (the failure's [`Failure::unreachable`]) is not waited for. The chief calls this before
     /// its process goes, so that the others report the failure rather than the chief's death.
     pub(crate) async fn wait_heard(&self) {
-        self.wait_for(|inner| {
+        // Only streams ending (on `gone`) change the answer once the job has failed.
+        self.wait_on(self.gone.subscribe(), |inner| {
             let deaf = inner.failure.as_ref().and_then(Failure::unreachable);
             let listening = |t: &TaskId| Some(*t) != deaf && *t != self.settings.chief;
             let streaming =
@@ -476,7 +532,7 @@ impl CoordinationService {
             let gone = |l: &Liveness| matches!(l.link, Link::Left | Link::Closed);
             inner.liveness.values().all(gone).then_some(())
         };
-        self.wait_for(gone).await;
+        self.wait_on(self.gone.subscribe(), gone).await;
     }
 }
 
@@ -493,7 +549,20 @@ impl Drop for Answering {
             *n = n.saturating_sub(1);
         }
         drop(inner);
-        self.coordinator.notify();
+        bump(&self.coordinator.gone);
+    }
+}
+
+fn bump(channel: &watch::Sender<u64>) {
+    channel.send_modify(|v| *v = v.wrapping_add(1));
+}
+
+/// The rendezvous' outcome, once there is one.
+fn decision(inner: &Inner) -> Option<Result<Arc<Roster>, Failure>> {
+    match (&inner.roster, &inner.failure) {
+        (Some(roster), _) => Some(Ok(roster.clone())),
+        (None, Some(f)) => Some(Err(f.clone())),
+        (None, None) => None,
     }
 }
 
@@ -505,12 +574,4 @@ fn differing_keys(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) ->
 
 fn missing(inner: &Inner, s: &Settings) -> Vec<TaskId> {
     (s.roster.keys()).filter(|t| !inner.arrivals.contains_key(t)).copied().collect()
-}
-
-fn view(inner: &Inner, s: &Settings) -> Rendezvous {
-    match (&inner.roster, &inner.failure) {
-        (Some(roster), _) => Rendezvous::Done(roster.clone()),
-        (None, Some(f)) => Rendezvous::Failed(f.clone()),
-        (None, None) => Rendezvous::Waiting(missing(inner, s)),
-    }
 }

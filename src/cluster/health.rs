@@ -7,12 +7,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 
+use super::stragglers::StepClock;
 use super::{ClusterError, Command, Failure};
 
-/// This task's knowledge of the job: its failure, if any, and the commands not yet taken.
+/// This task's knowledge of the job: its failure, if any, and the commands not yet taken;
+/// and its own step times, which its heartbeat reports.
 pub(crate) struct Local {
     state: Mutex<LocalState>,
     changed: watch::Sender<u64>,
+    pub(crate) clock: StepClock,
 }
 
 #[derive(Default)]
@@ -24,7 +27,11 @@ struct LocalState {
 
 impl Local {
     pub(crate) fn new() -> Arc<Local> {
-        Arc::new(Local { state: Mutex::new(LocalState::default()), changed: watch::Sender::new(0) })
+        Arc::new(Local {
+            state: Mutex::new(LocalState::default()),
+            changed: watch::Sender::new(0),
+            clock: StepClock::default(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, LocalState> {

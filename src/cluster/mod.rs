@@ -25,6 +25,7 @@ mod rejoin;
 pub mod resolve;
 mod service;
 mod slurm;
+mod stragglers;
 mod task_output;
 mod tf_config;
 pub mod tls;
@@ -40,6 +41,7 @@ pub use error::{Blame, ClusterError, Failure};
 pub use health::Health;
 pub use plane::ControlPlane;
 pub use resolve::{Address, Cluster, Resolution, Source};
+pub use stragglers::{StepTimes, Straggler};
 
 /// A task's role, in rank order: the chief comes first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

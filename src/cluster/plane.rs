@@ -32,6 +32,21 @@ pub(crate) const MAX_MESSAGE: usize = 64 << 20;
 /// The longest a failing chief waits for the other tasks to hear why the job failed.
 const LINGER: Duration = Duration::from_millis(500);
 
+/// About how many pings a second the chief hears in all, at most (see [`paced`]).
+const PINGS_PER_S: u32 = 1000;
+
+/// The heartbeat interval for a job of `tasks` tasks: the configured one, stretched in a large
+/// job so that the chief hears at most [`PINGS_PER_S`] pings a second in all (4,096 a second
+/// at 1,024 tasks pinging every 250 ms; 1,000 paced, every 1.02 s), but never so far that
+/// fewer than four pings fit in the failure timeout. Every task derives the same interval from
+/// the same roster. Detection does not slow down: a task is declared silent `failure` after
+/// its last ping, the chief checks that every half of the configured interval, and a stream
+/// that ends is noticed at once.
+pub(crate) fn paced(t: Timeouts, tasks: usize) -> Timeouts {
+    let spread = Duration::from_secs(1) * u32::try_from(tasks).unwrap_or(u32::MAX) / PINGS_PER_S;
+    Timeouts { heartbeat: spread.min(t.failure / 4).max(t.heartbeat), ..t }
+}
+
 /// HTTP/2 windows (stream, connection) from DEPENDENCIES.md: a roster crosses in one round trip
 /// instead of waiting on window updates. Small messages are unaffected.
 pub(crate) fn window_sizes() -> (u32, u32) {
@@ -108,6 +123,7 @@ impl ControlPlane {
         let local_addr = listener.local_addr().map_err(ClusterError::Runtime)?;
         let mut incarnation = [0u8; 8];
         getrandom::fill(&mut incarnation).map_err(|e| ClusterError::Random(e.to_string()))?;
+        let tasks = config.roster.len();
         let settings = Arc::new(Settings {
             task: config.task,
             chief: config.chief,
@@ -115,7 +131,7 @@ impl ControlPlane {
             spec_hash: config.spec_hash,
             spec_keys: config.spec_keys,
             version: config.version,
-            timeouts: config.timeouts,
+            timeouts: paced(config.timeouts, tasks),
             incarnation: u64::from_le_bytes(incarnation),
             started: Instant::now(),
             expendable: config.expendable,
@@ -135,7 +151,9 @@ impl ControlPlane {
             let coordinator =
                 CoordinationService::new(settings.clone(), local.clone(), check_in(&settings, &own, local_addr));
             let ticking = coordinator.clone();
-            let period = settings.timeouts.heartbeat / 2;
+            // The configured interval, not the paced one: checking is cheap (a scan of N
+            // timestamps), and a late check would name a silent task late.
+            let period = config.timeouts.heartbeat / 2;
             runtime.spawn(async move {
                 let mut tick = tokio::time::interval(period);
                 loop {
@@ -314,6 +332,21 @@ impl ControlPlane {
                 Ok(())
             }
             Side::Worker(link) => self.block_on("send_metrics", link.send_metrics(json.to_owned()))?,
+        }
+    }
+
+    /// Records how long this task worked in a step (waits in collectives excluded); its
+    /// heartbeat carries the recent percentiles to the chief. Cheap: call it every step.
+    pub fn record_step(&self, busy: Duration) {
+        self.local.clock.record(busy);
+    }
+
+    /// The job's stragglers as the chief sees them (see [`crate::cluster::Straggler`]); empty
+    /// at other tasks.
+    pub fn stragglers(&self) -> Vec<super::Straggler> {
+        match &self.side {
+            Side::Chief(c) => c.stragglers(),
+            Side::Worker(_) => Vec::new(),
         }
     }
 
@@ -507,5 +540,17 @@ mod tests {
         c.roster.insert(c.chief, "10.0.0.1:0".into());
         let e = validate(&c).unwrap_err().to_string();
         assert!(e.contains("port 0"), "{e}");
+    }
+
+    #[test]
+    fn large_jobs_ping_less_often_but_four_times_per_failure_timeout_at_least() {
+        let ms = Duration::from_millis;
+        let t = Timeouts { startup: ms(60_000), failure: ms(10_000), heartbeat: ms(250) };
+        assert_eq!(paced(t, 4).heartbeat, ms(250));
+        assert_eq!(paced(t, 256).heartbeat, ms(256));
+        assert_eq!(paced(t, 1024).heartbeat, ms(1024));
+        assert_eq!(paced(Timeouts { failure: ms(2_000), ..t }, 1024).heartbeat, ms(500));
+        // Never more often than configured.
+        assert_eq!(paced(Timeouts { failure: ms(600), ..t }, 1024).heartbeat, ms(250));
     }
 }

@@ -3,6 +3,7 @@
 //! turns a task pointed at the wrong address into a clear error rather than a hang.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -10,7 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::Failure;
 use super::TaskId;
-use super::coordinator::{CheckIn, CoordinationService, HeartbeatCursor, Rendezvous};
+use super::coordinator::{CheckIn, CoordinationService, HeartbeatCursor, Missing, Rendezvous};
 use super::wire::{self, pb};
 
 use pb::rendezvous_update::Update;
@@ -107,7 +108,18 @@ impl pb::cluster_server::Cluster for ClusterService {
     }
 }
 
-/// Streams who is still missing, then the roster or the failure.
+/// How often a waiting task may hear again who is still missing. Told at every arrival, N
+/// tasks would get N lists of up to N names each: O(N²) messages, a million at 1,024 tasks,
+/// most of the chief's work in a rendezvous. Paced at a millisecond per task (100 ms at
+/// least), the chief sends about a thousand lists a second however large the job, every task
+/// hears O(1) messages in a rendezvous of bounded length, and the list a task reports at its
+/// own startup timeout is at most one pace old.
+fn waiting_pace(tasks: usize) -> Duration {
+    let per_task = Duration::from_millis(u64::try_from(tasks).unwrap_or(u64::MAX));
+    per_task.max(Duration::from_millis(100))
+}
+
+/// Streams who is still missing (paced, see [`waiting_pace`]), then the roster or the failure.
 async fn rendezvous_updates(
     coordinator: Arc<CoordinationService>,
     task: TaskId,
@@ -122,29 +134,31 @@ async fn rendezvous_updates(
             return;
         }
     };
-    let mut changes = coordinator.subscribe();
-    let mut told: Option<Vec<TaskId>> = None;
+    let mut decided = coordinator.subscribe_decided();
+    let pace = waiting_pace(coordinator.tasks());
+    let mut told = None;
     loop {
-        let update = match coordinator.rendezvous() {
+        let update = match coordinator.rendezvous(told) {
             Rendezvous::Done(roster) => Some(Update::Roster(roster.as_ref().into())),
             Rendezvous::Failed(f) => Some(Update::Failure((&f).into())),
-            Rendezvous::Waiting(missing) if told.as_ref() != Some(&missing) => {
-                let names = missing.iter().map(TaskId::to_string).collect();
-                told = Some(missing);
+            Rendezvous::Waiting(Some(Missing { version, tasks })) => {
+                let names = tasks.iter().map(TaskId::to_string).collect();
+                told = Some(version);
                 if tx.send(Ok(send(Update::Waiting(pb::Waiting { missing: names })))).await.is_err() {
                     coordinator.withdraw(task, attempt);
                     return;
                 }
                 None
             }
-            Rendezvous::Waiting(_) => None,
+            Rendezvous::Waiting(None) => None,
         };
         if let Some(last) = update {
             let _ = tx.send(Ok(send(last))).await;
             return;
         }
         tokio::select! {
-            changed = changes.changed() => if changed.is_err() { return },
+            changed = decided.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(pace) => {}
             () = tx.closed() => {
                 eprintln!("trainrun: {task} left before the job started; it counts as missing again");
                 coordinator.withdraw(task, attempt);
@@ -167,7 +181,7 @@ async fn heartbeats(
     let mut ping = Some(first);
     loop {
         if let Some(p) = ping.take() {
-            coordinator.ping(task);
+            coordinator.ping(task, p.step_times.map(Into::into));
             if let Some(reason) = p.abort {
                 coordinator.fail(Failure::Aborted { task, reason });
             }

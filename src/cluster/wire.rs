@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Command, Failure, Member, Roster, TaskId};
+use super::{Command, Failure, Member, Roster, StepTimes, TaskId};
 
 #[allow(clippy::all, clippy::pedantic)]
 pub(crate) mod pb {
@@ -122,6 +122,18 @@ pub(crate) fn command_from(c: pb::Command) -> Result<(u64, Command), Malformed> 
         None => return Err(Malformed("a command without a kind".into())),
     };
     Ok((c.seq, command))
+}
+
+impl From<StepTimes> for pb::StepTimes {
+    fn from(t: StepTimes) -> pb::StepTimes {
+        pb::StepTimes { steps: t.steps, p50_ms: t.p50_ms, p90_ms: t.p90_ms, max_ms: t.max_ms }
+    }
+}
+
+impl From<pb::StepTimes> for StepTimes {
+    fn from(t: pb::StepTimes) -> StepTimes {
+        StepTimes { steps: t.steps, p50_ms: t.p50_ms, p90_ms: t.p90_ms, max_ms: t.max_ms }
+    }
 }
 
 impl From<&Roster> for pb::Roster {

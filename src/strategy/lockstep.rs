@@ -70,4 +70,8 @@ impl Strategy for Lockstep {
     fn transport(&self) -> Option<&'static str> {
         self.inner.transport()
     }
+
+    fn stragglers(&self) -> Vec<crate::cluster::Straggler> {
+        self.inner.stragglers()
+    }
 }

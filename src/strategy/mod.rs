@@ -191,6 +191,11 @@ pub trait Strategy: Send {
     fn parameter_server_stats(&self) -> Option<ParameterServerStats> {
         None
     }
+
+    /// The tasks whose steps stand out, as the chief of a multi-worker job sees them.
+    fn stragglers(&self) -> Vec<crate::cluster::Straggler> {
+        Vec::new()
+    }
 }
 
 /// How one task of a synchronous strategy computes and reduces each step's gradient: every
@@ -220,6 +225,11 @@ pub trait Synchronous: Send {
     /// How gradients travel between worker processes, if they do.
     fn transport(&self) -> Option<&'static str> {
         None
+    }
+
+    /// The tasks whose steps stand out, as the chief of a multi-worker job sees them.
+    fn stragglers(&self) -> Vec<crate::cluster::Straggler> {
+        Vec::new()
     }
 
     /// Copies the chief's `data` to every task (restored state at start); a no-op in one

@@ -25,6 +25,7 @@ use crate::metrics::Sums;
 use crate::plan::{CrossDevice, StrategyKind};
 use crate::vocab::{Device, DeviceKind};
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 impl GradSink for Packs<'_> {
     fn slice(&mut self, range: Range<usize>) -> &mut [f32] {
@@ -127,20 +128,25 @@ impl Synchronous for MultiWorkerMirrored {
         // A peer that died shows here at once, not at the next collective's timeout.
         job.plane.check()?;
         let comm = job.comm.as_deref_mut().ok_or(StrategyError::Finished)?;
-        let local = match replicas {
+        // This task's own work, waits for the others excluded: what tells a straggler apart.
+        let (local, busy) = match replicas {
             WorkerReplicas::One(replica) => one_replica(replica, comm, grads, packs, vars, micro, (scale, seed, rank))?,
             WorkerReplicas::Many(local) => {
+                let began = Instant::now();
                 if let Some(arena) = comm.arena() {
                     let stats = local.gradients(vars, &mut arena[..len], micro, scale, seed)?;
+                    let busy = began.elapsed();
                     comm.all_reduce_arena(len)?;
-                    stats
+                    (stats, busy)
                 } else {
                     let stats = local.gradients(vars, grads, micro, scale, seed)?;
+                    let busy = began.elapsed();
                     comm.all_reduce_sum(grads)?;
-                    stats
+                    (stats, busy)
                 }
             }
         };
+        job.plane.record_step(busy);
         // Batch-norm moving statistics are averaged so every worker keeps the same ones.
         if !vars.state.is_empty() {
             comm.all_reduce_sum(&mut vars.state)?;
@@ -194,6 +200,10 @@ impl Synchronous for MultiWorkerMirrored {
         Some(comm.transport().name())
     }
 
+    fn stragglers(&self) -> Vec<crate::cluster::Straggler> {
+        self.job.as_ref().map(|j| j.plane.stragglers()).unwrap_or_default()
+    }
+
     fn finish(&mut self) -> Result<(), StrategyError> {
         if let Some(job) = self.job.take() {
             drop(job.comm);
@@ -205,7 +215,8 @@ impl Synchronous for MultiWorkerMirrored {
 
 /// One replica's forward and backward over `micro`, its gradients summed across workers:
 /// straight in the transport's arena when it has one, else in `grads`, handed over pack by
-/// pack during the last backward when the transport gains from overlap.
+/// pack during the last backward when the transport gains from overlap. Returns the sums and
+/// the time spent computing (with overlap, the wait for the last packs counts as computing).
 fn one_replica(
     replica: &mut Replica,
     comm: &mut dyn Communicator,
@@ -214,29 +225,34 @@ fn one_replica(
     vars: &mut Variables,
     micro: &[Batch],
     (scale, seed, rank): (f32, u64, u64),
-) -> Result<Sums, StrategyError> {
+) -> Result<(Sums, Duration), StrategyError> {
     let len = replica.model().param_len();
     let mut local = Sums::default();
+    let mut busy = Duration::ZERO;
     let last = micro.len().saturating_sub(1);
     for (i, batch) in micro.iter().enumerate() {
         let s = derive_seed(&[seed, i as u64, rank]);
         let accumulate = i > 0;
+        let began = Instant::now();
         if let Some(arena) = comm.arena() {
             let mut arena = &mut arena[..len];
             local.add(replica.forward_backward(vars, &mut arena, batch, scale, s, accumulate));
+            busy += began.elapsed();
             if i == last {
                 comm.all_reduce_arena(len)?;
             }
         } else if i == last && comm.overlaps_backward() {
             let stats =
                 packs.run(&mut *comm, grads, |p| replica.forward_backward(vars, p, batch, scale, s, accumulate))?;
+            busy += began.elapsed();
             local.add(stats);
         } else {
             local.add(replica.forward_backward(vars, grads, batch, scale, s, accumulate));
+            busy += began.elapsed();
             if i == last {
                 comm.all_reduce_sum(grads)?;
             }
         }
     }
-    Ok(local)
+    Ok((local, busy))
 }

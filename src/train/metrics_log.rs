@@ -4,6 +4,7 @@
 
 use super::callbacks::Logs;
 use super::summary::ParameterServerStats;
+use crate::cluster::Straggler;
 use crate::metrics::{Metric, Reading, SplitKind};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
@@ -53,6 +54,10 @@ pub struct MetricsLine {
     /// Under `parameter_server`: the coordinator's counters so far (epoch lines).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameter_server: Option<ParameterServerStats>,
+    /// Tasks of a multi-worker job whose steps stand out, as the chief sees them (epoch and
+    /// evaluation lines; absent when none do).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stragglers: Vec<Straggler>,
 }
 
 impl MetricsLine {
@@ -73,6 +78,7 @@ impl MetricsLine {
             wall_s,
             named: NamedMetrics(reading),
             parameter_server: None,
+            stragglers: Vec::new(),
         }
     }
 }

@@ -182,6 +182,7 @@ impl RunDir {
             wall_s: self.options.launched.elapsed().as_secs_f64(),
             named: NamedMetrics(Reading::new(&self.options.metrics, stats, None, per_s)),
             parameter_server: None,
+            stragglers: Vec::new(),
         };
         self.metrics(&line)
     }
@@ -272,6 +273,7 @@ impl RunDir {
                 wall_s: self.options.launched.elapsed().as_secs_f64(),
                 named: NamedMetrics(summary.metrics.0.clone().at(per_s)),
                 parameter_server: None,
+                stragglers: Vec::new(),
             };
             self.metrics(&line)?;
         }

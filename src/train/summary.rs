@@ -74,6 +74,11 @@ pub struct Summary {
     /// Under `parameter_server`: steps applied per worker, rescheduled, staleness.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameter_server: Option<ParameterServerStats>,
+    /// Tasks of a multi-worker job whose median step (its own work, waits excluded) was over
+    /// 1.5 times the job's median of medians at the end: task, `p50_ms`, `p90_ms` and `slower`
+    /// (the ratio). Absent when none was.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stragglers: Vec<crate::cluster::Straggler>,
 }
 
 /// The metrics a spec lists beyond loss and accuracy, from the last epoch's sums and the

@@ -29,6 +29,7 @@ pub(super) struct Ending {
     pub resumed_from_step: Option<u64>,
     pub saves: Option<SaveStats>,
     pub parameter_server: Option<crate::strategy::ParameterServerStats>,
+    pub stragglers: Vec<crate::cluster::Straggler>,
 }
 
 /// `summary.json` of a run that ended so.
@@ -64,6 +65,7 @@ pub(super) fn summary(plan: &Plan, launched: Instant, session: &Session, end: En
         save_block_ms_max: end.saves.map(|s| s.block_max.as_secs_f64() * 1e3),
         save_write_ms_max: end.saves.map(|s| s.write_max.as_secs_f64() * 1e3),
         parameter_server: end.parameter_server,
+        stragglers: end.stragglers,
     }
 }
 

@@ -67,7 +67,14 @@ impl Loop<'_> {
         }
         let logs = self.logs(epoch, &self.epoch_stats, self.last_eval.filter(|e| e.step == self.step));
         if let Some(d) = run_dir {
-            d.metrics(&self.metrics_line(MetricsEvent::Epoch, &logs, session))?;
+            let line = self.metrics_line(MetricsEvent::Epoch, &logs, session);
+            for s in &line.stragglers {
+                self.progress.note(&format!(
+                    "straggler: {} steps in {:.2} ms (p50; p90 {:.2} ms), {:.1}x the job's median",
+                    s.task, s.p50_ms, s.p90_ms, s.slower
+                ));
+            }
+            d.metrics(&line)?;
         }
         let shown =
             Shown { loss: logs.loss, accuracy: logs.accuracy, val: logs.val_loss.map(|l| (l, logs.val_accuracy)) };
@@ -104,6 +111,10 @@ impl Loop<'_> {
         let val = self.last_eval.filter(|e| e.step == self.step && logs.val_loss.is_some()).map(|e| e.stats);
         let reading = Reading::new(&self.plan.train.metrics, self.epoch_stats, val, per_s);
         let line = MetricsLine::of(event, logs, reading, self.opts.launched.elapsed().as_secs_f64());
-        MetricsLine { parameter_server: session.strategy.parameter_server_stats(), ..line }
+        MetricsLine {
+            parameter_server: session.strategy.parameter_server_stats(),
+            stragglers: session.strategy.stragglers(),
+            ..line
+        }
     }
 }

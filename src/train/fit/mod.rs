@@ -506,6 +506,7 @@ impl<'a> Loop<'a> {
         let sha = weights_sha256(&session.vars);
         let transport = session.strategy.transport();
         let parameter_server = session.strategy.parameter_server_stats();
+        let stragglers = session.strategy.stragglers();
         // Every checkpoint is on disk before the job ends, so the evaluator finds the last one.
         let saves = callbacks.finish(true)?;
         session.strategy.finish()?;
@@ -536,6 +537,7 @@ impl<'a> Loop<'a> {
                 resumed_from_step: self.resumed_from_step,
                 saves,
                 parameter_server,
+                stragglers,
             },
         ))
     }
