@@ -121,47 +121,12 @@ impl DataSource for TextSource {
     /// Example counts, shape and vocabulary size: the files are read (text is small next to the
     /// model that trains on it).
     fn facts(&self) -> Result<DataFacts, DataError> {
-        require(self.name(), &self.dir, self.missing_files())?;
-        let (dir, config) = (&self.dir, &self.config);
-        no_training_text(config)?;
-        let texts = read(dir, config)?;
-        let block = config.block_size.get();
-        let tokens = |t: &str| config.tokenization.count(t);
-        let windows =
-            |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
-        Ok(DataFacts {
-            train_examples: windows(&texts.train, 1),
-            test_examples: windows(&texts.validation, block),
-            example_shape: vec![block],
-            labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
-            // Windows are sharded by example: splitting files across workers is not offered.
-            train_files: 0,
-            warnings: vec![],
-        })
+        Ok(self.texts()?.facts())
     }
 
     /// Reads, tokenizes and windows the texts.
     fn load(&self) -> Result<Dataset, DataError> {
-        require(self.name(), &self.dir, self.missing_files())?;
-        let (dir, config) = (&self.dir, &self.config);
-        no_training_text(config)?;
-        let texts = read(dir, config)?;
-        let block = config.block_size.get();
-        let tokens = |files: &[(PathBuf, String)]| -> Result<Vec<Tokens>, DataError> {
-            files.iter().map(|(p, t)| encode(p, t, &texts.vocabulary).map(Tokens::Owned)).collect()
-        };
-        let train = Split::of(Windows::new(tokens(&texts.train)?, block, 1));
-        let test = match texts.validation.is_empty() {
-            true => None,
-            false => Some(Split::of(Windows::new(tokens(&texts.validation)?, block, block))),
-        };
-        Ok(Dataset {
-            train,
-            test,
-            labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
-            vocabulary: Some(texts.vocabulary),
-            classes: None,
-        })
+        self.texts()?.dataset()
     }
 
     fn raw_values(&self) -> RawValues {
@@ -169,11 +134,109 @@ impl DataSource for TextSource {
     }
 }
 
-/// The texts of a `text` source, read and checked, and the vocabulary.
-struct Texts {
+impl TextSource {
+    /// The files, read and checked, with their vocabulary.
+    fn texts(&self) -> Result<Texts, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        no_training_text(config)?;
+        let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
+        let tokenizing = Tokenizing {
+            dataset: "text",
+            tokenization: config.tokenization,
+            vocabulary: config.vocabulary,
+            block: config.block_size.get(),
+        };
+        Texts::new(all(&config.train)?, all(&config.validation)?, &tokenizing)
+    }
+}
+
+/// How a language model's texts become windows of tokens: what `[data.text]` and
+/// `[data.jsonl.text]` share.
+pub(super) struct Tokenizing {
+    /// The source, as `data.dataset` names it (for errors).
+    pub dataset: &'static str,
+    pub tokenization: Tokenization,
+    pub vocabulary: VocabularyFrom,
+    /// Tokens per example.
+    pub block: usize,
+}
+
+/// The texts of a language model's files, read and checked, one token stream per file, and the
+/// vocabulary.
+pub(super) struct Texts {
     train: Vec<(PathBuf, String)>,
     validation: Vec<(PathBuf, String)>,
     vocabulary: Vocabulary,
+    tokenization: Tokenization,
+    block: usize,
+}
+
+impl Texts {
+    /// The texts of the training and validation files: each split is checked to hold one
+    /// window at least, and the vocabulary is built.
+    pub(super) fn new(
+        train: Vec<(PathBuf, String)>,
+        validation: Vec<(PathBuf, String)>,
+        how: &Tokenizing,
+    ) -> Result<Self, DataError> {
+        let block = how.block;
+        for (split, files) in [(WindowSplit::Train, &train), (WindowSplit::Validation, &validation)] {
+            let counts: Vec<(&Path, usize)> =
+                files.iter().map(|(p, t)| (p.as_path(), how.tokenization.count(t))).collect();
+            require_windows(how.dataset, split, &counts, block)?;
+        }
+        let vocabulary = match how.tokenization {
+            Tokenization::Byte => Vocabulary::Byte { size: 256 },
+            Tokenization::Char => {
+                let from_validation = match how.vocabulary {
+                    VocabularyFrom::Train => &[][..],
+                    VocabularyFrom::TrainAndValidation => &validation[..],
+                };
+                let chars: BTreeSet<char> = train.iter().chain(from_validation).flat_map(|(_, t)| t.chars()).collect();
+                Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
+            }
+        };
+        Ok(Self { train, validation, vocabulary, tokenization: how.tokenization, block })
+    }
+
+    /// Example counts, shape and vocabulary size.
+    pub(super) fn facts(&self) -> DataFacts {
+        let block = self.block;
+        let tokens = |t: &str| self.tokenization.count(t);
+        let windows =
+            |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
+        DataFacts {
+            train_examples: windows(&self.train, 1),
+            test_examples: windows(&self.validation, block),
+            example_shape: vec![block],
+            labels: LabelKind::Sequence { classes: self.vocabulary.len(), len: block },
+            // Windows are sharded by example: splitting files across workers is not offered.
+            train_files: 0,
+            warnings: vec![],
+        }
+    }
+
+    /// The texts tokenized and windowed: training windows at every token, validation windows
+    /// side by side.
+    pub(super) fn dataset(self) -> Result<Dataset, DataError> {
+        let (block, vocabulary) = (self.block, &self.vocabulary);
+        let tokens = |files: &[(PathBuf, String)]| -> Result<Vec<Tokens>, DataError> {
+            files.iter().map(|(p, t)| encode(p, t, vocabulary).map(Tokens::Owned)).collect()
+        };
+        let train = Split::of(Windows::new(tokens(&self.train)?, block, 1));
+        let test = match self.validation.is_empty() {
+            true => None,
+            false => Some(Split::of(Windows::new(tokens(&self.validation)?, block, block))),
+        };
+        Ok(Dataset {
+            train,
+            test,
+            labels: LabelKind::Sequence { classes: vocabulary.len(), len: block },
+            vocabulary: Some(self.vocabulary),
+            classes: None,
+        })
+    }
 }
 
 fn read_text(path: PathBuf) -> Result<(PathBuf, String), DataError> {
@@ -189,29 +252,6 @@ fn read_text(path: PathBuf) -> Result<(PathBuf, String), DataError> {
             })
         }
     }
-}
-
-fn read(dir: &Path, config: &TextConfig) -> Result<Texts, DataError> {
-    let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
-    let (train, validation) = (all(&config.train)?, all(&config.validation)?);
-    let block = config.block_size.get();
-    for (split, files) in [(WindowSplit::Train, &train), (WindowSplit::Validation, &validation)] {
-        let counts: Vec<(&Path, usize)> =
-            files.iter().map(|(p, t)| (p.as_path(), config.tokenization.count(t))).collect();
-        require_windows("text", split, &counts, block)?;
-    }
-    let vocabulary = match config.tokenization {
-        Tokenization::Byte => Vocabulary::Byte { size: 256 },
-        Tokenization::Char => {
-            let from_validation = match config.vocabulary {
-                VocabularyFrom::Train => &[][..],
-                VocabularyFrom::TrainAndValidation => &validation[..],
-            };
-            let chars: BTreeSet<char> = train.iter().chain(from_validation).flat_map(|(_, t)| t.chars()).collect();
-            Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
-        }
-    };
-    Ok(Texts { train, validation, vocabulary })
 }
 
 /// The token ids of `text` (at `path`, for errors).
