@@ -17,7 +17,7 @@ mod lines;
 mod table;
 
 use super::csv::{CsvDataset, Table};
-use super::text::{Texts, Tokenizing};
+use super::text::{TextFile, Texts, Tokenizing};
 use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
@@ -59,12 +59,13 @@ pub struct JsonlText {
     /// The string field holding each document. Default: `text`. Example: `field = "content"`.
     #[serde(default = "default_field")]
     pub field: String,
-    /// Text put after every document, so the model learns where one ends. Default: a newline.
-    /// Example: `end_of_text = "\n\n"`.
-    #[serde(default = "default_end_of_text")]
-    pub end_of_text: String,
-    /// How text becomes tokens, as `data.text.tokenization`. Default: `char`.
-    /// Example: `tokenization = "byte"`.
+    /// Text put after every document, so the model learns where one ends; with a tiktoken
+    /// encoding its special tokens (`<|endoftext|>`) are read as such. Default: a newline for
+    /// `char` and `byte`, `<|endoftext|>` for a tiktoken encoding. Example: `end_of_text = "\n\n"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_text: Option<String>,
+    /// How text becomes tokens, as `data.text.tokenization` (`char`, `byte`, `gpt2`,
+    /// `r50k_base`, `cl100k_base`, `o200k_base`). Default: `char`. Example: `tokenization = "gpt2"`.
     #[serde(default)]
     pub tokenization: Tokenization,
     /// Which text the `char` vocabulary is built from, as `data.text.vocabulary`.
@@ -78,10 +79,6 @@ pub struct JsonlText {
 
 fn default_field() -> String {
     "text".into()
-}
-
-fn default_end_of_text() -> String {
-    "\n".into()
 }
 
 /// `data.jsonl.table`: a table of numeric fields and a label field.
@@ -206,7 +203,7 @@ impl JsonlSource {
 
     /// The documents of every file, each file's joined into one text.
     fn texts(&self, config: &JsonlText) -> Result<Texts, DataError> {
-        let all = |names: &[String]| -> Result<Vec<(PathBuf, String)>, DataError> {
+        let all = |names: &[String]| -> Result<Vec<TextFile>, DataError> {
             names.iter().map(|n| documents(&self.dir.join(n), config)).collect()
         };
         let tokenizing = Tokenizing {
@@ -214,6 +211,9 @@ impl JsonlSource {
             tokenization: config.tokenization,
             vocabulary: config.vocabulary,
             block: config.block_size.get(),
+            end_of_text: Some(
+                config.end_of_text.clone().unwrap_or_else(|| config.tokenization.default_end_of_text().into()),
+            ),
         };
         Texts::new(all(&self.config.train)?, all(&self.config.validation)?, &tokenizing)
     }
@@ -227,23 +227,20 @@ impl JsonlSource {
 
 const EXAMPLE: &str = "[data.jsonl] train = [\"train.jsonl\"], text = { field = \"text\", block_size = 64 }";
 
-/// The documents of the file at `path`, each followed by the end-of-text text, as one text.
-fn documents(path: &Path, config: &JsonlText) -> Result<(PathBuf, String), DataError> {
+/// The documents of the file at `path`.
+fn documents(path: &Path, config: &JsonlText) -> Result<TextFile, DataError> {
     let mut lines = Lines::open(path)?;
-    let mut text = String::new();
-    while let Some(line) = lines.next_object()? {
-        match line.object.get(&config.field) {
-            Some(Value::String(document)) => {
-                text.push_str(document);
-                text.push_str(&config.end_of_text);
-            }
+    let mut documents = vec![];
+    while let Some(mut line) = lines.next_object()? {
+        match line.object.remove(&config.field) {
+            Some(Value::String(document)) => documents.push(document),
             Some(other) => {
-                return Err(table::wrong_field(path, &line, &config.field, lines::kind_of(other), "a string"));
+                return Err(table::wrong_field(path, &line, &config.field, lines::kind_of(&other), "a string"));
             }
             None => return Err(table::missing_field(path, &line, &config.field)),
         }
     }
-    Ok((path.to_path_buf(), text))
+    Ok(TextFile { path: path.to_path_buf(), documents })
 }
 
 #[cfg(test)]

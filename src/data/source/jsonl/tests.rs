@@ -28,7 +28,7 @@ fn text_source(dir: &Path, train: &[&str], validation: &[&str], tokenization: To
             validation: validation.iter().map(|s| s.to_string()).collect(),
             text: Some(JsonlText {
                 field: "text".into(),
-                end_of_text: "\n".into(),
+                end_of_text: None,
                 tokenization,
                 vocabulary: VocabularyFrom::Train,
                 block_size: NonZeroUsize::new(3).unwrap(),
