@@ -1,4 +1,5 @@
-//! Exact resume for the sources that are not MNIST: a run reading a CSV table (shuffled whole)
+//! Exact resume for the sources that are not MNIST: a run reading a CSV table (shuffled whole),
+//! one reading the same rows as gzip JSON Lines
 //! and one streaming TFRecord files (through a shuffle buffer smaller than the data) are
 //! killed with SIGKILL mid-epoch after a backup, started again with the same command, and end
 //! with the weights of an uninterrupted run, bit for bit; and two workers each streaming their
@@ -143,6 +144,29 @@ fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
     for key in ["weights_sha256", "train_loss", "steps", "examples"] {
         assert_eq!(s[key], expected[key], "{key}: {s}");
     }
+}
+
+/// The CSV table's rows as gzip-compressed JSON Lines: the values in an array field, the class
+/// name in another.
+fn write_jsonl(dir: &Path) {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    for i in 0..EXAMPLES {
+        let (values, class) = example(i);
+        let values: Vec<f32> = values.iter().map(|v| f32::from(*v) / 255.0).collect();
+        let kind = ["ant", "bee", "cat", "dog"][class];
+        let row = serde_json::json!({ "x": values, "kind": kind });
+        writeln!(gz, "{row}").unwrap();
+    }
+    std::fs::write(dir.join("train.jsonl.gz"), gz.finish().unwrap()).unwrap();
+}
+
+#[test]
+fn a_jsonl_run_killed_mid_epoch_resumes_bit_identical() {
+    killed_and_resumed_ends_bit_identical(
+        write_jsonl,
+        "dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"train.jsonl.gz\"]\ntable = { label = \"kind\" }",
+    );
 }
 
 const TFRECORDS: &str = "dataset = \"tfrecord\"\n\n[data.tfrecord]\ntrain = [\"train-*.tfrecord\"]\n\

@@ -39,6 +39,11 @@ const CSV: &[&str] = &[
     "data.csv={ train = \"train.csv\", label = \"y\" }",
     "model.layers=[{ type = \"dense\", units = 2 }]",
 ];
+const JSONL: &[&str] = &[
+    "data.dataset=\"jsonl\"",
+    "data.jsonl={ train = [\"t.jsonl\"], table = { label = \"y\" } }",
+    "model.layers=[{ type = \"dense\", units = 2 }]",
+];
 const NPY: &[&str] = &["data.dataset=\"npy\"", "model.layers=[{ type = \"dense\", units = 2 }]"];
 const TFRECORD: &[&str] = &["data.dataset=\"tfrecord\"", "model.layers=[{ type = \"dense\", units = 2 }]"];
 const FOLDERS: &[&str] =
@@ -194,6 +199,48 @@ const CASES: &[Case] = &[
         sets: FOLDERS,
         set: "data.image_folder={ train = @, image_size = [8, 8] }",
         benign: "train",
+    },
+    Case {
+        path: "data.jsonl.table.features[]",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [\"t.jsonl\"], table = { label = \"y\", features = [@] } }",
+        benign: "x",
+    },
+    Case {
+        path: "data.jsonl.table.label",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [\"t.jsonl\"], table = { label = @ } }",
+        benign: "y",
+    },
+    Case {
+        path: "data.jsonl.text.end_of_text",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [\"t.jsonl\"], text = { block_size = 8, end_of_text = @ } }",
+        benign: "<|endoftext|>",
+    },
+    Case {
+        path: "data.jsonl.text.field",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [\"t.jsonl\"], text = { block_size = 8, field = @ } }",
+        benign: "content",
+    },
+    Case {
+        path: "data.jsonl.train[]",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [@], table = { label = \"y\" } }",
+        benign: "train.jsonl.gz",
+    },
+    Case {
+        path: "data.jsonl.validation[]",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [\"t.jsonl\"], validation = [@], table = { label = \"y\" } }",
+        benign: "val.jsonl",
     },
     Case {
         path: "data.npy.npz",

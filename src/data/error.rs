@@ -98,6 +98,10 @@ pub enum DataError {
     #[error("data.synthetic: {problem}")]
     BadSynthetic { problem: String },
 
+    /// `[data.jsonl]` asks for something that cannot be read.
+    #[error("data.jsonl: {problem}")]
+    BadJsonl { problem: String },
+
     /// `[data.preprocessing]` does not fit the data as loaded (the plan checked its headers).
     #[error("data.preprocessing: {problem}")]
     BadPreprocessing { problem: String },
@@ -330,6 +334,9 @@ pub enum Position {
     Byte(u64),
     /// 1-based line and column; in a CSV file the column is the 1-based field number.
     Line { line: u64, column: usize },
+    /// 1-based line and column (in characters) and the byte offset of that column from the
+    /// start (of the decompressed stream): a JSONL file, whose lines can be long.
+    LineByte { line: u64, column: usize, byte: u64 },
     /// 0-based record (example) index.
     Record(usize),
 }
@@ -371,6 +378,7 @@ impl fmt::Display for Located<'_> {
             Position::File => write!(f, "{path}"),
             Position::Byte(offset) => write!(f, "{path} at byte {offset}"),
             Position::Line { line, column } => write!(f, "{path}:{line}:{column}"),
+            Position::LineByte { line, column, byte } => write!(f, "{path}:{line}:{column} (byte {byte})"),
             Position::Record(index) => write!(f, "{path}, record {index}"),
         }
     }
@@ -404,17 +412,20 @@ impl fmt::Display for TooFew<'_> {
             WindowSplit::Train => ("training", "train", "there is nothing to train on"),
             WindowSplit::Validation => ("validation", "validation", "nothing would be evaluated"),
         };
-        let what = if source == "text" { "text" } else { "tokens" };
+        let what = if source == "tokens" { "tokens" } else { "text" };
+        // A JSONL file's block size is in its `text` group.
+        let block_key =
+            if source == "jsonl" { "jsonl.text.block_size".to_string() } else { format!("{source}.block_size") };
         write!(
             f,
-            ": the {split} files need one window of data.{source}.block_size + 1 = {} tokens at least, so \
+            ": the {split} files need one window of data.{block_key} + 1 = {} tokens at least, so \
              {consequence}; give data.{source}.{key} more {what}",
             block + 1
         )?;
         // A block of 1 needs 2 tokens: the longest file tells what block would fit.
         let longest = self.files.iter().map(|&(_, t)| t).max().unwrap_or(0);
         if longest >= 2 {
-            write!(f, ", lower data.{source}.block_size to {} or less", longest - 1)?;
+            write!(f, ", lower data.{block_key} to {} or less", longest - 1)?;
         }
         match self.split {
             WindowSplit::Train => Ok(()),

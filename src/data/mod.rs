@@ -43,13 +43,14 @@ pub use source::cifar::LabelMode;
 pub use source::csv::CsvLabels;
 pub use source::image_folder::ColorMode;
 pub use source::npy::NpyPair;
-pub use source::text::{Tokenization, Vocabulary, VocabularyFrom};
+pub use source::text::{Encoding, Tokenization, Vocabulary, VocabularyFrom};
 pub use source::tfrecord::{TfRecordCompression, TfRecordEncoding};
 pub use source::tokens::TokenDtype;
 pub use source::{
     AnySource, Cifar100Config, CifarSource, CsvConfig, CsvSource, DataSource, IdxFiles, IdxSource, ImageFolderConfig,
-    ImageFolderSource, MnistSource, NpyConfig, NpySource, Preset, RawValues, SyntheticConfig, SyntheticSource,
-    TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig, TokensSource,
+    ImageFolderSource, JsonlConfig, JsonlSource, JsonlTable, JsonlText, MnistSource, NpyConfig, NpySource, Preset,
+    RawValues, SyntheticConfig, SyntheticSource, TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig,
+    TokensSource,
 };
 
 /// The shape of one image: height × width × channels (NHWC without the N).

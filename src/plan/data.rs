@@ -5,7 +5,8 @@ use super::{Replicas, StrategyKind};
 use crate::data::source::cifar::CifarDataset;
 use crate::data::{
     AnySource, CifarSource, CsvSource, DataDirs, DataError, DataFacts, DataSource, IdxSource, ImageFolderSource,
-    MnistSource, NpySource, Preprocessing, Preset, Shuffle, SyntheticSource, TextSource, TfRecordSource, TokensSource,
+    JsonlSource, MnistSource, NpySource, Preprocessing, Preset, Shuffle, SyntheticSource, TextSource, TfRecordSource,
+    TokensSource,
 };
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
@@ -128,6 +129,15 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
                 "[data.tfrecord] train = [\"train-*.tfrecord\"], shape = [28, 28, 1], classes = 10",
             )?,
             dir: dir("tfrecord")?,
+        }),
+        DatasetKind::Jsonl => AnySource::new(JsonlSource {
+            config: needs(
+                &spec.jsonl,
+                "jsonl",
+                "[data.jsonl]",
+                "[data.jsonl] train = [\"train.jsonl\"], text = { field = \"text\", block_size = 64 }",
+            )?,
+            dir: dir("jsonl")?,
         }),
     })
 }

@@ -153,7 +153,10 @@ fn run_vocabulary(checkpoint: &Path) -> Result<Option<(PathBuf, Vocabulary)>, Ru
             }
             Vocabulary::Char { tokens }
         }
-        other => return Err(bad(format!("`tokenization` is {other:?}, not \"char\" or \"byte\""))),
+        Some("tiktoken") => Vocabulary::tiktoken(
+            serde_json::from_value(json["encoding"].clone()).map_err(|e| bad(format!("`encoding`: {e}")))?,
+        ),
+        other => return Err(bad(format!("`tokenization` is {other:?}, not \"char\", \"byte\" or \"tiktoken\""))),
     };
     Ok(Some((file, vocabulary)))
 }
@@ -182,6 +185,7 @@ pub(super) fn weights(path: &Path, layout: &crate::checkpoint::Layout) -> Result
 fn encode(vocabulary: &Vocabulary, text: &str) -> Result<Vec<u32>, RunError> {
     match vocabulary {
         Vocabulary::Byte { .. } => Ok(text.bytes().map(u32::from).collect()),
+        Vocabulary::Tiktoken { encoding, .. } => Ok(encoding.encode(text)),
         Vocabulary::Char { tokens } => text
             .chars()
             .enumerate()
@@ -205,6 +209,7 @@ fn decode(vocabulary: &Vocabulary, id: usize) -> String {
         Vocabulary::Char { tokens } => tokens.get(id).cloned().unwrap_or_default(),
         // A byte may be part of a UTF-8 sequence: shown lossily, one token at a time.
         Vocabulary::Byte { .. } => String::from_utf8_lossy(&[id as u8]).into_owned(),
+        Vocabulary::Tiktoken { encoding, .. } => String::from_utf8_lossy(&encoding.bytes(id as u32)).into_owned(),
     }
 }
 

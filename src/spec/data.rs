@@ -2,8 +2,8 @@
 
 use crate::data::PreprocessingConfig;
 use crate::data::{
-    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, NpyConfig, SyntheticConfig, TextConfig, TfRecordConfig,
-    TokensConfig,
+    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, JsonlConfig, NpyConfig, SyntheticConfig, TextConfig,
+    TfRecordConfig, TokensConfig,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -59,6 +59,11 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tfrecord: Option<TfRecordConfig>,
 
+    /// Files and how to read them for `dataset = "jsonl"` (JSON Lines: documents for a
+    /// language model, or a table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jsonl: Option<JsonlConfig>,
+
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
     /// Default: the whole training set (a uniform shuffle). Example: `shuffle_buffer = 10000`.
@@ -113,6 +118,7 @@ impl Default for DataSpec {
             image_folder: None,
             cifar100: None,
             tfrecord: None,
+            jsonl: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -156,6 +162,9 @@ pub enum DatasetKind {
     /// TFRecord files of `tf.train.Example`s named in `[data.tfrecord]` (plain or GZIP),
     /// streamed through a shuffle buffer, never loaded whole.
     Tfrecord,
+    /// JSON Lines files named in `[data.jsonl]` (plain, gzip or zstd): a string field as
+    /// documents for a language model, or numeric fields and a label as a table.
+    Jsonl,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.

@@ -120,7 +120,7 @@ impl DataSource for CsvSource {
 
 /// One table as [`Examples`].
 #[derive(Debug)]
-struct Table(CsvDataset);
+pub(super) struct Table(pub CsvDataset);
 
 impl Examples for Table {
     fn len(&self) -> usize {
@@ -150,7 +150,7 @@ fn options(config: &CsvConfig) -> CsvOptions {
 }
 
 /// The label kind of the training table, and its classes.
-fn label_kind(table: &CsvDataset) -> (LabelKind, Option<Classes>) {
+pub(super) fn label_kind(table: &CsvDataset) -> (LabelKind, Option<Classes>) {
     match table.labels() {
         Labels::Classes { classes, .. } => (LabelKind::Class { classes: classes.len() }, Some(classes.clone())),
         Labels::Targets { width, .. } => (LabelKind::Target { width: *width }, None),
@@ -184,6 +184,19 @@ fn read(dir: &Path, config: &CsvConfig) -> Result<(CsvDataset, Option<CsvDataset
         Labels::Targets { .. } => CsvLabels::Regression,
     });
     let mut test = CsvDataset::open(&test_path, &options)?;
+    align_test_classes(&train, &mut test, &config.label, &train_path, &test_path)?;
+    Ok((train, Some(test)))
+}
+
+/// Numbers the test table's class names as the training table's (`label` is the label
+/// column or field); a name the training table lacks is an error naming them all.
+pub(super) fn align_test_classes(
+    train: &CsvDataset,
+    test: &mut CsvDataset,
+    label: &str,
+    train_path: &Path,
+    test_path: &Path,
+) -> Result<(), DataError> {
     if let (Labels::Classes { classes, .. }, Labels::Classes { index, classes: names }) =
         (train.labels(), &mut test.labels)
     {
@@ -194,19 +207,19 @@ fn read(dir: &Path, config: &CsvConfig) -> Result<(CsvDataset, Option<CsvDataset
         if !unknown.is_empty() {
             let labels = format!(
                 "label column `{}` holds {} that the training table {} does not have (its classes: {})",
-                config.label,
+                label,
                 quoted(&unknown),
                 train_path.display(),
                 classes.names().join(", ")
             );
-            return Err(DataError::UnknownClasses { test: test_path, labels });
+            return Err(DataError::UnknownClasses { test: test_path.to_path_buf(), labels });
         }
         for i in index.iter_mut() {
             *i = classes.index_of(&names.names()[*i as usize]).unwrap_or(*i);
         }
         *names = classes.clone();
     }
-    Ok((train, Some(test)))
+    Ok(())
 }
 
 /// Which columns to read.
@@ -237,9 +250,9 @@ pub struct CsvDataset {
 }
 
 /// A label cell and where it was, for the errors of label inference.
-struct LabelCell {
-    value: String,
-    line: u64,
+pub(super) struct LabelCell {
+    pub value: String,
+    pub line: u64,
 }
 
 impl CsvDataset {
@@ -301,6 +314,12 @@ impl CsvDataset {
         })?;
         let feature_names = feature_columns.iter().map(|&c| header[c].clone()).collect();
         Ok(Self { features, shape: [feature_columns.len()], feature_names, labels })
+    }
+
+    /// A table of rows already read elsewhere (a JSONL file's objects): `features` row-major,
+    /// `feature_names.len()` a row.
+    pub(super) fn from_parts(features: Vec<f32>, feature_names: Vec<String>, labels: Labels) -> Self {
+        Self { features, shape: [feature_names.len()], feature_names, labels }
     }
 
     /// The column names of the table at `path` (whose label column is `label`), from its
@@ -382,7 +401,7 @@ fn parse_number(cell: &str) -> Result<f32, String> {
 }
 
 /// The labels, or the line of the first bad cell and why.
-fn labels_of(cells: &[LabelCell], kind: Option<CsvLabels>) -> Result<Labels, (u64, String)> {
+pub(super) fn labels_of(cells: &[LabelCell], kind: Option<CsvLabels>) -> Result<Labels, (u64, String)> {
     let class_index = |c: &LabelCell| c.value.parse::<u32>().ok();
     let all_indices = cells.iter().all(|c| class_index(c).is_some());
     let kind = match kind {

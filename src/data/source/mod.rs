@@ -1,7 +1,7 @@
 //! Where examples come from: one file per source, named as `data.dataset` names it, each a type
 //! implementing [`DataSource`]; a source's file format is read in the same file, or under the
 //! folder of its name when it needs more than one (`npy/`, `image_folder/`, `cifar/`,
-//! `tfrecord/`).
+//! `tfrecord/`, `jsonl/`).
 //!
 //! | `data.dataset` | file | type | `[data.<kind>]` table |
 //! |---|---|---|---|
@@ -15,6 +15,7 @@
 //! | `image_folder` | [`image_folder`] | [`ImageFolderSource`] | [`ImageFolderConfig`] |
 //! | `cifar10`, `cifar100` | [`cifar`] | [`CifarSource`] | [`Cifar100Config`] |
 //! | `tfrecord` | [`tfrecord`] | [`TfRecordSource`] | [`TfRecordConfig`] |
+//! | `jsonl` | [`jsonl`] | [`JsonlSource`] | [`JsonlConfig`] |
 //!
 //! Adding a source touches four files and one generated file: its file here (the type, its
 //! `impl DataSource`, its `[data.<kind>]` table) and its `mod` line below; its `DatasetKind`
@@ -44,6 +45,7 @@ pub mod cifar;
 pub mod csv;
 pub mod idx;
 pub mod image_folder;
+pub mod jsonl;
 pub mod mnist;
 pub mod npy;
 pub mod synthetic;
@@ -55,6 +57,7 @@ pub use cifar::{Cifar100Config, CifarSource};
 pub use csv::{CsvConfig, CsvSource};
 pub use idx::{IdxFiles, IdxSource};
 pub use image_folder::{ImageFolderConfig, ImageFolderSource};
+pub use jsonl::{JsonlConfig, JsonlSource, JsonlTable, JsonlText};
 pub use mnist::{MnistSource, Preset};
 pub use npy::{NpyConfig, NpySource};
 pub use synthetic::{SyntheticConfig, SyntheticSource};

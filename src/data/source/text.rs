@@ -1,17 +1,22 @@
 //! The `text` source: UTF-8 files for training and validation, tokenized by character (with a
-//! sorted vocabulary built from the training text) or by byte, cut into [`Windows`] of
-//! `block_size + 1` tokens for a language model.
+//! sorted vocabulary built from the training text), by byte, or by a tiktoken encoding
+//! ([`tiktoken`]), cut into [`Windows`] of `block_size + 1` tokens for a language model.
 //!
 //! A character of the validation text that the training text lacks is an error naming it and
 //! its `file:line:column`, unless `vocabulary = "train_and_validation"` builds the vocabulary
 //! from both. The vocabulary is written to the run folder as `vocab.json`, so a sampler can
 //! turn ids back into text.
 
+mod tiktoken;
+
+pub use tiktoken::Encoding;
+
 use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
 use crate::data::windows::{Tokens, WindowSplit, Windows, count, require_windows};
 use crate::data::{DataFacts, Dataset};
+use rayon::prelude::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -29,7 +34,8 @@ pub struct TextConfig {
     /// evaluated). Example: `validation = ["val.txt"]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validation: Vec<String>,
-    /// How text becomes tokens. Default: `char`. Example: `tokenization = "byte"`.
+    /// How text becomes tokens: `char`, `byte`, or a tiktoken encoding (`gpt2`, `r50k_base`,
+    /// `cl100k_base`, `o200k_base`). Default: `char`. Example: `tokenization = "gpt2"`.
     #[serde(default)]
     pub tokenization: Tokenization,
     /// Which text the `char` vocabulary is built from. Default: `train`.
@@ -50,14 +56,25 @@ pub enum Tokenization {
     Char,
     /// One token per byte of the UTF-8 text: 256 ids.
     Byte,
+    /// tiktoken's GPT-2 encoding (byte-level BPE, 50,257 ids).
+    Gpt2,
+    /// tiktoken's `r50k_base` (50,257 ids).
+    R50kBase,
+    /// tiktoken's `cl100k_base` (100,277 ids).
+    Cl100kBase,
+    /// tiktoken's `o200k_base` (200,019 ids).
+    O200kBase,
 }
 
 impl Tokenization {
-    /// The number of tokens in `text`.
-    fn count(self, text: &str) -> usize {
+    /// The text put after every document by default: a newline for `char` and `byte`, the
+    /// end-of-text special token for a tiktoken encoding.
+    pub fn default_end_of_text(self) -> &'static str {
         match self {
-            Tokenization::Char => text.chars().count(),
-            Tokenization::Byte => text.len(),
+            Tokenization::Char | Tokenization::Byte => "\n",
+            Tokenization::Gpt2 | Tokenization::R50kBase | Tokenization::Cl100kBase | Tokenization::O200kBase => {
+                tiktoken_rs::ENDOFTEXT
+            }
         }
     }
 }
@@ -81,6 +98,8 @@ pub enum Vocabulary {
     Char { tokens: Vec<String> },
     /// Token `i` is the byte `i`.
     Byte { size: u32 },
+    /// A tiktoken encoding's ids.
+    Tiktoken { encoding: Encoding, size: u32 },
 }
 
 impl Vocabulary {
@@ -88,8 +107,13 @@ impl Vocabulary {
     pub fn len(&self) -> u32 {
         match self {
             Vocabulary::Char { tokens } => tokens.len() as u32,
-            Vocabulary::Byte { size } => *size,
+            Vocabulary::Byte { size } | Vocabulary::Tiktoken { size, .. } => *size,
         }
+    }
+
+    /// The vocabulary of a tiktoken encoding.
+    pub fn tiktoken(encoding: Encoding) -> Self {
+        Vocabulary::Tiktoken { encoding, size: encoding.size() }
     }
 
     /// True when there are no tokens.
@@ -121,47 +145,12 @@ impl DataSource for TextSource {
     /// Example counts, shape and vocabulary size: the files are read (text is small next to the
     /// model that trains on it).
     fn facts(&self) -> Result<DataFacts, DataError> {
-        require(self.name(), &self.dir, self.missing_files())?;
-        let (dir, config) = (&self.dir, &self.config);
-        no_training_text(config)?;
-        let texts = read(dir, config)?;
-        let block = config.block_size.get();
-        let tokens = |t: &str| config.tokenization.count(t);
-        let windows =
-            |files: &[(PathBuf, String)], stride| files.iter().map(|(_, t)| count(tokens(t), block, stride)).sum();
-        Ok(DataFacts {
-            train_examples: windows(&texts.train, 1),
-            test_examples: windows(&texts.validation, block),
-            example_shape: vec![block],
-            labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
-            // Windows are sharded by example: splitting files across workers is not offered.
-            train_files: 0,
-            warnings: vec![],
-        })
+        Ok(self.texts()?.facts())
     }
 
     /// Reads, tokenizes and windows the texts.
     fn load(&self) -> Result<Dataset, DataError> {
-        require(self.name(), &self.dir, self.missing_files())?;
-        let (dir, config) = (&self.dir, &self.config);
-        no_training_text(config)?;
-        let texts = read(dir, config)?;
-        let block = config.block_size.get();
-        let tokens = |files: &[(PathBuf, String)]| -> Result<Vec<Tokens>, DataError> {
-            files.iter().map(|(p, t)| encode(p, t, &texts.vocabulary).map(Tokens::Owned)).collect()
-        };
-        let train = Split::of(Windows::new(tokens(&texts.train)?, block, 1));
-        let test = match texts.validation.is_empty() {
-            true => None,
-            false => Some(Split::of(Windows::new(tokens(&texts.validation)?, block, block))),
-        };
-        Ok(Dataset {
-            train,
-            test,
-            labels: LabelKind::Sequence { classes: texts.vocabulary.len(), len: block },
-            vocabulary: Some(texts.vocabulary),
-            classes: None,
-        })
+        self.texts()?.dataset()
     }
 
     fn raw_values(&self) -> RawValues {
@@ -169,17 +158,149 @@ impl DataSource for TextSource {
     }
 }
 
-/// The texts of a `text` source, read and checked, and the vocabulary.
-struct Texts {
-    train: Vec<(PathBuf, String)>,
-    validation: Vec<(PathBuf, String)>,
-    vocabulary: Vocabulary,
+impl TextSource {
+    /// The files, read and checked, with their vocabulary.
+    fn texts(&self) -> Result<Texts, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let (dir, config) = (&self.dir, &self.config);
+        no_training_text(config)?;
+        let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
+        let tokenizing = Tokenizing {
+            dataset: "text",
+            tokenization: config.tokenization,
+            vocabulary: config.vocabulary,
+            block: config.block_size.get(),
+            end_of_text: None,
+        };
+        Texts::new(all(&config.train)?, all(&config.validation)?, &tokenizing)
+    }
 }
 
-fn read_text(path: PathBuf) -> Result<(PathBuf, String), DataError> {
+/// How a language model's texts become windows of tokens: what `[data.text]` and
+/// `[data.jsonl.text]` share.
+pub(super) struct Tokenizing {
+    /// The source, as `data.dataset` names it (for errors).
+    pub dataset: &'static str,
+    pub tokenization: Tokenization,
+    pub vocabulary: VocabularyFrom,
+    /// Tokens per example.
+    pub block: usize,
+    /// Text put after every document (`None`: nothing, the file is one document); for a
+    /// tiktoken encoding its special tokens are read as such.
+    pub end_of_text: Option<String>,
+}
+
+/// One file's documents, in order.
+pub(super) struct TextFile {
+    pub path: PathBuf,
+    pub documents: Vec<String>,
+}
+
+/// The texts of a language model's files, read and checked, one token stream per file, and the
+/// vocabulary.
+pub(super) struct Texts {
+    train: Vec<TextFile>,
+    validation: Vec<TextFile>,
+    vocabulary: Vocabulary,
+    /// The ids put after every document.
+    end_of_text: Vec<u32>,
+    block: usize,
+}
+
+impl Texts {
+    /// The texts of the training and validation files: the vocabulary is built and each split
+    /// is checked to hold one window at least.
+    pub(super) fn new(train: Vec<TextFile>, validation: Vec<TextFile>, how: &Tokenizing) -> Result<Self, DataError> {
+        let end_of_text = how.end_of_text.as_deref().unwrap_or_default();
+        let vocabulary = match how.tokenization {
+            Tokenization::Byte => Vocabulary::Byte { size: 256 },
+            Tokenization::Char => {
+                let from_validation = match how.vocabulary {
+                    VocabularyFrom::Train => &[][..],
+                    VocabularyFrom::TrainAndValidation => &validation[..],
+                };
+                let documents = train.iter().chain(from_validation).flat_map(|f| &f.documents);
+                let chars: BTreeSet<char> = documents.flat_map(|d| d.chars()).chain(end_of_text.chars()).collect();
+                Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
+            }
+            Tokenization::Gpt2 => Vocabulary::tiktoken(Encoding::Gpt2),
+            Tokenization::R50kBase => Vocabulary::tiktoken(Encoding::R50kBase),
+            Tokenization::Cl100kBase => Vocabulary::tiktoken(Encoding::Cl100kBase),
+            Tokenization::O200kBase => Vocabulary::tiktoken(Encoding::O200kBase),
+        };
+        let end_of_text = match &vocabulary {
+            Vocabulary::Tiktoken { encoding, .. } => encoding.encode_special(end_of_text),
+            Vocabulary::Char { .. } | Vocabulary::Byte { .. } => {
+                encode(Path::new("data.jsonl.text.end_of_text"), end_of_text, &vocabulary)?
+            }
+        };
+        let texts = Self { train, validation, vocabulary, end_of_text, block: how.block };
+        for (split, files) in [(WindowSplit::Train, &texts.train), (WindowSplit::Validation, &texts.validation)] {
+            let counts: Vec<(&Path, usize)> = files.iter().map(|f| (f.path.as_path(), texts.count(f))).collect();
+            require_windows(how.dataset, split, &counts, how.block)?;
+        }
+        Ok(texts)
+    }
+
+    /// The number of tokens of `file`'s stream (a tiktoken encoding encodes it to count).
+    fn count(&self, file: &TextFile) -> usize {
+        let documents = file.documents.par_iter().map(|d| match &self.vocabulary {
+            Vocabulary::Char { .. } => d.chars().count(),
+            Vocabulary::Byte { .. } => d.len(),
+            Vocabulary::Tiktoken { encoding, .. } => encoding.encode(d).len(),
+        });
+        documents.map(|n| n + self.end_of_text.len()).sum()
+    }
+
+    /// Example counts, shape and vocabulary size.
+    pub(super) fn facts(&self) -> DataFacts {
+        let block = self.block;
+        let windows = |files: &[TextFile], stride| files.iter().map(|f| count(self.count(f), block, stride)).sum();
+        DataFacts {
+            train_examples: windows(&self.train, 1),
+            test_examples: windows(&self.validation, block),
+            example_shape: vec![block],
+            labels: LabelKind::Sequence { classes: self.vocabulary.len(), len: block },
+            // Windows are sharded by example: splitting files across workers is not offered.
+            train_files: 0,
+            warnings: vec![],
+        }
+    }
+
+    /// The texts tokenized (documents in parallel) and windowed: training windows at every
+    /// token, validation windows side by side.
+    pub(super) fn dataset(self) -> Result<Dataset, DataError> {
+        let (block, vocabulary) = (self.block, &self.vocabulary);
+        let stream = |f: &TextFile| -> Result<Tokens, DataError> {
+            let documents: Vec<Vec<u32>> =
+                f.documents.par_iter().map(|d| encode(&f.path, d, vocabulary)).collect::<Result<_, _>>()?;
+            let mut ids = Vec::with_capacity(documents.iter().map(|d| d.len() + self.end_of_text.len()).sum());
+            for document in documents {
+                ids.extend(document);
+                ids.extend_from_slice(&self.end_of_text);
+            }
+            Ok(Tokens::Owned(ids))
+        };
+        let tokens = |files: &[TextFile]| files.iter().map(stream).collect::<Result<Vec<_>, _>>();
+        let train = Split::of(Windows::new(tokens(&self.train)?, block, 1));
+        let test = match self.validation.is_empty() {
+            true => None,
+            false => Some(Split::of(Windows::new(tokens(&self.validation)?, block, block))),
+        };
+        Ok(Dataset {
+            train,
+            test,
+            labels: LabelKind::Sequence { classes: vocabulary.len(), len: block },
+            vocabulary: Some(self.vocabulary),
+            classes: None,
+        })
+    }
+}
+
+fn read_text(path: PathBuf) -> Result<TextFile, DataError> {
     let bytes = std::fs::read(&path).map_err(|source| DataError::Read { path: path.clone(), source })?;
     match String::from_utf8(bytes) {
-        Ok(text) => Ok((path, text)),
+        Ok(text) => Ok(TextFile { path, documents: vec![text] }),
         Err(e) => {
             let at = Position::Byte(e.utf8_error().valid_up_to() as u64);
             Err(DataError::Malformed {
@@ -191,33 +312,11 @@ fn read_text(path: PathBuf) -> Result<(PathBuf, String), DataError> {
     }
 }
 
-fn read(dir: &Path, config: &TextConfig) -> Result<Texts, DataError> {
-    let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
-    let (train, validation) = (all(&config.train)?, all(&config.validation)?);
-    let block = config.block_size.get();
-    for (split, files) in [(WindowSplit::Train, &train), (WindowSplit::Validation, &validation)] {
-        let counts: Vec<(&Path, usize)> =
-            files.iter().map(|(p, t)| (p.as_path(), config.tokenization.count(t))).collect();
-        require_windows("text", split, &counts, block)?;
-    }
-    let vocabulary = match config.tokenization {
-        Tokenization::Byte => Vocabulary::Byte { size: 256 },
-        Tokenization::Char => {
-            let from_validation = match config.vocabulary {
-                VocabularyFrom::Train => &[][..],
-                VocabularyFrom::TrainAndValidation => &validation[..],
-            };
-            let chars: BTreeSet<char> = train.iter().chain(from_validation).flat_map(|(_, t)| t.chars()).collect();
-            Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
-        }
-    };
-    Ok(Texts { train, validation, vocabulary })
-}
-
 /// The token ids of `text` (at `path`, for errors).
 fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, DataError> {
     let tokens = match vocabulary {
         Vocabulary::Byte { .. } => return Ok(text.bytes().map(u32::from).collect()),
+        Vocabulary::Tiktoken { encoding, .. } => return Ok(encoding.encode(text)),
         Vocabulary::Char { tokens } => tokens,
     };
     let mut ids = Vec::with_capacity(text.len());

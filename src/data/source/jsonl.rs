@@ -1,0 +1,247 @@
+//! The `jsonl` source: JSON Lines files (one JSON object a line), plain, gzip or zstd
+//! compressed, read in one of two ways that `[data.jsonl]` names:
+//!
+//! - `text`: a string field of each object (default `text`) is a document for a language model.
+//!   A file's documents, each followed by the end-of-text text, form one token stream, tokenized
+//!   and cut into windows as the `text` source's files are (the same tokenizations, vocabulary
+//!   and `vocab.json`).
+//! - `table`: named numeric fields (numbers, or arrays of numbers flattened in order) are the
+//!   features and one field is the label, read as the `csv` source reads its columns: classes
+//!   (names, or whole numbers) or regression targets.
+//!
+//! Either way the files are read whole at load (as `text` and `csv` read theirs), so shards and
+//! resume cursors are the pipeline's, by example, as for every source read by index. Every
+//! error names the file, the line, the column and the byte offset (`lines`).
+
+mod lines;
+mod table;
+
+use super::csv::{CsvDataset, Table};
+use super::text::{TextFile, Texts, Tokenizing};
+use super::{DataSource, RawValues, missing_in, require};
+use crate::data::error::DataError;
+use crate::data::examples::Split;
+use crate::data::formats::RandomAccess as _;
+use crate::data::{CsvLabels, DataFacts, DataWarning, Dataset, Tokenization, VocabularyFrom};
+use lines::Lines;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+/// `[data.jsonl]`: JSON Lines files, read as text for a language model or as a table.
+/// Exactly one of `text` and `table`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlConfig {
+    /// Training files, relative to `data.dir` (or absolute): plain, gzip or zstd (told by their
+    /// first bytes). Required. Example: `train = ["train.jsonl.gz"]`.
+    pub train: Vec<String>,
+    /// Validation files, evaluated as the test split. Default: none (nothing is evaluated).
+    /// Example: `validation = ["val.jsonl"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<String>,
+    /// Read a text field as documents for a language model.
+    /// Example: `text = { field = "text", block_size = 64 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<JsonlText>,
+    /// Read numeric fields as features and one field as the label.
+    /// Example: `table = { label = "species", features = ["petal_length", "petal_width"] }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<JsonlTable>,
+}
+
+/// `data.jsonl.text`: documents for a language model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlText {
+    /// The string field holding each document. Default: `text`. Example: `field = "content"`.
+    #[serde(default = "default_field")]
+    pub field: String,
+    /// Text put after every document, so the model learns where one ends; with a tiktoken
+    /// encoding its special tokens (`<|endoftext|>`) are read as such. Default: a newline for
+    /// `char` and `byte`, `<|endoftext|>` for a tiktoken encoding. Example: `end_of_text = "\n\n"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_text: Option<String>,
+    /// How text becomes tokens, as `data.text.tokenization` (`char`, `byte`, `gpt2`,
+    /// `r50k_base`, `cl100k_base`, `o200k_base`). Default: `char`. Example: `tokenization = "gpt2"`.
+    #[serde(default)]
+    pub tokenization: Tokenization,
+    /// Which text the `char` vocabulary is built from, as `data.text.vocabulary`.
+    /// Default: `train`. Example: `vocabulary = "train_and_validation"`.
+    #[serde(default)]
+    pub vocabulary: VocabularyFrom,
+    /// Tokens the model sees per example (windows of `block_size + 1` tokens). Required.
+    /// Example: `block_size = 64`.
+    pub block_size: NonZeroUsize,
+}
+
+fn default_field() -> String {
+    "text".into()
+}
+
+/// `data.jsonl.table`: a table of numeric fields and a label field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlTable {
+    /// The label field. Required. Example: `label = "species"`.
+    pub label: String,
+    /// Feature fields, in this order: numbers, or arrays of numbers (flattened). Default: every
+    /// field of the first training object but the label, in sorted order.
+    /// Example: `features = ["sepal_length", "sepal_width"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
+    /// What the label field holds, as `data.csv.labels`. Default: inferred (strings or whole
+    /// numbers are classes, other numbers regression targets). Example: `labels = "regression"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<CsvLabels>,
+}
+
+/// How `[data.jsonl]` reads its files: the one group it names.
+enum ReadAs<'a> {
+    Text(&'a JsonlText),
+    Table(&'a JsonlTable),
+}
+
+/// `data.dataset = "jsonl"`: `[data.jsonl]`'s files in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonlSource {
+    pub dir: PathBuf,
+    pub config: JsonlConfig,
+}
+
+impl DataSource for JsonlSource {
+    fn name(&self) -> &'static str {
+        "jsonl"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    fn missing_files(&self) -> Vec<String> {
+        missing_in(&self.dir, self.config.train.iter().chain(&self.config.validation))
+    }
+
+    /// Example counts, shape and labels: the files are read.
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(text) => Ok(self.texts(text)?.facts()),
+            ReadAs::Table(table) => {
+                let (train, test) = self.tables(table)?;
+                let one_class = train.labels().single_class();
+                let path = self.dir.join(&self.config.train[0]);
+                let warning = |name| DataWarning::one_class("data.jsonl.table.label", &path, name);
+                Ok(DataFacts {
+                    train_examples: train.len(),
+                    test_examples: test.as_ref().map_or(0, |t| t.len()),
+                    example_shape: train.shape().to_vec(),
+                    labels: super::csv::label_kind(&train).0,
+                    // Rows are read by index and sharded by example, as a CSV table's: the
+                    // `file` policy, which reads a stream's files apart, is not offered.
+                    train_files: 1,
+                    warnings: one_class.map(warning).into_iter().collect(),
+                })
+            }
+        }
+    }
+
+    /// Reads the files: tokenized windows, or a table.
+    fn load(&self) -> Result<Dataset, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(text) => self.texts(text)?.dataset(),
+            ReadAs::Table(table) => {
+                let (train, test) = self.tables(table)?;
+                let (labels, classes) = super::csv::label_kind(&train);
+                Ok(Dataset {
+                    train: Split::of(Table(train)),
+                    test: test.map(|t| Split::of(Table(t))),
+                    labels,
+                    vocabulary: None,
+                    classes,
+                })
+            }
+        }
+    }
+
+    fn raw_values(&self) -> RawValues {
+        match self.config.text {
+            Some(_) => RawValues::Tokens,
+            None => RawValues::Numbers,
+        }
+    }
+}
+
+impl JsonlSource {
+    /// The files there, and the one way of reading them that the config names.
+    fn read_as(&self) -> Result<ReadAs<'_>, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let config = &self.config;
+        if config.train.is_empty() {
+            return Err(DataError::MissingSection {
+                dataset: "jsonl",
+                section: "at least one file in data.jsonl.train",
+                example: EXAMPLE,
+            });
+        }
+        match (&config.text, &config.table) {
+            (Some(text), None) => Ok(ReadAs::Text(text)),
+            (None, Some(table)) => Ok(ReadAs::Table(table)),
+            (None, None) => Err(DataError::MissingSection {
+                dataset: "jsonl",
+                section: "data.jsonl.text (a language model's documents) or data.jsonl.table (features and a label)",
+                example: EXAMPLE,
+            }),
+            (Some(_), Some(_)) => Err(DataError::BadJsonl {
+                problem: "both data.jsonl.text and data.jsonl.table are set; a file is read one way: keep the one \
+                          the model needs"
+                    .into(),
+            }),
+        }
+    }
+
+    /// The documents of every file, each file's joined into one text.
+    fn texts(&self, config: &JsonlText) -> Result<Texts, DataError> {
+        let all = |names: &[String]| -> Result<Vec<TextFile>, DataError> {
+            names.iter().map(|n| documents(&self.dir.join(n), config)).collect()
+        };
+        let tokenizing = Tokenizing {
+            dataset: "jsonl",
+            tokenization: config.tokenization,
+            vocabulary: config.vocabulary,
+            block: config.block_size.get(),
+            end_of_text: Some(
+                config.end_of_text.clone().unwrap_or_else(|| config.tokenization.default_end_of_text().into()),
+            ),
+        };
+        Texts::new(all(&self.config.train)?, all(&self.config.validation)?, &tokenizing)
+    }
+
+    /// The training table and the validation table, read as the training one was.
+    fn tables(&self, config: &JsonlTable) -> Result<(CsvDataset, Option<CsvDataset>), DataError> {
+        let paths = |names: &[String]| names.iter().map(|n| self.dir.join(n)).collect::<Vec<_>>();
+        table::read(&paths(&self.config.train), &paths(&self.config.validation), config)
+    }
+}
+
+const EXAMPLE: &str = "[data.jsonl] train = [\"train.jsonl\"], text = { field = \"text\", block_size = 64 }";
+
+/// The documents of the file at `path`.
+fn documents(path: &Path, config: &JsonlText) -> Result<TextFile, DataError> {
+    let mut lines = Lines::open(path)?;
+    let mut documents = vec![];
+    while let Some(mut line) = lines.next_object()? {
+        match line.object.remove(&config.field) {
+            Some(Value::String(document)) => documents.push(document),
+            Some(other) => {
+                return Err(table::wrong_field(path, &line, &config.field, lines::kind_of(&other), "a string"));
+            }
+            None => return Err(table::missing_field(path, &line, &config.field)),
+        }
+    }
+    Ok(TextFile { path: path.to_path_buf(), documents })
+}
+
+#[cfg(test)]
+mod tests;
