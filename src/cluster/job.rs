@@ -118,6 +118,17 @@ pub enum JoinError {
     Transport(String),
 }
 
+/// The host an address names, as the plan's topology groups workers: its host part, with
+/// every loopback name as `localhost` (they all reach this machine).
+pub fn host_name(address: &str) -> String {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    if host == "localhost" || host == "::1" || host.starts_with("127.") {
+        "localhost".to_string()
+    } else {
+        host.to_string()
+    }
+}
+
 /// Where shared-memory segments go: `/dev/shm` (memory), else the temporary directory.
 pub fn segment_dir() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
@@ -230,7 +241,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
             let hosts: Vec<usize> = workers
                 .iter()
                 .map(|m| {
-                    let h = crate::plan::topology::host_name(&m.address);
+                    let h = host_name(&m.address);
                     names.iter().position(|n| *n == h).unwrap_or_else(|| {
                         names.push(h);
                         names.len() - 1
@@ -285,4 +296,18 @@ fn tcp_options(
 fn data_address(m: &super::Member) -> Result<SocketAddr, JoinError> {
     let text = String::from_utf8_lossy(&m.payload);
     text.parse().map_err(|_| JoinError::Transport(format!("{} sent a bad data-plane address `{text}`", m.task)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_names_are_one_host_and_ports_do_not_matter() {
+        assert_eq!(host_name("10.0.0.1:2222"), host_name("10.0.0.1:2223"));
+        assert_eq!(host_name("127.0.0.1:2222"), "localhost");
+        assert_eq!(host_name("[::1]:2222"), "localhost");
+        assert_eq!(host_name("localhost:1"), "localhost");
+        assert_eq!(host_name("node-3.svc:2222"), "node-3.svc");
+    }
 }

@@ -9,7 +9,7 @@ use super::{Algorithm, TransportKind};
 
 /// One kind of link: latency per message and time per byte.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Link {
+pub struct LinkCost {
     /// Seconds per message (α).
     pub alpha: f64,
     /// Seconds per byte (β).
@@ -20,9 +20,9 @@ pub struct Link {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct CostModel {
     /// Between ranks of one host, through the shared-memory segment.
-    pub shared_memory: Link,
+    pub shared_memory: LinkCost,
     /// Between hosts (here: loopback TCP).
-    pub network: Link,
+    pub network: LinkCost,
     /// Seconds per byte summed (γ).
     pub gamma: f64,
 }
@@ -32,8 +32,8 @@ impl Default for CostModel {
     /// α = 40 µs, 2.5 GB/s; shared memory α = 5 µs, 8 GB/s; sums at 4 GB/s.
     fn default() -> CostModel {
         CostModel {
-            shared_memory: Link { alpha: 5e-6, beta: 1.0 / 8e9 },
-            network: Link { alpha: 40e-6, beta: 1.0 / 2.5e9 },
+            shared_memory: LinkCost { alpha: 5e-6, beta: 1.0 / 8e9 },
+            network: LinkCost { alpha: 40e-6, beta: 1.0 / 2.5e9 },
             gamma: 1.0 / 4e9,
         }
     }
@@ -41,7 +41,7 @@ impl Default for CostModel {
 
 /// Where the ranks are: how many, on how many hosts, and how many on the fullest host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
+pub struct Placement {
     pub ranks: usize,
     pub hosts: usize,
     pub per_host: usize,
@@ -53,7 +53,7 @@ fn log2_floor(n: usize) -> f64 {
 
 impl CostModel {
     /// The link a flat algorithm's messages take over `transport`.
-    fn flat_link(&self, transport: TransportKind) -> Link {
+    fn flat_link(&self, transport: TransportKind) -> LinkCost {
         match transport {
             TransportKind::SharedMemory => self.shared_memory,
             TransportKind::Tcp
@@ -64,7 +64,7 @@ impl CostModel {
     }
 
     /// The ring over `n` ranks and `s` bytes: 2(n−1) messages of s/n, (n−1)/n·s summed.
-    pub fn ring(&self, link: Link, n: usize, s: f64) -> f64 {
+    pub fn ring(&self, link: LinkCost, n: usize, s: f64) -> f64 {
         if n < 2 {
             return 0.0;
         }
@@ -74,7 +74,7 @@ impl CostModel {
 
     /// Halving-doubling over `n` ranks: 2·log₂p messages carrying 2(p−1)/p·s over the core
     /// of p = 2^⌊log₂n⌋ ranks, plus the fold and the return (s each) when n is not p.
-    pub fn halving_doubling(&self, link: Link, n: usize, s: f64) -> f64 {
+    pub fn halving_doubling(&self, link: LinkCost, n: usize, s: f64) -> f64 {
         if n < 2 {
             return 0.0;
         }
@@ -86,7 +86,7 @@ impl CostModel {
     }
 
     /// A binomial-tree broadcast of s bytes to `n` ranks (hierarchical's last step).
-    fn broadcast(&self, link: Link, n: usize, s: f64) -> f64 {
+    fn broadcast(&self, link: LinkCost, n: usize, s: f64) -> f64 {
         if n < 2 {
             return 0.0;
         }
@@ -106,7 +106,13 @@ impl CostModel {
 
     /// The estimate for `algorithm` over `transport` among `shape`'s ranks, `bytes` each;
     /// `None` where the pair cannot run.
-    pub fn estimate(&self, algorithm: Algorithm, transport: TransportKind, shape: Shape, bytes: usize) -> Option<f64> {
+    pub fn estimate(
+        &self,
+        algorithm: Algorithm,
+        transport: TransportKind,
+        shape: Placement,
+        bytes: usize,
+    ) -> Option<f64> {
         algorithm.refuses(transport).is_none().then_some(())?;
         let (s, n) = (bytes as f64, shape.ranks);
         let link = self.flat_link(transport);
@@ -127,7 +133,7 @@ impl CostModel {
     /// Every algorithm that runs over `transport` with its estimate, cheapest first; ties keep
     /// [`Algorithm::ALL`]'s order, so two ranks (where ring and halving-doubling are the same
     /// exchange) keep the ring.
-    pub fn ranked(&self, transport: TransportKind, shape: Shape, bytes: usize) -> Vec<(Algorithm, f64)> {
+    pub fn ranked(&self, transport: TransportKind, shape: Placement, bytes: usize) -> Vec<(Algorithm, f64)> {
         let mut all: Vec<(Algorithm, f64)> =
             Algorithm::ALL.into_iter().filter_map(|a| Some((a, self.estimate(a, transport, shape, bytes)?))).collect();
         all.sort_by(|a, b| a.1.total_cmp(&b.1));
@@ -135,7 +141,7 @@ impl CostModel {
     }
 
     /// The cheapest algorithm over `transport` (`implementation = "auto"`).
-    pub fn cheapest(&self, transport: TransportKind, shape: Shape, bytes: usize) -> Algorithm {
+    pub fn cheapest(&self, transport: TransportKind, shape: Placement, bytes: usize) -> Algorithm {
         self.ranked(transport, shape, bytes).first().map_or(Algorithm::fastest_over(transport), |(a, _)| *a)
     }
 }
@@ -144,26 +150,26 @@ impl CostModel {
 mod tests {
     use super::*;
 
-    fn shape(ranks: usize, hosts: usize) -> Shape {
-        Shape { ranks, hosts, per_host: ranks.div_ceil(hosts) }
+    fn placement(ranks: usize, hosts: usize) -> Placement {
+        Placement { ranks, hosts, per_host: ranks.div_ceil(hosts) }
     }
 
     #[test]
     fn todays_jobs_keep_todays_choice() {
         let m = CostModel::default();
         for bytes in [1 << 10, 4 << 20, 64 << 20] {
-            assert_eq!(m.cheapest(TransportKind::SharedMemory, shape(2, 1), bytes), Algorithm::Direct);
-            assert_eq!(m.cheapest(TransportKind::SharedMemory, shape(4, 1), bytes), Algorithm::Direct);
-            assert_eq!(m.cheapest(TransportKind::Tcp, shape(2, 2), bytes), Algorithm::Ring);
-            assert_eq!(m.cheapest(TransportKind::TcpTls, shape(2, 2), bytes), Algorithm::Ring);
+            assert_eq!(m.cheapest(TransportKind::SharedMemory, placement(2, 1), bytes), Algorithm::Direct);
+            assert_eq!(m.cheapest(TransportKind::SharedMemory, placement(4, 1), bytes), Algorithm::Direct);
+            assert_eq!(m.cheapest(TransportKind::Tcp, placement(2, 2), bytes), Algorithm::Ring);
+            assert_eq!(m.cheapest(TransportKind::TcpTls, placement(2, 2), bytes), Algorithm::Ring);
         }
     }
 
     #[test]
     fn many_ranks_and_small_packs_leave_the_ring() {
         let m = CostModel::default();
-        assert_eq!(m.cheapest(TransportKind::Tcp, shape(64, 64), 1 << 10), Algorithm::HalvingDoubling);
-        assert_eq!(m.cheapest(TransportKind::SharedMemoryAndTcp, shape(64, 8), 1 << 10), Algorithm::Hierarchical);
+        assert_eq!(m.cheapest(TransportKind::Tcp, placement(64, 64), 1 << 10), Algorithm::HalvingDoubling);
+        assert_eq!(m.cheapest(TransportKind::SharedMemoryAndTcp, placement(64, 8), 1 << 10), Algorithm::Hierarchical);
         // Two ranks: the same exchange either way.
         let link = m.network;
         assert_eq!(m.ring(link, 2, 1e6), m.halving_doubling(link, 2, 1e6));

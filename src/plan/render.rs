@@ -5,7 +5,7 @@ use super::{
     ShardPolicy,
 };
 use crate::cluster::Address;
-use crate::collective::cost::Link;
+use crate::collective::cost::LinkCost;
 use crate::collective::{Algorithm, TransportKind};
 use crate::data::{LabelKind, Shuffle};
 use std::fmt::Write;
@@ -292,7 +292,7 @@ fn topology(cp: &CollectivePlan, rows: &mut Rows) {
         ));
     }
     let m = &cp.cost_model;
-    let link = |l: &Link| format!("α {} µs, {:.2} GB/s", l.alpha * 1e6, 1e-9 / l.beta);
+    let link = |l: &LinkCost| format!("α {} µs, {:.2} GB/s", l.alpha * 1e6, 1e-9 / l.beta);
     rows.push((
         "cost model",
         format!(

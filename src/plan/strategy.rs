@@ -3,10 +3,10 @@
 //! strategy's settings (the multi-worker all-reduce, the parameter servers' placement), so
 //! nothing downstream re-checks that a setting is there or falls back when it is not.
 
-use super::topology::Topology;
+use super::topology::HostLayout;
 use super::{ClusterPlan, ParameterServerPlan};
 use crate::cluster::{Role, Source};
-use crate::collective::cost::{CostModel, Link};
+use crate::collective::cost::{CostModel, LinkCost};
 use crate::collective::{Algorithm, TransportKind};
 use crate::spec::{
     CollectiveImplementation, CollectiveTransport, CommunicationOptions, CostModelSpec, CrossDeviceOps, Devices,
@@ -87,7 +87,7 @@ pub struct CollectivePlan {
     /// Gradients travel in packs of about this many bytes while backward continues.
     pub bytes_per_pack: NonZeroUsize,
     /// The workers by host.
-    pub topology: Topology,
+    pub topology: HostLayout,
     /// The α–β–γ model `auto` chose with.
     pub cost_model: CostModel,
     /// Each algorithm's estimated seconds per pack, over the transport it would run on.
@@ -374,7 +374,7 @@ fn collective(
     cluster: &ClusterPlan,
     errors: &mut Vec<Diagnostic>,
 ) -> CollectivePlan {
-    let topology = Topology::of(cluster);
+    let topology = HostLayout::of(cluster);
     let model = cost_model(&c.cost_model, errors);
     let bytes_per_pack = usize::try_from(c.bytes_per_pack).ok().and_then(NonZeroUsize::new).unwrap_or_else(|| {
         errors.push(
@@ -402,7 +402,7 @@ fn collective(
             Algorithm::Direct | Algorithm::Ring | Algorithm::HalvingDoubling => tcp,
         }
     };
-    let (shape, pack) = (topology.shape(), bytes_per_pack.get());
+    let (shape, pack) = (topology.placement(), bytes_per_pack.get());
     let key = "strategy.communication.implementation";
     let named = match c.implementation {
         CollectiveImplementation::Auto => None,
@@ -483,7 +483,7 @@ fn cost_model(spec: &CostModelSpec, errors: &mut Vec<Diagnostic>) -> CostModel {
             errors.push(
                 Diagnostic::error(
                     format!("strategy.communication.cost_model.{key}"),
-                    format!("{key} = {gb} is not a rate"),
+                    format!("strategy.communication.cost_model.{key} = {gb} is not a rate"),
                 )
                 .help("use a positive number of gigabytes per second, such as 1.25 for 10 Gbit/s"),
             );
@@ -500,7 +500,7 @@ fn cost_model(spec: &CostModelSpec, errors: &mut Vec<Diagnostic>) -> CostModel {
             errors.push(
                 Diagnostic::error(
                     format!("strategy.communication.cost_model.{key}"),
-                    format!("{key} = {us} is not a latency"),
+                    format!("strategy.communication.cost_model.{key} = {us} is not a latency"),
                 )
                 .help("use microseconds, 0 or more, such as 50"),
             );
@@ -510,11 +510,11 @@ fn cost_model(spec: &CostModelSpec, errors: &mut Vec<Diagnostic>) -> CostModel {
     let network_alpha = latency("network.latency_us", spec.network.latency_us);
     let shm_alpha = latency("shared_memory.latency_us", spec.shared_memory.latency_us);
     CostModel {
-        network: Link {
+        network: LinkCost {
             alpha: network_alpha.unwrap_or(defaults.network.alpha),
             beta: network_beta.unwrap_or(defaults.network.beta),
         },
-        shared_memory: Link {
+        shared_memory: LinkCost {
             alpha: shm_alpha.unwrap_or(defaults.shared_memory.alpha),
             beta: shm_beta.unwrap_or(defaults.shared_memory.beta),
         },

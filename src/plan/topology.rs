@@ -5,12 +5,13 @@
 //! host, the network across, and `hierarchical` leads each host by its first worker.
 
 use super::ClusterPlan;
+use crate::cluster::job::host_name;
 use crate::cluster::{Address, Role, TaskId};
 use serde::Serialize;
 
 /// One host and the workers on it, in rank order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Host {
+pub struct HostGroup {
     /// The host part of its tasks' addresses (`localhost` for local and loopback ones).
     pub name: String,
     pub workers: Vec<TaskId>,
@@ -18,25 +19,15 @@ pub struct Host {
 
 /// The hosts of the training workers (chief and workers), in the order of their first worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Topology {
-    pub hosts: Vec<Host>,
+pub struct HostLayout {
+    pub hosts: Vec<HostGroup>,
 }
 
-/// The host an address names: its host part, with every loopback name as `localhost`.
-pub fn host_name(address: &str) -> String {
-    let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-    if host == "localhost" || host == "::1" || host.starts_with("127.") {
-        "localhost".to_string()
-    } else {
-        host.to_string()
-    }
-}
-
-impl Topology {
+impl HostLayout {
     /// The training workers of `cluster` by host; one host when the cluster is local (or
     /// there is none).
-    pub fn of(cluster: &ClusterPlan) -> Topology {
-        let mut hosts: Vec<Host> = Vec::new();
+    pub fn of(cluster: &ClusterPlan) -> HostLayout {
+        let mut hosts: Vec<HostGroup> = Vec::new();
         let workers = cluster.tasks.iter().filter(|(t, _)| matches!(t.role, Role::Chief | Role::Worker));
         for (task, address) in workers {
             let name = match address {
@@ -45,10 +36,10 @@ impl Topology {
             };
             match hosts.iter_mut().find(|h| h.name == name) {
                 Some(h) => h.workers.push(*task),
-                None => hosts.push(Host { name, workers: vec![*task] }),
+                None => hosts.push(HostGroup { name, workers: vec![*task] }),
             }
         }
-        Topology { hosts }
+        HostLayout { hosts }
     }
 
     /// Workers on all hosts.
@@ -62,25 +53,11 @@ impl Topology {
     }
 
     /// The cost model's view: ranks, hosts, and the workers of the fullest host.
-    pub fn shape(&self) -> crate::collective::cost::Shape {
-        crate::collective::cost::Shape {
+    pub fn placement(&self) -> crate::collective::cost::Placement {
+        crate::collective::cost::Placement {
             ranks: self.workers().max(1),
             hosts: self.hosts.len().max(1),
             per_host: self.hosts.iter().map(|h| h.workers.len()).max().unwrap_or(1),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_names_are_one_host_and_ports_do_not_matter() {
-        assert_eq!(host_name("10.0.0.1:2222"), host_name("10.0.0.1:2223"));
-        assert_eq!(host_name("127.0.0.1:2222"), "localhost");
-        assert_eq!(host_name("[::1]:2222"), "localhost");
-        assert_eq!(host_name("localhost:1"), "localhost");
-        assert_eq!(host_name("node-3.svc:2222"), "node-3.svc");
     }
 }

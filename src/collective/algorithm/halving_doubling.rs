@@ -24,7 +24,7 @@
 
 use super::super::error::CollectiveError;
 use super::super::transport::{Combine, RecvItem, Transfers, Wiring};
-use super::{Exchanges, Group, PointToPointAlgorithm, Step, run_steps, segments};
+use super::{Exchanges, Group, PointToPointAlgorithm, Round, run_steps, segments};
 use std::ops::Range;
 
 /// Rabenseifner's halving-doubling; see the module docs.
@@ -34,15 +34,15 @@ pub(crate) struct HalvingDoubling;
 /// Where a rank of `n` sits: the core's size p (a power of two), the extra ranks r = n − p,
 /// and the rank's core rank (`None` for a folded rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Shape {
+struct Fold {
     p: usize,
     extra: usize,
 }
 
-impl Shape {
-    fn of(n: usize) -> Shape {
+impl Fold {
+    fn of(n: usize) -> Fold {
         let p = if n == 0 { 0 } else { 1 << (usize::BITS - 1 - n.leading_zeros()) };
-        Shape { p, extra: n - p }
+        Fold { p, extra: n - p }
     }
 
     /// The core rank of `rank`, or `None` when it folds into `rank + 1`.
@@ -62,25 +62,25 @@ impl Shape {
     }
 }
 
-fn send(to: usize, ranges: Vec<Range<usize>>) -> Step {
-    Step { to: Some(to), from: None, transfers: Transfers { sends: ranges, recvs: Vec::new() } }
+fn send(to: usize, ranges: Vec<Range<usize>>) -> Round {
+    Round { to: Some(to), from: None, transfers: Transfers { sends: ranges, recvs: Vec::new() } }
 }
 
-fn receive(from: usize, ranges: impl Iterator<Item = Range<usize>>, combine: Combine) -> Step {
+fn receive(from: usize, ranges: impl Iterator<Item = Range<usize>>, combine: Combine) -> Round {
     let recvs = ranges.map(|range| RecvItem { range, combine, forward: false }).collect();
-    Step { to: None, from: Some(from), transfers: Transfers { sends: Vec::new(), recvs } }
+    Round { to: None, from: Some(from), transfers: Transfers { sends: Vec::new(), recvs } }
 }
 
 /// Both ways with one partner: send `out`, receive `into` with `combine`.
-fn swap(partner: usize, out: Vec<Range<usize>>, into: impl Iterator<Item = Range<usize>>, combine: Combine) -> Step {
+fn swap(partner: usize, out: Vec<Range<usize>>, into: impl Iterator<Item = Range<usize>>, combine: Combine) -> Round {
     let recvs = into.map(|range| RecvItem { range, combine, forward: false }).collect();
-    Step { to: Some(partner), from: Some(partner), transfers: Transfers { sends: out, recvs } }
+    Round { to: Some(partner), from: Some(partner), transfers: Transfers { sends: out, recvs } }
 }
 
 /// The exchanges of one rank's all-reduce of `elems` elements of `esize` bytes over `n`
 /// ranks, segments of `seg` elements.
-pub(super) fn all_reduce(rank: usize, n: usize, elems: usize, esize: usize, seg: usize, sum: Combine) -> Vec<Step> {
-    let s = Shape::of(n);
+pub(super) fn all_reduce(rank: usize, n: usize, elems: usize, esize: usize, seg: usize, sum: Combine) -> Vec<Round> {
+    let s = Fold::of(n);
     let bytes = |r: Range<usize>| segments(r, seg, esize);
     let Some(v) = s.core(rank) else {
         return vec![send(rank + 1, bytes(0..elems).collect()), receive(rank + 1, bytes(0..elems), Combine::Copy)];
@@ -111,8 +111,8 @@ pub(super) fn all_reduce(rank: usize, n: usize, elems: usize, esize: usize, seg:
 }
 
 /// The exchanges of one rank's broadcast of `elems` f32 from `root` over `n` ranks.
-pub(super) fn broadcast(rank: usize, n: usize, root: usize, elems: usize, seg: usize) -> Vec<Step> {
-    let s = Shape::of(n);
+pub(super) fn broadcast(rank: usize, n: usize, root: usize, elems: usize, seg: usize) -> Vec<Round> {
+    let s = Fold::of(n);
     let all = || segments(0..elems, seg, 4);
     let mut steps = Vec::new();
     // A folded root hands the data to its partner, which roots the core's tree.
@@ -147,7 +147,7 @@ pub(super) fn broadcast(rank: usize, n: usize, root: usize, elems: usize, seg: u
 impl PointToPointAlgorithm for HalvingDoubling {
     fn wiring(&self, g: &Group) -> Wiring {
         let (n, rank) = (g.size(), g.rank());
-        let s = Shape::of(n);
+        let s = Fold::of(n);
         let mut partners = Vec::new();
         match s.core(rank) {
             None => partners.push(rank + 1),
@@ -188,12 +188,12 @@ mod tests {
 
     #[test]
     fn the_core_is_the_largest_power_of_two_and_the_extras_fold_in_pairs() {
-        let s = Shape::of(6);
+        let s = Fold::of(6);
         assert_eq!((s.p, s.extra), (4, 2));
         let cores: Vec<Option<usize>> = (0..6).map(|r| s.core(r)).collect();
         assert_eq!(cores, [None, Some(0), None, Some(1), Some(2), Some(3)]);
         assert!((0..4).all(|v| s.core(s.rank_of(v)) == Some(v)));
-        assert_eq!(Shape::of(64).distances().collect::<Vec<_>>(), [32, 16, 8, 4, 2, 1]);
-        assert_eq!(Shape::of(1).distances().count(), 0);
+        assert_eq!(Fold::of(64).distances().collect::<Vec<_>>(), [32, 16, 8, 4, 2, 1]);
+        assert_eq!(Fold::of(1).distances().count(), 0);
     }
 }

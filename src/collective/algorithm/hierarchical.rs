@@ -26,7 +26,7 @@ pub(crate) struct Hierarchical {
 
 /// A group's ranks by host: this rank's host's ranks and one leader per host, both as group
 /// ranks in rank order.
-struct Layout {
+struct HostRanks {
     local: Vec<usize>,
     leaders: Vec<usize>,
 }
@@ -37,14 +37,14 @@ impl Hierarchical {
     }
 
     /// The group rank `r`'s host's ranks, and the leaders.
-    fn layout_of(&self, g: &Group, r: usize) -> Layout {
+    fn layout_of(&self, g: &Group, r: usize) -> HostRanks {
         let mine = self.host(g, r);
         let local = (0..g.size()).filter(|&q| self.host(g, q) == mine).collect();
         let leaders = (0..g.size()).filter(|&q| (0..q).all(|e| self.host(g, e) != self.host(g, q))).collect();
-        Layout { local, leaders }
+        HostRanks { local, leaders }
     }
 
-    fn layout(&self, g: &Group) -> Layout {
+    fn layout(&self, g: &Group) -> HostRanks {
         self.layout_of(g, g.rank())
     }
 }

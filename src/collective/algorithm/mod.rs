@@ -226,14 +226,14 @@ impl Exchanges<'_> {
 /// One exchange of a precomputed schedule: send to group rank `to` and receive from group
 /// rank `from` what `transfers` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Step {
+pub(crate) struct Round {
     pub to: Option<usize>,
     pub from: Option<usize>,
     pub transfers: Transfers,
 }
 
 /// Runs `steps` in order.
-pub(crate) fn run_steps(x: &mut Exchanges<'_>, steps: &[Step], data: &mut [u8]) -> Result<(), CollectiveError> {
+pub(crate) fn run_steps(x: &mut Exchanges<'_>, steps: &[Round], data: &mut [u8]) -> Result<(), CollectiveError> {
     steps.iter().try_for_each(|s| x.exchange(s.to, s.from, &s.transfers, data))
 }
 
