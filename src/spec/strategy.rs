@@ -175,7 +175,7 @@ pub struct CommunicationOptions {
     /// size (`docs/cost-model.md`). Default: the figures fitted on loopback TCP and shared
     /// memory of a 2-core machine. Example:
     /// `cost_model = { network = { latency_us = 50, gigabytes_per_s = 1.25 } }`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "CostModelSpec::is_default")]
     pub cost_model: CostModelSpec,
 }
 
@@ -218,6 +218,14 @@ fn default_shared_memory() -> LinkSpec {
 
 fn default_sum_rate() -> f64 {
     4.0
+}
+
+impl CostModelSpec {
+    /// Whether it is all defaults, so the resolved spec (and every manifest made from it)
+    /// leaves it out.
+    pub fn is_default(&self) -> bool {
+        *self == CostModelSpec::default()
+    }
 }
 
 impl Default for CostModelSpec {
