@@ -275,7 +275,10 @@ fn collective() -> Result<(), String> {
     use crate::collective::bench::{BenchOptions, run, table};
     println!("\n== all-reduce between processes on this host (busbw = size × 2(N−1)/N ÷ time, as nccl-tests)");
     let launcher = crate::collective::Launcher::current_exe().map_err(|e| e.to_string())?;
-    let rows = run(&BenchOptions::standard(launcher)).map_err(|e| e.to_string())?;
+    let rows = run(&BenchOptions::standard(launcher.clone())).map_err(|e| e.to_string())?;
+    print!("{}", table(&rows));
+    println!("\n== all-reduce algorithms for many ranks: 1 KB (latency) and 1 MB over TCP, 2-rank \"hosts\"");
+    let rows = run(&BenchOptions::scaling(launcher)).map_err(|e| e.to_string())?;
     print!("{}", table(&rows));
     Ok(())
 }

@@ -118,6 +118,17 @@ pub enum JoinError {
     Transport(String),
 }
 
+/// The host an address names, as the plan's topology groups workers: its host part, with
+/// every loopback name as `localhost` (they all reach this machine).
+pub fn host_name(address: &str) -> String {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    if host == "localhost" || host == "::1" || host.starts_with("127.") {
+        "localhost".to_string()
+    } else {
+        host.to_string()
+    }
+}
+
 /// Where shared-memory segments go: `/dev/shm` (memory), else the temporary directory.
 pub fn segment_dir() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
@@ -204,7 +215,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     let Some(rank) = workers.iter().position(|m| m.task == task) else {
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: None });
     };
-    let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
+    let mut peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
     let token = job_token_hash(config.token.as_str());
     let transport = match transport {
         TransportKind::SharedMemory => {
@@ -223,21 +234,28 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
                 ..ShmOptions::new(path)
             })
         }
-        TransportKind::Tcp => {
-            let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
-            Transport::TcpRing(TcpOptions { job_token: token, ..TcpOptions::new(addrs, data) })
-        }
-        TransportKind::TcpTls => {
-            let Some(tls) = &config.tls else {
-                return Err(JoinError::Transport(format!(
-                    "{task}: the plan moves gradients over TCP under TLS, but this task has no cluster.tls"
-                )));
-            };
-            let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
-            // Each rank's certificate must name the host the cluster gives it.
-            let names = workers.iter().map(|m| host_of(&m.address).to_owned()).collect();
-            let tls = Some(TlsPeers { config: tls.ring().clone(), names });
-            Transport::TcpRing(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
+        TransportKind::Tcp | TransportKind::TcpTls => Transport::TcpRing(tcp_options(&config, &workers, token, data)?),
+        TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => {
+            // Hosts as the plan's topology groups them: by the host part of each address.
+            let mut names: Vec<String> = Vec::new();
+            let hosts: Vec<usize> = workers
+                .iter()
+                .map(|m| {
+                    let h = host_name(&m.address);
+                    names.iter().position(|n| *n == h).unwrap_or_else(|| {
+                        names.push(h);
+                        names.len() - 1
+                    })
+                })
+                .collect();
+            let mine = hosts[rank];
+            // Unique per job, launch and host: the token, and the host's first worker's pid.
+            let first = workers.iter().zip(&hosts).find(|(_, h)| **h == mine).map_or(workers[rank].pid, |(m, _)| m.pid);
+            let path = segment_dir().join(format!("trainrun-{token:016x}-{first}"));
+            let shm = ShmOptions { job_token: token, ..ShmOptions::new(path) };
+            let tcp = tcp_options(&config, &workers, token, data)?;
+            peers = peers.on_hosts(hosts)?;
+            Transport::Routed { shm, tcp }
         }
     };
     let timeouts = crate::collective::CollectiveTimeouts { connect: config.startup, op: config.timeout };
@@ -245,8 +263,51 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief, data: None })
 }
 
+/// TCP to every worker's data-plane address, under TLS when the plan says so.
+fn tcp_options(
+    config: &JobConfig,
+    workers: &[&super::Member],
+    token: u64,
+    data: TcpListener,
+) -> Result<TcpOptions, JoinError> {
+    let addrs = workers.iter().copied().map(data_address).collect::<Result<_, _>>()?;
+    let sealed = matches!(
+        config.data_plane,
+        DataPlaneKind::AllReduce { transport: TransportKind::TcpTls | TransportKind::SharedMemoryAndTcpTls, .. }
+    );
+    let tls = match (&config.tls, sealed) {
+        (_, false) => None,
+        (Some(tls), true) => {
+            // Each rank's certificate must name the host the cluster gives it.
+            let names = workers.iter().map(|m| host_of(&m.address).to_owned()).collect();
+            Some(TlsPeers { config: tls.ring().clone(), names })
+        }
+        (None, true) => {
+            return Err(JoinError::Transport(format!(
+                "{}: the plan moves gradients over TCP under TLS, but this task has no cluster.tls",
+                config.task
+            )));
+        }
+    };
+    Ok(TcpOptions { job_token: token, tls, ..TcpOptions::new(addrs, data) })
+}
+
 /// The data-plane address `m` sent at check-in.
 fn data_address(m: &super::Member) -> Result<SocketAddr, JoinError> {
     let text = String::from_utf8_lossy(&m.payload);
     text.parse().map_err(|_| JoinError::Transport(format!("{} sent a bad data-plane address `{text}`", m.task)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_names_are_one_host_and_ports_do_not_matter() {
+        assert_eq!(host_name("10.0.0.1:2222"), host_name("10.0.0.1:2223"));
+        assert_eq!(host_name("127.0.0.1:2222"), "localhost");
+        assert_eq!(host_name("[::1]:2222"), "localhost");
+        assert_eq!(host_name("localhost:1"), "localhost");
+        assert_eq!(host_name("node-3.svc:2222"), "node-3.svc");
+    }
 }

@@ -1,6 +1,8 @@
-//! `trainrun bench`'s collective table: all-reduce of 1, 11 and 64 MB between 2 and 4 real
+//! `trainrun bench`'s collective tables: all-reduce of 1, 11 and 64 MB between 2 and 4 real
 //! worker processes (this binary, started as peers through environment variables: see
-//! [`peer_main_from_env`]) for every algorithm over every transport it runs on, reported as
+//! [`peer_main_from_env`]) for `direct` and the ring over every transport they run on, and of
+//! 1 KB and 1 MB between 2, 4 and 8 for every algorithm over TCP (and `hierarchical` over
+//! shared memory inside two-rank "hosts" and TCP across), reported as
 //! median time and bus bandwidth the nccl-tests way: size × 2(N−1)/N ÷ time, the bytes each
 //! rank's link must carry, comparable across world sizes.
 
@@ -23,6 +25,9 @@ pub struct BenchOptions {
     pub worlds: Vec<usize>,
     /// Float counts.
     pub sizes: Vec<usize>,
+    /// Ranks per "host": rank r is on host r / per_host (what `hierarchical` groups by and
+    /// [`Wire::Routed`] connects with shared memory).
+    pub per_host: usize,
 }
 
 impl BenchOptions {
@@ -31,10 +36,24 @@ impl BenchOptions {
     pub fn standard(launcher: Launcher) -> BenchOptions {
         BenchOptions {
             launcher,
-            algorithms: Algorithm::ALL.to_vec(),
+            algorithms: vec![Algorithm::Direct, Algorithm::Ring],
             wires: vec![Wire::Shm, Wire::ShmArena, Wire::Tcp, Wire::TcpTls],
             worlds: vec![2, 4],
             sizes: vec![250_000, 2_770_000, 16_000_000],
+            per_host: 1,
+        }
+    }
+
+    /// Every algorithm that runs between hosts, over TCP and over shared memory inside
+    /// two-rank hosts, at 2, 4 and 8 ranks, 1 KB (latency) and 1 MB.
+    pub fn scaling(launcher: Launcher) -> BenchOptions {
+        BenchOptions {
+            launcher,
+            algorithms: Algorithm::ALL.into_iter().filter(|a| a.refuses(super::TransportKind::Tcp).is_none()).collect(),
+            wires: vec![Wire::Tcp, Wire::Routed],
+            worlds: vec![2, 4, 8],
+            sizes: vec![256, 250_000],
+            per_host: 2,
         }
     }
 }
@@ -81,7 +100,8 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
         for wire in opts.wires.iter().copied().filter(|w| w.carries(algorithm)) {
             for &world in &opts.worlds {
                 for &floats in &opts.sizes {
-                    rows.push(run_one(&opts.launcher, algorithm, wire, world, floats)?);
+                    let hosts: Vec<usize> = (0..world).map(|r| r / opts.per_host.max(1)).collect();
+                    rows.push(run_one(&opts.launcher, algorithm, wire, &hosts, floats)?);
                 }
             }
         }
@@ -98,11 +118,12 @@ fn run_one(
     launcher: &Launcher,
     algorithm: Algorithm,
     wire: Wire,
-    world: usize,
+    hosts: &[usize],
     floats: usize,
 ) -> Result<BenchRow, BenchError> {
+    let world = hosts.len();
     let spec = PeerSpec {
-        label: format!("bench-{}-{}-{world}-{floats}", algorithm.name(), wire.as_str()),
+        label: format!("bench-{}-{}-{world}-{floats}", algorithm.name(), wire.as_str().replace('+', "-")),
         mode: PeerMode::Bench,
         wire,
         world,
@@ -110,7 +131,7 @@ fn run_one(
         iters: rounds(floats),
         timeouts: CollectiveTimeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
     };
-    let outcomes = PeerGroup::spawn_with(launcher, &spec, algorithm)?.finish(Duration::from_secs(300));
+    let outcomes = PeerGroup::spawn_on_hosts(launcher, &spec, algorithm, hosts)?.finish(Duration::from_secs(300));
     check(&outcomes, &label(algorithm, wire), world)?;
     let bytes = floats * 4;
     let result = outcomes
@@ -183,12 +204,17 @@ pub fn run_overlap(
 pub fn table(rows: &[BenchRow]) -> String {
     let mut s = String::from("algorithm over transport  ranks      size   median ms   min ms   busbw GB/s\n");
     for r in rows {
+        // Small messages in KB, so 1 KB does not read "0.0 MB".
+        let size = if r.bytes < 100_000 {
+            format!("{:>6.1} KB", r.bytes as f64 / 1e3)
+        } else {
+            format!("{:>6.1} MB", r.bytes as f64 / 1e6)
+        };
         let _ = writeln!(
             s,
-            "{:<24} {:>6} {:>6.1} MB {:>11.3} {:>8.3} {:>12.2}",
+            "{:<24} {:>6} {size} {:>11.3} {:>8.3} {:>12.2}",
             label(r.algorithm, r.wire),
             r.world,
-            r.bytes as f64 / 1e6,
             r.median.as_secs_f64() * 1e3,
             r.min.as_secs_f64() * 1e3,
             r.bus_gb_per_s()

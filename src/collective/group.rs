@@ -3,8 +3,8 @@
 //! removes its shared-memory segment, so no test leaves processes or files behind.
 
 use super::peer::{
-    ENV_ALGORITHM, ENV_CONNECT_TIMEOUT_MS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH, ENV_SIZES,
-    ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_WIRE, ENV_WORLD, PeerMode, Wire,
+    ENV_ALGORITHM, ENV_CONNECT_TIMEOUT_MS, ENV_HOSTS, ENV_ITERS, ENV_MODE, ENV_OP_TIMEOUT_MS, ENV_RANK, ENV_SHM_PATH,
+    ENV_SIZES, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_WIRE, ENV_WORLD, PeerMode, Wire,
 };
 use super::{Algorithm, CollectiveTimeouts};
 use std::ffi::OsString;
@@ -91,6 +91,8 @@ pub struct PeerGroup {
     seen: Vec<Vec<String>>,
     stderr: Vec<Option<JoinHandle<String>>>,
     shm_path: PathBuf,
+    /// The per-host segments of [`Wire::Routed`].
+    host_segments: Vec<PathBuf>,
 }
 
 impl PeerGroup {
@@ -103,14 +105,30 @@ impl PeerGroup {
     /// Starts `spec.world` peers running `algorithm`; under TLS they share a CA and a
     /// certificate made for them.
     pub fn spawn_with(launcher: &Launcher, spec: &PeerSpec, algorithm: Algorithm) -> Result<PeerGroup, GroupError> {
+        PeerGroup::spawn_on_hosts(launcher, spec, algorithm, &vec![0; spec.world])
+    }
+
+    /// Starts `spec.world` peers running `algorithm`, rank r told it runs on host `hosts[r]`
+    /// (with [`Wire::Routed`], ranks of one host share a segment, hosts talk over TCP).
+    pub fn spawn_on_hosts(
+        launcher: &Launcher,
+        spec: &PeerSpec,
+        algorithm: Algorithm,
+        hosts: &[usize],
+    ) -> Result<PeerGroup, GroupError> {
         let shm_path = PathBuf::from(format!("/dev/shm/trainrun-{}-{}", spec.label, std::process::id()));
+        let mut distinct = hosts.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let host_segments = distinct.iter().map(|h| PathBuf::from(format!("{}-host{h}", shm_path.display()))).collect();
+        let hosts: Vec<String> = hosts.iter().map(usize::to_string).collect();
         let sizes: Vec<String> = spec.sizes.iter().map(|s| s.to_string()).collect();
         let tls: Vec<(&str, String)> = match spec.wire {
             Wire::TcpTls => {
                 let [cert, key, ca] = pems().map_err(|e| GroupError::Certificates(e.to_string()))?;
                 vec![(ENV_TLS_CERT, cert), (ENV_TLS_KEY, key), (ENV_TLS_CA, ca)]
             }
-            Wire::Shm | Wire::ShmArena | Wire::Tcp => Vec::new(),
+            Wire::Shm | Wire::ShmArena | Wire::Tcp | Wire::Routed => Vec::new(),
         };
         let (tx, lines) = mpsc::channel();
         let mut group = PeerGroup {
@@ -120,6 +138,7 @@ impl PeerGroup {
             seen: vec![Vec::new(); spec.world],
             stderr: Vec::new(),
             shm_path,
+            host_segments,
         };
         for rank in 0..spec.world {
             let mut child = Command::new(&launcher.program)
@@ -129,6 +148,7 @@ impl PeerGroup {
                 .env(ENV_WORLD, spec.world.to_string())
                 .env(ENV_WIRE, spec.wire.as_str())
                 .env(ENV_ALGORITHM, algorithm.name())
+                .env(ENV_HOSTS, hosts.join(","))
                 .envs(tls.iter().map(|(k, v)| (k, v)))
                 .env(ENV_SHM_PATH, &group.shm_path)
                 .env(ENV_SIZES, sizes.join(","))
@@ -169,7 +189,7 @@ impl PeerGroup {
             group.children.push(child);
         }
         match spec.wire {
-            Wire::Tcp | Wire::TcpTls => group.broker_addresses(spec)?,
+            Wire::Tcp | Wire::TcpTls | Wire::Routed => group.broker_addresses(spec)?,
             Wire::Shm | Wire::ShmArena => {}
         }
         Ok(group)
@@ -297,6 +317,8 @@ impl Drop for PeerGroup {
             }
             let _ = c.wait();
         }
-        let _ = std::fs::remove_file(&self.shm_path);
+        for path in std::iter::once(&self.shm_path).chain(&self.host_segments) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }

@@ -26,6 +26,7 @@
 mod algorithm;
 pub mod bench;
 pub mod bucket;
+pub mod cost;
 mod error;
 mod group;
 mod liveness;
@@ -102,11 +103,13 @@ impl<C: Communicator + ?Sized> PackReduce for &mut C {
 }
 
 /// This rank and the task names of all ranks, by rank (`["worker:0", "worker:1"]`); errors
-/// name peers by these.
+/// name peers by these. Each rank also has a host (an index, equal for ranks that share
+/// one), which the `hierarchical` algorithm and the routed transport group by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peers {
     rank: usize,
     names: Vec<String>,
+    hosts: Vec<usize>,
 }
 
 impl Peers {
@@ -123,7 +126,25 @@ impl Peers {
                 return Err(CollectiveError::Invalid(format!("task name {n:?} appears twice in {names:?}")));
             }
         }
-        Ok(Peers { rank, names })
+        Ok(Peers { rank, hosts: vec![0; names.len()], names })
+    }
+
+    /// The same ranks on `hosts` (one index per rank, equal for ranks that share a host);
+    /// without it every rank is on one host.
+    pub fn on_hosts(self, hosts: Vec<usize>) -> Result<Peers, CollectiveError> {
+        if hosts.len() != self.names.len() {
+            return Err(CollectiveError::Invalid(format!(
+                "{} hosts given for {} ranks: every rank needs one",
+                hosts.len(),
+                self.names.len()
+            )));
+        }
+        Ok(Peers { hosts, ..self })
+    }
+
+    /// The host of each rank, by rank.
+    pub fn hosts(&self) -> &[usize] {
+        &self.hosts
     }
 
     /// This process's rank.
@@ -188,6 +209,9 @@ pub enum Transport {
     /// Ranks anywhere, over TCP (under mutual TLS when [`TcpOptions::tls`] is set). The name is
     /// the one [`Collective::connect`] runs over it, the ring.
     TcpRing(TcpOptions),
+    /// Ranks on several hosts ([`Peers::hosts`]): shared memory among each host's ranks (a
+    /// segment per host: `shm.path` must differ between hosts), TCP across hosts.
+    Routed { shm: ShmOptions, tcp: TcpOptions },
 }
 
 /// A connected communicator: an algorithm over a transport.
@@ -208,16 +232,21 @@ impl Collective {
         transport: Transport,
         timeouts: CollectiveTimeouts,
     ) -> Result<Collective, CollectiveError> {
-        let Some(steps) = algorithm.point_to_point() else {
+        let refused = |kind: TransportKind| {
+            let why = algorithm.refuses(kind).unwrap_or("the pair is not built");
+            Err(CollectiveError::Invalid(format!(
+                "the {} algorithm cannot run over {}: {why}",
+                algorithm.name(),
+                kind.name()
+            )))
+        };
+        let Some(steps) = algorithm.point_to_point(&peers) else {
             return match transport {
                 Transport::SharedMemory(opts) => {
                     ShmCommunicator::join(peers, &opts, timeouts).map(Collective::SharedMemory)
                 }
-                Transport::TcpRing(_) => Err(CollectiveError::Invalid(format!(
-                    "the {} algorithm cannot run over TCP: {}",
-                    algorithm.name(),
-                    algorithm.refuses(TransportKind::Tcp).unwrap_or("it needs shared memory")
-                ))),
+                Transport::TcpRing(_) => refused(TransportKind::Tcp),
+                Transport::Routed { .. } => refused(TransportKind::SharedMemoryAndTcp),
             };
         };
         let group = algorithm::Group::all(&peers);
@@ -231,12 +260,19 @@ impl Collective {
             Transport::TcpRing(opts) => {
                 Box::new(transport::tcp::TcpTransport::connect(peers, opts, &steps.wiring(&group), timeouts)?)
             }
+            Transport::Routed { shm, tcp } => {
+                // A flat algorithm's exchanges would mix the two links in one step.
+                if algorithm.refuses(TransportKind::SharedMemoryAndTcp).is_some() {
+                    return refused(TransportKind::SharedMemoryAndTcp);
+                }
+                Box::new(transport::routed::Routed::connect(peers, shm, tcp, &steps.wiring(&group), timeouts)?)
+            }
         };
         Ok(Collective::Scheduled(Scheduled::new(steps, link)))
     }
 
     /// Connects the algorithm each transport runs by default: `direct` over shared memory, the
-    /// ring over TCP.
+    /// ring over TCP, `hierarchical` over shared memory and TCP.
     pub fn connect(
         peers: Peers,
         transport: Transport,
@@ -245,6 +281,7 @@ impl Collective {
         let algorithm = match &transport {
             Transport::SharedMemory(_) => Algorithm::Direct,
             Transport::TcpRing(_) => Algorithm::Ring,
+            Transport::Routed { .. } => Algorithm::Hierarchical,
         };
         Collective::build(peers, algorithm, transport, timeouts)
     }

@@ -30,6 +30,9 @@ pub(crate) const ENV_OP_TIMEOUT_MS: &str = "TRAINRUN_COLLECTIVE_OP_TIMEOUT_MS";
 pub(crate) const ENV_CONNECT_TIMEOUT_MS: &str = "TRAINRUN_COLLECTIVE_CONNECT_TIMEOUT_MS";
 /// The algorithm ([`Algorithm::name`]); the wire's usual one when unset.
 pub(crate) const ENV_ALGORITHM: &str = "TRAINRUN_COLLECTIVE_ALGORITHM";
+/// The host index of every rank, comma-separated (`0,0,1,1`); every rank on host 0 when
+/// unset.
+pub(crate) const ENV_HOSTS: &str = "TRAINRUN_COLLECTIVE_HOSTS";
 /// PEM text of the certificate, key and CA every peer uses under TLS.
 pub(crate) const ENV_TLS_CERT: &str = "TRAINRUN_COLLECTIVE_TLS_CERT";
 pub(crate) const ENV_TLS_KEY: &str = "TRAINRUN_COLLECTIVE_TLS_KEY";
@@ -80,6 +83,9 @@ pub enum Wire {
     Tcp,
     /// TCP over loopback under mutual TLS.
     TcpTls,
+    /// Shared memory among the ranks given one host, TCP over loopback across "hosts"
+    /// ([`super::PeerGroup::spawn_on_hosts`]).
+    Routed,
 }
 
 impl Wire {
@@ -89,6 +95,7 @@ impl Wire {
             Wire::ShmArena => "shm-arena",
             Wire::Tcp => "tcp",
             Wire::TcpTls => "tcp-tls",
+            Wire::Routed => "shm+tcp",
         }
     }
 
@@ -97,6 +104,7 @@ impl Wire {
         match self {
             Wire::Shm | Wire::ShmArena => Algorithm::Direct,
             Wire::Tcp | Wire::TcpTls => Algorithm::Ring,
+            Wire::Routed => Algorithm::Hierarchical,
         }
     }
 
@@ -107,6 +115,7 @@ impl Wire {
             Wire::ShmArena => return algorithm == Algorithm::Direct,
             Wire::Tcp => super::TransportKind::Tcp,
             Wire::TcpTls => super::TransportKind::TcpTls,
+            Wire::Routed => super::TransportKind::SharedMemoryAndTcp,
         };
         algorithm.refuses(kind).is_none()
     }
@@ -115,10 +124,10 @@ impl Wire {
 impl FromStr for Wire {
     type Err = String;
     fn from_str(s: &str) -> Result<Wire, String> {
-        [Wire::Shm, Wire::ShmArena, Wire::Tcp, Wire::TcpTls]
+        [Wire::Shm, Wire::ShmArena, Wire::Tcp, Wire::TcpTls, Wire::Routed]
             .into_iter()
             .find(|w| w.as_str() == s)
-            .ok_or_else(|| format!("unknown transport {s:?}; use shm, shm-arena, tcp or tcp-tls"))
+            .ok_or_else(|| format!("unknown transport {s:?}; use shm, shm-arena, tcp, tcp-tls or shm+tcp"))
     }
 }
 
@@ -141,6 +150,8 @@ struct PeerEnv {
     world: usize,
     wire: Wire,
     algorithm: Algorithm,
+    /// The host of every rank.
+    hosts: Vec<usize>,
     /// Certificate, key and CA (PEM) under TLS.
     tls: Option<[String; 3]>,
     shm_path: String,
@@ -182,6 +193,14 @@ impl PeerEnv {
                 Algorithm::from_name(&name).ok_or_else(|| format!("{ENV_ALGORITHM}={name:?} is no algorithm"))?
             }
         };
+        let world: usize = parse(&get, ENV_WORLD)?;
+        let hosts = match get(ENV_HOSTS) {
+            None => vec![0; world],
+            Some(list) => list
+                .split(',')
+                .map(|h| h.trim().parse().map_err(|_| format!("{ENV_HOSTS}: {h:?} is not a host index")))
+                .collect::<Result<Vec<usize>, String>>()?,
+        };
         let tls = match (get(ENV_TLS_CERT), get(ENV_TLS_KEY), get(ENV_TLS_CA)) {
             (Some(cert), Some(key), Some(ca)) => Some([cert, key, ca]),
             _ if wire == Wire::TcpTls => {
@@ -192,9 +211,10 @@ impl PeerEnv {
         Ok(Some(PeerEnv {
             mode,
             rank: parse(&get, ENV_RANK)?,
-            world: parse(&get, ENV_WORLD)?,
+            world,
             wire,
             algorithm,
+            hosts,
             tls,
             shm_path: get(ENV_SHM_PATH).unwrap_or_default(),
             sizes,
@@ -248,7 +268,9 @@ fn collective(e: super::CollectiveError) -> PeerFailure {
 
 fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure> {
     let names = (0..env.world).map(|r| format!("worker:{r}")).collect();
-    let peers = Peers::new(env.rank, names).map_err(|e| (EXIT_USAGE, e.to_string()))?;
+    let peers = Peers::new(env.rank, names)
+        .and_then(|p| p.on_hosts(env.hosts.clone()))
+        .map_err(|e| (EXIT_USAGE, e.to_string()))?;
     let transport = match env.wire {
         Wire::Shm | Wire::ShmArena => {
             let defaults = ShmOptions::new(&env.shm_path);
@@ -258,7 +280,7 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
                 ..defaults
             })
         }
-        Wire::Tcp | Wire::TcpTls => {
+        Wire::Tcp | Wire::TcpTls | Wire::Routed => {
             let listener =
                 TcpListener::bind((env.host.as_str(), 0)).map_err(|e| (EXIT_USAGE, format!("cannot listen: {e}")))?;
             let me = listener.local_addr().map_err(|e| (EXIT_USAGE, e.to_string()))?;
@@ -281,12 +303,22 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
                 _ => None,
             };
             let defaults = TcpOptions::new(addrs, listener);
-            Transport::TcpRing(TcpOptions {
+            let tcp = TcpOptions {
                 segment_bytes: env.segment_bytes.unwrap_or(defaults.segment_bytes),
                 socket_buffer_bytes: env.socket_buffer_bytes.or(defaults.socket_buffer_bytes),
                 tls,
                 ..defaults
-            })
+            };
+            match env.wire {
+                // One segment per "host".
+                Wire::Routed => {
+                    let host = env.hosts.get(env.rank).copied().unwrap_or(0);
+                    let shm = ShmOptions::new(format!("{}-host{host}", env.shm_path));
+                    let staging_bytes = env.staging_bytes.unwrap_or(shm.staging_bytes);
+                    Transport::Routed { shm: ShmOptions { staging_bytes, ..shm }, tcp }
+                }
+                Wire::Shm | Wire::ShmArena | Wire::Tcp | Wire::TcpTls => Transport::TcpRing(tcp),
+            }
         }
     };
     Collective::build(peers, env.algorithm, transport, env.timeouts).map_err(collective)

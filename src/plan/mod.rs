@@ -18,6 +18,7 @@ mod parameter_server;
 mod preprocessing;
 mod render;
 mod strategy;
+pub mod topology;
 mod train;
 
 pub use batch::{BatchPlan, Derived};

@@ -1,10 +1,12 @@
 //! The plan as `trainrun check` prints it: one line per decision, with the arithmetic shown.
 
 use super::{
-    CallbackKind, CrossDevice, CrossDevicePlan, Distribution, Part, Plan, SaveEvery, Scaling, Schedule, ShardPolicy,
+    CallbackKind, CollectivePlan, CrossDevice, CrossDevicePlan, Distribution, Part, Plan, SaveEvery, Scaling, Schedule,
+    ShardPolicy,
 };
 use crate::cluster::Address;
-use crate::collective::TransportKind;
+use crate::collective::cost::LinkCost;
+use crate::collective::{Algorithm, TransportKind};
 use crate::data::{LabelKind, Shuffle};
 use std::fmt::Write;
 
@@ -261,6 +263,62 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
             Distribution::ParameterServer(_) => "parameter servers (asynchronous)".to_string(),
         },
     ));
+    if let Distribution::MultiWorkerMirrored(cp) = &s.distribution {
+        topology(cp, rows);
+    }
+}
+
+/// The workers' hosts, how `hierarchical` groups them, and the cost model's estimates.
+fn topology(cp: &CollectivePlan, rows: &mut Rows) {
+    let hosts: Vec<String> = cp
+        .topology
+        .hosts
+        .iter()
+        .map(|h| {
+            let workers: Vec<String> = h.workers.iter().map(ToString::to_string).collect();
+            format!("{} ({})", h.name, workers.join(", "))
+        })
+        .collect();
+    rows.push(("hosts", format!("{}: {}", plural(hosts.len() as u64, "host"), hosts.join("; "))));
+    if cp.algorithm == Algorithm::Hierarchical {
+        let leaders: Vec<String> =
+            cp.topology.hosts.iter().filter_map(|h| h.workers.first()).map(ToString::to_string).collect();
+        rows.push((
+            "groups",
+            format!(
+                "each host's workers sum among themselves, then its leader among the leaders {}",
+                leaders.join(", ")
+            ),
+        ));
+    }
+    let m = &cp.cost_model;
+    let link = |l: &LinkCost| format!("α {} µs, {:.2} GB/s", l.alpha * 1e6, 1e-9 / l.beta);
+    rows.push((
+        "cost model",
+        format!(
+            "network {}; shared memory {}; sums {:.2} GB/s",
+            link(&m.network),
+            link(&m.shared_memory),
+            1e-9 / m.gamma
+        ),
+    ));
+    let estimates: Vec<String> = cp
+        .estimates
+        .iter()
+        .map(|(a, secs)| {
+            let chosen = if *a == cp.algorithm { " (chosen)" } else { "" };
+            format!("{} {:.3} ms{chosen}", a.name(), secs * 1e3)
+        })
+        .collect();
+    rows.push((
+        "estimates",
+        format!(
+            "per pack of {} among {}: {}",
+            bytes(cp.bytes_per_pack.get() as u64),
+            plural(cp.topology.workers() as u64, "worker"),
+            estimates.join(", ")
+        ),
+    ));
 }
 
 /// Under `parameter_server`: the coordinator's settings, where every variable or shard lives
@@ -283,7 +341,13 @@ fn parameter_servers(plan: &Plan, rows: &mut Rows) {
     let plane = match (ps.transport, ps.auto_transport) {
         (TransportKind::SharedMemory, true) => "shared memory between a worker and a ps on one host, else TCP",
         (TransportKind::SharedMemory, false) => "shared memory (every worker on its ps tasks' host)",
-        (TransportKind::Tcp | TransportKind::TcpTls, _) => "TCP",
+        (
+            TransportKind::Tcp
+            | TransportKind::TcpTls
+            | TransportKind::SharedMemoryAndTcp
+            | TransportKind::SharedMemoryAndTcpTls,
+            _,
+        ) => "TCP",
     };
     rows.push(("data plane", format!("pulls and pushes through {plane}; requests over TCP")));
     rows.push((

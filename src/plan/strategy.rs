@@ -3,12 +3,14 @@
 //! strategy's settings (the multi-worker all-reduce, the parameter servers' placement), so
 //! nothing downstream re-checks that a setting is there or falls back when it is not.
 
+use super::topology::HostLayout;
 use super::{ClusterPlan, ParameterServerPlan};
-use crate::cluster::{Address, Role, Source};
+use crate::cluster::{Role, Source};
+use crate::collective::cost::{CostModel, LinkCost};
 use crate::collective::{Algorithm, TransportKind};
 use crate::spec::{
-    CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, Devices, Diagnostic,
-    StrategySpec,
+    CollectiveImplementation, CollectiveTransport, CommunicationOptions, CostModelSpec, CrossDeviceOps, Devices,
+    Diagnostic, StrategySpec,
 };
 use crate::vocab::{Device, DeviceKind};
 use serde::Serialize;
@@ -72,7 +74,7 @@ impl CrossDevice {
 
 /// How workers' gradients meet, as `[strategy.communication]` resolves: an algorithm over a
 /// transport, a pair that can run.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CollectivePlan {
     /// The all-reduce algorithm.
     pub algorithm: Algorithm,
@@ -84,6 +86,12 @@ pub struct CollectivePlan {
     pub auto_transport: bool,
     /// Gradients travel in packs of about this many bytes while backward continues.
     pub bytes_per_pack: NonZeroUsize,
+    /// The workers by host.
+    pub topology: HostLayout,
+    /// The α–β–γ model `auto` chose with.
+    pub cost_model: CostModel,
+    /// Each algorithm's estimated seconds per pack, over the transport it would run on.
+    pub estimates: Vec<(Algorithm, f64)>,
 }
 
 /// `mirrored`'s in-process reduction, as `cross_device_ops` resolved.
@@ -356,25 +364,51 @@ fn cross_device(devices: &[Device], ops: CrossDeviceOps, errors: &mut Vec<Diagno
     }
 }
 
-/// `[strategy.communication]`, with `auto` resolved: shared memory when every task runs on one
-/// host, else TCP (under TLS with `cluster.tls`); the fastest algorithm over that transport.
+/// `[strategy.communication]`, with `auto` resolved: on one host shared memory; on several,
+/// shared memory inside each host and TCP across for `hierarchical`, TCP for the flat
+/// algorithms (under TLS with `cluster.tls`); the algorithm the cost model finds cheapest for
+/// a pack.
 fn collective(
     devices: &[Device],
     c: &CommunicationOptions,
     cluster: &ClusterPlan,
     errors: &mut Vec<Diagnostic>,
 ) -> CollectivePlan {
-    let transport = match c.transport {
-        CollectiveTransport::Auto if one_host(cluster) => TransportKind::SharedMemory,
-        CollectiveTransport::SharedMemory => TransportKind::SharedMemory,
-        // `cluster.tls` seals every connection between tasks, the gradients' too.
-        CollectiveTransport::Auto | CollectiveTransport::Tcp if cluster.tls.is_some() => TransportKind::TcpTls,
-        CollectiveTransport::Auto | CollectiveTransport::Tcp => TransportKind::Tcp,
+    let topology = HostLayout::of(cluster);
+    let model = cost_model(&c.cost_model, errors);
+    let bytes_per_pack = usize::try_from(c.bytes_per_pack).ok().and_then(NonZeroUsize::new).unwrap_or_else(|| {
+        errors.push(
+            Diagnostic::error(
+                "strategy.communication.bytes_per_pack",
+                format!("bytes_per_pack = {} is not a usable pack size", c.bytes_per_pack),
+            )
+            .help("use a size such as 4194304 (4 MiB)"),
+        );
+        NonZeroUsize::MIN
+    });
+    // `cluster.tls` seals every connection between tasks, the gradients' too.
+    let (tcp, routed) = match cluster.tls {
+        Some(_) => (TransportKind::TcpTls, TransportKind::SharedMemoryAndTcpTls),
+        None => (TransportKind::Tcp, TransportKind::SharedMemoryAndTcp),
     };
+    let several = !topology.one_host() && !cluster.is_local();
+    // The transport `transport = "auto"` gives an algorithm.
+    let auto_for = |a: Algorithm| {
+        if !several {
+            return TransportKind::SharedMemory;
+        }
+        match a {
+            Algorithm::Hierarchical => routed,
+            Algorithm::Direct | Algorithm::Ring | Algorithm::HalvingDoubling => tcp,
+        }
+    };
+    let (shape, pack) = (topology.placement(), bytes_per_pack.get());
     let key = "strategy.communication.implementation";
-    let algorithm = match c.implementation {
-        CollectiveImplementation::Auto => Algorithm::fastest_over(transport),
-        CollectiveImplementation::Ring => Algorithm::Ring,
+    let named = match c.implementation {
+        CollectiveImplementation::Auto => None,
+        CollectiveImplementation::Ring => Some(Algorithm::Ring),
+        CollectiveImplementation::HalvingDoubling => Some(Algorithm::HalvingDoubling),
+        CollectiveImplementation::Hierarchical => Some(Algorithm::Hierarchical),
         CollectiveImplementation::Nccl => {
             let gpus = devices.iter().all(|d| d.kind == DeviceKind::Gpu);
             let why = if gpus {
@@ -386,8 +420,23 @@ fn collective(
                 Diagnostic::error(key, why)
                     .help("use implementation = \"ring\" (or \"auto\") between worker processes"),
             );
-            Algorithm::fastest_over(transport)
+            None
         }
+    };
+    let (algorithm, transport) = match (named, c.transport) {
+        (Some(a), CollectiveTransport::Auto) => (a, auto_for(a)),
+        (Some(a), CollectiveTransport::SharedMemory) => (a, TransportKind::SharedMemory),
+        (Some(a), CollectiveTransport::Tcp) => (a, tcp),
+        // Each algorithm over the transport it would get; ties keep `Algorithm::ALL`'s order.
+        (None, CollectiveTransport::Auto) => Algorithm::ALL
+            .into_iter()
+            .filter_map(|a| Some((a, auto_for(a), model.estimate(a, auto_for(a), shape, pack)?)))
+            .min_by(|x, y| x.2.total_cmp(&y.2))
+            .map_or((Algorithm::fastest_over(tcp), tcp), |(a, t, _)| (a, t)),
+        (None, CollectiveTransport::SharedMemory) => {
+            (model.cheapest(TransportKind::SharedMemory, shape, pack), TransportKind::SharedMemory)
+        }
+        (None, CollectiveTransport::Tcp) => (model.cheapest(tcp, shape, pack), tcp),
     };
     if let Some(why) = algorithm.refuses(transport) {
         errors.push(
@@ -399,37 +448,76 @@ fn collective(
                     transport.name()
                 ),
             )
-            .help(format!("use implementation = \"auto\" (it picks {})", Algorithm::fastest_over(transport).name())),
+            .help(format!(
+                "use implementation = \"auto\" (it picks {})",
+                model.cheapest(transport, shape, pack).name()
+            )),
         );
     }
-    let bytes_per_pack = usize::try_from(c.bytes_per_pack).ok().and_then(NonZeroUsize::new).unwrap_or_else(|| {
-        errors.push(
-            Diagnostic::error(
-                "strategy.communication.bytes_per_pack",
-                format!("bytes_per_pack = {} is not a usable pack size", c.bytes_per_pack),
-            )
-            .help("use a size such as 4194304 (4 MiB)"),
-        );
-        NonZeroUsize::MIN
-    });
+    // The others over the transport they would get: the spec's, or what `auto` gives them.
+    let over = |a: Algorithm| match c.transport {
+        CollectiveTransport::Auto => auto_for(a),
+        CollectiveTransport::SharedMemory | CollectiveTransport::Tcp => transport,
+    };
+    let estimates =
+        Algorithm::ALL.into_iter().filter_map(|a| Some((a, model.estimate(a, over(a), shape, pack)?))).collect();
     CollectivePlan {
         algorithm,
         auto: c.implementation == CollectiveImplementation::Auto,
         transport,
         auto_transport: c.transport == CollectiveTransport::Auto,
         bytes_per_pack,
+        topology,
+        cost_model: model,
+        estimates,
     }
 }
 
-/// Whether every task runs on one host: local tasks, loopback addresses, or one host name.
-fn one_host(cluster: &ClusterPlan) -> bool {
-    if cluster.is_local() {
-        return true;
-    }
-    let host = |a: &Address| match a {
-        Address::Local => None,
-        Address::At(a) => Some(a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h).to_string()),
+/// `[strategy.communication.cost_model]` as the model's units, each figure checked.
+fn cost_model(spec: &CostModelSpec, errors: &mut Vec<Diagnostic>) -> CostModel {
+    let defaults = CostModel::default();
+    let mut rate = |key: &str, gb: f64| {
+        if gb.is_finite() && gb > 0.0 {
+            Some(1.0 / (gb * 1e9))
+        } else {
+            errors.push(
+                Diagnostic::error(
+                    format!("strategy.communication.cost_model.{key}"),
+                    format!("strategy.communication.cost_model.{key} = {gb} is not a rate"),
+                )
+                .help("use a positive number of gigabytes per second, such as 1.25 for 10 Gbit/s"),
+            );
+            None
+        }
     };
-    let hosts: std::collections::BTreeSet<Option<String>> = cluster.tasks.iter().map(|(_, a)| host(a)).collect();
-    hosts.len() <= 1
+    let network_beta = rate("network.gigabytes_per_s", spec.network.gigabytes_per_s);
+    let shm_beta = rate("shared_memory.gigabytes_per_s", spec.shared_memory.gigabytes_per_s);
+    let gamma = rate("sum_gigabytes_per_s", spec.sum_gigabytes_per_s);
+    let mut latency = |key: &str, us: f64| {
+        if us.is_finite() && us >= 0.0 {
+            Some(us * 1e-6)
+        } else {
+            errors.push(
+                Diagnostic::error(
+                    format!("strategy.communication.cost_model.{key}"),
+                    format!("strategy.communication.cost_model.{key} = {us} is not a latency"),
+                )
+                .help("use microseconds, 0 or more, such as 50"),
+            );
+            None
+        }
+    };
+    let network_alpha = latency("network.latency_us", spec.network.latency_us);
+    let shm_alpha = latency("shared_memory.latency_us", spec.shared_memory.latency_us);
+    CostModel {
+        network: LinkCost {
+            alpha: network_alpha.unwrap_or(defaults.network.alpha),
+            beta: network_beta.unwrap_or(defaults.network.beta),
+        },
+        shared_memory: LinkCost {
+            alpha: shm_alpha.unwrap_or(defaults.shared_memory.alpha),
+            beta: shm_beta.unwrap_or(defaults.shared_memory.beta),
+        },
+        gamma: gamma.unwrap_or(defaults.gamma),
+    }
 }

@@ -43,8 +43,8 @@ pub use render::{render, render_each};
 pub use run::RunSpec;
 pub use schema::{schema_json, schema_value};
 pub use strategy::{
-    ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CrossDeviceOps, StrategySpec,
-    Tasks, TlsSpec, VariablePartitioner,
+    ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CostModelSpec, CrossDeviceOps,
+    LinkSpec, StrategySpec, Tasks, TlsSpec, VariablePartitioner,
 };
 pub use sweep::{GridValues, RandomSpec, SweepDistribution, SweepMetric, SweepSpec};
 pub use train::{CallbackSpec, EpochWord, Mode, SaveFreq, TrainSpec};

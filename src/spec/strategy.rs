@@ -171,6 +171,71 @@ pub struct CommunicationOptions {
     #[serde(default = "default_timeout_s")]
     #[schemars(range(min = 0.001, max = 604_800.0))]
     pub timeout_s: f64,
+    /// The α–β–γ cost model `implementation = "auto"` picks the algorithm with, for the pack
+    /// size (`docs/cost-model.md`). Default: the figures fitted on loopback TCP and shared
+    /// memory of a 2-core machine. Example:
+    /// `cost_model = { network = { latency_us = 50, gigabytes_per_s = 1.25 } }`.
+    #[serde(default, skip_serializing_if = "CostModelSpec::is_default")]
+    pub cost_model: CostModelSpec,
+}
+
+/// `[strategy.communication.cost_model]`: the links' latency and bandwidth, and how fast a
+/// worker sums.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CostModelSpec {
+    /// Between hosts. Default: `{ latency_us = 40, gigabytes_per_s = 2.5 }` (loopback TCP).
+    #[serde(default = "default_network")]
+    pub network: LinkSpec,
+    /// Between workers of one host. Default: `{ latency_us = 5, gigabytes_per_s = 8 }`.
+    #[serde(default = "default_shared_memory")]
+    pub shared_memory: LinkSpec,
+    /// Gigabytes (10⁹ bytes) a worker sums per second. Default: `4`. Example: `sum_gigabytes_per_s = 8`.
+    #[serde(default = "default_sum_rate")]
+    #[schemars(range(min = 0.0))]
+    pub sum_gigabytes_per_s: f64,
+}
+
+/// One kind of link in the cost model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    /// Microseconds one message takes, however small (α). Example: `latency_us = 50`.
+    #[schemars(range(min = 0.0))]
+    pub latency_us: f64,
+    /// Gigabytes (10⁹ bytes) per second once a message flows (1/β). Example: `gigabytes_per_s = 1.25`.
+    #[schemars(range(min = 0.0))]
+    pub gigabytes_per_s: f64,
+}
+
+fn default_network() -> LinkSpec {
+    LinkSpec { latency_us: 40.0, gigabytes_per_s: 2.5 }
+}
+
+fn default_shared_memory() -> LinkSpec {
+    LinkSpec { latency_us: 5.0, gigabytes_per_s: 8.0 }
+}
+
+fn default_sum_rate() -> f64 {
+    4.0
+}
+
+impl CostModelSpec {
+    /// Whether it is all defaults, so the resolved spec (and every manifest made from it)
+    /// leaves it out.
+    pub fn is_default(&self) -> bool {
+        *self == CostModelSpec::default()
+    }
+}
+
+impl Default for CostModelSpec {
+    fn default() -> Self {
+        Self {
+            network: default_network(),
+            shared_memory: default_shared_memory(),
+            sum_gigabytes_per_s: default_sum_rate(),
+        }
+    }
 }
 
 fn default_bytes_per_pack() -> u64 {
@@ -188,6 +253,7 @@ impl Default for CommunicationOptions {
             bytes_per_pack: default_bytes_per_pack(),
             transport: CollectiveTransport::default(),
             timeout_s: default_timeout_s(),
+            cost_model: CostModelSpec::default(),
         }
     }
 }
@@ -196,11 +262,19 @@ impl Default for CommunicationOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CollectiveImplementation {
-    /// NCCL between GPU workers, ring otherwise; `trainrun check` shows the choice.
+    /// The cheapest algorithm for the pack size by the cost model (`cost_model`): `direct`
+    /// over shared memory on one host, the ring between two hosts, `halving_doubling` or
+    /// `hierarchical` for many ranks; `trainrun check` shows the estimates and the choice.
     #[default]
     Auto,
     /// Chunked, pipelined ring all-reduce (reduce-scatter + all-gather).
     Ring,
+    /// Rabenseifner's reduce-scatter by recursive halving + all-gather by recursive doubling:
+    /// 2·log₂N messages instead of the ring's 2(N−1).
+    HalvingDoubling,
+    /// Inside each host (over shared memory), among one leader per host, then back inside
+    /// each host (Horovod's hierarchical all-reduce).
+    Hierarchical,
     /// NCCL (GPU builds only).
     Nccl,
 }
@@ -211,7 +285,8 @@ pub enum CollectiveImplementation {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CollectiveTransport {
-    /// Shared memory when every worker runs on one host, else the TCP ring.
+    /// Shared memory when every worker runs on one host; on several hosts, shared memory
+    /// inside each host and TCP across for `hierarchical`, TCP for the others.
     #[default]
     Auto,
     /// A shared-memory segment (every worker on one host).

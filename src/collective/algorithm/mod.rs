@@ -1,7 +1,11 @@
 //! All-reduce algorithms, one file each, named as [`Algorithm`] names them:
 //! - `ring.rs`: the pipelined ring, over any point-to-point transport;
 //! - `direct.rs`: every rank sums its share straight from every rank's buffer, over shared
-//!   memory only.
+//!   memory only;
+//! - `halving_doubling.rs`: Rabenseifner's reduce-scatter by recursive halving and all-gather
+//!   by recursive doubling, over any point-to-point transport;
+//! - `hierarchical.rs`: `halving_doubling` inside each host, among one leader per host, then
+//!   back inside each host.
 //!
 //! An algorithm over point-to-point transfers implements [`PointToPointAlgorithm`]: which
 //! ranks it talks to ([`Wiring`], so connection-based transports connect exactly those) and,
@@ -15,6 +19,8 @@
 //! [`Algorithm::point_to_point`].
 
 mod direct;
+mod halving_doubling;
+mod hierarchical;
 mod ring;
 
 pub use direct::{ArenaReducer, ShmCommunicator};
@@ -22,6 +28,7 @@ pub use direct::{ArenaReducer, ShmCommunicator};
 use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
 use super::transport::{Combine, Exchange, PointToPoint, Transfers, TransportKind, Wiring};
 use super::{Communicator, Peers};
+use std::ops::Range;
 
 /// The all-reduce algorithm between workers, as the plan decided it; the names are what
 /// `trainrun check` prints and each algorithm's file is called.
@@ -33,17 +40,26 @@ pub enum Algorithm {
     Direct,
     /// The pipelined ring, reduce-scatter then all-gather (`ring.rs`): any transport.
     Ring,
+    /// Reduce-scatter by recursive halving, all-gather by recursive doubling
+    /// (`halving_doubling.rs`): any transport.
+    HalvingDoubling,
+    /// Inside each host, among the hosts' leaders, back inside each host
+    /// (`hierarchical.rs`): any transport, shared memory inside hosts where it routes by host.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm, for tables and tests that cover them all.
-    pub const ALL: [Algorithm; 2] = [Algorithm::Direct, Algorithm::Ring];
+    pub const ALL: [Algorithm; 4] =
+        [Algorithm::Direct, Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Hierarchical];
 
     /// Its name, which is its file's.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Direct => "direct",
             Algorithm::Ring => "ring",
+            Algorithm::HalvingDoubling => "halving_doubling",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -59,6 +75,12 @@ impl Algorithm {
                 "direct: every worker sums its share straight from every worker's buffer, in worker order"
             }
             Algorithm::Ring => "ring: reduce-scatter, then all-gather",
+            Algorithm::HalvingDoubling => {
+                "halving_doubling: reduce-scatter by recursive halving, then all-gather by recursive doubling"
+            }
+            Algorithm::Hierarchical => {
+                "hierarchical: halving_doubling inside each host, then among one leader per host, then back inside each host"
+            }
         }
     }
 
@@ -68,7 +90,21 @@ impl Algorithm {
             (Algorithm::Direct, TransportKind::Tcp | TransportKind::TcpTls) => {
                 Some("it reads every worker's memory, so it needs every worker on one host with shared memory")
             }
-            (Algorithm::Direct, TransportKind::SharedMemory) | (Algorithm::Ring, _) => None,
+            (Algorithm::Direct, TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls) => {
+                Some("it reads every worker's memory, so it needs every worker on one host")
+            }
+            (
+                Algorithm::Ring | Algorithm::HalvingDoubling,
+                TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls,
+            ) => Some(
+                "its steps exchange inside a host and across hosts at once; only hierarchical keeps each step on one link",
+            ),
+            (Algorithm::Direct, TransportKind::SharedMemory)
+            | (
+                Algorithm::Ring | Algorithm::HalvingDoubling,
+                TransportKind::SharedMemory | TransportKind::Tcp | TransportKind::TcpTls,
+            )
+            | (Algorithm::Hierarchical, _) => None,
         }
     }
 
@@ -78,6 +114,7 @@ impl Algorithm {
         match transport {
             TransportKind::SharedMemory => Algorithm::Direct,
             TransportKind::Tcp | TransportKind::TcpTls => Algorithm::Ring,
+            TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => Algorithm::Hierarchical,
         }
     }
 
@@ -87,15 +124,18 @@ impl Algorithm {
         match self {
             Algorithm::Direct => true,
             // Two ranks: one addition, which commutes.
-            Algorithm::Ring => world <= 2,
+            Algorithm::Ring | Algorithm::HalvingDoubling | Algorithm::Hierarchical => world <= 2,
         }
     }
 
-    /// The point-to-point algorithm, or `None` for one that is not (`direct`).
-    pub(crate) fn point_to_point(self) -> Option<Box<dyn PointToPointAlgorithm>> {
+    /// The point-to-point algorithm among `peers` (whose hosts `hierarchical` groups by), or
+    /// `None` for one that is not (`direct`).
+    pub(crate) fn point_to_point(self, peers: &Peers) -> Option<Box<dyn PointToPointAlgorithm>> {
         match self {
             Algorithm::Direct => None,
             Algorithm::Ring => Some(Box::new(ring::Ring)),
+            Algorithm::HalvingDoubling => Some(Box::new(halving_doubling::HalvingDoubling)),
+            Algorithm::Hierarchical => Some(Box::new(hierarchical::Hierarchical { hosts: peers.hosts().to_vec() })),
         }
     }
 }
@@ -115,7 +155,6 @@ impl Group {
         Group { members: (0..peers.world()).collect(), me: peers.rank() }
     }
 
-    #[cfg_attr(not(test), expect(dead_code, reason = "the hierarchical algorithms to come run steps on subgroups"))]
     /// The subgroup of this group's ranks `ranks` (group ranks, in the subgroup's order), or
     /// `None` when this rank is not among them.
     pub(crate) fn subgroup(&self, ranks: &[usize]) -> Option<Group> {
@@ -178,11 +217,30 @@ impl Exchanges<'_> {
         self.transport.exchange(x, data)
     }
 
-    #[cfg_attr(not(test), expect(dead_code, reason = "the hierarchical algorithms to come run steps on subgroups"))]
     /// The same collective among `group` only (a subgroup made with [`Group::subgroup`]).
     pub(crate) fn among<'b>(&'b mut self, group: &'b Group) -> Exchanges<'b> {
         Exchanges { transport: &mut *self.transport, group, desc: self.desc, seq: self.seq }
     }
+}
+
+/// One exchange of a precomputed schedule: send to group rank `to` and receive from group
+/// rank `from` what `transfers` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Round {
+    pub to: Option<usize>,
+    pub from: Option<usize>,
+    pub transfers: Transfers,
+}
+
+/// Runs `steps` in order.
+pub(crate) fn run_steps(x: &mut Exchanges<'_>, steps: &[Round], data: &mut [u8]) -> Result<(), CollectiveError> {
+    steps.iter().try_for_each(|s| x.exchange(s.to, s.from, &s.transfers, data))
+}
+
+/// Byte ranges of the segments of an element range, `seg` elements of `esize` bytes each.
+pub(crate) fn segments(r: Range<usize>, seg: usize, esize: usize) -> impl Iterator<Item = Range<usize>> {
+    let seg = seg.max(1);
+    (r.start..r.end).step_by(seg).map(move |s| s * esize..(s + seg).min(r.end) * esize)
 }
 
 /// An all-reduce algorithm over point-to-point transfers; one file each.
@@ -291,5 +349,7 @@ impl Communicator for Scheduled {
     }
 }
 
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tests;

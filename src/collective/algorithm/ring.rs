@@ -15,7 +15,7 @@
 
 use super::super::error::CollectiveError;
 use super::super::transport::{Combine, RecvItem, Transfers, Wiring};
-use super::{Exchanges, Group, PointToPointAlgorithm};
+use super::{Exchanges, Group, PointToPointAlgorithm, segments};
 use std::ops::Range;
 
 /// The ring; see the module docs.
@@ -83,12 +83,6 @@ fn chunk(elems: usize, world: usize, c: usize) -> Range<usize> {
     let (base, rem) = (elems / world, elems % world);
     let start = c * base + c.min(rem);
     start..start + base + usize::from(c < rem)
-}
-
-/// Byte ranges of the segments of an element range.
-fn segments(r: Range<usize>, seg_elems: usize, esize: usize) -> impl Iterator<Item = Range<usize>> {
-    let seg = seg_elems.max(1);
-    (r.start..r.end).step_by(seg).map(move |s| s * esize..(s + seg).min(r.end) * esize)
 }
 
 /// Ring all-reduce (reduce-scatter, then all-gather) of `elems` elements of `esize` bytes.

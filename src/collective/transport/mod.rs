@@ -10,7 +10,9 @@
 //! - `tcp.rs`: ranks anywhere, one TCP connection per (sender, receiver) pair that the
 //!   algorithm's [`Wiring`] lists (the handshake that refuses strangers is `handshake.rs`,
 //!   the nonblocking loop that runs an exchange over two connections `stream.rs`);
-//! - `tls.rs`: those connections under mutual TLS (`record.rs` seals the records).
+//! - `tls.rs`: those connections under mutual TLS (`record.rs` seals the records);
+//! - `routed.rs`: ranks on several hosts, each exchange over shared memory when both its
+//!   peers share this rank's host, over TCP (or TLS) when neither does.
 //!
 //! Every exchange opens with the operation's descriptor and sequence number on each side that
 //! moves anything, which the receiver checks, so ranks out of step are caught before any data
@@ -18,6 +20,7 @@
 
 mod handshake;
 mod record;
+pub(crate) mod routed;
 pub mod shared_memory;
 mod stream;
 pub mod tcp;
@@ -39,6 +42,10 @@ pub enum TransportKind {
     Tcp,
     /// TCP connections under mutual TLS (`cluster.tls`).
     TcpTls,
+    /// Shared memory among each host's workers, TCP across hosts (`routed.rs`).
+    SharedMemoryAndTcp,
+    /// Shared memory among each host's workers, TCP under mutual TLS across hosts.
+    SharedMemoryAndTcpTls,
 }
 
 impl TransportKind {
@@ -48,6 +55,8 @@ impl TransportKind {
             TransportKind::SharedMemory => "shared_memory",
             TransportKind::Tcp => "tcp",
             TransportKind::TcpTls => "tcp_tls",
+            TransportKind::SharedMemoryAndTcp => "shared_memory_and_tcp",
+            TransportKind::SharedMemoryAndTcpTls => "shared_memory_and_tcp_tls",
         }
     }
 
@@ -57,6 +66,18 @@ impl TransportKind {
             TransportKind::SharedMemory => "shared memory (every worker on this host)",
             TransportKind::Tcp => "TCP",
             TransportKind::TcpTls => "TCP under mutual TLS (cluster.tls)",
+            TransportKind::SharedMemoryAndTcp => "shared memory inside each host, TCP across hosts",
+            TransportKind::SharedMemoryAndTcpTls => {
+                "shared memory inside each host, TCP under mutual TLS across hosts (cluster.tls)"
+            }
+        }
+    }
+
+    /// Whether it routes each exchange by host: shared memory inside, TCP across.
+    pub fn routed(self) -> bool {
+        match self {
+            TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => true,
+            TransportKind::SharedMemory | TransportKind::Tcp | TransportKind::TcpTls => false,
         }
     }
 }

@@ -120,7 +120,11 @@ pub fn serve(
                     )));
                 }
             },
-            TransportKind::Tcp | TransportKind::TcpTls => None,
+            // The routed kinds are the all-reduce's; the parameter-server plan never picks them.
+            TransportKind::Tcp
+            | TransportKind::TcpTls
+            | TransportKind::SharedMemoryAndTcp
+            | TransportKind::SharedMemoryAndTcpTls => None,
         });
         ps.push((*t, conn));
     }

@@ -1,0 +1,177 @@
+//! The α–β–γ cost model of the all-reduce algorithms (Hockney's, as NCCL and MPICH use it to
+//! pick one): sending a message of n bytes over a link costs α + n·β, summing n bytes costs
+//! n·γ. Links come in two kinds, shared memory inside a host and the network across hosts,
+//! each with its own α and β. `implementation = "auto"` picks the algorithm with the lowest
+//! estimate for the job's pack size; `trainrun check` prints the estimates.
+//! `docs/cost-model.md` derives the formulas and compares them with measurements.
+
+use super::{Algorithm, TransportKind};
+
+/// One kind of link: latency per message and time per byte.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct LinkCost {
+    /// Seconds per message (α).
+    pub alpha: f64,
+    /// Seconds per byte (β).
+    pub beta: f64,
+}
+
+/// The model's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct CostModel {
+    /// Between ranks of one host, through the shared-memory segment.
+    pub shared_memory: LinkCost,
+    /// Between hosts (here: loopback TCP).
+    pub network: LinkCost,
+    /// Seconds per byte summed (γ).
+    pub gamma: f64,
+}
+
+impl Default for CostModel {
+    /// Fitted on the 2-core development machine (`docs/cost-model.md`): loopback TCP
+    /// α = 40 µs, 2.5 GB/s; shared memory α = 5 µs, 8 GB/s; sums at 4 GB/s.
+    fn default() -> CostModel {
+        CostModel {
+            shared_memory: LinkCost { alpha: 5e-6, beta: 1.0 / 8e9 },
+            network: LinkCost { alpha: 40e-6, beta: 1.0 / 2.5e9 },
+            gamma: 1.0 / 4e9,
+        }
+    }
+}
+
+/// Where the ranks are: how many, on how many hosts, and how many on the fullest host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub ranks: usize,
+    pub hosts: usize,
+    pub per_host: usize,
+}
+
+fn log2_floor(n: usize) -> f64 {
+    f64::from(n.max(1).ilog2())
+}
+
+impl CostModel {
+    /// The link a flat algorithm's messages take over `transport`.
+    fn flat_link(&self, transport: TransportKind) -> LinkCost {
+        match transport {
+            TransportKind::SharedMemory => self.shared_memory,
+            TransportKind::Tcp
+            | TransportKind::TcpTls
+            | TransportKind::SharedMemoryAndTcp
+            | TransportKind::SharedMemoryAndTcpTls => self.network,
+        }
+    }
+
+    /// The ring over `n` ranks and `s` bytes: 2(n−1) messages of s/n, (n−1)/n·s summed.
+    pub fn ring(&self, link: LinkCost, n: usize, s: f64) -> f64 {
+        if n < 2 {
+            return 0.0;
+        }
+        let steps = 2.0 * (n as f64 - 1.0);
+        steps * link.alpha + steps / n as f64 * s * link.beta + (n as f64 - 1.0) / n as f64 * s * self.gamma
+    }
+
+    /// Halving-doubling over `n` ranks: 2·log₂p messages carrying 2(p−1)/p·s over the core
+    /// of p = 2^⌊log₂n⌋ ranks, plus the fold and the return (s each) when n is not p.
+    pub fn halving_doubling(&self, link: LinkCost, n: usize, s: f64) -> f64 {
+        if n < 2 {
+            return 0.0;
+        }
+        let p = 1usize << n.ilog2();
+        let fold = if p == n { 0.0 } else { 1.0 };
+        let pf = p as f64;
+        let core = 2.0 * log2_floor(p) * link.alpha + 2.0 * (pf - 1.0) / pf * s * link.beta;
+        core + (pf - 1.0) / pf * s * self.gamma + fold * (2.0 * (link.alpha + s * link.beta) + s * self.gamma)
+    }
+
+    /// A binomial-tree broadcast of s bytes to `n` ranks (hierarchical's last step).
+    fn broadcast(&self, link: LinkCost, n: usize, s: f64) -> f64 {
+        if n < 2 {
+            return 0.0;
+        }
+        let rounds = f64::from(n.next_power_of_two().ilog2());
+        rounds * (link.alpha + s * link.beta)
+    }
+
+    /// `direct` over shared memory: two phases, each rank copying in and out and summing
+    /// its share from every rank.
+    pub fn direct(&self, n: usize, s: f64) -> f64 {
+        if n < 2 {
+            return 0.0;
+        }
+        let share = (n as f64 - 1.0) / n as f64 * s;
+        2.0 * self.shared_memory.alpha + 2.0 * share * self.shared_memory.beta + share * self.gamma
+    }
+
+    /// The estimate for `algorithm` over `transport` among `shape`'s ranks, `bytes` each;
+    /// `None` where the pair cannot run.
+    pub fn estimate(
+        &self,
+        algorithm: Algorithm,
+        transport: TransportKind,
+        shape: Placement,
+        bytes: usize,
+    ) -> Option<f64> {
+        algorithm.refuses(transport).is_none().then_some(())?;
+        let (s, n) = (bytes as f64, shape.ranks);
+        let link = self.flat_link(transport);
+        Some(match algorithm {
+            Algorithm::Direct => self.direct(n, s),
+            Algorithm::Ring => self.ring(link, n, s),
+            Algorithm::HalvingDoubling => self.halving_doubling(link, n, s),
+            Algorithm::Hierarchical => {
+                let inside = if transport.routed() { self.shared_memory } else { link };
+                let across = if transport == TransportKind::SharedMemory { self.shared_memory } else { self.network };
+                self.halving_doubling(inside, shape.per_host, s)
+                    + self.halving_doubling(across, shape.hosts, s)
+                    + self.broadcast(inside, shape.per_host, s)
+            }
+        })
+    }
+
+    /// Every algorithm that runs over `transport` with its estimate, cheapest first; ties keep
+    /// [`Algorithm::ALL`]'s order, so two ranks (where ring and halving-doubling are the same
+    /// exchange) keep the ring.
+    pub fn ranked(&self, transport: TransportKind, shape: Placement, bytes: usize) -> Vec<(Algorithm, f64)> {
+        let mut all: Vec<(Algorithm, f64)> =
+            Algorithm::ALL.into_iter().filter_map(|a| Some((a, self.estimate(a, transport, shape, bytes)?))).collect();
+        all.sort_by(|a, b| a.1.total_cmp(&b.1));
+        all
+    }
+
+    /// The cheapest algorithm over `transport` (`implementation = "auto"`).
+    pub fn cheapest(&self, transport: TransportKind, shape: Placement, bytes: usize) -> Algorithm {
+        self.ranked(transport, shape, bytes).first().map_or(Algorithm::fastest_over(transport), |(a, _)| *a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(ranks: usize, hosts: usize) -> Placement {
+        Placement { ranks, hosts, per_host: ranks.div_ceil(hosts) }
+    }
+
+    #[test]
+    fn todays_jobs_keep_todays_choice() {
+        let m = CostModel::default();
+        for bytes in [1 << 10, 4 << 20, 64 << 20] {
+            assert_eq!(m.cheapest(TransportKind::SharedMemory, placement(2, 1), bytes), Algorithm::Direct);
+            assert_eq!(m.cheapest(TransportKind::SharedMemory, placement(4, 1), bytes), Algorithm::Direct);
+            assert_eq!(m.cheapest(TransportKind::Tcp, placement(2, 2), bytes), Algorithm::Ring);
+            assert_eq!(m.cheapest(TransportKind::TcpTls, placement(2, 2), bytes), Algorithm::Ring);
+        }
+    }
+
+    #[test]
+    fn many_ranks_and_small_packs_leave_the_ring() {
+        let m = CostModel::default();
+        assert_eq!(m.cheapest(TransportKind::Tcp, placement(64, 64), 1 << 10), Algorithm::HalvingDoubling);
+        assert_eq!(m.cheapest(TransportKind::SharedMemoryAndTcp, placement(64, 8), 1 << 10), Algorithm::Hierarchical);
+        // Two ranks: the same exchange either way.
+        let link = m.network;
+        assert_eq!(m.ring(link, 2, 1e6), m.halving_doubling(link, 2, 1e6));
+    }
+}
