@@ -39,5 +39,7 @@ pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: Placement) -> Result<Vec
         wires: vec![Wire::Tcp],
         worlds: vec![p.tasks],
         sizes: SIZES.to_vec(),
+        // `hierarchical` groups ranks by the hosts they run in.
+        per_host: p.per_host(),
     })
 }
