@@ -371,6 +371,13 @@ const CASES: &[Case] = &[
     // `extends` is read from spec files only: the case writes one (see `manifest`).
     Case { path: "extends", base: WORKERS, sets: &[], set: "extends=@", benign: "netns.toml" },
     Case {
+        path: "model.init_from.path",
+        base: WORKERS,
+        sets: &[],
+        set: "model.init_from={ path = @ }",
+        benign: "runs/pretrain",
+    },
+    Case {
         path: "optimizer.exclude_from_weight_decay[]",
         base: WORKERS,
         sets: &["optimizer={ kind = \"adamw\", learning_rate = 0.001 }"],

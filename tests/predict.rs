@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_exit, data_dir, json, run, signal, spawn, tempdir, text, with_python};
+use common::{assert_exit, data_dir, json, run, short_mnist_run, signal, spawn, tempdir, text, with_python};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -17,17 +17,7 @@ fn trained() -> &'static Path {
     let (_, dir) = RUN.get_or_init(|| {
         let tmp = tempdir();
         let dir = tmp.path().join("run");
-        let out = run(&[
-            "specs/mnist_single.toml",
-            "-q",
-            "--set",
-            &format!("run.out_dir={}", dir.display()),
-            "--set",
-            "train.steps_per_epoch=60",
-            "--set",
-            "train.epochs=1",
-        ]);
-        assert_exit(&out, 0);
+        short_mnist_run(&dir, 60);
         (tmp, dir)
     });
     dir

@@ -14,12 +14,12 @@ use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use trainrun::bench::scale::hosts::{HostsError, NamespaceHosts, Profile, leftovers};
-use trainrun::bench::scale::train::{Placement, TrainResult, TrainSettings, train};
+use trainrun::bench::scale::train::{TaskLayout, TrainResult, TrainSettings, train};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// A cluster for `p`, or `None` after saying loudly why the test cannot run here.
-fn cluster(p: Placement) -> Option<NamespaceHosts> {
+fn cluster(p: TaskLayout) -> Option<NamespaceHosts> {
     match NamespaceHosts::new(p.hosts, Profile::FAST, &NEVER) {
         Ok(c) => Some(c),
         Err(e @ HostsError::NoNamespaces(_)) => {
@@ -82,7 +82,7 @@ fn exe() -> &'static Path {
 /// `tasks` tasks on their hosts train `steps` steps to completion, within `limit`; the
 /// cluster's settings and what the job measured, after checking the cluster left nothing.
 fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(String, TrainResult)> {
-    let p = Placement::for_tasks(tasks);
+    let p = TaskLayout::for_tasks(tasks);
     let cluster = cluster(p)?;
     let tag = cluster.tag.clone();
     let settings = TrainSettings { steps, per_replica_batch: 16, implementation: "auto".into(), deadline: limit };
@@ -99,7 +99,7 @@ fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(Stri
 
 #[test]
 fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
-    let p = Placement::for_tasks(4);
+    let p = TaskLayout::for_tasks(4);
     assert_eq!((p.hosts, p.per_host()), (2, 2));
     let Some((_, result)) = train_and_clean_up(4, 20, Duration::from_secs(60)) else {
         return;
@@ -110,7 +110,7 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
 /// `trainrun bench --only scale` started, once its first cluster is up: the bench and that
 /// cluster's tag; `None` (having said why) where clusters cannot be made.
 fn bench_with_a_cluster() -> Option<(std::process::Child, String)> {
-    drop(cluster(Placement::for_tasks(2))?);
+    drop(cluster(TaskLayout::for_tasks(2))?);
     let mut bench = common::trainrun()
         .args(["bench", "--only", "scale"])
         .env("TRAINRUN_BENCH_PYTHON", "/nonexistent/python")
@@ -167,7 +167,7 @@ fn what_a_harness_killed_by_sigkill_left_the_next_one_removes() {
     bench.kill().unwrap();
     bench.wait().unwrap();
     // (Another test's cluster, made meanwhile, may have removed them already.)
-    drop(cluster(Placement::for_tasks(2)));
+    drop(cluster(TaskLayout::for_tasks(2)));
     assert_nothing_left(&tag, owner);
 }
 
@@ -175,7 +175,7 @@ fn what_a_harness_killed_by_sigkill_left_the_next_one_removes() {
 #[test]
 #[ignore = "64 processes for about a minute: run with --ignored"]
 fn sixty_four_tasks_on_eight_hosts_train_to_completion() {
-    let p = Placement::for_tasks(64);
+    let p = TaskLayout::for_tasks(64);
     assert_eq!((p.hosts, p.per_host()), (8, 8));
     let Some((settings, result)) = train_and_clean_up(64, 40, Duration::from_secs(300)) else {
         return;

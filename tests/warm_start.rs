@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{assert_exit, json, run, signal, spawn, tempdir, text, wait_for_file, wait_within, weights};
+use common::{
+    assert_exit, json, run, short_mnist_run, signal, spawn, tempdir, text, wait_for_any_backup, wait_within, weights,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -20,17 +22,7 @@ fn pretrained() -> &'static Path {
     let (_, dir) = RUN.get_or_init(|| {
         let tmp = tempdir();
         let dir = tmp.path().join("pre");
-        let out = run(&[
-            "specs/mnist_single.toml",
-            "-q",
-            "--set",
-            &format!("run.out_dir={}", dir.display()),
-            "--set",
-            "train.steps_per_epoch=40",
-            "--set",
-            "train.epochs=1",
-        ]);
-        assert_exit(&out, 0);
+        short_mnist_run(&dir, 40);
         (tmp, dir)
     });
     dir
@@ -208,7 +200,7 @@ fn a_stopped_fine_tune_resumes_its_own_backup_bit_identically() {
             "--set",
             "train.epochs=2",
             "--set",
-            "train.steps_per_epoch=40",
+            "train.steps_per_epoch=80",
             "--set",
             "optimizer.momentum=0.9",
             "--set",
@@ -225,7 +217,7 @@ fn a_stopped_fine_tune_resumes_its_own_backup_bit_identically() {
     let a = args(tmp.path());
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
     let mut child = spawn(&a);
-    wait_for_file(&tmp.path().join("backup/ckpt-0000000014/manifest.json"), LIMIT, &mut [&mut child]);
+    wait_for_any_backup(&tmp.path().join("backup"), LIMIT, &mut child);
     signal(child.id(), libc::SIGTERM);
     let (stopped, _) = wait_within(child, LIMIT);
     assert_exit(&stopped, 6);

@@ -315,3 +315,19 @@ pub fn with_python(module: &str, script: &str, dir: &Path) -> bool {
     assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
     true
 }
+
+/// Trains `specs/mnist_single.toml` for one epoch of `steps` steps into `dir` (a run folder whose
+/// `model.safetensors` the predict, warm-start and export tests start from).
+pub fn short_mnist_run(dir: &Path, steps: u32) {
+    let out = run(&[
+        "specs/mnist_single.toml",
+        "-q",
+        "--set",
+        &format!("run.out_dir={}", dir.display()),
+        "--set",
+        &format!("train.steps_per_epoch={steps}"),
+        "--set",
+        "train.epochs=1",
+    ]);
+    assert_exit(&out, 0);
+}

@@ -6,7 +6,7 @@
 //! it and listens on that host's address ([`ENV_HOST`]).
 
 use super::hosts::{NamespaceHosts, address};
-use super::train::Placement;
+use super::train::TaskLayout;
 use crate::collective::bench::{BenchError, BenchOptions, BenchRow, ENV_HOST, ENV_RANK, Wire, run};
 use crate::collective::{Algorithm, Launcher};
 use std::path::Path;
@@ -20,7 +20,7 @@ pub fn algorithms() -> Vec<Algorithm> {
 }
 
 /// `exe` started as rank `$TRAINRUN_COLLECTIVE_RANK` in that rank's host, listening there.
-fn launcher(exe: &Path, cluster: &NamespaceHosts, p: Placement) -> Launcher {
+fn launcher(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Launcher {
     let pairs: Vec<String> =
         (0..p.tasks).map(|r| format!("{} {}", cluster.host(p.host_of(r)), address(p.host_of(r)))).collect();
     let script = format!(
@@ -32,7 +32,7 @@ fn launcher(exe: &Path, cluster: &NamespaceHosts, p: Placement) -> Launcher {
 }
 
 /// Every algorithm at every size in [`SIZES`] between `p.tasks` ranks.
-pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: Placement) -> Result<Vec<BenchRow>, BenchError> {
+pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Result<Vec<BenchRow>, BenchError> {
     run(&BenchOptions {
         launcher: launcher(exe, cluster, p),
         algorithms: algorithms(),

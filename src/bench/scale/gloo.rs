@@ -4,7 +4,7 @@
 
 use super::hosts::{NamespaceHosts, address};
 use super::procs::{Procs, ProcsError, Start};
-use super::train::Placement;
+use super::train::TaskLayout;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -55,7 +55,7 @@ impl TorchReference {
     fn ranks(
         &self,
         cluster: &NamespaceHosts,
-        p: Placement,
+        p: TaskLayout,
         args: &[String],
         deadline: Duration,
         stop: &AtomicBool,
@@ -95,7 +95,7 @@ impl TorchReference {
     pub fn step_ms(
         &self,
         cluster: &NamespaceHosts,
-        p: Placement,
+        p: TaskLayout,
         batch: usize,
         steps: u64,
         deadline: Duration,
@@ -113,7 +113,7 @@ impl TorchReference {
     pub fn all_reduce(
         &self,
         cluster: &NamespaceHosts,
-        p: Placement,
+        p: TaskLayout,
         deadline: Duration,
         stop: &AtomicBool,
     ) -> Result<Vec<(usize, f64)>, GlooError> {

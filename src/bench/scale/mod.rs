@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use train::{Placement, TrainSettings, percentile};
+use train::{TaskLayout, TrainSettings, percentile};
 
 /// Steps each job trains; the first is left out of the step times.
 const STEPS: u64 = 40;
@@ -58,7 +58,7 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
             if stop.load(Ordering::SeqCst) {
                 return Err(stopped(stop, String::new()));
             }
-            let p = Placement::for_tasks(n);
+            let p = TaskLayout::for_tasks(n);
             let cluster = match NamespaceHosts::new(p.hosts, profile, stop) {
                 Ok(c) => c,
                 Err(e @ HostsError::NoNamespaces(_)) => {
@@ -91,7 +91,7 @@ fn stopped(stop: &AtomicBool, e: String) -> String {
 fn measure(
     exe: &Path,
     cluster: &NamespaceHosts,
-    p: Placement,
+    p: TaskLayout,
     torch: Option<&gloo::TorchReference>,
     stop: &AtomicBool,
 ) -> Result<String, String> {

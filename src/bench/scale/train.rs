@@ -14,17 +14,17 @@ use std::time::Duration;
 
 /// Where the tasks run: `hosts` hosts, task `i` on host `i / per_host`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Placement {
+pub struct TaskLayout {
     pub tasks: usize,
     pub hosts: usize,
 }
 
-impl Placement {
+impl TaskLayout {
     /// `tasks` on up to 8 hosts, at least two (so the network carries something) and, where
     /// the count allows, at least two tasks a host (so hosts are hosts): 2 = 2 × 1,
     /// 4 = 2 × 2, 8 = 4 × 2, 16 = 8 × 2, 32 = 8 × 4, 64 = 8 × 8.
-    pub fn for_tasks(tasks: usize) -> Placement {
-        Placement { tasks, hosts: (tasks / 2).clamp(2, 8).min(tasks.max(1)) }
+    pub fn for_tasks(tasks: usize) -> TaskLayout {
+        TaskLayout { tasks, hosts: (tasks / 2).clamp(2, 8).min(tasks.max(1)) }
     }
 
     /// Tasks on the fullest host.
@@ -89,7 +89,7 @@ pub enum ScaleJobError {
 }
 
 /// The job's spec: the MLP, synthetic data sized for `steps`, a metrics line every step.
-fn spec(p: Placement, s: &TrainSettings, out: &Path) -> String {
+fn spec(p: TaskLayout, s: &TrainSettings, out: &Path) -> String {
     let global = p.tasks * s.per_replica_batch;
     format!(
         r#"batch = {{ per_replica = {batch} }}
@@ -119,7 +119,7 @@ communication = {{ implementation = "{implementation}" }}
 }
 
 /// Task `i`'s `host:port`: each host's tasks on consecutive ports.
-fn task_address(p: Placement, i: usize) -> String {
+fn task_address(p: TaskLayout, i: usize) -> String {
     format!("{}:{}", address(p.host_of(i)), 7100 + i % p.per_host())
 }
 
@@ -127,7 +127,7 @@ fn task_address(p: Placement, i: usize) -> String {
 pub fn train(
     exe: &Path,
     cluster: &NamespaceHosts,
-    p: Placement,
+    p: TaskLayout,
     s: &TrainSettings,
     stop: &AtomicBool,
 ) -> Result<TrainResult, ScaleJobError> {
@@ -190,9 +190,9 @@ mod tests {
     #[test]
     fn placements_are_hosts_of_equal_size() {
         let shapes: Vec<(usize, usize)> =
-            [2, 4, 8, 16, 32, 64].map(Placement::for_tasks).iter().map(|p| (p.hosts, p.per_host())).collect();
+            [2, 4, 8, 16, 32, 64].map(TaskLayout::for_tasks).iter().map(|p| (p.hosts, p.per_host())).collect();
         assert_eq!(shapes, [(2, 1), (2, 2), (4, 2), (8, 2), (8, 4), (8, 8)]);
-        let p = Placement::for_tasks(4);
+        let p = TaskLayout::for_tasks(4);
         assert_eq!((0..4).map(|i| p.host_of(i)).collect::<Vec<_>>(), [0, 0, 1, 1]);
         assert_eq!(task_address(p, 3), "10.213.0.2:7101");
     }
