@@ -187,7 +187,7 @@ impl Graph<'_> {
         }
     }
 
-    /// A float initializer holding `values` from the parameters (`state = false`) or state.
+    /// A float initializer named `name` holding `values`, shaped `dims`.
     fn tensor(&mut self, name: &str, values: Vec<f32>, dims: &[usize]) -> String {
         self.initializers.push(TensorProto {
             dims: dims.iter().map(|&d| d as i64).collect(),

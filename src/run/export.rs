@@ -37,9 +37,7 @@ pub fn export(
                 .map_err(|e| RunError::Unsupported(e.to_string()))?
         }
     };
-    let mut partial = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    partial.push(format!(".partial-{}", std::process::id()));
-    let partial = out.with_file_name(partial);
+    let partial = super::partial_beside(out);
     let written = std::fs::write(&partial, &bytes).and_then(|()| std::fs::rename(&partial, out));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);

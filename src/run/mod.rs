@@ -85,6 +85,14 @@ fn say(quiet: bool, prefix: &str, text: &str) {
     }
 }
 
+/// `FILE.partial-<pid>` beside `FILE`: outputs are written whole under it and renamed into
+/// place, so no reader ever sees half a file under the final name.
+pub(super) fn partial_beside(file: &std::path::Path) -> std::path::PathBuf {
+    let mut name = file.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".partial-{}", std::process::id()));
+    file.with_file_name(name)
+}
+
 /// A pool of `threads` compute threads.
 pub(super) fn pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
     rayon::ThreadPoolBuilder::new()

@@ -66,7 +66,6 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
                 .into(),
         )
     })?;
-    let width = plan.model.output.numel();
     let predicted = match dataset.labels {
         LabelKind::Class { classes } => Predicted::Classes {
             classes: classes as usize,
@@ -83,8 +82,8 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
         }
     };
     let examples = test.len();
-    let partial = output::partial_path(&o.output);
-    let mut writer = PredictionWriter::create(&partial, format, predicted, width, examples)?;
+    let partial = super::partial_beside(&o.output);
+    let mut writer = PredictionWriter::create(&partial, format, predicted, examples)?;
     let batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, model.activation_len());
     let pass = Pass { training: false, seed: 0, accumulate: false, threads: plan.threads };
     let pool = pool(plan.threads)?;

@@ -76,13 +76,6 @@ impl Predicted {
     }
 }
 
-/// `FILE.partial-<pid>` beside `FILE`: written whole, then renamed into place.
-pub fn partial_path(output: &Path) -> PathBuf {
-    let mut name = output.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".partial-{}", std::process::id()));
-    output.with_file_name(name)
-}
-
 /// Writes rows as batches come.
 pub struct PredictionWriter {
     out: BufWriter<File>,
@@ -96,22 +89,15 @@ pub struct PredictionWriter {
 }
 
 impl PredictionWriter {
-    /// Creates `path` and writes the header; `width` is the model's values per example, which
-    /// must be what `predicted` reads.
+    /// Creates `path` and writes the header.
     pub fn create(
         path: &Path,
         format: PredictionFormat,
         predicted: Predicted,
-        width: usize,
         examples: usize,
     ) -> Result<PredictionWriter, RunError> {
-        if width != predicted.width() {
-            return Err(RunError::Usage(format!(
-                "the model outputs {width} values per example but the data's labels have {}: the spec's model and data \
-                 do not belong together",
-                predicted.width()
-            )));
-        }
+        // Planning checked the model's output against the labels, so `predicted` has its width.
+        let width = predicted.width();
         let file = File::create(path).map_err(|e| {
             RunError::Failure(format!("cannot create {} ({e}): is its folder there and writable?", path.display()))
         })?;
@@ -290,7 +276,7 @@ mod tests {
     fn top_k_is_likeliest_first_with_ties_to_the_lower_class() {
         let path = std::env::temp_dir().join(format!("trainrun-predict-test-{}.csv", std::process::id()));
         let predicted = Predicted::Classes { classes: 4, names: None, top_k: 3, softmax: false };
-        let mut w = PredictionWriter::create(&path, PredictionFormat::Csv, predicted, 4, 2).unwrap();
+        let mut w = PredictionWriter::create(&path, PredictionFormat::Csv, predicted, 2).unwrap();
         w.write_batch(&[0.1, 0.4, 0.4, 0.1, 0.7, 0.1, 0.1, 0.1], 2).unwrap();
         w.finish().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
