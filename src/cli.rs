@@ -1,6 +1,6 @@
 //! The command line, kept thin: the spec is the interface. `trainrun SPEC` runs it;
-//! `check`, `eval`, `predict`, `export`, `sweep`, `report`, `manifest`, `certs`, `schema` and `bench` are the only other
-//! commands.
+//! `check`, `eval`, `sample`, `tokenize`, `predict`, `export`, `sweep`, `report`, `manifest`, `certs`, `schema` and
+//! `bench` are the only other commands.
 
 use crate::exit::{Exit, RunError};
 use crate::prepare::Invocation;
@@ -65,6 +65,19 @@ enum CliCommand {
         /// Seed of the draws.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+    /// Tokenize a language model's corpus into the token cache ahead of a run, and report each
+    /// file's tokens and the throughput; with --text, print that text's ids and pieces instead.
+    Tokenize {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Text to tokenize with the spec's tokenizer (`\n` is a newline): its ids and pieces are
+        /// printed and the corpus is not read (but for a `char` vocabulary).
+        #[arg(long)]
+        text: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Write the model's predictions for the test split (the spec gives the model and the data):
     /// one row per example, in order; `.csv`, `.jsonl` or `.npy` by the output's extension.
@@ -226,6 +239,10 @@ pub fn main() -> ExitCode {
             let options = run::SampleOptions { prompt, tokens, temperature, top_k, seed };
             invocation(spec, false, None).and_then(|inv| run::sample(&inv, &checkpoint, &options))
         }
+        Some(CliCommand::Tokenize { spec, text, json }) => {
+            let text = text.map(|t| t.replace("\\n", "\n"));
+            invocation(spec, false, None).and_then(|inv| run::tokenize(&inv, text.as_deref(), json))
+        }
         Some(CliCommand::Predict { spec, checkpoint, output, top_k, force, quiet }) => {
             let options = run::PredictOptions { output, top_k, force };
             invocation(spec, quiet, None).and_then(|inv| run::predict(&inv, &checkpoint, &options))
@@ -325,6 +342,9 @@ mod tests {
                 "sweep --parallel",
                 "sweep --quiet",
                 "sweep --set",
+                "tokenize --json",
+                "tokenize --set",
+                "tokenize --text",
             ],
             "CLI flags changed: keep options in the spec (`--set` reaches every key)"
         );

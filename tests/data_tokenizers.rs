@@ -123,64 +123,14 @@ const BLOCK: usize = 16;
 const GPT2_IDS: usize = 50_257;
 
 fn spec(dir: &Path, data: &str) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-name = "tiktoken"
-seed = 3
-out_dir = "{out}"
-
-[data]
-dir = "{data_dir}"
-{data}
-
-[batch]
-global = 4
-
-[optimizer]
-kind = "sgd"
-learning_rate = 0.01
-
-[model]
-[[model.layers]]
-type = "reshape"
-target_shape = [{BLOCK}, 1, 1]
-
-[[model.layers]]
-type = "conv2d"
-filters = {GPT2_IDS}
-kernel_size = 1
-
-[[model.layers]]
-type = "reshape"
-target_shape = [{BLOCK}, {GPT2_IDS}]
-
-[train]
-epochs = 1
-steps_per_epoch = 5
-validation_steps = 2
-from_logits = true
-"#,
-        out = dir.join("run").display(),
-        data_dir = dir.display(),
-    );
-    let path = dir.join("spec.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    common::lm::spec(dir, "tiktoken", data, BLOCK, GPT2_IDS)
 }
 
 #[test]
 fn a_gpt2_text_source_checks_trains_and_samples_with_its_encoding() {
     let dir = tempdir();
-    let plays = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare");
-    let val = std::fs::read_to_string(plays.join("val.txt")).unwrap();
-    // A slice of the plays keeps the test quick; the ids are the point.
-    std::fs::write(dir.path().join("train.txt"), &val[..20_000]).unwrap();
-    std::fs::write(dir.path().join("val.txt"), &val[20_000..30_000]).unwrap();
-    let data = format!(
-        "dataset = \"text\"\n\n[data.text]\ntrain = [\"train.txt\"]\nvalidation = [\"val.txt\"]\n\
-         tokenization = \"gpt2\"\nblock_size = {BLOCK}"
-    );
+    common::lm::macbeth(dir.path());
+    let data = common::lm::text_data("\"gpt2\"", BLOCK);
     let spec = spec(dir.path(), &data);
     let check = run(&["check", spec.to_str().unwrap()]);
     let (shown, errors) = text(&check);

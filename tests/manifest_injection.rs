@@ -229,6 +229,13 @@ const CASES: &[Case] = &[
         benign: "content",
     },
     Case {
+        path: "data.jsonl.text.tokenization.tokenizer_json",
+        base: WORKERS,
+        sets: JSONL,
+        set: "data.jsonl={ train = [\"t.jsonl\"], text = { block_size = 8, tokenization = { tokenizer_json = @ } } }",
+        benign: "tokenizer.json",
+    },
+    Case {
         path: "data.jsonl.train[]",
         base: WORKERS,
         sets: JSONL,
@@ -276,6 +283,13 @@ const CASES: &[Case] = &[
         sets: NPY,
         set: "data.npy={ train = { features = \"x.npy\", labels = @ } }",
         benign: "y.npy",
+    },
+    Case {
+        path: "data.text.tokenization.tokenizer_json",
+        base: CHAR_LM,
+        sets: &[],
+        set: "data.text.tokenization={ tokenizer_json = @ }",
+        benign: "specs/tokenizers/shakespeare_bpe.json",
     },
     Case { path: "data.text.train[]", base: CHAR_LM, sets: &[], set: "data.text.train=[@]", benign: "plays.txt" },
     Case {

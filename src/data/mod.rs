@@ -43,7 +43,7 @@ pub use source::cifar::LabelMode;
 pub use source::csv::CsvLabels;
 pub use source::image_folder::ColorMode;
 pub use source::npy::NpyPair;
-pub use source::text::{Encoding, Tokenization, Vocabulary, VocabularyFrom};
+pub use source::text::{Encoding, Tokenization, TokenizerDecoder, TokenizerJson, Vocabulary, VocabularyFrom};
 pub use source::tfrecord::{TfRecordCompression, TfRecordEncoding};
 pub use source::tokens::TokenDtype;
 pub use source::{

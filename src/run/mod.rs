@@ -10,12 +10,14 @@ mod parameter_server;
 mod predict;
 mod run_folder;
 mod sample;
+mod tokenize;
 
 pub use check::check;
 pub use eval::eval;
 pub use export::export;
 pub use predict::{PredictOptions, predict};
 pub use sample::{SampleOptions, sample};
+pub use tokenize::tokenize;
 
 use crate::builder::{self, Resources};
 use crate::cluster::job::{self, DataPlaneKind, Job, JobConfig};

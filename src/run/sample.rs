@@ -11,7 +11,7 @@
 //! hand, the text so far already printed.
 
 use super::{load_data, pool};
-use crate::data::Vocabulary;
+use crate::data::{TokenizerDecoder, Vocabulary};
 use crate::engine::{Pass, init};
 use crate::exit::RunError;
 use crate::prepare::{Invocation, prepare};
@@ -90,6 +90,7 @@ pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<
     let layout = crate::builder::layout(&model);
     let (params, mut state) = weights(checkpoint, &layout)?;
     let mut context = encode(&vocabulary, &o.prompt)?;
+    let mut detokenize = Detokenize::new(&vocabulary, &context);
     let mut rng = init::rng(&[o.seed]);
     let pass = Pass { training: false, seed: 0, accumulate: false, threads: plan.threads };
     let mut x = vec![0.0f32; block];
@@ -112,7 +113,7 @@ pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<
         let logits = pool.install(|| model.forward(pass, &params, &mut state, &x, 1));
         let token = draw(&logits[last * vocab..(last + 1) * vocab], o, rng.random::<f64>());
         context.push(token as u32);
-        write!(out, "{}", decode(&vocabulary, token)).and_then(|()| out.flush()).map_err(written)?;
+        write!(out, "{}", detokenize.next(token)).and_then(|()| out.flush()).map_err(written)?;
     }
     writeln!(out).map_err(written)?;
     Ok(())
@@ -156,7 +157,17 @@ fn run_vocabulary(checkpoint: &Path) -> Result<Option<(PathBuf, Vocabulary)>, Ru
         Some("tiktoken") => Vocabulary::tiktoken(
             serde_json::from_value(json["encoding"].clone()).map_err(|e| bad(format!("`encoding`: {e}")))?,
         ),
-        other => return Err(bad(format!("`tokenization` is {other:?}, not \"char\", \"byte\" or \"tiktoken\""))),
+        Some("tokenizer_json") => {
+            let tokenizer = serde_json::to_vec(&json["tokenizer"]).map_err(|e| bad(e.to_string()))?;
+            let tokenizer =
+                crate::data::TokenizerJson::from_bytes(&file, &tokenizer).map_err(|e| bad(e.to_string()))?;
+            Vocabulary::tokenizer_json(tokenizer)
+        }
+        other => {
+            return Err(bad(format!(
+                "`tokenization` is {other:?}, not \"char\", \"byte\", \"tiktoken\" or \"tokenizer_json\""
+            )));
+        }
     };
     Ok(Some((file, vocabulary)))
 }
@@ -186,6 +197,9 @@ fn encode(vocabulary: &Vocabulary, text: &str) -> Result<Vec<u32>, RunError> {
     match vocabulary {
         Vocabulary::Byte { .. } => Ok(text.bytes().map(u32::from).collect()),
         Vocabulary::Tiktoken { encoding, .. } => Ok(encoding.encode(text)),
+        Vocabulary::TokenizerJson { tokenizer, .. } => {
+            tokenizer.encode(Path::new("--prompt"), text).map_err(|e| RunError::Usage(e.to_string()))
+        }
         Vocabulary::Char { tokens } => text
             .chars()
             .enumerate()
@@ -203,13 +217,41 @@ fn encode(vocabulary: &Vocabulary, text: &str) -> Result<Vec<u32>, RunError> {
     }
 }
 
-/// The text of token `id`.
-fn decode(vocabulary: &Vocabulary, id: usize) -> String {
-    match vocabulary {
-        Vocabulary::Char { tokens } => tokens.get(id).cloned().unwrap_or_default(),
-        // A byte may be part of a UTF-8 sequence: shown lossily, one token at a time.
-        Vocabulary::Byte { .. } => String::from_utf8_lossy(&[id as u8]).into_owned(),
-        Vocabulary::Tiktoken { encoding, .. } => String::from_utf8_lossy(&encoding.bytes(id as u32)).into_owned(),
+/// Turns generated ids into text as they come.
+enum Detokenize<'a> {
+    /// One token at a time, from the vocabulary's table.
+    Each(&'a Vocabulary),
+    /// A `tokenizer.json`'s decoder, which reads each token with those before it (a `##` or
+    /// `▁` piece's text depends on its neighbours).
+    Stream(TokenizerDecoder<'a>),
+}
+
+impl<'a> Detokenize<'a> {
+    /// A detokenizer for what follows the ids of the prompt.
+    fn new(vocabulary: &'a Vocabulary, prompt: &[u32]) -> Self {
+        match vocabulary {
+            Vocabulary::Char { .. } | Vocabulary::Byte { .. } | Vocabulary::Tiktoken { .. } => Self::Each(vocabulary),
+            Vocabulary::TokenizerJson { tokenizer, .. } => {
+                let mut decoder = tokenizer.decoder();
+                // The prompt is printed as given: its text is only context for what follows.
+                prompt.iter().for_each(|&id| drop(decoder.step(id)));
+                Self::Stream(decoder)
+            }
+        }
+    }
+
+    /// The text token `id` adds.
+    fn next(&mut self, id: usize) -> String {
+        match self {
+            Detokenize::Each(Vocabulary::Char { tokens }) => tokens.get(id).cloned().unwrap_or_default(),
+            // A byte may be part of a UTF-8 sequence: shown lossily, one token at a time.
+            Detokenize::Each(Vocabulary::Byte { .. }) => String::from_utf8_lossy(&[id as u8]).into_owned(),
+            Detokenize::Each(Vocabulary::Tiktoken { encoding, .. }) => {
+                String::from_utf8_lossy(&encoding.bytes(id as u32)).into_owned()
+            }
+            Detokenize::Each(Vocabulary::TokenizerJson { tokenizer, .. }) => tokenizer.decoder().step(id as u32),
+            Detokenize::Stream(decoder) => decoder.step(id as u32),
+        }
     }
 }
 
@@ -262,7 +304,7 @@ mod tests {
         assert_eq!(encode(&v, "ab a").ok(), Some(vec![2, 3, 1, 2]));
         let e = encode(&v, "abz").unwrap_err().to_string();
         assert!(e.contains("'z' at position 3") && e.contains("vocabulary of 4 characters"), "{e}");
-        assert_eq!(decode(&v, 3), "b");
+        assert_eq!(Detokenize::new(&v, &[]).next(3), "b");
         assert_eq!(encode(&Vocabulary::Byte { size: 256 }, "A").ok(), Some(vec![65]));
     }
 }

@@ -5,6 +5,7 @@
 
 use std::io::Read;
 pub mod certs;
+pub mod lm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};

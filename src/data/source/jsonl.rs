@@ -17,12 +17,12 @@ mod lines;
 mod table;
 
 use super::csv::{CsvDataset, Table};
-use super::text::{TextFile, Texts, Tokenizing};
+use super::text::{Joining, TextFile, Texts, Tokenizing};
 use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
 use crate::data::formats::RandomAccess as _;
-use crate::data::{CsvLabels, DataFacts, DataWarning, Dataset, Tokenization, VocabularyFrom};
+use crate::data::{CsvLabels, DataFacts, DataWarning, Dataset, Tokenization, Vocabulary, VocabularyFrom};
 use lines::Lines;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -60,12 +60,15 @@ pub struct JsonlText {
     #[serde(default = "default_field")]
     pub field: String,
     /// Text put after every document, so the model learns where one ends; with a tiktoken
-    /// encoding its special tokens (`<|endoftext|>`) are read as such. Default: a newline for
-    /// `char` and `byte`, `<|endoftext|>` for a tiktoken encoding. Example: `end_of_text = "\n\n"`.
+    /// encoding or a `tokenizer.json` its special tokens (`<|endoftext|>`) are read as such.
+    /// Default: a newline for `char` and `byte`, `<|endoftext|>` for a tiktoken encoding, the
+    /// `tokenizer.json`'s end-of-text special token (`<|endoftext|>`, `<|end_of_text|>`, `</s>`,
+    /// `<eos>` or `[SEP]`; required when it has none). Example: `end_of_text = "\n\n"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_of_text: Option<String>,
     /// How text becomes tokens, as `data.text.tokenization` (`char`, `byte`, `gpt2`,
-    /// `r50k_base`, `cl100k_base`, `o200k_base`). Default: `char`. Example: `tokenization = "gpt2"`.
+    /// `r50k_base`, `cl100k_base`, `o200k_base`, `{ tokenizer_json = "tokenizer.json" }`).
+    /// Default: `char`. Example: `tokenization = "gpt2"`.
     #[serde(default)]
     pub tokenization: Tokenization,
     /// Which text the `char` vocabulary is built from, as `data.text.vocabulary`.
@@ -203,19 +206,46 @@ impl JsonlSource {
 
     /// The documents of every file, each file's joined into one text.
     fn texts(&self, config: &JsonlText) -> Result<Texts, DataError> {
+        let (train, validation, how) = self.read_documents(config)?;
+        Texts::new(train, validation, &how)
+    }
+
+    /// The files read as documents with their token streams' lengths (`trainrun tokenize`); an
+    /// error when `[data.jsonl]` reads a table.
+    pub fn documents(&self) -> Result<Texts, DataError> {
+        self.texts(self.text_config()?)
+    }
+
+    /// The vocabulary alone: nothing is tokenized (`char` reads the files for its characters).
+    pub fn vocabulary(&self) -> Result<Vocabulary, DataError> {
+        let (train, validation, how) = self.read_documents(self.text_config()?)?;
+        how.vocabulary(&train, &validation).map(|(vocabulary, _)| vocabulary)
+    }
+
+    fn text_config(&self) -> Result<&JsonlText, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(text) => Ok(text),
+            ReadAs::Table(_) => Err(DataError::BadJsonl {
+                problem: "this spec reads data.jsonl.table (numbers and a label), not text to tokenize".into(),
+            }),
+        }
+    }
+
+    /// The training and validation files' documents, and how they are tokenized.
+    fn read_documents(&self, config: &JsonlText) -> Result<(Vec<TextFile>, Vec<TextFile>, Tokenizing), DataError> {
         let all = |names: &[String]| -> Result<Vec<TextFile>, DataError> {
             names.iter().map(|n| documents(&self.dir.join(n), config)).collect()
         };
         let tokenizing = Tokenizing {
             dataset: "jsonl",
-            tokenization: config.tokenization,
+            reading: format!("jsonl field {:?}", config.field),
+            dir: self.dir.clone(),
+            tokenization: config.tokenization.clone(),
             vocabulary: config.vocabulary,
             block: config.block_size.get(),
-            end_of_text: Some(
-                config.end_of_text.clone().unwrap_or_else(|| config.tokenization.default_end_of_text().into()),
-            ),
+            joining: Joining::Documents { end_of_text: config.end_of_text.clone(), key: "data.jsonl.text.end_of_text" },
         };
-        Texts::new(all(&self.config.train)?, all(&self.config.validation)?, &tokenizing)
+        Ok((all(&self.config.train)?, all(&self.config.validation)?, tokenizing))
     }
 
     /// The training table and the validation table, read as the training one was.

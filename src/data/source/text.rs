@@ -1,25 +1,28 @@
 //! The `text` source: UTF-8 files for training and validation, tokenized by character (with a
 //! sorted vocabulary built from the training text), by byte, or by a tiktoken encoding
-//! ([`tiktoken`]), cut into [`Windows`] of `block_size + 1` tokens for a language model.
+//! ([`tiktoken`]) or a Hugging Face `tokenizer.json` ([`tokenizer_json`]), cut into [`Windows`] of
+//! `block_size + 1` tokens for a language model.
 //!
 //! A character of the validation text that the training text lacks is an error naming it and
 //! its `file:line:column`, unless `vocabulary = "train_and_validation"` builds the vocabulary
 //! from both. The vocabulary is written to the run folder as `vocab.json`, so a sampler can
 //! turn ids back into text.
 
+pub mod cache;
+mod texts;
 mod tiktoken;
+mod tokenizer_json;
 
+pub(crate) use texts::{Joining, TextFile, Tokenizing};
+pub use texts::{Texts, TokenizedFile, pieces};
 pub use tiktoken::Encoding;
+pub use tokenizer_json::{TokenizerDecoder, TokenizerJson};
 
 use super::{DataSource, RawValues, missing_in, require};
 use crate::data::error::{DataError, Position};
-use crate::data::examples::{LabelKind, Split};
-use crate::data::windows::{Tokens, WindowSplit, Windows, count, require_windows};
 use crate::data::{DataFacts, Dataset};
-use rayon::prelude::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
@@ -34,8 +37,10 @@ pub struct TextConfig {
     /// evaluated). Example: `validation = ["val.txt"]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validation: Vec<String>,
-    /// How text becomes tokens: `char`, `byte`, or a tiktoken encoding (`gpt2`, `r50k_base`,
-    /// `cl100k_base`, `o200k_base`). Default: `char`. Example: `tokenization = "gpt2"`.
+    /// How text becomes tokens: `char`, `byte`, a tiktoken encoding (`gpt2`, `r50k_base`,
+    /// `cl100k_base`, `o200k_base`) or a Hugging Face `tokenizer.json`
+    /// (`{ tokenizer_json = "tokenizer.json" }`). Default: `char`.
+    /// Example: `tokenization = "gpt2"`.
     #[serde(default)]
     pub tokenization: Tokenization,
     /// Which text the `char` vocabulary is built from. Default: `train`.
@@ -48,7 +53,7 @@ pub struct TextConfig {
 }
 
 /// `data.text.tokenization`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Tokenization {
     /// One token per Unicode character, ids in the sorted order of the vocabulary.
@@ -64,19 +69,11 @@ pub enum Tokenization {
     Cl100kBase,
     /// tiktoken's `o200k_base` (200,019 ids).
     O200kBase,
-}
-
-impl Tokenization {
-    /// The text put after every document by default: a newline for `char` and `byte`, the
-    /// end-of-text special token for a tiktoken encoding.
-    pub fn default_end_of_text(self) -> &'static str {
-        match self {
-            Tokenization::Char | Tokenization::Byte => "\n",
-            Tokenization::Gpt2 | Tokenization::R50kBase | Tokenization::Cl100kBase | Tokenization::O200kBase => {
-                tiktoken_rs::ENDOFTEXT
-            }
-        }
-    }
+    /// A Hugging Face `tokenizer.json` (BPE, WordPiece or Unigram), relative to the working
+    /// directory as `data.dir` is (the tokenizer belongs to the model, not to the corpus), or
+    /// absolute; ids as Python `tokenizers`' `encode(text, add_special_tokens=False)`.
+    /// Example: `tokenization = { tokenizer_json = "tokenizer.json" }`.
+    TokenizerJson(String),
 }
 
 /// `data.text.vocabulary`.
@@ -100,6 +97,8 @@ pub enum Vocabulary {
     Byte { size: u32 },
     /// A tiktoken encoding's ids.
     Tiktoken { encoding: Encoding, size: u32 },
+    /// A `tokenizer.json`'s ids; the whole tokenizer is written, so a sampler needs no file.
+    TokenizerJson { size: u32, tokenizer: TokenizerJson },
 }
 
 impl Vocabulary {
@@ -107,7 +106,35 @@ impl Vocabulary {
     pub fn len(&self) -> u32 {
         match self {
             Vocabulary::Char { tokens } => tokens.len() as u32,
-            Vocabulary::Byte { size } | Vocabulary::Tiktoken { size, .. } => *size,
+            Vocabulary::Byte { size } | Vocabulary::Tiktoken { size, .. } | Vocabulary::TokenizerJson { size, .. } => {
+                *size
+            }
+        }
+    }
+
+    /// The vocabulary of a `tokenizer.json`.
+    pub fn tokenizer_json(tokenizer: TokenizerJson) -> Self {
+        Vocabulary::TokenizerJson { size: tokenizer.size(), tokenizer }
+    }
+
+    /// The text put after every document when none is configured (`key` names the setting, for
+    /// the error): a newline for `char` and `byte`, the end-of-text special token of a tiktoken
+    /// encoding or of a `tokenizer.json` that has an obvious one; an error asking for it otherwise.
+    fn default_end_of_text(&self, key: &str) -> Result<&'static str, DataError> {
+        match self {
+            Vocabulary::Char { .. } | Vocabulary::Byte { .. } => Ok(DEFAULT_CHAR_END_OF_TEXT),
+            Vocabulary::Tiktoken { encoding, .. } => Ok(encoding.end_of_text()),
+            Vocabulary::TokenizerJson { tokenizer, .. } => {
+                tokenizer.default_end_of_text().ok_or_else(|| DataError::Unsupported {
+                    path: tokenizer.path().to_path_buf(),
+                    what: format!(
+                        "this tokenizer has no end-of-text special token trainrun knows (<|endoftext|>, \
+                         <|end_of_text|>, </s>, <eos>, [SEP]) to put after every document: set {key} to one of its \
+                         special tokens ({}) or to a text",
+                        tokenizer.special_tokens().join(", ")
+                    ),
+                })
+            }
         }
     }
 
@@ -159,143 +186,40 @@ impl DataSource for TextSource {
 }
 
 impl TextSource {
-    /// The files, read and checked, with their vocabulary.
-    fn texts(&self) -> Result<Texts, DataError> {
+    /// The files, read and checked, with their vocabulary and token streams' lengths (a subword
+    /// tokenizer's streams are in the token cache after this).
+    pub fn texts(&self) -> Result<Texts, DataError> {
+        let (train, validation, how) = self.read()?;
+        Texts::new(train, validation, &how)
+    }
+
+    /// The vocabulary alone: nothing is tokenized (`char` reads the files for its characters).
+    pub fn vocabulary(&self) -> Result<Vocabulary, DataError> {
+        let (train, validation, how) = self.read()?;
+        how.vocabulary(&train, &validation).map(|(vocabulary, _)| vocabulary)
+    }
+
+    /// The training and validation files, read, and how they are tokenized.
+    fn read(&self) -> Result<(Vec<TextFile>, Vec<TextFile>, Tokenizing), DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         let (dir, config) = (&self.dir, &self.config);
         no_training_text(config)?;
         let all = |names: &[String]| names.iter().map(|n| read_text(dir.join(n))).collect::<Result<Vec<_>, _>>();
         let tokenizing = Tokenizing {
             dataset: "text",
-            tokenization: config.tokenization,
+            reading: "text".into(),
+            dir: dir.clone(),
+            tokenization: config.tokenization.clone(),
             vocabulary: config.vocabulary,
             block: config.block_size.get(),
-            end_of_text: None,
+            joining: Joining::Whole,
         };
-        Texts::new(all(&config.train)?, all(&config.validation)?, &tokenizing)
+        Ok((all(&config.train)?, all(&config.validation)?, tokenizing))
     }
 }
 
-/// How a language model's texts become windows of tokens: what `[data.text]` and
-/// `[data.jsonl.text]` share.
-pub(super) struct Tokenizing {
-    /// The source, as `data.dataset` names it (for errors).
-    pub dataset: &'static str,
-    pub tokenization: Tokenization,
-    pub vocabulary: VocabularyFrom,
-    /// Tokens per example.
-    pub block: usize,
-    /// Text put after every document (`None`: nothing, the file is one document); for a
-    /// tiktoken encoding its special tokens are read as such.
-    pub end_of_text: Option<String>,
-}
-
-/// One file's documents, in order.
-pub(super) struct TextFile {
-    pub path: PathBuf,
-    pub documents: Vec<String>,
-}
-
-/// The texts of a language model's files, read and checked, one token stream per file, and the
-/// vocabulary.
-pub(super) struct Texts {
-    train: Vec<TextFile>,
-    validation: Vec<TextFile>,
-    vocabulary: Vocabulary,
-    /// The ids put after every document.
-    end_of_text: Vec<u32>,
-    block: usize,
-}
-
-impl Texts {
-    /// The texts of the training and validation files: the vocabulary is built and each split
-    /// is checked to hold one window at least.
-    pub(super) fn new(train: Vec<TextFile>, validation: Vec<TextFile>, how: &Tokenizing) -> Result<Self, DataError> {
-        let end_of_text = how.end_of_text.as_deref().unwrap_or_default();
-        let vocabulary = match how.tokenization {
-            Tokenization::Byte => Vocabulary::Byte { size: 256 },
-            Tokenization::Char => {
-                let from_validation = match how.vocabulary {
-                    VocabularyFrom::Train => &[][..],
-                    VocabularyFrom::TrainAndValidation => &validation[..],
-                };
-                let documents = train.iter().chain(from_validation).flat_map(|f| &f.documents);
-                let chars: BTreeSet<char> = documents.flat_map(|d| d.chars()).chain(end_of_text.chars()).collect();
-                Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
-            }
-            Tokenization::Gpt2 => Vocabulary::tiktoken(Encoding::Gpt2),
-            Tokenization::R50kBase => Vocabulary::tiktoken(Encoding::R50kBase),
-            Tokenization::Cl100kBase => Vocabulary::tiktoken(Encoding::Cl100kBase),
-            Tokenization::O200kBase => Vocabulary::tiktoken(Encoding::O200kBase),
-        };
-        let end_of_text = match &vocabulary {
-            Vocabulary::Tiktoken { encoding, .. } => encoding.encode_special(end_of_text),
-            Vocabulary::Char { .. } | Vocabulary::Byte { .. } => {
-                encode(Path::new("data.jsonl.text.end_of_text"), end_of_text, &vocabulary)?
-            }
-        };
-        let texts = Self { train, validation, vocabulary, end_of_text, block: how.block };
-        for (split, files) in [(WindowSplit::Train, &texts.train), (WindowSplit::Validation, &texts.validation)] {
-            let counts: Vec<(&Path, usize)> = files.iter().map(|f| (f.path.as_path(), texts.count(f))).collect();
-            require_windows(how.dataset, split, &counts, how.block)?;
-        }
-        Ok(texts)
-    }
-
-    /// The number of tokens of `file`'s stream (a tiktoken encoding encodes it to count).
-    fn count(&self, file: &TextFile) -> usize {
-        let documents = file.documents.par_iter().map(|d| match &self.vocabulary {
-            Vocabulary::Char { .. } => d.chars().count(),
-            Vocabulary::Byte { .. } => d.len(),
-            Vocabulary::Tiktoken { encoding, .. } => encoding.encode(d).len(),
-        });
-        documents.map(|n| n + self.end_of_text.len()).sum()
-    }
-
-    /// Example counts, shape and vocabulary size.
-    pub(super) fn facts(&self) -> DataFacts {
-        let block = self.block;
-        let windows = |files: &[TextFile], stride| files.iter().map(|f| count(self.count(f), block, stride)).sum();
-        DataFacts {
-            train_examples: windows(&self.train, 1),
-            test_examples: windows(&self.validation, block),
-            example_shape: vec![block],
-            labels: LabelKind::Sequence { classes: self.vocabulary.len(), len: block },
-            // Windows are sharded by example: splitting files across workers is not offered.
-            train_files: 0,
-            warnings: vec![],
-        }
-    }
-
-    /// The texts tokenized (documents in parallel) and windowed: training windows at every
-    /// token, validation windows side by side.
-    pub(super) fn dataset(self) -> Result<Dataset, DataError> {
-        let (block, vocabulary) = (self.block, &self.vocabulary);
-        let stream = |f: &TextFile| -> Result<Tokens, DataError> {
-            let documents: Vec<Vec<u32>> =
-                f.documents.par_iter().map(|d| encode(&f.path, d, vocabulary)).collect::<Result<_, _>>()?;
-            let mut ids = Vec::with_capacity(documents.iter().map(|d| d.len() + self.end_of_text.len()).sum());
-            for document in documents {
-                ids.extend(document);
-                ids.extend_from_slice(&self.end_of_text);
-            }
-            Ok(Tokens::Owned(ids))
-        };
-        let tokens = |files: &[TextFile]| files.iter().map(stream).collect::<Result<Vec<_>, _>>();
-        let train = Split::of(Windows::new(tokens(&self.train)?, block, 1));
-        let test = match self.validation.is_empty() {
-            true => None,
-            false => Some(Split::of(Windows::new(tokens(&self.validation)?, block, block))),
-        };
-        Ok(Dataset {
-            train,
-            test,
-            labels: LabelKind::Sequence { classes: vocabulary.len(), len: block },
-            vocabulary: Some(self.vocabulary),
-            classes: None,
-        })
-    }
-}
+/// A `char` or `byte` source's end of text when none is configured.
+const DEFAULT_CHAR_END_OF_TEXT: &str = "\n";
 
 fn read_text(path: PathBuf) -> Result<TextFile, DataError> {
     let bytes = std::fs::read(&path).map_err(|source| DataError::Read { path: path.clone(), source })?;
@@ -312,40 +236,6 @@ fn read_text(path: PathBuf) -> Result<TextFile, DataError> {
     }
 }
 
-/// The token ids of `text` (at `path`, for errors).
-fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, DataError> {
-    let tokens = match vocabulary {
-        Vocabulary::Byte { .. } => return Ok(text.bytes().map(u32::from).collect()),
-        Vocabulary::Tiktoken { encoding, .. } => return Ok(encoding.encode(text)),
-        Vocabulary::Char { tokens } => tokens,
-    };
-    let mut ids = Vec::with_capacity(text.len());
-    let (mut line, mut column) = (1u64, 0usize);
-    let mut buf = [0u8; 4];
-    for c in text.chars() {
-        column += 1;
-        let key: &str = c.encode_utf8(&mut buf);
-        match tokens.binary_search_by(|t| t.as_str().cmp(key)) {
-            Ok(id) => ids.push(id as u32),
-            Err(_) => {
-                return Err(DataError::Malformed {
-                    path: path.to_path_buf(),
-                    at: Position::Line { line, column },
-                    problem: format!(
-                        "the character {c:?} (U+{:04X}) is not in the vocabulary built from the training text; \
-                         set data.text.vocabulary = \"train_and_validation\" to build it from both",
-                        u32::from(c)
-                    ),
-                });
-            }
-        }
-        if c == '\n' {
-            (line, column) = (line + 1, 0);
-        }
-    }
-    Ok(ids)
-}
-
 fn no_training_text(config: &TextConfig) -> Result<(), DataError> {
     if config.train.is_empty() {
         return Err(DataError::MissingSection {
@@ -360,6 +250,7 @@ fn no_training_text(config: &TextConfig) -> Result<(), DataError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::examples::{LabelKind, Split};
 
     fn source(dir: &Path, config: TextConfig) -> TextSource {
         TextSource { dir: dir.to_path_buf(), config }

@@ -1,0 +1,280 @@
+//! How a language model's texts become windows of tokens, what the `text` and `jsonl` sources
+//! share: the vocabulary, the end of text put after every document, one token stream per file
+//! (through the token [`cache`](super::cache) for a subword tokenizer) and the windows.
+
+use super::cache::{self, CacheKey, Cached};
+use super::{DEFAULT_CHAR_END_OF_TEXT, Encoding, Tokenization, TokenizerJson, Vocabulary, VocabularyFrom};
+use crate::data::error::{DataError, Position};
+use crate::data::examples::{LabelKind, Split};
+use crate::data::windows::{Tokens, WindowSplit, Windows, count, require_windows};
+use crate::data::{DataFacts, Dataset};
+use rayon::prelude::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// How a language model's texts become windows of tokens: what `[data.text]` and
+/// `[data.jsonl.text]` share.
+pub(crate) struct Tokenizing {
+    /// The source, as `data.dataset` names it (for errors).
+    pub dataset: &'static str,
+    /// How the source reads documents from a file (`text`, or `jsonl` and the field): part of
+    /// the token cache's key.
+    pub reading: String,
+    /// The data folder: the token cache is its `.trainrun-tokens` folder.
+    pub dir: PathBuf,
+    pub tokenization: Tokenization,
+    pub vocabulary: VocabularyFrom,
+    /// Tokens per example.
+    pub block: usize,
+    pub joining: Joining,
+}
+
+/// What is put after every document.
+pub(crate) enum Joining {
+    /// Nothing: a file is one document (`text`).
+    Whole,
+    /// The configured text, or the tokenization's own end of text when `None` (`jsonl`); a
+    /// tokenizer's special tokens in it are read as such. `key` names the setting, for errors.
+    Documents { end_of_text: Option<String>, key: &'static str },
+}
+
+/// One file's documents, in order.
+pub(crate) struct TextFile {
+    pub path: PathBuf,
+    pub documents: Vec<String>,
+}
+
+/// A file's tokens, as `trainrun tokenize` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizedFile {
+    pub path: PathBuf,
+    /// A validation file (else a training one).
+    pub validation: bool,
+    pub tokens: usize,
+    /// Where the ids came from; `char` and `byte` are not cached (`InMemory`).
+    pub cached: Cached,
+}
+
+/// The texts of a language model's files, read and checked, one token stream per file, and the
+/// vocabulary.
+pub struct Texts {
+    train: Vec<TextFile>,
+    validation: Vec<TextFile>,
+    vocabulary: Vocabulary,
+    /// The ids put after every document.
+    end_of_text: Vec<u32>,
+    block: usize,
+    reading: String,
+    /// The token cache's folder.
+    cache: PathBuf,
+    /// Each file's tokens, counted (and cached) while checking the splits.
+    files: Vec<TokenizedFile>,
+}
+
+impl Tokenizing {
+    /// The vocabulary of the files (only `char` reads them) and the ids put after every document.
+    pub(crate) fn vocabulary(
+        &self,
+        train: &[TextFile],
+        validation: &[TextFile],
+    ) -> Result<(Vocabulary, Vec<u32>), DataError> {
+        // Known before the vocabulary only when configured: `char` needs its characters.
+        let given = match &self.joining {
+            Joining::Whole => Some(""),
+            Joining::Documents { end_of_text, .. } => end_of_text.as_deref(),
+        };
+        let vocabulary = match &self.tokenization {
+            Tokenization::Byte => Vocabulary::Byte { size: 256 },
+            Tokenization::Char => {
+                let from_validation = match self.vocabulary {
+                    VocabularyFrom::Train => &[][..],
+                    VocabularyFrom::TrainAndValidation => validation,
+                };
+                let documents = train.iter().chain(from_validation).flat_map(|f| &f.documents);
+                let end_of_text = given.unwrap_or(DEFAULT_CHAR_END_OF_TEXT);
+                let chars: BTreeSet<char> = documents.flat_map(|d| d.chars()).chain(end_of_text.chars()).collect();
+                Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
+            }
+            Tokenization::Gpt2 => Vocabulary::tiktoken(Encoding::Gpt2),
+            Tokenization::R50kBase => Vocabulary::tiktoken(Encoding::R50kBase),
+            Tokenization::Cl100kBase => Vocabulary::tiktoken(Encoding::Cl100kBase),
+            Tokenization::O200kBase => Vocabulary::tiktoken(Encoding::O200kBase),
+            Tokenization::TokenizerJson(file) => Vocabulary::tokenizer_json(TokenizerJson::open(Path::new(file))?),
+        };
+        let end_of_text = match (given, &self.joining) {
+            (Some(text), _) => text,
+            (None, Joining::Documents { key, .. }) => vocabulary.default_end_of_text(key)?,
+            (None, Joining::Whole) => "",
+        };
+        let end_of_text = match &vocabulary {
+            Vocabulary::Tiktoken { encoding, .. } => encoding.encode_special(end_of_text),
+            Vocabulary::Char { .. } | Vocabulary::Byte { .. } | Vocabulary::TokenizerJson { .. } => {
+                encode(Path::new("data.jsonl.text.end_of_text"), end_of_text, &vocabulary)?
+            }
+        };
+        Ok((vocabulary, end_of_text))
+    }
+}
+
+impl Texts {
+    /// The texts of the training and validation files: the vocabulary is built and each split
+    /// is checked to hold one window at least (a subword tokenizer's streams are tokenized, or
+    /// found in the token cache, to count them).
+    pub(crate) fn new(train: Vec<TextFile>, validation: Vec<TextFile>, how: &Tokenizing) -> Result<Self, DataError> {
+        let (vocabulary, end_of_text) = how.vocabulary(&train, &validation)?;
+        let cache = how.dir.join(cache::FOLDER);
+        let (block, reading) = (how.block, how.reading.clone());
+        let mut texts = Self { train, validation, vocabulary, end_of_text, block, reading, cache, files: vec![] };
+        for (split, validation) in [(WindowSplit::Train, false), (WindowSplit::Validation, true)] {
+            let files = if validation { &texts.validation } else { &texts.train };
+            let mut counted = vec![];
+            for file in files {
+                let (tokens, cached) = texts.count(file)?;
+                counted.push(TokenizedFile { path: file.path.clone(), validation, tokens, cached });
+            }
+            let counts: Vec<(&Path, usize)> = counted.iter().map(|f| (f.path.as_path(), f.tokens)).collect();
+            require_windows(how.dataset, split, &counts, how.block)?;
+            texts.files.extend(counted);
+        }
+        Ok(texts)
+    }
+
+    /// The vocabulary.
+    pub fn vocabulary(&self) -> &Vocabulary {
+        &self.vocabulary
+    }
+
+    /// Each file's tokens and where they came from.
+    pub fn files(&self) -> &[TokenizedFile] {
+        &self.files
+    }
+
+    /// The number of tokens of `file`'s stream: `char` and `byte` count characters or bytes; a
+    /// subword tokenizer's stream is made (or found in the cache) to count it.
+    fn count(&self, file: &TextFile) -> Result<(usize, Cached), DataError> {
+        let end_of_text = self.end_of_text.len();
+        let documents = |per: fn(&String) -> usize| file.documents.par_iter().map(|d| per(d) + end_of_text).sum();
+        match &self.vocabulary {
+            Vocabulary::Char { .. } => Ok((documents(|d| d.chars().count()), Cached::InMemory)),
+            Vocabulary::Byte { .. } => Ok((documents(String::len), Cached::InMemory)),
+            Vocabulary::Tiktoken { .. } | Vocabulary::TokenizerJson { .. } => {
+                self.stream(file).map(|(tokens, cached)| (tokens.len(), cached))
+            }
+        }
+    }
+
+    /// `file`'s token stream: its documents encoded in parallel, each followed by the end of
+    /// text; through the token cache for a subword tokenizer.
+    fn stream(&self, file: &TextFile) -> Result<(Tokens, Cached), DataError> {
+        let tokenize = || {
+            let documents: Vec<Vec<u32>> =
+                file.documents.par_iter().map(|d| encode(&file.path, d, &self.vocabulary)).collect::<Result<_, _>>()?;
+            let mut ids = Vec::with_capacity(documents.iter().map(|d| d.len() + self.end_of_text.len()).sum());
+            for document in documents {
+                ids.extend(document);
+                ids.extend_from_slice(&self.end_of_text);
+            }
+            Ok(ids)
+        };
+        let tokenizer = match &self.vocabulary {
+            Vocabulary::Char { .. } | Vocabulary::Byte { .. } => {
+                return Ok((Tokens::Owned(tokenize()?), Cached::InMemory));
+            }
+            Vocabulary::Tiktoken { encoding, .. } => format!("tiktoken {encoding:?}"),
+            Vocabulary::TokenizerJson { tokenizer, .. } => format!("tokenizer.json {}", tokenizer.sha256()),
+        };
+        let key = CacheKey {
+            reading: &self.reading,
+            tokenizer: &tokenizer,
+            end_of_text: &self.end_of_text,
+            file: &file.path,
+        };
+        cache::tokens(&self.cache, &key, tokenize)
+    }
+
+    /// Example counts, shape and vocabulary size.
+    pub(crate) fn facts(&self) -> DataFacts {
+        let block = self.block;
+        let windows = |validation: bool, stride| {
+            self.files.iter().filter(|f| f.validation == validation).map(|f| count(f.tokens, block, stride)).sum()
+        };
+        DataFacts {
+            train_examples: windows(false, 1),
+            test_examples: windows(true, block),
+            example_shape: vec![block],
+            labels: LabelKind::Sequence { classes: self.vocabulary.len(), len: block },
+            // Windows are sharded by example: splitting files across workers is not offered.
+            train_files: 0,
+            warnings: vec![],
+        }
+    }
+
+    /// The texts tokenized (documents in parallel) and windowed: training windows at every
+    /// token, validation windows side by side.
+    pub(crate) fn dataset(self) -> Result<Dataset, DataError> {
+        let block = self.block;
+        let tokens =
+            |files: &[TextFile]| files.iter().map(|f| self.stream(f).map(|(t, _)| t)).collect::<Result<Vec<_>, _>>();
+        let train = Split::of(Windows::new(tokens(&self.train)?, block, 1));
+        let test = match self.validation.is_empty() {
+            true => None,
+            false => Some(Split::of(Windows::new(tokens(&self.validation)?, block, block))),
+        };
+        Ok(Dataset {
+            train,
+            test,
+            labels: LabelKind::Sequence { classes: self.vocabulary.len(), len: block },
+            vocabulary: Some(self.vocabulary),
+            classes: None,
+        })
+    }
+}
+
+/// The ids of `text` under `vocabulary`, each with its piece of text (`trainrun tokenize
+/// --text`): a character, a byte, a tiktoken token's bytes (lossy where they hold part of a
+/// character), or a `tokenizer.json` token as the tokenizer writes it (`Ġ`, `##`, `▁` and all).
+pub fn pieces(vocabulary: &Vocabulary, text: &str) -> Result<Vec<(u32, String)>, DataError> {
+    let ids = encode(Path::new("--text"), text, vocabulary)?;
+    let piece = |id: u32| match vocabulary {
+        Vocabulary::Char { tokens } => tokens.get(id as usize).cloned().unwrap_or_default(),
+        Vocabulary::Byte { .. } => String::from_utf8_lossy(&[id as u8]).into_owned(),
+        Vocabulary::Tiktoken { encoding, .. } => String::from_utf8_lossy(&encoding.bytes(id)).into_owned(),
+        Vocabulary::TokenizerJson { tokenizer, .. } => tokenizer.piece(id),
+    };
+    Ok(ids.into_iter().map(|id| (id, piece(id))).collect())
+}
+
+/// The token ids of `text` (at `path`, for errors).
+fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, DataError> {
+    let tokens = match vocabulary {
+        Vocabulary::Byte { .. } => return Ok(text.bytes().map(u32::from).collect()),
+        Vocabulary::Tiktoken { encoding, .. } => return Ok(encoding.encode(text)),
+        Vocabulary::TokenizerJson { tokenizer, .. } => return tokenizer.encode(path, text),
+        Vocabulary::Char { tokens } => tokens,
+    };
+    let mut ids = Vec::with_capacity(text.len());
+    let (mut line, mut column) = (1u64, 0usize);
+    let mut buf = [0u8; 4];
+    for c in text.chars() {
+        column += 1;
+        let key: &str = c.encode_utf8(&mut buf);
+        match tokens.binary_search_by(|t| t.as_str().cmp(key)) {
+            Ok(id) => ids.push(id as u32),
+            Err(_) => {
+                return Err(DataError::Malformed {
+                    path: path.to_path_buf(),
+                    at: Position::Line { line, column },
+                    problem: format!(
+                        "the character {c:?} (U+{:04X}) is not in the vocabulary built from the training text; \
+                         set data.text.vocabulary = \"train_and_validation\" to build it from both",
+                        u32::from(c)
+                    ),
+                });
+            }
+        }
+        if c == '\n' {
+            (line, column) = (line + 1, 0);
+        }
+    }
+    Ok(ids)
+}
