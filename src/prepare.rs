@@ -56,7 +56,12 @@ pub enum Unplanned {
 
 pub fn data_dirs(env: &[(String, String)]) -> DataDirs {
     let var = |k: &str| env.iter().find(|(key, v)| key == k && !v.is_empty()).map(|(_, v)| PathBuf::from(v));
-    DataDirs { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
+    DataDirs {
+        trainrun_data_dir: var("TRAINRUN_DATA_DIR"),
+        xdg_cache_home: var("XDG_CACHE_HOME"),
+        home: var("HOME"),
+        token_cache: var("TRAINRUN_TOKEN_CACHE"),
+    }
 }
 
 /// Whether an environment flag is set to something other than empty, `0` or `false`.

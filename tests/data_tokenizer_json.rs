@@ -191,15 +191,32 @@ fn an_invalid_tokenizer_json_is_named_with_what_is_wrong() {
         );
         let check = run(&["check", spec(dir.path(), &data, 1024).to_str().unwrap()]);
         let (out, errors) = text(&check);
-        assert_ne!(check.status.code(), Some(0), "{out}{errors}");
+        assert_exit(&check, 4);
         let want = format!("{path}: not a tokenizer.json the Hugging Face `tokenizers` library can read: ");
         assert!(errors.contains(&want) && errors.contains(wrong), "{name}:\n{out}{errors}");
     }
+    // Text that is not UTF-8 is located, whatever the tokenizer.
+    std::fs::write(dir.path().join("train.txt"), b"some text \xff\xfe more").unwrap();
+    let data =
+        common::lm::text_data(&format!("{{ tokenizer_json = {:?} }}", checked_in().display().to_string()), BLOCK)
+            .replace("validation = [\"val.txt\"]\n", "");
+    let check = run(&["check", spec(dir.path(), &data, 1024).to_str().unwrap()]);
+    assert_exit(&check, 4);
+    assert!(text(&check).1.contains("train.txt at byte 10: not UTF-8 text"), "{}", text(&check).1);
 }
 
 /// `trainrun tokenize --json` on `spec`, started now (its output read by [`report`]).
 fn tokenize(spec: &Path) -> std::process::Child {
-    common::trainrun()
+    tokenize_into(spec, None)
+}
+
+/// [`tokenize`], with `TRAINRUN_TOKEN_CACHE` set to `cache`.
+fn tokenize_into(spec: &Path, cache: Option<&Path>) -> std::process::Child {
+    let mut command = common::trainrun();
+    if let Some(cache) = cache {
+        command.env("TRAINRUN_TOKEN_CACHE", cache);
+    }
+    command
         .args(["tokenize", spec.to_str().unwrap(), "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -258,6 +275,13 @@ fn two_tasks_build_the_token_cache_once_and_a_damaged_one_is_rebuilt() {
     // A run trains from the cache.
     let trained = run(&[spec.to_str().unwrap(), "--quiet"]);
     assert_exit(&trained, 0);
+
+    // TRAINRUN_TOKEN_CACHE moves the cache (for a read-only data folder).
+    let elsewhere = dir.path().join("elsewhere");
+    let moved = report(tokenize_into(&spec, Some(&elsewhere)));
+    assert_eq!((how(&moved), &moved["tokens"]), ("built".to_string(), &a["tokens"]));
+    let moved_file = PathBuf::from(moved["files"][0]["cache_file"].as_str().unwrap());
+    assert_eq!(moved_file.parent().unwrap(), elsewhere);
 }
 
 #[test]

@@ -11,13 +11,27 @@ pub struct DataDirs {
     pub xdg_cache_home: Option<PathBuf>,
     /// `HOME`.
     pub home: Option<PathBuf>,
+    /// `TRAINRUN_TOKEN_CACHE`: the token cache's folder, for every dataset (else each data
+    /// folder's `.trainrun-tokens`).
+    pub token_cache: Option<PathBuf>,
 }
 
 impl DataDirs {
     /// Reads the three variables from the process environment (empty counts as unset).
     pub fn from_process_env() -> Self {
         let var = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
-        Self { trainrun_data_dir: var("TRAINRUN_DATA_DIR"), xdg_cache_home: var("XDG_CACHE_HOME"), home: var("HOME") }
+        Self {
+            trainrun_data_dir: var("TRAINRUN_DATA_DIR"),
+            xdg_cache_home: var("XDG_CACHE_HOME"),
+            home: var("HOME"),
+            token_cache: var("TRAINRUN_TOKEN_CACHE"),
+        }
+    }
+
+    /// The token cache's folder for the data in `data_dir`: `TRAINRUN_TOKEN_CACHE`, else
+    /// `<data_dir>/.trainrun-tokens`.
+    pub fn token_cache(&self, data_dir: &Path) -> PathBuf {
+        self.token_cache.clone().unwrap_or_else(|| data_dir.join(crate::data::source::text::cache::FOLDER))
     }
 
     /// The folder for `dataset`: `data.dir`, else `TRAINRUN_DATA_DIR`, else
@@ -45,6 +59,7 @@ mod tests {
             trainrun_data_dir: data.map(PathBuf::from),
             xdg_cache_home: xdg.map(PathBuf::from),
             home: home.map(PathBuf::from),
+            token_cache: None,
         }
     }
 

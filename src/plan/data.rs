@@ -83,6 +83,7 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
             AnySource::new(SyntheticSource { config: spec.synthetic.clone().unwrap_or_default(), seed })
         }
         DatasetKind::Text => AnySource::new(TextSource {
+            cache: dirs.token_cache(&dir("text")?),
             config: needs(
                 &spec.text,
                 "text",
@@ -131,6 +132,7 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
             dir: dir("tfrecord")?,
         }),
         DatasetKind::Jsonl => AnySource::new(JsonlSource {
+            cache: dirs.token_cache(&dir("jsonl")?),
             config: needs(
                 &spec.jsonl,
                 "jsonl",
@@ -240,7 +242,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn dirs(data: Option<&str>) -> DataDirs {
-        DataDirs { trainrun_data_dir: data.map(PathBuf::from), xdg_cache_home: None, home: None }
+        DataDirs { trainrun_data_dir: data.map(PathBuf::from), ..DataDirs::default() }
     }
 
     #[test]

@@ -112,6 +112,8 @@ enum ReadAs<'a> {
 pub struct JsonlSource {
     pub dir: PathBuf,
     pub config: JsonlConfig,
+    /// The token cache's folder.
+    pub cache: PathBuf,
 }
 
 impl DataSource for JsonlSource {
@@ -239,7 +241,7 @@ impl JsonlSource {
         let tokenizing = Tokenizing {
             dataset: "jsonl",
             reading: format!("jsonl field {:?}", config.field),
-            dir: self.dir.clone(),
+            cache: self.cache.clone(),
             tokenization: config.tokenization.clone(),
             vocabulary: config.vocabulary,
             block: config.block_size.get(),

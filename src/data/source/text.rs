@@ -154,6 +154,8 @@ impl Vocabulary {
 pub struct TextSource {
     pub dir: PathBuf,
     pub config: TextConfig,
+    /// The token cache's folder.
+    pub cache: PathBuf,
 }
 
 impl DataSource for TextSource {
@@ -208,7 +210,7 @@ impl TextSource {
         let tokenizing = Tokenizing {
             dataset: "text",
             reading: "text".into(),
-            dir: dir.clone(),
+            cache: self.cache.clone(),
             tokenization: config.tokenization.clone(),
             vocabulary: config.vocabulary,
             block: config.block_size.get(),
@@ -253,7 +255,7 @@ mod tests {
     use crate::data::examples::{LabelKind, Split};
 
     fn source(dir: &Path, config: TextConfig) -> TextSource {
-        TextSource { dir: dir.to_path_buf(), config }
+        TextSource { dir: dir.to_path_buf(), config, cache: dir.join(cache::FOLDER) }
     }
 
     fn config(tokenization: Tokenization, vocabulary: VocabularyFrom) -> TextConfig {

@@ -23,6 +23,7 @@ fn zstd(dir: &Path, name: &str, text: &str) {
 fn text_source(dir: &Path, train: &[&str], validation: &[&str], tokenization: Tokenization) -> JsonlSource {
     JsonlSource {
         dir: dir.to_path_buf(),
+        cache: dir.join(".trainrun-tokens"),
         config: JsonlConfig {
             train: train.iter().map(|s| s.to_string()).collect(),
             validation: validation.iter().map(|s| s.to_string()).collect(),
@@ -41,6 +42,7 @@ fn text_source(dir: &Path, train: &[&str], validation: &[&str], tokenization: To
 fn table_source(dir: &Path, train: &str, validation: Option<&str>, features: Option<&[&str]>) -> JsonlSource {
     JsonlSource {
         dir: dir.to_path_buf(),
+        cache: dir.join(".trainrun-tokens"),
         config: JsonlConfig {
             train: vec![train.into()],
             validation: validation.into_iter().map(String::from).collect(),

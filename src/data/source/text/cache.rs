@@ -1,5 +1,6 @@
 //! The token cache: a file's token ids under a subword tokenizer (tiktoken or a
-//! `tokenizer.json`), tokenized once and written into `<data.dir>/.trainrun-tokens/`, then
+//! `tokenizer.json`), tokenized once and written into `<data.dir>/.trainrun-tokens/` (or
+//! `TRAINRUN_TOKEN_CACHE`, [`DataDirs::token_cache`](crate::data::DataDirs::token_cache)), then
 //! memory-mapped by every later run, `check` and worker on the host.
 //!
 //! A cache file is named by a SHA-256 of what its ids depend on ([`CacheKey`]: how the source

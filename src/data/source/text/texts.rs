@@ -20,8 +20,8 @@ pub(crate) struct Tokenizing {
     /// How the source reads documents from a file (`text`, or `jsonl` and the field): part of
     /// the token cache's key.
     pub reading: String,
-    /// The data folder: the token cache is its `.trainrun-tokens` folder.
-    pub dir: PathBuf,
+    /// The token cache's folder.
+    pub cache: PathBuf,
     pub tokenization: Tokenization,
     pub vocabulary: VocabularyFrom,
     /// Tokens per example.
@@ -122,7 +122,7 @@ impl Texts {
     /// found in the token cache, to count them).
     pub(crate) fn new(train: Vec<TextFile>, validation: Vec<TextFile>, how: &Tokenizing) -> Result<Self, DataError> {
         let (vocabulary, end_of_text) = how.vocabulary(&train, &validation)?;
-        let cache = how.dir.join(cache::FOLDER);
+        let cache = how.cache.clone();
         let (block, reading) = (how.block, how.reading.clone());
         let mut texts = Self { train, validation, vocabulary, end_of_text, block, reading, cache, files: vec![] };
         for (split, validation) in [(WindowSplit::Train, false), (WindowSplit::Validation, true)] {
