@@ -288,6 +288,8 @@ fn a_failing_trial_is_reported_and_the_others_still_run() {
         "strategy.kind=one_device",
         "--set",
         "sweep.grid.\"strategy.device\"=[\"gpu:0\", \"cpu:0\"]",
+        "--set",
+        "sweep.metric=test_accuracy",
     ]);
     assert_exit(&out, 3);
     let (stdout, stderr) = text(&out);
@@ -317,6 +319,8 @@ fn multi_worker_trials_are_ordinary_runs() {
         "train.steps_per_epoch=10",
         "--set",
         "sweep.grid.\"optimizer.learning_rate\"=[0.01, 0.05]",
+        "--set",
+        "sweep.metric=test_loss",
     ]);
     assert_exit(&out, 0);
     for t in ["trial-001-lr0.01", "trial-002-lr0.05"] {
@@ -326,4 +330,58 @@ fn multi_worker_trials_are_ordinary_runs() {
         assert_eq!(record["cluster"]["num_workers"], 2, "{record}");
         assert_eq!(record["cluster"]["task"], "worker:0", "the chief records the run: {record}");
     }
+}
+
+/// A sweep selects on a validation split by default: trials that evaluate only the test split
+/// are refused before anything runs, naming the metric, what the trials produce and the fix;
+/// selecting on a test metric is a warning.
+#[test]
+fn a_sweep_selects_on_validation_and_is_told_when_it_cannot() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let grid = "sweep.grid.\"optimizer.learning_rate\"=[0.01, 0.05]";
+    let out = run(&["sweep", "specs/mnist_single.toml", "--set", &o, "--set", grid, "--dry-run"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains(
+            "sweep.metric = \"val_loss\", but the trials do not produce val_loss; they produce test_accuracy, \
+             test_loss, train_accuracy, train_loss"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("validation_split") && stderr.contains("sweep.metric = \"test_loss\""), "{stderr}");
+    let out = run(&["check", "specs/mnist_single.toml", "--set", grid]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("do not produce val_loss"), "{}", text(&out).1);
+
+    // Selecting on the test split runs, with a warning at check and at the sweep.
+    let out = run(&["check", SPEC]);
+    assert_exit(&out, 0);
+    let warning = "warning: the sweep selects on test_accuracy, a metric of the test split";
+    assert!(text(&out).1.contains(warning), "{}", text(&out).1);
+    let out = sweep(&dir.path().join("test"), &["--dry-run"]);
+    assert_exit(&out, 0);
+    assert!(text(&out).1.contains(warning), "{}", text(&out).1);
+}
+
+#[test]
+fn a_validation_sweep_ranks_by_the_held_out_split_and_keeps_test_columns_empty() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let out = run(&["sweep", "tests/fixtures/sweeps/mnist_validation.toml", "--set", &o]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("ranked by val_accuracy (higher is better)"), "{stdout}");
+    assert!(!stderr.contains("selects on"), "{stderr}");
+    let rows = results(dir.path());
+    let col = |name: &str| rows[0].iter().position(|h| h == name).unwrap_or(usize::MAX);
+    let (val, val_loss, test) = (col("val_accuracy"), col("val_loss"), col("test_accuracy"));
+    let accs: Vec<f64> = rows[1..].iter().map(|r| r[val].parse().unwrap_or(f64::NAN)).collect();
+    assert!(accs.len() == 2 && accs[0] >= accs[1] && accs[1] > 0.3, "{rows:?}");
+    assert!(rows[1..].iter().all(|r| r[test].is_empty() && !r[val_loss].is_empty()), "{rows:?}");
+    // The trial's own summary calls its evaluated split `test`, as every run does.
+    let best = dir.path().join(&rows[1][2]).join("summary.json");
+    assert_eq!(json(&best)["test_accuracy"].as_f64(), Some(accs[0]));
+    assert_eq!(json(&dir.path().join("sweep.json"))["trials"][0]["evaluates"], "validation");
 }

@@ -3,6 +3,7 @@
 
 use super::child::{self, TrialEvent, TrialProcess};
 use super::results::{self, Row, Status, SweepRecord, TrialRecord};
+use super::selection::{self, Evaluated};
 use super::{Sweep, TRIAL_VAR, Trial};
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Unplanned};
@@ -29,6 +30,8 @@ struct ValidTrial {
     /// Threads its plan gives each task, and whether the spec chose them.
     threads: usize,
     threads_set: bool,
+    /// The split it evaluates.
+    evaluates: Evaluated,
 }
 
 /// Shows a trial starting or ending, and rewrites the results after each end, so an
@@ -67,7 +70,8 @@ fn on_event(
             if !inv.quiet || !complete {
                 let what = match results::completed(&dir, &checked[index - 1].sha256) {
                     Some(s) if complete => {
-                        let m = s.get(sweep.metric.as_str()).and_then(|v| v.as_f64());
+                        let m = results::value_in(&s, checked[index - 1].evaluates, sweep.metric.as_str())
+                            .and_then(|v| v.as_f64());
                         format!(
                             "done in {:.1} s, {} {}",
                             took.as_secs_f64(),
@@ -243,10 +247,17 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
         match crate::prepare::plan(&loaded, inv) {
             Ok(plan) => {
                 add(&mut warnings, render_each(&plan.warnings, &loaded.origins), trial.index);
+                let evaluates = Evaluated::of(&plan, &loaded.spec);
+                let produced = selection::produced(&plan, evaluates);
+                let selection = selection::missing(sweep.metric, evaluates, &produced);
+                add(&mut problems, render_each(selection.as_slice(), &loaded.origins), trial.index);
+                let on_test = selection::on_test(sweep.metric);
+                add(&mut warnings, render_each(on_test.as_slice(), &loaded.origins), trial.index);
                 checked.push(ValidTrial {
                     sha256: loaded.spec.results_sha256(),
                     threads: plan.threads,
                     threads_set: loaded.spec.run.threads.is_some(),
+                    evaluates,
                 });
             }
             Err(Unplanned::Spec(diags)) => add(&mut problems, render_each(&diags, &loaded.origins), trial.index),
@@ -389,6 +400,7 @@ fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTrial], paralle
                 seed: t.seed,
                 values: t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect(),
                 spec_sha256: c.sha256.clone(),
+                evaluates: c.evaluates,
             })
             .collect(),
     }

@@ -11,24 +11,34 @@
 mod child;
 pub mod driver;
 pub mod results;
+pub mod selection;
 
 pub use crate::spec::sweep::{Sweep, Trial};
 pub use driver::{SweepOptions, run};
 
 use crate::exit::RunError;
+use crate::plan::Plan;
 use crate::spec::{self, Diagnostic, Loaded, SweepSpec};
 use std::path::Path;
 
 pub use crate::prepare::TRIAL_VAR;
 
 /// `trainrun check`'s line about a spec's sweep, or the problems of its `[sweep]` section
-/// (`trainrun sweep --dry-run` also loads and plans every trial).
-pub fn check_note(loaded: &Loaded, section: &SweepSpec) -> Result<String, RunError> {
+/// and of its metric on the base spec's plan (`trainrun sweep --dry-run` also loads and plans
+/// every trial). A sweep that selects on the test split is warned about on stderr.
+pub fn check_note(loaded: &Loaded, plan: &Plan, section: &SweepSpec) -> Result<String, RunError> {
     let s = match Sweep::new(loaded) {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(format!("  {:<20}  none", "sweep")),
         Err(diags) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
     };
+    let evaluates = selection::Evaluated::of(plan, &loaded.spec);
+    if let Some(missing) = selection::missing(s.metric, evaluates, &selection::produced(plan, evaluates)) {
+        return Err(RunError::Spec(spec::render(&[missing], &loaded.origins)));
+    }
+    if let Some(warning) = selection::on_test(s.metric) {
+        eprint!("{}", spec::render(&[warning], &loaded.origins));
+    }
     let order = if s.higher_is_better { "higher is better" } else { "lower is better" };
     let mut ways: Vec<String> = Vec::new();
     if !section.grid.is_empty() {

@@ -2,7 +2,9 @@
 //! row per trial read from the trial folders, ranked by the sweep's metric, as a text table
 //! and as `results.csv`.
 
+use super::selection::Evaluated;
 use crate::provenance::{Git, Host};
+use crate::spec::sweep::SWEEP_METRICS;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -61,6 +63,10 @@ pub struct TrialRecord {
     pub values: Vec<(String, Json)>,
     /// Hash of its resolved spec (`summary.json`'s `spec_sha256` once complete).
     pub spec_sha256: String,
+    /// The split it evaluates, which says whether its `summary.json`'s `test_*` are the
+    /// sweep's `val_*` (absent from sweeps written before: the test split).
+    #[serde(default)]
+    pub evaluates: Evaluated,
 }
 
 /// How a trial stands.
@@ -96,10 +102,26 @@ pub struct Row {
 }
 
 impl Row {
-    /// A summary value (`test_accuracy`).
+    /// A result (`val_accuracy`, `wall_s`): a value of its summary, the metrics of the split
+    /// it evaluates under their sweep names.
     pub fn get(&self, key: &str) -> Option<f64> {
-        self.summary.as_ref().and_then(|s| s.get(key)).and_then(Json::as_f64)
+        self.value(key).and_then(Json::as_f64)
     }
+
+    fn value(&self, key: &str) -> Option<&Json> {
+        let summary = self.summary.as_ref()?;
+        value_in(summary, self.trial.evaluates, key)
+    }
+}
+
+/// The result `key` of a trial that evaluates `evaluates`, in its `summary`.
+pub fn value_in<'s>(summary: &'s Json, evaluates: Evaluated, key: &str) -> Option<&'s Json> {
+    let metric = SWEEP_METRICS.into_iter().find(|m| m.as_str() == key);
+    let key = match metric {
+        Some(m) => evaluates.summary_key(m)?,
+        None => key,
+    };
+    summary.get(key).filter(|v| !v.is_null())
 }
 
 /// The completed summary in `dir` for a spec of hash `sha256`, if there is one.
@@ -154,10 +176,21 @@ pub fn rank(mut rows: Vec<Row>, metric: &str, higher_is_better: bool) -> Vec<Row
     rows
 }
 
-/// Summary columns of `results.csv`, after the trial's values and seed. Timings come last:
+/// Result columns of `results.csv`, after the trial's values and seed. Timings come last:
 /// they are the only columns that differ between identical runs.
-const RESULTS: [&str; 8] =
-    ["test_accuracy", "test_loss", "train_accuracy", "train_loss", "steps", "examples", "weights_sha256", "wall_s"];
+const RESULTS: [&str; 11] = [
+    "test_accuracy",
+    "test_loss",
+    "train_accuracy",
+    "train_loss",
+    "val_accuracy",
+    "val_loss",
+    "steps",
+    "examples",
+    "weights_sha256",
+    "wall_s",
+    "steady_examples_per_s",
+];
 
 /// The value keys of all rows, in order.
 fn keys(rows: &[Row]) -> Vec<String> {
@@ -177,7 +210,6 @@ pub fn csv(rows: &[Row]) -> String {
     header.extend(keys.iter().cloned());
     header.push("seed".into());
     header.extend(RESULTS.map(String::from));
-    header.push("steady_examples_per_s".into());
     let mut out = line(&header);
     let mut rank = 0;
     for row in rows {
@@ -200,9 +232,8 @@ pub fn csv(rows: &[Row]) -> String {
             cells.push(value_of(row, key).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         cells.push(row.trial.seed.to_string());
-        for key in RESULTS.iter().chain(["steady_examples_per_s"].iter()) {
-            let v = row.summary.as_ref().and_then(|s| s.get(*key));
-            cells.push(v.filter(|v| !v.is_null()).map(crate::spec::sweep::value_text).unwrap_or_default());
+        for key in RESULTS {
+            cells.push(row.value(key).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         out.push_str(&line(&cells));
     }
@@ -275,6 +306,7 @@ mod tests {
                 seed: 100 + index as u64,
                 values: vec![("optimizer.learning_rate".into(), json!(index as f64 / 10.0))],
                 spec_sha256: "h".into(),
+                evaluates: Evaluated::Test,
             },
             status,
             summary: acc

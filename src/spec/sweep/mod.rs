@@ -24,8 +24,9 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SweepSpec {
-    /// The result trials are ranked by (a column of `results.csv`). Default: `test_accuracy`.
-    /// Example: `metric = "test_loss"`.
+    /// The result trials are ranked by (a column of `results.csv`). Default: `val_loss`, of
+    /// the validation split each trial holds out; the test metrics stay columns of
+    /// `results.csv`. Example: `metric = "val_accuracy"`.
     #[serde(default)]
     pub metric: SweepMetric,
     /// Whether a higher or a lower `metric` is better. Default: `auto` (`max` for accuracies,
@@ -110,10 +111,16 @@ pub enum SweepDistribution {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SweepMetric {
-    /// Accuracy on the test split at the end of training.
+    /// Loss on the validation split a trial holds out (`data.preprocessing.validation_split`,
+    /// or a source's validation files) at the end of training.
     #[default]
+    ValLoss,
+    /// Accuracy on the validation split at the end of training.
+    ValAccuracy,
+    /// Accuracy on the test split at the end of training (`trainrun check` warns: selecting
+    /// on it picks hyperparameters on the data meant to judge them).
     TestAccuracy,
-    /// Loss on the test split at the end of training.
+    /// Loss on the test split at the end of training (warned as `test_accuracy` is).
     TestLoss,
     /// Training accuracy of the last epoch.
     TrainAccuracy,
@@ -121,14 +128,44 @@ pub enum SweepMetric {
     TrainLoss,
 }
 
+/// Every `sweep.metric`, in the order they are listed to users.
+pub const SWEEP_METRICS: [SweepMetric; 6] = [
+    SweepMetric::ValLoss,
+    SweepMetric::ValAccuracy,
+    SweepMetric::TestAccuracy,
+    SweepMetric::TestLoss,
+    SweepMetric::TrainAccuracy,
+    SweepMetric::TrainLoss,
+];
+
 impl SweepMetric {
-    /// The column name: `test_accuracy`.
+    /// The column name: `val_loss`.
     pub fn as_str(self) -> &'static str {
         match self {
+            SweepMetric::ValLoss => "val_loss",
+            SweepMetric::ValAccuracy => "val_accuracy",
             SweepMetric::TestAccuracy => "test_accuracy",
             SweepMetric::TestLoss => "test_loss",
             SweepMetric::TrainAccuracy => "train_accuracy",
             SweepMetric::TrainLoss => "train_loss",
+        }
+    }
+
+    /// Whether it is an accuracy (else a loss).
+    pub fn is_accuracy(self) -> bool {
+        match self {
+            SweepMetric::ValAccuracy | SweepMetric::TestAccuracy | SweepMetric::TrainAccuracy => true,
+            SweepMetric::ValLoss | SweepMetric::TestLoss | SweepMetric::TrainLoss => false,
+        }
+    }
+
+    /// Whether it measures the test split.
+    pub fn is_test(self) -> bool {
+        match self {
+            SweepMetric::TestAccuracy | SweepMetric::TestLoss => true,
+            SweepMetric::ValLoss | SweepMetric::ValAccuracy | SweepMetric::TrainAccuracy | SweepMetric::TrainLoss => {
+                false
+            }
         }
     }
 
@@ -137,10 +174,7 @@ impl SweepMetric {
         match mode {
             Mode::Max => true,
             Mode::Min => false,
-            Mode::Auto => match self {
-                SweepMetric::TestAccuracy | SweepMetric::TrainAccuracy => true,
-                SweepMetric::TestLoss | SweepMetric::TrainLoss => false,
-            },
+            Mode::Auto => self.is_accuracy(),
         }
     }
 }
