@@ -98,7 +98,10 @@ pub fn missing(metric: SweepMetric, evaluated: Evaluated, produced: &[SweepMetri
     Some(
         Diagnostic::error(
             "sweep.metric",
-            format!("sweep.metric = \"{name}\", but the trials do not produce {name}; they produce {}", names.join(", ")),
+            format!(
+                "sweep.metric = \"{name}\", but the trials do not produce {name}; they produce {}",
+                names.join(", ")
+            ),
         )
         .help(help),
     )
@@ -117,8 +120,9 @@ pub fn on_test(metric: SweepMetric) -> Option<Diagnostic> {
             ),
         )
         .help(format!(
-            "hold out a validation split (`data.preprocessing.validation_split`) and select on `sweep.metric = \
-             \"{instead}\"`; the test metrics stay columns of results.csv"
+            "hold out a validation split (`data.preprocessing.validation_split`; for MNIST, `data.dataset = \"idx\"` \
+             with only its training files) and select on `sweep.metric = \"{instead}\"`; the test metrics stay \
+             columns of results.csv"
         ))
     })
 }
