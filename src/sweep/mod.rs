@@ -2,7 +2,9 @@
 //! pure), validates every trial up front, and runs each as an ordinary run, a child process
 //! of this binary, in its own folder under the sweep folder (`run.out_dir`), skipping trials
 //! already complete ([`driver`]). It records the sweep in `sweep.json` and ranks the trials in
-//! `results.csv` ([`results`]).
+//! `results.csv` ([`results`]). A sweep selects on a validation metric ([`selection`]); with a
+//! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
+//! ([`halving`]).
 //!
 //! A child is `trainrun SPEC --set …` told its trial by `TRAINRUN_SWEEP_TRIAL=<n>:<hash>`: it
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
@@ -10,6 +12,7 @@
 
 mod child;
 pub mod driver;
+mod halving;
 pub mod results;
 pub mod selection;
 
@@ -49,6 +52,10 @@ pub fn check_note(loaded: &Loaded, plan: &Plan, section: &SweepSpec) -> Result<S
     }
     if !section.trials.is_empty() {
         ways.push(format!("{} listed", section.trials.len()));
+    }
+    if let Some((_, rungs)) = &s.scheduler {
+        let list: Vec<String> = rungs.iter().map(u64::to_string).collect();
+        ways.push(format!("successive halving at {} epochs", list.join(", ")));
     }
     Ok(format!(
         "  {:<20}  {} trials ({}) in {}, ranked by {} ({order}); the plan above is the base spec's: \

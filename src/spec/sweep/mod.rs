@@ -2,8 +2,10 @@
 //! runs each trial as an ordinary run; plain `trainrun SPEC` refuses a spec with a sweep.
 
 mod expand;
+mod scheduler;
 
 pub use expand::{Trial, expand, value_text};
+pub use scheduler::SchedulerSpec;
 
 use super::Assignment;
 use super::train::Mode;
@@ -48,6 +50,10 @@ pub struct SweepSpec {
     /// Example: `trials = [{ "optimizer.learning_rate" = 0.2, "batch.global" = 128 }]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trials: Vec<BTreeMap<String, Json>>,
+    /// `[sweep.scheduler]`: stop bad trials early. Example:
+    /// `scheduler = { kind = "successive_halving", grace = 1, reduction_factor = 3 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<SchedulerSpec>,
 }
 
 /// The values one grid key takes.
@@ -194,6 +200,8 @@ pub struct Sweep {
     pub seed: u64,
     /// The trials.
     pub trials: Vec<Trial>,
+    /// The scheduler and its rungs in epochs (the last is what a trial trains in full).
+    pub scheduler: Option<(SchedulerSpec, Vec<u64>)>,
 }
 
 impl Sweep {
@@ -205,7 +213,15 @@ impl Sweep {
         let run = &loaded.spec.run;
         let name = run.name.clone().unwrap_or_else(|| "sweep".to_string());
         let seed = section.seed.unwrap_or(run.seed);
+        let scheduler = match &section.scheduler {
+            None => None,
+            Some(s) => {
+                let rungs = s.rungs(loaded.spec.train.epochs.get()).map_err(|d| vec![d])?;
+                Some((s.clone(), rungs))
+            }
+        };
         Ok(Some(Sweep {
+            scheduler,
             dir: run.out_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name)),
             name,
             metric: section.metric,
@@ -213,6 +229,12 @@ impl Sweep {
             seed,
             trials: expand(section, seed)?,
         }))
+    }
+
+    /// `--set`s of a trial trained to `epochs` (a rung), none without a scheduler.
+    pub fn rung_sets(&self, epochs: Option<u64>) -> Vec<String> {
+        let last = self.scheduler.as_ref().and_then(|(_, rungs)| rungs.last().copied());
+        epochs.or(last).map(|e| vec![format!("train.epochs={e}")]).unwrap_or_default()
     }
 
     /// A trial's folder.
