@@ -288,6 +288,8 @@ fn a_failing_trial_is_reported_and_the_others_still_run() {
         "strategy.kind=one_device",
         "--set",
         "sweep.grid.\"strategy.device\"=[\"gpu:0\", \"cpu:0\"]",
+        "--set",
+        "sweep.metric=test_accuracy",
     ]);
     assert_exit(&out, 3);
     let (stdout, stderr) = text(&out);
@@ -317,6 +319,8 @@ fn multi_worker_trials_are_ordinary_runs() {
         "train.steps_per_epoch=10",
         "--set",
         "sweep.grid.\"optimizer.learning_rate\"=[0.01, 0.05]",
+        "--set",
+        "sweep.metric=test_loss",
     ]);
     assert_exit(&out, 0);
     for t in ["trial-001-lr0.01", "trial-002-lr0.05"] {
@@ -326,4 +330,160 @@ fn multi_worker_trials_are_ordinary_runs() {
         assert_eq!(record["cluster"]["num_workers"], 2, "{record}");
         assert_eq!(record["cluster"]["task"], "worker:0", "the chief records the run: {record}");
     }
+}
+
+/// A sweep selects on a validation split by default: trials that evaluate only the test split
+/// are refused before anything runs, naming the metric, what the trials produce and the fix;
+/// selecting on a test metric is a warning.
+#[test]
+fn a_sweep_selects_on_validation_and_is_told_when_it_cannot() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let grid = "sweep.grid.\"optimizer.learning_rate\"=[0.01, 0.05]";
+    let out = run(&["sweep", "specs/mnist_single.toml", "--set", &o, "--set", grid, "--dry-run"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains(
+            "sweep.metric = \"val_loss\", but the trials do not produce val_loss; they produce test_accuracy, \
+             test_loss, train_accuracy, train_loss"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("validation_split") && stderr.contains("sweep.metric = \"test_loss\""), "{stderr}");
+    let out = run(&["check", "specs/mnist_single.toml", "--set", grid]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("do not produce val_loss"), "{}", text(&out).1);
+
+    // Selecting on the test split runs, with a warning at check and at the sweep.
+    let out = run(&["check", SPEC]);
+    assert_exit(&out, 0);
+    let warning = "warning: the sweep selects on test_accuracy, a metric of the test split";
+    assert!(text(&out).1.contains(warning), "{}", text(&out).1);
+    let out = sweep(&dir.path().join("test"), &["--dry-run"]);
+    assert_exit(&out, 0);
+    assert!(text(&out).1.contains(warning), "{}", text(&out).1);
+}
+
+#[test]
+fn a_validation_sweep_ranks_by_the_held_out_split_and_keeps_test_columns_empty() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let out = run(&["sweep", "tests/fixtures/sweeps/mnist_validation.toml", "--set", &o]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("ranked by val_accuracy (higher is better)"), "{stdout}");
+    assert!(!stderr.contains("selects on"), "{stderr}");
+    let rows = results(dir.path());
+    let col = |name: &str| rows[0].iter().position(|h| h == name).unwrap_or(usize::MAX);
+    let (val, val_loss, test) = (col("val_accuracy"), col("val_loss"), col("test_accuracy"));
+    let accs: Vec<f64> = rows[1..].iter().map(|r| r[val].parse().unwrap_or(f64::NAN)).collect();
+    assert!(accs.len() == 2 && accs[0] >= accs[1] && accs[1] > 0.3, "{rows:?}");
+    assert!(rows[1..].iter().all(|r| r[test].is_empty() && !r[val_loss].is_empty()), "{rows:?}");
+    // The trial's own summary calls its evaluated split `test`, as every run does.
+    let best = dir.path().join(&rows[1][2]).join("summary.json");
+    assert_eq!(json(&best)["test_accuracy"].as_f64(), Some(accs[0]));
+    assert_eq!(json(&dir.path().join("sweep.json"))["trials"][0]["evaluates"], "validation");
+}
+
+const HALVING: &str = "tests/fixtures/sweeps/mnist_halving.toml";
+
+fn halving(out: &Path, extra: &[&str]) -> std::process::Output {
+    let o = format!("run.out_dir={}", out.display());
+    let mut args = vec!["sweep", HALVING, "--set", &o];
+    args.extend(extra);
+    run(&args)
+}
+
+/// Successive halving: 3 trials train 1 epoch, the best goes on to 2 from its backup and ends
+/// bit-identical to its spec trained straight; the others keep their folders, marked stopped
+/// early at rung 1; the decisions are logged; the same sweep decides the same again; a rerun
+/// trains nothing.
+#[test]
+fn successive_halving_promotes_the_best_which_resumes_exactly_and_stops_the_rest() {
+    let (a, b) = (tempdir(), tempdir());
+    let out = halving(a.path(), &[]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("rung 1 of 2: 1 epochs, 3 trials, 3 to train"), "{stdout}");
+    assert!(stdout.contains("rung 2 of 2: 2 epochs, 1 trials, 1 to train"), "{stdout}");
+    let rows = results(a.path());
+    let status: Vec<&str> = rows[1..].iter().map(|r| r[3].as_str()).collect();
+    assert_eq!(status, ["ok", "stopped_early", "stopped_early"], "{rows:?}");
+    let steps = rows[0].iter().position(|h| h == "steps").unwrap_or(usize::MAX);
+    assert_eq!(rows[1..].iter().map(|r| r[steps].as_str()).collect::<Vec<_>>(), ["40", "20", "20"], "{rows:?}");
+    let best = a.path().join(&rows[1][2]);
+    let summary = json(&best.join("summary.json"));
+    assert_eq!(summary["resumed_from_step"], 20, "{summary}");
+    for r in &rows[2..] {
+        let marker = json(&a.path().join(&r[2]).join("stopped_early.json"));
+        assert_eq!((marker["rung"].as_u64(), marker["epochs"].as_u64()), (Some(1), Some(1)), "{marker}");
+        assert!(a.path().join(&r[2]).join("model.safetensors").is_file(), "a stopped trial keeps its folder");
+    }
+    let decisions = std::fs::read_to_string(a.path().join("decisions.jsonl")).unwrap_or_default();
+    assert_eq!(decisions.lines().count(), 1, "{decisions}");
+    let line: serde_json::Value = serde_json::from_str(decisions.trim()).unwrap_or_default();
+    assert_eq!(line["seen"].as_array().map(Vec::len), Some(3), "{line}");
+    assert_eq!(line["promoted"][0], rows[1][1].parse::<u64>().unwrap_or(0), "{line}");
+
+    // The promoted trial, paused and resumed, equals its spec trained without a pause.
+    let straight = tempdir();
+    let spec = best.join("spec.toml").display().to_string();
+    let o = format!("run.out_dir={}", straight.path().display());
+    assert_exit(&run(&[&spec, "-q", "--set", &o]), 0);
+    assert_eq!(json(&straight.path().join("summary.json"))["weights_sha256"], summary["weights_sha256"]);
+
+    // The same sweep again decides the same and ranks the same.
+    assert_exit(&halving(b.path(), &["--parallel", "2"]), 0);
+    assert_eq!(results(a.path()), results(b.path()));
+    assert_eq!(std::fs::read_to_string(b.path().join("decisions.jsonl")).unwrap_or_default(), decisions);
+
+    // Run again, it trains nothing.
+    let again = halving(a.path(), &[]);
+    assert_exit(&again, 0);
+    let (stdout, _) = text(&again);
+    assert!(stdout.contains("3 trials, 0 to train") && stdout.contains("1 trials, 0 to train"), "{stdout}");
+    assert_eq!(results(a.path()), results(b.path()));
+}
+
+/// A sweep driver killed (SIGKILL) during the first rung resumes there: a trial that finished
+/// the rung is not trained again.
+#[test]
+fn a_killed_halving_sweep_resumes_where_it_was() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().display());
+    let mut child = common::trainrun()
+        .args(["sweep", HALVING, "--set", &o])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first = dir.path().join("trial-001-lr0.003").join("summary.json");
+    common::wait_for_file(&first, Duration::from_secs(60), &mut [&mut child]);
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = halving(dir.path(), &[]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("rung 1 of 2: 1 epochs, 3 trials, 2 to train"), "{stdout}");
+    assert!(!stdout.contains("trial-001-lr0.003: running"), "trial 1 finished its rung:\n{stdout}");
+    let rows = results(dir.path());
+    assert_eq!(rows[1..].iter().filter(|r| r[3] == "ok").count(), 1, "{rows:?}");
+}
+
+#[test]
+fn bad_scheduler_input_is_named_with_its_fix() {
+    let dir = tempdir();
+    let out = halving(dir.path(), &["--set", "sweep.scheduler.grace=5", "--dry-run"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("grace = 5 epochs is more than max = 2 epochs"), "{stderr}");
+    assert!(stderr.contains("lower grace to at most 2"), "{stderr}");
+    let out = halving(dir.path(), &["--set", "sweep.scheduler.grase=1", "--dry-run"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("grase") && stderr.contains("grace"), "{stderr}");
+    let out = halving(dir.path(), &["--set", "callbacks=[]"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("keeps no backup"), "{}", text(&out).1);
 }

@@ -58,7 +58,7 @@ pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
         }
     }
     if let Some(sweep) = &p.loaded.spec.sweep {
-        println!("{}", crate::sweep::check_note(&p.loaded, sweep)?);
+        println!("{}", crate::sweep::check_note(&p.loaded, &p.plan, sweep)?);
     }
     Ok(())
 }

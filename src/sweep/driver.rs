@@ -3,6 +3,7 @@
 
 use super::child::{self, TrialEvent, TrialProcess};
 use super::results::{self, Row, Status, SweepRecord, TrialRecord};
+use super::selection::{self, Evaluated};
 use super::{Sweep, TRIAL_VAR, Trial};
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Unplanned};
@@ -23,17 +24,24 @@ pub struct SweepOptions {
 }
 
 /// A trial that validated.
-struct ValidTrial {
+pub(super) struct ValidTrial {
     /// Hash of its resolved spec.
-    sha256: String,
+    pub(super) sha256: String,
     /// Threads its plan gives each task, and whether the spec chose them.
     threads: usize,
     threads_set: bool,
+    /// The split it evaluates.
+    pub(super) evaluates: Evaluated,
+    /// Its learning rate over the steps, which must not depend on a rung's epochs.
+    pub(super) learning_rate: crate::plan::LrPlan,
+    /// Whether it keeps a backup after training (`backup_and_restore` with
+    /// `delete_checkpoint = false`), which a scheduler pauses it by.
+    pub(super) keeps_backup: bool,
 }
 
 /// Shows a trial starting or ending, and rewrites the results after each end, so an
 /// interrupted sweep leaves them too.
-fn on_event(
+pub(super) fn on_event(
     inv: &Invocation,
     sweep: &Sweep,
     checked: &[ValidTrial],
@@ -67,7 +75,8 @@ fn on_event(
             if !inv.quiet || !complete {
                 let what = match results::completed(&dir, &checked[index - 1].sha256) {
                     Some(s) if complete => {
-                        let m = s.get(sweep.metric.as_str()).and_then(|v| v.as_f64());
+                        let m = results::value_in(&s, checked[index - 1].evaluates, sweep.metric.as_str())
+                            .and_then(|v| v.as_f64());
                         format!(
                             "done in {:.1} s, {} {}",
                             took.as_secs_f64(),
@@ -114,7 +123,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         )));
     }
     let sweep = load(inv)?;
-    let checked = validate(inv, &sweep)?;
+    let checked = validate(inv, &sweep, &sweep.rung_sets(None), true)?;
     let done: Vec<bool> = sweep
         .trials
         .iter()
@@ -126,7 +135,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         return Ok(());
     }
 
-    let mut record = sweep_record(inv, &sweep, &checked, opts.parallel);
+    let record = sweep_record(inv, &sweep, &checked, opts.parallel);
     let record_path = sweep.dir.join("sweep.json");
     std::fs::create_dir_all(&sweep.dir)
         .map_err(|e| RunError::Failure(format!("cannot create {}: {e}", sweep.dir.display())))?;
@@ -149,23 +158,52 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
 
     let exe =
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
+    let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
+    let stop = crate::signals::supervise();
+    if let Some((scheduler, rungs)) = &sweep.scheduler {
+        let rungs = Rungs { scheduler, epochs: rungs, exe: &exe, parallel: opts.parallel, stop };
+        super::halving::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?;
+        return finish(inv, &sweep, record, &record_path, &failures);
+    }
     let jobs: Vec<TrialProcess> = sweep
         .trials
         .iter()
         .zip(&checked)
         .zip(&done)
         .filter(|(_, d)| !**d)
-        .map(|((t, c), _)| job(inv, &sweep, t, c, &exe, opts.parallel))
+        .map(|((t, c), _)| job(inv, &sweep, t, c, &exe, opts.parallel, &sweep.rung_sets(None)))
         .collect();
-    let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
-    let n = sweep.trials.len();
-    let stop = crate::signals::supervise();
     child::run_all(jobs, opts.parallel, stop, |event| on_event(inv, &sweep, &checked, &record, &mut failures, event));
+    finish(inv, &sweep, record, &record_path, &failures)
+}
 
+/// How a scheduled sweep runs its rungs.
+pub(super) struct Rungs<'a> {
+    /// The scheduler.
+    pub scheduler: &'a crate::spec::sweep::SchedulerSpec,
+    /// Its rungs, in epochs.
+    pub epochs: &'a [u64],
+    /// The binary.
+    pub exe: &'a Path,
+    /// Trials at once.
+    pub parallel: usize,
+    /// Set once the sweep is asked to stop.
+    pub stop: &'static std::sync::atomic::AtomicBool,
+}
+
+/// Records the end of this invocation, ranks the trials and says how the sweep ended.
+fn finish(
+    inv: &Invocation,
+    sweep: &Sweep,
+    mut record: SweepRecord,
+    record_path: &Path,
+    failures: &BTreeMap<usize, u8>,
+) -> Result<(), RunError> {
+    let n = sweep.trials.len();
     record.ended_at = Some(rfc3339(SystemTime::now()));
     record.stopped_by = crate::signals::received().map(|s| s.name().to_string());
-    write(&record_path, &record)?;
-    let rows = ranked(&sweep, &record, &failures);
+    write(record_path, &record)?;
+    let rows = ranked(sweep, &record, failures);
     write_results(&sweep.dir, &rows)?;
     if let Some(stop) = crate::signals::received() {
         let complete = rows.iter().filter(|r| r.status == Status::Ok).count();
@@ -219,7 +257,15 @@ fn tail(dir: &Path, error: Option<&str>) -> String {
 
 /// Loads and plans every trial, reporting every problem of every trial at once; problems
 /// that several trials share are shown once.
-fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError> {
+/// Each trial is loaded with `rung_sets` after the invocation's `--set`s (a rung's epochs);
+/// `show` prints the warnings.
+pub(super) fn validate(
+    inv: &Invocation,
+    sweep: &Sweep,
+    rung_sets: &[String],
+    show: bool,
+) -> Result<Vec<ValidTrial>, RunError> {
+    let sets: Vec<String> = inv.sets.iter().chain(rung_sets).cloned().collect();
     let mut problems: Vec<(String, Vec<usize>)> = Vec::new();
     let mut warnings: Vec<(String, Vec<usize>)> = Vec::new();
     let add = |list: &mut Vec<(String, Vec<usize>)>, parts: Vec<String>, trial: usize| {
@@ -232,7 +278,7 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
     };
     let mut checked = Vec::with_capacity(sweep.trials.len());
     for trial in &sweep.trials {
-        let loaded = match spec::load_trial(&inv.spec, &inv.env, &inv.sets, &sweep.assignments(trial)) {
+        let loaded = match spec::load_trial(&inv.spec, &inv.env, &sets, &sweep.assignments(trial)) {
             Ok(loaded) => loaded,
             Err(LoadError::Invalid { parts, .. }) => {
                 add(&mut problems, parts, trial.index);
@@ -243,10 +289,21 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
         match crate::prepare::plan(&loaded, inv) {
             Ok(plan) => {
                 add(&mut warnings, render_each(&plan.warnings, &loaded.origins), trial.index);
+                let evaluates = Evaluated::of(&plan, &loaded.spec);
+                let produced = selection::produced(&plan, evaluates);
+                let selection = selection::missing(sweep.metric, evaluates, &produced);
+                add(&mut problems, render_each(selection.as_slice(), &loaded.origins), trial.index);
+                let on_test = selection::on_test(sweep.metric);
+                add(&mut warnings, render_each(on_test.as_slice(), &loaded.origins), trial.index);
                 checked.push(ValidTrial {
                     sha256: loaded.spec.results_sha256(),
                     threads: plan.threads,
                     threads_set: loaded.spec.run.threads.is_some(),
+                    evaluates,
+                    learning_rate: plan.learning_rate.clone(),
+                    keeps_backup: loaded.spec.callbacks.iter().any(|c| {
+                        matches!(c, crate::spec::CallbackSpec::BackupAndRestore { delete_checkpoint: false, .. })
+                    }),
                 });
             }
             Err(Unplanned::Spec(diags)) => add(&mut problems, render_each(&diags, &loaded.origins), trial.index),
@@ -256,7 +313,7 @@ fn validate(inv: &Invocation, sweep: &Sweep) -> Result<Vec<ValidTrial>, RunError
             }
         }
     }
-    if !warnings.is_empty() && !inv.quiet {
+    if !warnings.is_empty() && !inv.quiet && show {
         eprint!("{}", merged(&warnings, sweep));
     }
     if problems.is_empty() {
@@ -318,16 +375,17 @@ fn merged(list: &[(String, Vec<usize>)], sweep: &Sweep) -> String {
 }
 
 /// The child process that runs `trial`.
-fn job(
+pub(super) fn job(
     inv: &Invocation,
     sweep: &Sweep,
     trial: &Trial,
     checked: &ValidTrial,
     exe: &Path,
     parallel: usize,
+    rung_sets: &[String],
 ) -> TrialProcess {
     let mut args = vec![inv.spec.display().to_string()];
-    for s in &inv.sets {
+    for s in inv.sets.iter().chain(rung_sets) {
         args.extend(["--set".to_string(), s.clone()]);
     }
     // Trials side by side share the cores, unless the spec says otherwise; threads do not
@@ -389,6 +447,7 @@ fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTrial], paralle
                 seed: t.seed,
                 values: t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect(),
                 spec_sha256: c.sha256.clone(),
+                evaluates: c.evaluates,
             })
             .collect(),
     }

@@ -2,7 +2,9 @@
 //! pure), validates every trial up front, and runs each as an ordinary run, a child process
 //! of this binary, in its own folder under the sweep folder (`run.out_dir`), skipping trials
 //! already complete ([`driver`]). It records the sweep in `sweep.json` and ranks the trials in
-//! `results.csv` ([`results`]).
+//! `results.csv` ([`results`]). A sweep selects on a validation metric ([`selection`]); with a
+//! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
+//! ([`halving`]).
 //!
 //! A child is `trainrun SPEC --set …` told its trial by `TRAINRUN_SWEEP_TRIAL=<n>:<hash>`: it
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
@@ -10,25 +12,36 @@
 
 mod child;
 pub mod driver;
+mod halving;
 pub mod results;
+pub mod selection;
 
 pub use crate::spec::sweep::{Sweep, Trial};
 pub use driver::{SweepOptions, run};
 
 use crate::exit::RunError;
+use crate::plan::Plan;
 use crate::spec::{self, Diagnostic, Loaded, SweepSpec};
 use std::path::Path;
 
 pub use crate::prepare::TRIAL_VAR;
 
 /// `trainrun check`'s line about a spec's sweep, or the problems of its `[sweep]` section
-/// (`trainrun sweep --dry-run` also loads and plans every trial).
-pub fn check_note(loaded: &Loaded, section: &SweepSpec) -> Result<String, RunError> {
+/// and of its metric on the base spec's plan (`trainrun sweep --dry-run` also loads and plans
+/// every trial). A sweep that selects on the test split is warned about on stderr.
+pub fn check_note(loaded: &Loaded, plan: &Plan, section: &SweepSpec) -> Result<String, RunError> {
     let s = match Sweep::new(loaded) {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(format!("  {:<20}  none", "sweep")),
         Err(diags) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
     };
+    let evaluates = selection::Evaluated::of(plan, &loaded.spec);
+    if let Some(missing) = selection::missing(s.metric, evaluates, &selection::produced(plan, evaluates)) {
+        return Err(RunError::Spec(spec::render(&[missing], &loaded.origins)));
+    }
+    if let Some(warning) = selection::on_test(s.metric) {
+        eprint!("{}", spec::render(&[warning], &loaded.origins));
+    }
     let order = if s.higher_is_better { "higher is better" } else { "lower is better" };
     let mut ways: Vec<String> = Vec::new();
     if !section.grid.is_empty() {
@@ -39,6 +52,10 @@ pub fn check_note(loaded: &Loaded, section: &SweepSpec) -> Result<String, RunErr
     }
     if !section.trials.is_empty() {
         ways.push(format!("{} listed", section.trials.len()));
+    }
+    if let Some((_, rungs)) = &s.scheduler {
+        let list: Vec<String> = rungs.iter().map(u64::to_string).collect();
+        ways.push(format!("successive halving at {} epochs", list.join(", ")));
     }
     Ok(format!(
         "  {:<20}  {} trials ({}) in {}, ranked by {} ({order}); the plan above is the base spec's: \

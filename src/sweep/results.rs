@@ -2,7 +2,9 @@
 //! row per trial read from the trial folders, ranked by the sweep's metric, as a text table
 //! and as `results.csv`.
 
+use super::selection::Evaluated;
 use crate::provenance::{Git, Host};
+use crate::spec::sweep::SWEEP_METRICS;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -61,6 +63,10 @@ pub struct TrialRecord {
     pub values: Vec<(String, Json)>,
     /// Hash of its resolved spec (`summary.json`'s `spec_sha256` once complete).
     pub spec_sha256: String,
+    /// The split it evaluates, which says whether its `summary.json`'s `test_*` are the
+    /// sweep's `val_*` (absent from sweeps written before: the test split).
+    #[serde(default)]
+    pub evaluates: Evaluated,
 }
 
 /// How a trial stands.
@@ -70,6 +76,8 @@ pub enum Status {
     Ok,
     /// Ended with this exit code.
     Failed(u8),
+    /// Stopped by the scheduler after rung `rung` (1-based) of `epochs` epochs.
+    StoppedEarly { rung: u64, epochs: u64 },
     /// Not run yet (or interrupted).
     Pending,
 }
@@ -79,6 +87,7 @@ impl Status {
         match self {
             Status::Ok => "ok",
             Status::Failed(_) => "failed",
+            Status::StoppedEarly { .. } => "stopped_early",
             Status::Pending => "pending",
         }
     }
@@ -96,17 +105,48 @@ pub struct Row {
 }
 
 impl Row {
-    /// A summary value (`test_accuracy`).
+    /// A result (`val_accuracy`, `wall_s`): a value of its summary, the metrics of the split
+    /// it evaluates under their sweep names.
     pub fn get(&self, key: &str) -> Option<f64> {
-        self.summary.as_ref().and_then(|s| s.get(key)).and_then(Json::as_f64)
+        self.value(key).and_then(Json::as_f64)
     }
+
+    fn value(&self, key: &str) -> Option<&Json> {
+        let summary = self.summary.as_ref()?;
+        value_in(summary, self.trial.evaluates, key)
+    }
+}
+
+/// The result `key` of a trial that evaluates `evaluates`, in its `summary`.
+pub fn value_in<'s>(summary: &'s Json, evaluates: Evaluated, key: &str) -> Option<&'s Json> {
+    let metric = SWEEP_METRICS.into_iter().find(|m| m.as_str() == key);
+    let key = match metric {
+        Some(m) => evaluates.summary_key(m)?,
+        None => key,
+    };
+    summary.get(key).filter(|v| !v.is_null())
 }
 
 /// The completed summary in `dir` for a spec of hash `sha256`, if there is one.
 pub fn completed(dir: &Path, sha256: &str) -> Option<Json> {
-    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    summary_of(&dir.join("summary.json"), sha256)
+}
+
+/// The summary in file `path` if it is of a spec of hash `sha256`.
+pub fn summary_of(path: &Path, sha256: &str) -> Option<Json> {
+    let text = std::fs::read_to_string(path).ok()?;
     let summary: Json = serde_json::from_str(&text).ok()?;
     (summary.get("spec_sha256").and_then(Json::as_str) == Some(sha256)).then_some(summary)
+}
+
+/// The file in a trial's folder that marks it stopped early: `{ rung, epochs, summary }`.
+pub const STOPPED_EARLY: &str = "stopped_early.json";
+
+/// A trial stopped early: its status and its summary at the rung where it stopped.
+fn stopped_early(dir: &Path) -> Option<(Status, Json)> {
+    let marker: Json = serde_json::from_str(&std::fs::read_to_string(dir.join(STOPPED_EARLY)).ok()?).ok()?;
+    let status = Status::StoppedEarly { rung: marker.get("rung")?.as_u64()?, epochs: marker.get("epochs")?.as_u64()? };
+    Some((status, marker.get("summary")?.clone()))
 }
 
 /// The exit code a trial's `run.json` records for a failed run.
@@ -127,21 +167,28 @@ pub fn rows(sweep_dir: &Path, record: &SweepRecord, failures: &BTreeMap<usize, u
             let status = match (&summary, failures.get(&t.index)) {
                 (Some(_), _) => Status::Ok,
                 (None, Some(code)) => Status::Failed(*code),
-                (None, None) => failed_code(&dir).map_or(Status::Pending, Status::Failed),
+                (None, None) => {
+                    if let Some((status, at_rung)) = stopped_early(&dir) {
+                        return Row { trial: t.clone(), status, summary: Some(at_rung) };
+                    }
+                    failed_code(&dir).map_or(Status::Pending, Status::Failed)
+                }
             };
             Row { trial: t.clone(), status, summary }
         })
         .collect()
 }
 
-/// `rows` best first: completed trials by the metric (ties by trial number), then completed
-/// trials without it, failed ones, pending ones.
+/// `rows` best first: completed trials by the metric (ties by trial number), then trials
+/// stopped early (the later their rung the better, then by the metric), completed trials
+/// without the metric, failed ones, pending ones.
 pub fn rank(mut rows: Vec<Row>, metric: &str, higher_is_better: bool) -> Vec<Row> {
     let class = |r: &Row| match (r.status, r.get(metric)) {
-        (Status::Ok, Some(_)) => 0,
-        (Status::Ok, None) => 1,
-        (Status::Failed(_), _) => 2,
-        (Status::Pending, _) => 3,
+        (Status::Ok, Some(_)) => (0, 0),
+        (Status::StoppedEarly { epochs, .. }, _) => (1, u64::MAX - epochs),
+        (Status::Ok, None) => (2, 0),
+        (Status::Failed(_), _) => (3, 0),
+        (Status::Pending, _) => (4, 0),
     };
     rows.sort_by(|a, b| {
         let by_metric = match (a.get(metric), b.get(metric)) {
@@ -154,10 +201,21 @@ pub fn rank(mut rows: Vec<Row>, metric: &str, higher_is_better: bool) -> Vec<Row
     rows
 }
 
-/// Summary columns of `results.csv`, after the trial's values and seed. Timings come last:
+/// Result columns of `results.csv`, after the trial's values and seed. Timings come last:
 /// they are the only columns that differ between identical runs.
-const RESULTS: [&str; 8] =
-    ["test_accuracy", "test_loss", "train_accuracy", "train_loss", "steps", "examples", "weights_sha256", "wall_s"];
+const RESULTS: [&str; 11] = [
+    "test_accuracy",
+    "test_loss",
+    "train_accuracy",
+    "train_loss",
+    "val_accuracy",
+    "val_loss",
+    "steps",
+    "examples",
+    "weights_sha256",
+    "wall_s",
+    "steady_examples_per_s",
+];
 
 /// The value keys of all rows, in order.
 fn keys(rows: &[Row]) -> Vec<String> {
@@ -177,7 +235,6 @@ pub fn csv(rows: &[Row]) -> String {
     header.extend(keys.iter().cloned());
     header.push("seed".into());
     header.extend(RESULTS.map(String::from));
-    header.push("steady_examples_per_s".into());
     let mut out = line(&header);
     let mut rank = 0;
     for row in rows {
@@ -194,15 +251,14 @@ pub fn csv(rows: &[Row]) -> String {
         cells.push(match row.status {
             Status::Failed(code) => code.to_string(),
             Status::Ok => "0".to_string(),
-            Status::Pending => String::new(),
+            Status::Pending | Status::StoppedEarly { .. } => String::new(),
         });
         for key in &keys {
             cells.push(value_of(row, key).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         cells.push(row.trial.seed.to_string());
-        for key in RESULTS.iter().chain(["steady_examples_per_s"].iter()) {
-            let v = row.summary.as_ref().and_then(|s| s.get(*key));
-            cells.push(v.filter(|v| !v.is_null()).map(crate::spec::sweep::value_text).unwrap_or_default());
+        for key in RESULTS {
+            cells.push(row.value(key).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         out.push_str(&line(&cells));
     }
@@ -248,6 +304,7 @@ pub fn table(rows: &[Row], metric: &str) -> String {
         cells.push(row.get("wall_s").map_or("-".into(), |v| format!("{v:.1}")));
         cells.push(match row.status {
             Status::Failed(code) => format!("failed (exit {code})"),
+            Status::StoppedEarly { rung, epochs } => format!("stopped_early (rung {rung}, {epochs} epochs)"),
             other => other.word().to_string(),
         });
         lines.push(cells);
@@ -275,6 +332,7 @@ mod tests {
                 seed: 100 + index as u64,
                 values: vec![("optimizer.learning_rate".into(), json!(index as f64 / 10.0))],
                 spec_sha256: "h".into(),
+                evaluates: Evaluated::Test,
             },
             status,
             summary: acc

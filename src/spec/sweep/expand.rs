@@ -101,6 +101,12 @@ fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
     }
     for (key, at) in keyed {
         let normalized: String = key.chars().filter(|c| !c.is_whitespace()).collect();
+        if sweep.scheduler.is_some() && normalized == "train.epochs" {
+            problems.push(
+                Diagnostic::error(at.clone(), format!("a sweep with a scheduler cannot set `{key}`"))
+                    .help("the scheduler sets each rung's epochs; sweep.scheduler.max sets the last rung's"),
+            );
+        }
         if RESERVED.contains(&normalized.as_str()) || normalized.starts_with("sweep") || normalized == "extends" {
             problems.push(
                 Diagnostic::error(at, format!("a sweep cannot set `{key}`"))

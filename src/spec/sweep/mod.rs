@@ -2,8 +2,10 @@
 //! runs each trial as an ordinary run; plain `trainrun SPEC` refuses a spec with a sweep.
 
 mod expand;
+mod scheduler;
 
 pub use expand::{Trial, expand, value_text};
+pub use scheduler::SchedulerSpec;
 
 use super::Assignment;
 use super::train::Mode;
@@ -24,8 +26,9 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SweepSpec {
-    /// The result trials are ranked by (a column of `results.csv`). Default: `test_accuracy`.
-    /// Example: `metric = "test_loss"`.
+    /// The result trials are ranked by (a column of `results.csv`). Default: `val_loss`, of
+    /// the validation split each trial holds out; the test metrics stay columns of
+    /// `results.csv`. Example: `metric = "val_accuracy"`.
     #[serde(default)]
     pub metric: SweepMetric,
     /// Whether a higher or a lower `metric` is better. Default: `auto` (`max` for accuracies,
@@ -47,6 +50,10 @@ pub struct SweepSpec {
     /// Example: `trials = [{ "optimizer.learning_rate" = 0.2, "batch.global" = 128 }]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trials: Vec<BTreeMap<String, Json>>,
+    /// `[sweep.scheduler]`: stop bad trials early. Example:
+    /// `scheduler = { kind = "successive_halving", grace = 1, reduction_factor = 3 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<SchedulerSpec>,
 }
 
 /// The values one grid key takes.
@@ -110,10 +117,16 @@ pub enum SweepDistribution {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SweepMetric {
-    /// Accuracy on the test split at the end of training.
+    /// Loss on the validation split a trial holds out (`data.preprocessing.validation_split`,
+    /// or a source's validation files) at the end of training.
     #[default]
+    ValLoss,
+    /// Accuracy on the validation split at the end of training.
+    ValAccuracy,
+    /// Accuracy on the test split at the end of training (`trainrun check` warns: selecting
+    /// on it picks hyperparameters on the data meant to judge them).
     TestAccuracy,
-    /// Loss on the test split at the end of training.
+    /// Loss on the test split at the end of training (warned as `test_accuracy` is).
     TestLoss,
     /// Training accuracy of the last epoch.
     TrainAccuracy,
@@ -121,14 +134,44 @@ pub enum SweepMetric {
     TrainLoss,
 }
 
+/// Every `sweep.metric`, in the order they are listed to users.
+pub const SWEEP_METRICS: [SweepMetric; 6] = [
+    SweepMetric::ValLoss,
+    SweepMetric::ValAccuracy,
+    SweepMetric::TestAccuracy,
+    SweepMetric::TestLoss,
+    SweepMetric::TrainAccuracy,
+    SweepMetric::TrainLoss,
+];
+
 impl SweepMetric {
-    /// The column name: `test_accuracy`.
+    /// The column name: `val_loss`.
     pub fn as_str(self) -> &'static str {
         match self {
+            SweepMetric::ValLoss => "val_loss",
+            SweepMetric::ValAccuracy => "val_accuracy",
             SweepMetric::TestAccuracy => "test_accuracy",
             SweepMetric::TestLoss => "test_loss",
             SweepMetric::TrainAccuracy => "train_accuracy",
             SweepMetric::TrainLoss => "train_loss",
+        }
+    }
+
+    /// Whether it is an accuracy (else a loss).
+    pub fn is_accuracy(self) -> bool {
+        match self {
+            SweepMetric::ValAccuracy | SweepMetric::TestAccuracy | SweepMetric::TrainAccuracy => true,
+            SweepMetric::ValLoss | SweepMetric::TestLoss | SweepMetric::TrainLoss => false,
+        }
+    }
+
+    /// Whether it measures the test split.
+    pub fn is_test(self) -> bool {
+        match self {
+            SweepMetric::TestAccuracy | SweepMetric::TestLoss => true,
+            SweepMetric::ValLoss | SweepMetric::ValAccuracy | SweepMetric::TrainAccuracy | SweepMetric::TrainLoss => {
+                false
+            }
         }
     }
 
@@ -137,10 +180,7 @@ impl SweepMetric {
         match mode {
             Mode::Max => true,
             Mode::Min => false,
-            Mode::Auto => match self {
-                SweepMetric::TestAccuracy | SweepMetric::TrainAccuracy => true,
-                SweepMetric::TestLoss | SweepMetric::TrainLoss => false,
-            },
+            Mode::Auto => self.is_accuracy(),
         }
     }
 }
@@ -160,6 +200,8 @@ pub struct Sweep {
     pub seed: u64,
     /// The trials.
     pub trials: Vec<Trial>,
+    /// The scheduler and its rungs in epochs (the last is what a trial trains in full).
+    pub scheduler: Option<(SchedulerSpec, Vec<u64>)>,
 }
 
 impl Sweep {
@@ -171,7 +213,15 @@ impl Sweep {
         let run = &loaded.spec.run;
         let name = run.name.clone().unwrap_or_else(|| "sweep".to_string());
         let seed = section.seed.unwrap_or(run.seed);
+        let scheduler = match &section.scheduler {
+            None => None,
+            Some(s) => {
+                let rungs = s.rungs(loaded.spec.train.epochs.get()).map_err(|d| vec![d])?;
+                Some((s.clone(), rungs))
+            }
+        };
         Ok(Some(Sweep {
+            scheduler,
             dir: run.out_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&name)),
             name,
             metric: section.metric,
@@ -179,6 +229,12 @@ impl Sweep {
             seed,
             trials: expand(section, seed)?,
         }))
+    }
+
+    /// `--set`s of a trial trained to `epochs` (a rung), none without a scheduler.
+    pub fn rung_sets(&self, epochs: Option<u64>) -> Vec<String> {
+        let last = self.scheduler.as_ref().and_then(|(_, rungs)| rungs.last().copied());
+        epochs.or(last).map(|e| vec![format!("train.epochs={e}")]).unwrap_or_default()
     }
 
     /// A trial's folder.
