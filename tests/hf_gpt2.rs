@@ -3,7 +3,7 @@
 //! `init_from`, found by its config.json; `trainrun export --format hf_gpt2` writes it back
 //! bit-exact, and `transformers` loads the written folder and computes the fixture's logits
 //! (when python3 can import torch and transformers; else the test says so loudly and skips that
-//! check). The logits of the load itself are compared in src/checkpoint/hf_gpt2_tests.rs.
+//! check); `--format onnx` writes the GPT as a graph ONNX Runtime runs to the same logits. The logits of the load itself are compared in src/checkpoint/hf_gpt2_tests.rs.
 
 mod common;
 
@@ -108,8 +108,24 @@ fn a_transformers_gpt2_fine_tunes_and_exports_back_bit_exact() {
         assert abs(out.loss.item() - ref['loss']) <= 1e-4 * ref['loss'], (out.loss.item(), ref['loss'])\n\
         print('transformers loaded the export: logits within', worst)\n";
     let reference = std::fs::canonicalize(Path::new(FIXTURE).join("tiny_logits.json")).unwrap();
-    let script = script.replace("sys.argv[2]", &format!("{:?}", reference.display().to_string()));
-    with_python("torch, transformers", &script, &exported);
+    let reference = format!("{:?}", reference.display().to_string());
+    with_python("torch, transformers", &script.replace("sys.argv[2]", &reference), &exported);
+
+    // The same GPT as ONNX: the checker passes and ONNX Runtime computes transformers' logits.
+    let onnx = tmp.path().join("gpt.onnx");
+    let out =
+        run(&["export", tmp.path().join("run").to_str().unwrap(), "--format", "onnx", "--out", onnx.to_str().unwrap()]);
+    assert_exit(&out, 0);
+    assert!(text(&out).1.contains("ONNX opset 17") && text(&out).1.contains("int64 token ids"), "{:?}", text(&out));
+    let script = "import sys, os, json, numpy as np, onnx, onnxruntime as ort\n\
+        path = os.path.join(sys.argv[1], 'gpt.onnx')\n\
+        onnx.checker.check_model(onnx.load(path), full_check=True)\n\
+        ref = json.load(open(REFERENCE))\n\
+        y = ort.InferenceSession(path).run(['output'], {'input': np.array(ref['ids'], dtype=np.int64)})[0]\n\
+        worst = np.abs(y - np.array(ref['logits'], dtype=np.float32)).max()\n\
+        assert worst <= 1e-4, worst\n\
+        print('ONNX Runtime: logits within', worst)\n";
+    with_python("onnxruntime", &script.replace("REFERENCE", &reference), tmp.path());
 }
 
 #[test]

@@ -34,14 +34,27 @@ pub fn export(
     match format {
         ExportFormat::Onnx => {
             let doc = format!("exported by trainrun {} from {}", env!("CARGO_PKG_VERSION"), path.display());
-            let bytes = crate::export::onnx::export(&model, &params, &state, &doc)
-                .map_err(|e| RunError::Unsupported(e.to_string()))?;
+            let unsupported = |e: crate::export::onnx::OnnxError| RunError::Unsupported(e.to_string());
+            // A GPT is written whole (its layers have no engine description to walk).
+            let (bytes, opset, input) = match Gpt2Shape::of(&p.plan.model) {
+                Ok(gpt) => {
+                    let t = model.input_shape().0.first().copied().unwrap_or(gpt.n_positions);
+                    let bytes =
+                        crate::export::onnx::export_gpt(&gpt, &layout, &params, t, &doc).map_err(unsupported)?;
+                    (bytes, crate::export::onnx::GPT_OPSET, "int64 token ids")
+                }
+                Err(_) => {
+                    let bytes = crate::export::onnx::export(&model, &p.plan.model.layers, &params, &state, &doc)
+                        .map_err(unsupported)?;
+                    (bytes, crate::export::onnx::OPSET, "float32")
+                }
+            };
             write_whole(out, &bytes)?;
             eprintln!(
-                "wrote {} ({} bytes, ONNX opset {}): input `input` float32 [batch, {}], output `output` float32 [batch, {}]",
+                "wrote {} ({} bytes, ONNX opset {opset}): input `input` {input} [batch, {}], output `output` float32 \
+                 [batch, {}]",
                 out.display(),
                 bytes.len(),
-                crate::export::onnx::OPSET,
                 shape(&model.input_shape().0),
                 shape(&model.output_shape().0)
             );
