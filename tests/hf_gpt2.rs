@@ -31,6 +31,11 @@ fn write_spec(dir: &Path, init: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// `trainrun export RUN --format FORMAT --out OUT`.
+fn export(run_dir: &Path, format: &str, out: &Path) -> std::process::Output {
+    run(&["export", run_dir.to_str().unwrap(), "--format", format, "--out", out.to_str().unwrap()])
+}
+
 fn fixture() -> String {
     std::fs::canonicalize(FIXTURE).unwrap().join("tiny").display().to_string()
 }
@@ -52,14 +57,7 @@ fn a_transformers_gpt2_fine_tunes_and_exports_back_bit_exact() {
     assert!(stderr.contains("warm start from") && stderr.contains("28 tensors"), "{stderr}");
 
     let exported = tmp.path().join("exported");
-    let out = run(&[
-        "export",
-        tmp.path().join("run").to_str().unwrap(),
-        "--format",
-        "hf_gpt2",
-        "--out",
-        exported.to_str().unwrap(),
-    ]);
+    let out = export(&tmp.path().join("run"), "hf_gpt2", &exported);
     assert_exit(&out, 0);
     assert!(text(&out).1.contains("GPT2LMHeadModel.from_pretrained"), "{:?}", text(&out));
     let (ours, theirs) =
@@ -86,14 +84,7 @@ fn a_transformers_gpt2_fine_tunes_and_exports_back_bit_exact() {
         assert_eq!(config[key], fixture_config[key], "config.json's {key}");
     }
     // An existing folder is refused unless --force.
-    let again = run(&[
-        "export",
-        tmp.path().join("run").to_str().unwrap(),
-        "--format",
-        "hf_gpt2",
-        "--out",
-        exported.to_str().unwrap(),
-    ]);
+    let again = export(&tmp.path().join("run"), "hf_gpt2", &exported);
     assert_exit(&again, 2);
     assert!(text(&again).1.contains("--force"), "{:?}", text(&again));
 
@@ -113,8 +104,7 @@ fn a_transformers_gpt2_fine_tunes_and_exports_back_bit_exact() {
 
     // The same GPT as ONNX: the checker passes and ONNX Runtime computes transformers' logits.
     let onnx = tmp.path().join("gpt.onnx");
-    let out =
-        run(&["export", tmp.path().join("run").to_str().unwrap(), "--format", "onnx", "--out", onnx.to_str().unwrap()]);
+    let out = export(&tmp.path().join("run"), "onnx", &onnx);
     assert_exit(&out, 0);
     assert!(text(&out).1.contains("ONNX opset 17") && text(&out).1.contains("int64 token ids"), "{:?}", text(&out));
     let script = "import sys, os, json, numpy as np, onnx, onnxruntime as ort\n\
@@ -152,14 +142,7 @@ fn export_hf_gpt2_refuses_a_model_that_is_not_a_gpt() {
     let tmp = tempdir();
     let run_dir = tmp.path().join("mnist");
     short_mnist_run(&run_dir, 2);
-    let out = run(&[
-        "export",
-        run_dir.to_str().unwrap(),
-        "--format",
-        "hf_gpt2",
-        "--out",
-        tmp.path().join("x").to_str().unwrap(),
-    ]);
+    let out = export(&run_dir, "hf_gpt2", &tmp.path().join("x"));
     assert_ne!(out.status.code(), Some(0));
     let stderr = text(&out).1;
     assert!(
