@@ -146,7 +146,7 @@ pub fn build(
         // Every task loads the same file, so every replica starts from the same weights
         // without a broadcast; a resumed backup overwrites them below.
         let tensors = (layout.tensors.as_slice(), params.as_mut_slice());
-        let report = warm_start::load(&init.path, init.strict, tensors, (&layout.state_tensors, &mut state))?;
+        let report = warm_start::load(init, &plan.model, tensors, (&layout.state_tensors, &mut state))?;
         if chief {
             note(&warm_start_note(&report));
         }

@@ -100,8 +100,8 @@ enum CliCommand {
         #[arg(long, short)]
         quiet: bool,
     },
-    /// Write a run's model for other tools: `--format onnx` for ONNX Runtime (the run's own
-    /// spec.toml gives the model).
+    /// Write a run's model for other tools: `--format onnx` for ONNX Runtime, `--format hf_gpt2`
+    /// for Hugging Face `transformers` (a GPT; the run's own spec.toml gives the model).
     Export {
         /// A run folder, one of its checkpoint folders, or its `model.safetensors`.
         #[arg(value_name = "RUN_OR_CHECKPOINT")]
@@ -109,8 +109,9 @@ enum CliCommand {
         /// The format to write.
         #[arg(long, value_enum)]
         format: crate::export::ExportFormat,
-        /// The file to write, e.g. `model.onnx`; an existing one is refused unless --force.
-        #[arg(long, value_name = "FILE")]
+        /// The file (`model.onnx`) or, for hf_gpt2, the folder to write; an existing one is
+        /// refused unless --force.
+        #[arg(long, value_name = "PATH")]
         out: PathBuf,
         /// Replace an existing file.
         #[arg(long)]

@@ -1,5 +1,5 @@
 //! `trainrun export RUN --format onnx` end to end: the tutorial CNN, `mnist_fast` (batch norm,
-//! max pooling) and ResNet-20 (residual blocks with projections) are trained briefly, exported,
+//! max pooling), a CNN with average pooling (a partial `same` window) and ResNet-20 (residual blocks with projections) are trained briefly, exported,
 //! checked by `onnx.checker`, and run by ONNX Runtime on the same inputs `trainrun predict`
 //! reads; both give the same probabilities within 1e-5. Layers without an ONNX form are refused
 //! by name, and an existing file is not overwritten. The Python checks say so loudly and skip
@@ -82,6 +82,19 @@ fn batch_norm_and_pooling_run_in_onnx_runtime_as_in_trainrun() {
 }
 
 #[test]
+fn average_pooling_runs_in_onnx_runtime_as_in_trainrun() {
+    let tmp = tempdir();
+    // 3×3 windows at stride 2 under `same` padding: the last window is partial, and
+    // TensorFlow (and trainrun) divide it by the pixels it covers.
+    let layers = "model.layers=[{ type = \"reshape\", target_shape = [28, 28, 1] }, \
+                  { type = \"conv2d\", filters = 4, kernel_size = 3, activation = \"relu\" }, \
+                  { type = \"avg_pool2d\", pool_size = 3, strides = 2, padding = \"same\" }, \
+                  { type = \"avg_pool2d\" }, { type = \"flatten\" }, { type = \"dense\", units = 10 }]";
+    train_export_predict(tmp.path(), "specs/mnist_single.toml", &["--set", layers]);
+    onnx_runtime_agrees(tmp.path(), &mnist_test());
+}
+
+#[test]
 fn resnet20_runs_in_onnx_runtime_as_in_trainrun() {
     let tmp = tempdir();
     // 32×32 colour images and labels written by NumPy, read by both.
@@ -112,7 +125,7 @@ fn resnet20_runs_in_onnx_runtime_as_in_trainrun() {
 fn layers_without_an_onnx_form_are_refused_by_name_and_files_are_kept() {
     let tmp = tempdir();
     let run_dir = tmp.path().join("run");
-    let layers = "model.layers=[{ type = \"reshape\", target_shape = [28, 28, 1] }, { type = \"avg_pool2d\" }, \
+    let layers = "model.layers=[{ type = \"reshape\", target_shape = [28, 28] }, { type = \"layer_norm\" }, \
                   { type = \"flatten\" }, { type = \"dense\", units = 10 }]";
     let o = format!("run.out_dir={}", run_dir.display());
     let out = run(&["specs/mnist_single.toml", "-q", "--set", &o, "--set", layers, "--set", "train.steps_per_epoch=2"]);
@@ -120,7 +133,7 @@ fn layers_without_an_onnx_form_are_refused_by_name_and_files_are_kept() {
     let (r, m) = (run_dir.display().to_string(), tmp.path().join("m.onnx").display().to_string());
     let out = run(&["export", &r, "--format", "onnx", "--out", &m]);
     assert!(!out.status.success());
-    assert!(text(&out).1.contains("layer `avg_pool2d` (avg_pool2d) has no ONNX form"), "{}", text(&out).1);
+    assert!(text(&out).1.contains("layer `layer_norm` (layer_norm) has no ONNX form"), "{}", text(&out).1);
     assert!(!Path::new(&m).exists());
 
     std::fs::write(&m, "keep").unwrap();

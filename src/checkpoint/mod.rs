@@ -8,6 +8,7 @@
 //! weights, and `manifest.json` (step, epoch, data cursor, RNG state, spec hash, topology,
 //! loop and callback state, and every file's SHA-256), written last as the commit marker.
 
+pub mod hf_gpt2;
 pub mod manifest;
 pub mod policy;
 pub mod store;

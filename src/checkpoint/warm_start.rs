@@ -2,7 +2,8 @@
 //! training, the optimizer state starting fresh (what fine-tuning wants: "load the weights, not
 //! the optimizer state"). The source is a checkpoint folder, a run folder (its final
 //! `model.safetensors`) or a safetensors file; tensors match the model's by their Keras path
-//! (`dense_1/kernel`). f16, bf16 and f64 tensors are converted to f32.
+//! (`dense_1/kernel`). f16, bf16 and f64 tensors are converted to f32. A Hugging Face GPT-2
+//! folder is read through `hf_gpt2.rs`, which renames its tensors to trainrun's first.
 //!
 //! `strict` refuses any model tensor the file lacks, any file tensor the model lacks and any
 //! tensor whose shape differs, listing every one with both shapes at once. Not strict, what
@@ -11,7 +12,9 @@
 //! builder loads this first and the resume overwrites it.
 
 use super::CheckpointError;
+use super::hf_gpt2::{self, Gpt2Shape};
 use crate::engine::TensorInfo;
+use crate::model::{InitFormat, InitFrom, ModelPlan};
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 
@@ -60,16 +63,38 @@ pub fn weights_file(path: &Path) -> PathBuf {
     if path.is_dir() { path.join("model.safetensors") } else { path.to_path_buf() }
 }
 
-fn read(path: &Path) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
-    let file = weights_file(path);
-    let bytes = std::fs::read(&file).map_err(|source| CheckpointError::Io { path: file.clone(), source })?;
-    Ok((file, bytes))
+/// What `init.path` holds: its `format`, else a Hugging Face folder when it has a
+/// `config.json` (a trainrun run or checkpoint folder has none).
+pub fn format_of(init: &InitFrom) -> InitFormat {
+    init.format.unwrap_or(if init.path.join("config.json").is_file() {
+        InitFormat::HfGpt2
+    } else {
+        InitFormat::Trainrun
+    })
 }
 
-/// What loading `path` into a model of `tensors` (trainable, then non-trainable) would do,
+/// The weights file `init` names and its bytes, tensors named as `model`'s are.
+fn read(init: &InitFrom, model: &ModelPlan) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+    match format_of(init) {
+        InitFormat::Trainrun => {
+            let file = weights_file(&init.path);
+            let bytes = std::fs::read(&file).map_err(|source| CheckpointError::Io { path: file.clone(), source })?;
+            Ok((file, bytes))
+        }
+        InitFormat::HfGpt2 => {
+            let shape = Gpt2Shape::of(model).map_err(|why| CheckpointError::Incompatible {
+                path: init.path.clone(),
+                reason: format!("it is a Hugging Face GPT-2 folder (init_from.format = \"hf_gpt2\"), so the model must be a GPT-2: {why}"),
+            })?;
+            hf_gpt2::read(&init.path, &shape, init.strict)
+        }
+    }
+}
+
+/// What loading `init` into `model` (its tensors, trainable then non-trainable) would do,
 /// without loading: what `trainrun check` prints.
-pub fn survey(path: &Path, tensors: &[&TensorInfo]) -> Result<WarmStart, CheckpointError> {
-    let (file, bytes) = read(path)?;
+pub fn survey(init: &InitFrom, model: &ModelPlan, tensors: &[&TensorInfo]) -> Result<WarmStart, CheckpointError> {
+    let (file, bytes) = read(init, model)?;
     let st = parse(&file, &bytes)?;
     Ok(compare(&file, &st, tensors))
 }
@@ -102,16 +127,17 @@ fn compare(file: &Path, st: &SafeTensors<'_>, tensors: &[&TensorInfo]) -> WarmSt
     w
 }
 
-/// Loads `path` into `params` (laid out by `tensors`) and `state` (by `state_tensors`).
-/// Strict, any mismatch is an error listing them all; a tensor holding NaN or infinity is
-/// always refused, naming it.
+/// Loads `init` into `params` (laid out by `tensors`) and `state` (by `state_tensors`) of
+/// `model`. Strict, any mismatch is an error listing them all; a tensor holding NaN or
+/// infinity is always refused, naming it.
 pub fn load(
-    path: &Path,
-    strict: bool,
+    init: &InitFrom,
+    model: &ModelPlan,
     (tensors, params): (&[TensorInfo], &mut [f32]),
     (state_tensors, state): (&[TensorInfo], &mut [f32]),
 ) -> Result<WarmStart, CheckpointError> {
-    let (file, bytes) = read(path)?;
+    let strict = init.strict;
+    let (file, bytes) = read(init, model)?;
     let st = parse(&file, &bytes)?;
     let all: Vec<&TensorInfo> = tensors.iter().chain(state_tensors).collect();
     let report = compare(&file, &st, &all);
@@ -153,7 +179,7 @@ fn corrupt(file: &Path, name: &str, why: String) -> CheckpointError {
 }
 
 /// Little-endian `data` of `dtype` into `dst` as f32.
-fn convert(dtype: Dtype, data: &[u8], dst: &mut [f32]) -> Result<(), String> {
+pub(super) fn convert(dtype: Dtype, data: &[u8], dst: &mut [f32]) -> Result<(), String> {
     let (width, decode): (usize, fn(&[u8]) -> f32) = match dtype {
         Dtype::F32 => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         Dtype::F16 => (2, |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),

@@ -10,15 +10,22 @@
 //! anything that reads the Keras layout (flatten, reshape, dense, the output): the values and
 //! the flatten order are trainrun's.
 //!
-//! Covered: dense, conv2d, max_pool2d, global_avg_pool2d, batch_norm (inference form, moving
+//! Covered: dense, conv2d, max_pool2d, avg_pool2d (dividing by the real pixels under a `same`
+//! window, as TensorFlow does), global_avg_pool2d, batch_norm (inference form, moving
 //! statistics), flatten, reshape, activation, dropout (the identity) and the ResNet residual
-//! block. Any other layer is refused, naming it.
+//! block. Any other layer is refused, naming it. The GPT is written whole by `gpt.rs` (opset
+//! [`GPT_OPSET`], for LayerNormalization), from its tensors by name.
 
 use crate::engine::Sequential;
 use crate::engine::kernels::Window;
 use crate::engine::op::{BatchNormOp, ConvOp, Op, ResidualOp};
+use crate::model::{LayerConfig, Padding};
 use crate::vocab::Activation;
 use prost::Message;
+
+mod gpt;
+
+pub use gpt::{GPT_IR_VERSION, GPT_OPSET, export_gpt};
 
 mod proto {
     #![allow(clippy::all, missing_docs)]
@@ -41,9 +48,13 @@ pub const IR_VERSION: i64 = 7;
 pub enum OnnxError {
     #[error(
         "layer `{name}` ({kind}) has no ONNX form in this version (exported: dense, conv2d, max_pool2d, \
-         global_avg_pool2d, batch_norm, flatten, reshape, activation, dropout, residual)"
+         avg_pool2d, global_avg_pool2d, batch_norm, flatten, reshape, activation, dropout, residual, and the GPT \
+         as a whole)"
     )]
     Unsupported { name: String, kind: &'static str },
+    /// The GPT lacks a tensor its graph reads (the plan and the layout disagree: a bug).
+    #[error("the GPT has no tensor `{0}`, which its ONNX graph reads")]
+    MissingTensor(String),
 }
 
 /// Where the running value is and in which layout.
@@ -65,11 +76,19 @@ struct Graph<'a> {
 }
 
 /// The ONNX model of `model` with `params` and `state`, serialized.
-pub fn export(model: &Sequential, params: &[f32], state: &[f32], doc: &str) -> Result<Vec<u8>, OnnxError> {
-    let mut g = Graph { params, state, nodes: Vec::new(), initializers: Vec::new(), counter: 0 };
+/// `layers` are the planned layers `model` was built from, one per layer (for what the engine
+/// does not describe, the average pool's window).
+pub fn export(
+    model: &Sequential,
+    layers: &[LayerConfig],
+    params: &[f32],
+    state: &[f32],
+    doc: &str,
+) -> Result<Vec<u8>, OnnxError> {
+    let mut g = Graph::new(params, state);
     let input = model.input_shape().0.clone();
     let mut at = GraphValue { name: "input".into(), nchw: false, shape: input.clone() };
-    for view in model.layer_views() {
+    for (view, config) in model.layer_views().into_iter().zip(layers) {
         let name = view.name.to_string();
         let out_shape = view.output_shape.0.clone();
         match (view.op, view.kind) {
@@ -131,33 +150,59 @@ pub fn export(model: &Sequential, params: &[f32], state: &[f32], doc: &str) -> R
                 g.channels_first(&mut at);
                 at.name = g.residual(&name, &at.name, &r);
             }
-            (None, kind) => return Err(OnnxError::Unsupported { name, kind }),
+            (None, kind) => {
+                let LayerConfig::AvgPool2d { pool_size, strides, padding } = config else {
+                    return Err(OnnxError::Unsupported { name, kind });
+                };
+                let &[h, w, c] = view.input_shape.0.as_slice() else {
+                    return Err(OnnxError::Unsupported { name, kind });
+                };
+                let same = matches!(padding, Padding::Same);
+                let Some(win) = Window::new((h, w, c), pool_size.hw(), strides.unwrap_or(*pool_size).hw(), same) else {
+                    return Err(OnnxError::Unsupported { name, kind });
+                };
+                g.channels_first(&mut at);
+                // count_include_pad = 0: TensorFlow divides by the real pixels under the window.
+                let attrs =
+                    vec![ints("kernel_shape", &[win.kh, win.kw]), ints("strides", &[win.sh, win.sw]), pads(&win)];
+                at.name = g.node("AveragePool", &name, &[&at.name], attrs);
+            }
         }
         at.shape = out_shape;
     }
     g.channels_last(&mut at);
     let out = g.node("Identity", "output", &[&at.name], vec![]);
-    let graph = GraphProto {
-        node: g.nodes,
-        name: Some("trainrun".into()),
-        initializer: g.initializers,
-        doc_string: Some(doc.into()),
-        input: vec![value_info("input", &input)],
-        output: vec![value_info(&out, &model.output_shape().0)],
-        ..GraphProto::default()
-    };
-    let model = ModelProto {
-        ir_version: Some(IR_VERSION),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(OPSET) }],
-        producer_name: Some("trainrun".into()),
-        producer_version: Some(env!("CARGO_PKG_VERSION").into()),
-        graph: Some(graph),
-        ..ModelProto::default()
-    };
-    Ok(model.encode_to_vec())
+    let io = (value_info("input", DataType::Float, &input), value_info(&out, DataType::Float, &model.output_shape().0));
+    Ok(g.finish(io, doc, (OPSET, IR_VERSION)))
 }
 
-impl Graph<'_> {
+impl<'a> Graph<'a> {
+    fn new(params: &'a [f32], state: &'a [f32]) -> Self {
+        Graph { params, state, nodes: Vec::new(), initializers: Vec::new(), counter: 0 }
+    }
+
+    /// The serialized model of the nodes added, reading `input` and writing `output`.
+    fn finish(self, (input, output): (ValueInfoProto, ValueInfoProto), doc: &str, (opset, ir): (i64, i64)) -> Vec<u8> {
+        let graph = GraphProto {
+            node: self.nodes,
+            name: Some("trainrun".into()),
+            initializer: self.initializers,
+            doc_string: Some(doc.into()),
+            input: vec![input],
+            output: vec![output],
+            ..GraphProto::default()
+        };
+        let model = ModelProto {
+            ir_version: Some(ir),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+            producer_name: Some("trainrun".into()),
+            producer_version: Some(env!("CARGO_PKG_VERSION").into()),
+            graph: Some(graph),
+            ..ModelProto::default()
+        };
+        model.encode_to_vec()
+    }
+
     /// Adds a node whose one output is named after `name` (made unique); returns that name.
     fn node(&mut self, op: &str, name: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> String {
         self.counter += 1;
@@ -318,8 +363,8 @@ fn float(name: &str, v: f32) -> AttributeProto {
     }
 }
 
-/// A float32 value `[batch, *shape]` with a symbolic batch.
-fn value_info(name: &str, shape: &[usize]) -> ValueInfoProto {
+/// A value of `elem` `[batch, *shape]` with a symbolic batch.
+fn value_info(name: &str, elem: DataType, shape: &[usize]) -> ValueInfoProto {
     let batch = tensor_shape_proto::Dimension {
         value: Some(tensor_shape_proto::dimension::Value::DimParam("batch".into())),
         ..Default::default()
@@ -328,10 +373,8 @@ fn value_info(name: &str, shape: &[usize]) -> ValueInfoProto {
         value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
         ..Default::default()
     }));
-    let tensor = type_proto::Tensor {
-        elem_type: Some(DataType::Float as i32),
-        shape: Some(TensorShapeProto { dim: dims.collect() }),
-    };
+    let tensor =
+        type_proto::Tensor { elem_type: Some(elem as i32), shape: Some(TensorShapeProto { dim: dims.collect() }) };
     ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tensor)), ..Default::default() }),

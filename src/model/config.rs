@@ -43,6 +43,23 @@ pub struct InitFrom {
     /// (`false`: a new classification head). Default: `true`.
     #[serde(default = "strict_by_default")]
     pub strict: bool,
+    /// What `path` holds: `trainrun` (a trainrun checkpoint folder, run folder or safetensors
+    /// file, tensors named by Keras path) or `hf_gpt2` (a folder `transformers`'
+    /// `GPT2LMHeadModel.save_pretrained` wrote: `config.json` + `model.safetensors`, loaded into
+    /// a GPT of the same sizes). Default: `hf_gpt2` for a folder with a `config.json`, else
+    /// `trainrun`. Example: `format = "hf_gpt2"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<InitFormat>,
+}
+
+/// `model.init_from.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InitFormat {
+    /// trainrun's own weights: a checkpoint folder, a run folder or a safetensors file.
+    Trainrun,
+    /// A Hugging Face GPT-2 folder (`config.json` with `"model_type": "gpt2"`, `model.safetensors`).
+    HfGpt2,
 }
 
 fn strict_by_default() -> bool {
@@ -77,6 +94,10 @@ pub struct GptConfig {
     /// `true`. Example: `tie_embeddings = false`.
     #[serde(default = "yes")]
     pub tie_embeddings: bool,
+    /// The MLPs use GELU's tanh approximation, as GPT-2 does (Hugging Face's `gelu_new`),
+    /// instead of the exact form (nanoGPT's). Default: `false`. Example: `approximate_gelu = true`.
+    #[serde(default)]
+    pub approximate_gelu: bool,
 }
 
 impl Default for GptConfig {
@@ -88,6 +109,7 @@ impl Default for GptConfig {
             block_size: Self::default_block_size(),
             dropout: 0.0,
             tie_embeddings: true,
+            approximate_gelu: false,
         }
     }
 }

@@ -12,7 +12,7 @@ mod config;
 mod sequence;
 mod size;
 
-pub use config::{GptConfig, InitFrom, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
+pub use config::{GptConfig, InitFormat, InitFrom, LayerConfig, ModelSpec, Padding, Size2, ZooModel};
 pub use size::{ModelSize, Shrink, size};
 
 pub mod zoo;

@@ -23,6 +23,7 @@ fn gpt(n_layer: usize, n_head: usize, head: usize, block: usize, tie: bool, drop
         block_size: nz(block),
         dropout: if dropout { 0.1 } else { 0.0 },
         tie_embeddings: tie,
+        approximate_gelu: false,
     };
     ModelSpec { zoo: Some(ZooModel::Gpt), gpt: Some(g), ..ModelSpec::default() }
 }

@@ -71,7 +71,7 @@ pub fn layers(
 }
 
 /// nanoGPT's model: token and position embeddings, dropout, `n_layer` pre-LN blocks (exact
-/// GELU, MLP ratio 4, layer-norm epsilon 1e-5), a final layer norm and the head.
+/// GELU unless `approximate_gelu`, MLP ratio 4, layer-norm epsilon 1e-5), a final layer norm and the head.
 fn gpt(g: &GptConfig, input: &Shape) -> Result<Vec<LayerConfig>, Diagnostic> {
     let [t] = input.0.as_slice() else {
         return Err(Diagnostic::error(
@@ -113,7 +113,7 @@ fn gpt(g: &GptConfig, input: &Shape) -> Result<Vec<LayerConfig>, Diagnostic> {
         intermediate_dim: None,
         dropout: g.dropout,
         layer_norm_epsilon: 1e-5,
-        approximate_gelu: false,
+        approximate_gelu: g.approximate_gelu,
     }));
     specs.extend([LayerConfig::LayerNorm { epsilon: 1e-5 }, LayerConfig::LmHead { tie_embeddings: g.tie_embeddings }]);
     Ok(specs)

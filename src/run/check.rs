@@ -44,7 +44,7 @@ pub fn check(inv: &Invocation, json: bool) -> Result<(), RunError> {
     if let Some(init) = &p.plan.model.init_from {
         let layout = crate::builder::layout(&model);
         let tensors: Vec<_> = layout.tensors.iter().chain(&layout.state_tensors).collect();
-        let survey = crate::checkpoint::warm_start::survey(&init.path, &tensors)?;
+        let survey = crate::checkpoint::warm_start::survey(init, &p.plan.model, &tensors)?;
         println!(
             "{}",
             crate::builder::warm_start_note(&survey).replacen("warm start from", "warm start: will load from", 1)

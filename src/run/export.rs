@@ -1,10 +1,11 @@
-//! `trainrun export RUN_OR_CHECKPOINT --format onnx --out FILE`: the model of a run folder (its
-//! final `model.safetensors`), one of its checkpoint folders, or a weights file inside it,
-//! written for other tools. The model is the one the run's own `spec.toml` describes (found in
+//! `trainrun export RUN_OR_CHECKPOINT --format onnx|hf_gpt2 --out PATH`: the model of a run
+//! folder (its final `model.safetensors`), one of its checkpoint folders, or a weights file
+//! inside it, written for other tools (an ONNX file, or a Hugging Face GPT-2 folder). The model is the one the run's own `spec.toml` describes (found in
 //! the folder or the nearest folder above it), so nothing else need be given. The file is
-//! written whole under a temporary name and renamed into place; one that exists is refused
-//! unless `--force`.
+//! written whole under a temporary name and renamed into place; an `--out` that exists is
+//! refused unless `--force` (which replaces the folder's two files, nothing else in it).
 
+use crate::checkpoint::hf_gpt2::Gpt2Shape;
 use crate::exit::RunError;
 use crate::export::ExportFormat;
 use crate::prepare::{Invocation, prepare};
@@ -30,27 +31,70 @@ pub fn export(
     let model = p.plan.model.build().map_err(|e| RunError::Failure(e.to_string()))?;
     let layout = crate::builder::layout(&model);
     let (params, state) = super::sample::weights(path, &layout)?;
-    let bytes = match format {
+    match format {
         ExportFormat::Onnx => {
             let doc = format!("exported by trainrun {} from {}", env!("CARGO_PKG_VERSION"), path.display());
-            crate::export::onnx::export(&model, &params, &state, &doc)
-                .map_err(|e| RunError::Unsupported(e.to_string()))?
+            let unsupported = |e: crate::export::onnx::OnnxError| RunError::Unsupported(e.to_string());
+            // A GPT is written whole (its layers have no engine description to walk).
+            let (bytes, opset, input) = match Gpt2Shape::of(&p.plan.model) {
+                Ok(gpt) => {
+                    let t = model.input_shape().0.first().copied().unwrap_or(gpt.n_positions);
+                    let bytes =
+                        crate::export::onnx::export_gpt(&gpt, &layout, &params, t, &doc).map_err(unsupported)?;
+                    (bytes, crate::export::onnx::GPT_OPSET, "int64 token ids")
+                }
+                Err(_) => {
+                    let bytes = crate::export::onnx::export(&model, &p.plan.model.layers, &params, &state, &doc)
+                        .map_err(unsupported)?;
+                    (bytes, crate::export::onnx::OPSET, "float32")
+                }
+            };
+            write_whole(out, &bytes)?;
+            eprintln!(
+                "wrote {} ({} bytes, ONNX opset {opset}): input `input` {input} [batch, {}], output `output` float32 \
+                 [batch, {}]",
+                out.display(),
+                bytes.len(),
+                shape(&model.input_shape().0),
+                shape(&model.output_shape().0)
+            );
         }
-    };
+        ExportFormat::HfGpt2 => {
+            let gpt = Gpt2Shape::of(&p.plan.model).map_err(|why| {
+                RunError::Unsupported(format!(
+                    "--format hf_gpt2 writes a GPT-2, and this run's model is not one: {why}"
+                ))
+            })?;
+            let files =
+                crate::export::hf_gpt2::files(&gpt, &layout, &params).map_err(|e| RunError::Failure(e.to_string()))?;
+            std::fs::create_dir_all(out)
+                .map_err(|e| RunError::Failure(format!("cannot make the folder {}: {e}", out.display())))?;
+            for (name, bytes) in &files {
+                write_whole(&out.join(name), bytes)?;
+            }
+            eprintln!(
+                "wrote {} (config.json, model.safetensors): a GPT-2 of {} layers, {} heads, width {}, {} positions, \
+                 {} token ids; load it with transformers' GPT2LMHeadModel.from_pretrained",
+                out.display(),
+                gpt.n_layer,
+                gpt.n_head,
+                gpt.n_embd,
+                gpt.n_positions,
+                gpt.vocab_size
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `out` whole: under a temporary name beside it, then renamed into place.
+fn write_whole(out: &Path, bytes: &[u8]) -> Result<(), RunError> {
     let partial = super::partial_beside(out);
-    let written = std::fs::write(&partial, &bytes).and_then(|()| std::fs::rename(&partial, out));
+    let written = std::fs::write(&partial, bytes).and_then(|()| std::fs::rename(&partial, out));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(RunError::Failure(format!("cannot write {}: {e}", out.display())));
     }
-    eprintln!(
-        "wrote {} ({} bytes, ONNX opset {}): input `input` float32 [batch, {}], output `output` float32 [batch, {}]",
-        out.display(),
-        bytes.len(),
-        crate::export::onnx::OPSET,
-        shape(&model.input_shape().0),
-        shape(&model.output_shape().0)
-    );
     Ok(())
 }
 
