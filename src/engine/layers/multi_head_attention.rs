@@ -23,12 +23,13 @@
 
 use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
+use crate::engine::bf16::{self, ProductPath};
 use crate::engine::fastmath::{dot, exp, max, sum};
 use crate::engine::kernels::{add_bias, add_rows, par_rows, partition, split_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
-use crate::engine::strided::{MatMut, MatRef, gemm};
+use crate::engine::strided::{MatMut, MatRef};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -44,6 +45,8 @@ struct Geometry {
     /// Attention dropout rate and the salt telling this layer's masks from others'.
     rate: f32,
     salt: u64,
+    /// How the products run (the precision policy).
+    products: ProductPath,
 }
 
 impl Geometry {
@@ -101,7 +104,16 @@ impl MultiHeadAttention {
         if heads == 0 || dim == 0 || !dim.is_multiple_of(heads) {
             return None;
         }
-        let geo = Geometry { t: seq_len, d: dim, heads, hd: dim / heads, causal, rate: 0.0, salt: 0 };
+        let geo = Geometry {
+            t: seq_len,
+            d: dim,
+            heads,
+            hd: dim / heads,
+            causal,
+            rate: 0.0,
+            salt: 0,
+            products: ProductPath::Float32,
+        };
         let init = Init::Normal { std: 0.02 };
         Some(Self {
             geo,
@@ -149,7 +161,7 @@ impl MultiHeadAttention {
         let (w_out, b_out) = rest.split_at(d * d);
         let qkv = sized(&mut self.qkv, rows * 3 * d);
         let (x, w_qkv) = (MatRef::rows(x, rows, d), MatRef::rows(w_qkv, d, 3 * d));
-        gemm(MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
+        bf16::gemm(geo.products, MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -172,7 +184,15 @@ impl MultiHeadAttention {
             }
         });
         let merged = &self.merged[..rows * d];
-        gemm(MatMut::rows(y, rows, d), MatRef::rows(merged, rows, d), MatRef::rows(w_out, d, d), false, 1.0, threads);
+        bf16::gemm(
+            geo.products,
+            MatMut::rows(y, rows, d),
+            MatRef::rows(merged, rows, d),
+            MatRef::rows(w_out, d, d),
+            false,
+            1.0,
+            threads,
+        );
         match residual {
             Some(r) => add_bias_residual(y, &b_out[..d], r, rows, d, threads),
             None => par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d])),
@@ -255,7 +275,7 @@ impl Head<'_> {
         let mut scores = MatMut::rows(p, t, t);
         for (rows, cols) in row_blocks(geo) {
             let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
-            gemm(scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
+            bf16::gemm(geo.products, scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
         }
         vectorized(
             #[inline(always)]
@@ -273,7 +293,15 @@ impl Head<'_> {
         };
         let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
         for (rows, cols) in row_blocks(geo) {
-            gemm(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), false, 1.0, 1);
+            bf16::gemm(
+                geo.products,
+                out.block(rows.clone(), 0..hd),
+                used.block(rows, 0..cols),
+                v.block(0..cols, 0..hd),
+                false,
+                1.0,
+                1,
+            );
         }
     }
 
@@ -291,13 +319,13 @@ impl Head<'_> {
             let mut g = MatMut::rows(dp, t, t);
             for (rows, cols) in row_blocks(geo) {
                 let (d_out, v) = (d_out.block(rows.clone(), 0..hd), v.block(0..cols, 0..hd));
-                gemm(g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
+                bf16::gemm(geo.products, g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
             }
         }
         let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
-            gemm(dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+            bf16::gemm(geo.products, dv.block(cols, 0..hd), p, g, false, 1.0, 1);
         }
         if let Some(seed) = drop_seed {
             let mask = masker(geo.rate, geo.salt, seed);
@@ -312,7 +340,8 @@ impl Head<'_> {
         let ds = MatRef::rows(dp, t, t);
         let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
         for (rows, cols) in row_blocks(geo) {
-            gemm(
+            bf16::gemm(
+                geo.products,
                 dq.block(rows.clone(), 0..hd),
                 ds.block(rows, 0..cols),
                 k.block(0..cols, 0..hd),
@@ -324,7 +353,7 @@ impl Head<'_> {
         let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
-            gemm(dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+            bf16::gemm(geo.products, dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
         }
     }
 }
@@ -360,6 +389,10 @@ impl Layer for MultiHeadAttention {
         self.forward_residual(cx, params, y, None);
     }
 
+    fn use_products(&mut self, path: ProductPath) {
+        self.geo.products = path;
+    }
+
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
         let Backward { pass, x, dy, n, .. } = cx;
         let (geo, drops) = (self.geo, self.drops(pass));
@@ -374,14 +407,14 @@ impl Layer for MultiHeadAttention {
         let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
         let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
-            gemm(MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
+            bf16::gemm(geo.products, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
             if !acc {
                 g_bout[..d].fill(0.0);
             }
             add_rows(&mut g_bout[..d], dy);
         };
         both(threads, output_weights, |threads| {
-            gemm(MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
+            bf16::gemm(geo.products, MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
         });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -405,7 +438,7 @@ impl Layer for MultiHeadAttention {
         let (x, d_qkv_m, w_qkv) =
             (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
-            gemm(MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
+            bf16::gemm(geo.products, MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
             if !acc {
                 g_bqkv.fill(0.0);
             }
@@ -413,7 +446,7 @@ impl Layer for MultiHeadAttention {
         };
         match dx {
             Some(dx) => both(threads, qkv_weights, |threads| {
-                gemm(MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
+                bf16::gemm(geo.products, MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
             }),
             None => qkv_weights(threads),
         }
