@@ -49,6 +49,16 @@ impl<'a> MatRef<'a> {
         (self.rs, self.cs)
     }
 
+    /// Row `i` as a slice when rows are contiguous (`cs` = 1).
+    pub fn contiguous_row(&self, i: usize) -> Option<&'a [f32]> {
+        (self.cs == 1 && i < self.rows).then(|| &self.data[i * self.rs..i * self.rs + self.cols])
+    }
+
+    /// Column `j` as a slice when columns are contiguous (`rs` = 1).
+    pub fn contiguous_col(&self, j: usize) -> Option<&'a [f32]> {
+        (self.rs == 1 && j < self.cols).then(|| &self.data[j * self.cs..j * self.cs + self.rows])
+    }
+
     /// Element `(i, j)` (panics outside the slice).
     #[inline(always)]
     pub fn at(&self, i: usize, j: usize) -> f32 {

@@ -32,8 +32,10 @@ impl PrecisionPlan {
                 "mixed_bfloat16: runs in fp32 (this CPU has no bf16 instructions)".to_string()
             }
             (PrecisionPolicy::MixedBfloat16, path) => format!(
-                "mixed_bfloat16: bf16 inputs, fp32 sums in attention, dense and LM-head products, path {} (this CPU: {})",
+                "mixed_bfloat16: bf16 inputs and fp32 sums on {} for products of layers {} wide or more \
+                 (attention projections, MLP, LM head); smaller ones measured faster in fp32 here (this CPU: {})",
                 path.name(),
+                crate::engine::bf16::PAYS_FROM,
                 self.cpu.name()
             ),
         }

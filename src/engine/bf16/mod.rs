@@ -18,6 +18,8 @@ mod pack;
 pub mod round;
 mod scratch;
 
+pub use dot::PAYS_FROM;
+
 use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
 use serde::Serialize;
 
@@ -44,6 +46,18 @@ impl ProductPath {
         }
     }
 
+    /// The path for a layer whose products multiply `inputs` by `units` (its two model
+    /// dimensions: never the batch, so replicas of any size take the same path): this path
+    /// where it pays, fp32 where fp32 measured faster. `vdpbf16ps` needs both dimensions of
+    /// at least [`dot::PAYS_FROM`].
+    pub fn for_dims(self, inputs: usize, units: usize) -> Self {
+        match self {
+            Self::Float32 | Self::EmulatedBfloat16 => self,
+            Self::Avx512Bf16 if inputs.min(units) >= dot::PAYS_FROM => self,
+            Self::Avx512Bf16 => Self::Float32,
+        }
+    }
+
     /// Whether products run in fp32 (for leaving the field out of a serialized plan).
     pub fn is_float32(&self) -> bool {
         *self == Self::Float32
@@ -67,9 +81,16 @@ impl Bf16Support {
 
     /// The path `mixed_bfloat16` takes here: `None` where the products run in fp32.
     ///
-    /// With AVX512-BF16, `vdpbf16ps` is used. Measured on this project's 2-core AMD EPYC
-    /// (Zen 4) at the GPT's product shapes (`trainrun bench --only bf16`): see
-    /// DEPENDENCIES.md's "bf16 on CPU" for the figures and the Xeon's opposite result.
+    /// With AVX512-BF16, `vdpbf16ps` for the layers large enough ([`ProductPath::for_dims`]).
+    /// Chosen by measurement (`trainrun bench --only products`, 2 threads, 2026-11-29, AMD
+    /// EPYC family 26, full-width AVX-512): at nanoGPT's shapes `vdpbf16ps` ran 655–700
+    /// GFLOP/s against `gemm`'s fp32 440–458 where the output is 1,152–1,536 wide, 475–490
+    /// against 443–454 at 384 wide, and 461 against 384 for a weight gradient; at width 128
+    /// and below (the Shakespeare spec, one head's attention, a 65-token LM head) fp32 was
+    /// faster (up to 2×), so those stay fp32. The fp32-emulated path (bf16 values at fp32's
+    /// speed) was slower than both everywhere (its copies cost more than they save), so it is
+    /// never planned; it remains the portable check. A Xeon's `vdpbf16ps` runs at half its
+    /// fp32 FMA rate (DEPENDENCIES.md): there AMX is the path, which this engine has not yet.
     pub fn mixed_path(self) -> Option<ProductPath> {
         match self {
             Self::Avx512Bf16 => Some(ProductPath::Avx512Bf16),

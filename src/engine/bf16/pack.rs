@@ -5,6 +5,7 @@
 //! which add nothing to any sum.
 
 use super::round::{round, to_bf16};
+use crate::engine::simd::vectorized;
 use crate::engine::strided::MatRef;
 use std::ops::Range;
 
@@ -24,10 +25,20 @@ pub fn pair(lo: f32, hi: f32) -> u32 {
     u32::from(to_bf16(lo)) | (u32::from(to_bf16(hi)) << 16)
 }
 
-/// `m[i][j]`, or 0 past the last row (the padding of an odd `k`).
+/// `m[i][j]`, or 0 past the last row or column (the padding of an odd `k`).
 #[inline(always)]
 fn at_or_zero(m: &MatRef<'_>, i: usize, j: usize) -> f32 {
-    if i < m.shape().0 { m.at(i, j) } else { 0.0 }
+    let (rows, cols) = m.shape();
+    if i < rows && j < cols { m.at(i, j) } else { 0.0 }
+}
+
+/// Writes `dst[x] = pair(lo[x], hi[x])`, `hi` missing past its end (an odd `k`'s last pair).
+#[inline(always)]
+fn pair_lanes(dst: &mut [u32], lo: &[f32], hi: Option<&[f32]>) {
+    match hi {
+        Some(hi) => dst.iter_mut().zip(lo).zip(hi).for_each(|((d, &l), &h)| *d = pair(l, h)),
+        None => dst.iter_mut().zip(lo).for_each(|(d, &l)| *d = pair(l, 0.0)),
+    }
 }
 
 /// Packs `b` (`k × n`) into panels of [`NR`] columns: panel `q` holds, for each pair `p`,
@@ -36,19 +47,28 @@ fn at_or_zero(m: &MatRef<'_>, i: usize, j: usize) -> f32 {
 pub fn pack_b(b: MatRef<'_>, out: &mut Vec<u32>) {
     let (k, n) = b.shape();
     let kp = pairs(k);
-    let panels = n.div_ceil(NR);
     out.clear();
-    out.resize(panels * kp * NR, 0);
-    let mut put = |p: usize, j: usize| {
-        out[(j / NR) * kp * NR + p * NR + j % NR] = pair(b.at(2 * p, j), at_or_zero(&b, 2 * p + 1, j));
-    };
-    // Walk the operand along its contiguous axis (a weight read transposed is contiguous
-    // down its columns).
-    if b.strides().1 == 1 {
-        (0..kp).for_each(|p| (0..n).for_each(|j| put(p, j)));
-    } else {
-        (0..n).for_each(|j| (0..kp).for_each(|p| put(p, j)));
-    }
+    out.resize(n.div_ceil(NR) * kp * NR, 0);
+    vectorized(|| {
+        if b.contiguous_row(0).is_some() {
+            // Activations: two rows at a time, a panel's columns at once.
+            for p in 0..kp {
+                let (lo, hi) = (b.contiguous_row(2 * p).unwrap_or_default(), b.contiguous_row(2 * p + 1));
+                for (q, dst) in out.chunks_exact_mut(kp * NR).enumerate() {
+                    let cols = q * NR..((q + 1) * NR).min(n);
+                    pair_lanes(&mut dst[p * NR..p * NR + cols.len()], &lo[cols.clone()], hi.map(|h| &h[cols]));
+                }
+            }
+        } else {
+            // A weight read transposed: down each column.
+            for j in 0..n {
+                let dst = &mut out[(j / NR) * kp * NR + j % NR..];
+                for p in 0..kp {
+                    dst[p * NR] = pair(b.at(2 * p, j), at_or_zero(&b, 2 * p + 1, j));
+                }
+            }
+        }
+    });
 }
 
 /// Packs rows `rows` of `a` (`m × k`) into groups of [`MR`] rows: group `g` holds, for each
@@ -57,16 +77,28 @@ pub fn pack_b(b: MatRef<'_>, out: &mut Vec<u32>) {
 pub fn pack_a(a: MatRef<'_>, rows: Range<usize>, out: &mut Vec<u32>) {
     let k = a.shape().1;
     let kp = pairs(k);
-    let groups = rows.len().div_ceil(MR);
     out.clear();
-    out.resize(groups * kp * MR, 0);
-    let at = |i: usize, j: usize| if j < k { a.at(i, j) } else { 0.0 };
-    for (r, i) in rows.enumerate() {
-        let group = &mut out[(r / MR) * kp * MR..];
-        for p in 0..kp {
-            group[p * MR + r % MR] = pair(at(i, 2 * p), at(i, 2 * p + 1));
+    out.resize(rows.len().div_ceil(MR) * kp * MR, 0);
+    vectorized(|| {
+        if a.contiguous_col(0).is_some() {
+            // Read transposed (a weight gradient's `xᵀ`): rows of a group lie side by side.
+            for (g, group) in out.chunks_exact_mut(kp * MR).enumerate() {
+                let live = (rows.start + g * MR)..(rows.start + (g + 1) * MR).min(rows.end);
+                for p in 0..kp {
+                    let lo = &a.contiguous_col(2 * p).unwrap_or_default()[live.clone()];
+                    let hi = a.contiguous_col(2 * p + 1).map(|h| &h[live.clone()]);
+                    pair_lanes(&mut group[p * MR..p * MR + live.len()], lo, hi);
+                }
+            }
+        } else {
+            for (r, i) in rows.clone().enumerate() {
+                let group = &mut out[(r / MR) * kp * MR + r % MR..];
+                for p in 0..kp {
+                    group[p * MR] = pair(a.at(i, 2 * p), at_or_zero(&a, i, 2 * p + 1));
+                }
+            }
         }
-    }
+    });
 }
 
 /// A dense row-major copy of `m` with every value rounded to bf16: the inputs of the

@@ -5,19 +5,24 @@
 //! (AVX512-BF16 and AMX flush them), so packing gives the same bits on every CPU.
 
 /// `x` as bf16 bits, rounded to nearest even; NaN stays a (quiet) NaN, denormals flush to zero.
+/// Branch-free, so packing loops vectorize.
 #[inline(always)]
 pub fn to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    if bits & 0x7f80_0000 == 0 {
-        return ((bits >> 16) & 0x8000) as u16;
-    }
     // Adding 0x7fff plus the lowest kept bit carries into the kept half exactly when the
     // dropped half is above one half, or equal to it with an odd kept half (ties to even);
     // a carry out of the largest finite value gives infinity, as it should.
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let quiet_nan = (bits >> 16) | 0x40;
+    let signed_zero = (bits >> 16) & 0x8000;
+    let out = if x.is_nan() {
+        quiet_nan
+    } else if bits & 0x7f80_0000 == 0 {
+        signed_zero
+    } else {
+        rounded
+    };
+    out as u16
 }
 
 /// The fp32 value of bf16 bits (exact: bf16 is fp32's upper half).

@@ -82,7 +82,7 @@ impl Layer for LmHead {
     }
 
     fn use_products(&mut self, path: ProductPath) {
-        self.products = path;
+        self.products = path.for_dims(self.dim, self.vocab);
         match &mut self.weights {
             Weights::Own(dense) => dense.use_products(path),
             Weights::Tied(_) => {}

@@ -45,8 +45,10 @@ struct Geometry {
     /// Attention dropout rate and the salt telling this layer's masks from others'.
     rate: f32,
     salt: u64,
-    /// How the products run (the precision policy).
-    products: ProductPath,
+    /// How the projections (`dim` wide) and the per-head products (`T × hd`) run: the
+    /// precision policy for their sizes.
+    projections: ProductPath,
+    heads_path: ProductPath,
 }
 
 impl Geometry {
@@ -112,7 +114,8 @@ impl MultiHeadAttention {
             causal,
             rate: 0.0,
             salt: 0,
-            products: ProductPath::Float32,
+            projections: ProductPath::Float32,
+            heads_path: ProductPath::Float32,
         };
         let init = Init::Normal { std: 0.02 };
         Some(Self {
@@ -161,7 +164,7 @@ impl MultiHeadAttention {
         let (w_out, b_out) = rest.split_at(d * d);
         let qkv = sized(&mut self.qkv, rows * 3 * d);
         let (x, w_qkv) = (MatRef::rows(x, rows, d), MatRef::rows(w_qkv, d, 3 * d));
-        bf16::gemm(geo.products, MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
+        bf16::gemm(geo.projections, MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -185,7 +188,7 @@ impl MultiHeadAttention {
         });
         let merged = &self.merged[..rows * d];
         bf16::gemm(
-            geo.products,
+            geo.projections,
             MatMut::rows(y, rows, d),
             MatRef::rows(merged, rows, d),
             MatRef::rows(w_out, d, d),
@@ -275,7 +278,7 @@ impl Head<'_> {
         let mut scores = MatMut::rows(p, t, t);
         for (rows, cols) in row_blocks(geo) {
             let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
-            bf16::gemm(geo.products, scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
+            bf16::gemm(geo.heads_path, scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
         }
         vectorized(
             #[inline(always)]
@@ -294,7 +297,7 @@ impl Head<'_> {
         let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
         for (rows, cols) in row_blocks(geo) {
             bf16::gemm(
-                geo.products,
+                geo.heads_path,
                 out.block(rows.clone(), 0..hd),
                 used.block(rows, 0..cols),
                 v.block(0..cols, 0..hd),
@@ -319,13 +322,13 @@ impl Head<'_> {
             let mut g = MatMut::rows(dp, t, t);
             for (rows, cols) in row_blocks(geo) {
                 let (d_out, v) = (d_out.block(rows.clone(), 0..hd), v.block(0..cols, 0..hd));
-                bf16::gemm(geo.products, g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
+                bf16::gemm(geo.heads_path, g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
             }
         }
         let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
-            bf16::gemm(geo.products, dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+            bf16::gemm(geo.heads_path, dv.block(cols, 0..hd), p, g, false, 1.0, 1);
         }
         if let Some(seed) = drop_seed {
             let mask = masker(geo.rate, geo.salt, seed);
@@ -341,7 +344,7 @@ impl Head<'_> {
         let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
         for (rows, cols) in row_blocks(geo) {
             bf16::gemm(
-                geo.products,
+                geo.heads_path,
                 dq.block(rows.clone(), 0..hd),
                 ds.block(rows, 0..cols),
                 k.block(0..cols, 0..hd),
@@ -353,7 +356,7 @@ impl Head<'_> {
         let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
-            bf16::gemm(geo.products, dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+            bf16::gemm(geo.heads_path, dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
         }
     }
 }
@@ -390,7 +393,8 @@ impl Layer for MultiHeadAttention {
     }
 
     fn use_products(&mut self, path: ProductPath) {
-        self.geo.products = path;
+        self.geo.projections = path.for_dims(self.geo.d, self.geo.d);
+        self.geo.heads_path = path.for_dims(self.geo.hd, self.geo.t);
     }
 
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
@@ -407,14 +411,14 @@ impl Layer for MultiHeadAttention {
         let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
         let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
-            bf16::gemm(geo.products, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
+            bf16::gemm(geo.projections, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
             if !acc {
                 g_bout[..d].fill(0.0);
             }
             add_rows(&mut g_bout[..d], dy);
         };
         both(threads, output_weights, |threads| {
-            bf16::gemm(geo.products, MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
+            bf16::gemm(geo.projections, MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
         });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -438,7 +442,7 @@ impl Layer for MultiHeadAttention {
         let (x, d_qkv_m, w_qkv) =
             (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
-            bf16::gemm(geo.products, MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
+            bf16::gemm(geo.projections, MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
             if !acc {
                 g_bqkv.fill(0.0);
             }
@@ -446,7 +450,7 @@ impl Layer for MultiHeadAttention {
         };
         match dx {
             Some(dx) => both(threads, qkv_weights, |threads| {
-                bf16::gemm(geo.products, MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
+                bf16::gemm(geo.projections, MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
             }),
             None => qkv_weights(threads),
         }

@@ -86,7 +86,7 @@ impl Layer for PositionwiseDense {
     }
 
     fn use_products(&mut self, path: ProductPath) {
-        self.products = path;
+        self.products = path.for_dims(self.inputs, self.units);
     }
 
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
