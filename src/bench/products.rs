@@ -10,7 +10,7 @@ use crate::engine::strided::{MatMut, MatRef};
 
 /// One product of the GPT: `name`, `m × k · k × n`, and whether the left operand is read
 /// transposed (the weight gradients, `xᵀ · dy`).
-struct Shape {
+struct ProductShape {
     name: &'static str,
     m: usize,
     k: usize,
@@ -20,8 +20,8 @@ struct Shape {
 
 /// The products of a GPT step at `rows` positions (batch × block), width `d`, `vocab`
 /// tokens, one head's `t × hd` attention.
-fn shapes(rows: usize, d: usize, t: usize, hd: usize) -> Vec<Shape> {
-    let s = |name, m, k, n, a_transposed| Shape { name, m, k, n, a_transposed };
+fn shapes(rows: usize, d: usize, t: usize, hd: usize) -> Vec<ProductShape> {
+    let s = |name, m, k, n, a_transposed| ProductShape { name, m, k, n, a_transposed };
     vec![
         s("qkv forward", rows, d, 3 * d, false),
         s("attention out", rows, d, d, false),

@@ -74,6 +74,11 @@ impl Geometry {
     fn scale(&self) -> f32 {
         1.0 / (self.hd as f32).sqrt()
     }
+
+    /// `c = scale · a · b` for one head, on the caller's thread (a task of the per-example split).
+    fn head_product(&self, c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32) {
+        bf16::gemm(self.heads_path, c, a, b, false, scale, 1);
+    }
 }
 
 /// Multi-head self-attention.
@@ -278,7 +283,7 @@ impl Head<'_> {
         let mut scores = MatMut::rows(p, t, t);
         for (rows, cols) in row_blocks(geo) {
             let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
-            bf16::gemm(geo.heads_path, scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
+            geo.head_product(scores.block(rows, 0..cols), q, k.t(), geo.scale());
         }
         vectorized(
             #[inline(always)]
@@ -296,15 +301,7 @@ impl Head<'_> {
         };
         let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
         for (rows, cols) in row_blocks(geo) {
-            bf16::gemm(
-                geo.heads_path,
-                out.block(rows.clone(), 0..hd),
-                used.block(rows, 0..cols),
-                v.block(0..cols, 0..hd),
-                false,
-                1.0,
-                1,
-            );
+            geo.head_product(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), 1.0);
         }
     }
 
@@ -322,13 +319,13 @@ impl Head<'_> {
             let mut g = MatMut::rows(dp, t, t);
             for (rows, cols) in row_blocks(geo) {
                 let (d_out, v) = (d_out.block(rows.clone(), 0..hd), v.block(0..cols, 0..hd));
-                bf16::gemm(geo.heads_path, g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
+                geo.head_product(g.block(rows, 0..cols), d_out, v.t(), 1.0);
             }
         }
         let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
-            bf16::gemm(geo.heads_path, dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+            geo.head_product(dv.block(cols, 0..hd), p, g, 1.0);
         }
         if let Some(seed) = drop_seed {
             let mask = masker(geo.rate, geo.salt, seed);
@@ -343,20 +340,17 @@ impl Head<'_> {
         let ds = MatRef::rows(dp, t, t);
         let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
         for (rows, cols) in row_blocks(geo) {
-            bf16::gemm(
-                geo.heads_path,
+            geo.head_product(
                 dq.block(rows.clone(), 0..hd),
                 ds.block(rows, 0..cols),
                 k.block(0..cols, 0..hd),
-                false,
                 geo.scale(),
-                1,
             );
         }
         let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
-            bf16::gemm(geo.heads_path, dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+            geo.head_product(dk.block(cols, 0..hd), s, x, geo.scale());
         }
     }
 }
