@@ -140,8 +140,8 @@ impl Tile {
             let (b0, b1): (__m512bh, __m512bh) = unsafe {
                 let at = b.as_ptr().add(p * NR);
                 (
-                    std::mem::transmute(_mm512_loadu_si512(at.cast())),
-                    std::mem::transmute(_mm512_loadu_si512(at.add(16).cast())),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.cast())),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.add(16).cast())),
                 )
             };
             for (r, acc) in acc.iter_mut().enumerate() {
