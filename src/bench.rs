@@ -12,6 +12,7 @@
 pub mod augment;
 mod gpt;
 mod kill;
+mod products;
 pub mod scale;
 mod tls;
 mod tta;
@@ -50,6 +51,8 @@ pub enum BenchPart {
     Scale,
     /// The same up to N = 64 (8 hosts × 8 tasks).
     ScaleFull,
+    /// GFLOP/s of each matrix-product path (fp32, bf16) at the GPT's product shapes.
+    Products,
 }
 
 /// One measurement.
@@ -248,9 +251,11 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::Tls) => return tls::run(&exe, if quick { 2 } else { 8 }),
         Some(BenchPart::Scale) => return scale::run(&exe, &python, false),
         Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
+        Some(BenchPart::Products) => return products::run(if quick { 5 } else { 21 }),
         None => {}
     }
     engine(steps)?;
+    products::run(if quick { 5 } else { 21 })?;
     peers(steps)?;
 
     collective()?;

@@ -116,6 +116,7 @@ pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<Plan, Unplanned> {
         data: source.facts().map_err(|e| named_files_missing(loaded, e))?,
         source,
         cores: std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        bf16: crate::engine::bf16::Bf16Support::detect(),
         hardware: Hardware { gpus: 0 },
         cluster,
         memory: crate::machine_memory::read(&inv.env).map_err(|e| Unplanned::Run(RunError::Usage(e.to_string())))?,

@@ -1,5 +1,6 @@
 //! The `Layer` seam: forward and backward over a flat slice of parameters.
 
+use super::bf16::ProductPath;
 use super::optimizer::SliceStep;
 use super::shape::Shape;
 
@@ -167,6 +168,12 @@ pub trait Layer: Send {
     /// `true`: the gradient the next backward receives has been through this layer's ReLU's
     /// derivative already ([`Layer::mask_dx`] above it), so backward takes it as it is.
     fn dy_masked(&mut self, _on: bool) {}
+
+    /// Runs this layer's matrix products on `path` from now on (the model applies the
+    /// precision policy once, when built). Layers without products have nothing to change;
+    /// `dense` (flattening) and `conv2d` keep fp32 products for now, as the GPT's layers
+    /// (attention, per-position dense, LM head) were the policy's first target.
+    fn use_products(&mut self, _path: ProductPath) {}
 
     /// Computes `y` (n × output_shape) from `cx.x` (n × input_shape).
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]);

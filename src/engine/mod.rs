@@ -7,6 +7,7 @@
 
 pub mod activation;
 pub mod arena;
+pub mod bf16;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fastmath;
@@ -27,6 +28,7 @@ pub mod strided;
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
+pub use bf16::ProductPath;
 pub use layer::{Backward, Forward, Init, Layer, ParamSpec, Pass, Tie};
 pub use loss::{LossFn, Truth};
 pub use op::Op;

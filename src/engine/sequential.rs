@@ -256,6 +256,11 @@ impl Sequential {
         })
     }
 
+    /// Runs every layer's matrix products on `path` (the precision policy).
+    pub fn use_products(&mut self, path: super::bf16::ProductPath) {
+        self.layers.iter_mut().for_each(|layer| layer.use_products(path));
+    }
+
     /// Shape of one input example.
     pub fn input_shape(&self) -> &Shape {
         &self.input

@@ -44,6 +44,27 @@ impl<'a> MatRef<'a> {
         Self { data, rows: rows.len(), cols: cols.len(), ..self }
     }
 
+    /// Row and column strides.
+    pub fn strides(&self) -> (usize, usize) {
+        (self.rs, self.cs)
+    }
+
+    /// Row `i` as a slice when rows are contiguous (`cs` = 1).
+    pub fn contiguous_row(&self, i: usize) -> Option<&'a [f32]> {
+        (self.cs == 1 && i < self.rows).then(|| &self.data[i * self.rs..i * self.rs + self.cols])
+    }
+
+    /// Column `j` as a slice when columns are contiguous (`rs` = 1).
+    pub fn contiguous_col(&self, j: usize) -> Option<&'a [f32]> {
+        (self.rs == 1 && j < self.cols).then(|| &self.data[j * self.cs..j * self.cs + self.rows])
+    }
+
+    /// Element `(i, j)` (panics outside the slice).
+    #[inline(always)]
+    pub fn at(&self, i: usize, j: usize) -> f32 {
+        self.data[i * self.rs + j * self.cs]
+    }
+
     /// Whether every element the strides reach lies inside `data`.
     fn in_bounds(&self) -> bool {
         reach(self.rows, self.cols, self.rs, self.cs) <= self.data.len()
@@ -82,6 +103,27 @@ impl<'a> MatMut<'a> {
 
     fn in_bounds(&self) -> bool {
         reach(self.rows, self.cols, self.rs, self.cs) <= self.data.len()
+    }
+
+    /// Rows and columns.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The slice and row stride of a view whose rows are contiguous and do not overlap
+    /// (`cs` = 1, `rs` ≥ `cols`, inside its slice); `None` for other views.
+    pub fn row_major(&mut self) -> Option<(&mut [f32], usize)> {
+        (self.cs == 1 && self.rs >= self.cols && self.in_bounds()).then_some((&mut *self.data, self.rs))
+    }
+
+    /// Calls `f(i, j, element)` for every element.
+    pub fn update(&mut self, mut f: impl FnMut(usize, usize, &mut f32)) {
+        assert!(self.in_bounds() && self.is_injective(), "view out of its slice");
+        for i in 0..self.rows {
+            for j in 0..self.cols {
+                f(i, j, &mut self.data[i * self.rs + j * self.cs]);
+            }
+        }
     }
 
     /// Rows never overlap columns: one stride steps over the whole extent of the other (an

@@ -30,7 +30,7 @@ mod tests;
 use crate::data::LabelKind;
 use crate::diagnostic::Diagnostic;
 use crate::engine::layers::KernelInit;
-use crate::engine::{Sequential, Shape};
+use crate::engine::{ProductPath, Sequential, Shape};
 use build::LayerSource;
 use serde::Serialize;
 
@@ -59,6 +59,9 @@ pub struct ModelPlan {
     /// Weights to start from (`model.init_from`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
+    /// How the layers' matrix products run: `train.precision` resolved for this CPU.
+    #[serde(skip_serializing_if = "ProductPath::is_float32")]
+    pub products: ProductPath,
 }
 
 /// A planned model that did not build (planning checked it, so this is a bug).
@@ -71,7 +74,12 @@ impl ModelPlan {
     pub fn build(&self) -> Result<Sequential, BuildError> {
         let checked = build::layers(&self.layers, &self.input, self.classes, self.conv_init, LayerSource::Layers);
         match checked.diags.first() {
-            None => Sequential::try_new(self.input.clone(), checked.layers).map_err(|e| BuildError(e.to_string())),
+            None => {
+                let mut model =
+                    Sequential::try_new(self.input.clone(), checked.layers).map_err(|e| BuildError(e.to_string()))?;
+                model.use_products(self.products);
+                Ok(model)
+            }
             Some(d) => Err(BuildError(d.message.clone())),
         }
     }
@@ -152,6 +160,7 @@ pub fn describe_for(spec: &ModelSpec, input: &Shape, labels: LabelKind) -> Resul
         params: model.param_len(),
         state: model.state_len(),
         init_from: spec.init_from.clone(),
+        products: ProductPath::Float32,
     })
 }
 

@@ -15,6 +15,7 @@ mod lr;
 mod memory;
 mod optimizer;
 mod parameter_server;
+mod precision;
 mod preprocessing;
 mod render;
 mod strategy;
@@ -29,6 +30,7 @@ pub use lr::{LrPlan, Scaling, Schedule, Warmup};
 pub use memory::{ADDRESS_SPACE, MachineMemory, MemoryEstimate, MemorySource, TooBig, parse_size};
 pub use optimizer::{DecayPlan, OptimizerPlan};
 pub use parameter_server::{ParameterServerPlan, VariablePlacement, VariableShard, num_shards, split_rows};
+pub use precision::PrecisionPlan;
 pub use strategy::{
     CollectivePlan, CrossDevice, CrossDevicePlan, Distribution, Hardware, Replicas, StrategyKind, StrategyPlan,
 };
@@ -52,6 +54,8 @@ pub struct Facts {
     pub data: DataFacts,
     /// Cores of this machine.
     pub cores: usize,
+    /// The bf16 instructions of this machine's CPU.
+    pub bf16: crate::engine::bf16::Bf16Support,
     /// GPUs and the like.
     pub hardware: Hardware,
     /// The cluster (spec, TF_CONFIG or Slurm) and this process's task.
@@ -95,6 +99,9 @@ pub struct Plan {
     pub data: DataPlan,
     /// The model.
     pub model: ModelPlan,
+    /// The dtype policy and the path its products take here.
+    #[serde(skip_serializing_if = "PrecisionPlan::is_float32")]
+    pub precision: PrecisionPlan,
     /// Training loop.
     pub train: TrainPlan,
     /// Callbacks.
@@ -204,11 +211,13 @@ impl Plan {
             })
         });
         let memory = memory.map(|(_, estimate)| estimate);
+        let precision = precision::resolve(spec, facts.bf16, &mut diags);
         let model = match too_big {
             Some(_) => None,
             None => crate::model::describe_for(&spec.model, &input, data.facts.labels)
                 .map_err(|model_diags| diags.extend(model_diags))
-                .ok(),
+                .ok()
+                .map(|model| ModelPlan { products: precision.products, ..model }),
         };
         let train = train::resolve(spec, model.as_ref(), &data.facts, global, &mut diags);
         let parameter_server = parameter_server::resolve(
@@ -256,6 +265,7 @@ impl Plan {
                 optimizer,
                 data,
                 model,
+                precision,
                 train,
                 callbacks,
                 memory,

@@ -60,6 +60,9 @@ pub fn text(plan: &Plan) -> String {
     if let Some(memory) = &plan.memory {
         rows.push(("memory", memory.summary()));
     }
+    if !plan.precision.is_float32() {
+        rows.push(("precision", plan.precision.summary()));
+    }
     rows.push(("threads", format!("{} per task", plan.threads)));
     rows.push(("output", plan.out_dir.display().to_string()));
 

@@ -47,7 +47,7 @@ pub use strategy::{
     LinkSpec, StrategySpec, Tasks, TlsSpec, VariablePartitioner,
 };
 pub use sweep::{GridValues, RandomSpec, SweepDistribution, SweepMetric, SweepSpec};
-pub use train::{CallbackSpec, EpochWord, Mode, SaveFreq, TrainSpec};
+pub use train::{CallbackSpec, EpochWord, Mode, PrecisionPolicy, SaveFreq, TrainSpec};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

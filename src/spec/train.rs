@@ -50,6 +50,33 @@ pub struct TrainSpec {
     /// Test batches per evaluation. Default: the whole test split. Example: `validation_steps = 20`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation_steps: Option<NonZeroU64>,
+    /// The dtype policy (Keras's `mixed_precision` names): `float32` computes everything in
+    /// fp32; `mixed_bfloat16` rounds the inputs of the layers' matrix products (attention,
+    /// per-position dense, LM head) to bf16 and keeps sums, outputs, weights, optimizer
+    /// state, gradients, losses and normalization statistics in fp32. On a CPU without bf16
+    /// instructions it runs in fp32 and says so. Default: `float32`.
+    /// Example: `precision = "mixed_bfloat16"`.
+    #[serde(default, skip_serializing_if = "PrecisionPolicy::is_float32")]
+    pub precision: PrecisionPolicy,
+}
+
+/// `train.precision`: which dtype the layers compute in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionPolicy {
+    /// Everything in fp32.
+    #[default]
+    Float32,
+    /// bf16 inputs to the matrix products, fp32 everything else.
+    MixedBfloat16,
+}
+
+impl PrecisionPolicy {
+    /// Left out of the serialized spec at its default, so hashes of specs without the key
+    /// stay as they were before it existed.
+    pub fn is_float32(&self) -> bool {
+        *self == Self::Float32
+    }
 }
 
 fn default_epochs() -> NonZeroU64 {
@@ -82,6 +109,7 @@ impl Default for TrainSpec {
             evaluate_every_steps: None,
             evaluate_every_epoch: true,
             validation_steps: None,
+            precision: PrecisionPolicy::Float32,
         }
     }
 }

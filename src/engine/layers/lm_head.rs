@@ -8,9 +8,10 @@
 //! path (`embedding/embeddings`), which the model builder knows because it names the layers.
 
 use super::positionwise_dense::PositionwiseDense;
+use crate::engine::bf16::{self, ProductPath};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Tie};
 use crate::engine::shape::Shape;
-use crate::engine::strided::{MatMut, MatRef, gemm};
+use crate::engine::strided::{MatMut, MatRef};
 
 /// Where the head's matrix comes from.
 enum Weights {
@@ -26,19 +27,34 @@ pub struct LmHead {
     dim: usize,
     weights: Weights,
     output: Shape,
+    /// How the tied head's products run (the precision policy; an own kernel's dense layer
+    /// keeps its own).
+    products: ProductPath,
 }
 
 impl LmHead {
     /// A head with its own `kernel [dim, vocab]`, initialized as GPT-2's (normal, std 0.02).
     pub fn untied(seq_len: usize, dim: usize, vocab: usize) -> Self {
         let dense = PositionwiseDense::new(seq_len, dim, vocab, false).with_kernel_init(Init::Normal { std: 0.02 });
-        Self { vocab, dim, weights: Weights::Own(dense), output: Shape(vec![seq_len, vocab]) }
+        Self {
+            vocab,
+            dim,
+            weights: Weights::Own(dense),
+            output: Shape(vec![seq_len, vocab]),
+            products: ProductPath::Float32,
+        }
     }
 
     /// A head that multiplies by the transpose of the `[vocab, dim]` tensor at `path` (an
     /// earlier `embedding` layer's `embeddings`).
     pub fn tied(seq_len: usize, dim: usize, vocab: usize, path: impl Into<String>) -> Self {
-        Self { vocab, dim, weights: Weights::Tied(path.into()), output: Shape(vec![seq_len, vocab]) }
+        Self {
+            vocab,
+            dim,
+            weights: Weights::Tied(path.into()),
+            output: Shape(vec![seq_len, vocab]),
+            products: ProductPath::Float32,
+        }
     }
 }
 
@@ -65,13 +81,21 @@ impl Layer for LmHead {
         }
     }
 
+    fn use_products(&mut self, path: ProductPath) {
+        self.products = path.for_dims(self.dim, self.vocab);
+        match &mut self.weights {
+            Weights::Own(dense) => dense.use_products(path),
+            Weights::Tied(_) => {}
+        }
+    }
+
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]) {
         match &mut self.weights {
             Weights::Own(dense) => dense.forward(cx, params, state, y),
             Weights::Tied(_) => {
                 let (rows, vocab, dim) = (cx.n * self.output.0[0], self.vocab, self.dim);
                 let (x, table) = (MatRef::rows(cx.x, rows, dim), MatRef::rows(params, vocab, dim));
-                gemm(MatMut::rows(y, rows, vocab), x, table.t(), false, 1.0, cx.pass.threads);
+                bf16::gemm(self.products, MatMut::rows(y, rows, vocab), x, table.t(), false, 1.0, cx.pass.threads);
             }
         }
     }
@@ -84,7 +108,8 @@ impl Layer for LmHead {
                 let (rows, vocab, dim) = (n * self.output.0[0], self.vocab, self.dim);
                 let dy = MatRef::rows(dy, rows, vocab);
                 // dE [vocab, dim] = dyᵀ · h.
-                gemm(
+                bf16::gemm(
+                    self.products,
                     MatMut::rows(grads, vocab, dim),
                     dy.t(),
                     MatRef::rows(x, rows, dim),
@@ -93,7 +118,15 @@ impl Layer for LmHead {
                     pass.threads,
                 );
                 if let Some(dx) = dx {
-                    gemm(MatMut::rows(dx, rows, dim), dy, MatRef::rows(params, vocab, dim), false, 1.0, pass.threads);
+                    bf16::gemm(
+                        self.products,
+                        MatMut::rows(dx, rows, dim),
+                        dy,
+                        MatRef::rows(params, vocab, dim),
+                        false,
+                        1.0,
+                        pass.threads,
+                    );
                 }
             }
         }

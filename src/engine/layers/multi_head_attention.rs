@@ -23,12 +23,13 @@
 
 use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
+use crate::engine::bf16::{self, ProductPath};
 use crate::engine::fastmath::{dot, exp, max, sum};
 use crate::engine::kernels::{add_bias, add_rows, par_rows, partition, split_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
-use crate::engine::strided::{MatMut, MatRef, gemm};
+use crate::engine::strided::{MatMut, MatRef};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -44,6 +45,10 @@ struct Geometry {
     /// Attention dropout rate and the salt telling this layer's masks from others'.
     rate: f32,
     salt: u64,
+    /// How the projections (`dim` wide) and the per-head products (`T × hd`) run: the
+    /// precision policy for their sizes.
+    projections: ProductPath,
+    heads_path: ProductPath,
 }
 
 impl Geometry {
@@ -68,6 +73,11 @@ impl Geometry {
 
     fn scale(&self) -> f32 {
         1.0 / (self.hd as f32).sqrt()
+    }
+
+    /// `c = scale · a · b` for one head, on the caller's thread (a task of the per-example split).
+    fn head_product(&self, c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32) {
+        bf16::gemm(self.heads_path, c, a, b, false, scale, 1);
     }
 }
 
@@ -101,7 +111,17 @@ impl MultiHeadAttention {
         if heads == 0 || dim == 0 || !dim.is_multiple_of(heads) {
             return None;
         }
-        let geo = Geometry { t: seq_len, d: dim, heads, hd: dim / heads, causal, rate: 0.0, salt: 0 };
+        let geo = Geometry {
+            t: seq_len,
+            d: dim,
+            heads,
+            hd: dim / heads,
+            causal,
+            rate: 0.0,
+            salt: 0,
+            projections: ProductPath::Float32,
+            heads_path: ProductPath::Float32,
+        };
         let init = Init::Normal { std: 0.02 };
         Some(Self {
             geo,
@@ -149,7 +169,7 @@ impl MultiHeadAttention {
         let (w_out, b_out) = rest.split_at(d * d);
         let qkv = sized(&mut self.qkv, rows * 3 * d);
         let (x, w_qkv) = (MatRef::rows(x, rows, d), MatRef::rows(w_qkv, d, 3 * d));
-        gemm(MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
+        bf16::gemm(geo.projections, MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -172,7 +192,15 @@ impl MultiHeadAttention {
             }
         });
         let merged = &self.merged[..rows * d];
-        gemm(MatMut::rows(y, rows, d), MatRef::rows(merged, rows, d), MatRef::rows(w_out, d, d), false, 1.0, threads);
+        bf16::gemm(
+            geo.projections,
+            MatMut::rows(y, rows, d),
+            MatRef::rows(merged, rows, d),
+            MatRef::rows(w_out, d, d),
+            false,
+            1.0,
+            threads,
+        );
         match residual {
             Some(r) => add_bias_residual(y, &b_out[..d], r, rows, d, threads),
             None => par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d])),
@@ -255,7 +283,7 @@ impl Head<'_> {
         let mut scores = MatMut::rows(p, t, t);
         for (rows, cols) in row_blocks(geo) {
             let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
-            gemm(scores.block(rows, 0..cols), q, k.t(), false, geo.scale(), 1);
+            geo.head_product(scores.block(rows, 0..cols), q, k.t(), geo.scale());
         }
         vectorized(
             #[inline(always)]
@@ -273,7 +301,7 @@ impl Head<'_> {
         };
         let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
         for (rows, cols) in row_blocks(geo) {
-            gemm(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), false, 1.0, 1);
+            geo.head_product(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), 1.0);
         }
     }
 
@@ -291,13 +319,13 @@ impl Head<'_> {
             let mut g = MatMut::rows(dp, t, t);
             for (rows, cols) in row_blocks(geo) {
                 let (d_out, v) = (d_out.block(rows.clone(), 0..hd), v.block(0..cols, 0..hd));
-                gemm(g.block(rows, 0..cols), d_out, v.t(), false, 1.0, 1);
+                geo.head_product(g.block(rows, 0..cols), d_out, v.t(), 1.0);
             }
         }
         let mut dv = geo.head_cols(dqkv, 3 * d, 2 * d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (p, g) = (used.block(from..t, cols.clone()).t(), d_out.block(from..t, 0..hd));
-            gemm(dv.block(cols, 0..hd), p, g, false, 1.0, 1);
+            geo.head_product(dv.block(cols, 0..hd), p, g, 1.0);
         }
         if let Some(seed) = drop_seed {
             let mask = masker(geo.rate, geo.salt, seed);
@@ -312,19 +340,17 @@ impl Head<'_> {
         let ds = MatRef::rows(dp, t, t);
         let mut dq = geo.head_cols(dqkv, 3 * d, head * hd);
         for (rows, cols) in row_blocks(geo) {
-            gemm(
+            geo.head_product(
                 dq.block(rows.clone(), 0..hd),
                 ds.block(rows, 0..cols),
                 k.block(0..cols, 0..hd),
-                false,
                 geo.scale(),
-                1,
             );
         }
         let mut dk = geo.head_cols(dqkv, 3 * d, d + head * hd);
         for (cols, from) in col_blocks(geo) {
             let (s, x) = (ds.block(from..t, cols.clone()).t(), q.block(from..t, 0..hd));
-            gemm(dk.block(cols, 0..hd), s, x, false, geo.scale(), 1);
+            geo.head_product(dk.block(cols, 0..hd), s, x, geo.scale());
         }
     }
 }
@@ -360,6 +386,11 @@ impl Layer for MultiHeadAttention {
         self.forward_residual(cx, params, y, None);
     }
 
+    fn use_products(&mut self, path: ProductPath) {
+        self.geo.projections = path.for_dims(self.geo.d, self.geo.d);
+        self.geo.heads_path = path.for_dims(self.geo.hd, self.geo.t);
+    }
+
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
         let Backward { pass, x, dy, n, .. } = cx;
         let (geo, drops) = (self.geo, self.drops(pass));
@@ -374,14 +405,14 @@ impl Layer for MultiHeadAttention {
         let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
         let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
-            gemm(MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
+            bf16::gemm(geo.projections, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
             if !acc {
                 g_bout[..d].fill(0.0);
             }
             add_rows(&mut g_bout[..d], dy);
         };
         both(threads, output_weights, |threads| {
-            gemm(MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
+            bf16::gemm(geo.projections, MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
         });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
@@ -405,7 +436,7 @@ impl Layer for MultiHeadAttention {
         let (x, d_qkv_m, w_qkv) =
             (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
-            gemm(MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
+            bf16::gemm(geo.projections, MatMut::rows(g_wqkv, d, 3 * d), x.t(), d_qkv_m, acc, 1.0, threads);
             if !acc {
                 g_bqkv.fill(0.0);
             }
@@ -413,7 +444,7 @@ impl Layer for MultiHeadAttention {
         };
         match dx {
             Some(dx) => both(threads, qkv_weights, |threads| {
-                gemm(MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
+                bf16::gemm(geo.projections, MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
             }),
             None => qkv_weights(threads),
         }

@@ -4,10 +4,11 @@
 //! doing so for the models built on it. The transformer block's MLP and the LM head use this.
 
 use super::composite::{add_bias_residual, both};
+use crate::engine::bf16::{self, ProductPath};
 use crate::engine::kernels::{add_bias, add_rows, par_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::shape::Shape;
-use crate::engine::strided::{MatMut, MatRef, gemm};
+use crate::engine::strided::{MatMut, MatRef};
 
 /// `kernel [in, units]` and optional `bias [units]`, shared by all positions.
 pub struct PositionwiseDense {
@@ -16,13 +17,22 @@ pub struct PositionwiseDense {
     use_bias: bool,
     kernel_init: Init,
     output: Shape,
+    /// How the products run (the precision policy).
+    products: ProductPath,
 }
 
 impl PositionwiseDense {
     /// `inputs → units` at each of `seq_len` positions, Glorot-uniform (Keras's default).
     pub fn new(seq_len: usize, inputs: usize, units: usize, use_bias: bool) -> Self {
         let kernel_init = Init::GlorotUniform { fan_in: inputs, fan_out: units };
-        Self { inputs, units, use_bias, kernel_init, output: Shape(vec![seq_len, units]) }
+        Self {
+            inputs,
+            units,
+            use_bias,
+            kernel_init,
+            output: Shape(vec![seq_len, units]),
+            products: ProductPath::Float32,
+        }
     }
 
     /// The same layer with another kernel initializer (GPT-2: normal, std 0.02).
@@ -40,7 +50,7 @@ impl PositionwiseDense {
         let (rows, inputs, units) = (self.rows(cx.n), self.inputs, self.units);
         let (kernel, bias) = params.split_at(inputs * units);
         let (x, kernel) = (MatRef::rows(cx.x, rows, inputs), MatRef::rows(kernel, inputs, units));
-        gemm(MatMut::rows(y, rows, units), x, kernel, false, 1.0, cx.pass.threads);
+        bf16::gemm(self.products, MatMut::rows(y, rows, units), x, kernel, false, 1.0, cx.pass.threads);
         if self.use_bias { &bias[..units] } else { &[] }
     }
 
@@ -75,6 +85,10 @@ impl Layer for PositionwiseDense {
         p
     }
 
+    fn use_products(&mut self, path: ProductPath) {
+        self.products = path.for_dims(self.inputs, self.units);
+    }
+
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
         self.forward_residual(cx, params, y, None);
     }
@@ -84,11 +98,11 @@ impl Layer for PositionwiseDense {
         let (rows, units, inputs) = (self.rows(n), self.units, self.inputs);
         let dy = &dy[..rows * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
-        let (use_bias, acc) = (self.use_bias, pass.accumulate);
+        let (use_bias, acc, products) = (self.use_bias, pass.accumulate, self.products);
         let kernel = MatRef::rows(&params[..inputs * units], inputs, units);
         let (x, dy_m) = (MatRef::rows(x, rows, inputs), MatRef::rows(dy, rows, units));
         let mut weights = |threads| {
-            gemm(MatMut::rows(g_kernel, inputs, units), x.t(), dy_m, acc, 1.0, threads);
+            bf16::gemm(products, MatMut::rows(g_kernel, inputs, units), x.t(), dy_m, acc, 1.0, threads);
             if use_bias {
                 if !acc {
                     g_bias[..units].fill(0.0);
@@ -98,7 +112,7 @@ impl Layer for PositionwiseDense {
         };
         match dx {
             Some(dx) => both(pass.threads, weights, |threads| {
-                gemm(MatMut::rows(dx, rows, inputs), dy_m, kernel.t(), false, 1.0, threads)
+                bf16::gemm(products, MatMut::rows(dx, rows, inputs), dy_m, kernel.t(), false, 1.0, threads)
             }),
             None => weights(pass.threads),
         }

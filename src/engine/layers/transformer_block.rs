@@ -18,6 +18,7 @@ use super::gelu::{self, GeluForm};
 use super::layer_norm::LayerNorm;
 use super::multi_head_attention::MultiHeadAttention;
 use super::positionwise_dense::PositionwiseDense;
+use crate::engine::bf16::ProductPath;
 use crate::engine::init::derive_seed;
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec, Pass};
 use crate::engine::shape::Shape;
@@ -144,6 +145,12 @@ impl Layer for TransformerBlock {
 
     fn params(&self) -> Vec<ParamSpec> {
         prefixed(self.children(), |l| l.params())
+    }
+
+    fn use_products(&mut self, path: ProductPath) {
+        self.attention.use_products(path);
+        self.mlp_fc.use_products(path);
+        self.mlp_proj.use_products(path);
     }
 
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {

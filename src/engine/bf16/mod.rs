@@ -1,0 +1,202 @@
+//! `mixed_bfloat16` matrix products (Keras's policy name): the inputs of a product are
+//! rounded to bf16, the sums and the output stay fp32. Master weights, optimizer state,
+//! gradients, all-reduce sums, losses, softmax and layer-norm statistics never leave fp32;
+//! only the layers' products take a [`ProductPath`].
+//!
+//! Paths, chosen once per run by the plan from what the CPU has ([`Bf16Support`]):
+//! - `float32`: `gemm` on fp32 inputs (the `float32` policy, or no bf16 on this CPU).
+//! - `avx512_bf16`: `vdpbf16ps` on packed bf16 pairs ([`dot`]).
+//! - `fp32-emulated-storage`: inputs rounded to bf16 while copied, multiplied by `gemm`'s
+//!   fp32 kernel (the products of bf16 values are exact in fp32): bf16's numbers at fp32's
+//!   speed, for CPUs whose `vdpbf16ps` is slower than their fp32 FMA.
+//!
+//! Every path splits output rows, never a sum, across threads, so one path gives the same
+//! bits on any thread count; different paths differ in the last bits of their sums.
+
+mod dot;
+mod pack;
+pub mod round;
+mod scratch;
+
+pub use dot::PAYS_FROM;
+
+use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
+use serde::Serialize;
+
+/// How a layer's matrix products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProductPath {
+    /// fp32 inputs through `gemm`.
+    #[default]
+    Float32,
+    /// bf16-rounded inputs, stored as fp32, through `gemm`.
+    EmulatedBfloat16,
+    /// bf16 pairs through `vdpbf16ps`.
+    Avx512Bf16,
+}
+
+impl ProductPath {
+    /// The path's name as `trainrun check` and `trainrun bench` print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float32 => "float32",
+            Self::EmulatedBfloat16 => "fp32-emulated-storage",
+            Self::Avx512Bf16 => "avx512_bf16",
+        }
+    }
+
+    /// The path for a layer whose products multiply `inputs` by `units` (its two model
+    /// dimensions: never the batch, so replicas of any size take the same path): this path
+    /// where it pays, fp32 where fp32 measured faster. `vdpbf16ps` needs both dimensions of
+    /// at least [`dot::PAYS_FROM`].
+    pub fn for_dims(self, inputs: usize, units: usize) -> Self {
+        match self {
+            Self::Float32 | Self::EmulatedBfloat16 => self,
+            Self::Avx512Bf16 if inputs.min(units) >= dot::PAYS_FROM => self,
+            Self::Avx512Bf16 => Self::Float32,
+        }
+    }
+
+    /// Whether products run in fp32 (for leaving the field out of a serialized plan).
+    pub fn is_float32(&self) -> bool {
+        *self == Self::Float32
+    }
+}
+
+/// What this CPU offers for bf16 products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Support {
+    /// `vdpbf16ps` (AVX512-BF16).
+    Avx512Bf16,
+    /// No bf16 instructions.
+    None,
+}
+
+impl Bf16Support {
+    /// This CPU's support, detected at run time.
+    pub fn detect() -> Self {
+        if dot::available() { Self::Avx512Bf16 } else { Self::None }
+    }
+
+    /// The path `mixed_bfloat16` takes here: `None` where the products run in fp32.
+    ///
+    /// With AVX512-BF16, `vdpbf16ps` for the layers large enough ([`ProductPath::for_dims`]).
+    /// Chosen by measurement (`trainrun bench --only products`, 2 threads, 2026-11-29, AMD
+    /// EPYC family 26, full-width AVX-512): at nanoGPT's shapes `vdpbf16ps` ran 655–700
+    /// GFLOP/s against `gemm`'s fp32 440–458 where the output is 1,152–1,536 wide, 475–490
+    /// against 443–454 at 384 wide, and 461 against 384 for a weight gradient; at width 128
+    /// and below (the Shakespeare spec, one head's attention, a 65-token LM head) fp32 was
+    /// faster (up to 2×), so those stay fp32. The fp32-emulated path (bf16 values at fp32's
+    /// speed) was slower than both everywhere (its copies cost more than they save), so it is
+    /// never planned; it remains the portable check. A Xeon's `vdpbf16ps` runs at half its
+    /// fp32 FMA rate (DEPENDENCIES.md): there AMX is the path, which this engine has not yet.
+    pub fn mixed_path(self) -> Option<ProductPath> {
+        match self {
+            Self::Avx512Bf16 => Some(ProductPath::Avx512Bf16),
+            Self::None => None,
+        }
+    }
+
+    /// The name `trainrun check` prints for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Avx512Bf16 => "avx512_bf16",
+            Self::None => "none",
+        }
+    }
+}
+
+/// `c = (accumulate ? c : 0) + scale · a · b` on `path` (see [`crate::engine::strided::gemm`]).
+pub fn gemm(
+    path: ProductPath,
+    c: MatMut<'_>,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) {
+    product(path, c, a, b, accumulate.then_some(1.0), scale, threads);
+}
+
+/// `c = keep·c + scale · a · b` (`c` overwritten when `keep` is `None`) on `path`.
+pub fn product(
+    path: ProductPath,
+    c: MatMut<'_>,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    keep: Option<f32>,
+    scale: f32,
+    threads: usize,
+) {
+    match path {
+        ProductPath::Float32 => gemm_scaled(c, a, b, keep, scale, threads),
+        ProductPath::EmulatedBfloat16 => scratch::with_floats(|ra, rb| {
+            let ((m, k), n) = (a.shape(), b.shape().1);
+            pack::rounded(a, ra);
+            pack::rounded(b, rb);
+            gemm_scaled(c, MatRef::rows(ra, m, k), MatRef::rows(rb, k, n), keep, scale, threads)
+        }),
+        ProductPath::Avx512Bf16 => dot::product(c, a, b, keep, scale, threads),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use round::{reference, tolerance};
+
+    /// Every path this CPU runs, checked against the software reference; the `float32`
+    /// path is the one the reference does not describe.
+    #[test]
+    fn every_path_here_matches_the_reference() {
+        let mut paths = vec![ProductPath::EmulatedBfloat16];
+        match Bf16Support::detect() {
+            Bf16Support::Avx512Bf16 => paths.push(ProductPath::Avx512Bf16),
+            Bf16Support::None => eprintln!("skipped avx512_bf16: this CPU has none"),
+        }
+        let (m, n, k) = (37, 45, 70);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 29) % 97) as f32 / 9.0 - 5.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 31) % 83) as f32 / 11.0 - 3.0).collect();
+        let (want, tol) = (reference(m, n, k, &a, &b), tolerance(m, n, k, &a, &b));
+        for path in paths {
+            let mut c = vec![1.0; m * n];
+            gemm(path, MatMut::rows(&mut c, m, n), MatRef::rows(&a, m, k), MatRef::rows(&b, k, n), true, 1.0, 2);
+            for i in 0..m * n {
+                assert!(
+                    (c[i] - 1.0 - want[i]).abs() <= tol[i] + 1e-6,
+                    "{path:?} at {i}: {} vs {}",
+                    c[i] - 1.0,
+                    want[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn float32_is_gemm_bit_for_bit() {
+        let (m, n, k) = (9, 7, 11);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32).cos()).collect();
+        let (mut c1, mut c2) = (vec![0.0; m * n], vec![0.0; m * n]);
+        gemm(
+            ProductPath::Float32,
+            MatMut::rows(&mut c1, m, n),
+            MatRef::rows(&a, m, k),
+            MatRef::rows(&b, k, n),
+            false,
+            0.5,
+            1,
+        );
+        crate::engine::strided::gemm(
+            MatMut::rows(&mut c2, m, n),
+            MatRef::rows(&a, m, k),
+            MatRef::rows(&b, k, n),
+            false,
+            0.5,
+            1,
+        );
+        assert_eq!(c1, c2);
+    }
+}

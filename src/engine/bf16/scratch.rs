@@ -1,0 +1,30 @@
+//! Per-thread buffers the bf16 products pack into, kept between calls: a nanoGPT-size step
+//! packs tens of megabytes, and allocating them afresh each product cost page faults. A
+//! buffer is taken out while in use, so a product that runs inside another on the same
+//! thread (rayon may lend a waiting thread another task) gets an empty one, never a shared one.
+
+use std::cell::Cell;
+
+thread_local! {
+    static WORDS: [Cell<Vec<u32>>; 2] = const { [Cell::new(Vec::new()), Cell::new(Vec::new())] };
+    static FLOATS: [Cell<Vec<f32>>; 2] = const { [Cell::new(Vec::new()), Cell::new(Vec::new())] };
+}
+
+/// Calls `f` with this thread's word buffer `slot` (0 or 1).
+pub fn with_words<R>(slot: usize, f: impl FnOnce(&mut Vec<u32>) -> R) -> R {
+    let mut buf = WORDS.with(|w| w[slot].take());
+    let out = f(&mut buf);
+    WORDS.with(|w| w[slot].set(buf));
+    out
+}
+
+/// Calls `f` with this thread's two float buffers.
+pub fn with_floats<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
+    let (mut a, mut b) = FLOATS.with(|w| (w[0].take(), w[1].take()));
+    let out = f(&mut a, &mut b);
+    FLOATS.with(|w| {
+        w[0].set(a);
+        w[1].set(b);
+    });
+    out
+}

@@ -1,0 +1,63 @@
+//! `train.precision` resolved for this CPU: the policy the spec asks for, what the CPU
+//! offers, and the path the layers' products take (`engine::bf16`).
+
+use crate::engine::ProductPath;
+use crate::engine::bf16::Bf16Support;
+use crate::spec::{Diagnostic, PrecisionPolicy, Spec};
+use serde::Serialize;
+
+/// The dtype policy as it will run here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PrecisionPlan {
+    /// What the spec asks for.
+    pub policy: PrecisionPolicy,
+    /// What this CPU offers.
+    #[serde(skip)]
+    pub cpu: Bf16Support,
+    /// How the products run.
+    pub products: ProductPath,
+}
+
+impl PrecisionPlan {
+    /// Whether everything runs in fp32 as asked (for leaving it out of a serialized plan).
+    pub fn is_float32(&self) -> bool {
+        self.policy == PrecisionPolicy::Float32
+    }
+
+    /// The line `trainrun check` prints.
+    pub fn summary(&self) -> String {
+        match (self.policy, self.products) {
+            (PrecisionPolicy::Float32, _) => "float32".to_string(),
+            (PrecisionPolicy::MixedBfloat16, ProductPath::Float32) => {
+                "mixed_bfloat16: runs in fp32 (this CPU has no bf16 instructions)".to_string()
+            }
+            (PrecisionPolicy::MixedBfloat16, path) => format!(
+                "mixed_bfloat16: bf16 inputs and fp32 sums on {} for products of layers {} wide or more \
+                 (attention projections, MLP, LM head); smaller ones measured faster in fp32 here (this CPU: {})",
+                path.name(),
+                crate::engine::bf16::PAYS_FROM,
+                self.cpu.name()
+            ),
+        }
+    }
+}
+
+/// The plan for `spec.train.precision` on a CPU with `cpu`; a policy this CPU cannot run
+/// is said once, as a warning.
+pub fn resolve(spec: &Spec, cpu: Bf16Support, diags: &mut Vec<Diagnostic>) -> PrecisionPlan {
+    let policy = spec.train.precision;
+    let products = match policy {
+        PrecisionPolicy::Float32 => ProductPath::Float32,
+        PrecisionPolicy::MixedBfloat16 => cpu.mixed_path().unwrap_or_else(|| {
+            diags.push(
+                Diagnostic::warning(
+                    "train.precision",
+                    "mixed_bfloat16 runs in fp32 here: this CPU has neither AVX512-BF16 nor AMX",
+                )
+                .help("the results will be float32's; a CPU with bf16 instructions runs the policy"),
+            );
+            ProductPath::Float32
+        }),
+    };
+    PrecisionPlan { policy, cpu, products }
+}
