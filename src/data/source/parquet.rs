@@ -30,7 +30,7 @@ use crate::data::error::DataError;
 use crate::data::examples::{Split, StreamSplit as _};
 use crate::data::pipeline::Shuffle;
 use crate::data::{DataFacts, Dataset, Tokenization, VocabularyFrom};
-use columns::Columns;
+use columns::TableColumns;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use split::ParquetSplit;
@@ -125,7 +125,7 @@ pub struct ParquetSource {
 }
 
 /// How `[data.parquet]` reads its files: the one group it names.
-enum ReadAs<'a> {
+enum ParquetReadAs<'a> {
     Text(&'a ParquetText),
     Table(&'a ParquetTable),
 }
@@ -150,8 +150,8 @@ impl DataSource for ParquetSource {
     /// counts, the label column its classes.
     fn facts(&self) -> Result<DataFacts, DataError> {
         match self.read_as()? {
-            ReadAs::Text(text) => Ok(text::texts(&self.files()?, text)?.facts()),
-            ReadAs::Table(table) => {
+            ParquetReadAs::Text(text) => Ok(text::texts(&self.files()?, text)?.facts()),
+            ParquetReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 let units = train.unit_lens().len();
                 Ok(dataset(train, test).facts(units))
@@ -162,8 +162,8 @@ impl DataSource for ParquetSource {
     /// Text: tokenized windows in memory. A table: the files opened for streaming.
     fn load(&self) -> Result<Dataset, DataError> {
         match self.read_as()? {
-            ReadAs::Text(text) => text::texts(&self.files()?, text)?.dataset(),
-            ReadAs::Table(table) => {
+            ParquetReadAs::Text(text) => text::texts(&self.files()?, text)?.dataset(),
+            ParquetReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 Ok(dataset(train, test))
             }
@@ -188,14 +188,14 @@ impl DataSource for ParquetSource {
 }
 
 /// The training and validation files, globs expanded.
-struct Files {
+struct ParquetFiles {
     train: Vec<PathBuf>,
     validation: Vec<PathBuf>,
 }
 
 impl ParquetSource {
     /// The files there, and the one way of reading them that the config names.
-    fn read_as(&self) -> Result<ReadAs<'_>, DataError> {
+    fn read_as(&self) -> Result<ParquetReadAs<'_>, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         let config = &self.config;
         if config.train.is_empty() {
@@ -206,8 +206,8 @@ impl ParquetSource {
             });
         }
         match (&config.text, &config.table) {
-            (Some(text), None) => Ok(ReadAs::Text(text)),
-            (None, Some(table)) => Ok(ReadAs::Table(table)),
+            (Some(text), None) => Ok(ParquetReadAs::Text(text)),
+            (None, Some(table)) => Ok(ParquetReadAs::Table(table)),
             (None, None) => Err(DataError::MissingSection {
                 dataset: "parquet",
                 section: "data.parquet.text (a language model's documents) or data.parquet.table (features and a label)",
@@ -221,8 +221,8 @@ impl ParquetSource {
         }
     }
 
-    fn files(&self) -> Result<Files, DataError> {
-        Ok(Files {
+    fn files(&self) -> Result<ParquetFiles, DataError> {
+        Ok(ParquetFiles {
             train: expand(&self.dir, &self.config.train, bad)?,
             validation: expand(&self.dir, &self.config.validation, bad)?,
         })
@@ -231,7 +231,7 @@ impl ParquetSource {
     /// Both splits' files, their footers read and their columns checked.
     fn splits(&self, table: &ParquetTable) -> Result<(ParquetSplit, Option<ParquetSplit>), DataError> {
         let files = self.files()?;
-        let columns = Columns::resolve(&files.train, table)?;
+        let columns = TableColumns::resolve(&files.train, table)?;
         let train = ParquetSplit::new(files.train, columns.clone())?;
         let test = match files.validation.is_empty() {
             true => None,

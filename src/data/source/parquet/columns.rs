@@ -1,10 +1,10 @@
-//! A Parquet table's columns ([`Columns`]): found in the files' Arrow schemas and checked
+//! A Parquet table's columns ([`TableColumns`]): found in the files' Arrow schemas and checked
 //! (a missing column names the columns there; a column of another type names its type and
 //! what was expected), the label column's classes read, and each Arrow record batch turned
-//! into rows of `f32` features and a label ([`Columns::decode`]).
+//! into rows of `f32` features and a label ([`TableColumns::decode`]).
 
 use super::ParquetTable;
-use super::split::{Row, RowLabel, unreadable};
+use super::split::{RowLabel, TableRow, unreadable};
 use crate::data::CsvLabels;
 use crate::data::error::DataError;
 use crate::data::examples::LabelKind;
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 /// How a feature column's values make up an example's.
 #[derive(Debug, Clone, PartialEq)]
-enum Layout {
+enum ColumnLayout {
     /// One number a row.
     Scalar,
     /// A list of `width` numbers a row (`FixedSizeList`, or `List`/`LargeList` whose rows all
@@ -35,7 +35,7 @@ enum Layout {
 struct Feature {
     name: String,
     data_type: DataType,
-    layout: Layout,
+    layout: ColumnLayout,
     width: usize,
 }
 
@@ -52,7 +52,7 @@ enum LabelMap {
 
 /// The feature columns and the label column of a table, as the training files hold them.
 #[derive(Debug, Clone, PartialEq)]
-pub(in crate::data::source) struct Columns {
+pub(in crate::data::source) struct TableColumns {
     features: Vec<Feature>,
     label: String,
     label_type: DataType,
@@ -61,7 +61,7 @@ pub(in crate::data::source) struct Columns {
     width: usize,
 }
 
-impl Columns {
+impl TableColumns {
     /// The columns `table` names, found in the first training file; the classes are read from
     /// the training files' label column.
     pub(super) fn resolve(train: &[PathBuf], table: &ParquetTable) -> Result<Self, DataError> {
@@ -77,14 +77,14 @@ impl Columns {
                     if !numeric(item.data_type()) {
                         return Err(wrong());
                     }
-                    Layout::List
+                    ColumnLayout::List
                 }
-                other if numeric(other) => Layout::Scalar,
+                other if numeric(other) => ColumnLayout::Scalar,
                 _ => return Err(wrong()),
             };
             let width = match &data_type {
                 DataType::FixedSizeList(_, n) => usize::try_from(*n).unwrap_or(0),
-                _ if layout == Layout::List => first_row_width(first, &schema, name)?,
+                _ if layout == ColumnLayout::List => first_row_width(first, &schema, name)?,
                 _ => 1,
             };
             features.push(Feature { name: name.clone(), data_type, layout, width });
@@ -140,15 +140,15 @@ impl Columns {
     }
 
     /// Appends the rows of `batch` (read from `path`) to `rows`.
-    pub(super) fn decode(&self, batch: &RecordBatch, path: &Path, rows: &mut Vec<Row>) -> Result<(), DataError> {
+    pub(super) fn decode(&self, batch: &RecordBatch, path: &Path, rows: &mut Vec<TableRow>) -> Result<(), DataError> {
         let n = batch.num_rows();
         let mut x = vec![0f32; n * self.width];
         let mut at = 0;
         for feature in &self.features {
             let array = batch_column(batch, path, &feature.name)?;
             let values = match feature.layout {
-                Layout::Scalar => numbers(array.as_ref()),
-                Layout::List => list_values(array.as_ref(), feature, path)?,
+                ColumnLayout::Scalar => numbers(array.as_ref()),
+                ColumnLayout::List => list_values(array.as_ref(), feature, path)?,
             }
             .ok_or_else(|| wrong_type(path, &feature.name, array.data_type(), "numbers"))?;
             for (r, row) in x.chunks_mut(self.width.max(1)).enumerate() {
@@ -158,7 +158,7 @@ impl Columns {
         }
         let labels = self.decode_labels(batch_column(batch, path, &self.label)?.as_ref(), path)?;
         let examples = x.chunks(self.width.max(1)).take(n).zip(labels);
-        rows.extend(examples.map(|(x, label)| Row { x: x.to_vec(), label }));
+        rows.extend(examples.map(|(x, label)| TableRow { x: x.to_vec(), label }));
         Ok(())
     }
 

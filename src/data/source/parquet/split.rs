@@ -7,7 +7,7 @@
 //! their counts and rows within one by a row selection, so the position is found from (file,
 //! row group, row) without decoding what lies before it.
 
-use super::columns::{Columns, open};
+use super::columns::{TableColumns, open};
 use crate::data::error::DataError;
 use crate::data::examples::{Examples, StreamReader, StreamSplit};
 use crate::data::pipeline::Batch;
@@ -27,7 +27,7 @@ const BATCH_ROWS: usize = 1024;
 
 /// One example: its features and its label.
 #[derive(Debug, Clone)]
-pub(super) struct Row {
+pub(super) struct TableRow {
     pub x: Vec<f32>,
     pub label: RowLabel,
 }
@@ -63,7 +63,7 @@ struct Unit {
 struct Footers {
     files: Vec<TableFile>,
     units: Vec<Unit>,
-    columns: Columns,
+    columns: TableColumns,
 }
 
 /// One split's files as a stream of rows.
@@ -84,7 +84,7 @@ impl fmt::Debug for ParquetSplit {
 
 impl ParquetSplit {
     /// `paths`' footers read and their columns checked against `columns`.
-    pub(super) fn new(paths: Vec<PathBuf>, columns: Columns) -> Result<Self, DataError> {
+    pub(super) fn new(paths: Vec<PathBuf>, columns: TableColumns) -> Result<Self, DataError> {
         let (mut files, mut units) = (vec![], vec![]);
         for (f, path) in paths.into_iter().enumerate() {
             let builder = open(&path)?;
@@ -110,7 +110,7 @@ impl ParquetSplit {
     }
 
     /// The columns read.
-    pub(super) fn columns(&self) -> &Columns {
+    pub(super) fn columns(&self) -> &TableColumns {
         &self.footers.columns
     }
 
@@ -191,7 +191,7 @@ impl Examples for ParquetSplit {
     }
 }
 
-fn append_row(row: Row, batch: &mut Batch) {
+fn append_row(row: TableRow, batch: &mut Batch) {
     batch.x.extend_from_slice(&row.x);
     match row.label {
         RowLabel::Class(c) => batch.y.push(c),
@@ -209,12 +209,12 @@ struct RowStream {
     /// Rows the open reader has still to give.
     left: usize,
     /// Rows decoded and not yet given.
-    rows: std::vec::IntoIter<Row>,
+    rows: std::vec::IntoIter<TableRow>,
 }
 
 impl RowStream {
     /// The next row, `None` at the end.
-    fn next(&mut self) -> Result<Option<Row>, DataError> {
+    fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         loop {
             if let Some(row) = self.rows.next() {
                 return Ok(Some(row));
@@ -301,12 +301,12 @@ impl RowStream {
 /// One pass over some units: rows in order or through the shuffle buffer.
 struct ParquetReader {
     rows: RowStream,
-    shuffle: Option<ShuffleBuffer<Row>>,
-    pending: Vec<Row>,
+    shuffle: Option<ShuffleBuffer<TableRow>>,
+    pending: Vec<TableRow>,
 }
 
 impl ParquetReader {
-    fn next(&mut self) -> Result<Option<Row>, DataError> {
+    fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         let rows = &mut self.rows;
         match &mut self.shuffle {
             Some(buffer) => buffer.next_from(|| rows.next()),

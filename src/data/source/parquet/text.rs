@@ -4,7 +4,7 @@
 
 use super::columns::{column, open, strings, wrong_type};
 use super::split::unreadable;
-use super::{Files, ParquetText};
+use super::{ParquetFiles, ParquetText};
 use crate::data::error::DataError;
 use crate::data::source::text::{TextFile, Texts, Tokenizing};
 use arrow_array::Array as _;
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 const BATCH_ROWS: usize = 8192;
 
 /// The documents of every training and validation file, checked and counted.
-pub(super) fn texts(files: &Files, config: &ParquetText) -> Result<Texts, DataError> {
+pub(super) fn texts(files: &ParquetFiles, config: &ParquetText) -> Result<Texts, DataError> {
     let tokenizing = Tokenizing {
         dataset: "parquet",
         tokenization: config.tokenization,
