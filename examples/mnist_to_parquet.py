@@ -1,10 +1,10 @@
 """Writes MNIST as Parquet shards the way the Hugging Face Hub lays out an export, for
-specs/mnist_parquet.toml: DIR/mnist-parquet/train-0000{0..3}-of-00004.parquet and
+examples/mnist_parquet.toml: OUT/mnist-parquet/train-0000{0..3}-of-00004.parquet and
 test-00000-of-00001.parquet, each row a `pixels` column (784 uint8 values, a fixed-size list)
 and a `label` column (int64), row groups of 5,000 rows.
 
-Usage: python3 examples/mnist_to_parquet.py DIR
-where DIR holds the four MNIST IDX files (train-images-idx3-ubyte.gz, ...); `trainrun` fetches
+Usage: python3 examples/mnist_to_parquet.py DIR [OUT]
+(OUT defaults to DIR) where DIR holds the four MNIST IDX files (train-images-idx3-ubyte.gz, ...); `trainrun` fetches
 them into its data folder on a first MNIST run. Needs pyarrow (python3 -m pip install pyarrow).
 """
 
@@ -37,7 +37,7 @@ def table(images, labels):
 
 def main():
     src = sys.argv[1]
-    out = os.path.join(src, "mnist-parquet")
+    out = os.path.join(sys.argv[2] if len(sys.argv) > 2 else src, "mnist-parquet")
     os.makedirs(out, exist_ok=True)
     train = table(os.path.join(src, "train-images-idx3-ubyte.gz"), os.path.join(src, "train-labels-idx1-ubyte.gz"))
     shards = 4

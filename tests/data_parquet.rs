@@ -4,7 +4,8 @@
 //! (the multi-worker ones dealing row groups to workers under `auto`); the Shakespeare plays
 //! as a text column for a character model; and bad files refused with exit 4 naming the file
 //! (a truncated footer at once, a corrupt page when the run reaches it, recorded as a failed
-//! run). Killed-and-resumed runs are in `tests/data_resume.rs`.
+//! run); and `examples/mnist_parquet.toml` on the Parquet shards its script writes from MNIST.
+//! Killed-and-resumed runs are in `tests/data_resume.rs`.
 
 mod common;
 
@@ -209,4 +210,35 @@ fn bad_files_exit_4_naming_the_file_and_no_run_completes() {
     let out = run(&args);
     assert_exit(&out, 4);
     assert!(text(&out).1.contains("train-00001-of-00002.parquet: not a readable Parquet file"), "{}", text(&out).1);
+}
+
+#[test]
+fn the_example_spec_trains_on_the_shards_its_script_writes() {
+    let dir = tempdir();
+    if !with_python("pyarrow", "", dir.path()) {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("examples/mnist_to_parquet.py");
+    let out =
+        std::process::Command::new("python3").arg(&script).arg(common::data_dir()).arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spec = root.join("examples/mnist_parquet.toml");
+    let data_dir = format!("data.dir=\"{}\"", dir.path().display());
+    let out_dir = format!("run.out_dir=\"{}\"", dir.path().join("run").display());
+    let mut args = vec![spec.to_str().unwrap(), "--quiet", "--set", &data_dir, "--set", &out_dir];
+    let check = run(&["check", spec.to_str().unwrap(), "--set", &data_dir]);
+    assert_exit(&check, 0);
+    assert!(text(&check).0.contains("60000"), "{}", text(&check).0);
+    args.extend([
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=100",
+        "--set",
+        "optimizer.learning_rate=0.05",
+    ]);
+    assert_exit(&run(&args), 0);
+    let s = json(&dir.path().join("run/summary.json"));
+    assert!(s["test_accuracy"].as_f64().unwrap_or(0.0) > 0.8, "{s}");
 }
