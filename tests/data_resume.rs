@@ -4,7 +4,9 @@
 //! killed with SIGKILL mid-epoch after a backup, started again with the same command, and end
 //! with the weights of an uninterrupted run, bit for bit; and two workers each streaming their
 //! own files (the `file` policy) are preempted (SIGTERM to a worker) and resume to the same
-//! weights. A TFRecord run whose images are augmented as they stream resumes the same way.
+//! weights. A TFRecord run whose images are augmented as they stream resumes the same way. A
+//! Parquet table pyarrow wrote (row groups of 128 rows) resumes the same ways: killed, through
+//! a shuffle buffer, and preempted with two workers each reading their own row groups.
 
 mod common;
 
@@ -202,18 +204,60 @@ fn an_augmented_tfrecord_run_killed_mid_epoch_resumes_bit_identical() {
 
 #[test]
 fn two_workers_reading_their_own_files_preempted_resume_bit_identical() {
+    preempted_workers_resume_bit_identical(write_tfrecords, TFRECORDS);
+}
+
+/// The rows of [`example`] as one Parquet file of 8 row groups: the values a fixed-size list
+/// of `uint8`, the class an `int64`.
+const PARQUET_WRITER: &str = r#"
+import os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+rows = [[(p // 16 == i % 4) * 150 + (i * 37 + p * 11) % 100 for p in range(64)] for i in range(1024)]
+table = pa.table({"x": pa.array(rows, type=pa.list_(pa.uint8(), 64)), "label": [i % 4 for i in range(1024)]})
+pq.write_table(table, os.path.join(sys.argv[1], "train.parquet"), row_group_size=128)
+"#;
+
+fn write_parquet(dir: &Path) {
+    assert!(common::with_python("pyarrow", PARQUET_WRITER, dir));
+}
+
+const PARQUET: &str = "dataset = \"parquet\"\n\n[data.parquet]\ntrain = [\"train.parquet\"]\nshuffle_buffer = 100\n\
+    table = { label = \"label\", features = [\"x\"] }\n\n[data.preprocessing]\nrescale = 0.00392156862745098";
+
+/// Whether pyarrow imports; says loudly that the test is skipped when it does not.
+fn pyarrow() -> bool {
+    common::with_python("pyarrow", "", tempdir().path())
+}
+
+#[test]
+fn a_parquet_run_killed_mid_epoch_resumes_bit_identical() {
+    if pyarrow() {
+        killed_and_resumed_ends_bit_identical(write_parquet, PARQUET);
+    }
+}
+
+#[test]
+fn two_workers_reading_their_own_row_groups_preempted_resume_bit_identical() {
+    if pyarrow() {
+        preempted_workers_resume_bit_identical(write_parquet, PARQUET);
+    }
+}
+
+/// Two workers under the `file` policy, one asked to stop after a backup, started again:
+/// the weights of an uninterrupted run.
+fn preempted_workers_resume_bit_identical(write: fn(&Path), data: &str) {
     let strategy = "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2";
     let (reference, stopped) = (tempdir(), tempdir());
     for dir in [&reference, &stopped] {
-        write_tfrecords(dir.path());
+        write(dir.path());
     }
-    let reference = spec_with(reference.path(), TFRECORDS, strategy);
+    let reference = spec_with(reference.path(), data, strategy);
     let check = common::run(&["check", reference.to_str().unwrap()]);
     assert!(common::text(&check).0.contains("file policy, 2 shards"), "{}", common::text(&check).0);
     assert_exit(&wait_within(common::spawn(&[reference.to_str().unwrap(), "-q"]), LIMIT).0, 0);
     let expected = summary(&reference);
 
-    let spec = spec_with(stopped.path(), TFRECORDS, strategy);
+    let spec = spec_with(stopped.path(), data, strategy);
     let args = [spec.to_str().unwrap(), "-q"];
     let mut launcher = common::spawn(&args);
     let victim = common::launched_task(launcher.id(), ("worker", 1), LIMIT).expect("no worker:1");

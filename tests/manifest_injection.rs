@@ -44,6 +44,11 @@ const JSONL: &[&str] = &[
     "data.jsonl={ train = [\"t.jsonl\"], table = { label = \"y\" } }",
     "model.layers=[{ type = \"dense\", units = 2 }]",
 ];
+const PARQUET: &[&str] = &[
+    "data.dataset=\"parquet\"",
+    "data.parquet={ train = [\"t.parquet\"], table = { label = \"y\", features = [\"x\"] } }",
+    "model.layers=[{ type = \"dense\", units = 2 }]",
+];
 const NPY: &[&str] = &["data.dataset=\"npy\"", "model.layers=[{ type = \"dense\", units = 2 }]"];
 const TFRECORD: &[&str] = &["data.dataset=\"tfrecord\"", "model.layers=[{ type = \"dense\", units = 2 }]"];
 const FOLDERS: &[&str] =
@@ -248,6 +253,48 @@ const CASES: &[Case] = &[
         sets: JSONL,
         set: "data.jsonl={ train = [\"t.jsonl\"], validation = [@], table = { label = \"y\" } }",
         benign: "val.jsonl",
+    },
+    Case {
+        path: "data.parquet.table.features[]",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [\"t.parquet\"], table = { label = \"y\", features = [@] } }",
+        benign: "pixels",
+    },
+    Case {
+        path: "data.parquet.table.label",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [\"t.parquet\"], table = { label = @, features = [\"x\"] } }",
+        benign: "label",
+    },
+    Case {
+        path: "data.parquet.text.column",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [\"t.parquet\"], text = { block_size = 8, column = @ } }",
+        benign: "content",
+    },
+    Case {
+        path: "data.parquet.text.end_of_text",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [\"t.parquet\"], text = { block_size = 8, end_of_text = @ } }",
+        benign: "<|endoftext|>",
+    },
+    Case {
+        path: "data.parquet.train[]",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [@], table = { label = \"y\", features = [\"x\"] } }",
+        benign: "data/train-*.parquet",
+    },
+    Case {
+        path: "data.parquet.validation[]",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [\"t.parquet\"], validation = [@], table = { label = \"y\", features = [\"x\"] } }",
+        benign: "val.parquet",
     },
     Case {
         path: "data.npy.npz",

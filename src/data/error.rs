@@ -102,6 +102,15 @@ pub enum DataError {
     #[error("data.jsonl: {problem}")]
     BadJsonl { problem: String },
 
+    /// `[data.parquet]` asks for something the files cannot give (a missing column, a column
+    /// of another type).
+    #[error("data.parquet: {problem}")]
+    BadParquet { problem: String },
+
+    /// A file that is not readable Parquet: a truncated footer, a corrupt page.
+    #[error("{}: not a readable Parquet file: {detail}", .path.display())]
+    ParquetUnreadable { path: PathBuf, detail: String },
+
     /// `[data.preprocessing]` does not fit the data as loaded (the plan checked its headers).
     #[error("data.preprocessing: {problem}")]
     BadPreprocessing { problem: String },

@@ -5,7 +5,7 @@
 
 use super::error::DataError;
 use super::pipeline::Batch;
-use super::source::tfrecord::RecordSplit;
+use super::source::tfrecord::Order;
 use serde::Serialize;
 use std::fmt;
 use std::sync::Arc;
@@ -90,10 +90,10 @@ pub trait Examples: Send + Sync + fmt::Debug {
         1
     }
 
-    /// A split read only in order (TFRecord files) gives its stream here, and the training
-    /// pipeline streams each epoch through a shuffle buffer instead of reading by index.
-    /// (One streaming source so far; a second would make this a trait of its own.)
-    fn records(&self) -> Option<&RecordSplit> {
+    /// A split read only in order (TFRecord files, Parquet row groups) gives its stream here,
+    /// and the training pipeline streams each epoch through a shuffle buffer instead of
+    /// reading by index.
+    fn records(&self) -> Option<&dyn StreamSplit> {
         None
     }
 
@@ -105,6 +105,39 @@ pub trait Examples: Send + Sync + fmt::Debug {
         let _ = (epoch, positions, batch);
         Ok(())
     }
+}
+
+/// A split read only in order ([`Examples::records`]): its examples come in shard units (a
+/// TFRecord file, a Parquet row group), read unit after unit or through a shuffle buffer. The
+/// pipeline resumes a stream exactly by replaying its epoch up to the cursor
+/// ([`StreamReader::skip`]), so a unit's examples must come out in the same order every time.
+pub trait StreamSplit: Send + Sync + fmt::Debug {
+    /// Examples in each shard unit, in order (what the `file` policy deals out to workers).
+    fn unit_lens(&self) -> &[usize];
+
+    /// The examples of units `units` (indices, in this order), in `order`.
+    fn open_units(&self, units: &[usize], order: Order) -> Box<dyn StreamReader>;
+
+    /// The error for a stream that ends before the count its units had when the run started.
+    fn ended_early(&self) -> DataError;
+
+    /// The error for a stream that cannot be read as asked (`problem` says why and what to do).
+    fn refused(&self, problem: String) -> DataError;
+}
+
+/// One pass over some units of a [`StreamSplit`]: examples are taken one by one (cheaply,
+/// not decoded yet) and decoded into a batch together.
+pub trait StreamReader: Send {
+    /// Skips the next `k` examples without decoding them where the format allows; returns how
+    /// many were skipped (fewer than `k` only at the end of the stream).
+    fn skip(&mut self, k: usize) -> Result<usize, DataError>;
+
+    /// Takes the next example, to be decoded by [`StreamReader::decode`]; `false` once the
+    /// stream has ended.
+    fn take(&mut self) -> Result<bool, DataError>;
+
+    /// Appends the examples taken since the last call to `batch`, in order.
+    fn decode(&mut self, batch: &mut Batch) -> Result<(), DataError>;
 }
 
 /// A split (train or test) of a dataset, shared by the pipeline threads.
@@ -175,7 +208,7 @@ impl Split {
     }
 
     /// The stream of a split read only in order (see [`Examples::records`]).
-    pub fn records(&self) -> Option<&RecordSplit> {
+    pub fn records(&self) -> Option<&dyn StreamSplit> {
         self.examples.records()
     }
 

@@ -48,9 +48,9 @@ pub use source::tfrecord::{TfRecordCompression, TfRecordEncoding};
 pub use source::tokens::TokenDtype;
 pub use source::{
     AnySource, Cifar100Config, CifarSource, CsvConfig, CsvSource, DataSource, IdxFiles, IdxSource, ImageFolderConfig,
-    ImageFolderSource, JsonlConfig, JsonlSource, JsonlTable, JsonlText, MnistSource, NpyConfig, NpySource, Preset,
-    RawValues, SyntheticConfig, SyntheticSource, TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig,
-    TokensSource,
+    ImageFolderSource, JsonlConfig, JsonlSource, JsonlTable, JsonlText, MnistSource, NpyConfig, NpySource,
+    ParquetConfig, ParquetSource, ParquetTable, ParquetText, Preset, RawValues, SyntheticConfig, SyntheticSource,
+    TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig, TokensSource,
 };
 
 /// The shape of one image: height × width × channels (NHWC without the N).

@@ -1,4 +1,5 @@
-//! The input pipeline over a split read only in order ([`RecordSplit`], TFRecord files): each
+//! The input pipeline over a split read only in order ([`StreamSplit`]: TFRecord files, Parquet
+//! row groups): each
 //! data-epoch is one pass of a stream, in file order or through a shuffle buffer keyed by the
 //! run seed and the epoch, so it is the same pass every time it is made. A pipeline started at
 //! a cursor replays its epoch's stream up to the cursor, skipping without decoding: exact
@@ -6,7 +7,8 @@
 //!
 //! Under the `data` policy every worker walks the whole stream and decodes only its positions
 //! of each global batch. Under the `file` policy ([`Shard::by_files`]) worker `i` of `N`
-//! streams files `i, i+N, …` and takes its usual share `b_i` of every global batch from them;
+//! streams units (files, row groups) `i, i+N, …` and takes its usual share `b_i` of every
+//! global batch from them;
 //! a data-epoch lasts until the worker with the most steps' worth of records is done (workers
 //! that run out first send empty batches, so every collective stays in step and every record
 //! is read once per epoch), or, with `drop_remainder`, until the first worker cannot fill its
@@ -14,10 +16,10 @@
 //! from the files' record counts.
 
 use super::error::DataError;
-use super::examples::Split;
+use super::examples::{Split, StreamReader, StreamSplit};
 use super::pipeline::{Batch, BatchSchedule, Cursor, PipelineOptions, Shuffle};
 use super::shard::Shard;
-use super::source::tfrecord::{Encoded, Order, RecordReader, RecordSplit};
+use super::source::tfrecord::Order;
 use std::sync::mpsc::{Receiver, SyncSender};
 
 /// How one worker reads a streamed split.
@@ -70,11 +72,11 @@ impl Shares {
 
 impl Streamed {
     /// How this worker reads `records` under `options`, checked.
-    pub(super) fn new(records: &RecordSplit, options: &PipelineOptions) -> Result<Self, DataError> {
+    pub(super) fn new(split: &dyn StreamSplit, options: &PipelineOptions) -> Result<Self, DataError> {
         if options.shuffle == Shuffle::Full {
-            return Err(DataError::Unstreamable { what: "shuffle a TFRecord stream whole; it needs a shuffle buffer" });
+            return Err(DataError::Unstreamable { what: "shuffle a stream whole; it needs a shuffle buffer" });
         }
-        let lens = records.file_lens();
+        let lens = split.unit_lens();
         let (shard, global_batch) = (options.shard, options.global_batch.get());
         if !shard.by_files() {
             return Ok(Self { files: (0..lens.len()).collect(), shares: None, global_batch });
@@ -84,13 +86,11 @@ impl Streamed {
         let records: Vec<usize> = workers.iter().map(|s| s.files(lens.len()).iter().map(|&f| lens[f]).sum()).collect();
         let batch: Vec<usize> = workers.iter().map(|s| s.len_of(global_batch)).collect();
         if let Some(w) = (0..count).find(|&w| records[w] == 0 || (options.drop_remainder && records[w] < batch[w])) {
-            return Err(DataError::BadTfRecord {
-                problem: format!(
-                    "auto_shard_policy = \"file\": worker {w}'s files hold {} records, fewer than its {} examples of \
+            return Err(split.refused(format!(
+                "auto_shard_policy = \"file\": worker {w}'s files hold {} records, fewer than its {} examples of \
                      each global batch; use more (or more even) files, or auto_shard_policy = \"data\"",
-                    records[w], batch[w]
-                ),
-            });
+                records[w], batch[w]
+            )));
         }
         let shares = Shares { records, batch, me: shard.index(), drop_remainder: options.drop_remainder };
         Ok(Self { files: shard.files(lens.len()), shares: Some(shares), global_batch })
@@ -99,9 +99,9 @@ impl Streamed {
     /// Examples in one data-epoch, as the schedule counts them: the records under the `data`
     /// policy; whole global batches of steps under the `file` policy (the cursor's offset is
     /// then `step × global_batch`).
-    pub(super) fn examples(&self, records: &RecordSplit) -> usize {
+    pub(super) fn examples(&self, records: &dyn StreamSplit) -> usize {
         match &self.shares {
-            None => records.file_lens().iter().sum(),
+            None => records.unit_lens().iter().sum(),
             Some(shares) => shares.steps() * self.global_batch,
         }
     }
@@ -110,16 +110,14 @@ impl Streamed {
 /// The stream of the epoch being read.
 struct EpochStream {
     epoch: u64,
-    reader: RecordReader,
+    reader: Box<dyn StreamReader>,
     /// Outputs of the stream consumed (taken or skipped).
     read: usize,
-    /// The batch's examples taken so far, decoded together by [`EpochStream::decode`].
-    pending: Vec<Encoded>,
 }
 
 impl EpochStream {
     /// Moves the stream to output `to`.
-    fn seek(&mut self, to: usize, records: &RecordSplit) -> Result<(), DataError> {
+    fn seek(&mut self, to: usize, records: &dyn StreamSplit) -> Result<(), DataError> {
         let k = to.saturating_sub(self.read);
         if self.reader.skip(k)? < k {
             return Err(records.ended_early());
@@ -128,8 +126,8 @@ impl EpochStream {
         Ok(())
     }
 
-    fn take(&mut self, records: &RecordSplit) -> Result<(), DataError> {
-        if !self.reader.take_encoded(&mut self.pending)? {
+    fn take(&mut self, records: &dyn StreamSplit) -> Result<(), DataError> {
+        if !self.reader.take()? {
             return Err(records.ended_early());
         }
         self.read += 1;
@@ -138,7 +136,7 @@ impl EpochStream {
 
     /// Decodes the examples taken into `batch`.
     fn decode(&mut self, batch: &mut Batch) -> Result<(), DataError> {
-        self.reader.decode_into(std::mem::take(&mut self.pending), batch)
+        self.reader.decode(batch)
     }
 }
 
@@ -154,7 +152,7 @@ fn order(schedule: &BatchSchedule, epoch: u64) -> Order {
 /// with where in the epoch's stream each of its examples was (one output, the two together).
 fn fill(
     (batch, positions): (&mut Batch, &mut Vec<usize>),
-    records: &RecordSplit,
+    records: &dyn StreamSplit,
     how: &Streamed,
     schedule: &BatchSchedule,
     shard: Shard,
@@ -169,9 +167,8 @@ fn fill(
         Some(p) if p.epoch == cursor.epoch => p,
         _ => pass.insert(EpochStream {
             epoch: cursor.epoch,
-            reader: records.open(&how.files, order(schedule, cursor.epoch)),
+            reader: records.open_units(&how.files, order(schedule, cursor.epoch)),
             read: 0,
-            pending: Vec::new(),
         }),
     };
     let range = schedule.batch_at(cursor);

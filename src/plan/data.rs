@@ -5,8 +5,8 @@ use super::{Replicas, StrategyKind};
 use crate::data::source::cifar::CifarDataset;
 use crate::data::{
     AnySource, CifarSource, CsvSource, DataDirs, DataError, DataFacts, DataSource, IdxSource, ImageFolderSource,
-    JsonlSource, MnistSource, NpySource, Preprocessing, Preset, Shuffle, SyntheticSource, TextSource, TfRecordSource,
-    TokensSource,
+    JsonlSource, MnistSource, NpySource, ParquetSource, Preprocessing, Preset, Shuffle, SyntheticSource, TextSource,
+    TfRecordSource, TokensSource,
 };
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
@@ -140,6 +140,15 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
                 "[data.jsonl] train = [\"train.jsonl\"], text = { field = \"text\", block_size = 64 }",
             )?,
             dir: dir("jsonl")?,
+        }),
+        DatasetKind::Parquet => AnySource::new(ParquetSource {
+            config: needs(
+                &spec.parquet,
+                "parquet",
+                "[data.parquet]",
+                "[data.parquet] train = [\"data/train-*.parquet\"], text = { column = \"text\", block_size = 64 }",
+            )?,
+            dir: dir("parquet")?,
         }),
     })
 }

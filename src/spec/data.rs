@@ -2,8 +2,8 @@
 
 use crate::data::PreprocessingConfig;
 use crate::data::{
-    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, JsonlConfig, NpyConfig, SyntheticConfig, TextConfig,
-    TfRecordConfig, TokensConfig,
+    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, JsonlConfig, NpyConfig, ParquetConfig, SyntheticConfig,
+    TextConfig, TfRecordConfig, TokensConfig,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -64,6 +64,11 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonl: Option<JsonlConfig>,
 
+    /// Files and how to read them for `dataset = "parquet"` (Parquet files or globs: a text
+    /// column for a language model, or feature columns and a label column, streamed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parquet: Option<ParquetConfig>,
+
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
     /// Default: the whole training set (a uniform shuffle). Example: `shuffle_buffer = 10000`.
@@ -82,8 +87,10 @@ pub struct DataSpec {
 
     /// How workers split the data (`tf.data.experimental.AutoShardPolicy`). `auto` picks
     /// `file` for `tfrecord` when there are at least as many training files as workers, and
-    /// `data` otherwise and for every other source (each reads one training file, or none:
-    /// `text`, `tokens`, `synthetic`). `file` with fewer files than workers is refused.
+    /// for a `parquet` table when there are at least as many row groups as workers (its
+    /// shard units); `data` otherwise and for every other source (each reads one training
+    /// file, or none: `text`, `tokens`, `synthetic`). `file` with fewer units than workers is
+    /// refused.
     /// Default: `auto`. Example: `auto_shard_policy = "data"`.
     #[serde(default)]
     pub auto_shard_policy: AutoShardPolicy,
@@ -119,6 +126,7 @@ impl Default for DataSpec {
             cifar100: None,
             tfrecord: None,
             jsonl: None,
+            parquet: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -165,6 +173,10 @@ pub enum DatasetKind {
     /// JSON Lines files named in `[data.jsonl]` (plain, gzip or zstd): a string field as
     /// documents for a language model, or numeric fields and a label as a table.
     Jsonl,
+    /// Parquet files named in `[data.parquet]` (pyarrow's, a Hugging Face Hub export): a
+    /// string column as documents for a language model, or numeric and list columns and a
+    /// label as a table, streamed row group by row group, never loaded whole.
+    Parquet,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.
@@ -175,8 +187,8 @@ pub enum AutoShardPolicy {
     /// has more than one), else `data`.
     #[default]
     Auto,
-    /// Worker `i` of `N` reads training files `i, i+N, …` (a streamed source: `tfrecord`);
-    /// it needs at least as many files as workers.
+    /// Worker `i` of `N` reads training files `i, i+N, …` (a streamed source: `tfrecord`'s
+    /// files, a `parquet` table's row groups); it needs at least as many as workers.
     File,
     /// Each worker keeps every N-th example of each global batch.
     Data,

@@ -3,9 +3,8 @@
 //! read, in parallel over the batch.
 
 use super::super::error::DataError;
-use super::super::examples::{Examples, Split};
+use super::super::examples::{Examples, Split, StreamSplit};
 use super::super::pipeline::Batch;
-use super::super::source::tfrecord::RecordSplit;
 use super::Crop;
 use super::transform::{Steps, centre, place};
 use rayon::prelude::*;
@@ -162,7 +161,7 @@ impl Examples for Preprocessed {
     }
 
     /// The training pipeline streams the source's records and hands each batch here.
-    fn records(&self) -> Option<&RecordSplit> {
+    fn records(&self) -> Option<&dyn StreamSplit> {
         self.inner.records()
     }
 

@@ -1,7 +1,7 @@
 //! Where examples come from: one file per source, named as `data.dataset` names it, each a type
 //! implementing [`DataSource`]; a source's file format is read in the same file, or under the
 //! folder of its name when it needs more than one (`npy/`, `image_folder/`, `cifar/`,
-//! `tfrecord/`, `jsonl/`).
+//! `tfrecord/`, `jsonl/`, `parquet/`).
 //!
 //! | `data.dataset` | file | type | `[data.<kind>]` table |
 //! |---|---|---|---|
@@ -16,6 +16,7 @@
 //! | `cifar10`, `cifar100` | [`cifar`] | [`CifarSource`] | [`Cifar100Config`] |
 //! | `tfrecord` | [`tfrecord`] | [`TfRecordSource`] | [`TfRecordConfig`] |
 //! | `jsonl` | [`jsonl`] | [`JsonlSource`] | [`JsonlConfig`] |
+//! | `parquet` | [`parquet`] | [`ParquetSource`] | [`ParquetConfig`] |
 //!
 //! Adding a source touches four files and one generated file: its file here (the type, its
 //! `impl DataSource`, its `[data.<kind>]` table) and its `mod` line below; its `DatasetKind`
@@ -35,11 +36,11 @@
 //! ([`Examples`](super::examples::Examples)): by index, or, for a split read only in order, as
 //! a stream that the pipeline replays up to the cursor on resume (`Examples::records`).
 //!
-//! A streamed source of files (JSONL, Parquet, a `datasets` folder) fits the same way: its
-//! `facts` count examples from footers or a framing pass and give the shard units in
-//! `train_files` (files, or row groups), its `stream_shuffle` its buffer; what it adds is a
-//! second implementation of the stream behind `Examples::records`, which then becomes a trait
-//! of its own with the stream's exact resume position (file, row group, row).
+//! A streamed source of files (TFRecord, Parquet) counts its examples from footers or a framing
+//! pass in `facts` and gives its shard units in `train_files` (files, or row groups), its
+//! buffer in `stream_shuffle`, and its splits' streams through `Examples::records` (a
+//! [`StreamSplit`](super::examples::StreamSplit)), whose units the pipeline deals to workers
+//! and replays up to the cursor on resume: (file, row group, row) for Parquet.
 
 pub mod cifar;
 pub mod csv;
@@ -48,6 +49,7 @@ pub mod image_folder;
 pub mod jsonl;
 pub mod mnist;
 pub mod npy;
+pub mod parquet;
 pub mod synthetic;
 pub mod text;
 pub mod tfrecord;
@@ -60,6 +62,7 @@ pub use image_folder::{ImageFolderConfig, ImageFolderSource};
 pub use jsonl::{JsonlConfig, JsonlSource, JsonlTable, JsonlText};
 pub use mnist::{MnistSource, Preset};
 pub use npy::{NpyConfig, NpySource};
+pub use parquet::{ParquetConfig, ParquetSource, ParquetTable, ParquetText};
 pub use synthetic::{SyntheticConfig, SyntheticSource};
 pub use text::{TextConfig, TextSource};
 pub use tfrecord::{TfRecordConfig, TfRecordSource};
@@ -188,6 +191,32 @@ fn require(dataset: &'static str, dir: &Path, missing: Vec<String>) -> Result<()
 /// The names among `names` that are not files in `dir` (absolute names stay as they are).
 fn missing_in<'a>(dir: &Path, names: impl Iterator<Item = &'a String>) -> Vec<String> {
     names.filter(|n| !dir.join(n).is_file()).cloned().collect()
+}
+
+pub(super) fn is_pattern(name: &str) -> bool {
+    name.contains(['*', '?', '['])
+}
+
+/// `names` under `dir`: each a file, or a glob pattern matching one or more files (sorted);
+/// `bad` makes the source's error for a pattern that matches nothing.
+pub(super) fn expand(dir: &Path, names: &[String], bad: fn(String) -> DataError) -> Result<Vec<PathBuf>, DataError> {
+    let mut files = vec![];
+    for name in names {
+        if !is_pattern(name) {
+            files.push(dir.join(name));
+            continue;
+        }
+        let pattern = dir.join(name);
+        let pattern_text = pattern.to_str().ok_or_else(|| bad(format!("{} is not UTF-8", pattern.display())))?;
+        let matches = glob::glob(pattern_text).map_err(|e| bad(format!("`{name}` is not a glob pattern: {e}")))?;
+        let mut found: Vec<PathBuf> = matches.filter_map(Result::ok).filter(|p| p.is_file()).collect();
+        if found.is_empty() {
+            return Err(bad(format!("`{name}` matches no file in {}; check data.dir and the pattern", dir.display())));
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
 }
 
 /// Runs `a` here and `b` on a second thread, so the big training file and the test files

@@ -35,7 +35,7 @@ pub use shuffle::ShuffleBuffer;
 pub use split::{RecordReader, RecordSplit};
 
 use super::image_folder::ColorMode;
-use super::{DataSource, RawValues, require};
+use super::{DataSource, RawValues, expand, is_pattern, require};
 use crate::data::error::DataError;
 use crate::data::examples::{LabelKind, Split};
 use crate::data::formats::{Dtype, check_buffer};
@@ -182,12 +182,12 @@ impl TfRecordConfig {
 
     /// The training files, in order: names as given, globs expanded.
     pub fn train_files(&self, dir: &Path) -> Result<Vec<PathBuf>, DataError> {
-        expand(dir, &self.train)
+        expand(dir, &self.train, bad_tfrecord)
     }
 
     /// The test files, in order.
     pub fn test_files(&self, dir: &Path) -> Result<Vec<PathBuf>, DataError> {
-        expand(dir, &self.test)
+        expand(dir, &self.test, bad_tfrecord)
     }
 
     /// Plain names (not patterns) that are not files in `dir`.
@@ -196,30 +196,8 @@ impl TfRecordConfig {
     }
 }
 
-fn is_pattern(name: &str) -> bool {
-    name.contains(['*', '?', '['])
-}
-
-/// `names` under `dir`: each a file, or a glob pattern matching one or more files.
-fn expand(dir: &Path, names: &[String]) -> Result<Vec<PathBuf>, DataError> {
-    let mut files = vec![];
-    for name in names {
-        if !is_pattern(name) {
-            files.push(dir.join(name));
-            continue;
-        }
-        let pattern = dir.join(name);
-        let bad = |problem: String| DataError::BadTfRecord { problem };
-        let pattern_text = pattern.to_str().ok_or_else(|| bad(format!("{} is not UTF-8", pattern.display())))?;
-        let matches = glob::glob(pattern_text).map_err(|e| bad(format!("`{name}` is not a glob pattern: {e}")))?;
-        let mut found: Vec<PathBuf> = matches.filter_map(Result::ok).filter(|p| p.is_file()).collect();
-        if found.is_empty() {
-            return Err(bad(format!("`{name}` matches no file in {}; check data.dir and the pattern", dir.display())));
-        }
-        found.sort();
-        files.extend(found);
-    }
-    Ok(files)
+fn bad_tfrecord(problem: String) -> DataError {
+    DataError::BadTfRecord { problem }
 }
 
 /// `data.dataset = "tfrecord"`: `[data.tfrecord]`'s files in `dir`, streamed.

@@ -4,7 +4,7 @@
 
 use super::{Compression, Encoded, ExampleSpec, ExampleStream, Order, scan};
 use crate::data::error::DataError;
-use crate::data::examples::Examples;
+use crate::data::examples::{Examples, StreamReader, StreamSplit};
 use crate::data::formats::Dtype;
 use crate::data::pipeline::Batch;
 use rayon::prelude::*;
@@ -184,7 +184,46 @@ impl Examples for RecordSplit {
         0
     }
 
-    fn records(&self) -> Option<&RecordSplit> {
+    fn records(&self) -> Option<&dyn StreamSplit> {
         Some(self)
+    }
+}
+
+impl StreamSplit for RecordSplit {
+    /// A TFRecord split's shard units are its files.
+    fn unit_lens(&self) -> &[usize] {
+        self.file_lens()
+    }
+
+    fn open_units(&self, units: &[usize], order: Order) -> Box<dyn StreamReader> {
+        Box::new(PendingReader { reader: self.open(units, order), pending: Vec::new() })
+    }
+
+    fn ended_early(&self) -> DataError {
+        RecordSplit::ended_early(self)
+    }
+
+    fn refused(&self, problem: String) -> DataError {
+        DataError::BadTfRecord { problem }
+    }
+}
+
+/// A [`RecordReader`] and the records taken from it, decoded together (in parallel).
+struct PendingReader {
+    reader: RecordReader,
+    pending: Vec<Encoded>,
+}
+
+impl StreamReader for PendingReader {
+    fn skip(&mut self, k: usize) -> Result<usize, DataError> {
+        self.reader.skip(k)
+    }
+
+    fn take(&mut self) -> Result<bool, DataError> {
+        self.reader.take_encoded(&mut self.pending)
+    }
+
+    fn decode(&mut self, batch: &mut Batch) -> Result<(), DataError> {
+        self.reader.decode_into(std::mem::take(&mut self.pending), batch)
     }
 }

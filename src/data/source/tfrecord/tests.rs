@@ -266,7 +266,7 @@ fn reads_by_index_in_file_order_across_files_and_backwards() {
         toml::from_str("train = [\"p*.tfrecord\"]\nshape = [2]\nclasses = 7\nshuffle_buffer = 0").unwrap();
     let source = TfRecordSource { dir: dir.path().to_path_buf(), config };
     let data = source.load().unwrap();
-    assert_eq!((data.train.len(), data.train.records().map(RecordSplit::file_lens)), (7, Some(&[3, 4][..])));
+    assert_eq!((data.train.len(), data.train.records().map(|r| r.unit_lens())), (7, Some(&[3, 4][..])));
     let b = data.train.read(2..5).unwrap();
     assert_eq!(
         (b.y, b.x),
@@ -278,12 +278,12 @@ fn reads_by_index_in_file_order_across_files_and_backwards() {
     // Taken whole and decoded in parallel, the same values and labels as one by one; past
     // the end, nothing more is taken.
     let records = data.train.records().unwrap();
-    let (mut one, mut all) = (Batch::default(), Batch::default());
-    let mut reader = records.open(&[0, 1], Order::Files);
-    while reader.append(&mut one).unwrap() {}
-    let (mut reader, mut pending) = (records.open(&[0, 1], Order::Files), vec![]);
-    while reader.take_encoded(&mut pending).unwrap() {}
-    assert_eq!(pending.len(), 7);
-    reader.decode_into(pending, &mut all).unwrap();
+    let (one, mut all) = (data.train.read(0..7).unwrap(), Batch::default());
+    let (mut reader, mut taken) = (records.open_units(&[0, 1], Order::Files), 0);
+    while reader.take().unwrap() {
+        taken += 1;
+    }
+    assert_eq!(taken, 7);
+    reader.decode(&mut all).unwrap();
     assert_eq!((all.x, all.y), (one.x, one.y));
 }

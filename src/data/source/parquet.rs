@@ -1,0 +1,255 @@
+//! The `parquet` source: Parquet files (a Hugging Face Hub export such as
+//! `data/train-00000-of-00004.parquet`, anything pyarrow writes), read through the `parquet`
+//! crate's Arrow reader one row group at a time, only the columns named, never a file whole.
+//! `[data.parquet]` reads them in one of two ways:
+//!
+//! - `text`: a string column (default `text`) holds documents for a language model; each
+//!   file's documents, each followed by the end-of-text text, form one token stream, tokenized
+//!   and cut into `block_size` windows as the `text` and `jsonl` sources' are (`text`).
+//! - `table`: numeric columns and fixed-size (or equal-length) list columns of numbers (pixels)
+//!   are the features, flattened in order; one column is the label: classes (whole numbers, or
+//!   names) or a regression target. Rows are streamed (`split`): the shard units are the row
+//!   groups of the files in order, so the `file` policy deals row groups to workers, and an
+//!   epoch goes through a shuffle buffer of `shuffle_buffer` rows; a resumed run replays its
+//!   epoch up to the cursor, skipping whole row groups by their counts in the footers and rows
+//!   within one by a row selection, never decoding them.
+//!
+//! Only the footers are read for counts; a table's label column is read once more for its
+//! classes. Every error names the file, and a column's errors the column, its type and what
+//! was expected (`columns`).
+
+mod columns;
+mod split;
+#[cfg(test)]
+mod tests;
+mod text;
+
+use super::csv::CsvLabels;
+use super::{DataSource, RawValues, expand, is_pattern, require};
+use crate::data::error::DataError;
+use crate::data::examples::{Split, StreamSplit as _};
+use crate::data::pipeline::Shuffle;
+use crate::data::{DataFacts, Dataset, Tokenization, VocabularyFrom};
+use columns::TableColumns;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use split::ParquetSplit;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+/// `[data.parquet]`: Parquet files, read as text for a language model or as a table.
+/// Exactly one of `text` and `table`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetConfig {
+    /// Training files, relative to `data.dir` (or absolute); each a file name or a glob
+    /// pattern, matches sorted. Required. Example: `train = ["data/train-*.parquet"]`.
+    pub train: Vec<String>,
+    /// Validation files, evaluated as the test split. Default: none (nothing is evaluated).
+    /// Example: `validation = ["data/validation-*.parquet"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<String>,
+    /// Read a string column as documents for a language model.
+    /// Example: `text = { column = "text", block_size = 64 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<ParquetText>,
+    /// Read numeric columns as features and one column as the label.
+    /// Example: `table = { label = "label", features = ["pixels"] }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<ParquetTable>,
+    /// Rows in the shuffle buffer a table's training rows stream through, as
+    /// `tf.data.Dataset.shuffle(buffer_size)` (text windows are shuffled whole, as `text`'s).
+    /// `0` reads rows in file order. Default: `1024`. Example: `shuffle_buffer = 10000`.
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: usize,
+}
+
+fn default_shuffle_buffer() -> usize {
+    1024
+}
+
+/// `data.parquet.text`: documents for a language model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetText {
+    /// The string column holding each document. Default: `text`. Example: `column = "content"`.
+    #[serde(default = "default_column")]
+    pub column: String,
+    /// Text put after every document, as `data.jsonl.text.end_of_text`. Default: a newline
+    /// for `char` and `byte`, `<|endoftext|>` for a tiktoken encoding.
+    /// Example: `end_of_text = "\n\n"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_text: Option<String>,
+    /// How text becomes tokens, as `data.text.tokenization`. Default: `char`.
+    /// Example: `tokenization = "gpt2"`.
+    #[serde(default)]
+    pub tokenization: Tokenization,
+    /// Which text the `char` vocabulary is built from, as `data.text.vocabulary`.
+    /// Default: `train`. Example: `vocabulary = "train_and_validation"`.
+    #[serde(default)]
+    pub vocabulary: VocabularyFrom,
+    /// Tokens the model sees per example (windows of `block_size + 1` tokens). Required.
+    /// Example: `block_size = 64`.
+    pub block_size: NonZeroUsize,
+}
+
+fn default_column() -> String {
+    "text".into()
+}
+
+/// `data.parquet.table`: feature columns and a label column.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetTable {
+    /// The label column: integers (classes `0..=max`), strings (class names, sorted), or
+    /// floats (a regression target). Required. Example: `label = "label"`.
+    pub label: String,
+    /// Feature columns, in this order: numbers, booleans, or lists of numbers of one length
+    /// (flattened). Required. Example: `features = ["pixels"]`.
+    pub features: Vec<String>,
+    /// What the label column holds, as `data.csv.labels`. Default: told by its type (floats
+    /// are regression targets, integers and strings classes). Example: `labels = "regression"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<CsvLabels>,
+    /// The shape one example's features take (their count must match), for a convolution.
+    /// Default: one dimension, the flattened features. Example: `shape = [28, 28, 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
+}
+
+/// `data.dataset = "parquet"`: `[data.parquet]`'s files in `dir`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParquetSource {
+    pub dir: PathBuf,
+    pub config: ParquetConfig,
+}
+
+/// How `[data.parquet]` reads its files: the one group it names.
+enum ParquetReadAs<'a> {
+    Text(&'a ParquetText),
+    Table(&'a ParquetTable),
+}
+
+impl DataSource for ParquetSource {
+    fn name(&self) -> &'static str {
+        "parquet"
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.dir)
+    }
+
+    /// Plain names (not patterns) that are not files; a pattern matching nothing is the
+    /// error of `facts` and `load`.
+    fn missing_files(&self) -> Vec<String> {
+        let names = self.config.train.iter().chain(&self.config.validation);
+        names.filter(|n| !is_pattern(n) && !self.dir.join(n).is_file()).cloned().collect()
+    }
+
+    /// Text: the documents are read and counted in tokens. A table: the footers give the
+    /// counts, the label column its classes.
+    fn facts(&self) -> Result<DataFacts, DataError> {
+        match self.read_as()? {
+            ParquetReadAs::Text(text) => Ok(text::texts(&self.files()?, text)?.facts()),
+            ParquetReadAs::Table(table) => {
+                let (train, test) = self.splits(table)?;
+                let units = train.unit_lens().len();
+                Ok(dataset(train, test).facts(units))
+            }
+        }
+    }
+
+    /// Text: tokenized windows in memory. A table: the files opened for streaming.
+    fn load(&self) -> Result<Dataset, DataError> {
+        match self.read_as()? {
+            ParquetReadAs::Text(text) => text::texts(&self.files()?, text)?.dataset(),
+            ParquetReadAs::Table(table) => {
+                let (train, test) = self.splits(table)?;
+                Ok(dataset(train, test))
+            }
+        }
+    }
+
+    fn raw_values(&self) -> RawValues {
+        match self.config.text {
+            Some(_) => RawValues::Tokens,
+            None => RawValues::Numbers,
+        }
+    }
+
+    /// A table's rows stream through `data.parquet.shuffle_buffer`; text windows are read by
+    /// index, shuffled by the pipeline.
+    fn stream_shuffle(&self) -> Option<Shuffle> {
+        match self.config.text {
+            Some(_) => None,
+            None => Some(NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer)),
+        }
+    }
+}
+
+/// The training and validation files, globs expanded.
+struct ParquetFiles {
+    train: Vec<PathBuf>,
+    validation: Vec<PathBuf>,
+}
+
+impl ParquetSource {
+    /// The files there, and the one way of reading them that the config names.
+    fn read_as(&self) -> Result<ParquetReadAs<'_>, DataError> {
+        require(self.name(), &self.dir, self.missing_files())?;
+        let config = &self.config;
+        if config.train.is_empty() {
+            return Err(DataError::MissingSection {
+                dataset: "parquet",
+                section: "at least one file in data.parquet.train",
+                example: EXAMPLE,
+            });
+        }
+        match (&config.text, &config.table) {
+            (Some(text), None) => Ok(ParquetReadAs::Text(text)),
+            (None, Some(table)) => Ok(ParquetReadAs::Table(table)),
+            (None, None) => Err(DataError::MissingSection {
+                dataset: "parquet",
+                section: "data.parquet.text (a language model's documents) or data.parquet.table (features and a label)",
+                example: EXAMPLE,
+            }),
+            (Some(_), Some(_)) => Err(bad(
+                "both data.parquet.text and data.parquet.table are set; a file is read one way: keep the one the \
+                 model needs"
+                    .into(),
+            )),
+        }
+    }
+
+    fn files(&self) -> Result<ParquetFiles, DataError> {
+        Ok(ParquetFiles {
+            train: expand(&self.dir, &self.config.train, bad)?,
+            validation: expand(&self.dir, &self.config.validation, bad)?,
+        })
+    }
+
+    /// Both splits' files, their footers read and their columns checked.
+    fn splits(&self, table: &ParquetTable) -> Result<(ParquetSplit, Option<ParquetSplit>), DataError> {
+        let files = self.files()?;
+        let columns = TableColumns::resolve(&files.train, table)?;
+        let train = ParquetSplit::new(files.train, columns.clone())?;
+        let test = match files.validation.is_empty() {
+            true => None,
+            false => Some(ParquetSplit::new(files.validation, columns)?),
+        };
+        Ok((train, test))
+    }
+}
+
+fn dataset(train: ParquetSplit, test: Option<ParquetSplit>) -> Dataset {
+    let (labels, classes) = train.columns().labels();
+    Dataset { train: Split::of(train), test: test.map(Split::of), labels, vocabulary: None, classes }
+}
+
+/// The source's error for what `[data.parquet]` asks that the files cannot give.
+fn bad(problem: String) -> DataError {
+    DataError::BadParquet { problem }
+}
+
+const EXAMPLE: &str = "[data.parquet] train = [\"data/train-*.parquet\"], table = { label = \"label\", features = \
+                       [\"pixels\"] }";
