@@ -142,6 +142,7 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
             dir: dir("jsonl")?,
         }),
         DatasetKind::Parquet => AnySource::new(ParquetSource {
+            cache: dirs.token_cache(&dir("parquet")?),
             config: needs(
                 &spec.parquet,
                 "parquet",

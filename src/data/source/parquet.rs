@@ -120,6 +120,8 @@ pub struct ParquetTable {
 /// `data.dataset = "parquet"`: `[data.parquet]`'s files in `dir`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParquetSource {
+    /// The token cache's folder, for a text column.
+    pub cache: PathBuf,
     pub dir: PathBuf,
     pub config: ParquetConfig,
 }
@@ -150,7 +152,7 @@ impl DataSource for ParquetSource {
     /// counts, the label column its classes.
     fn facts(&self) -> Result<DataFacts, DataError> {
         match self.read_as()? {
-            ParquetReadAs::Text(text) => Ok(text::texts(&self.files()?, text)?.facts()),
+            ParquetReadAs::Text(text) => Ok(text::texts(&self.files()?, text, &self.cache)?.facts()),
             ParquetReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 let units = train.unit_lens().len();
@@ -162,7 +164,7 @@ impl DataSource for ParquetSource {
     /// Text: tokenized windows in memory. A table: the files opened for streaming.
     fn load(&self) -> Result<Dataset, DataError> {
         match self.read_as()? {
-            ParquetReadAs::Text(text) => text::texts(&self.files()?, text)?.dataset(),
+            ParquetReadAs::Text(text) => text::texts(&self.files()?, text, &self.cache)?.dataset(),
             ParquetReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 Ok(dataset(train, test))

@@ -6,7 +6,7 @@ use super::columns::{column, open, strings, wrong_type};
 use super::split::unreadable;
 use super::{ParquetFiles, ParquetText};
 use crate::data::error::DataError;
-use crate::data::source::text::{TextFile, Texts, Tokenizing};
+use crate::data::source::text::{Joining, TextFile, Texts, Tokenizing};
 use arrow_array::Array as _;
 use parquet::arrow::ProjectionMask;
 use std::path::{Path, PathBuf};
@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 const BATCH_ROWS: usize = 8192;
 
 /// The documents of every training and validation file, checked and counted.
-pub(super) fn texts(files: &ParquetFiles, config: &ParquetText) -> Result<Texts, DataError> {
+pub(super) fn texts(files: &ParquetFiles, config: &ParquetText, cache: &Path) -> Result<Texts, DataError> {
     let tokenizing = Tokenizing {
         dataset: "parquet",
-        tokenization: config.tokenization,
+        reading: format!("parquet column {:?}", config.column),
+        cache: cache.to_path_buf(),
+        tokenization: config.tokenization.clone(),
         vocabulary: config.vocabulary,
         block: config.block_size.get(),
-        end_of_text: Some(
-            config.end_of_text.clone().unwrap_or_else(|| config.tokenization.default_end_of_text().into()),
-        ),
+        joining: Joining::Documents { end_of_text: config.end_of_text.clone(), key: "data.parquet.text.end_of_text" },
     };
     let all = |paths: &[PathBuf]| -> Result<Vec<TextFile>, DataError> {
         paths.iter().map(|p| documents(p, &config.column)).collect()
