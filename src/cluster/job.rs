@@ -225,7 +225,20 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     let Some(rank) = workers.iter().position(|m| m.task == task) else {
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: None });
     };
-    let mut peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
+    // Hosts as the plan's topology groups them, by the host part of each address: what
+    // `hierarchical` groups by over any transport, and the routed transport's segments.
+    let mut names: Vec<String> = Vec::new();
+    let hosts: Vec<usize> = workers
+        .iter()
+        .map(|m| {
+            let h = host_name(&m.address);
+            names.iter().position(|n| *n == h).unwrap_or_else(|| {
+                names.push(h);
+                names.len() - 1
+            })
+        })
+        .collect();
+    let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?.on_hosts(hosts.clone())?;
     let token = job_token_hash(config.token.as_str());
     let (algorithm, kind) = (*algorithm, *transport);
     let transport = match kind {
@@ -247,25 +260,12 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
         }
         TransportKind::Tcp | TransportKind::TcpTls => Transport::TcpRing(tcp_options(&config, &workers, token, data)?),
         TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => {
-            // Hosts as the plan's topology groups them: by the host part of each address.
-            let mut names: Vec<String> = Vec::new();
-            let hosts: Vec<usize> = workers
-                .iter()
-                .map(|m| {
-                    let h = host_name(&m.address);
-                    names.iter().position(|n| *n == h).unwrap_or_else(|| {
-                        names.push(h);
-                        names.len() - 1
-                    })
-                })
-                .collect();
             let mine = hosts[rank];
             // Unique per job, launch and host: the token, and the host's first worker's pid.
             let first = workers.iter().zip(&hosts).find(|(_, h)| **h == mine).map_or(workers[rank].pid, |(m, _)| m.pid);
             let path = segment_dir().join(format!("trainrun-{token:016x}-{first}"));
             let shm = ShmOptions { job_token: token, ..ShmOptions::new(path) };
             let tcp = tcp_options(&config, &workers, token, data)?;
-            peers = peers.on_hosts(hosts)?;
             Transport::Routed { shm, tcp }
         }
     };

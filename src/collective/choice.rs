@@ -25,10 +25,17 @@ impl SizeChoice {
         SizeChoice { model, transport, placement, candidates }
     }
 
-    /// Whether there is anything to choose: more than one candidate, among more than two ranks
-    /// (at two, every algorithm is the same single exchange and today's ring stays).
+    /// Whether there is anything to choose: over TCP, more than one candidate among more than
+    /// two ranks (at two, every algorithm is the same single exchange and today's ring stays).
+    /// On one host `direct` runs, its own communicator and the cheapest at every size; over
+    /// shared memory and TCP only `hierarchical` runs.
     pub fn chooses(&self) -> bool {
-        self.candidates.len() > 1 && self.placement.ranks > 2
+        match self.transport {
+            TransportKind::Tcp | TransportKind::TcpTls => self.candidates.len() > 1 && self.placement.ranks > 2,
+            TransportKind::SharedMemory | TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => {
+                false
+            }
+        }
     }
 
     /// The algorithm for an all-reduce of `bytes`: the cheapest by the model, the first
@@ -87,6 +94,9 @@ mod tests {
             SizeChoice::over(model, TransportKind::SharedMemoryAndTcp, Placement { ranks: 8, hosts: 2, per_host: 4 });
         assert_eq!(routed.candidates, [Algorithm::Hierarchical]);
         assert!(!routed.chooses());
+        let one_host =
+            SizeChoice::over(model, TransportKind::SharedMemory, Placement { ranks: 4, hosts: 1, per_host: 4 });
+        assert!(!one_host.chooses(), "direct runs on one host");
     }
 
     #[test]
