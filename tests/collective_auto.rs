@@ -9,26 +9,29 @@ mod common;
 use common::{assert_exit, json, run, tempdir, text, trainrun};
 use std::path::Path;
 
-/// Four local workers over TCP, packs of 16 KiB, 12 steps, into `out`, with `extra`.
+/// Four local workers over TCP, packs of 16 KiB.
+const FOUR_OVER_TCP: [&str; 6] = [
+    "--set",
+    "cluster.worker=4",
+    "--set",
+    "strategy.communication.transport=\"tcp\"",
+    "--set",
+    "strategy.communication.bytes_per_pack=16384",
+];
+
+/// [`FOUR_OVER_TCP`] train 12 steps into `out`, with `extra`.
 fn train(out: &Path, cache: &Path, extra: &[&str]) -> (serde_json::Value, String) {
     let o = format!("run.out_dir={}", out.display());
-    let mut args = vec![
-        "specs/mnist_multiworker.toml",
-        "--set",
-        &o,
-        "--set",
-        "cluster.worker=4",
-        "--set",
-        "strategy.communication.transport=\"tcp\"",
-        "--set",
-        "strategy.communication.bytes_per_pack=16384",
+    let mut args = vec!["specs/mnist_multiworker.toml", "--set", &o];
+    args.extend(FOUR_OVER_TCP);
+    args.extend([
         "--set",
         "train.epochs=1",
         "--set",
         "train.steps_per_epoch=12",
         "--set",
         "optimizer.learning_rate=0.05",
-    ];
+    ]);
     args.extend(extra);
     let output = trainrun().env("XDG_CACHE_HOME", cache).args(&args).output().expect("trainrun runs");
     let (stdout, stderr) = text(&output);
@@ -66,16 +69,9 @@ fn a_model_in_the_spec_is_not_measured() {
 
 #[test]
 fn check_prints_the_choice_per_pack_size() {
-    let out = run(&[
-        "check",
-        "specs/mnist_multiworker.toml",
-        "--set",
-        "cluster.worker=4",
-        "--set",
-        "strategy.communication.transport=\"tcp\"",
-        "--set",
-        "strategy.communication.bytes_per_pack=16384",
-    ]);
+    let mut args = vec!["check", "specs/mnist_multiworker.toml"];
+    args.extend(FOUR_OVER_TCP);
+    let out = run(&args);
     assert_exit(&out, 0);
     let (stdout, _) = text(&out);
     let row = stdout.lines().find(|l| l.trim_start().starts_with("by pack size")).unwrap_or_else(|| panic!("{stdout}"));
