@@ -257,12 +257,15 @@ pub(crate) trait PointToPointAlgorithm: Send {
     fn barrier(&self, x: &mut Exchanges<'_>) -> Result<(), CollectiveError>;
 }
 
+/// The algorithms a choice per size runs, each with its steps.
+type Candidates = Vec<(Algorithm, Box<dyn PointToPointAlgorithm>)>;
+
 /// The communicator that runs a point-to-point algorithm over a transport.
 pub struct Scheduled {
     algorithm: Box<dyn PointToPointAlgorithm>,
     /// `implementation = "auto"` per size: the algorithms each all-reduce chooses among, and
     /// how it chooses. Broadcasts and barriers keep `algorithm`.
-    by_size: Option<(SizeChoice, Vec<(Algorithm, Box<dyn PointToPointAlgorithm>)>)>,
+    by_size: Option<(SizeChoice, Candidates)>,
     transport: Box<dyn PointToPoint>,
     group: Group,
     /// Collectives run so far; both ends of every exchange check it.
