@@ -154,7 +154,8 @@ fn check_refuses_a_cost_model_without_a_rate() {
 
 /// Prints every algorithm's all-reduce time over TCP (and `hierarchical` over shared memory
 /// inside hosts of `BENCH_PER_HOST` ranks, default 4) at 1 KB, 1 MB and 16 MB between 2, 4, 8
-/// and 16 processes (`BENCH_WORLDS`, `BENCH_SIZES` in floats override):
+/// and 16 processes (`BENCH_WORLDS`, `BENCH_SIZES` in floats, `BENCH_ALGORITHMS` override;
+/// `TRAINRUN_COLLECTIVE_AUTO=1` runs each as `auto` does, starting from that algorithm):
 /// `cargo test --release --test collective_topology -- --ignored --nocapture algorithm_table`.
 #[test]
 #[ignore = "a benchmark, minutes long"]
@@ -170,6 +171,9 @@ fn algorithm_table() {
     opts.per_host = list("BENCH_PER_HOST", &[4])[0];
     if let Ok(w) = std::env::var("BENCH_WIRES") {
         opts.wires = w.split(',').map(|w| w.parse().expect("a wire")).collect();
+    }
+    if let Ok(a) = std::env::var("BENCH_ALGORITHMS") {
+        opts.algorithms = a.split(',').map(|a| Algorithm::from_name(a.trim()).expect("an algorithm")).collect();
     }
     let rows = bench::run(&opts).unwrap_or_else(|e| panic!("{e}"));
     println!("{}", bench::table(&rows));

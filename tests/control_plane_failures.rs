@@ -136,6 +136,14 @@ fn strike(dir: &Path, launcher: &mut Child, signal: i32) -> Instant {
     Instant::now()
 }
 
+/// Each task's log but the victim's (its `[worker:i]` lines) names the victim and its end.
+fn every_other_task_names(stderr: &str, cause: &str) {
+    for i in (0..WORKERS).filter(|&i| i != VICTIM) {
+        let told = format!("[worker:{i}] stopped by the launcher: {cause}");
+        assert!(stderr.lines().any(|l| l.starts_with(&told)), "worker:{i} was not told `{cause}`:\n{stderr}");
+    }
+}
+
 #[test]
 fn a_killed_worker_of_32_ends_the_job_within_timeout_plus_two_seconds_named() {
     let dir = tempdir();
@@ -147,6 +155,7 @@ fn a_killed_worker_of_32_ends_the_job_within_timeout_plus_two_seconds_named() {
     let stderr = text(&out).1;
     assert!(took < Duration::from_secs(TIMEOUT_S + 2), "took {took:?}\n{stderr}");
     assert!(stderr.contains(&format!("error: worker:{VICTIM} failed (killed by signal 9)")), "{stderr}");
+    every_other_task_names(&stderr, &format!("worker:{VICTIM} failed (killed by signal 9)"));
     println!("{WORKERS} tasks: worker:{VICTIM} killed, the job ended naming it after {:.2} s", took.as_secs_f64());
 }
 
@@ -161,6 +170,7 @@ fn a_hung_worker_of_32_is_named_as_hung_within_timeout_plus_two_seconds() {
     let stderr = text(&out).1;
     assert!(took < Duration::from_secs(TIMEOUT_S + 2), "took {took:?}\n{stderr}");
     assert!(stderr.contains(&format!("error: worker:{VICTIM} failed (hung: ")), "{stderr}");
+    every_other_task_names(&stderr, &format!("worker:{VICTIM} failed (hung: "));
     println!(
         "{WORKERS} tasks: worker:{VICTIM} stopped, the job ended naming it hung after {:.2} s",
         took.as_secs_f64()

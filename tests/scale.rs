@@ -107,6 +107,34 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     assert!(result.rendezvous_s > 0.0 && result.rendezvous_s < 30.0, "{result:?}");
 }
 
+/// Item 2 of the scale-out: `hierarchical` between namespace hosts, end to end: 6 tasks as
+/// 3 hosts × 2 sum over shared memory inside each host and TCP across (the routed transport),
+/// train to completion, and a second job of fresh processes ends with the same weights bit for
+/// bit; nothing is left behind.
+#[test]
+fn hierarchical_between_namespace_hosts_trains_with_the_same_bits_run_after_run() {
+    let p = TaskLayout { tasks: 6, hosts: 3 };
+    let mut hashes = Vec::new();
+    for _ in 0..2 {
+        let Some(cluster) = cluster(p) else { return };
+        let tag = cluster.tag.clone();
+        let settings = TrainSettings {
+            steps: 12,
+            per_replica_batch: 16,
+            implementation: "hierarchical".into(),
+            deadline: Duration::from_secs(90),
+        };
+        let result = train(exe(), &cluster, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(result.steps, 12);
+        assert_eq!(result.transport, "shared_memory_and_tcp", "shared memory inside hosts, TCP across");
+        drop(cluster);
+        assert_nothing_left(&tag, std::process::id());
+        hashes.push(result.weights_sha256);
+    }
+    assert!(hashes[0].len() == 64, "{hashes:?}");
+    assert_eq!(hashes[0], hashes[1], "two jobs of fresh processes, the same bits");
+}
+
 /// `trainrun bench --only scale` started, once its first cluster is up: the bench and that
 /// cluster's tag; `None` (having said why) where clusters cannot be made.
 fn bench_with_a_cluster() -> Option<(std::process::Child, String)> {

@@ -5,6 +5,8 @@
 
 use super::tls::{TlsMaterial, host_of};
 use super::{ClusterConfig, ClusterError, ControlPlane, JobToken, Role, TaskId, Timeouts};
+use crate::collective::choice::SizeChoice;
+use crate::collective::probe::{self, AutoBySize};
 use crate::collective::{
     Algorithm, Collective, CollectiveError, Communicator, Peers, ShmOptions, TcpOptions, TlsPeers, Transport,
     TransportKind, job_token_hash,
@@ -49,11 +51,12 @@ pub struct JobConfig {
 }
 
 /// What the data plane among the tasks is, as the plan decided it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum DataPlaneKind {
     /// The training workers all-reduce (synchronous training): this algorithm over this
-    /// transport.
-    AllReduce { algorithm: Algorithm, transport: TransportKind },
+    /// transport; with `auto`, each all-reduce the algorithm the cost model (measured at
+    /// start-up unless the spec gives it) picks for its size, where there is a choice.
+    AllReduce { algorithm: Algorithm, transport: TransportKind, auto: Option<AutoBySize> },
     /// This task keeps its data-plane listener and gets everyone's data address
     /// ([`DataPlane`]), for a data plane of the strategy's own (parameter servers).
     Endpoints,
@@ -129,6 +132,13 @@ pub fn host_name(address: &str) -> String {
     }
 }
 
+/// Where the chief keeps the cost model measured at start-up: `$XDG_CACHE_HOME/trainrun`,
+/// else `$HOME/.cache/trainrun`; `None` (measure every run) when neither is set.
+fn cost_model_dir() -> Option<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache"))).map(|d| d.join("trainrun"))
+}
+
 /// Where shared-memory segments go: `/dev/shm` (memory), else the temporary directory.
 pub fn segment_dir() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
@@ -190,7 +200,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
         control,
     )?;
     let roster = plane.rendezvous()?;
-    let DataPlaneKind::AllReduce { algorithm, transport } = config.data_plane else {
+    let DataPlaneKind::AllReduce { algorithm, transport, auto } = &config.data_plane else {
         let mut addresses = BTreeMap::new();
         for m in &roster.members {
             addresses.insert(m.task, data_address(m)?);
@@ -215,9 +225,23 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     let Some(rank) = workers.iter().position(|m| m.task == task) else {
         return Ok(Job { plane, comm: None, is_chief: task == chief, data: None });
     };
-    let mut peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?;
+    // Hosts as the plan's topology groups them, by the host part of each address: what
+    // `hierarchical` groups by over any transport, and the routed transport's segments.
+    let mut names: Vec<String> = Vec::new();
+    let hosts: Vec<usize> = workers
+        .iter()
+        .map(|m| {
+            let h = host_name(&m.address);
+            names.iter().position(|n| *n == h).unwrap_or_else(|| {
+                names.push(h);
+                names.len() - 1
+            })
+        })
+        .collect();
+    let peers = Peers::new(rank, workers.iter().map(|m| m.task.to_string()).collect())?.on_hosts(hosts.clone())?;
     let token = job_token_hash(config.token.as_str());
-    let transport = match transport {
+    let (algorithm, kind) = (*algorithm, *transport);
+    let transport = match kind {
         TransportKind::SharedMemory => {
             if !workers.iter().all(|m| m.host == workers[0].host) {
                 let hosts: Vec<String> = workers.iter().map(|m| format!("{} on {}", m.task, m.host)).collect();
@@ -236,30 +260,29 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
         }
         TransportKind::Tcp | TransportKind::TcpTls => Transport::TcpRing(tcp_options(&config, &workers, token, data)?),
         TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => {
-            // Hosts as the plan's topology groups them: by the host part of each address.
-            let mut names: Vec<String> = Vec::new();
-            let hosts: Vec<usize> = workers
-                .iter()
-                .map(|m| {
-                    let h = host_name(&m.address);
-                    names.iter().position(|n| *n == h).unwrap_or_else(|| {
-                        names.push(h);
-                        names.len() - 1
-                    })
-                })
-                .collect();
             let mine = hosts[rank];
             // Unique per job, launch and host: the token, and the host's first worker's pid.
             let first = workers.iter().zip(&hosts).find(|(_, h)| **h == mine).map_or(workers[rank].pid, |(m, _)| m.pid);
             let path = segment_dir().join(format!("trainrun-{token:016x}-{first}"));
             let shm = ShmOptions { job_token: token, ..ShmOptions::new(path) };
             let tcp = tcp_options(&config, &workers, token, data)?;
-            peers = peers.on_hosts(hosts)?;
             Transport::Routed { shm, tcp }
         }
     };
     let timeouts = crate::collective::CollectiveTimeouts { connect: config.startup, op: config.timeout };
-    let comm = Collective::build(peers, algorithm, transport, timeouts)?;
+    // `auto` over a transport with several algorithms to choose among: connected for all
+    // of them, then each pack size takes the one the agreed model picks.
+    let choosing = auto.as_ref().filter(|a| SizeChoice::over(a.model, kind, a.placement).chooses());
+    let also = choosing.map(|a| SizeChoice::over(a.model, kind, a.placement).candidates).unwrap_or_default();
+    let mut comm = Collective::build_among(peers, algorithm, &also, transport, timeouts)?;
+    if let Some(auto) = choosing {
+        let cache = cost_model_dir().map(|d| probe::cache_file(&d, kind, auto.placement));
+        let (choice, source) = probe::agree(&mut comm, auto, algorithm, cache.as_deref())?;
+        if task == chief {
+            eprintln!("trainrun: {}", probe::describe(&choice, &source, &auto.packs));
+        }
+        comm.choose_by_size(choice)?;
+    }
     Ok(Job { plane, comm: Some(Box::new(comm)), is_chief: task == chief, data: None })
 }
 

@@ -133,6 +133,12 @@ fn run_one(
     };
     let outcomes = PeerGroup::spawn_on_hosts(launcher, &spec, algorithm, hosts)?.finish(Duration::from_secs(300));
     check(&outcomes, &label(algorithm, wire), world)?;
+    // Under `auto` (`ENV_AUTO`), which algorithm the size took.
+    for line in outcomes.first().map(|o| o.lines.as_slice()).unwrap_or_default() {
+        if let Some(pick) = line.strip_prefix("TRAINRUN-AUTO ") {
+            eprintln!("auto, {world} ranks over {}: {pick}", wire.as_str());
+        }
+    }
     let bytes = floats * 4;
     let result = outcomes
         .first()

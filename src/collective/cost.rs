@@ -51,6 +51,83 @@ fn log2_floor(n: usize) -> f64 {
     f64::from(n.max(1).ilog2())
 }
 
+/// What an algorithm's critical path carries over one kind of link: messages (each costs α),
+/// bytes sent (β each) and bytes summed (γ each). Linear in α, β and γ, so a start-up probe
+/// that times one algorithm at two sizes solves for α and β ([`CostModel::fitted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Terms {
+    pub messages: f64,
+    pub bytes: f64,
+    pub summed: f64,
+}
+
+impl Terms {
+    /// Seconds over `link`, summing at `gamma` seconds a byte.
+    pub fn seconds(self, link: LinkCost, gamma: f64) -> f64 {
+        self.messages * link.alpha + self.bytes * link.beta + self.summed * gamma
+    }
+
+    /// The ring over `n` ranks and `s` bytes: 2(n−1) messages of s/n, (n−1)/n·s summed.
+    pub fn ring(n: usize, s: f64) -> Terms {
+        if n < 2 {
+            return Terms::default();
+        }
+        let (nf, steps) = (n as f64, 2.0 * (n as f64 - 1.0));
+        Terms { messages: steps, bytes: steps / nf * s, summed: (nf - 1.0) / nf * s }
+    }
+
+    /// Halving-doubling over `n` ranks: 2·log₂p messages carrying 2(p−1)/p·s over the core
+    /// of p = 2^⌊log₂n⌋ ranks, plus the fold and the return (s each) when n is not p.
+    pub fn halving_doubling(n: usize, s: f64) -> Terms {
+        if n < 2 {
+            return Terms::default();
+        }
+        let p = 1usize << n.ilog2();
+        let pf = p as f64;
+        let core =
+            Terms { messages: 2.0 * log2_floor(p), bytes: 2.0 * (pf - 1.0) / pf * s, summed: (pf - 1.0) / pf * s };
+        let fold = if p == n { Terms::default() } else { Terms { messages: 2.0, bytes: 2.0 * s, summed: s } };
+        core + fold
+    }
+
+    /// A binomial-tree broadcast of s bytes to `n` ranks (hierarchical's last step).
+    pub fn broadcast(n: usize, s: f64) -> Terms {
+        if n < 2 {
+            return Terms::default();
+        }
+        let rounds = f64::from(n.next_power_of_two().ilog2());
+        Terms { messages: rounds, bytes: rounds * s, summed: 0.0 }
+    }
+
+    /// `hierarchical`'s two parts: inside the fullest host (halving-doubling, then the
+    /// leader's broadcast), and among the hosts' leaders.
+    pub fn hierarchical(shape: Placement, s: f64) -> [Terms; 2] {
+        let inside = Terms::halving_doubling(shape.per_host, s) + Terms::broadcast(shape.per_host, s);
+        [inside, Terms::halving_doubling(shape.hosts, s)]
+    }
+
+    /// A point-to-point algorithm's terms with every step on one kind of link (`None` for
+    /// `direct`, which sends no messages).
+    pub fn of(algorithm: Algorithm, shape: Placement, s: f64) -> Option<Terms> {
+        match algorithm {
+            Algorithm::Direct => None,
+            Algorithm::Ring => Some(Terms::ring(shape.ranks, s)),
+            Algorithm::HalvingDoubling => Some(Terms::halving_doubling(shape.ranks, s)),
+            Algorithm::Hierarchical => {
+                let [inside, among] = Terms::hierarchical(shape, s);
+                Some(inside + among)
+            }
+        }
+    }
+}
+
+impl std::ops::Add for Terms {
+    type Output = Terms;
+    fn add(self, o: Terms) -> Terms {
+        Terms { messages: self.messages + o.messages, bytes: self.bytes + o.bytes, summed: self.summed + o.summed }
+    }
+}
+
 impl CostModel {
     /// The link a flat algorithm's messages take over `transport`.
     fn flat_link(&self, transport: TransportKind) -> LinkCost {
@@ -63,35 +140,38 @@ impl CostModel {
         }
     }
 
-    /// The ring over `n` ranks and `s` bytes: 2(n−1) messages of s/n, (n−1)/n·s summed.
+    /// The ring over `n` ranks and `s` bytes.
     pub fn ring(&self, link: LinkCost, n: usize, s: f64) -> f64 {
-        if n < 2 {
-            return 0.0;
-        }
-        let steps = 2.0 * (n as f64 - 1.0);
-        steps * link.alpha + steps / n as f64 * s * link.beta + (n as f64 - 1.0) / n as f64 * s * self.gamma
+        Terms::ring(n, s).seconds(link, self.gamma)
     }
 
-    /// Halving-doubling over `n` ranks: 2·log₂p messages carrying 2(p−1)/p·s over the core
-    /// of p = 2^⌊log₂n⌋ ranks, plus the fold and the return (s each) when n is not p.
+    /// Halving-doubling over `n` ranks and `s` bytes.
     pub fn halving_doubling(&self, link: LinkCost, n: usize, s: f64) -> f64 {
-        if n < 2 {
-            return 0.0;
-        }
-        let p = 1usize << n.ilog2();
-        let fold = if p == n { 0.0 } else { 1.0 };
-        let pf = p as f64;
-        let core = 2.0 * log2_floor(p) * link.alpha + 2.0 * (pf - 1.0) / pf * s * link.beta;
-        core + (pf - 1.0) / pf * s * self.gamma + fold * (2.0 * (link.alpha + s * link.beta) + s * self.gamma)
+        Terms::halving_doubling(n, s).seconds(link, self.gamma)
     }
 
-    /// A binomial-tree broadcast of s bytes to `n` ranks (hierarchical's last step).
-    fn broadcast(&self, link: LinkCost, n: usize, s: f64) -> f64 {
-        if n < 2 {
-            return 0.0;
+    /// The link that explains two timings of `algorithm` with every step on that link:
+    /// `secs.0` for `sizes.0` bytes and `secs.1` for `sizes.1` among `shape`'s ranks, given
+    /// this model's γ (the start-up probe's fit). `None` when the algorithm sends no messages
+    /// or the sizes carry the same bytes. α and β are kept from going below zero (noise can
+    /// make the large timing look cheap).
+    pub fn fitted(
+        &self,
+        algorithm: Algorithm,
+        shape: Placement,
+        sizes: (usize, usize),
+        secs: (f64, f64),
+    ) -> Option<LinkCost> {
+        let small = Terms::of(algorithm, shape, sizes.0 as f64)?;
+        let large = Terms::of(algorithm, shape, sizes.1 as f64)?;
+        let spread = large.bytes - small.bytes;
+        if spread <= 0.0 || small.messages <= 0.0 {
+            return None;
         }
-        let rounds = f64::from(n.next_power_of_two().ilog2());
-        rounds * (link.alpha + s * link.beta)
+        let rest = |t: Terms, secs: f64| secs - t.summed * self.gamma;
+        let beta = ((rest(large, secs.1) - rest(small, secs.0)) / spread).max(1e-12);
+        let alpha = ((rest(small, secs.0) - small.bytes * beta) / small.messages).max(0.0);
+        Some(LinkCost { alpha, beta })
     }
 
     /// `direct` over shared memory: two phases, each rank copying in and out and summing
@@ -123,9 +203,8 @@ impl CostModel {
             Algorithm::Hierarchical => {
                 let inside = if transport.routed() { self.shared_memory } else { link };
                 let across = if transport == TransportKind::SharedMemory { self.shared_memory } else { self.network };
-                self.halving_doubling(inside, shape.per_host, s)
-                    + self.halving_doubling(across, shape.hosts, s)
-                    + self.broadcast(inside, shape.per_host, s)
+                let [within, among] = Terms::hierarchical(shape, s);
+                within.seconds(inside, self.gamma) + among.seconds(across, self.gamma)
             }
         })
     }
@@ -163,6 +242,25 @@ mod tests {
             assert_eq!(m.cheapest(TransportKind::Tcp, placement(2, 2), bytes), Algorithm::Ring);
             assert_eq!(m.cheapest(TransportKind::TcpTls, placement(2, 2), bytes), Algorithm::Ring);
         }
+    }
+
+    #[test]
+    fn the_fit_recovers_the_link_that_made_the_timings() {
+        let truth = CostModel { network: LinkCost { alpha: 73e-6, beta: 1.0 / 1.7e9 }, ..CostModel::default() };
+        for algorithm in [Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Hierarchical] {
+            for shape in [placement(3, 3), placement(16, 4), placement(64, 8)] {
+                let time = |bytes: usize| {
+                    Terms::of(algorithm, shape, bytes as f64).map(|t| t.seconds(truth.network, truth.gamma))
+                };
+                let (small, large) = (time(1024).unwrap_or(0.0), time(524_288).unwrap_or(0.0));
+                let fit = truth.fitted(algorithm, shape, (1024, 524_288), (small, large));
+                let fit = fit.unwrap_or_else(|| panic!("{algorithm:?} {shape:?}: no fit"));
+                assert!((fit.alpha / truth.network.alpha - 1.0).abs() < 1e-9, "{algorithm:?} {shape:?}: {fit:?}");
+                assert!((fit.beta / truth.network.beta - 1.0).abs() < 1e-9, "{algorithm:?} {shape:?}: {fit:?}");
+            }
+        }
+        // `direct` sends no messages: nothing to fit.
+        assert_eq!(truth.fitted(Algorithm::Direct, placement(4, 1), (1024, 524_288), (1e-5, 1e-4)), None);
     }
 
     #[test]

@@ -26,12 +26,14 @@
 mod algorithm;
 pub mod bench;
 pub mod bucket;
+pub mod choice;
 pub mod cost;
 mod error;
 mod group;
 mod liveness;
 mod overlap;
 mod peer;
+pub mod probe;
 pub mod reduce;
 pub(crate) mod segment;
 pub(crate) mod stranger;
@@ -232,6 +234,18 @@ impl Collective {
         transport: Transport,
         timeouts: CollectiveTimeouts,
     ) -> Result<Collective, CollectiveError> {
+        Collective::build_among(peers, algorithm, &[], transport, timeouts)
+    }
+
+    /// Like [`Collective::build`], connected also for every algorithm of `also`, which
+    /// [`Collective::choose_by_size`] may switch to.
+    pub fn build_among(
+        peers: Peers,
+        algorithm: Algorithm,
+        also: &[Algorithm],
+        transport: Transport,
+        timeouts: CollectiveTimeouts,
+    ) -> Result<Collective, CollectiveError> {
         let refused = |kind: TransportKind| {
             let why = algorithm.refuses(kind).unwrap_or("the pair is not built");
             Err(CollectiveError::Invalid(format!(
@@ -250,6 +264,10 @@ impl Collective {
             };
         };
         let group = algorithm::Group::all(&peers);
+        let wiring = also
+            .iter()
+            .filter_map(|a| a.point_to_point(&peers))
+            .fold(steps.wiring(&group), |w, other| w.union(other.wiring(&group)));
         let link: Box<dyn transport::PointToPoint> = match transport {
             // Point-to-point transfers go through the outboxes, never the arena.
             Transport::SharedMemory(opts) => Box::new(transport::shared_memory::SharedMemory::join(
@@ -258,14 +276,14 @@ impl Collective {
                 timeouts,
             )?),
             Transport::TcpRing(opts) => {
-                Box::new(transport::tcp::TcpTransport::connect(peers, opts, &steps.wiring(&group), timeouts)?)
+                Box::new(transport::tcp::TcpTransport::connect(peers, opts, &wiring, timeouts)?)
             }
             Transport::Routed { shm, tcp } => {
                 // A flat algorithm's exchanges would mix the two links in one step.
                 if algorithm.refuses(TransportKind::SharedMemoryAndTcp).is_some() {
                     return refused(TransportKind::SharedMemoryAndTcp);
                 }
-                Box::new(transport::routed::Routed::connect(peers, shm, tcp, &steps.wiring(&group), timeouts)?)
+                Box::new(transport::routed::Routed::connect(peers, shm, tcp, &wiring, timeouts)?)
             }
         };
         Ok(Collective::Scheduled(Scheduled::new(steps, link)))
@@ -284,6 +302,21 @@ impl Collective {
             Transport::Routed { .. } => Algorithm::Hierarchical,
         };
         Collective::build(peers, algorithm, transport, timeouts)
+    }
+
+    /// From now on each all-reduce takes the algorithm `choice` picks for its size, one of the
+    /// algorithms it was connected for ([`Collective::build_among`]). `direct` has no
+    /// per-size choice: it is the only algorithm of its communicator.
+    pub fn choose_by_size(&mut self, choice: choice::SizeChoice) -> Result<(), CollectiveError> {
+        match self {
+            Collective::SharedMemory(_) => Err(CollectiveError::Invalid(
+                "the direct algorithm over shared memory has no other algorithm to choose per size".into(),
+            )),
+            Collective::Scheduled(c) => {
+                c.choose_by_size(choice);
+                Ok(())
+            }
+        }
     }
 
     /// The communicator as a trait object: the one place that dispatches.

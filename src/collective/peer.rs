@@ -8,11 +8,15 @@
 //! also takes a CA and a certificate for `localhost` that every peer shares, as PEM text in
 //! the environment.
 
+use super::choice::SizeChoice;
+use super::cost::{CostModel, Placement};
+use super::probe::{self, AutoBySize};
 use super::reduce::sequential_sum;
 use super::{
     Algorithm, Collective, CollectiveTimeouts, Communicator, Peers, RingTls, ShmOptions, TcpOptions, TlsPeers,
     Transport,
 };
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
@@ -45,6 +49,10 @@ pub(crate) const ENV_SOCKET_BUFFER: &str = "TRAINRUN_COLLECTIVE_SOCKET_BUFFER_BY
 /// The address a TCP peer listens on: 127.0.0.1 unless set (a peer in a network namespace of
 /// its own listens on that namespace's address, `bench --only scale`).
 pub const ENV_HOST: &str = "TRAINRUN_COLLECTIVE_HOST";
+/// `1`: the peer runs as `implementation = "auto"` does: connected for every algorithm the
+/// wire carries, the cost model measured at start-up, each size the algorithm it picks
+/// (rank 0 says which, `TRAINRUN-AUTO <bytes> <algorithm>`).
+pub const ENV_AUTO: &str = "TRAINRUN_COLLECTIVE_AUTO";
 
 /// Exit codes of a peer process.
 pub const EXIT_OK: u8 = 0;
@@ -108,16 +116,22 @@ impl Wire {
         }
     }
 
-    /// Whether `algorithm` can run over it: the arena is the `direct` algorithm's alone.
-    pub fn carries(self, algorithm: Algorithm) -> bool {
-        let kind = match self {
-            Wire::Shm => super::TransportKind::SharedMemory,
-            Wire::ShmArena => return algorithm == Algorithm::Direct,
+    /// The transport it is.
+    pub fn kind(self) -> super::TransportKind {
+        match self {
+            Wire::Shm | Wire::ShmArena => super::TransportKind::SharedMemory,
             Wire::Tcp => super::TransportKind::Tcp,
             Wire::TcpTls => super::TransportKind::TcpTls,
             Wire::Routed => super::TransportKind::SharedMemoryAndTcp,
-        };
-        algorithm.refuses(kind).is_none()
+        }
+    }
+
+    /// Whether `algorithm` can run over it: the arena is the `direct` algorithm's alone.
+    pub fn carries(self, algorithm: Algorithm) -> bool {
+        match self {
+            Wire::ShmArena => algorithm == Algorithm::Direct,
+            Wire::Shm | Wire::Tcp | Wire::TcpTls | Wire::Routed => algorithm.refuses(self.kind()).is_none(),
+        }
     }
 }
 
@@ -321,7 +335,35 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
             }
         }
     };
-    Collective::build(peers, env.algorithm, transport, env.timeouts).map_err(collective)
+    if std::env::var(ENV_AUTO).as_deref() != Ok("1") {
+        return Collective::build(peers, env.algorithm, transport, env.timeouts).map_err(collective);
+    }
+    let mut per_host = BTreeMap::<usize, usize>::new();
+    for h in &env.hosts {
+        *per_host.entry(*h).or_default() += 1;
+    }
+    let placement = Placement {
+        ranks: env.world,
+        hosts: per_host.len().max(1),
+        per_host: per_host.values().copied().max().unwrap_or(1),
+    };
+    let choice = SizeChoice::over(CostModel::default(), env.wire.kind(), placement);
+    let mut c = Collective::build_among(peers, env.algorithm, &choice.candidates, transport, env.timeouts)
+        .map_err(collective)?;
+    let auto = AutoBySize {
+        model: CostModel::default(),
+        measure: true,
+        placement,
+        packs: env.sizes.iter().map(|f| f * 4).collect(),
+    };
+    let (choice, _) = probe::agree(&mut c, &auto, env.algorithm, None).map_err(collective)?;
+    if env.rank == 0 {
+        for &bytes in &auto.packs {
+            say(&format!("TRAINRUN-AUTO {bytes} {}", choice.pick(bytes).name()));
+        }
+    }
+    c.choose_by_size(choice).map_err(collective)?;
+    Ok(c)
 }
 
 /// Seeded data, different per rank and size.

@@ -5,6 +5,7 @@ use super::{
     ShardPolicy,
 };
 use crate::cluster::Address;
+use crate::collective::choice::SizeChoice;
 use crate::collective::cost::LinkCost;
 use crate::collective::{Algorithm, TransportKind};
 use crate::data::{LabelKind, Shuffle};
@@ -267,12 +268,13 @@ fn reduction(plan: &Plan, rows: &mut Rows) {
         },
     ));
     if let Distribution::MultiWorkerMirrored(cp) = &s.distribution {
-        topology(cp, rows);
+        topology(cp, plan.model.params as u64, rows);
     }
 }
 
-/// The workers' hosts, how `hierarchical` groups them, and the cost model's estimates.
-fn topology(cp: &CollectivePlan, rows: &mut Rows) {
+/// The workers' hosts, how `hierarchical` groups them, the cost model's estimates, and under
+/// `auto` the algorithm each of the `floats` gradients' pack sizes takes.
+fn topology(cp: &CollectivePlan, floats: u64, rows: &mut Rows) {
     let hosts: Vec<String> = cp
         .topology
         .hosts
@@ -322,6 +324,21 @@ fn topology(cp: &CollectivePlan, rows: &mut Rows) {
             estimates.join(", ")
         ),
     ));
+    let Some(auto) = cp.auto_by_size(floats) else { return };
+    let choice = SizeChoice::over(auto.model, cp.transport, auto.placement);
+    if !choice.chooses() {
+        return;
+    }
+    let picks: Vec<String> = SizeChoice::packs(floats, cp.bytes_per_pack.get())
+        .into_iter()
+        .map(|(b, n)| format!("{} × {} → {}", plural(n, "pack"), bytes(b as u64), choice.pick(b).name()))
+        .collect();
+    let model = if auto.measure {
+        "the model measured at start-up (these figures until then; an earlier run's if it kept them)"
+    } else {
+        "the spec's model"
+    };
+    rows.push(("by pack size", format!("{}, by {model}", picks.join("; "))));
 }
 
 /// Under `parameter_server`: the coordinator's settings, where every variable or shard lives

@@ -6,7 +6,9 @@
 use super::topology::HostLayout;
 use super::{ClusterPlan, ParameterServerPlan};
 use crate::cluster::{Role, Source};
+use crate::collective::choice::SizeChoice;
 use crate::collective::cost::{CostModel, LinkCost};
+use crate::collective::probe::AutoBySize;
 use crate::collective::{Algorithm, TransportKind};
 use crate::spec::{
     CollectiveImplementation, CollectiveTransport, CommunicationOptions, CostModelSpec, CrossDeviceOps, Devices,
@@ -90,6 +92,9 @@ pub struct CollectivePlan {
     pub topology: HostLayout,
     /// The α–β–γ model `auto` chose with.
     pub cost_model: CostModel,
+    /// Whether the run measures the network's α, β and γ at start-up (or takes an earlier
+    /// run's figures) to choose per pack size: `auto` without `cost_model` in the spec.
+    pub measured_at_start: bool,
     /// Each algorithm's estimated seconds per pack, over the transport it would run on.
     pub estimates: Vec<(Algorithm, f64)>,
 }
@@ -469,7 +474,21 @@ fn collective(
         bytes_per_pack,
         topology,
         cost_model: model,
+        measured_at_start: c.cost_model.is_default(),
         estimates,
+    }
+}
+
+impl CollectivePlan {
+    /// What `implementation = "auto"` needs to choose per pack size at run time, for a
+    /// gradient of `floats` values; `None` when the spec names the algorithm.
+    pub fn auto_by_size(&self, floats: u64) -> Option<AutoBySize> {
+        self.auto.then(|| AutoBySize {
+            model: self.cost_model,
+            measure: self.measured_at_start,
+            placement: self.topology.placement(),
+            packs: SizeChoice::packs(floats, self.bytes_per_pack.get()).into_iter().map(|(b, _)| b).collect(),
+        })
     }
 }
 

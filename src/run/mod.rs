@@ -208,13 +208,15 @@ pub(super) fn join(inv: &Invocation, plan: &Plan, task: TaskId, arena_floats: us
         Some(files) => Some(Arc::new(TlsMaterial::load(files.clone()).map_err(|e| RunError::Cluster(e.to_string()))?)),
     };
     let data_plane = match &plan.strategy.distribution {
-        Distribution::MultiWorkerMirrored(c) => {
-            DataPlaneKind::AllReduce { algorithm: c.algorithm, transport: c.transport }
-        }
+        Distribution::MultiWorkerMirrored(c) => DataPlaneKind::AllReduce {
+            algorithm: c.algorithm,
+            transport: c.transport,
+            auto: c.auto_by_size(plan.model.params as u64),
+        },
         Distribution::ParameterServer(_) => DataPlaneKind::Endpoints,
         // One replica per task: a world of one, whose all-reduce moves nothing.
         Distribution::Default | Distribution::OneDevice | Distribution::Mirrored(_) | Distribution::CentralStorage => {
-            DataPlaneKind::AllReduce { algorithm: Algorithm::Ring, transport: TransportKind::Tcp }
+            DataPlaneKind::AllReduce { algorithm: Algorithm::Ring, transport: TransportKind::Tcp, auto: None }
         }
     };
     job::join(JobConfig {

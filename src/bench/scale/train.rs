@@ -59,6 +59,8 @@ pub struct TrainResult {
     /// The transport the job chose, from the chief's summary.
     pub transport: String,
     pub steps: u64,
+    /// The trained weights' hash, from the chief's summary.
+    pub weights_sha256: String,
 }
 
 impl TrainResult {
@@ -172,7 +174,8 @@ fn read_records(run: &Path) -> Result<TrainResult, ScaleJobError> {
     };
     let rendezvous_s = number("first_step_s")?;
     let steps = number("steps")? as u64;
-    let transport = summary["transport"].as_str().unwrap_or("unknown").to_string();
+    let text = |key: &str| summary[key].as_str().unwrap_or("unknown").to_string();
+    let (transport, weights_sha256) = (text("transport"), text("weights_sha256"));
     let walls: Vec<f64> = read("metrics.jsonl")?
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -180,7 +183,7 @@ fn read_records(run: &Path) -> Result<TrainResult, ScaleJobError> {
         .filter_map(|v| v["wall_s"].as_f64())
         .collect();
     let step_ms = walls.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect();
-    Ok(TrainResult { rendezvous_s, step_ms, transport, steps })
+    Ok(TrainResult { rendezvous_s, step_ms, transport, steps, weights_sha256 })
 }
 
 #[cfg(test)]

@@ -80,7 +80,22 @@ pub(super) fn failed(
         }
         None => task,
     };
+    tell_the_others(children.keys().copied(), task, &status);
     Outcome::Failed { task, status, tail, code, at }
+}
+
+/// Every other task's log (its `[task]` lines) says which task ended the job and how, as the
+/// launcher stops it: a survivor that did not notice the failure itself is stopped before it
+/// could say so.
+fn tell_the_others(tasks: impl Iterator<Item = TaskId>, cause: TaskId, status: &str) {
+    for t in tasks.filter(|t| *t != cause) {
+        eprintln!("[{t}] {}", stopped_line(cause, status));
+    }
+}
+
+/// The line each other task's log gets.
+fn stopped_line(cause: TaskId, status: &str) -> String {
+    format!("stopped by the launcher: {cause} failed ({status})")
 }
 
 /// The task that a task exiting with [`CLUSTER`] noticed, if it ended of something else: a
@@ -113,6 +128,14 @@ mod tests {
 
     fn t(s: &str) -> TaskId {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_others_are_told_the_cause_in_the_launchers_words() {
+        assert_eq!(
+            stopped_line(t("worker:17"), "killed by signal 9"),
+            "stopped by the launcher: worker:17 failed (killed by signal 9)"
+        );
     }
 
     #[test]

@@ -52,14 +52,10 @@ impl Hierarchical {
 impl PointToPointAlgorithm for Hierarchical {
     fn wiring(&self, g: &Group) -> Wiring {
         let l = self.layout(g);
-        let mut w = Wiring::default();
-        for sub in [g.subgroup(&l.local), g.subgroup(&l.leaders)].into_iter().flatten() {
-            let part = HalvingDoubling.wiring(&sub);
-            w.sends_to.extend(part.sends_to.into_iter().filter(|r| !w.sends_to.contains(r)).collect::<Vec<_>>());
-            let from: Vec<usize> = part.receives_from.into_iter().filter(|r| !w.receives_from.contains(r)).collect();
-            w.receives_from.extend(from);
-        }
-        w
+        [g.subgroup(&l.local), g.subgroup(&l.leaders)]
+            .into_iter()
+            .flatten()
+            .fold(Wiring::default(), |w, sub| w.union(HalvingDoubling.wiring(&sub)))
     }
 
     fn all_reduce(&self, x: &mut Exchanges<'_>, data: &mut [u8], sum: Combine) -> Result<(), CollectiveError> {

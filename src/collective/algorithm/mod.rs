@@ -25,6 +25,7 @@ mod ring;
 
 pub use direct::{ArenaReducer, ShmCommunicator};
 
+use super::choice::SizeChoice;
 use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
 use super::transport::{Combine, Exchange, PointToPoint, Transfers, TransportKind, Wiring};
 use super::{Communicator, Peers};
@@ -256,9 +257,15 @@ pub(crate) trait PointToPointAlgorithm: Send {
     fn barrier(&self, x: &mut Exchanges<'_>) -> Result<(), CollectiveError>;
 }
 
+/// The algorithms a choice per size runs, each with its steps.
+type Candidates = Vec<(Algorithm, Box<dyn PointToPointAlgorithm>)>;
+
 /// The communicator that runs a point-to-point algorithm over a transport.
 pub struct Scheduled {
     algorithm: Box<dyn PointToPointAlgorithm>,
+    /// `implementation = "auto"` per size: the algorithms each all-reduce chooses among, and
+    /// how it chooses. Broadcasts and barriers keep `algorithm`.
+    by_size: Option<(SizeChoice, Candidates)>,
     transport: Box<dyn PointToPoint>,
     group: Group,
     /// Collectives run so far; both ends of every exchange check it.
@@ -270,13 +277,51 @@ impl Scheduled {
     /// `algorithm` over `transport`, whose connections `algorithm.wiring` listed.
     pub(crate) fn new(algorithm: Box<dyn PointToPointAlgorithm>, transport: Box<dyn PointToPoint>) -> Scheduled {
         let group = Group::all(transport.peers());
-        Scheduled { algorithm, transport, group, seq: 0, broken: None }
+        Scheduled { algorithm, by_size: None, transport, group, seq: 0, broken: None }
+    }
+
+    /// From now on each all-reduce runs the algorithm `choice` picks for its size, one of its
+    /// candidates (whose connections the transport must have: [`Wiring::union`]). Every rank
+    /// must set the same choice at the same point.
+    pub(crate) fn choose_by_size(&mut self, choice: SizeChoice) {
+        let peers = self.transport.peers().clone();
+        let steps = choice.candidates.iter().filter_map(|&a| Some((a, a.point_to_point(&peers)?))).collect();
+        self.by_size = Some((choice, steps));
+    }
+
+    /// The choice per size, once [`Scheduled::choose_by_size`] set one.
+    pub fn size_choice(&self) -> Option<&SizeChoice> {
+        self.by_size.as_ref().map(|(c, _)| c)
     }
 
     /// Runs one collective; an error that leaves the peers out of step breaks the
     /// communicator and tells them.
     fn run(
         &mut self,
+        kind: u64,
+        (len, aux): (u64, u64),
+        f: impl FnOnce(&dyn PointToPointAlgorithm, &mut Exchanges<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        self.run_with(None, kind, (len, aux), f)
+    }
+
+    /// An all-reduce of `bytes`: with the algorithm the choice per size picks, if there is one.
+    fn run_all_reduce(
+        &mut self,
+        bytes: usize,
+        kind: u64,
+        len: u64,
+        f: impl FnOnce(&dyn PointToPointAlgorithm, &mut Exchanges<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        let pick = self.by_size.as_ref().map(|(c, _)| c.pick(bytes));
+        self.run_with(pick, kind, (len, 0), f)
+    }
+
+    /// Runs one collective with `pick` (one of the choice per size's candidates), or
+    /// `algorithm`.
+    fn run_with(
+        &mut self,
+        pick: Option<Algorithm>,
         kind: u64,
         (len, aux): (u64, u64),
         f: impl FnOnce(&dyn PointToPointAlgorithm, &mut Exchanges<'_>) -> Result<(), CollectiveError>,
@@ -290,7 +335,9 @@ impl Scheduled {
         self.seq += 1;
         let desc = OpDesc { kind, len, aux };
         let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq };
-        let r = f(&*self.algorithm, &mut x);
+        let chosen = self.by_size.as_ref().and_then(|(_, all)| all.iter().find(|(a, _)| Some(*a) == pick));
+        let steps = chosen.map_or(&self.algorithm, |(_, s)| s);
+        let r = f(&**steps, &mut x);
         if let Err(e) = &r
             && e.breaks()
         {
@@ -314,7 +361,7 @@ impl Communicator for Scheduled {
         if data.is_empty() {
             return Ok(());
         }
-        self.run(ALL_REDUCE, (data.len() as u64, 0), |a, x| {
+        self.run_all_reduce(data.len() * 4, ALL_REDUCE, data.len() as u64, |a, x| {
             a.all_reduce(x, bytemuck::cast_slice_mut(data), Combine::SumF32)
         })
     }
@@ -323,7 +370,9 @@ impl Communicator for Scheduled {
         if data.is_empty() {
             return Ok(());
         }
-        self.run(F64, (data.len() as u64, 0), |a, x| a.all_reduce(x, bytemuck::cast_slice_mut(data), Combine::SumF64))
+        self.run_all_reduce(data.len() * 8, F64, data.len() as u64, |a, x| {
+            a.all_reduce(x, bytemuck::cast_slice_mut(data), Combine::SumF64)
+        })
     }
 
     fn broadcast(&mut self, data: &mut [f32], root: usize) -> Result<(), CollectiveError> {

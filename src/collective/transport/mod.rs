@@ -154,6 +154,24 @@ pub(crate) struct Wiring {
     pub receives_from: Vec<usize>,
 }
 
+impl Wiring {
+    /// Every connection of either, each once (an algorithm made of several, or a choice
+    /// among several that one transport carries).
+    pub(crate) fn union(mut self, other: Wiring) -> Wiring {
+        for r in other.sends_to {
+            if !self.sends_to.contains(&r) {
+                self.sends_to.push(r);
+            }
+        }
+        for r in other.receives_from {
+            if !self.receives_from.contains(&r) {
+                self.receives_from.push(r);
+            }
+        }
+        self
+    }
+}
+
 /// Point-to-point transfers between ranks: what every transport offers an algorithm.
 pub(crate) trait PointToPoint: Send {
     /// This rank and every rank's task name.
