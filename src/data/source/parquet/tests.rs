@@ -36,7 +36,7 @@ fn write(path: &Path, from: usize, rows: usize, group: usize) {
 
 fn source(dir: &Path, table: &str) -> ParquetSource {
     let config = toml::from_str(&format!("train = [\"t*.parquet\"]\nvalidation = [\"v.parquet\"]\n{table}")).unwrap();
-    ParquetSource { dir: dir.to_path_buf(), config }
+    ParquetSource { cache: dir.join(".trainrun-tokens"), dir: dir.to_path_buf(), config }
 }
 
 fn setup() -> tempfile::TempDir {
