@@ -20,7 +20,15 @@ fn main() -> anyhow::Result<()> {
     let source = trainrun::plan::source(&loaded.spec.data, &DataDirs::from_process_env(), loaded.spec.run.seed)?;
     let cluster = trainrun::cluster::Resolution { cluster: trainrun::cluster::Cluster::single(), task: None };
     let memory = trainrun::machine_memory::read(&[])?;
-    let facts = Facts { data: source.facts()?, source, cores: 2, hardware: Hardware { gpus: 0 }, cluster, memory };
+    let facts = Facts {
+        data: source.facts()?,
+        source,
+        cores: 2,
+        hardware: Hardware { gpus: 0 },
+        cluster,
+        memory,
+        bf16: trainrun::engine::bf16::Bf16Support::detect(),
+    };
     let plan = Plan::new(&loaded.spec, &facts).map_err(|e| match e {
         PlanError::Spec(d) => anyhow::anyhow!("{}", trainrun::spec::render(&d, &loaded.origins)),
         PlanError::TooBig(too_big) => anyhow::anyhow!("{too_big}"),

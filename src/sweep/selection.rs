@@ -35,7 +35,9 @@ impl Evaluated {
         }
         match spec.data.dataset {
             // Their evaluated files are named `validation` in the spec.
-            DatasetKind::Text | DatasetKind::Tokens | DatasetKind::Jsonl | DatasetKind::Parquet => Evaluated::Validation,
+            DatasetKind::Text | DatasetKind::Tokens | DatasetKind::Jsonl | DatasetKind::Parquet => {
+                Evaluated::Validation
+            }
             DatasetKind::Mnist
             | DatasetKind::FashionMnist
             | DatasetKind::Idx
