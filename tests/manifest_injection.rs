@@ -276,6 +276,13 @@ const CASES: &[Case] = &[
         benign: "content",
     },
     Case {
+        path: "data.parquet.text.tokenization.tokenizer_json",
+        base: WORKERS,
+        sets: PARQUET,
+        set: "data.parquet={ train = [\"t.parquet\"], text = { block_size = 8, tokenization = { tokenizer_json = @ } } }",
+        benign: "tokenizer.json",
+    },
+    Case {
         path: "data.parquet.text.end_of_text",
         base: WORKERS,
         sets: PARQUET,
