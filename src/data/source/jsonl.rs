@@ -18,7 +18,7 @@ mod table;
 
 use super::csv::{CsvDataset, Table};
 use super::text::{Joining, TextFile, Texts, Tokenizing};
-use super::{DataSource, RawValues, missing_in, require};
+use super::{DataSource, RawValues, ReadAs, TextOrTable, missing_in, require};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
 use crate::data::formats::RandomAccess as _;
@@ -101,11 +101,13 @@ pub struct JsonlTable {
     pub labels: Option<CsvLabels>,
 }
 
-/// How `[data.jsonl]` reads its files: the one group it names.
-enum ReadAs<'a> {
-    Text(&'a JsonlText),
-    Table(&'a JsonlTable),
-}
+/// `[data.jsonl]`, for the errors of reading it as text or as a table.
+const SECTION: TextOrTable = TextOrTable {
+    dataset: "jsonl",
+    no_train: "at least one file in data.jsonl.train",
+    neither: "data.jsonl.text (a language model's documents) or data.jsonl.table (features and a label)",
+    example: EXAMPLE,
+};
 
 /// `data.dataset = "jsonl"`: `[data.jsonl]`'s files in `dir`.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,30 +182,14 @@ impl DataSource for JsonlSource {
 
 impl JsonlSource {
     /// The files there, and the one way of reading them that the config names.
-    fn read_as(&self) -> Result<ReadAs<'_>, DataError> {
+    fn read_as(&self) -> Result<ReadAs<'_, JsonlText, JsonlTable>, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         let config = &self.config;
-        if config.train.is_empty() {
-            return Err(DataError::MissingSection {
-                dataset: "jsonl",
-                section: "at least one file in data.jsonl.train",
-                example: EXAMPLE,
-            });
-        }
-        match (&config.text, &config.table) {
-            (Some(text), None) => Ok(ReadAs::Text(text)),
-            (None, Some(table)) => Ok(ReadAs::Table(table)),
-            (None, None) => Err(DataError::MissingSection {
-                dataset: "jsonl",
-                section: "data.jsonl.text (a language model's documents) or data.jsonl.table (features and a label)",
-                example: EXAMPLE,
-            }),
-            (Some(_), Some(_)) => Err(DataError::BadJsonl {
-                problem: "both data.jsonl.text and data.jsonl.table are set; a file is read one way: keep the one \
-                          the model needs"
-                    .into(),
-            }),
-        }
+        SECTION.read_as(&config.train, config.text.as_ref(), config.table.as_ref(), || DataError::BadJsonl {
+            problem: "both data.jsonl.text and data.jsonl.table are set; a file is read one way: keep the one the \
+                      model needs"
+                .into(),
+        })
     }
 
     /// The documents of every file, each file's joined into one text.

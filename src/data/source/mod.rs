@@ -178,6 +178,46 @@ impl PartialEq for AnySource {
     }
 }
 
+/// How a source whose files hold either documents or a table (`jsonl`, `parquet`) reads them:
+/// the one group its section sets.
+enum ReadAs<'a, Text, Table> {
+    Text(&'a Text),
+    Table(&'a Table),
+}
+
+/// A text-or-table source's section, named for [`TextOrTable::read_as`]'s errors.
+struct TextOrTable {
+    dataset: &'static str,
+    /// What an empty `train` list lacks, e.g. "at least one file in data.jsonl.train".
+    no_train: &'static str,
+    /// The two groups, e.g. "data.jsonl.text (…) or data.jsonl.table (…)".
+    neither: &'static str,
+    example: &'static str,
+}
+
+impl TextOrTable {
+    /// The one of `text` and `table` the section sets, with at least one training file; `both`
+    /// is the error when it sets both (each source words its own).
+    fn read_as<'a, Text, Table>(
+        &self,
+        train: &[String],
+        text: Option<&'a Text>,
+        table: Option<&'a Table>,
+        both: impl FnOnce() -> DataError,
+    ) -> Result<ReadAs<'a, Text, Table>, DataError> {
+        let missing = |section| DataError::MissingSection { dataset: self.dataset, section, example: self.example };
+        if train.is_empty() {
+            return Err(missing(self.no_train));
+        }
+        match (text, table) {
+            (Some(text), None) => Ok(ReadAs::Text(text)),
+            (None, Some(table)) => Ok(ReadAs::Table(table)),
+            (None, None) => Err(missing(self.neither)),
+            (Some(_), Some(_)) => Err(both()),
+        }
+    }
+}
+
 /// `Ok` when nothing is missing; else the error naming every missing file and the folder
 /// they were looked for in.
 fn require(dataset: &'static str, dir: &Path, missing: Vec<String>) -> Result<(), DataError> {

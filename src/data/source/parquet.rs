@@ -25,7 +25,7 @@ mod tests;
 mod text;
 
 use super::csv::CsvLabels;
-use super::{DataSource, RawValues, expand, is_pattern, require};
+use super::{DataSource, RawValues, ReadAs, TextOrTable, expand, is_pattern, require};
 use crate::data::error::DataError;
 use crate::data::examples::{Split, StreamSplit as _};
 use crate::data::pipeline::Shuffle;
@@ -126,11 +126,13 @@ pub struct ParquetSource {
     pub config: ParquetConfig,
 }
 
-/// How `[data.parquet]` reads its files: the one group it names.
-enum ParquetReadAs<'a> {
-    Text(&'a ParquetText),
-    Table(&'a ParquetTable),
-}
+/// `[data.parquet]`, for the errors of reading it as text or as a table.
+const SECTION: TextOrTable = TextOrTable {
+    dataset: "parquet",
+    no_train: "at least one file in data.parquet.train",
+    neither: "data.parquet.text (a language model's documents) or data.parquet.table (features and a label)",
+    example: EXAMPLE,
+};
 
 impl DataSource for ParquetSource {
     fn name(&self) -> &'static str {
@@ -152,8 +154,8 @@ impl DataSource for ParquetSource {
     /// counts, the label column its classes.
     fn facts(&self) -> Result<DataFacts, DataError> {
         match self.read_as()? {
-            ParquetReadAs::Text(text) => Ok(text::texts(&self.files()?, text, &self.cache)?.facts()),
-            ParquetReadAs::Table(table) => {
+            ReadAs::Text(text) => Ok(text::texts(&self.files()?, text, &self.cache)?.facts()),
+            ReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 let units = train.unit_lens().len();
                 Ok(dataset(train, test).facts(units))
@@ -164,8 +166,8 @@ impl DataSource for ParquetSource {
     /// Text: tokenized windows in memory. A table: the files opened for streaming.
     fn load(&self) -> Result<Dataset, DataError> {
         match self.read_as()? {
-            ParquetReadAs::Text(text) => text::texts(&self.files()?, text, &self.cache)?.dataset(),
-            ParquetReadAs::Table(table) => {
+            ReadAs::Text(text) => text::texts(&self.files()?, text, &self.cache)?.dataset(),
+            ReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 Ok(dataset(train, test))
             }
@@ -197,30 +199,14 @@ struct ParquetFiles {
 
 impl ParquetSource {
     /// The files there, and the one way of reading them that the config names.
-    fn read_as(&self) -> Result<ParquetReadAs<'_>, DataError> {
+    fn read_as(&self) -> Result<ReadAs<'_, ParquetText, ParquetTable>, DataError> {
         require(self.name(), &self.dir, self.missing_files())?;
         let config = &self.config;
-        if config.train.is_empty() {
-            return Err(DataError::MissingSection {
-                dataset: "parquet",
-                section: "at least one file in data.parquet.train",
-                example: EXAMPLE,
-            });
-        }
-        match (&config.text, &config.table) {
-            (Some(text), None) => Ok(ParquetReadAs::Text(text)),
-            (None, Some(table)) => Ok(ParquetReadAs::Table(table)),
-            (None, None) => Err(DataError::MissingSection {
-                dataset: "parquet",
-                section: "data.parquet.text (a language model's documents) or data.parquet.table (features and a label)",
-                example: EXAMPLE,
-            }),
-            (Some(_), Some(_)) => Err(bad(
-                "both data.parquet.text and data.parquet.table are set; a file is read one way: keep the one the \
+        SECTION.read_as(&config.train, config.text.as_ref(), config.table.as_ref(), || {
+            bad("both data.parquet.text and data.parquet.table are set; a file is read one way: keep the one the \
                  model needs"
-                    .into(),
-            )),
-        }
+                .into())
+        })
     }
 
     fn files(&self) -> Result<ParquetFiles, DataError> {
