@@ -6,16 +6,9 @@
 
 mod common;
 
+use common::sources::STRATEGIES;
 use common::{assert_exit, json, run, tempdir, text, with_python};
 use std::path::{Path, PathBuf};
-
-const STRATEGIES: [(&str, &str); 5] = [
-    ("default", ""),
-    ("mirrored", "[strategy]\nkind = \"mirrored\"\ndevices = [\"cpu:0\", \"cpu:1\"]"),
-    ("central_storage", "[strategy]\nkind = \"central_storage\"\ndevices = [\"cpu:0\", \"cpu:1\"]"),
-    ("multi_worker_mirrored", "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2"),
-    ("parameter_server", "[strategy]\nkind = \"parameter_server\"\n\n[cluster]\nchief = 1\nworker = 2\nps = 1"),
-];
 
 /// Writes `train.jsonl` (256 rows) and `test.jsonl` (64) with Python's `json`, plus gzip and
 /// (when `zstandard` imports) zstd copies of the training file: 16 `pixels` bright in the top
@@ -44,40 +37,7 @@ except ImportError:
 "#;
 
 fn spec(dir: &Path, data: &str, strategy: &str, model: &str) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-name = "jsonl"
-seed = 3
-out_dir = "{out}"
-
-[data]
-dir = "{data_dir}"
-{data}
-
-{strategy}
-
-[batch]
-global = 16
-
-[optimizer]
-kind = "sgd"
-learning_rate = 0.2
-
-[model]
-{model}
-
-[train]
-epochs = 1
-steps_per_epoch = 60
-from_logits = true
-"#,
-        out = dir.join("run").display(),
-        data_dir = dir.display(),
-    );
-    let path = dir.join("spec.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    common::sources::spec(dir, "jsonl", data, strategy, model)
 }
 
 const CLASSIFIER: &str = "[[model.layers]]\ntype = \"dense\"\nunits = 2";

@@ -9,16 +9,9 @@
 
 mod common;
 
+use common::sources::STRATEGIES;
 use common::{assert_exit, json, run, tempdir, text, with_python};
 use std::path::{Path, PathBuf};
-
-const STRATEGIES: [(&str, &str); 5] = [
-    ("default", ""),
-    ("mirrored", "[strategy]\nkind = \"mirrored\"\ndevices = [\"cpu:0\", \"cpu:1\"]"),
-    ("central_storage", "[strategy]\nkind = \"central_storage\"\ndevices = [\"cpu:0\", \"cpu:1\"]"),
-    ("multi_worker_mirrored", "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2"),
-    ("parameter_server", "[strategy]\nkind = \"parameter_server\"\n\n[cluster]\nchief = 1\nworker = 2\nps = 1"),
-];
 
 /// Writes `data/train-0000{0,1}-of-00002.parquet` (128 rows each, row groups of 32) and
 /// `data/test.parquet` (64 rows) with pyarrow: 16 `pixels` (uint8) bright in the top or bottom
@@ -43,40 +36,7 @@ pq.write_table(table(64, 1000), os.path.join(d, "test.parquet"))
 "#;
 
 fn spec(dir: &Path, data: &str, strategy: &str, model: &str) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-name = "parquet"
-seed = 3
-out_dir = "{out}"
-
-[data]
-dir = "{data_dir}"
-{data}
-
-{strategy}
-
-[batch]
-global = 16
-
-[optimizer]
-kind = "sgd"
-learning_rate = 0.2
-
-[model]
-{model}
-
-[train]
-epochs = 1
-steps_per_epoch = 60
-from_logits = true
-"#,
-        out = dir.join("run").display(),
-        data_dir = dir.display(),
-    );
-    let path = dir.join("spec.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    common::sources::spec(dir, "parquet", data, strategy, model)
 }
 
 const CLASSIFIER: &str = "[[model.layers]]\ntype = \"dense\"\nunits = 2";

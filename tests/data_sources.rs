@@ -5,17 +5,10 @@
 
 mod common;
 
+use common::sources::STRATEGIES;
 use common::{assert_exit, json, run, tempdir, text, with_python};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-const STRATEGIES: [(&str, &str); 5] = [
-    ("default", ""),
-    ("mirrored", "[strategy]\nkind = \"mirrored\"\ndevices = [\"cpu:0\", \"cpu:1\"]"),
-    ("central_storage", "[strategy]\nkind = \"central_storage\"\ndevices = [\"cpu:0\", \"cpu:1\"]"),
-    ("multi_worker_mirrored", "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2"),
-    ("parameter_server", "[strategy]\nkind = \"parameter_server\"\n\n[cluster]\nchief = 1\nworker = 2\nps = 1"),
-];
 
 /// A `.npy` file (format 1.0): magic, header length, the header dict padded with spaces to a
 /// multiple of 64 bytes and ended by a newline, then the little-endian data.
