@@ -16,8 +16,6 @@ import json
 import os
 import time
 
-import numpy as np
-import torch
 
 
 def main():
@@ -26,6 +24,12 @@ def main():
     ap.add_argument("--batch", type=int, default=385)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    try:
+        import numpy as np
+        import torch
+    except ImportError:
+        print("skipped: torch is not installed (see ../shared/tools/torch-cpu-venv.sh)")
+        return
     torch.set_num_threads(a.threads)
     d = os.environ.get("TRAINRUN_DATA_DIR", "../shared/data/mnist")
     gz = os.path.join(d, "t10k-images-idx3-ubyte.gz")

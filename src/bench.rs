@@ -12,6 +12,7 @@
 pub mod augment;
 mod gpt;
 mod kill;
+mod predict;
 mod products;
 pub mod scale;
 mod tls;
@@ -53,6 +54,9 @@ pub enum BenchPart {
     ScaleFull,
     /// GFLOP/s of each matrix-product path (fp32, bf16) at the GPT's product shapes.
     Products,
+    /// Inference throughput of the tutorial model on the MNIST test split against Keras's
+    /// `model.predict` and PyTorch eager, alternating (needs the MNIST files).
+    Predict,
 }
 
 /// One measurement.
@@ -252,6 +256,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::Scale) => return scale::run(&exe, &python, false),
         Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
         Some(BenchPart::Products) => return products::run(if quick { 5 } else { 21 }),
+        Some(BenchPart::Predict) => return predict::run(&exe, &python),
         None => {}
     }
     engine(steps)?;
@@ -270,6 +275,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
     if quick {
         return Ok(());
     }
+    predict::run(&exe, &python)?;
     tta::one_process(&exe, &python)?;
     tta::parameter_server(&exe)?;
     tls::run(&exe, 8)

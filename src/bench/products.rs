@@ -35,7 +35,7 @@ fn shapes(rows: usize, d: usize, t: usize, hd: usize) -> Vec<ProductShape> {
 }
 
 /// The CPU's model name, from `/proc/cpuinfo`.
-fn cpu_model() -> String {
+pub(super) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -372,6 +372,14 @@ impl Sequential {
         self.output(n)
     }
 
+    /// The output of the first layer of `kind` (`conv2d`, …) from the last forward pass on `n`
+    /// examples; `None` without such a layer or before a forward pass that large.
+    pub fn layer_output(&self, kind: &str, n: usize) -> Option<&[f32]> {
+        let i = self.layers.iter().position(|l| l.kind() == kind)?;
+        let Activations::Own(out) = self.slots[i].output else { return None };
+        self.acts[out].get(..n * self.layers[i].output_shape().numel())
+    }
+
     fn output(&self, n: usize) -> &[f32] {
         let len = n * self.output_shape().numel();
         match self.slots.last().map_or(Activations::Input, |s| s.output) {

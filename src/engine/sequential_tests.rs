@@ -209,3 +209,22 @@ fn replicas_meeting_match(sparse: bool) {
         assert!(!b.backward_rest(pass, &init, &mut gb, &x, 128), "nothing was left to finish");
     }
 }
+
+/// `trainrun predict` runs the model in inference mode: for a model without dropout or batch
+/// normalization that must be the training forward's output bit for bit, on dense and on
+/// mostly-zero images (the dense layer's gemm and its sparse walk), on one thread and two.
+#[test]
+fn inference_forward_is_the_training_forward_bit_for_bit() {
+    let mut m = small_tutorial(12, 16);
+    let (params, mut state) = m.init(5);
+    let mut r = init::rng(&[11]);
+    for (sparse, n, threads) in [(false, 1, 1), (false, 33, 2), (true, 7, 1), (true, 33, 2)] {
+        let x = images(&mut r, n, 12, sparse);
+        let at = |training| Pass { training, seed: 9, accumulate: false, threads };
+        let trained = m.forward(at(true), &params, &mut state, &x, n).to_vec();
+        assert_conv_output_is(&m, n, sparse);
+        let inferred = m.forward(at(false), &params, &mut state, &x, n);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(inferred), bits(&trained), "sparse {sparse}, {n} examples, {threads} threads");
+    }
+}

@@ -1,0 +1,270 @@
+//! `trainrun bench --only predict`: inference throughput of the tutorial model
+//! (`specs/mnist_single.toml`) on the 10,000 MNIST test images, in process and warm, as
+//! `trainrun predict` runs it (batches assembled from the split, the model in inference mode,
+//! softmax over each row), held against Keras's `model.predict` (`benches/predict_keras.py`)
+//! and PyTorch eager under `torch.inference_mode()` (`benches/predict_torch.py`): the same
+//! architecture, batch and 2 threads, run alternately T K P T K P T K P so all three see the
+//! same machine. Each side times one warm-up pass and keeps its best of [`ROUNDS`] passes.
+//!
+//! trainrun's dense layer walks the nonzeros of the convolution's ReLU output instead of
+//! calling gemm when at most a fifth are nonzero (`engine::sparse`), so its speed depends on
+//! the weights, and a trained model is what predict is for: it runs three sets, trained first
+//! as a user would (seconds each): the model trained to 98 % with the peers' settings, the
+//! tutorial spec's own short run, and the initial weights, each with its density printed. The
+//! peers compute dense products, whose speed does not depend on the weights, so they keep
+//! their random ones.
+//! Batch 32 is `model.predict`'s default; the other is the batch `trainrun predict` picks for
+//! this model (its activation budget). A peer whose Python package is missing is skipped,
+//! saying so (`TRAINRUN_BENCH_PYTHON` names the interpreter, which needs tensorflow and torch).
+
+use crate::data::{EvalBatches, Shard, Split};
+use crate::engine::{Pass, Sequential};
+use crate::prepare::{Invocation, prepare};
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::time::Instant;
+
+/// Timed passes over the test split after the warm-up pass, each side; the best counts.
+const ROUNDS: usize = 5;
+
+/// Alternating pairs per batch size.
+const PAIRS: usize = 3;
+
+/// `model.predict`'s default batch size.
+const KERAS_BATCH: usize = 32;
+
+/// The spec whose model and data are measured, and whose own training run gives the
+/// "tutorial" weights.
+const SPEC: &str = "specs/mnist_single.toml";
+
+/// The same model trained to 98 % test accuracy with the peers' settings: the "to 98 %"
+/// weights.
+const TO_98: &str = "specs/bench/tta_single.toml";
+
+/// A model with its weights, ready to predict.
+struct PredictModel {
+    model: Sequential,
+    params: Vec<f32>,
+    state: Vec<f32>,
+}
+
+/// Prints the table.
+pub fn run(exe: &Path, python: &str) -> Result<(), String> {
+    let inv = Invocation {
+        spec: SPEC.into(),
+        sets: vec![],
+        // The bench's own variable would be refused by the spec as an unknown `TRAINRUN_` name.
+        env: std::env::vars().filter(|(k, _)| k != "TRAINRUN_BENCH_PYTHON").collect(),
+        quiet: true,
+        task: None,
+        launched: Instant::now(),
+    };
+    let plan = prepare(&inv).map_err(|e| e.to_string())?.plan;
+    println!(
+        "\n== predict: tutorial model ({SPEC}) on the MNIST test split, examples/s of a warm pass (best of {ROUNDS}), \
+         2 threads; CPU: {}; trainrun T, Keras model.predict K (benches/predict_keras.py), PyTorch eager P \
+         (benches/predict_torch.py), alternating T K P",
+        super::products::cpu_model()
+    );
+    let dataset = match plan.data.source.load() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: {e}\n(run from the repository root with TRAINRUN_DATA_DIR set to the MNIST folder)");
+            return Ok(());
+        }
+    };
+    let (dataset, _) = plan.data.preprocessing.apply(dataset, plan.seed).map_err(|e| e.to_string())?;
+    let test = dataset.test.as_ref().ok_or("the tutorial spec's data has no test split")?;
+    let model = plan.model.build().map_err(|e| e.to_string())?;
+    let (params, state) = model.init(plan.seed);
+    let mut models = vec![
+        ("to 98 %", train(exe, &plan, TO_98)?),
+        ("tutorial", train(exe, &plan, SPEC)?),
+        ("initial", PredictModel { model, params, state }),
+    ];
+    let threads = plan.threads;
+    let spec_batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, models[0].1.model.activation_len()).get();
+    println!(
+        "trainrun's weights: \"to 98 %\" trained by {TO_98} (stops at 98 % test accuracy), \"tutorial\" by {SPEC} \
+         (3 epochs × 70 steps of SGD 0.001), \"initial\" as initialized; the peers' weights are random"
+    );
+    for (name, m) in &mut models {
+        println!(
+            "  {name}: {:.1} % of the dense layer's inputs (the convolution's ReLU output) are nonzero",
+            100.0 * density(m, test, threads)
+        );
+    }
+    println!(
+        "{:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
+        "batch", "pair", "T 98 %", "T tutor.", "T init.", "K", "P", "T98/K", "Ttut/K", "T98/P", "Ttut/P"
+    );
+    let mut keras = PredictPeer { name: "Keras", script: "benches/predict_keras.py", skipped: None };
+    let mut torch = PredictPeer { name: "PyTorch", script: "benches/predict_torch.py", skipped: None };
+    for batch in [KERAS_BATCH, spec_batch] {
+        // Ratios of the two trained models' figures to Keras's and PyTorch's, pair by pair.
+        let mut ratios: [Vec<f64>; 4] = Default::default();
+        for pair in 1..=PAIRS {
+            let mut ours = Vec::new();
+            for (_, m) in &mut models {
+                ours.push(throughput(m, test, batch, threads)?);
+            }
+            let k = keras.run(python, batch, threads);
+            let p = torch.run(python, batch, threads);
+            let mut row = format!(
+                "{batch:>5} {pair:>4} {:>9.0} {:>9.0} {:>9.0} {} {}",
+                ours[0],
+                ours[1],
+                ours[2],
+                cell(k),
+                cell(p)
+            );
+            for (i, (theirs, t)) in [(k, 0), (k, 1), (p, 0), (p, 1)].into_iter().enumerate() {
+                match theirs {
+                    Some(v) => {
+                        ratios[i].push(ours[t] / v);
+                        row += &format!(" {:>6.2}×", ours[t] / v);
+                    }
+                    None => row += &format!(" {:>7}", "-"),
+                }
+            }
+            println!("{row}");
+        }
+        let [t98k, ttk, t98p, ttp] = ratios.map(median_text);
+        println!(
+            "batch {batch}, medians: trainrun/Keras {t98k} (to 98 %), {ttk} (tutorial) (target ≥ 2×); \
+             trainrun/PyTorch eager {t98p} (to 98 %), {ttp} (tutorial) (target ≥ 1.5×)"
+        );
+    }
+    for p in [&keras, &torch] {
+        if let Some(why) = &p.skipped {
+            println!("{} SKIPPED: {why}", p.name);
+        }
+    }
+    Ok(())
+}
+
+/// A figure, or a dash for a skipped peer.
+fn cell(v: Option<f64>) -> String {
+    v.map_or_else(|| format!("{:>9}", "skipped"), |v| format!("{v:>9.0}"))
+}
+
+/// A peer script, and why it was skipped once it was.
+struct PredictPeer {
+    name: &'static str,
+    script: &'static str,
+    skipped: Option<String>,
+}
+
+impl PredictPeer {
+    /// The peer's examples/s at `batch`, or `None` once it was skipped (said once, here).
+    fn run(&mut self, python: &str, batch: usize, threads: usize) -> Option<f64> {
+        if self.skipped.is_some() {
+            return None;
+        }
+        peer(python, self.script, batch, threads)
+            .map_err(|why| {
+                println!("{} SKIPPED: {why}", self.name);
+                self.skipped = Some(why);
+            })
+            .ok()
+    }
+}
+
+/// The median ratio, or why there is none.
+fn median_text(ratios: Vec<f64>) -> String {
+    if ratios.is_empty() { "not measured (peer skipped)".into() } else { format!("{:.2}×", super::median(ratios)) }
+}
+
+/// The weights `spec` (the tutorial model) trains, run as a user would into a temporary
+/// folder.
+fn train(exe: &Path, plan: &crate::plan::Plan, spec: &str) -> Result<PredictModel, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("no temporary folder: {e}"))?;
+    let out = std::process::Command::new(exe)
+        .env_remove("TRAINRUN_BENCH_PYTHON")
+        .arg(spec)
+        .arg("-q")
+        .args(["--set", &format!("run.out_dir={}", dir.path().display())])
+        .output()
+        .map_err(|e| format!("cannot run {spec}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{spec} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let file = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let model = plan.model.build().map_err(|e| e.to_string())?;
+    let layout = crate::builder::layout(&model);
+    let reader = crate::checkpoint::tensors::Reader::new(&file, &bytes).map_err(|e| e.to_string())?;
+    let (mut params, mut state) = (vec![0.0; layout.params], vec![0.0; layout.state]);
+    reader.fill("", &layout.tensors, &mut params).map_err(|e| e.to_string())?;
+    reader.fill("", &layout.state_tensors, &mut state).map_err(|e| e.to_string())?;
+    Ok(PredictModel { model, params, state })
+}
+
+/// One pass over `test` in batches of `batch`, as predict makes them, with each output row
+/// through softmax; returns the examples.
+fn pass(m: &mut PredictModel, test: &Split, batch: usize, threads: usize) -> Result<usize, String> {
+    let pass = Pass { training: false, seed: 0, accumulate: false, threads };
+    let batch = NonZeroUsize::new(batch).ok_or("batch 0")?;
+    let classes = m.model.output_shape().numel().max(1);
+    let mut batches = EvalBatches::new(test, batch, Shard::WHOLE);
+    let mut rows = Vec::new();
+    let mut examples = 0;
+    for b in batches.by_ref() {
+        let out = m.model.forward(pass, &m.params, &mut m.state, &b.x, b.n);
+        rows.clear();
+        rows.extend_from_slice(out);
+        rows.chunks_exact_mut(classes).for_each(crate::engine::activation::softmax_row);
+        examples += b.n;
+    }
+    batches.finish().map_err(|e| e.to_string())?;
+    Ok(examples)
+}
+
+/// Examples/s of the best of [`ROUNDS`] warm passes on `threads` threads.
+fn throughput(m: &mut PredictModel, test: &Split, batch: usize, threads: usize) -> Result<f64, String> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
+    pool.install(|| {
+        pass(m, test, batch, threads)?;
+        let mut best = 0.0f64;
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            let examples = pass(m, test, batch, threads)?;
+            best = best.max(examples as f64 / t.elapsed().as_secs_f64().max(1e-9));
+        }
+        Ok(best)
+    })
+}
+
+/// The share of nonzero values the convolution's ReLU passes to the dense layer, over the
+/// first batch of the test split.
+fn density(m: &mut PredictModel, test: &Split, threads: usize) -> f64 {
+    let Some(b) = EvalBatches::new(test, NonZeroUsize::MIN.saturating_add(255), Shard::WHOLE).next() else {
+        return 0.0;
+    };
+    let pass = Pass { training: false, seed: 0, accumulate: false, threads };
+    m.model.forward(pass, &m.params, &mut m.state, &b.x, b.n);
+    let Some(x) = m.model.layer_output("conv2d", b.n) else {
+        return 0.0;
+    };
+    crate::engine::sparse::count_nonzeros(x) as f64 / x.len().max(1) as f64
+}
+
+/// A peer script's examples/s, or why there is none.
+fn peer(python: &str, script: &str, batch: usize, threads: usize) -> Result<f64, String> {
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(["--batch", &batch.to_string(), "--threads", &threads.to_string(), "--rounds", &ROUNDS.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {python} {script}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    if !out.status.success() || !last.starts_with('{') {
+        let why = if last.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_string() } else { last.into() };
+        return Err(format!(
+            "no figure from {script} ({why}); set TRAINRUN_BENCH_PYTHON to a python with tensorflow and torch, \
+             from the repository root"
+        ));
+    }
+    let row: serde_json::Value = serde_json::from_str(last).map_err(|e| format!("{script}: {e}"))?;
+    row["examples_per_s"].as_f64().ok_or_else(|| format!("{script} printed no examples/s: {last}"))
+}
