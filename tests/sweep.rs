@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::sweep::results;
+use common::sweep::{gpu_then_cpu, results};
 use common::{assert_exit, json, run, tempdir, text};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -257,24 +257,8 @@ fn a_failing_trial_is_reported_and_the_others_still_run() {
         return;
     }
     let dir = tempdir();
-    let o = format!("run.out_dir={}", dir.path().display());
     // A GPU device plans, but a CPU build cannot run it: its trial exits 3 at run time.
-    let out = run(&[
-        "sweep",
-        "specs/mnist_single.toml",
-        "--set",
-        &o,
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "train.steps_per_epoch=10",
-        "--set",
-        "strategy.kind=one_device",
-        "--set",
-        "sweep.grid.\"strategy.device\"=[\"gpu:0\", \"cpu:0\"]",
-        "--set",
-        "sweep.metric=test_accuracy",
-    ]);
+    let out = run(&gpu_then_cpu(dir.path(), &[]).iter().map(String::as_str).collect::<Vec<_>>());
     assert_exit(&out, 3);
     let (stdout, stderr) = text(&out);
     assert!(stdout.contains("trial-001-devicegpu_0: FAILED (exit 3)"), "{stdout}");

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::sweep::results;
+use common::sweep::{gpu_then_cpu, results};
 use common::{assert_exit, run, tempdir, text};
 use std::path::Path;
 use std::process::Command;
@@ -113,28 +113,12 @@ fn the_collector_tells_a_failed_index_from_an_unfinished_one() {
         return;
     }
     let dir = tempdir();
-    let o = format!("run.out_dir={}", dir.path().display());
-    let gpu = [
-        "sweep",
-        "specs/mnist_single.toml",
-        "--set",
-        &o,
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "train.steps_per_epoch=10",
-        "--set",
-        "strategy.kind=one_device",
-        "--set",
-        "sweep.grid.\"strategy.device\"=[\"gpu:0\", \"cpu:0\"]",
-        "--set",
-        "sweep.metric=test_accuracy",
-    ];
+    let gpu = |extra: &[&str]| run(&gpu_then_cpu(dir.path(), extra).iter().map(String::as_str).collect::<Vec<_>>());
     // A GPU device plans, but a CPU build cannot run it: its trial exits 3 at run time.
-    let out = run(&[&gpu[..], &["--trial", "0"]].concat());
+    let out = gpu(&["--trial", "0"]);
     assert_exit(&out, 3);
     assert!(text(&out).1.contains("[1/2] trial-001-devicegpu_0 FAILED (exit 3)"), "{:?}", text(&out));
-    let out = run(&[&gpu[..], &["--collect"]].concat());
+    let out = gpu(&["--collect"]);
     assert_exit(&out, 0);
     assert!(
         text(&out).0.contains("0 of 2 trials complete, 1 failed, 0 stopped early, 1 not finished"),
