@@ -128,6 +128,14 @@ enum CliCommand {
         /// List the trials, their folders, seeds and values, and which are complete; run nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Run only the trial of this job-array index (0 to trials - 1: index I is trial I + 1)
+        /// into its folder, as one index of a Slurm job array or Kubernetes Indexed Job does.
+        #[arg(long, value_name = "INDEX", conflicts_with_all = ["dry_run", "collect", "parallel"])]
+        trial: Option<usize>,
+        /// Rank the trials that have finished (results.csv, sweep.json) without running any; the
+        /// others are listed as failed or pending.
+        #[arg(long, conflicts_with_all = ["dry_run", "parallel"])]
+        collect: bool,
         /// Print nothing but errors.
         #[arg(long, short)]
         quiet: bool,
@@ -153,6 +161,10 @@ enum CliCommand {
         /// The Kubernetes namespace of every object.
         #[arg(long)]
         namespace: Option<String>,
+        /// For a sweep spec: trials the job array (Slurm `%` limit) or Indexed Job (parallelism)
+        /// runs at once (default: all of them).
+        #[arg(long, value_name = "P")]
+        parallel: Option<NonZeroUsize>,
     },
     /// Make the TLS files cluster.tls names (a CA, and one certificate it signs for every name
     /// the tasks reach each other by where the job runs), into a folder.
@@ -249,11 +261,18 @@ pub fn main() -> ExitCode {
             invocation(spec, quiet, None).and_then(|inv| run::predict(&inv, &checkpoint, &options))
         }
         Some(CliCommand::Export { path, format, out, force }) => run::export(&path, format, &out, force, env.clone()),
-        Some(CliCommand::Sweep { spec, parallel, dry_run, quiet }) => invocation(spec, quiet, None)
-            .and_then(|inv| crate::sweep::run(&inv, &crate::sweep::SweepOptions { parallel: parallel.get(), dry_run })),
+        Some(CliCommand::Sweep { spec, parallel, dry_run, trial, collect, quiet }) => {
+            let part = match (trial, collect) {
+                (Some(index), _) => crate::sweep::SweepPart::Trial(index),
+                (None, true) => crate::sweep::SweepPart::Collect,
+                (None, false) => crate::sweep::SweepPart::Every,
+            };
+            let options = crate::sweep::SweepOptions { parallel: parallel.get(), dry_run, part };
+            invocation(spec, quiet, None).and_then(|inv| crate::sweep::run(&inv, &options))
+        }
         Some(CliCommand::Report { dir }) => crate::report::run(&dir),
-        Some(CliCommand::Manifest { spec, target, image, namespace }) => {
-            invocation(spec, false, None).and_then(|inv| crate::deploy::run(&inv, target, image, namespace))
+        Some(CliCommand::Manifest { spec, target, image, namespace, parallel }) => {
+            invocation(spec, false, None).and_then(|inv| crate::deploy::run(&inv, target, image, namespace, parallel))
         }
         Some(CliCommand::Certs { spec, out, target, namespace, names, days }) => {
             let options = crate::deploy::certs::CertsOptions { target, namespace, names, days };
@@ -325,6 +344,7 @@ mod tests {
                 "manifest --for",
                 "manifest --image",
                 "manifest --namespace",
+                "manifest --parallel",
                 "manifest --set",
                 "predict --checkpoint",
                 "predict --force",
@@ -339,10 +359,12 @@ mod tests {
                 "sample --temperature",
                 "sample --tokens",
                 "sample --top-k",
+                "sweep --collect",
                 "sweep --dry-run",
                 "sweep --parallel",
                 "sweep --quiet",
                 "sweep --set",
+                "sweep --trial",
                 "tokenize --json",
                 "tokenize --set",
                 "tokenize --text",

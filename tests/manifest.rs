@@ -14,10 +14,12 @@ use trainrun::deploy::{Options, Target, render};
 
 const FULL: &str = "tests/fixtures/deploy/full.toml";
 const WORKERS: &str = "tests/fixtures/deploy/netns.toml";
+/// A sweep of 4 trials: a job array (tests/sweep_array.rs runs its indexes).
+const SWEEP: &str = "specs/mnist_sweep.toml";
 
 fn rendered(spec: &str, target: Target) -> String {
     let loaded = trainrun::spec::load(Path::new(spec), &[], &[]).unwrap();
-    let options = Options { image: None, namespace: Some("ml".into()), token: "<token>".into() };
+    let options = Options { image: None, namespace: Some("ml".into()), token: "<token>".into(), parallel: None };
     render(&loaded.spec, target, &options).unwrap()
 }
 
@@ -126,6 +128,7 @@ fn kubernetes_objects_pass_strict_validation_on_the_oldest_and_newest_kubernetes
     for (name, spec, target) in [
         ("full", FULL, Target::Kubernetes),
         ("workers", WORKERS, Target::Kubernetes),
+        ("sweep", SWEEP, Target::Kubernetes),
         ("tfjob-objects", FULL, Target::Tfjob),
     ] {
         let file = dir.path().join(format!("{name}.yaml"));
@@ -206,6 +209,14 @@ fn the_sbatch_script_is_valid_bash_and_carries_the_resources() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&script).unwrap();
     for line in ["#SBATCH --ntasks=2", "#SBATCH --cpus-per-task=1", "srun trainrun \"netns-job.spec.toml\""] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+    let array = dir.path().join("array.sbatch");
+    std::fs::write(&array, rendered(SWEEP, Target::Slurm)).unwrap();
+    let out = Command::new("bash").arg("-n").arg(&array).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&array).unwrap();
+    for line in ["#SBATCH --array=0-3%4\n", "--trial \"$SLURM_ARRAY_TASK_ID\"\n"] {
         assert!(text.contains(line), "{line} missing:\n{text}");
     }
 }

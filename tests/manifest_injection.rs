@@ -736,3 +736,44 @@ fn no_spec_value_becomes_code_or_structure_in_any_manifest() {
     assert!(carried > 60, "only {carried} cases carried the value; refused: {refused:?}");
     assert!(refused.iter().any(|r| r.starts_with("deploy.partition")), "{refused:?}");
 }
+
+/// A sweep's job array carries its spec as any job does: a hostile value in it runs nothing
+/// when each index's script runs (under bash, `trainrun` stubbed), reaches the trials intact,
+/// and leaves the Indexed Job's shape alone.
+#[test]
+fn no_sweep_value_becomes_code_or_structure_in_a_job_array() {
+    let dir = common::tempdir();
+    let canary = dir.path().join("injected");
+    let evil = hostile(&canary);
+    let sweep = |target: &str, value: &str| {
+        let out_dir = format!("run.out_dir={}", toml_string(value));
+        let out = common::run(&["manifest", "specs/mnist_sweep.toml", "--for", target, "--set", &out_dir]);
+        common::assert_exit(&out, 0);
+        common::text(&out).0
+    };
+    let run = dir.path().join("array");
+    let bin = run.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("trainrun"), "#!/bin/sh\nprintf '%s\\n' \"$@\" > trainrun.args\n").unwrap();
+    Command::new("chmod").arg("755").arg(bin.join("trainrun")).status().unwrap();
+    let script = sweep("slurm", &evil);
+    std::fs::write(run.join("job.sbatch"), &script).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("bash")
+        .arg("job.sbatch")
+        .current_dir(&run)
+        .env("PATH", path)
+        .env("SLURM_ARRAY_TASK_ID", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the script failed: {}\n{script}", String::from_utf8_lossy(&out.stderr));
+    let args = std::fs::read_to_string(run.join("trainrun.args")).unwrap();
+    assert_eq!(args, "sweep\nmnist-sweep.spec.toml\n--trial\n1\n");
+    let spec: toml::Table = std::fs::read_to_string(run.join("mnist-sweep.spec.toml")).unwrap().parse().unwrap();
+    assert_eq!(spec["run"]["out_dir"].as_str(), Some(evil.as_str()));
+    let yaml = sweep("kubernetes", &evil);
+    assert_eq!(yaml_shape(&yaml, &evil), yaml_shape(&sweep("kubernetes", "runs/x"), "runs/x"));
+    for n in 1..=5 {
+        assert!(!Path::new(&format!("{}.{n}", canary.display())).exists(), "the injected command {n} ran");
+    }
+}

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::sweep::{gpu_then_cpu, results};
 use common::{assert_exit, json, run, tempdir, text};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,23 +34,6 @@ fn sweep(out: &Path, extra: &[&str]) -> std::process::Output {
 fn start_sweep(out: &Path, piped: bool) -> std::process::Child {
     let stdio = || if piped { std::process::Stdio::piped() } else { std::process::Stdio::null() };
     common::trainrun().args(sweep_args(out)).stdout(stdio()).stderr(stdio()).spawn().unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// `results.csv` as rows of cells, without the timing columns (the only ones that may differ
-/// between identical runs).
-fn results(dir: &Path) -> Vec<Vec<String>> {
-    let text = std::fs::read_to_string(dir.join("results.csv")).unwrap_or_else(|e| panic!("results.csv: {e}"));
-    let rows: Vec<Vec<String>> = text.lines().map(|l| l.split(',').map(String::from).collect()).collect();
-    let timing: Vec<usize> = rows[0]
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| *h == "wall_s" || *h == "steady_examples_per_s")
-        .map(|(i, _)| i)
-        .collect();
-    assert_eq!(timing.len(), 2, "{:?}", rows[0]);
-    rows.into_iter()
-        .map(|r| r.into_iter().enumerate().filter(|(i, _)| !timing.contains(i)).map(|(_, c)| c).collect())
-        .collect()
 }
 
 const TRIALS: [&str; 4] =
@@ -273,24 +257,8 @@ fn a_failing_trial_is_reported_and_the_others_still_run() {
         return;
     }
     let dir = tempdir();
-    let o = format!("run.out_dir={}", dir.path().display());
     // A GPU device plans, but a CPU build cannot run it: its trial exits 3 at run time.
-    let out = run(&[
-        "sweep",
-        "specs/mnist_single.toml",
-        "--set",
-        &o,
-        "--set",
-        "train.epochs=1",
-        "--set",
-        "train.steps_per_epoch=10",
-        "--set",
-        "strategy.kind=one_device",
-        "--set",
-        "sweep.grid.\"strategy.device\"=[\"gpu:0\", \"cpu:0\"]",
-        "--set",
-        "sweep.metric=test_accuracy",
-    ]);
+    let out = run(&gpu_then_cpu(dir.path(), &[]).iter().map(String::as_str).collect::<Vec<_>>());
     assert_exit(&out, 3);
     let (stdout, stderr) = text(&out);
     assert!(stdout.contains("trial-001-devicegpu_0: FAILED (exit 3)"), "{stdout}");

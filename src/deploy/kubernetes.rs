@@ -9,8 +9,13 @@
 //! other failure recreates the pod with its index, and the job resumes from the chief's backup.
 //! Because every task of a job stops when one dies, one restart costs a failure per task:
 //! `backoffLimit` is `cluster.max_restarts` × tasks.
+//!
+//! A sweep spec becomes an Indexed Job of one index per trial instead ([`render_sweep`]):
+//! `completions` = trials, `parallelism` = `--parallel`, each pod running `trainrun sweep SPEC
+//! --trial $(JOB_COMPLETION_INDEX)` into the shared run volume; a multi-worker trial starts its
+//! workers inside its pod, so no Service is needed.
 
-use super::{BINARY, DeployJob, ManifestError, RUNS_DIR, SPEC_DIR, TLS_DIR, cpu, yaml};
+use super::{BINARY, DeployJob, ManifestError, RUNS_DIR, SPEC_DIR, TLS_DIR, TrialArray, cpu, yaml};
 use crate::spec::VolumeSpec;
 use serde_json::{Value, json};
 
@@ -154,12 +159,43 @@ fn service(job: &DeployJob) -> Value {
     })
 }
 
-fn indexed_job(job: &DeployJob) -> Value {
-    let tasks = job.tasks.len();
-    let env = vec![json!({ "name": crate::cluster::kubernetes::SERVICE_VAR, "value": job.name })];
-    let mut pod = pod_spec(job, container(job, CONTAINER, "control", env));
-    pod["subdomain"] = json!(job.name);
+/// The objects of a sweep: its trials as one Indexed Job.
+pub(super) fn render_sweep(job: &DeployJob, array: TrialArray) -> Result<String, ManifestError> {
+    let mut docs = shared_objects(job);
+    // The index the Job controller gives each pod, defined here so `$(…)` in args expands.
+    let index = json!({
+        "name": crate::cluster::kubernetes::INDEX_VAR,
+        "valueFrom": { "fieldRef": { "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']" } },
+    });
+    let mut c = container(job, CONTAINER, "control", vec![index]);
+    let spec = format!("{SPEC_DIR}/spec.toml");
+    let trial = format!("$({})", crate::cluster::kubernetes::INDEX_VAR);
+    c["args"] = json!(["sweep", spec, "--trial", trial]);
+    if let Some(c) = c.as_object_mut() {
+        // A trial's workers talk inside its pod.
+        c.remove("ports");
+    }
+    let mut pod = pod_spec(job, c);
     pod["restartPolicy"] = json!("Never");
+    docs.push(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(job, &job.name),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": array.trials,
+            "parallelism": array.parallel,
+            "backoffLimit": job.spec.cluster.max_restarts as usize * array.trials,
+            "podFailurePolicy": { "rules": failure_rules(&[2]) },
+            "template": { "metadata": { "labels": labels(job) }, "spec": pod },
+        },
+    }));
+    yaml(&docs)
+}
+
+/// What a failed pod means: exit codes `fatal` fail the Job at once; a preemption after a clean
+/// backup (exit 6, or a disruption such as a node drain) does not count against `backoffLimit`.
+fn failure_rules(fatal: &[u8]) -> Value {
     let on_exit = |action: &str, codes: &[u8]| {
         // Kubernetes 1.25 requires `onPodConditions` in every rule; empty means unused.
         json!({
@@ -168,6 +204,19 @@ fn indexed_job(job: &DeployJob) -> Value {
             "onPodConditions": [],
         })
     };
+    json!([
+        on_exit("FailJob", fatal),
+        on_exit("Ignore", &[6]),
+        json!({ "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }] }),
+    ])
+}
+
+fn indexed_job(job: &DeployJob) -> Value {
+    let tasks = job.tasks.len();
+    let env = vec![json!({ "name": crate::cluster::kubernetes::SERVICE_VAR, "value": job.name })];
+    let mut pod = pod_spec(job, container(job, CONTAINER, "control", env));
+    pod["subdomain"] = json!(job.name);
+    pod["restartPolicy"] = json!("Never");
     json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -177,13 +226,8 @@ fn indexed_job(job: &DeployJob) -> Value {
             "completions": tasks,
             "parallelism": tasks,
             "backoffLimit": job.spec.cluster.max_restarts as usize * tasks,
-            "podFailurePolicy": { "rules": [
-                // Spec, unsupported and data errors: another try fails alike.
-                on_exit("FailJob", &[2, 3, 4]),
-                // Preempted after a clean backup: resume without using up a restart.
-                on_exit("Ignore", &[6]),
-                json!({ "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }] }),
-            ]},
+            // Spec, unsupported and data errors: another try fails alike.
+            "podFailurePolicy": { "rules": failure_rules(&[2, 3, 4]) },
             "template": { "metadata": { "labels": labels(job) }, "spec": pod },
         },
     })

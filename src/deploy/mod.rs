@@ -5,6 +5,10 @@
 //! Every target runs the same resolved spec, written into the job (a ConfigMap, or a here-doc
 //! in the sbatch script) with the run name fixed, so pods and Slurm tasks agree on it whatever
 //! the file is called where it lands.
+//!
+//! A sweep spec becomes a job array instead ([`TrialArray`]): a Slurm `--array` or a Kubernetes
+//! Indexed Job of one index per trial, each running `trainrun sweep SPEC --trial I` into the
+//! shared sweep folder, at most `--parallel` at once.
 
 pub mod certs;
 mod kubernetes;
@@ -15,6 +19,7 @@ use crate::cluster::{Role, TaskId};
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Unplanned};
 use crate::spec::{self, DeploySpec, Spec, TlsSpec};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 /// Where the job runs.
@@ -38,6 +43,47 @@ pub struct Options {
     pub namespace: Option<String>,
     /// The job token for a Secret the manifest creates; the edge draws a fresh one.
     pub token: String,
+    /// `--parallel`: trials of a sweep run at once (default: all).
+    pub parallel: Option<NonZeroUsize>,
+}
+
+/// A sweep as a job array: one index per trial, `parallel` at once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TrialArray {
+    /// Trials, so indexes `0..trials`.
+    pub trials: usize,
+    /// Indexes run at once (at most `trials`).
+    pub parallel: usize,
+}
+
+/// The job array of `spec`'s sweep, `None` for a spec without one.
+fn trial_array(spec: &Spec, options: &Options) -> Result<Option<TrialArray>, ManifestError> {
+    let Some(section) = &spec.sweep else {
+        return match options.parallel {
+            Some(p) => Err(ManifestError::Spec(format!(
+                "--parallel {p} sets how many trials of a sweep run at once, but the spec has no [sweep]: remove \
+                 --parallel"
+            ))),
+            None => Ok(None),
+        };
+    };
+    if section.scheduler.is_some() {
+        return Err(ManifestError::Spec(
+            "the sweep has a [sweep.scheduler], which decides rung by rung which trials go on from all their \
+             results, so it needs one sweep driver, not a job array of independent trials: remove \
+             [sweep.scheduler], or run `trainrun sweep SPEC --parallel K` as one job"
+                .into(),
+        ));
+    }
+    let seed = section.seed.unwrap_or(spec.run.seed);
+    let trials = spec::sweep::expand(section, seed)
+        .map_err(|diags| {
+            let each: Vec<String> = diags.iter().map(|d| format!("{}: {}", d.key, d.message)).collect();
+            ManifestError::Spec(each.join("; "))
+        })?
+        .len();
+    let parallel = options.parallel.map_or(trials, |p| p.get().min(trials));
+    Ok(Some(TrialArray { trials, parallel }))
 }
 
 /// Paths inside every container.
@@ -192,11 +238,19 @@ fn check_image(image: &str) -> Result<(), ManifestError> {
 
 /// The manifest text for `target`.
 pub fn render(spec: &Spec, target: Target, options: &Options) -> Result<String, ManifestError> {
+    let array = trial_array(spec, options)?;
     let job = job(spec, target, options)?;
-    match target {
-        Target::Kubernetes => kubernetes::render(&job),
-        Target::Tfjob => tfjob::render(&job),
-        Target::Slurm => slurm::render(&job),
+    match (target, array) {
+        (Target::Kubernetes, None) => kubernetes::render(&job),
+        (Target::Tfjob, None) => tfjob::render(&job),
+        (Target::Slurm, None) => slurm::render(&job),
+        (Target::Kubernetes, Some(array)) => kubernetes::render_sweep(&job, array),
+        (Target::Slurm, Some(array)) => slurm::render_array(&job, array),
+        (Target::Tfjob, Some(_)) => Err(ManifestError::Spec(
+            "a sweep runs its trials as a job array, one index per trial, which a TFJob cannot express: use \
+             `--for kubernetes` (an Indexed Job) or `--for slurm` (a job array)"
+                .into(),
+        )),
     }
 }
 
@@ -218,8 +272,18 @@ pub(crate) fn cpu(job: &DeployJob) -> Option<String> {
 }
 
 /// `trainrun manifest`: loads and checks the spec, then prints the manifest.
-pub fn run(inv: &Invocation, target: Target, image: Option<String>, namespace: Option<String>) -> Result<(), RunError> {
+pub fn run(
+    inv: &Invocation,
+    target: Target,
+    image: Option<String>,
+    namespace: Option<String>,
+    parallel: Option<NonZeroUsize>,
+) -> Result<(), RunError> {
     let loaded = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
+    // A sweep's problems, located, before its job array is written.
+    if let Err(diags) = crate::sweep::Sweep::new(&loaded) {
+        return Err(RunError::Spec(spec::render(&diags, &loaded.origins)));
+    }
     // Plan as the pods will: from the spec's [cluster], not this machine's scheduler.
     let scheduler = |k: &str| {
         k == "TF_CONFIG"
@@ -243,7 +307,7 @@ pub fn run(inv: &Invocation, target: Target, image: Option<String>, namespace: O
         Err(Unplanned::Run(_) | Unplanned::TooBig(_)) => {}
     }
     let token = crate::cluster::new_job_token().map_err(|e| RunError::Failure(e.to_string()))?;
-    let options = Options { image, namespace, token: token.as_str().to_owned() };
+    let options = Options { image, namespace, token: token.as_str().to_owned(), parallel };
     let text = render(&loaded.spec, target, &options).map_err(|e| match e {
         ManifestError::Spec(m) => RunError::Spec(format!("error: {m}")),
         ManifestError::Render(m) => RunError::Failure(m),

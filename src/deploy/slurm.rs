@@ -7,8 +7,12 @@
 //! here-doc is quoted (no expansion inside) and ends at a marker that occurs nowhere in the spec
 //! text (checked, not hoped for), and every `#SBATCH` value is refused unless it is one plain
 //! word (a newline there would start a command line).
+//!
+//! A sweep spec becomes a job array instead ([`render_array`]): one single-node array task per
+//! trial (a multi-worker trial starts its workers on that node, on free ports of its own), each
+//! running `trainrun sweep SPEC --trial $SLURM_ARRAY_TASK_ID` into the shared sweep folder.
 
-use super::{DeployJob, ManifestError, cpu};
+use super::{DeployJob, ManifestError, TrialArray, cpu};
 use crate::cluster::Role;
 
 /// `"500m"` → 1, `"2"` → 2: Slurm counts whole CPUs.
@@ -75,9 +79,43 @@ pub(super) fn render(job: &DeployJob) -> Result<String, ManifestError> {
     }
     let n = job.tasks.len();
     let file = format!("{}.spec.toml", job.name);
+    let tasks = format!("#SBATCH --nodes={n}\n#SBATCH --ntasks={n}\n#SBATCH --ntasks-per-node=1\n");
+    let mut s = header(job, &tasks, "%j")?;
+    let (marker, body) = spec_marker(job);
+    s.push_str(&format!("cat > \"{file}\" <<'{marker}'\n{body}\n\n"));
+    s.push_str("# Every task of the job authenticates with this token; srun passes it on.\n");
+    s.push_str(
+        "export TRAINRUN_JOB_TOKEN=\"${TRAINRUN_JOB_TOKEN:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')}\"\n\n",
+    );
+    s.push_str(&format!("srun trainrun \"{file}\"\n"));
+    Ok(s)
+}
+
+/// The sbatch script of a sweep: a job array of one index per trial, `parallel` at once.
+pub(super) fn render_array(job: &DeployJob, array: TrialArray) -> Result<String, ManifestError> {
+    let file = format!("{}.spec.toml", job.name);
+    let lines =
+        format!("#SBATCH --array=0-{}%{}\n#SBATCH --nodes=1\n#SBATCH --ntasks=1\n", array.trials - 1, array.parallel);
+    let mut s = header(job, &lines, "%A_%a")?;
+    // Indexes start together on a shared folder: each writes its own copy, then renames it
+    // over the shared name, so none reads another's half-written file.
+    let (marker, body) = spec_marker(job);
+    s.push_str(&format!("cat > \"{file}.$SLURM_ARRAY_TASK_ID\" <<'{marker}'\n{body}\n"));
+    s.push_str(&format!("mv -f \"{file}.$SLURM_ARRAY_TASK_ID\" \"{file}\"\n\n"));
+    s.push_str(&format!(
+        "# This index's trial, into the shared sweep folder. Once every index has ended,\n\
+         # `trainrun sweep {file} --collect` ranks the trials in results.csv.\n"
+    ));
+    s.push_str(&format!("trainrun sweep \"{file}\" --trial \"$SLURM_ARRAY_TASK_ID\"\n"));
+    Ok(s)
+}
+
+/// The `#SBATCH` lines and the script's start, with `tasks` (the job's shape) after the name;
+/// `%j` or `%A_%a` names the output file.
+fn header(job: &DeployJob, tasks: &str, output: &str) -> Result<String, ManifestError> {
     let mut s = String::from("#!/bin/bash\n");
     s.push_str(&format!("#SBATCH --job-name={}\n", job.name));
-    s.push_str(&format!("#SBATCH --nodes={n}\n#SBATCH --ntasks={n}\n#SBATCH --ntasks-per-node=1\n"));
+    s.push_str(tasks);
     if let Some(c) = cpu(job).as_deref().and_then(cpus) {
         s.push_str(&format!("#SBATCH --cpus-per-task={c}\n"));
     }
@@ -92,22 +130,22 @@ pub(super) fn render(job: &DeployJob) -> Result<String, ManifestError> {
     }
     // SIGTERM reaches trainrun this long before the time limit, so the chief saves a backup.
     s.push_str(&format!("#SBATCH --signal=TERM@{}\n", job.grace_s));
-    s.push_str(&format!("#SBATCH --output={}-%j.out\n", job.name));
+    s.push_str(&format!("#SBATCH --output={}-{output}.out\n", job.name));
     s.push_str("#SBATCH --requeue\n\n");
     s.push_str("set -euo pipefail\n\n");
     s.push_str("# The resolved spec (written by `trainrun manifest --for slurm`).\n");
+    Ok(s)
+}
+
+/// The here-doc's marker and the spec text it encloses, ending in its marker line.
+fn spec_marker(job: &DeployJob) -> (String, String) {
     let mut spec = job.spec_toml.clone();
     if !spec.ends_with('\n') {
         spec.push('\n');
     }
     let marker = heredoc_marker(&spec);
-    s.push_str(&format!("cat > \"{file}\" <<'{marker}'\n{spec}{marker}\n\n"));
-    s.push_str("# Every task of the job authenticates with this token; srun passes it on.\n");
-    s.push_str(
-        "export TRAINRUN_JOB_TOKEN=\"${TRAINRUN_JOB_TOKEN:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')}\"\n\n",
-    );
-    s.push_str(&format!("srun trainrun \"{file}\"\n"));
-    Ok(s)
+    let body = format!("{spec}{marker}");
+    (marker, body)
 }
 
 #[cfg(test)]

@@ -21,6 +21,19 @@ pub struct SweepOptions {
     pub parallel: usize,
     /// Only list the trials.
     pub dry_run: bool,
+    /// Which part of the sweep this invocation does.
+    pub part: SweepPart,
+}
+
+/// What `trainrun sweep` does with the trials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepPart {
+    /// Runs every trial not complete yet, then ranks them (the driver).
+    Every,
+    /// `--trial I`: runs the trial of job-array index I alone ([`super::array`]).
+    Trial(usize),
+    /// `--collect`: ranks what the trials' folders hold, running none.
+    Collect,
 }
 
 /// A trial that validated.
@@ -100,7 +113,7 @@ pub(super) fn on_event(
 }
 
 /// The sweep of `inv`'s spec, which must have a `[sweep]`.
-fn load(inv: &Invocation) -> Result<Sweep, RunError> {
+pub(super) fn load(inv: &Invocation) -> Result<Sweep, RunError> {
     let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
     match Sweep::new(&base) {
         Ok(Some(sweep)) => Ok(sweep),
@@ -123,6 +136,11 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         )));
     }
     let sweep = load(inv)?;
+    match opts.part {
+        SweepPart::Every => {}
+        SweepPart::Trial(index) => return super::array::trial(inv, &sweep, index),
+        SweepPart::Collect => return super::array::collect(inv, &sweep),
+    }
     let checked = validate(inv, &sweep, &sweep.rung_sets(None), true)?;
     let done: Vec<bool> = sweep
         .trials
@@ -240,12 +258,12 @@ fn finish(
     }
 }
 
-fn ranked(sweep: &Sweep, record: &SweepRecord, failures: &BTreeMap<usize, u8>) -> Vec<Row> {
+pub(super) fn ranked(sweep: &Sweep, record: &SweepRecord, failures: &BTreeMap<usize, u8>) -> Vec<Row> {
     results::rank(results::rows(&sweep.dir, record, failures), sweep.metric.as_str(), sweep.higher_is_better)
 }
 
 /// The last lines of a failed trial's log, indented, or why it did not start.
-fn tail(dir: &Path, error: Option<&str>) -> String {
+pub(super) fn tail(dir: &Path, error: Option<&str>) -> String {
     if let Some(e) = error {
         return format!(": {e}");
     }
@@ -421,7 +439,7 @@ fn dry_run(sweep: &Sweep, checked: &[ValidTrial], done: &[bool]) -> String {
     out
 }
 
-fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTrial], parallel: usize) -> SweepRecord {
+pub(super) fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTrial], parallel: usize) -> SweepRecord {
     SweepRecord {
         trainrun_version: env!("CARGO_PKG_VERSION").to_string(),
         name: sweep.name.clone(),
@@ -453,11 +471,11 @@ fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTrial], paralle
     }
 }
 
-fn write(path: &Path, record: &SweepRecord) -> Result<(), RunError> {
+pub(super) fn write(path: &Path, record: &SweepRecord) -> Result<(), RunError> {
     crate::train::run_dir::write_json(path, record).map_err(|e| RunError::Failure(e.to_string()))
 }
 
-fn write_results(dir: &Path, rows: &[Row]) -> Result<(), RunError> {
+pub(super) fn write_results(dir: &Path, rows: &[Row]) -> Result<(), RunError> {
     let path = dir.join("results.csv");
     let tmp = dir.join("results.csv.tmp");
     std::fs::write(&tmp, results::csv(rows))

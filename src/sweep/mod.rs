@@ -2,7 +2,8 @@
 //! pure), validates every trial up front, and runs each as an ordinary run, a child process
 //! of this binary, in its own folder under the sweep folder (`run.out_dir`), skipping trials
 //! already complete ([`driver`]). It records the sweep in `sweep.json` and ranks the trials in
-//! `results.csv` ([`results`]). A sweep selects on a validation metric ([`selection`]); with a
+//! `results.csv` ([`results`]). A cluster's job array runs one trial per index
+//! (`--trial I`) into the shared sweep folder and `--collect` ranks what finished ([`array`]). A sweep selects on a validation metric ([`selection`]); with a
 //! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
 //! ([`halving`]).
 //!
@@ -10,6 +11,7 @@
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
 //! result still has the hash the sweep validated.
 
+mod array;
 mod child;
 pub mod driver;
 mod halving;
@@ -17,7 +19,7 @@ pub mod results;
 pub mod selection;
 
 pub use crate::spec::sweep::{Sweep, Trial};
-pub use driver::{SweepOptions, run};
+pub use driver::{SweepOptions, SweepPart, run};
 
 use crate::exit::RunError;
 use crate::plan::Plan;

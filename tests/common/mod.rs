@@ -7,6 +7,7 @@ use std::io::Read;
 pub mod certs;
 pub mod lm;
 pub mod sources;
+pub mod sweep;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
