@@ -188,6 +188,19 @@ pub struct TrialRun {
     pub sweep_seed: u64,
 }
 
+/// Trial `index` as the sweep drew it by TPE, from the record it wrote to `sweep.json` in its
+/// folder before running the trial.
+fn drawn_trial(sweep: &Sweep, index: usize) -> Option<crate::spec::sweep::Trial> {
+    use serde_json::Value as Json;
+    let text = std::fs::read_to_string(sweep.dir.join("sweep.json")).ok()?;
+    let record: Json = serde_json::from_str(&text).ok()?;
+    let trials = record.get("trials")?.as_array()?;
+    let recorded = trials.iter().find(|t| t.get("index").and_then(Json::as_u64) == Some(index as u64))?;
+    let values: Vec<(String, Json)> = serde_json::from_value(recorded.get("values")?.clone()).ok()?;
+    let name = recorded.get("name").and_then(Json::as_str);
+    sweep.drawn(index, values).filter(|t| Some(t.name.as_str()) == name)
+}
+
 /// Loads trial `wanted` of the sweep in `base` (loaded from `inv`).
 pub fn load_trial(inv: &Invocation, base: &Loaded, wanted: &WantedTrial) -> Result<(Loaded, TrialRun), RunError> {
     let sweep = match Sweep::new(base) {
@@ -200,7 +213,9 @@ pub fn load_trial(inv: &Invocation, base: &Loaded, wanted: &WantedTrial) -> Resu
         }
         Err(diags) => return Err(RunError::Spec(spec::render(&diags, &base.origins))),
     };
-    let Some(trial) = sweep.trials.get(wanted.index - 1) else {
+    // A trial drawn by TPE is not in the spec: the sweep recorded it before running it.
+    let trial = sweep.trials.get(wanted.index - 1).cloned().or_else(|| drawn_trial(&sweep, wanted.index));
+    let Some(trial) = trial else {
         return Err(RunError::Usage(format!(
             "{TRIAL_VAR}={} is past the last of the {} trials of {}",
             wanted.index,
@@ -208,7 +223,7 @@ pub fn load_trial(inv: &Invocation, base: &Loaded, wanted: &WantedTrial) -> Resu
             inv.spec.display()
         )));
     };
-    let loaded = spec::load_trial(&inv.spec, &inv.env, &inv.sets, &sweep.assignments(trial))
+    let loaded = spec::load_trial(&inv.spec, &inv.env, &inv.sets, &sweep.assignments(&trial))
         .map_err(|e| RunError::Spec(e.to_string()))?;
     if let Some(expected) = &wanted.sha256
         && *expected != loaded.spec.results_sha256()

@@ -75,6 +75,14 @@ fn trial_array(spec: &Spec, options: &Options) -> Result<Option<TrialArray>, Man
                 .into(),
         ));
     }
+    if section.tpe.is_some() {
+        return Err(ManifestError::Spec(
+            "the sweep has a [sweep.tpe], which draws each trial after the start-up ones from the results before it, \
+             so it needs one sweep driver, not a job array of independent trials: remove [sweep.tpe], or run \
+             `trainrun sweep SPEC` as one job"
+                .into(),
+        ));
+    }
     let seed = section.seed.unwrap_or(spec.run.seed);
     let trials = spec::sweep::expand(section, seed)
         .map_err(|diags| {

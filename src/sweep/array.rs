@@ -14,7 +14,7 @@
 
 use super::Sweep;
 use super::child::{self, TrialEvent};
-use super::driver::{self, job, validate};
+use super::driver::{self, job, validate_each};
 use super::results::{self, Status};
 use crate::exit::RunError;
 use crate::prepare::Invocation;
@@ -47,8 +47,8 @@ pub(super) fn trial(inv: &Invocation, sweep: &Sweep, index: usize) -> Result<(),
              one job, or remove [sweep.scheduler] to spread the trials over a job array"
         )));
     }
-    let sets = sweep.rung_sets(None);
-    let checked = validate(inv, sweep, &sets, true)?;
+    refuse_tpe(sweep, "--trial")?;
+    let checked = validate_each(inv, sweep, &|_| Vec::new(), true)?;
     let valid = &checked[index];
     let dir = sweep.trial_dir(trial);
     let name = format!("[{}/{n}] {}", trial.index, trial.name);
@@ -126,7 +126,8 @@ fn failed(dir: &Path) -> Option<u8> {
 
 /// `--collect`: ranks the trials as their folders stand, into `sweep.json` and `results.csv`.
 pub(super) fn collect(inv: &Invocation, sweep: &Sweep) -> Result<(), RunError> {
-    let checked = validate(inv, sweep, &sweep.rung_sets(None), true)?;
+    refuse_tpe(sweep, "--collect")?;
+    let checked = validate_each(inv, sweep, &|_| Vec::new(), true)?;
     let mut record = driver::sweep_record(inv, sweep, &checked, 1);
     record.ended_at = Some(rfc3339(SystemTime::now()));
     let failures: BTreeMap<usize, u8> =
@@ -153,4 +154,17 @@ pub(super) fn collect(inv: &Invocation, sweep: &Sweep) -> Result<(), RunError> {
         println!("wrote {}", sweep.dir.join("results.csv").display());
     }
     Ok(())
+}
+
+/// TPE draws each trial after its start-up ones from the results before it, so its trials are
+/// not a fixed list that job-array indexes could name: only the sweep driver can run them.
+fn refuse_tpe(sweep: &Sweep, flag: &str) -> Result<(), RunError> {
+    match sweep.tpe {
+        None => Ok(()),
+        Some(_) => Err(RunError::Usage(format!(
+            "{flag} works on a fixed list of trials, but [sweep.tpe] draws each trial after the start-up ones from \
+             the results before it, so it needs the sweep driver: run `trainrun sweep SPEC` as one job, or remove \
+             [sweep.tpe] to spread the [sweep.random] trials over a job array"
+        ))),
+    }
 }

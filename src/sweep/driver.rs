@@ -40,6 +40,8 @@ pub enum SweepPart {
 pub(super) struct ValidTrial {
     /// Hash of its resolved spec.
     pub(super) sha256: String,
+    /// Optimizer steps in each of its epochs (a scheduler's rungs in steps become epochs).
+    pub(super) steps_per_epoch: u64,
     /// Threads its plan gives each task, and whether the spec chose them.
     threads: usize,
     threads_set: bool,
@@ -135,13 +137,16 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
             opts.parallel
         )));
     }
-    let sweep = load(inv)?;
+    let mut sweep = load(inv)?;
     match opts.part {
         SweepPart::Every => {}
         SweepPart::Trial(index) => return super::array::trial(inv, &sweep, index),
         SweepPart::Collect => return super::array::collect(inv, &sweep),
     }
-    let checked = validate(inv, &sweep, &sweep.rung_sets(None), true)?;
+    let checked = match &sweep.scheduler {
+        Some(schedule) => super::rungs::checked(inv, &sweep, schedule)?,
+        None => validate_each(inv, &sweep, &|_| Vec::new(), true)?,
+    };
     let done: Vec<bool> = sweep
         .trials
         .iter()
@@ -153,7 +158,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         return Ok(());
     }
 
-    let record = sweep_record(inv, &sweep, &checked, opts.parallel);
+    let mut record = sweep_record(inv, &sweep, &checked, opts.parallel);
     let record_path = sweep.dir.join("sweep.json");
     std::fs::create_dir_all(&sweep.dir)
         .map_err(|e| RunError::Failure(format!("cannot create {}: {e}", sweep.dir.display())))?;
@@ -178,9 +183,14 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
     let stop = crate::signals::supervise();
-    if let Some((scheduler, rungs)) = &sweep.scheduler {
-        let rungs = Rungs { scheduler, epochs: rungs, exe: &exe, parallel: opts.parallel, stop };
-        super::halving::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?;
+    if let Some(schedule) = &sweep.scheduler {
+        let rungs = Rungs { schedule, exe: &exe, parallel: opts.parallel, stop };
+        super::rungs::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?;
+        return finish(inv, &sweep, record, &record_path, &failures);
+    }
+    if let Some(search) = sweep.tpe.clone() {
+        let at = super::sequential::At { exe: &exe, parallel: opts.parallel, stop, record_path: &record_path };
+        super::sequential::run(inv, &mut sweep, &search, &at, &mut record, checked, &mut failures)?;
         return finish(inv, &sweep, record, &record_path, &failures);
     }
     let jobs: Vec<TrialProcess> = sweep
@@ -189,7 +199,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         .zip(&checked)
         .zip(&done)
         .filter(|(_, d)| !**d)
-        .map(|((t, c), _)| job(inv, &sweep, t, c, &exe, opts.parallel, &sweep.rung_sets(None)))
+        .map(|((t, c), _)| job(inv, &sweep, t, c, &exe, opts.parallel, &[]))
         .collect();
     child::run_all(jobs, opts.parallel, stop, |event| on_event(inv, &sweep, &checked, &record, &mut failures, event));
     finish(inv, &sweep, record, &record_path, &failures)
@@ -197,10 +207,8 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
 
 /// How a scheduled sweep runs its rungs.
 pub(super) struct Rungs<'a> {
-    /// The scheduler.
-    pub scheduler: &'a crate::spec::sweep::SchedulerSpec,
-    /// Its rungs, in epochs.
-    pub epochs: &'a [u64],
+    /// The scheduler, resolved for the trials.
+    pub schedule: &'a crate::spec::sweep::SweepSchedule,
     /// The binary.
     pub exe: &'a Path,
     /// Trials at once.
@@ -275,15 +283,14 @@ pub(super) fn tail(dir: &Path, error: Option<&str>) -> String {
 
 /// Loads and plans every trial, reporting every problem of every trial at once; problems
 /// that several trials share are shown once.
-/// Each trial is loaded with `rung_sets` after the invocation's `--set`s (a rung's epochs);
-/// `show` prints the warnings.
-pub(super) fn validate(
+/// Each trial is loaded with its `rung_sets` after the invocation's `--set`s (a rung's
+/// epochs); `show` prints the warnings.
+pub(super) fn validate_each(
     inv: &Invocation,
     sweep: &Sweep,
-    rung_sets: &[String],
+    rung_sets: &dyn Fn(&Trial) -> Vec<String>,
     show: bool,
 ) -> Result<Vec<ValidTrial>, RunError> {
-    let sets: Vec<String> = inv.sets.iter().chain(rung_sets).cloned().collect();
     let mut problems: Vec<(String, Vec<usize>)> = Vec::new();
     let mut warnings: Vec<(String, Vec<usize>)> = Vec::new();
     let add = |list: &mut Vec<(String, Vec<usize>)>, parts: Vec<String>, trial: usize| {
@@ -296,6 +303,7 @@ pub(super) fn validate(
     };
     let mut checked = Vec::with_capacity(sweep.trials.len());
     for trial in &sweep.trials {
+        let sets: Vec<String> = inv.sets.iter().cloned().chain(rung_sets(trial)).collect();
         let loaded = match spec::load_trial(&inv.spec, &inv.env, &sets, &sweep.assignments(trial)) {
             Ok(loaded) => loaded,
             Err(LoadError::Invalid { parts, .. }) => {
@@ -315,6 +323,7 @@ pub(super) fn validate(
                 add(&mut warnings, render_each(on_test.as_slice(), &loaded.origins), trial.index);
                 checked.push(ValidTrial {
                     sha256: loaded.spec.results_sha256(),
+                    steps_per_epoch: plan.train.steps_per_epoch,
                     threads: plan.threads,
                     threads_set: loaded.spec.run.threads.is_some(),
                     evaluates,
@@ -455,19 +464,19 @@ pub(super) fn sweep_record(inv: &Invocation, sweep: &Sweep, checked: &[ValidTria
         command: std::env::args().collect(),
         git: Some(Git::of(inv.spec.parent().unwrap_or(Path::new(".")))),
         host: Some(Host::here()),
-        trials: sweep
-            .trials
-            .iter()
-            .zip(checked)
-            .map(|(t, c)| TrialRecord {
-                index: t.index,
-                name: t.name.clone(),
-                seed: t.seed,
-                values: t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect(),
-                spec_sha256: c.sha256.clone(),
-                evaluates: c.evaluates,
-            })
-            .collect(),
+        trials: sweep.trials.iter().zip(checked).map(|(t, c)| trial_record(t, c)).collect(),
+    }
+}
+
+/// `sweep.json`'s record of a trial.
+pub(super) fn trial_record(t: &Trial, c: &ValidTrial) -> TrialRecord {
+    TrialRecord {
+        index: t.index,
+        name: t.name.clone(),
+        seed: t.seed,
+        values: t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect(),
+        spec_sha256: c.sha256.clone(),
+        evaluates: c.evaluates,
     }
 }
 

@@ -5,7 +5,7 @@
 //! `results.csv` ([`results`]). A cluster's job array runs one trial per index
 //! (`--trial I`) into the shared sweep folder and `--collect` ranks what finished ([`array`]). A sweep selects on a validation metric ([`selection`]); with a
 //! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
-//! ([`halving`]).
+//! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]).
 //!
 //! A child is `trainrun SPEC --set …` told its trial by `TRAINRUN_SWEEP_TRIAL=<n>:<hash>`: it
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
@@ -15,8 +15,11 @@ mod array;
 mod child;
 pub mod driver;
 mod halving;
+mod median_stopping;
 pub mod results;
+mod rungs;
 pub mod selection;
+mod sequential;
 
 pub use crate::spec::sweep::{Sweep, Trial};
 pub use driver::{SweepOptions, SweepPart, run};
@@ -49,25 +52,43 @@ pub fn check_note(loaded: &Loaded, plan: &Plan, section: &SweepSpec) -> Result<S
     if !section.grid.is_empty() {
         ways.push(format!("grid {}", section.grid.keys().cloned().collect::<Vec<_>>().join(" × ")));
     }
-    if let Some(r) = &section.random {
-        ways.push(format!("{} random samples", r.samples));
+    match (&s.tpe, &section.random) {
+        (Some(t), _) => ways.push(format!("{} trials drawn by TPE, the first {} at random", t.trials, t.startup)),
+        (None, Some(r)) => ways.push(format!("{} random samples", r.samples)),
+        (None, None) => {}
     }
     if !section.trials.is_empty() {
         ways.push(format!("{} listed", section.trials.len()));
     }
-    if let Some((_, rungs)) = &s.scheduler {
-        let list: Vec<String> = rungs.iter().map(u64::to_string).collect();
-        ways.push(format!("successive halving at {} epochs", list.join(", ")));
+    if let Some(schedule) = &s.scheduler {
+        ways.push(describe(schedule));
     }
     Ok(format!(
         "  {:<20}  {} trials ({}) in {}, ranked by {} ({order}); the plan above is the base spec's: \
          `trainrun sweep --dry-run` lists the trials",
         "sweep",
-        s.trials.len(),
+        s.tpe.as_ref().map_or(s.trials.len(), |t| t.trials),
         ways.join(", "),
         s.dir.display(),
         s.metric.as_str()
     ))
+}
+
+/// `successive halving at 1, 3, 9 epochs`, `hyperband in 3 brackets …`.
+fn describe(schedule: &crate::spec::sweep::SweepSchedule) -> String {
+    use crate::spec::sweep::SchedulerSpec;
+    let unit = schedule.unit.as_str();
+    let rungs = |g: &crate::spec::sweep::RungGroup| g.rungs.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    let first = schedule.groups.first().map(rungs).unwrap_or_default();
+    match schedule.spec {
+        SchedulerSpec::SuccessiveHalving(_) => format!("successive halving at {first} {unit}"),
+        SchedulerSpec::MedianStopping { .. } => format!("median stopping at {first} {unit}"),
+        SchedulerSpec::Hyperband(_) => {
+            let brackets: Vec<String> =
+                schedule.groups.iter().map(|g| format!("{} trials at {}", g.trials.len(), rungs(g))).collect();
+            format!("hyperband in {} brackets ({}) {unit}", brackets.len(), brackets.join("; "))
+        }
+    }
 }
 
 /// The error for `trainrun SPEC` on a spec with a `[sweep]`: which command to use instead.

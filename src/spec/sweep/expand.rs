@@ -72,15 +72,14 @@ pub fn expand(sweep: &SweepSpec, seed: u64) -> Result<Vec<Trial>, Vec<Diagnostic
             .collect();
         combos.push(values);
     }
-    Ok(combos
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut values)| {
-            values.sort_by(|a, b| a.key.cmp(&b.key));
-            let seed = trial_seed(seed, &values);
-            Trial { index: i + 1, name: folder_name(i + 1, &values), values, seed }
-        })
-        .collect())
+    Ok(combos.into_iter().enumerate().map(|(i, values)| trial(i + 1, values, seed)).collect())
+}
+
+/// Trial `index` of a sweep whose seed is `seed`, setting `values`.
+pub fn trial(index: usize, mut values: Vec<Assignment>, seed: u64) -> Trial {
+    values.sort_by(|a, b| a.key.cmp(&b.key));
+    let seed = trial_seed(seed, &values);
+    Trial { index, name: folder_name(index, &values), values, seed }
 }
 
 fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
@@ -191,7 +190,7 @@ fn samples(sweep: &SweepSpec, seed: u64) -> Vec<Vec<Assignment>> {
 }
 
 /// One value of `dist` from the random word `bits`.
-fn draw(dist: &SweepDistribution, bits: u64) -> Json {
+pub(super) fn draw(dist: &SweepDistribution, bits: u64) -> Json {
     // 53 random bits as a float in [0, 1), the same on every platform.
     let u = (bits >> 11) as f64 / (1u64 << 53) as f64;
     match dist {
@@ -210,7 +209,7 @@ fn draw(dist: &SweepDistribution, bits: u64) -> Json {
 }
 
 /// `x` rounded to 4 significant digits.
-fn real(x: f64) -> Json {
+pub(super) fn real(x: f64) -> Json {
     let rounded = format!("{x:.3e}").parse::<f64>().unwrap_or(x);
     serde_json::Number::from_f64(rounded).map_or(Json::Null, Json::Number)
 }

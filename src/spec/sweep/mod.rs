@@ -2,10 +2,13 @@
 //! runs each trial as an ordinary run; plain `trainrun SPEC` refuses a spec with a sweep.
 
 mod expand;
+mod hyperband;
 mod scheduler;
+pub mod tpe;
 
-pub use expand::{Trial, expand, value_text};
-pub use scheduler::SchedulerSpec;
+pub use expand::{Trial, expand, trial, value_text};
+pub use scheduler::{HalvingSpec, Rule, RungGroup, RungUnit, SchedulerSpec, SweepSchedule};
+pub use tpe::TpeSpec;
 
 use super::Assignment;
 use super::train::Mode;
@@ -50,10 +53,15 @@ pub struct SweepSpec {
     /// Example: `trials = [{ "optimizer.learning_rate" = 0.2, "batch.global" = 128 }]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trials: Vec<BTreeMap<String, Json>>,
-    /// `[sweep.scheduler]`: stop bad trials early. Example:
+    /// `[sweep.scheduler]`: stop bad trials early (`successive_halving`, `hyperband`,
+    /// `median_stopping`). Example:
     /// `scheduler = { kind = "successive_halving", grace = 1, reduction_factor = 3 }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler: Option<SchedulerSpec>,
+    /// `[sweep.tpe]`: draw the `[sweep.random]` parameters by TPE, each trial from the results
+    /// of those before it. Example: `tpe = { n_startup_trials = 5 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpe: Option<TpeSpec>,
 }
 
 /// The values one grid key takes.
@@ -200,8 +208,23 @@ pub struct Sweep {
     pub seed: u64,
     /// The trials.
     pub trials: Vec<Trial>,
-    /// The scheduler and its rungs in epochs (the last is what a trial trains in full).
-    pub scheduler: Option<(SchedulerSpec, Vec<u64>)>,
+    /// The scheduler resolved for the trials: its unit, rule, groups and their rungs.
+    pub scheduler: Option<SweepSchedule>,
+    /// TPE's search, when the sweep draws by it: `trials` holds its random startup trials.
+    pub tpe: Option<TpeSearch>,
+}
+
+/// A sweep's TPE search: what it draws and how many trials in all.
+#[derive(Debug, Clone)]
+pub struct TpeSearch {
+    /// The parameters it draws (`sweep.random.parameters`).
+    pub parameters: BTreeMap<String, SweepDistribution>,
+    /// Trials in all (`sweep.random.samples`).
+    pub trials: usize,
+    /// The first trials, drawn at random.
+    pub startup: usize,
+    /// The estimator's tuning.
+    pub settings: tpe::TpeSettings,
 }
 
 impl Sweep {
@@ -213,11 +236,30 @@ impl Sweep {
         let run = &loaded.spec.run;
         let name = run.name.clone().unwrap_or_else(|| "sweep".to_string());
         let seed = section.seed.unwrap_or(run.seed);
-        let scheduler = match &section.scheduler {
-            None => None,
-            Some(s) => {
-                let rungs = s.rungs(loaded.spec.train.epochs.get()).map_err(|d| vec![d])?;
-                Some((s.clone(), rungs))
+        let problems = tpe::check(section);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let search = match (&section.tpe, &section.random) {
+            (Some(t), Some(random)) => Some(TpeSearch {
+                parameters: random.parameters.clone(),
+                trials: random.samples.get() as usize,
+                startup: (t.n_startup_trials.get() as usize).min(random.samples.get() as usize),
+                settings: tpe::TpeSettings { gamma: t.gamma, n_candidates: t.n_candidates.get() as usize },
+            }),
+            (Some(_), None) | (None, _) => None,
+        };
+        let trials = expand(section, seed).map(|mut all| {
+            all.truncate(search.as_ref().map_or(all.len(), |s| s.startup));
+            all
+        });
+        let count = trials.as_ref().map_or(0, Vec::len);
+        let scheduler = section.scheduler.as_ref().map(|s| s.schedule(loaded.spec.train.epochs.get(), count));
+        // Every problem at once: the scheduler's, then the trials'.
+        let (trials, scheduler) = match (trials, scheduler.transpose()) {
+            (Ok(trials), Ok(scheduler)) => (trials, scheduler),
+            (trials, scheduler) => {
+                return Err(scheduler.err().into_iter().flatten().chain(trials.err().into_iter().flatten()).collect());
             }
         };
         Ok(Some(Sweep {
@@ -227,14 +269,22 @@ impl Sweep {
             metric: section.metric,
             higher_is_better: section.metric.higher_is_better(section.mode),
             seed,
-            trials: expand(section, seed)?,
+            trials,
+            tpe: search,
         }))
     }
 
-    /// `--set`s of a trial trained to `epochs` (a rung), none without a scheduler.
-    pub fn rung_sets(&self, epochs: Option<u64>) -> Vec<String> {
-        let last = self.scheduler.as_ref().and_then(|(_, rungs)| rungs.last().copied());
-        epochs.or(last).map(|e| vec![format!("train.epochs={e}")]).unwrap_or_default()
+    /// Trial `index` drawn by TPE with `values` (`None` when the sweep draws no such trial).
+    pub fn drawn(&self, index: usize, values: Vec<(String, Json)>) -> Option<Trial> {
+        self.tpe.as_ref().filter(|s| index > s.startup && index <= s.trials)?;
+        let assignments = values
+            .into_iter()
+            .map(|(key, value)| {
+                let source = format!("sweep.random.parameters.{}", expand::quote(&key));
+                Assignment { key, value, source }
+            })
+            .collect();
+        Some(trial(index, assignments, self.seed))
     }
 
     /// A trial's folder.
