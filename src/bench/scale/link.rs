@@ -185,8 +185,8 @@ impl Switch {
             // SAFETY: ppoll(2) over `fds`, which lives across the call, with a valid timeout.
             let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
             if ready > 0 {
-                for p in 0..fds.len() {
-                    if fds[p].revents & libc::POLLIN != 0 {
+                for (p, fd) in fds.iter().enumerate() {
+                    if fd.revents & libc::POLLIN != 0 {
                         self.read(p, &mut buf);
                     }
                 }
