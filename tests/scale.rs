@@ -13,7 +13,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use trainrun::bench::scale::hosts::{HostsError, NamespaceHosts, Profile, leftovers};
+use trainrun::bench::scale::allreduce;
+use trainrun::bench::scale::hosts::{Delay, HostsError, NamespaceHosts, Profile, Shaping, leftovers};
 use trainrun::bench::scale::train::{TaskLayout, TrainResult, TrainSettings, train};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
@@ -133,6 +134,53 @@ fn hierarchical_between_namespace_hosts_trains_with_the_same_bits_run_after_run(
     }
     assert!(hashes[0].len() == 64, "{hashes:?}");
     assert_eq!(hashes[0], hashes[1], "two jobs of fresh processes, the same bits");
+}
+
+/// The link emulator, used where the kernel has no `sch_netem`: two hosts on TAP links that
+/// the harness's forwarding thread switches; the TCP round trip between them rises by about
+/// twice the one-way delay, and nothing (namespaces, TAP devices) is left behind.
+#[test]
+fn the_link_emulator_adds_its_delay_between_two_hosts_and_leaves_nothing() {
+    let profile = Profile::FAST;
+    let c = match NamespaceHosts::shaped(2, profile, Shaping::Emulator, &NEVER) {
+        Ok(c) => c,
+        Err(e @ HostsError::NoNamespaces(_)) => {
+            eprintln!("\n*** SKIPPED: {e} ***\n");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let (tag, settings) = (c.tag.clone(), c.settings());
+    println!("{settings}");
+    let Delay::Emulated { round_trip: Some((without, with)) } = c.delay.clone() else {
+        panic!("not emulated: {settings}");
+    };
+    let (added, twice) = (with.saturating_sub(without), Duration::from_micros(2 * u64::from(profile.delay_us)));
+    assert!(added >= twice.mul_f64(0.8) && added <= twice + Duration::from_micros(250), "{settings}");
+    assert!(settings.contains("link emulator") && settings.contains("without the delay"), "{settings}");
+    drop(c);
+    assert_nothing_left(&tag, std::process::id());
+}
+
+/// The latency target, reported: 1 KB all-reduce among 64 tasks on 8 hosts with 50 µs
+/// between hosts, the best of `halving_doubling` and `hierarchical` against the ring (target
+/// ≤ 0.25×; on 2 cores the 64 processes' turns on them, not the links, set much of the time,
+/// so the figure goes to `docs/cost-model.md` rather than into an assertion).
+#[test]
+#[ignore = "64 processes: run with --ignored --nocapture"]
+fn one_kilobyte_among_sixty_four_tasks_leaves_the_ring_behind() {
+    let p = TaskLayout::for_tasks(64);
+    let Some(c) = cluster(p) else { return };
+    println!("64 tasks (8 × 8), {}", c.settings());
+    let rows = allreduce::measure_sizes(exe(), &c, p, &allreduce::algorithms(), &[256]).unwrap();
+    let ms = |r: &trainrun::collective::bench::BenchRow| r.median.as_secs_f64() * 1e3;
+    for r in &rows {
+        println!("{:<18} 1 KB  median {:.3} ms  min {:.3} ms", r.algorithm.name(), ms(r), r.min.as_secs_f64() * 1e3);
+    }
+    let ring = rows.iter().find(|r| r.algorithm.name() == "ring").map(ms).unwrap();
+    let best = rows.iter().filter(|r| r.algorithm.name() != "ring").map(ms).fold(f64::INFINITY, f64::min);
+    assert!(best.is_finite() && ring > 0.0, "{rows:?}");
+    println!("best non-ring ÷ ring: {:.3} (target ≤ 0.25)", best / ring);
 }
 
 /// `trainrun bench --only scale` started, once its first cluster is up: the bench and that

@@ -33,12 +33,23 @@ fn launcher(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Launcher {
 
 /// Every algorithm at every size in [`SIZES`] between `p.tasks` ranks.
 pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Result<Vec<BenchRow>, BenchError> {
+    measure_sizes(exe, cluster, p, &algorithms(), &SIZES)
+}
+
+/// `algorithms` at `sizes` (floats) between `p.tasks` ranks.
+pub fn measure_sizes(
+    exe: &Path,
+    cluster: &NamespaceHosts,
+    p: TaskLayout,
+    algorithms: &[Algorithm],
+    sizes: &[usize],
+) -> Result<Vec<BenchRow>, BenchError> {
     run(&BenchOptions {
         launcher: launcher(exe, cluster, p),
-        algorithms: algorithms(),
+        algorithms: algorithms.to_vec(),
         wires: vec![Wire::Tcp],
         worlds: vec![p.tasks],
-        sizes: SIZES.to_vec(),
+        sizes: sizes.to_vec(),
         // `hierarchical` groups ranks by the hosts they run in.
         per_host: p.per_host(),
     })

@@ -1,6 +1,6 @@
 //! `trainrun bench --only scale`: real `trainrun` jobs of N = 2 … 64 worker tasks on up to 8
-//! hosts made on this machine ([`hosts`]: network namespaces on a bridge, links shaped with
-//! `htb`, delay with `netem` where the kernel has it), per N and link profile: the rendezvous
+//! hosts made on this machine ([`hosts`]: network namespaces, links shaped with `htb` and
+//! `netem` where the kernel has it, else by the harness's own link emulator, [`link`]), per N and link profile: the rendezvous
 //! time and step time (median, p90) from the tasks' own records ([`train`]), the all-reduce
 //! time of every algorithm at 1 KB, 1 MB and 16 MB ([`allreduce`]), and, given a Python with
 //! torch, PyTorch DDP over gloo on the same job and gloo's all-reduce alongside ([`gloo`]).
@@ -10,7 +10,9 @@
 pub mod allreduce;
 pub mod gloo;
 pub mod hosts;
+pub mod link;
 pub mod procs;
+pub mod rtt;
 pub mod train;
 
 use hosts::{HostsError, NamespaceHosts, Profile};
