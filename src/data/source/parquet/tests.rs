@@ -106,7 +106,8 @@ fn names_are_classes_sorted_and_floats_are_targets() {
 #[test]
 fn a_text_column_is_documents() {
     let dir = setup();
-    let file = text::documents(&dir.path().join("t1.parquet"), "text").unwrap();
+    let opened = Columnar::Parquet.open(&dir.path().join("t1.parquet")).unwrap();
+    let file = documents::documents(Columnar::Parquet, &opened, "text").unwrap();
     assert_eq!(file.documents, ["doc 7", "doc 8", "doc 9", "doc 10", "doc 11"]);
     let source = source(dir.path(), "text = { column = \"text\", block_size = 4 }");
     let facts = source.facts().unwrap();
