@@ -12,12 +12,33 @@ pub(super) mod columns;
 pub(super) mod documents;
 pub(super) mod split;
 
+use super::RawValues;
 use super::hf_datasets::ipc::IpcStreamFile;
+use super::parquet::ParquetText;
 use super::parquet::file::ParquetFile;
 use crate::data::error::DataError;
+use crate::data::pipeline::Shuffle;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+
+/// What a columnar source's values are: token ids when it reads a `text` column, else numbers.
+pub(super) fn raw_values(text: Option<&ParquetText>) -> RawValues {
+    match text {
+        Some(_) => RawValues::Tokens,
+        None => RawValues::Numbers,
+    }
+}
+
+/// A table's rows stream through the source's `shuffle_buffer`; a text column's windows are
+/// read by index, shuffled by the pipeline (`None`).
+pub(super) fn stream_shuffle(text: Option<&ParquetText>, shuffle_buffer: usize) -> Option<Shuffle> {
+    match text {
+        Some(_) => None,
+        None => Some(NonZeroUsize::new(shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer)),
+    }
+}
 
 /// The format of a source's columnar files, which words its errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,7 @@ pub(super) mod ipc;
 #[cfg(test)]
 mod tests;
 
-use super::columnar::{Columnar, documents};
+use super::columnar::{self, Columnar, documents};
 use super::parquet::{ParquetTable, ParquetText, dataset, table_splits};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, require};
 use crate::data::error::DataError;
@@ -30,7 +30,6 @@ use crate::data::{DataFacts, Dataset};
 use folder::SplitFiles;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 /// `[data.hf_datasets]`: how to read the folder `data.dir` names, which `save_to_disk` wrote.
@@ -127,19 +126,13 @@ impl DataSource for HfDatasetsSource {
     }
 
     fn raw_values(&self) -> RawValues {
-        match self.config.text {
-            Some(_) => RawValues::Tokens,
-            None => RawValues::Numbers,
-        }
+        columnar::raw_values(self.config.text.as_ref())
     }
 
     /// A table's rows stream through `data.hf_datasets.shuffle_buffer`; text windows are read
     /// by index, shuffled by the pipeline.
     fn stream_shuffle(&self) -> Option<Shuffle> {
-        match self.config.text {
-            Some(_) => None,
-            None => Some(NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer)),
-        }
+        columnar::stream_shuffle(self.config.text.as_ref(), self.config.shuffle_buffer)
     }
 }
 

@@ -25,7 +25,7 @@ mod tests;
 
 use super::columnar::columns::TableColumns;
 use super::columnar::split::ColumnarSplit;
-use super::columnar::{Columnar, documents};
+use super::columnar::{self, Columnar, documents};
 use super::csv::CsvLabels;
 use super::{DataSource, RawValues, ReadAs, TextOrTable, expand, is_pattern, require};
 use crate::data::error::DataError;
@@ -175,19 +175,13 @@ impl DataSource for ParquetSource {
     }
 
     fn raw_values(&self) -> RawValues {
-        match self.config.text {
-            Some(_) => RawValues::Tokens,
-            None => RawValues::Numbers,
-        }
+        columnar::raw_values(self.config.text.as_ref())
     }
 
     /// A table's rows stream through `data.parquet.shuffle_buffer`; text windows are read by
     /// index, shuffled by the pipeline.
     fn stream_shuffle(&self) -> Option<Shuffle> {
-        match self.config.text {
-            Some(_) => None,
-            None => Some(NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer)),
-        }
+        columnar::stream_shuffle(self.config.text.as_ref(), self.config.shuffle_buffer)
     }
 }
 

@@ -320,3 +320,35 @@ impl StreamReader for ColumnarReader {
         Ok(())
     }
 }
+
+/// Checks that a pass over `units` of `records` (in file order, and through a shuffle buffer)
+/// after skipping `k` rows gives the rows an unbroken pass gives after its first `k`, for
+/// every `k` up to past the end, as a resumed pipeline relies on; returns the rows of a pass
+/// (test helper; `width` values a row).
+#[cfg(test)]
+pub(in crate::data::source) fn assert_skips_resume_an_unbroken_pass(
+    records: &dyn StreamSplit,
+    units: &[usize],
+    width: usize,
+) -> usize {
+    let rest = |order, k| {
+        let mut reader = records.open_units(units, order);
+        let skipped = reader.skip(k).unwrap();
+        while reader.take().unwrap() {}
+        let mut batch = Batch::default();
+        reader.decode(&mut batch).unwrap();
+        (skipped, batch.x, batch.y)
+    };
+    let buffer = std::num::NonZeroUsize::new(4).unwrap();
+    let mut rows = 0;
+    for order in [Order::Files, Order::Shuffled { buffer_size: buffer, seed: 9, epoch: 2 }] {
+        let (_, x, y) = rest(order, 0);
+        rows = y.len();
+        for k in 0..=y.len() + 1 {
+            let (skipped, xk, yk) = rest(order, k);
+            assert_eq!(skipped, k.min(y.len()), "{order:?} skip {k}");
+            assert_eq!((&xk[..], &yk[..]), (&x[width * skipped..], &y[skipped..]), "{order:?} skip {k}");
+        }
+    }
+    rows
+}

@@ -5,9 +5,8 @@
 //! truncated file.
 
 use super::*;
-use crate::data::examples::{LabelKind, StreamReader};
-use crate::data::pipeline::Batch;
-use crate::data::source::tfrecord::Order;
+use crate::data::examples::LabelKind;
+use crate::data::source::columnar::split::assert_skips_resume_an_unbroken_pass;
 use arrow_array::builder::{FixedSizeListBuilder, UInt8Builder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_ipc::writer::StreamWriter;
@@ -69,15 +68,6 @@ fn source(dir: &Path, config: &str) -> HfDatasetsSource {
 
 const TABLE: &str = "validation = \"test\"\ntable = { label = \"label\", features = [\"pixels\"] }";
 
-/// Every row of `reader` after skipping `k`, features and labels.
-fn rest(reader: &mut Box<dyn StreamReader>, k: usize) -> (usize, Vec<f32>, Vec<u32>) {
-    let skipped = reader.skip(k).unwrap();
-    while reader.take().unwrap() {}
-    let mut batch = Batch::default();
-    reader.decode(&mut batch).unwrap();
-    (skipped, batch.x, batch.y)
-}
-
 #[test]
 fn record_batches_are_the_units_and_a_skip_resumes_an_unbroken_pass() {
     let dir = setup();
@@ -90,17 +80,7 @@ fn record_batches_are_the_units_and_a_skip_resumes_an_unbroken_pass() {
     assert_eq!(records.unit_lens(), [3, 3, 1, 3, 2]);
     let b = data.train.read(5..8).unwrap();
     assert_eq!((b.x, b.y), (vec![5., 10., 6., 12., 7., 14.], vec![2, 0, 1]));
-    let buffer = NonZeroUsize::new(4).unwrap();
-    for order in [Order::Files, Order::Shuffled { buffer_size: buffer, seed: 9, epoch: 2 }] {
-        let units = [4, 0, 2, 3];
-        let (_, x, y) = rest(&mut records.open_units(&units, order), 0);
-        assert_eq!(y.len(), 9);
-        for k in 0..=10 {
-            let (skipped, xk, yk) = rest(&mut records.open_units(&units, order), k);
-            assert_eq!(skipped, k.min(9), "{order:?} skip {k}");
-            assert_eq!((&xk[..], &yk[..]), (&x[2 * skipped..], &y[skipped..]), "{order:?} skip {k}");
-        }
-    }
+    assert_eq!(assert_skips_resume_an_unbroken_pass(records, &[4, 0, 2, 3], 2), 9);
     assert_eq!(data.test.unwrap().read(0..4).unwrap().y, [0, 1, 2, 0]);
 }
 
