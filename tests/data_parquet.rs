@@ -88,7 +88,7 @@ const BLOCK: usize = 16;
 #[test]
 fn a_text_column_trains_a_character_model() {
     let dir = tempdir();
-    let plays = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare");
+    let plays = common::sources::plays();
     let script = format!("import sys; sys.argv.append({:?})\n{DOCUMENTS}", plays.display().to_string());
     if !with_python("pyarrow", &script, dir.path()) {
         return;
@@ -97,22 +97,7 @@ fn a_text_column_trains_a_character_model() {
         "dataset = \"parquet\"\n\n[data.parquet]\ntrain = [\"train.parquet\"]\nvalidation = [\"val.parquet\"]\n\
          text = {{ block_size = {BLOCK}, end_of_text = \"\\n\\n\", vocabulary = \"train_and_validation\" }}"
     );
-    let read = |split: &str| std::fs::read_to_string(plays.join(format!("{split}.txt"))).unwrap();
-    let vocab = (read("train") + &read("val")).chars().collect::<std::collections::BTreeSet<_>>().len();
-    let model = format!(
-        "[[model.layers]]\ntype = \"reshape\"\ntarget_shape = [{BLOCK}, 1, 1]\n\n[[model.layers]]\n\
-         type = \"conv2d\"\nfilters = {vocab}\nkernel_size = 1"
-    );
-    let spec = spec(dir.path(), &data, "", &model);
-    let check = run(&["check", spec.to_str().unwrap()]);
-    let (shown, errors) = text(&check);
-    assert_exit(&check, 0);
-    assert!(shown.contains(&format!("{vocab} classes at each of {BLOCK} positions")), "{shown}{errors}");
-    let out =
-        run(&[spec.to_str().unwrap(), "--quiet", "--set", "run.threads=1", "--set", "optimizer.learning_rate=0.01"]);
-    assert_exit(&out, 0);
-    let s = json(&dir.path().join("run/summary.json"));
-    assert!(s["test_loss"].as_f64().unwrap_or(9.0) < 4.0, "{s}");
+    common::sources::trains_a_character_model(&spec(dir.path(), &data, "", ""), BLOCK);
 }
 
 /// Overwrites the first page header of column `pixels` in the second row group of the first

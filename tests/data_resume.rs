@@ -6,7 +6,8 @@
 //! own files (the `file` policy) are preempted (SIGTERM to a worker) and resume to the same
 //! weights. A TFRecord run whose images are augmented as they stream resumes the same way. A
 //! Parquet table pyarrow wrote (row groups of 128 rows) resumes the same ways: killed, through
-//! a shuffle buffer, and preempted with two workers each reading their own row groups.
+//! a shuffle buffer, and preempted with two workers each reading their own row groups; so does
+//! a table Hugging Face `datasets` saved (8 shards of one record batch each).
 
 mod common;
 
@@ -240,6 +241,48 @@ fn a_parquet_run_killed_mid_epoch_resumes_bit_identical() {
 fn two_workers_reading_their_own_row_groups_preempted_resume_bit_identical() {
     if pyarrow() {
         preempted_workers_resume_bit_identical(write_parquet, PARQUET);
+    }
+}
+
+/// The rows of [`example`] as a `Dataset` that Hugging Face `datasets` saved in 8 shards (one
+/// record batch each): the values a fixed-length `uint8` sequence, the class a `ClassLabel`.
+const HF_DATASETS_WRITER: &str = r#"
+import os, sys
+import datasets
+rows = [[(p // 16 == i % 4) * 150 + (i * 37 + p * 11) % 100 for p in range(64)] for i in range(1024)]
+features = datasets.Features({
+    "x": datasets.Sequence(datasets.Value("uint8"), length=64),
+    "label": datasets.ClassLabel(names=["ant", "bee", "cat", "dog"]),
+})
+data = datasets.Dataset.from_dict({"x": rows, "label": [i % 4 for i in range(1024)]}, features=features)
+data.save_to_disk(sys.argv[1], num_shards=8)
+"#;
+
+fn write_hf_datasets(dir: &Path) {
+    assert!(common::with_python("datasets", HF_DATASETS_WRITER, dir));
+}
+
+/// `data.dir` is the folder `save_to_disk` wrote (the spec and the run folder are written beside
+/// its files).
+const HF_DATASETS: &str = "dataset = \"hf_datasets\"\n\n[data.hf_datasets]\nshuffle_buffer = 100\n\
+    table = { label = \"label\", features = [\"x\"] }\n\n[data.preprocessing]\nrescale = 0.00392156862745098";
+
+/// Whether `datasets` imports; says loudly that the test is skipped when it does not.
+fn hf_datasets() -> bool {
+    common::with_python("datasets", "", tempdir().path())
+}
+
+#[test]
+fn a_hf_datasets_run_killed_mid_epoch_resumes_bit_identical() {
+    if hf_datasets() {
+        killed_and_resumed_ends_bit_identical(write_hf_datasets, HF_DATASETS);
+    }
+}
+
+#[test]
+fn two_workers_reading_their_own_record_batches_preempted_resume_bit_identical() {
+    if hf_datasets() {
+        preempted_workers_resume_bit_identical(write_hf_datasets, HF_DATASETS);
     }
 }
 

@@ -49,6 +49,11 @@ const PARQUET: &[&str] = &[
     "data.parquet={ train = [\"t.parquet\"], table = { label = \"y\", features = [\"x\"] } }",
     "model.layers=[{ type = \"dense\", units = 2 }]",
 ];
+const HF_DATASETS: &[&str] = &[
+    "data.dataset=\"hf_datasets\"",
+    "data.hf_datasets={ table = { label = \"y\", features = [\"x\"] } }",
+    "model.layers=[{ type = \"dense\", units = 2 }]",
+];
 const NPY: &[&str] = &["data.dataset=\"npy\"", "model.layers=[{ type = \"dense\", units = 2 }]"];
 const TFRECORD: &[&str] = &["data.dataset=\"tfrecord\"", "model.layers=[{ type = \"dense\", units = 2 }]"];
 const FOLDERS: &[&str] =
@@ -302,6 +307,55 @@ const CASES: &[Case] = &[
         sets: PARQUET,
         set: "data.parquet={ train = [\"t.parquet\"], validation = [@], table = { label = \"y\", features = [\"x\"] } }",
         benign: "val.parquet",
+    },
+    Case {
+        path: "data.hf_datasets.table.features[]",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ table = { label = \"y\", features = [@] } }",
+        benign: "pixels",
+    },
+    Case {
+        path: "data.hf_datasets.table.label",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ table = { label = @, features = [\"x\"] } }",
+        benign: "label",
+    },
+    Case {
+        path: "data.hf_datasets.text.column",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ text = { block_size = 8, column = @ } }",
+        benign: "content",
+    },
+    Case {
+        path: "data.hf_datasets.text.tokenization.tokenizer_json",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ text = { block_size = 8, tokenization = { tokenizer_json = @ } } }",
+        benign: "tokenizer.json",
+    },
+    Case {
+        path: "data.hf_datasets.text.end_of_text",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ text = { block_size = 8, end_of_text = @ } }",
+        benign: "<|endoftext|>",
+    },
+    Case {
+        path: "data.hf_datasets.train",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ train = @, table = { label = \"y\", features = [\"x\"] } }",
+        benign: "train",
+    },
+    Case {
+        path: "data.hf_datasets.validation",
+        base: WORKERS,
+        sets: HF_DATASETS,
+        set: "data.hf_datasets={ validation = @, table = { label = \"y\", features = [\"x\"] } }",
+        benign: "test",
     },
     Case {
         path: "data.npy.npz",

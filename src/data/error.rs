@@ -111,6 +111,16 @@ pub enum DataError {
     #[error("{}: not a readable Parquet file: {detail}", .path.display())]
     ParquetUnreadable { path: PathBuf, detail: String },
 
+    /// `[data.hf_datasets]` asks for something the folder cannot give (a split it lacks, a
+    /// missing column, a column of another type).
+    #[error("data.hf_datasets: {problem}")]
+    BadHfDatasets { problem: String },
+
+    /// An Arrow file of a `save_to_disk` folder that cannot be read: truncated, or not an
+    /// Arrow IPC stream.
+    #[error("{}: not a readable Arrow stream file: {detail}", .path.display())]
+    ArrowUnreadable { path: PathBuf, detail: String },
+
     /// `[data.preprocessing]` does not fit the data as loaded (the plan checked its headers).
     #[error("data.preprocessing: {problem}")]
     BadPreprocessing { problem: String },

@@ -47,10 +47,11 @@ pub use source::text::{Encoding, Tokenization, TokenizerDecoder, TokenizerJson, 
 pub use source::tfrecord::{TfRecordCompression, TfRecordEncoding};
 pub use source::tokens::TokenDtype;
 pub use source::{
-    AnySource, Cifar100Config, CifarSource, CsvConfig, CsvSource, DataSource, IdxFiles, IdxSource, ImageFolderConfig,
-    ImageFolderSource, JsonlConfig, JsonlSource, JsonlTable, JsonlText, MnistSource, NpyConfig, NpySource,
-    ParquetConfig, ParquetSource, ParquetTable, ParquetText, Preset, RawValues, SyntheticConfig, SyntheticSource,
-    TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig, TokensSource,
+    AnySource, Cifar100Config, CifarSource, CsvConfig, CsvSource, DataSource, HfDatasetsConfig, HfDatasetsSource,
+    IdxFiles, IdxSource, ImageFolderConfig, ImageFolderSource, JsonlConfig, JsonlSource, JsonlTable, JsonlText,
+    MnistSource, NpyConfig, NpySource, ParquetConfig, ParquetSource, ParquetTable, ParquetText, Preset, RawValues,
+    SyntheticConfig, SyntheticSource, TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig,
+    TokensSource,
 };
 
 /// The shape of one image: height × width × channels (NHWC without the N).

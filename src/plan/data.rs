@@ -4,9 +4,9 @@
 use super::{Replicas, StrategyKind};
 use crate::data::source::cifar::CifarDataset;
 use crate::data::{
-    AnySource, CifarSource, CsvSource, DataDirs, DataError, DataFacts, DataSource, IdxSource, ImageFolderSource,
-    JsonlSource, MnistSource, NpySource, ParquetSource, Preprocessing, Preset, Shuffle, SyntheticSource, TextSource,
-    TfRecordSource, TokensSource,
+    AnySource, CifarSource, CsvSource, DataDirs, DataError, DataFacts, DataSource, HfDatasetsSource, IdxSource,
+    ImageFolderSource, JsonlSource, MnistSource, NpySource, ParquetSource, Preprocessing, Preset, Shuffle,
+    SyntheticSource, TextSource, TfRecordSource, TokensSource,
 };
 use crate::spec::{AutoShardPolicy, DataSpec, DatasetKind, Diagnostic};
 use serde::Serialize;
@@ -150,6 +150,16 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
                 "[data.parquet] train = [\"data/train-*.parquet\"], text = { column = \"text\", block_size = 64 }",
             )?,
             dir: dir("parquet")?,
+        }),
+        DatasetKind::HfDatasets => AnySource::new(HfDatasetsSource {
+            cache: dirs.token_cache(&dir("hf_datasets")?),
+            config: needs(
+                &spec.hf_datasets,
+                "hf_datasets",
+                "[data.hf_datasets]",
+                "[data.hf_datasets] validation = \"test\", text = { column = \"text\", block_size = 64 }",
+            )?,
+            dir: dir("hf_datasets")?,
         }),
     })
 }

@@ -2,8 +2,8 @@
 
 use crate::data::PreprocessingConfig;
 use crate::data::{
-    Cifar100Config, CsvConfig, IdxFiles, ImageFolderConfig, JsonlConfig, NpyConfig, ParquetConfig, SyntheticConfig,
-    TextConfig, TfRecordConfig, TokensConfig,
+    Cifar100Config, CsvConfig, HfDatasetsConfig, IdxFiles, ImageFolderConfig, JsonlConfig, NpyConfig, ParquetConfig,
+    SyntheticConfig, TextConfig, TfRecordConfig, TokensConfig,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -69,6 +69,12 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parquet: Option<ParquetConfig>,
 
+    /// How to read the folder `data.dir` names for `dataset = "hf_datasets"` (what Hugging
+    /// Face `datasets`' `save_to_disk` wrote: a text column for a language model, or feature
+    /// columns and a label column, streamed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_datasets: Option<HfDatasetsConfig>,
+
     /// Shuffle buffer size in examples, as `tf.data.Dataset.shuffle(buffer_size)`; the order
     /// is reshuffled every epoch from the run seed. `0` turns shuffling off.
     /// Default: the whole training set (a uniform shuffle). Example: `shuffle_buffer = 10000`.
@@ -127,6 +133,7 @@ impl Default for DataSpec {
             tfrecord: None,
             jsonl: None,
             parquet: None,
+            hf_datasets: None,
             shuffle_buffer: None,
             drop_remainder: true,
             prefetch: default_prefetch(),
@@ -177,6 +184,11 @@ pub enum DatasetKind {
     /// string column as documents for a language model, or numeric and list columns and a
     /// label as a table, streamed row group by row group, never loaded whole.
     Parquet,
+    /// A folder Hugging Face `datasets`' `save_to_disk` wrote (`dataset_dict.json` or
+    /// `state.json` and Arrow files), read as `[data.hf_datasets]` says: a string column as
+    /// documents, or numeric and list columns and a label as a table, streamed record batch
+    /// by record batch, never loaded whole.
+    HfDatasets,
 }
 
 /// `data.auto_shard_policy`: TensorFlow's `AutoShardPolicy`.

@@ -35,9 +35,11 @@ impl Evaluated {
         }
         match spec.data.dataset {
             // Their evaluated files are named `validation` in the spec.
-            DatasetKind::Text | DatasetKind::Tokens | DatasetKind::Jsonl | DatasetKind::Parquet => {
-                Evaluated::Validation
-            }
+            DatasetKind::Text
+            | DatasetKind::Tokens
+            | DatasetKind::Jsonl
+            | DatasetKind::Parquet
+            | DatasetKind::HfDatasets => Evaluated::Validation,
             DatasetKind::Mnist
             | DatasetKind::FashionMnist
             | DatasetKind::Idx

@@ -1,5 +1,6 @@
-//! What the data-source tests share: the five strategies every source trains under, and the
-//! small classifier spec they train (SGD, 60 steps of 16, one thread a task).
+//! What the data-source tests share: the five strategies every source trains under, the
+//! small classifier spec they train (SGD, 60 steps of 16, one thread a task), and the
+//! character model the text sources train on the Shakespeare plays.
 
 use std::path::{Path, PathBuf};
 
@@ -49,4 +50,38 @@ from_logits = true
     let path = dir.join("spec.toml");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// The Shakespeare plays' folder (`train.txt`, `val.txt`).
+pub fn plays() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare")
+}
+
+/// Checks `spec` (a text source over the plays' paragraphs, windows of `block` tokens, the
+/// vocabulary from both splits): `check` shows one class per character of the plays at each
+/// position, and a 1×1 convolution over the windows trains to a test loss below 4.
+pub fn trains_a_character_model(spec: &Path, block: usize) {
+    let read = |split: &str| std::fs::read_to_string(plays().join(format!("{split}.txt"))).unwrap();
+    let vocab = (read("train") + &read("val")).chars().collect::<std::collections::BTreeSet<_>>().len();
+    let model = format!(
+        "[[model.layers]]\ntype = \"reshape\"\ntarget_shape = [{block}, 1, 1]\n\n[[model.layers]]\n\
+         type = \"conv2d\"\nfilters = {vocab}\nkernel_size = 1"
+    );
+    let text = std::fs::read_to_string(spec).unwrap();
+    std::fs::write(spec, text.replacen("[model]\n", &format!("[model]\n{model}\n"), 1)).unwrap();
+    let check = super::run(&["check", spec.to_str().unwrap()]);
+    let (shown, errors) = super::text(&check);
+    super::assert_exit(&check, 0);
+    assert!(shown.contains(&format!("{vocab} classes at each of {block} positions")), "{shown}{errors}");
+    let out = super::run(&[
+        spec.to_str().unwrap(),
+        "--quiet",
+        "--set",
+        "run.threads=1",
+        "--set",
+        "optimizer.learning_rate=0.01",
+    ]);
+    super::assert_exit(&out, 0);
+    let s = super::json(&spec.with_file_name("run").join("summary.json"));
+    assert!(s["test_loss"].as_f64().unwrap_or(9.0) < 4.0, "{s}");
 }

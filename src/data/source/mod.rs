@@ -1,7 +1,8 @@
 //! Where examples come from: one file per source, named as `data.dataset` names it, each a type
 //! implementing [`DataSource`]; a source's file format is read in the same file, or under the
 //! folder of its name when it needs more than one (`npy/`, `image_folder/`, `cifar/`,
-//! `tfrecord/`, `jsonl/`, `parquet/`).
+//! `tfrecord/`, `jsonl/`, `parquet/`, `hf_datasets/`); what the two columnar sources share is
+//! in `columnar/`.
 //!
 //! | `data.dataset` | file | type | `[data.<kind>]` table |
 //! |---|---|---|---|
@@ -17,6 +18,7 @@
 //! | `tfrecord` | [`tfrecord`] | [`TfRecordSource`] | [`TfRecordConfig`] |
 //! | `jsonl` | [`jsonl`] | [`JsonlSource`] | [`JsonlConfig`] |
 //! | `parquet` | [`parquet`] | [`ParquetSource`] | [`ParquetConfig`] |
+//! | `hf_datasets` | [`hf_datasets`] | [`HfDatasetsSource`] | [`HfDatasetsConfig`] |
 //!
 //! Adding a source touches four files and one generated file: its file here (the type, its
 //! `impl DataSource`, its `[data.<kind>]` table) and its `mod` line below; its `DatasetKind`
@@ -43,7 +45,9 @@
 //! and replays up to the cursor on resume: (file, row group, row) for Parquet.
 
 pub mod cifar;
+mod columnar;
 pub mod csv;
+pub mod hf_datasets;
 pub mod idx;
 pub mod image_folder;
 pub mod jsonl;
@@ -57,6 +61,7 @@ pub mod tokens;
 
 pub use cifar::{Cifar100Config, CifarSource};
 pub use csv::{CsvConfig, CsvSource};
+pub use hf_datasets::{HfDatasetsConfig, HfDatasetsSource};
 pub use idx::{IdxFiles, IdxSource};
 pub use image_folder::{ImageFolderConfig, ImageFolderSource};
 pub use jsonl::{JsonlConfig, JsonlSource, JsonlTable, JsonlText};

@@ -16,24 +16,24 @@
 //!
 //! Only the footers are read for counts; a table's label column is read once more for its
 //! classes. Every error names the file, and a column's errors the column, its type and what
-//! was expected (`columns`).
+//! was expected. How columns, streams and text columns are read is shared with `hf_datasets`
+//! (`columnar`); this file and `file` hold only what is Parquet's.
 
-mod columns;
-mod split;
+pub(super) mod file;
 #[cfg(test)]
 mod tests;
-mod text;
 
+use super::columnar::columns::TableColumns;
+use super::columnar::split::ColumnarSplit;
+use super::columnar::{self, Columnar, documents};
 use super::csv::CsvLabels;
 use super::{DataSource, RawValues, ReadAs, TextOrTable, expand, is_pattern, require};
 use crate::data::error::DataError;
 use crate::data::examples::{Split, StreamSplit as _};
 use crate::data::pipeline::Shuffle;
 use crate::data::{DataFacts, Dataset, Tokenization, VocabularyFrom};
-use columns::TableColumns;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use split::ParquetSplit;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
@@ -154,7 +154,7 @@ impl DataSource for ParquetSource {
     /// counts, the label column its classes.
     fn facts(&self) -> Result<DataFacts, DataError> {
         match self.read_as()? {
-            ReadAs::Text(text) => Ok(text::texts(&self.files()?, text, &self.cache)?.facts()),
+            ReadAs::Text(text) => Ok(self.texts(text)?.facts()),
             ReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 let units = train.unit_lens().len();
@@ -166,7 +166,7 @@ impl DataSource for ParquetSource {
     /// Text: tokenized windows in memory. A table: the files opened for streaming.
     fn load(&self) -> Result<Dataset, DataError> {
         match self.read_as()? {
-            ReadAs::Text(text) => text::texts(&self.files()?, text, &self.cache)?.dataset(),
+            ReadAs::Text(text) => self.texts(text)?.dataset(),
             ReadAs::Table(table) => {
                 let (train, test) = self.splits(table)?;
                 Ok(dataset(train, test))
@@ -175,19 +175,13 @@ impl DataSource for ParquetSource {
     }
 
     fn raw_values(&self) -> RawValues {
-        match self.config.text {
-            Some(_) => RawValues::Tokens,
-            None => RawValues::Numbers,
-        }
+        columnar::raw_values(self.config.text.as_ref())
     }
 
     /// A table's rows stream through `data.parquet.shuffle_buffer`; text windows are read by
     /// index, shuffled by the pipeline.
     fn stream_shuffle(&self) -> Option<Shuffle> {
-        match self.config.text {
-            Some(_) => None,
-            None => Some(NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer)),
-        }
+        columnar::stream_shuffle(self.config.text.as_ref(), self.config.shuffle_buffer)
     }
 }
 
@@ -216,27 +210,46 @@ impl ParquetSource {
         })
     }
 
-    /// Both splits' files, their footers read and their columns checked.
-    fn splits(&self, table: &ParquetTable) -> Result<(ParquetSplit, Option<ParquetSplit>), DataError> {
+    /// The text column's documents, tokenized.
+    fn texts(&self, text: &ParquetText) -> Result<crate::data::source::text::Texts, DataError> {
         let files = self.files()?;
-        let columns = TableColumns::resolve(&files.train, table)?;
-        let train = ParquetSplit::new(files.train, columns.clone())?;
-        let test = match files.validation.is_empty() {
-            true => None,
-            false => Some(ParquetSplit::new(files.validation, columns)?),
-        };
-        Ok((train, test))
+        let opened = (Columnar::Parquet.open_all(&files.train)?, Columnar::Parquet.open_all(&files.validation)?);
+        documents::texts(Columnar::Parquet, (&opened.0, &opened.1), text, &self.cache)
+    }
+
+    /// Both splits' files, their footers read and their columns checked.
+    fn splits(&self, table: &ParquetTable) -> Result<(ColumnarSplit, Option<ColumnarSplit>), DataError> {
+        let files = self.files()?;
+        table_splits(Columnar::Parquet, &files.train, &files.validation, table)
     }
 }
 
-fn dataset(train: ParquetSplit, test: Option<ParquetSplit>) -> Dataset {
+/// The training and (when there are files) validation splits of a columnar table: the files
+/// opened, the columns resolved from the training files and checked in every file.
+pub(super) fn table_splits(
+    format: Columnar,
+    train: &[PathBuf],
+    validation: &[PathBuf],
+    table: &ParquetTable,
+) -> Result<(ColumnarSplit, Option<ColumnarSplit>), DataError> {
+    let train = format.open_all(train)?;
+    let columns = TableColumns::resolve(format, &train, table)?;
+    let test = match validation.is_empty() {
+        true => None,
+        false => Some(ColumnarSplit::new(format.open_all(validation)?, columns.clone())?),
+    };
+    Ok((ColumnarSplit::new(train, columns)?, test))
+}
+
+/// A columnar table's dataset: its splits streamed.
+pub(super) fn dataset(train: ColumnarSplit, test: Option<ColumnarSplit>) -> Dataset {
     let (labels, classes) = train.columns().labels();
     Dataset { train: Split::of(train), test: test.map(Split::of), labels, vocabulary: None, classes }
 }
 
 /// The source's error for what `[data.parquet]` asks that the files cannot give.
 fn bad(problem: String) -> DataError {
-    DataError::BadParquet { problem }
+    Columnar::Parquet.bad(problem)
 }
 
 const EXAMPLE: &str = "[data.parquet] train = [\"data/train-*.parquet\"], table = { label = \"label\", features = \

@@ -5,8 +5,7 @@
 
 use super::*;
 use crate::data::examples::LabelKind;
-use crate::data::pipeline::Batch;
-use crate::data::source::tfrecord::Order;
+use crate::data::source::columnar::split::assert_skips_resume_an_unbroken_pass;
 use arrow_array::builder::{FixedSizeListBuilder, UInt8Builder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use parquet::arrow::ArrowWriter;
@@ -49,17 +48,6 @@ fn setup() -> tempfile::TempDir {
 
 const TABLE: &str = "table = { label = \"label\", features = [\"pixels\"] }";
 
-/// Every row of `reader` after skipping `k`, features and labels.
-fn rest(reader: &mut Box<dyn StreamReader>, k: usize) -> (usize, Vec<f32>, Vec<u32>) {
-    let skipped = reader.skip(k).unwrap();
-    while reader.take().unwrap() {}
-    let mut batch = Batch::default();
-    reader.decode(&mut batch).unwrap();
-    (skipped, batch.x, batch.y)
-}
-
-use crate::data::examples::StreamReader;
-
 #[test]
 fn row_groups_are_the_units_and_a_skip_resumes_an_unbroken_pass() {
     let dir = setup();
@@ -73,17 +61,7 @@ fn row_groups_are_the_units_and_a_skip_resumes_an_unbroken_pass() {
     let b = data.train.read(5..8).unwrap();
     assert_eq!((b.x, b.y), (vec![5., 10., 6., 12., 7., 14.], vec![2, 0, 1]));
     assert_eq!(data.train.read(0..1).unwrap().y, [0], "a read behind the last one starts again");
-    let buffer = NonZeroUsize::new(4).unwrap();
-    for order in [Order::Files, Order::Shuffled { buffer_size: buffer, seed: 9, epoch: 2 }] {
-        let units = [4, 0, 2, 3];
-        let (_, x, y) = rest(&mut records.open_units(&units, order), 0);
-        assert_eq!(y.len(), 9);
-        for k in 0..=10 {
-            let (skipped, xk, yk) = rest(&mut records.open_units(&units, order), k);
-            assert_eq!(skipped, k.min(9), "{order:?} skip {k}");
-            assert_eq!((&xk[..], &yk[..]), (&x[2 * skipped..], &y[skipped..]), "{order:?} skip {k}");
-        }
-    }
+    assert_eq!(assert_skips_resume_an_unbroken_pass(records, &[4, 0, 2, 3], 2), 9);
     let test = data.test.unwrap().read(0..4).unwrap();
     assert_eq!(test.y, [2, 0, 1, 2]);
 }
@@ -106,7 +84,8 @@ fn names_are_classes_sorted_and_floats_are_targets() {
 #[test]
 fn a_text_column_is_documents() {
     let dir = setup();
-    let file = text::documents(&dir.path().join("t1.parquet"), "text").unwrap();
+    let opened = Columnar::Parquet.open(&dir.path().join("t1.parquet")).unwrap();
+    let file = documents::documents(Columnar::Parquet, &opened, "text").unwrap();
     assert_eq!(file.documents, ["doc 7", "doc 8", "doc 9", "doc 10", "doc 11"]);
     let source = source(dir.path(), "text = { column = \"text\", block_size = 4 }");
     let facts = source.facts().unwrap();

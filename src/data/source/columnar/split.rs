@@ -1,29 +1,30 @@
-//! A Parquet table split as a stream of rows ([`ParquetSplit`]): its files' footers read, its
-//! shard units the row groups of the files in order, each opened alone with only the columns
-//! read ([`RowStream`]), in order or through the shuffle buffer ([`ParquetReader`]), and read
-//! in order by index for evaluation.
+//! A columnar table split as a stream of rows ([`ColumnarSplit`]): its files opened (footers,
+//! or stream headers), its shard units the units of the files in order (Parquet row groups,
+//! Arrow record batches), each read alone with only the columns read ([`RowStream`]), in order
+//! or through the shuffle buffer ([`ColumnarReader`]), and read in order by index for
+//! evaluation.
 //!
-//! Resuming replays an epoch up to its cursor: unshuffled, whole row groups are skipped by
-//! their counts and rows within one by a row selection, so the position is found from (file,
-//! row group, row) without decoding what lies before it.
+//! Resuming replays an epoch up to its cursor: unshuffled, whole units are skipped by their
+//! counts and rows within one by the format's row selection, so the position is found from
+//! (file, unit, row) without decoding what lies before it.
 
-use super::columns::{TableColumns, open};
+use super::ColumnarFile;
+use super::columns::TableColumns;
 use crate::data::error::DataError;
 use crate::data::examples::{Examples, StreamReader, StreamSplit};
 use crate::data::pipeline::Batch;
 use crate::data::source::tfrecord::{Order, ShuffleBuffer};
-use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
-};
+use arrow_array::RecordBatch;
 use std::fmt;
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// Rows decoded at a time: a record batch of this many rows is the most held besides the
-/// shuffle buffer.
+/// Rows decoded at a time (from a Parquet row group; an Arrow record batch is read as it was
+/// written): a record batch of this many rows is the most held besides the shuffle buffer.
 const BATCH_ROWS: usize = 1024;
+
+/// A unit's record batches.
+type Batches = Box<dyn Iterator<Item = Result<RecordBatch, DataError>> + Send>;
 
 /// One example: its features and its label.
 #[derive(Debug, Clone)]
@@ -39,23 +40,17 @@ pub(super) enum RowLabel {
     Target(f32),
 }
 
-/// The error for a file the Parquet reader cannot read.
-pub(super) fn unreadable(path: &Path, error: impl fmt::Display) -> DataError {
-    DataError::ParquetUnreadable { path: path.to_path_buf(), detail: error.to_string() }
-}
-
-/// A file, its footer, and which of its columns are read.
+/// A file, and which of its columns are read (indices into its schema).
 struct TableFile {
-    path: PathBuf,
-    metadata: ArrowReaderMetadata,
-    projection: ProjectionMask,
+    file: ColumnarFile,
+    projection: Vec<usize>,
 }
 
-/// A shard unit: one row group of one file.
+/// A shard unit: one unit (row group, record batch) of one file.
 #[derive(Debug, Clone, Copy)]
 struct Unit {
     file: usize,
-    row_group: usize,
+    unit: usize,
     rows: usize,
 }
 
@@ -67,7 +62,7 @@ struct Footers {
 }
 
 /// One split's files as a stream of rows.
-pub(super) struct ParquetSplit {
+pub(in crate::data::source) struct ColumnarSplit {
     footers: Arc<Footers>,
     lens: Vec<usize>,
     total: usize,
@@ -75,33 +70,25 @@ pub(super) struct ParquetSplit {
     sequential: Mutex<Option<(usize, RowStream)>>,
 }
 
-impl fmt::Debug for ParquetSplit {
+impl fmt::Debug for ColumnarSplit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let files: Vec<&Path> = self.footers.files.iter().map(|f| f.path.as_path()).collect();
-        f.debug_struct("ParquetSplit").field("files", &files).field("lens", &self.lens).finish_non_exhaustive()
+        let files: Vec<&Path> = self.footers.files.iter().map(|f| f.file.path()).collect();
+        f.debug_struct("ColumnarSplit").field("files", &files).field("lens", &self.lens).finish_non_exhaustive()
     }
 }
 
-impl ParquetSplit {
-    /// `paths`' footers read and their columns checked against `columns`.
-    pub(super) fn new(paths: Vec<PathBuf>, columns: TableColumns) -> Result<Self, DataError> {
+impl ColumnarSplit {
+    /// `opened` files, their columns checked against `columns`.
+    pub(in crate::data::source) fn new(opened: Vec<ColumnarFile>, columns: TableColumns) -> Result<Self, DataError> {
         let (mut files, mut units) = (vec![], vec![]);
-        for (f, path) in paths.into_iter().enumerate() {
-            let builder = open(&path)?;
-            let schema = builder.schema().clone();
-            columns.check(&path, &schema)?;
-            let indices = columns.names().map(|n| schema.index_of(n).map_err(|e| unreadable(&path, e)));
-            let projection = ProjectionMask::roots(builder.parquet_schema(), indices.collect::<Result<Vec<_>, _>>()?);
-            let metadata = builder.metadata().clone();
-            for (row_group, meta) in metadata.row_groups().iter().enumerate() {
-                let rows = usize::try_from(meta.num_rows()).map_err(|e| unreadable(&path, e))?;
-                if rows > 0 {
-                    units.push(Unit { file: f, row_group, rows });
-                }
-            }
-            let metadata =
-                ArrowReaderMetadata::try_new(metadata, Default::default()).map_err(|e| unreadable(&path, e))?;
-            files.push(TableFile { path, metadata, projection });
+        for (f, file) in opened.into_iter().enumerate() {
+            let (path, schema) = (file.path(), file.schema());
+            columns.check(path, schema)?;
+            let indices = columns.names().map(|n| schema.index_of(n).map_err(|e| columns.format().unreadable(path, e)));
+            let projection = indices.collect::<Result<Vec<_>, _>>()?;
+            let nonempty = file.unit_rows().iter().enumerate().filter(|(_, rows)| **rows > 0);
+            units.extend(nonempty.map(|(unit, &rows)| Unit { file: f, unit, rows }));
+            files.push(TableFile { file, projection });
         }
         let lens: Vec<usize> = units.iter().map(|u| u.rows).collect();
         let total = lens.iter().sum();
@@ -110,7 +97,7 @@ impl ParquetSplit {
     }
 
     /// The columns read.
-    pub(super) fn columns(&self) -> &TableColumns {
+    pub(in crate::data::source) fn columns(&self) -> &TableColumns {
         &self.footers.columns
     }
 
@@ -131,8 +118,8 @@ impl ParquetSplit {
     }
 }
 
-impl StreamSplit for ParquetSplit {
-    /// A Parquet split's shard units are its files' row groups, in order.
+impl StreamSplit for ColumnarSplit {
+    /// A columnar split's shard units are its files' units (row groups, record batches), in order.
     fn unit_lens(&self) -> &[usize] {
         &self.lens
     }
@@ -142,20 +129,20 @@ impl StreamSplit for ParquetSplit {
             Order::Files => None,
             Order::Shuffled { buffer_size, seed, epoch } => Some(ShuffleBuffer::new(buffer_size, seed, epoch)),
         };
-        Box::new(ParquetReader { rows: self.rows(units), shuffle, pending: vec![] })
+        Box::new(ColumnarReader { rows: self.rows(units), shuffle, pending: vec![] })
     }
 
     fn ended_early(&self) -> DataError {
-        let files = self.footers.files.iter().map(|f| f.path.clone()).collect();
+        let files = self.footers.files.iter().map(|f| f.file.path().to_path_buf()).collect();
         DataError::StreamEnded { files, expected: self.total }
     }
 
     fn refused(&self, problem: String) -> DataError {
-        super::bad(problem)
+        self.footers.columns.format().bad(problem)
     }
 }
 
-impl Examples for ParquetSplit {
+impl Examples for ColumnarSplit {
     fn len(&self) -> usize {
         self.total
     }
@@ -204,8 +191,8 @@ struct RowStream {
     footers: Arc<Footers>,
     units: Vec<usize>,
     next_unit: usize,
-    /// The open unit's reader and its file.
-    reader: Option<(usize, ParquetRecordBatchReader)>,
+    /// The open unit's record batches and its file.
+    reader: Option<(usize, Batches)>,
     /// Rows the open reader has still to give.
     left: usize,
     /// Rows decoded and not yet given.
@@ -264,18 +251,9 @@ impl RowStream {
     fn open_next(&mut self, skip: usize) -> Result<bool, DataError> {
         let Some(&unit) = self.units.get(self.next_unit) else { return Ok(false) };
         self.next_unit += 1;
-        let Unit { file, row_group, rows } = self.footers.units[unit];
+        let Unit { file, unit, rows } = self.footers.units[unit];
         let table = &self.footers.files[file];
-        let handle = File::open(&table.path).map_err(|source| DataError::Read { path: table.path.clone(), source })?;
-        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, table.metadata.clone())
-            .with_row_groups(vec![row_group])
-            .with_projection(table.projection.clone())
-            .with_batch_size(BATCH_ROWS);
-        if skip > 0 {
-            let selectors = vec![RowSelector::skip(skip), RowSelector::select(rows - skip)];
-            builder = builder.with_row_selection(RowSelection::from(selectors));
-        }
-        let reader = builder.build().map_err(|e| unreadable(&table.path, e))?;
+        let reader = table.file.read(unit, skip, &table.projection, BATCH_ROWS)?;
         (self.reader, self.left) = (Some((file, reader)), rows - skip);
         Ok(true)
     }
@@ -283,10 +261,10 @@ impl RowStream {
     /// Decodes the open reader's next record batch, or closes it at its end.
     fn decode_next(&mut self) -> Result<(), DataError> {
         let Some((file, reader)) = &mut self.reader else { return Ok(()) };
-        let path = &self.footers.files[*file].path;
+        let path = self.footers.files[*file].file.path();
         match reader.next() {
             Some(batch) => {
-                let batch = batch.map_err(|e| unreadable(path, e))?;
+                let batch = batch?;
                 self.left = self.left.saturating_sub(batch.num_rows());
                 let mut rows = Vec::with_capacity(batch.num_rows());
                 self.footers.columns.decode(&batch, path, &mut rows)?;
@@ -299,13 +277,13 @@ impl RowStream {
 }
 
 /// One pass over some units: rows in order or through the shuffle buffer.
-struct ParquetReader {
+struct ColumnarReader {
     rows: RowStream,
     shuffle: Option<ShuffleBuffer<TableRow>>,
     pending: Vec<TableRow>,
 }
 
-impl ParquetReader {
+impl ColumnarReader {
     fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         let rows = &mut self.rows;
         match &mut self.shuffle {
@@ -315,7 +293,7 @@ impl ParquetReader {
     }
 }
 
-impl StreamReader for ParquetReader {
+impl StreamReader for ColumnarReader {
     /// Unshuffled, rows are skipped by counts; shuffled, they pass through the buffer (the
     /// outputs after the skip are then the ones an unbroken pass gives).
     fn skip(&mut self, k: usize) -> Result<usize, DataError> {
@@ -341,4 +319,36 @@ impl StreamReader for ParquetReader {
         self.pending.drain(..).for_each(|row| append_row(row, batch));
         Ok(())
     }
+}
+
+/// Checks that a pass over `units` of `records` (in file order, and through a shuffle buffer)
+/// after skipping `k` rows gives the rows an unbroken pass gives after its first `k`, for
+/// every `k` up to past the end, as a resumed pipeline relies on; returns the rows of a pass
+/// (test helper; `width` values a row).
+#[cfg(test)]
+pub(in crate::data::source) fn assert_skips_resume_an_unbroken_pass(
+    records: &dyn StreamSplit,
+    units: &[usize],
+    width: usize,
+) -> usize {
+    let rest = |order, k| {
+        let mut reader = records.open_units(units, order);
+        let skipped = reader.skip(k).unwrap();
+        while reader.take().unwrap() {}
+        let mut batch = Batch::default();
+        reader.decode(&mut batch).unwrap();
+        (skipped, batch.x, batch.y)
+    };
+    let buffer = std::num::NonZeroUsize::new(4).unwrap();
+    let mut rows = 0;
+    for order in [Order::Files, Order::Shuffled { buffer_size: buffer, seed: 9, epoch: 2 }] {
+        let (_, x, y) = rest(order, 0);
+        rows = y.len();
+        for k in 0..=y.len() + 1 {
+            let (skipped, xk, yk) = rest(order, k);
+            assert_eq!(skipped, k.min(y.len()), "{order:?} skip {k}");
+            assert_eq!((&xk[..], &yk[..]), (&x[width * skipped..], &y[skipped..]), "{order:?} skip {k}");
+        }
+    }
+    rows
 }

@@ -1,24 +1,23 @@
-//! A Parquet table's columns ([`TableColumns`]): found in the files' Arrow schemas and checked
+//! A columnar table's columns ([`TableColumns`]): found in the files' Arrow schemas and checked
 //! (a missing column names the columns there; a column of another type names its type and
 //! what was expected), the label column's classes read, and each Arrow record batch turned
 //! into rows of `f32` features and a label ([`TableColumns::decode`]).
 
-use super::ParquetTable;
-use super::split::{RowLabel, TableRow, unreadable};
+use super::split::{RowLabel, TableRow};
+use super::{Columnar, ColumnarFile};
 use crate::data::CsvLabels;
 use crate::data::error::DataError;
 use crate::data::examples::LabelKind;
 use crate::data::formats::Classes;
+use crate::data::source::parquet::ParquetTable;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// How a feature column's values make up an example's.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +52,7 @@ enum LabelMap {
 /// The feature columns and the label column of a table, as the training files hold them.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::data::source) struct TableColumns {
+    format: Columnar,
     features: Vec<Feature>,
     label: String,
     label_type: DataType,
@@ -64,14 +64,17 @@ pub(in crate::data::source) struct TableColumns {
 impl TableColumns {
     /// The columns `table` names, found in the first training file; the classes are read from
     /// the training files' label column.
-    pub(super) fn resolve(train: &[PathBuf], table: &ParquetTable) -> Result<Self, DataError> {
-        let first = &train[0];
-        let builder = open(first)?;
-        let schema = builder.schema().clone();
+    pub(in crate::data::source) fn resolve(
+        format: Columnar,
+        train: &[ColumnarFile],
+        table: &ParquetTable,
+    ) -> Result<Self, DataError> {
+        let (first_file, section) = (&train[0], format.section());
+        let (first, schema) = (first_file.path(), first_file.schema());
         let mut features = vec![];
         for name in &table.features {
-            let data_type = column(first, &schema, name)?.clone();
-            let wrong = || wrong_type(first, name, &data_type, "numbers, booleans or lists of numbers");
+            let data_type = column(format, first, schema, name)?.clone();
+            let wrong = || wrong_type(format, first, name, &data_type, "numbers, booleans or lists of numbers");
             let layout = match &data_type {
                 DataType::FixedSizeList(item, _) | DataType::List(item) | DataType::LargeList(item) => {
                     if !numeric(item.data_type()) {
@@ -84,34 +87,35 @@ impl TableColumns {
             };
             let width = match &data_type {
                 DataType::FixedSizeList(_, n) => usize::try_from(*n).unwrap_or(0),
-                _ if layout == ColumnLayout::List => first_row_width(first, &schema, name)?,
+                _ if layout == ColumnLayout::List => first_row_width(format, first_file, name)?,
                 _ => 1,
             };
             features.push(Feature { name: name.clone(), data_type, layout, width });
         }
         if features.is_empty() {
-            return Err(super::bad("data.parquet.table.features lists no column; name the feature columns".into()));
+            return Err(format.bad(format!("{section}.table.features lists no column; name the feature columns")));
         }
-        let label_type = column(first, &schema, &table.label)?.clone();
-        let map = label_map(train, &table.label, &label_type, table.labels)?;
+        let label_type = column(format, first, schema, &table.label)?.clone();
+        let map = label_map(format, train, &table.label, &label_type, table.labels)?;
         let width = features.iter().map(|f| f.width).sum();
         let shape = table.shape.clone().unwrap_or(vec![width]);
         if shape.iter().product::<usize>() != width || shape.contains(&0) {
-            return Err(super::bad(format!(
-                "data.parquet.table.shape = {shape:?} holds {} values, but the feature columns give {width} a row",
+            return Err(format.bad(format!(
+                "{section}.table.shape = {shape:?} holds {} values, but the feature columns give {width} a row",
                 shape.iter().product::<usize>()
             )));
         }
-        Ok(Self { features, label: table.label.clone(), label_type, map, shape, width })
+        Ok(Self { format, features, label: table.label.clone(), label_type, map, shape, width })
     }
 
     /// Checks that `path`'s schema holds every column with the type the first file's has.
     pub(super) fn check(&self, path: &Path, schema: &Schema) -> Result<(), DataError> {
         let columns = self.features.iter().map(|f| (&f.name, &f.data_type));
         for (name, expected) in columns.chain([(&self.label, &self.label_type)]) {
-            let found = column(path, schema, name)?;
+            let found = column(self.format, path, schema, name)?;
             if found != expected {
-                return Err(wrong_type(path, name, found, &format!("{expected}, as in the first training file")));
+                let expected = format!("{expected}, as in the first training file");
+                return Err(wrong_type(self.format, path, name, found, &expected));
             }
         }
         Ok(())
@@ -120,6 +124,11 @@ impl TableColumns {
     /// The columns read, by name.
     pub(super) fn names(&self) -> impl Iterator<Item = &str> {
         self.features.iter().map(|f| f.name.as_str()).chain([self.label.as_str()])
+    }
+
+    /// The format of the files, which words the errors.
+    pub(super) fn format(&self) -> Columnar {
+        self.format
     }
 
     /// One example's shape.
@@ -145,26 +154,26 @@ impl TableColumns {
         let mut x = vec![0f32; n * self.width];
         let mut at = 0;
         for feature in &self.features {
-            let array = batch_column(batch, path, &feature.name)?;
+            let array = batch_column(self.format, batch, path, &feature.name)?;
             let values = match feature.layout {
                 ColumnLayout::Scalar => numbers(array.as_ref()),
-                ColumnLayout::List => list_values(array.as_ref(), feature, path)?,
+                ColumnLayout::List => list_values(self.format, array.as_ref(), feature, path)?,
             }
-            .ok_or_else(|| wrong_type(path, &feature.name, array.data_type(), "numbers"))?;
+            .ok_or_else(|| wrong_type(self.format, path, &feature.name, array.data_type(), "numbers"))?;
             for (r, row) in x.chunks_mut(self.width.max(1)).enumerate() {
                 row[at..at + feature.width].copy_from_slice(&values[r * feature.width..(r + 1) * feature.width]);
             }
             at += feature.width;
         }
-        let labels = self.decode_labels(batch_column(batch, path, &self.label)?.as_ref(), path)?;
+        let labels = self.decode_labels(batch_column(self.format, batch, path, &self.label)?.as_ref(), path)?;
         let examples = x.chunks(self.width.max(1)).take(n).zip(labels);
         rows.extend(examples.map(|(x, label)| TableRow { x: x.to_vec(), label }));
         Ok(())
     }
 
     fn decode_labels(&self, array: &dyn Array, path: &Path) -> Result<Vec<RowLabel>, DataError> {
-        let name = &self.label;
-        let wrong = |expected| wrong_type(path, name, array.data_type(), expected);
+        let (name, format) = (&self.label, self.format);
+        let wrong = |expected| wrong_type(format, path, name, array.data_type(), expected);
         match &self.map {
             LabelMap::Target => {
                 Ok(numbers(array).ok_or_else(|| wrong("numbers"))?.into_iter().map(RowLabel::Target).collect())
@@ -175,7 +184,7 @@ impl TableColumns {
                     .into_iter()
                     .map(|v| match u32::try_from(v) {
                         Ok(c) if c < *classes => Ok(RowLabel::Class(c)),
-                        _ => Err(super::bad(format!(
+                        _ => Err(format.bad(format!(
                             "{}: column `{name}` holds the class {v}, outside the training files' classes 0..{classes}",
                             path.display()
                         ))),
@@ -188,7 +197,7 @@ impl TableColumns {
                     .into_iter()
                     .map(|s| match names.binary_search_by(|n| n.as_str().cmp(s)) {
                         Ok(c) => Ok(RowLabel::Class(u32::try_from(c).unwrap_or(u32::MAX))),
-                        Err(_) => Err(super::bad(format!(
+                        Err(_) => Err(format.bad(format!(
                             "{}: column `{name}` holds the class `{s}`, which no training file holds; the classes \
                              are {}",
                             path.display(),
@@ -201,35 +210,39 @@ impl TableColumns {
     }
 }
 
-/// Opens `path`'s footer for reading.
-pub(super) fn open(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, DataError> {
-    let file = File::open(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source })?;
-    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))
-}
-
 /// `name`'s type in `schema`, or the error naming the columns there.
-pub(super) fn column<'s>(path: &Path, schema: &'s Schema, name: &str) -> Result<&'s DataType, DataError> {
+pub(super) fn column<'s>(
+    format: Columnar,
+    path: &Path,
+    schema: &'s Schema,
+    name: &str,
+) -> Result<&'s DataType, DataError> {
     match schema.field_with_name(name) {
         Ok(field) => Ok(field.data_type()),
         Err(_) => {
             let present: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-            Err(super::bad(format!("{} has no column `{name}`; its columns: {}", path.display(), present.join(", "))))
+            Err(format.bad(format!("{} has no column `{name}`; its columns: {}", path.display(), present.join(", "))))
         }
     }
 }
 
 /// The error for column `name` of `path` holding `found` where `expected` was needed.
-pub(super) fn wrong_type(path: &Path, name: &str, found: &DataType, expected: &str) -> DataError {
-    super::bad(format!("{}: column `{name}` is {found}; expected {expected}", path.display()))
+pub(super) fn wrong_type(format: Columnar, path: &Path, name: &str, found: &DataType, expected: &str) -> DataError {
+    format.bad(format!("{}: column `{name}` is {found}; expected {expected}", path.display()))
 }
 
 /// `batch`'s column `name` (the reader's projection holds it), with no nulls.
-fn batch_column(batch: &RecordBatch, path: &Path, name: &str) -> Result<arrow_array::ArrayRef, DataError> {
+fn batch_column(
+    format: Columnar,
+    batch: &RecordBatch,
+    path: &Path,
+    name: &str,
+) -> Result<arrow_array::ArrayRef, DataError> {
     let array = batch
         .column_by_name(name)
-        .ok_or_else(|| super::bad(format!("{}: column `{name}` was not read with the others", path.display())))?;
+        .ok_or_else(|| format.bad(format!("{}: column `{name}` was not read with the others", path.display())))?;
     if array.null_count() > 0 {
-        return Err(super::bad(format!(
+        return Err(format.bad(format!(
             "{}: column `{name}` has {} null values; every row needs one",
             path.display(),
             array.null_count()
@@ -299,7 +312,12 @@ pub(super) fn strings(array: &dyn Array) -> Option<Vec<&str>> {
 
 /// A list column's values, `feature.width` a row, row after row; a row of another length is
 /// an error naming it.
-fn list_values(array: &dyn Array, feature: &Feature, path: &Path) -> Result<Option<Vec<f32>>, DataError> {
+fn list_values(
+    format: Columnar,
+    array: &dyn Array,
+    feature: &Feature,
+    path: &Path,
+) -> Result<Option<Vec<f32>>, DataError> {
     let (values, offsets): (Option<Vec<f32>>, Vec<usize>) = match array.data_type() {
         DataType::FixedSizeList(..) => {
             let list = array.as_fixed_size_list();
@@ -320,7 +338,7 @@ fn list_values(array: &dyn Array, feature: &Feature, path: &Path) -> Result<Opti
     let mut out = Vec::with_capacity(array.len() * feature.width);
     for (r, pair) in offsets.windows(2).enumerate() {
         if pair[1] - pair[0] != feature.width {
-            return Err(super::bad(format!(
+            return Err(format.bad(format!(
                 "{}: column `{}` has {} values in a row (row {r} of a batch), {} in the first training row; every \
                  row needs the same number",
                 path.display(),
@@ -334,17 +352,12 @@ fn list_values(array: &dyn Array, feature: &Feature, path: &Path) -> Result<Opti
     Ok(Some(out))
 }
 
-/// Values in the first row of list column `name` of `path`.
-fn first_row_width(path: &Path, schema: &Schema, name: &str) -> Result<usize, DataError> {
-    let builder = open(path)?;
-    let index = schema.index_of(name).map_err(|e| unreadable(path, e))?;
-    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [index]);
-    let mut reader =
-        builder.with_projection(mask).with_limit(1).with_batch_size(1).build().map_err(|e| unreadable(path, e))?;
-    let batch = match reader.next() {
-        Some(batch) => batch.map_err(|e| unreadable(path, e))?,
-        None => return Err(super::bad(format!("{} has no rows", path.display()))),
-    };
+/// Values in the first row of list column `name` of `file`.
+fn first_row_width(format: Columnar, file: &ColumnarFile, name: &str) -> Result<usize, DataError> {
+    let path = file.path();
+    let index = file.schema().index_of(name).map_err(|e| format.unreadable(path, e))?;
+    let first = file.read_all(&[index], 1).find(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0));
+    let batch = first.ok_or_else(|| format.bad(format!("{} has no rows", path.display())))??;
     let array = batch.column(0);
     Ok(match array.data_type() {
         DataType::List(_) => array.as_list::<i32>().value_length(0).max(0) as usize,
@@ -356,12 +369,15 @@ fn first_row_width(path: &Path, schema: &Schema, name: &str) -> Result<usize, Da
 /// What the label column holds: told by `labels`, else by its type; classes are read from the
 /// training files (only that column).
 fn label_map(
-    train: &[PathBuf],
+    format: Columnar,
+    train: &[ColumnarFile],
     name: &str,
     data_type: &DataType,
     labels: Option<CsvLabels>,
 ) -> Result<LabelMap, DataError> {
-    let path = &train[0];
+    let path = train[0].path();
+    let wrong_type =
+        |path: &Path, name: &str, found: &DataType, expected: &str| wrong_type(format, path, name, found, expected);
     let float = matches!(data_type, DataType::Float32 | DataType::Float64);
     let text = strings(&arrow_array::new_empty_array(data_type)).is_some();
     match (labels, data_type.is_integer(), float, text) {
@@ -370,26 +386,24 @@ fn label_map(
         }
         (None | Some(CsvLabels::Classes), true, _, _) => {
             let mut max = None;
-            each_label(train, name, |array, path| {
+            each_label(format, train, name, |array, path| {
                 let values = integers(array).ok_or_else(|| wrong_type(path, name, array.data_type(), "integers"))?;
                 if let Some(&v) = values.iter().find(|&&v| v < 0) {
-                    return Err(super::bad(format!(
-                        "{}: column `{name}` holds the class {v}; classes start at 0",
-                        path.display()
-                    )));
+                    return Err(format
+                        .bad(format!("{}: column `{name}` holds the class {v}; classes start at 0", path.display())));
                 }
                 max = max.max(values.iter().copied().max());
                 Ok(())
             })?;
             let classes = max.map_or(0, |m| m + 1);
             let classes = u32::try_from(classes).map_err(|_| {
-                super::bad(format!("column `{name}` holds the class {}, too many classes", classes - 1))
+                format.bad(format!("column `{name}` holds the class {}, too many classes", classes - 1))
             })?;
             Ok(LabelMap::Indices { classes })
         }
         (None | Some(CsvLabels::Classes), _, _, true) => {
             let mut names = BTreeSet::new();
-            each_label(train, name, |array, path| {
+            each_label(format, train, name, |array, path| {
                 let values = strings(array).ok_or_else(|| wrong_type(path, name, array.data_type(), "strings"))?;
                 names.extend(values.into_iter().map(str::to_owned));
                 Ok(())
@@ -408,19 +422,17 @@ fn label_map(
 
 /// Calls `each` on every record batch of column `name` of the files `train`, without nulls.
 fn each_label(
-    train: &[PathBuf],
+    format: Columnar,
+    train: &[ColumnarFile],
     name: &str,
     mut each: impl FnMut(&dyn Array, &Path) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
-    for path in train {
-        let builder = open(path)?;
-        let index = column(path, builder.schema(), name)
-            .and_then(|_| builder.schema().index_of(name).map_err(|e| unreadable(path, e)))?;
-        let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [index]);
-        let reader = builder.with_projection(mask).with_batch_size(65_536).build().map_err(|e| unreadable(path, e))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| unreadable(path, e))?;
-            let array = batch_column(&batch, path, name)?;
+    for file in train {
+        let path = file.path();
+        let index = column(format, path, file.schema(), name)
+            .and_then(|_| file.schema().index_of(name).map_err(|e| format.unreadable(path, e)))?;
+        for batch in file.read_all(&[index], 65_536) {
+            let array = batch_column(format, &batch?, path, name)?;
             each(array.as_ref(), path)?;
         }
     }

@@ -1,0 +1,141 @@
+//! The `hf_datasets` source end to end through the binary, on folders Hugging Face `datasets`
+//! wrote with `save_to_disk` (skipped, loudly, when `datasets` does not import): a
+//! `DatasetDict` table of fixed-length pixel sequences, a float column and `ClassLabel`
+//! classes, saved in 4 shards, trained under every strategy (the multi-worker ones dealing
+//! record batches to workers under `auto`); the Shakespeare plays as a text column for a
+//! character model; and bad folders refused with exit 4, naming what is missing, the splits
+//! there, or the truncated file. Killed-and-resumed runs are in `tests/data_resume.rs`.
+
+mod common;
+
+use common::sources::STRATEGIES;
+use common::{assert_exit, json, run, tempdir, text, with_python};
+use std::path::{Path, PathBuf};
+
+/// Saves a `DatasetDict` to `<dir>/saved`: `train` (256 rows, 4 shards) and `test` (64 rows),
+/// 16 `pixels` (uint8) bright in the top or bottom half, a float `bias`, the class a
+/// `ClassLabel` (`bottom`, `top`) in `kind`, and a text column the table does not read.
+const TABLES: &str = r#"
+import os, sys
+import datasets
+features = datasets.Features({
+    "pixels": datasets.Sequence(datasets.Value("uint8"), length=16),
+    "bias": datasets.Value("float64"),
+    "kind": datasets.ClassLabel(names=["bottom", "top"]),
+    "note": datasets.Value("string"),
+})
+def split(n, offset):
+    rows = range(offset, offset + n)
+    return datasets.Dataset.from_dict({
+        "pixels": [[(p // 8 == i % 2) * 170 + (i * 31 + p * 7) % 80 for p in range(16)] for i in rows],
+        "bias": [0.5] * n,
+        "kind": [1 - i % 2 for i in rows],
+        "note": ["é 漢字 🙂"] * n,
+    }, features=features)
+dd = datasets.DatasetDict({"train": split(256, 0), "test": split(64, 1000)})
+dd.save_to_disk(os.path.join(sys.argv[1], "saved"), num_shards={"train": 4, "test": 1})
+"#;
+
+fn spec(dir: &Path, data: &str, strategy: &str, model: &str) -> PathBuf {
+    let spec = common::sources::spec(dir, "hf_datasets", data, strategy, model);
+    // The source reads the folder `data.dir` names: the one `save_to_disk` wrote.
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let folder = |d: &Path| format!("\ndir = \"{}\"\n", d.display());
+    assert!(text.contains(&folder(dir)), "{text}");
+    std::fs::write(&spec, text.replacen(&folder(dir), &folder(&dir.join("saved")), 1)).unwrap();
+    spec
+}
+
+const CLASSIFIER: &str = "[[model.layers]]\ntype = \"dense\"\nunits = 2";
+
+const TABLE: &str = "dataset = \"hf_datasets\"\n\n[data.hf_datasets]\nvalidation = \"test\"\nshuffle_buffer = 64\n\
+                     table = { label = \"kind\", features = [\"pixels\", \"bias\"] }\n\n\
+                     [data.preprocessing]\nrescale = 0.00392156862745098";
+
+#[test]
+fn a_table_datasets_saved_trains_under_every_strategy() {
+    for (name, strategy) in STRATEGIES {
+        let dir = tempdir();
+        if !with_python("datasets", TABLES, dir.path()) {
+            return;
+        }
+        let spec = spec(dir.path(), TABLE, strategy, CLASSIFIER);
+        let check = run(&["check", spec.to_str().unwrap()]);
+        let shown = text(&check).0;
+        assert_exit(&check, 0);
+        assert!(shown.contains("256"), "{name}: {shown}");
+        if name == "multi_worker_mirrored" {
+            // 4 record batches (one a shard) for 2 workers: `auto` deals record batches.
+            assert!(shown.contains("file policy, 2 shards"), "{shown}");
+        }
+        let out = run(&[spec.to_str().unwrap(), "--quiet", "--set", "run.threads=1"]);
+        assert_exit(&out, 0);
+        let s = json(&dir.path().join("run/summary.json"));
+        assert!(s["test_accuracy"].as_f64().unwrap_or(0.0) > 0.95, "{name}: {s}");
+    }
+}
+
+/// The plays' paragraphs as a `text` column of a `DatasetDict` (`train`, `validation`).
+const DOCUMENTS: &str = r#"
+import os, sys
+import datasets
+d, here = sys.argv[1], sys.argv[2]
+splits = {}
+for split in ["train", "val"]:
+    text = open(os.path.join(here, split + ".txt"), encoding="utf-8").read()
+    paragraphs = [p for p in text.split("\n\n") if p.strip()]
+    splits["validation" if split == "val" else split] = datasets.Dataset.from_dict({"text": paragraphs})
+datasets.DatasetDict(splits).save_to_disk(os.path.join(d, "saved"))
+"#;
+
+const BLOCK: usize = 16;
+
+#[test]
+fn a_text_column_trains_a_character_model() {
+    let dir = tempdir();
+    let plays = common::sources::plays();
+    let script = format!("import sys; sys.argv.append({:?})\n{DOCUMENTS}", plays.display().to_string());
+    if !with_python("datasets", &script, dir.path()) {
+        return;
+    }
+    let data = format!(
+        "dataset = \"hf_datasets\"\n\n[data.hf_datasets]\nvalidation = \"validation\"\n\
+         text = {{ block_size = {BLOCK}, end_of_text = \"\\n\\n\", vocabulary = \"train_and_validation\" }}"
+    );
+    common::sources::trains_a_character_model(&spec(dir.path(), &data, "", ""), BLOCK);
+}
+
+#[test]
+fn bad_folders_exit_4_naming_what_is_wrong() {
+    let dir = tempdir();
+    if !with_python("datasets", TABLES, dir.path()) {
+        return;
+    }
+    let spec = spec(dir.path(), TABLE, "", CLASSIFIER);
+    let args = [spec.to_str().unwrap(), "--quiet", "--set", "data.hf_datasets.shuffle_buffer=0"];
+    let failed = |sets: &[&str]| {
+        let out = run(&[&args[..], sets].concat());
+        assert_exit(&out, 4);
+        text(&out).1
+    };
+    // A split the dict lacks names those it has; a wrong type names the column and its type.
+    let split = failed(&["--set", "data.hf_datasets.validation=\"validation\""]);
+    assert!(split.contains("has no split `validation`; its splits: train, test"), "{split}");
+    let wrong = failed(&["--set", "data.hf_datasets.table.features=[\"note\"]"]);
+    assert!(wrong.contains("column `note` is Utf8; expected numbers, booleans or lists of numbers"), "{wrong}");
+    // Not a folder `save_to_disk` wrote.
+    let elsewhere = format!("data.dir=\"{}\"", dir.path().display());
+    let neither = failed(&["--set", &elsewhere]);
+    assert!(neither.contains("missing in") && neither.contains("dataset_dict.json or state.json"), "{neither}");
+
+    // A truncated Arrow file, named.
+    let path = dir.path().join("saved/train/data-00002-of-00004.arrow");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let truncated = failed(&[]);
+    assert!(
+        truncated.contains("data-00002-of-00004.arrow: not a readable Arrow stream file: truncated"),
+        "{truncated}"
+    );
+    assert!(!dir.path().join("run/summary.json").exists());
+}
