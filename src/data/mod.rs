@@ -30,6 +30,7 @@ pub mod preprocess;
 mod shard;
 pub mod source;
 mod streamed;
+pub(crate) mod unlabeled;
 pub mod windows;
 
 pub use dirs::DataDirs;
@@ -52,6 +53,7 @@ pub use source::{
     ParquetConfig, ParquetSource, ParquetTable, ParquetText, Preset, RawValues, SyntheticConfig, SyntheticSource,
     TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig, TokensSource,
 };
+pub use unlabeled::Unlabeled;
 
 /// The shape of one image: height × width × channels (NHWC without the N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

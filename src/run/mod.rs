@@ -112,10 +112,15 @@ pub(super) fn load_data(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunErr
 /// [`load_data`], also returning the statistics `normalize = "adapt"` computed (for
 /// `run.json`).
 fn load_preprocessed(inv: &Invocation, plan: &Plan) -> Result<(Dataset, Option<Normalization>), RunError> {
+    Ok(plan.data.preprocessing.apply(load_raw(inv, plan)?, plan.seed)?)
+}
+
+/// The data as the source loads it, before `[data.preprocessing]`.
+pub(super) fn load_raw(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunError> {
     if !flag(&inv.env, "TRAINRUN_OFFLINE") {
         plan.data.source.fetch_missing(&Fetcher::default())?;
     }
-    Ok(plan.data.preprocessing.apply(plan.data.source.load()?, plan.seed)?)
+    Ok(plan.data.source.load()?)
 }
 
 fn progress_mode(inv: &Invocation) -> ProgressMode {

@@ -1,9 +1,11 @@
-//! `trainrun predict SPEC --checkpoint PATH --output FILE`: Keras's `model.predict`. The model
-//! runs in inference mode over the spec's test split (point it at other files with `--set`, as
-//! for any key) and writes one row per example, in input order, with its index as the id: the
-//! class, the top-k classes and their probabilities for a classifier (softmax when the model
-//! ends in logits), the values for regression. The output's extension picks the format
-//! (`output.rs`): `.csv`, `.jsonl` or `.npy`.
+//! `trainrun predict SPEC --checkpoint PATH [--input FILE…] --output FILE`: Keras's
+//! `model.predict`. The model runs in inference mode over the spec's test split, or over the
+//! `--input` files read by the spec's own source (`inputs.rs`), and writes one row per
+//! example, in input order, with its index as the id (and, for `--input`, the file and the
+//! row in it): the class, the top-k classes and their probabilities for a classifier (softmax
+//! when the model ends in logits), the values for regression. The output's extension picks
+//! the format (`output.rs`): `.csv`, `.jsonl` or `.npy`. The inputs are preprocessed as the
+//! test split is (`[data.preprocessing]`, its statistics from the training split).
 //!
 //! Every strategy predicts alike: one model on all of the process's threads, batch after batch
 //! of the same size, so one process, `mirrored` and `multi_worker_mirrored` specs write the same
@@ -11,13 +13,15 @@
 //! so a stop (SIGTERM, Ctrl-C) or an error never leaves a half-written file under its name, and
 //! a file that exists is refused unless `--force`.
 
+mod inputs;
 mod output;
 
-use super::{interrupted, load_data, pool};
-use crate::data::{EvalBatches, LabelKind, Shard};
+use super::{interrupted, load_data, load_raw, pool};
+use crate::data::{Dataset, EvalBatches, LabelKind, Shard};
 use crate::engine::Pass;
 use crate::exit::RunError;
 use crate::prepare::{Invocation, prepare};
+use inputs::Origins;
 use output::{Predicted, PredictionFormat, PredictionWriter};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -27,6 +31,8 @@ use std::time::Instant;
 /// What to write.
 #[derive(Debug, Clone)]
 pub struct PredictOptions {
+    /// Files to predict instead of the test split, in this order; none: the test split.
+    pub inputs: Vec<PathBuf>,
     /// The output file; its extension picks the format.
     pub output: PathBuf,
     /// Classes listed per row, likeliest first (at most the number of classes).
@@ -58,11 +64,11 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
     let layout = crate::builder::layout(&model);
     let (params, mut state) = super::sample::weights(checkpoint, &layout)?;
     refuse_non_finite(checkpoint, &layout, &params, &state)?;
-    let dataset = load_data(inv, plan)?;
+    let (dataset, origins) = examples(inv, plan, &o.inputs)?;
     let test = dataset.test.as_ref().ok_or_else(|| {
         RunError::Usage(
-            "the spec's data has no test split, which predict reads: name the files to predict as the test split \
-             (e.g. --set data.csv.test=\"new.csv\")"
+            "the spec's data has no test split, which predict reads without --input: name the files to predict \
+             (--input new.csv)"
                 .into(),
         )
     })?;
@@ -83,7 +89,7 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
     };
     let examples = test.len();
     let partial = super::partial_beside(&o.output);
-    let mut writer = PredictionWriter::create(&partial, format, predicted, examples)?;
+    let mut writer = PredictionWriter::create(&partial, format, predicted, origins, examples)?;
     let batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, model.activation_len());
     let pass = Pass { training: false, seed: 0, accumulate: false, threads: plan.threads };
     let pool = pool(plan.threads)?;
@@ -125,6 +131,22 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
         );
     }
     Ok(())
+}
+
+/// The data to predict, as its test split: the spec's, or the `--input` files with where
+/// each row came from.
+fn examples(
+    inv: &Invocation,
+    plan: &crate::plan::Plan,
+    files: &[PathBuf],
+) -> Result<(Dataset, Option<Origins>), RunError> {
+    if files.is_empty() {
+        return Ok((load_data(inv, plan)?, None));
+    }
+    let raw = load_raw(inv, plan)?;
+    let (split, origins) = inputs::read(&plan.data.source, files, raw.train.shape())?;
+    let dataset = plan.data.preprocessing.apply_to_inputs(raw, split, plan.seed)?;
+    Ok((dataset, Some(origins)))
 }
 
 /// A weight that is NaN or infinite makes every prediction meaningless: refused, naming the
