@@ -27,7 +27,8 @@ fn train(dir: &Path, data: &str) -> std::path::PathBuf {
         format!(
             "[run]\nname = \"p\"\nout_dir = \"{}\"\n[data]\n{data}\n[batch]\nglobal = 16\n[optimizer]\nkind = \"sgd\"\n\
              learning_rate = 0.1\n[model]\n[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\ntype = \"dense\"\n\
-             units = 8\nactivation = \"relu\"\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n[train]\nepochs = 2\n",
+             units = 8\nactivation = \"relu\"\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n[train]\nepochs = 2\n\
+             from_logits = true\n",
             dir.join("run").display()
         ),
     )
@@ -89,7 +90,7 @@ fn csv_inputs_predict_as_their_concatenation_does_with_file_and_row() {
             continue;
         }
         let header = std::fs::read_to_string(&parts).unwrap().lines().next().unwrap().to_string();
-        assert!(header.starts_with("id,file,row,class,probability"), "{header}");
+        assert!(header.starts_with("id,file,row,class,"), "{header}");
         let (whole, parts) = (rows(&whole), rows(&parts));
         assert_eq!(parts.len(), 12);
         for (i, (w, p)) in whole.iter().zip(&parts).enumerate() {
@@ -113,9 +114,9 @@ fn csv_inputs_predict_as_their_concatenation_does_with_file_and_row() {
     std::fs::write(d.join("bad.csv"), "f0,f1,f3,extra\n1,2,3,4\n").unwrap();
     let bad = d.join("bad.csv").display().to_string();
     let out = predict(&spec, &run_dir, &d.join("bad_out.csv"), &["--input", &bad]);
-    assert_exit(&out, 1);
+    assert_exit(&out, 4);
     let stderr = text(&out).1.replace(&d.display().to_string(), "TMP");
-    insta::assert_snapshot!(stderr.trim(), @"");
+    insta::assert_snapshot!(stderr.trim(), @"error: TMP/bad.csv:1:1: its columns are not the model's features: missing `f2`; extra `extra`; the features are read by name (`f0`, `f1`, `f2`, `f3`), the label column `y` may be left out: fix the header, or list the columns to read in data.csv.features");
 }
 
 #[test]
@@ -154,7 +155,7 @@ fn npy_inputs_predict_byte_for_byte_as_their_concatenation_and_other_shapes_name
     let redact = |out: &std::process::Output| text(out).1.replace(&d.display().to_string(), "TMP");
     let out = predict(&spec, &run_dir, &d.join("flat.npy"), &["--input", &file("x_a.npy"), &file("x_flat.npy")]);
     assert_exit(&out, 2);
-    insta::assert_snapshot!(redact(&out).trim(), @"");
+    insta::assert_snapshot!(redact(&out).trim(), @"error: --input: TMP/x_flat.npy holds examples of shape [36], but the model reads examples of shape [6, 6, 1] (those of the spec's training data); write each file's examples in that shape (NumPy: `x.reshape(-1, 6, 6, 1)`)");
     assert!(!d.join("flat.npy").exists());
 
     let out = predict(
@@ -164,7 +165,7 @@ fn npy_inputs_predict_byte_for_byte_as_their_concatenation_and_other_shapes_name
         &["--input", &file("x_a.npy"), &file("nope.npy"), &file("gone.npy")],
     );
     assert_exit(&out, 2);
-    insta::assert_snapshot!(redact(&out).trim(), @"");
+    insta::assert_snapshot!(redact(&out).trim(), @"error: --input: TMP/nope.npy, TMP/gone.npy are not files (paths are relative to the current directory, not data.dir); check the names");
 }
 
 #[test]
@@ -195,7 +196,7 @@ fn a_source_that_reads_no_input_files_says_which_do() {
         &tmp.path().join("p.csv"),
         &["--set", synthetic, "--input", input.to_str().unwrap()],
     );
-    assert!(!out.status.success());
+    assert_exit(&out, 4);
     let stderr = text(&out).1.replace(&tmp.path().display().to_string(), "TMP");
-    insta::assert_snapshot!(stderr.trim(), @"");
+    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), idx, mnist and fashion_mnist (an IDX file of images)"#);
 }

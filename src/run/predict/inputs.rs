@@ -1,7 +1,7 @@
 //! `predict --input FILE…`: the files to predict instead of the spec's test split, each read by
 //! the spec's own source (`DataSource::read_input`: a CSV table, a `.npy` array, an IDX file of
 //! images), one after the other as one split: file 1's rows, then file 2's. Each row keeps its
-//! origin ([`Origins`]): the output's `file` and `row` columns beside the global `id`.
+//! origin ([`RowOrigins`]): the output's `file` and `row` columns beside the global `id`.
 //!
 //! Everything wrong with the files is said at once before anything is read: every missing
 //! file; then every file whose examples are not the shape the model reads, with both shapes.
@@ -13,14 +13,14 @@ use std::path::PathBuf;
 
 /// Where each row of the inputs came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origins {
+pub struct RowOrigins {
     /// Each file as the user named it.
     names: Vec<String>,
     /// The global index one past each file's last row.
     ends: Vec<usize>,
 }
 
-impl Origins {
+impl RowOrigins {
     /// The file and the row in it (from 0) of global row `id`.
     pub fn of(&self, id: usize) -> (&str, usize) {
         let file = self.ends.partition_point(|&end| end <= id).min(self.ends.len().saturating_sub(1));
@@ -30,14 +30,13 @@ impl Origins {
 }
 
 /// Reads `files` with `source`, each checked against the `shape` of the model's examples.
-pub fn read(source: &AnySource, files: &[PathBuf], shape: &[usize]) -> Result<(Split, Origins), RunError> {
+pub fn read(source: &AnySource, files: &[PathBuf], shape: &[usize]) -> Result<(Split, RowOrigins), RunError> {
     let missing: Vec<String> = files.iter().filter(|f| !f.is_file()).map(|f| f.display().to_string()).collect();
     if !missing.is_empty() {
         return Err(RunError::Usage(format!(
-            "--input: {} {} not a file (paths are relative to the current directory, not data.dir); \
-             check the {}",
+            "--input: {} {} (paths are relative to the current directory, not data.dir); check the {}",
             missing.join(", "),
-            if missing.len() == 1 { "is" } else { "are" },
+            if missing.len() == 1 { "is not a file" } else { "are not files" },
             if missing.len() == 1 { "name" } else { "names" }
         )));
     }
@@ -62,7 +61,7 @@ pub fn read(source: &AnySource, files: &[PathBuf], shape: &[usize]) -> Result<(S
         total += s.len();
         ends.push(total);
     }
-    let origins = Origins { names: files.iter().map(|f| f.display().to_string()).collect(), ends: ends.clone() };
+    let origins = RowOrigins { names: files.iter().map(|f| f.display().to_string()).collect(), ends: ends.clone() };
     Ok((Split::of(Concatenated { shape: shape.to_vec(), splits, ends }), origins))
 }
 
@@ -101,7 +100,7 @@ mod tests {
 
     #[test]
     fn rows_are_numbered_within_their_file() {
-        let o = Origins { names: vec!["a.csv".into(), "b.csv".into()], ends: vec![2, 5] };
+        let o = RowOrigins { names: vec!["a.csv".into(), "b.csv".into()], ends: vec![2, 5] };
         let got: Vec<(&str, usize)> = (0..5).map(|i| o.of(i)).collect();
         assert_eq!(got, [("a.csv", 0), ("a.csv", 1), ("b.csv", 0), ("b.csv", 1), ("b.csv", 2)]);
     }

@@ -13,7 +13,7 @@
 //! Numbers are written in their shortest form that reads back to the same f32, so equal
 //! predictions give equal bytes.
 
-use super::inputs::Origins;
+use super::inputs::RowOrigins;
 use crate::exit::RunError;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -71,7 +71,7 @@ pub enum Predicted {
 
 impl Predicted {
     /// Values per row in the model's output.
-    fn width(&self) -> usize {
+    pub fn width(&self) -> usize {
         match self {
             Predicted::Classes { classes, .. } => *classes,
             Predicted::Values { width } => *width,
@@ -86,7 +86,7 @@ pub struct PredictionWriter {
     format: PredictionFormat,
     predicted: Predicted,
     /// The files and rows of `--input`'s rows.
-    origins: Option<Origins>,
+    origins: Option<RowOrigins>,
     rows: usize,
     /// Scratch for one row's probabilities and its classes by likelihood.
     probs: Vec<f32>,
@@ -99,7 +99,7 @@ impl PredictionWriter {
         path: &Path,
         format: PredictionFormat,
         predicted: Predicted,
-        origins: Option<Origins>,
+        origins: Option<RowOrigins>,
         examples: usize,
     ) -> Result<PredictionWriter, RunError> {
         // Planning checked the model's output against the labels, so `predicted` has its width.
@@ -120,11 +120,6 @@ impl PredictionWriter {
         let header = w.header(examples);
         w.out.write_all(&header).map_err(|e| w.failed(e))?;
         Ok(w)
-    }
-
-    /// Rows written so far.
-    pub fn rows(&self) -> usize {
-        self.rows
     }
 
     fn failed(&self, e: std::io::Error) -> RunError {
