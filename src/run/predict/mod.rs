@@ -67,36 +67,10 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
             plan.model.output
         )));
     }
-    let task = match (plan.cluster.part, &plan.strategy.distribution) {
-        (Part::Launcher, Distribution::MultiWorkerMirrored(_)) => {
-            return tasks::launch_tasks(inv, plan, checkpoint, o);
-        }
-        (Part::Task(task), Distribution::MultiWorkerMirrored(_)) => Some(task),
-        // The other strategies predict in one process, whatever their cluster, as does a
-        // one-worker job.
-        (
-            Part::Single | Part::Launcher,
-            Distribution::Default
-            | Distribution::OneDevice
-            | Distribution::Mirrored(_)
-            | Distribution::CentralStorage
-            | Distribution::ParameterServer(_),
-        )
-        | (Part::Single, Distribution::MultiWorkerMirrored(_)) => None,
-        (
-            Part::Task(task),
-            Distribution::Default
-            | Distribution::OneDevice
-            | Distribution::Mirrored(_)
-            | Distribution::CentralStorage
-            | Distribution::ParameterServer(_),
-        ) => {
-            return Err(RunError::Unsupported(format!(
-                "predict runs as {task} of a {} job, which predicts in one process: run it without TF_CONFIG / \
-                 --task (only multi_worker_mirrored shards predictions across workers)",
-                plan.strategy.kind().name()
-            )));
-        }
+    let task = match predict_part(plan)? {
+        PredictPart::Launcher => return tasks::launch_tasks(inv, plan, checkpoint, o),
+        PredictPart::Task(task) => Some(task),
+        PredictPart::Alone => None,
     };
     // One model copy per replica of this process, each with its own buffers.
     let replicas = plan.strategy.devices.len().max(1);
@@ -170,13 +144,66 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
-    std::fs::rename(&partial, &o.output).map_err(|e| {
-        let _ = std::fs::remove_file(&partial);
+    let secs = started.elapsed().as_secs_f64();
+    move_into_place(&partial, o, format, (examples, secs, sharding), inv.quiet)
+}
+
+/// Where this process predicts.
+enum PredictPart {
+    /// It starts the tasks of a local `multi_worker_mirrored` job.
+    Launcher,
+    /// It is this task of a `multi_worker_mirrored` job.
+    Task(crate::cluster::TaskId),
+    /// It predicts everything itself.
+    Alone,
+}
+
+/// Where this process predicts under the plan's strategy and cluster.
+fn predict_part(plan: &Plan) -> Result<PredictPart, RunError> {
+    match (plan.cluster.part, &plan.strategy.distribution) {
+        (Part::Launcher, Distribution::MultiWorkerMirrored(_)) => Ok(PredictPart::Launcher),
+        (Part::Task(task), Distribution::MultiWorkerMirrored(_)) => Ok(PredictPart::Task(task)),
+        // The other strategies predict in one process, whatever their cluster, as does a
+        // one-worker job.
+        (
+            Part::Single | Part::Launcher,
+            Distribution::Default
+            | Distribution::OneDevice
+            | Distribution::Mirrored(_)
+            | Distribution::CentralStorage
+            | Distribution::ParameterServer(_),
+        )
+        | (Part::Single, Distribution::MultiWorkerMirrored(_)) => Ok(PredictPart::Alone),
+        (
+            Part::Task(task),
+            Distribution::Default
+            | Distribution::OneDevice
+            | Distribution::Mirrored(_)
+            | Distribution::CentralStorage
+            | Distribution::ParameterServer(_),
+        ) => Err(RunError::Unsupported(format!(
+            "predict runs as {task} of a {} job, which predicts in one process: run it without TF_CONFIG / \
+                 --task (only multi_worker_mirrored shards predictions across workers)",
+            plan.strategy.kind().name()
+        ))),
+    }
+}
+
+/// Renames the finished file into place and says what was predicted (`examples` in `secs`,
+/// sharded so), unless quiet.
+fn move_into_place(
+    partial: &Path,
+    o: &PredictOptions,
+    format: PredictionFormat,
+    (examples, secs, sharding): (usize, f64, Sharding),
+    quiet: bool,
+) -> Result<(), RunError> {
+    std::fs::rename(partial, &o.output).map_err(|e| {
+        let _ = std::fs::remove_file(partial);
         RunError::Failure(format!("cannot move the predictions into place at {}: {e}", o.output.display()))
     })?;
-    if !inv.quiet {
-        let secs = started.elapsed().as_secs_f64();
-        let shards = match (sharding.workers, replicas) {
+    if !quiet {
+        let shards = match (sharding.workers, sharding.replicas) {
             (1, 1) => String::new(),
             (w, r) => format!(", sharded over {w} worker(s) × {r} replica(s)"),
         };
