@@ -216,12 +216,18 @@ impl PredictionWriter {
     /// Row `n`'s id as the format writes it: the index, then with `--input` the file and the
     /// row in it (`3,a.csv,1` in CSV; `3,"file":"a.csv","row":1` inside a JSON object).
     fn id(&self, n: usize) -> String {
-        let Some(origins) = &self.origins else { return n.to_string() };
-        let (file, row) = origins.of(n);
-        match self.format {
-            PredictionFormat::Csv => format!("{n},{},{row}", csv_field(file)),
-            PredictionFormat::Jsonl => format!("{n},\"file\":{},\"row\":{row}", serde_json::Value::from(file)),
-            PredictionFormat::Npy => String::new(),
+        match (self.format, &self.origins) {
+            // An array has no ids: its rows are in input order.
+            (PredictionFormat::Npy, _) => String::new(),
+            (PredictionFormat::Csv | PredictionFormat::Jsonl, None) => n.to_string(),
+            (PredictionFormat::Csv, Some(origins)) => {
+                let (file, row) = origins.of(n);
+                format!("{n},{},{row}", csv_field(file))
+            }
+            (PredictionFormat::Jsonl, Some(origins)) => {
+                let (file, row) = origins.of(n);
+                format!("{n},\"file\":{},\"row\":{row}", serde_json::Value::from(file))
+            }
         }
     }
 
