@@ -20,7 +20,7 @@ impl Unlabeled {
     pub fn split(path: &Path, shape: Vec<usize>, values: Vec<f32>) -> Result<Split, DataError> {
         let malformed = |at, problem| DataError::Malformed { path: path.to_path_buf(), at, problem };
         let len: usize = shape.iter().product();
-        if len == 0 || values.is_empty() || values.len() % len != 0 {
+        if len == 0 || values.is_empty() || !values.len().is_multiple_of(len) {
             let problem = format!(
                 "{} values do not make whole examples of shape {shape:?}; give at least one example of that shape",
                 values.len()
