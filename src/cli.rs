@@ -79,14 +79,19 @@ enum CliCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Write the model's predictions for the test split (the spec gives the model and the data):
-    /// one row per example, in order; `.csv`, `.jsonl` or `.npy` by the output's extension.
+    /// Write the model's predictions for the test split or the --input files (the spec gives the
+    /// model and the data): one row per example, in order; `.csv`, `.jsonl` or `.npy` by the
+    /// output's extension.
     Predict {
         #[command(flatten)]
         spec: SpecArgs,
         /// A checkpoint folder, a run folder (its final `model.safetensors`) or the file.
         #[arg(long, value_name = "PATH")]
         checkpoint: PathBuf,
+        /// Files to predict instead of the test split, read by the spec's data source (a CSV
+        /// table, a `.npy` array, an IDX file), in order; repeat the flag or give several paths.
+        #[arg(long, value_name = "FILE", num_args = 1..)]
+        input: Vec<PathBuf>,
         /// The file to write, e.g. `predictions.csv`; an existing one is refused unless --force.
         #[arg(long, value_name = "FILE")]
         output: PathBuf,
@@ -256,8 +261,8 @@ pub fn main() -> ExitCode {
             let text = text.map(|t| t.replace("\\n", "\n"));
             invocation(spec, false, None).and_then(|inv| run::tokenize(&inv, text.as_deref(), json))
         }
-        Some(CliCommand::Predict { spec, checkpoint, output, top_k, force, quiet }) => {
-            let options = run::PredictOptions { output, top_k, force };
+        Some(CliCommand::Predict { spec, checkpoint, input, output, top_k, force, quiet }) => {
+            let options = run::PredictOptions { inputs: input, output, top_k, force };
             invocation(spec, quiet, None).and_then(|inv| run::predict(&inv, &checkpoint, &options))
         }
         Some(CliCommand::Export { path, format, out, force }) => run::export(&path, format, &out, force, env.clone()),
@@ -348,6 +353,7 @@ mod tests {
                 "manifest --set",
                 "predict --checkpoint",
                 "predict --force",
+                "predict --input",
                 "predict --output",
                 "predict --quiet",
                 "predict --set",

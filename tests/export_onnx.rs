@@ -142,3 +142,70 @@ fn layers_without_an_onnx_form_are_refused_by_name_and_files_are_kept() {
     assert!(text(&out).1.contains("--force"), "{}", text(&out).1);
     assert_eq!(std::fs::read_to_string(&m).unwrap(), "keep");
 }
+
+#[test]
+fn a_gpt_with_exact_gelu_runs_in_onnx_runtime_as_in_trainrun() {
+    // A byte-level GPT whose GELU is the exact (erf) form, trained a few steps so its weights
+    // are not the initial ones; exported, its graph takes the `Erf` branch.
+    let tmp = tempdir();
+    let d = tmp.path();
+    std::fs::write(d.join("train.txt"), "the quick brown fox jumps over the lazy dog; erf, not tanh.\n".repeat(40))
+        .unwrap();
+    let spec = d.join("spec.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "[run]\nname = \"erf\"\nout_dir = \"{}\"\n[data]\ndataset = \"text\"\ndir = \"{}\"\n[data.text]\n\
+             train = [\"train.txt\"]\ntokenization = \"byte\"\nblock_size = 16\n[batch]\nglobal = 4\n[optimizer]\n\
+             kind = \"adamw\"\nlearning_rate = 0.01\n[train]\nepochs = 1\nsteps_per_epoch = 3\nfrom_logits = true\n\
+             [model]\nzoo = \"gpt\"\n[model.gpt]\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 16\n\
+             approximate_gelu = false\n",
+            d.join("run").display(),
+            d.display()
+        ),
+    )
+    .unwrap();
+    assert_exit(&run(&[spec.to_str().unwrap(), "-q"]), 0);
+    let (r, m) = (d.join("run"), d.join("gpt.onnx"));
+    let out = run(&["export", r.to_str().unwrap(), "--format", "onnx", "--out", m.to_str().unwrap()]);
+    assert_exit(&out, 0);
+
+    // trainrun's logits for three sequences of ids, from the run's weights, as predict runs
+    // the model: inference mode, one batch.
+    let inv = trainrun::prepare::Invocation {
+        spec: r.join("spec.toml"),
+        sets: vec![],
+        env: vec![],
+        quiet: true,
+        task: None,
+        launched: std::time::Instant::now(),
+    };
+    let plan = trainrun::prepare::prepare(&inv).unwrap_or_else(|e| panic!("{e}")).plan;
+    let mut model = plan.model.build().unwrap();
+    let layout = trainrun::builder::layout(&model);
+    let file = r.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let reader = trainrun::checkpoint::tensors::Reader::new(&file, &bytes).unwrap();
+    let (mut params, mut state) = (vec![0.0; layout.params], vec![0.0; layout.state]);
+    reader.fill("", &layout.tensors, &mut params).unwrap();
+    reader.fill("", &layout.state_tensors, &mut state).unwrap();
+    let ids: Vec<Vec<u32>> = (0..3u32).map(|s| (0..16u32).map(|t| (s * 37 + t * 11) % 128).collect()).collect();
+    let x: Vec<f32> = ids.iter().flatten().map(|&i| i as f32).collect();
+    let pass = trainrun::engine::Pass { training: false, seed: 0, accumulate: false, threads: 1 };
+    let logits = model.forward(pass, &params, &mut state, &x, ids.len()).to_vec();
+    assert_eq!(logits.len(), 3 * 16 * 256);
+    let reference = serde_json::json!({ "ids": ids, "logits": logits });
+    std::fs::write(d.join("trainrun_logits.json"), reference.to_string()).unwrap();
+
+    let script = "import sys, os, json, numpy as np, onnx, onnxruntime as ort\n\
+        d = sys.argv[1]; path = os.path.join(d, 'gpt.onnx')\n\
+        model = onnx.load(path)\n\
+        onnx.checker.check_model(model, full_check=True)\n\
+        assert any(n.op_type == 'Erf' for n in model.graph.node), 'no Erf node: the exact GELU was not exported'\n\
+        ref = json.load(open(os.path.join(d, 'trainrun_logits.json')))\n\
+        y = ort.InferenceSession(path).run(['output'], {'input': np.array(ref['ids'], dtype=np.int64)})[0]\n\
+        worst = np.abs(y.reshape(-1) - np.array(ref['logits'], dtype=np.float32)).max()\n\
+        assert worst <= 1e-5, worst\n\
+        print('ONNX Runtime (Erf GELU): logits within', worst)\n";
+    with_python("onnxruntime", script, d);
+}

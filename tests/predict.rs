@@ -1,7 +1,8 @@
 //! `trainrun predict` end to end, as a user runs it: a model trained by `trainrun` on MNIST
 //! predicts the test split into `.csv`, `.jsonl` and `.npy` files that agree with each other,
-//! with NumPy's reader and with the run's own test accuracy; every strategy writes the same
-//! bytes; existing files, unknown formats, language models and non-finite weights are refused;
+//! with NumPy's reader and with the run's own test accuracy; one process, `mirrored` (two
+//! replicas) and `multi_worker_mirrored` (two worker processes) write the same bytes in every
+//! format, and a worker killed mid-way fails the job naming it; existing files, unknown formats, language models and non-finite weights are refused;
 //! a stop leaves no file behind; a regression writes its values.
 
 mod common;
@@ -29,6 +30,18 @@ fn predict(spec: &str, output: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["predict", spec, "--checkpoint", &checkpoint, "--output", &output];
     args.extend_from_slice(extra);
     run(&args)
+}
+
+/// Starts predicting 3 000 000 synthetic examples (seconds of work) with `spec` into `output`.
+fn spawn_long_predict(spec: &str, output: &Path, train_examples: usize, extra: &[&str]) -> std::process::Child {
+    let checkpoint = trained().display().to_string();
+    let o = output.display().to_string();
+    let data = format!(
+        "data={{ dataset = \"synthetic\", synthetic = {{ train_examples = {train_examples}, test_examples = 3000000 }} }}"
+    );
+    let mut args = vec!["predict", spec, "--checkpoint", &checkpoint, "--output", &o, "--set", &data];
+    args.extend_from_slice(extra);
+    spawn(&args)
 }
 
 /// The MNIST test labels, from the IDX file (gzip or raw) in the data folder.
@@ -98,21 +111,66 @@ fn the_three_formats_agree_with_each_other_and_with_the_runs_accuracy() {
 }
 
 #[test]
-fn every_strategy_writes_the_same_bytes() {
+fn every_strategy_writes_the_same_bytes_in_every_format() {
+    // Mirrored deals the batches to two replicas (model copies on this process's threads);
+    // the multi-worker spec's launcher starts two worker processes that predict their shards
+    // and gather them to the chief over the job's sockets.
     let tmp = tempdir();
-    let mut files = Vec::new();
-    for (name, spec, extra) in [
-        ("single.csv", "specs/mnist_single.toml", &[][..]),
-        ("mirrored.csv", "specs/mnist_single.toml", &["--set", "strategy={ kind = \"mirrored\", devices = 2 }"][..]),
-        ("multiworker.csv", "specs/mnist_multiworker.toml", &[]),
-    ] {
-        let path = tmp.path().join(name);
-        assert_exit(&predict(spec, &path, extra), 0);
-        files.push((name, std::fs::read(&path).unwrap()));
+    let mirrored = "strategy={ kind = \"mirrored\", devices = 2 }";
+    let tcp = "strategy.communication.transport=\"tcp\"";
+    for ext in ["csv", "jsonl", "npy"] {
+        let mut files = Vec::new();
+        for (name, spec, extra, sharded) in [
+            ("single", "specs/mnist_single.toml", &[][..], None),
+            ("mirrored", "specs/mnist_single.toml", &["--set", mirrored][..], Some("1 worker(s) × 2 replica(s)")),
+            ("multiworker", "specs/mnist_multiworker.toml", &[], Some("2 worker(s) × 1 replica(s)")),
+            (
+                "multiworker_tcp",
+                "specs/mnist_multiworker.toml",
+                &["--set", tcp][..],
+                Some("2 worker(s) × 1 replica(s)"),
+            ),
+        ] {
+            let path = tmp.path().join(format!("{name}.{ext}"));
+            let out = predict(spec, &path, extra);
+            assert_exit(&out, 0);
+            let stderr = text(&out).1;
+            assert!(stderr.contains("predicted 10000 examples"), "{stderr}");
+            if let Some(sharded) = sharded {
+                assert!(stderr.contains(&format!("sharded over {sharded}")), "{name}: {stderr}");
+            }
+            files.push((name, std::fs::read(&path).unwrap()));
+        }
+        for (name, bytes) in &files[1..] {
+            assert!(bytes == &files[0].1, "{name}.{ext} differs from {}.{ext}", files[0].0);
+        }
     }
-    for (name, bytes) in &files[1..] {
-        assert!(bytes == &files[0].1, "{name} differs from {}", files[0].0);
-    }
+    // Only the chief wrote: nothing but the outputs in the folder.
+    let mut left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    left.sort();
+    assert_eq!(left.len(), 12, "{left:?}");
+}
+
+#[test]
+fn a_worker_that_dies_during_predict_fails_the_job_naming_it() {
+    let tmp = tempdir();
+    let child = spawn_long_predict(
+        "specs/mnist_multiworker.toml",
+        &tmp.path().join("p.csv"),
+        128,
+        &["--set", "strategy.communication.timeout_s=5"],
+    );
+    let worker = common::launched_task(child.id(), ("worker", 1), Duration::from_secs(60)).expect("worker:1 started");
+    // Let it join and predict a while, then kill it without warning.
+    std::thread::sleep(Duration::from_secs(3));
+    signal(worker, libc::SIGKILL);
+    let (out, took) = common::wait_within(child, Duration::from_secs(60));
+    assert!(!out.status.success());
+    let stderr = text(&out).1;
+    assert!(stderr.contains("worker:1"), "the error names the dead worker: {stderr}");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "a failed predict left {left:?}");
 }
 
 #[test]
@@ -157,19 +215,7 @@ fn unknown_formats_language_models_and_non_finite_weights_are_refused() {
 fn a_stop_leaves_no_file_under_the_name_or_beside_it() {
     // Enough synthetic test examples that predicting takes seconds.
     let tmp = tempdir();
-    let output = tmp.path().join("p.csv");
-    let checkpoint = trained().display().to_string();
-    let o = output.display().to_string();
-    let child = spawn(&[
-        "predict",
-        "specs/mnist_single.toml",
-        "--checkpoint",
-        &checkpoint,
-        "--output",
-        &o,
-        "--set",
-        "data={ dataset = \"synthetic\", synthetic = { train_examples = 64, test_examples = 3000000 } }",
-    ]);
+    let child = spawn_long_predict("specs/mnist_single.toml", &tmp.path().join("p.csv"), 64, &[]);
     let started = Instant::now();
     let partial = || std::fs::read_dir(tmp.path()).unwrap().flatten().any(|e| e.file_name() != "p.csv");
     while !partial() && started.elapsed() < Duration::from_secs(60) {

@@ -188,8 +188,8 @@ impl Split {
         self.examples.append_many_in_epoch(epoch, indices, batch)
     }
 
-    /// Examples `range` as one batch, in order (for tools and tests; training reads through
-    /// the pipeline).
+    /// Examples `range` as one batch, in order (for tools, tests and `predict`'s replicas;
+    /// training reads through the pipeline).
     pub fn read(&self, range: std::ops::Range<usize>) -> Result<Batch, DataError> {
         let indices: Vec<usize> = range.filter(|&i| i < self.len()).collect();
         let mut batch = Batch {
@@ -198,6 +198,7 @@ impl Split {
             rows_per_example: self.rows_per_example(),
             ..Batch::default()
         };
+        batch.x.reserve(indices.len() * self.example_len());
         self.append_many(&indices, &mut batch)?;
         Ok(batch)
     }

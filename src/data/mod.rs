@@ -30,6 +30,7 @@ pub mod preprocess;
 mod shard;
 pub mod source;
 mod streamed;
+pub(crate) mod unlabeled;
 pub mod windows;
 
 pub use dirs::DataDirs;
@@ -53,6 +54,7 @@ pub use source::{
     SyntheticConfig, SyntheticSource, TextConfig, TextSource, TfRecordConfig, TfRecordSource, TokensConfig,
     TokensSource,
 };
+pub use unlabeled::Unlabeled;
 
 /// The shape of one image: height × width × channels (NHWC without the N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

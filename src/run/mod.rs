@@ -112,10 +112,15 @@ pub(super) fn load_data(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunErr
 /// [`load_data`], also returning the statistics `normalize = "adapt"` computed (for
 /// `run.json`).
 fn load_preprocessed(inv: &Invocation, plan: &Plan) -> Result<(Dataset, Option<Normalization>), RunError> {
+    Ok(plan.data.preprocessing.apply(load_raw(inv, plan)?, plan.seed)?)
+}
+
+/// The data as the source loads it, before `[data.preprocessing]`.
+pub(super) fn load_raw(inv: &Invocation, plan: &Plan) -> Result<Dataset, RunError> {
     if !flag(&inv.env, "TRAINRUN_OFFLINE") {
         plan.data.source.fetch_missing(&Fetcher::default())?;
     }
-    Ok(plan.data.preprocessing.apply(plan.data.source.load()?, plan.seed)?)
+    Ok(plan.data.source.load()?)
 }
 
 fn progress_mode(inv: &Invocation) -> ProgressMode {
@@ -130,26 +135,11 @@ fn progress_mode(inv: &Invocation) -> ProgressMode {
 fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // Before any task starts: the tasks write the folder under the launcher's lock.
     let _lock = lock_run_folder(inv, p)?;
-    let exe =
-        std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut args = vec![inv.spec.display().to_string()];
     for s in &inv.sets {
         args.extend(["--set".to_string(), s.clone()]);
     }
-    let c = &p.plan.cluster;
-    let run = launch::Launch {
-        exe,
-        args,
-        cluster: Cluster { source: c.source, tasks: c.tasks.iter().cloned().collect() },
-        grace: c.timeout + std::time::Duration::from_secs(2),
-        progress: ProgressMode::detect(inv.quiet),
-        epochs: p.plan.train.epochs,
-        max_restarts: c.restarts.max_restarts,
-        restart_backoff: c.restarts.backoff,
-        stop: crate::signals::supervise(),
-        expendable: expendable(p.plan.strategy.kind()),
-        backs_up: p.plan.callbacks.backs_up(),
-    };
+    let run = launcher(inv, &p.plan, args)?;
     if let Err(e) = launch::run(run) {
         let error = match e {
             launch::LaunchError::Preempted(_) => RunError::Preempted(e.to_string()),
@@ -169,6 +159,27 @@ fn launch(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
         println!("wrote {}", p.plan.out_dir.display());
     }
     Ok(())
+}
+
+/// The launcher of the plan's local cluster, starting this binary with `args` for each task,
+/// as training runs it.
+pub(super) fn launcher(inv: &Invocation, plan: &Plan, args: Vec<String>) -> Result<launch::Launch, RunError> {
+    let exe =
+        std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
+    let c = &plan.cluster;
+    Ok(launch::Launch {
+        exe,
+        args,
+        cluster: Cluster { source: c.source, tasks: c.tasks.iter().cloned().collect() },
+        grace: c.timeout + std::time::Duration::from_secs(2),
+        progress: ProgressMode::detect(inv.quiet),
+        epochs: plan.train.epochs,
+        max_restarts: c.restarts.max_restarts,
+        restart_backoff: c.restarts.backoff,
+        stop: crate::signals::supervise(),
+        expendable: expendable(plan.strategy.kind()),
+        backs_up: plan.callbacks.backs_up(),
+    })
 }
 
 /// The roles whose tasks the job survives losing, and that the launcher restarts on their

@@ -104,8 +104,25 @@ impl Preprocessing {
     /// each example (the training split's random draws keyed by `seed`). Also returns the
     /// statistics computed, for `run.json`.
     pub fn apply(&self, data: Dataset, seed: u64) -> Result<(Dataset, Option<Normalization>), DataError> {
+        self.apply_with_test(data, None, seed)
+    }
+
+    /// [`Preprocessing::apply`] with `inputs` as the test split in place of the source's (and
+    /// of a validation split): the files `trainrun predict --input` reads, transformed as the
+    /// test split is, with the statistics of the same training examples.
+    pub fn apply_to_inputs(&self, data: Dataset, inputs: Split, seed: u64) -> Result<Dataset, DataError> {
+        let data = Dataset { test: None, ..data };
+        self.apply_with_test(data, Some(inputs), seed).map(|(data, _)| data)
+    }
+
+    fn apply_with_test(
+        &self,
+        data: Dataset,
+        inputs: Option<Split>,
+        seed: u64,
+    ) -> Result<(Dataset, Option<Normalization>), DataError> {
         if self.is_identity() {
-            return Ok((data, None));
+            return Ok((Dataset { test: inputs.or(data.test), ..data }, None));
         }
         let Dataset { mut train, mut test, labels, vocabulary, classes } = data;
         if let Some(keep) = self.keep_for_training {
@@ -120,6 +137,9 @@ impl Preprocessing {
             }
             test = Some(Split::of(Subset::new(train.clone(), keep..len)));
             train = Split::of(Subset::new(train, 0..keep));
+        }
+        if inputs.is_some() {
+            test = inputs;
         }
         let (normalization, computed) = match &self.normalize {
             None => (None, None),

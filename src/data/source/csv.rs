@@ -113,6 +113,20 @@ impl DataSource for CsvSource {
         })
     }
 
+    /// A table with the training table's feature columns (by name), the label column or not.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        let config = &self.config;
+        let features = match &config.features {
+            Some(names) => names.clone(),
+            None => {
+                let header = CsvDataset::header(&self.dir.join(&config.train), &config.label)?;
+                header.into_iter().filter(|h| *h != config.label).collect()
+            }
+        };
+        let values = CsvDataset::read_features(file, &features, &config.label, config.features.is_some())?;
+        crate::data::Unlabeled::split(file, vec![features.len()], values)
+    }
+
     fn raw_values(&self) -> RawValues {
         RawValues::Numbers
     }
@@ -258,7 +272,6 @@ pub(super) struct LabelCell {
 impl CsvDataset {
     /// Parses the table at `path`.
     pub fn open(path: &Path, options: &CsvOptions) -> Result<Self, DataError> {
-        let csv_error = |source| DataError::Csv { path: path.to_path_buf(), source };
         let (mut reader, header) = Self::reader(path, &options.label)?;
         let column = |name: &str| {
             header.iter().position(|h| h == name).ok_or_else(|| {
@@ -283,29 +296,7 @@ impl CsvDataset {
                 problem: format!("column `{}` is the label; it cannot also be a feature", options.label),
             });
         }
-        let mut features = vec![];
-        let mut cells = vec![];
-        let mut record = ::csv::StringRecord::new();
-        while reader.read_record(&mut record).map_err(csv_error)? {
-            let line = record.position().map_or(0, ::csv::Position::line);
-            for &c in &feature_columns {
-                let cell = record.get(c).unwrap_or_default();
-                let at = Position::Line { line, column: c + 1 };
-                features.push(parse_number(cell).map_err(|problem| DataError::Malformed {
-                    path: path.to_path_buf(),
-                    at,
-                    problem: format!("column `{}`: {problem}", header[c]),
-                })?);
-            }
-            cells.push(LabelCell { value: record.get(label_column).unwrap_or_default().to_string(), line });
-        }
-        if cells.is_empty() {
-            return Err(DataError::Malformed {
-                path: path.to_path_buf(),
-                at: Position::Line { line: 2, column: 1 },
-                problem: format!("the table has a header ({}) but no rows; add rows of values", header.join(",")),
-            });
-        }
+        let (features, cells) = Self::rows(path, &mut reader, &header, &feature_columns, Some(label_column))?;
         let at = |line| Position::Line { line, column: label_column + 1 };
         let labels = labels_of(&cells, options.label_kind).map_err(|(line, problem)| DataError::Malformed {
             path: path.to_path_buf(),
@@ -314,6 +305,71 @@ impl CsvDataset {
         })?;
         let feature_names = feature_columns.iter().map(|&c| header[c].clone()).collect();
         Ok(Self { features, shape: [feature_columns.len()], feature_names, labels })
+    }
+
+    /// The features of every row of `reader` (past `header`) in `feature_columns`, and the
+    /// label cells of `label_column` when there is one; a table of no rows is an error.
+    fn rows(
+        path: &Path,
+        reader: &mut ::csv::Reader<std::fs::File>,
+        header: &[String],
+        feature_columns: &[usize],
+        label_column: Option<usize>,
+    ) -> Result<(Vec<f32>, Vec<LabelCell>), DataError> {
+        let csv_error = |source| DataError::Csv { path: path.to_path_buf(), source };
+        let mut features = vec![];
+        let mut cells = vec![];
+        let mut rows = 0;
+        let mut record = ::csv::StringRecord::new();
+        while reader.read_record(&mut record).map_err(csv_error)? {
+            let line = record.position().map_or(0, ::csv::Position::line);
+            for &c in feature_columns {
+                let cell = record.get(c).unwrap_or_default();
+                let at = Position::Line { line, column: c + 1 };
+                features.push(parse_number(cell).map_err(|problem| DataError::Malformed {
+                    path: path.to_path_buf(),
+                    at,
+                    problem: format!("column `{}`: {problem}", header[c]),
+                })?);
+            }
+            if let Some(l) = label_column {
+                cells.push(LabelCell { value: record.get(l).unwrap_or_default().to_string(), line });
+            }
+            rows += 1;
+        }
+        if rows == 0 {
+            return Err(DataError::Malformed {
+                path: path.to_path_buf(),
+                at: Position::Line { line: 2, column: 1 },
+                problem: format!("the table has a header ({}) but no rows; add rows of values", header.join(",")),
+            });
+        }
+        Ok((features, cells))
+    }
+
+    /// The columns `features` of every row of the table at `path`, whose label column
+    /// `label` may be there or not (`predict --input`); any other column is refused, since
+    /// a feature read by position would pair the wrong values, unless `only` says the
+    /// features are a chosen set (`data.csv.features`).
+    pub fn read_features(path: &Path, features: &[String], label: &str, only: bool) -> Result<Vec<f32>, DataError> {
+        let (mut reader, header) = Self::reader(path, label)?;
+        let missing: Vec<String> = features.iter().filter(|f| !header.contains(f)).cloned().collect();
+        let extra: Vec<String> =
+            header.iter().filter(|h| !only && *h != label && !features.contains(h)).cloned().collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            return Err(DataError::Malformed {
+                path: path.to_path_buf(),
+                at: Position::Line { line: 1, column: 1 },
+                problem: format!(
+                    "its columns are not the model's features: {}; the features are read by name ({}), the label \
+                     column `{label}` may be left out: fix the header, or list the columns to read in data.csv.features",
+                    columns_differ(&missing, &extra),
+                    quoted(features)
+                ),
+            });
+        }
+        let columns: Vec<usize> = features.iter().filter_map(|f| header.iter().position(|h| h == f)).collect();
+        Self::rows(path, &mut reader, &header, &columns, None).map(|(values, _)| values)
     }
 
     /// A table of rows already read elsewhere (a JSONL file's objects): `features` row-major,

@@ -89,6 +89,10 @@ impl DataSource for IdxSource {
         })
     }
 
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        read_images(file)
+    }
+
     fn raw_values(&self) -> RawValues {
         RawValues::Bytes
     }
@@ -145,6 +149,14 @@ fn check_label_dims(path: &Path, dims: &[usize]) -> Result<usize, DataError> {
 
 /// Images, labels and the shape of one image, as read and checked by [`load_split`].
 type ImageArrays = (IdxArray, IdxArray, ExampleShape);
+
+/// The images of the IDX file `path`, without labels: what `predict --input` reads from an
+/// `idx` or MNIST source.
+pub(super) fn read_images(path: &Path) -> Result<Split, DataError> {
+    let images = read_idx(path)?;
+    let (_, shape) = image_shape(path, images.dims())?;
+    crate::data::Unlabeled::split(path, shape.dims(), crate::data::unlabeled::scale_bytes(images.data()))
+}
 
 pub(super) fn image_split((images, labels, shape): ImageArrays) -> Split {
     Split::new(images, labels, shape)

@@ -6,11 +6,11 @@
 //! images costs over 100 ms, a large slice of the 0.5 s start-up budget, on every start, while
 //! a file damaged on disk almost always also breaks its gzip CRC or its header.
 
-use super::idx::{image_split, load_split, read_idx_dims};
+use super::idx::{image_split, load_split, read_idx_dims, read_images};
 use super::{DataSource, RawValues, both, require};
 use crate::data::download::{Checksum, Fetcher, RemoteFile};
 use crate::data::error::DataError;
-use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind};
+use crate::data::{DataFacts, Dataset, ExampleShape, LabelKind, Split};
 use std::path::{Path, PathBuf};
 
 /// A published dataset: its four files with checksums, mirrors and known shape.
@@ -192,6 +192,10 @@ impl DataSource for MnistSource {
             vocabulary: None,
             classes: None,
         })
+    }
+
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        read_images(file)
     }
 
     fn raw_values(&self) -> RawValues {

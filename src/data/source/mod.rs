@@ -114,6 +114,21 @@ pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
     /// may do to them.
     fn raw_values(&self) -> RawValues;
 
+    /// Reads `file` for `trainrun predict --input`: its examples as this source reads a test
+    /// file, in file order, without labels (a prediction needs none; a file that holds them
+    /// is read all the same). `file` is a path as the user gave it, not relative to
+    /// `data.dir`. A source that reads no such file says so, naming the sources that do.
+    fn read_input(&self, file: &Path) -> Result<super::Split, DataError> {
+        Err(DataError::Unsupported {
+            path: file.to_path_buf(),
+            what: format!(
+                "data.dataset = \"{}\" reads no --input files; predict over its test split instead (drop --input), \
+                 or train on a source that reads them: {INPUT_SOURCES}",
+                self.name()
+            ),
+        })
+    }
+
     /// For a source read only in order (a stream), its own shuffle: a stream is shuffled by
     /// `data.<name>.shuffle_buffer`, never by `data.shuffle_buffer`. `None` for a source
     /// read by index.
@@ -121,6 +136,10 @@ pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
         None
     }
 }
+
+/// The sources whose [`DataSource::read_input`] reads a file, and what each reads.
+pub const INPUT_SOURCES: &str = "csv (a table with the training table's feature columns), npy (a .npy array of \
+     features), idx, mnist and fashion_mnist (an IDX file of images)";
 
 /// What a source's example values are, which decides what `data.preprocessing.rescale`
 /// multiplies and whether the examples can be augmented as images.

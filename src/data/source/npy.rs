@@ -118,6 +118,21 @@ impl DataSource for NpySource {
         Ok(dataset(train, test, labels))
     }
 
+    /// A `.npy` array of features, one example per row of the first axis.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        let array = NpyArray::open(file)?;
+        let (rows, len) = (array.rows()?, array.row_len());
+        let mut values = vec![0f32; rows * len];
+        for (i, row) in values.chunks_exact_mut(len.max(1)).enumerate() {
+            array.read_row(i, row)?;
+        }
+        if array.dtype == Dtype::U8 {
+            // As the training split scales them (`Arrays`): division, so the values are equal.
+            values.iter_mut().for_each(|v| *v /= 255.0);
+        }
+        crate::data::Unlabeled::split(file, array.shape[1..].to_vec(), values)
+    }
+
     fn raw_values(&self) -> RawValues {
         RawValues::ArrayDtype
     }

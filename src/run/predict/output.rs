@@ -4,6 +4,8 @@
 //!   `id,value_0,value_1,…` for several targets);
 //! - `.jsonl`: one object a line, `{"id","class"[,"name"],"probability","top_k":[{"class",
 //!   "probability"},…]}` or `{"id","value"}` / `{"id","values":[…]}`;
+//! - with `--input` files, `file` and `row` (the file as named and the row in it, from 0)
+//!   follow `id` (the row's place among all the files' rows) in both: `id,file,row,class,…`;
 //! - `.npy`: a little-endian float32 array `(examples, classes)` of every class's probability
 //!   (the class is its argmax), or `(examples, targets)` of the values, as NumPy's `np.load`
 //!   reads it.
@@ -11,6 +13,7 @@
 //! Numbers are written in their shortest form that reads back to the same f32, so equal
 //! predictions give equal bytes.
 
+use super::inputs::RowOrigins;
 use crate::exit::RunError;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -68,7 +71,7 @@ pub enum Predicted {
 
 impl Predicted {
     /// Values per row in the model's output.
-    fn width(&self) -> usize {
+    pub fn width(&self) -> usize {
         match self {
             Predicted::Classes { classes, .. } => *classes,
             Predicted::Values { width } => *width,
@@ -82,6 +85,8 @@ pub struct PredictionWriter {
     path: PathBuf,
     format: PredictionFormat,
     predicted: Predicted,
+    /// The files and rows of `--input`'s rows.
+    origins: Option<RowOrigins>,
     rows: usize,
     /// Scratch for one row's probabilities and its classes by likelihood.
     probs: Vec<f32>,
@@ -94,6 +99,7 @@ impl PredictionWriter {
         path: &Path,
         format: PredictionFormat,
         predicted: Predicted,
+        origins: Option<RowOrigins>,
         examples: usize,
     ) -> Result<PredictionWriter, RunError> {
         // Planning checked the model's output against the labels, so `predicted` has its width.
@@ -106,6 +112,7 @@ impl PredictionWriter {
             path: path.to_path_buf(),
             format,
             predicted,
+            origins,
             rows: 0,
             probs: vec![0.0; width],
             order: (0..width).collect(),
@@ -115,19 +122,15 @@ impl PredictionWriter {
         Ok(w)
     }
 
-    /// Rows written so far.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
     fn failed(&self, e: std::io::Error) -> RunError {
         RunError::Failure(format!("cannot write the predictions to {}: {e}", self.path.display()))
     }
 
     fn header(&self, examples: usize) -> Vec<u8> {
+        let id = if self.origins.is_some() { "id,file,row" } else { "id" };
         match (self.format, &self.predicted) {
             (PredictionFormat::Csv, Predicted::Classes { names, top_k, .. }) => {
-                let mut h = String::from("id,class");
+                let mut h = format!("{id},class");
                 if names.is_some() {
                     h.push_str(",name");
                 }
@@ -138,10 +141,10 @@ impl PredictionWriter {
                 h.push('\n');
                 h.into_bytes()
             }
-            (PredictionFormat::Csv, Predicted::Values { width: 1 }) => b"id,value\n".to_vec(),
+            (PredictionFormat::Csv, Predicted::Values { width: 1 }) => format!("{id},value\n").into_bytes(),
             (PredictionFormat::Csv, Predicted::Values { width }) => {
                 let cols: Vec<String> = (0..*width).map(|i| format!("value_{i}")).collect();
-                format!("id,{}\n", cols.join(",")).into_bytes()
+                format!("{id},{}\n", cols.join(",")).into_bytes()
             }
             (PredictionFormat::Jsonl, _) => Vec::new(),
             (PredictionFormat::Npy, p) => npy_header(examples, p.width()),
@@ -160,7 +163,7 @@ impl PredictionWriter {
     }
 
     fn row(&mut self, row: &[f32]) -> Vec<u8> {
-        let id = self.rows;
+        let id = self.id(self.rows);
         let Predicted::Classes { names, top_k, softmax, .. } = &self.predicted else {
             return match self.format {
                 PredictionFormat::Npy => row.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -206,6 +209,24 @@ impl PredictionWriter {
                 line.push_str(&items.join(","));
                 line.push_str("]}\n");
                 line.into_bytes()
+            }
+        }
+    }
+
+    /// Row `n`'s id as the format writes it: the index, then with `--input` the file and the
+    /// row in it (`3,a.csv,1` in CSV; `3,"file":"a.csv","row":1` inside a JSON object).
+    fn id(&self, n: usize) -> String {
+        match (self.format, &self.origins) {
+            // An array has no ids: its rows are in input order.
+            (PredictionFormat::Npy, _) => String::new(),
+            (PredictionFormat::Csv | PredictionFormat::Jsonl, None) => n.to_string(),
+            (PredictionFormat::Csv, Some(origins)) => {
+                let (file, row) = origins.of(n);
+                format!("{n},{},{row}", csv_field(file))
+            }
+            (PredictionFormat::Jsonl, Some(origins)) => {
+                let (file, row) = origins.of(n);
+                format!("{n},\"file\":{},\"row\":{row}", serde_json::Value::from(file))
             }
         }
     }
@@ -276,7 +297,7 @@ mod tests {
     fn top_k_is_likeliest_first_with_ties_to_the_lower_class() {
         let path = std::env::temp_dir().join(format!("trainrun-predict-test-{}.csv", std::process::id()));
         let predicted = Predicted::Classes { classes: 4, names: None, top_k: 3, softmax: false };
-        let mut w = PredictionWriter::create(&path, PredictionFormat::Csv, predicted, 2).unwrap();
+        let mut w = PredictionWriter::create(&path, PredictionFormat::Csv, predicted, None, 2).unwrap();
         w.write_batch(&[0.1, 0.4, 0.4, 0.1, 0.7, 0.1, 0.1, 0.1], 2).unwrap();
         w.finish().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
