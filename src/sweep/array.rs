@@ -70,7 +70,7 @@ pub(super) fn trial(inv: &Invocation, sweep: &Sweep, index: usize) -> Result<(),
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let stop = crate::signals::supervise();
     let mut ended: Option<(u8, Duration, Option<String>)> = None;
-    let process = job(inv, sweep, trial, valid, &exe, 1, &sets);
+    let process = job(inv, sweep, trial, valid, &exe, 1, &[]);
     child::run_all(vec![process], 1, stop, |event| match event {
         TrialEvent::Started(_) if !inv.quiet => {
             println!("{name}: running (log: {})", dir.join("train.log").display());
