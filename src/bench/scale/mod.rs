@@ -52,8 +52,9 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
     let worlds: &[usize] = if full { &[2, 4, 8, 16, 32, 64] } else { &[2, 4, 8] };
     let torch = gloo::TorchReference::find(python);
     println!(
-        "\n== scale: N worker tasks as hosts × tasks (network namespaces on a bridge), MLP 784-32-10 on synthetic \
-         images, batch {BATCH} per task, 1 thread a task, {STEPS} steps"
+        "\n== scale: N worker tasks as hosts × tasks (network namespaces with their own addresses; each cluster's \
+         link, netem or the userspace emulator, printed with it), MLP 784-32-10 on synthetic images, \
+         batch {BATCH} per task, 1 thread a task, {STEPS} steps"
     );
     for profile in Profile::ALL {
         for &n in worlds {
