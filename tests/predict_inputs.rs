@@ -1,6 +1,6 @@
-//! `trainrun predict --input FILE…` end to end: files that NumPy wrote, read by the spec's own
-//! source (a CSV table with or without its label column, `.npy` arrays of bytes, MNIST's IDX
-//! images), predict exactly as their concatenation does as the test split: the same
+//! `trainrun predict --input FILE…` end to end: files that NumPy and pyarrow wrote, read by the
+//! spec's own source (a CSV or Parquet table with or without its label column, `.npy` arrays of
+//! bytes, MNIST's IDX images), predict exactly as their concatenation does as the test split: the same
 //! probabilities, byte for byte, with `file` and `row` columns naming each row's origin. A file
 //! of another shape names both shapes; missing files are all named; a source that reads no
 //! input files says which do.
@@ -198,5 +198,54 @@ fn a_source_that_reads_no_input_files_says_which_do() {
     );
     assert_exit(&out, 4);
     let stderr = text(&out).1.replace(&tmp.path().display().to_string(), "TMP");
-    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), idx, mnist and fashion_mnist (an IDX file of images)"#);
+    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), parquet (a file with the training files' feature columns), idx, mnist and fashion_mnist (an IDX file of images)"#);
+}
+
+#[test]
+fn parquet_inputs_predict_as_their_concatenation_does() {
+    let tmp = tempdir();
+    let d = tmp.path();
+    // pyarrow writes them: a.parquet has no label and its columns in another order, b.parquet
+    // has the label first and two row groups.
+    let wrote = with_python(
+        "pyarrow",
+        "import numpy as np, sys, os, pyarrow as pa, pyarrow.parquet as pq\n\
+         d = sys.argv[1]; r = np.random.default_rng(6)\n\
+         def table(name, x, y, order, **kw):\n\
+         \x20   cols = {'f%d' % i: pa.array(x[:, i]) for i in range(x.shape[1])}\n\
+         \x20   if y is not None: cols['y'] = pa.array(np.asarray(y, dtype=np.int64))\n\
+         \x20   pq.write_table(pa.table({k: cols[k] for k in order if k in cols}), os.path.join(d, name), **kw)\n\
+         x = r.random((150, 4), dtype=np.float32); y = (x.sum(1) * 3 / 4).astype(int) % 3\n\
+         table('train.parquet', x, y, ['f0', 'f1', 'f2', 'f3', 'y'])\n\
+         a = r.random((7, 4), dtype=np.float32); b = r.random((5, 4), dtype=np.float32)\n\
+         table('a.parquet', a, None, ['f3', 'f1', 'f0', 'f2'])\n\
+         table('b.parquet', b, [1] * 5, ['y', 'f0', 'f1', 'f2', 'f3'], row_group_size=3)\n\
+         table('all.parquet', np.concatenate([a, b]), [0] * 12, ['f0', 'f1', 'f2', 'f3', 'y'])\n\
+         table('bad.parquet', a[:, :3], None, ['f0', 'f1', 'f2'])\n",
+        d,
+    );
+    if !wrote {
+        return;
+    }
+    let data = format!(
+        "dataset = \"parquet\"\ndir = \"{}\"\n[data.parquet]\ntrain = [\"train.parquet\"]\n\
+         table = {{ label = \"y\", features = [\"f0\", \"f1\", \"f2\", \"f3\"] }}",
+        d.display()
+    );
+    let spec = train(d, &data);
+    let run_dir = d.join("run");
+    let (a, b) = (d.join("a.parquet").display().to_string(), d.join("b.parquet").display().to_string());
+    let (whole, parts) = (d.join("whole.npy"), d.join("parts.npy"));
+    assert_exit(&predict(&spec, &run_dir, &whole, &["--set", "data.parquet.validation=[\"all.parquet\"]"]), 0);
+    let out = predict(&spec, &run_dir, &parts, &["--input", &a, &b]);
+    assert_exit(&out, 0);
+    assert!(text(&out).1.contains("predicted 12 examples"), "{}", text(&out).1);
+    assert!(std::fs::read(&whole).unwrap() == std::fs::read(&parts).unwrap(), "the .npy files differ");
+
+    // A file without one of the feature columns names it.
+    let bad = d.join("bad.parquet").display().to_string();
+    let out = predict(&spec, &run_dir, &d.join("bad_out.npy"), &["--input", &bad]);
+    assert_exit(&out, 4);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("bad.parquet") && stderr.contains("f3"), "{stderr}");
 }

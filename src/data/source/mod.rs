@@ -139,7 +139,8 @@ pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
 
 /// The sources whose [`DataSource::read_input`] reads a file, and what each reads.
 pub const INPUT_SOURCES: &str = "csv (a table with the training table's feature columns), npy (a .npy array of \
-     features), idx, mnist and fashion_mnist (an IDX file of images)";
+     features), parquet (a file with the training files' feature columns), idx, mnist and fashion_mnist (an IDX \
+     file of images)";
 
 /// What a source's example values are, which decides what `data.preprocessing.rescale`
 /// multiplies and whether the examples can be augmented as images.

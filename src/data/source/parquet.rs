@@ -174,6 +174,20 @@ impl DataSource for ParquetSource {
         }
     }
 
+    /// A Parquet file with the training files' feature columns (the label column may be left
+    /// out), read as the test split's rows are.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(_) => Err(DataError::Unsupported {
+                path: file.to_path_buf(),
+                what: "data.parquet.text reads documents for a language model, which predict does not take (one row \
+                       per example); generate text with `trainrun sample`"
+                    .into(),
+            }),
+            ReadAs::Table(table) => table_input(Columnar::Parquet, &self.files()?.train, table, file),
+        }
+    }
+
     fn raw_values(&self) -> RawValues {
         columnar::raw_values(self.config.text.as_ref())
     }
@@ -240,6 +254,31 @@ pub(super) fn table_splits(
     };
     Ok((ColumnarSplit::new(train, columns)?, test))
 }
+
+/// The feature rows of `file`, a file of `format` given to `predict --input`: its columns
+/// checked against the training files' (the label column may be missing), read in order.
+pub(super) fn table_input(
+    format: Columnar,
+    train: &[PathBuf],
+    table: &ParquetTable,
+    file: &Path,
+) -> Result<Split, DataError> {
+    let columns = TableColumns::resolve(format, &format.open_all(train)?, table)?;
+    let input = format.open(file)?;
+    let schema = input.schema().clone();
+    columns.check_features(file, &schema)?;
+    let indices = columns.feature_names().map(|n| schema.index_of(n).map_err(|e| format.unreadable(file, e)));
+    let projection = indices.collect::<Result<Vec<_>, _>>()?;
+    let mut values = vec![];
+    for batch in input.read_all(&projection, INPUT_BATCH_ROWS) {
+        values.extend(columns.decode_features(&batch?, file)?);
+    }
+    crate::data::Unlabeled::split(file, columns.shape().to_vec(), values)
+}
+
+/// Rows decoded at a time from a `predict --input` file (all are held: predictions are
+/// written whole).
+const INPUT_BATCH_ROWS: usize = 8192;
 
 /// A columnar table's dataset: its splits streamed.
 pub(super) fn dataset(train: ColumnarSplit, test: Option<ColumnarSplit>) -> Dataset {

@@ -110,8 +110,18 @@ impl TableColumns {
 
     /// Checks that `path`'s schema holds every column with the type the first file's has.
     pub(super) fn check(&self, path: &Path, schema: &Schema) -> Result<(), DataError> {
+        self.check_columns(path, schema, true)
+    }
+
+    /// Checks `path`'s feature columns only: a file given to `predict --input` needs no label.
+    pub(in crate::data::source) fn check_features(&self, path: &Path, schema: &Schema) -> Result<(), DataError> {
+        self.check_columns(path, schema, false)
+    }
+
+    fn check_columns(&self, path: &Path, schema: &Schema, label: bool) -> Result<(), DataError> {
         let columns = self.features.iter().map(|f| (&f.name, &f.data_type));
-        for (name, expected) in columns.chain([(&self.label, &self.label_type)]) {
+        let label = label.then_some((&self.label, &self.label_type));
+        for (name, expected) in columns.chain(label) {
             let found = column(self.format, path, schema, name)?;
             if found != expected {
                 let expected = format!("{expected}, as in the first training file");
@@ -123,7 +133,12 @@ impl TableColumns {
 
     /// The columns read, by name.
     pub(super) fn names(&self) -> impl Iterator<Item = &str> {
-        self.features.iter().map(|f| f.name.as_str()).chain([self.label.as_str()])
+        self.feature_names().chain([self.label.as_str()])
+    }
+
+    /// The feature columns, by name.
+    pub(in crate::data::source) fn feature_names(&self) -> impl Iterator<Item = &str> {
+        self.features.iter().map(|f| f.name.as_str())
     }
 
     /// The format of the files, which words the errors.
@@ -132,7 +147,7 @@ impl TableColumns {
     }
 
     /// One example's shape.
-    pub(super) fn shape(&self) -> &[usize] {
+    pub(in crate::data::source) fn shape(&self) -> &[usize] {
         &self.shape
     }
 
@@ -151,6 +166,20 @@ impl TableColumns {
     /// Appends the rows of `batch` (read from `path`) to `rows`.
     pub(super) fn decode(&self, batch: &RecordBatch, path: &Path, rows: &mut Vec<TableRow>) -> Result<(), DataError> {
         let n = batch.num_rows();
+        let x = self.decode_features(batch, path)?;
+        let labels = self.decode_labels(batch_column(self.format, batch, path, &self.label)?.as_ref(), path)?;
+        let examples = x.chunks(self.width.max(1)).take(n).zip(labels);
+        rows.extend(examples.map(|(x, label)| TableRow { x: x.to_vec(), label }));
+        Ok(())
+    }
+
+    /// The features of `batch`'s rows (read from `path`), row after row.
+    pub(in crate::data::source) fn decode_features(
+        &self,
+        batch: &RecordBatch,
+        path: &Path,
+    ) -> Result<Vec<f32>, DataError> {
+        let n = batch.num_rows();
         let mut x = vec![0f32; n * self.width];
         let mut at = 0;
         for feature in &self.features {
@@ -165,10 +194,7 @@ impl TableColumns {
             }
             at += feature.width;
         }
-        let labels = self.decode_labels(batch_column(self.format, batch, path, &self.label)?.as_ref(), path)?;
-        let examples = x.chunks(self.width.max(1)).take(n).zip(labels);
-        rows.extend(examples.map(|(x, label)| TableRow { x: x.to_vec(), label }));
-        Ok(())
+        Ok(x)
     }
 
     fn decode_labels(&self, array: &dyn Array, path: &Path) -> Result<Vec<RowLabel>, DataError> {
