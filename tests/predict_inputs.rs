@@ -1,6 +1,6 @@
-//! `trainrun predict --input FILE…` end to end: files that NumPy and pyarrow wrote, read by the
-//! spec's own source (a CSV or Parquet table with or without its label column, `.npy` arrays of
-//! bytes, MNIST's IDX images), predict exactly as their concatenation does as the test split: the same
+//! `trainrun predict --input FILE…` end to end: files that NumPy, Python's json and pyarrow
+//! wrote, read by the spec's own source (a CSV, JSONL or Parquet table with or without its label,
+//! `.npy` arrays of bytes, MNIST's IDX images), predict exactly as their concatenation does as the test split: the same
 //! probabilities, byte for byte, with `file` and `row` columns naming each row's origin. A file
 //! of another shape names both shapes; missing files are all named; a source that reads no
 //! input files says which do.
@@ -198,7 +198,7 @@ fn a_source_that_reads_no_input_files_says_which_do() {
     );
     assert_exit(&out, 4);
     let stderr = text(&out).1.replace(&tmp.path().display().to_string(), "TMP");
-    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), parquet (a file with the training files' feature columns), idx, mnist and fashion_mnist (an IDX file of images)"#);
+    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), parquet (a file with the training files' feature columns), jsonl (objects with the training table's feature fields), idx, mnist and fashion_mnist (an IDX file of images)"#);
 }
 
 #[test]
@@ -248,4 +248,53 @@ fn parquet_inputs_predict_as_their_concatenation_does() {
     assert_exit(&out, 4);
     let stderr = text(&out).1;
     assert!(stderr.contains("bad.parquet") && stderr.contains("f3"), "{stderr}");
+}
+
+#[test]
+fn jsonl_inputs_predict_as_their_concatenation_does() {
+    let tmp = tempdir();
+    let d = tmp.path();
+    // Python's json writes them: a number and an array field; a.jsonl has no label and its
+    // keys in another order, b.jsonl has the label first.
+    let wrote = with_python(
+        "numpy",
+        "import numpy as np, sys, os, json\n\
+         d = sys.argv[1]; r = np.random.default_rng(7)\n\
+         def table(name, x, y, label_first=False):\n\
+         \x20   with open(os.path.join(d, name), 'w') as f:\n\
+         \x20       for i in range(len(x)):\n\
+         \x20           o = {'v': [float(c) for c in x[i, 1:]], 'a': float(x[i, 0])}\n\
+         \x20           if y is not None: o = dict([('y', int(y[i]))] + list(o.items())) if label_first else {**o, 'y': int(y[i])}\n\
+         \x20           f.write(json.dumps(o) + '\\n')\n\
+         x = r.random((150, 4), dtype=np.float32); y = (x.sum(1) * 3 / 4).astype(int) % 3\n\
+         table('train.jsonl', x, y)\n\
+         a = r.random((7, 4), dtype=np.float32); b = r.random((5, 4), dtype=np.float32)\n\
+         table('a.jsonl', a, None); table('b.jsonl', b, [1] * 5, label_first=True)\n\
+         table('all.jsonl', np.concatenate([a, b]), [0] * 12)\n\
+         table('bad.jsonl', a[:, :3], None)\n",
+        d,
+    );
+    if !wrote {
+        return;
+    }
+    let data = format!(
+        "dataset = \"jsonl\"\ndir = \"{}\"\n[data.jsonl]\ntrain = [\"train.jsonl\"]\ntable = {{ label = \"y\" }}",
+        d.display()
+    );
+    let spec = train(d, &data);
+    let run_dir = d.join("run");
+    let (a, b) = (d.join("a.jsonl").display().to_string(), d.join("b.jsonl").display().to_string());
+    let (whole, parts) = (d.join("whole.npy"), d.join("parts.npy"));
+    assert_exit(&predict(&spec, &run_dir, &whole, &["--set", "data.jsonl.validation=[\"all.jsonl\"]"]), 0);
+    let out = predict(&spec, &run_dir, &parts, &["--input", &a, &b]);
+    assert_exit(&out, 0);
+    assert!(text(&out).1.contains("predicted 12 examples"), "{}", text(&out).1);
+    assert!(std::fs::read(&whole).unwrap() == std::fs::read(&parts).unwrap(), "the .npy files differ");
+
+    // An array field of another width names the field, both widths and the training file.
+    let bad = d.join("bad.jsonl").display().to_string();
+    let out = predict(&spec, &run_dir, &d.join("bad_out.npy"), &["--input", &bad]);
+    assert_exit(&out, 4);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("bad.jsonl") && stderr.contains("`v` holds 2 values, but 3"), "{stderr}");
 }

@@ -172,6 +172,19 @@ impl DataSource for JsonlSource {
         }
     }
 
+    /// A JSONL file of objects with the training table's feature fields (the label field may
+    /// be left out).
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(_) => Err(SECTION.no_text_input(file)),
+            ReadAs::Table(table) => {
+                let train: Vec<PathBuf> = self.config.train.iter().map(|f| self.dir.join(f)).collect();
+                let (shape, values) = table::read_input(&train, table, file)?;
+                crate::data::Unlabeled::split(file, shape, values)
+            }
+        }
+    }
+
     fn raw_values(&self) -> RawValues {
         match self.config.text {
             Some(_) => RawValues::Tokens,

@@ -139,7 +139,8 @@ pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
 
 /// The sources whose [`DataSource::read_input`] reads a file, and what each reads.
 pub const INPUT_SOURCES: &str = "csv (a table with the training table's feature columns), npy (a .npy array of \
-     features), parquet (a file with the training files' feature columns), idx, mnist and fashion_mnist (an IDX \
+     features), parquet (a file with the training files' feature columns), jsonl (objects with the training table's \
+     feature fields), idx, mnist and fashion_mnist (an IDX \
      file of images)";
 
 /// What a source's example values are, which decides what `data.preprocessing.rescale`
@@ -221,6 +222,19 @@ struct TextOrTable {
 }
 
 impl TextOrTable {
+    /// The error of a `predict --input` file for a source read as text: a language model's
+    /// documents give no rows to predict one by one.
+    fn no_text_input(&self, file: &Path) -> DataError {
+        DataError::Unsupported {
+            path: file.to_path_buf(),
+            what: format!(
+                "data.{}.text reads documents for a language model, which predict does not take (one row per \
+                 example); generate text with `trainrun sample`",
+                self.dataset
+            ),
+        }
+    }
+
     /// The one of `text` and `table` the section sets, with at least one training file; `both`
     /// is the error when it sets both (each source words its own).
     fn read_as<'a, Text, Table>(

@@ -178,12 +178,7 @@ impl DataSource for ParquetSource {
     /// out), read as the test split's rows are.
     fn read_input(&self, file: &Path) -> Result<Split, DataError> {
         match self.read_as()? {
-            ReadAs::Text(_) => Err(DataError::Unsupported {
-                path: file.to_path_buf(),
-                what: "data.parquet.text reads documents for a language model, which predict does not take (one row \
-                       per example); generate text with `trainrun sample`"
-                    .into(),
-            }),
+            ReadAs::Text(_) => Err(SECTION.no_text_input(file)),
             ReadAs::Table(table) => table_input(Columnar::Parquet, &self.files()?.train, table, file),
         }
     }

@@ -38,6 +38,35 @@ pub fn read(
     Ok((train_dataset, Some(test_dataset)))
 }
 
+/// The features of `file`, given to `predict --input`, and one example's shape: the fields the
+/// training table reads (`config.features`, else every field but the label of the first
+/// training object, sorted), each as wide as there; the label field may be left out.
+pub fn read_input(train: &[PathBuf], config: &JsonlTable, file: &Path) -> Result<(Vec<usize>, Vec<f32>), DataError> {
+    let mut reference = TableRows::new(None);
+    let mut names = config.features.clone();
+    if let Some(first) = train.first()
+        && let Some(line) = Lines::open(first)?.next_object()?
+    {
+        let names = names.get_or_insert_with(|| feature_names(&line, config));
+        reference.push_features(first, &line, names)?;
+    }
+    let names = names.unwrap_or_default();
+    let mut rows = TableRows::new(None);
+    let mut lines = Lines::open(file)?;
+    while let Some(line) = lines.next_object()? {
+        rows.push_features(file, &line, &names)?;
+    }
+    rows.same_widths_as(&reference.fields)?;
+    Ok((vec![reference.features.len()], rows.features))
+}
+
+/// The feature fields of a table that names none: every field of `line` but the label, sorted.
+fn feature_names(line: &ObjectLine, config: &JsonlTable) -> Vec<String> {
+    let mut all: Vec<String> = line.object.keys().filter(|k| **k != config.label).cloned().collect();
+    all.sort();
+    all
+}
+
 /// A feature field and the number of values it holds (1 for a number).
 #[derive(Debug, Clone)]
 struct Field {
@@ -59,6 +88,10 @@ struct TableRows {
 }
 
 impl TableRows {
+    fn new(kind: Option<CsvLabels>) -> Self {
+        TableRows { fields: vec![], features: vec![], cells: vec![], places: vec![], kind }
+    }
+
     /// Reads every object of `paths`; `features` names the fields (all but the label of the
     /// first object, sorted, when `None`).
     fn read(
@@ -67,16 +100,12 @@ impl TableRows {
         features: Option<&[String]>,
         kind: Option<CsvLabels>,
     ) -> Result<Self, DataError> {
-        let mut rows = TableRows { fields: vec![], features: vec![], cells: vec![], places: vec![], kind };
+        let mut rows = TableRows::new(kind);
         let mut names: Option<Vec<String>> = features.map(<[String]>::to_vec);
         for path in paths {
             let mut lines = Lines::open(path)?;
             while let Some(line) = lines.next_object()? {
-                let names = names.get_or_insert_with(|| {
-                    let mut all: Vec<String> = line.object.keys().filter(|k| **k != config.label).cloned().collect();
-                    all.sort();
-                    all
-                });
+                let names = names.get_or_insert_with(|| feature_names(&line, config));
                 rows.push(path, &line, names, &config.label)?;
             }
         }
@@ -95,6 +124,21 @@ impl TableRows {
 
     /// Appends one object's features and label.
     fn push(&mut self, path: &Path, line: &ObjectLine, names: &[String], label: &str) -> Result<(), DataError> {
+        self.push_features(path, line, names)?;
+        let value = match line.object.get(label) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            Some(other) => return Err(wrong_field(path, line, label, kind_of(other), "a string or a number")),
+            None => return Err(missing_field(path, line, label)),
+        };
+        // The 1-based row across the split's files: a label error maps it back to its place.
+        self.cells.push(LabelCell { value, line: self.places.len() as u64 + 1 });
+        self.places.push((path.to_path_buf(), line.line, line.byte));
+        Ok(())
+    }
+
+    /// Appends one object's features, fields `names` in order.
+    fn push_features(&mut self, path: &Path, line: &ObjectLine, names: &[String]) -> Result<(), DataError> {
         for (i, name) in names.iter().enumerate() {
             let value = line.object.get(name).ok_or_else(|| missing_field(path, line, name))?;
             let before = self.features.len();
@@ -122,15 +166,6 @@ impl TableRows {
                 Some(field) => return Err(width_differs(path, line, field, width)),
             }
         }
-        let value = match line.object.get(label) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) => n.to_string(),
-            Some(other) => return Err(wrong_field(path, line, label, kind_of(other), "a string or a number")),
-            None => return Err(missing_field(path, line, label)),
-        };
-        // The 1-based row across the split's files: a label error maps it back to its place.
-        self.cells.push(LabelCell { value, line: self.places.len() as u64 + 1 });
-        self.places.push((path.to_path_buf(), line.line, line.byte));
         Ok(())
     }
 
