@@ -57,41 +57,8 @@ fn write_npy_pair(dir: &Path, split: &str, n: usize, offset: usize) {
 }
 
 fn spec(dir: &Path, data: &str, strategy: &str, layers: &str, loss: &str) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-name = "sources"
-seed = 3
-out_dir = "{out}"
-
-[data]
-dir = "{data_dir}"
-{data}
-
-{strategy}
-
-[batch]
-global = 16
-
-[optimizer]
-kind = "sgd"
-learning_rate = 0.2
-
-[model]
-{layers}
-
-[train]
-epochs = 1
-steps_per_epoch = 60
-loss = "{loss}"
-from_logits = true
-"#,
-        out = dir.join("run").display(),
-        data_dir = dir.display(),
-    );
-    let path = dir.join("spec.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    let train = format!("steps_per_epoch = 60\nloss = \"{loss}\"");
+    common::sources::spec_training(dir, "sources", data, strategy, layers, &train)
 }
 
 const CLASSIFIER: &str = "[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\ntype = \"dense\"\nunits = 2";

@@ -65,41 +65,8 @@ fn table(extra: &str) -> String {
 const CLASSIFIER: &str = "[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\ntype = \"dense\"\nunits = 2";
 
 fn spec(dir: &Path, data: &str, strategy: &str, steps: u32) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-name = "tfrecord"
-seed = 3
-out_dir = "{out}"
-
-[data]
-dir = "{data_dir}"
-{data}
-
-{strategy}
-
-[batch]
-global = 16
-
-[optimizer]
-kind = "sgd"
-learning_rate = 0.2
-
-[model]
-{CLASSIFIER}
-
-[train]
-epochs = 1
-steps_per_epoch = {steps}
-loss = "sparse_categorical_crossentropy"
-from_logits = true
-"#,
-        out = dir.join("run").display(),
-        data_dir = dir.display(),
-    );
-    let path = dir.join("spec.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    let train = format!("steps_per_epoch = {steps}\nloss = \"sparse_categorical_crossentropy\"");
+    common::sources::spec_training(dir, "tfrecord", data, strategy, CLASSIFIER, &train)
 }
 
 fn train(spec: &Path) -> serde_json::Value {

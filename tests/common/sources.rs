@@ -14,8 +14,13 @@ pub const STRATEGIES: [(&str, &str); 5] = [
 ];
 
 /// Writes `dir/spec.toml`: run `name` into `dir/run` on the `data` sections (data files under
-/// `dir`), under `strategy`, with `model`'s layers.
+/// `dir`), under `strategy`, with `model`'s layers, 60 steps.
 pub fn spec(dir: &Path, name: &str, data: &str, strategy: &str, model: &str) -> PathBuf {
+    spec_training(dir, name, data, strategy, model, "steps_per_epoch = 60")
+}
+
+/// As [`spec`], with `train` (lines of `[train]`: the steps, a loss) instead of 60 steps.
+pub fn spec_training(dir: &Path, name: &str, data: &str, strategy: &str, model: &str, train: &str) -> PathBuf {
     let text = format!(
         r#"
 [run]
@@ -41,7 +46,7 @@ learning_rate = 0.2
 
 [train]
 epochs = 1
-steps_per_epoch = 60
+{train}
 from_logits = true
 "#,
         out = dir.join("run").display(),
