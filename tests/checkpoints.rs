@@ -292,9 +292,16 @@ fn a_worker_killed_at_a_random_step_is_restarted_and_the_job_ends_bit_identical(
 
 #[test]
 fn a_sigterm_to_a_worker_or_the_launcher_preempts_every_task_and_the_job_resumes_identical() {
+    // Twice the shared job's length: a fast machine must not finish the job between the test
+    // seeing a new backup and its SIGTERM arriving (CI once saw the second launch exit 0).
+    let long = with(&FT, &["--set", "train.epochs=4"]);
+    let reference = tempdir();
+    let o = out(reference.path());
+    assert_exit(&finish(&with(&long, &["--set", &o])), 0);
+    let reference = summary(reference.path());
     let dir = tempdir();
     let o = out(dir.path());
-    let args = with(&FT, &["--set", &o]);
+    let args = with(&long, &["--set", &o]);
     let backup = dir.path().join("backup");
 
     // A worker asked to stop: all stop after the same step, the chief saves there.
@@ -325,7 +332,7 @@ fn a_sigterm_to_a_worker_or_the_launcher_preempts_every_task_and_the_job_resumes
     assert_exit(&last, 0);
     let s = summary(dir.path());
     assert!(s["resumed_from_step"].as_u64().is_some_and(|n| n > first_stop), "{s}");
-    same_result(&s, two_worker_reference());
+    same_result(&s, &reference);
     assert!(!backup.exists(), "the backup is removed after success");
 }
 
