@@ -89,7 +89,8 @@ enum CliCommand {
         #[arg(long, value_name = "PATH")]
         checkpoint: PathBuf,
         /// Files to predict instead of the test split, read by the spec's data source (a CSV
-        /// table, a `.npy` array, an IDX file), in order; repeat the flag or give several paths.
+        /// table, a `.npy` array, an IDX file, images or a folder of them), in order; repeat the
+        /// flag or give several paths.
         #[arg(long, value_name = "FILE", num_args = 1..)]
         input: Vec<PathBuf>,
         /// The file to write, e.g. `predictions.csv`; an existing one is refused unless --force.

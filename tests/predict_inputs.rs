@@ -3,39 +3,13 @@
 //! `.npy` arrays of bytes, MNIST's IDX images), predict exactly as their concatenation does as the test split: the same
 //! probabilities, byte for byte, with `file` and `row` columns naming each row's origin. A file
 //! of another shape names both shapes; missing files are all named; a source that reads no
-//! input files says which do.
+//! input files says which do. The other sources' inputs are in `tests/predict_sources.rs`.
 
 mod common;
 
-use common::{assert_exit, data_dir, run, short_mnist_run, tempdir, text, with_python};
+use common::predict::{predict, train};
+use common::{assert_exit, data_dir, short_mnist_run, tempdir, text, with_python};
 use std::path::Path;
-
-/// `trainrun predict SPEC --checkpoint RUN --output OUT ARGS…`.
-fn predict(spec: &Path, checkpoint: &Path, output: &Path, args: &[&str]) -> std::process::Output {
-    let (s, c, o) = (spec.display().to_string(), checkpoint.display().to_string(), output.display().to_string());
-    let mut all = vec!["predict", &s, "--checkpoint", &c, "--output", &o];
-    all.extend_from_slice(args);
-    run(&all)
-}
-
-/// A spec over `data` (a TOML `[data]` table's body) in `dir`, one short run of a small dense
-/// classifier; returns the spec's path after training it into `dir/run`.
-fn train(dir: &Path, data: &str) -> std::path::PathBuf {
-    let spec = dir.join("spec.toml");
-    std::fs::write(
-        &spec,
-        format!(
-            "[run]\nname = \"p\"\nout_dir = \"{}\"\n[data]\n{data}\n[batch]\nglobal = 16\n[optimizer]\nkind = \"sgd\"\n\
-             learning_rate = 0.1\n[model]\n[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\ntype = \"dense\"\n\
-             units = 8\nactivation = \"relu\"\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n[train]\nepochs = 2\n\
-             from_logits = true\n",
-            dir.join("run").display()
-        ),
-    )
-    .unwrap();
-    assert_exit(&run(&[spec.to_str().unwrap(), "-q"]), 0);
-    spec
-}
 
 /// Lines of a prediction CSV without the header.
 fn rows(path: &Path) -> Vec<String> {
@@ -198,7 +172,7 @@ fn a_source_that_reads_no_input_files_says_which_do() {
     );
     assert_exit(&out, 4);
     let stderr = text(&out).1.replace(&tmp.path().display().to_string(), "TMP");
-    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), parquet (a file with the training files' feature columns), jsonl (objects with the training table's feature fields), idx, mnist and fashion_mnist (an IDX file of images)"#);
+    insta::assert_snapshot!(stderr.trim(), @r#"error: TMP/x.bin: data.dataset = "synthetic" reads no --input files; predict over its test split instead (drop --input), or train on a source that reads them: csv (a table with the training table's feature columns), npy (a .npy array of features), parquet (a file with the training files' feature columns), jsonl (objects with the training table's feature fields), hf_datasets (a Dataset folder save_to_disk wrote, or one of its .arrow files, with the training split's feature columns), tfrecord (a file of tf.train.Examples holding the image feature), image_folder (PNG or JPEG files, or folders of them), cifar10 and cifar100 (a binary batch file), idx, mnist and fashion_mnist (an IDX file of images)"#);
 }
 
 #[test]

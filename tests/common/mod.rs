@@ -6,6 +6,7 @@
 use std::io::Read;
 pub mod certs;
 pub mod lm;
+pub mod predict;
 pub mod sources;
 pub mod sweep;
 

@@ -131,6 +131,15 @@ impl DataSource for CifarSource {
         Ok(Dataset { train: split(train), test: Some(split(test)), labels, vocabulary: None, classes })
     }
 
+    /// A binary batch file in the format of the training files (`data_batch_1.bin`,
+    /// `test_batch.bin`; CIFAR-100's `test.bin`), its images divided by 255 as the test
+    /// split's are; the labels every record holds are checked and not used.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        let (mut images, mut labels) = (vec![], vec![]);
+        read_file(file, self.dataset, &self.dataset.classes(), &mut images, &mut labels)?;
+        crate::data::Unlabeled::split(file, vec![SIDE, SIDE, 3], crate::data::unlabeled::scale_bytes(&images))
+    }
+
     fn raw_values(&self) -> RawValues {
         RawValues::Bytes
     }
@@ -308,7 +317,7 @@ impl Cifar {
 
 /// Appends one file's images (interleaved to height × width × channels) and labels.
 fn read_file(
-    path: &PathBuf,
+    path: &Path,
     dataset: CifarDataset,
     classes: &Classes,
     images: &mut Vec<u8>,
@@ -320,7 +329,7 @@ fn read_file(
     let whole = bytes.len() - bytes.len() % record;
     if whole != bytes.len() {
         return Err(DataError::Malformed {
-            path: path.clone(),
+            path: path.to_path_buf(),
             at: Position::Byte(whole as u64),
             problem: format!(
                 "truncated: {} bytes are left after {} whole {record}-byte records; is it a {} file?",
@@ -335,7 +344,7 @@ fn read_file(
         let label = u32::from(r[which]);
         if label >= classes.len() {
             return Err(DataError::Malformed {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 at: Position::Record(i),
                 problem: format!("label {label} is outside the {} classes of {}", classes.len(), dataset.name()),
             });

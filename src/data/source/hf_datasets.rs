@@ -20,10 +20,10 @@ pub(super) mod ipc;
 mod tests;
 
 use super::columnar::{self, Columnar, documents};
-use super::parquet::{ParquetTable, ParquetText, dataset, table_splits};
+use super::parquet::{ParquetTable, ParquetText, dataset, table_input, table_splits};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, require};
 use crate::data::error::DataError;
-use crate::data::examples::StreamSplit as _;
+use crate::data::examples::{Split, StreamSplit as _};
 use crate::data::pipeline::Shuffle;
 use crate::data::source::text::Texts;
 use crate::data::{DataFacts, Dataset};
@@ -121,6 +121,19 @@ impl DataSource for HfDatasetsSource {
                 let files = folder::split_files(&self.dir, &self.config)?;
                 let (train, test) = table_splits(Columnar::HfDatasets, &files.train, &files.validation, table)?;
                 Ok(dataset(train, test))
+            }
+        }
+    }
+
+    /// A `Dataset` folder `save_to_disk` wrote (its Arrow files in order) or one `.arrow` file,
+    /// with the training split's feature columns (the label column may be left out), read as
+    /// the validation split's rows are.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(_) => Err(SECTION.no_text_input(file)),
+            ReadAs::Table(table) => {
+                let train = folder::split_files(&self.dir, &self.config)?.train;
+                table_input(Columnar::HfDatasets, &train, table, &folder::input_files(file)?, file)
             }
         }
     }

@@ -141,6 +141,34 @@ impl DataSource for ImageFolderSource {
         })
     }
 
+    /// A PNG or JPEG file, or a folder of them (found and ordered as a class folder's are),
+    /// decoded to `color_mode`, resized to `image_size` and divided by 255 as the test split's
+    /// images are.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        let images = if file.is_dir() { images_in(file)? } else { vec![file.to_path_buf()] };
+        if images.is_empty() {
+            return Err(DataError::Unsupported {
+                path: file.to_path_buf(),
+                what: "the folder holds no .png, .jpg or .jpeg image, in it or its subfolders; give image files or \
+                       a folder that holds them"
+                    .into(),
+            });
+        }
+        let options = self.config.options();
+        let [height, width] = self.config.image_size.map(NonZeroUsize::get);
+        let shape = [height, width, options.color_mode.channels()];
+        let len = shape.iter().product();
+        let mut values = vec![0.0; images.len() * len];
+        values.par_chunks_mut(len).zip(images.par_iter()).try_for_each(|(out, path)| {
+            let image = decode(path, options.color_mode)?;
+            resize::bilinear(&image.pixels, (image.height, image.width), shape[2], out, (height, width));
+            // Division, not multiplication by 1/255, as the test split's reader.
+            out.iter_mut().for_each(|v| *v /= 255.0);
+            Ok::<_, DataError>(())
+        })?;
+        crate::data::Unlabeled::split(file, shape.to_vec(), values)
+    }
+
     fn raw_values(&self) -> RawValues {
         RawValues::Bytes
     }

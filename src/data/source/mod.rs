@@ -140,8 +140,10 @@ pub trait DataSource: fmt::Debug + Send + Sync + SameSource {
 /// The sources whose [`DataSource::read_input`] reads a file, and what each reads.
 pub const INPUT_SOURCES: &str = "csv (a table with the training table's feature columns), npy (a .npy array of \
      features), parquet (a file with the training files' feature columns), jsonl (objects with the training table's \
-     feature fields), idx, mnist and fashion_mnist (an IDX \
-     file of images)";
+     feature fields), hf_datasets (a Dataset folder save_to_disk wrote, or one of its .arrow files, with the training \
+     split's feature columns), tfrecord (a file of tf.train.Examples holding the image feature), image_folder (PNG or \
+     JPEG files, or folders of them), cifar10 and cifar100 (a binary batch file), idx, mnist and fashion_mnist (an \
+     IDX file of images)";
 
 /// What a source's example values are, which decides what `data.preprocessing.rescale`
 /// multiplies and whether the examples can be augmented as images.

@@ -179,7 +179,7 @@ impl DataSource for ParquetSource {
     fn read_input(&self, file: &Path) -> Result<Split, DataError> {
         match self.read_as()? {
             ReadAs::Text(_) => Err(SECTION.no_text_input(file)),
-            ReadAs::Table(table) => table_input(Columnar::Parquet, &self.files()?.train, table, file),
+            ReadAs::Table(table) => table_input(Columnar::Parquet, &self.files()?.train, table, &[file.into()], file),
         }
     }
 
@@ -250,25 +250,29 @@ pub(super) fn table_splits(
     Ok((ColumnarSplit::new(train, columns)?, test))
 }
 
-/// The feature rows of `file`, a file of `format` given to `predict --input`: its columns
-/// checked against the training files' (the label column may be missing), read in order.
+/// The feature rows of `files` (the Arrow or Parquet files of one `predict --input` path,
+/// `named`), in order: each file's columns checked against the training files' (the label
+/// column may be missing).
 pub(super) fn table_input(
     format: Columnar,
     train: &[PathBuf],
     table: &ParquetTable,
-    file: &Path,
+    files: &[PathBuf],
+    named: &Path,
 ) -> Result<Split, DataError> {
     let columns = TableColumns::resolve(format, &format.open_all(train)?, table)?;
-    let input = format.open(file)?;
-    let schema = input.schema().clone();
-    columns.check_features(file, &schema)?;
-    let indices = columns.feature_names().map(|n| schema.index_of(n).map_err(|e| format.unreadable(file, e)));
-    let projection = indices.collect::<Result<Vec<_>, _>>()?;
     let mut values = vec![];
-    for batch in input.read_all(&projection, INPUT_BATCH_ROWS) {
-        values.extend(columns.decode_features(&batch?, file)?);
+    for file in files {
+        let input = format.open(file)?;
+        let schema = input.schema().clone();
+        columns.check_features(file, &schema)?;
+        let indices = columns.feature_names().map(|n| schema.index_of(n).map_err(|e| format.unreadable(file, e)));
+        let projection = indices.collect::<Result<Vec<_>, _>>()?;
+        for batch in input.read_all(&projection, INPUT_BATCH_ROWS) {
+            values.extend(columns.decode_features(&batch?, file)?);
+        }
     }
-    crate::data::Unlabeled::split(file, columns.shape().to_vec(), values)
+    crate::data::Unlabeled::split(named, columns.shape().to_vec(), values)
 }
 
 /// Rows decoded at a time from a `predict --input` file (all are held: predictions are

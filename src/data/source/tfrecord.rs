@@ -239,6 +239,27 @@ impl DataSource for TfRecordSource {
         Ok(dataset(train, test, config))
     }
 
+    /// A TFRecord file of `tf.train.Example`s (compressed as the training files are) holding
+    /// the image feature `data.tfrecord.image`, with or without a label, decoded and scaled as
+    /// the test split's records are, in file order.
+    fn read_input(&self, file: &Path) -> Result<Split, DataError> {
+        let spec = self.config.example_spec()?;
+        let (shape, scale) = (spec.shape(), spec.dtype() == Dtype::U8);
+        let len: usize = shape.iter().product();
+        let mut reader = RecordFile::open(file, self.config.compression())?;
+        let (mut values, mut payload) = (vec![], vec![]);
+        while let Some(offset) = reader.read_into(&mut payload)? {
+            let from = values.len();
+            values.resize(from + len, 0.0);
+            spec.decode_features(Bytes::from(std::mem::take(&mut payload)), &mut values[from..], file, offset)?;
+            if scale {
+                // Division, not multiplication by 1/255, as the test split's reader.
+                values[from..].iter_mut().for_each(|v| *v /= 255.0);
+            }
+        }
+        crate::data::Unlabeled::split(file, shape, values)
+    }
+
     fn raw_values(&self) -> RawValues {
         RawValues::ArrayDtype
     }

@@ -1,7 +1,8 @@
 //! `predict --input FILE…`: the files to predict instead of the spec's test split, each read by
 //! the spec's own source (`DataSource::read_input`: a CSV table, a `.npy` array, an IDX file of
-//! images), one after the other as one split: file 1's rows, then file 2's. Each row keeps its
-//! origin ([`RowOrigins`]): the output's `file` and `row` columns beside the global `id`.
+//! images, a folder of PNGs, a `save_to_disk` folder), one after the other as one split: file
+//! 1's rows, then file 2's. Each row keeps its origin ([`RowOrigins`]): the output's `file` and
+//! `row` columns beside the global `id`.
 //!
 //! Everything wrong with the files is said at once before anything is read: every missing
 //! file; then every file whose examples are not the shape the model reads, with both shapes.
@@ -31,7 +32,9 @@ impl RowOrigins {
 
 /// Reads `files` with `source`, each checked against the `shape` of the model's examples.
 pub fn read(source: &AnySource, files: &[PathBuf], shape: &[usize]) -> Result<(Split, RowOrigins), RunError> {
-    let missing: Vec<String> = files.iter().filter(|f| !f.is_file()).map(|f| f.display().to_string()).collect();
+    // A folder is an input too (of images, or a `save_to_disk` Dataset); its source says
+    // whether it reads one.
+    let missing: Vec<String> = files.iter().filter(|f| !f.exists()).map(|f| f.display().to_string()).collect();
     if !missing.is_empty() {
         return Err(RunError::Usage(format!(
             "--input: {} {} (paths are relative to the current directory, not data.dir); check the {}",

@@ -139,3 +139,35 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, DataError
     serde_json::from_str(&text)
         .map_err(|e| Columnar::HfDatasets.bad(format!("{}: not what save_to_disk writes: {e}", path.display())))
 }
+
+/// The Arrow files of `path` given to `predict --input`: the files a `Dataset` folder's
+/// `state.json` names, in order, or `path` itself when it is a file. A `DatasetDict` folder
+/// holds several splits, so one is asked for, naming them.
+pub(super) fn input_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let unreadable = |problem: String| DataError::Unsupported { path: path.to_path_buf(), what: problem };
+    match layout(path) {
+        FolderKind::One => {
+            let files: Vec<PathBuf> = read_state(path)?.data_files.into_iter().map(|f| path.join(f.filename)).collect();
+            match files.is_empty() {
+                true => Err(unreadable(format!("its {STATE} names no Arrow file; give a folder save_to_disk wrote"))),
+                false => Ok(files),
+            }
+        }
+        FolderKind::Dict => {
+            let dict: DatasetDict = read_json(&path.join(DICT))?;
+            let each: Vec<String> = dict.splits.iter().map(|s| path.join(s).display().to_string()).collect();
+            Err(unreadable(format!(
+                "a DatasetDict holds several splits ({}); give one split's folder: {}",
+                dict.splits.join(", "),
+                each.join(" or ")
+            )))
+        }
+        FolderKind::Neither => Err(unreadable(format!(
+            "a folder without {STATE} or {DICT} is not one Hugging Face datasets' save_to_disk wrote; give a \
+             Dataset's folder (one split, with {STATE}) or one of its .arrow files"
+        ))),
+    }
+}

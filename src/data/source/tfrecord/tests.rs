@@ -226,7 +226,10 @@ fn examples_that_do_not_fit_the_spec_are_refused() {
     );
     assert_eq!(
         err(example(vec![("image", bytes(vec![0; 5])), ("label", int64(0))]), raw_spec(vec![4])),
-        format!("e at byte {at}: feature `image` holds 5 bytes; the shape needs 4")
+        format!(
+            "e at byte {at}: feature `image` holds 5 bytes; the shape [4] needs 4: write every example in that \
+             shape, or set data.tfrecord.shape to the examples' own"
+        )
     );
     assert_eq!(
         err(example(vec![("image", int64(3)), ("label", int64(0))]), raw_spec(vec![4])),
