@@ -16,6 +16,12 @@
 //! Batch 32 is `model.predict`'s default; the other is the batch `trainrun predict` picks for
 //! this model (its activation budget). A peer whose Python package is missing is skipped,
 //! saying so (`TRAINRUN_BENCH_PYTHON` names the interpreter, which needs tensorflow and torch).
+//!
+//! Then two more models, each against the peers' same model at batch 32 and at the batch
+//! `trainrun predict` picks ([`zoo_rows`]): `specs/mnist_fast.toml`'s CNN on the MNIST test
+//! images and the zoo's ResNet-20 on random 32×32×3 images (no CIFAR files needed), all with
+//! initial weights: their products are dense (no ReLU feeds a dense layer), so speed does not
+//! depend on the weights.
 
 use crate::data::{EvalBatches, Shard, Split};
 use crate::engine::{Pass, Sequential};
@@ -108,8 +114,8 @@ pub fn run(exe: &Path, python: &str) -> Result<(), String> {
             for (_, m) in &mut models {
                 ours.push(throughput(m, test, batch, threads)?);
             }
-            let k = keras.run(python, batch, threads);
-            let p = torch.run(python, batch, threads);
+            let k = keras.run(python, PeerModel::Tutorial, batch, threads);
+            let p = torch.run(python, PeerModel::Tutorial, batch, threads);
             let mut row = format!(
                 "{batch:>5} {pair:>4} {:>9.0} {:>9.0} {:>9.0} {} {}",
                 ours[0],
@@ -135,10 +141,109 @@ pub fn run(exe: &Path, python: &str) -> Result<(), String> {
              trainrun/PyTorch eager {t98p} (to 98 %), {ttp} (tutorial) (target ≥ 1.5×)"
         );
     }
+    for (model, spec) in
+        [(PeerModel::MnistFast, "specs/mnist_fast.toml"), (PeerModel::Resnet20, "specs/cifar10_resnet20.toml")]
+    {
+        zoo_rows((model, spec), test, (python, &mut keras, &mut torch), threads)?;
+    }
     for p in [&keras, &torch] {
         if let Some(why) = &p.skipped {
             println!("{} SKIPPED: {why}", p.name);
         }
+    }
+    Ok(())
+}
+
+/// The models the peer scripts build (`--model`).
+#[derive(Debug, Clone, Copy)]
+enum PeerModel {
+    /// The tutorial CNN.
+    Tutorial,
+    /// `specs/mnist_fast.toml`'s CNN.
+    MnistFast,
+    /// The zoo's ResNet-20.
+    Resnet20,
+}
+
+impl PeerModel {
+    fn name(self) -> &'static str {
+        match self {
+            PeerModel::Tutorial => "tutorial",
+            PeerModel::MnistFast => "mnist_fast",
+            PeerModel::Resnet20 => "resnet20",
+        }
+    }
+}
+
+/// Random images ResNet-20 predicts (the peers draw as many): no CIFAR files are needed, and
+/// a dense convolution's speed does not depend on the values.
+const RANDOM_EXAMPLES: usize = 1024;
+
+/// Rows of `spec`'s model with its initial weights (its products are dense, so their speed does
+/// not depend on the weights) against the peers' same model: `mnist_fast` on the MNIST test
+/// split `mnist`, ResNet-20 on [`RANDOM_EXAMPLES`] random 32×32×3 images, at batch 32 and at
+/// the batch `trainrun predict` picks, alternating T K P.
+fn zoo_rows(
+    (model, spec): (PeerModel, &str),
+    mnist: &Split,
+    (python, keras, torch): (&str, &mut PredictPeer, &mut PredictPeer),
+    threads: usize,
+) -> Result<(), String> {
+    let inv = Invocation {
+        spec: spec.into(),
+        sets: vec![],
+        env: std::env::vars().filter(|(k, _)| k != "TRAINRUN_BENCH_PYTHON").collect(),
+        quiet: true,
+        task: None,
+        launched: Instant::now(),
+    };
+    let plan = prepare(&inv).map_err(|e| e.to_string())?.plan;
+    let built = plan.model.build().map_err(|e| e.to_string())?;
+    let (params, state) = built.init(plan.seed);
+    let mut m = PredictModel { model: built, params, state };
+    let random;
+    let (inputs, what) = match model {
+        PeerModel::Resnet20 => {
+            // A fixed linear congruential sequence in [0, 1): only the count matters.
+            let mut at = 0u32;
+            let values = (0..RANDOM_EXAMPLES * 32 * 32 * 3)
+                .map(|_| {
+                    at = at.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (at >> 8) as f32 / (1 << 24) as f32
+                })
+                .collect();
+            random = crate::data::Unlabeled::split(Path::new("random"), vec![32, 32, 3], values)
+                .map_err(|e| e.to_string())?;
+            (&random, format!("{RANDOM_EXAMPLES} random 32×32×3 images"))
+        }
+        PeerModel::Tutorial | PeerModel::MnistFast => (mnist, "the MNIST test split".to_string()),
+    };
+    let spec_batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, m.model.activation_len()).get();
+    println!(
+        "\n{} ({spec}), initial weights (dense products: speed does not depend on them), on {what}, 2 threads",
+        model.name()
+    );
+    println!("{:>5} {:>4} {:>9} {:>9} {:>9} {:>7} {:>7}", "batch", "pair", "T", "K", "P", "T/K", "T/P");
+    for batch in [KERAS_BATCH, spec_batch] {
+        let mut ratios: [Vec<f64>; 2] = Default::default();
+        for pair in 1..=PAIRS {
+            let ours = throughput(&mut m, inputs, batch, threads)?;
+            let k = keras.run(python, model, batch, threads);
+            let p = torch.run(python, model, batch, threads);
+            let mut row = format!("{batch:>5} {pair:>4} {ours:>9.0} {} {}", cell(k), cell(p));
+            for (i, theirs) in [k, p].into_iter().enumerate() {
+                match theirs {
+                    Some(v) => {
+                        ratios[i].push(ours / v);
+                        row += &format!(" {:>6.2}×", ours / v);
+                    }
+                    None => row += &format!(" {:>7}", "-"),
+                }
+            }
+            println!("{row}");
+        }
+        let [tk, tp] = ratios.map(median_text);
+        println!("{} batch {batch}, medians: trainrun/Keras {tk}, trainrun/PyTorch eager {tp}", model.name());
     }
     Ok(())
 }
@@ -157,11 +262,11 @@ struct PredictPeer {
 
 impl PredictPeer {
     /// The peer's examples/s at `batch`, or `None` once it was skipped (said once, here).
-    fn run(&mut self, python: &str, batch: usize, threads: usize) -> Option<f64> {
+    fn run(&mut self, python: &str, model: PeerModel, batch: usize, threads: usize) -> Option<f64> {
         if self.skipped.is_some() {
             return None;
         }
-        peer(python, self.script, batch, threads)
+        peer(python, self.script, model, batch, threads)
             .map_err(|why| {
                 println!("{} SKIPPED: {why}", self.name);
                 self.skipped = Some(why);
@@ -250,10 +355,11 @@ fn density(m: &mut PredictModel, test: &Split, threads: usize) -> f64 {
 }
 
 /// A peer script's examples/s, or why there is none.
-fn peer(python: &str, script: &str, batch: usize, threads: usize) -> Result<f64, String> {
+fn peer(python: &str, script: &str, model: PeerModel, batch: usize, threads: usize) -> Result<f64, String> {
     let out = std::process::Command::new(python)
         .arg(script)
         .args(["--batch", &batch.to_string(), "--threads", &threads.to_string(), "--rounds", &ROUNDS.to_string()])
+        .args(["--model", model.name(), "--examples", &RANDOM_EXAMPLES.to_string()])
         .output()
         .map_err(|e| format!("cannot run {python} {script}: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
