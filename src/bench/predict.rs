@@ -56,16 +56,7 @@ struct PredictModel {
 
 /// Prints the table.
 pub fn run(exe: &Path, python: &str) -> Result<(), String> {
-    let inv = Invocation {
-        spec: SPEC.into(),
-        sets: vec![],
-        // The bench's own variable would be refused by the spec as an unknown `TRAINRUN_` name.
-        env: std::env::vars().filter(|(k, _)| k != "TRAINRUN_BENCH_PYTHON").collect(),
-        quiet: true,
-        task: None,
-        launched: Instant::now(),
-    };
-    let plan = prepare(&inv).map_err(|e| e.to_string())?.plan;
+    let plan = plan_of(SPEC)?;
     println!(
         "\n== predict: tutorial model ({SPEC}) on the MNIST test split, examples/s of a warm pass (best of {ROUNDS}), \
          2 threads; CPU: {}; trainrun T, Keras model.predict K (benches/predict_keras.py), PyTorch eager P \
@@ -189,15 +180,7 @@ fn zoo_rows(
     (python, keras, torch): (&str, &mut PredictPeer, &mut PredictPeer),
     threads: usize,
 ) -> Result<(), String> {
-    let inv = Invocation {
-        spec: spec.into(),
-        sets: vec![],
-        env: std::env::vars().filter(|(k, _)| k != "TRAINRUN_BENCH_PYTHON").collect(),
-        quiet: true,
-        task: None,
-        launched: Instant::now(),
-    };
-    let plan = prepare(&inv).map_err(|e| e.to_string())?.plan;
+    let plan = plan_of(spec)?;
     let built = plan.model.build().map_err(|e| e.to_string())?;
     let (params, state) = built.init(plan.seed);
     let mut m = PredictModel { model: built, params, state };
@@ -251,6 +234,20 @@ fn zoo_rows(
 /// A figure, or a dash for a skipped peer.
 fn cell(v: Option<f64>) -> String {
     v.map_or_else(|| format!("{:>9}", "skipped"), |v| format!("{v:>9.0}"))
+}
+
+/// The plan of `spec`, as `trainrun SPEC` would make it.
+fn plan_of(spec: &str) -> Result<crate::plan::Plan, String> {
+    let inv = Invocation {
+        spec: spec.into(),
+        sets: vec![],
+        // The bench's own variable would be refused by the spec as an unknown `TRAINRUN_` name.
+        env: std::env::vars().filter(|(k, _)| k != "TRAINRUN_BENCH_PYTHON").collect(),
+        quiet: true,
+        task: None,
+        launched: Instant::now(),
+    };
+    Ok(prepare(&inv).map_err(|e| e.to_string())?.plan)
 }
 
 /// A peer script, and why it was skipped once it was.
