@@ -15,8 +15,8 @@
 //! softmax fused into one pass over the scores and causal blocks of rows skipping the keys
 //! they cannot see. Tasks write disjoint rows, so results are the same bits on any thread
 //! count (the tasks are examples rather than example × head so that they own whole rows; a
-//! batch is normally much larger than the thread count). Every buffer is kept in the layer
-//! and reused across steps.
+//! batch is normally much larger than the thread count). What backward reads is kept in the
+//! layer and reused across steps; scratch is lent by the thread's pool (`lent.rs`).
 //!
 //! Memory (the flash-attention idea, issue 34): no `[T, T]` matrix is kept from forward to
 //! backward. Forward keeps, per row of each head, the softmax's maximum and the inverse of
@@ -35,6 +35,7 @@
 
 use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
+use super::lent::lend;
 use crate::engine::bf16::{self, ProductPath};
 use crate::engine::fastmath::{dot, exp, max, sum};
 use crate::engine::kernels::{add_bias, add_rows, par_rows, partition, split_rows};
@@ -105,22 +106,17 @@ pub struct MultiHeadAttention {
     qkv: Vec<f32>,
     stats: Vec<f32>,
     merged: Vec<f32>,
-    /// Per task, the [`Tile`] of one head at a time, forward and backward.
-    tiles: Vec<f32>,
-    /// Backward scratch shaped like `merged` and `qkv`.
-    d_merged: Vec<f32>,
-    d_qkv: Vec<f32>,
 }
 
 /// One task's `[T, T]` buffers for the head it is working on: probabilities, their gradient,
 /// and the dropped probabilities (empty without dropout).
-struct Tile<'a> {
+struct HeadTile<'a> {
     p: &'a mut [f32],
     dp: &'a mut [f32],
     dropped: &'a mut [f32],
 }
 
-impl<'a> Tile<'a> {
+impl<'a> HeadTile<'a> {
     /// Values a task's tile takes: two or, with dropout, three `[T, T]` buffers.
     fn len(t: usize, drops: bool) -> usize {
         t * t * if drops { 3 } else { 2 }
@@ -161,9 +157,6 @@ impl MultiHeadAttention {
             qkv: Vec::new(),
             stats: Vec::new(),
             merged: Vec::new(),
-            tiles: Vec::new(),
-            d_merged: Vec::new(),
-            d_qkv: Vec::new(),
         })
     }
 
@@ -204,13 +197,14 @@ impl MultiHeadAttention {
         let (ranges, per, stat) = (partition(n, threads), geo.heads * t * t, geo.heads * t * 2);
         let qkvs = split_rows(qkv, &ranges, t * 3 * d);
         let stats = split_rows(sized(&mut self.stats, n * stat), &ranges, stat);
-        let tiles = sized(&mut self.tiles, ranges.len() * Tile::len(t, drops)).chunks_exact_mut(Tile::len(t, drops));
+        let mut tiles = lend(ranges.len() * HeadTile::len(t, drops));
+        let tiles = tiles.chunks_exact_mut(HeadTile::len(t, drops));
         let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
         let drop_seed = drops.then_some(pass.seed);
         let tasks = qkvs.into_par_iter().zip(stats).zip(tiles.collect::<Vec<_>>()).zip(merged).zip(&ranges);
         tasks.for_each(|((((qkv, stats), tile), out), r)| {
             add_bias(qkv, &b_qkv[..3 * d]);
-            let mut tile = Tile::new(tile, t);
+            let mut tile = HeadTile::new(tile, t);
             for (i, b) in r.clone().enumerate() {
                 for head in 0..geo.heads {
                     let first = (b * per + head * t * t) as u64;
@@ -348,7 +342,7 @@ impl Head<'_> {
 
     /// Probabilities in `tile` (their statistics into `stats`, `[T, 2]`), output into the
     /// head's columns of `out`, the example's `[T, dim]` merged heads.
-    fn forward(self, tile: &mut Tile<'_>, stats: &mut [f32], out: &mut [f32]) {
+    fn forward(self, tile: &mut HeadTile<'_>, stats: &mut [f32], out: &mut [f32]) {
         let Head { geo, qkv, head, .. } = self;
         let (t, hd) = (geo.t, geo.hd);
         let [_, _, v] = geo.qkv(qkv, head);
@@ -368,7 +362,7 @@ impl Head<'_> {
     /// the gradients of the head's query, key and value, written into its columns of `dqkv`
     /// (`[T, 3·dim]`). The probabilities are recomputed into `tile` from the projections and
     /// the forward pass's `stats`.
-    fn backward(self, tile: &mut Tile<'_>, stats: &[f32], d_out: &[f32], dqkv: &mut [f32]) {
+    fn backward(self, tile: &mut HeadTile<'_>, stats: &[f32], d_out: &[f32], dqkv: &mut [f32]) {
         let Head { geo, qkv, head, first, drop_seed } = self;
         let (t, d, hd) = (geo.t, geo.d, geo.hd);
         let [q, k, v] = geo.qkv(qkv, head);
@@ -466,7 +460,8 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
+        let (mut d_merged, mut d_qkv) = (lend(rows * d), lend(rows * 3 * d));
+        let merged = MatRef::rows(&self.merged, rows, d);
         let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
             bf16::gemm(geo.projections, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
@@ -476,16 +471,17 @@ impl Layer for MultiHeadAttention {
             add_rows(&mut g_bout[..d], dy);
         };
         both(threads, output_weights, |threads| {
-            bf16::gemm(geo.projections, MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
+            bf16::gemm(geo.projections, MatMut::rows(&mut d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
         });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
-        let tiles = sized(&mut self.tiles, ranges.len() * Tile::len(t, drops)).chunks_exact_mut(Tile::len(t, drops));
-        let d_qkv = split_rows(sized(&mut self.d_qkv, rows * 3 * d), &ranges, t * 3 * d);
-        let (qkv, stats, d_merged) = (&self.qkv[..], &self.stats[..], &self.d_merged[..]);
+        let mut tiles = lend(ranges.len() * HeadTile::len(t, drops));
+        let tiles = tiles.chunks_exact_mut(HeadTile::len(t, drops));
+        let d_qkvs = split_rows(&mut d_qkv, &ranges, t * 3 * d);
+        let (qkv, stats, d_merged) = (&self.qkv[..], &self.stats[..], &d_merged[..]);
         let drop_seed = drops.then_some(pass.seed);
-        tiles.collect::<Vec<_>>().into_par_iter().zip(d_qkv).zip(&ranges).for_each(|((tile, dqkv), r)| {
-            let mut tile = Tile::new(tile, t);
+        tiles.collect::<Vec<_>>().into_par_iter().zip(d_qkvs).zip(&ranges).for_each(|((tile, dqkv), r)| {
+            let mut tile = HeadTile::new(tile, t);
             for (i, b) in r.clone().enumerate() {
                 let dqkv = &mut dqkv[i * t * 3 * d..][..t * 3 * d];
                 for head in 0..geo.heads {
@@ -496,7 +492,7 @@ impl Layer for MultiHeadAttention {
                 }
             }
         });
-        let d_qkv = &self.d_qkv[..rows * 3 * d];
+        let d_qkv = &d_qkv[..];
         let (x, d_qkv_m, w_qkv) =
             (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
