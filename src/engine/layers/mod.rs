@@ -12,6 +12,7 @@ mod embedding;
 mod gelu;
 mod global_avg_pool2d;
 mod layer_norm;
+mod lent;
 mod lm_head;
 mod max_pool2d;
 mod multi_head_attention;

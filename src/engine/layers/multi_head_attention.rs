@@ -15,14 +15,27 @@
 //! softmax fused into one pass over the scores and causal blocks of rows skipping the keys
 //! they cannot see. Tasks write disjoint rows, so results are the same bits on any thread
 //! count (the tasks are examples rather than example × head so that they own whole rows; a
-//! batch is normally much larger than the thread count). Every buffer is kept in the layer
-//! and reused across steps.
+//! batch is normally much larger than the thread count). What backward reads is kept in the
+//! layer and reused across steps; scratch is lent by the thread's pool (`lent.rs`).
+//!
+//! Memory (the flash-attention idea, issue 34): no `[T, T]` matrix is kept from forward to
+//! backward. Forward keeps, per row of each head, the softmax's maximum and the inverse of
+//! its sum (what the log-sum-exp holds); backward recomputes the head's scores with the same
+//! products and turns them into the same probabilities with those statistics, in a `[T, T]`
+//! tile per task that the next head reuses. Kept memory is linear in `T` (projections, merged
+//! heads, two floats a row per head); the tiles are `threads × 3 × T²` whatever the batch.
+//! Why whole rows rather than flash attention's column tiles with a running max and sum: a
+//! running rescale rounds differently from today's softmax, so float32 results would change
+//! bits (the golden runs pin them), and at GPT's block sizes (T ≤ 1024) a task's `[T, T]`
+//! tile stays in L2 cache; the recomputed probabilities here are the same bits as before, so
+//! one path serves both precision policies. Backward recomputes one product of the four.
 //!
 //! Dropout masks are a pure function of `(pass.seed, salt, index)`, as in `dropout.rs`:
 //! backward recomputes them.
 
 use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
+use super::lent::lend;
 use crate::engine::bf16::{self, ProductPath};
 use crate::engine::fastmath::{dot, exp, max, sum};
 use crate::engine::kernels::{add_bias, add_rows, par_rows, partition, split_rows};
@@ -87,21 +100,34 @@ pub struct MultiHeadAttention {
     kernel_init: Init,
     output_init: Init,
     output: Shape,
-    /// Forward: projected queries, keys, values `[rows, 3·dim]`; probabilities `[n, heads, T,
-    /// T]` and, with dropout, the dropped ones; the heads' outputs side by side `[rows, dim]`.
+    /// Forward: projected queries, keys, values `[rows, 3·dim]`; each head's softmax
+    /// statistics `[n, heads, T, 2]` (see [`softmax_rows`]); the heads' outputs side by side
+    /// `[rows, dim]`.
     qkv: Vec<f32>,
-    probs: Vec<f32>,
-    dropped: Vec<f32>,
+    stats: Vec<f32>,
     merged: Vec<f32>,
-    /// Backward scratch of the same shapes.
-    d_merged: Vec<f32>,
-    d_probs: Vec<f32>,
-    d_qkv: Vec<f32>,
 }
 
-/// `len`-value chunks of `buf` for each range of tasks, or empty slices when `buf` is empty.
-fn task_parts<'a>(buf: &'a mut [f32], ranges: &[std::ops::Range<usize>], len: usize) -> Vec<&'a mut [f32]> {
-    if buf.is_empty() { ranges.iter().map(|_| <&mut [f32]>::default()).collect() } else { split_rows(buf, ranges, len) }
+/// One task's `[T, T]` buffers for the head it is working on: probabilities, their gradient,
+/// and the dropped probabilities (empty without dropout).
+struct HeadTile<'a> {
+    p: &'a mut [f32],
+    dp: &'a mut [f32],
+    dropped: &'a mut [f32],
+}
+
+impl<'a> HeadTile<'a> {
+    /// Values a task's tile takes: two or, with dropout, three `[T, T]` buffers.
+    fn len(t: usize, drops: bool) -> usize {
+        t * t * if drops { 3 } else { 2 }
+    }
+
+    /// A task's tiles out of its `len(t, drops)` values.
+    fn new(buf: &'a mut [f32], t: usize) -> Self {
+        let (p, rest) = buf.split_at_mut(t * t);
+        let (dp, dropped) = rest.split_at_mut(t * t);
+        Self { p, dp, dropped }
+    }
 }
 
 impl MultiHeadAttention {
@@ -129,12 +155,8 @@ impl MultiHeadAttention {
             output_init: init,
             output: Shape(vec![seq_len, dim]),
             qkv: Vec::new(),
-            probs: Vec::new(),
-            dropped: Vec::new(),
+            stats: Vec::new(),
             merged: Vec::new(),
-            d_merged: Vec::new(),
-            d_probs: Vec::new(),
-            d_qkv: Vec::new(),
         })
     }
 
@@ -172,22 +194,23 @@ impl MultiHeadAttention {
         bf16::gemm(geo.projections, MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
-        let (ranges, per) = (partition(n, threads), geo.heads * t * t);
+        let (ranges, per, stat) = (partition(n, threads), geo.heads * t * t, geo.heads * t * 2);
         let qkvs = split_rows(qkv, &ranges, t * 3 * d);
-        let probs = split_rows(sized(&mut self.probs, n * per), &ranges, per);
-        let dropped = task_parts(sized(&mut self.dropped, if drops { n * per } else { 0 }), &ranges, per);
+        let stats = split_rows(sized(&mut self.stats, n * stat), &ranges, stat);
+        let mut tiles = lend(ranges.len() * HeadTile::len(t, drops));
+        let tiles = tiles.chunks_exact_mut(HeadTile::len(t, drops));
         let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
         let drop_seed = drops.then_some(pass.seed);
-        let tasks = qkvs.into_par_iter().zip(probs).zip(dropped).zip(merged).zip(&ranges);
-        tasks.for_each(|((((qkv, p), dr), out), r)| {
+        let tasks = qkvs.into_par_iter().zip(stats).zip(tiles.collect::<Vec<_>>()).zip(merged).zip(&ranges);
+        tasks.for_each(|((((qkv, stats), tile), out), r)| {
             add_bias(qkv, &b_qkv[..3 * d]);
+            let mut tile = HeadTile::new(tile, t);
             for (i, b) in r.clone().enumerate() {
                 for head in 0..geo.heads {
-                    let at = i * per + head * t * t;
-                    let dr = if dr.is_empty() { &mut [][..] } else { &mut dr[at..at + t * t] };
                     let first = (b * per + head * t * t) as u64;
+                    let stats = &mut stats[(i * geo.heads + head) * t * 2..][..t * 2];
                     let (qkv, out) = (&qkv[i * t * 3 * d..][..t * 3 * d], &mut out[i * t * d..][..t * d]);
-                    Head { geo: &geo, qkv, head, first, drop_seed }.forward(&mut p[at..at + t * t], dr, out);
+                    Head { geo: &geo, qkv, head, first, drop_seed }.forward(&mut tile, stats, out);
                 }
             }
         });
@@ -208,10 +231,11 @@ impl MultiHeadAttention {
     }
 }
 
-/// Softmax of each row of the `[T, T]` scores `p` in place, zero past the causal limit.
+/// Softmax of each row of the `[T, T]` scores `p` in place, zero past the causal limit;
+/// each row's maximum and inverse sum go into `stats` (`[T, 2]`) for [`probabilities_rows`].
 #[inline(always)]
-fn softmax_rows(geo: &Geometry, p: &mut [f32]) {
-    for (i, row) in p.chunks_exact_mut(geo.t).enumerate() {
+fn softmax_rows(geo: &Geometry, p: &mut [f32], stats: &mut [f32]) {
+    for ((i, row), stat) in p.chunks_exact_mut(geo.t).enumerate().zip(stats.chunks_exact_mut(2)) {
         let (live, masked) = row.split_at_mut(geo.live(i));
         let top = max(live);
         for v in live.iter_mut() {
@@ -220,6 +244,21 @@ fn softmax_rows(geo: &Geometry, p: &mut [f32]) {
         let inv = 1.0 / sum(live);
         for v in live.iter_mut() {
             *v *= inv;
+        }
+        masked.fill(0.0);
+        stat.copy_from_slice(&[top, inv]);
+    }
+}
+
+/// [`softmax_rows`] again from the same scores and its `stats`, without the maximum and the
+/// sum: each probability is rounded by the same two operations, so these are the same bits.
+#[inline(always)]
+fn probabilities_rows(geo: &Geometry, p: &mut [f32], stats: &[f32]) {
+    for ((i, row), stat) in p.chunks_exact_mut(geo.t).enumerate().zip(stats.chunks_exact(2)) {
+        let (live, masked) = row.split_at_mut(geo.live(i));
+        let (top, inv) = (stat[0], stat[1]);
+        for v in live.iter_mut() {
+            *v = exp(*v - top) * inv;
         }
         masked.fill(0.0);
     }
@@ -274,32 +313,46 @@ struct Head<'a> {
 }
 
 impl Head<'_> {
-    /// Probabilities into `p` (and, with dropout, the dropped ones into `dropped`), output
-    /// into the head's columns of `out`, the example's `[T, dim]` merged heads.
-    fn forward(self, p: &mut [f32], dropped: &mut [f32], out: &mut [f32]) {
-        let Head { geo, qkv, head, first, drop_seed } = self;
-        let (t, hd) = (geo.t, geo.hd);
-        let [q, k, v] = geo.qkv(qkv, head);
-        let mut scores = MatMut::rows(p, t, t);
+    /// The scaled scores `q·kᵀ/√hd` into `p` (`[T, T]`), by blocks of rows; entries past a
+    /// causal block's last row are left as they were (the softmax zeroes them).
+    fn scores(self, p: &mut [f32]) {
+        let (geo, hd) = (self.geo, self.geo.hd);
+        let [q, k, _] = geo.qkv(self.qkv, self.head);
+        let mut scores = MatMut::rows(p, geo.t, geo.t);
         for (rows, cols) in row_blocks(geo) {
             let (q, k) = (q.block(rows.clone(), 0..hd), k.block(0..cols, 0..hd));
             geo.head_product(scores.block(rows, 0..cols), q, k.t(), geo.scale());
         }
-        vectorized(
-            #[inline(always)]
-            || softmax_rows(geo, p),
-        );
-        let used: &[f32] = match drop_seed {
+    }
+
+    /// What the values are multiplied by: `p`, or with dropout the dropped probabilities,
+    /// written into `dropped`.
+    fn used<'b>(self, p: &'b [f32], dropped: &'b mut [f32]) -> &'b [f32] {
+        match self.drop_seed {
             None => p,
             Some(seed) => {
-                let mask = masker(geo.rate, geo.salt, seed);
-                for ((d, p), i) in dropped.iter_mut().zip(p.iter()).zip(first..) {
+                let mask = masker(self.geo.rate, self.geo.salt, seed);
+                for ((d, p), i) in dropped.iter_mut().zip(p).zip(self.first..) {
                     *d = p * mask(i);
                 }
                 dropped
             }
-        };
-        let (used, mut out) = (MatRef::rows(used, t, t), geo.head_cols(out, geo.d, head * hd));
+        }
+    }
+
+    /// Probabilities in `tile` (their statistics into `stats`, `[T, 2]`), output into the
+    /// head's columns of `out`, the example's `[T, dim]` merged heads.
+    fn forward(self, tile: &mut HeadTile<'_>, stats: &mut [f32], out: &mut [f32]) {
+        let Head { geo, qkv, head, .. } = self;
+        let (t, hd) = (geo.t, geo.hd);
+        let [_, _, v] = geo.qkv(qkv, head);
+        self.scores(tile.p);
+        vectorized(
+            #[inline(always)]
+            || softmax_rows(geo, tile.p, stats),
+        );
+        let used = MatRef::rows(self.used(tile.p, tile.dropped), t, t);
+        let mut out = geo.head_cols(out, geo.d, head * hd);
         for (rows, cols) in row_blocks(geo) {
             geo.head_product(out.block(rows.clone(), 0..hd), used.block(rows, 0..cols), v.block(0..cols, 0..hd), 1.0);
         }
@@ -307,14 +360,20 @@ impl Head<'_> {
 
     /// The backward from `d_out` (the example's `[T, dim]` gradient of the merged heads) to
     /// the gradients of the head's query, key and value, written into its columns of `dqkv`
-    /// (`[T, 3·dim]`), with `dp` as `[T, T]` scratch. `used` are the probabilities the forward
-    /// pass multiplied the values by: `probs`, or the dropped ones with dropout.
-    fn backward(self, (probs, used): (&[f32], &[f32]), d_out: &[f32], dp: &mut [f32], dqkv: &mut [f32]) {
+    /// (`[T, 3·dim]`). The probabilities are recomputed into `tile` from the projections and
+    /// the forward pass's `stats`.
+    fn backward(self, tile: &mut HeadTile<'_>, stats: &[f32], d_out: &[f32], dqkv: &mut [f32]) {
         let Head { geo, qkv, head, first, drop_seed } = self;
         let (t, d, hd) = (geo.t, geo.d, geo.hd);
         let [q, k, v] = geo.qkv(qkv, head);
+        self.scores(tile.p);
+        vectorized(
+            #[inline(always)]
+            || probabilities_rows(geo, tile.p, stats),
+        );
+        let (probs, dp) = (&*tile.p, &mut *tile.dp);
+        let used = MatRef::rows(self.used(probs, tile.dropped), t, t);
         let d_out = MatRef::new(&d_out[head * hd..], t, hd, d, 1);
-        let used = MatRef::rows(used, t, t);
         {
             let mut g = MatMut::rows(dp, t, t);
             for (rows, cols) in row_blocks(geo) {
@@ -364,12 +423,11 @@ impl Layer for MultiHeadAttention {
         &self.output
     }
 
-    /// The output, the projections `[T, 3·dim]`, the probabilities `[heads, T, T]` (twice
-    /// with dropout) and the merged heads `[T, dim]`.
+    /// The output, the projections `[T, 3·dim]`, the softmax statistics `[heads, T, 2]` and
+    /// the merged heads `[T, dim]`: linear in `T` (the per-task tiles do not grow with the batch).
     fn activation_len(&self) -> usize {
-        let Geometry { t, d, heads, rate, .. } = self.geo;
-        let probs = heads * t * t * if rate > 0.0 { 2 } else { 1 };
-        t * d + t * 3 * d + probs + t * d
+        let Geometry { t, d, heads, .. } = self.geo;
+        t * d + t * 3 * d + heads * t * 2 + t * d
     }
 
     fn params(&self) -> Vec<ParamSpec> {
@@ -402,7 +460,8 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        let (merged, d_merged) = (MatRef::rows(&self.merged, rows, d), sized(&mut self.d_merged, rows * d));
+        let (mut d_merged, mut d_qkv) = (lend(rows * d), lend(rows * 3 * d));
+        let merged = MatRef::rows(&self.merged, rows, d);
         let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
             bf16::gemm(geo.projections, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
@@ -412,27 +471,28 @@ impl Layer for MultiHeadAttention {
             add_rows(&mut g_bout[..d], dy);
         };
         both(threads, output_weights, |threads| {
-            bf16::gemm(geo.projections, MatMut::rows(d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
+            bf16::gemm(geo.projections, MatMut::rows(&mut d_merged, rows, d), dy_m, w_out.t(), false, 1.0, threads)
         });
 
         let (ranges, per) = (partition(n, threads), geo.heads * t * t);
-        let d_probs = split_rows(sized(&mut self.d_probs, n * per), &ranges, per);
-        let d_qkv = split_rows(sized(&mut self.d_qkv, rows * 3 * d), &ranges, t * 3 * d);
-        let (qkv, probs, d_merged) = (&self.qkv[..], &self.probs[..], &self.d_merged[..]);
-        let (used, drop_seed) = if drops { (&self.dropped[..], Some(pass.seed)) } else { (probs, None) };
-        d_probs.into_par_iter().zip(d_qkv).zip(&ranges).for_each(|((dp, dqkv), r)| {
+        let mut tiles = lend(ranges.len() * HeadTile::len(t, drops));
+        let tiles = tiles.chunks_exact_mut(HeadTile::len(t, drops));
+        let d_qkvs = split_rows(&mut d_qkv, &ranges, t * 3 * d);
+        let (qkv, stats, d_merged) = (&self.qkv[..], &self.stats[..], &d_merged[..]);
+        let drop_seed = drops.then_some(pass.seed);
+        tiles.collect::<Vec<_>>().into_par_iter().zip(d_qkvs).zip(&ranges).for_each(|((tile, dqkv), r)| {
+            let mut tile = HeadTile::new(tile, t);
             for (i, b) in r.clone().enumerate() {
                 let dqkv = &mut dqkv[i * t * 3 * d..][..t * 3 * d];
                 for head in 0..geo.heads {
-                    let (at, first) = (i * per + head * t * t, b * per + head * t * t);
-                    let p = (&probs[first..][..t * t], &used[first..][..t * t]);
+                    let first = (b * per + head * t * t) as u64;
+                    let stats = &stats[(b * geo.heads + head) * t * 2..][..t * 2];
                     let (qkv, d_out) = (&qkv[b * t * 3 * d..][..t * 3 * d], &d_merged[b * t * d..][..t * d]);
-                    let head = Head { geo: &geo, qkv, head, first: first as u64, drop_seed };
-                    head.backward(p, d_out, &mut dp[at..at + t * t], dqkv);
+                    Head { geo: &geo, qkv, head, first, drop_seed }.backward(&mut tile, stats, d_out, dqkv);
                 }
             }
         });
-        let d_qkv = &self.d_qkv[..rows * 3 * d];
+        let d_qkv = &d_qkv[..];
         let (x, d_qkv_m, w_qkv) =
             (MatRef::rows(x, rows, d), MatRef::rows(d_qkv, rows, 3 * d), MatRef::rows(w_qkv, d, 3 * d));
         let mut qkv_weights = |threads| {
