@@ -34,7 +34,7 @@ fn structure(svg: &str) -> String {
             // Runs of masked digits (and their points) read as one number.
             let mut squeezed = String::new();
             for c in masked.chars() {
-                if !(c == '#' && squeezed.ends_with('#')) && !(c == '.' && squeezed.ends_with('#')) {
+                if !(matches!(c, '#' | '.') && squeezed.ends_with('#')) {
                     squeezed.push(c);
                 }
             }
