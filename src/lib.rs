@@ -32,5 +32,6 @@ pub mod signals;
 pub mod spec;
 pub mod strategy;
 pub mod sweep;
+pub mod tracking;
 pub mod train;
 pub mod vocab;

@@ -509,6 +509,20 @@ const CASES: &[Case] = &[
     Case { path: "run.name", base: WORKERS, sets: &[], set: "run.name=@", benign: "job" },
     Case { path: "run.out_dir", base: WORKERS, sets: &[], set: "run.out_dir=@", benign: "runs/job" },
     Case {
+        path: "run.tracking.experiment",
+        base: WORKERS,
+        sets: &[],
+        set: "run.tracking={ experiment = @ }",
+        benign: "mnist",
+    },
+    Case {
+        path: "run.tracking.mlflow",
+        base: WORKERS,
+        sets: &[],
+        set: "run.tracking={ mlflow = @ }",
+        benign: "http://mlflow:5000",
+    },
+    Case {
         path: "strategy.device",
         base: SINGLE,
         sets: &["strategy={ kind = \"one_device\" }"],

@@ -144,6 +144,7 @@ impl SpecHashes {
         s.run.name = None;
         s.run.out_dir = None;
         s.run.threads = None;
+        s.run.tracking = None;
         s.extends = None;
         s.deploy = None;
         Self {

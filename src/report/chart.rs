@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-subset.ttf");
 
 /// Picture size, pixels.
-const SIZE: (u32, u32) = (1000, 600);
+pub(super) const SIZE: (u32, u32) = (1000, 600);
 
 /// Tableau 10: distinguishable, also for most colour-blind readers.
 const PALETTE: [RGBColor; 10] = [
@@ -29,6 +29,12 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(156, 117, 95),
     RGBColor(186, 176, 172),
 ];
+
+/// The palette's colour `i` (cycling), as SVG writes colours.
+pub(super) fn colour(i: usize) -> String {
+    let RGBColor(r, g, b) = PALETTE[i % PALETTE.len()];
+    format!("#{r:02x}{g:02x}{b:02x}")
+}
 
 /// One run's curves of one quantity.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +82,7 @@ pub fn draw(chart: &Chart, svg: &Path, png: &Path) -> Result<(), ReportError> {
 }
 
 /// The SVG as PNG bytes, twice the SVG's size so text stays crisp on dense screens.
-fn rasterize(svg: &str) -> Result<Vec<u8>, ReportError> {
+pub(super) fn rasterize(svg: &str) -> Result<Vec<u8>, ReportError> {
     let mut options = resvg::usvg::Options::default();
     let fonts = options.fontdb_mut();
     fonts.load_font_data(FONT.to_vec());

@@ -137,6 +137,16 @@ pub fn sweep_page(record: &SweepRecord, rows: &[Row]) -> String {
         "</table>\n<p class=\"meta\">Solid lines: training (mean over each logging interval); \
                    dashed lines with dots: validation. The same table is in <code>results.csv</code>.</p>\n",
     );
+    body.push_str(
+        "<h2>Parameters against the metric</h2>\n<img src=\"parallel.svg\" alt=\"parallel coordinates of the \
+         swept parameters and the metric, one line per trial\">\n",
+    );
+    if rows.iter().any(|r| matches!(r.status, Status::StoppedEarly { .. })) {
+        body.push_str(
+            "<h2>Where the scheduler stopped trials</h2>\n<img src=\"rungs.svg\" alt=\"each trial's curve of \
+             the metric, marked where it stopped\">\n",
+        );
+    }
     page(&format!("Sweep {}", record.name), &body)
 }
 

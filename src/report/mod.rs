@@ -1,9 +1,12 @@
 //! `trainrun report DIR`: loss and accuracy curves against the step of a run folder (training
 //! and validation), or of every trial of a sweep folder overlaid, as `loss.svg`/`.png` and
-//! `accuracy.svg`/`.png` in DIR, and `report.html` with the results table and the plots.
+//! `accuracy.svg`/`.png` in DIR, and `report.html` with the results table and the plots. A
+//! sweep also gets its parallel-coordinates plot and, when a scheduler stopped trials, their
+//! curves with the rung where each stopped ([`parallel`]).
 
 mod chart;
 mod html;
+mod parallel;
 
 use crate::exit::RunError;
 use crate::sweep::results::{self, SweepRecord};
@@ -208,6 +211,8 @@ fn write_sweep(dir: &Path, record: &SweepRecord) -> Result<Vec<PathBuf>, ReportE
         }
     }
     let mut written = draw_all(dir, &charts(&record.name, &runs))?;
+    written.extend(parallel::parallel(dir, &record.name, &rows, &record.metric)?);
+    written.extend(parallel::rungs(dir, &record.name, &rows, &record.metric)?);
     let page = dir.join("report.html");
     std::fs::write(&page, html::sweep_page(record, &rows)).map_err(|e| ReportError::io(&page, e))?;
     written.push(page);

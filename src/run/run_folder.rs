@@ -1,11 +1,13 @@
 //! The chief's run folder as the edge sees it: `run.json` when training starts (how to
-//! reproduce the run) and when it ends (how it ended), around the folder `train` writes.
+//! reproduce the run) and when it ends (how it ended), around the folder `train` writes; and,
+//! when the run is tracked, its MLflow run, which ends with the folder's files and status.
 
 use crate::cluster::{Address, TaskId};
 use crate::data::Normalization;
 use crate::exit::RunError;
 use crate::prepare::{Invocation, Prepared};
 use crate::provenance::{Git, Host, rfc3339};
+use crate::tracking::{RunEnd, Tracker, TrackingStart, TrackingTarget};
 use crate::train::run_dir::{RecordError, RunDir, RunDirOptions};
 use crate::train::run_json::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
 
@@ -13,6 +15,7 @@ use crate::train::run_json::{RunRecord, RunStatus, Seeds, SpecSource, Topology};
 pub struct RunFolder {
     dir: RunDir,
     record: RunRecord,
+    tracker: Option<Tracker>,
 }
 
 impl RunFolder {
@@ -34,14 +37,18 @@ impl RunFolder {
             accuracy: p.plan.train.accuracy,
         };
         let out = &p.plan.out_dir;
-        let dir = match resumed_step {
+        let mut dir = match resumed_step {
             None => RunDir::create(out, options),
             Some(step) => RunDir::resume(out, options, step),
         }
         .map_err(|e| out_dir_error(p, e))?;
         let record = RunRecord { normalization, ..run_record(inv, p) };
         dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
-        Ok(RunFolder { dir, record })
+        let tracker = track(inv, p, &record, resumed_step.is_some());
+        if let Some(t) = &tracker {
+            dir.also_to(t.lines());
+        }
+        Ok(RunFolder { dir, record, tracker })
     }
 
     /// The folder, for the training loop.
@@ -59,8 +66,55 @@ impl RunFolder {
             Err(e) => (RunStatus::Failed, e.exit(), Some(e.to_string())),
         };
         self.record.finish(inv.launched, status, code, error);
-        self.dir.record(&self.record).map_err(|e| RunError::Train(e.into()))
+        let recorded = self.dir.record(&self.record).map_err(|e| RunError::Train(e.into()));
+        if let Some(tracker) = self.tracker.take() {
+            let end = match status {
+                RunStatus::Completed => RunEnd::Finished,
+                RunStatus::Preempted | RunStatus::Interrupted => RunEnd::Killed,
+                RunStatus::Failed | RunStatus::Running => RunEnd::Failed,
+            };
+            tracker.end(end, &artifacts(self.dir.path()));
+        }
+        recorded
     }
+}
+
+/// Starts logging the run to MLflow when `[run.tracking]` or `MLFLOW_TRACKING_URI` names a
+/// server; a trial of a sweep logs into the sweep's experiment, as a child of its run.
+fn track(inv: &Invocation, p: &Prepared, record: &RunRecord, resumed: bool) -> Option<Tracker> {
+    let target = TrackingTarget::resolve(p.loaded.spec.run.tracking.as_ref(), &inv.env, &p.plan.name)?;
+    let mut tags = vec![
+        ("trainrun.version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+        ("trainrun.spec_sha256".to_string(), p.plan.hashes.results.clone()),
+        ("trainrun.out_dir".to_string(), p.plan.out_dir.display().to_string()),
+        ("mlflow.source.name".to_string(), inv.spec.display().to_string()),
+    ];
+    if let Some(commit) = &record.git.commit {
+        tags.push(("mlflow.source.git.commit".to_string(), commit.clone()));
+    }
+    let name = p.plan.out_dir.file_name().map_or_else(|| p.plan.name.clone(), |n| n.to_string_lossy().into_owned());
+    Some(Tracker::start(TrackingStart {
+        target,
+        run_name: name,
+        spec: serde_json::to_value(&p.loaded.spec).unwrap_or_default(),
+        tags,
+        folder: &p.plan.out_dir,
+        resumed,
+    }))
+}
+
+/// The files a tracked run uploads when it ends: its weights, summary and spec, and its report
+/// (drawn now; a report that cannot be drawn only leaves its plots out).
+fn artifacts(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<std::path::PathBuf> =
+        ["model.safetensors", "summary.json", "spec.toml", "run.json", "metrics.jsonl"]
+            .iter()
+            .map(|f| dir.join(f))
+            .collect();
+    if dir.join("metrics.jsonl").is_file() {
+        files.extend(crate::report::write(dir).unwrap_or_default());
+    }
+    files
 }
 
 /// The run folder cannot be made: say which key chose it and where that came from.

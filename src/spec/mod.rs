@@ -23,6 +23,7 @@ mod run;
 mod schema;
 mod strategy;
 pub mod sweep;
+mod tracking;
 mod train;
 mod validate;
 mod words;
@@ -40,7 +41,7 @@ pub use load::{Assignment, LoadError, Loaded, load, load_trial};
 pub use optimizer::{OptimizerKind, OptimizerSpec, ScalingRule, ScalingSpec, ScheduleSpec, WarmupSpec};
 pub use origins::Origins;
 pub use render::{render, render_each};
-pub use run::RunSpec;
+pub use run::{RunSpec, TrackingSpec};
 pub use schema::{schema_json, schema_value};
 pub use strategy::{
     ClusterSpec, CollectiveImplementation, CollectiveTransport, CommunicationOptions, CostModelSpec, CrossDeviceOps,
@@ -120,6 +121,8 @@ impl Spec {
         let mut spec = self.clone();
         spec.run.out_dir = None;
         spec.run.threads = None;
+        // Where a run is tracked changes nothing it computes.
+        spec.run.tracking = None;
         spec.cluster.token_file = None;
         spec.cluster.tls = None;
         spec.deploy = None;

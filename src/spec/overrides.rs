@@ -32,7 +32,7 @@ const PREFIX: &str = "TRAINRUN_";
 /// The variables trainrun reads besides spec overrides (docs/specs.md, "Layering", and docs/reliability.md
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
-pub(crate) const KNOWN_VARIABLES: [&str; 10] = [
+pub(crate) const KNOWN_VARIABLES: [&str; 11] = [
     "TRAINRUN_DATA_DIR",
     // The token cache's folder (`DataDirs::token_cache`).
     "TRAINRUN_TOKEN_CACHE",
@@ -43,6 +43,8 @@ pub(crate) const KNOWN_VARIABLES: [&str; 10] = [
     "TRAINRUN_JOB_TOKEN",
     "TRAINRUN_PROGRESS",
     "TRAINRUN_SWEEP_TRIAL",
+    // A tracked sweep's MLflow run, which its trials log under (`tracking::PARENT_VAR`).
+    "TRAINRUN_MLFLOW_PARENT",
     // The headless Service of a Kubernetes Indexed Job (`cluster::kubernetes::SERVICE_VAR`).
     "TRAINRUN_KUBERNETES_SERVICE",
     // The control-plane listener the local launcher bound and handed down (`cluster::launch`).

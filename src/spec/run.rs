@@ -1,9 +1,12 @@
-//! `[run]`: what the run is called, where it writes, how it is seeded and threaded.
+//! `[run]`: what the run is called, where it writes, how it is seeded and threaded, and where
+//! it is tracked.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
+
+pub use super::tracking::TrackingSpec;
 
 /// `[run]`: identity, seed, output folder and threads of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -34,6 +37,12 @@ pub struct RunSpec {
     /// epochs and evaluations are always logged. Default: `10`. Example: `log_every_steps = 50`.
     #[serde(default = "default_log_every_steps")]
     pub log_every_steps: NonZeroU64,
+
+    /// Where the chief also logs the run: an MLflow tracking server (`[run.tracking]`).
+    /// Default: none, unless `MLFLOW_TRACKING_URI` is set. Example:
+    /// `tracking = { mlflow = "http://127.0.0.1:5000" }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackingSpec>,
 }
 
 fn default_seed() -> u64 {
@@ -52,6 +61,7 @@ impl Default for RunSpec {
             out_dir: None,
             threads: None,
             log_every_steps: default_log_every_steps(),
+            tracking: None,
         }
     }
 }

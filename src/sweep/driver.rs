@@ -183,26 +183,47 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
     let stop = crate::signals::supervise();
-    if let Some(schedule) = &sweep.scheduler {
-        let rungs = Rungs { schedule, exe: &exe, parallel: opts.parallel, stop };
-        super::rungs::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?;
-        return finish(inv, &sweep, record, &record_path, &failures);
-    }
-    if let Some(search) = sweep.tpe.clone() {
-        let at = super::sequential::At { exe: &exe, parallel: opts.parallel, stop, record_path: &record_path };
-        super::sequential::run(inv, &mut sweep, &search, &at, &mut record, checked, &mut failures)?;
-        return finish(inv, &sweep, record, &record_path, &failures);
-    }
+    // A tracked sweep is a parent run, which its trials learn of through the environment.
+    let (tracker, inv) = super::tracked::parent(inv, &sweep);
+    let inv = &inv;
+    let result = (|| {
+        if let Some(schedule) = &sweep.scheduler {
+            let rungs = Rungs { schedule, exe: &exe, parallel: opts.parallel, stop };
+            super::rungs::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?;
+            return finish(inv, &sweep, record, &record_path, &failures);
+        }
+        if let Some(search) = sweep.tpe.clone() {
+            let at = super::sequential::At { exe: &exe, parallel: opts.parallel, stop, record_path: &record_path };
+            super::sequential::run(inv, &mut sweep, &search, &at, &mut record, checked, &mut failures)?;
+            return finish(inv, &sweep, record, &record_path, &failures);
+        }
+        every(inv, &sweep, &checked, &done, (&exe, opts.parallel, stop), &record, &mut failures)?;
+        finish(inv, &sweep, record, &record_path, &failures)
+    })();
+    super::tracked::end(tracker, &sweep, &result);
+    result
+}
+
+/// Runs the trials of a grid, random or listed sweep not complete yet.
+fn every(
+    inv: &Invocation,
+    sweep: &Sweep,
+    checked: &[ValidTrial],
+    done: &[bool],
+    (exe, parallel, stop): (&Path, usize, &std::sync::atomic::AtomicBool),
+    record: &SweepRecord,
+    failures: &mut BTreeMap<usize, u8>,
+) -> Result<(), RunError> {
     let jobs: Vec<TrialProcess> = sweep
         .trials
         .iter()
-        .zip(&checked)
-        .zip(&done)
+        .zip(checked)
+        .zip(done)
         .filter(|(_, d)| !**d)
-        .map(|((t, c), _)| job(inv, &sweep, t, c, &exe, opts.parallel, &[]))
+        .map(|((t, c), _)| job(inv, sweep, t, c, exe, parallel, &[]))
         .collect();
-    child::run_all(jobs, opts.parallel, stop, |event| on_event(inv, &sweep, &checked, &record, &mut failures, event));
-    finish(inv, &sweep, record, &record_path, &failures)
+    child::run_all(jobs, parallel, stop, |event| on_event(inv, sweep, checked, record, failures, event));
+    Ok(())
 }
 
 /// How a scheduled sweep runs its rungs.
@@ -420,13 +441,10 @@ pub(super) fn job(
     if parallel > 1 && !checked.threads_set {
         args.extend(["--set".to_string(), format!("run.threads={}", (checked.threads / parallel).max(1))]);
     }
-    TrialProcess {
-        index: trial.index,
-        dir: sweep.trial_dir(trial),
-        exe: exe.to_path_buf(),
-        args,
-        env: vec![(TRIAL_VAR.to_string(), format!("{}:{}", trial.index, checked.sha256))],
-    }
+    let mut env = vec![(TRIAL_VAR.to_string(), format!("{}:{}", trial.index, checked.sha256))];
+    // A tracked sweep's run, which the trial logs under ([`super::tracked`]).
+    env.extend(inv.env.iter().filter(|(k, _)| k == crate::tracking::PARENT_VAR).cloned());
+    TrialProcess { index: trial.index, dir: sweep.trial_dir(trial), exe: exe.to_path_buf(), args, env }
 }
 
 fn dry_run(sweep: &Sweep, checked: &[ValidTrial], done: &[bool]) -> String {

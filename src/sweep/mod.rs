@@ -20,6 +20,7 @@ pub mod results;
 mod rungs;
 pub mod selection;
 mod sequential;
+mod tracked;
 
 pub use crate::spec::sweep::{Sweep, Trial};
 pub use driver::{SweepOptions, SweepPart, run};

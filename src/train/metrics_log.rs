@@ -1,6 +1,7 @@
 //! `metrics.jsonl`: one [`MetricsLine`] every `run.log_every_steps` steps, per epoch and per
 //! evaluation, Keras's `logs` with the throughput, the time and the listed metrics. The run
-//! folder ([`super::run_dir`]) writes it, and TensorBoard's scalars from the same lines.
+//! folder ([`super::run_dir`]) writes it, TensorBoard's scalars from the same lines, and hands
+//! them to a [`LineSink`] when the run is tracked.
 
 use super::callbacks::Logs;
 use super::summary::ParameterServerStats;
@@ -19,6 +20,13 @@ pub enum MetricsEvent {
     Epoch,
     /// An evaluation on the test split (every N steps, or the final one).
     Evaluation,
+}
+
+/// Somewhere else the run folder's lines go as they are written (an MLflow server, through
+/// `crate::tracking`). It must return at once and never fail the run: the folder is the record.
+pub trait LineSink: Send {
+    /// Takes one line.
+    fn line(&mut self, line: &MetricsLine);
 }
 
 /// One line of `metrics.jsonl`.

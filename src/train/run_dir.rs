@@ -2,7 +2,7 @@
 //! ([`super::metrics_log`]), TensorBoard event files under `tensorboard/` (Keras's layout:
 //! `train/` and `validation/`), and `summary.json` ([`super::summary`]) at the end.
 
-use super::metrics_log::{MetricsEvent, MetricsLine, NamedMetrics};
+use super::metrics_log::{LineSink, MetricsEvent, MetricsLine, NamedMetrics};
 use super::run_json::RunRecord;
 use super::summary::{Summary, SummaryFile};
 use super::tensorboard::EventWriter;
@@ -51,6 +51,8 @@ pub struct RunDir {
     last: Option<MetricsLine>,
     /// The step of the last evaluation written.
     evaluated_at: Option<u64>,
+    /// Where the lines also go (a tracking server), if anywhere.
+    sink: Option<Box<dyn LineSink>>,
 }
 
 /// A file could not be written.
@@ -146,12 +148,18 @@ impl RunDir {
             validation: None,
             last: None,
             evaluated_at: None,
+            sink: None,
         })
     }
 
     /// The folder.
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// Hands every line written from now on to `sink` too.
+    pub fn also_to(&mut self, sink: Box<dyn LineSink>) {
+        self.sink = Some(sink);
     }
 
     /// Writes `run.json`.
@@ -194,6 +202,9 @@ impl RunDir {
         let text = serde_json::to_string(line).map_err(|e| RecordError { path: path.clone(), source: e.into() })?;
         writeln!(self.metrics, "{text}").and_then(|_| self.metrics.flush()).map_err(io(&path))?;
         self.events(line)?;
+        if let Some(sink) = &mut self.sink {
+            sink.line(line);
+        }
         if line.event != MetricsEvent::Step {
             self.last = Some(line.clone());
         }

@@ -1,0 +1,354 @@
+//! MLflow tracking end to end against a real `mlflow server` (PyPI's `mlflow`, SQLite backend,
+//! a local artifact folder, loopback, a free port), read back through MLflow's own Python
+//! client: params, metric history per step, tags, artifacts, status; a sweep's parent run and
+//! its children; an unreachable server (a warning, a normally trained run); a server killed
+//! mid-run (the run folder keeps everything, the end says what was not delivered).
+//!
+//! The Python with `mlflow` is `MLFLOW_TEST_PYTHON` (`.ci/run` makes a venv and sets
+//! it), else `python3`. Without it each test says so loudly and skips.
+
+mod common;
+
+use common::{assert_exit, free_port, json, tempdir, text, trainrun, wait_within};
+use serde_json::Value;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest any one run, sweep or server start may take here.
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn python() -> String {
+    std::env::var("MLFLOW_TEST_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
+
+/// Whether MLflow can be imported; says loudly when not.
+fn mlflow_available() -> bool {
+    let ok = Command::new(python()).args(["-c", "import mlflow"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n*** SKIPPED: {} cannot import mlflow (set MLFLOW_TEST_PYTHON to a Python with \
+             `pip install mlflow`; .ci/run does); MLflow tracking was not checked ***\n",
+            python()
+        );
+    }
+    ok
+}
+
+/// A running `mlflow server`, killed when dropped.
+struct Server {
+    child: Option<Child>,
+    uri: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempdir();
+        let port = free_port();
+        let db = format!("sqlite:///{}", dir.path().join("mlflow.db").display());
+        let artifacts = dir.path().join("artifacts");
+        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+        let child = Command::new(python())
+            .args(["-m", "mlflow", "server", "--backend-store-uri", &db, "--artifacts-destination"])
+            .arg(&artifacts)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--workers", "1"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start mlflow server: {e}"));
+        let uri = format!("http://127.0.0.1:{port}");
+        let server = Server { child: Some(child), uri, _dir: dir };
+        let started = Instant::now();
+        while !server.healthy() {
+            let log = std::fs::read_to_string(server._dir.path().join("server.log")).unwrap_or_default();
+            assert!(started.elapsed() < LIMIT, "mlflow server did not answer within {LIMIT:?}:\n{log}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        server
+    }
+
+    fn healthy(&self) -> bool {
+        let addr = self.uri.trim_start_matches("http://");
+        let Ok(mut s) = std::net::TcpStream::connect(addr) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let request = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        if s.write_all(request.as_bytes()).is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
+    }
+
+    /// Kills the server (and its workers: it runs them as its own children).
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            for pid in common::children(child.id()) {
+                common::signal(pid, libc::SIGKILL);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Every run of `experiment` on `uri`, as MLflow's client reads it back.
+const READER: &str = r#"
+import json, os, sys
+import mlflow
+from mlflow.tracking import MlflowClient
+uri, name = sys.argv[1], sys.argv[2]
+c = MlflowClient(tracking_uri=uri)
+exp = c.get_experiment_by_name(name)
+runs = c.search_runs([exp.experiment_id]) if exp else []
+out = []
+def listed(run_id, path=None):
+    files = []
+    for f in c.list_artifacts(run_id, path):
+        files.extend(listed(run_id, f.path) if f.is_dir else [f.path])
+    return files
+for r in runs:
+    rid = r.info.run_id
+    out.append({
+        "run_id": rid,
+        "name": r.info.run_name,
+        "status": r.info.status,
+        "params": r.data.params,
+        "tags": r.data.tags,
+        "metrics": {k: [[m.step, m.value] for m in c.get_metric_history(rid, k)] for k in r.data.metrics},
+        "artifacts": sorted(listed(rid)),
+    })
+print(json.dumps(out))
+"#;
+
+fn read_back(uri: &str, experiment: &str) -> Vec<Value> {
+    let out = Command::new(python()).args(["-c", READER, uri, experiment]).output().unwrap();
+    assert!(out.status.success(), "the MLflow client failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().cloned().unwrap_or_default()
+}
+
+/// Arguments of a short tutorial run into `dir`, tracked to `uri` under `experiment`.
+fn short_run(dir: &Path, uri: &str, experiment: &str, steps: u32) -> Vec<String> {
+    [
+        "specs/mnist_single.toml".to_string(),
+        "-q".into(),
+        "--set".into(),
+        format!("run.out_dir={}", dir.display()),
+        "--set".into(),
+        format!("train.steps_per_epoch={steps}"),
+        "--set".into(),
+        "train.epochs=1".into(),
+        "--set".into(),
+        "run.log_every_steps=10".into(),
+        "--set".into(),
+        format!("run.tracking={{ mlflow = \"{uri}\", experiment = \"{experiment}\" }}"),
+    ]
+    .to_vec()
+}
+
+/// `trainrun args`, its output piped.
+fn spawn(args: &[String]) -> Child {
+    trainrun().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn run_bounded(args: &[String]) -> Output {
+    let child = spawn(args);
+    let (out, took) = wait_within(child, LIMIT);
+    assert!(took < LIMIT, "trainrun {args:?} ran past {LIMIT:?}");
+    out
+}
+
+fn steps_of(history: &Value) -> Vec<u64> {
+    history.as_array().map(|a| a.iter().filter_map(|p| p[0].as_u64()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn a_run_logs_its_params_metrics_tags_artifacts_and_status() {
+    if !mlflow_available() {
+        return;
+    }
+    let server = Server::start();
+    let dir = tempdir();
+    let out = run_bounded(&short_run(dir.path(), &server.uri, "single", 30));
+    assert_exit(&out, 0);
+    assert!(!text(&out).1.contains("warning"), "nothing went wrong: {}", text(&out).1);
+    let runs = read_back(&server.uri, "single");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert_eq!(run["status"], "FINISHED");
+    let summary = json(&dir.path().join("summary.json"));
+    assert_eq!(run["tags"]["trainrun.spec_sha256"], summary["spec_sha256"]);
+    assert_eq!(run["tags"]["trainrun.version"], env!("CARGO_PKG_VERSION"));
+    assert!(run["tags"]["mlflow.source.git.commit"].is_string(), "{}", run["tags"]);
+    assert_eq!(run["params"]["train.steps_per_epoch"], "30");
+    assert_eq!(run["params"]["run.log_every_steps"], "10");
+    assert!(run["params"]["optimizer.learning_rate"].is_string(), "{}", run["params"]);
+    assert!(run["params"].as_object().unwrap().keys().all(|k| !k.starts_with("run.tracking")));
+    // One `loss` per `step` line of metrics.jsonl, at its step, with its value.
+    let lines: Vec<Value> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let step_lines: Vec<&Value> = lines.iter().filter(|l| l["event"] == "step").collect();
+    assert_eq!(steps_of(&run["metrics"]["loss"]), vec![10, 20, 30]);
+    for (point, line) in run["metrics"]["loss"].as_array().unwrap().iter().zip(&step_lines) {
+        let (logged, written) = (point[1].as_f64().unwrap(), line["loss"].as_f64().unwrap());
+        assert!((logged - written).abs() <= 1e-9 * written.abs().max(1.0), "{logged} vs {written}");
+    }
+    assert_eq!(steps_of(&run["metrics"]["epoch_loss"]), vec![30]);
+    assert_eq!(steps_of(&run["metrics"]["val_loss"]), vec![30], "the final evaluation, once");
+    let artifacts: Vec<&str> = run["artifacts"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for file in ["model.safetensors", "summary.json", "spec.toml", "loss.png", "report.html"] {
+        assert!(artifacts.contains(&file), "{file} not in {artifacts:?}");
+    }
+    let remembered = json(&dir.path().join("mlflow.json"));
+    assert_eq!(remembered["run_id"], run["run_id"], "the run folder names its MLflow run");
+    let stored = server._dir.path().join("artifacts").join(remembered["experiment_id"].as_str().unwrap());
+    let uploaded = std::fs::read(stored.join(run["run_id"].as_str().unwrap()).join("artifacts/summary.json"));
+    assert_eq!(uploaded.ok(), std::fs::read(dir.path().join("summary.json")).ok(), "the same bytes");
+}
+
+#[test]
+fn a_sweep_is_a_parent_run_with_one_child_per_trial() {
+    if !mlflow_available() {
+        return;
+    }
+    let server = Server::start();
+    let dir = tempdir();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = dir.path().join("sweep.toml");
+    let out_dir = dir.path().join("sweep");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"extends = "{base}"
+
+[run]
+name = "tracked_sweep"
+out_dir = "{out}"
+tracking = {{ mlflow = "{uri}", experiment = "sweeps" }}
+
+[train]
+epochs = 1
+steps_per_epoch = 20
+evaluate_every_steps = 10
+validation_steps = 5
+
+[sweep]
+metric = "test_accuracy"
+
+[sweep.grid]
+"optimizer.learning_rate" = [0.01, 0.05]
+"#,
+            base = root.join("specs/base/mnist_tutorial.toml").display(),
+            out = out_dir.display(),
+            uri = server.uri
+        ),
+    )
+    .unwrap();
+    let out = run_bounded(&["sweep".to_string(), spec.display().to_string(), "-q".into()]);
+    assert_exit(&out, 0);
+    let runs = read_back(&server.uri, "sweeps");
+    assert_eq!(runs.len(), 3, "a parent and two trials: {runs:#?}");
+    let parents: Vec<&Value> = runs.iter().filter(|r| r["tags"]["mlflow.parentRunId"].is_null()).collect();
+    assert_eq!(parents.len(), 1, "{runs:#?}");
+    let parent = parents[0];
+    assert_eq!(parent["name"], "tracked_sweep");
+    assert_eq!(parent["status"], "FINISHED");
+    let artifacts: Vec<&str> = parent["artifacts"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(artifacts.contains(&"results.csv") && artifacts.contains(&"sweep.json"), "{artifacts:?}");
+    let mut children: Vec<&Value> =
+        runs.iter().filter(|r| r["tags"]["mlflow.parentRunId"] == parent["run_id"]).collect();
+    children.sort_by_key(|r| r["name"].as_str().unwrap_or_default().to_string());
+    assert_eq!(children.len(), 2, "{runs:#?}");
+    for (child, lr) in children.iter().zip(["0.01", "0.05"]) {
+        assert_eq!(child["status"], "FINISHED");
+        assert_eq!(child["params"]["optimizer.learning_rate"], lr);
+        assert!(child["name"].as_str().unwrap().starts_with("trial-00"), "{}", child["name"]);
+        assert_eq!(steps_of(&child["metrics"]["val_accuracy"]), vec![10, 20]);
+    }
+}
+
+#[test]
+fn an_unreachable_server_is_one_warning_and_the_run_trains_normally() {
+    let dir = tempdir();
+    let uri = format!("http://127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    let out = run_bounded(&short_run(dir.path(), &uri, "nowhere", 20));
+    assert_exit(&out, 0);
+    assert!(started.elapsed() < Duration::from_secs(90), "an absent server held the run up: {:?}", started.elapsed());
+    let stderr = text(&out).1;
+    let warning = format!("warning: the MLflow server {uri} is unreachable");
+    assert_eq!(stderr.matches(&warning).count(), 1, "one warning at the start:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("the MLflow server {uri} did not receive the run itself")),
+        "the end says what was not delivered:\n{stderr}"
+    );
+    assert_eq!(json(&dir.path().join("run.json"))["status"], "completed");
+    assert!(dir.path().join("summary.json").is_file() && dir.path().join("model.safetensors").is_file());
+}
+
+#[test]
+fn a_server_killed_mid_run_loses_nothing_of_the_run_folder_and_the_end_says_what_was_not_delivered() {
+    if !mlflow_available() {
+        return;
+    }
+    let mut server = Server::start();
+    let dir = tempdir();
+    let child = spawn(&short_run(dir.path(), &server.uri, "killed", 300));
+    // The run exists on the server once its folder names it; training has not begun.
+    assert!(common::wait_for(&dir.path().join("mlflow.json"), LIMIT), "the run never reached the server");
+    server.kill();
+    let (out, took) = wait_within(child, LIMIT);
+    assert!(took < LIMIT);
+    assert_exit(&out, 0);
+    let stderr = text(&out).1;
+    assert!(stderr.contains(&format!("the MLflow server {} did not receive", server.uri)), "{stderr}");
+    assert!(stderr.contains("its end (FINISHED)"), "{stderr}");
+    let lines = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(lines.lines().filter(|l| l.contains(r#""event":"step""#)).count(), 30, "every step line is local");
+    assert_eq!(json(&dir.path().join("run.json"))["status"], "completed");
+    assert!(dir.path().join("summary.json").is_file() && dir.path().join("model.safetensors").is_file());
+}
+
+#[test]
+fn sigterm_ends_the_mlflow_run_killed_and_the_resumed_launch_finishes_the_same_run() {
+    if !mlflow_available() {
+        return;
+    }
+    let server = Server::start();
+    let dir = tempdir();
+    let mut args = short_run(dir.path(), &server.uri, "preempted", 600);
+    args.extend(["--set".to_string(), "callbacks=[{ kind = \"backup_and_restore\", save_freq = 50 }]".to_string()]);
+    let mut child = spawn(&args);
+    let backup = dir.path().join("backup");
+    let started = Instant::now();
+    while std::fs::read_dir(&backup).map_or(0, |d| d.count()) == 0 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first backup");
+        assert!(started.elapsed() < LIMIT, "no backup within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    common::signal(child.id(), libc::SIGTERM);
+    let (out, _) = wait_within(child, LIMIT);
+    assert_exit(&out, 6);
+    let runs = read_back(&server.uri, "preempted");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["status"], "KILLED", "a stopped run is no finished one");
+    let out = run_bounded(&args);
+    assert_exit(&out, 0);
+    let again = read_back(&server.uri, "preempted");
+    assert_eq!(again.len(), 1, "the resumed launch logs into the same run: {again:#?}");
+    assert_eq!(again[0]["run_id"], runs[0]["run_id"]);
+    assert_eq!(again[0]["status"], "FINISHED");
+    assert_eq!(steps_of(&again[0]["metrics"]["epoch_loss"]), vec![600]);
+}
