@@ -12,6 +12,8 @@
 //! result still has the hash the sweep validated.
 
 mod array;
+mod asha;
+mod asynchronous;
 mod child;
 pub mod driver;
 mod halving;
@@ -82,6 +84,7 @@ fn describe(schedule: &crate::spec::sweep::SweepSchedule) -> String {
     let first = schedule.groups.first().map(rungs).unwrap_or_default();
     match schedule.spec {
         SchedulerSpec::SuccessiveHalving(_) => format!("successive halving at {first} {unit}"),
+        SchedulerSpec::Asha(_) => format!("asynchronous successive halving (ASHA) at {first} {unit}"),
         SchedulerSpec::MedianStopping { .. } => format!("median stopping at {first} {unit}"),
         SchedulerSpec::Hyperband(_) => {
             let brackets: Vec<String> =
