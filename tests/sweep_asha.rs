@@ -2,7 +2,8 @@
 //! slots never wait for a rung to fill, every decision is recorded with the values it saw,
 //! `--replay` makes exactly those decisions again (same `results.csv`), a promoted trial ends
 //! bit-identical to one trained without pause, and a replay that cannot follow its record, or
-//! one of a synchronous sweep, is refused with the fix.
+//! one of a synchronous sweep, is refused with the fix. TPE under ASHA draws its trials from
+//! finished and stopped trials, the same every time with one slot and on replay.
 
 mod common;
 
@@ -92,4 +93,38 @@ fn a_record_of_another_sweep_or_a_synchronous_sweep_is_not_replayed() {
     let check = run(&["check", SPEC]);
     assert_exit(&check, 0);
     assert!(text(&check).0.contains("asynchronous successive halving (ASHA) at 1, 2, 4 epochs"), "{}", text(&check).0);
+}
+
+#[test]
+fn tpe_under_asha_draws_the_same_trials_with_one_slot_and_on_replay() {
+    const TPE: &str = "tests/fixtures/sweeps/mnist_tpe_asha.toml";
+    let (a, b, c, d) = (tempdir(), tempdir(), tempdir(), tempdir());
+    let out = sweep(TPE, a.path(), &[]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert_eq!(stdout.matches("drawn by TPE").count(), 3, "{stdout}");
+    let recorded = decisions(a.path());
+    let drawn: Vec<&Value> = recorded.iter().filter(|d| d["values"].is_object()).collect();
+    assert_eq!(drawn.len(), 3, "{recorded:?}");
+    assert!(drawn.iter().all(|d| d["values"]["optimizer.learning_rate"].is_number()), "{drawn:?}");
+    let rows = results(a.path());
+    assert_eq!(rows.len(), 7, "{rows:?}");
+    let status = rows[0].iter().position(|h| h == "status").unwrap_or(usize::MAX);
+    assert!(rows[1..].iter().any(|r| r[status] == "stopped_early"), "{rows:?}");
+    assert!(rows[1..].iter().all(|r| r[status] == "ok" || r[status] == "stopped_early"), "{rows:?}");
+    assert_eq!(json(&a.path().join("sweep.json"))["trials"].as_array().map(Vec::len), Some(6));
+
+    // One slot: the same sweep again draws, decides and ranks the same.
+    assert_exit(&sweep(TPE, b.path(), &[]), 0);
+    assert_eq!((decisions(b.path()), results(b.path())), (recorded, rows));
+    // Two slots: timing decides; the replay of that record draws and decides the same.
+    assert_exit(&sweep(TPE, c.path(), &["--parallel", "2"]), 0);
+    let record = c.path().join("decisions.jsonl").display().to_string();
+    assert_exit(&sweep(TPE, d.path(), &["--replay", &record]), 0);
+    assert_eq!((decisions(d.path()), results(d.path())), (decisions(c.path()), results(c.path())));
+
+    // A synchronous scheduler needs its trials up front: refused, with the fix.
+    let out = sweep(TPE, d.path(), &["--set", "sweep.scheduler.kind=successive_halving", "--dry-run"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("use kind = \"asha\""), "{}", text(&out).1);
 }

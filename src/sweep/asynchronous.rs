@@ -6,52 +6,60 @@
 //! sweep driver that died follows its own `decisions.jsonl` back to where it was, finding
 //! every finished rung in the trials' folders; then it decides live. A replay checks that
 //! every value a recorded decision saw is the value it got.
+//!
+//! With `[sweep.tpe]`, each trial after the random startup ones is drawn by TPE when a slot
+//! starts it, from every trial not training then: those trained to the end and those paused
+//! or stopped at a rung, with their value there (as Optuna's TPE counts pruned trials). The
+//! drawn values are part of the start's record, so a replay starts the same trials; with
+//! `--parallel 1` nothing trains while a trial is drawn, so the same sweep draws the same.
 
 use super::Sweep;
 use super::asha::{AshaJob, Ladder};
 use super::child::{self, Dispatch, TrialEvent, TrialProcess};
-use super::driver::{Rungs, ValidTrial, job, on_event};
+use super::driver::{Rungs, ValidTrial, job, on_event, trial_record, write};
 use super::results::{self, SweepRecord};
 use super::rungs::{at_rung, epochs_at, epochs_set, every_rung, mark_stopped};
+use super::sequential::TPE_DOMAIN;
+use crate::engine::init::rng;
 use crate::exit::RunError;
 use crate::prepare::Invocation;
-use crate::spec::sweep::Rule;
+use crate::spec::sweep::tpe::{Observation, suggest};
+use crate::spec::sweep::{Rule, SweepSchedule};
 use serde_json::{Value as Json, json};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
 
 /// Runs `sweep` under ASHA, following the record at `replay` (else the sweep folder's own
-/// `decisions.jsonl`, when a driver before this one left it) before deciding live.
+/// `decisions.jsonl`, when a driver before this one left it) before deciding live; trials
+/// drawn by TPE join `sweep` and `record` (rewritten at `record_path`) as they start.
 pub(super) fn run(
     inv: &Invocation,
-    sweep: &Sweep,
+    sweep: &mut Sweep,
     rungs: &Rungs,
-    checked: &[ValidTrial],
-    record: &SweepRecord,
+    checked: Vec<ValidTrial>,
+    record: &mut SweepRecord,
+    record_path: &Path,
     failures: &mut BTreeMap<usize, u8>,
 ) -> Result<(), RunError> {
     let schedule = rungs.schedule;
-    let each = every_rung(inv, sweep, schedule, checked)?;
     let (Rule::Halving { reduction_factor }, Some(group)) = (schedule.rule, schedule.groups.first()) else {
         return Err(RunError::Failure("an asha sweep has one group of halving rungs".into()));
     };
-    let at: Vec<&[ValidTrial]> = group
-        .rungs
-        .iter()
-        .map(|u| if *u == schedule.max { checked } else { each.get(u).map_or(checked, Vec::as_slice) })
-        .collect();
+    let at = validated(inv, sweep, schedule, checked)?;
     let path = sweep.dir.join("decisions.jsonl");
     let follow = read_record(rungs.replay.unwrap_or(&path), rungs.replay.is_some())?;
     let file =
         std::fs::File::create(&path).map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))?;
-    let ladder = Ladder::new(group.rungs.clone(), reduction_factor, sweep.higher_is_better, sweep.trials.len());
+    let trials = sweep.tpe.as_ref().map_or(sweep.trials.len(), |s| s.trials);
+    let ladder = Ladder::new(group.rungs.clone(), reduction_factor, sweep.higher_is_better, trials);
     let mut state = Asha {
         inv,
         sweep,
         rungs,
         at,
         record,
+        record_path,
         failures,
         ladder,
         follow: follow.iter().collect(),
@@ -64,10 +72,8 @@ pub(super) fn run(
         return Err(e);
     }
     if !state.follow.is_empty() && crate::signals::received().is_none() {
-        return Err(diverged(
-            rungs.replay.unwrap_or(&path),
-            &format!("{} decisions were not made", state.follow.len()),
-        ));
+        let why = format!("{} decisions were not made", state.follow.len());
+        return Err(diverged(rungs.replay.unwrap_or(&path), &why));
     }
     check_seen(&state.ladder, &follow).map_err(|why| diverged(rungs.replay.unwrap_or(&path), &why))?;
     if crate::signals::received().is_some() {
@@ -76,21 +82,40 @@ pub(super) fn run(
     let unit = schedule.unit.as_str();
     for (trial, rung) in state.ladder.stopped() {
         let u = group.rungs[rung];
-        let epochs = epochs_at(schedule.unit, checked[trial - 1].steps_per_epoch, u);
+        let valid = &state.at[rung][trial - 1];
+        let epochs = epochs_at(schedule.unit, valid.steps_per_epoch, u);
         let marker = json!({ "rung": rung + 1, "epochs": epochs, unit: u, "bracket": Json::Null });
-        mark_stopped(sweep, trial, marker, &state.at[rung][trial - 1])?;
+        mark_stopped(state.sweep, trial, marker, valid)?;
     }
     Ok(())
+}
+
+/// The trials validated at each rung of `schedule`'s one group (`checked`: at the last).
+fn validated(
+    inv: &Invocation,
+    sweep: &Sweep,
+    schedule: &SweepSchedule,
+    checked: Vec<ValidTrial>,
+) -> Result<Vec<Vec<ValidTrial>>, RunError> {
+    let mut each = every_rung(inv, sweep, schedule, &checked)?;
+    let rungs = schedule.groups.first().map_or(&[][..], |g| g.rungs.as_slice());
+    let mut at = Vec::with_capacity(rungs.len());
+    for u in &rungs[..rungs.len().saturating_sub(1)] {
+        at.push(each.remove(u).ok_or_else(|| RunError::Failure(format!("the rung at {u} was not validated")))?);
+    }
+    at.push(checked);
+    Ok(at)
 }
 
 /// What an asynchronous sweep keeps while its slots run.
 struct Asha<'a> {
     inv: &'a Invocation,
-    sweep: &'a Sweep,
+    sweep: &'a mut Sweep,
     rungs: &'a Rungs<'a>,
     /// The trials validated at each rung.
-    at: Vec<&'a [ValidTrial]>,
-    record: &'a SweepRecord,
+    at: Vec<Vec<ValidTrial>>,
+    record: &'a mut SweepRecord,
+    record_path: &'a Path,
     failures: &'a mut BTreeMap<usize, u8>,
     ladder: Ladder,
     /// Recorded decisions not made yet, made before any live one.
@@ -123,6 +148,49 @@ impl Asha<'_> {
         Ok(Some((job, line)))
     }
 
+    /// Trial `index`, the next to start, drawn by TPE (or with the values its `recorded`
+    /// start drew), validated at every rung and added to the sweep and its record.
+    fn draw(&mut self, index: usize, recorded: Option<&Json>) -> Result<Json, RunError> {
+        let Some(search) = self.sweep.tpe.clone() else {
+            return Err(RunError::Failure(format!("trial {index} is not one of the sweep's")));
+        };
+        let values: Vec<(String, Json)> = match recorded.and_then(Json::as_object) {
+            Some(values) => values.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            None => {
+                let mut g = rng(&[self.sweep.seed, TPE_DOMAIN, index as u64]);
+                suggest(&search.parameters, &self.history(), search.settings, &mut g).into_iter().collect()
+            }
+        };
+        let drawn = self
+            .sweep
+            .drawn(index, values)
+            .ok_or_else(|| RunError::Failure(format!("trial {index} is beyond the sweep's {}", search.trials)))?;
+        let record = Json::Object(drawn.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect());
+        self.sweep.trials.push(drawn);
+        let checked = super::rungs::checked(self.inv, self.sweep, self.rungs.schedule)?;
+        self.at = validated(self.inv, self.sweep, self.rungs.schedule, checked)?;
+        let (trial, last) = (&self.sweep.trials[index - 1], self.at.len() - 1);
+        self.record.trials.push(trial_record(trial, &self.at[last][index - 1]));
+        write(self.record_path, self.record)?;
+        Ok(record)
+    }
+
+    /// What TPE draws from: every trial not training now with its value at the highest rung
+    /// it reached, as a loss, `stopped_at` that rung when it is not the last.
+    fn history(&self) -> Vec<Observation> {
+        let sign = if self.sweep.higher_is_better { -1.0 } else { 1.0 };
+        let last = self.ladder.rungs().len().saturating_sub(1);
+        let trials = self.sweep.trials.iter().filter(|t| !self.running.contains_key(&t.index));
+        trials
+            .filter_map(|t| {
+                let (rung, value) = (0..=last).rev().find_map(|r| self.ladder.value(t.index, r).map(|v| (r, v)))?;
+                let values = t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect();
+                let stopped_at = (rung < last).then(|| self.ladder.rungs()[rung]);
+                Some(Observation { values, loss: sign * value, stopped_at })
+            })
+            .collect()
+    }
+
     fn followed(&self) -> &Path {
         self.rungs.replay.unwrap_or(Path::new("decisions.jsonl"))
     }
@@ -142,13 +210,18 @@ impl Asha<'_> {
         if self.inv.quiet {
             return;
         }
-        let (n, unit) = (self.sweep.trials.len(), self.rungs.schedule.unit.as_str());
-        let name = &self.sweep.trials[job.trial - 1].name;
+        let n = self.sweep.tpe.as_ref().map_or(self.sweep.trials.len(), |s| s.trials);
+        let unit = self.rungs.schedule.unit.as_str();
+        let trial = &self.sweep.trials[job.trial - 1];
+        let name = &trial.name;
         let u = self.ladder.rungs()[job.rung];
         let why = match line.get("top").and_then(Json::as_u64) {
             Some(top) => {
                 let of = line.get("seen").and_then(Json::as_array).map_or(0, Vec::len);
                 format!("promoted to rung {} ({u} {unit}): in the best {top} of {of} at its rung", job.rung + 1)
+            }
+            None if line.get("values").is_some() => {
+                format!("starts at rung 1 ({u} {unit}), drawn by TPE: {}", trial.describe())
             }
             None => format!("starts at rung 1 ({u} {unit})"),
         };
@@ -170,6 +243,19 @@ impl Dispatch for Asha<'_> {
                     return None;
                 }
             };
+            if next.trial > self.sweep.trials.len() {
+                match self.draw(next.trial, line.get("values")) {
+                    Ok(values) => {
+                        if let Some(map) = line.as_object_mut() {
+                            map.insert("values".into(), values);
+                        }
+                    }
+                    Err(e) => {
+                        self.error = Some(e);
+                        return None;
+                    }
+                }
+            }
             if let Some(map) = line.as_object_mut() {
                 map.insert("unit".into(), self.rungs.schedule.unit.as_str().into());
                 map.insert("metric".into(), self.sweep.metric.as_str().into());
@@ -189,7 +275,7 @@ impl Dispatch for Asha<'_> {
             let epochs = epochs_at(self.rungs.schedule.unit, valid.steps_per_epoch, self.ladder.rungs()[next.rung]);
             return Some(job(
                 self.inv,
-                self.sweep,
+                &*self.sweep,
                 trial,
                 valid,
                 self.rungs.exe,
@@ -207,7 +293,7 @@ impl Dispatch for Asha<'_> {
             return;
         };
         let ended = matches!(event, TrialEvent::Ended { .. });
-        on_event(self.inv, self.sweep, self.at[rung], self.record, self.failures, event);
+        on_event(self.inv, &*self.sweep, &self.at[rung], &*self.record, &mut *self.failures, event);
         if ended {
             self.running.remove(&index);
             if let Some(v) = self.value(index, rung) {

@@ -186,10 +186,13 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
     let stop = crate::signals::supervise();
-    if let Some(schedule) = &sweep.scheduler {
-        let rungs = Rungs { schedule, exe: &exe, parallel: opts.parallel, stop, replay: opts.replay.as_deref() };
+    if let Some(schedule) = sweep.scheduler.clone() {
+        let replay = opts.replay.as_deref();
+        let rungs = Rungs { schedule: &schedule, exe: &exe, parallel: opts.parallel, stop, replay };
         match schedule.spec.asynchronous() {
-            true => super::asynchronous::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?,
+            true => {
+                super::asynchronous::run(inv, &mut sweep, &rungs, checked, &mut record, &record_path, &mut failures)?
+            }
             false => super::rungs::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?,
         }
         return finish(inv, &sweep, record, &record_path, &failures);
