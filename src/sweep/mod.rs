@@ -5,7 +5,8 @@
 //! `results.csv` ([`results`]). A cluster's job array runs one trial per index
 //! (`--trial I`) into the shared sweep folder and `--collect` ranks what finished ([`array`]). A sweep selects on a validation metric ([`selection`]); with a
 //! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
-//! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]).
+//! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]); under `asha` each free slot
+//! decides at once and the decisions are recorded for replay ([`asynchronous`], by [`asha`]).
 //!
 //! A child is `trainrun SPEC --set …` told its trial by `TRAINRUN_SWEEP_TRIAL=<n>:<hash>`: it
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
