@@ -142,6 +142,10 @@ enum CliCommand {
         /// others are listed as failed or pending.
         #[arg(long, conflicts_with_all = ["dry_run", "parallel"])]
         collect: bool,
+        /// Make exactly the decisions an asynchronous sweep (kind = "asha") recorded in FILE (its
+        /// decisions.jsonl), whatever the timing, then decide on where the record ends.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["trial", "collect"])]
+        replay: Option<PathBuf>,
         /// Print nothing but errors.
         #[arg(long, short)]
         quiet: bool,
@@ -267,13 +271,13 @@ pub fn main() -> ExitCode {
             invocation(spec, quiet, None).and_then(|inv| run::predict(&inv, &checkpoint, &options))
         }
         Some(CliCommand::Export { path, format, out, force }) => run::export(&path, format, &out, force, env.clone()),
-        Some(CliCommand::Sweep { spec, parallel, dry_run, trial, collect, quiet }) => {
+        Some(CliCommand::Sweep { spec, parallel, dry_run, trial, collect, replay, quiet }) => {
             let part = match (trial, collect) {
                 (Some(index), _) => crate::sweep::SweepPart::Trial(index),
                 (None, true) => crate::sweep::SweepPart::Collect,
                 (None, false) => crate::sweep::SweepPart::Every,
             };
-            let options = crate::sweep::SweepOptions { parallel: parallel.get(), dry_run, part };
+            let options = crate::sweep::SweepOptions { parallel: parallel.get(), dry_run, part, replay };
             invocation(spec, quiet, None).and_then(|inv| crate::sweep::run(&inv, &options))
         }
         Some(CliCommand::Report { dir }) => crate::report::run(&dir),

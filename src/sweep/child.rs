@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// One trial to run.
@@ -38,43 +38,65 @@ pub enum TrialEvent {
 /// Runs `jobs` in order, `parallel` at a time, calling `on_event` on this thread as each
 /// starts and ends; once `stop` is set, no further job starts and the running ones get
 /// SIGTERM (and SIGKILL on a second Ctrl-C).
-pub fn run_all(jobs: Vec<TrialProcess>, parallel: usize, stop: &AtomicBool, mut on_event: impl FnMut(TrialEvent)) {
-    let queue = Mutex::new(jobs.into_iter().collect::<VecDeque<TrialProcess>>());
+pub fn run_all(jobs: Vec<TrialProcess>, parallel: usize, stop: &AtomicBool, on_event: impl FnMut(TrialEvent)) {
+    /// The jobs in order.
+    struct Queue<F> {
+        jobs: VecDeque<TrialProcess>,
+        on_event: F,
+    }
+    impl<F: FnMut(TrialEvent)> Dispatch for Queue<F> {
+        fn next(&mut self) -> Option<TrialProcess> {
+            self.jobs.pop_front()
+        }
+        fn event(&mut self, event: TrialEvent) {
+            (self.on_event)(event)
+        }
+    }
+    run_dispatched(parallel, stop, &mut Queue { jobs: jobs.into(), on_event });
+}
+
+/// Hands out jobs one at a time as slots free up, and hears how they went.
+pub trait Dispatch {
+    /// The next job, or `None` when there is none now (the runner waits for a running job to
+    /// end and asks again; with none running, it is done).
+    fn next(&mut self) -> Option<TrialProcess>;
+    /// A job started or ended.
+    fn event(&mut self, event: TrialEvent);
+}
+
+/// Runs the jobs `dispatch` hands out, at most `parallel` at a time, asking for the next one
+/// whenever a slot is free, on this thread; once `stop` is set, no further job starts and
+/// the running ones get SIGTERM as in [`run_all`].
+pub fn run_dispatched(parallel: usize, stop: &AtomicBool, dispatch: &mut dyn Dispatch) {
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
-        for _ in 0..parallel.max(1) {
-            let tx = tx.clone();
-            let queue = &queue;
-            // The spawning thread must outlive its children: the parent-death signal fires
-            // when the thread that forked a child exits.
-            scope.spawn(move || {
-                loop {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let job = match queue.lock() {
-                        Ok(mut q) => q.pop_front(),
-                        Err(_) => None,
-                    };
-                    let Some(job) = job else { break };
-                    if tx.send(TrialEvent::Started(job.index)).is_err() {
-                        break;
-                    }
+        let mut running = 0;
+        loop {
+            while running < parallel.max(1) && !stop.load(Ordering::SeqCst) {
+                let Some(job) = dispatch.next() else { break };
+                dispatch.event(TrialEvent::Started(job.index));
+                running += 1;
+                let tx = tx.clone();
+                // This thread waits for its child, so it outlives it (the parent-death signal).
+                scope.spawn(move || {
                     let started = Instant::now();
                     let (code, error) = match run_one(&job, stop) {
                         Ok(status) => (exit_code(status), None),
                         Err(e) => (1, Some(e)),
                     };
-                    let ended = TrialEvent::Ended { index: job.index, code, took: started.elapsed(), error };
-                    if tx.send(ended).is_err() {
-                        break;
-                    }
+                    let _ = tx.send(TrialEvent::Ended { index: job.index, code, took: started.elapsed(), error });
+                });
+            }
+            if running == 0 {
+                break;
+            }
+            match rx.recv() {
+                Ok(event) => {
+                    running -= 1;
+                    dispatch.event(event);
                 }
-            });
-        }
-        drop(tx);
-        for event in rx {
-            on_event(event);
+                Err(_) => break,
+            }
         }
     });
 }

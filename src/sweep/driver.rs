@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 /// `trainrun sweep`'s options.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SweepOptions {
     /// Trials run at once (at most the cores of the machine).
     pub parallel: usize,
@@ -23,6 +23,8 @@ pub struct SweepOptions {
     pub dry_run: bool,
     /// Which part of the sweep this invocation does.
     pub part: SweepPart,
+    /// `--replay FILE`: make the decisions an asynchronous sweep recorded there.
+    pub replay: Option<std::path::PathBuf>,
 }
 
 /// What `trainrun sweep` does with the trials.
@@ -138,6 +140,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         )));
     }
     let mut sweep = load(inv)?;
+    super::asynchronous::replayable(&sweep, opts.replay.as_deref())?;
     match opts.part {
         SweepPart::Every => {}
         SweepPart::Trial(index) => return super::array::trial(inv, &sweep, index),
@@ -187,9 +190,21 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
     let (tracker, inv) = super::tracked::parent(inv, &sweep);
     let inv = &inv;
     let result = (|| {
-        if let Some(schedule) = &sweep.scheduler {
-            let rungs = Rungs { schedule, exe: &exe, parallel: opts.parallel, stop };
-            super::rungs::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?;
+        if let Some(schedule) = sweep.scheduler.clone() {
+            let replay = opts.replay.as_deref();
+            let rungs = Rungs { schedule: &schedule, exe: &exe, parallel: opts.parallel, stop, replay };
+            match schedule.spec.asynchronous() {
+                true => super::asynchronous::run(
+                    inv,
+                    &mut sweep,
+                    &rungs,
+                    checked,
+                    &mut record,
+                    &record_path,
+                    &mut failures,
+                )?,
+                false => super::rungs::run(inv, &sweep, &rungs, &checked, &record, &mut failures)?,
+            }
             return finish(inv, &sweep, record, &record_path, &failures);
         }
         if let Some(search) = sweep.tpe.clone() {
@@ -236,6 +251,8 @@ pub(super) struct Rungs<'a> {
     pub parallel: usize,
     /// Set once the sweep is asked to stop.
     pub stop: &'static std::sync::atomic::AtomicBool,
+    /// `--replay FILE`: the decisions an asynchronous sweep makes first.
+    pub replay: Option<&'a Path>,
 }
 
 /// Records the end of this invocation, ranks the trials and says how the sweep ended.

@@ -5,13 +5,16 @@
 //! `results.csv` ([`results`]). A cluster's job array runs one trial per index
 //! (`--trial I`) into the shared sweep folder and `--collect` ranks what finished ([`array`]). A sweep selects on a validation metric ([`selection`]); with a
 //! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
-//! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]).
+//! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]); under `asha` each free slot
+//! decides at once and the decisions are recorded for replay ([`asynchronous`], by [`asha`]).
 //!
 //! A child is `trainrun SPEC --set …` told its trial by `TRAINRUN_SWEEP_TRIAL=<n>:<hash>`: it
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
 //! result still has the hash the sweep validated.
 
 mod array;
+mod asha;
+mod asynchronous;
 mod child;
 pub mod driver;
 mod halving;
@@ -83,6 +86,7 @@ fn describe(schedule: &crate::spec::sweep::SweepSchedule) -> String {
     let first = schedule.groups.first().map(rungs).unwrap_or_default();
     match schedule.spec {
         SchedulerSpec::SuccessiveHalving(_) => format!("successive halving at {first} {unit}"),
+        SchedulerSpec::Asha(_) => format!("asynchronous successive halving (ASHA) at {first} {unit}"),
         SchedulerSpec::MedianStopping { .. } => format!("median stopping at {first} {unit}"),
         SchedulerSpec::Hyperband(_) => {
             let brackets: Vec<String> =

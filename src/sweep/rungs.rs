@@ -161,14 +161,14 @@ fn run_group(
 }
 
 /// The epochs that train a trial of `steps_per_epoch` to rung `u`.
-fn epochs_at(unit: RungUnit, steps_per_epoch: u64, u: u64) -> u64 {
+pub(super) fn epochs_at(unit: RungUnit, steps_per_epoch: u64, u: u64) -> u64 {
     match unit {
         RungUnit::Epochs => u,
         RungUnit::Steps => u / steps_per_epoch.max(1),
     }
 }
 
-fn epochs_set(epochs: u64) -> Vec<String> {
+pub(super) fn epochs_set(epochs: u64) -> Vec<String> {
     vec![format!("train.epochs={epochs}")]
 }
 
@@ -206,7 +206,7 @@ fn whole_epochs(sweep: &Sweep, schedule: &SweepSchedule, steps_per_epoch: &[u64]
 /// Every trial validated at every rung below the last (the last is `checked`), keyed by the
 /// rung: the hashes tell a rung that is done, and a rung must change nothing but the epochs a
 /// trial trains. A trial whose group has no such rung is validated as at the last.
-fn every_rung(
+pub(super) fn every_rung(
     inv: &Invocation,
     sweep: &Sweep,
     schedule: &SweepSchedule,
@@ -262,7 +262,7 @@ fn rung_file(dir: &Path, epochs: u64) -> PathBuf {
 
 /// Trial `index`'s summary at the rung of `epochs` if it finished it: its kept rung file,
 /// else its `summary.json` of that rung (kept now); the last rung's is `summary.json`.
-fn at_rung(sweep: &Sweep, index: usize, epochs: u64, rung: &ValidTrial, last: bool) -> Option<Json> {
+pub(super) fn at_rung(sweep: &Sweep, index: usize, epochs: u64, rung: &ValidTrial, last: bool) -> Option<Json> {
     let dir = dir(sweep, index);
     if last {
         return results::completed(&dir, &rung.sha256);
@@ -277,7 +277,7 @@ fn at_rung(sweep: &Sweep, index: usize, epochs: u64, rung: &ValidTrial, last: bo
 
 /// Writes `stopped_early.json`: `marker` (the rung, its epochs and steps, the bracket) and the
 /// trial's summary there.
-fn mark_stopped(sweep: &Sweep, index: usize, mut marker: Json, at: &ValidTrial) -> Result<(), RunError> {
+pub(super) fn mark_stopped(sweep: &Sweep, index: usize, mut marker: Json, at: &ValidTrial) -> Result<(), RunError> {
     let epochs = marker.get("epochs").and_then(Json::as_u64).unwrap_or(0);
     let summary = at_rung(sweep, index, epochs, at, false).unwrap_or(Json::Null);
     if let Some(map) = marker.as_object_mut() {

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 /// Separates TPE's draws from the sweep seed's other uses.
-const TPE_DOMAIN: u64 = 0x5357_5054; // "SWPT"
+pub(super) const TPE_DOMAIN: u64 = 0x5357_5054; // "SWPT"
 
 /// Where the trials run.
 pub(super) struct At<'a> {
@@ -94,7 +94,7 @@ fn history(sweep: &Sweep, checked: &[ValidTrial]) -> Vec<Observation> {
             let summary = results::completed(&sweep.trial_dir(t), &c.sha256)?;
             let value = results::value_in(&summary, c.evaluates, metric).and_then(Json::as_f64)?;
             let values = t.values.iter().map(|a| (a.key.clone(), a.value.clone())).collect();
-            Some(Observation { values, loss: sign * value })
+            Some(Observation { values, loss: sign * value, stopped_at: None })
         })
         .collect()
 }

@@ -53,7 +53,7 @@ pub struct SweepSpec {
     /// Example: `trials = [{ "optimizer.learning_rate" = 0.2, "batch.global" = 128 }]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trials: Vec<BTreeMap<String, Json>>,
-    /// `[sweep.scheduler]`: stop bad trials early (`successive_halving`, `hyperband`,
+    /// `[sweep.scheduler]`: stop bad trials early (`successive_halving`, `asha`, `hyperband`,
     /// `median_stopping`). Example:
     /// `scheduler = { kind = "successive_halving", grace = 1, reduction_factor = 3 }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

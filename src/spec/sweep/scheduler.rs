@@ -1,12 +1,17 @@
-//! `[sweep.scheduler]`: stopping bad trials early, synchronously. Every scheduler trains its
-//! trials rung by rung: all trials of a rung finish before anything is decided, so decisions
-//! depend only on the trials' results and the same sweep decides the same every time. A trial
-//! pauses at a rung by its own backup and a promoted one resumes from it, so it ends
+//! `[sweep.scheduler]`: stopping bad trials early. Every scheduler trains its trials rung by
+//! rung; the synchronous ones let all trials of a rung finish before anything is decided, so
+//! decisions depend only on the trials' results and the same sweep decides the same every
+//! time. A trial pauses at a rung by its own backup and a promoted one resumes from it, so it ends
 //! bit-identical to a trial never paused. Rungs count epochs or optimizer steps (`unit`).
 //!
 //! - `successive_halving`: the synchronous form of ASHA (Li et al., "A System for Massively
 //!   Parallel Hyperparameter Tuning", 2020): every trial trains `grace`; the best
 //!   1/`reduction_factor` go on to `grace × reduction_factor`, and so on up to `max`.
+//! - `asha`: asynchronous successive halving (Li et al. 2020, Ray Tune's `ASHAScheduler`), the
+//!   same rungs without waiting for a rung to fill: a free slot promotes a trial as soon as it
+//!   is in the best 1/`reduction_factor` of its rung's results so far, else starts a new trial.
+//!   Its decisions depend on timing, so each is recorded with the values it saw and can be
+//!   replayed (`trainrun sweep --replay`).
 //! - `hyperband` (Li et al., "Hyperband", JMLR 2018): the trials split into brackets of
 //!   successive halving that start at different rungs ([`super::hyperband`]).
 //! - `median_stopping` (Golovin et al., "Google Vizier", 2017): at each rung after `grace`, a
@@ -25,6 +30,9 @@ use std::num::NonZeroU64;
 pub enum SchedulerSpec {
     /// Synchronous successive halving: all trials of a rung finish before the best go on.
     SuccessiveHalving(HalvingSpec),
+    /// Asynchronous successive halving (ASHA): a trial goes on as soon as it is in the best
+    /// 1/`reduction_factor` of its rung's results so far; slots never wait for a rung to fill.
+    Asha(HalvingSpec),
     /// Hyperband: brackets of successive halving, the first starting at `grace` with the most
     /// trials, the last training its few trials `max` straight away.
     Hyperband(HalvingSpec),
@@ -167,6 +175,7 @@ impl SchedulerSpec {
     pub fn schedule(&self, epochs: u64, trials: usize) -> Result<SweepSchedule, Vec<Diagnostic>> {
         let (grace, max, unit) = match self {
             SchedulerSpec::SuccessiveHalving(HalvingSpec { grace, max, unit, .. })
+            | SchedulerSpec::Asha(HalvingSpec { grace, max, unit, .. })
             | SchedulerSpec::Hyperband(HalvingSpec { grace, max, unit, .. })
             | SchedulerSpec::MedianStopping { grace, max, unit, .. } => (grace.get(), *max, *unit),
         };
@@ -186,6 +195,7 @@ impl SchedulerSpec {
             }
         };
         if let SchedulerSpec::SuccessiveHalving(HalvingSpec { reduction_factor, .. })
+        | SchedulerSpec::Asha(HalvingSpec { reduction_factor, .. })
         | SchedulerSpec::Hyperband(HalvingSpec { reduction_factor, .. }) = self
             && *reduction_factor < 2
         {
@@ -216,7 +226,8 @@ impl SchedulerSpec {
         }
         let all = || (1..=trials).collect::<Vec<usize>>();
         let (rule, groups) = match self {
-            SchedulerSpec::SuccessiveHalving(HalvingSpec { reduction_factor, .. }) => (
+            SchedulerSpec::SuccessiveHalving(HalvingSpec { reduction_factor, .. })
+            | SchedulerSpec::Asha(HalvingSpec { reduction_factor, .. }) => (
                 Rule::Halving { reduction_factor: *reduction_factor },
                 vec![RungGroup { bracket: None, trials: all(), rungs: halving_rungs(grace, *reduction_factor, max) }],
             ),
@@ -236,6 +247,18 @@ impl SchedulerSpec {
             }
         };
         Ok(SweepSchedule { spec: self.clone(), unit, rule, groups, max })
+    }
+}
+
+impl SchedulerSpec {
+    /// Whether its decisions wait for nothing (and so depend on timing, and are replayed).
+    pub fn asynchronous(&self) -> bool {
+        match self {
+            SchedulerSpec::Asha(_) => true,
+            SchedulerSpec::SuccessiveHalving(_)
+            | SchedulerSpec::Hyperband(_)
+            | SchedulerSpec::MedianStopping { .. } => false,
+        }
     }
 }
 

@@ -8,6 +8,9 @@
 //! by truncated Gaussians whose widths are the gaps to their neighbours (Hyperopt's adaptive
 //! Parzen estimator); `choice` by the counts of each value plus one. Everything is drawn from
 //! a generator seeded by the caller, so a suggestion depends only on the seed and the results.
+//! Under a scheduler the trials it stopped count too, as Optuna's TPE counts pruned trials
+//! (`_split_trials`): the good part takes the trials trained to the end first, by loss, then
+//! the stopped ones, the furthest trained first, each by its value where it stopped.
 
 use super::expand::{quote, real};
 use super::{SweepDistribution, SweepSpec};
@@ -87,10 +90,14 @@ pub fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
             .help("run the listed trials in a sweep of their own"),
         );
     }
-    if sweep.scheduler.is_some() {
+    if sweep.scheduler.as_ref().is_some_and(|s| !s.asynchronous()) {
         problems.push(
-            Diagnostic::error("sweep.scheduler", "[sweep.scheduler] with [sweep.tpe] is not supported yet")
-                .help("drop one of the two: TPE runs every trial to the end, a scheduler needs its trials up front"),
+            Diagnostic::error(
+                "sweep.scheduler",
+                "[sweep.tpe] draws each trial from the results before it, and this scheduler is synchronous: it needs \
+                 every trial of a rung up front",
+            )
+            .help("use kind = \"asha\", which starts each trial when a slot is free, or drop one of the two"),
         );
     }
     if !(tpe.gamma > 0.0 && tpe.gamma < 1.0) {
@@ -116,8 +123,25 @@ pub struct TpeSettings {
 pub struct Observation {
     /// The value of each parameter.
     pub values: BTreeMap<String, Json>,
-    /// The metric, negated when higher is better.
+    /// The metric, negated when higher is better: at the end of training, or where a scheduler
+    /// stopped the trial.
     pub loss: f64,
+    /// `None` for a trial trained to the end; for one a scheduler stopped, the rung (in its
+    /// unit) of `loss`.
+    pub stopped_at: Option<u64>,
+}
+
+/// The order in which observations count as good, as Optuna's TPE splits them: trials trained
+/// to the end first, by loss, then stopped ones, the furthest trained first and by loss among
+/// those stopped at the same rung.
+fn better(a: &Observation, b: &Observation) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a.stopped_at, b.stopped_at) {
+        (None, None) => a.loss.total_cmp(&b.loss),
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(x), Some(y)) => y.cmp(&x).then(a.loss.total_cmp(&b.loss)),
+    }
 }
 
 /// The next trial's values of `params`, given the finished trials `history`, drawn with `rng`.
@@ -128,7 +152,7 @@ pub fn suggest(
     rng: &mut ChaCha8Rng,
 ) -> BTreeMap<String, Json> {
     let mut order: Vec<&Observation> = history.iter().filter(|o| o.loss.is_finite()).collect();
-    order.sort_by(|a, b| a.loss.total_cmp(&b.loss));
+    order.sort_by(|a, b| better(a, b));
     let n_below =
         ((settings.gamma * order.len() as f64).ceil() as usize).clamp(usize::from(!order.is_empty()), order.len());
     let (below, above) = order.split_at(n_below);

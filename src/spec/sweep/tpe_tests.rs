@@ -43,7 +43,7 @@ fn best(seed: u64, trials: usize, startup: Option<usize>) -> f64 {
             _ => random_draw(&params, &mut g),
         };
         let loss = objective(&values);
-        history.push(Observation { values, loss });
+        history.push(Observation { values, loss, stopped_at: None });
     }
     history.iter().map(|o| o.loss).fold(f64::INFINITY, f64::min)
 }
@@ -71,7 +71,7 @@ fn a_suggestion_depends_only_on_the_seed_and_the_results_and_stays_in_range() {
     let history: Vec<Observation> = (0..12)
         .map(|_| {
             let values = random_draw(&params, &mut g);
-            Observation { loss: objective(&values), values }
+            Observation { loss: objective(&values), values, stopped_at: None }
         })
         .collect();
     let a = suggest(&params, &history, SETTINGS, &mut rng(&[7, 2]));
@@ -93,4 +93,13 @@ fn the_error_function_matches_known_values() {
     for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265)] {
         assert!((erf(x) - want).abs() < 2e-7, "erf({x}) = {}", erf(x));
     }
+}
+
+#[test]
+fn stopped_trials_count_after_finished_ones_the_furthest_first_as_optuna_splits_them() {
+    let o = |loss: f64, stopped_at: Option<u64>| Observation { values: Default::default(), loss, stopped_at };
+    let mut list = vec![o(0.1, Some(1)), o(0.5, None), o(0.3, Some(3)), o(0.2, Some(3)), o(0.9, None)];
+    list.sort_by(better);
+    let order: Vec<(f64, Option<u64>)> = list.iter().map(|o| (o.loss, o.stopped_at)).collect();
+    assert_eq!(order, [(0.5, None), (0.9, None), (0.2, Some(3)), (0.3, Some(3)), (0.1, Some(1))]);
 }
