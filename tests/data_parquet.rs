@@ -82,7 +82,7 @@ for path in glob.glob(os.path.join(sys.argv[1], "data", "*.parquet")):
     table = pq.read_table(path)
     pq.write_table(table, path, row_group_size=32, compression=codec)
     written = pq.ParquetFile(path).metadata.row_group(0).column(0).compression
-    assert written == codec.upper(), (path, written)
+    assert written == {"none": "UNCOMPRESSED"}.get(codec, codec.upper()), (path, written)
 "#;
 
 /// Every codec pyarrow writes (its default Snappy, and zstd, gzip, LZ4, Brotli, none) gives
