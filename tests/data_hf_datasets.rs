@@ -2,7 +2,8 @@
 //! wrote with `save_to_disk` (skipped, loudly, when `datasets` does not import): a
 //! `DatasetDict` table of fixed-length pixel sequences, a float column and `ClassLabel`
 //! classes, saved in 4 shards, trained under every strategy (the multi-worker ones dealing
-//! record batches to workers under `auto`); the Shakespeare plays as a text column for a
+//! record batches to workers under `auto`); a `ClassLabel`'s names as the run's classes (from
+//! a `save_to_disk` folder and a `to_parquet` file); the Shakespeare plays as a text column for a
 //! character model; and bad folders refused with exit 4, naming what is missing, the splits
 //! there, or the truncated file. Killed-and-resumed runs are in `tests/data_resume.rs`.
 
@@ -72,6 +73,72 @@ fn a_table_datasets_saved_trains_under_every_strategy() {
         assert_exit(&out, 0);
         let s = json(&dir.path().join("run/summary.json"));
         assert!(s["test_accuracy"].as_f64().unwrap_or(0.0) > 0.95, "{name}: {s}");
+    }
+}
+
+/// `TABLES`' rows with the class a `ClassLabel` whose names are not in sorted order and one of
+/// which no row holds (`top`, `bottom`, `unseen`), saved to `<dir>/named` and written by
+/// `to_parquet` to `<dir>/named-train.parquet` and `<dir>/named-test.parquet`.
+const NAMED: &str = r#"
+import os, sys
+import datasets
+features = datasets.Features({
+    "pixels": datasets.Sequence(datasets.Value("uint8"), length=16),
+    "kind": datasets.ClassLabel(names=["top", "bottom", "unseen"]),
+})
+def split(n, offset):
+    rows = range(offset, offset + n)
+    return datasets.Dataset.from_dict({
+        "pixels": [[(p // 8 == i % 2) * 170 + (i * 31 + p * 7) % 80 for p in range(16)] for i in rows],
+        "kind": [i % 2 for i in rows],
+    }, features=features)
+dd = datasets.DatasetDict({"train": split(256, 0), "test": split(64, 1000)})
+dd.save_to_disk(os.path.join(sys.argv[1], "named"), num_shards={"train": 2, "test": 1})
+for name, ds in dd.items():
+    ds.to_parquet(os.path.join(sys.argv[1], f"named-{name}.parquet"))
+"#;
+
+/// A `ClassLabel`'s names, from the Arrow schema `datasets` writes (in a `save_to_disk` folder
+/// and in a `to_parquet` file), are the run's classes in the dataset's order, the unused one
+/// too: `classes.json`, the classes `check` counts, and predict's `name` column.
+#[test]
+fn class_label_names_are_the_runs_classes() {
+    let dir = tempdir();
+    if !with_python("datasets", NAMED, dir.path()) {
+        return;
+    }
+    let model = "[[model.layers]]\ntype = \"dense\"\nunits = 3";
+    let hf = "dataset = \"hf_datasets\"\n\n[data.hf_datasets]\nvalidation = \"test\"\n\
+              table = { label = \"kind\", features = [\"pixels\"] }\n\n\
+              [data.preprocessing]\nrescale = 0.00392156862745098";
+    let parquet = "dataset = \"parquet\"\n\n[data.parquet]\ntrain = [\"named-train.parquet\"]\n\
+                   validation = [\"named-test.parquet\"]\ntable = { label = \"kind\", features = [\"pixels\"] }\n\n\
+                   [data.preprocessing]\nrescale = 0.00392156862745098";
+    for (source, data) in [("hf_datasets", hf), ("parquet", parquet)] {
+        let spec = common::sources::spec(dir.path(), source, data, "", model);
+        if source == "hf_datasets" {
+            let text = std::fs::read_to_string(&spec).unwrap();
+            let folder = |d: &Path| format!("\ndir = \"{}\"\n", d.display());
+            std::fs::write(&spec, text.replacen(&folder(dir.path()), &folder(&dir.path().join("named")), 1)).unwrap();
+        }
+        let check = run(&["check", spec.to_str().unwrap()]);
+        assert_exit(&check, 0);
+        assert!(text(&check).0.contains("3 classes"), "{source}: {}", text(&check).0);
+        let out = run(&[spec.to_str().unwrap(), "--quiet", "--set", "run.threads=1"]);
+        assert_exit(&out, 0);
+        let run_dir = dir.path().join("run");
+        assert_eq!(json(&run_dir.join("classes.json")), serde_json::json!(["top", "bottom", "unseen"]), "{source}");
+        let predictions = dir.path().join(format!("{source}.csv"));
+        let checkpoint = run_dir.join("model.safetensors").display().to_string();
+        let (spec, output) = (spec.to_str().unwrap(), predictions.to_str().unwrap());
+        assert_exit(&run(&["predict", spec, "--checkpoint", &checkpoint, "--output", output]), 0);
+        let written = std::fs::read_to_string(&predictions).unwrap();
+        let mut lines = written.lines();
+        assert!(lines.next().unwrap().starts_with("id,class,name,probability"), "{source}: {written}");
+        // Test rows alternate `top`, `bottom` (rows from 1000: even first).
+        assert!(lines.next().unwrap().starts_with("0,0,top,"), "{source}: {written}");
+        assert!(lines.next().unwrap().starts_with("1,1,bottom,"), "{source}: {written}");
+        std::fs::remove_dir_all(&run_dir).unwrap();
     }
 }
 

@@ -2,7 +2,8 @@
 //! when pyarrow does not import): a table of fixed-size list pixels, a float column and string
 //! classes, split into Hub-style shards of several row groups, trained under every strategy
 //! (the multi-worker ones dealing row groups to workers under `auto`); the Shakespeare plays
-//! as a text column for a character model; and bad files refused with exit 4 naming the file
+//! as a text column for a character model; every codec pyarrow writes giving the same training
+//! bits; and bad files refused with exit 4 naming the file
 //! (a truncated footer at once, a corrupt page when the run reaches it, recorded as a failed
 //! run); and `examples/mnist_parquet.toml` on the Parquet shards its script writes from MNIST.
 //! Killed-and-resumed runs are in `tests/data_resume.rs`.
@@ -68,6 +69,44 @@ fn a_table_pyarrow_wrote_trains_under_every_strategy() {
         assert!(s["test_accuracy"].as_f64().unwrap_or(0.0) > 0.95, "{name}: {s}");
         let classes = std::fs::read_to_string(dir.path().join("run/classes.json")).unwrap();
         assert!(classes.contains("\"bottom\"") && classes.contains("\"top\""), "{classes}");
+    }
+}
+
+/// Rewrites every file `TABLES` wrote with codec `sys.argv[2]` (row groups kept), and checks
+/// that pyarrow wrote that codec.
+const RECOMPRESS: &str = r#"
+import glob, os, sys
+import pyarrow.parquet as pq
+codec = sys.argv[2]
+for path in glob.glob(os.path.join(sys.argv[1], "data", "*.parquet")):
+    table = pq.read_table(path)
+    pq.write_table(table, path, row_group_size=32, compression=codec)
+    written = pq.ParquetFile(path).metadata.row_group(0).column(0).compression
+    assert written == {"none": "UNCOMPRESSED"}.get(codec, codec.upper()), (path, written)
+"#;
+
+/// Every codec pyarrow writes (its default Snappy, and zstd, gzip, LZ4, Brotli, none) gives
+/// the same training bits: the same rows reach the model in the same order.
+#[test]
+fn every_codec_pyarrow_writes_trains_the_same_bits() {
+    let mut weights = vec![];
+    for codec in ["snappy", "zstd", "gzip", "lz4", "brotli", "none"] {
+        let dir = tempdir();
+        let script = format!("import sys; sys.argv.append({codec:?})\n{TABLES}\n{RECOMPRESS}");
+        if !with_python("pyarrow", &script, dir.path()) {
+            return;
+        }
+        let spec = spec(dir.path(), TABLE, "", CLASSIFIER);
+        let out = run(&[spec.to_str().unwrap(), "--quiet", "--set", "run.threads=1"]);
+        assert_exit(&out, 0);
+        let trained = common::weights(&dir.path().join("run/model.safetensors"));
+        let bits: Vec<(String, Vec<u32>)> =
+            trained.into_iter().map(|(name, w)| (name, w.iter().map(|v| v.to_bits()).collect())).collect();
+        weights.push((codec, bits));
+    }
+    let (first, bits) = &weights[0];
+    for (codec, other) in &weights[1..] {
+        assert!(other == bits, "{codec} trained other weights than {first}");
     }
 }
 

@@ -4,7 +4,9 @@
 //! under the spec's tokenizer, for debugging a tokenizer. Nothing is trained and the model is
 //! not planned: only the spec's data section is read.
 
+use crate::data::source::hf_datasets::HfDatasetsSource;
 use crate::data::source::jsonl::JsonlSource;
+use crate::data::source::parquet::ParquetSource;
 use crate::data::source::text::cache::Cached;
 use crate::data::source::text::{TextSource, Texts, pieces};
 use crate::data::{DataError, Vocabulary};
@@ -16,6 +18,8 @@ use std::time::Instant;
 enum Corpus<'a> {
     Text(&'a TextSource),
     Jsonl(&'a JsonlSource),
+    Parquet(&'a ParquetSource),
+    HfDatasets(&'a HfDatasetsSource),
 }
 
 impl Corpus<'_> {
@@ -23,6 +27,8 @@ impl Corpus<'_> {
         match self {
             Corpus::Text(s) => s.texts(),
             Corpus::Jsonl(s) => s.documents(),
+            Corpus::Parquet(s) => s.documents(),
+            Corpus::HfDatasets(s) => s.documents(),
         }
     }
 
@@ -30,6 +36,8 @@ impl Corpus<'_> {
         match self {
             Corpus::Text(s) => s.vocabulary(),
             Corpus::Jsonl(s) => s.vocabulary(),
+            Corpus::Parquet(s) => s.vocabulary(),
+            Corpus::HfDatasets(s) => s.vocabulary(),
         }
     }
 }
@@ -43,10 +51,14 @@ pub fn tokenize(inv: &Invocation, text: Option<&str>, json: bool) -> Result<(), 
         Corpus::Text(s)
     } else if let Some(s) = source.as_any().downcast_ref::<JsonlSource>() {
         Corpus::Jsonl(s)
+    } else if let Some(s) = source.as_any().downcast_ref::<ParquetSource>() {
+        Corpus::Parquet(s)
+    } else if let Some(s) = source.as_any().downcast_ref::<HfDatasetsSource>() {
+        Corpus::HfDatasets(s)
     } else {
         return Err(RunError::Unsupported(format!(
-            "tokenize reads a language model's text: data.dataset = \"text\" or \"jsonl\" (with data.jsonl.text), \
-             not \"{}\"",
+            "tokenize reads a language model's text: data.dataset = \"text\", or \"jsonl\", \"parquet\" or \
+             \"hf_datasets\" with a text section (data.jsonl.text, …), not \"{}\"",
             source.name()
         )));
     };

@@ -2,12 +2,13 @@
 //! batches ([`ColumnarFile`]) in one of two formats ([`Columnar`]), cut into shard units (a
 //! Parquet row group, an Arrow IPC stream's record batch) whose row counts are known before
 //! anything is decoded; a table's columns found and checked in their Arrow schemas
-//! ([`columns`]); a table split streamed unit by unit with an exact resume cursor ([`split`]);
+//! ([`columns`]), a `datasets` `ClassLabel`'s names among them ([`class_label`]); a table split streamed unit by unit with an exact resume cursor ([`split`]);
 //! and a string column read as a language model's documents ([`documents`]).
 //!
 //! A format answers only how its files are opened and read; everything a column or a cursor
 //! means is written once here, for both.
 
+mod class_label;
 pub(super) mod columns;
 pub(super) mod documents;
 pub(super) mod split;
@@ -65,6 +66,11 @@ impl Columnar {
             Columnar::Parquet => DataError::BadParquet { problem },
             Columnar::HfDatasets => DataError::BadHfDatasets { problem },
         }
+    }
+
+    /// The error of `trainrun tokenize` for a section that reads a table.
+    pub(super) fn table_not_text(self) -> DataError {
+        self.bad(format!("this spec reads {}.table (numbers and a label), not text to tokenize", self.section()))
     }
 
     /// The error for a file the format's reader cannot read (exit 4, naming the file).

@@ -19,14 +19,14 @@ pub(super) mod ipc;
 #[cfg(test)]
 mod tests;
 
-use super::columnar::{self, Columnar, documents};
+use super::columnar::{self, Columnar, ColumnarFile, documents};
 use super::parquet::{ParquetTable, ParquetText, dataset, table_input, table_splits};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, require};
 use crate::data::error::DataError;
 use crate::data::examples::{Split, StreamSplit as _};
 use crate::data::pipeline::Shuffle;
 use crate::data::source::text::Texts;
-use crate::data::{DataFacts, Dataset};
+use crate::data::{DataFacts, Dataset, Vocabulary};
 use folder::SplitFiles;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -166,9 +166,32 @@ impl HfDatasetsSource {
 
     /// The text column's documents of both splits, tokenized.
     fn texts(&self, text: &ParquetText) -> Result<Texts, DataError> {
+        let (train, validation) = self.opened()?;
+        documents::texts(Columnar::HfDatasets, (&train, &validation), text, &self.cache)
+    }
+
+    /// Both splits' files, their stream headers read.
+    fn opened(&self) -> Result<(Vec<ColumnarFile>, Vec<ColumnarFile>), DataError> {
         let SplitFiles { train, validation } = folder::split_files(&self.dir, &self.config)?;
-        let format = Columnar::HfDatasets;
-        let opened = (format.open_all(&train)?, format.open_all(&validation)?);
-        documents::texts(format, (&opened.0, &opened.1), text, &self.cache)
+        Ok((Columnar::HfDatasets.open_all(&train)?, Columnar::HfDatasets.open_all(&validation)?))
+    }
+
+    /// The text column read as documents with their token streams' lengths, the token cache
+    /// built (`trainrun tokenize`); an error when `[data.hf_datasets]` reads a table.
+    pub fn documents(&self) -> Result<Texts, DataError> {
+        self.texts(self.text_config()?)
+    }
+
+    /// The vocabulary alone: nothing is tokenized (`char` reads the documents for its characters).
+    pub fn vocabulary(&self) -> Result<Vocabulary, DataError> {
+        let (train, validation) = self.opened()?;
+        documents::vocabulary(Columnar::HfDatasets, (&train, &validation), self.text_config()?, &self.cache)
+    }
+
+    fn text_config(&self) -> Result<&ParquetText, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(text) => Ok(text),
+            ReadAs::Table(_) => Err(Columnar::HfDatasets.table_not_text()),
+        }
     }
 }

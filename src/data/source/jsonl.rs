@@ -9,15 +9,18 @@
 //!   features and one field is the label, read as the `csv` source reads its columns: classes
 //!   (names, or whole numbers) or regression targets.
 //!
-//! Either way the files are read whole at load (as `text` and `csv` read theirs), so shards and
-//! resume cursors are the pipeline's, by example, as for every source read by index. Every
-//! error names the file, the line, the column and the byte offset (`lines`).
+//! Text is streamed: a file's documents are read a batch at a time whenever they are needed
+//! (the `char` vocabulary, the token stream), and the stream goes through the token cache, so
+//! neither the documents nor their ids are held. A table is read whole at load (as `csv` reads
+//! its files). Either way shards and resume cursors are the pipeline's, by example, as for
+//! every source read by index. Every error names the file, the line, the column and the byte
+//! offset (`lines`).
 
 mod lines;
 mod table;
 
 use super::csv::{CsvDataset, Table};
-use super::text::{Joining, TextFile, Texts, Tokenizing};
+use super::text::{DOCUMENTS_A_BATCH, DocumentReader, Joining, TextFile, Texts, Tokenizing};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, missing_in, require};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
@@ -234,9 +237,9 @@ impl JsonlSource {
 
     /// The training and validation files' documents, and how they are tokenized.
     fn read_documents(&self, config: &JsonlText) -> Result<(Vec<TextFile>, Vec<TextFile>, Tokenizing), DataError> {
-        let all = |names: &[String]| -> Result<Vec<TextFile>, DataError> {
-            names.iter().map(|n| documents(&self.dir.join(n), config)).collect()
-        };
+        let streamed =
+            |path: PathBuf| TextFile::streamed(path.clone(), JsonlDocuments { path, field: config.field.clone() });
+        let all = |names: &[String]| -> Vec<TextFile> { names.iter().map(|n| streamed(self.dir.join(n))).collect() };
         let tokenizing = Tokenizing {
             dataset: "jsonl",
             reading: format!("jsonl field {:?}", config.field),
@@ -246,7 +249,7 @@ impl JsonlSource {
             block: config.block_size.get(),
             joining: Joining::Documents { end_of_text: config.end_of_text.clone(), key: "data.jsonl.text.end_of_text" },
         };
-        Ok((all(&self.config.train)?, all(&self.config.validation)?, tokenizing))
+        Ok((all(&self.config.train), all(&self.config.validation), tokenizing))
     }
 
     /// The training table and the validation table, read as the training one was.
@@ -258,20 +261,33 @@ impl JsonlSource {
 
 const EXAMPLE: &str = "[data.jsonl] train = [\"train.jsonl\"], text = { field = \"text\", block_size = 64 }";
 
-/// The documents of the file at `path`.
-fn documents(path: &Path, config: &JsonlText) -> Result<TextFile, DataError> {
-    let mut lines = Lines::open(path)?;
-    let mut documents = vec![];
-    while let Some(mut line) = lines.next_object()? {
-        match line.object.remove(&config.field) {
-            Some(Value::String(document)) => documents.push(document),
-            Some(other) => {
-                return Err(table::wrong_field(path, &line, &config.field, lines::kind_of(&other), "a string"));
+/// The documents of a JSONL file: its objects' string field `field`, read a batch at a time.
+struct JsonlDocuments {
+    path: PathBuf,
+    field: String,
+}
+
+impl DocumentReader for JsonlDocuments {
+    fn each_batch(&self, each: &mut dyn FnMut(&[String]) -> Result<(), DataError>) -> Result<(), DataError> {
+        let (path, field) = (&self.path, &self.field);
+        let mut lines = Lines::open(path)?;
+        let mut documents = Vec::with_capacity(DOCUMENTS_A_BATCH);
+        while let Some(mut line) = lines.next_object()? {
+            match line.object.remove(field) {
+                Some(Value::String(document)) => documents.push(document),
+                Some(other) => return Err(table::wrong_field(path, &line, field, lines::kind_of(&other), "a string")),
+                None => return Err(table::missing_field(path, &line, field)),
             }
-            None => return Err(table::missing_field(path, &line, &config.field)),
+            if documents.len() == DOCUMENTS_A_BATCH {
+                each(&documents)?;
+                documents.clear();
+            }
+        }
+        match documents.is_empty() {
+            true => Ok(()),
+            false => each(&documents),
         }
     }
-    Ok(TextFile { path: path.to_path_buf(), documents })
 }
 
 #[cfg(test)]

@@ -25,13 +25,14 @@ mod tests;
 
 use super::columnar::columns::TableColumns;
 use super::columnar::split::ColumnarSplit;
-use super::columnar::{self, Columnar, documents};
+use super::columnar::{self, Columnar, ColumnarFile, documents};
 use super::csv::CsvLabels;
+use super::text::Texts;
 use super::{DataSource, RawValues, ReadAs, TextOrTable, expand, is_pattern, require};
 use crate::data::error::DataError;
 use crate::data::examples::{Split, StreamSplit as _};
 use crate::data::pipeline::Shuffle;
-use crate::data::{DataFacts, Dataset, Tokenization, VocabularyFrom};
+use crate::data::{DataFacts, Dataset, Tokenization, Vocabulary, VocabularyFrom};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
@@ -220,10 +221,34 @@ impl ParquetSource {
     }
 
     /// The text column's documents, tokenized.
-    fn texts(&self, text: &ParquetText) -> Result<crate::data::source::text::Texts, DataError> {
+    fn texts(&self, text: &ParquetText) -> Result<Texts, DataError> {
+        let (train, validation) = self.opened()?;
+        documents::texts(Columnar::Parquet, (&train, &validation), text, &self.cache)
+    }
+
+    /// Both splits' files, their footers read.
+    fn opened(&self) -> Result<(Vec<ColumnarFile>, Vec<ColumnarFile>), DataError> {
         let files = self.files()?;
-        let opened = (Columnar::Parquet.open_all(&files.train)?, Columnar::Parquet.open_all(&files.validation)?);
-        documents::texts(Columnar::Parquet, (&opened.0, &opened.1), text, &self.cache)
+        Ok((Columnar::Parquet.open_all(&files.train)?, Columnar::Parquet.open_all(&files.validation)?))
+    }
+
+    /// The text column read as documents with their token streams' lengths, the token cache
+    /// built (`trainrun tokenize`); an error when `[data.parquet]` reads a table.
+    pub fn documents(&self) -> Result<Texts, DataError> {
+        self.texts(self.text_config()?)
+    }
+
+    /// The vocabulary alone: nothing is tokenized (`char` reads the documents for its characters).
+    pub fn vocabulary(&self) -> Result<Vocabulary, DataError> {
+        let (train, validation) = self.opened()?;
+        documents::vocabulary(Columnar::Parquet, (&train, &validation), self.text_config()?, &self.cache)
+    }
+
+    fn text_config(&self) -> Result<&ParquetText, DataError> {
+        match self.read_as()? {
+            ReadAs::Text(text) => Ok(text),
+            ReadAs::Table(_) => Err(Columnar::Parquet.table_not_text()),
+        }
     }
 
     /// Both splits' files, their footers read and their columns checked.

@@ -9,11 +9,13 @@
 //! turn ids back into text.
 
 pub mod cache;
+mod documents;
 mod texts;
 mod tiktoken;
 mod tokenizer_json;
 
-pub(crate) use texts::{Joining, TextFile, Tokenizing};
+pub(crate) use documents::{DOCUMENTS_A_BATCH, DocumentReader, TextFile};
+pub(crate) use texts::{Joining, Tokenizing};
 pub use texts::{Texts, TokenizedFile, pieces};
 pub use tiktoken::Encoding;
 pub use tokenizer_json::{TokenizerDecoder, TokenizerJson};
@@ -226,7 +228,7 @@ const DEFAULT_CHAR_END_OF_TEXT: &str = "\n";
 fn read_text(path: PathBuf) -> Result<TextFile, DataError> {
     let bytes = std::fs::read(&path).map_err(|source| DataError::Read { path: path.clone(), source })?;
     match String::from_utf8(bytes) {
-        Ok(text) => Ok(TextFile { path, documents: vec![text] }),
+        Ok(text) => Ok(TextFile::held(path, vec![text])),
         Err(e) => {
             let at = Position::Byte(e.utf8_error().valid_up_to() as u64);
             Err(DataError::Malformed {

@@ -4,7 +4,7 @@
 //! into rows of `f32` features and a label ([`TableColumns::decode`]).
 
 use super::split::{RowLabel, TableRow};
-use super::{Columnar, ColumnarFile};
+use super::{Columnar, ColumnarFile, class_label};
 use crate::data::CsvLabels;
 use crate::data::error::DataError;
 use crate::data::examples::LabelKind;
@@ -41,8 +41,9 @@ struct Feature {
 /// What the label column holds, which decides the labels.
 #[derive(Debug, Clone, PartialEq)]
 enum LabelMap {
-    /// Whole numbers `0..classes`.
-    Indices { classes: u32 },
+    /// Whole numbers `0..classes`; `names` when a `datasets` `ClassLabel` names them (class
+    /// `i` is `names[i]`, in the dataset's order, and there are as many classes as names).
+    Indices { classes: u32, names: Option<Vec<String>> },
     /// Class names, sorted: a name's index is its class.
     Names(Vec<String>),
     /// A float target.
@@ -154,7 +155,9 @@ impl TableColumns {
     /// The labels, and the class names when labels are names.
     pub(in crate::data::source) fn labels(&self) -> (LabelKind, Option<Classes>) {
         match &self.map {
-            LabelMap::Indices { classes } => (LabelKind::Class { classes: *classes }, None),
+            LabelMap::Indices { classes, names } => {
+                (LabelKind::Class { classes: *classes }, names.clone().map(Classes::from_names))
+            }
             LabelMap::Names(names) => {
                 let classes = u32::try_from(names.len()).unwrap_or(u32::MAX);
                 (LabelKind::Class { classes }, Some(Classes::from_names(names.clone())))
@@ -204,7 +207,7 @@ impl TableColumns {
             LabelMap::Target => {
                 Ok(numbers(array).ok_or_else(|| wrong("numbers"))?.into_iter().map(RowLabel::Target).collect())
             }
-            LabelMap::Indices { classes } => {
+            LabelMap::Indices { classes, .. } => {
                 let values = integers(array).ok_or_else(|| wrong("integers"))?;
                 values
                     .into_iter()
@@ -421,11 +424,25 @@ fn label_map(
                 max = max.max(values.iter().copied().max());
                 Ok(())
             })?;
-            let classes = max.map_or(0, |m| m + 1);
+            let names = class_label::names(train[0].schema(), name);
+            let classes = match &names {
+                // A `ClassLabel` knows its classes, those no row holds too.
+                Some(names) => match max {
+                    Some(m) if m >= names.len() as i64 => {
+                        return Err(format.bad(format!(
+                            "column `{name}` holds the class {m}, but its ClassLabel names {} classes ({})",
+                            names.len(),
+                            names.join(", ")
+                        )));
+                    }
+                    _ => names.len() as i64,
+                },
+                None => max.map_or(0, |m| m + 1),
+            };
             let classes = u32::try_from(classes).map_err(|_| {
                 format.bad(format!("column `{name}` holds the class {}, too many classes", classes - 1))
             })?;
-            Ok(LabelMap::Indices { classes })
+            Ok(LabelMap::Indices { classes, names })
         }
         (None | Some(CsvLabels::Classes), _, _, true) => {
             let mut names = BTreeSet::new();

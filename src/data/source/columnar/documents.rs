@@ -1,26 +1,47 @@
-//! A columnar text column as a language model's documents: each file's string column read unit
-//! by unit (only that column), its documents tokenized and windowed as the `text` and `jsonl`
-//! sources' are ([`Texts`]).
+//! A columnar text column as a language model's documents: each file's string column streamed
+//! unit by unit (only that column, a record batch at a time, never the file whole), its
+//! documents tokenized and windowed as the `text` and `jsonl` sources' are ([`Texts`]).
 
 use super::columns::{column, strings, wrong_type};
 use super::{Columnar, ColumnarFile};
+use crate::data::Vocabulary;
 use crate::data::error::DataError;
 use crate::data::source::parquet::ParquetText;
-use crate::data::source::text::{Joining, TextFile, Texts, Tokenizing};
+use crate::data::source::text::{DOCUMENTS_A_BATCH, DocumentReader, Joining, TextFile, Texts, Tokenizing};
 use arrow_array::Array as _;
 use std::path::Path;
 
-/// Record batches of this many rows (from a Parquet row group): documents are strings, so a
-/// batch of them is small.
-const BATCH_ROWS: usize = 8192;
-
-/// The documents of every training and validation file, checked and counted.
+/// The documents of every training and validation file, checked, counted and (through the token
+/// cache) tokenized.
 pub(in crate::data::source) fn texts(
+    format: Columnar,
+    files: (&[ColumnarFile], &[ColumnarFile]),
+    config: &ParquetText,
+    cache: &Path,
+) -> Result<Texts, DataError> {
+    let (train, validation, tokenizing) = read(format, files, config, cache)?;
+    Texts::new(train, validation, &tokenizing)
+}
+
+/// The vocabulary alone (`trainrun tokenize --text`): nothing is tokenized, and only `char`
+/// reads the documents, for its characters.
+pub(in crate::data::source) fn vocabulary(
+    format: Columnar,
+    files: (&[ColumnarFile], &[ColumnarFile]),
+    config: &ParquetText,
+    cache: &Path,
+) -> Result<Vocabulary, DataError> {
+    let (train, validation, tokenizing) = read(format, files, config, cache)?;
+    tokenizing.vocabulary(&train, &validation).map(|(vocabulary, _)| vocabulary)
+}
+
+/// Every file's documents (streamed) and how they are tokenized.
+fn read(
     format: Columnar,
     (train, validation): (&[ColumnarFile], &[ColumnarFile]),
     config: &ParquetText,
     cache: &Path,
-) -> Result<Texts, DataError> {
+) -> Result<(Vec<TextFile>, Vec<TextFile>, Tokenizing), DataError> {
     // `reading` is part of the token cache's key: how a file's documents are read.
     let (dataset, end_of_text_key, reading) = match format {
         Columnar::Parquet => ("parquet", "data.parquet.text.end_of_text", "parquet"),
@@ -38,10 +59,11 @@ pub(in crate::data::source) fn texts(
     let all = |files: &[ColumnarFile]| -> Result<Vec<TextFile>, DataError> {
         files.iter().map(|f| documents(format, f, &config.column)).collect()
     };
-    Texts::new(all(train)?, all(validation)?, &tokenizing)
+    Ok((all(train)?, all(validation)?, tokenizing))
 }
 
-/// The documents of column `name` of `file`, in order.
+/// The documents of column `name` of `file`, in order, streamed; the column checked to hold
+/// strings.
 pub(in crate::data::source) fn documents(
     format: Columnar,
     file: &ColumnarFile,
@@ -53,20 +75,39 @@ pub(in crate::data::source) fn documents(
         return Err(wrong_type(format, path, name, data_type, "strings (documents)"));
     }
     let index = schema.index_of(name).map_err(|e| format.unreadable(path, e))?;
-    let mut documents = vec![];
-    for batch in file.read_all(&[index], BATCH_ROWS) {
-        let batch = batch?;
-        let array = batch.column(0);
-        if array.null_count() > 0 {
-            return Err(format.bad(format!(
-                "{}: column `{name}` has {} null documents; every row needs a string",
-                path.display(),
-                array.null_count()
-            )));
+    let reader = ColumnDocuments { format, file: file.clone(), index, name: name.to_owned() };
+    Ok(TextFile::streamed(path.to_path_buf(), reader))
+}
+
+/// A file's string column, read a record batch at a time.
+struct ColumnDocuments {
+    format: Columnar,
+    file: ColumnarFile,
+    /// The column's index in the file's schema.
+    index: usize,
+    name: String,
+}
+
+impl DocumentReader for ColumnDocuments {
+    fn each_batch(&self, each: &mut dyn FnMut(&[String]) -> Result<(), DataError>) -> Result<(), DataError> {
+        let (format, path, name) = (self.format, self.file.path(), &self.name);
+        let mut documents = Vec::with_capacity(DOCUMENTS_A_BATCH);
+        for batch in self.file.read_all(&[self.index], DOCUMENTS_A_BATCH) {
+            let batch = batch?;
+            let array = batch.column(0);
+            if array.null_count() > 0 {
+                return Err(format.bad(format!(
+                    "{}: column `{name}` has {} null documents; every row needs a string",
+                    path.display(),
+                    array.null_count()
+                )));
+            }
+            let values =
+                strings(array.as_ref()).ok_or_else(|| wrong_type(format, path, name, array.data_type(), "strings"))?;
+            documents.clear();
+            documents.extend(values.into_iter().map(str::to_owned));
+            each(&documents)?;
         }
-        let values =
-            strings(array.as_ref()).ok_or_else(|| wrong_type(format, path, name, array.data_type(), "strings"))?;
-        documents.extend(values.into_iter().map(str::to_owned));
+        Ok(())
     }
-    Ok(TextFile { path: path.to_path_buf(), documents })
 }

@@ -86,7 +86,7 @@ fn a_text_column_is_documents() {
     let dir = setup();
     let opened = Columnar::Parquet.open(&dir.path().join("t1.parquet")).unwrap();
     let file = documents::documents(Columnar::Parquet, &opened, "text").unwrap();
-    assert_eq!(file.documents, ["doc 7", "doc 8", "doc 9", "doc 10", "doc 11"]);
+    assert_eq!(file.all().unwrap(), ["doc 7", "doc 8", "doc 9", "doc 10", "doc 11"]);
     let source = source(dir.path(), "text = { column = \"text\", block_size = 4 }");
     let facts = source.facts().unwrap();
     assert_eq!(facts.labels.classes(), Some(15), "d o c space 0-9 newline");

@@ -9,6 +9,10 @@
 //! and a CRC-32C of the ids. A file whose header, digest, length or checksum disagrees (truncated,
 //! overwritten, from another tokenizer) is rebuilt, never trusted.
 //!
+//! The ids are written as they are made, batch by batch, and a cache file's checksum is read
+//! through a buffer rather than the mapping, so neither building nor checking one holds a
+//! corpus's ids in memory: a run maps the file and touches only the windows it reads.
+//!
 //! Tasks that start at once do not race: a builder holds an exclusive lock on `<name>.lock`
 //! while it tokenizes and looks again once it has the lock (another may have built the file
 //! meanwhile), and writes into a temporary file that it renames into place, so a reader sees
@@ -20,7 +24,7 @@ use crate::data::windows::Tokens;
 use memmap2::{Mmap, MmapOptions};
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 /// The cache folder's name inside the data folder.
@@ -67,14 +71,28 @@ pub enum Cached {
     InMemory,
 }
 
+/// Makes a token stream: hands its ids, in order, to the sink it is given.
+pub trait Tokenize: Fn(&mut dyn FnMut(&[u32])) -> Result<(), DataError> {}
+impl<T: Fn(&mut dyn FnMut(&[u32])) -> Result<(), DataError>> Tokenize for T {}
+
+/// The ids `tokenize` makes, in memory.
+pub fn in_memory(tokenize: impl Tokenize) -> Result<Vec<u32>, DataError> {
+    let mut ids = vec![];
+    tokenize(&mut |more| ids.extend_from_slice(more))?;
+    Ok(ids)
+}
+
+/// A SHA-256 of `tokens` (a `char` vocabulary, which its ids depend on), in hex.
+pub fn digest_of(tokens: &[String]) -> String {
+    let mut h = Sha256::new();
+    tokens.iter().for_each(|t| h.update(format!("{t}\0")));
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The ids of `key`'s file: mapped from `dir`'s cache file when it is valid, else `tokenize`d
 /// (under the lock) and written there first.
-pub fn tokens(
-    dir: &Path,
-    key: &CacheKey<'_>,
-    tokenize: impl FnOnce() -> Result<Vec<u32>, DataError>,
-) -> Result<(Tokens, Cached), DataError> {
-    let Some(digest) = key.digest() else { return Ok((Tokens::Owned(tokenize()?), Cached::InMemory)) };
+pub fn tokens(dir: &Path, key: &CacheKey<'_>, tokenize: impl Tokenize) -> Result<(Tokens, Cached), DataError> {
+    let Some(digest) = key.digest() else { return Ok((Tokens::Owned(in_memory(tokenize)?), Cached::InMemory)) };
     let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
     let path = dir.join(format!("{name}.tokens"));
     if let Some(tokens) = open_valid(&path, &digest) {
@@ -93,25 +111,21 @@ pub fn tokens(
     if let Some(tokens) = open_valid(&path, &digest) {
         return Ok((tokens, Cached::Reused(path)));
     }
-    let ids = tokenize()?;
-    let written = write(&path, &digest, &ids);
+    let written = write(&path, &digest, &tokenize)?;
     drop(lock);
     match written.ok().and_then(|()| open_valid(&path, &digest)) {
         Some(tokens) => Ok((tokens, Cached::Built(path))),
         None => {
-            warn(dir, "the file written could not be read back");
-            Ok((Tokens::Owned(ids), Cached::InMemory))
+            // The ids were not kept while they were written: made again, in memory.
+            warn(dir, "the file could not be written and read back");
+            Ok((Tokens::Owned(in_memory(tokenize)?), Cached::InMemory))
         }
     }
 }
 
-fn unwritable(
-    dir: &Path,
-    e: &std::io::Error,
-    tokenize: impl FnOnce() -> Result<Vec<u32>, DataError>,
-) -> Result<Vec<u32>, DataError> {
+fn unwritable(dir: &Path, e: &std::io::Error, tokenize: impl Tokenize) -> Result<Vec<u32>, DataError> {
     warn(dir, &e.to_string());
-    tokenize()
+    in_memory(tokenize)
 }
 
 fn warn(dir: &Path, why: &str) {
@@ -137,29 +151,72 @@ fn open_valid(path: &Path, digest: &[u8; 32]) -> Option<Tokens> {
     if count == 0 {
         return Some(Tokens::Owned(vec![]));
     }
+    // Read, not mapped, for the checksum: a mapping's pages would all stay resident.
+    let (mut crc, mut buffer) = (0, vec![0u8; CHECK_BUFFER]);
+    loop {
+        match file.read(&mut buffer).ok()? {
+            0 => break,
+            n => crc = crc32c::crc32c_append(crc, &buffer[..n]),
+        }
+    }
+    if crc != word(24) {
+        return None;
+    }
     // SAFETY: cache files are only ever replaced by rename, never written in place, so the
     // mapped inode does not change under the run.
     let map: Mmap = unsafe { MmapOptions::new().offset(HEADER as u64).len(bytes as usize).map(&file) }.ok()?;
-    (crc32c::crc32c(&map) == word(24)).then_some(Tokens::U32(map))
+    Some(Tokens::U32(map))
 }
 
-/// Writes `ids` to a temporary file beside `path` and renames it there.
-fn write(path: &Path, digest: &[u8; 32], ids: &[u32]) -> std::io::Result<()> {
-    let mut bytes = Vec::with_capacity(HEADER + 4 * ids.len());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
-    bytes.extend_from_slice(&[0; 4]);
-    bytes.extend_from_slice(&(ids.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&[0; 8]);
-    bytes.extend_from_slice(digest);
-    ids.iter().for_each(|id| bytes.extend_from_slice(&id.to_le_bytes()));
-    let crc = crc32c::crc32c(&bytes[HEADER..]);
-    bytes[24..28].copy_from_slice(&crc.to_le_bytes());
+/// Bytes of a cache file read at a time to check it.
+const CHECK_BUFFER: usize = 1 << 20;
+
+/// Writes the ids `tokenize` makes, as it makes them, to a temporary file beside `path`, and
+/// renames it there. The outer error is `tokenize`'s (bad data); the inner one the file's.
+fn write(path: &Path, digest: &[u8; 32], tokenize: &impl Tokenize) -> Result<std::io::Result<()>, DataError> {
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut file = File::create(&temporary)?;
-    file.write_all(&bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&temporary, path)
+    let mut file = match File::create(&temporary) {
+        Ok(file) => BufWriter::new(file),
+        Err(e) => return Ok(Err(e)),
+    };
+    let (mut count, mut crc, mut failed) = (0u64, 0u32, file.write_all(&[0; HEADER]).err());
+    let mut bytes = vec![];
+    let made = tokenize(&mut |ids| {
+        if failed.is_some() {
+            return;
+        }
+        bytes.clear();
+        ids.iter().for_each(|id| bytes.extend_from_slice(&id.to_le_bytes()));
+        (count, crc) = (count + ids.len() as u64, crc32c::crc32c_append(crc, &bytes));
+        failed = file.write_all(&bytes).err();
+    });
+    let finished = match (made, failed) {
+        (Err(e), _) => {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(e);
+        }
+        (Ok(()), Some(e)) => Err(e),
+        (Ok(()), None) => finish(file, digest, count, crc),
+    };
+    Ok(finished.and_then(|()| std::fs::rename(&temporary, path)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&temporary);
+    }))
+}
+
+/// Writes the header over the placeholder at the start of `file` and syncs it.
+fn finish(file: BufWriter<File>, digest: &[u8; 32], count: u64, crc: u32) -> std::io::Result<()> {
+    let mut file = file.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+    let mut header = Vec::with_capacity(HEADER);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&[0; 4]);
+    header.extend_from_slice(&count.to_le_bytes());
+    header.extend_from_slice(&crc.to_le_bytes());
+    header.extend_from_slice(&[0; 4]);
+    header.extend_from_slice(digest);
+    file.rewind()?;
+    file.write_all(&header)?;
+    file.sync_all()
 }
 
 #[cfg(test)]
@@ -179,12 +236,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (data, cache) = (dir.path().join("a.txt"), dir.path().join(FOLDER));
         std::fs::write(&data, "abc").unwrap();
-        let build = |n: u32| move || Ok((0..n).collect::<Vec<u32>>());
+        let build = |n: u32| {
+            move |sink: &mut dyn FnMut(&[u32])| {
+                sink(&(0..n).collect::<Vec<u32>>());
+                Ok(())
+            }
+        };
         let (tokens, how) = tokens(&cache, &key(&data, "gpt2"), build(5)).unwrap();
         let Cached::Built(file) = how else { panic!("{how:?}") };
         assert_eq!(ids(&tokens), [0, 1, 2, 3, 4]);
         assert!(matches!(tokens, Tokens::U32(_)), "mapped, not copied");
-        let again = super::tokens(&cache, &key(&data, "gpt2"), || panic!("reused, not rebuilt")).unwrap();
+        let again =
+            super::tokens(&cache, &key(&data, "gpt2"), |_: &mut dyn FnMut(&[u32])| panic!("reused, not rebuilt"))
+                .unwrap();
         assert_eq!((ids(&again.0), again.1), (vec![0, 1, 2, 3, 4], Cached::Reused(file.clone())));
 
         // Truncated: rebuilt.

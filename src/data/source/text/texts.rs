@@ -1,8 +1,11 @@
-//! How a language model's texts become windows of tokens, what the `text` and `jsonl` sources
-//! share: the vocabulary, the end of text put after every document, one token stream per file
-//! (through the token [`cache`](super::cache) for a subword tokenizer) and the windows.
+//! How a language model's texts become windows of tokens, what the `text`, `jsonl`, `parquet`
+//! and `hf_datasets` sources share: the vocabulary, the end of text put after every document,
+//! one token stream per file and the windows. A subword tokenizer's streams, and every stream
+//! of streamed documents, go through the token [`cache`](super::cache): made batch by batch
+//! into a file that is then memory-mapped, so neither the documents nor their tokens are held.
 
 use super::cache::{self, CacheKey, Cached};
+use super::documents::{Documents, TextFile};
 use super::{DEFAULT_CHAR_END_OF_TEXT, Encoding, Tokenization, TokenizerJson, Vocabulary, VocabularyFrom};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
@@ -38,12 +41,6 @@ pub(crate) enum Joining {
     Documents { end_of_text: Option<String>, key: &'static str },
 }
 
-/// One file's documents, in order.
-pub(crate) struct TextFile {
-    pub path: PathBuf,
-    pub documents: Vec<String>,
-}
-
 /// A file's tokens, as `trainrun tokenize` reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenizedFile {
@@ -51,7 +48,7 @@ pub struct TokenizedFile {
     /// A validation file (else a training one).
     pub validation: bool,
     pub tokens: usize,
-    /// Where the ids came from; `char` and `byte` are not cached (`InMemory`).
+    /// Where the ids came from; a `text` file's `char` and `byte` ids are not cached (`InMemory`).
     pub cached: Cached,
 }
 
@@ -90,9 +87,14 @@ impl Tokenizing {
                     VocabularyFrom::Train => &[][..],
                     VocabularyFrom::TrainAndValidation => validation,
                 };
-                let documents = train.iter().chain(from_validation).flat_map(|f| &f.documents);
                 let end_of_text = given.unwrap_or(DEFAULT_CHAR_END_OF_TEXT);
-                let chars: BTreeSet<char> = documents.flat_map(|d| d.chars()).chain(end_of_text.chars()).collect();
+                let mut chars: BTreeSet<char> = end_of_text.chars().collect();
+                for file in train.iter().chain(from_validation) {
+                    file.each_batch(&mut |documents| {
+                        documents.iter().for_each(|d| chars.extend(d.chars()));
+                        Ok(())
+                    })?;
+                }
                 Vocabulary::Char { tokens: chars.into_iter().map(String::from).collect() }
             }
             Tokenization::Gpt2 => Vocabulary::tiktoken(Encoding::Gpt2),
@@ -149,39 +151,46 @@ impl Texts {
         &self.files
     }
 
-    /// The number of tokens of `file`'s stream: `char` and `byte` count characters or bytes; a
-    /// subword tokenizer's stream is made (or found in the cache) to count it.
+    /// The number of tokens of `file`'s stream: held `char` and `byte` documents count their
+    /// characters or bytes; any other stream is made (or found in the cache) to count it.
     fn count(&self, file: &TextFile) -> Result<(usize, Cached), DataError> {
         let end_of_text = self.end_of_text.len();
-        let documents = |per: fn(&String) -> usize| file.documents.par_iter().map(|d| per(d) + end_of_text).sum();
-        match &self.vocabulary {
-            Vocabulary::Char { .. } => Ok((documents(|d| d.chars().count()), Cached::InMemory)),
-            Vocabulary::Byte { .. } => Ok((documents(String::len), Cached::InMemory)),
-            Vocabulary::Tiktoken { .. } | Vocabulary::TokenizerJson { .. } => {
+        let held = |documents: &[String], per: fn(&String) -> usize| {
+            (documents.par_iter().map(|d| per(d) + end_of_text).sum::<usize>(), Cached::InMemory)
+        };
+        match (&self.vocabulary, &file.documents) {
+            (Vocabulary::Char { .. }, Documents::Held(d)) => Ok(held(d, |d| d.chars().count())),
+            (Vocabulary::Byte { .. }, Documents::Held(d)) => Ok(held(d, String::len)),
+            (Vocabulary::Char { .. } | Vocabulary::Byte { .. }, Documents::Streamed(_))
+            | (Vocabulary::Tiktoken { .. } | Vocabulary::TokenizerJson { .. }, _) => {
                 self.stream(file).map(|(tokens, cached)| (tokens.len(), cached))
             }
         }
     }
 
-    /// `file`'s token stream: its documents encoded in parallel, each followed by the end of
-    /// text; through the token cache for a subword tokenizer.
+    /// `file`'s token stream: its documents encoded in parallel a batch at a time, each followed
+    /// by the end of text; held `char` and `byte` documents in memory, any other stream through
+    /// the token cache (streamed documents' ids are never held whole).
     fn stream(&self, file: &TextFile) -> Result<(Tokens, Cached), DataError> {
-        let tokenize = || {
-            let documents: Vec<Vec<u32>> =
-                file.documents.par_iter().map(|d| encode(&file.path, d, &self.vocabulary)).collect::<Result<_, _>>()?;
-            let mut ids = Vec::with_capacity(documents.iter().map(|d| d.len() + self.end_of_text.len()).sum());
-            for document in documents {
-                ids.extend(document);
-                ids.extend_from_slice(&self.end_of_text);
-            }
-            Ok(ids)
+        let tokenize = |sink: &mut dyn FnMut(&[u32])| {
+            file.each_batch(&mut |documents| {
+                let encoded: Vec<Vec<u32>> =
+                    documents.par_iter().map(|d| encode(&file.path, d, &self.vocabulary)).collect::<Result<_, _>>()?;
+                for document in &encoded {
+                    sink(document.as_slice());
+                    sink(&self.end_of_text);
+                }
+                Ok(())
+            })
         };
-        let tokenizer = match &self.vocabulary {
-            Vocabulary::Char { .. } | Vocabulary::Byte { .. } => {
-                return Ok((Tokens::Owned(tokenize()?), Cached::InMemory));
+        let tokenizer = match (&self.vocabulary, &file.documents) {
+            (Vocabulary::Char { .. } | Vocabulary::Byte { .. }, Documents::Held(_)) => {
+                return Ok((Tokens::Owned(cache::in_memory(tokenize)?), Cached::InMemory));
             }
-            Vocabulary::Tiktoken { encoding, .. } => format!("tiktoken {encoding:?}"),
-            Vocabulary::TokenizerJson { tokenizer, .. } => format!("tokenizer.json {}", tokenizer.sha256()),
+            (Vocabulary::Char { tokens }, Documents::Streamed(_)) => format!("char {}", cache::digest_of(tokens)),
+            (Vocabulary::Byte { .. }, Documents::Streamed(_)) => "byte".into(),
+            (Vocabulary::Tiktoken { encoding, .. }, _) => format!("tiktoken {encoding:?}"),
+            (Vocabulary::TokenizerJson { tokenizer, .. }, _) => format!("tokenizer.json {}", tokenizer.sha256()),
         };
         let key = CacheKey {
             reading: &self.reading,
