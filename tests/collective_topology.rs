@@ -1,7 +1,8 @@
 //! The all-reduce algorithms for many ranks, between real processes (this test binary started
 //! as peers, filtered to `peer_entry`): `halving_doubling` and `hierarchical` over TCP at 2, 3,
 //! 4 and 8 ranks, and `hierarchical` over shared memory inside "hosts" and TCP across them
-//! (peers told their host) with 2 and 3 hosts. Each rank checks its sum against the f64 sum,
+//! (peers told their host) with 2 and 3 hosts, the flat ones too (over TCP throughout, as
+//! `auto` runs them there). Each rank checks its sum against the f64 sum,
 //! every rank reports the same bits, and a second run of fresh processes the same bits again.
 //! An ignored test does the same at 16, 24, 48, 63 and 64 ranks. Also `trainrun check` of a
 //! cluster on several hosts: the hosts, the groups, the cost model and its choice.
@@ -76,22 +77,14 @@ fn hierarchical_runs_over_shared_memory_inside_hosts_and_tcp_across() {
     }
 }
 
+/// The flat algorithms over shared memory inside hosts and TCP across, as `auto` runs them
+/// when a pack size takes one: every exchange over TCP, to ranks of the same host too (the
+/// ring's exchange at a host boundary sends inside while it receives from across).
 #[test]
-fn the_routed_transport_refuses_a_flat_algorithm() {
-    let spec = PeerSpec {
-        label: "topology-refuse".into(),
-        mode: PeerMode::Verify,
-        wire: Wire::Routed,
-        world: 2,
-        sizes: vec![10],
-        iters: 1,
-        timeouts: CollectiveTimeouts { connect: Duration::from_secs(20), op: Duration::from_secs(20) },
-    };
-    let launcher = Launcher::test_entry("peer_entry").expect("the test binary's path");
-    let group = PeerGroup::spawn_on_hosts(&launcher, &spec, Algorithm::Ring, &[0, 1]).unwrap_or_else(|e| panic!("{e}"));
-    for o in group.finish(Duration::from_secs(60)) {
-        assert_eq!(o.code, Some(i32::from(bench::EXIT_COLLECTIVE)), "{}", o.stderr);
-        assert!(o.stderr.contains("the ring algorithm cannot run over shared_memory_and_tcp"), "{}", o.stderr);
+fn flat_algorithms_over_the_routed_transport_match_the_f64_sum() {
+    for hosts in [vec![0, 0, 1, 1], vec![0, 0, 0, 1, 1, 2]] {
+        same_bits_everywhere_and_again(Algorithm::Ring, Wire::Routed, &hosts);
+        same_bits_everywhere_and_again(Algorithm::HalvingDoubling, Wire::Routed, &hosts);
     }
 }
 

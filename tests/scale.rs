@@ -89,7 +89,8 @@ fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(Stri
     let settings = TrainSettings { steps, per_replica_batch: 16, implementation: "auto".into(), deadline: limit };
     let result = train(exe(), &cluster, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(result.steps, steps);
-    assert_eq!(result.transport, "tcp", "the hosts have different addresses");
+    let routed = if p.per_host() > 1 { "shared_memory_and_tcp" } else { "tcp" };
+    assert_eq!(result.transport, routed, "`auto` between hosts: shared memory inside each host with several");
     assert_eq!(result.step_ms.len() as u64, steps - 1, "one time per step after the first");
     assert!(!leftovers(&tag).is_empty(), "the namespaces exist while the cluster does");
     let settings = cluster.settings();
@@ -106,6 +107,13 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
         return;
     };
     assert!(result.rendezvous_s > 0.0 && result.rendezvous_s < 30.0, "{result:?}");
+    // `auto` across transports: the gradient's one small pack (25,450 floats) crosses the
+    // network twice under `hierarchical` and four or six times under the flat algorithms, as
+    // the start-up model predicts; the chief logs the figures and the pick.
+    let choice = result.all_reduce_choice.unwrap_or_else(|| panic!("the chief logged no choice"));
+    // Measured now, or by an earlier run of this shape (the chief's cache).
+    assert!(choice.contains("all-reduce cost model measured") && choice.contains("shared memory α"), "{choice}");
+    assert!(choice.contains("by pack size: 99.4 KiB → hierarchical"), "{choice}");
 }
 
 /// Item 2 of the scale-out: `hierarchical` between namespace hosts, end to end: 6 tasks as

@@ -25,16 +25,17 @@ impl SizeChoice {
         SizeChoice { model, transport, placement, candidates }
     }
 
-    /// Whether there is anything to choose: over TCP, more than one candidate among more than
-    /// two ranks (at two, every algorithm is the same single exchange and today's ring stays).
-    /// On one host `direct` runs, its own communicator and the cheapest at every size; over
-    /// shared memory and TCP only `hierarchical` runs.
+    /// Whether there is anything to choose: over TCP, or shared memory inside hosts and TCP
+    /// across, more than one candidate among more than two ranks (at two, every algorithm is
+    /// the same single exchange and today's ring stays). On one host `direct` runs, its own
+    /// communicator and the cheapest at every size.
     pub fn chooses(&self) -> bool {
         match self.transport {
-            TransportKind::Tcp | TransportKind::TcpTls => self.candidates.len() > 1 && self.placement.ranks > 2,
-            TransportKind::SharedMemory | TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls => {
-                false
-            }
+            TransportKind::Tcp
+            | TransportKind::TcpTls
+            | TransportKind::SharedMemoryAndTcp
+            | TransportKind::SharedMemoryAndTcpTls => self.candidates.len() > 1 && self.placement.ranks > 2,
+            TransportKind::SharedMemory => false,
         }
     }
 
@@ -87,13 +88,29 @@ mod tests {
     }
 
     #[test]
-    fn two_ranks_and_the_routed_transport_have_nothing_to_choose() {
+    fn across_transports_small_packs_take_hierarchical_and_large_ones_what_moves_fewest_bytes() {
+        let model = CostModel::default();
+        let two_by_two = Placement { ranks: 4, hosts: 2, per_host: 2 };
+        let routed = SizeChoice::over(model, TransportKind::SharedMemoryAndTcp, two_by_two);
+        assert_eq!(routed.candidates, [Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Hierarchical]);
+        assert!(routed.chooses());
+        // Two messages over the network instead of four or six, the rest over shared memory.
+        assert_eq!(routed.pick(1 << 10), Algorithm::Hierarchical);
+        // A fast network with a slow host inside: the ring's bytes are fewest.
+        let slow_inside = CostModel {
+            network: LinkCost { alpha: 0.0, beta: 1e-10 },
+            shared_memory: LinkCost { alpha: 1e-3, beta: 1e-8 },
+            ..model
+        };
+        let eight_by_eight = Placement { ranks: 64, hosts: 8, per_host: 8 };
+        let routed = SizeChoice::over(slow_inside, TransportKind::SharedMemoryAndTcp, eight_by_eight);
+        assert_eq!(routed.pick(64 << 20), Algorithm::Ring);
+    }
+
+    #[test]
+    fn two_ranks_and_one_host_have_nothing_to_choose() {
         let model = CostModel::default();
         assert!(!SizeChoice::over(model, TransportKind::Tcp, Placement { ranks: 2, hosts: 2, per_host: 1 }).chooses());
-        let routed =
-            SizeChoice::over(model, TransportKind::SharedMemoryAndTcp, Placement { ranks: 8, hosts: 2, per_host: 4 });
-        assert_eq!(routed.candidates, [Algorithm::Hierarchical]);
-        assert!(!routed.chooses());
         let one_host =
             SizeChoice::over(model, TransportKind::SharedMemory, Placement { ranks: 4, hosts: 1, per_host: 4 });
         assert!(!one_host.chooses(), "direct runs on one host");

@@ -174,6 +174,26 @@ impl CostModel {
         Some(LinkCost { alpha, beta })
     }
 
+    /// Shared memory's link that explains two timings of `hierarchical` among `shape`'s ranks
+    /// (`secs.0` for `sizes.0` bytes, `secs.1` for `sizes.1`), given this model's network and
+    /// γ for the part among the hosts' leaders (the start-up probe's fit over shared memory
+    /// inside hosts and TCP across). `None` when no host has two ranks or the sizes carry the
+    /// same bytes; α and β are kept from going below zero, as in [`CostModel::fitted`].
+    pub fn fitted_inside(&self, shape: Placement, sizes: (usize, usize), secs: (f64, f64)) -> Option<LinkCost> {
+        let [small, small_among] = Terms::hierarchical(shape, sizes.0 as f64);
+        let [large, large_among] = Terms::hierarchical(shape, sizes.1 as f64);
+        let spread = large.bytes - small.bytes;
+        if spread <= 0.0 || small.messages <= 0.0 {
+            return None;
+        }
+        let rest =
+            |t: Terms, among: Terms, secs: f64| secs - t.summed * self.gamma - among.seconds(self.network, self.gamma);
+        let (small_rest, large_rest) = (rest(small, small_among, secs.0), rest(large, large_among, secs.1));
+        let beta = ((large_rest - small_rest) / spread).max(1e-12);
+        let alpha = ((small_rest - small.bytes * beta) / small.messages).max(0.0);
+        Some(LinkCost { alpha, beta })
+    }
+
     /// `direct` over shared memory: two phases, each rank copying in and out and summing
     /// its share from every rank.
     pub fn direct(&self, n: usize, s: f64) -> f64 {
@@ -261,6 +281,25 @@ mod tests {
         }
         // `direct` sends no messages: nothing to fit.
         assert_eq!(truth.fitted(Algorithm::Direct, placement(4, 1), (1024, 524_288), (1e-5, 1e-4)), None);
+    }
+
+    #[test]
+    fn the_fit_inside_hosts_recovers_shared_memory_given_the_network() {
+        let truth = CostModel {
+            shared_memory: LinkCost { alpha: 11e-6, beta: 1.0 / 6e9 },
+            network: LinkCost { alpha: 73e-6, beta: 1.0 / 1.7e9 },
+            ..CostModel::default()
+        };
+        for shape in [placement(4, 2), placement(6, 3), placement(64, 8)] {
+            let time =
+                |bytes: usize| truth.estimate(Algorithm::Hierarchical, TransportKind::SharedMemoryAndTcp, shape, bytes);
+            let secs = (time(1024).unwrap_or(0.0), time(524_288).unwrap_or(0.0));
+            let fit = truth.fitted_inside(shape, (1024, 524_288), secs).unwrap_or_else(|| panic!("{shape:?}: no fit"));
+            assert!((fit.alpha / truth.shared_memory.alpha - 1.0).abs() < 1e-6, "{shape:?}: {fit:?}");
+            assert!((fit.beta / truth.shared_memory.beta - 1.0).abs() < 1e-6, "{shape:?}: {fit:?}");
+        }
+        // One rank a host: nothing inside to fit.
+        assert_eq!(truth.fitted_inside(placement(4, 4), (1024, 524_288), (1e-4, 1e-3)), None);
     }
 
     #[test]

@@ -254,6 +254,7 @@ impl Collective {
                 kind.name()
             )))
         };
+        let also_steps: Vec<_> = also.iter().filter_map(|a| a.point_to_point(&peers)).collect();
         let Some(steps) = algorithm.point_to_point(&peers) else {
             return match transport {
                 Transport::SharedMemory(opts) => {
@@ -264,10 +265,14 @@ impl Collective {
             };
         };
         let group = algorithm::Group::all(&peers);
-        let wiring = also
-            .iter()
-            .filter_map(|a| a.point_to_point(&peers))
-            .fold(steps.wiring(&group), |w, other| w.union(other.wiring(&group)));
+        let all: Vec<_> = std::iter::once(steps.as_ref()).chain(also_steps.iter().map(AsRef::as_ref)).collect();
+        // The routed transport connects each algorithm's links for the route it takes.
+        let wiring_of = |route: Option<transport::HostRoute>| {
+            all.iter()
+                .filter(|a| route.is_none_or(|r| a.route() == r))
+                .fold(transport::Wiring::default(), |w, a| w.union(a.wiring(&group)))
+        };
+        let wiring = wiring_of(None);
         let link: Box<dyn transport::PointToPoint> = match transport {
             // Point-to-point transfers go through the outboxes, never the arena.
             Transport::SharedMemory(opts) => Box::new(transport::shared_memory::SharedMemory::join(
@@ -279,11 +284,9 @@ impl Collective {
                 Box::new(transport::tcp::TcpTransport::connect(peers, opts, &wiring, timeouts)?)
             }
             Transport::Routed { shm, tcp } => {
-                // A flat algorithm's exchanges would mix the two links in one step.
-                if algorithm.refuses(TransportKind::SharedMemoryAndTcp).is_some() {
-                    return refused(TransportKind::SharedMemoryAndTcp);
-                }
-                Box::new(transport::routed::Routed::connect(peers, shm, tcp, &wiring, timeouts)?)
+                let by_host = wiring_of(Some(transport::HostRoute::ByHost));
+                let network = wiring_of(Some(transport::HostRoute::Network));
+                Box::new(transport::routed::Routed::connect(peers, shm, tcp, (&by_host, &network), timeouts)?)
             }
         };
         Ok(Collective::Scheduled(Scheduled::new(steps, link)))

@@ -130,7 +130,10 @@ impl Wire {
     pub fn carries(self, algorithm: Algorithm) -> bool {
         match self {
             Wire::ShmArena => algorithm == Algorithm::Direct,
-            Wire::Shm | Wire::Tcp | Wire::TcpTls | Wire::Routed => algorithm.refuses(self.kind()).is_none(),
+            Wire::Shm | Wire::Tcp | Wire::TcpTls => algorithm.refuses(self.kind()).is_none(),
+            // The flat algorithms run over it as over TCP (`HostRoute::Network`): no rows of
+            // their own.
+            Wire::Routed => algorithm == Algorithm::Hierarchical,
         }
     }
 }

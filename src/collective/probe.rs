@@ -1,7 +1,10 @@
 //! The cost model measured at start-up, for `implementation = "auto"` per pack size
-//! ([`SizeChoice`]). Every rank times the sum kernel (γ) and the job's own all-reduce at
-//! 1 KB and 512 KB over the connected transport; the chief fits the network's α and β from
-//! its timings ([`CostModel::fitted`]) and broadcasts its figures, so every rank chooses with
+//! ([`SizeChoice`]). Every rank times the sum kernel (γ) and an all-reduce at 1 KB and
+//! 512 KB: over TCP the job's own algorithm, from which the chief fits the network's α and β
+//! ([`CostModel::fitted`]); over shared memory inside hosts and TCP across, the ring (every
+//! step over the network) for the network's α and β, then `hierarchical`, whose steps inside
+//! the hosts give shared memory's α and β once the network's part is known
+//! ([`CostModel::fitted_inside`]). The chief broadcasts its figures, so every rank chooses with
 //! the same model. The chief keeps them in a file per job shape on its host (the cache), and
 //! a later run of the same shape takes them from there instead of measuring again: the same
 //! figures, the same choice per size, the same summation order and bits, run after run.
@@ -10,7 +13,7 @@
 use super::choice::SizeChoice;
 use super::cost::{CostModel, LinkCost, Placement};
 use super::reduce::add_assign_f32;
-use super::{Algorithm, CollectiveError, Communicator, TransportKind};
+use super::{Algorithm, Collective, CollectiveError, Communicator, TransportKind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -49,29 +52,50 @@ pub fn cache_file(dir: &Path, transport: TransportKind, placement: Placement) ->
     dir.join("cost-model").join(format!("{}-{ranks}-ranks-{hosts}-hosts-{per_host}-a-host.json", transport.name()))
 }
 
-/// The figures as the cache holds them: the network's α and β and γ, each an f32 (what the
+/// The figures as the cache holds them: the network's α and β, γ, and shared memory's α and
+/// β where the job measured them (shared memory inside hosts), each an f32 (what the
 /// broadcast carries) so that a cached model is bit for bit the one first agreed on.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Figures {
     network_latency_s: f32,
     network_s_per_byte: f32,
     sum_s_per_byte: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shared_memory_latency_s: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shared_memory_s_per_byte: Option<f32>,
 }
 
+/// Floats of the broadcast: found, the network's α and β, γ, whether shared memory's follow,
+/// its α and β.
+type Message = [f32; 7];
+
 impl Figures {
-    fn as_message(self, found: bool) -> [f32; 4] {
-        [f32::from(u8::from(found)), self.network_latency_s, self.network_s_per_byte, self.sum_s_per_byte]
+    fn as_message(self, found: bool) -> Message {
+        let shm = self.shared_memory_latency_s.zip(self.shared_memory_s_per_byte);
+        let (a, b) = shm.unwrap_or((0.0, 0.0));
+        let flag = |x: bool| f32::from(u8::from(x));
+        [flag(found), self.network_latency_s, self.network_s_per_byte, self.sum_s_per_byte, flag(shm.is_some()), a, b]
     }
 
-    fn from_message(m: [f32; 4]) -> Option<Figures> {
-        (m[0] == 1.0).then_some(Figures { network_latency_s: m[1], network_s_per_byte: m[2], sum_s_per_byte: m[3] })
+    fn from_message(m: Message) -> Option<Figures> {
+        let shm = (m[4] == 1.0).then_some((m[5], m[6]));
+        (m[0] == 1.0).then_some(Figures {
+            network_latency_s: m[1],
+            network_s_per_byte: m[2],
+            sum_s_per_byte: m[3],
+            shared_memory_latency_s: shm.map(|s| s.0),
+            shared_memory_s_per_byte: shm.map(|s| s.1),
+        })
     }
 
     fn apply(self, model: CostModel) -> CostModel {
+        let shm = self.shared_memory_latency_s.zip(self.shared_memory_s_per_byte);
         CostModel {
             network: LinkCost { alpha: f64::from(self.network_latency_s), beta: f64::from(self.network_s_per_byte) },
+            shared_memory: shm
+                .map_or(model.shared_memory, |(a, b)| LinkCost { alpha: f64::from(a), beta: f64::from(b) }),
             gamma: f64::from(self.sum_s_per_byte),
-            ..model
         }
     }
 }
@@ -79,7 +103,12 @@ impl Figures {
 fn read_cache(path: &Path) -> Option<Figures> {
     let f: Figures = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     let usable = |x: f32| x.is_finite() && x >= 0.0;
-    (usable(f.network_latency_s) && usable(f.network_s_per_byte) && f.sum_s_per_byte > 0.0 && usable(f.sum_s_per_byte))
+    let shm = [f.shared_memory_latency_s, f.shared_memory_s_per_byte].into_iter().flatten().all(usable);
+    (usable(f.network_latency_s)
+        && usable(f.network_s_per_byte)
+        && f.sum_s_per_byte > 0.0
+        && usable(f.sum_s_per_byte)
+        && shm)
         .then_some(f)
 }
 
@@ -117,31 +146,56 @@ fn sum_seconds_per_byte() -> f64 {
     (secs / (dst.len() * 4) as f64).max(1e-13)
 }
 
-/// This rank's measurement: γ, then the network link fitted to its timings of `algorithm`
-/// (the job's, not yet choosing per size) at the two probe sizes.
-fn measure(
-    comm: &mut dyn Communicator,
-    algorithm: Algorithm,
-    placement: Placement,
-) -> Result<Option<Figures>, CollectiveError> {
-    let gamma = sum_seconds_per_byte();
+/// This rank's timings of an all-reduce at the two probe sizes, with whatever algorithm
+/// `comm` runs now.
+fn probe_times(comm: &mut dyn Communicator) -> Result<(f64, f64), CollectiveError> {
     let (mut small, mut large) = (vec![1.0f32; PROBE_FLOATS.0], vec![1.0f32; PROBE_FLOATS.1]);
     let t_small = median_secs(15, || comm.all_reduce_sum(&mut small))?;
     let t_large = median_secs(5, || comm.all_reduce_sum(&mut large))?;
-    let with_gamma = CostModel { gamma, ..CostModel::default() };
-    let link = with_gamma.fitted(algorithm, placement, (PROBE_FLOATS.0 * 4, PROBE_FLOATS.1 * 4), (t_small, t_large));
-    Ok(link.map(|l| Figures {
-        network_latency_s: l.alpha as f32,
-        network_s_per_byte: l.beta as f32,
+    Ok((t_small, t_large))
+}
+
+const PROBE_BYTES: (usize, usize) = (PROBE_FLOATS.0 * 4, PROBE_FLOATS.1 * 4);
+
+/// This rank's measurement: γ, then the network link fitted to its timings of `algorithm`
+/// (the job's, not yet choosing per size) at the two probe sizes; over shared memory inside
+/// hosts and TCP across, the network fitted to the ring's timings and shared memory to
+/// `hierarchical`'s. Every rank runs the same probes in the same order.
+fn measure(comm: &mut Collective, auto: &AutoBySize, algorithm: Algorithm) -> Result<Option<Figures>, CollectiveError> {
+    let gamma = sum_seconds_per_byte();
+    let with_gamma = CostModel { gamma, ..auto.model };
+    let (placement, transport) = (auto.placement, comm.transport());
+    let figures = |net: LinkCost, shm: Option<LinkCost>| Figures {
+        network_latency_s: net.alpha as f32,
+        network_s_per_byte: net.beta as f32,
         sum_s_per_byte: gamma as f32,
-    }))
+        shared_memory_latency_s: shm.map(|l| l.alpha as f32),
+        shared_memory_s_per_byte: shm.map(|l| l.beta as f32),
+    };
+    if !transport.routed() {
+        let times = probe_times(comm.as_dyn())?;
+        return Ok(with_gamma.fitted(algorithm, placement, PROBE_BYTES, times).map(|l| figures(l, None)));
+    }
+    // One algorithm at a time: a choice with a single candidate picks it at every size.
+    let mut timed = |a: Algorithm| {
+        comm.choose_by_size(SizeChoice { candidates: vec![a], ..SizeChoice::over(auto.model, transport, placement) })?;
+        probe_times(comm.as_dyn())
+    };
+    let ring = timed(Algorithm::Ring)?;
+    let inside = if placement.per_host > 1 { Some(timed(Algorithm::Hierarchical)?) } else { None };
+    let Some(network) = with_gamma.fitted(Algorithm::Ring, placement, PROBE_BYTES, ring) else {
+        return Ok(None);
+    };
+    let with_network = CostModel { network, ..with_gamma };
+    let shm = inside.and_then(|times| with_network.fitted_inside(placement, PROBE_BYTES, times));
+    Ok(Some(figures(network, shm)))
 }
 
 /// The choice per size every rank of `comm` agrees on: the spec's model, or the chief's
 /// cached or measured figures (measured with `algorithm` over `transport`), broadcast.
 /// Every rank calls it at the same point; the chief keeps new figures in `cache`.
 pub fn agree(
-    comm: &mut dyn Communicator,
+    comm: &mut Collective,
     auto: &AutoBySize,
     algorithm: Algorithm,
     cache: Option<&Path>,
@@ -152,16 +206,16 @@ pub fn agree(
     }
     let chief = comm.rank() == 0;
     let cached = if chief { cache.and_then(read_cache) } else { None };
-    let mut head = cached.map_or([0.0; 4], |f| f.as_message(true));
+    let mut head = cached.map_or([0.0; 7], |f| f.as_message(true));
     comm.broadcast(&mut head, 0)?;
     if let Some(f) = Figures::from_message(head) {
         let source = ModelSource::Cache(cache.map(Path::to_path_buf));
         return Ok((SizeChoice::over(f.apply(auto.model), transport, auto.placement), source));
     }
-    let mine = measure(comm, algorithm, auto.placement)?;
+    let mine = measure(comm, auto, algorithm)?;
     let mut agreed = match mine {
         Some(f) if chief => f.as_message(true),
-        Some(_) | None => [0.0; 4],
+        Some(_) | None => [0.0; 7],
     };
     comm.broadcast(&mut agreed, 0)?;
     let Some(figures) = Figures::from_message(agreed) else {
@@ -198,8 +252,14 @@ pub fn describe(choice: &SizeChoice, source: &ModelSource, packs: &[usize]) -> S
         _ => format!("{:.1} MiB", b as f64 / 1_048_576.0),
     };
     let picks: Vec<String> = packs.iter().map(|&b| format!("{} → {}", size(b), choice.pick(b).name())).collect();
+    let inside = match choice.transport.routed() {
+        true => {
+            format!("; shared memory α {:.1} µs, {:.2} GB/s", m.shared_memory.alpha * 1e6, 1e-9 / m.shared_memory.beta)
+        }
+        false => String::new(),
+    };
     format!(
-        "all-reduce cost model {from}: network α {:.1} µs, {:.2} GB/s; sums {:.2} GB/s; by pack size: {}",
+        "all-reduce cost model {from}: network α {:.1} µs, {:.2} GB/s{inside}; sums {:.2} GB/s; by pack size: {}",
         m.network.alpha * 1e6,
         1e-9 / m.network.beta,
         1e-9 / m.gamma,

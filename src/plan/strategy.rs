@@ -432,6 +432,11 @@ fn collective(
         (Some(a), CollectiveTransport::Auto) => (a, auto_for(a)),
         (Some(a), CollectiveTransport::SharedMemory) => (a, TransportKind::SharedMemory),
         (Some(a), CollectiveTransport::Tcp) => (a, tcp),
+        // Hosts with several workers each: shared memory inside them and TCP across, over
+        // which every point-to-point algorithm runs and each pack size takes the cheapest.
+        (None, CollectiveTransport::Auto) if several && shape.per_host > 1 => {
+            (model.cheapest(routed, shape, pack), routed)
+        }
         // Each algorithm over the transport it would get; ties keep `Algorithm::ALL`'s order.
         (None, CollectiveTransport::Auto) => Algorithm::ALL
             .into_iter()

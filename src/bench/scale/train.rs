@@ -61,6 +61,9 @@ pub struct TrainResult {
     pub steps: u64,
     /// The trained weights' hash, from the chief's summary.
     pub weights_sha256: String,
+    /// Under `implementation = "auto"`, the chief's line on the cost model and the algorithm
+    /// each pack size takes (`all-reduce cost model …`), from its log.
+    pub all_reduce_choice: Option<String>,
 }
 
 impl TrainResult {
@@ -156,7 +159,12 @@ pub fn train(
         )?;
     }
     procs.wait(s.deadline, stop)?;
-    read_records(&dir.join("run"))
+    let choice = procs.log(0).and_then(|log| {
+        log.lines().find_map(|l| {
+            l.strip_prefix("trainrun: ").filter(|l| l.starts_with("all-reduce cost model")).map(str::to_owned)
+        })
+    });
+    Ok(TrainResult { all_reduce_choice: choice, ..read_records(&dir.join("run"))? })
 }
 
 /// The rendezvous and step times from the chief's run folder.
@@ -183,7 +191,7 @@ fn read_records(run: &Path) -> Result<TrainResult, ScaleJobError> {
         .filter_map(|v| v["wall_s"].as_f64())
         .collect();
     let step_ms = walls.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect();
-    Ok(TrainResult { rendezvous_s, step_ms, transport, steps, weights_sha256 })
+    Ok(TrainResult { rendezvous_s, step_ms, transport, steps, weights_sha256, all_reduce_choice: None })
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 //! all-reduce needs carry the broadcast too.
 
 use super::super::error::CollectiveError;
-use super::super::transport::{Combine, RecvItem, Transfers, Wiring};
+use super::super::transport::{Combine, HostRoute, RecvItem, Transfers, Wiring};
 use super::{Exchanges, Group, PointToPointAlgorithm, Round, run_steps, segments};
 use std::ops::Range;
 
@@ -145,6 +145,11 @@ pub(super) fn broadcast(rank: usize, n: usize, root: usize, elems: usize, seg: u
 }
 
 impl PointToPointAlgorithm for HalvingDoubling {
+    fn route(&self) -> HostRoute {
+        // Flat, as the cost model prices it: every step over the network.
+        HostRoute::Network
+    }
+
     fn wiring(&self, g: &Group) -> Wiring {
         let (n, rank) = (g.size(), g.rank());
         let s = Fold::of(n);

@@ -13,7 +13,7 @@
 //! bits on every rank and in every run.
 
 use super::super::error::CollectiveError;
-use super::super::transport::{Combine, Wiring, internal};
+use super::super::transport::{Combine, HostRoute, Wiring, internal};
 use super::halving_doubling::HalvingDoubling;
 use super::{Exchanges, Group, PointToPointAlgorithm};
 
@@ -50,6 +50,11 @@ impl Hierarchical {
 }
 
 impl PointToPointAlgorithm for Hierarchical {
+    fn route(&self) -> HostRoute {
+        // Each step runs among one host's ranks or among the leaders, never both.
+        HostRoute::ByHost
+    }
+
     fn wiring(&self, g: &Group) -> Wiring {
         let l = self.layout(g);
         [g.subgroup(&l.local), g.subgroup(&l.leaders)]

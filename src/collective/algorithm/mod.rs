@@ -27,7 +27,7 @@ pub use direct::{ArenaReducer, ShmCommunicator};
 
 use super::choice::SizeChoice;
 use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
-use super::transport::{Combine, Exchange, PointToPoint, Transfers, TransportKind, Wiring};
+use super::transport::{Combine, Exchange, HostRoute, PointToPoint, Transfers, TransportKind, Wiring};
 use super::{Communicator, Peers};
 use std::ops::Range;
 
@@ -94,18 +94,11 @@ impl Algorithm {
             (Algorithm::Direct, TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls) => {
                 Some("it reads every worker's memory, so it needs every worker on one host")
             }
-            (
-                Algorithm::Ring | Algorithm::HalvingDoubling,
-                TransportKind::SharedMemoryAndTcp | TransportKind::SharedMemoryAndTcpTls,
-            ) => Some(
-                "its steps exchange inside a host and across hosts at once; only hierarchical keeps each step on one link",
-            ),
-            (Algorithm::Direct, TransportKind::SharedMemory)
-            | (
-                Algorithm::Ring | Algorithm::HalvingDoubling,
-                TransportKind::SharedMemory | TransportKind::Tcp | TransportKind::TcpTls,
-            )
-            | (Algorithm::Hierarchical, _) => None,
+            // Over shared memory and TCP the flat algorithms take TCP throughout (`HostRoute`).
+            (Algorithm::Direct, TransportKind::SharedMemory) | (Algorithm::Ring | Algorithm::HalvingDoubling, _) => {
+                None
+            }
+            (Algorithm::Hierarchical, _) => None,
         }
     }
 
@@ -186,6 +179,8 @@ pub(crate) struct Exchanges<'a> {
     group: &'a Group,
     desc: OpDesc,
     seq: u64,
+    /// The running algorithm's link between ranks of one host ([`PointToPointAlgorithm::route`]).
+    route: HostRoute,
 }
 
 impl Exchanges<'_> {
@@ -212,6 +207,7 @@ impl Exchanges<'_> {
             to: to.map(|r| self.group.global(r)),
             from: from.map(|r| self.group.global(r)),
             schedule,
+            route: self.route,
             desc: self.desc,
             seq: self.seq,
         };
@@ -220,7 +216,7 @@ impl Exchanges<'_> {
 
     /// The same collective among `group` only (a subgroup made with [`Group::subgroup`]).
     pub(crate) fn among<'b>(&'b mut self, group: &'b Group) -> Exchanges<'b> {
-        Exchanges { transport: &mut *self.transport, group, desc: self.desc, seq: self.seq }
+        Exchanges { transport: &mut *self.transport, group, desc: self.desc, seq: self.seq, route: self.route }
     }
 }
 
@@ -248,6 +244,9 @@ pub(crate) fn segments(r: Range<usize>, seg: usize, esize: usize) -> impl Iterat
 pub(crate) trait PointToPointAlgorithm: Send {
     /// The ranks this rank of `group` sends to and receives from, by global rank, each once.
     fn wiring(&self, group: &Group) -> Wiring;
+    /// The link its exchanges between ranks of one host take where there are two (the routed
+    /// transport): by host when no exchange mixes the two, else the network throughout.
+    fn route(&self) -> HostRoute;
     /// Replaces `data` (elements that `sum` adds) with their element-wise sum over the group,
     /// the same bits on every rank.
     fn all_reduce(&self, x: &mut Exchanges<'_>, data: &mut [u8], sum: Combine) -> Result<(), CollectiveError>;
@@ -334,9 +333,10 @@ impl Scheduled {
         }
         self.seq += 1;
         let desc = OpDesc { kind, len, aux };
-        let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq };
         let chosen = self.by_size.as_ref().and_then(|(_, all)| all.iter().find(|(a, _)| Some(*a) == pick));
         let steps = chosen.map_or(&self.algorithm, |(_, s)| s);
+        let route = steps.route();
+        let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq, route };
         let r = f(&**steps, &mut x);
         if let Err(e) = &r
             && e.breaks()

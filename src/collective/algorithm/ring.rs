@@ -14,7 +14,7 @@
 //! rank-order sum (a single addition commutes); for more it is a fixed rotation of it.
 
 use super::super::error::CollectiveError;
-use super::super::transport::{Combine, RecvItem, Transfers, Wiring};
+use super::super::transport::{Combine, HostRoute, RecvItem, Transfers, Wiring};
 use super::{Exchanges, Group, PointToPointAlgorithm, segments};
 use std::ops::Range;
 
@@ -29,6 +29,11 @@ fn neighbours(g: &Group) -> (usize, usize) {
 }
 
 impl PointToPointAlgorithm for Ring {
+    fn route(&self) -> HostRoute {
+        // At a host boundary a rank sends inside its host while receiving from another.
+        HostRoute::Network
+    }
+
     fn wiring(&self, g: &Group) -> Wiring {
         if g.size() < 2 {
             return Wiring::default();

@@ -116,7 +116,7 @@ fn on_threads<T: Send>(
                     let mut t = Channels { peers, outs, ins, segment_bytes: 28 };
                     let group = Group::all(t.peers());
                     let desc = OpDesc { kind: ALL_REDUCE, len: 0, aux: 0 };
-                    let mut x = Exchanges { transport: &mut t, group: &group, desc, seq: 1 };
+                    let mut x = Exchanges { transport: &mut t, group: &group, desc, seq: 1, route: steps.route() };
                     f(&*steps, &mut x)
                 })
             })

@@ -37,7 +37,7 @@ fn the_ring_runs_on_two_subgroups_at_once_over_shared_memory() {
                 let mine = all.subgroup(if rank % 2 == 0 { &[0, 2] } else { &[3, 1] }).unwrap_or(all.clone());
                 let mut data: Vec<f32> = (0..1000).map(|i| (i * (rank + 1)) as f32).collect();
                 let desc = OpDesc { kind: ALL_REDUCE, len: 1000, aux: 0 };
-                let mut x = Exchanges { transport: &mut shm, group: &all, desc, seq: 1 };
+                let mut x = Exchanges { transport: &mut shm, group: &all, desc, seq: 1, route: HostRoute::ByHost };
                 ring::Ring.all_reduce(&mut x.among(&mine), bytemuck::cast_slice_mut(&mut data), Combine::SumF32)?;
                 Ok(data)
             })

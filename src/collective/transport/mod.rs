@@ -12,7 +12,8 @@
 //!   the nonblocking loop that runs an exchange over two connections `stream.rs`);
 //! - `tls.rs`: those connections under mutual TLS (`record.rs` seals the records);
 //! - `routed.rs`: ranks on several hosts, each exchange over shared memory when both its
-//!   peers share this rank's host, over TCP (or TLS) when neither does.
+//!   peers share this rank's host, over TCP (or TLS) when neither does, or over TCP
+//!   throughout for a flat algorithm ([`HostRoute`]).
 //!
 //! Every exchange opens with the operation's descriptor and sequence number on each side that
 //! moves anything, which the receiver checks, so ranks out of step are caught before any data
@@ -133,6 +134,19 @@ impl Transfers {
     }
 }
 
+/// Which link the routed transport (`routed.rs`) gives an exchange between ranks of one host;
+/// the other transports have one link and ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostRoute {
+    /// Shared memory when both peers are on this host, the network when neither is: for
+    /// algorithms that never mix the two in one exchange (`hierarchical`).
+    ByHost,
+    /// The network for every exchange, also between ranks of one host: for flat algorithms,
+    /// whose exchanges send inside a host while receiving from another (the ring at a host
+    /// boundary), so that both ends of every pair agree on the link.
+    Network,
+}
+
 /// One exchange: this rank sends to `to` (by global rank) what `schedule` says while it
 /// receives from `from`. A side that is `None` moves nothing, not even the opening header.
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +154,8 @@ pub(crate) struct Exchange<'a> {
     pub to: Option<usize>,
     pub from: Option<usize>,
     pub schedule: &'a Transfers,
+    /// The link between ranks of one host, where the transport has two.
+    pub route: HostRoute,
     /// The collective it belongs to, and its number on this communicator, which both ends
     /// check before mixing data.
     pub desc: OpDesc,

@@ -3,17 +3,23 @@
 //! other hosts are reached over TCP (`tcp.rs`, under TLS when configured), connected only
 //! where the algorithm's [`Wiring`] crosses hosts.
 //!
-//! Each exchange goes over one link: shared memory when the ranks it sends to and receives
-//! from are on this host, TCP when neither is. An exchange that would send inside the host
-//! while receiving from another (a flat ring across hosts) is refused rather than split over
-//! two loops: the algorithms built for several hosts (`hierarchical`) never mix the two in a
-//! step, and the plan pairs this transport with them only.
+//! Each exchange goes over one link, which the algorithm's [`HostRoute`] decides:
+//! - `ByHost` (`hierarchical`): shared memory when the ranks it sends to and receives from are
+//!   on this host, TCP when neither is. An exchange that would send inside the host while
+//!   receiving from another is refused rather than split over two loops.
+//! - `Network` (the flat algorithms, which `implementation = "auto"` may pick per pack size):
+//!   TCP for every exchange, to ranks of this host too, so the ring's exchange at a host
+//!   boundary (inside to one side, across to the other) runs as over plain TCP and both ends
+//!   of every pair take the same link.
+//!
+//! TCP connects what crosses hosts in the `ByHost` algorithms' wiring and everything in the
+//! `Network` algorithms' wiring.
 
 use super::super::error::CollectiveError;
 use super::super::{CollectiveTimeouts, Peers};
 use super::shared_memory::{SharedMemory, ShmOptions};
 use super::tcp::{TcpOptions, TcpTransport};
-use super::{Exchange, PointToPoint, TransportKind, Wiring, internal};
+use super::{Exchange, HostRoute, PointToPoint, TransportKind, Wiring, internal};
 
 /// Shared memory inside the host, TCP across; see the module docs.
 pub(crate) struct Routed {
@@ -27,12 +33,13 @@ pub(crate) struct Routed {
 }
 
 impl Routed {
-    /// Joins this host's segment and connects the wiring's links to other hosts.
+    /// Joins this host's segment and connects over TCP the links of `by_host` that cross
+    /// hosts and every link of `network` (the wirings of the algorithms of each route).
     pub(crate) fn connect(
         peers: Peers,
         shm: ShmOptions,
         tcp: TcpOptions,
-        wiring: &Wiring,
+        (by_host, network): (&Wiring, &Wiring),
         timeouts: CollectiveTimeouts,
     ) -> Result<Routed, CollectiveError> {
         let hosts = peers.hosts();
@@ -48,8 +55,8 @@ impl Routed {
             Some(_) | None => None,
         };
         let remote = |rs: &[usize]| rs.iter().copied().filter(|r| !local.contains(r)).collect();
-        let across = Wiring { sends_to: remote(&wiring.sends_to), receives_from: remote(&wiring.receives_from) };
-        let tcp = TcpTransport::connect(peers.clone(), tcp, &across, timeouts)?;
+        let across = Wiring { sends_to: remote(&by_host.sends_to), receives_from: remote(&by_host.receives_from) };
+        let tcp = TcpTransport::connect(peers.clone(), tcp, &across.union(network.clone()), timeouts)?;
         Ok(Routed { peers, local, shm, tcp })
     }
 
@@ -80,6 +87,10 @@ impl PointToPoint for Routed {
     }
 
     fn exchange(&mut self, x: Exchange<'_>, data: &mut [u8]) -> Result<(), CollectiveError> {
+        match x.route {
+            HostRoute::Network => return self.tcp.exchange(x, data),
+            HostRoute::ByHost => {}
+        }
         let (to, from) = (x.to.map(|r| self.on_host(r)), x.from.map(|r| self.on_host(r)));
         match (to, from) {
             (None | Some(None), None | Some(None)) => self.tcp.exchange(x, data),
