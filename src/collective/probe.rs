@@ -68,17 +68,17 @@ struct Figures {
 
 /// Floats of the broadcast: found, the network's α and β, γ, whether shared memory's follow,
 /// its α and β.
-type Message = [f32; 7];
+type ProbeMessage = [f32; 7];
 
 impl Figures {
-    fn as_message(self, found: bool) -> Message {
+    fn as_message(self, found: bool) -> ProbeMessage {
         let shm = self.shared_memory_latency_s.zip(self.shared_memory_s_per_byte);
         let (a, b) = shm.unwrap_or((0.0, 0.0));
         let flag = |x: bool| f32::from(u8::from(x));
         [flag(found), self.network_latency_s, self.network_s_per_byte, self.sum_s_per_byte, flag(shm.is_some()), a, b]
     }
 
-    fn from_message(m: Message) -> Option<Figures> {
+    fn from_message(m: ProbeMessage) -> Option<Figures> {
         let shm = (m[4] == 1.0).then_some((m[5], m[6]));
         (m[0] == 1.0).then_some(Figures {
             network_latency_s: m[1],
