@@ -374,6 +374,7 @@ mod tests {
                 "sweep --dry-run",
                 "sweep --parallel",
                 "sweep --quiet",
+                "sweep --replay",
                 "sweep --set",
                 "sweep --trial",
                 "tokenize --json",
