@@ -80,7 +80,7 @@ pub fn run(exe: &Path, python: &str) -> Result<(), String> {
         ("initial", PredictModel { model, params, state }),
     ];
     let threads = plan.threads;
-    let spec_batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, models[0].1.model.activation_len()).get();
+    let spec_batch = crate::run::predict_batch_size(models[0].1.model.activation_len());
     println!(
         "trainrun's weights: \"to 98 %\" trained by {TO_98} (stops at 98 % test accuracy), \"tutorial\" by {SPEC} \
          (3 epochs × 70 steps of SGD 0.001), \"initial\" as initialized; the peers' weights are random"
@@ -201,7 +201,7 @@ fn zoo_rows(
         }
         PeerModel::Tutorial | PeerModel::MnistFast => (mnist, "the MNIST test split".to_string()),
     };
-    let spec_batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, m.model.activation_len()).get();
+    let spec_batch = crate::run::predict_batch_size(m.model.activation_len());
     println!(
         "\n{} ({spec}), initial weights (dense products: speed does not depend on them), on {what}, 2 threads",
         model.name()

@@ -15,7 +15,7 @@ mod tokenize;
 pub use check::check;
 pub use eval::eval;
 pub use export::export;
-pub use predict::{PredictOptions, predict};
+pub use predict::{PredictOptions, batch_size as predict_batch_size, predict};
 pub use sample::{SampleOptions, sample};
 pub use tokenize::tokenize;
 

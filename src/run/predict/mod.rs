@@ -35,6 +35,21 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// The most examples one predict batch holds. Larger batches gain nothing on a CPU and lose
+/// where a layer's output no longer stays in the last-level cache until the next layer reads
+/// it: the tutorial model (an 86.5 KB convolution output an example) predicted 1.75× faster
+/// at 64 (5.5 MB) than at the 385 that training's evaluation budget allows with weights
+/// trained to 98 % (its sparse walk reads that output twice) and 1.14× with the spec's own,
+/// `mnist_fast` 4 % faster, and no batch from 16 to 385 beat 64 by more than 3 % on any of
+/// the three models measured (`docs/benchmarks.md`, "Predict against Keras and PyTorch").
+const BATCH_MAX: usize = 64;
+
+/// The batch `trainrun predict` runs a model in: [`BATCH_MAX`] examples, fewer where their
+/// activations would pass training's evaluation budget.
+pub fn batch_size(activation_len: usize) -> usize {
+    crate::train::eval_batch_size(NonZeroUsize::MIN, 1, activation_len).get().min(BATCH_MAX)
+}
+
 /// What to write.
 #[derive(Debug, Clone)]
 pub struct PredictOptions {
@@ -88,7 +103,7 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
         )
     })?;
     let predicted = predicted(&dataset, plan, o)?;
-    let batch = crate::train::eval_batch_size(NonZeroUsize::MIN, 1, models[0].activation_len()).get();
+    let batch = batch_size(models[0].activation_len());
     let width = predicted.width();
     let workers = plan.strategy.num_workers.max(1);
     let slot_len = batch * width;
