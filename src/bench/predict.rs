@@ -14,7 +14,7 @@
 //! peers compute dense products, whose speed does not depend on the weights, so they keep
 //! their random ones.
 //! Batch 32 is `model.predict`'s default; the other is the batch `trainrun predict` picks for
-//! this model (its activation budget). A peer whose Python package is missing is skipped,
+//! this model (`run::predict_batch_size`: 64). A peer whose Python package is missing is skipped,
 //! saying so (`TRAINRUN_BENCH_PYTHON` names the interpreter, which needs tensorflow and torch).
 //!
 //! Then two more models, each against the peers' same model at batch 32 and at the batch
