@@ -60,6 +60,7 @@ fn a_transformers_gpt2_fine_tunes_and_exports_back_bit_exact() {
     let out = export(&tmp.path().join("run"), "hf_gpt2", &exported);
     assert_exit(&out, 0);
     assert!(text(&out).1.contains("GPT2LMHeadModel.from_pretrained"), "{:?}", text(&out));
+    assert!(text(&out).1.contains("no tokenizer files: a char or byte vocabulary"), "{:?}", text(&out));
     let (ours, theirs) =
         (weights(&exported.join("model.safetensors")), weights(&Path::new(FIXTURE).join("tiny/model.safetensors")));
     assert_eq!(ours.iter().map(|(n, _)| n).collect::<Vec<_>>(), theirs.iter().map(|(n, _)| n).collect::<Vec<_>>());
@@ -150,4 +151,60 @@ fn export_hf_gpt2_refuses_a_model_that_is_not_a_gpt() {
         "{stderr}"
     );
     assert!(!tmp.path().join("x").exists());
+}
+
+/// A GPT trained on tiktoken's GPT-2 ids, or on a `tokenizer.json`'s, exports its tokenizer
+/// beside its weights: `transformers`' `AutoTokenizer` loads the folder and encodes text to the
+/// ids `trainrun tokenize` gives (emoji, CJK, digits and runs of spaces included).
+#[test]
+fn an_exported_gpt2_folder_holds_the_tokenizer_the_run_trained_with() {
+    let sample = "ROMEO: But, soft! what light through yonder window breaks?\n   It is the east, 2,024 🙂 日本語.";
+    let bpe = std::fs::canonicalize("specs/tokenizers/shakespeare_bpe.json").unwrap();
+    let cases = [
+        ("\"gpt2\"".to_string(), &["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"][..]),
+        (
+            format!("{{ tokenizer_json = {:?} }}", bpe.display().to_string()),
+            &["tokenizer.json", "tokenizer_config.json"][..],
+        ),
+    ];
+    for (tokenization, written) in cases {
+        let tmp = tempdir();
+        std::fs::write(tmp.path().join("train.txt"), "the quick brown fox jumps over the lazy dog.\n".repeat(20))
+            .unwrap();
+        let spec = tmp.path().join("spec.toml");
+        std::fs::write(
+            &spec,
+            format!(
+                "[run]\nname = \"tok\"\nout_dir = \"{out}\"\n[data]\ndataset = \"text\"\ndir = \"{dir}\"\n\
+                 [data.text]\ntrain = [\"train.txt\"]\ntokenization = {tokenization}\nblock_size = 8\n[batch]\n\
+                 global = 2\n[optimizer]\nkind = \"adamw\"\nlearning_rate = 0.001\n[train]\nepochs = 1\n\
+                 steps_per_epoch = 1\nfrom_logits = true\n[model]\nzoo = \"gpt\"\n[model.gpt]\nn_layer = 1\n\
+                 n_head = 2\nn_embd = 8\nblock_size = 8\n",
+                out = tmp.path().join("run").display(),
+                dir = tmp.path().display(),
+            ),
+        )
+        .unwrap();
+        let spec = spec.to_str().unwrap();
+        assert_exit(&run(&[spec, "-q"]), 0);
+        let exported = tmp.path().join("exported");
+        let out = export(&tmp.path().join("run"), "hf_gpt2", &exported);
+        assert_exit(&out, 0);
+        assert!(text(&out).1.contains("AutoTokenizer.from_pretrained"), "{:?}", text(&out));
+        for file in written {
+            assert!(exported.join(file).is_file(), "{tokenization}: no {file} in {:?}", text(&out));
+        }
+        let shown = run(&["tokenize", spec, "--text", sample, "--json"]);
+        assert_exit(&shown, 0);
+        let ids: serde_json::Value = serde_json::from_str(&text(&shown).0).unwrap();
+        let script = format!(
+            "import sys\nfrom transformers import AutoTokenizer\n\
+             tok = AutoTokenizer.from_pretrained(sys.argv[1])\n\
+             ids = tok.encode({sample:?}, add_special_tokens=False)\n\
+             assert ids == {expected}, (ids, {expected})\n\
+             print('transformers encodes as trainrun:', len(ids), 'ids')\n",
+            expected = ids["ids"],
+        );
+        with_python("transformers", &script, &exported);
+    }
 }

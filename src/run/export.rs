@@ -3,11 +3,14 @@
 //! inside it, written for other tools (an ONNX file, or a Hugging Face GPT-2 folder). The model is the one the run's own `spec.toml` describes (found in
 //! the folder or the nearest folder above it), so nothing else need be given. The file is
 //! written whole under a temporary name and renamed into place; an `--out` that exists is
-//! refused unless `--force` (which replaces the folder's two files, nothing else in it).
+//! refused unless `--force` (which replaces the files it writes, nothing else in the folder).
+//! A GPT-2 folder holds the run's tokenizer too where `transformers` has one for it
+//! (`export/hf_tokenizer.rs`).
 
 use crate::checkpoint::hf_gpt2::Gpt2Shape;
 use crate::exit::RunError;
 use crate::export::ExportFormat;
+use crate::export::hf_tokenizer::TokenizerFiles;
 use crate::prepare::{Invocation, prepare};
 use std::path::{Path, PathBuf};
 
@@ -65,22 +68,41 @@ pub fn export(
                     "--format hf_gpt2 writes a GPT-2, and this run's model is not one: {why}"
                 ))
             })?;
-            let files =
+            let mut files =
                 crate::export::hf_gpt2::files(&gpt, &layout, &params).map_err(|e| RunError::Failure(e.to_string()))?;
+            // The tokenizer of the vocabulary the run wrote beside its weights.
+            let tokenizer = match super::sample::run_vocabulary(path)? {
+                Some((_, vocabulary)) => crate::export::hf_tokenizer::files(&vocabulary, gpt.n_positions)
+                    .map_err(|e| RunError::Failure(e.to_string()))?,
+                None => TokenizerFiles::Unwritten(format!(
+                    "no vocab.json in {} or the folders above it, so the run's tokenizer is unknown",
+                    path.display()
+                )),
+            };
+            let tokenizer_note = match tokenizer {
+                TokenizerFiles::Written(more) => {
+                    files.extend(more);
+                    String::new()
+                }
+                TokenizerFiles::Unwritten(why) => format!("\nno tokenizer files: {why}"),
+            };
             std::fs::create_dir_all(out)
                 .map_err(|e| RunError::Failure(format!("cannot make the folder {}: {e}", out.display())))?;
             for (name, bytes) in &files {
                 write_whole(&out.join(name), bytes)?;
             }
+            let names: Vec<&str> = files.iter().map(|f| f.0).collect();
             eprintln!(
-                "wrote {} (config.json, model.safetensors): a GPT-2 of {} layers, {} heads, width {}, {} positions, \
-                 {} token ids; load it with transformers' GPT2LMHeadModel.from_pretrained",
+                "wrote {} ({}): a GPT-2 of {} layers, {} heads, width {}, {} positions, {} token ids; load it with \
+                 transformers' GPT2LMHeadModel.from_pretrained{}{tokenizer_note}",
                 out.display(),
+                names.join(", "),
                 gpt.n_layer,
                 gpt.n_head,
                 gpt.n_embd,
                 gpt.n_positions,
-                gpt.vocab_size
+                gpt.vocab_size,
+                if names.len() > 2 { " and AutoTokenizer.from_pretrained" } else { "" },
             );
         }
     }

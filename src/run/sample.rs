@@ -122,7 +122,7 @@ pub fn sample(inv: &Invocation, checkpoint: &Path, o: &SampleOptions) -> Result<
 /// The vocabulary the run wrote beside `checkpoint` (a checkpoint folder, a run folder or a
 /// weights file): `vocab.json` in it or in a folder above (a run's checkpoints sit in its
 /// folder), read and checked; `None` when there is none.
-fn run_vocabulary(checkpoint: &Path) -> Result<Option<(PathBuf, Vocabulary)>, RunError> {
+pub(super) fn run_vocabulary(checkpoint: &Path) -> Result<Option<(PathBuf, Vocabulary)>, RunError> {
     let Some(file) = checkpoint.ancestors().take(4).map(|d| d.join("vocab.json")).find(|f| f.is_file()) else {
         return Ok(None);
     };
