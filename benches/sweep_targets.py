@@ -84,6 +84,15 @@ def sweep(trainrun, spec, folder, seed):
     return time.perf_counter() - started
 
 
+def prune(folder):
+    """Deletes the weights and backups under `folder` (about 1 GB a sweep), keeping the records."""
+    for here, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(here, f)
+            if os.path.getsize(path) > 1 << 20:
+                os.remove(path)
+
+
 def rows(folder):
     with open(os.path.join(folder, "results.csv")) as f:
         return list(csv.DictReader(f))
@@ -146,6 +155,8 @@ def part_grid(a):
         asha_wall = sweep(a.trainrun, ASHA, asha_dir, seed)
         full, asha = rows(full_dir), rows(asha_dir)
         pr, driver = overhead(asha_dir, asha_wall)
+        prune(full_dir)
+        prune(asha_dir)
         r = {
             "part": "grid", "seed": seed,
             "grid_best_val_accuracy": best(full), "asha_best_val_accuracy": best(asha),
@@ -181,6 +192,8 @@ def part_sync(a):
     files = [os.path.join(d, "results.csv") for d in (first, second)]
     same_bytes = open(files[0], "rb").read() == open(files[1], "rb").read()
     same_results = without_timing(files[0]) == without_timing(files[1])
+    prune(first)
+    prune(second)
     print(json.dumps({"part": "sync", "seed": seed, "byte_identical": same_bytes,
                       "identical_without_timing_columns": same_results,
                       "wall_s": [round(w, 1) for w in walls]}), flush=True)
@@ -193,12 +206,14 @@ def part_tpe(a):
         folder = os.path.join(a.out, f"tpe-asha-{seed}")
         wall = sweep(a.trainrun, spec, folder, seed)
         ours = rows(folder)
+        prune(folder)
         started = time.perf_counter()
         optuna = subprocess.run(
             [a.optuna_python, os.path.join(HERE, "optuna_sweep.py"), "--trainrun", a.trainrun,
              "--out", os.path.join(a.out, f"optuna-{seed}"), "--seed", str(seed)],
             check=True, capture_output=True, text=True)
         theirs = json.loads(optuna.stdout.strip().splitlines()[-1])
+        prune(os.path.join(a.out, f"optuna-{seed}"))
         r = {
             "part": "tpe", "seed": seed,
             "trainrun_best_val_accuracy": best(ours), "optuna_best_val_accuracy": theirs["best_val_accuracy"],

@@ -72,3 +72,26 @@ pub fn named(paths: &[PathBuf]) -> Vec<ArtifactFile> {
         .filter_map(|p| Some((p.file_name()?.to_string_lossy().into_owned(), p.clone())))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_a_server_could_not_take_stay_in_their_order_and_missing_files_are_left_out() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let names = ["a.json", "b.png", "c.svg", "d.html", "e.toml", "f.csv"];
+        for n in names {
+            std::fs::write(dir.path().join(n), n).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let mut paths: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+        paths.push(dir.path().join("missing.png"));
+        let files = named(&paths);
+        assert_eq!(files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), names);
+        // Nothing listens on port 1: every upload is refused a connection, which is retried.
+        let outcome = upload_all(&MlflowClient::new("http://127.0.0.1:1"), "1/run/artifacts", files.clone());
+        assert_eq!(outcome.retry, files);
+        assert!(outcome.refused.is_empty());
+        assert!(matches!(outcome.last_error, Some(CallError::Unreachable(_))), "{:?}", outcome.last_error);
+    }
+}
