@@ -11,6 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const SPEC: &str = "specs/mnist_sweep.toml";
+/// A sweep that selects on the test split, for the warning that earns.
+const TEST_METRIC: &str = "tests/fixtures/sweeps/mnist_test_metric.toml";
 
 /// Shorter trials than the checked-in spec's, with the same shape.
 const SHORT: [&str; 6] =
@@ -46,7 +48,7 @@ fn a_sweep_runs_ranks_and_records_every_trial_the_same_twice_and_reports() {
     assert_exit(&out, 0);
     let (stdout, _) = text(&out);
     assert!(stdout.contains("4 trials"), "{stdout}");
-    assert!(stdout.contains("ranked by test_accuracy (higher is better)"), "{stdout}");
+    assert!(stdout.contains("ranked by val_accuracy (higher is better)"), "{stdout}");
     for t in TRIALS {
         assert!(stdout.contains(t), "{t} not in\n{stdout}");
     }
@@ -58,7 +60,7 @@ fn a_sweep_runs_ranks_and_records_every_trial_the_same_twice_and_reports() {
         rows[0][..8],
         ["rank", "trial", "name", "status", "exit_code", "batch.global", "optimizer.learning_rate", "seed"]
     );
-    let acc = rows[0].iter().position(|h| h == "test_accuracy").unwrap_or(usize::MAX);
+    let acc = rows[0].iter().position(|h| h == "val_accuracy").unwrap_or(usize::MAX);
     let accs: Vec<f64> = rows[1..].iter().map(|r| r[acc].parse().unwrap_or(f64::NAN)).collect();
     assert!(accs.windows(2).all(|w| w[0] >= w[1]) && accs.iter().all(|a| *a > 0.5), "{accs:?}");
     assert!(rows[1..].iter().all(|r| r[3] == "ok" && r[4] == "0"), "{rows:?}");
@@ -324,13 +326,18 @@ fn a_sweep_selects_on_validation_and_is_told_when_it_cannot() {
     assert!(text(&out).1.contains("do not produce val_loss"), "{}", text(&out).1);
 
     // Selecting on the test split runs, with a warning at check and at the sweep.
-    let out = run(&["check", SPEC]);
+    let out = run(&["check", TEST_METRIC]);
     assert_exit(&out, 0);
     let warning = "warning: the sweep selects on test_accuracy, a metric of the test split";
     assert!(text(&out).1.contains(warning), "{}", text(&out).1);
-    let out = sweep(&dir.path().join("test"), &["--dry-run"]);
+    let o = format!("run.out_dir={}", dir.path().join("test").display());
+    let out = run(&["sweep", TEST_METRIC, "--set", &o, "--dry-run"]);
     assert_exit(&out, 0);
     assert!(text(&out).1.contains(warning), "{}", text(&out).1);
+    // The checked-in sweep selects on its validation split, without the warning.
+    let out = run(&["check", SPEC]);
+    assert_exit(&out, 0);
+    assert!(!text(&out).1.contains("selects on"), "{}", text(&out).1);
 }
 
 #[test]

@@ -267,6 +267,10 @@ metric = "test_accuracy"
     assert_eq!(parent["status"], "FINISHED");
     let artifacts: Vec<&str> = parent["artifacts"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert!(artifacts.contains(&"results.csv") && artifacts.contains(&"sweep.json"), "{artifacts:?}");
+    // The sweep's report, drawn as it ended: the page, the trials' curves, the parameters.
+    for file in ["report.html", "loss.png", "parallel.png", "parallel.svg"] {
+        assert!(artifacts.contains(&file), "{file} not in {artifacts:?}");
+    }
     let mut children: Vec<&Value> =
         runs.iter().filter(|r| r["tags"]["mlflow.parentRunId"] == parent["run_id"]).collect();
     children.sort_by_key(|r| r["name"].as_str().unwrap_or_default().to_string());

@@ -73,7 +73,9 @@ impl RunFolder {
                 RunStatus::Preempted | RunStatus::Interrupted => RunEnd::Killed,
                 RunStatus::Failed | RunStatus::Running => RunEnd::Failed,
             };
-            tracker.end(end, &artifacts(self.dir.path()));
+            let dir = self.dir.path().to_path_buf();
+            let drawn: crate::tracking::LateArtifacts = Box::new(move || report(&dir));
+            tracker.end(end, &artifacts(self.dir.path()), Some(drawn));
         }
         recorded
     }
@@ -103,18 +105,21 @@ fn track(inv: &Invocation, p: &Prepared, record: &RunRecord, resumed: bool) -> O
     }))
 }
 
-/// The files a tracked run uploads when it ends: its weights, summary and spec, and its report
-/// (drawn now; a report that cannot be drawn only leaves its plots out).
+/// The files a tracked run uploads when it ends: its weights, summary and spec.
 fn artifacts(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files: Vec<std::path::PathBuf> =
-        ["model.safetensors", "summary.json", "spec.toml", "run.json", "metrics.jsonl"]
-            .iter()
-            .map(|f| dir.join(f))
-            .collect();
-    if dir.join("metrics.jsonl").is_file() {
-        files.extend(crate::report::write(dir).unwrap_or_default());
+    ["model.safetensors", "summary.json", "spec.toml", "run.json", "metrics.jsonl"]
+        .iter()
+        .map(|f| dir.join(f))
+        .collect()
+}
+
+/// A tracked run's report, drawn as it ends while its other files upload; a report that cannot
+/// be drawn only leaves its plots out.
+fn report(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    if !dir.join("metrics.jsonl").is_file() {
+        return Vec::new();
     }
-    files
+    crate::report::write(dir).unwrap_or_default()
 }
 
 /// The run folder cannot be made: say which key chose it and where that came from.

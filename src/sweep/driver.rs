@@ -215,7 +215,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         every(inv, &sweep, &checked, &done, (&exe, opts.parallel, stop), &record, &mut failures)?;
         finish(inv, &sweep, record, &record_path, &failures)
     })();
-    super::tracked::end(tracker, &sweep, &result);
+    super::tracked::end(tracker, &sweep, &result, &exe);
     result
 }
 

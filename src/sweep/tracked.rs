@@ -1,13 +1,16 @@
 //! A tracked sweep (`[run.tracking]` or `MLFLOW_TRACKING_URI`) is an MLflow parent run: created
 //! before the first trial, handed to the trials as `TRAINRUN_MLFLOW_PARENT` so each logs as
 //! its child, and ended with the sweep's status and its `sweep.json`, `results.csv` and report.
-//! (The report is not drawn here: `report` reads sweeps, and a sweep that drew reports would
-//! make the two modules depend on each other.)
+//! The report is drawn by `trainrun report SWEEP_DIR`, a child process as the trials are
+//! (`report` reads sweeps, so a sweep that called it would make the two modules depend on each
+//! other), while the other files upload.
 
 use super::Sweep;
 use crate::exit::RunError;
 use crate::prepare::Invocation;
 use crate::tracking::{PARENT_VAR, RunEnd, Tracker, TrackingStart, TrackingTarget};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 
 /// The sweep's parent run when it is tracked, and the invocation its trials inherit it from.
 pub(super) fn parent(inv: &Invocation, sweep: &Sweep) -> (Option<Tracker>, Invocation) {
@@ -27,7 +30,7 @@ pub(super) fn parent(inv: &Invocation, sweep: &Sweep) -> (Option<Tracker>, Invoc
     }
     // The sweep's own run is never a child, even when a trial's variable is in the environment.
     let target = TrackingTarget { parent: None, ..target };
-    let tracker = Tracker::start(TrackingStart {
+    let mut tracker = Tracker::start(TrackingStart {
         target,
         run_name: sweep.name.clone(),
         spec: serde_json::to_value(&base.spec).unwrap_or_default(),
@@ -42,18 +45,36 @@ pub(super) fn parent(inv: &Invocation, sweep: &Sweep) -> (Option<Tracker>, Invoc
     (Some(tracker), inv)
 }
 
-/// Ends the parent run as the sweep ended, with its files (and a report `trainrun report`
-/// drew there).
-pub(super) fn end(tracker: Option<Tracker>, sweep: &Sweep, result: &Result<(), RunError>) {
+/// Ends the parent run as the sweep ended, with its files and its report, drawn meanwhile by
+/// `exe` (this binary).
+pub(super) fn end(tracker: Option<Tracker>, sweep: &Sweep, result: &Result<(), RunError>, exe: &Path) {
     let Some(tracker) = tracker else { return };
     let end = match result {
         Ok(()) => RunEnd::Finished,
         Err(RunError::Preempted(_) | RunError::Interrupted(_)) => RunEnd::Killed,
         Err(_) => RunEnd::Failed,
     };
-    let mut files: Vec<std::path::PathBuf> =
-        ["sweep.json", "results.csv", "report.html"].iter().map(|f| sweep.dir.join(f)).collect();
-    let plots = std::fs::read_dir(&sweep.dir).into_iter().flatten().flatten().map(|e| e.path());
-    files.extend(plots.filter(|p| p.extension().is_some_and(|e| e == "png" || e == "svg")));
-    tracker.end(end, &files);
+    let files: Vec<PathBuf> = ["sweep.json", "results.csv"].iter().map(|f| sweep.dir.join(f)).collect();
+    let (exe, dir) = (exe.to_path_buf(), sweep.dir.clone());
+    tracker.end(end, &files, Some(Box::new(move || report(&exe, &dir))));
+}
+
+/// Draws the report of the sweep folder `dir` with `trainrun report` and returns its files:
+/// the page and its plots. A report that cannot be drawn (no trial finished) leaves them out.
+fn report(exe: &Path, dir: &Path) -> Vec<PathBuf> {
+    let drawn = std::process::Command::new(exe)
+        .arg("report")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !drawn.is_ok_and(|s| s.success()) {
+        return Vec::new();
+    }
+    let files = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path());
+    let drawn = |p: &PathBuf| p.extension().is_some_and(|e| e == "png" || e == "svg" || e == "html");
+    let mut files: Vec<PathBuf> = files.filter(drawn).collect();
+    files.sort();
+    files
 }

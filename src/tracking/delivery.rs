@@ -1,12 +1,16 @@
 //! Delivering to the server from a thread of its own, so training never waits on the network:
 //! what the run logs is queued (bounded), sent in `log-batch` calls of MLflow's sizes, and
-//! retried with backoff while the server is unreachable or busy. When the run ends, what is
-//! still pending gets a last short chance; [`Undelivered`] says what did not make it.
+//! retried with backoff while the server is unreachable or busy. When the run ends, its files
+//! go up several at once while the files drawn for it (the report) are drawn on a thread of
+//! their own, and what is still pending gets a last short chance; [`Undelivered`] says what
+//! did not make it.
 
 use super::client::{CallError, MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MetricPoint, MlflowClient, RunRef};
+use super::uploads::{self, ArtifactFile};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Metric values held while the server cannot take them; beyond this the oldest are dropped
@@ -24,8 +28,9 @@ pub const LAST_CHANCE: Duration = Duration::from_secs(5);
 pub enum Message {
     /// Metric values.
     Metrics(Vec<MetricPoint>),
-    /// The run ended: its files to upload (artifact name, file), its MLflow status and end time.
-    End { artifacts: Vec<(String, PathBuf)>, status: &'static str, end_ms: u64 },
+    /// The run ended: its files to upload (artifact name, file), the thread drawing more, its
+    /// MLflow status and end time.
+    End { artifacts: Vec<ArtifactFile>, drawing: Option<JoinHandle<Vec<PathBuf>>>, status: &'static str, end_ms: u64 },
 }
 
 /// How to open the run on the server.
@@ -85,7 +90,9 @@ pub struct Delivery {
     meta: VecDeque<(String, String)>,
     metrics: VecDeque<MetricPoint>,
     dropped: usize,
-    artifacts: VecDeque<(String, PathBuf)>,
+    artifacts: VecDeque<ArtifactFile>,
+    /// The files being drawn, uploaded after `artifacts`.
+    drawing: Option<JoinHandle<Vec<PathBuf>>>,
     end: Option<(&'static str, u64)>,
     last_error: Option<CallError>,
     /// Problems the server refused (not retried), counted into the summary.
@@ -112,6 +119,7 @@ impl Delivery {
             metrics: VecDeque::new(),
             dropped: 0,
             artifacts: VecDeque::new(),
+            drawing: None,
             end: None,
             last_error: None,
             refused: Undelivered::default(),
@@ -198,15 +206,20 @@ impl Delivery {
                     self.dropped += 1;
                 }
             }
-            Message::End { artifacts, status, end_ms } => {
+            Message::End { artifacts, drawing, status, end_ms } => {
                 self.artifacts.extend(artifacts);
+                self.drawing = drawing;
                 self.end = Some((status, end_ms));
             }
         }
     }
 
     fn pending(&self) -> usize {
-        self.meta.len() + self.metrics.len() + self.artifacts.len() + usize::from(self.end.is_some())
+        self.meta.len()
+            + self.metrics.len()
+            + self.artifacts.len()
+            + usize::from(self.drawing.is_some())
+            + usize::from(self.end.is_some())
     }
 
     /// Sends what is pending, in order: the run, params and tags, metrics, and at the end the
@@ -242,22 +255,11 @@ impl Delivery {
             self.metrics.drain(..n);
         }
         let Some((status, end_ms)) = self.end else { return Ok(()) };
-        while let Some((name, file)) = self.artifacts.front().cloned() {
-            let Some(path) = &run.artifact_path else {
-                self.refused.artifacts.extend(self.artifacts.drain(..).map(|(n, _)| n));
-                self.refused.last_error =
-                    Some("the server does not proxy artifacts (start it with `--serve-artifacts`)".to_string());
-                break;
-            };
-            match self.client.upload(path, &name, &file) {
-                Ok(()) => {}
-                Err(e) if !e.retryable() => {
-                    self.refused.artifacts.push(name);
-                    self.refused.last_error = Some(e.to_string());
-                }
-                Err(e) => return Err(e),
-            }
-            self.artifacts.pop_front();
+        self.upload(&run)?;
+        if let Some(drawing) = self.drawing.take() {
+            // A report that cannot be drawn only leaves its files out.
+            self.artifacts.extend(uploads::named(&drawing.join().unwrap_or_default()));
+            self.upload(&run)?;
         }
         self.client.update_run(&run.run_id, status, Some(end_ms))?;
         self.end = None;
@@ -265,7 +267,34 @@ impl Delivery {
         Ok(())
     }
 
-    fn undelivered(self) -> Undelivered {
+    /// Uploads the pending files, several at once; those the server could not take yet stay
+    /// pending.
+    fn upload(&mut self, run: &RunRef) -> Result<(), CallError> {
+        if self.artifacts.is_empty() {
+            return Ok(());
+        }
+        let Some(path) = &run.artifact_path else {
+            self.refused.artifacts.extend(self.artifacts.drain(..).map(|(n, _)| n));
+            self.refused.last_error =
+                Some("the server does not proxy artifacts (start it with `--serve-artifacts`)".to_string());
+            return Ok(());
+        };
+        let outcome = uploads::upload_all(&self.client, path, self.artifacts.drain(..).collect());
+        for (name, e) in outcome.refused {
+            self.refused.artifacts.push(name);
+            self.refused.last_error = Some(e.to_string());
+        }
+        self.artifacts.extend(outcome.retry);
+        match outcome.last_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn undelivered(mut self) -> Undelivered {
+        if let Some(drawing) = self.drawing.take() {
+            self.artifacts.extend(uploads::named(&drawing.join().unwrap_or_default()));
+        }
         let mut u = self.refused;
         u.metrics += self.metrics.len() + self.dropped;
         u.params += self.meta.len();

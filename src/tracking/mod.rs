@@ -5,13 +5,16 @@
 //! A sweep is a parent run, each trial a child run (`mlflow.parentRunId`).
 //!
 //! The run folder stays the record: tracking never fails or slows training. Calls go out from
-//! a thread of their own ([`delivery`]), retried with backoff and buffered (bounded) while the
-//! server is away; an unreachable server is one warning at the start, and what never arrived
-//! is one summary at the end.
+//! a thread of their own ([`delivery`]), which also creates the run on the server while
+//! training starts; they are retried with backoff and buffered (bounded) while the server is
+//! away; an unreachable server is one warning at the start, and what never arrived is one
+//! summary at the end. At the end the run's files go up several at once ([`uploads`]) while
+//! its report is drawn, and a server that stops answering is waited for a few seconds at most.
 
 mod client;
 mod delivery;
 mod logged;
+mod uploads;
 
 pub use client::RunRef;
 pub use delivery::Undelivered;
@@ -24,7 +27,7 @@ use delivery::{Delivery, Message, Opening};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
@@ -103,19 +106,25 @@ pub struct TrackingStart<'a> {
     pub resumed: bool,
 }
 
+/// Files drawn for a run as it ends (its report), uploaded once drawn.
+pub type LateArtifacts = Box<dyn FnOnce() -> Vec<PathBuf> + Send>;
+
 /// A run being logged to MLflow.
 pub struct Tracker {
     uri: String,
     tx: SyncSender<Message>,
     worker: JoinHandle<Undelivered>,
+    /// The delivery thread's first attempt at the run, until [`Tracker::run`] waits for it.
+    opening: Option<Receiver<Option<RunRef>>>,
     run: Option<RunRef>,
     /// Metric values the queue could not take.
     dropped: Arc<AtomicUsize>,
 }
 
 impl Tracker {
-    /// Opens the run on the server (waiting at most a connection's timeout) and starts the
-    /// delivery thread. An unreachable server is a warning here, and the thread keeps trying.
+    /// Starts the delivery thread, which opens the run on the server while the run goes on
+    /// (training never waits for the server). An unreachable server is a warning then, and the
+    /// thread keeps trying.
     pub fn start(s: TrackingStart<'_>) -> Tracker {
         let TrackingStart { target, run_name, spec, mut tags, folder, resumed } = s;
         let run_file = folder.join(RUN_FILE);
@@ -134,24 +143,34 @@ impl Tracker {
             run_file,
         };
         let mut delivery = Delivery::new(MlflowClient::new(&target.uri), opening);
-        let run = match delivery.open() {
-            Ok(run) => Some(run),
-            Err(e) => {
-                eprintln!(
-                    "warning: the MLflow server {} is unreachable ({e}); training goes on, what it logs is kept \
-                     and retried, and the end says what was not delivered",
-                    target.uri
-                );
-                None
-            }
-        };
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let worker = std::thread::spawn(move || delivery.serve(rx));
-        Tracker { uri: target.uri, tx, worker, run, dropped: Arc::default() }
+        let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
+        let uri = target.uri.clone();
+        let worker = std::thread::spawn(move || {
+            let run = match delivery.open() {
+                Ok(run) => Some(run),
+                Err(e) => {
+                    eprintln!(
+                        "warning: the MLflow server {uri} is unreachable ({e}); training goes on, what it logs is \
+                         kept and retried, and the end says what was not delivered"
+                    );
+                    None
+                }
+            };
+            // Nobody may be waiting for it: only a sweep does.
+            let _ = opened_tx.send(run);
+            delivery.serve(rx)
+        });
+        Tracker { uri: target.uri, tx, worker, opening: Some(opened), run: None, dropped: Arc::default() }
     }
 
-    /// The run on the server, if it was created at the start.
-    pub fn run(&self) -> Option<&RunRef> {
+    /// The run on the server, once the first attempt to create it ended (at most a
+    /// connection's timeout): none when that attempt failed. A sweep waits for its run here,
+    /// since its trials log as the run's children.
+    pub fn run(&mut self) -> Option<&RunRef> {
+        if let Some(opened) = self.opening.take() {
+            self.run = opened.recv().ok().flatten();
+        }
         self.run.as_ref()
     }
 
@@ -160,16 +179,14 @@ impl Tracker {
         Box::new(TrackedLines { tx: self.tx.clone(), evaluated_at: None, dropped: Arc::clone(&self.dropped) })
     }
 
-    /// Ends the run: uploads `artifacts` (those that exist, named by file name), sets its
-    /// status, waits for the delivery thread (a short while when the server is away), and
-    /// says on stderr what did not arrive.
-    pub fn end(self, end: RunEnd, artifacts: &[PathBuf]) -> Undelivered {
-        let artifacts = artifacts
-            .iter()
-            .filter(|p| p.is_file())
-            .filter_map(|p| Some((p.file_name()?.to_string_lossy().into_owned(), p.clone())))
-            .collect();
-        let message = Message::End { artifacts, status: end.as_str(), end_ms: millis(SystemTime::now()) };
+    /// Ends the run: uploads `artifacts` (those that exist, named by file name) and the files
+    /// `later` draws meanwhile, sets its status, waits for the delivery thread (a few seconds
+    /// at most when the server stops answering), and says on stderr what did not arrive.
+    pub fn end(self, end: RunEnd, artifacts: &[PathBuf], later: Option<LateArtifacts>) -> Undelivered {
+        let artifacts = uploads::named(artifacts);
+        // Drawn while the files at hand go up.
+        let drawing = later.map(std::thread::spawn);
+        let message = Message::End { artifacts, drawing, status: end.as_str(), end_ms: millis(SystemTime::now()) };
         let Tracker { uri, tx, worker, dropped, .. } = self;
         // The thread may have stopped already (its queue was closed): the summary says so.
         let _ = tx.send(message);

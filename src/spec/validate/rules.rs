@@ -1,7 +1,8 @@
 //! Rules a JSON Schema cannot express, checked on the merged spec with the schema's problems:
 //! learning-rate table keys that name one batch twice (`"64"` and `"064"`), a
-//! `cluster.token_file` that other users can read (refused as ssh refuses such a key), and an
-//! empty `run.out_dir` (which would make the working directory the run folder).
+//! `cluster.token_file` that other users can read (refused as ssh refuses such a key), an
+//! empty `run.out_dir` (which would make the working directory the run folder), and a
+//! `run.tracking.mlflow` that is no `http(s)://` server (trainrun speaks MLflow's REST API only).
 
 use crate::spec::keypath::{self, Seg};
 use crate::spec::render::Finding;
@@ -20,7 +21,43 @@ pub(crate) fn check(value: &Value) -> Vec<Finding> {
     if let Some(Value::String(_, dir)) = value.find_ref("run.out_dir") {
         findings.extend(empty_out_dir(dir));
     }
+    if let Some(Value::String(_, uri)) = value.find_ref("run.tracking.mlflow") {
+        findings.extend(tracking_address(uri));
+    }
     findings
+}
+
+/// A tracking address that is no `http://` or `https://` server. MLflow's own clients also take
+/// a store (`./mlruns`, `file:`, `sqlite:`, `databricks`), which trainrun cannot write: it logs
+/// through a server's REST API, so such a run would only warn that the server is unreachable.
+fn tracking_address(uri: &str) -> Option<Finding> {
+    let trimmed = uri.trim();
+    let lower = trimmed.to_ascii_lowercase();
+    let server = ["http://", "https://"].iter().find_map(|s| lower.strip_prefix(s));
+    if server.is_some_and(|rest| !rest.trim_start_matches('/').is_empty()) {
+        return None;
+    }
+    let host_like = !trimmed.is_empty()
+        && !trimmed.contains("://")
+        && !trimmed.starts_with(['/', '.', '~'])
+        && lower != "databricks"
+        && trimmed.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '/' | '_'));
+    let help = if host_like {
+        format!("name the server with its scheme: `mlflow = \"http://{trimmed}\"`")
+    } else {
+        "trainrun logs through an MLflow server's REST API: serve that store with `mlflow server \
+         --backend-store-uri STORE` and name the server, e.g. `mlflow = \"http://127.0.0.1:5000\"`; or remove \
+         `run.tracking.mlflow` for no tracking"
+            .to_string()
+    };
+    Some(
+        Finding::new(
+            "run.tracking.mlflow",
+            format!("`run.tracking.mlflow` = {uri:?} is not an http:// or https:// address of an MLflow server"),
+        )
+        .label("not a server")
+        .help(help),
+    )
 }
 
 /// An empty `run.out_dir`: the run would write `run.json`, weights and `tensorboard/` into
@@ -113,6 +150,22 @@ mod tests {
         assert!(empty_out_dir("").is_some_and(|f| f.diag.key == "run.out_dir"));
         assert!(empty_out_dir(" ").is_some());
         assert!(empty_out_dir("runs/a").is_none());
+    }
+
+    #[test]
+    fn a_tracking_address_must_be_an_http_server() {
+        assert!(tracking_address("http://127.0.0.1:5000").is_none());
+        assert!(tracking_address("HTTPS://mlflow.example.com/prefix").is_none());
+        let help = |uri: &str| tracking_address(uri).and_then(|f| f.diag.help).unwrap_or_default();
+        assert_eq!(help("localhost:5000"), "name the server with its scheme: `mlflow = \"http://localhost:5000\"`");
+        for store in ["./mlruns", "file:///tmp/mlruns", "sqlite:///mlflow.db", "databricks", "", "http://"] {
+            assert!(help(store).contains("mlflow server --backend-store-uri STORE"), "{store}: {}", help(store));
+        }
+        let message = tracking_address("./mlruns").map(|f| f.diag.message).unwrap_or_default();
+        assert_eq!(
+            message,
+            "`run.tracking.mlflow` = \"./mlruns\" is not an http:// or https:// address of an MLflow server"
+        );
     }
 
     #[test]

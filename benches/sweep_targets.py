@@ -1,0 +1,249 @@
+"""The sweep targets of issue 33, measured: ASHA against the full grid, trainrun's TPE + ASHA
+against Optuna's TPE + MedianPruner, the scheduler's overhead, and a synchronous sweep run twice.
+
+Every sweep is `specs/mnist_asha.toml` (the tutorial model on MNIST; learning rate × batch
+size × momentum; 1-epoch rungs of 20 steps up to 9 epochs; selected on the validation tenth of
+the training files) or that spec with its `[sweep]` changed, written under `--out`:
+
+- `grid`: for each sweep seed, the 27-trial grid trained to the end (no scheduler) and the
+  same grid under ASHA (`specs/mnist_asha.toml` as it is). Prints per seed the best validation
+  accuracy of each, their difference, and ASHA's optimizer steps as a fraction of the grid's;
+  and ASHA's scheduler overhead: the time its trials spent pausing and resuming (each trial's
+  time outside its training steps beyond what one uninterrupted launch of it spends there:
+  starting, restoring the backup, the rung's evaluation, writing the backup) plus the
+  driver's time between trials (deciding, launching), as a share of the sweep's wall time.
+- `sync`: the grid under synchronous successive halving (`kind = "successive_halving"`), run
+  twice into two folders: whether the two `results.csv` are byte-identical, and whether they
+  are once the timing columns (`wall_s`, `steady_examples_per_s`) are left out.
+- `tpe`: for each seed, trainrun's TPE (9 random startup trials of 27) under ASHA over the
+  same ranges as `benches/optuna_sweep.py` (learning rate log-uniform 0.003..0.03, batch 32,
+  64 or 128, momentum uniform 0..0.9), and that script with `--seed`: best validation accuracy,
+  optimizer steps and wall seconds of each.
+
+Trials run one at a time (`--parallel 1`), so decisions do not depend on timing and each
+trial has the machine's cores. Prints one JSON line per measurement and a summary line per
+part:
+
+    python3 benches/sweep_targets.py --trainrun target/release/trainrun --out /tmp/targets \\
+        --part grid --seeds 0,1,2,3,4
+    python3 benches/sweep_targets.py ... --part tpe --optuna-python /path/to/python-with-optuna
+"""
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ASHA = os.path.join(ROOT, "specs", "mnist_asha.toml")
+
+SCHEDULER = '\n[sweep.scheduler]\nkind = "{kind}"\ngrace = 1\nreduction_factor = 3\n'
+TPE = """
+[sweep.random]
+samples = 27
+
+[sweep.random.parameters]
+"optimizer.learning_rate" = { kind = "log_uniform", low = 0.003, high = 0.03 }
+"batch.global" = { kind = "choice", values = [32, 64, 128] }
+"optimizer.momentum" = { kind = "uniform", low = 0.0, high = 0.9 }
+
+[sweep.tpe]
+n_startup_trials = 9
+"""
+
+
+def spec_variant(out, name, sweep_tail, keep_grid=True):
+    """`specs/mnist_asha.toml` with its `[sweep.scheduler]` (and, unless `keep_grid`, its grid)
+    replaced by `sweep_tail`, written as `out/name.toml`."""
+    text = open(ASHA).read()
+    text = re.sub(r'^extends = "(.*)"$', lambda m: f'extends = "{os.path.join(ROOT, "specs", m.group(1))}"',
+                  text, flags=re.M)
+    text = text[: text.index("\n[sweep.scheduler]")] + "\n"
+    if not keep_grid:
+        text = text[: text.index("\n[sweep.grid]")] + "\n"
+    path = os.path.join(out, f"{name}.toml")
+    os.makedirs(out, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text + sweep_tail)
+    return path
+
+
+def sweep(trainrun, spec, folder, seed):
+    """Runs `trainrun sweep` one trial at a time; returns its wall seconds."""
+    started = time.perf_counter()
+    subprocess.run(
+        [trainrun, "sweep", spec, "-q", "--parallel", "1", "--set", f"run.out_dir={folder}",
+         "--set", f"sweep.seed={seed}"],
+        check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def prune(folder):
+    """Deletes the weights and backups under `folder` (about 1 GB a sweep), keeping the records."""
+    for here, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(here, f)
+            if os.path.getsize(path) > 1 << 20:
+                os.remove(path)
+
+
+def rows(folder):
+    with open(os.path.join(folder, "results.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def best(rows_, metric="val_accuracy"):
+    """The best value among trials trained to the end (`ok`)."""
+    return max(float(r[metric]) for r in rows_ if r["status"] == "ok" and r[metric])
+
+
+def steps(rows_):
+    return sum(int(r["steps"]) for r in rows_ if r["steps"])
+
+
+def segments(trial_dir):
+    """Each launch of a trial (its summary at each rung, then its last): (wall_s, seconds
+    outside training steps)."""
+    files = sorted((f for f in os.listdir(trial_dir) if re.fullmatch(r"rung-\d+\.json", f)),
+                   key=lambda f: int(f[5:-5]))
+    summaries = [json.load(open(os.path.join(trial_dir, f))) for f in files]
+    last = os.path.join(trial_dir, "summary.json")
+    if os.path.exists(last):
+        s = json.load(open(last))
+        if not summaries or summaries[-1]["steps"] != s["steps"]:
+            summaries.append(s)
+    out = []
+    for s in summaries:
+        trained = s["steps"] - (s.get("resumed_from_step") or 0)
+        per_s = s.get("steady_examples_per_s") or 0
+        batch = s["examples"] / s["steps"] if s["steps"] else 0
+        stepping = trained * batch / per_s if per_s else 0.0
+        out.append((s["wall_s"], max(s["wall_s"] - stepping, 0.0)))
+    return out
+
+
+def overhead(folder, wall):
+    """ASHA's scheduler overhead in `folder`: pause and resume time, and the driver's time
+    between launches, in seconds."""
+    pause_resume, launched = 0.0, 0.0
+    for name in os.listdir(folder):
+        d = os.path.join(folder, name)
+        if not os.path.isdir(d):
+            continue
+        seg = segments(d)
+        if not seg:
+            continue
+        launched += sum(w for w, _ in seg)
+        outside = [o for _, o in seg]
+        pause_resume += sum(outside) - min(outside)
+    return pause_resume, max(wall - launched, 0.0)
+
+
+def part_grid(a):
+    results = []
+    for seed in a.seeds:
+        full_spec = spec_variant(a.out, "grid_full", "")
+        full_dir = os.path.join(a.out, f"grid-full-{seed}")
+        full_wall = sweep(a.trainrun, full_spec, full_dir, seed)
+        asha_dir = os.path.join(a.out, f"grid-asha-{seed}")
+        asha_wall = sweep(a.trainrun, ASHA, asha_dir, seed)
+        full, asha = rows(full_dir), rows(asha_dir)
+        pr, driver = overhead(asha_dir, asha_wall)
+        prune(full_dir)
+        prune(asha_dir)
+        r = {
+            "part": "grid", "seed": seed,
+            "grid_best_val_accuracy": best(full), "asha_best_val_accuracy": best(asha),
+            "gap": best(full) - best(asha),
+            "grid_steps": steps(full), "asha_steps": steps(asha), "asha_step_fraction": steps(asha) / steps(full),
+            "grid_wall_s": round(full_wall, 1), "asha_wall_s": round(asha_wall, 1),
+            "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
+            "overhead_pct": round(100 * (pr + driver) / asha_wall, 2),
+        }
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    within = sum(r["gap"] <= 0.005 for r in results)
+    print(json.dumps({
+        "part": "grid", "seeds": len(results), "within_0.5pct": within,
+        "max_step_fraction": max(r["asha_step_fraction"] for r in results),
+        "max_overhead_pct": max(r["overhead_pct"] for r in results),
+    }), flush=True)
+
+
+def without_timing(path):
+    table = list(csv.reader(open(path)))
+    keep = [i for i, h in enumerate(table[0]) if h not in ("wall_s", "steady_examples_per_s")]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in table])
+    return out.getvalue()
+
+
+def part_sync(a):
+    spec = spec_variant(a.out, "grid_halving", SCHEDULER.format(kind="successive_halving"))
+    seed = a.seeds[0]
+    first, second = os.path.join(a.out, "sync-a"), os.path.join(a.out, "sync-b")
+    walls = [sweep(a.trainrun, spec, d, seed) for d in (first, second)]
+    files = [os.path.join(d, "results.csv") for d in (first, second)]
+    same_bytes = open(files[0], "rb").read() == open(files[1], "rb").read()
+    same_results = without_timing(files[0]) == without_timing(files[1])
+    prune(first)
+    prune(second)
+    print(json.dumps({"part": "sync", "seed": seed, "byte_identical": same_bytes,
+                      "identical_without_timing_columns": same_results,
+                      "wall_s": [round(w, 1) for w in walls]}), flush=True)
+
+
+def part_tpe(a):
+    spec = spec_variant(a.out, "tpe_asha", TPE + SCHEDULER.format(kind="asha"), keep_grid=False)
+    results = []
+    for seed in a.seeds:
+        folder = os.path.join(a.out, f"tpe-asha-{seed}")
+        wall = sweep(a.trainrun, spec, folder, seed)
+        ours = rows(folder)
+        prune(folder)
+        started = time.perf_counter()
+        optuna = subprocess.run(
+            [a.optuna_python, os.path.join(HERE, "optuna_sweep.py"), "--trainrun", a.trainrun,
+             "--out", os.path.join(a.out, f"optuna-{seed}"), "--seed", str(seed)],
+            check=True, capture_output=True, text=True)
+        theirs = json.loads(optuna.stdout.strip().splitlines()[-1])
+        prune(os.path.join(a.out, f"optuna-{seed}"))
+        r = {
+            "part": "tpe", "seed": seed,
+            "trainrun_best_val_accuracy": best(ours), "optuna_best_val_accuracy": theirs["best_val_accuracy"],
+            "trainrun_steps": steps(ours), "optuna_steps": theirs["total_steps"],
+            "trainrun_wall_s": round(wall, 1), "optuna_wall_s": round(time.perf_counter() - started, 1),
+            "optuna_pruned": theirs["pruned"],
+        }
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    print(json.dumps({
+        "part": "tpe", "seeds": len(results),
+        "trainrun_equal_or_better": sum(r["trainrun_best_val_accuracy"] >= r["optuna_best_val_accuracy"]
+                                        for r in results),
+        "trainrun_steps": sum(r["trainrun_steps"] for r in results),
+        "optuna_steps": sum(r["optuna_steps"] for r in results),
+    }), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trainrun", default=os.path.join(ROOT, "target", "release", "trainrun"))
+    p.add_argument("--out", required=True, help="a folder of its own")
+    p.add_argument("--part", choices=["grid", "sync", "tpe"], required=True)
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--optuna-python", default=sys.executable, help="a Python with optuna (for --part tpe)")
+    a = p.parse_args()
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+    a.trainrun = os.path.abspath(a.trainrun)
+    {"grid": part_grid, "sync": part_sync, "tpe": part_tpe}[a.part](a)
+
+
+if __name__ == "__main__":
+    main()
