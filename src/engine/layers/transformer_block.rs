@@ -63,10 +63,9 @@ pub struct TransformerBlock {
     /// Backward recomputes ln_1(x), ln_2(x₁), gelu(f) and gelu'(f) from them (the derivative
     /// in place of `f`, which backward then needs no more): the same functions of the same
     /// values, so the same bits, for two `[rows, dim]` and three `[rows, hidden]` buffers
-    /// less per block than keeping them (issue 34). Scratch (the
-    /// normalized input and gelu's output in forward, three `[rows, dim]` and two `[rows,
-    /// hidden]` buffers in backward) is lent by the thread's pool (`lent.rs`): blocks run one
-    /// at a time.
+    /// less per block than keeping them (issue 34). Scratch (the normalized input and gelu's
+    /// output in forward, three `[rows, dim]` and two `[rows, hidden]` buffers in backward) is
+    /// lent by the thread's pool (`lent.rs`): blocks run one at a time.
     x1: Vec<f32>,
     f: Vec<f32>,
 }
