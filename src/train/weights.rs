@@ -4,20 +4,52 @@
 use super::run_dir::RecordError;
 use crate::engine::TensorInfo;
 use crate::strategy::Variables;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensorError;
+use safetensors::tensor::{Dtype, View};
 use sha2::{Digest, Sha256};
-use std::io::Write;
+use std::borrow::Cow;
 use std::path::Path;
 
 fn le_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// Values hashed per copy to bytes.
+const CHUNK: usize = 1 << 16;
+
+/// One tensor, its bytes made as the file is written: safetensors then holds one tensor's
+/// bytes at a time, where building the whole file in memory held two copies of every weight
+/// (86 MB, a tenth of nanoGPT's peak memory, at the end of the run; issue 34).
+struct F32Tensor<'a> {
+    shape: &'a [usize],
+    values: &'a [f32],
+}
+
+impl View for F32Tensor<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(le_bytes(self.values))
+    }
+
+    fn data_len(&self) -> usize {
+        4 * self.values.len()
+    }
+}
+
 /// SHA-256 of the parameters then the state, as little-endian f32.
 pub fn weights_sha256(vars: &Variables) -> String {
     let mut h = Sha256::new();
-    h.update(le_bytes(&vars.params));
-    h.update(le_bytes(&vars.state));
+    // A chunk at a time: a copy of every weight at once was a GPT's peak memory (issue 34).
+    for chunk in vars.params.chunks(CHUNK).chain(vars.state.chunks(CHUNK)) {
+        h.update(le_bytes(chunk));
+    }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -40,19 +72,15 @@ pub fn save_weights(
     state: &[TensorInfo],
 ) -> Result<(), RecordError> {
     let err = |source: std::io::Error| RecordError { path: path.to_path_buf(), source };
-    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (t, values) in tensors.iter().map(|t| (t, &vars.params)).chain(state.iter().map(|t| (t, &vars.state))) {
-        bufs.push((t.name.clone(), t.shape.clone(), le_bytes(&values[t.range()])));
-    }
-    let views = bufs
-        .iter()
-        .map(|(name, shape, bytes)| TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (name.clone(), v)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(std::io::Error::other(e.to_string())))?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| err(std::io::Error::other(e.to_string())))?;
+    let views = tensors.iter().map(|t| (t, &vars.params)).chain(state.iter().map(|t| (t, &vars.state)));
+    let views = views.map(|(t, values)| (t.name.as_str(), F32Tensor { shape: &t.shape, values: &values[t.range()] }));
     let tmp = path.with_extension("safetensors.tmp");
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
+    let written = safetensors::serialize_to_file(views, None, &tmp)
+        .map_err(|e| match e {
+            SafeTensorError::IoError(e) => e,
+            e => std::io::Error::other(e.to_string()),
+        })
+        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|_| std::fs::rename(&tmp, path));
     // A full disk must not keep a half-written temporary file.
     written.map_err(|e| {

@@ -42,96 +42,58 @@ pub fn gelu_and_grad(form: GeluForm, x: f32) -> (f32, f32) {
     }
 }
 
-/// `y = gelu(x)` and `grad = gelu'(x)` over `len` values on `threads` threads. Backward is
-/// then a product ([`backward`]): the derivative costs little more here, where it shares
-/// the exponentials, than recomputing it would there.
-pub fn forward(form: GeluForm, x: &[f32], y: &mut [f32], grad: &mut [f32], len: usize, threads: usize) {
-    let ranges = partition(len, threads);
-    let (ys, grads) = (split_rows(&mut y[..len], &ranges, 1), split_rows(&mut grad[..len], &ranges, 1));
-    ys.into_par_iter().zip(grads).zip(&ranges).for_each(|((y, grad), r)| {
-        let x = &x[r.clone()];
+/// `y = gelu(x)` over `len` values on `threads` threads.
+pub fn values(form: GeluForm, x: &[f32], y: &mut [f32], len: usize, threads: usize) {
+    par_rows(y, len, 1, threads, |_, r, y| {
+        let x = &x[r];
         // One loop per form, the `match` outside: each loop vectorizes.
         match form {
             GeluForm::Exact => vectorized(
                 #[inline(always)]
-                || map(x, y, grad, |x| gelu_and_grad(GeluForm::Exact, x)),
+                || map(x, y, |x| gelu_and_grad(GeluForm::Exact, x).0),
             ),
             GeluForm::Tanh => vectorized(
                 #[inline(always)]
-                || map(x, y, grad, |x| gelu_and_grad(GeluForm::Tanh, x)),
+                || map(x, y, |x| gelu_and_grad(GeluForm::Tanh, x).0),
             ),
         }
     });
 }
 
-/// [`forward`] of `x + bias` for `rows` rows of `width` values (`bias` has `width` values, or
+/// [`values`] of `x + bias` for `rows` rows of `width` values (`bias` has `width` values, or
 /// none), in one pass that also leaves `x + bias` in `x`: the transformer block's MLP adds its
-/// first bias here rather than in a pass (and a wait for both threads) of its own. The same
-/// bits as adding the bias first. Without `grad` (an evaluation pass, which has no backward)
-/// the derivative is neither computed nor stored.
+/// first bias here rather than in a pass (and a wait for both threads) of its own, and keeps
+/// `x + bias` for backward. The same bits as adding the bias first.
 pub fn forward_biased(
     form: GeluForm,
     x: &mut [f32],
     (bias, width): (&[f32], usize),
     rows: usize,
-    (y, grad): (&mut [f32], Option<&mut [f32]>),
+    y: &mut [f32],
     threads: usize,
 ) {
     let width = width.max(1);
     let ranges = partition(rows, threads);
     let len = rows * width;
     let (xs, ys) = (split_rows(&mut x[..len], &ranges, width), split_rows(&mut y[..len], &ranges, width));
-    let Some(grad) = grad else {
-        return xs.into_par_iter().zip(ys).for_each(|(x, y)| match form {
-            GeluForm::Exact => vectorized(
-                #[inline(always)]
-                || biased_values(x, (bias, width), y, |x| gelu_and_grad(GeluForm::Exact, x).0),
-            ),
-            GeluForm::Tanh => vectorized(
-                #[inline(always)]
-                || biased_values(x, (bias, width), y, |x| gelu_and_grad(GeluForm::Tanh, x).0),
-            ),
-        });
-    };
-    let grads = split_rows(&mut grad[..len], &ranges, width);
-    xs.into_par_iter().zip(ys).zip(grads).for_each(|((x, y), grad)| match form {
+    xs.into_par_iter().zip(ys).for_each(|(x, y)| match form {
         GeluForm::Exact => vectorized(
             #[inline(always)]
-            || biased_map(x, (bias, width), y, grad, |x| gelu_and_grad(GeluForm::Exact, x)),
+            || biased_values(x, (bias, width), y, |x| gelu_and_grad(GeluForm::Exact, x).0),
         ),
         GeluForm::Tanh => vectorized(
             #[inline(always)]
-            || biased_map(x, (bias, width), y, grad, |x| gelu_and_grad(GeluForm::Tanh, x)),
+            || biased_values(x, (bias, width), y, |x| gelu_and_grad(GeluForm::Tanh, x).0),
         ),
     });
 }
 
 /// Row by row (rows of `width` values): `x += b` (unless `b` is empty), then [`map`].
 #[inline(always)]
-fn biased_map(
-    x: &mut [f32],
-    (b, width): (&[f32], usize),
-    y: &mut [f32],
-    g: &mut [f32],
-    f: impl Fn(f32) -> (f32, f32) + Copy,
-) {
-    let rows = x.chunks_exact_mut(width).zip(y.chunks_exact_mut(width)).zip(g.chunks_exact_mut(width));
-    for ((x, y), g) in rows {
-        add_bias(x, b);
-        map(x, y, g, f);
-    }
-}
-
-/// [`biased_map`] without the derivative: `y[i] = f(x[i] + b)`.
-#[inline(always)]
 fn biased_values(x: &mut [f32], (b, width): (&[f32], usize), y: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
     for (x, y) in x.chunks_exact_mut(width).zip(y.chunks_exact_mut(width)) {
         add_bias(x, b);
-        let n = x.len().min(y.len());
-        let (x, y) = (&x[..n], &mut y[..n]);
-        for i in 0..n {
-            y[i] = f(x[i]);
-        }
+        map(x, y, f);
     }
 }
 
@@ -142,19 +104,79 @@ fn add_bias(x: &mut [f32], b: &[f32]) {
     }
 }
 
-/// `(y[i], g[i]) = f(x[i])`, as a plain indexed loop (iterator adaptors and closures may stay
-/// out of line, compiled for the baseline instruction set).
+/// `y[i] = f(x[i])`, as a plain indexed loop (iterator adaptors and closures may stay out of
+/// line, compiled for the baseline instruction set).
 #[inline(always)]
-fn map(x: &[f32], y: &mut [f32], g: &mut [f32], f: impl Fn(f32) -> (f32, f32)) {
-    let n = x.len().min(y.len()).min(g.len());
-    let (x, y, g) = (&x[..n], &mut y[..n], &mut g[..n]);
+fn map(x: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &mut y[..n]);
     for i in 0..n {
-        (y[i], g[i]) = f(x[i]);
+        y[i] = f(x[i]);
     }
 }
 
-/// `dx = dy ⊙ grad` over `len` values on `threads` threads, `grad` from [`forward`].
-pub fn backward(grad: &[f32], dy: &[f32], dx: &mut [f32], len: usize, threads: usize) {
+/// `dx = gelu'(x) ⊙ dy` over `len` values on `threads` threads, `x` the forward pass's input.
+/// The derivative is recomputed rather than kept from forward: keeping it cost a `[rows,
+/// hidden]` buffer per transformer block (issue 34's memory), and it is the same function of
+/// the same input, so the same bits.
+pub fn backward(form: GeluForm, x: &[f32], dy: &[f32], dx: &mut [f32], len: usize, threads: usize) {
+    par_rows(dx, len, 1, threads, |_, r, dx| {
+        let (x, dy) = (&x[r.clone()], &dy[r]);
+        match form {
+            GeluForm::Exact => vectorized(
+                #[inline(always)]
+                || derivative_times(x, dy, dx, |x| gelu_and_grad(GeluForm::Exact, x).1),
+            ),
+            GeluForm::Tanh => vectorized(
+                #[inline(always)]
+                || derivative_times(x, dy, dx, |x| gelu_and_grad(GeluForm::Tanh, x).1),
+            ),
+        }
+    });
+}
+
+/// `dx[i] = grad(x[i]) · dy[i]`, as a plain indexed loop (see [`map`]).
+#[inline(always)]
+fn derivative_times(x: &[f32], dy: &[f32], dx: &mut [f32], grad: impl Fn(f32) -> f32) {
+    let n = x.len().min(dy.len()).min(dx.len());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
+    for i in 0..n {
+        dx[i] = grad(x[i]) * dy[i];
+    }
+}
+
+/// `y = gelu(x)`, and `x` replaced by `gelu'(x)`, over `len` values on `threads` threads, in
+/// one pass sharing their exponentials: the transformer block's backward, which kept only
+/// GELU's input from forward and needs both (the output for the next product's kernel
+/// gradient, the derivative after it) but the input no more. [`times`] applies the derivative.
+pub fn values_and_derivative(form: GeluForm, x: &mut [f32], y: &mut [f32], len: usize, threads: usize) {
+    let ranges = partition(len, threads);
+    let (xs, ys) = (split_rows(&mut x[..len], &ranges, 1), split_rows(&mut y[..len], &ranges, 1));
+    xs.into_par_iter().zip(ys).for_each(|(x, y)| match form {
+        GeluForm::Exact => vectorized(
+            #[inline(always)]
+            || map_in_place(x, y, |x| gelu_and_grad(GeluForm::Exact, x)),
+        ),
+        GeluForm::Tanh => vectorized(
+            #[inline(always)]
+            || map_in_place(x, y, |x| gelu_and_grad(GeluForm::Tanh, x)),
+        ),
+    });
+}
+
+/// `(y[i], x[i]) = f(x[i])`, as a plain indexed loop (see [`map`]).
+#[inline(always)]
+fn map_in_place(x: &mut [f32], y: &mut [f32], f: impl Fn(f32) -> (f32, f32)) {
+    let n = x.len().min(y.len());
+    let (x, y) = (&mut x[..n], &mut y[..n]);
+    for i in 0..n {
+        (y[i], x[i]) = f(x[i]);
+    }
+}
+
+/// `dx = grad ⊙ dy` over `len` values on `threads` threads, `grad` from
+/// [`values_and_derivative`].
+pub fn times(grad: &[f32], dy: &[f32], dx: &mut [f32], len: usize, threads: usize) {
     par_rows(dx, len, 1, threads, |_, r, part| {
         let (grad, dy) = (&grad[r.clone()], &dy[r]);
         vectorized(
@@ -168,18 +190,17 @@ pub fn backward(grad: &[f32], dy: &[f32], dx: &mut [f32], len: usize, threads: u
     });
 }
 
-/// GELU as a layer.
+/// GELU as a layer. Backward recomputes the derivative from its input (`cx.x`), so the layer
+/// keeps nothing between the passes.
 pub struct Gelu {
     form: GeluForm,
     output: Shape,
-    /// The derivative at the last forward pass's inputs.
-    grad: Vec<f32>,
 }
 
 impl Gelu {
     /// GELU over inputs of `shape`.
     pub fn new(form: GeluForm, shape: Shape) -> Self {
-        Self { form, output: shape, grad: Vec::new() }
+        Self { form, output: shape }
     }
 }
 
@@ -194,15 +215,13 @@ impl Layer for Gelu {
 
     fn forward(&mut self, cx: Forward<'_>, _: &[f32], _: &mut [f32], y: &mut [f32]) {
         let Forward { pass, x, n } = cx;
-        let len = n * self.output.numel();
-        self.grad.resize(len, 0.0);
-        forward(self.form, x, y, &mut self.grad, len, pass.threads);
+        values(self.form, x, y, n * self.output.numel(), pass.threads);
     }
 
     fn backward(&mut self, cx: Backward<'_>, _: &[f32], _: &mut [f32], dx: Option<&mut [f32]>) {
-        let Backward { pass, dy, n, .. } = cx;
+        let Backward { pass, x, dy, n, .. } = cx;
         if let Some(dx) = dx {
-            backward(&self.grad, dy, dx, n * self.output.numel(), pass.threads);
+            backward(self.form, x, dy, dx, n * self.output.numel(), pass.threads);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! [`SUM_PARTS`] parts, combined in part order.
 
 use crate::engine::fastmath::{dot, sum};
-use crate::engine::kernels::{SUM_PARTS, partition, split_rows};
+use crate::engine::kernels::{SUM_PARTS, par_rows, partition, split_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::shape::Shape;
 use crate::engine::simd::vectorized;
@@ -40,6 +40,30 @@ impl LayerNorm {
 
     fn rows(&self, n: usize) -> usize {
         n * self.output.numel() / self.dim
+    }
+
+    /// The last forward pass's output again, from its input `cx.x` and the row statistics it
+    /// kept: the same operations on the same values, so the same bits. A transformer block
+    /// recomputes its normalized inputs in backward rather than keep them (issue 34's memory).
+    pub fn recompute(&self, cx: Forward<'_>, params: &[f32], y: &mut [f32]) {
+        let Forward { pass, x, n } = cx;
+        let (d, rows) = (self.dim, self.rows(n));
+        let (gamma, beta) = params.split_at(d);
+        let (mean, inv_std) = (&self.mean, &self.inv_std);
+        par_rows(y, rows, d, pass.threads, |_, r, y| {
+            vectorized(
+                #[inline(always)]
+                || {
+                    let x = &x[r.start * d..r.end * d];
+                    for ((y, x), row) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(r.clone()) {
+                        for (y, x) in y.iter_mut().zip(x) {
+                            *y = x - mean[row];
+                        }
+                        scale_shift(y, inv_std[row], gamma, beta);
+                    }
+                },
+            )
+        });
     }
 
     /// [`Layer::backward`] plus `residual` (shaped like `dx`) added to `dx` in the same pass:
@@ -117,6 +141,15 @@ impl LayerNorm {
     }
 }
 
+/// `y = y · s · gamma + beta` over one row whose `y` holds `x − mean`: the step forward and
+/// [`LayerNorm::recompute`] share, so both round alike.
+#[inline(always)]
+fn scale_shift(y: &mut [f32], s: f32, gamma: &[f32], beta: &[f32]) {
+    for ((y, g), b) in y.iter_mut().zip(gamma).zip(beta) {
+        *y = *y * s * g + b;
+    }
+}
+
 impl Layer for LayerNorm {
     fn kind(&self) -> &'static str {
         "layer_norm"
@@ -152,9 +185,7 @@ impl Layer for LayerNorm {
                             *y = x - *m;
                         }
                         *s = 1.0 / (dot(y, y) / d as f32 + eps).sqrt();
-                        for ((y, g), b) in y.iter_mut().zip(gamma).zip(&beta[..d]) {
-                            *y = *y * *s * g + b;
-                        }
+                        scale_shift(y, *s, gamma, beta);
                     }
                 },
             )

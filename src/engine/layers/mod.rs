@@ -11,6 +11,7 @@ mod dropout;
 mod embedding;
 mod gelu;
 mod global_avg_pool2d;
+mod kept;
 mod layer_norm;
 mod lent;
 mod lm_head;

@@ -23,7 +23,7 @@
 //! its sum (what the log-sum-exp holds); backward recomputes the head's scores with the same
 //! products and turns them into the same probabilities with those statistics, in a `[T, T]`
 //! tile per task that the next head reuses. Kept memory is linear in `T` (projections, merged
-//! heads, two floats a row per head); the tiles are `threads × 3 × T²` whatever the batch.
+//! heads, in bf16 where only bf16 products read them, and two floats a row per head); the tiles are `threads × 3 × T²` whatever the batch.
 //! Why whole rows rather than flash attention's column tiles with a running max and sum: a
 //! running rescale rounds differently from today's softmax, so float32 results would change
 //! bits (the golden runs pin them), and at GPT's block sizes (T ≤ 1024) a task's `[T, T]`
@@ -35,6 +35,7 @@
 
 use super::composite::{add_bias_residual, both, sized};
 use super::dropout::masker;
+use super::kept::Kept;
 use super::lent::lend;
 use crate::engine::bf16::{self, ProductPath};
 use crate::engine::fastmath::{dot, exp, max, sum};
@@ -102,10 +103,12 @@ pub struct MultiHeadAttention {
     output: Shape,
     /// Forward: projected queries, keys, values `[rows, 3·dim]`; each head's softmax
     /// statistics `[n, heads, T, 2]` (see [`softmax_rows`]); the heads' outputs side by side
-    /// `[rows, dim]`.
-    qkv: Vec<f32>,
+    /// `[rows, dim]`. The projections are read only by the per-head products and the merged
+    /// heads only by the output projection's, so each is kept in bf16 where those run in
+    /// bf16 (`kept.rs`).
+    qkv: Kept,
     stats: Vec<f32>,
-    merged: Vec<f32>,
+    merged: Kept,
 }
 
 /// One task's `[T, T]` buffers for the head it is working on: probabilities, their gradient,
@@ -154,9 +157,9 @@ impl MultiHeadAttention {
             kernel_init: init,
             output_init: init,
             output: Shape(vec![seq_len, dim]),
-            qkv: Vec::new(),
+            qkv: Kept::Float32(Vec::new()),
             stats: Vec::new(),
-            merged: Vec::new(),
+            merged: Kept::Float32(Vec::new()),
         })
     }
 
@@ -189,19 +192,20 @@ impl MultiHeadAttention {
         let (w_qkv, rest) = params.split_at(3 * d * d);
         let (b_qkv, rest) = rest.split_at(3 * d);
         let (w_out, b_out) = rest.split_at(d * d);
-        let qkv = sized(&mut self.qkv, rows * 3 * d);
+        let mut qkv = self.qkv.staging(rows * 3 * d);
         let (x, w_qkv) = (MatRef::rows(x, rows, d), MatRef::rows(w_qkv, d, 3 * d));
-        bf16::gemm(geo.projections, MatMut::rows(qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
+        bf16::gemm(geo.projections, MatMut::rows(&mut qkv, rows, 3 * d), x, w_qkv, false, 1.0, threads);
         // One task per example, its heads in turn: each adds the bias to its own rows of the
         // projections (in the same task, so no pass of its own) and writes its own rows.
         let (ranges, per, stat) = (partition(n, threads), geo.heads * t * t, geo.heads * t * 2);
-        let qkvs = split_rows(qkv, &ranges, t * 3 * d);
+        let qkvs = split_rows(&mut qkv, &ranges, t * 3 * d);
         let stats = split_rows(sized(&mut self.stats, n * stat), &ranges, stat);
         let mut tiles = lend(ranges.len() * HeadTile::len(t, drops));
         let tiles = tiles.chunks_exact_mut(HeadTile::len(t, drops));
-        let merged = split_rows(sized(&mut self.merged, rows * d), &ranges, t * d);
+        let mut merged = self.merged.staging(rows * d);
+        let merged_rows = split_rows(&mut merged, &ranges, t * d);
         let drop_seed = drops.then_some(pass.seed);
-        let tasks = qkvs.into_par_iter().zip(stats).zip(tiles.collect::<Vec<_>>()).zip(merged).zip(&ranges);
+        let tasks = qkvs.into_par_iter().zip(stats).zip(tiles.collect::<Vec<_>>()).zip(merged_rows).zip(&ranges);
         tasks.for_each(|((((qkv, stats), tile), out), r)| {
             add_bias(qkv, &b_qkv[..3 * d]);
             let mut tile = HeadTile::new(tile, t);
@@ -214,16 +218,17 @@ impl MultiHeadAttention {
                 }
             }
         });
-        let merged = &self.merged[..rows * d];
+        qkv.keep(threads);
         bf16::gemm(
             geo.projections,
             MatMut::rows(y, rows, d),
-            MatRef::rows(merged, rows, d),
+            MatRef::rows(&merged, rows, d),
             MatRef::rows(w_out, d, d),
             false,
             1.0,
             threads,
         );
+        merged.keep(threads);
         match residual {
             Some(r) => add_bias_residual(y, &b_out[..d], r, rows, d, threads),
             None => par_rows(y, rows, d, threads, |_, _, part| add_bias(part, &b_out[..d])),
@@ -447,6 +452,8 @@ impl Layer for MultiHeadAttention {
     fn use_products(&mut self, path: ProductPath) {
         self.geo.projections = path.for_dims(self.geo.d, self.geo.d);
         self.geo.heads_path = path.for_dims(self.geo.hd, self.geo.t);
+        self.qkv = Kept::for_products(self.geo.heads_path);
+        self.merged = Kept::for_products(self.geo.projections);
     }
 
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
@@ -460,8 +467,10 @@ impl Layer for MultiHeadAttention {
         let (g_wqkv, rest) = grads.split_at_mut(3 * d * d);
         let (g_bqkv, rest) = rest.split_at_mut(3 * d);
         let (g_wout, g_bout) = rest.split_at_mut(d * d);
-        let (mut d_merged, mut d_qkv) = (lend(rows * d), lend(rows * 3 * d));
-        let merged = MatRef::rows(&self.merged, rows, d);
+        // The larger first: it takes the free buffer the block's MLP gave back (`lent.rs`).
+        let (mut d_qkv, mut d_merged) = (lend(rows * 3 * d), lend(rows * d));
+        // Kept bf16 values widen into scratch: the merged heads into `d_qkv`, not yet written.
+        let merged = MatRef::rows(self.merged.read(rows * d, &mut d_qkv, threads), rows, d);
         let (dy_m, w_out) = (MatRef::rows(dy, rows, d), MatRef::rows(w_out, d, d));
         let output_weights = |threads| {
             bf16::gemm(geo.projections, MatMut::rows(g_wout, d, d), merged.t(), dy_m, acc, 1.0, threads);
@@ -478,7 +487,9 @@ impl Layer for MultiHeadAttention {
         let mut tiles = lend(ranges.len() * HeadTile::len(t, drops));
         let tiles = tiles.chunks_exact_mut(HeadTile::len(t, drops));
         let d_qkvs = split_rows(&mut d_qkv, &ranges, t * 3 * d);
-        let (qkv, stats, d_merged) = (&self.qkv[..], &self.stats[..], &d_merged[..]);
+        let mut widened = (self.qkv.scratch_len(1) > 0).then(|| lend(rows * 3 * d));
+        let qkv = self.qkv.read(rows * 3 * d, widened.as_deref_mut().unwrap_or_default(), threads);
+        let (stats, d_merged) = (&self.stats[..], &d_merged[..]);
         let drop_seed = drops.then_some(pass.seed);
         tiles.collect::<Vec<_>>().into_par_iter().zip(d_qkvs).zip(&ranges).for_each(|((tile, dqkv), r)| {
             let mut tile = HeadTile::new(tile, t);
@@ -507,6 +518,51 @@ impl Layer for MultiHeadAttention {
                 bf16::gemm(geo.projections, MatMut::rows(dx, rows, d), d_qkv_m, w_qkv.t(), false, 1.0, threads)
             }),
             None => qkv_weights(threads),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Forward then backward on `x` (`n` examples) with `params` and the output gradient `dy`:
+    /// the output, the parameter gradients and the input gradient.
+    fn step(attn: &mut MultiHeadAttention, params: &[f32], x: &[f32], dy: &[f32], n: usize) -> [Vec<f32>; 3] {
+        let pass = Pass { training: true, seed: 9, accumulate: false, threads: 2 };
+        let mut y = vec![0.0; x.len()];
+        attn.forward(Forward { pass, x, n }, params, &mut [], &mut y);
+        let (mut grads, mut dx) = (vec![0.0; params.len()], vec![0.0; x.len()]);
+        attn.backward(Backward { pass, x, y: &[], dy, n }, params, &mut grads, Some(&mut dx));
+        [y, grads, dx]
+    }
+
+    /// Under `mixed_bfloat16` the projections and the merged heads are kept in bf16 because
+    /// only bf16 products read them: the same bits as keeping them in fp32.
+    #[test]
+    fn keeping_bf16_for_bf16_products_gives_the_bits_of_keeping_fp32() {
+        let (t, d, n) = (21, 8, 3);
+        for rate in [0.0, 0.2] {
+            let build = || {
+                let mut attn = MultiHeadAttention::new(t, d, 2, true).unwrap().with_dropout(rate, 5);
+                attn.use_products(ProductPath::EmulatedBfloat16);
+                attn
+            };
+            let (mut kept_bf16, mut kept_fp32) = (build(), build());
+            assert!(matches!((&kept_bf16.qkv, &kept_bf16.merged), (Kept::Bfloat16(_), Kept::Bfloat16(_))));
+            (kept_fp32.qkv, kept_fp32.merged) = (Kept::Float32(Vec::new()), Kept::Float32(Vec::new()));
+            let len: usize = kept_bf16.params().iter().map(|p| p.len()).sum();
+            let params: Vec<f32> = (0..len).map(|i| ((i * 31) % 17) as f32 / 7.0 - 1.1).collect();
+            let x: Vec<f32> = (0..n * t * d).map(|i| ((i * 7) % 23) as f32 / 11.0 - 1.0).collect();
+            let dy: Vec<f32> = (0..n * t * d).map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5).collect();
+            let want = step(&mut kept_fp32, &params, &x, &dy, n);
+            let got = step(&mut kept_bf16, &params, &x, &dy, n);
+            for (what, (got, want)) in
+                ["output", "parameter gradients", "input gradient"].iter().zip(got.iter().zip(&want))
+            {
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(want), "{what}, dropout {rate}");
+            }
         }
     }
 }

@@ -59,14 +59,15 @@ pub struct TransformerBlock {
     /// Parameter ranges in child order: ln_1, attention, ln_2, mlp_fc, mlp_proj.
     params: Vec<Range<usize>>,
     output: Shape,
-    /// Kept for backward: ln_1(x), x₁, ln_2(x₁), gelu's output and derivative. Scratch (mlp_fc's
+    /// Kept for backward: x₁ and the MLP's pre-activation `f` (its first product plus bias).
+    /// Backward recomputes ln_1(x), ln_2(x₁), gelu(f) and gelu'(f) from them (the derivative
+    /// in place of `f`, which backward then needs no more): the same functions of the same
+    /// values, so the same bits, for two `[rows, dim]` and three `[rows, hidden]` buffers
+    /// less per block than keeping them (issue 34). Scratch (the normalized input and gelu's
     /// output in forward, three `[rows, dim]` and two `[rows, hidden]` buffers in backward) is
     /// lent by the thread's pool (`lent.rs`): blocks run one at a time.
-    h1: Vec<f32>,
     x1: Vec<f32>,
-    h2: Vec<f32>,
-    g: Vec<f32>,
-    gd: Vec<f32>,
+    f: Vec<f32>,
 }
 
 impl TransformerBlock {
@@ -95,11 +96,8 @@ impl TransformerBlock {
             cfg,
             params: Vec::new(),
             output: shape,
-            h1: Vec::new(),
             x1: Vec::new(),
-            h2: Vec::new(),
-            g: Vec::new(),
-            gd: Vec::new(),
+            f: Vec::new(),
         };
         block.params = ranges(block.children().map(|(_, l)| total(l.params())));
         Some(block)
@@ -131,11 +129,12 @@ impl Layer for TransformerBlock {
         &self.output
     }
 
-    /// The output, the attention's, and what the block keeps and its scratch: six `[T, dim]`
-    /// and five `[T, hidden]` buffers (see the fields). The scratch is lent once per thread
-    /// rather than held per block, but still counted here: the evaluation batch is sized from
-    /// this sum (`eval_batch_size`), and counting it keeps that batch, hence what
-    /// `validation_steps` covers and the golden runs' test losses, as they were.
+    /// The output, the attention's, and six `[T, dim]` and five `[T, hidden]` buffers: what
+    /// the block kept and its scratch before it recomputed the normalized inputs and GELU in
+    /// backward and borrowed its scratch from the thread's pool. It still counts them: the
+    /// evaluation batch is sized from this sum (`eval_batch_size`), and counting them keeps
+    /// that batch, hence what `validation_steps` covers and the golden runs' test losses, as
+    /// they were.
     fn activation_len(&self) -> usize {
         let (t, d, hidden) = (self.cfg.seq_len, self.cfg.dim, self.cfg.hidden);
         t * d + self.attention.activation_len() + 6 * t * d + 5 * t * hidden
@@ -158,32 +157,32 @@ impl Layer for TransformerBlock {
         let rows = n * self.cfg.seq_len;
         let (len, wide) = (rows * d, rows * self.cfg.hidden);
         let drops = self.drops(pass);
-        let (h1, x1, h2) = (sized(&mut self.h1, len), sized(&mut self.x1, len), sized(&mut self.h2, len));
+        // `h` holds ln_1(x), then ln_2(x₁); backward recomputes both.
+        let (x1, mut h) = (sized(&mut self.x1, len), lend(len));
         let y = &mut y[..len];
-        self.ln_1.forward(cx, &params[p[0].clone()], &mut [], h1);
+        self.ln_1.forward(cx, &params[p[0].clone()], &mut [], &mut h);
         // Without dropout each residual is added in the pass that adds the bias before it.
         if drops {
             let mut a = lend(len);
-            self.attention.forward(Forward { pass, x: h1, n }, &params[p[1].clone()], &mut [], &mut a);
+            self.attention.forward(Forward { pass, x: &h, n }, &params[p[1].clone()], &mut [], &mut a);
             self.attn_dropout.forward(Forward { pass, x: &a, n }, &[], &mut [], x1);
             add(x1, x, rows, d, threads);
         } else {
-            self.attention.forward_residual(Forward { pass, x: h1, n }, &params[p[1].clone()], x1, Some(x));
+            self.attention.forward_residual(Forward { pass, x: &h, n }, &params[p[1].clone()], x1, Some(x));
         }
-        self.ln_2.forward(Forward { pass, x: x1, n }, &params[p[2].clone()], &mut [], h2);
-        let (mut f, g, gd) = (lend(wide), sized(&mut self.g, wide), sized(&mut self.gd, wide));
-        let bias = self.mlp_fc.product(Forward { pass, x: h2, n }, &params[p[3].clone()], &mut f);
-        // Evaluation has no backward, so no GELU derivative to keep.
-        let gd = pass.training.then_some(gd);
-        gelu::forward_biased(self.cfg.gelu, &mut f, (bias, self.cfg.hidden), rows, (g, gd), threads);
-        drop(f);
+        self.ln_2.forward(Forward { pass, x: x1, n }, &params[p[2].clone()], &mut [], &mut h);
+        let f = sized(&mut self.f, wide);
+        let bias = self.mlp_fc.product(Forward { pass, x: &h, n }, &params[p[3].clone()], f);
+        drop(h);
+        let mut g = lend(wide);
+        gelu::forward_biased(self.cfg.gelu, f, (bias, self.cfg.hidden), rows, &mut g, threads);
         if drops {
             let mut m = lend(len);
-            self.mlp_proj.forward(Forward { pass, x: g, n }, &params[p[4].clone()], &mut [], &mut m);
+            self.mlp_proj.forward(Forward { pass, x: &g, n }, &params[p[4].clone()], &mut [], &mut m);
             self.mlp_dropout.forward(Forward { pass, x: &m, n }, &[], &mut [], y);
             add(y, x1, rows, d, threads);
         } else {
-            self.mlp_proj.forward_residual(Forward { pass, x: g, n }, &params[p[4].clone()], y, Some(x1));
+            self.mlp_proj.forward_residual(Forward { pass, x: &g, n }, &params[p[4].clone()], y, Some(x1));
         }
     }
 
@@ -197,40 +196,46 @@ impl Layer for TransformerBlock {
         let drops = self.drops(pass);
         let dy = &dy[..len];
         let (mut s0, mut s1, mut s2) = (lend(len), lend(len), lend(len));
+        let (s0, s1, s2) = (&mut s0[..], &mut s1[..], &mut s2[..]);
         let (mut w0, mut w1) = (lend(wide), lend(wide));
-        let (s0, s1, s2, w0, w1) = (&mut s0[..], &mut s1[..], &mut s2[..], &mut w0[..], &mut w1[..]);
-        let (h1, x1, h2, g, gd) =
-            (&self.h1[..len], &self.x1[..len], &self.h2[..len], &self.g[..wide], &self.gd[..wide]);
-        // MLP branch, back to front: s0 = d m, w0 = d g, w1 = d f, s1 = d h2, s2 = d x₁.
+        let (x1, f) = (&self.x1[..len], &mut self.f[..wide]);
+        // MLP branch, back to front: s0 = d m, w1 = g then d f, f = gelu'(f), w0 = d g,
+        // s2 = h2 then d x₁, s1 = d h2.
         let dm: &[f32] = if drops {
             self.mlp_dropout.backward(Backward { pass, x: &[], y: &[], dy, n }, &[], &mut [], Some(s0));
             s0
         } else {
             dy
         };
+        gelu::values_and_derivative(self.cfg.gelu, f, &mut w1, wide, threads);
         self.mlp_proj.backward(
-            Backward { pass, x: g, y: &[], dy: dm, n },
+            Backward { pass, x: &w1, y: &[], dy: dm, n },
             &params[p[4].clone()],
             &mut grads[p[4].clone()],
-            Some(w0),
+            Some(&mut w0[..]),
         );
-        gelu::backward(gd, w0, w1, wide, threads);
+        gelu::times(f, &w0, &mut w1, wide, threads);
+        self.ln_2.recompute(Forward { pass, x: x1, n }, &params[p[2].clone()], s2);
         self.mlp_fc.backward(
-            Backward { pass, x: h2, y: &[], dy: w1, n },
+            Backward { pass, x: s2, y: &[], dy: &w1, n },
             &params[p[3].clone()],
             &mut grads[p[3].clone()],
             Some(s1),
         );
+        // Back to the pool for the attention's gradients.
+        drop(w1);
         // s2 = ln_2's input gradient plus the residual path's dy, in one pass.
         let ln_2 = Backward { pass, x: x1, y: &[], dy: s1, n };
         self.ln_2.backward_residual(ln_2, &params[p[2].clone()], &mut grads[p[2].clone()], Some(s2), Some(dy));
-        // Attention branch: s0 = d a, s1 = d h1.
+        // Attention branch: s0 = d a, w0 = h1, s1 = d h1.
         let da: &[f32] = if drops {
             self.attn_dropout.backward(Backward { pass, x: &[], y: &[], dy: s2, n }, &[], &mut [], Some(s0));
             s0
         } else {
             s2
         };
+        let h1 = &mut w0[..len];
+        self.ln_1.recompute(Forward { pass, x, n }, &params[p[0].clone()], h1);
         self.attention.backward(
             Backward { pass, x: h1, y: &[], dy: da, n },
             &params[p[1].clone()],
