@@ -58,10 +58,7 @@ pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Result<Ve
 
 /// The transports between the hosts: TCP, and shared memory inside hosts of several tasks.
 fn wires(p: TaskLayout) -> Vec<Wire> {
-    match p.per_host() {
-        0 | 1 => vec![Wire::Tcp],
-        _ => vec![Wire::Tcp, Wire::Routed],
-    }
+    if p.per_host() > 1 { vec![Wire::Tcp, Wire::Routed] } else { vec![Wire::Tcp] }
 }
 
 /// `algorithms` at `sizes` (floats) between `p.tasks` ranks, over each transport of [`wires`]
