@@ -8,8 +8,8 @@
 
 use super::group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
 pub use super::peer::{
-    ENV_HOST, ENV_RANK, EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire, peer_exit_code_from_env,
-    peer_main_from_env,
+    ENV_AUTO, ENV_HOST, ENV_RANK, EXIT_COLLECTIVE, EXIT_OK, EXIT_USAGE, EXIT_WRONG_SUM, PeerMode, Wire,
+    peer_exit_code_from_env, peer_main_from_env,
 };
 use super::{Algorithm, CollectiveTimeouts};
 use std::fmt::Write as _;
@@ -68,6 +68,9 @@ pub struct BenchRow {
     /// Median over the timed rounds of the slowest rank's time.
     pub median: Duration,
     pub min: Duration,
+    /// Peers run as `auto` (`ENV_AUTO`): the algorithm it picked for this size, which then ran
+    /// (`algorithm` is the one the peers were started with).
+    pub picked: Option<Algorithm>,
 }
 
 impl BenchRow {
@@ -114,6 +117,16 @@ fn label(algorithm: Algorithm, wire: Wire) -> String {
     format!("{} over {}", algorithm.name(), wire.as_str())
 }
 
+impl BenchRow {
+    /// What ran, as the tables label it: `auto (halving_doubling) over tcp` under `auto`.
+    pub fn label(&self) -> String {
+        match self.picked {
+            Some(a) => format!("auto ({}) over {}", a.name(), self.wire.as_str()),
+            None => label(self.algorithm, self.wire),
+        }
+    }
+}
+
 fn run_one(
     launcher: &Launcher,
     algorithm: Algorithm,
@@ -133,19 +146,22 @@ fn run_one(
     };
     let outcomes = PeerGroup::spawn_on_hosts(launcher, &spec, algorithm, hosts)?.finish(Duration::from_secs(300));
     check(&outcomes, &label(algorithm, wire), world)?;
-    // Under `auto` (`ENV_AUTO`), which algorithm the size took.
-    for line in outcomes.first().map(|o| o.lines.as_slice()).unwrap_or_default() {
-        if let Some(pick) = line.strip_prefix("TRAINRUN-AUTO ") {
-            eprintln!("auto, {world} ranks over {}: {pick}", wire.as_str());
-        }
-    }
     let bytes = floats * 4;
-    let result = outcomes
-        .first()
-        .and_then(|o| o.lines.iter().find_map(|l| parse_result(l)))
+    let lines = outcomes.first().map(|o| o.lines.as_slice()).unwrap_or_default();
+    if let Some(model) = lines.iter().find_map(|l| l.strip_prefix("TRAINRUN-MODEL ")) {
+        eprintln!("auto, {world} ranks over {}: {model}", wire.as_str());
+    }
+    // Under `auto` (`ENV_AUTO`), which algorithm the size took.
+    let picked = lines.iter().find_map(|l| {
+        let (b, name) = l.strip_prefix("TRAINRUN-AUTO ")?.split_once(' ')?;
+        (b.parse::<usize>().ok()? == bytes).then(|| Algorithm::from_name(name.trim()))?
+    });
+    let result = lines
+        .iter()
+        .find_map(|l| parse_result(l))
         .filter(|r| r.0 == bytes)
         .ok_or_else(|| BenchError::NoResult { wire: label(algorithm, wire), world, bytes })?;
-    Ok(BenchRow { algorithm, wire, world, bytes, median: result.1, min: result.2 })
+    Ok(BenchRow { algorithm, wire, world, bytes, median: result.1, min: result.2, picked })
 }
 
 /// Every peer exited cleanly, or the first that did not.
@@ -219,7 +235,7 @@ pub fn table(rows: &[BenchRow]) -> String {
         let _ = writeln!(
             s,
             "{:<24} {:>6} {size} {:>11.3} {:>8.3} {:>12.2}",
-            label(r.algorithm, r.wire),
+            r.label(),
             r.world,
             r.median.as_secs_f64() * 1e3,
             r.min.as_secs_f64() * 1e3,
@@ -242,6 +258,7 @@ mod tests {
             bytes: 1_000_000_000,
             median: Duration::from_secs(1),
             min: Duration::from_secs(1),
+            picked: None,
         };
         assert!((r.bus_gb_per_s() - 1.5).abs() < 1e-12);
         assert_eq!(

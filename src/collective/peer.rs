@@ -51,7 +51,8 @@ pub(crate) const ENV_SOCKET_BUFFER: &str = "TRAINRUN_COLLECTIVE_SOCKET_BUFFER_BY
 pub const ENV_HOST: &str = "TRAINRUN_COLLECTIVE_HOST";
 /// `1`: the peer runs as `implementation = "auto"` does: connected for every algorithm the
 /// wire carries, the cost model measured at start-up, each size the algorithm it picks
-/// (rank 0 says which, `TRAINRUN-AUTO <bytes> <algorithm>`).
+/// (rank 0 says which, `TRAINRUN-AUTO <bytes> <algorithm>`, after the model's figures,
+/// `TRAINRUN-MODEL <text>`).
 pub const ENV_AUTO: &str = "TRAINRUN_COLLECTIVE_AUTO";
 
 /// Exit codes of a peer process.
@@ -359,8 +360,9 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
         placement,
         packs: env.sizes.iter().map(|f| f * 4).collect(),
     };
-    let (choice, _) = probe::agree(&mut c, &auto, env.algorithm, None).map_err(collective)?;
+    let (choice, source) = probe::agree(&mut c, &auto, env.algorithm, None).map_err(collective)?;
     if env.rank == 0 {
+        say(&format!("TRAINRUN-MODEL {}", probe::describe(&choice, &source, &auto.packs)));
         for &bytes in &auto.packs {
             say(&format!("TRAINRUN-AUTO {bytes} {}", choice.pick(bytes).name()));
         }

@@ -5,7 +5,7 @@
 //! | offset | what |
 //! |---|---|
 //! | 0 | header: magic, version, world, staging and arena sizes, job token, abort flag |
-//! | 128 + 128·r | rank r's cell: sequence counter, pid, descriptor of its current op |
+//! | 128 + 128·r | rank r's cell: sequence counter, pid, descriptor of its current op; its bell on the second line |
 //! | `pairs_off` + 128·(s·world + r) | the counters of messages from rank s to rank r |
 //! | `data_off` + r·`stride` | rank r's staging area, then its arena (f32 each) |
 //!
@@ -28,8 +28,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TRNSHM\0\x01");
-/// 2: the pairs' counters for point-to-point transfers follow the cells.
-const VERSION: u64 = 2;
+/// 2: the pairs' counters for point-to-point transfers follow the cells. 3: each cell has a
+/// bell of its own, rung for point-to-point moves that rank waits on.
+const VERSION: u64 = 3;
 const CELLS_OFF: usize = 128;
 /// Two cache lines per cell: the adjacent-line prefetcher pulls lines in pairs, and a rank
 /// spinning on its neighbour's counter must not steal the line its own counter lives in.
@@ -69,6 +70,24 @@ pub(crate) struct Cell {
     pub aux: AtomicU64,
     /// The CPU this rank last published from, so a waiter can tell it shares the peer's CPU.
     pub cpu: AtomicU64,
+    _line: [u64; 2],
+    /// This rank's own futex word, on the cell's second line (peers ring it while the rank
+    /// spins on others' counters): point-to-point senders and receivers ring only the rank
+    /// that waits on their move, so a message wakes one sleeper, not the whole host.
+    bell: AtomicU32,
+    /// Whether this rank sleeps on its bell (0 or 1): ringers skip the syscall otherwise.
+    sleepers: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Cell>() <= CELL && std::mem::offset_of!(Cell, bell) == 64);
+
+/// Which futex word a waiter sleeps on and a publisher rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bell {
+    /// The segment's, rung on every phase (`direct`): every rank waits on all the others.
+    Everyone,
+    /// Rank r's: rung by the peers whose point-to-point moves rank r waits on.
+    Rank(usize),
 }
 
 /// The counters of one ordered pair of ranks (sender, receiver) for point-to-point transfers,
@@ -215,34 +234,46 @@ impl Segment {
     /// Tells every peer this rank gave up, unless someone already did.
     pub(crate) fn abort(&self, rank: usize) {
         let _ = self.header().abort.compare_exchange(0, rank as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
-        self.ring();
+        self.ring(Bell::Everyone);
+        for r in 0..self.world {
+            self.ring(Bell::Rank(r));
+        }
+    }
+
+    /// The bell's futex word and its sleeper count.
+    fn bell_words(&self, bell: Bell) -> (&AtomicU32, &AtomicU32) {
+        match bell {
+            Bell::Everyone => (&self.header().bell, &self.header().sleepers),
+            Bell::Rank(r) => {
+                let c = self.cell(r);
+                (&c.bell, &c.sleepers)
+            }
+        }
     }
 
     /// The bell's value; read it before checking what you wait for, then [`Segment::sleep`]
     /// on it.
-    pub(crate) fn bell(&self) -> u32 {
-        self.header().bell.load(Ordering::SeqCst)
+    pub(crate) fn bell(&self, bell: Bell) -> u32 {
+        self.bell_words(bell).0.load(Ordering::SeqCst)
     }
 
     /// Wakes everyone asleep on the bell; call after publishing.
-    pub(crate) fn ring(&self) {
-        let h = self.header();
-        h.bell.fetch_add(1, Ordering::SeqCst);
-        if h.sleepers.load(Ordering::SeqCst) > 0 {
+    pub(crate) fn ring(&self, bell: Bell) {
+        let (word, sleepers) = self.bell_words(bell);
+        word.fetch_add(1, Ordering::SeqCst);
+        if sleepers.load(Ordering::SeqCst) > 0 {
             // SAFETY: the bell is a live, aligned u32 inside the shared mapping; FUTEX_WAKE
             // does not access memory beyond it. Shared (not PRIVATE) because the waiters are
             // other processes.
-            unsafe {
-                libc::syscall(libc::SYS_futex, h.bell.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32)
-            };
+            unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32) };
         }
     }
 
     /// Sleeps until the bell moves past `seen` or `limit` passes (whichever first; spurious
     /// wake-ups are fine: callers re-check).
-    pub(crate) fn sleep(&self, seen: u32, limit: Duration) {
-        let h = self.header();
-        h.sleepers.fetch_add(1, Ordering::SeqCst);
+    pub(crate) fn sleep(&self, bell: Bell, seen: u32, limit: Duration) {
+        let (word, sleepers) = self.bell_words(bell);
+        sleepers.fetch_add(1, Ordering::SeqCst);
         let ts = libc::timespec {
             tv_sec: limit.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: limit.subsec_nanos() as libc::c_long,
@@ -251,7 +282,7 @@ impl Segment {
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
-                h.bell.as_ptr(),
+                word.as_ptr(),
                 libc::FUTEX_WAIT,
                 seen,
                 &ts as *const libc::timespec,
@@ -259,7 +290,7 @@ impl Segment {
                 0u32,
             )
         };
-        h.sleepers.fetch_sub(1, Ordering::SeqCst);
+        sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn register(&self, peers: &Peers) -> Result<(), CollectiveError> {

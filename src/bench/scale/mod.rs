@@ -2,7 +2,8 @@
 //! hosts made on this machine ([`hosts`]: network namespaces, links shaped with `htb` and
 //! `netem` where the kernel has it, else by the harness's own link emulator, [`link`]), per N and link profile: the rendezvous
 //! time and step time (median, p90) from the tasks' own records ([`train`]), the all-reduce
-//! time of every algorithm at 1 KB, 1 MB and 16 MB ([`allreduce`]), and, given a Python with
+//! time of every algorithm and of `auto` at 1 KB, 1 MB and 16 MB, with whether `auto` came
+//! within 10 % of the fastest in each cell and in how many ([`allreduce`]), and, given a Python with
 //! torch, PyTorch DDP over gloo on the same job and gloo's all-reduce alongside ([`gloo`]).
 //! `--only scale` runs N ≤ 8, `--only scale-full` up to 64. Everything printed is measured;
 //! the settings are printed with the results. Needs root: without it the bench says why.
@@ -51,6 +52,7 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
     crate::signals::supervise();
     let worlds: &[usize] = if full { &[2, 4, 8, 16, 32, 64] } else { &[2, 4, 8] };
     let torch = gloo::TorchReference::find(python);
+    let mut verdicts = Vec::new();
     println!(
         "\n== scale: N worker tasks as hosts × tasks (network namespaces with their own addresses; each cluster's \
          link, netem or the userspace emulator, printed with it), MLP 784-32-10 on synthetic images, \
@@ -72,10 +74,15 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
             };
             println!("\n-- N = {n} ({} × {}), cluster {}: {}", p.hosts, p.per_host(), cluster.tag, cluster.settings());
             let torch = torch.as_ref().ok().filter(|_| profile == Profile::FAST && TORCH_WORLDS.contains(&n));
-            let text = measure(exe, &cluster, p, torch, stop).map_err(|e| stopped(stop, e))?;
+            let text = measure(exe, &cluster, p, torch, stop, &mut verdicts).map_err(|e| stopped(stop, e))?;
             print!("{text}");
         }
     }
+    let within = verdicts.iter().filter(|v| v.within()).count();
+    println!(
+        "\nauto within 10 % of the fastest measured all-reduce in {within} of {} cells (N, size, link) (target: ≥ 90 %)",
+        verdicts.len()
+    );
     if let Err(why) = torch {
         println!("\ntorch reference skipped: {why}");
     }
@@ -90,13 +97,14 @@ fn stopped(stop: &AtomicBool, e: String) -> String {
     }
 }
 
-/// One cluster's rows.
+/// One cluster's rows; how `auto`'s all-reduce did in each of its cells goes to `verdicts`.
 fn measure(
     exe: &Path,
     cluster: &NamespaceHosts,
     p: TaskLayout,
     torch: Option<&gloo::TorchReference>,
     stop: &AtomicBool,
+    verdicts: &mut Vec<allreduce::AutoVerdict>,
 ) -> Result<String, String> {
     let mut out = String::new();
     let _ = writeln!(
@@ -121,16 +129,23 @@ fn measure(
         ours.push(r.step_median_ms());
     }
     let rows = allreduce::measure(exe, cluster, p).map_err(|e| e.to_string())?;
-    let _ = writeln!(out, "{:<18} {:>10} {:>12} {:>10}", "all-reduce", "size", "median ms", "min ms");
+    let _ = writeln!(out, "{:<40} {:>10} {:>12} {:>10}", "all-reduce", "size", "median ms", "min ms");
     for r in &rows {
         let _ = writeln!(
             out,
-            "{:<18} {:>10} {:>12.3} {:>10.3}",
-            r.algorithm.name(),
+            "{:<40} {:>10} {:>12.3} {:>10.3}",
+            r.label(),
             size(r.bytes),
             r.median.as_secs_f64() * 1e3,
             r.min.as_secs_f64() * 1e3
         );
+    }
+    for v in allreduce::verdicts(&rows) {
+        let _ = writeln!(out, "{}", v.line());
+        verdicts.push(v);
+    }
+    for b in allreduce::bandwidth_bounds(&rows, p) {
+        let _ = writeln!(out, "{}", b.line());
     }
     let Some(torch) = torch else {
         return Ok(out);
