@@ -129,6 +129,8 @@ fn documents_train_a_character_model_and_write_its_vocabulary() {
          type = \"conv2d\"\nfilters = {vocab}\nkernel_size = 1"
     );
     let spec = spec(dir.path(), &data, "", &model);
+    let seeded = common::sources::character_model_seed(&std::fs::read_to_string(&spec).unwrap());
+    std::fs::write(&spec, seeded).unwrap();
     let check = run(&["check", spec.to_str().unwrap()]);
     let (shown, errors) = text(&check);
     assert_exit(&check, 0);

@@ -136,6 +136,11 @@ fn a_csv_regression() {
 
 /// The checked-in character GPT (4 layers, `n_embd` 128, block 64, two replicas, AdamW with
 /// warmup, cosine decay and clipping), 50 steps, validated on four batches.
+///
+/// Moved deliberately (2026-11-29, issue 31) when token windows began to be shuffled by a
+/// seeded bijection computed per position (`src/data/bijection.rs`) instead of a listed
+/// Fisher–Yates permutation of 8 bytes per window, so that a corpus's order costs O(1) memory:
+/// the same windows, visited in another order. Before: `52e9d536…`, test loss 3.1222606690134853.
 #[test]
 fn the_shakespeare_gpt_for_50_steps() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare");
@@ -149,5 +154,5 @@ fn the_shakespeare_gpt_for_50_steps() {
     let s = json(&out_dir.path().join("run/summary.json"));
     let got =
         (s["weights_sha256"].as_str().unwrap_or_default().to_string(), s["test_loss"].as_f64().unwrap_or(f64::NAN));
-    check("gpt", got, ("52e9d536768852d38f1ef017529688e459f18376d7a8d5462a0a3a8d6ea6839a", 3.1222606690134853));
+    check("gpt", got, ("4244974f1b1545549fa93ff460a07a18774016629e77e74ac926f12334a68a2f", 3.1168820119152465));
 }

@@ -54,6 +54,19 @@ impl LabelKind {
     }
 }
 
+/// How the training pipeline shuffles a split whole (`Shuffle::Full`) each data-epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WholeShuffle {
+    /// Fisher–Yates over a list of every index: a uniform permutation, 8 bytes per example.
+    /// Sources of examples (images, table rows) keep it: their examples cost far more than 8
+    /// bytes each, and their runs' results stay as they were.
+    FisherYates,
+    /// A seeded bijection evaluated per position ([`Bijection`](super::bijection::Bijection)):
+    /// a few words whatever the count. Token windows take it: one window per token, so a list
+    /// would cost 8 bytes per token, more than the tokens themselves.
+    Bijection,
+}
+
 /// One split of a source, read by example index. Sources held in memory validate their data
 /// when loaded, so reading an example in range cannot fail for them; sources that decode
 /// lazily (image folders) find a bad file only when they read it, and say so as an error.
@@ -88,6 +101,11 @@ pub trait Examples: Send + Sync + fmt::Debug {
     /// Loss terms (rows of labels) per example: a sequence's positions; 1 by default.
     fn rows_per_example(&self) -> usize {
         1
+    }
+
+    /// How the pipeline shuffles this split whole: Fisher–Yates by default.
+    fn whole_shuffle(&self) -> WholeShuffle {
+        WholeShuffle::FisherYates
     }
 
     /// A split read only in order (TFRecord files, Parquet row groups) gives its stream here,
@@ -175,6 +193,11 @@ impl Split {
     /// Loss terms per example: a sequence's positions, else 1.
     pub fn rows_per_example(&self) -> usize {
         self.examples.rows_per_example()
+    }
+
+    /// How the pipeline shuffles this split whole (see [`Examples::whole_shuffle`]).
+    pub fn whole_shuffle(&self) -> WholeShuffle {
+        self.examples.whole_shuffle()
     }
 
     /// Appends examples `indices` to `batch` (see [`Examples::append_many`]).

@@ -19,6 +19,7 @@
 //! ```
 
 mod arrays;
+mod bijection;
 mod dirs;
 pub mod download;
 mod error;
@@ -36,7 +37,7 @@ pub mod windows;
 pub use dirs::DataDirs;
 pub use download::{Checksum, Fetcher, RemoteFile};
 pub use error::{DataError, FileFailure, Position, UnknownName};
-pub use examples::{Examples, LabelKind, Split};
+pub use examples::{Examples, LabelKind, Split, WholeShuffle};
 pub use pipeline::{Batch, Cursor, EvalBatches, Pipeline, PipelineOptions, Shuffle};
 pub use preprocess::{Normalization, Preprocessing, PreprocessingConfig};
 pub use shard::Shard;

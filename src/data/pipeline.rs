@@ -6,8 +6,14 @@
 //! order of data-epoch `e` comes from a random stream keyed by `(seed, e)`, so any epoch can be
 //! computed without replaying earlier ones, and a run resumed from a checkpoint's cursor sees
 //! exactly the batches it would have seen. Batches never span data-epochs.
+//!
+//! A whole-set shuffle lists a Fisher–Yates permutation of a split of examples, and computes
+//! each position of a split of token windows from a seeded bijection ([`WholeShuffle`]): one
+//! window per token would make the list the largest thing in memory.
 
+use super::bijection::Bijection;
 use super::error::DataError;
+use super::examples::WholeShuffle;
 use super::streamed::{self, Streamed};
 use super::{Dataset, Shard, Split};
 use rand_chacha::ChaCha8Rng;
@@ -124,16 +130,19 @@ pub(super) struct BatchSchedule {
     pub(super) shuffle: Shuffle,
     global_batch: usize,
     drop_remainder: bool,
+    /// How `Shuffle::Full` is made for this split.
+    whole: WholeShuffle,
 }
 
 impl BatchSchedule {
-    fn new(examples: usize, options: &PipelineOptions) -> Self {
+    fn new(examples: usize, options: &PipelineOptions, whole: WholeShuffle) -> Self {
         Self {
             examples,
             seed: options.seed,
             shuffle: options.shuffle,
             global_batch: options.global_batch.get(),
             drop_remainder: options.drop_remainder,
+            whole,
         }
     }
 
@@ -159,20 +168,43 @@ impl BatchSchedule {
     }
 
     /// The order of the training examples in data-epoch `epoch`.
-    fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+    fn epoch_order(&self, epoch: u64) -> EpochOrder {
         let n = self.examples;
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ SHUFFLE_DOMAIN);
         rng.set_stream(epoch);
-        match self.shuffle {
-            Shuffle::Off => (0..n).collect(),
-            Shuffle::Full => {
+        match (self.shuffle, self.whole) {
+            (Shuffle::Off, _) => EpochOrder::Identity,
+            (Shuffle::Full, WholeShuffle::FisherYates) => {
                 let mut order: Vec<usize> = (0..n).collect();
                 for i in (1..n).rev() {
                     order.swap(i, below(&mut rng, i + 1));
                 }
-                order
+                EpochOrder::Listed(order)
             }
-            Shuffle::Buffer(size) => buffer_shuffle(n, size.get(), &mut rng),
+            (Shuffle::Full, WholeShuffle::Bijection) => EpochOrder::Computed(Bijection::new(n, &mut rng)),
+            (Shuffle::Buffer(size), _) => EpochOrder::Listed(buffer_shuffle(n, size.get(), &mut rng)),
+        }
+    }
+}
+
+/// The examples of one data-epoch, by position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum EpochOrder {
+    /// Position `p` holds example `p` (no shuffle).
+    Identity,
+    /// Every position's example, listed (Fisher–Yates, or a shuffle buffer's output).
+    Listed(Vec<usize>),
+    /// Computed per position (token windows shuffled whole).
+    Computed(Bijection),
+}
+
+impl EpochOrder {
+    /// The example at position `p` of the epoch.
+    fn at(&self, p: usize) -> usize {
+        match self {
+            EpochOrder::Identity => p,
+            EpochOrder::Listed(order) => order[p],
+            EpochOrder::Computed(bijection) => bijection.at(p),
         }
     }
 }
@@ -271,7 +303,7 @@ impl Pipeline {
         if start.offset > examples {
             return Err(DataError::BadCursor { offset: start.offset, examples });
         }
-        let schedule = BatchSchedule::new(examples, options);
+        let schedule = BatchSchedule::new(examples, options, data.train.whole_shuffle());
         let cursor = schedule.normalize(start);
         let (send, batches) = mpsc::sync_channel(options.prefetch);
         let (recycle, recycled) = mpsc::channel();
@@ -341,9 +373,8 @@ fn produce(
             order = schedule.epoch_order(epoch);
         }
         let range = schedule.batch_at(cursor);
-        let global = &order[range];
         let mut batch = recycled.try_recv().unwrap_or_default();
-        let filled = fill(&mut batch, split, Some(epoch), global.len(), shard, |p| global[p]);
+        let filled = fill(&mut batch, split, Some(epoch), range.len(), shard, |p| order.at(range.start + p));
         let failed = filled.is_err();
         if send.send(filled.map(|()| batch)).is_err() || failed {
             return;

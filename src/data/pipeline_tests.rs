@@ -20,9 +20,29 @@ fn dataset(n: usize) -> Arc<Dataset> {
     })
 }
 
+/// `n` token windows of one token each, over the tokens `0..=n`: window `i` reads token `i`
+/// and predicts `i + 1`. Shuffled whole by the bijection, not Fisher–Yates.
+fn windows(n: usize) -> Arc<Dataset> {
+    use crate::data::windows::{Tokens, Windows};
+    let tokens = Tokens::Owned((0..=n as u32).collect());
+    Arc::new(Dataset {
+        train: Split::of(Windows::new(vec![tokens], 1, 1)),
+        test: None,
+        labels: crate::data::LabelKind::Sequence { classes: n as u32 + 1, len: 1 },
+        vocabulary: None,
+        classes: None,
+    })
+}
+
+/// The example indices of a batch of [`dataset`] or of [`windows`].
 fn indices(batch: &Batch) -> Vec<usize> {
-    assert_eq!(batch.x.len(), batch.n * 2);
     assert_eq!(batch.y.len(), batch.n);
+    if batch.x.len() == batch.n {
+        let ids: Vec<usize> = batch.x.iter().map(|&t| t as usize).collect();
+        assert!(ids.iter().zip(&batch.y).all(|(&i, &y)| y as usize == i + 1), "a window's label is its next token");
+        return ids;
+    }
+    assert_eq!(batch.x.len(), batch.n * 2);
     let ids: Vec<usize> =
         batch.x.chunks(2).map(|p| (p[0] * 255.0).round() as usize + 256 * (p[1] * 255.0).round() as usize).collect();
     for (&i, &y) in ids.iter().zip(&batch.y) {
@@ -58,10 +78,18 @@ fn buf(b: usize) -> Shuffle {
     Shuffle::Buffer(NonZeroUsize::new(b).unwrap())
 }
 
+/// The first `n` positions of an epoch's order.
+fn listed(order: &EpochOrder, n: usize) -> Vec<usize> {
+    (0..n).map(|p| order.at(p)).collect()
+}
+
+fn schedule(n: usize, opts: &PipelineOptions) -> BatchSchedule {
+    BatchSchedule::new(n, opts, WholeShuffle::FisherYates)
+}
+
 #[test]
 fn same_seed_same_batches_other_seed_other_batches() {
-    let data = dataset(100);
-    for shuffle in [Shuffle::Full, buf(10)] {
+    for (data, shuffle) in [(dataset(100), Shuffle::Full), (dataset(100), buf(10)), (windows(100), Shuffle::Full)] {
         let a = take(&data, &options(1, shuffle, 8, true), Cursor::default(), 40);
         assert_eq!(a, take(&data, &options(1, shuffle, 8, true), Cursor::default(), 40));
         assert_ne!(a, take(&data, &options(2, shuffle, 8, true), Cursor::default(), 40));
@@ -72,18 +100,43 @@ fn same_seed_same_batches_other_seed_other_batches() {
 
 #[test]
 fn every_epoch_covers_every_example_once() {
-    let data = dataset(103);
-    for shuffle in [Shuffle::Off, Shuffle::Full, buf(1), buf(17), buf(500)] {
-        let opts = options(9, shuffle, 10, false);
-        let batches = take(&data, &opts, Cursor::default(), 11 * 3);
-        for epoch in batches.chunks(11) {
-            let mut seen: Vec<usize> = epoch.concat();
-            seen.sort_unstable();
-            assert_eq!(seen, (0..103).collect::<Vec<_>>(), "{shuffle:?}");
+    for data in [dataset(103), windows(103)] {
+        for shuffle in [Shuffle::Off, Shuffle::Full, buf(1), buf(17), buf(500)] {
+            let opts = options(9, shuffle, 10, false);
+            let batches = take(&data, &opts, Cursor::default(), 11 * 3);
+            for epoch in batches.chunks(11) {
+                let mut seen: Vec<usize> = epoch.concat();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..103).collect::<Vec<_>>(), "{shuffle:?}");
+            }
+            // Each epoch is reshuffled.
+            assert_eq!(shuffle == Shuffle::Off || shuffle == buf(1), batches[0] == batches[11], "{shuffle:?}");
         }
+        let off = take(&data, &options(9, Shuffle::Off, 10, false), Cursor::default(), 1);
+        assert_eq!(off[0], (0..10).collect::<Vec<_>>());
     }
-    let off = take(&data, &options(9, Shuffle::Off, 10, false), Cursor::default(), 1);
-    assert_eq!(off[0], (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn windows_are_shuffled_whole_by_the_bijection_and_examples_by_fisher_yates() {
+    let opts = options(4, Shuffle::Full, 10, false);
+    for epoch in 0..3 {
+        let mut rng = ChaCha8Rng::seed_from_u64(4 ^ SHUFFLE_DOMAIN);
+        rng.set_stream(epoch);
+        let bijection = Bijection::new(50, &mut rng);
+        let windowed = BatchSchedule::new(50, &opts, WholeShuffle::Bijection).epoch_order(epoch);
+        assert_eq!(windowed, EpochOrder::Computed(bijection));
+        assert!(matches!(schedule(50, &opts).epoch_order(epoch), EpochOrder::Listed(_)));
+    }
+    // Off and a buffer are the same for both.
+    for shuffle in [Shuffle::Off, buf(7)] {
+        let opts = options(4, shuffle, 10, false);
+        let windowed = BatchSchedule::new(50, &opts, WholeShuffle::Bijection).epoch_order(2);
+        assert_eq!(listed(&windowed, 50), listed(&schedule(50, &opts).epoch_order(2), 50), "{shuffle:?}");
+    }
+    let first = |data| take(&data, &options(4, Shuffle::Full, 10, false), Cursor::default(), 1).concat();
+    assert_eq!(first(windows(50)), listed(&BatchSchedule::new(50, &opts, WholeShuffle::Bijection).epoch_order(0), 10));
+    assert_eq!(first(dataset(50)), listed(&schedule(50, &opts).epoch_order(0), 10));
 }
 
 /// The shuffle buffer as `tf.data` describes it, written as a lazy stream over its input.
@@ -119,7 +172,7 @@ fn shuffle_buffer_matches_the_reference() {
     for (n, b) in [(1, 1), (10, 1), (10, 3), (50, 7), (50, 50), (50, 80), (1000, 64)] {
         for epoch in 0..3 {
             let opts = options(5, buf(b), 1, false);
-            let ours = BatchSchedule::new(n, &opts).epoch_order(epoch);
+            let ours = listed(&schedule(n, &opts).epoch_order(epoch), n);
             let mut rng = ChaCha8Rng::seed_from_u64(5 ^ SHUFFLE_DOMAIN);
             rng.set_stream(epoch);
             let mut input = 0..n;
@@ -132,17 +185,17 @@ fn shuffle_buffer_matches_the_reference() {
             }
         }
     }
-    let identity = BatchSchedule::new(20, &options(5, buf(1), 1, false)).epoch_order(3);
-    assert_eq!(identity, (0..20).collect::<Vec<_>>());
+    let identity = schedule(20, &options(5, buf(1), 1, false)).epoch_order(3);
+    assert_eq!(listed(&identity, 20), (0..20).collect::<Vec<_>>());
 }
 
 #[test]
 fn full_shuffle_is_roughly_uniform() {
     // Where example 0 lands over many epochs: each of 8 positions about 1/8 of the time.
-    let schedule = BatchSchedule::new(8, &options(3, Shuffle::Full, 1, false));
+    let schedule = schedule(8, &options(3, Shuffle::Full, 1, false));
     let mut counts = [0u32; 8];
     for epoch in 0..8000 {
-        let order = schedule.epoch_order(epoch);
+        let order = listed(&schedule.epoch_order(epoch), 8);
         counts[order.iter().position(|&i| i == 0).unwrap()] += 1;
     }
     assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{counts:?}");
@@ -150,8 +203,10 @@ fn full_shuffle_is_roughly_uniform() {
 
 #[test]
 fn resume_from_any_cursor_continues_exactly() {
-    let data = dataset(50);
-    for (shuffle, drop_remainder) in [(Shuffle::Full, true), (buf(6), false), (Shuffle::Off, false)] {
+    let cases = [(Shuffle::Full, true), (buf(6), false), (Shuffle::Off, false), (Shuffle::Full, false)];
+    for (data, (shuffle, drop_remainder)) in
+        [dataset(50), windows(50)].into_iter().flat_map(|d| cases.map(|c| (d.clone(), c)))
+    {
         let opts = options(11, shuffle, 8, drop_remainder);
         let whole = take(&data, &opts, Cursor::default(), 30);
         let mut p = Pipeline::new(data.clone(), &opts, Cursor::default()).unwrap();
@@ -206,8 +261,7 @@ fn drop_remainder_both_ways() {
 
 #[test]
 fn shards_union_to_the_global_batch_in_order() {
-    let data = dataset(10);
-    for shuffle in [Shuffle::Full, buf(3)] {
+    for (data, shuffle) in [(dataset(10), Shuffle::Full), (dataset(10), buf(3)), (windows(10), Shuffle::Full)] {
         for drop_remainder in [false, true] {
             let global = take(&data, &options(8, shuffle, 4, drop_remainder), Cursor::default(), 9);
             for count in 1..=4 {

@@ -5,12 +5,13 @@
 //!
 //! Training windows start at every token (stride 1), so the pipeline's shuffle makes each
 //! data-epoch visit every window once in a random order that is a pure function of the seed and
-//! the cursor: batches are random windows, deterministic from the seed and step, sharded like any
+//! the cursor, computed per position by a seeded bijection rather than listed (a list would
+//! cost 8 bytes per token): batches are random windows, deterministic from the seed and step, sharded like any
 //! other examples and resumed exactly. Validation windows do not overlap (stride `block_size`),
 //! so evaluation predicts almost every token once. Windows never straddle two files.
 
 use super::error::DataError;
-use super::examples::Examples;
+use super::examples::{Examples, WholeShuffle};
 use super::pipeline::Batch;
 use memmap2::Mmap;
 
@@ -142,6 +143,11 @@ impl Examples for Windows {
 
     fn rows_per_example(&self) -> usize {
         self.block
+    }
+
+    /// One window per token: a listed order would outweigh the tokens.
+    fn whole_shuffle(&self) -> WholeShuffle {
+        WholeShuffle::Bijection
     }
 }
 

@@ -3,7 +3,7 @@
 //! read, in parallel over the batch.
 
 use super::super::error::DataError;
-use super::super::examples::{Examples, Split, StreamSplit};
+use super::super::examples::{Examples, Split, StreamSplit, WholeShuffle};
 use super::super::pipeline::Batch;
 use super::Crop;
 use super::transform::{Steps, centre, place};
@@ -52,6 +52,10 @@ impl Examples for Subset {
 
     fn rows_per_example(&self) -> usize {
         self.inner.rows_per_example()
+    }
+
+    fn whole_shuffle(&self) -> WholeShuffle {
+        self.inner.whole_shuffle()
     }
 }
 
@@ -158,6 +162,10 @@ impl Examples for Preprocessed {
 
     fn rows_per_example(&self) -> usize {
         self.inner.rows_per_example()
+    }
+
+    fn whole_shuffle(&self) -> WholeShuffle {
+        self.inner.whole_shuffle()
     }
 
     /// The training pipeline streams the source's records and hands each batch here.

@@ -52,11 +52,17 @@ pub enum TokenDtype {
 }
 
 impl TokenDtype {
-    fn bytes(self) -> usize {
+    /// Bytes per id.
+    pub(crate) fn bytes(self) -> usize {
         match self {
             TokenDtype::U16 => 2,
             TokenDtype::U32 => 4,
         }
+    }
+
+    /// The narrowest width that holds every id of a vocabulary of `size` ids.
+    pub(crate) fn holding(size: u32) -> Self {
+        if size <= 1 << 16 { TokenDtype::U16 } else { TokenDtype::U32 }
     }
 }
 

@@ -4,10 +4,14 @@
 //! memory-mapped by every later run, `check` and worker on the host.
 //!
 //! A cache file is named by a SHA-256 of what its ids depend on ([`CacheKey`]: how the source
-//! reads documents, the tokenizer's identity, the end-of-text ids, and the file's canonical
-//! path, size and modification time) and repeats that digest in its header, with the token count
-//! and a CRC-32C of the ids. A file whose header, digest, length or checksum disagrees (truncated,
-//! overwritten, from another tokenizer) is rebuilt, never trusted.
+//! reads documents, the tokenizer's identity, the end-of-text ids, the width the ids are
+//! stored at, and the file's canonical path, size and modification time) and repeats that digest
+//! in its header, with the format's version, the width, the token count and a CRC-32C of the
+//! ids. A file whose header, version, digest, length or checksum disagrees (truncated,
+//! overwritten, from another tokenizer or an older trainrun) is rebuilt, never trusted.
+//!
+//! Ids are stored as `u16` when the vocabulary fits (`char`, `byte`, GPT-2's 50,257), else as
+//! `u32` ([`TokenDtype::holding`]): half the disk, and half the pages a run touches.
 //!
 //! The ids are written as they are made, batch by batch, and a cache file's checksum is read
 //! through a buffer rather than the mapping, so neither building nor checking one holds a
@@ -19,6 +23,7 @@
 //! no file or a whole one. A data folder that cannot be written is not an error: the ids are
 //! kept in memory and a warning says every run tokenizes again.
 
+use crate::data::TokenDtype;
 use crate::data::error::DataError;
 use crate::data::windows::Tokens;
 use memmap2::{Mmap, MmapOptions};
@@ -30,8 +35,9 @@ use std::path::{Path, PathBuf};
 /// The cache folder's name inside the data folder.
 pub const FOLDER: &str = ".trainrun-tokens";
 const MAGIC: &[u8; 8] = b"TRTOKENS";
-const VERSION: u32 = 1;
-/// Magic, version, reserved, token count, CRC-32C, reserved, digest: the ids follow.
+/// 2: ids as `u16` or `u32`, the width in the header (1 stored every id as `u32`).
+const VERSION: u32 = 2;
+/// Magic, version, bytes per id, token count, CRC-32C, reserved, digest: the ids follow.
 const HEADER: usize = 8 + 4 + 4 + 8 + 4 + 4 + 32;
 
 /// What a cached file's ids depend on.
@@ -42,6 +48,8 @@ pub struct CacheKey<'a> {
     pub tokenizer: &'a str,
     /// The ids put after every document.
     pub end_of_text: &'a [u32],
+    /// The width the ids are stored at (from the vocabulary's size).
+    pub dtype: TokenDtype,
     /// The file read.
     pub file: &'a Path,
 }
@@ -55,7 +63,7 @@ impl CacheKey<'_> {
         let mut h = Sha256::new();
         h.update(format!("trainrun token cache {VERSION}\0{}\0{}\0", self.reading, self.tokenizer));
         self.end_of_text.iter().for_each(|id| h.update(id.to_le_bytes()));
-        h.update(format!("\0{}\0{}\0{modified}", path.display(), meta.len()));
+        h.update(format!("\0{:?}\0{}\0{}\0{modified}", self.dtype, path.display(), meta.len()));
         Some(h.finalize().into())
     }
 }
@@ -95,7 +103,7 @@ pub fn tokens(dir: &Path, key: &CacheKey<'_>, tokenize: impl Tokenize) -> Result
     let Some(digest) = key.digest() else { return Ok((Tokens::Owned(in_memory(tokenize)?), Cached::InMemory)) };
     let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
     let path = dir.join(format!("{name}.tokens"));
-    if let Some(tokens) = open_valid(&path, &digest) {
+    if let Some(tokens) = open_valid(&path, &digest, key.dtype) {
         return Ok((tokens, Cached::Reused(path)));
     }
     let lock = std::fs::create_dir_all(dir).and_then(|()| {
@@ -108,12 +116,12 @@ pub fn tokens(dir: &Path, key: &CacheKey<'_>, tokenize: impl Tokenize) -> Result
         Err(e) => return Ok((Tokens::Owned(unwritable(dir, &e, tokenize)?), Cached::InMemory)),
     };
     // Another task may have built it while this one waited for the lock.
-    if let Some(tokens) = open_valid(&path, &digest) {
+    if let Some(tokens) = open_valid(&path, &digest, key.dtype) {
         return Ok((tokens, Cached::Reused(path)));
     }
-    let written = write(&path, &digest, &tokenize)?;
+    let written = write(&path, &digest, key.dtype, &tokenize)?;
     drop(lock);
-    match written.ok().and_then(|()| open_valid(&path, &digest)) {
+    match written.ok().and_then(|()| open_valid(&path, &digest, key.dtype)) {
         Some(tokens) => Ok((tokens, Cached::Built(path))),
         None => {
             // The ids were not kept while they were written: made again, in memory.
@@ -136,16 +144,18 @@ fn warn(dir: &Path, why: &str) {
     );
 }
 
-/// The ids of the cache file at `path` when its header, digest, length and checksum hold.
-fn open_valid(path: &Path, digest: &[u8; 32]) -> Option<Tokens> {
+/// The ids of the cache file at `path` when its header (version and width included), digest,
+/// length and checksum hold.
+fn open_valid(path: &Path, digest: &[u8; 32], dtype: TokenDtype) -> Option<Tokens> {
     let mut file = File::open(path).ok()?;
     let mut header = [0u8; HEADER];
     file.read_exact(&mut header).ok()?;
     let word = |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
     let count = u64::from_le_bytes(header[16..24].try_into().ok()?);
-    let bytes = count.checked_mul(4)?;
+    let bytes = count.checked_mul(dtype.bytes() as u64)?;
     let whole = file.metadata().ok()?.len() == HEADER as u64 + bytes;
-    if &header[..8] != MAGIC || word(8) != VERSION || &header[32..] != digest || !whole {
+    let width = word(12) == dtype.bytes() as u32;
+    if &header[..8] != MAGIC || word(8) != VERSION || !width || &header[32..] != digest || !whole {
         return None;
     }
     if count == 0 {
@@ -165,15 +175,24 @@ fn open_valid(path: &Path, digest: &[u8; 32]) -> Option<Tokens> {
     // SAFETY: cache files are only ever replaced by rename, never written in place, so the
     // mapped inode does not change under the run.
     let map: Mmap = unsafe { MmapOptions::new().offset(HEADER as u64).len(bytes as usize).map(&file) }.ok()?;
-    Some(Tokens::U32(map))
+    Some(match dtype {
+        TokenDtype::U16 => Tokens::U16(map),
+        TokenDtype::U32 => Tokens::U32(map),
+    })
 }
 
 /// Bytes of a cache file read at a time to check it.
 const CHECK_BUFFER: usize = 1 << 20;
 
-/// Writes the ids `tokenize` makes, as it makes them, to a temporary file beside `path`, and
-/// renames it there. The outer error is `tokenize`'s (bad data); the inner one the file's.
-fn write(path: &Path, digest: &[u8; 32], tokenize: &impl Tokenize) -> Result<std::io::Result<()>, DataError> {
+/// Writes the ids `tokenize` makes, as it makes them, at `dtype`'s width, to a temporary file
+/// beside `path`, and renames it there. The outer error is `tokenize`'s (bad data); the inner
+/// one the file's (an id too wide for `dtype` is one, so it is never cut short).
+fn write(
+    path: &Path,
+    digest: &[u8; 32],
+    dtype: TokenDtype,
+    tokenize: &impl Tokenize,
+) -> Result<std::io::Result<()>, DataError> {
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
     let mut file = match File::create(&temporary) {
         Ok(file) => BufWriter::new(file),
@@ -186,7 +205,10 @@ fn write(path: &Path, digest: &[u8; 32], tokenize: &impl Tokenize) -> Result<std
             return;
         }
         bytes.clear();
-        ids.iter().for_each(|id| bytes.extend_from_slice(&id.to_le_bytes()));
+        if let Err(e) = encode(ids, dtype, &mut bytes) {
+            failed = Some(e);
+            return;
+        }
         (count, crc) = (count + ids.len() as u64, crc32c::crc32c_append(crc, &bytes));
         failed = file.write_all(&bytes).err();
     });
@@ -196,20 +218,35 @@ fn write(path: &Path, digest: &[u8; 32], tokenize: &impl Tokenize) -> Result<std
             return Err(e);
         }
         (Ok(()), Some(e)) => Err(e),
-        (Ok(()), None) => finish(file, digest, count, crc),
+        (Ok(()), None) => finish(file, digest, dtype, count, crc),
     };
     Ok(finished.and_then(|()| std::fs::rename(&temporary, path)).inspect_err(|_| {
         let _ = std::fs::remove_file(&temporary);
     }))
 }
 
+/// Appends `ids` to `bytes`, little-endian at `dtype`'s width.
+fn encode(ids: &[u32], dtype: TokenDtype, bytes: &mut Vec<u8>) -> std::io::Result<()> {
+    match dtype {
+        TokenDtype::U32 => ids.iter().for_each(|id| bytes.extend_from_slice(&id.to_le_bytes())),
+        TokenDtype::U16 => {
+            for &id in ids {
+                let narrow = u16::try_from(id)
+                    .map_err(|_| std::io::Error::other(format!("token id {id} does not fit the cache's u16 ids")))?;
+                bytes.extend_from_slice(&narrow.to_le_bytes());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Writes the header over the placeholder at the start of `file` and syncs it.
-fn finish(file: BufWriter<File>, digest: &[u8; 32], count: u64, crc: u32) -> std::io::Result<()> {
+fn finish(file: BufWriter<File>, digest: &[u8; 32], dtype: TokenDtype, count: u64, crc: u32) -> std::io::Result<()> {
     let mut file = file.into_inner().map_err(std::io::IntoInnerError::into_error)?;
     let mut header = Vec::with_capacity(HEADER);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&VERSION.to_le_bytes());
-    header.extend_from_slice(&[0; 4]);
+    header.extend_from_slice(&(dtype.bytes() as u32).to_le_bytes());
     header.extend_from_slice(&count.to_le_bytes());
     header.extend_from_slice(&crc.to_le_bytes());
     header.extend_from_slice(&[0; 4]);
@@ -224,11 +261,18 @@ mod tests {
     use super::*;
 
     fn key<'a>(file: &'a Path, tokenizer: &'a str) -> CacheKey<'a> {
-        CacheKey { reading: "text", tokenizer, end_of_text: &[7], file }
+        CacheKey { reading: "text", tokenizer, end_of_text: &[7], dtype: TokenDtype::U16, file }
     }
 
     fn ids(tokens: &Tokens) -> Vec<u32> {
         (0..tokens.len()).map(|i| tokens.get(i)).collect()
+    }
+
+    fn build(ids: Vec<u32>) -> impl Tokenize {
+        move |sink: &mut dyn FnMut(&[u32])| {
+            sink(&ids);
+            Ok::<(), DataError>(())
+        }
     }
 
     #[test]
@@ -236,16 +280,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (data, cache) = (dir.path().join("a.txt"), dir.path().join(FOLDER));
         std::fs::write(&data, "abc").unwrap();
-        let build = |n: u32| {
-            move |sink: &mut dyn FnMut(&[u32])| {
-                sink(&(0..n).collect::<Vec<u32>>());
-                Ok(())
-            }
-        };
-        let (tokens, how) = tokens(&cache, &key(&data, "gpt2"), build(5)).unwrap();
+        let five = || build((0..5).collect());
+        let (tokens, how) = tokens(&cache, &key(&data, "gpt2"), five()).unwrap();
         let Cached::Built(file) = how else { panic!("{how:?}") };
         assert_eq!(ids(&tokens), [0, 1, 2, 3, 4]);
-        assert!(matches!(tokens, Tokens::U32(_)), "mapped, not copied");
+        assert!(matches!(tokens, Tokens::U16(_)), "mapped, not copied");
         let again =
             super::tokens(&cache, &key(&data, "gpt2"), |_: &mut dyn FnMut(&[u32])| panic!("reused, not rebuilt"))
                 .unwrap();
@@ -253,23 +292,81 @@ mod tests {
 
         // Truncated: rebuilt.
         let whole = std::fs::read(&file).unwrap();
-        std::fs::write(&file, &whole[..whole.len() - 4]).unwrap();
-        assert_eq!(super::tokens(&cache, &key(&data, "gpt2"), build(5)).unwrap().1, Cached::Built(file.clone()));
+        std::fs::write(&file, &whole[..whole.len() - 2]).unwrap();
+        assert_eq!(super::tokens(&cache, &key(&data, "gpt2"), five()).unwrap().1, Cached::Built(file.clone()));
         // A flipped id: the checksum fails, rebuilt.
         let mut flipped = whole.clone();
         flipped[HEADER] ^= 1;
         std::fs::write(&file, &flipped).unwrap();
-        assert_eq!(super::tokens(&cache, &key(&data, "gpt2"), build(5)).unwrap().1, Cached::Built(file.clone()));
+        assert_eq!(super::tokens(&cache, &key(&data, "gpt2"), five()).unwrap().1, Cached::Built(file.clone()));
         // Another tokenizer's file in its place: the digest differs, rebuilt.
-        let (_, other) = super::tokens(&cache, &key(&data, "cl100k_base"), build(3)).unwrap();
+        let (_, other) = super::tokens(&cache, &key(&data, "cl100k_base"), build(vec![0, 1, 2])).unwrap();
         let Cached::Built(other) = other else { panic!("{other:?}") };
         assert_ne!(other, file);
         std::fs::copy(&other, &file).unwrap();
-        let (rebuilt, how) = super::tokens(&cache, &key(&data, "gpt2"), build(5)).unwrap();
+        let (rebuilt, how) = super::tokens(&cache, &key(&data, "gpt2"), five()).unwrap();
         assert_eq!((ids(&rebuilt), how), (vec![0, 1, 2, 3, 4], Cached::Built(file)));
 
         // The data file changed (its size): a new key.
         std::fs::write(&data, "abcd").unwrap();
-        assert!(matches!(super::tokens(&cache, &key(&data, "gpt2"), build(2)).unwrap().1, Cached::Built(_)));
+        assert!(matches!(super::tokens(&cache, &key(&data, "gpt2"), build(vec![0, 1])).unwrap().1, Cached::Built(_)));
+    }
+
+    #[test]
+    fn ids_are_stored_two_bytes_wide_when_the_vocabulary_fits_else_four() {
+        assert_eq!(
+            [256, 50_257, 65_536, 65_537, 100_277].map(TokenDtype::holding),
+            [TokenDtype::U16, TokenDtype::U16, TokenDtype::U16, TokenDtype::U32, TokenDtype::U32]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let (data, cache) = (dir.path().join("a.txt"), dir.path().join(FOLDER));
+        std::fs::write(&data, "abc").unwrap();
+        let narrow = vec![0, 50_256, 65_535, 7];
+        let wide = vec![0, 65_536, 100_276, u32::MAX];
+        for (dtype, want) in [(TokenDtype::U16, &narrow), (TokenDtype::U32, &wide)] {
+            let key = CacheKey { dtype, ..key(&data, "some tokenizer") };
+            let (tokens, how) = tokens(&cache, &key, build(want.clone())).unwrap();
+            let Cached::Built(file) = how else { panic!("{how:?}") };
+            assert_eq!(std::fs::metadata(&file).unwrap().len(), (HEADER + want.len() * dtype.bytes()) as u64);
+            assert_eq!(ids(&tokens), *want);
+            let reused = super::tokens(&cache, &key, |_: &mut dyn FnMut(&[u32])| panic!("reused")).unwrap();
+            assert_eq!((ids(&reused.0), matches!(reused.1, Cached::Reused(_))), (want.clone(), true));
+            match dtype {
+                TokenDtype::U16 => assert!(matches!(reused.0, Tokens::U16(_))),
+                TokenDtype::U32 => assert!(matches!(reused.0, Tokens::U32(_))),
+            }
+        }
+        // An id too wide for u16 is never cut short: the ids stay in memory, whole.
+        let key = CacheKey { reading: "too wide", ..key(&data, "some tokenizer") };
+        let (tokens, how) = tokens(&cache, &key, build(wide.clone())).unwrap();
+        assert_eq!((ids(&tokens), how), (wide, Cached::InMemory));
+    }
+
+    #[test]
+    fn a_cache_file_of_another_version_or_width_is_rebuilt_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, cache) = (dir.path().join("a.txt"), dir.path().join(FOLDER));
+        std::fs::write(&data, "abc").unwrap();
+        let (_, how) = tokens(&cache, &key(&data, "gpt2"), build(vec![1, 2, 3, 4])).unwrap();
+        let Cached::Built(file) = how else { panic!("{how:?}") };
+        let whole = std::fs::read(&file).unwrap();
+        let patched = |at: usize, word: u32| {
+            let mut bytes = whole.clone();
+            bytes[at..at + 4].copy_from_slice(&word.to_le_bytes());
+            bytes
+        };
+        // Version 1 stored every id as u32, its width field reserved (0).
+        let ids32: Vec<u8> = [1u32, 2, 3, 4].iter().flat_map(|id| id.to_le_bytes()).collect();
+        let mut version_1 = patched(8, 1)[..HEADER].to_vec();
+        version_1[12..16].copy_from_slice(&[0; 4]);
+        version_1[24..28].copy_from_slice(&crc32c::crc32c(&ids32).to_le_bytes());
+        version_1.extend_from_slice(&ids32);
+        let cases = [("a version 1 file", version_1), ("version 1", patched(8, 1)), ("width 4", patched(12, 4))];
+        for (what, bytes) in cases {
+            std::fs::write(&file, &bytes).unwrap();
+            let (tokens, how) = tokens(&cache, &key(&data, "gpt2"), build(vec![1, 2, 3, 4])).unwrap();
+            assert_eq!((ids(&tokens), how), (vec![1, 2, 3, 4], Cached::Built(file.clone())), "{what}");
+            assert_eq!(std::fs::read(&file).unwrap(), whole, "{what}");
+        }
     }
 }

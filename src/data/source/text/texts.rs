@@ -10,7 +10,7 @@ use super::{DEFAULT_CHAR_END_OF_TEXT, Encoding, Tokenization, TokenizerJson, Voc
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{LabelKind, Split};
 use crate::data::windows::{Tokens, WindowSplit, Windows, count, require_windows};
-use crate::data::{DataFacts, Dataset};
+use crate::data::{DataFacts, Dataset, TokenDtype};
 use rayon::prelude::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -196,6 +196,7 @@ impl Texts {
             reading: &self.reading,
             tokenizer: &tokenizer,
             end_of_text: &self.end_of_text,
+            dtype: TokenDtype::holding(self.vocabulary.len()),
             file: &file.path,
         };
         cache::tokens(&self.cache, &key, tokenize)
