@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::sweep::{gpu_then_cpu, results};
+use common::sweep::{gpu_then_cpu, results, results_bytes};
 use common::{assert_exit, json, run, tempdir, text};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -372,8 +372,9 @@ fn halving(out: &Path, extra: &[&str]) -> std::process::Output {
 
 /// Successive halving: 3 trials train 1 epoch, the best goes on to 2 from its backup and ends
 /// bit-identical to its spec trained straight; the others keep their folders, marked stopped
-/// early at rung 1; the decisions are logged; the same sweep decides the same again; a rerun
-/// trains nothing.
+/// early at rung 1; the decisions are logged; the same synchronous sweep again (two trials at
+/// a time) decides the same and writes a byte-identical `results.csv`, its timings apart in
+/// `timings.csv`; a rerun trains nothing and rewrites the same bytes.
 #[test]
 fn successive_halving_promotes_the_best_which_resumes_exactly_and_stops_the_rest() {
     let (a, b) = (tempdir(), tempdir());
@@ -408,17 +409,26 @@ fn successive_halving_promotes_the_best_which_resumes_exactly_and_stops_the_rest
     assert_exit(&run(&[&spec, "-q", "--set", &o]), 0);
     assert_eq!(json(&straight.path().join("summary.json"))["weights_sha256"], summary["weights_sha256"]);
 
-    // The same sweep again decides the same and ranks the same.
+    // The same sweep again decides the same and writes the same bytes; only timings.csv,
+    // beside it, differs from run to run.
     assert_exit(&halving(b.path(), &["--parallel", "2"]), 0);
-    assert_eq!(results(a.path()), results(b.path()));
+    let bytes = results_bytes(a.path());
+    assert!(bytes == results_bytes(b.path()), "results.csv differs:\n{:?}\n{:?}", results(a.path()), results(b.path()));
     assert_eq!(std::fs::read_to_string(b.path().join("decisions.jsonl")).unwrap_or_default(), decisions);
+    let timings = std::fs::read_to_string(a.path().join("timings.csv")).unwrap_or_default();
+    let timings: Vec<Vec<&str>> = timings.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(timings[0], ["trial", "name", "status", "wall_s", "steady_examples_per_s"], "{timings:?}");
+    let mut named: Vec<(&str, &str)> = rows[1..].iter().map(|r| (r[1].as_str(), r[2].as_str())).collect();
+    named.sort();
+    assert_eq!(timings[1..].iter().map(|t| (t[0], t[1])).collect::<Vec<_>>(), named, "every trial, by number");
+    assert!(timings[1..].iter().all(|t| t[3].parse::<f64>().is_ok_and(|w| w > 0.0)), "{timings:?}");
 
     // Run again, it trains nothing.
     let again = halving(a.path(), &[]);
     assert_exit(&again, 0);
     let (stdout, _) = text(&again);
     assert!(stdout.contains("3 trials, 0 to train") && stdout.contains("1 trials, 0 to train"), "{stdout}");
-    assert_eq!(results(a.path()), results(b.path()));
+    assert!(results_bytes(a.path()) == bytes, "a rerun rewrites the same bytes: {:?}", results(a.path()));
 }
 
 /// A sweep driver killed (SIGKILL) during the first rung resumes there: a trial that finished

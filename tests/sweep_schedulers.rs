@@ -1,10 +1,11 @@
 //! The schedulers besides successive halving (which `tests/sweep.rs` covers), end to end on
 //! short real MNIST trials: Hyperband's brackets, the median stopping rule, rungs counted in
-//! steps; each sweep run twice decides the same and ranks the same, and bad input is named
-//! with its fix.
+//! steps; each sweep run twice decides the same and writes a byte-identical `results.csv`, and
+//! bad input is named with its fix.
 
 mod common;
 
+use common::sweep::results_bytes;
 use common::{assert_exit, json, run, tempdir, text};
 use serde_json::Value;
 use std::path::Path;
@@ -16,22 +17,11 @@ fn sweep(spec: &str, out: &Path, extra: &[&str]) -> std::process::Output {
     run(&args)
 }
 
-/// `results.csv` without its timing columns, and `decisions.jsonl` as lines of JSON.
-fn outcome(dir: &Path) -> (Vec<Vec<String>>, Vec<Value>) {
-    let text = std::fs::read_to_string(dir.join("results.csv")).unwrap_or_else(|e| panic!("results.csv: {e}"));
-    let rows: Vec<Vec<String>> = text.lines().map(|l| l.split(',').map(String::from).collect()).collect();
-    let timing: Vec<usize> = rows[0]
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| *h == "wall_s" || h.starts_with("steady_"))
-        .map(|(i, _)| i)
-        .collect();
-    let rows = rows
-        .into_iter()
-        .map(|r| r.into_iter().enumerate().filter(|(i, _)| !timing.contains(i)).map(|(_, c)| c).collect())
-        .collect();
+/// `results.csv` as its bytes and as cells, and `decisions.jsonl` as lines of JSON.
+fn outcome(dir: &Path) -> (Vec<u8>, Vec<Vec<String>>, Vec<Value>) {
+    let rows = common::sweep::results(dir);
     let decisions = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap_or_default();
-    (rows, decisions.lines().map(|l| serde_json::from_str(l).unwrap_or_default()).collect())
+    (results_bytes(dir), rows, decisions.lines().map(|l| serde_json::from_str(l).unwrap_or_default()).collect())
 }
 
 /// The `status` and `steps` cells of each row, by trial number.
@@ -53,7 +43,7 @@ fn hyperband_runs_its_brackets_and_decides_the_same_twice() {
     assert!(stdout.contains("bracket 1, rung 1 of 2: 1 epochs, 2 trials, 2 to train"), "{stdout}");
     assert!(stdout.contains("bracket 1, rung 2 of 2: 2 epochs, 1 trials, 1 to train"), "{stdout}");
     assert!(stdout.contains("bracket 0, rung 1 of 1: 2 epochs, 1 trials, 1 to train"), "{stdout}");
-    let (rows, decisions) = outcome(a.path());
+    let (_, rows, decisions) = outcome(a.path());
     let cells = status_and_steps(&rows);
     let stopped: Vec<&str> = cells.iter().filter(|c| c.1 == "stopped_early").map(|c| c.2.as_str()).collect();
     assert_eq!(stopped, ["20"], "one trial of bracket 1 stops after its first epoch: {cells:?}");
@@ -84,7 +74,7 @@ fn median_stopping_in_steps_stops_trials_below_the_median_and_decides_the_same_t
     assert_exit(&out, 0);
     let (stdout, _) = text(&out);
     assert!(stdout.contains("rung 1 of 3: 10 steps, 4 trials, 4 to train"), "{stdout}");
-    let (rows, decisions) = outcome(a.path());
+    let (_, rows, decisions) = outcome(a.path());
     assert_eq!(decisions.len(), 2, "{decisions:?}");
     for d in &decisions {
         for seen in d["seen"].as_array().into_iter().flatten() {
@@ -145,7 +135,7 @@ fn tpe_draws_each_trial_from_the_results_before_it_the_same_every_time() {
     assert_exit(&out, 0);
     let (stdout, _) = text(&out);
     assert_eq!(stdout.matches("drawn by TPE").count(), 2, "{stdout}");
-    let (rows, _) = outcome(a.path());
+    let (_, rows, _) = outcome(a.path());
     assert_eq!(rows.len(), 6, "{rows:?}");
     assert!(rows[1..].iter().all(|r| r[3] == "ok"), "{rows:?}");
     let record = json(&a.path().join("sweep.json"));

@@ -5,9 +5,10 @@
 //! driver writes.
 //!
 //! Indexes run at once on other machines, so an index writes only its own trial's folder (its
-//! files are written whole and renamed into place); `sweep.json` and `results.csv` are the
-//! collector's. A trial that ends without its summary leaves [`EXIT_FILE`] with its exit code,
-//! so the collector tells a failed trial from one still running or not started.
+//! files are written whole and renamed into place); `sweep.json`, `results.csv` and
+//! `timings.csv` are the collector's. A trial that ends without its summary leaves
+//! [`EXIT_FILE`] with its exit code, so the collector tells a failed trial from one still
+//! running or not started.
 //!
 //! A scheduler decides between trials rung by rung, from all their results: it needs the
 //! driver, so `--trial` refuses a sweep with one (`--collect` reads its folders all the same).
@@ -151,7 +152,7 @@ pub(super) fn collect(inv: &Invocation, sweep: &Sweep) -> Result<(), RunError> {
         );
         println!("\nranked by {} ({order}):", sweep.metric.as_str());
         print!("{}", results::table(&rows, sweep.metric.as_str()));
-        println!("wrote {}", sweep.dir.join("results.csv").display());
+        println!("wrote {} and timings.csv", sweep.dir.join("results.csv").display());
     }
     Ok(())
 }

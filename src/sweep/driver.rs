@@ -284,7 +284,7 @@ fn finish(
         let order = if sweep.higher_is_better { "higher is better" } else { "lower is better" };
         println!("\nranked by {} ({order}):", sweep.metric.as_str());
         print!("{}", results::table(&rows, sweep.metric.as_str()));
-        println!("wrote {}", sweep.dir.join("results.csv").display());
+        println!("wrote {} and timings.csv", sweep.dir.join("results.csv").display());
     }
     // The first failed trial's code, as the launcher does for tasks.
     match rows
@@ -519,10 +519,14 @@ pub(super) fn write(path: &Path, record: &SweepRecord) -> Result<(), RunError> {
     crate::train::run_dir::write_json(path, record).map_err(|e| RunError::Failure(e.to_string()))
 }
 
+/// Writes `results.csv` and, beside it, `timings.csv` (each whole, renamed into place).
 pub(super) fn write_results(dir: &Path, rows: &[Row]) -> Result<(), RunError> {
-    let path = dir.join("results.csv");
-    let tmp = dir.join("results.csv.tmp");
-    std::fs::write(&tmp, results::csv(rows))
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
+    for (name, text) in [("results.csv", results::csv(rows)), ("timings.csv", results::timings_csv(rows))] {
+        let path = dir.join(name);
+        let tmp = dir.join(format!("{name}.tmp"));
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! pure), validates every trial up front, and runs each as an ordinary run, a child process
 //! of this binary, in its own folder under the sweep folder (`run.out_dir`), skipping trials
 //! already complete ([`driver`]). It records the sweep in `sweep.json` and ranks the trials in
-//! `results.csv` ([`results`]). A cluster's job array runs one trial per index
+//! `results.csv`, their timings in `timings.csv` ([`results`]). A cluster's job array runs one trial per index
 //! (`--trial I`) into the shared sweep folder and `--collect` ranks what finished ([`array`]). A sweep selects on a validation metric ([`selection`]); with a
 //! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
 //! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]); under `asha` each free slot

@@ -1,6 +1,7 @@
 //! A sweep's results: `sweep.json` (what the sweep is: its trials, seeds and provenance), one
 //! row per trial read from the trial folders, ranked by the sweep's metric, as a text table
-//! and as `results.csv`.
+//! and as `results.csv`; the trials' timings, the only results that differ between identical
+//! sweeps, in `timings.csv` beside it, so `results.csv` depends on the spec and seeds alone.
 
 use super::selection::Evaluated;
 use crate::provenance::{Git, Host};
@@ -201,9 +202,9 @@ pub fn rank(mut rows: Vec<Row>, metric: &str, higher_is_better: bool) -> Vec<Row
     rows
 }
 
-/// Result columns of `results.csv`, after the trial's values and seed. Timings come last:
-/// they are the only columns that differ between identical runs.
-const RESULTS: [&str; 11] = [
+/// Result columns of `results.csv`, after the trial's values and seed: what the spec and the
+/// seeds decide, so the same sweep twice writes the same bytes.
+const RESULTS: [&str; 9] = [
     "test_accuracy",
     "test_loss",
     "train_accuracy",
@@ -213,9 +214,10 @@ const RESULTS: [&str; 11] = [
     "steps",
     "examples",
     "weights_sha256",
-    "wall_s",
-    "steady_examples_per_s",
 ];
+
+/// Result columns of `timings.csv`: how long trials took, which differs run to run.
+const TIMINGS: [&str; 2] = ["wall_s", "steady_examples_per_s"];
 
 /// The value keys of all rows, in order.
 fn keys(rows: &[Row]) -> Vec<String> {
@@ -258,6 +260,24 @@ pub fn csv(rows: &[Row]) -> String {
         }
         cells.push(row.trial.seed.to_string());
         for key in RESULTS {
+            cells.push(row.value(key).map(crate::spec::sweep::value_text).unwrap_or_default());
+        }
+        out.push_str(&line(&cells));
+    }
+    out
+}
+
+/// `timings.csv` of `rows`: one line per trial in trial order (trial, folder, status), then
+/// its timings (empty for a trial without a summary); numbers at full precision.
+pub fn timings_csv(rows: &[Row]) -> String {
+    let mut header: Vec<String> = ["trial", "name", "status"].map(String::from).to_vec();
+    header.extend(TIMINGS.map(String::from));
+    let mut out = line(&header);
+    let mut by_trial: Vec<&Row> = rows.iter().collect();
+    by_trial.sort_by_key(|r| r.trial.index);
+    for row in by_trial {
+        let mut cells = vec![row.trial.index.to_string(), row.trial.name.clone(), row.status.word().to_string()];
+        for key in TIMINGS {
             cells.push(row.value(key).map(crate::spec::sweep::value_text).unwrap_or_default());
         }
         out.push_str(&line(&cells));
@@ -364,8 +384,19 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("rank,trial,name,status,exit_code,optimizer.learning_rate,seed,test_accuracy"));
         assert!(lines[1].starts_with("1,1,trial-001-lr0.1,ok,0,0.1,101,0.5,0.5,"), "{}", lines[1]);
-        assert!(lines[1].contains(",\"ab,c\","), "{}", lines[1]);
+        assert!(lines[1].ends_with(",\"ab,c\""), "{}", lines[1]);
+        assert!(!lines[0].contains("wall_s") && !lines[0].contains("steady_"), "no timings: {}", lines[0]);
         assert!(lines[2].starts_with(",2,trial-002-lr0.2,failed,5,0.2,102,,"), "{}", lines[2]);
+    }
+
+    #[test]
+    fn timings_go_to_their_own_file_in_trial_order() {
+        let rows = rank(vec![row(1, Status::Ok, Some(0.5)), row(2, Status::Ok, Some(0.9))], "test_accuracy", true);
+        assert_eq!(rows[0].trial.index, 2, "ranked best first");
+        assert_eq!(
+            timings_csv(&rows),
+            "trial,name,status,wall_s,steady_examples_per_s\n1,trial-001-lr0.1,ok,2.5,\n2,trial-002-lr0.2,ok,2.5,\n"
+        );
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub(super) fn end(tracker: Option<Tracker>, sweep: &Sweep, result: &Result<(), R
         Err(RunError::Preempted(_) | RunError::Interrupted(_)) => RunEnd::Killed,
         Err(_) => RunEnd::Failed,
     };
-    let files: Vec<PathBuf> = ["sweep.json", "results.csv"].iter().map(|f| sweep.dir.join(f)).collect();
+    let files: Vec<PathBuf> = ["sweep.json", "results.csv", "timings.csv"].iter().map(|f| sweep.dir.join(f)).collect();
     let (exe, dir) = (exe.to_path_buf(), sweep.dir.clone());
     tracker.end(end, &files, Some(Box::new(move || report(&exe, &dir))));
 }
