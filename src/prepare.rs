@@ -72,16 +72,29 @@ pub fn flag(env: &[(String, String)], key: &str) -> bool {
 /// Loads and plans the spec, rendering every problem with its location. Under a sweep
 /// (`TRAINRUN_SWEEP_TRIAL`), the spec is that trial's.
 pub fn prepare(inv: &Invocation) -> Result<Prepared, RunError> {
-    match prepare_or_too_big(inv)? {
+    match prepared(inv, false)? {
         Ok(prepared) => Ok(prepared),
         Err(too_big) => Err(RunError::Unsupported(too_big.to_string())),
     }
 }
 
-/// As [`prepare`], but a model this machine cannot hold comes back as what it needs, for
-/// `trainrun check` to warn about (a spec is often checked on a smaller machine than it
+/// As [`prepare`], for `trainrun SPEC`, which trains: planned by [`plan_to_train`].
+pub fn prepare_to_train(inv: &Invocation) -> Result<Prepared, RunError> {
+    match prepared(inv, true)? {
+        Ok(prepared) => Ok(prepared),
+        Err(too_big) => Err(RunError::Unsupported(too_big.to_string())),
+    }
+}
+
+/// As [`prepare_to_train`], but a model this machine cannot hold comes back as what it needs,
+/// for `trainrun check` to warn about (a spec is often checked on a smaller machine than it
 /// runs on).
 pub fn prepare_or_too_big(inv: &Invocation) -> Result<Result<Prepared, Box<TooBig>>, RunError> {
+    prepared(inv, true)
+}
+
+/// Loads and plans `inv`'s spec, by [`plan_to_train`] when it `trains`.
+fn prepared(inv: &Invocation, trains: bool) -> Result<Result<Prepared, Box<TooBig>>, RunError> {
     let base = spec::load(&inv.spec, &inv.env, &inv.sets).map_err(|e| RunError::Spec(e.to_string()))?;
     let (loaded, trial) = match trial_from_env(&inv.env)? {
         Some(wanted) => {
@@ -90,7 +103,8 @@ pub fn prepare_or_too_big(inv: &Invocation) -> Result<Result<Prepared, Box<TooBi
         }
         None => (base, None),
     };
-    let plan = match plan(&loaded, inv) {
+    let planned = if trains { plan_to_train(&loaded, inv) } else { plan(&loaded, inv) };
+    let plan = match planned {
         Ok(planned) => planned,
         Err(Unplanned::Spec(diags)) => return Err(RunError::Spec(spec::render(&diags, &loaded.origins))),
         Err(Unplanned::Run(e)) => return Err(e),
@@ -125,6 +139,21 @@ pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<Plan, Unplanned> {
         PlanError::Spec(diags) => Unplanned::Spec(diags),
         PlanError::TooBig(too_big) => Unplanned::TooBig(too_big),
     })
+}
+
+/// As [`plan`], for a run that will train (and so be tracked): an `MLFLOW_TRACKING_URI` that
+/// names no server is refused with the spec's problems, so they come all at once. Commands
+/// that only read a run (`eval`, `predict`) never track, so the variable is not theirs to judge.
+pub fn plan_to_train(loaded: &Loaded, inv: &Invocation) -> Result<Plan, Unplanned> {
+    let planned = plan(loaded, inv);
+    match (crate::tracking::env_uri_problem(loaded.spec.run.tracking.as_ref(), &inv.env), planned) {
+        (None, planned) => planned,
+        (Some(problem), Err(Unplanned::Spec(mut diags))) => {
+            diags.push(problem);
+            Err(Unplanned::Spec(diags))
+        }
+        (Some(problem), _) => Err(Unplanned::Spec(vec![problem])),
+    }
 }
 
 /// Files the spec itself names (`[data.files]`) that do not exist are a spec error at their

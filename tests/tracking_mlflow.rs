@@ -2,7 +2,9 @@
 //! a local artifact folder, loopback, a free port), read back through MLflow's own Python
 //! client: params, metric history per step, tags, artifacts, status; a sweep's parent run and
 //! its children; an unreachable server (a warning, a normally trained run); a server killed
-//! mid-run (the run folder keeps everything, the end says what was not delivered).
+//! mid-run (the run folder keeps everything, the end says what was not delivered); a run
+//! killed outright (SIGKILL) ended `KILLED` by what next looks at its folder (its resumed
+//! launch, `trainrun sweep --collect`); an `MLFLOW_TRACKING_URI` that names no server refused.
 //!
 //! The Python with `mlflow` is `MLFLOW_TEST_PYTHON` (`.ci/run` makes a venv and sets
 //! it), else `python3`. Without it each test says so loudly and skips.
@@ -122,6 +124,8 @@ for r in runs:
         "run_id": rid,
         "name": r.info.run_name,
         "status": r.info.status,
+        "start_time": r.info.start_time,
+        "end_time": r.info.end_time,
         "params": r.data.params,
         "tags": r.data.tags,
         "metrics": {k: [[m.step, m.value] for m in c.get_metric_history(rid, k)] for k in r.data.metrics},
@@ -355,4 +359,170 @@ fn sigterm_ends_the_mlflow_run_killed_and_the_resumed_launch_finishes_the_same_r
     assert_eq!(again[0]["run_id"], runs[0]["run_id"]);
     assert_eq!(again[0]["status"], "FINISHED");
     assert_eq!(steps_of(&again[0]["metrics"]["epoch_loss"]), vec![600]);
+}
+
+/// The run of `runs` named `name`.
+fn named<'r>(runs: &'r [Value], name: &str) -> &'r Value {
+    runs.iter().find(|r| r["name"].as_str().is_some_and(|n| n.starts_with(name))).unwrap_or_else(|| {
+        panic!("no run named {name}*: {runs:#?}");
+    })
+}
+
+/// The `step` of the last `step` line of `metrics.jsonl` in `dir`, 0 before the first.
+fn logged_step(dir: &Path) -> u64 {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    let steps = text.lines().filter(|l| l.contains(r#""event":"step""#));
+    steps.filter_map(|l| serde_json::from_str::<Value>(l).ok()?["step"].as_u64()).max().unwrap_or(0)
+}
+
+#[test]
+fn a_sigkilled_run_is_ended_killed_by_its_resumed_launch_which_finishes_the_same_run() {
+    if !mlflow_available() {
+        return;
+    }
+    let server = Server::start();
+    let dir = tempdir();
+    let mut args = short_run(dir.path(), &server.uri, "sigkilled", 600);
+    args.extend(["--set".to_string(), "callbacks=[{ kind = \"backup_and_restore\", save_freq = 50 }]".to_string()]);
+    let mut child = spawn(&args);
+    // Once a backup is written whole (not `.partial`: it is written in the background), so the
+    // next launch resumes it.
+    let backed_up = |d: &Path| {
+        let entries = std::fs::read_dir(d.join("backup")).into_iter().flatten().flatten();
+        entries.map(|e| e.file_name().to_string_lossy().into_owned()).any(|n| !n.ends_with(".partial"))
+    };
+    let started = Instant::now();
+    while !backed_up(dir.path()) || logged_step(dir.path()) == 0 || !dir.path().join("mlflow.json").is_file() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
+        assert!(started.elapsed() < LIMIT, "no backup within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    let runs = read_back(&server.uri, "sigkilled");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["status"], "RUNNING", "a process killed outright cannot end its run");
+
+    let out = run_bounded(&args);
+    assert_exit(&out, 0);
+    let again = read_back(&server.uri, "sigkilled");
+    assert_eq!(again.len(), 1, "the resumed launch logs into the same run: {again:#?}");
+    let run = &again[0];
+    assert_eq!(run["run_id"], runs[0]["run_id"]);
+    assert_eq!(run["status"], "FINISHED");
+    let why = run["tags"]["trainrun.killed"].as_str().unwrap_or_default();
+    assert!(why.contains("killed outright") && why.contains("marked KILLED"), "{}", run["tags"]);
+    assert!(why.contains(&format!("a later launch in {}", dir.path().display())), "{why}");
+    assert!(why.contains("continues it"), "{why}");
+    assert_eq!(steps_of(&run["metrics"]["epoch_loss"]), vec![600]);
+}
+
+#[test]
+fn collect_ends_the_run_of_a_sigkilled_trial_killed_and_leaves_a_live_one_running() {
+    if !mlflow_available() {
+        return;
+    }
+    let server = Server::start();
+    let dir = tempdir();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = dir.path().join("sweep.toml");
+    let out_dir = dir.path().join("sweep");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"extends = "{base}"
+
+[run]
+name = "killed_trials"
+out_dir = "{out}"
+log_every_steps = 10
+tracking = {{ mlflow = "{uri}", experiment = "collected" }}
+
+[batch]
+global = 32
+
+[train]
+epochs = 1000
+steps_per_epoch = 20
+
+[sweep]
+metric = "test_accuracy"
+
+[sweep.grid]
+"optimizer.learning_rate" = [0.01, 0.05]
+"#,
+            base = root.join("specs/base/mnist_tutorial.toml").display(),
+            out = out_dir.display(),
+            uri = server.uri
+        ),
+    )
+    .unwrap();
+    // Each trial by hand, as a job-array index runs it: trainrun SPEC as trial n.
+    let trial = |n: &str| {
+        trainrun()
+            .args([spec.display().to_string().as_str(), "-q"])
+            .env("TRAINRUN_SWEEP_TRIAL", n)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (mut killed, mut live) = (trial("1"), trial("2"));
+    let folder = |prefix: &str| {
+        let entries = std::fs::read_dir(&out_dir).into_iter().flatten().flatten();
+        entries.map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix)))
+    };
+    let started = Instant::now();
+    let logging = |prefix: &str| folder(prefix).is_some_and(|d| d.join("mlflow.json").is_file() && logged_step(&d) > 0);
+    while !(logging("trial-001") && logging("trial-002")) {
+        assert!(killed.try_wait().unwrap().is_none() && live.try_wait().unwrap().is_none(), "a trial ended");
+        assert!(started.elapsed() < LIMIT, "the trials did not reach the server within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    killed.kill().unwrap();
+    let _ = killed.wait();
+    assert_eq!(named(&read_back(&server.uri, "collected"), "trial-001")["status"], "RUNNING");
+
+    let out = run_bounded(&["sweep".to_string(), spec.display().to_string(), "--collect".into()]);
+    live.kill().unwrap();
+    let _ = live.wait();
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    let runs = read_back(&server.uri, "collected");
+    let (first, second) = (named(&runs, "trial-001"), named(&runs, "trial-002"));
+    let said = format!("its MLflow run {} was left RUNNING", first["run_id"].as_str().unwrap_or_default());
+    assert!(stdout.contains("trial-001") && stdout.contains(&said), "{stdout}");
+    assert_eq!(first["status"], "KILLED", "{first:#}");
+    let (start, end) = (first["start_time"].as_u64().unwrap_or(0), first["end_time"].as_u64().unwrap_or(0));
+    assert!(start > 0 && end >= start, "ended at its last logged value: {first:#}");
+    let why = first["tags"]["trainrun.killed"].as_str().unwrap_or_default();
+    assert!(why.contains("killed outright") && why.contains("`trainrun sweep --collect` found it so"), "{why}");
+    assert_eq!(second["status"], "RUNNING", "a trial still training (it holds its folder) is left alone");
+    assert!(second["tags"]["trainrun.killed"].is_null(), "{second:#}");
+}
+
+#[test]
+fn a_tracking_uri_variable_that_names_no_server_is_refused_naming_the_variable() {
+    let dir = tempdir();
+    let o = format!("run.out_dir={}", dir.path().join("run").display());
+    let with_uri = |uri: &str, args: &[&str]| trainrun().args(args).env("MLFLOW_TRACKING_URI", uri).output().unwrap();
+    let check = with_uri("file:./mlruns", &["check", "specs/mnist_single.toml"]);
+    assert_exit(&check, 2);
+    insta::assert_snapshot!("mlflow_tracking_uri_not_a_server", text(&check).1);
+    // Training is refused the same way, before anything is written.
+    for uri in ["sqlite:///mlflow.db", "databricks"] {
+        let out = with_uri(uri, &["specs/mnist_single.toml", "-q", "--set", &o]);
+        assert_exit(&out, 2);
+        let stderr = text(&out).1;
+        assert!(stderr.contains(&format!("the environment variable MLFLOW_TRACKING_URI = {uri:?}")), "{stderr}");
+        assert!(stderr.contains("env -u MLFLOW_TRACKING_URI"), "{stderr}");
+    }
+    assert!(!dir.path().join("run").exists(), "nothing trained");
+    let out = with_uri("localhost:5000", &["check", "specs/mnist_single.toml"]);
+    assert_exit(&out, 2);
+    assert!(text(&out).1.contains("`MLFLOW_TRACKING_URI=http://localhost:5000`"), "{}", text(&out).1);
+    // A server address passes, and so does any value when the spec names the server itself.
+    assert_exit(&with_uri("http://127.0.0.1:5000", &["check", "specs/mnist_single.toml"]), 0);
+    let spec_key = "run.tracking={ mlflow = \"http://127.0.0.1:5000\" }";
+    assert_exit(&with_uri("file:./mlruns", &["check", "specs/mnist_single.toml", "--set", spec_key]), 0);
 }

@@ -10,12 +10,10 @@
 use crate::exit::RunError;
 use crate::prepare::Prepared;
 use crate::provenance::{hostname, rfc3339};
+use crate::train::run_dir::LOCK_FILE;
 use std::fs::{File, TryLockError};
 use std::io::{Seek, Write};
 use std::path::Path;
-
-/// The lock file.
-pub const LOCK_FILE: &str = "run.lock";
 
 /// What a run writes into its folder (and `trainrun report` and `trainrun sweep` beside it):
 /// a folder holding only these (a run killed before `run.json`, a sweep trial's `train.log`)

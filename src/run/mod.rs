@@ -27,7 +27,7 @@ use crate::collective::{Algorithm, TransportKind};
 use crate::data::{Dataset, Fetcher, Normalization};
 use crate::exit::RunError;
 use crate::plan::{Distribution, Part, Plan, StrategyKind};
-use crate::prepare::{Invocation, Prepared, flag, prepare};
+use crate::prepare::{Invocation, Prepared, flag, prepare_to_train};
 use crate::progress::ProgressMode;
 use crate::train::{self, FitOptions};
 use run_folder::RunFolder;
@@ -38,7 +38,7 @@ use std::sync::Arc;
 pub fn train(inv: &Invocation) -> Result<(), RunError> {
     // Before anything else, so that no stop request finds the default action (death).
     crate::signals::stop_requested();
-    let p = prepare(inv)?;
+    let p = prepare_to_train(inv)?;
     if p.loaded.spec.sweep.is_some() {
         return Err(crate::sweep::not_a_run(&inv.spec, &p.loaded));
     }

@@ -48,6 +48,7 @@ pub use strategy::{
     LinkSpec, StrategySpec, Tasks, TlsSpec, VariablePartitioner,
 };
 pub use sweep::{GridValues, RandomSpec, SweepDistribution, SweepMetric, SweepSpec};
+pub use tracking::{NotAServer, server_address};
 pub use train::{CallbackSpec, EpochWord, Mode, PrecisionPolicy, SaveFreq, TrainSpec};
 
 use schemars::JsonSchema;

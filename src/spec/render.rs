@@ -122,6 +122,8 @@ pub(crate) fn render_parts(findings: &[Finding], origins: &Origins) -> Vec<Strin
 fn place(finding: &Finding, origins: &Origins) -> Option<LocatedLayer> {
     match &finding.place {
         Place::Layer { layer, span } => Some(LocatedLayer { layer: *layer, span: span.clone() }),
+        // No key: a problem of the environment (`MLFLOW_TRACKING_URI`), in no file.
+        Place::Key(_) if finding.diag.key.is_empty() => None,
         Place::Key(aim) => {
             // A key that does not parse (a planner bug) still gets its message, at the file.
             let segs = keypath::parse(&finding.diag.key).unwrap_or_default();

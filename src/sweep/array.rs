@@ -136,6 +136,7 @@ pub(super) fn collect(inv: &Invocation, sweep: &Sweep) -> Result<(), RunError> {
     std::fs::create_dir_all(&sweep.dir)
         .map_err(|e| RunError::Failure(format!("cannot create {}: {e}", sweep.dir.display())))?;
     driver::write(&sweep.dir.join("sweep.json"), &record)?;
+    super::tracked::end_killed_trials(inv, sweep, &checked, "`trainrun sweep --collect`");
     let rows = driver::ranked(sweep, &record, &failures);
     driver::write_results(&sweep.dir, &rows)?;
     if !inv.quiet {

@@ -182,6 +182,7 @@ pub fn run(inv: &Invocation, opts: &SweepOptions) -> Result<(), RunError> {
         }
     }
 
+    super::tracked::end_killed_trials(inv, &sweep, &checked, "the sweep driver, run again,");
     let exe =
         std::env::current_exe().map_err(|e| RunError::Failure(format!("cannot find the trainrun binary: {e}")))?;
     let mut failures: BTreeMap<usize, u8> = BTreeMap::new();
@@ -350,7 +351,7 @@ pub(super) fn validate_each(
             }
             Err(e @ LoadError::Read { .. }) => return Err(in_trial(sweep, trial, RunError::Spec(e.to_string()))),
         };
-        match crate::prepare::plan(&loaded, inv) {
+        match crate::prepare::plan_to_train(&loaded, inv) {
             Ok(plan) => {
                 add(&mut warnings, render_each(&plan.warnings, &loaded.origins), trial.index);
                 let evaluates = Evaluated::of(&plan, &loaded.spec);

@@ -53,6 +53,15 @@ pub struct RunRef {
     pub artifact_path: Option<String>,
 }
 
+/// What the server has of a run: its status and the last time it heard from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunState {
+    /// `RUNNING`, `FINISHED`, `FAILED`, `KILLED` or `SCHEDULED`.
+    pub status: String,
+    /// The latest timestamp of its metrics, else its start (ms since the Unix epoch).
+    pub last_ms: u64,
+}
+
 /// One metric value at a step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricPoint {
@@ -133,6 +142,16 @@ impl MlflowClient {
         self.post("runs/update", &body).map(|_| ())
     }
 
+    /// The run `run_id` as the server has it now.
+    pub fn run_state(&self, run_id: &str) -> Result<RunState, CallError> {
+        let url = format!("{}/api/2.0/mlflow/runs/get", self.base);
+        let v = answer(self.agent.get(&url).query("run_id", run_id).call())?;
+        let run = &v["run"];
+        let started = millis_of(&run["info"]["start_time"]).unwrap_or(0);
+        let logged = run["data"]["metrics"].as_array().into_iter().flatten().filter_map(|m| millis_of(&m["timestamp"]));
+        Ok(RunState { status: text(&run["info"]["status"])?, last_ms: logged.fold(started, u64::max) })
+    }
+
     /// One `log-batch` call (within MLflow's limits per call, which the caller keeps).
     pub fn log_batch(
         &self,
@@ -179,6 +198,12 @@ fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Re
         return Err(CallError::Status { status, message });
     }
     Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// A time in ms of an answer, which MLflow writes as a number or, for 64-bit fields through
+/// some proxies, as a string.
+fn millis_of(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
 }
 
 /// A string field of an answer.

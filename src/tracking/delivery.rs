@@ -5,6 +5,7 @@
 //! their own, and what is still pending gets a last short chance; [`Undelivered`] says what
 //! did not make it.
 
+use super::abandoned::{self, PREVIOUS_TAG};
 use super::client::{CallError, MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MetricPoint, MlflowClient, RunRef};
 use super::uploads::{self, ArtifactFile};
 use std::collections::VecDeque;
@@ -47,10 +48,22 @@ pub struct Opening {
     pub params: Vec<(String, String)>,
     /// An experiment id to use instead of looking `experiment` up (a sweep's trials).
     pub experiment_id: Option<String>,
-    /// A run created by an earlier launch of this run (a resumed run), reopened as `RUNNING`.
-    pub reopen: Option<RunRef>,
+    /// The run an earlier launch in the same folder logged to, on this server.
+    pub previous: Option<Previous>,
     /// Where the created run's reference is written ([`super::RUN_FILE`]).
     pub run_file: PathBuf,
+}
+
+/// The run an earlier launch in the folder logged to: ended as `KILLED` first when that launch
+/// left it `RUNNING` (its process is gone: this one holds the folder), then continued (`resume`:
+/// set `RUNNING` again, logged on into) or named by the new run's [`PREVIOUS_TAG`].
+pub struct Previous {
+    /// The run.
+    pub run: RunRef,
+    /// Whether this launch continues it (a resumed run, a sweep run again).
+    pub resume: bool,
+    /// What found it, for its [`abandoned::KILLED_TAG`].
+    pub found_by: String,
 }
 
 /// What did not reach the server, for the end's summary.
@@ -84,6 +97,8 @@ pub struct Delivery {
     run: Option<RunRef>,
     /// `run` is an earlier launch's, not yet set back to `RUNNING`.
     reopening: bool,
+    /// The earlier launch's run, until it is known not to be left `RUNNING`, and what found it.
+    previous: Option<(String, String)>,
     /// The end status arrived.
     ended: bool,
     /// Params still to send.
@@ -102,7 +117,11 @@ pub struct Delivery {
 impl Delivery {
     /// The state before anything was sent.
     pub fn new(client: MlflowClient, mut opening: Opening) -> Delivery {
-        let run = opening.reopen.take();
+        let previous = opening.previous.take();
+        let run = previous.as_ref().filter(|p| p.resume).map(|p| p.run.clone());
+        if let Some(p) = previous.as_ref().filter(|p| !p.resume) {
+            opening.tags.push((PREVIOUS_TAG.to_string(), p.run.run_id.clone()));
+        }
         let mut meta: VecDeque<(String, String)> = std::mem::take(&mut opening.params).into();
         if run.is_some() {
             // A reopened run has its params and tags from its first launch (and a rung's longer
@@ -114,6 +133,7 @@ impl Delivery {
             opening,
             reopening: run.is_some(),
             run,
+            previous: previous.map(|p| (p.run.run_id, p.found_by)),
             ended: false,
             meta,
             metrics: VecDeque::new(),
@@ -126,8 +146,18 @@ impl Delivery {
         }
     }
 
-    /// Creates (or reopens) the run on the server, once. Returns the run.
+    /// Ends the earlier launch's run as `KILLED` if it was left `RUNNING`, then creates (or
+    /// reopens) the run on the server, once. Returns the run.
     pub fn open(&mut self) -> Result<RunRef, CallError> {
+        if let Some((run_id, found_by)) = &self.previous {
+            match abandoned::end_if_running(&self.client, run_id, found_by) {
+                Ok(_) => {}
+                Err(e) if e.retryable() => return Err(e),
+                // Refused (the run was deleted, say): there is nothing left to end.
+                Err(_) => {}
+            }
+            self.previous = None;
+        }
         if let Some(run) = &self.run {
             if self.reopening {
                 self.client.update_run(&run.run_id, "RUNNING", None)?;

@@ -2,7 +2,9 @@
 //! `MLFLOW_TRACKING_URI`) — the resolved spec as params, the lines of `metrics.jsonl` as
 //! metrics per step, tags (spec hash, git commit, trainrun version), and at the end its files
 //! as artifacts and its status (`FINISHED`, `FAILED`, or `KILLED` when stopped by a signal).
-//! A sweep is a parent run, each trial a child run (`mlflow.parentRunId`).
+//! A sweep is a parent run, each trial a child run (`mlflow.parentRunId`). A run whose process
+//! was killed outright, and so never ended, is ended `KILLED` by what next finds its folder
+//! free ([`abandoned`]).
 //!
 //! The run folder stays the record: tracking never fails or slows training. Calls go out from
 //! a thread of their own ([`delivery`]), which also creates the run on the server while
@@ -11,19 +13,21 @@
 //! summary at the end. At the end the run's files go up several at once ([`uploads`]) while
 //! its report is drawn, and a server that stops answering is waited for a few seconds at most.
 
+mod abandoned;
 mod client;
 mod delivery;
 mod logged;
 mod uploads;
 
-pub use client::RunRef;
+pub use abandoned::{KILLED_TAG, PREVIOUS_TAG, end_left_running};
+pub use client::{CallError, RunRef};
 pub use delivery::Undelivered;
 pub use logged::{MAX_PARAM_VALUE, key, param_value, params};
 
-use crate::spec::TrackingSpec;
+use crate::spec::{Diagnostic, NotAServer, TrackingSpec};
 use crate::train::metrics_log::{LineSink, MetricsLine};
 use client::MlflowClient;
-use delivery::{Delivery, Message, Opening};
+use delivery::{Delivery, Message, Opening, Previous};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -67,6 +71,31 @@ impl TrackingTarget {
         let parent = var(PARENT_VAR).and_then(|v| v.split_once('/').map(|(e, r)| (e.to_string(), r.to_string())));
         Some(TrackingTarget { uri, experiment, parent })
     }
+}
+
+/// The problem with [`URI_VAR`] in `env` when it is what names the server (the spec sets no
+/// `[run.tracking] mlflow`, which comes first) and names no server: a store that MLflow's own
+/// clients write directly (`file:`, `sqlite:`, `databricks`, a folder) or a host without its
+/// scheme. Refused as the spec key is, naming the variable: trainrun logs through a server's
+/// REST API, so such a run would only warn, on every launch, that the server is unreachable.
+pub fn env_uri_problem(spec: Option<&TrackingSpec>, env: &[(String, String)]) -> Option<Diagnostic> {
+    if spec.is_some_and(|t| t.mlflow.is_some()) {
+        return None;
+    }
+    let (_, uri) = env.iter().find(|(k, v)| k == URI_VAR && !v.trim().is_empty())?;
+    let help = match crate::spec::server_address(uri).err()? {
+        NotAServer::NoScheme => format!("name the server with its scheme: `{URI_VAR}=http://{}`", uri.trim()),
+        NotAServer::Store => format!(
+            "set it to the address of an MLflow server, e.g. `{URI_VAR}=http://127.0.0.1:5000` (serve that store \
+             with `mlflow server --backend-store-uri STORE`), or leave it out for this command (`env -u {URI_VAR} \
+             trainrun …`) to train untracked; `[run.tracking] mlflow` in the spec, when set, is used instead"
+        ),
+    };
+    let message = format!(
+        "the environment variable {URI_VAR} = {uri:?} is not an http:// or https:// address of an MLflow server \
+         (trainrun logs through a tracking server's REST API)"
+    );
+    Some(Diagnostic::error("", message).help(help))
 }
 
 /// How a tracked run ended, in MLflow's words.
@@ -128,7 +157,13 @@ impl Tracker {
     pub fn start(s: TrackingStart<'_>) -> Tracker {
         let TrackingStart { target, run_name, spec, mut tags, folder, resumed } = s;
         let run_file = folder.join(RUN_FILE);
-        let reopen = resumed.then(|| remembered(&run_file, &target.uri)).flatten();
+        // This launch owns the folder (a run holds its lock), so an earlier launch's run still
+        // `RUNNING` on the server was left so by a process that is gone.
+        let previous = remembered(&run_file, &target.uri).map(|run| Previous {
+            run,
+            resume: resumed,
+            found_by: found_by(folder, resumed, SystemTime::now()),
+        });
         if let Some((_, run_id)) = &target.parent {
             tags.push(("mlflow.parentRunId".to_string(), run_id.clone()));
         }
@@ -139,7 +174,7 @@ impl Tracker {
             tags,
             params: params(&spec),
             experiment_id: target.parent.as_ref().map(|(e, _)| e.clone()),
-            reopen,
+            previous,
             run_file,
         };
         let mut delivery = Delivery::new(MlflowClient::new(&target.uri), opening);
@@ -226,6 +261,19 @@ pub fn summary(uri: &str, u: &Undelivered) -> String {
     format!("the MLflow server {uri} did not receive {}{why}; the run folder holds all of it", parts.join(", "))
 }
 
+/// What a launch in `folder` says on the earlier launch's run it found left `RUNNING`.
+fn found_by(folder: &Path, resumed: bool, now: SystemTime) -> String {
+    let at = format!("a later launch in {} found it so at {}", folder.display(), crate::provenance::rfc3339(now));
+    if resumed {
+        format!("{at} and continues it: the run is RUNNING again and logs on from where that launch resumed")
+    } else {
+        format!(
+            "{at} and started over (no backup to resume from), logging to a new run whose tag {PREVIOUS_TAG} names \
+             this one"
+        )
+    }
+}
+
 /// The run `path` names, when it is on the server `uri`.
 fn remembered(path: &Path, uri: &str) -> Option<RunRef> {
     let text = std::fs::read_to_string(path).ok()?;
@@ -288,6 +336,27 @@ mod tests {
         assert_eq!(TrackingTarget::resolve(None, &env(&[(URI_VAR, " ")]), "run"), None);
         let t = TrackingTarget::resolve(None, &env(&[(URI_VAR, "http://b:2"), (PARENT_VAR, "3/abc")]), "run");
         assert_eq!(t.and_then(|t| t.parent), Some(("3".into(), "abc".into())));
+    }
+
+    #[test]
+    fn a_tracking_uri_in_the_environment_must_be_a_server_unless_the_spec_names_one() {
+        let problem = |uri: &str| env_uri_problem(None, &env(&[(URI_VAR, uri)]));
+        assert_eq!(problem("http://127.0.0.1:5000"), None);
+        assert_eq!(problem(" "), None, "empty: no tracking");
+        let d = problem("file:./mlruns").expect("a store is refused");
+        assert_eq!(
+            d.message,
+            "the environment variable MLFLOW_TRACKING_URI = \"file:./mlruns\" is not an http:// or https:// address \
+             of an MLflow server (trainrun logs through a tracking server's REST API)"
+        );
+        for store in ["sqlite:///mlflow.db", "databricks", "./mlruns", "/tmp/mlruns"] {
+            let help = problem(store).and_then(|d| d.help).unwrap_or_default();
+            assert!(help.contains("MLFLOW_TRACKING_URI=http://127.0.0.1:5000") && help.contains("env -u"), "{store}");
+        }
+        let help = problem("localhost:5000").and_then(|d| d.help).unwrap_or_default();
+        assert_eq!(help, "name the server with its scheme: `MLFLOW_TRACKING_URI=http://localhost:5000`");
+        let spec = TrackingSpec { mlflow: Some("http://a:1".into()), experiment: None };
+        assert_eq!(env_uri_problem(Some(&spec), &env(&[(URI_VAR, "file:./mlruns")])), None, "the spec comes first");
     }
 
     #[test]

@@ -14,6 +14,22 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The run folder's lock file: the process that owns the folder holds an advisory lock
+/// (`flock`) on it while it runs, which the kernel releases however the process ends.
+pub const LOCK_FILE: &str = "run.lock";
+
+/// Whether a live process holds the lock of run folder `dir`: no when the folder has no lock
+/// file or nobody holds it (the run ended, however it ended). Probing takes the lock for an
+/// instant; a lock that cannot be probed counts as held, so a live run is never taken for gone.
+pub fn in_use(dir: &Path) -> bool {
+    let Ok(file) = File::open(dir.join(LOCK_FILE)) else { return false };
+    match file.try_lock() {
+        // Dropping the file releases it.
+        Ok(()) => false,
+        Err(std::fs::TryLockError::WouldBlock | std::fs::TryLockError::Error(_)) => true,
+    }
+}
+
 /// How a run folder is written.
 #[derive(Debug, Clone)]
 pub struct RunDirOptions {

@@ -6,6 +6,7 @@
 
 use crate::spec::keypath::{self, Seg};
 use crate::spec::render::Finding;
+use crate::spec::tracking::NotAServer;
 use figment::value::Value;
 use std::collections::BTreeMap;
 
@@ -32,23 +33,12 @@ pub(crate) fn check(value: &Value) -> Vec<Finding> {
 /// through a server's REST API, so such a run would only warn that the server is unreachable.
 fn tracking_address(uri: &str) -> Option<Finding> {
     let trimmed = uri.trim();
-    let lower = trimmed.to_ascii_lowercase();
-    let server = ["http://", "https://"].iter().find_map(|s| lower.strip_prefix(s));
-    if server.is_some_and(|rest| !rest.trim_start_matches('/').is_empty()) {
-        return None;
-    }
-    let host_like = !trimmed.is_empty()
-        && !trimmed.contains("://")
-        && !trimmed.starts_with(['/', '.', '~'])
-        && lower != "databricks"
-        && trimmed.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '/' | '_'));
-    let help = if host_like {
-        format!("name the server with its scheme: `mlflow = \"http://{trimmed}\"`")
-    } else {
-        "trainrun logs through an MLflow server's REST API: serve that store with `mlflow server \
-         --backend-store-uri STORE` and name the server, e.g. `mlflow = \"http://127.0.0.1:5000\"`; or remove \
-         `run.tracking.mlflow` for no tracking"
-            .to_string()
+    let help = match crate::spec::tracking::server_address(uri).err()? {
+        NotAServer::NoScheme => format!("name the server with its scheme: `mlflow = \"http://{trimmed}\"`"),
+        NotAServer::Store => "trainrun logs through an MLflow server's REST API: serve that store with `mlflow server \
+             --backend-store-uri STORE` and name the server, e.g. `mlflow = \"http://127.0.0.1:5000\"`; or remove \
+             `run.tracking.mlflow` for no tracking"
+            .to_string(),
     };
     Some(
         Finding::new(
@@ -158,7 +148,16 @@ mod tests {
         assert!(tracking_address("HTTPS://mlflow.example.com/prefix").is_none());
         let help = |uri: &str| tracking_address(uri).and_then(|f| f.diag.help).unwrap_or_default();
         assert_eq!(help("localhost:5000"), "name the server with its scheme: `mlflow = \"http://localhost:5000\"`");
-        for store in ["./mlruns", "file:///tmp/mlruns", "sqlite:///mlflow.db", "databricks", "", "http://"] {
+        for store in [
+            "./mlruns",
+            "file:///tmp/mlruns",
+            "file:./mlruns",
+            "sqlite:mlflow.db",
+            "sqlite:///mlflow.db",
+            "databricks",
+            "",
+            "http://",
+        ] {
             assert!(help(store).contains("mlflow server --backend-store-uri STORE"), "{store}: {}", help(store));
         }
         let message = tracking_address("./mlruns").map(|f| f.diag.message).unwrap_or_default();
