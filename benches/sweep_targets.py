@@ -14,7 +14,8 @@ the training files) or that spec with its `[sweep]` changed, written under `--ou
   driver's time between trials (deciding, launching), as a share of the sweep's wall time.
 - `sync`: the grid under synchronous successive halving (`kind = "successive_halving"`), run
   twice into two folders: whether the two `results.csv` are byte-identical, and whether they
-  are once the timing columns (`wall_s`, `steady_examples_per_s`) are left out.
+  are once any timing columns (`wall_s`, `steady_examples_per_s`) are left out (results.csv
+  written before those moved to `timings.csv` held them).
 - `tpe`: for each seed, trainrun's TPE (9 random startup trials of 27) under ASHA over the
   same ranges as `benches/optuna_sweep.py` (learning rate log-uniform 0.003..0.03, batch 32,
   64 or 128, momentum uniform 0..0.9), and that script with `--seed`: best validation accuracy,
