@@ -39,6 +39,9 @@ const RUN_FILES: [&str; 18] = [
     "report.html",
 ];
 
+/// Tries after the first, 10 ms apart, before a held lock means another run.
+const PROBE_RETRIES: u32 = 5;
+
 /// The run folder's lock, held until this value is dropped or the process ends.
 #[derive(Debug)]
 pub struct RunLock {
@@ -60,13 +63,22 @@ pub fn acquire(p: &Prepared) -> Result<RunLock, RunError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| refused(p, &crate::spec::io_reason(&e), Some("lock")))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            return Err(in_use(p, holder.trim()));
+    // A probe (`trainrun sweep --collect` asking whether a trial's process is gone, see
+    // `run_dir::in_use`) holds the lock for an instant: a few short retries never take it for a run.
+    let mut retries = PROBE_RETRIES;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) if retries > 0 => {
+                retries -= 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                return Err(in_use(p, holder.trim()));
+            }
+            Err(TryLockError::Error(e)) => return Err(refused(p, &crate::spec::io_reason(&e), Some("lock"))),
         }
-        Err(TryLockError::Error(e)) => return Err(refused(p, &crate::spec::io_reason(&e), Some("lock"))),
     }
     // Who holds it, for the next run's message; a lock that cannot say so still locks.
     let holder = format!(

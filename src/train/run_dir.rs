@@ -20,7 +20,8 @@ pub const LOCK_FILE: &str = "run.lock";
 
 /// Whether a live process holds the lock of run folder `dir`: no when the folder has no lock
 /// file or nobody holds it (the run ended, however it ended). Probing takes the lock for an
-/// instant; a lock that cannot be probed counts as held, so a live run is never taken for gone.
+/// instant (a run starting meanwhile retries, so it is not refused); a lock that cannot be
+/// probed counts as held, so a live run is never taken for gone.
 pub fn in_use(dir: &Path) -> bool {
     let Ok(file) = File::open(dir.join(LOCK_FILE)) else { return false };
     match file.try_lock() {
