@@ -163,3 +163,33 @@ fn a_malformed_line_exits_4_naming_file_line_column_and_byte() {
         assert_ne!(record["status"], "completed", "{record}");
     }
 }
+
+/// Peak resident memory of a run over one epoch of a JSONL table of `rows` rows of 256 small
+/// whole numbers (512 bytes of JSON a row, 1 KB as floats).
+fn peak_rss_mb_on_a_table(rows: usize) -> f64 {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(dir.path().join("big.jsonl")).unwrap());
+    for i in 0..rows {
+        let x: Vec<String> = (0..256).map(|p| ((i * 7 + p * 3) % 10).to_string()).collect();
+        writeln!(out, "{{\"x\":[{}],\"y\":{}}}", x.join(","), i % 2).unwrap();
+    }
+    out.flush().unwrap();
+    drop(out);
+    let data = "dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"big.jsonl\"]\ntable = { label = \"y\" }";
+    let spec = spec(dir.path(), data, "", CLASSIFIER);
+    let text = std::fs::read_to_string(&spec).unwrap();
+    // One epoch, every row read once.
+    std::fs::write(&spec, text.replace("steps_per_epoch = 60\n", "").replace("global = 16", "global = 1024")).unwrap();
+    let s = train(&spec);
+    assert_eq!(s["examples"].as_u64(), Some(rows as u64 / 1024 * 1024), "{s}");
+    s["peak_rss_mb"].as_f64().unwrap_or(0.0)
+}
+
+#[test]
+fn a_table_streams_in_bounded_memory_whatever_its_size() {
+    // 2 MB and 20 MB of JSON: held whole, the larger table's rows would add 36 MB as floats;
+    // streamed, both hold the shuffle buffer's 1,024 rows.
+    let (small, big) = (peak_rss_mb_on_a_table(4_000), peak_rss_mb_on_a_table(40_000));
+    assert!(small > 0.0 && big - small < 12.0, "peak RSS {small:.1} MB for 4,000 rows, {big:.1} MB for 40,000");
+}
