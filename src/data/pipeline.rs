@@ -184,7 +184,7 @@ impl BatchSchedule {
                 EpochOrder::Listed(order)
             }
             (Shuffle::Full, WholeShuffle::Bijection) => EpochOrder::Computed(Bijection::new(n, &mut rng)),
-            (Shuffle::Buffer(size), _) => EpochOrder::Buffered(BufferOrder::new(n, size.get(), rng)),
+            (Shuffle::Buffer(size), _) => EpochOrder::Buffered(Box::new(BufferOrder::new(n, size.get(), rng))),
         }
     }
 }
@@ -199,7 +199,7 @@ enum EpochOrder {
     /// Computed per position (token windows shuffled whole).
     Computed(Bijection),
     /// A shuffle buffer's outputs, made as the positions are read.
-    Buffered(BufferOrder),
+    Buffered(Box<BufferOrder>),
 }
 
 impl EpochOrder {

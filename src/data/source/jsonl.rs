@@ -209,10 +209,8 @@ impl DataSource for JsonlSource {
     /// A table's rows stream through `data.jsonl.shuffle_buffer`; text windows are read by
     /// index, shuffled by the pipeline.
     fn stream_shuffle(&self) -> Option<Shuffle> {
-        match self.config.table {
-            Some(_) => Some(NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer)),
-            None => None,
-        }
+        let buffer = NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer);
+        self.config.table.as_ref().map(|_| buffer)
     }
 }
 
