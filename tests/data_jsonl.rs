@@ -188,3 +188,31 @@ fn a_table_streams_in_bounded_memory_whatever_its_size() {
     let (small, big) = (peak_rss_mb_on_a_table(4_000), peak_rss_mb_on_a_table(40_000));
     assert!(small > 0.0 && big - small < 12.0, "peak RSS {small:.1} MB for 4,000 rows, {big:.1} MB for 40,000");
 }
+
+#[test]
+fn two_workers_read_one_file_each_and_every_row_once_an_epoch() {
+    let dir = tempdir();
+    for (f, rows) in [(0, 300), (1, 340)] {
+        let text: String = (0..rows)
+            .map(|i| format!("{{\"x\": [{}, {}], \"y\": \"{}\"}}\n", i % 2, (i % 5) as f32 / 10.0, ["a", "b"][i % 2]))
+            .collect();
+        std::fs::write(dir.path().join(format!("p{f}.jsonl")), text).unwrap();
+    }
+    let data = "dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"p0.jsonl\", \"p1.jsonl\"]\ntable = { label = \"y\" }\n\
+                shuffle_buffer = 64";
+    let spec = common::sources::spec_training(
+        dir.path(),
+        "jsonl",
+        data,
+        "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2",
+        CLASSIFIER,
+        "",
+    );
+    let check = run(&["check", spec.to_str().unwrap()]);
+    let (shown, errors) = text(&check);
+    assert_exit(&check, 0);
+    assert!(shown.contains("shuffle buffer of 64") && shown.contains("file policy, 2 shards"), "{shown}{errors}");
+    let s = train(&spec);
+    // One epoch of 40 global batches of 16 (the total count's), each worker streaming its file.
+    assert_eq!((s["steps"].as_u64(), s["examples"].as_u64()), (Some(40), Some(640)), "{s}");
+}
