@@ -124,21 +124,16 @@ fn documents_train_a_character_model_and_write_its_vocabulary() {
     // Paragraphs joined again by "\n\n" hold the characters of the plays.
     let read = |split: &str| std::fs::read_to_string(plays.join(format!("{split}.txt"))).unwrap();
     let vocab = (read("train") + &read("val")).chars().collect::<std::collections::BTreeSet<_>>().len();
-    let model = format!(
-        "[[model.layers]]\ntype = \"reshape\"\ntarget_shape = [{BLOCK}, 1, 1]\n\n[[model.layers]]\n\
-         type = \"conv2d\"\nfilters = {vocab}\nkernel_size = 1"
-    );
-    let spec = spec(dir.path(), &data, "", &model);
-    let seeded = common::sources::character_model_seed(&std::fs::read_to_string(&spec).unwrap());
-    std::fs::write(&spec, seeded).unwrap();
+    let spec = spec(dir.path(), &data, "", &common::sources::character_model(vocab));
     let check = run(&["check", spec.to_str().unwrap()]);
     let (shown, errors) = text(&check);
     assert_exit(&check, 0);
     assert!(shown.contains(&format!("{vocab} classes at each of {BLOCK} positions")), "{shown}{errors}");
-    // The per-position model of tests/data_text.rs, at its learning rate.
-    let s = train_with(&spec, "optimizer.learning_rate=0.01");
-    // Character frequencies are learnt: from ln(vocab) ≈ 4.3 nats at the start.
-    assert!(s["test_loss"].as_f64().unwrap_or(9.0) < 4.0, "{s}");
+    let s = train_with(&spec, common::sources::CHARACTER_MODEL_LEARNING_RATE);
+    // The model predicts from the character it reads: below the plays' unigram entropy (3.32
+    // nats), where knowing only how often each character comes would end.
+    let unigram = common::sources::unigram_entropy();
+    assert!(s["test_loss"].as_f64().unwrap_or(9.0) < unigram, "unigram entropy {unigram:.3}: {s}");
     let written = json(&dir.path().join("run/vocab.json"));
     assert_eq!(written["tokenization"], "char");
     assert_eq!(written["tokens"].as_array().map(Vec::len), Some(vocab));
@@ -162,4 +157,62 @@ fn a_malformed_line_exits_4_naming_file_line_column_and_byte() {
         let record = json(&run_dir.join("run.json"));
         assert_ne!(record["status"], "completed", "{record}");
     }
+}
+
+/// Peak resident memory of a run over one epoch of a JSONL table of `rows` rows of 256 small
+/// whole numbers (512 bytes of JSON a row, 1 KB as floats).
+fn peak_rss_mb_on_a_table(rows: usize) -> f64 {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(dir.path().join("big.jsonl")).unwrap());
+    for i in 0..rows {
+        let x: Vec<String> = (0..256).map(|p| ((i * 7 + p * 3) % 10).to_string()).collect();
+        writeln!(out, "{{\"x\":[{}],\"y\":{}}}", x.join(","), i % 2).unwrap();
+    }
+    out.flush().unwrap();
+    drop(out);
+    let data = "dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"big.jsonl\"]\ntable = { label = \"y\" }";
+    let spec = spec(dir.path(), data, "", CLASSIFIER);
+    let text = std::fs::read_to_string(&spec).unwrap();
+    // One epoch, every row read once.
+    std::fs::write(&spec, text.replace("steps_per_epoch = 60\n", "").replace("global = 16", "global = 1024")).unwrap();
+    let s = train(&spec);
+    assert_eq!(s["examples"].as_u64(), Some(rows as u64 / 1024 * 1024), "{s}");
+    s["peak_rss_mb"].as_f64().unwrap_or(0.0)
+}
+
+#[test]
+fn a_table_streams_in_bounded_memory_whatever_its_size() {
+    // 2 MB and 20 MB of JSON: held whole, the larger table's rows would add 36 MB as floats;
+    // streamed, both hold the shuffle buffer's 1,024 rows.
+    let (small, big) = (peak_rss_mb_on_a_table(4_000), peak_rss_mb_on_a_table(40_000));
+    assert!(small > 0.0 && big - small < 12.0, "peak RSS {small:.1} MB for 4,000 rows, {big:.1} MB for 40,000");
+}
+
+#[test]
+fn two_workers_read_one_file_each_and_every_row_once_an_epoch() {
+    let dir = tempdir();
+    for (f, rows) in [(0, 300), (1, 340)] {
+        let text: String = (0..rows)
+            .map(|i| format!("{{\"x\": [{}, {}], \"y\": \"{}\"}}\n", i % 2, (i % 5) as f32 / 10.0, ["a", "b"][i % 2]))
+            .collect();
+        std::fs::write(dir.path().join(format!("p{f}.jsonl")), text).unwrap();
+    }
+    let data = "dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"p0.jsonl\", \"p1.jsonl\"]\ntable = { label = \"y\" }\n\
+                shuffle_buffer = 64";
+    let spec = common::sources::spec_training(
+        dir.path(),
+        "jsonl",
+        data,
+        "[strategy]\nkind = \"multi_worker_mirrored\"\n\n[cluster]\nworker = 2",
+        CLASSIFIER,
+        "",
+    );
+    let check = run(&["check", spec.to_str().unwrap()]);
+    let (shown, errors) = text(&check);
+    assert_exit(&check, 0);
+    assert!(shown.contains("shuffle buffer of 64") && shown.contains("file policy, 2 shards"), "{shown}{errors}");
+    let s = train(&spec);
+    // One epoch of 40 global batches of 16 (the total count's), each worker streaming its file.
+    assert_eq!((s["steps"].as_u64(), s["examples"].as_u64()), (Some(40), Some(640)), "{s}");
 }

@@ -198,3 +198,49 @@ fn token_files_train_and_check_their_ids() {
         "{stderr}"
     );
 }
+
+/// Peak resident memory of a short run on a token file of `tokens` u16 ids without
+/// `vocab_size` (the largest id, 59, only in the file's last megabyte), and the classes it
+/// found.
+fn peak_rss_mb_on_tokens(tokens: usize) -> (f64, u64) {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let chunk: Vec<u8> = (0..1 << 19).flat_map(|i: usize| ((i * 7919 % 50) as u16).to_le_bytes()).collect();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(data.join("train.bin")).unwrap());
+    for _ in 0..tokens / (1 << 19) - 1 {
+        out.write_all(&chunk).unwrap();
+    }
+    let last: Vec<u8> = (0..1 << 19).flat_map(|i: usize| ((i * 7919 % 60) as u16).to_le_bytes()).collect();
+    out.write_all(&last).unwrap();
+    out.flush().unwrap();
+    drop(out);
+    std::fs::write(data.join("val.bin"), &chunk[..4096]).unwrap();
+    let tokens = format!(
+        "[data]\ndataset = \"tokens\"\ndir = \"{}\"\n\n[data.tokens]\ntrain = [\"train.bin\"]\nvalidation = [\"val.bin\"]\nblock_size = {BLOCK}",
+        data.display()
+    );
+    let path = spec(dir.path(), &tokens, "", 60);
+    // Windows in file order: a shuffled window maps its part of the file (with the large folios
+    // the page cache may hold, up to 2 MB a fault), which is not the scan this measures.
+    let s = train(
+        &path,
+        &["--set", "train.steps_per_epoch=2", "--set", "train.validation_steps=1", "--set", "data.shuffle_buffer=0"],
+    );
+    let check = run(&["check", path.to_str().unwrap(), "--json"]);
+    assert_exit(&check, 0);
+    let plan: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    let classes = plan["data"]["facts"]["labels"]["classes"].as_u64().unwrap_or(0);
+    (s["peak_rss_mb"].as_f64().unwrap_or(0.0), classes)
+}
+
+#[test]
+fn finding_a_token_files_vocabulary_keeps_memory_bounded() {
+    // 2 MB and 192 MB of ids: scanning the mapping for the largest id made the whole file
+    // resident (192 MB more); a scan read a chunk at a time adds a megabyte.
+    let (small, small_classes) = peak_rss_mb_on_tokens(1 << 20);
+    let (big, big_classes) = peak_rss_mb_on_tokens(96 << 20);
+    assert_eq!((small_classes, big_classes), (60, 60), "the last megabyte's id 59 was found");
+    assert!(small > 0.0 && big - small < 32.0, "peak RSS {small:.1} MB on 2 MB of ids, {big:.1} MB on 192 MB");
+}

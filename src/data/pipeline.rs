@@ -9,7 +9,9 @@
 //!
 //! A whole-set shuffle lists a Fisher–Yates permutation of a split of examples, and computes
 //! each position of a split of token windows from a seeded bijection ([`WholeShuffle`]): one
-//! window per token would make the list the largest thing in memory.
+//! window per token would make the list the largest thing in memory. A shuffle buffer is run
+//! as the epoch is read ([`BufferOrder`]), holding its `buffer_size` indices and nothing per
+//! example, so it costs O(buffer) whatever the split (a corpus's windows included).
 
 use super::bijection::Bijection;
 use super::error::DataError;
@@ -182,7 +184,7 @@ impl BatchSchedule {
                 EpochOrder::Listed(order)
             }
             (Shuffle::Full, WholeShuffle::Bijection) => EpochOrder::Computed(Bijection::new(n, &mut rng)),
-            (Shuffle::Buffer(size), _) => EpochOrder::Listed(buffer_shuffle(n, size.get(), &mut rng)),
+            (Shuffle::Buffer(size), _) => EpochOrder::Buffered(Box::new(BufferOrder::new(n, size.get(), rng))),
         }
     }
 }
@@ -192,40 +194,82 @@ impl BatchSchedule {
 enum EpochOrder {
     /// Position `p` holds example `p` (no shuffle).
     Identity,
-    /// Every position's example, listed (Fisher–Yates, or a shuffle buffer's output).
+    /// Every position's example, listed (Fisher–Yates).
     Listed(Vec<usize>),
     /// Computed per position (token windows shuffled whole).
     Computed(Bijection),
+    /// A shuffle buffer's outputs, made as the positions are read.
+    Buffered(Box<BufferOrder>),
 }
 
 impl EpochOrder {
-    /// The example at position `p` of the epoch.
-    fn at(&self, p: usize) -> usize {
+    /// The examples at positions `range` of the epoch. Positions are read forward (a run's
+    /// batches, one after the other): a shuffle buffer behind `range.start` starts its epoch
+    /// again.
+    fn take(&mut self, range: Range<usize>) -> Vec<usize> {
         match self {
-            EpochOrder::Identity => p,
-            EpochOrder::Listed(order) => order[p],
-            EpochOrder::Computed(bijection) => bijection.at(p),
+            EpochOrder::Identity => range.collect(),
+            EpochOrder::Listed(order) => order[range].to_vec(),
+            EpochOrder::Computed(bijection) => range.map(|p| bijection.at(p)).collect(),
+            EpochOrder::Buffered(buffer) => buffer.take(range),
         }
     }
 }
 
-/// `tf.data`'s shuffle buffer over `0..n`. Once the input runs out, the last slot moves into
-/// each emptied one, and draws continue over what remains.
-fn buffer_shuffle(n: usize, size: usize, rng: &mut impl Rng) -> Vec<usize> {
-    let mut buffer: Vec<usize> = (0..size.min(n)).collect();
-    let mut next = buffer.len();
-    let mut out = Vec::with_capacity(n);
-    while !buffer.is_empty() {
-        let slot = below(rng, buffer.len());
-        out.push(buffer[slot]);
-        if next < n {
-            buffer[slot] = next;
-            next += 1;
-        } else {
-            buffer.swap_remove(slot);
-        }
+/// `tf.data`'s shuffle buffer over `0..n`, run as the epoch is read: it holds `size` indices
+/// (fewer once the input runs out, when the last slot moves into each emptied one and draws
+/// continue over what remains), never a list of the epoch. Reaching position `p` costs `p`
+/// draws from the start of the epoch, which a resumed run pays once (a few ns a draw).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct BufferOrder {
+    n: usize,
+    size: usize,
+    /// The draws' stream as the epoch starts, to start it again.
+    start: ChaCha8Rng,
+    rng: ChaCha8Rng,
+    buffer: Vec<usize>,
+    /// The next example to enter the buffer.
+    next: usize,
+    /// Positions given so far.
+    given: usize,
+}
+
+impl BufferOrder {
+    fn new(n: usize, size: usize, rng: ChaCha8Rng) -> Self {
+        let size = size.min(n);
+        Self { n, size, start: rng.clone(), rng, buffer: (0..size).collect(), next: size, given: 0 }
     }
-    out
+
+    /// The example at the next position; `None` past the epoch's end.
+    fn next(&mut self) -> Option<usize> {
+        if self.buffer.is_empty() {
+            return None;
+        }
+        let slot = below(&mut self.rng, self.buffer.len());
+        let out = self.buffer[slot];
+        if self.next < self.n {
+            self.buffer[slot] = self.next;
+            self.next += 1;
+        } else {
+            self.buffer.swap_remove(slot);
+        }
+        self.given += 1;
+        Some(out)
+    }
+
+    fn take(&mut self, range: Range<usize>) -> Vec<usize> {
+        if range.start < self.given {
+            *self = Self::new(self.n, self.size, self.start.clone());
+        }
+        while self.given < range.start && self.next().is_some() {}
+        range.map_while(|_| self.next()).collect()
+    }
+
+    /// Indices held (the buffer's memory, for tests).
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.buffer.capacity()
+    }
 }
 
 /// A uniform draw from `0..n` (Lemire's multiply-and-reject). Written out rather than taken from
@@ -373,8 +417,9 @@ fn produce(
             order = schedule.epoch_order(epoch);
         }
         let range = schedule.batch_at(cursor);
+        let examples = order.take(range.clone());
         let mut batch = recycled.try_recv().unwrap_or_default();
-        let filled = fill(&mut batch, split, Some(epoch), range.len(), shard, |p| order.at(range.start + p));
+        let filled = fill(&mut batch, split, Some(epoch), range.len(), shard, |p| examples[p]);
         let failed = filled.is_err();
         if send.send(filled.map(|()| batch)).is_err() || failed {
             return;

@@ -79,8 +79,8 @@ fn buf(b: usize) -> Shuffle {
 }
 
 /// The first `n` positions of an epoch's order.
-fn listed(order: &EpochOrder, n: usize) -> Vec<usize> {
-    (0..n).map(|p| order.at(p)).collect()
+fn listed(mut order: EpochOrder, n: usize) -> Vec<usize> {
+    order.take(0..n)
 }
 
 fn schedule(n: usize, opts: &PipelineOptions) -> BatchSchedule {
@@ -132,11 +132,11 @@ fn windows_are_shuffled_whole_by_the_bijection_and_examples_by_fisher_yates() {
     for shuffle in [Shuffle::Off, buf(7)] {
         let opts = options(4, shuffle, 10, false);
         let windowed = BatchSchedule::new(50, &opts, WholeShuffle::Bijection).epoch_order(2);
-        assert_eq!(listed(&windowed, 50), listed(&schedule(50, &opts).epoch_order(2), 50), "{shuffle:?}");
+        assert_eq!(listed(windowed, 50), listed(schedule(50, &opts).epoch_order(2), 50), "{shuffle:?}");
     }
     let first = |data| take(&data, &options(4, Shuffle::Full, 10, false), Cursor::default(), 1).concat();
-    assert_eq!(first(windows(50)), listed(&BatchSchedule::new(50, &opts, WholeShuffle::Bijection).epoch_order(0), 10));
-    assert_eq!(first(dataset(50)), listed(&schedule(50, &opts).epoch_order(0), 10));
+    assert_eq!(first(windows(50)), listed(BatchSchedule::new(50, &opts, WholeShuffle::Bijection).epoch_order(0), 10));
+    assert_eq!(first(dataset(50)), listed(schedule(50, &opts).epoch_order(0), 10));
 }
 
 /// The shuffle buffer as `tf.data` describes it, written as a lazy stream over its input.
@@ -172,7 +172,7 @@ fn shuffle_buffer_matches_the_reference() {
     for (n, b) in [(1, 1), (10, 1), (10, 3), (50, 7), (50, 50), (50, 80), (1000, 64)] {
         for epoch in 0..3 {
             let opts = options(5, buf(b), 1, false);
-            let ours = listed(&schedule(n, &opts).epoch_order(epoch), n);
+            let ours = listed(schedule(n, &opts).epoch_order(epoch), n);
             let mut rng = ChaCha8Rng::seed_from_u64(5 ^ SHUFFLE_DOMAIN);
             rng.set_stream(epoch);
             let mut input = 0..n;
@@ -186,7 +186,7 @@ fn shuffle_buffer_matches_the_reference() {
         }
     }
     let identity = schedule(20, &options(5, buf(1), 1, false)).epoch_order(3);
-    assert_eq!(listed(&identity, 20), (0..20).collect::<Vec<_>>());
+    assert_eq!(listed(identity, 20), (0..20).collect::<Vec<_>>());
 }
 
 #[test]
@@ -195,7 +195,7 @@ fn full_shuffle_is_roughly_uniform() {
     let schedule = schedule(8, &options(3, Shuffle::Full, 1, false));
     let mut counts = [0u32; 8];
     for epoch in 0..8000 {
-        let order = listed(&schedule.epoch_order(epoch), 8);
+        let order = listed(schedule.epoch_order(epoch), 8);
         counts[order.iter().position(|&i| i == 0).unwrap()] += 1;
     }
     assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{counts:?}");
@@ -369,4 +369,36 @@ fn shuffle_from_spec() {
     assert_eq!(Shuffle::from_buffer_size(None), Shuffle::Full);
     assert_eq!(Shuffle::from_buffer_size(Some(0)), Shuffle::Off);
     assert_eq!(Shuffle::from_buffer_size(Some(64)), buf(64));
+}
+
+#[test]
+fn a_shuffle_buffer_holds_its_size_not_the_epoch_and_starts_at_any_position() {
+    let opts = options(5, buf(64), 1, false);
+    let n = 10_000;
+    let whole = listed(schedule(n, &opts).epoch_order(1), n);
+    // Batches of 7 read one after the other, as a run reads them.
+    let mut order = schedule(n, &opts).epoch_order(1);
+    let batches: Vec<usize> = (0..n).step_by(7).flat_map(|s| order.take(s..(s + 7).min(n))).collect();
+    assert_eq!(batches, whole);
+    // A resumed run's first batch, and a position behind the last one read.
+    for start in [0, 1, 4_999, 9_996] {
+        let end = (start + 7).min(n);
+        assert_eq!(schedule(n, &opts).epoch_order(1).take(start..end), whole[start..end], "from {start}");
+    }
+    assert_eq!(order.take(3..5), whole[3..5]);
+    // Over the windows of a corpus (one per token, 50 million), through the pipeline: the
+    // buffer is all that is held (an epoch's list would be 400 MB).
+    let corpus = 50_000_000;
+    let EpochOrder::Buffered(mut buffer) = BatchSchedule::new(corpus, &opts, WholeShuffle::Bijection).epoch_order(0)
+    else {
+        panic!("a shuffle buffer lists nothing")
+    };
+    let first = buffer.take(0..1_000);
+    assert!(first.iter().all(|&i| i < 1_000 + 64), "{first:?}");
+    assert_eq!(buffer.take(1_000_000..1_000_001).len(), 1);
+    assert_eq!(buffer.held(), 64);
+    let data = windows(100_000);
+    let got = take(&data, &options(5, buf(64), 1000, false), Cursor::default(), 3).concat();
+    let mut reference = schedule(100_000, &opts).epoch_order(0);
+    assert_eq!(got, reference.take(0..3000));
 }

@@ -62,27 +62,44 @@ pub fn plays() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare")
 }
 
-/// `spec`'s text with the seed of the character models' runs. Their per-position model (token
-/// ids as its inputs, no embedding) ends 60 steps of SGD at a test loss that swings with the
-/// order of the windows: over seeds 1 to 10, 3.5 to 4.8, two or three seeds above 4.0 under
-/// either order. Seed 3 went above it (4.64) when windows began to be shuffled by a bijection
-/// (issue 31); seed 8 ends below it under both orders (3.62 listed, 3.54 bijective).
-pub fn character_model_seed(spec: &str) -> String {
-    spec.replacen("seed = 3", "seed = 8", 1)
+/// The character model of the text sources' tests: each position's token through an embedding
+/// of 16 and a dense layer to the `vocab` classes, so each position predicts the next character
+/// from the one it reads (a bigram model). Trained at [`CHARACTER_MODEL_LEARNING_RATE`] for 60
+/// steps of 16 windows it ends at a test loss of 3.02 to 3.05 nats over seeds 1 to 8 (the
+/// plays' unigram entropy is 3.32, the uniform guess ln 73 = 4.29).
+pub fn character_model(vocab: usize) -> String {
+    format!(
+        "[[model.layers]]\ntype = \"embedding\"\noutput_dim = 16\n\n[[model.layers]]\n\
+         type = \"positionwise_dense\"\nunits = {vocab}"
+    )
+}
+
+/// SGD's learning rate for [`character_model`].
+pub const CHARACTER_MODEL_LEARNING_RATE: &str = "optimizer.learning_rate=2.0";
+
+/// The entropy, in nats, of the characters of the plays' training text: the loss of a model
+/// that knows only how often each character comes. A model below it has learnt from the
+/// characters it reads, which is sturdier evidence of training than a bar set between the
+/// uniform guess and it (the raw-id model once checked against 4.0 ended between 3.5 and 4.8
+/// depending on the seed).
+pub fn unigram_entropy() -> f64 {
+    let text = std::fs::read_to_string(plays().join("train.txt")).unwrap();
+    let mut counts = std::collections::BTreeMap::<char, f64>::new();
+    for c in text.chars() {
+        *counts.entry(c).or_default() += 1.0;
+    }
+    let n: f64 = counts.values().sum();
+    -counts.values().map(|k| k / n * (k / n).ln()).sum::<f64>()
 }
 
 /// Checks `spec` (a text source over the plays' paragraphs, windows of `block` tokens, the
 /// vocabulary from both splits): `check` shows one class per character of the plays at each
-/// position, and a 1×1 convolution over the windows trains to a test loss below 4.
+/// position, and the [`character_model`] trains to a test loss below the plays' unigram entropy.
 pub fn trains_a_character_model(spec: &Path, block: usize) {
     let read = |split: &str| std::fs::read_to_string(plays().join(format!("{split}.txt"))).unwrap();
     let vocab = (read("train") + &read("val")).chars().collect::<std::collections::BTreeSet<_>>().len();
-    let model = format!(
-        "[[model.layers]]\ntype = \"reshape\"\ntarget_shape = [{block}, 1, 1]\n\n[[model.layers]]\n\
-         type = \"conv2d\"\nfilters = {vocab}\nkernel_size = 1"
-    );
-    let text = character_model_seed(&std::fs::read_to_string(spec).unwrap());
-    std::fs::write(spec, text.replacen("[model]\n", &format!("[model]\n{model}\n"), 1)).unwrap();
+    let text = std::fs::read_to_string(spec).unwrap();
+    std::fs::write(spec, text.replacen("[model]\n", &format!("[model]\n{}\n", character_model(vocab)), 1)).unwrap();
     let check = super::run(&["check", spec.to_str().unwrap()]);
     let (shown, errors) = super::text(&check);
     super::assert_exit(&check, 0);
@@ -93,9 +110,10 @@ pub fn trains_a_character_model(spec: &Path, block: usize) {
         "--set",
         "run.threads=1",
         "--set",
-        "optimizer.learning_rate=0.01",
+        CHARACTER_MODEL_LEARNING_RATE,
     ]);
     super::assert_exit(&out, 0);
     let s = super::json(&spec.with_file_name("run").join("summary.json"));
-    assert!(s["test_loss"].as_f64().unwrap_or(9.0) < 4.0, "{s}");
+    let unigram = unigram_entropy();
+    assert!(s["test_loss"].as_f64().unwrap_or(9.0) < unigram, "unigram entropy {unigram:.3}: {s}");
 }

@@ -440,7 +440,7 @@ impl RandomAccess for CsvDataset {
 }
 
 /// A finite number, or why the cell is not one.
-fn parse_number(cell: &str) -> Result<f32, String> {
+pub(super) fn parse_number(cell: &str) -> Result<f32, String> {
     if cell.is_empty() {
         return Err("empty cell; every feature needs a value".into());
     }

@@ -9,22 +9,23 @@
 //!   features and one field is the label, read as the `csv` source reads its columns: classes
 //!   (names, or whole numbers) or regression targets.
 //!
-//! Text is streamed: a file's documents are read a batch at a time whenever they are needed
-//! (the `char` vocabulary, the token stream), and the stream goes through the token cache, so
-//! neither the documents nor their ids are held. A table is read whole at load (as `csv` reads
-//! its files). Either way shards and resume cursors are the pipeline's, by example, as for
-//! every source read by index. Every error names the file, the line, the column and the byte
-//! offset (`lines`).
+//! Neither is ever held. Text is streamed: a file's documents are read a batch at a time
+//! whenever they are needed (the `char` vocabulary, the token stream), and the stream goes
+//! through the token cache; its windows are read by index. A table is checked in one pass at
+//! load that keeps nothing per row (`table`), then streamed row by row (`stream`) as the
+//! Parquet tables are: the files are the shard units, an epoch goes through a shuffle buffer
+//! of `shuffle_buffer` rows, and a resumed run replays its epoch up to the cursor. Every error
+//! names the file, the line, the column and the byte offset (`lines`).
 
 mod lines;
+mod stream;
 mod table;
 
-use super::csv::{CsvDataset, Table};
 use super::text::{DOCUMENTS_A_BATCH, DocumentReader, Joining, TextFile, Texts, Tokenizing};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, missing_in, require};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
-use crate::data::formats::RandomAccess as _;
+use crate::data::pipeline::Shuffle;
 use crate::data::{CsvLabels, DataFacts, DataWarning, Dataset, Tokenization, Vocabulary, VocabularyFrom};
 use lines::Lines;
 use schemars::JsonSchema;
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use stream::JsonlTableSplit;
 
 /// `[data.jsonl]`: JSON Lines files, read as text for a language model or as a table.
 /// Exactly one of `text` and `table`.
@@ -53,6 +55,15 @@ pub struct JsonlConfig {
     /// Example: `table = { label = "species", features = ["petal_length", "petal_width"] }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<JsonlTable>,
+    /// Rows in the shuffle buffer a table's training rows stream through, as
+    /// `tf.data.Dataset.shuffle(buffer_size)` (text windows are shuffled whole, as `text`'s).
+    /// `0` reads rows in file order. Default: `1024`. Example: `shuffle_buffer = 10000`.
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: usize,
+}
+
+fn default_shuffle_buffer() -> usize {
+    1024
 }
 
 /// `data.jsonl.text`: documents for a language model.
@@ -134,42 +145,42 @@ impl DataSource for JsonlSource {
         missing_in(&self.dir, self.config.train.iter().chain(&self.config.validation))
     }
 
-    /// Example counts, shape and labels: the files are read.
+    /// Example counts, shape and labels: the files are read (a table's in one pass that
+    /// keeps nothing per row).
     fn facts(&self) -> Result<DataFacts, DataError> {
         match self.read_as()? {
             ReadAs::Text(text) => Ok(self.texts(text)?.facts()),
             ReadAs::Table(table) => {
-                let (train, test) = self.tables(table)?;
-                let one_class = train.labels().single_class();
+                let scan = self.scan(table)?;
                 let path = self.dir.join(&self.config.train[0]);
-                let warning = |name| DataWarning::one_class("data.jsonl.table.label", &path, name);
+                let warning = |name: &String| DataWarning::one_class("data.jsonl.table.label", &path, name);
+                let files = |s: &table::Scanned| s.rows.iter().filter(|&&r| r > 0).count();
                 Ok(DataFacts {
-                    train_examples: train.len(),
-                    test_examples: test.as_ref().map_or(0, |t| t.len()),
-                    example_shape: train.shape().to_vec(),
-                    labels: super::csv::label_kind(&train).0,
-                    // Rows are read by index and sharded by example, as a CSV table's: the
-                    // `file` policy, which reads a stream's files apart, is not offered.
-                    train_files: 1,
-                    warnings: one_class.map(warning).into_iter().collect(),
+                    train_examples: scan.train.rows.iter().sum(),
+                    test_examples: scan.test.as_ref().map_or(0, |t| t.rows.iter().sum()),
+                    example_shape: vec![scan.train.features.width()],
+                    labels: scan.kind,
+                    // The shard units of the `file` policy: the files that hold rows.
+                    train_files: files(&scan.train),
+                    warnings: scan.single_class.iter().map(warning).collect(),
                 })
             }
         }
     }
 
-    /// Reads the files: tokenized windows, or a table.
+    /// Reads the files: tokenized windows, or a table opened for streaming.
     fn load(&self) -> Result<Dataset, DataError> {
         match self.read_as()? {
             ReadAs::Text(text) => self.texts(text)?.dataset(),
             ReadAs::Table(table) => {
-                let (train, test) = self.tables(table)?;
-                let (labels, classes) = super::csv::label_kind(&train);
+                let scan = self.scan(table)?;
+                let split = |s| Split::of(JsonlTableSplit::new(s, &table.label));
                 Ok(Dataset {
-                    train: Split::of(Table(train)),
-                    test: test.map(|t| Split::of(Table(t))),
-                    labels,
+                    train: split(scan.train),
+                    test: scan.test.map(split),
+                    labels: scan.kind,
                     vocabulary: None,
-                    classes,
+                    classes: scan.classes,
                 })
             }
         }
@@ -193,6 +204,13 @@ impl DataSource for JsonlSource {
             Some(_) => RawValues::Tokens,
             None => RawValues::Numbers,
         }
+    }
+
+    /// A table's rows stream through `data.jsonl.shuffle_buffer`; text windows are read by
+    /// index, shuffled by the pipeline.
+    fn stream_shuffle(&self) -> Option<Shuffle> {
+        let buffer = NonZeroUsize::new(self.config.shuffle_buffer).map_or(Shuffle::Off, Shuffle::Buffer);
+        self.config.table.as_ref().map(|_| buffer)
     }
 }
 
@@ -252,10 +270,11 @@ impl JsonlSource {
         Ok((all(&self.config.train), all(&self.config.validation), tokenizing))
     }
 
-    /// The training table and the validation table, read as the training one was.
-    fn tables(&self, config: &JsonlTable) -> Result<(CsvDataset, Option<CsvDataset>), DataError> {
+    /// The pass over the training files and the validation files, the latter read as the
+    /// former.
+    fn scan(&self, config: &JsonlTable) -> Result<table::TableScan, DataError> {
         let paths = |names: &[String]| names.iter().map(|n| self.dir.join(n)).collect::<Vec<_>>();
-        table::read(&paths(&self.config.train), &paths(&self.config.validation), config)
+        table::scan(&paths(&self.config.train), &paths(&self.config.validation), config)
     }
 }
 

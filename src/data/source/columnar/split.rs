@@ -1,8 +1,8 @@
 //! A columnar table split as a stream of rows ([`ColumnarSplit`]): its files opened (footers,
 //! or stream headers), its shard units the units of the files in order (Parquet row groups,
 //! Arrow record batches), each read alone with only the columns read ([`RowStream`]), in order
-//! or through the shuffle buffer ([`ColumnarReader`]), and read in order by index for
-//! evaluation.
+//! or through the shuffle buffer ([`RowReader`], which the `jsonl` table shares), and read in
+//! order by index for evaluation.
 //!
 //! Resuming replays an epoch up to its cursor: unshuffled, whole units are skipped by their
 //! counts and rows within one by the format's row selection, so the position is found from
@@ -28,14 +28,14 @@ type Batches = Box<dyn Iterator<Item = Result<RecordBatch, DataError>> + Send>;
 
 /// One example: its features and its label.
 #[derive(Debug, Clone)]
-pub(super) struct TableRow {
+pub(in crate::data::source) struct TableRow {
     pub x: Vec<f32>,
     pub label: RowLabel,
 }
 
 /// A row's label.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum RowLabel {
+pub(in crate::data::source) enum RowLabel {
     Class(u32),
     Target(f32),
 }
@@ -125,11 +125,7 @@ impl StreamSplit for ColumnarSplit {
     }
 
     fn open_units(&self, units: &[usize], order: Order) -> Box<dyn StreamReader> {
-        let shuffle = match order {
-            Order::Files => None,
-            Order::Shuffled { buffer_size, seed, epoch } => Some(ShuffleBuffer::new(buffer_size, seed, epoch)),
-        };
-        Box::new(ColumnarReader { rows: self.rows(units), shuffle, pending: vec![] })
+        Box::new(RowReader::new(self.rows(units), order))
     }
 
     fn ended_early(&self) -> DataError {
@@ -178,7 +174,7 @@ impl Examples for ColumnarSplit {
     }
 }
 
-fn append_row(row: TableRow, batch: &mut Batch) {
+pub(in crate::data::source) fn append_row(row: TableRow, batch: &mut Batch) {
     batch.x.extend_from_slice(&row.x);
     match row.label {
         RowLabel::Class(c) => batch.y.push(c),
@@ -199,7 +195,7 @@ struct RowStream {
     rows: std::vec::IntoIter<TableRow>,
 }
 
-impl RowStream {
+impl Rows for RowStream {
     /// The next row, `None` at the end.
     fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         loop {
@@ -245,7 +241,9 @@ impl RowStream {
         }
         Ok(done)
     }
+}
 
+impl RowStream {
     /// Opens the next unit with its first `skip` rows skipped by a row selection; `false`
     /// when every unit has been read.
     fn open_next(&mut self, skip: usize) -> Result<bool, DataError> {
@@ -276,14 +274,41 @@ impl RowStream {
     }
 }
 
-/// One pass over some units: rows in order or through the shuffle buffer.
-struct ColumnarReader {
-    rows: RowStream,
+/// The rows of some shard units of a table read only in order, in order: a columnar
+/// split's (`RowStream`) or a JSONL table's.
+pub(in crate::data::source) trait Rows: Send {
+    /// The next row, `None` at the end.
+    fn next(&mut self) -> Result<Option<TableRow>, DataError>;
+
+    /// Skips `k` rows, decoding none it can skip by counts; returns how many were skipped
+    /// (fewer only at the end).
+    fn skip(&mut self, k: usize) -> Result<usize, DataError>;
+}
+
+/// One pass over some units: rows in order or through the shuffle buffer, which holds at most
+/// its `buffer_size` rows (besides the rows taken for the batch being made).
+pub(in crate::data::source) struct RowReader<R> {
+    rows: R,
     shuffle: Option<ShuffleBuffer<TableRow>>,
     pending: Vec<TableRow>,
 }
 
-impl ColumnarReader {
+impl<R: Rows> RowReader<R> {
+    /// A pass over `rows` in `order`.
+    pub(in crate::data::source) fn new(rows: R, order: Order) -> Self {
+        let shuffle = match order {
+            Order::Files => None,
+            Order::Shuffled { buffer_size, seed, epoch } => Some(ShuffleBuffer::new(buffer_size, seed, epoch)),
+        };
+        Self { rows, shuffle, pending: vec![] }
+    }
+
+    /// Rows held in the shuffle buffer now (a test's measure of memory).
+    #[cfg(test)]
+    pub(in crate::data::source) fn buffered(&self) -> usize {
+        self.shuffle.as_ref().map_or(0, ShuffleBuffer::len)
+    }
+
     fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         let rows = &mut self.rows;
         match &mut self.shuffle {
@@ -293,7 +318,7 @@ impl ColumnarReader {
     }
 }
 
-impl StreamReader for ColumnarReader {
+impl<R: Rows> StreamReader for RowReader<R> {
     /// Unshuffled, rows are skipped by counts; shuffled, they pass through the buffer (the
     /// outputs after the skip are then the ones an unbroken pass gives).
     fn skip(&mut self, k: usize) -> Result<usize, DataError> {

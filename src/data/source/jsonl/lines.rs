@@ -120,6 +120,27 @@ impl Lines {
         }
     }
 
+    /// Skips the next `k` objects without parsing them (a resumed stream finds its place):
+    /// lines are counted as [`Lines::next_object`] counts them, blank ones not at all; returns
+    /// how many were skipped (fewer only at the end of the file).
+    pub fn skip_objects(&mut self, k: usize) -> Result<usize, DataError> {
+        let mut done = 0;
+        while done < k {
+            self.buf.clear();
+            let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| self.stream_error(e))?;
+            if n == 0 {
+                break;
+            }
+            self.line += 1;
+            self.byte += n as u64;
+            // A line that is not UTF-8 is no blank line: `next_object` would stop on it, and
+            // the pass at load already has.
+            let blank = std::str::from_utf8(&self.buf).is_ok_and(|text| text.trim().is_empty());
+            done += usize::from(!blank);
+        }
+        Ok(done)
+    }
+
     fn malformed(&self, at: Position, problem: String) -> DataError {
         DataError::Malformed { path: self.path.clone(), at, problem }
     }

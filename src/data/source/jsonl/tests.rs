@@ -35,6 +35,7 @@ fn text_source(dir: &Path, train: &[&str], validation: &[&str], tokenization: To
                 block_size: NonZeroUsize::new(3).unwrap(),
             }),
             table: None,
+            shuffle_buffer: 1024,
         },
     }
 }
@@ -52,6 +53,7 @@ fn table_source(dir: &Path, train: &str, validation: Option<&str>, features: Opt
                 features: features.map(|f| f.iter().map(|s| s.to_string()).collect()),
                 labels: None,
             }),
+            shuffle_buffer: 1024,
         },
     }
 }
@@ -159,4 +161,187 @@ fn text_and_table_together_or_neither_is_refused() {
     source.config.table = None;
     source.config.text = None;
     assert!(error(&source).contains("needs `data.jsonl.text (a language model's documents) or data.jsonl.table"));
+}
+
+/// `n` rows as a CSV table (`a`, `b`, label `y`) and as the same objects in JSONL, the label
+/// made by `label` from the row's index.
+fn same_rows(dir: &Path, name: &str, n: usize, label: impl Fn(usize) -> String) {
+    let mut csv = String::from("a,b,y\n");
+    let mut jsonl = String::new();
+    for i in 0..n {
+        let (a, b, y) = (i as f32 * 0.5, (i * 7 % 13) as f32 - 6.0, label(i));
+        csv += &format!("{a},{b},{y}\n");
+        let y = match y.parse::<f64>() {
+            Ok(_) => y.clone(),
+            Err(_) => format!("{y:?}"),
+        };
+        // A blank line now and then, which neither the count nor the skip may see.
+        jsonl += &format!("{{\"b\": {b}, \"y\": {y}, \"a\": {a}}}\n{}", if i % 5 == 2 { "\n" } else { "" });
+    }
+    write(dir, &format!("{name}.csv"), &csv);
+    write(dir, &format!("{name}.jsonl"), &jsonl);
+}
+
+fn csv_source(dir: &Path, train: &str, test: Option<&str>) -> crate::data::CsvSource {
+    crate::data::CsvSource {
+        dir: dir.to_path_buf(),
+        config: crate::data::source::CsvConfig {
+            train: format!("{train}.csv"),
+            test: test.map(|t| format!("{t}.csv")),
+            label: "y".into(),
+            features: Some(vec!["a".into(), "b".into()]),
+            labels: None,
+        },
+    }
+}
+
+/// Every batch of an epoch's first `steps` global batches (all of it at 1 worker).
+fn batches(
+    data: &Dataset,
+    shuffle: crate::data::Shuffle,
+    seed: u64,
+    steps: usize,
+) -> Vec<(Vec<f32>, Vec<u32>, Vec<f32>)> {
+    use crate::data::{Cursor, Pipeline, PipelineOptions, Shard};
+    let options = PipelineOptions {
+        seed,
+        shuffle,
+        global_batch: NonZeroUsize::new(7).unwrap(),
+        drop_remainder: false,
+        prefetch: 1,
+        shard: Shard::WHOLE,
+    };
+    let mut pipeline =
+        Pipeline::new(std::sync::Arc::new(data.clone()), &options, Cursor { epoch: 3, offset: 0 }).unwrap();
+    (0..steps).map(|_| pipeline.next_batch().map(|b| (b.x, b.y, b.targets)).unwrap()).collect()
+}
+
+#[test]
+fn a_streamed_table_reads_and_shuffles_as_the_same_rows_held_in_memory() {
+    use crate::data::Shuffle;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let names = ["dog", "ant", "cat"];
+    same_rows(d, "names", 200, |i| names[i * 5 % 3].to_string());
+    same_rows(d, "names_val", 30, |i| names[i % 2].to_string());
+    same_rows(d, "numbered", 200, |i| (i * 3 % 5).to_string());
+    same_rows(d, "numbered_val", 30, |i| (i % 4 + 1).to_string());
+    same_rows(d, "targets", 200, |i| format!("{}", i as f32 / 8.0));
+    for (train, test) in [("names", Some("names_val")), ("numbered", Some("numbered_val")), ("targets", None)] {
+        let held = csv_source(d, train, test).load().unwrap();
+        let mut jsonl = table_source(
+            d,
+            &format!("{train}.jsonl"),
+            test.map(|t| format!("{t}.jsonl")).as_deref(),
+            Some(&["a", "b"]),
+        );
+        let streamed = jsonl.load().unwrap();
+        assert_eq!((streamed.labels, &streamed.classes), (held.labels, &held.classes), "{train}");
+        assert_eq!(streamed.train.bytes_held(), 0, "{train}");
+        assert_eq!(streamed.train.read(0..200).unwrap(), held.train.read(0..200).unwrap(), "{train}");
+        if let (Some(s), Some(h)) = (&streamed.test, &held.test) {
+            assert_eq!(s.read(0..30).unwrap(), h.read(0..30).unwrap(), "{train}");
+        }
+        assert_eq!(jsonl.facts().unwrap(), streamed.facts(1), "{train}");
+        // The held table through `data.shuffle_buffer` gives the batches the stream gives
+        // through `data.jsonl.shuffle_buffer`; unshuffled, both are file order.
+        for shuffle in [Shuffle::Off, Shuffle::Buffer(NonZeroUsize::new(16).unwrap())] {
+            jsonl.config.shuffle_buffer = match shuffle {
+                Shuffle::Buffer(n) => n.get(),
+                _ => 0,
+            };
+            assert_eq!(jsonl.stream_shuffle(), Some(shuffle));
+            assert_eq!(batches(&streamed, shuffle, 11, 29), batches(&held, shuffle, 11, 29), "{train} {shuffle:?}");
+        }
+    }
+}
+
+#[test]
+fn a_streamed_table_resumes_at_any_row_and_holds_no_more_than_its_buffer() {
+    use crate::data::examples::StreamReader as _;
+    use crate::data::source::tfrecord::Order;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rows = |from: usize, to: usize| -> String {
+        (from..to).map(|i| format!("{{\"x\": [{i}, {}], \"y\": {}}}\n", i * 2, i % 3)).collect()
+    };
+    write(d, "a.jsonl", &rows(0, 9));
+    gzip(d, "b.jsonl.gz", &(String::from("\n  \n") + &rows(9, 10)));
+    write(d, "empty.jsonl", "\n");
+    zstd(d, "c.jsonl.zst", &rows(10, 23));
+    let mut source = table_source(d, "a.jsonl", None, None);
+    source.config.train = ["a.jsonl", "b.jsonl.gz", "empty.jsonl", "c.jsonl.zst"].map(String::from).to_vec();
+    assert_eq!(source.facts().unwrap().train_files, 3, "the files that hold rows");
+    let data = source.load().unwrap();
+    let records = data.train.records().unwrap();
+    assert_eq!(records.unit_lens(), [9, 1, 13]);
+    for units in [&[0, 1, 2][..], &[2, 0]] {
+        let n = crate::data::source::columnar::split::assert_skips_resume_an_unbroken_pass(records, units, 2);
+        assert_eq!(n, units.iter().map(|&u| records.unit_lens()[u]).sum::<usize>());
+    }
+
+    // 20,000 rows through a buffer of 64: the pass holds 64 rows at most, whatever the file.
+    write(d, "big.jsonl", &rows(0, 20_000));
+    let config = table_source(d, "big.jsonl", None, None).config.table.unwrap();
+    let scan = table::scan(&[d.join("big.jsonl")], &[], &config).unwrap();
+    let stream = stream::JsonlTableSplit::new(scan.train, "y");
+    let order = Order::Shuffled { buffer_size: NonZeroUsize::new(64).unwrap(), seed: 1, epoch: 0 };
+    let mut pass = stream.reader(&[0], order);
+    let (mut taken, mut most) = (0, 0);
+    while pass.take().unwrap() {
+        taken += 1;
+        most = most.max(pass.buffered());
+        if taken % 100 == 0 {
+            let mut batch = crate::data::Batch::default();
+            pass.decode(&mut batch).unwrap();
+        }
+    }
+    assert_eq!((taken, most), (20_000, 64));
+}
+
+#[test]
+fn label_errors_and_warnings_are_the_held_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, "mixed.jsonl", "{\"a\": 1, \"y\": 3}\n\n{\"a\": 2, \"y\": \"cat\"}\n");
+    let err = error(&table_source(d, "mixed.jsonl", None, None));
+    assert!(
+        err.ends_with(
+            "mixed.jsonl:3:1 (byte 18): label field `y`: \"cat\" is text but the column also holds numbers (\"3\" on \
+             row 1); fix the cell, or set the label kind to classes to read every value as a class name"
+        ),
+        "{err}"
+    );
+    let mut regression = table_source(d, "mixed.jsonl", None, None);
+    regression.config.table.as_mut().unwrap().labels = Some(CsvLabels::Regression);
+    let err = error(&regression);
+    assert!(err.ends_with("mixed.jsonl:3:1 (byte 18): label field `y`: \"cat\" is not a number"), "{err}");
+    // Read as classes, the numbers are names too.
+    let mut classes = table_source(d, "mixed.jsonl", None, None);
+    classes.config.table.as_mut().unwrap().labels = Some(CsvLabels::Classes);
+    let data = classes.load().unwrap();
+    assert_eq!(data.classes.unwrap().names(), ["3", "cat"]);
+    assert_eq!(data.train.read(0..2).unwrap().y, [0, 1]);
+
+    write(d, "t.jsonl", "{\"a\": 1, \"y\": \"cat\"}\n{\"a\": 2, \"y\": \"ant\"}\n");
+    write(d, "v.jsonl", "{\"a\": 1, \"y\": \"bee\"}\n{\"a\": 2, \"y\": \"cat\"}\n");
+    let err = error(&table_source(d, "t.jsonl", Some("v.jsonl"), None));
+    assert!(err.contains("holds `bee` that the training table") && err.contains("(its classes: ant, cat)"), "{err}");
+    // Numbered classes: the test split's are the training split's numbers.
+    write(d, "n.jsonl", "{\"a\": 1, \"y\": 4}\n{\"a\": 2, \"y\": 0}\n");
+    write(d, "nv.jsonl", "{\"a\": 1, \"y\": 2}\n{\"a\": 2, \"y\": 4}\n");
+    let data = table_source(d, "n.jsonl", Some("nv.jsonl"), None).load().unwrap();
+    assert_eq!(data.labels, LabelKind::Class { classes: 5 });
+    assert_eq!(data.test.unwrap().read(0..2).unwrap().y, [2, 4]);
+    write(d, "nv.jsonl", "{\"a\": 1, \"y\": 5}\n");
+    let err = error(&table_source(d, "n.jsonl", Some("nv.jsonl"), None));
+    assert!(err.contains("holds `5` that the training table"), "{err}");
+
+    write(d, "one.jsonl", "{\"a\": 1, \"y\": \"cat\"}\n{\"a\": 2, \"y\": \"cat\"}\n");
+    let warnings = table_source(d, "one.jsonl", None, None).facts().unwrap().warnings;
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].message.contains("is `cat`"), "{warnings:?}");
+    write(d, "empty.jsonl", "\n\n");
+    let err = error(&table_source(d, "empty.jsonl", None, None));
+    assert!(err.contains("empty.jsonl: no JSON objects"), "{err}");
 }
