@@ -5,7 +5,7 @@
 //! by shape so both see the same machine.
 
 use super::median;
-use crate::engine::bf16::{Bf16Support, ProductPath, gemm};
+use crate::engine::bf16::{Bf16Support, ProductPath, gemm, paths_here};
 use crate::engine::strided::{MatMut, MatRef};
 
 /// One product of the GPT: `name`, `m × k · k × n`, and whether the left operand is read
@@ -47,17 +47,39 @@ pub(super) fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
+/// AMX's bf16 peak on `cores` cores at the clock `/proc/cpuinfo` reports, where this
+/// process runs AMX.
+fn amx_peak_gflops(cores: usize) -> Option<f64> {
+    if !paths_here().contains(&ProductPath::Amx) {
+        return None;
+    }
+    let mhz: f64 = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(1024.0 * cores as f64 * mhz / 1e3)
+}
+
 /// Prints the table; `reps` timed products per figure.
 pub fn run(reps: usize) -> Result<(), String> {
     let cpu = Bf16Support::detect();
     let mixed = cpu.mixed_path().map_or("runs in fp32", ProductPath::name);
-    let mut paths = vec![ProductPath::Float32, ProductPath::EmulatedBfloat16];
-    paths.extend(cpu.mixed_path().filter(|p| !paths.contains(p)));
+    let paths = paths_here();
     println!(
         "\n== matrix products, GFLOP/s on 2 threads (median of {reps}); CPU: {} (bf16: {}; mixed_bfloat16 takes {mixed})",
         cpu_model(),
         cpu.name()
     );
+    if let Some(peak) = amx_peak_gflops(2) {
+        println!(
+            "   AMX peak on 2 cores at the clock /proc/cpuinfo reports: {peak:.0} GFLOP/s (1,024 bf16 FLOP a cycle a core)"
+        );
+    }
     print!("{:>10} {:>16} {:>16}", "GPT", "product", "m×k·k×n");
     paths.iter().for_each(|p| print!(" {:>22}", p.name()));
     println!();

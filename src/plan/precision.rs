@@ -35,7 +35,7 @@ impl PrecisionPlan {
                 "mixed_bfloat16: bf16 inputs and fp32 sums on {} for products of layers {} wide or more \
                  (attention projections, MLP, LM head); smaller ones measured faster in fp32 here (this CPU: {})",
                 path.name(),
-                crate::engine::bf16::PAYS_FROM,
+                path.pays_from(),
                 self.cpu.name()
             ),
         }

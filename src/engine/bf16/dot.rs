@@ -51,7 +51,7 @@ pub fn product(mut c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32
         return;
     }
     scratch::with_words(1, |packed_b| {
-        pack::pack_b(b, packed_b);
+        pack::pack_b(b, pairs(k), threads, packed_b);
         let job = ProductJob { a, packed_b, m, n, kp: pairs(k), threads };
         match c.row_major() {
             Some((data, rs)) => job.run(data, rs, keep, scale),

@@ -5,6 +5,7 @@
 //!
 //! Paths, chosen once per run by the plan from what the CPU has ([`Bf16Support`]):
 //! - `float32`: `gemm` on fp32 inputs (the `float32` policy, or no bf16 on this CPU).
+//! - `amx_bf16`: `tdpbf16ps` on 16 × 32 tiles of bf16 ([`amx`]), where the CPU has AMX.
 //! - `avx512_bf16`: `vdpbf16ps` on packed bf16 pairs ([`dot`]).
 //! - `fp32-emulated-storage`: inputs rounded to bf16 while copied, multiplied by `gemm`'s
 //!   fp32 kernel (the products of bf16 values are exact in fp32): bf16's numbers at fp32's
@@ -13,12 +14,12 @@
 //! Every path splits output rows, never a sum, across threads, so one path gives the same
 //! bits on any thread count; different paths differ in the last bits of their sums.
 
+mod amx;
+mod convert;
 mod dot;
 mod pack;
 pub mod round;
 mod scratch;
-
-pub use dot::PAYS_FROM;
 
 use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
 use serde::Serialize;
@@ -34,6 +35,8 @@ pub enum ProductPath {
     EmulatedBfloat16,
     /// bf16 pairs through `vdpbf16ps`.
     Avx512Bf16,
+    /// bf16 tiles through AMX's `tdpbf16ps`.
+    Amx,
 }
 
 impl ProductPath {
@@ -43,19 +46,26 @@ impl ProductPath {
             Self::Float32 => "float32",
             Self::EmulatedBfloat16 => "fp32-emulated-storage",
             Self::Avx512Bf16 => "avx512_bf16",
+            Self::Amx => "amx_bf16",
+        }
+    }
+
+    /// The smallest model dimension at which this path beat `gemm`'s fp32 kernel on the CPU
+    /// it was measured on ([`Bf16Support::mixed_path`]).
+    pub fn pays_from(self) -> usize {
+        match self {
+            Self::Float32 | Self::EmulatedBfloat16 => 0,
+            Self::Avx512Bf16 => dot::PAYS_FROM,
+            Self::Amx => amx::PAYS_FROM,
         }
     }
 
     /// The path for a layer whose products multiply `inputs` by `units` (its two model
     /// dimensions: never the batch, so replicas of any size take the same path): this path
     /// where it pays, fp32 where fp32 measured faster. `vdpbf16ps` needs both dimensions of
-    /// at least [`dot::PAYS_FROM`].
+    /// at least [`ProductPath::pays_from`].
     pub fn for_dims(self, inputs: usize, units: usize) -> Self {
-        match self {
-            Self::Float32 | Self::EmulatedBfloat16 => self,
-            Self::Avx512Bf16 if inputs.min(units) >= dot::PAYS_FROM => self,
-            Self::Avx512Bf16 => Self::Float32,
-        }
+        if inputs.min(units) >= self.pays_from() { self } else { Self::Float32 }
     }
 
     /// Whether products run in fp32 (for leaving the field out of a serialized plan).
@@ -67,6 +77,8 @@ impl ProductPath {
 /// What this CPU offers for bf16 products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bf16Support {
+    /// AMX tiles (AMX-BF16), granted to this process.
+    Amx,
     /// `vdpbf16ps` (AVX512-BF16).
     Avx512Bf16,
     /// No bf16 instructions.
@@ -76,7 +88,13 @@ pub enum Bf16Support {
 impl Bf16Support {
     /// This CPU's support, detected at run time.
     pub fn detect() -> Self {
-        if dot::available() { Self::Avx512Bf16 } else { Self::None }
+        if amx::available() {
+            Self::Amx
+        } else if dot::available() {
+            Self::Avx512Bf16
+        } else {
+            Self::None
+        }
     }
 
     /// The path `mixed_bfloat16` takes here: `None` where the products run in fp32.
@@ -89,10 +107,16 @@ impl Bf16Support {
     /// and below (the Shakespeare spec, one head's attention, a 65-token LM head) fp32 was
     /// faster (up to 2×), so those stay fp32. The fp32-emulated path (bf16 values at fp32's
     /// speed) was slower than both everywhere (its copies cost more than they save), so it is
-    /// never planned; it remains the portable check. A Xeon's `vdpbf16ps` runs at half its
-    /// fp32 FMA rate (DEPENDENCIES.md): there AMX is the path, which this engine has not yet.
+    /// never planned; it remains the portable check.
+    ///
+    /// With AMX, `tdpbf16ps` (Intel Xeon with AMX-BF16, 2 threads, 2026-11-29): 612–757
+    /// GFLOP/s at nanoGPT's layer shapes against `gemm`'s fp32 301–345 and `vdpbf16ps`'s
+    /// 146–183 (half the fp32 rate on this CPU, as DEPENDENCIES.md says), 206–446 against
+    /// 74–288 at the Shakespeare spec's 128-wide layers; one head's 64-wide products were
+    /// level with fp32 (124–136 against 122–133), so AMX pays from 64 ([`amx::PAYS_FROM`]).
     pub fn mixed_path(self) -> Option<ProductPath> {
         match self {
+            Self::Amx => Some(ProductPath::Amx),
             Self::Avx512Bf16 => Some(ProductPath::Avx512Bf16),
             Self::None => None,
         }
@@ -101,10 +125,19 @@ impl Bf16Support {
     /// The name `trainrun check` prints for it.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Amx => "amx_bf16",
             Self::Avx512Bf16 => "avx512_bf16",
             Self::None => "none",
         }
     }
+}
+
+/// Every path this process can run: fp32, the emulated path, and the instructions it has.
+pub fn paths_here() -> Vec<ProductPath> {
+    let mut paths = vec![ProductPath::Float32, ProductPath::EmulatedBfloat16];
+    paths.extend(dot::available().then_some(ProductPath::Avx512Bf16));
+    paths.extend(amx::available().then_some(ProductPath::Amx));
+    paths
 }
 
 /// `c = (accumulate ? c : 0) + scale · a · b` on `path` (see [`crate::engine::strided::gemm`]).
@@ -139,6 +172,7 @@ pub fn product(
             gemm_scaled(c, MatRef::rows(ra, m, k), MatRef::rows(rb, k, n), keep, scale, threads)
         }),
         ProductPath::Avx512Bf16 => dot::product(c, a, b, keep, scale, threads),
+        ProductPath::Amx => amx::product(c, a, b, keep, scale, threads),
     }
 }
 
@@ -151,10 +185,13 @@ mod tests {
     /// path is the one the reference does not describe.
     #[test]
     fn every_path_here_matches_the_reference() {
-        let mut paths = vec![ProductPath::EmulatedBfloat16];
-        match Bf16Support::detect() {
-            Bf16Support::Avx512Bf16 => paths.push(ProductPath::Avx512Bf16),
-            Bf16Support::None => eprintln!("skipped avx512_bf16: this CPU has none"),
+        let paths: Vec<_> = paths_here().into_iter().filter(|p| *p != ProductPath::Float32).collect();
+        for (path, skipped) in
+            [(ProductPath::Avx512Bf16, "this CPU has none"), (ProductPath::Amx, "this CPU or kernel gives no AMX")]
+        {
+            if !paths.contains(&path) {
+                eprintln!("skipped {}: {skipped}", path.name());
+            }
         }
         let (m, n, k) = (37, 45, 70);
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 29) % 97) as f32 / 9.0 - 5.0).collect();

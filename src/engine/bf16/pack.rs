@@ -4,6 +4,7 @@
 //! `vdpbf16ps` and AMX's `tdpbf16ps` multiply. An odd `k` and ragged edges pad with zeros,
 //! which add nothing to any sum.
 
+use super::convert;
 use super::round::{round, to_bf16};
 use crate::engine::simd::vectorized;
 use crate::engine::strided::MatRef;
@@ -35,40 +36,100 @@ fn at_or_zero(m: &MatRef<'_>, i: usize, j: usize) -> f32 {
 /// Writes `dst[x] = pair(lo[x], hi[x])`, `hi` missing past its end (an odd `k`'s last pair).
 #[inline(always)]
 fn pair_lanes(dst: &mut [u32], lo: &[f32], hi: Option<&[f32]>) {
-    match hi {
-        Some(hi) => dst.iter_mut().zip(lo).zip(hi).for_each(|((d, &l), &h)| *d = pair(l, h)),
-        None => dst.iter_mut().zip(lo).for_each(|(d, &l)| *d = pair(l, 0.0)),
+    convert::interleave(lo, hi, dst);
+}
+
+/// Packs `b` (`k × n`) into panels of [`NR`] columns: panel `q` holds, for each of `kp`
+/// (≥ [`pairs`]`(k)`) pairs `p`, the words `(b[2p][j], b[2p+1][j])` of its columns `j` in
+/// order (zero past `n` and past `k`). Panels are packed on up to `threads` threads (each
+/// word is written once, so the result does not depend on them). `out` is reused.
+pub fn pack_b(b: MatRef<'_>, kp: usize, threads: usize, out: &mut Vec<u32>) {
+    let (k, n) = b.shape();
+    debug_assert!(kp >= pairs(k));
+    out.clear();
+    out.resize(n.div_ceil(NR) * kp * NR, 0);
+    if b.contiguous_row(0).is_some() {
+        // Activations: two rows at a time across every panel, so rows are read in order
+        // (panel by panel, a panel's 128 bytes of each row 6 KB apart defeated the
+        // prefetcher: 3 GB/s). Tasks take ranges of pairs; each word is written once, so
+        // the result does not depend on them.
+        let panels = SharedPanels { out: out.as_mut_ptr(), len: out.len(), kp };
+        let pair_rows = |ps: std::ops::Range<usize>| {
+            for p in ps {
+                let (lo, hi) = (b.contiguous_row(2 * p).unwrap_or_default(), b.contiguous_row(2 * p + 1));
+                for q in 0..n.div_ceil(NR) {
+                    let cols = q * NR..((q + 1) * NR).min(n);
+                    // SAFETY: pair `p` of panel `q` is written by this task alone.
+                    let dst = unsafe { panels.words(q, p, cols.len()) };
+                    pair_lanes(dst, &lo[cols.clone()], hi.map(|h| &h[cols]));
+                }
+            }
+        };
+        let per_task = pairs(k).div_ceil(4 * threads.max(1)).max(16);
+        if threads > 1 && pairs(k) > per_task {
+            use rayon::prelude::*;
+            (0..pairs(k).div_ceil(per_task))
+                .into_par_iter()
+                .for_each(|t| pair_rows(t * per_task..((t + 1) * per_task).min(pairs(k))));
+        } else {
+            pair_rows(0..pairs(k));
+        }
+    } else {
+        let panel = |(q, dst): (usize, &mut [u32])| vectorized(|| pack_panel(b, q, dst));
+        if threads > 1 && n > NR {
+            use rayon::prelude::*;
+            out.par_chunks_exact_mut(kp * NR).enumerate().for_each(panel);
+        } else {
+            out.chunks_exact_mut(kp * NR).enumerate().for_each(panel);
+        }
     }
 }
 
-/// Packs `b` (`k × n`) into panels of [`NR`] columns: panel `q` holds, for each pair `p`,
-/// the words `(b[2p][j], b[2p+1][j])` of its columns `j` in order (zero past `n`). `out` is
-/// reused.
-pub fn pack_b(b: MatRef<'_>, out: &mut Vec<u32>) {
+/// [`pack_b`]'s output, written by tasks that each own a range of pairs in every panel.
+struct SharedPanels {
+    out: *mut u32,
+    len: usize,
+    kp: usize,
+}
+
+// SAFETY: tasks write disjoint words (their own pairs), and the buffer outlives them.
+unsafe impl Sync for SharedPanels {}
+
+impl SharedPanels {
+    /// The `cols` words of pair `p` in panel `q`.
+    ///
+    /// # Safety
+    /// No other live reference may cover them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn words(&self, q: usize, p: usize, cols: usize) -> &mut [u32] {
+        let start = (q * self.kp + p) * NR;
+        assert!(p < self.kp && cols <= NR && start + cols <= self.len);
+        // SAFETY: inside the buffer (checked); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.out.add(start), cols) }
+    }
+}
+
+/// Panel `q` of a [`pack_b`] of a weight read transposed, into `dst` (zeroed, `kp · NR`
+/// words).
+#[inline(always)]
+fn pack_panel(b: MatRef<'_>, q: usize, dst: &mut [u32]) {
     let (k, n) = b.shape();
-    let kp = pairs(k);
-    out.clear();
-    out.resize(n.div_ceil(NR) * kp * NR, 0);
-    vectorized(|| {
-        if b.contiguous_row(0).is_some() {
-            // Activations: two rows at a time, a panel's columns at once.
-            for p in 0..kp {
-                let (lo, hi) = (b.contiguous_row(2 * p).unwrap_or_default(), b.contiguous_row(2 * p + 1));
-                for (q, dst) in out.chunks_exact_mut(kp * NR).enumerate() {
-                    let cols = q * NR..((q + 1) * NR).min(n);
-                    pair_lanes(&mut dst[p * NR..p * NR + cols.len()], &lo[cols.clone()], hi.map(|h| &h[cols]));
+    let cols = q * NR..((q + 1) * NR).min(n);
+    // Down each column, whose pairs lie side by side (a column's bf16 values in order are
+    // its pair words, little-endian), converted whole, then spread.
+    let mut words = vec![0u32; pairs(k)];
+    for (jj, j) in cols.enumerate() {
+        match b.contiguous_col(j) {
+            Some(col) => {
+                convert::row(col, bytemuck::cast_slice_mut::<u32, u16>(&mut words));
+                if k % 2 == 1 {
+                    words[k / 2] &= 0xffff;
                 }
+                words.iter().enumerate().for_each(|(p, &w)| dst[p * NR + jj] = w);
             }
-        } else {
-            // A weight read transposed: down each column.
-            for j in 0..n {
-                let dst = &mut out[(j / NR) * kp * NR + j % NR..];
-                for p in 0..kp {
-                    dst[p * NR] = pair(b.at(2 * p, j), at_or_zero(&b, 2 * p + 1, j));
-                }
-            }
+            None => (0..pairs(k)).for_each(|p| dst[p * NR + jj] = pair(b.at(2 * p, j), at_or_zero(&b, 2 * p + 1, j))),
         }
-    });
+    }
 }
 
 /// Packs rows `rows` of `a` (`m × k`) into groups of [`MR`] rows: group `g` holds, for each
@@ -95,6 +156,47 @@ pub fn pack_a(a: MatRef<'_>, rows: Range<usize>, out: &mut Vec<u32>) {
                 let group = &mut out[(r / MR) * kp * MR + r % MR..];
                 for p in 0..kp {
                     group[p * MR] = pair(a.at(i, 2 * p), at_or_zero(&a, i, 2 * p + 1));
+                }
+            }
+        }
+    });
+}
+
+/// Packs rows `rows` of `a` (`m × k`) into AMX tiles: groups of 16 rows, each `blocks` tiles
+/// of 16 rows × 16 pairs along `k` (64-byte rows), row `r` of the range and pair `p` at word
+/// `((r/16 · blocks + p/16) · 16 + r%16) · 16 + p%16`; zero past the range and past `k`.
+/// `out` is reused.
+pub fn pack_a_tiles(a: MatRef<'_>, rows: Range<usize>, blocks: usize, out: &mut Vec<u32>) {
+    const T: usize = super::amx::TILE;
+    let k = a.shape().1;
+    let kp = pairs(k);
+    debug_assert!(blocks * T >= kp);
+    out.clear();
+    out.resize(rows.len().div_ceil(T) * blocks * T * T, 0);
+    let at = |r: usize, p: usize| ((r / T * blocks + p / T) * T + r % T) * T + p % T;
+    vectorized(|| {
+        if a.contiguous_col(0).is_some() {
+            // Read transposed (a weight gradient's `xᵀ`): a pair's rows lie side by side,
+            // interleaved whole, then spread down the tiles.
+            let mut words = vec![0u32; rows.len()];
+            for p in 0..kp {
+                let lo = &a.contiguous_col(2 * p).unwrap_or_default()[rows.clone()];
+                let hi = a.contiguous_col(2 * p + 1).map(|h| &h[rows.clone()]);
+                convert::interleave(lo, hi, &mut words);
+                words.iter().enumerate().for_each(|(r, &w)| out[at(r, p)] = w);
+            }
+        } else {
+            for (r, i) in rows.clone().enumerate() {
+                match a.contiguous_row(i) {
+                    // Activations: a row's bf16 values in order are its pair words, a tile
+                    // row (32 values) at once.
+                    Some(row) => {
+                        for (t, src) in row.chunks(2 * T).enumerate() {
+                            let dst = &mut out[at(r, t * T)..at(r, t * T) + T];
+                            convert::row(src, bytemuck::cast_slice_mut::<u32, u16>(dst));
+                        }
+                    }
+                    None => (0..kp).for_each(|p| out[at(r, p)] = pair(a.at(i, 2 * p), at_or_zero(&a, i, 2 * p + 1))),
                 }
             }
         }
@@ -129,7 +231,7 @@ mod tests {
         let vt: Vec<f32> = (0..k * n).map(|i| v[(i % k) * n + i / k]).collect();
         for b in [MatRef::rows(&v, k, n), MatRef::rows(&vt, n, k).t()] {
             let mut out = Vec::new();
-            pack_b(b, &mut out);
+            pack_b(b, pairs(k), 2, &mut out);
             assert_eq!(out.len(), 2 * 2 * NR);
             for q in 0..2 {
                 for p in 0..2 {
@@ -158,6 +260,28 @@ mod tests {
                 let i = 2 + r;
                 let get = |j: usize| if i < m && j < k { round(v[i * k + j]) } else { 0.0 };
                 assert_eq!((lo, hi), (get(2 * p), get(2 * p + 1)), "row {r} pair {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tiles_hold_16_pairs_a_row_and_pad_rows_and_k_with_zeros() {
+        // 19 rows (2..21) of 35: two groups (one ragged), k padded to 2 tiles of 16 pairs, read both
+        // row-major and transposed.
+        let (m, k, blocks) = (21, 35, 2);
+        let v: Vec<f32> = (0..m * k).map(|i| 1.0 + i as f32 / 7.0).collect();
+        let vt: Vec<f32> = (0..m * k).map(|i| v[(i % m) * k + i / m]).collect();
+        for a in [MatRef::rows(&v, m, k), MatRef::rows(&vt, k, m).t()] {
+            let mut out = Vec::new();
+            pack_a_tiles(a, 2..21, blocks, &mut out);
+            assert_eq!(out.len(), 2 * blocks * 16 * 16);
+            for r in 0..32 {
+                for p in 0..blocks * 16 {
+                    let (lo, hi) = unpair(out[((r / 16 * blocks + p / 16) * 16 + r % 16) * 16 + p % 16]);
+                    let i = 2 + r;
+                    let get = |j: usize| if i < m && j < k { round(v[i * k + j]) } else { 0.0 };
+                    assert_eq!((lo, hi), (get(2 * p), get(2 * p + 1)), "row {r} pair {p}");
+                }
             }
         }
     }

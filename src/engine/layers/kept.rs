@@ -25,7 +25,7 @@ impl Kept {
     pub(super) fn for_products(path: ProductPath) -> Self {
         match path {
             ProductPath::Float32 => Self::Float32(Vec::new()),
-            ProductPath::EmulatedBfloat16 | ProductPath::Avx512Bf16 => Self::Bfloat16(Vec::new()),
+            ProductPath::EmulatedBfloat16 | ProductPath::Avx512Bf16 | ProductPath::Amx => Self::Bfloat16(Vec::new()),
         }
     }
 
@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn bf16_keeps_what_a_bf16_product_reads_and_fp32_keeps_every_bit() {
         let values: Vec<f32> = (0..1001).map(|i| (i as f32 * 0.731).sin() * 3.0 + 1e-40 * i as f32).collect();
-        for path in [ProductPath::Float32, ProductPath::EmulatedBfloat16, ProductPath::Avx512Bf16] {
+        for path in [ProductPath::Float32, ProductPath::EmulatedBfloat16, ProductPath::Avx512Bf16, ProductPath::Amx] {
             let mut kept = Kept::for_products(path);
             let mut staging = kept.staging(values.len());
             staging.copy_from_slice(&values);
