@@ -9,7 +9,7 @@
 //! closed); the intrinsics are stable since Rust 1.89.
 
 use super::pack::{self, MR, NR, pairs};
-use super::scratch;
+use super::{ProductPath, scratch};
 use crate::engine::strided::{MatMut, MatRef};
 use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
@@ -37,32 +37,13 @@ pub fn available() -> bool {
 /// `c = keep·c + scale · a · b` (`c` overwritten when `keep` is `None`) with bf16 inputs and
 /// fp32 sums. Panics on a CPU without AVX512-BF16: the plan picks this path only where
 /// [`available`] says so.
-pub fn product(mut c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, scale: f32, threads: usize) {
+pub fn product(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, scale: f32, threads: usize) {
     assert!(available(), "the AVX512-BF16 product was planned on a CPU without AVX512-BF16");
-    let (m, k) = a.shape();
-    let n = b.shape().1;
-    assert!(
-        b.shape().0 == k && c.shape() == (m, n),
-        "bf16 product shapes: {m}×{k} · {:?} into {:?}",
-        b.shape(),
-        c.shape()
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
+    let Some((m, k, n)) = super::product_shape(ProductPath::Avx512Bf16, &c, &a, &b) else { return };
     scratch::with_words(1, |packed_b| {
         pack::pack_b(b, pairs(k), threads, packed_b);
         let job = ProductJob { a, packed_b, m, n, kp: pairs(k), threads };
-        match c.row_major() {
-            Some((data, rs)) => job.run(data, rs, keep, scale),
-            None => {
-                // A destination read with strides other than whole rows (none of the layers'
-                // today): multiply into a dense block, then apply it.
-                let mut dense = vec![0.0; m * n];
-                job.run(&mut dense, n, None, 1.0);
-                c.update(|i, j, v| *v = keep.map_or(0.0, |f| f * *v) + scale * dense[i * n + j]);
-            }
-        }
+        super::into_rows(c, keep, scale, |data, rs, keep, scale| job.run(data, rs, keep, scale));
     });
 }
 
@@ -179,8 +160,8 @@ impl Tile {
     }
 }
 
-/// The first `n` (≤ 16) lanes.
-fn lanes(n: usize) -> u16 {
+/// The first `n` (≤ 16) lanes (of a 16-lane mask).
+pub(super) fn lanes(n: usize) -> u16 {
     if n >= 16 { u16::MAX } else { (1u16 << n) - 1 }
 }
 

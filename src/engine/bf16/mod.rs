@@ -132,6 +132,35 @@ impl Bf16Support {
     }
 }
 
+/// The sizes `(m, k, n)` of `c = a · b` for the `path` product, or `None` when the product
+/// is empty; panics on shapes that do not fit (a layer's bug, never the user's).
+fn product_shape(path: ProductPath, c: &MatMut<'_>, a: &MatRef<'_>, b: &MatRef<'_>) -> Option<(usize, usize, usize)> {
+    let ((m, k), n) = (a.shape(), b.shape().1);
+    assert!(
+        b.shape().0 == k && c.shape() == (m, n),
+        "{} product shapes: {m}×{k} · {:?} into {:?}",
+        path.name(),
+        b.shape(),
+        c.shape()
+    );
+    (m > 0 && n > 0).then_some((m, k, n))
+}
+
+/// Runs `multiply(rows, rs, keep, scale)`, which writes a product into row-major `rows` at
+/// row stride `rs` as `keep·c + scale·ab`, on `c`: in place where `c`'s rows are whole,
+/// else into a dense block that is then applied (none of the layers' destinations today).
+fn into_rows(mut c: MatMut<'_>, keep: Option<f32>, scale: f32, multiply: impl Fn(&mut [f32], usize, Option<f32>, f32)) {
+    let (m, n) = c.shape();
+    match c.row_major() {
+        Some((data, rs)) => multiply(data, rs, keep, scale),
+        None => {
+            let mut dense = vec![0.0; m * n];
+            multiply(&mut dense, n, None, 1.0);
+            c.update(|i, j, v| *v = keep.map_or(0.0, |f| f * *v) + scale * dense[i * n + j]);
+        }
+    }
+}
+
 /// Every path this process can run: fp32, the emulated path, and the instructions it has.
 pub fn paths_here() -> Vec<ProductPath> {
     let mut paths = vec![ProductPath::Float32, ProductPath::EmulatedBfloat16];

@@ -195,7 +195,7 @@ struct RowStream {
     rows: std::vec::IntoIter<TableRow>,
 }
 
-impl Rows for RowStream {
+impl OrderedRows for RowStream {
     /// The next row, `None` at the end.
     fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         loop {
@@ -276,7 +276,7 @@ impl RowStream {
 
 /// The rows of some shard units of a table read only in order, in order: a columnar
 /// split's (`RowStream`) or a JSONL table's.
-pub(in crate::data::source) trait Rows: Send {
+pub(in crate::data::source) trait OrderedRows: Send {
     /// The next row, `None` at the end.
     fn next(&mut self) -> Result<Option<TableRow>, DataError>;
 
@@ -293,7 +293,7 @@ pub(in crate::data::source) struct RowReader<R> {
     pending: Vec<TableRow>,
 }
 
-impl<R: Rows> RowReader<R> {
+impl<R: OrderedRows> RowReader<R> {
     /// A pass over `rows` in `order`.
     pub(in crate::data::source) fn new(rows: R, order: Order) -> Self {
         let shuffle = match order {
@@ -318,7 +318,7 @@ impl<R: Rows> RowReader<R> {
     }
 }
 
-impl<R: Rows> StreamReader for RowReader<R> {
+impl<R: OrderedRows> StreamReader for RowReader<R> {
     /// Unshuffled, rows are skipped by counts; shuffled, they pass through the buffer (the
     /// outputs after the skip are then the ones an unbroken pass gives).
     fn skip(&mut self, k: usize) -> Result<usize, DataError> {

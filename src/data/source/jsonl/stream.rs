@@ -12,7 +12,7 @@ use super::table::{FeatureReader, Labeler, Scanned, label_value};
 use crate::data::error::{DataError, Position};
 use crate::data::examples::{Examples, StreamReader, StreamSplit};
 use crate::data::pipeline::Batch;
-use crate::data::source::columnar::split::{RowReader, Rows, TableRow, append_row};
+use crate::data::source::columnar::split::{OrderedRows, RowReader, TableRow, append_row};
 use crate::data::source::tfrecord::Order;
 use std::fmt;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// A shard unit: a file and its objects.
 #[derive(Debug, Clone, Copy)]
-struct Unit {
+struct FileUnit {
     file: usize,
     rows: usize,
 }
@@ -28,7 +28,7 @@ struct Unit {
 /// What every stream over a split shares.
 struct TableFiles {
     files: Vec<PathBuf>,
-    units: Vec<Unit>,
+    units: Vec<FileUnit>,
     features: FeatureReader,
     labels: Labeler,
     /// The label field.
@@ -82,7 +82,7 @@ impl JsonlTableSplit {
     /// The split the pass at load found, reading field `label` as its labels.
     pub(super) fn new(scanned: Scanned, label: &str) -> Self {
         let nonempty = scanned.rows.iter().enumerate().filter(|(_, rows)| **rows > 0);
-        let units: Vec<Unit> = nonempty.map(|(file, &rows)| Unit { file, rows }).collect();
+        let units: Vec<FileUnit> = nonempty.map(|(file, &rows)| FileUnit { file, rows }).collect();
         let lens: Vec<usize> = units.iter().map(|u| u.rows).collect();
         let shape = [scanned.features.width()];
         let table = TableFiles {
@@ -177,13 +177,13 @@ impl JsonlRows {
     fn open_next(&mut self) -> Result<bool, DataError> {
         let Some(&unit) = self.units.get(self.next_unit) else { return Ok(false) };
         self.next_unit += 1;
-        let Unit { file, rows } = self.table.units[unit];
+        let FileUnit { file, rows } = self.table.units[unit];
         self.open = Some(OpenFile { file, lines: Lines::open(&self.table.files[file])?, left: rows });
         Ok(true)
     }
 }
 
-impl Rows for JsonlRows {
+impl OrderedRows for JsonlRows {
     fn next(&mut self) -> Result<Option<TableRow>, DataError> {
         loop {
             match &mut self.open {
@@ -236,7 +236,7 @@ impl Rows for JsonlRows {
 #[cfg(test)]
 impl JsonlTableSplit {
     /// A pass over units `units` in `order` as a [`RowReader`], to count the rows it holds.
-    pub(super) fn reader(&self, units: &[usize], order: Order) -> RowReader<impl Rows> {
+    pub(super) fn reader(&self, units: &[usize], order: Order) -> RowReader<impl OrderedRows> {
         RowReader::new(self.rows(units), order)
     }
 }

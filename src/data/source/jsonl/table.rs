@@ -136,12 +136,12 @@ pub fn label_value(path: &Path, line: &ObjectLine, label: &str) -> Result<String
 }
 
 /// Where a row was: its file, line and byte.
-type Place = (PathBuf, u64, u64);
+type RowPlace = (PathBuf, u64, u64);
 
 /// A label cell kept by the pass, with its place.
-struct Kept {
+struct KeptLabel {
     cell: LabelCell,
-    place: Place,
+    place: RowPlace,
 }
 
 /// What the pass keeps of the labels to decide them as `csv::labels_of` does over every
@@ -152,9 +152,9 @@ struct LabelPass {
     kind: Option<CsvLabels>,
     /// Rows seen; a cell's `line` is its 1-based row across the split's files.
     rows: u64,
-    first_number: Option<Kept>,
-    first_text: Option<Kept>,
-    first_not_number: Option<Kept>,
+    first_number: Option<KeptLabel>,
+    first_text: Option<KeptLabel>,
+    first_not_number: Option<KeptLabel>,
     all_indices: bool,
     largest: u32,
     /// The first row's class index, and whether every row's is the same.
@@ -190,7 +190,7 @@ impl LabelPass {
     fn push(&mut self, value: String, (path, line, byte): (&Path, u64, u64)) {
         self.rows += 1;
         let row = self.rows;
-        let keep = |value: &String| Kept {
+        let keep = |value: &String| KeptLabel {
             cell: LabelCell { value: value.clone(), line: row },
             place: (path.to_path_buf(), line, byte),
         };
@@ -236,7 +236,7 @@ impl LabelPass {
         };
         // `labels_of` over the kept cells gives the error it gives over all of them: the mixed
         // kinds' names the first of each, a regression target the first that is no number.
-        let cells = |kept: &[&Option<Kept>]| -> Vec<LabelCell> {
+        let cells = |kept: &[&Option<KeptLabel>]| -> Vec<LabelCell> {
             kept.iter()
                 .flat_map(|k| k.iter())
                 .map(|k| LabelCell { value: k.cell.value.clone(), line: k.cell.line })
