@@ -14,7 +14,7 @@ mod common;
 use common::{assert_exit, free_port, json, tempdir, text, trainrun, wait_within};
 use serde_json::Value;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -229,37 +229,13 @@ fn a_sweep_is_a_parent_run_with_one_child_per_trial() {
     }
     let server = Server::start();
     let dir = tempdir();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let spec = dir.path().join("sweep.toml");
-    let out_dir = dir.path().join("sweep");
-    std::fs::write(
-        &spec,
-        format!(
-            r#"extends = "{base}"
-
-[run]
-name = "tracked_sweep"
-out_dir = "{out}"
-tracking = {{ mlflow = "{uri}", experiment = "sweeps" }}
-
-[train]
-epochs = 1
-steps_per_epoch = 20
-evaluate_every_steps = 10
-validation_steps = 5
-
-[sweep]
-metric = "test_accuracy"
-
-[sweep.grid]
-"optimizer.learning_rate" = [0.01, 0.05]
-"#,
-            base = root.join("specs/base/mnist_tutorial.toml").display(),
-            out = out_dir.display(),
-            uri = server.uri
-        ),
-    )
-    .unwrap();
+    let (spec, _) = write_sweep(
+        dir.path(),
+        &server.uri,
+        "sweeps",
+        "name = \"tracked_sweep\"",
+        "[train]\nepochs = 1\nsteps_per_epoch = 20\nevaluate_every_steps = 10\nvalidation_steps = 5",
+    );
     let out = run_bounded(&["sweep".to_string(), spec.display().to_string(), "-q".into()]);
     assert_exit(&out, 0);
     let runs = read_back(&server.uri, "sweeps");
@@ -362,6 +338,38 @@ fn sigterm_ends_the_mlflow_run_killed_and_the_resumed_launch_finishes_the_same_r
 }
 
 /// The run of `runs` named `name`.
+/// Writes `dir/sweep.toml`, a two-trial learning-rate grid on the tutorial model tracked into
+/// `experiment` on the server at `uri` (`run` holds the run's other keys, `rest` the spec's
+/// other tables), and returns it with the sweep's folder.
+fn write_sweep(dir: &Path, uri: &str, experiment: &str, run: &str, rest: &str) -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (spec, out_dir) = (dir.join("sweep.toml"), dir.join("sweep"));
+    std::fs::write(
+        &spec,
+        format!(
+            r#"extends = "{base}"
+
+[run]
+out_dir = "{out}"
+tracking = {{ mlflow = "{uri}", experiment = "{experiment}" }}
+{run}
+
+{rest}
+
+[sweep]
+metric = "test_accuracy"
+
+[sweep.grid]
+"optimizer.learning_rate" = [0.01, 0.05]
+"#,
+            base = root.join("specs/base/mnist_tutorial.toml").display(),
+            out = out_dir.display(),
+        ),
+    )
+    .unwrap();
+    (spec, out_dir)
+}
+
 fn named<'r>(runs: &'r [Value], name: &str) -> &'r Value {
     runs.iter().find(|r| r["name"].as_str().is_some_and(|n| n.starts_with(name))).unwrap_or_else(|| {
         panic!("no run named {name}*: {runs:#?}");
@@ -424,39 +432,13 @@ fn collect_ends_the_run_of_a_sigkilled_trial_killed_and_leaves_a_live_one_runnin
     }
     let server = Server::start();
     let dir = tempdir();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let spec = dir.path().join("sweep.toml");
-    let out_dir = dir.path().join("sweep");
-    std::fs::write(
-        &spec,
-        format!(
-            r#"extends = "{base}"
-
-[run]
-name = "killed_trials"
-out_dir = "{out}"
-log_every_steps = 10
-tracking = {{ mlflow = "{uri}", experiment = "collected" }}
-
-[batch]
-global = 32
-
-[train]
-epochs = 1000
-steps_per_epoch = 20
-
-[sweep]
-metric = "test_accuracy"
-
-[sweep.grid]
-"optimizer.learning_rate" = [0.01, 0.05]
-"#,
-            base = root.join("specs/base/mnist_tutorial.toml").display(),
-            out = out_dir.display(),
-            uri = server.uri
-        ),
-    )
-    .unwrap();
+    let (spec, out_dir) = write_sweep(
+        dir.path(),
+        &server.uri,
+        "collected",
+        "name = \"killed_trials\"\nlog_every_steps = 10",
+        "[batch]\nglobal = 32\n\n[train]\nepochs = 1000\nsteps_per_epoch = 20",
+    );
     // Each trial by hand, as a job-array index runs it: trainrun SPEC as trial n.
     let trial = |n: &str| {
         trainrun()

@@ -393,24 +393,4 @@ mod tests {
             }
         }
     }
-
-    #[test]
-    fn bits_do_not_depend_on_threads() {
-        if skip() {
-            return;
-        }
-        let (m, n, k) = (300, 100, 200);
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            let mut c = vec![0.0f32; m * n];
-            pool.install(|| {
-                product(MatMut::rows(&mut c, m, n), MatRef::rows(&a, m, k), MatRef::rows(&b, k, n), None, 1.0, threads)
-            });
-            c
-        };
-        let one = run(1);
-        assert!([2, 3].iter().all(|&t| run(t) == one));
-    }
 }

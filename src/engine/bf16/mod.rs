@@ -240,6 +240,30 @@ mod tests {
         }
     }
 
+    /// Each bf16 instruction path splits rows, never a sum, across threads.
+    #[test]
+    fn bits_do_not_depend_on_threads() {
+        let paths = [ProductPath::Avx512Bf16, ProductPath::Amx];
+        let here: Vec<_> = paths.into_iter().filter(|p| paths_here().contains(p)).collect();
+        if here.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX512-BF16 nor AMX");
+        }
+        let (m, n, k) = (300, 100, 200);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
+        for path in here {
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut c = vec![0.0f32; m * n];
+                let (c_m, a_m, b_m) = (MatMut::rows(&mut c, m, n), MatRef::rows(&a, m, k), MatRef::rows(&b, k, n));
+                pool.install(|| gemm(path, c_m, a_m, b_m, false, 1.0, threads));
+                c
+            };
+            let one = run(1);
+            assert!([2, 3].iter().all(|&t| run(t) == one), "{path:?}");
+        }
+    }
+
     #[test]
     fn float32_is_gemm_bit_for_bit() {
         let (m, n, k) = (9, 7, 11);
