@@ -38,6 +38,29 @@ pub fn interleave(lo: &[f32], hi: Option<&[f32]>, dst: &mut [u32]) {
     }
 }
 
+/// AMX left-operand tiles of the rows `rows` of a matrix held by columns (`cols[j]` is column
+/// `j`, the summed axis running over `j`: a weight gradient's `xᵀ`), into `out`: group `g` of
+/// 16 rows, tile `t` of 16 pairs, row `r` and pair `p` at word `((g·blocks + t)·16 + r)·16 +
+/// p`, zero past the range and past `cols.len()`; every word of the `groups × blocks` tiles
+/// is written. Returns false, writing nothing, where the CPU lacks the instructions (the
+/// caller then packs word by word): 16 pairs of 16 rows are converted, interleaved and
+/// transposed in registers, where spreading each word to its tile one at a time cost more
+/// than the conversion (`perf`, 2026-11-29).
+pub fn transposed_tiles(cols: &[&[f32]], rows: std::ops::Range<usize>, blocks: usize, out: &mut [u32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if fast() && is_x86_feature_detected!("avx512bw") {
+        let groups = rows.len().div_ceil(16);
+        assert!(out.len() >= groups * blocks * 256 && cols.len() <= blocks * 32);
+        assert!(cols.iter().all(|c| c.len() >= rows.end));
+        // SAFETY: the CPU has AVX512F, BW and BF16 (checked just above); `out` holds every
+        // tile and each column every row of the range (asserted).
+        unsafe { x86::transposed_tiles(cols, rows, blocks, out) };
+        return true;
+    }
+    let _ = (cols, rows, blocks, out);
+    false
+}
+
 /// Whether the conversion instructions are there (the check is cached by `std`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -64,6 +87,111 @@ mod x86 {
             }
         }
         dst[whole..].iter_mut().zip(&src[whole..]).for_each(|(d, &s)| *d = to_bf16(s));
+    }
+
+    /// `permutexvar_epi16` indices taking 16 low and then 16 high halves into pairs: lane
+    /// `2i` from lane `i`, lane `2i + 1` from lane `16 + i`.
+    const PAIRS: [i16; 32] = {
+        let mut idx = [0i16; 32];
+        let mut i = 0;
+        while i < 16 {
+            idx[2 * i] = i as i16;
+            idx[2 * i + 1] = 16 + i as i16;
+            i += 1;
+        }
+        idx
+    };
+
+    /// `permutex2var_epi32` indices of one step of a 16 × 16 transpose by blocks of `b`: the
+    /// upper row of a pair takes the lower row's left block into its right one (`upper` false
+    /// builds the upper row, true the lower).
+    const fn swap(b: usize, upper: bool) -> [i32; 16] {
+        let mut idx = [0i32; 16];
+        let mut j = 0;
+        while j < 16 {
+            let left = j & b == 0;
+            idx[j] = match (upper, left) {
+                (false, true) => j,
+                (false, false) => 16 + j - b,
+                (true, true) => j + b,
+                (true, false) => 16 + j,
+            } as i32;
+            j += 1;
+        }
+        idx
+    }
+    const SWAPS: [[[i32; 16]; 2]; 4] =
+        [[swap(8, false), swap(8, true)], [swap(4, false), swap(4, true)], [swap(2, false), swap(2, true)], [
+            swap(1, false),
+            swap(1, true),
+        ]];
+
+    /// Transposes 16 rows of 16 words in place: the off-diagonal blocks of 8, then of 4, 2
+    /// and 1 trade places.
+    ///
+    /// # Safety
+    /// The CPU must have AVX512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose16(v: &mut [__m512i; 16]) {
+        for (step, b) in [8usize, 4, 2, 1].into_iter().enumerate() {
+            // SAFETY: 64 bytes of an index table each.
+            let (lo, hi) = unsafe {
+                (
+                    _mm512_loadu_si512(SWAPS[step][0].as_ptr().cast()),
+                    _mm512_loadu_si512(SWAPS[step][1].as_ptr().cast()),
+                )
+            };
+            for i in (0..16).filter(|i| i & b == 0) {
+                let (a, c) = (v[i], v[i + b]);
+                v[i] = _mm512_permutex2var_epi32(a, lo, c);
+                v[i + b] = _mm512_permutex2var_epi32(a, hi, c);
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX512F, BW and BF16; `out` holds `groups × blocks` tiles and every
+    /// column every row of the range (see [`super::transposed_tiles`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx512vl")]
+    pub unsafe fn transposed_tiles(cols: &[&[f32]], rows: std::ops::Range<usize>, blocks: usize, out: &mut [u32]) {
+        let k = cols.len();
+        // SAFETY: 64 bytes of the index table.
+        let pairs = unsafe { _mm512_loadu_si512(PAIRS.as_ptr().cast()) };
+        for g in 0..rows.len().div_ceil(16) {
+            let r0 = rows.start + 16 * g;
+            let live = (rows.end - r0).min(16);
+            let mask: __mmask16 = if live == 16 { !0 } else { (1 << live) - 1 };
+            for t in 0..blocks {
+                let mut v = [_mm512_setzero_si512(); 16];
+                for (pp, v) in v.iter_mut().enumerate() {
+                    let p = 16 * t + pp;
+                    // Written out rather than as a closure, which would be compiled without
+                    // this function's features. SAFETY (the loads): the masked lanes are rows
+                    // `r0 ..< r0 + live` of the column, inside it (the caller's contract);
+                    // masked-off lanes are not read.
+                    let lo = if 2 * p < k {
+                        unsafe { _mm512_maskz_loadu_ps(mask, cols[2 * p].as_ptr().add(r0)) }
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let hi = if 2 * p + 1 < k {
+                        unsafe { _mm512_maskz_loadu_ps(mask, cols[2 * p + 1].as_ptr().add(r0)) }
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    // Low 16 halves from the pair's first column, high 16 from its second.
+                    let both: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
+                    *v = _mm512_permutexvar_epi16(pairs, both);
+                }
+                // SAFETY: register operations on this function's features.
+                unsafe { transpose16(&mut v) };
+                for (r, v) in v.iter().enumerate() {
+                    // SAFETY: tile `(g, t)` row `r` lies in `out` (the caller's contract).
+                    unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(((g * blocks + t) * 16 + r) * 16).cast(), *v) };
+                }
+            }
+        }
     }
 
     /// # Safety
@@ -118,6 +246,30 @@ mod tests {
         let mut got = vec![0u16; src.len()];
         row(&src, &mut got);
         assert_eq!(got, want);
+    }
+
+    /// The tiles of a transposed left operand: every value class, ragged rows and an odd
+    /// number of columns (a padded pair), against the word-by-word layout.
+    #[test]
+    fn transposed_tiles_give_the_software_bits_in_the_tile_layout() {
+        let vals = values();
+        let (m, k, blocks) = (45, 37, 2);
+        let cols: Vec<Vec<f32>> = (0..k).map(|j| (0..m).map(|i| vals[(j * m + i) * 7 % vals.len()]).collect()).collect();
+        let cols: Vec<&[f32]> = cols.iter().map(|c| &c[..]).collect();
+        let rows = 3..40;
+        let mut got = vec![7u32; rows.len().div_ceil(16) * blocks * 256];
+        if !transposed_tiles(&cols, rows.clone(), blocks, &mut got) {
+            eprintln!("skipped: this CPU lacks AVX512-BF16 or AVX512BW (the packing falls back word by word)");
+            return;
+        }
+        let half = |i: usize, j: usize| if i < rows.end && j < k { to_bf16(cols[j][i]) } else { 0 };
+        for (w, &g) in got.iter().enumerate() {
+            let (tile, r, p) = (w / 256, w / 16 % 16, w % 16);
+            let (group, t) = (tile / blocks, tile % blocks);
+            let (i, pair) = (rows.start + 16 * group + r, 16 * t + p);
+            let want = u32::from(half(i, 2 * pair)) | (u32::from(half(i, 2 * pair + 1)) << 16);
+            assert_eq!(g, want, "group {group} tile {t} row {r} pair {p}");
+        }
     }
 
     #[test]

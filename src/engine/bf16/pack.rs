@@ -55,13 +55,15 @@ pub fn pack_b(b: MatRef<'_>, kp: usize, threads: usize, out: &mut Vec<u32>) {
         // the result does not depend on them.
         let panels = SharedPanels { out: out.as_mut_ptr(), len: out.len(), kp };
         let pair_rows = |ps: std::ops::Range<usize>| {
+            // A pair of rows is converted whole, then dealt out a panel's 32 words at a time:
+            // converting 32 words per call cost more in calls than in conversion (`perf`).
+            let mut words = vec![0u32; n];
             for p in ps {
                 let (lo, hi) = (b.contiguous_row(2 * p).unwrap_or_default(), b.contiguous_row(2 * p + 1));
-                for q in 0..n.div_ceil(NR) {
-                    let cols = q * NR..((q + 1) * NR).min(n);
+                pair_lanes(&mut words, lo, hi);
+                for (q, chunk) in words.chunks(NR).enumerate() {
                     // SAFETY: pair `p` of panel `q` is written by this task alone.
-                    let dst = unsafe { panels.words(q, p, cols.len()) };
-                    pair_lanes(dst, &lo[cols.clone()], hi.map(|h| &h[cols]));
+                    unsafe { panels.words(q, p, chunk.len()) }.copy_from_slice(chunk);
                 }
             }
         };
@@ -171,9 +173,26 @@ pub fn pack_a_tiles(a: MatRef<'_>, rows: Range<usize>, blocks: usize, out: &mut 
     let k = a.shape().1;
     let kp = pairs(k);
     debug_assert!(blocks * T >= kp);
-    out.clear();
-    out.resize(rows.len().div_ceil(T) * blocks * T * T, 0);
+    let len = rows.len().div_ceil(T) * blocks * T * T;
     let at = |r: usize, p: usize| ((r / T * blocks + p / T) * T + r % T) * T + p % T;
+    if a.contiguous_row(rows.start).is_some() && a.contiguous_col(0).is_none() {
+        // Activations, the common case: every word is written below (padding included), so
+        // the buffer is not cleared first (the clearing showed in `perf` beside the copies).
+        out.resize(len, 0);
+        pack_a_tile_rows(a, rows, blocks, out);
+        return;
+    }
+    if a.contiguous_col(0).is_some() {
+        // Read transposed (a weight gradient's `xᵀ`): whole tiles at once where the CPU
+        // converts in registers, every word written.
+        out.resize(len, 0);
+        let cols: Vec<&[f32]> = (0..k).map_while(|j| a.contiguous_col(j)).collect();
+        if convert::transposed_tiles(&cols, rows.clone(), blocks, out) {
+            return;
+        }
+    }
+    out.clear();
+    out.resize(len, 0);
     vectorized(|| {
         if a.contiguous_col(0).is_some() {
             // Read transposed (a weight gradient's `xᵀ`): a pair's rows lie side by side,
@@ -201,6 +220,30 @@ pub fn pack_a_tiles(a: MatRef<'_>, rows: Range<usize>, blocks: usize, out: &mut 
             }
         }
     });
+}
+
+/// [`pack_a_tiles`] of contiguous rows into `out` (`len` words, any contents): each row is
+/// converted whole into a zero-padded line of `blocks` tile rows, which are then copied into
+/// place; the rows past the range are zeroed.
+fn pack_a_tile_rows(a: MatRef<'_>, rows: Range<usize>, blocks: usize, out: &mut [u32]) {
+    const T: usize = super::amx::TILE;
+    let k = a.shape().1;
+    // Past `k` the line stays zero: every row converts only its first `k` values into it.
+    let mut line = vec![0u32; blocks * T];
+    let lines = rows.len().div_ceil(T) * T;
+    for r in 0..lines {
+        let group = &mut out[(r / T * blocks * T + r % T) * T..];
+        match rows.start.checked_add(r).filter(|i| *i < rows.end).and_then(|i| a.contiguous_row(i)) {
+            Some(row) => {
+                // An odd `k`'s last high half is past `k`, so it stays zero too.
+                convert::row(&row[..k], &mut bytemuck::cast_slice_mut::<u32, u16>(&mut line)[..k]);
+                for (t, tile_row) in line.chunks_exact(T).enumerate() {
+                    group[t * T * T..][..T].copy_from_slice(tile_row);
+                }
+            }
+            None => (0..blocks).for_each(|t| group[t * T * T..][..T].fill(0)),
+        }
+    }
 }
 
 /// A dense row-major copy of `m` with every value rounded to bf16: the inputs of the
@@ -272,7 +315,8 @@ mod tests {
         let v: Vec<f32> = (0..m * k).map(|i| 1.0 + i as f32 / 7.0).collect();
         let vt: Vec<f32> = (0..m * k).map(|i| v[(i % m) * k + i / m]).collect();
         for a in [MatRef::rows(&v, m, k), MatRef::rows(&vt, k, m).t()] {
-            let mut out = Vec::new();
+            // A reused buffer's old words must not show through anywhere.
+            let mut out = vec![0xdead_beef; 5000];
             pack_a_tiles(a, 2..21, blocks, &mut out);
             assert_eq!(out.len(), 2 * blocks * 16 * 16);
             for r in 0..32 {

@@ -8,6 +8,18 @@ use std::cell::Cell;
 thread_local! {
     static WORDS: [Cell<Vec<u32>>; 2] = const { [Cell::new(Vec::new()), Cell::new(Vec::new())] };
     static FLOATS: [Cell<Vec<f32>>; 2] = const { [Cell::new(Vec::new()), Cell::new(Vec::new())] };
+    static SUMS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// This thread's buffer of micro-kernel sums, taken out until [`give_floats`] returns it (a
+/// nested product meanwhile gets an empty one).
+pub fn take_floats() -> Vec<f32> {
+    SUMS.with(Cell::take)
+}
+
+/// Returns the buffer [`take_floats`] took.
+pub fn give_floats(buf: Vec<f32>) {
+    SUMS.with(|s| s.set(buf));
 }
 
 /// Calls `f` with this thread's word buffer `slot` (0 or 1).
