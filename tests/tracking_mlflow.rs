@@ -171,8 +171,10 @@ for line in sys.stdin:
     print(json.dumps(answer), flush=True)
 "#;
 
-/// The reader's pipes; it exits when its input closes, with the test process.
+/// The reader and its pipes; it exits when its input closes, with the test process (the
+/// static is never dropped, and the process reaps nothing after its exit).
 struct Reader {
+    _process: Child,
     input: ChildStdin,
     output: BufReader<ChildStdout>,
 }
@@ -186,7 +188,7 @@ fn read_back(uri: &str, experiment: &str) -> Vec<Value> {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the MLflow client: {e}"));
         let (input, output) = (child.stdin.take().unwrap(), BufReader::new(child.stdout.take().unwrap()));
-        Mutex::new(Reader { input, output })
+        Mutex::new(Reader { _process: child, input, output })
     });
     let mut reader = READER_PROCESS.lock().unwrap_or_else(PoisonError::into_inner);
     let request = serde_json::to_string(&[uri, experiment]).unwrap();
