@@ -16,6 +16,9 @@ the training files) or that spec with its `[sweep]` changed, written under `--ou
   twice into two folders: whether the two `results.csv` are byte-identical, and whether they
   are once any timing columns (`wall_s`, `steady_examples_per_s`) are left out (results.csv
   written before those moved to `timings.csv` held them).
+- `overhead`: for each seed, only the ASHA sweep, with `--steps-per-epoch N` making every rung
+  N steps an epoch (the tutorial's epoch is 70 steps; the spec's 20): its scheduler overhead as
+  in `grid`, to see the same fixed costs against rungs of a realistic size.
 - `tpe`: for each seed, trainrun's TPE (9 random startup trials of 27) under ASHA over the
   same ranges as `benches/optuna_sweep.py` (learning rate log-uniform 0.003..0.03, batch 32,
   64 or 128, momentum uniform 0..0.9), and that script with `--seed`: best validation accuracy,
@@ -75,12 +78,13 @@ def spec_variant(out, name, sweep_tail, keep_grid=True):
     return path
 
 
-def sweep(trainrun, spec, folder, seed):
+def sweep(trainrun, spec, folder, seed, steps_per_epoch=None):
     """Runs `trainrun sweep` one trial at a time; returns its wall seconds."""
     started = time.perf_counter()
+    epoch = ["--set", f"train.steps_per_epoch={steps_per_epoch}"] if steps_per_epoch else []
     subprocess.run(
         [trainrun, "sweep", spec, "-q", "--parallel", "1", "--set", f"run.out_dir={folder}",
-         "--set", f"sweep.seed={seed}"],
+         "--set", f"sweep.seed={seed}", *epoch],
         check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
 
@@ -177,6 +181,25 @@ def part_grid(a):
     }), flush=True)
 
 
+def part_overhead(a):
+    results = []
+    for seed in a.seeds:
+        folder = os.path.join(a.out, f"overhead-{a.steps_per_epoch}-{seed}")
+        wall = sweep(a.trainrun, ASHA, folder, seed, a.steps_per_epoch)
+        ours = rows(folder)
+        pr, driver = overhead(folder, wall)
+        prune(folder)
+        r = {
+            "part": "overhead", "seed": seed, "steps_per_epoch": a.steps_per_epoch,
+            "asha_best_val_accuracy": best(ours), "asha_steps": steps(ours),
+            "promotions": sum(1 for d in open(os.path.join(folder, "decisions.jsonl")) if '"promote"' in d),
+            "asha_wall_s": round(wall, 1), "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
+            "overhead_pct": round(100 * (pr + driver) / wall, 2),
+        }
+        print(json.dumps(r), flush=True)
+        results.append(r)
+
+
 def without_timing(path):
     table = list(csv.reader(open(path)))
     keep = [i for i, h in enumerate(table[0]) if h not in ("wall_s", "steady_examples_per_s")]
@@ -237,13 +260,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trainrun", default=os.path.join(ROOT, "target", "release", "trainrun"))
     p.add_argument("--out", required=True, help="a folder of its own")
-    p.add_argument("--part", choices=["grid", "sync", "tpe"], required=True)
+    p.add_argument("--part", choices=["grid", "sync", "tpe", "overhead"], required=True)
     p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--steps-per-epoch", type=int, default=70, help="the rungs' epoch (for --part overhead)")
     p.add_argument("--optuna-python", default=sys.executable, help="a Python with optuna (for --part tpe)")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
     a.trainrun = os.path.abspath(a.trainrun)
-    {"grid": part_grid, "sync": part_sync, "tpe": part_tpe}[a.part](a)
+    {"grid": part_grid, "sync": part_sync, "tpe": part_tpe, "overhead": part_overhead}[a.part](a)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@
 //! killed outright (SIGKILL) ended `KILLED` by what next looks at its folder (its resumed
 //! launch, `trainrun sweep --collect`); an `MLFLOW_TRACKING_URI` that names no server refused.
 //!
+//! The tests share one server (its start takes ~10 s) and one Python reading back (importing
+//! `mlflow` takes seconds), each test in an experiment of its own; the test that kills its
+//! server has a private one. A keeper process ends a server once the test process exits.
+//!
 //! The Python with `mlflow` is `MLFLOW_TEST_PYTHON` (`.ci/run` makes a venv and sets
 //! it), else `python3`. Without it each test says so loudly and skips.
 
@@ -13,9 +17,10 @@ mod common;
 
 use common::{assert_exit, free_port, json, tempdir, text, trainrun, wait_within};
 use serde_json::Value;
-use std::io::Write as _;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The longest any one run, sweep or server start may take here.
@@ -25,10 +30,12 @@ fn python() -> String {
     std::env::var("MLFLOW_TEST_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
 }
 
-/// Whether MLflow can be imported; says loudly when not.
+/// Whether MLflow can be imported (asked once per file); says loudly when not, every time.
 fn mlflow_available() -> bool {
-    let ok = Command::new(python()).args(["-c", "import mlflow"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
+    static IMPORTS: LazyLock<bool> = LazyLock::new(|| {
+        Command::new(python()).args(["-c", "import mlflow"]).output().is_ok_and(|o| o.status.success())
+    });
+    if !*IMPORTS {
         let _ = writeln!(
             std::io::stderr(),
             "\n*** SKIPPED: {} cannot import mlflow (set MLFLOW_TEST_PYTHON to a Python with \
@@ -36,38 +43,63 @@ fn mlflow_available() -> bool {
             python()
         );
     }
-    ok
+    *IMPORTS
 }
 
-/// A running `mlflow server`, killed when dropped.
+/// Runs `mlflow server` (the arguments after the folder) in a process group of its own and
+/// kills that group, then removes the folder, once its standard input closes: when the test
+/// drops the server, or when the test process exits, even killed (the kernel closes the
+/// pipe). The shared server lives in a static, which never drops, so this is what ends it.
+const KEEPER: &str = r#"
+import os, shutil, signal, subprocess, sys
+server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", *sys.argv[2:]], process_group=0)
+sys.stdin.buffer.read()
+os.killpg(server.pid, signal.SIGKILL)
+server.wait()
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+"#;
+
+/// A running `mlflow server`, killed when dropped or when the test process exits.
 struct Server {
-    child: Option<Child>,
+    keeper: Option<(Child, ChildStdin)>,
     uri: String,
-    _dir: tempfile::TempDir,
+    dir: PathBuf,
 }
 
 impl Server {
+    /// The server the tests share: one start (about 10 s) for the whole file. Each test logs
+    /// into an experiment of its own name, so they stay independent.
+    fn shared() -> &'static Server {
+        static SHARED: LazyLock<Server> = LazyLock::new(Server::start);
+        &SHARED
+    }
+
+    /// A server of the caller's own, for a test that kills it.
     fn start() -> Server {
-        let dir = tempdir();
+        let dir = tempdir().keep();
         let port = free_port();
-        let db = format!("sqlite:///{}", dir.path().join("mlflow.db").display());
-        let artifacts = dir.path().join("artifacts");
-        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-        let child = Command::new(python())
-            .args(["-m", "mlflow", "server", "--backend-store-uri", &db, "--artifacts-destination"])
+        let db = format!("sqlite:///{}", dir.join("mlflow.db").display());
+        let artifacts = dir.join("artifacts");
+        let log = std::fs::File::create(dir.join("server.log")).unwrap();
+        let mut keeper = Command::new(python())
+            .args(["-c", KEEPER])
+            .arg(&dir)
+            .args(["--backend-store-uri", &db, "--artifacts-destination"])
             .arg(&artifacts)
             .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--workers", "1"])
+            .stdin(Stdio::piped())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start mlflow server: {e}"));
+        let stdin = keeper.stdin.take().unwrap();
         let uri = format!("http://127.0.0.1:{port}");
-        let server = Server { child: Some(child), uri, _dir: dir };
+        let server = Server { keeper: Some((keeper, stdin)), uri, dir };
         let started = Instant::now();
         while !server.healthy() {
-            let log = std::fs::read_to_string(server._dir.path().join("server.log")).unwrap_or_default();
+            let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default();
             assert!(started.elapsed() < LIMIT, "mlflow server did not answer within {LIMIT:?}:\n{log}");
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(Duration::from_millis(100));
         }
         server
     }
@@ -85,14 +117,11 @@ impl Server {
         answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
     }
 
-    /// Kills the server (and its workers: it runs them as its own children).
+    /// Kills the server and every process it started, and waits until they are gone.
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            for pid in common::children(child.id()) {
-                common::signal(pid, libc::SIGKILL);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some((mut keeper, stdin)) = self.keeper.take() {
+            drop(stdin);
+            let _ = keeper.wait();
         }
     }
 }
@@ -103,41 +132,73 @@ impl Drop for Server {
     }
 }
 
-/// Every run of `experiment` on `uri`, as MLflow's client reads it back.
+/// Reads every run of an experiment back through MLflow's Python client: one Python for the
+/// whole file (importing `mlflow` takes seconds), one JSON line `[uri, experiment]` in, one
+/// JSON line out.
 const READER: &str = r#"
-import json, os, sys
+import json, sys, traceback
 import mlflow
 from mlflow.tracking import MlflowClient
-uri, name = sys.argv[1], sys.argv[2]
-c = MlflowClient(tracking_uri=uri)
-exp = c.get_experiment_by_name(name)
-runs = c.search_runs([exp.experiment_id]) if exp else []
-out = []
-def listed(run_id, path=None):
-    files = []
-    for f in c.list_artifacts(run_id, path):
-        files.extend(listed(run_id, f.path) if f.is_dir else [f.path])
-    return files
-for r in runs:
-    rid = r.info.run_id
-    out.append({
-        "run_id": rid,
-        "name": r.info.run_name,
-        "status": r.info.status,
-        "start_time": r.info.start_time,
-        "end_time": r.info.end_time,
-        "params": r.data.params,
-        "tags": r.data.tags,
-        "metrics": {k: [[m.step, m.value] for m in c.get_metric_history(rid, k)] for k in r.data.metrics},
-        "artifacts": sorted(listed(rid)),
-    })
-print(json.dumps(out))
+def read(uri, name):
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(name)
+    runs = c.search_runs([exp.experiment_id]) if exp else []
+    out = []
+    def listed(run_id, path=None):
+        files = []
+        for f in c.list_artifacts(run_id, path):
+            files.extend(listed(run_id, f.path) if f.is_dir else [f.path])
+        return files
+    for r in runs:
+        rid = r.info.run_id
+        out.append({
+            "run_id": rid,
+            "name": r.info.run_name,
+            "status": r.info.status,
+            "start_time": r.info.start_time,
+            "end_time": r.info.end_time,
+            "params": r.data.params,
+            "tags": r.data.tags,
+            "metrics": {k: [[m.step, m.value] for m in c.get_metric_history(rid, k)] for k in r.data.metrics},
+            "artifacts": sorted(listed(rid)),
+        })
+    return out
+for line in sys.stdin:
+    try:
+        answer = {"runs": read(*json.loads(line))}
+    except Exception:
+        answer = {"error": traceback.format_exc()}
+    print(json.dumps(answer), flush=True)
 "#;
 
+/// The reader and its pipes; it exits when its input closes, with the test process (the
+/// static is never dropped, and the process reaps nothing after its exit).
+struct Reader {
+    _process: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
 fn read_back(uri: &str, experiment: &str) -> Vec<Value> {
-    let out = Command::new(python()).args(["-c", READER, uri, experiment]).output().unwrap();
-    assert!(out.status.success(), "the MLflow client failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().cloned().unwrap_or_default()
+    static READER_PROCESS: LazyLock<Mutex<Reader>> = LazyLock::new(|| {
+        let mut child = Command::new(python())
+            .args(["-c", READER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the MLflow client: {e}"));
+        let (input, output) = (child.stdin.take().unwrap(), BufReader::new(child.stdout.take().unwrap()));
+        Mutex::new(Reader { _process: child, input, output })
+    });
+    let mut reader = READER_PROCESS.lock().unwrap_or_else(PoisonError::into_inner);
+    let request = serde_json::to_string(&[uri, experiment]).unwrap();
+    writeln!(reader.input, "{request}").unwrap();
+    let mut line = String::new();
+    reader.output.read_line(&mut line).unwrap();
+    drop(reader);
+    let answer: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("the MLflow client said {line:?}: {e}"));
+    assert!(answer["error"].is_null(), "the MLflow client failed:\n{}", answer["error"].as_str().unwrap_or_default());
+    answer["runs"].as_array().cloned().unwrap_or_default()
 }
 
 /// Arguments of a short tutorial run into `dir`, tracked to `uri` under `experiment`.
@@ -180,7 +241,7 @@ fn a_run_logs_its_params_metrics_tags_artifacts_and_status() {
     if !mlflow_available() {
         return;
     }
-    let server = Server::start();
+    let server = Server::shared();
     let dir = tempdir();
     let out = run_bounded(&short_run(dir.path(), &server.uri, "single", 30));
     assert_exit(&out, 0);
@@ -217,7 +278,7 @@ fn a_run_logs_its_params_metrics_tags_artifacts_and_status() {
     }
     let remembered = json(&dir.path().join("mlflow.json"));
     assert_eq!(remembered["run_id"], run["run_id"], "the run folder names its MLflow run");
-    let stored = server._dir.path().join("artifacts").join(remembered["experiment_id"].as_str().unwrap());
+    let stored = server.dir.join("artifacts").join(remembered["experiment_id"].as_str().unwrap());
     let uploaded = std::fs::read(stored.join(run["run_id"].as_str().unwrap()).join("artifacts/summary.json"));
     assert_eq!(uploaded.ok(), std::fs::read(dir.path().join("summary.json")).ok(), "the same bytes");
 }
@@ -227,7 +288,7 @@ fn a_sweep_is_a_parent_run_with_one_child_per_trial() {
     if !mlflow_available() {
         return;
     }
-    let server = Server::start();
+    let server = Server::shared();
     let dir = tempdir();
     let (spec, _) = write_sweep(
         dir.path(),
@@ -289,7 +350,7 @@ fn a_server_killed_mid_run_loses_nothing_of_the_run_folder_and_the_end_says_what
     }
     let mut server = Server::start();
     let dir = tempdir();
-    let child = spawn(&short_run(dir.path(), &server.uri, "killed", 300));
+    let child = spawn(&short_run(dir.path(), &server.uri, "killed", 100));
     // The run exists on the server once its folder names it; training has not begun.
     assert!(common::wait_for(&dir.path().join("mlflow.json"), LIMIT), "the run never reached the server");
     server.kill();
@@ -300,7 +361,7 @@ fn a_server_killed_mid_run_loses_nothing_of_the_run_folder_and_the_end_says_what
     assert!(stderr.contains(&format!("the MLflow server {} did not receive", server.uri)), "{stderr}");
     assert!(stderr.contains("its end (FINISHED)"), "{stderr}");
     let lines = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
-    assert_eq!(lines.lines().filter(|l| l.contains(r#""event":"step""#)).count(), 30, "every step line is local");
+    assert_eq!(lines.lines().filter(|l| l.contains(r#""event":"step""#)).count(), 10, "every step line is local");
     assert_eq!(json(&dir.path().join("run.json"))["status"], "completed");
     assert!(dir.path().join("summary.json").is_file() && dir.path().join("model.safetensors").is_file());
 }
@@ -310,9 +371,9 @@ fn sigterm_ends_the_mlflow_run_killed_and_the_resumed_launch_finishes_the_same_r
     if !mlflow_available() {
         return;
     }
-    let server = Server::start();
+    let server = Server::shared();
     let dir = tempdir();
-    let mut args = short_run(dir.path(), &server.uri, "preempted", 600);
+    let mut args = short_run(dir.path(), &server.uri, "preempted", 300);
     args.extend(["--set".to_string(), "callbacks=[{ kind = \"backup_and_restore\", save_freq = 50 }]".to_string()]);
     let mut child = spawn(&args);
     let backup = dir.path().join("backup");
@@ -334,10 +395,9 @@ fn sigterm_ends_the_mlflow_run_killed_and_the_resumed_launch_finishes_the_same_r
     assert_eq!(again.len(), 1, "the resumed launch logs into the same run: {again:#?}");
     assert_eq!(again[0]["run_id"], runs[0]["run_id"]);
     assert_eq!(again[0]["status"], "FINISHED");
-    assert_eq!(steps_of(&again[0]["metrics"]["epoch_loss"]), vec![600]);
+    assert_eq!(steps_of(&again[0]["metrics"]["epoch_loss"]), vec![300]);
 }
 
-/// The run of `runs` named `name`.
 /// Writes `dir/sweep.toml`, a two-trial learning-rate grid on the tutorial model tracked into
 /// `experiment` on the server at `uri` (`run` holds the run's other keys, `rest` the spec's
 /// other tables), and returns it with the sweep's folder.
@@ -370,6 +430,7 @@ metric = "test_accuracy"
     (spec, out_dir)
 }
 
+/// The run of `runs` whose name starts with `name`.
 fn named<'r>(runs: &'r [Value], name: &str) -> &'r Value {
     runs.iter().find(|r| r["name"].as_str().is_some_and(|n| n.starts_with(name))).unwrap_or_else(|| {
         panic!("no run named {name}*: {runs:#?}");
@@ -388,9 +449,9 @@ fn a_sigkilled_run_is_ended_killed_by_its_resumed_launch_which_finishes_the_same
     if !mlflow_available() {
         return;
     }
-    let server = Server::start();
+    let server = Server::shared();
     let dir = tempdir();
-    let mut args = short_run(dir.path(), &server.uri, "sigkilled", 600);
+    let mut args = short_run(dir.path(), &server.uri, "sigkilled", 300);
     args.extend(["--set".to_string(), "callbacks=[{ kind = \"backup_and_restore\", save_freq = 50 }]".to_string()]);
     let mut child = spawn(&args);
     // Once a backup is written whole (not `.partial`: it is written in the background), so the
@@ -422,7 +483,7 @@ fn a_sigkilled_run_is_ended_killed_by_its_resumed_launch_which_finishes_the_same
     assert!(why.contains("killed outright") && why.contains("marked KILLED"), "{}", run["tags"]);
     assert!(why.contains(&format!("a later launch in {}", dir.path().display())), "{why}");
     assert!(why.contains("continues it"), "{why}");
-    assert_eq!(steps_of(&run["metrics"]["epoch_loss"]), vec![600]);
+    assert_eq!(steps_of(&run["metrics"]["epoch_loss"]), vec![300]);
 }
 
 #[test]
@@ -430,7 +491,7 @@ fn collect_ends_the_run_of_a_sigkilled_trial_killed_and_leaves_a_live_one_runnin
     if !mlflow_available() {
         return;
     }
-    let server = Server::start();
+    let server = Server::shared();
     let dir = tempdir();
     let (spec, out_dir) = write_sweep(
         dir.path(),

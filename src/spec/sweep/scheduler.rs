@@ -8,8 +8,9 @@
 //!   Parallel Hyperparameter Tuning", 2020): every trial trains `grace`; the best
 //!   1/`reduction_factor` go on to `grace × reduction_factor`, and so on up to `max`.
 //! - `asha`: asynchronous successive halving (Li et al. 2020, Ray Tune's `ASHAScheduler`), the
-//!   same rungs without waiting for a rung to fill: a free slot promotes a trial as soon as it
-//!   is in the best 1/`reduction_factor` of its rung's results so far, else starts a new trial.
+//!   same rungs without waiting for a rung to fill: a free slot starts the next trial while
+//!   any is left, then promotes a trial that is in the best 1/`reduction_factor` of its rung's
+//!   results so far, from the lowest rung up (`crate::sweep::asha` says why in that order).
 //!   Its decisions depend on timing, so each is recorded with the values it saw and can be
 //!   replayed (`trainrun sweep --replay`).
 //! - `hyperband` (Li et al., "Hyperband", JMLR 2018): the trials split into brackets of
@@ -30,8 +31,9 @@ use std::num::NonZeroU64;
 pub enum SchedulerSpec {
     /// Synchronous successive halving: all trials of a rung finish before the best go on.
     SuccessiveHalving(HalvingSpec),
-    /// Asynchronous successive halving (ASHA): a trial goes on as soon as it is in the best
-    /// 1/`reduction_factor` of its rung's results so far; slots never wait for a rung to fill.
+    /// Asynchronous successive halving (ASHA): once every trial has started, a free slot
+    /// promotes a trial in the best 1/`reduction_factor` of its rung's results so far, from the
+    /// lowest rung up; slots never wait for a rung to fill.
     Asha(HalvingSpec),
     /// Hyperband: brackets of successive halving, the first starting at `grace` with the most
     /// trials, the last training its few trials `max` straight away.
