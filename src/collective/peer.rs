@@ -360,7 +360,7 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
         placement,
         packs: env.sizes.iter().map(|f| f * 4).collect(),
     };
-    let (choice, source) = probe::agree(&mut c, &auto, env.algorithm, None).map_err(collective)?;
+    let (choice, source) = probe::agree(&mut c, &auto, None).map_err(collective)?;
     if env.rank == 0 {
         say(&format!("TRAINRUN-MODEL {}", probe::describe(&choice, &source, &auto.packs)));
         for &bytes in &auto.packs {
