@@ -215,6 +215,25 @@ impl CostModel {
         self.fitted_terms((terms(sizes.0), terms(sizes.1)), secs)
     }
 
+    /// The link among the hosts' leaders that explains two timings of the whole `hierarchical`
+    /// (`secs.0` for `sizes.0` bytes, `secs.1` for `sizes.1`) once its steps inside the hosts
+    /// are priced at `inside`, the link they were timed at alone ([`CostModel::fitted_part`]).
+    /// What is subtracted is the small, separately measured part, so the leaders' figure carries
+    /// what the whole measured, and the model reproduces the whole at the probe's sizes. `None`
+    /// when there is one host (no leaders' step).
+    pub fn fitted_among_leaders(
+        &self,
+        shape: Placement,
+        sizes: (usize, usize),
+        secs: (f64, f64),
+        inside: LinkCost,
+    ) -> Option<LinkCost> {
+        let parts = |bytes: usize| Terms::hierarchical(shape, bytes as f64);
+        let ([in_small, small], [in_large, large]) = (parts(sizes.0), parts(sizes.1));
+        let less = (secs.0 - in_small.seconds(inside, self.gamma), secs.1 - in_large.seconds(inside, self.gamma));
+        self.fitted_terms((small, large), less)
+    }
+
     /// α and β from the terms of two sizes and their timings, given γ. They are kept from
     /// going below zero (noise can make the large timing look cheap).
     fn fitted_terms(&self, (small, large): (Terms, Terms), secs: (f64, f64)) -> Option<LinkCost> {
@@ -339,6 +358,16 @@ mod tests {
             };
             let inside_hosts = fit(HierarchicalPart::InsideHosts, truth.inside_hosts);
             let among_leaders = fit(HierarchicalPart::AmongLeaders, truth.among_leaders);
+            // The leaders' link from the whole's timings, less the inside part at its own link.
+            let whole = |bytes: usize| {
+                let [within, among] = Terms::hierarchical(shape, bytes as f64);
+                within.seconds(truth.inside_hosts, base.gamma) + among.seconds(truth.among_leaders, base.gamma)
+            };
+            let secs = (whole(1024), whole(524_288));
+            let from_whole = base.fitted_among_leaders(shape, (1024, 524_288), secs, inside_hosts);
+            let from_whole = from_whole.unwrap_or_else(|| panic!("{shape:?}: no fit"));
+            assert!((from_whole.alpha / truth.among_leaders.alpha - 1.0).abs() < 1e-6, "{shape:?}: {from_whole:?}");
+            assert!((from_whole.beta / truth.among_leaders.beta - 1.0).abs() < 1e-6, "{shape:?}: {from_whole:?}");
             let fitted = CostModel { measured: Some(Measured { inside_hosts, among_leaders, ..truth }), ..base };
             // The whole: both parts at their own links, plus the broadcast inside the host.
             let [within, among] = Terms::hierarchical(shape, 4e6);
