@@ -326,3 +326,46 @@ pub fn describe(choice: &SizeChoice, source: &ModelSource, packs: &[usize]) -> S
     };
     format!("all-reduce cost model {from}: {links}; sums {:.2} GB/s; by pack size: {}", 1e-9 / m.gamma, picks.join(", "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures() -> Figures {
+        let link = |a: f64, gb: f64| LinkCost { alpha: a * 1e-6, beta: 1.0 / (gb * 1e9) };
+        let measured = Measured {
+            ring: link(101.0, 0.12),
+            halving_doubling: link(170.0, 0.06),
+            inside_hosts: link(7.5, 1.3),
+            among_leaders: link(160.0, 0.13),
+        };
+        Figures::new(1.0 / 16e9, measured)
+    }
+
+    #[test]
+    fn the_broadcast_and_the_cache_carry_every_link_bit_for_bit() {
+        let f = figures();
+        assert_eq!(Figures::from_message(f.as_message(true)), Some(f));
+        assert_eq!(Figures::from_message(f.as_message(false)), None, "not found: measure");
+        let model = f.apply(CostModel::default());
+        let m = model.measured.expect("measured links");
+        assert_eq!(m.ring.alpha, f64::from(f.ring[0]));
+        assert_eq!(m.among_leaders.beta, f64::from(f.among_leaders[1]));
+        // Each algorithm priced at its own link.
+        let shape = Placement { ranks: 16, hosts: 8, per_host: 2 };
+        let hd = model.estimate(Algorithm::HalvingDoubling, TransportKind::SharedMemoryAndTcp, shape, 1 << 20);
+        assert_eq!(hd, Some(model.halving_doubling(m.halving_doubling, 16, f64::from(1 << 20))));
+    }
+
+    #[test]
+    fn a_cache_file_of_the_older_layout_is_measured_again() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let old = dir.path().join("old.json");
+        std::fs::write(&old, r#"{"network_latency_s": 4e-5, "network_s_per_byte": 4e-10, "sum_s_per_byte": 2.5e-10}"#)
+            .expect("written");
+        assert_eq!(read_cache(&old), None);
+        let new = dir.path().join("new.json");
+        write_cache(&new, figures()).expect("written");
+        assert_eq!(read_cache(&new), Some(figures()));
+    }
+}

@@ -290,3 +290,54 @@ pub fn bandwidth_bounds(rows: &[BenchRow], p: TaskLayout) -> Vec<BandwidthBound>
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(algorithm: Algorithm, wire: Wire, ms: u64, picked: Option<Algorithm>) -> BenchRow {
+        let median = Duration::from_millis(ms);
+        BenchRow { algorithm, wire, world: 16, bytes: 1024, median, min: median, picked }
+    }
+
+    #[test]
+    fn a_miss_is_the_pick_or_the_spread_between_groups() {
+        let named = vec![
+            row(Algorithm::Ring, Wire::Tcp, 30, None),
+            row(Algorithm::HalvingDoubling, Wire::Tcp, 12, None),
+            row(Algorithm::Hierarchical, Wire::Tcp, 10, None),
+            row(Algorithm::Hierarchical, Wire::Routed, 11, None),
+        ];
+        let verdict = |auto: BenchRow| {
+            let rows: Vec<BenchRow> = named.iter().cloned().chain([auto]).collect();
+            let v = verdicts(&rows);
+            assert_eq!(v.len(), 1);
+            v[0].clone()
+        };
+        let v = verdict(row(Algorithm::Hierarchical, Wire::Routed, 10, Some(Algorithm::Hierarchical)));
+        assert_eq!((v.verdict(), v.fastest.wire), (Verdict::Within, Wire::Tcp));
+        // Its pick ran 1.10× as a named row (over shared memory and TCP): its own group was slow.
+        let v = verdict(row(Algorithm::Hierarchical, Wire::Routed, 13, Some(Algorithm::Hierarchical)));
+        assert_eq!(v.verdict(), Verdict::MissedBySpread, "{}", v.line());
+        assert_eq!(v.pick.map(|p| p.wire), Some(Wire::Routed));
+        // Halving-doubling under `auto` over shared memory and TCP runs over TCP: its named row is 1.2×.
+        let v = verdict(row(Algorithm::Hierarchical, Wire::Routed, 12, Some(Algorithm::HalvingDoubling)));
+        assert_eq!(v.verdict(), Verdict::MissedByPick, "{}", v.line());
+        assert_eq!(v.pick.map(|p| (p.algorithm, p.wire)), Some((Algorithm::HalvingDoubling, Wire::Tcp)));
+    }
+
+    #[test]
+    fn rounds_combine_into_each_rows_median_and_spread() {
+        let rounds: Vec<Vec<BenchRow>> = [10, 14, 11]
+            .into_iter()
+            .map(|ms| vec![row(Algorithm::Ring, Wire::Tcp, ms, None), row(Algorithm::Ring, Wire::Tcp, ms + 1, Some(Algorithm::Ring))])
+            .collect();
+        let combined = combine_rounds(&rounds);
+        assert_eq!(combined.len(), 2);
+        assert_eq!((combined[0].median, combined[0].picked), (Duration::from_millis(11), None));
+        assert_eq!((combined[1].median, combined[1].picked), (Duration::from_millis(12), Some(Algorithm::Ring)));
+        let (least, most, picks) = spread(&rounds, &combined[1]);
+        assert_eq!((least, most), (Duration::from_millis(11), Duration::from_millis(15)));
+        assert_eq!(picks, [Some(Algorithm::Ring); 3]);
+    }
+}
