@@ -13,9 +13,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use trainrun::bench::scale::{self, allreduce};
 use trainrun::bench::scale::hosts::{Delay, HostsError, NamespaceHosts, Profile, Shaping, leftovers};
 use trainrun::bench::scale::train::{TaskLayout, TrainResult, TrainSettings, train};
+use trainrun::bench::scale::{self, allreduce};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
 
@@ -254,7 +254,9 @@ fn allreduce_table() {
             for r in &rows {
                 let (least, most, picks) = allreduce::spread(&all, r);
                 let picks = match r.picked {
-                    Some(_) => format!("  picks {:?}", picks.iter().map(|a| a.map_or("-", |a| a.name())).collect::<Vec<_>>()),
+                    Some(_) => {
+                        format!("  picks {:?}", picks.iter().map(|a| a.map_or("-", |a| a.name())).collect::<Vec<_>>())
+                    }
                     None => String::new(),
                 };
                 println!(
@@ -275,7 +277,8 @@ fn allreduce_table() {
                 println!("{}", b.line());
             }
         }
-        summary.push(format!("{}; per round, cells within 10 %: {per_round:?}", scale::verdict_line(profile, &verdicts)));
+        summary
+            .push(format!("{}; per round, cells within 10 %: {per_round:?}", scale::verdict_line(profile, &verdicts)));
     }
     println!();
     for line in summary {
@@ -291,9 +294,8 @@ fn allreduce_table() {
 #[test]
 #[ignore = "up to 64 processes, 4 jobs a world"]
 fn training_table() {
-    let worlds = std::env::var("BENCH_WORLDS").map_or(vec![16, 32, 64], |v| {
-        v.split(',').map(|x| x.trim().parse().expect("a number")).collect()
-    });
+    let worlds = std::env::var("BENCH_WORLDS")
+        .map_or(vec![16, 32, 64], |v| v.split(',').map(|x| x.trim().parse().expect("a number")).collect());
     for n in worlds {
         let p = TaskLayout::for_tasks(n);
         let Some(c) = cluster(p) else { return };

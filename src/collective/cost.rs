@@ -269,7 +269,8 @@ impl CostModel {
         algorithm.refuses(transport).is_none().then_some(())?;
         let (s, n) = (bytes as f64, shape.ranks);
         let link = self.flat_link(transport);
-        let measured = |pick: fn(&Measured) -> LinkCost, otherwise: LinkCost| self.measured.as_ref().map_or(otherwise, pick);
+        let measured =
+            |pick: fn(&Measured) -> LinkCost, otherwise: LinkCost| self.measured.as_ref().map_or(otherwise, pick);
         Some(match algorithm {
             Algorithm::Direct => self.direct(n, s),
             Algorithm::Ring => self.ring(measured(|m| m.ring, link), n, s),
@@ -372,12 +373,22 @@ mod tests {
             // The whole: both parts at their own links, plus the broadcast inside the host.
             let [within, among] = Terms::hierarchical(shape, 4e6);
             let whole = within.seconds(truth.inside_hosts, base.gamma) + among.seconds(truth.among_leaders, base.gamma);
-            let estimate = fitted.estimate(Algorithm::Hierarchical, TransportKind::SharedMemoryAndTcp, shape, 4_000_000);
-            assert!(estimate.is_some_and(|e| (e / whole - 1.0).abs() < 1e-6), "{shape:?}: {estimate:?} against {whole}");
+            let estimate =
+                fitted.estimate(Algorithm::Hierarchical, TransportKind::SharedMemoryAndTcp, shape, 4_000_000);
+            assert!(
+                estimate.is_some_and(|e| (e / whole - 1.0).abs() < 1e-6),
+                "{shape:?}: {estimate:?} against {whole}"
+            );
         }
         // One task a host: nothing inside to fit; one host: no leaders to fit.
-        assert_eq!(base.fitted_part(HierarchicalPart::InsideHosts, placement(4, 4), (1024, 524_288), (1e-4, 1e-3)), None);
-        assert_eq!(base.fitted_part(HierarchicalPart::AmongLeaders, placement(4, 1), (1024, 524_288), (1e-4, 1e-3)), None);
+        assert_eq!(
+            base.fitted_part(HierarchicalPart::InsideHosts, placement(4, 4), (1024, 524_288), (1e-4, 1e-3)),
+            None
+        );
+        assert_eq!(
+            base.fitted_part(HierarchicalPart::AmongLeaders, placement(4, 1), (1024, 524_288), (1e-4, 1e-3)),
+            None
+        );
     }
 
     #[test]

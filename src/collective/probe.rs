@@ -164,12 +164,31 @@ fn sum_seconds_per_byte() -> f64 {
 }
 
 /// This rank's timings of `all_reduce` at the two probe sizes.
+///
+/// Each timing starts from a barrier (untimed), so it is one all-reduce from a common start,
+/// as a step's pack after the backward pass and the bench's rows see it. Back to back, the
+/// ranks' successive all-reduces overlap, and differently per algorithm: 4 ranks as 2 hosts ×
+/// 2 timed `hierarchical` at 1 KB slower than halving-doubling (about 0.36 against 0.30 ms)
+/// where from a barrier it was faster (0.28 against 0.36).
 fn probe_times(
-    mut all_reduce: impl FnMut(&mut [f32]) -> Result<(), CollectiveError>,
+    comm: &mut Collective,
+    mut all_reduce: impl FnMut(&mut Collective, &mut [f32]) -> Result<(), CollectiveError>,
 ) -> Result<(f64, f64), CollectiveError> {
     let (mut small, mut large) = (vec![1.0f32; PROBE_FLOATS.0], vec![1.0f32; PROBE_FLOATS.1]);
-    let t_small = median_secs(15, || all_reduce(&mut small))?;
-    let t_large = median_secs(5, || all_reduce(&mut large))?;
+    let mut timed = |data: &mut [f32]| {
+        comm.as_dyn().barrier()?;
+        let start = Instant::now();
+        all_reduce(comm, data)?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut median = |reps: usize, data: &mut [f32]| -> Result<f64, CollectiveError> {
+        timed(data)?;
+        let mut t = (0..reps).map(|_| timed(data)).collect::<Result<Vec<f64>, CollectiveError>>()?;
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    };
+    let t_small = median(15, &mut small)?;
+    let t_large = median(5, &mut large)?;
     Ok((t_small, t_large))
 }
 
@@ -186,8 +205,7 @@ fn time_algorithm(
         return Ok(None);
     }
     comm.choose_by_size(SizeChoice { candidates: vec![algorithm], ..choice.clone() })?;
-    let comm = comm.as_dyn();
-    probe_times(|data| comm.all_reduce_sum(data)).map(Some)
+    probe_times(comm, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
 }
 
 /// This rank's timings of `part` of `hierarchical` alone, or `None` where it sends nothing
@@ -206,7 +224,7 @@ fn time_part(
     if ranks < 2 || !choice.candidates.contains(&Algorithm::Hierarchical) {
         return Ok(None);
     }
-    probe_times(|data| comm.all_reduce_part(part, data)).map(Some)
+    probe_times(comm, |c, data| c.all_reduce_part(part, data)).map(Some)
 }
 
 /// This rank's measurement: γ, then a link fitted to its own timings of each candidate at the
@@ -244,8 +262,12 @@ fn measure(comm: &mut Collective, auto: &AutoBySize) -> Result<Option<Figures>, 
     let inside = inside.and_then(|t| model.fitted_part(HierarchicalPart::InsideHosts, placement, PROBE_BYTES, t));
     let inside = inside.unwrap_or(inside_default);
     let among = whole.and_then(|t| model.fitted_among_leaders(placement, PROBE_BYTES, t, inside));
-    let measured =
-        Measured { ring: ring.unwrap_or(hd), halving_doubling: hd, inside_hosts: inside, among_leaders: among.unwrap_or(hd) };
+    let measured = Measured {
+        ring: ring.unwrap_or(hd),
+        halving_doubling: hd,
+        inside_hosts: inside,
+        among_leaders: among.unwrap_or(hd),
+    };
     Ok(Some(Figures::new(gamma, measured)))
 }
 
@@ -324,7 +346,11 @@ pub fn describe(choice: &SizeChoice, source: &ModelSource, packs: &[usize]) -> S
         (None, true) => format!("network {}; shared memory {}", link(m.network), link(m.shared_memory)),
         (None, false) => format!("network {}", link(m.network)),
     };
-    format!("all-reduce cost model {from}: {links}; sums {:.2} GB/s; by pack size: {}", 1e-9 / m.gamma, picks.join(", "))
+    format!(
+        "all-reduce cost model {from}: {links}; sums {:.2} GB/s; by pack size: {}",
+        1e-9 / m.gamma,
+        picks.join(", ")
+    )
 }
 
 #[cfg(test)]

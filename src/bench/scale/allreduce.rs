@@ -220,7 +220,8 @@ pub fn combine_rounds(rounds: &[Vec<BenchRow>]) -> Vec<BenchRow> {
 
 /// Whether two rows measure the same thing (`auto`'s rows whatever they picked).
 fn same_cell(a: &BenchRow, b: &BenchRow) -> bool {
-    (a.algorithm, a.wire, a.world, a.bytes, a.picked.is_some()) == (b.algorithm, b.wire, b.world, b.bytes, b.picked.is_some())
+    (a.algorithm, a.wire, a.world, a.bytes, a.picked.is_some())
+        == (b.algorithm, b.wire, b.world, b.bytes, b.picked.is_some())
 }
 
 /// One row's medians over rounds: the least and the greatest, and `auto`'s picks in order.
@@ -330,7 +331,12 @@ mod tests {
     fn rounds_combine_into_each_rows_median_and_spread() {
         let rounds: Vec<Vec<BenchRow>> = [10, 14, 11]
             .into_iter()
-            .map(|ms| vec![row(Algorithm::Ring, Wire::Tcp, ms, None), row(Algorithm::Ring, Wire::Tcp, ms + 1, Some(Algorithm::Ring))])
+            .map(|ms| {
+                vec![
+                    row(Algorithm::Ring, Wire::Tcp, ms, None),
+                    row(Algorithm::Ring, Wire::Tcp, ms + 1, Some(Algorithm::Ring)),
+                ]
+            })
             .collect();
         let combined = combine_rounds(&rounds);
         assert_eq!(combined.len(), 2);
