@@ -241,12 +241,12 @@ fn allreduce_table() {
             println!("\nN = {n} ({} × {}), {}", p.hosts, p.per_host(), c.settings());
             let sizes = list("BENCH_SIZES", &allreduce::SIZES);
             let mut all = Vec::new();
-            for round in 0..rounds {
+            for (round, within) in per_round.iter_mut().enumerate() {
                 let mut rows = allreduce::measure_sizes(&peer_exe(), &c, p, &allreduce::algorithms(), &sizes).unwrap();
                 rows.extend(allreduce::measure_auto(&peer_exe(), &c, p, &sizes).unwrap());
                 for v in allreduce::verdicts(&rows) {
                     println!("round {}: {}", round + 1, v.line());
-                    per_round[round] += usize::from(v.within());
+                    *within += usize::from(v.within());
                 }
                 all.push(rows);
             }

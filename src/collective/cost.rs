@@ -349,7 +349,7 @@ mod tests {
         };
         let base = CostModel::default();
         for shape in [placement(4, 2), placement(6, 3), placement(64, 8)] {
-            let mut fit = |part: HierarchicalPart, link: LinkCost| {
+            let fit = |part: HierarchicalPart, link: LinkCost| {
                 let time = |bytes: usize| Terms::part(part, shape, bytes as f64).seconds(link, base.gamma);
                 let got = base.fitted_part(part, shape, (1024, 524_288), (time(1024), time(524_288)));
                 let got = got.unwrap_or_else(|| panic!("{part:?} {shape:?}: no fit"));

@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_miss_is_the_pick_or_the_spread_between_groups() {
-        let named = vec![
+        let named = [
             row(Algorithm::Ring, Wire::Tcp, 30, None),
             row(Algorithm::HalvingDoubling, Wire::Tcp, 12, None),
             row(Algorithm::Hierarchical, Wire::Tcp, 10, None),
