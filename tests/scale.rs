@@ -13,9 +13,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use trainrun::bench::scale::allreduce;
 use trainrun::bench::scale::hosts::{Delay, HostsError, NamespaceHosts, Profile, Shaping, leftovers};
 use trainrun::bench::scale::train::{TaskLayout, TrainResult, TrainSettings, train};
+use trainrun::bench::scale::{self, allreduce};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
 
@@ -202,8 +202,11 @@ fn one_kilobyte_among_sixty_four_tasks_leaves_the_ring_behind() {
 }
 
 /// The all-reduce part of `trainrun bench --only scale` for the worlds in `BENCH_WORLDS`
-/// (default 16, 32, 64) at the sizes in `BENCH_SIZES` (floats; default 1 KB, 1 MB, 16 MB):
-/// every algorithm, then `auto`, and how close `auto` came to the fastest:
+/// (default 16, 32, 64) at the sizes in `BENCH_SIZES` (floats; default 1 KB, 1 MB, 16 MB) on
+/// the link profiles in `BENCH_PROFILES` (`fast`, `slow`; default `fast`): every algorithm,
+/// then `auto`, `BENCH_ROUNDS` times (default 1) in one cluster, and how close `auto` came to
+/// the fastest in each round and over the rounds' medians, with each row's spread over the
+/// rounds and whether a miss was `auto`'s pick or the spread between process groups:
 /// `cargo test --release --test scale -- --ignored --nocapture allreduce_table`.
 #[test]
 #[ignore = "up to 64 processes for minutes"]
@@ -212,28 +215,108 @@ fn allreduce_table() {
         Ok(v) => v.split(',').map(|x| x.trim().parse().expect("a number")).collect(),
         Err(_) => default.to_vec(),
     };
-    let mut verdicts = Vec::new();
-    for n in list("BENCH_WORLDS", &[16, 32, 64]) {
+    let profiles: Vec<Profile> = match std::env::var("BENCH_PROFILES") {
+        Ok(v) => v
+            .split(',')
+            .map(|p| match p.trim() {
+                "fast" => Profile::FAST,
+                "slow" => Profile::SLOW,
+                other => panic!("BENCH_PROFILES: {other:?} is not a profile; use fast, slow or both"),
+            })
+            .collect(),
+        Err(_) => vec![Profile::FAST],
+    };
+    let rounds = std::env::var("BENCH_ROUNDS").map_or(1, |v| v.parse().expect("a count"));
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut summary = Vec::new();
+    for profile in profiles {
+        let (mut verdicts, mut per_round) = (Vec::new(), vec![0usize; rounds]);
+        for n in list("BENCH_WORLDS", &[16, 32, 64]) {
+            let p = TaskLayout::for_tasks(n);
+            let c = match NamespaceHosts::new(p.hosts, profile, &NEVER) {
+                Ok(c) => c,
+                Err(e @ HostsError::NoNamespaces(_)) => return eprintln!("\n*** SKIPPED: {e} ***\n"),
+                Err(e) => panic!("{e}"),
+            };
+            println!("\nN = {n} ({} × {}), {}", p.hosts, p.per_host(), c.settings());
+            let sizes = list("BENCH_SIZES", &allreduce::SIZES);
+            let mut all = Vec::new();
+            for (round, within) in per_round.iter_mut().enumerate() {
+                let mut rows = allreduce::measure_sizes(&peer_exe(), &c, p, &allreduce::algorithms(), &sizes).unwrap();
+                rows.extend(allreduce::measure_auto(&peer_exe(), &c, p, &sizes).unwrap());
+                for v in allreduce::verdicts(&rows) {
+                    println!("round {}: {}", round + 1, v.line());
+                    *within += usize::from(v.within());
+                }
+                all.push(rows);
+            }
+            let rows = allreduce::combine_rounds(&all);
+            for r in &rows {
+                let (least, most, picks) = allreduce::spread(&all, r);
+                let picks = match r.picked {
+                    Some(_) => {
+                        format!("  picks {:?}", picks.iter().map(|a| a.map_or("-", |a| a.name())).collect::<Vec<_>>())
+                    }
+                    None => String::new(),
+                };
+                println!(
+                    "{:<40} {:>9} B  median {:>9.3} ms  rounds {:.3}–{:.3} ms  min {:>9.3} ms{picks}",
+                    r.label(),
+                    r.bytes,
+                    ms(r.median),
+                    ms(least),
+                    ms(most),
+                    ms(r.min)
+                );
+            }
+            for v in allreduce::verdicts(&rows) {
+                println!("over the rounds' medians: {}", v.line());
+                verdicts.push(v);
+            }
+            for b in allreduce::bandwidth_bounds(&rows, p) {
+                println!("{}", b.line());
+            }
+        }
+        summary
+            .push(format!("{}; per round, cells within 10 %: {per_round:?}", scale::verdict_line(profile, &verdicts)));
+    }
+    println!();
+    for line in summary {
+        println!("{line}");
+    }
+}
+
+/// The training part of `trainrun bench --only scale-full` for the worlds in `BENCH_WORLDS`
+/// (default 16, 32, 64) on the 10 Gbit/s, 50 µs links: the tiny MLP, 100 steps, with `auto`
+/// and every algorithm; per job the rendezvous and step time p50 / p90 / p99. Every job must
+/// train to completion (`cargo test --release --test scale -- --ignored --nocapture
+/// training_table`).
+#[test]
+#[ignore = "up to 64 processes, 4 jobs a world"]
+fn training_table() {
+    let worlds = std::env::var("BENCH_WORLDS")
+        .map_or(vec![16, 32, 64], |v| v.split(',').map(|x| x.trim().parse().expect("a number")).collect());
+    for n in worlds {
         let p = TaskLayout::for_tasks(n);
         let Some(c) = cluster(p) else { return };
         println!("\nN = {n} ({} × {}), {}", p.hosts, p.per_host(), c.settings());
-        let sizes = list("BENCH_SIZES", &allreduce::SIZES);
-        let mut rows = allreduce::measure_sizes(&peer_exe(), &c, p, &allreduce::algorithms(), &sizes).unwrap();
-        rows.extend(allreduce::measure_auto(&peer_exe(), &c, p, &sizes).unwrap());
-        for r in &rows {
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            println!("{:<40} {:>9} B  median {:>9.3} ms  min {:>9.3} ms", r.label(), r.bytes, ms(r.median), ms(r.min));
-        }
-        for v in allreduce::verdicts(&rows) {
-            println!("{}", v.line());
-            verdicts.push(v);
-        }
-        for b in allreduce::bandwidth_bounds(&rows, p) {
-            println!("{}", b.line());
+        for implementation in scale::implementations() {
+            let settings =
+                TrainSettings { steps: 100, per_replica_batch: 16, implementation, deadline: scale::deadline(n) };
+            let r = train(exe(), &c, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.steps, 100, "{} at N = {n}", settings.implementation);
+            println!(
+                "{:<18} {:<22} rendezvous {:.3} s  step ms p50 {:.3}  p90 {:.3}  p99 {:.3}{}",
+                settings.implementation,
+                r.transport,
+                r.rendezvous_s,
+                r.step_median_ms(),
+                r.step_p90_ms(),
+                r.step_p99_ms(),
+                r.all_reduce_choice.map(|c| format!("\n    {c}")).unwrap_or_default()
+            );
         }
     }
-    let within = verdicts.iter().filter(|v| v.within()).count();
-    println!("\nauto within 10 % of the fastest in {within} of {} cells (target ≥ 90 %)", verdicts.len());
 }
 
 /// `trainrun bench --only scale` started, once its first cluster is up: the bench and that

@@ -277,7 +277,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     let mut comm = Collective::build_among(peers, algorithm, &also, transport, timeouts)?;
     if let Some(auto) = choosing {
         let cache = cost_model_dir().map(|d| probe::cache_file(&d, kind, auto.placement));
-        let (choice, source) = probe::agree(&mut comm, auto, algorithm, cache.as_deref())?;
+        let (choice, source) = probe::agree(&mut comm, auto, cache.as_deref())?;
         if task == chief {
             eprintln!("trainrun: {}", probe::describe(&choice, &source, &auto.packs));
         }

@@ -2,10 +2,13 @@
 //! pick one): sending a message of n bytes over a link costs α + n·β, summing n bytes costs
 //! n·γ. Links come in two kinds, shared memory inside a host and the network across hosts,
 //! each with its own α and β. `implementation = "auto"` picks the algorithm with the lowest
-//! estimate for the job's pack size; `trainrun check` prints the estimates.
+//! estimate for the job's pack size; `trainrun check` prints the estimates. Measured at
+//! start-up, the network is priced per algorithm ([`Measured`]): the same wire costs a
+//! halving-doubling step, where every rank sends at once, more than a ring step, whose
+//! neighbours take turns, wherever ranks share cores or links.
 //! `docs/cost-model.md` derives the formulas and compares them with measurements.
 
-use super::{Algorithm, TransportKind};
+use super::{Algorithm, HierarchicalPart, TransportKind};
 
 /// One kind of link: latency per message and time per byte.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -25,6 +28,28 @@ pub struct CostModel {
     pub network: LinkCost,
     /// Seconds per byte summed (γ).
     pub gamma: f64,
+    /// The links as each algorithm's own steps met them, where the start-up probe timed each
+    /// (`None`: the spec's or the default figures, one network for every algorithm).
+    pub measured: Option<Measured>,
+}
+
+/// The links each algorithm's steps were measured at, at the job's own ranks, hosts and cores.
+/// One network figure cannot price them all: halving-doubling's steps, where every rank sends
+/// at once, queue for the cores (and a shared link) that a ring's steps, where neighbours take
+/// turns and only the ranks at a host boundary cross the network, share out; on 64 ranks and 2
+/// cores a halving-doubling message measured 4× a ring message. Fitted per algorithm, that
+/// contention (the "cores per rank" term the fixed figures lack) is in each algorithm's α and β.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Measured {
+    /// The ring over the network (every exchange over TCP where the transport routes by host).
+    pub ring: LinkCost,
+    /// Halving-doubling over the network.
+    pub halving_doubling: LinkCost,
+    /// `hierarchical`'s steps inside each host, timed alone: halving-doubling among one host's
+    /// ranks, every host at once (over shared memory where the transport routes by host).
+    pub inside_hosts: LinkCost,
+    /// `hierarchical`'s step among the hosts' leaders, timed alone.
+    pub among_leaders: LinkCost,
 }
 
 impl Default for CostModel {
@@ -35,6 +60,7 @@ impl Default for CostModel {
             shared_memory: LinkCost { alpha: 5e-6, beta: 1.0 / 8e9 },
             network: LinkCost { alpha: 40e-6, beta: 1.0 / 2.5e9 },
             gamma: 1.0 / 4e9,
+            measured: None,
         }
     }
 }
@@ -106,6 +132,15 @@ impl Terms {
         [inside, Terms::halving_doubling(shape.hosts, s)]
     }
 
+    /// One part of `hierarchical` as the start-up probe times it alone: halving-doubling among
+    /// the fullest host's ranks, or among the hosts' leaders.
+    pub fn part(part: HierarchicalPart, shape: Placement, s: f64) -> Terms {
+        match part {
+            HierarchicalPart::InsideHosts => Terms::halving_doubling(shape.per_host, s),
+            HierarchicalPart::AmongLeaders => Terms::halving_doubling(shape.hosts, s),
+        }
+    }
+
     /// A point-to-point algorithm's terms with every step on one kind of link (`None` for
     /// `direct`, which sends no messages).
     pub fn of(algorithm: Algorithm, shape: Placement, s: f64) -> Option<Terms> {
@@ -153,8 +188,7 @@ impl CostModel {
     /// The link that explains two timings of `algorithm` with every step on that link:
     /// `secs.0` for `sizes.0` bytes and `secs.1` for `sizes.1` among `shape`'s ranks, given
     /// this model's γ (the start-up probe's fit). `None` when the algorithm sends no messages
-    /// or the sizes carry the same bytes. α and β are kept from going below zero (noise can
-    /// make the large timing look cheap).
+    /// or the sizes carry the same bytes.
     pub fn fitted(
         &self,
         algorithm: Algorithm,
@@ -164,6 +198,45 @@ impl CostModel {
     ) -> Option<LinkCost> {
         let small = Terms::of(algorithm, shape, sizes.0 as f64)?;
         let large = Terms::of(algorithm, shape, sizes.1 as f64)?;
+        self.fitted_terms((small, large), secs)
+    }
+
+    /// The link that explains two timings of one part of `hierarchical` timed alone
+    /// ([`Terms::part`]), as [`CostModel::fitted`] does for a whole algorithm. `None` when the
+    /// part has one rank (one task a host, or one host): it sends nothing.
+    pub fn fitted_part(
+        &self,
+        part: HierarchicalPart,
+        shape: Placement,
+        sizes: (usize, usize),
+        secs: (f64, f64),
+    ) -> Option<LinkCost> {
+        let terms = |bytes: usize| Terms::part(part, shape, bytes as f64);
+        self.fitted_terms((terms(sizes.0), terms(sizes.1)), secs)
+    }
+
+    /// The link among the hosts' leaders that explains two timings of the whole `hierarchical`
+    /// (`secs.0` for `sizes.0` bytes, `secs.1` for `sizes.1`) once its steps inside the hosts
+    /// are priced at `inside`, the link they were timed at alone ([`CostModel::fitted_part`]).
+    /// What is subtracted is the small, separately measured part, so the leaders' figure carries
+    /// what the whole measured, and the model reproduces the whole at the probe's sizes. `None`
+    /// when there is one host (no leaders' step).
+    pub fn fitted_among_leaders(
+        &self,
+        shape: Placement,
+        sizes: (usize, usize),
+        secs: (f64, f64),
+        inside: LinkCost,
+    ) -> Option<LinkCost> {
+        let parts = |bytes: usize| Terms::hierarchical(shape, bytes as f64);
+        let ([in_small, small], [in_large, large]) = (parts(sizes.0), parts(sizes.1));
+        let less = (secs.0 - in_small.seconds(inside, self.gamma), secs.1 - in_large.seconds(inside, self.gamma));
+        self.fitted_terms((small, large), less)
+    }
+
+    /// α and β from the terms of two sizes and their timings, given γ. They are kept from
+    /// going below zero (noise can make the large timing look cheap).
+    fn fitted_terms(&self, (small, large): (Terms, Terms), secs: (f64, f64)) -> Option<LinkCost> {
         let spread = large.bytes - small.bytes;
         if spread <= 0.0 || small.messages <= 0.0 {
             return None;
@@ -171,26 +244,6 @@ impl CostModel {
         let rest = |t: Terms, secs: f64| secs - t.summed * self.gamma;
         let beta = ((rest(large, secs.1) - rest(small, secs.0)) / spread).max(1e-12);
         let alpha = ((rest(small, secs.0) - small.bytes * beta) / small.messages).max(0.0);
-        Some(LinkCost { alpha, beta })
-    }
-
-    /// Shared memory's link that explains two timings of `hierarchical` among `shape`'s ranks
-    /// (`secs.0` for `sizes.0` bytes, `secs.1` for `sizes.1`), given this model's network and
-    /// γ for the part among the hosts' leaders (the start-up probe's fit over shared memory
-    /// inside hosts and TCP across). `None` when no host has two ranks or the sizes carry the
-    /// same bytes; α and β are kept from going below zero, as in [`CostModel::fitted`].
-    pub fn fitted_inside(&self, shape: Placement, sizes: (usize, usize), secs: (f64, f64)) -> Option<LinkCost> {
-        let [small, small_among] = Terms::hierarchical(shape, sizes.0 as f64);
-        let [large, large_among] = Terms::hierarchical(shape, sizes.1 as f64);
-        let spread = large.bytes - small.bytes;
-        if spread <= 0.0 || small.messages <= 0.0 {
-            return None;
-        }
-        let rest =
-            |t: Terms, among: Terms, secs: f64| secs - t.summed * self.gamma - among.seconds(self.network, self.gamma);
-        let (small_rest, large_rest) = (rest(small, small_among, secs.0), rest(large, large_among, secs.1));
-        let beta = ((large_rest - small_rest) / spread).max(1e-12);
-        let alpha = ((small_rest - small.bytes * beta) / small.messages).max(0.0);
         Some(LinkCost { alpha, beta })
     }
 
@@ -216,13 +269,16 @@ impl CostModel {
         algorithm.refuses(transport).is_none().then_some(())?;
         let (s, n) = (bytes as f64, shape.ranks);
         let link = self.flat_link(transport);
+        let measured =
+            |pick: fn(&Measured) -> LinkCost, otherwise: LinkCost| self.measured.as_ref().map_or(otherwise, pick);
         Some(match algorithm {
             Algorithm::Direct => self.direct(n, s),
-            Algorithm::Ring => self.ring(link, n, s),
-            Algorithm::HalvingDoubling => self.halving_doubling(link, n, s),
+            Algorithm::Ring => self.ring(measured(|m| m.ring, link), n, s),
+            Algorithm::HalvingDoubling => self.halving_doubling(measured(|m| m.halving_doubling, link), n, s),
             Algorithm::Hierarchical => {
                 let inside = if transport.routed() { self.shared_memory } else { link };
                 let across = if transport == TransportKind::SharedMemory { self.shared_memory } else { self.network };
+                let (inside, across) = (measured(|m| m.inside_hosts, inside), measured(|m| m.among_leaders, across));
                 let [within, among] = Terms::hierarchical(shape, s);
                 within.seconds(inside, self.gamma) + among.seconds(across, self.gamma)
             }
@@ -284,22 +340,77 @@ mod tests {
     }
 
     #[test]
-    fn the_fit_inside_hosts_recovers_shared_memory_given_the_network() {
-        let truth = CostModel {
-            shared_memory: LinkCost { alpha: 11e-6, beta: 1.0 / 6e9 },
-            network: LinkCost { alpha: 73e-6, beta: 1.0 / 1.7e9 },
-            ..CostModel::default()
+    fn each_part_of_hierarchical_fits_its_own_link_and_prices_the_whole() {
+        let truth = Measured {
+            ring: LinkCost { alpha: 90e-6, beta: 1.0 / 1.1e9 },
+            halving_doubling: LinkCost { alpha: 300e-6, beta: 1.0 / 0.2e9 },
+            inside_hosts: LinkCost { alpha: 11e-6, beta: 1.0 / 6e9 },
+            among_leaders: LinkCost { alpha: 120e-6, beta: 1.0 / 0.8e9 },
         };
+        let base = CostModel::default();
         for shape in [placement(4, 2), placement(6, 3), placement(64, 8)] {
-            let time =
-                |bytes: usize| truth.estimate(Algorithm::Hierarchical, TransportKind::SharedMemoryAndTcp, shape, bytes);
-            let secs = (time(1024).unwrap_or(0.0), time(524_288).unwrap_or(0.0));
-            let fit = truth.fitted_inside(shape, (1024, 524_288), secs).unwrap_or_else(|| panic!("{shape:?}: no fit"));
-            assert!((fit.alpha / truth.shared_memory.alpha - 1.0).abs() < 1e-6, "{shape:?}: {fit:?}");
-            assert!((fit.beta / truth.shared_memory.beta - 1.0).abs() < 1e-6, "{shape:?}: {fit:?}");
+            let fit = |part: HierarchicalPart, link: LinkCost| {
+                let time = |bytes: usize| Terms::part(part, shape, bytes as f64).seconds(link, base.gamma);
+                let got = base.fitted_part(part, shape, (1024, 524_288), (time(1024), time(524_288)));
+                let got = got.unwrap_or_else(|| panic!("{part:?} {shape:?}: no fit"));
+                assert!((got.alpha / link.alpha - 1.0).abs() < 1e-6, "{part:?} {shape:?}: {got:?}");
+                assert!((got.beta / link.beta - 1.0).abs() < 1e-6, "{part:?} {shape:?}: {got:?}");
+                got
+            };
+            let inside_hosts = fit(HierarchicalPart::InsideHosts, truth.inside_hosts);
+            let among_leaders = fit(HierarchicalPart::AmongLeaders, truth.among_leaders);
+            // The leaders' link from the whole's timings, less the inside part at its own link.
+            let whole = |bytes: usize| {
+                let [within, among] = Terms::hierarchical(shape, bytes as f64);
+                within.seconds(truth.inside_hosts, base.gamma) + among.seconds(truth.among_leaders, base.gamma)
+            };
+            let secs = (whole(1024), whole(524_288));
+            let from_whole = base.fitted_among_leaders(shape, (1024, 524_288), secs, inside_hosts);
+            let from_whole = from_whole.unwrap_or_else(|| panic!("{shape:?}: no fit"));
+            assert!((from_whole.alpha / truth.among_leaders.alpha - 1.0).abs() < 1e-6, "{shape:?}: {from_whole:?}");
+            assert!((from_whole.beta / truth.among_leaders.beta - 1.0).abs() < 1e-6, "{shape:?}: {from_whole:?}");
+            let fitted = CostModel { measured: Some(Measured { inside_hosts, among_leaders, ..truth }), ..base };
+            // The whole: both parts at their own links, plus the broadcast inside the host.
+            let [within, among] = Terms::hierarchical(shape, 4e6);
+            let whole = within.seconds(truth.inside_hosts, base.gamma) + among.seconds(truth.among_leaders, base.gamma);
+            let estimate =
+                fitted.estimate(Algorithm::Hierarchical, TransportKind::SharedMemoryAndTcp, shape, 4_000_000);
+            assert!(
+                estimate.is_some_and(|e| (e / whole - 1.0).abs() < 1e-6),
+                "{shape:?}: {estimate:?} against {whole}"
+            );
         }
-        // One rank a host: nothing inside to fit.
-        assert_eq!(truth.fitted_inside(placement(4, 4), (1024, 524_288), (1e-4, 1e-3)), None);
+        // One task a host: nothing inside to fit; one host: no leaders to fit.
+        assert_eq!(
+            base.fitted_part(HierarchicalPart::InsideHosts, placement(4, 4), (1024, 524_288), (1e-4, 1e-3)),
+            None
+        );
+        assert_eq!(
+            base.fitted_part(HierarchicalPart::AmongLeaders, placement(4, 1), (1024, 524_288), (1e-4, 1e-3)),
+            None
+        );
+    }
+
+    #[test]
+    fn measured_links_price_each_algorithm_apart() {
+        // The 16-rank, 16 MB cell of the scale bench: halving-doubling's all-at-once steps
+        // measured far dearer per message and byte than the ring's, so the ring wins at 16 MB
+        // although one network figure (halving-doubling's) would price its bytes out.
+        let hd = LinkCost { alpha: 200e-6, beta: 1.0 / 0.07e9 };
+        let measured = Measured {
+            ring: LinkCost { alpha: 100e-6, beta: 1.0 / 0.6e9 },
+            halving_doubling: hd,
+            inside_hosts: LinkCost { alpha: 30e-6, beta: 1.0 / 1.0e9 },
+            among_leaders: LinkCost { alpha: 150e-6, beta: 1.0 / 0.15e9 },
+        };
+        let shape = Placement { ranks: 16, hosts: 8, per_host: 2 };
+        let one_network = CostModel { network: hd, ..CostModel::default() };
+        let per_algorithm = CostModel { measured: Some(measured), ..one_network };
+        let routed = TransportKind::SharedMemoryAndTcp;
+        assert_ne!(one_network.cheapest(routed, shape, 16 << 20), Algorithm::Ring);
+        assert_eq!(per_algorithm.cheapest(routed, shape, 16 << 20), Algorithm::Ring);
+        let ring = per_algorithm.estimate(Algorithm::Ring, routed, shape, 1 << 20);
+        assert_eq!(ring, Some(Terms::ring(16, f64::from(1 << 20)).seconds(measured.ring, per_algorithm.gamma)));
     }
 
     #[test]

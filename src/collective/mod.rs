@@ -39,7 +39,7 @@ pub(crate) mod segment;
 pub(crate) mod stranger;
 mod transport;
 
-pub use algorithm::{Algorithm, ArenaReducer, Scheduled, ShmCommunicator};
+pub use algorithm::{Algorithm, ArenaReducer, HierarchicalPart, Scheduled, ShmCommunicator};
 pub use bucket::{BucketReducer, Packs};
 pub use error::{CollectiveError, CollectiveOp};
 pub use group::{GroupError, Launcher, PeerGroup, PeerOutcome, PeerSpec};
@@ -319,6 +319,17 @@ impl Collective {
                 c.choose_by_size(choice);
                 Ok(())
             }
+        }
+    }
+
+    /// `part` of `hierarchical` alone (the start-up probe's timing of one kind of link);
+    /// `direct` has no parts.
+    pub fn all_reduce_part(&mut self, part: HierarchicalPart, data: &mut [f32]) -> Result<(), CollectiveError> {
+        match self {
+            Collective::SharedMemory(_) => Err(CollectiveError::Invalid(
+                "the direct algorithm over shared memory has no hierarchical part to time".into(),
+            )),
+            Collective::Scheduled(c) => c.all_reduce_part(part, data),
         }
     }
 

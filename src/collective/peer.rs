@@ -352,6 +352,15 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
         per_host: per_host.values().copied().max().unwrap_or(1),
     };
     let choice = SizeChoice::over(CostModel::default(), env.wire.kind(), placement);
+    if !choice.chooses() {
+        // As a job's `auto` does: nothing to choose (two ranks), the transport's algorithm.
+        if env.rank == 0 {
+            for f in &env.sizes {
+                say(&format!("TRAINRUN-AUTO {} {}", f * 4, env.algorithm.name()));
+            }
+        }
+        return Collective::build(peers, env.algorithm, transport, env.timeouts).map_err(collective);
+    }
     let mut c = Collective::build_among(peers, env.algorithm, &choice.candidates, transport, env.timeouts)
         .map_err(collective)?;
     let auto = AutoBySize {
@@ -360,7 +369,7 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<Collective, PeerFailure
         placement,
         packs: env.sizes.iter().map(|f| f * 4).collect(),
     };
-    let (choice, source) = probe::agree(&mut c, &auto, env.algorithm, None).map_err(collective)?;
+    let (choice, source) = probe::agree(&mut c, &auto, None).map_err(collective)?;
     if env.rank == 0 {
         say(&format!("TRAINRUN-MODEL {}", probe::describe(&choice, &source, &auto.packs)));
         for &bytes in &auto.packs {

@@ -1,19 +1,23 @@
 //! The cost model measured at start-up, for `implementation = "auto"` per pack size
-//! ([`SizeChoice`]). Every rank times the sum kernel (γ) and an all-reduce at 1 KB and
-//! 512 KB: over TCP the job's own algorithm, from which the chief fits the network's α and β
-//! ([`CostModel::fitted`]); over shared memory inside hosts and TCP across, halving-doubling
-//! (every step over the network) for the network's α and β, then `hierarchical`, whose steps
-//! inside the hosts give shared memory's α and β once the network's part is known
-//! ([`CostModel::fitted_inside`]). The chief broadcasts its figures, so every rank chooses with
-//! the same model. The chief keeps them in a file per job shape on its host (the cache), and
-//! a later run of the same shape takes them from there instead of measuring again: the same
-//! figures, the same choice per size, the same summation order and bits, run after run.
+//! ([`SizeChoice`]). Every rank times the sum kernel (γ) and, at 1 KB and 512 KB, each
+//! algorithm it may choose on its own terms: the ring and halving-doubling (every step over
+//! the network), `hierarchical`'s steps inside the hosts alone (an all-reduce among each
+//! host's ranks, over shared memory where the transport routes by host:
+//! [`HierarchicalPart::InsideHosts`]), then the whole `hierarchical`. The chief fits a link to
+//! each ([`CostModel::fitted`], [`CostModel::fitted_part`]): the network as the ring meets it,
+//! as halving-doubling meets it (every rank sending at once), inside the hosts, and among the
+//! leaders from the whole less the inside part at its own link
+//! ([`CostModel::fitted_among_leaders`]; [`Measured`]). The chief broadcasts its
+//! figures, so every rank chooses with the same model. The chief keeps them in a file per job
+//! shape on its host (the cache), and a later run of the same shape takes them from there
+//! instead of measuring again: the same figures, the same choice per size, the same summation
+//! order and bits, run after run.
 //! A spec that gives `[strategy.communication.cost_model]` is taken as it is, unmeasured.
 
 use super::choice::SizeChoice;
-use super::cost::{CostModel, LinkCost, Placement};
+use super::cost::{CostModel, LinkCost, Measured, Placement};
 use super::reduce::add_assign_f32;
-use super::{Algorithm, Collective, CollectiveError, Communicator, TransportKind};
+use super::{Algorithm, Collective, CollectiveError, Communicator, HierarchicalPart, TransportKind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -52,50 +56,69 @@ pub fn cache_file(dir: &Path, transport: TransportKind, placement: Placement) ->
     dir.join("cost-model").join(format!("{}-{ranks}-ranks-{hosts}-hosts-{per_host}-a-host.json", transport.name()))
 }
 
-/// The figures as the cache holds them: the network's α and β, γ, and shared memory's α and
-/// β where the job measured them (shared memory inside hosts), each an f32 (what the
-/// broadcast carries) so that a cached model is bit for bit the one first agreed on.
+/// The figures as the cache holds them: γ, and each measured link's α (s) and β (s a byte)
+/// ([`Measured`]), each an f32 (what the broadcast carries) so that a cached model is bit for
+/// bit the one first agreed on. A file of an older layout does not parse and is measured again.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Figures {
-    network_latency_s: f32,
-    network_s_per_byte: f32,
     sum_s_per_byte: f32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    shared_memory_latency_s: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    shared_memory_s_per_byte: Option<f32>,
+    ring: [f32; 2],
+    halving_doubling: [f32; 2],
+    inside_hosts: [f32; 2],
+    among_leaders: [f32; 2],
 }
 
-/// Floats of the broadcast: found, the network's α and β, γ, whether shared memory's follow,
-/// its α and β.
-type ProbeMessage = [f32; 7];
+/// Floats of the broadcast: found, γ, then α and β of the ring, halving-doubling, inside the
+/// hosts and among the leaders.
+type ProbeMessage = [f32; 10];
 
 impl Figures {
+    fn new(gamma: f64, m: Measured) -> Figures {
+        let pair = |l: LinkCost| [l.alpha as f32, l.beta as f32];
+        Figures {
+            sum_s_per_byte: gamma as f32,
+            ring: pair(m.ring),
+            halving_doubling: pair(m.halving_doubling),
+            inside_hosts: pair(m.inside_hosts),
+            among_leaders: pair(m.among_leaders),
+        }
+    }
+
+    fn links(&self) -> [[f32; 2]; 4] {
+        [self.ring, self.halving_doubling, self.inside_hosts, self.among_leaders]
+    }
+
     fn as_message(self, found: bool) -> ProbeMessage {
-        let shm = self.shared_memory_latency_s.zip(self.shared_memory_s_per_byte);
-        let (a, b) = shm.unwrap_or((0.0, 0.0));
-        let flag = |x: bool| f32::from(u8::from(x));
-        [flag(found), self.network_latency_s, self.network_s_per_byte, self.sum_s_per_byte, flag(shm.is_some()), a, b]
+        let mut m = [0.0; 10];
+        m[0] = f32::from(u8::from(found));
+        m[1] = self.sum_s_per_byte;
+        for (i, [a, b]) in self.links().into_iter().enumerate() {
+            (m[2 + 2 * i], m[3 + 2 * i]) = (a, b);
+        }
+        m
     }
 
     fn from_message(m: ProbeMessage) -> Option<Figures> {
-        let shm = (m[4] == 1.0).then_some((m[5], m[6]));
         (m[0] == 1.0).then_some(Figures {
-            network_latency_s: m[1],
-            network_s_per_byte: m[2],
-            sum_s_per_byte: m[3],
-            shared_memory_latency_s: shm.map(|s| s.0),
-            shared_memory_s_per_byte: shm.map(|s| s.1),
+            sum_s_per_byte: m[1],
+            ring: [m[2], m[3]],
+            halving_doubling: [m[4], m[5]],
+            inside_hosts: [m[6], m[7]],
+            among_leaders: [m[8], m[9]],
         })
     }
 
     fn apply(self, model: CostModel) -> CostModel {
-        let shm = self.shared_memory_latency_s.zip(self.shared_memory_s_per_byte);
+        let link = |[a, b]: [f32; 2]| LinkCost { alpha: f64::from(a), beta: f64::from(b) };
         CostModel {
-            network: LinkCost { alpha: f64::from(self.network_latency_s), beta: f64::from(self.network_s_per_byte) },
-            shared_memory: shm
-                .map_or(model.shared_memory, |(a, b)| LinkCost { alpha: f64::from(a), beta: f64::from(b) }),
             gamma: f64::from(self.sum_s_per_byte),
+            measured: Some(Measured {
+                ring: link(self.ring),
+                halving_doubling: link(self.halving_doubling),
+                inside_hosts: link(self.inside_hosts),
+                among_leaders: link(self.among_leaders),
+            }),
+            ..model
         }
     }
 }
@@ -103,13 +126,7 @@ impl Figures {
 fn read_cache(path: &Path) -> Option<Figures> {
     let f: Figures = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     let usable = |x: f32| x.is_finite() && x >= 0.0;
-    let shm = [f.shared_memory_latency_s, f.shared_memory_s_per_byte].into_iter().flatten().all(usable);
-    (usable(f.network_latency_s)
-        && usable(f.network_s_per_byte)
-        && f.sum_s_per_byte > 0.0
-        && usable(f.sum_s_per_byte)
-        && shm)
-        .then_some(f)
+    (f.sum_s_per_byte > 0.0 && usable(f.sum_s_per_byte) && f.links().into_iter().flatten().all(usable)).then_some(f)
 }
 
 fn write_cache(path: &Path, f: Figures) -> std::io::Result<()> {
@@ -146,65 +163,120 @@ fn sum_seconds_per_byte() -> f64 {
     (secs / (dst.len() * 4) as f64).max(1e-13)
 }
 
-/// This rank's timings of an all-reduce at the two probe sizes, with whatever algorithm
-/// `comm` runs now.
-fn probe_times(comm: &mut dyn Communicator) -> Result<(f64, f64), CollectiveError> {
+/// This rank's timings of `all_reduce` at the two probe sizes.
+///
+/// Each timing starts from a barrier (untimed), so it is one all-reduce from a common start,
+/// as a step's pack after the backward pass and the bench's rows see it. Back to back, the
+/// ranks' successive all-reduces overlap, and differently per algorithm: 4 ranks as 2 hosts ×
+/// 2 timed `hierarchical` at 1 KB slower than halving-doubling (about 0.36 against 0.30 ms)
+/// where from a barrier it was faster (0.28 against 0.36).
+fn probe_times(
+    comm: &mut Collective,
+    mut all_reduce: impl FnMut(&mut Collective, &mut [f32]) -> Result<(), CollectiveError>,
+) -> Result<(f64, f64), CollectiveError> {
     let (mut small, mut large) = (vec![1.0f32; PROBE_FLOATS.0], vec![1.0f32; PROBE_FLOATS.1]);
-    let t_small = median_secs(15, || comm.all_reduce_sum(&mut small))?;
-    let t_large = median_secs(5, || comm.all_reduce_sum(&mut large))?;
+    let mut timed = |data: &mut [f32]| {
+        comm.as_dyn().barrier()?;
+        let start = Instant::now();
+        all_reduce(comm, data)?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut median = |reps: usize, data: &mut [f32]| -> Result<f64, CollectiveError> {
+        timed(data)?;
+        let mut t = (0..reps).map(|_| timed(data)).collect::<Result<Vec<f64>, CollectiveError>>()?;
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    };
+    let t_small = median(15, &mut small)?;
+    let t_large = median(5, &mut large)?;
     Ok((t_small, t_large))
 }
 
 const PROBE_BYTES: (usize, usize) = (PROBE_FLOATS.0 * 4, PROBE_FLOATS.1 * 4);
 
-/// This rank's measurement: γ, then the network link fitted to its timings of `algorithm`
-/// (the job's, not yet choosing per size) at the two probe sizes; over shared memory inside
-/// hosts and TCP across, the network fitted to halving-doubling's timings and shared memory to
-/// `hierarchical`'s. Every rank runs the same probes in the same order.
-///
-/// Halving-doubling, not the ring: `hierarchical`'s part among the hosts is halving-doubling,
-/// where every rank sends at once, and on a network that all of them share (or on cores
-/// fewer than the ranks) a message then costs more than one of the ring's, whose neighbours
-/// take turns. Fitted to the ring (16 ranks as 8 hosts × 2 on the scale harness's link: 115
-/// µs a message, halving-doubling's measured 215 µs), the model found halving-doubling
-/// cheapest where it was 1.5–2× slower than `hierarchical`.
-fn measure(comm: &mut Collective, auto: &AutoBySize, algorithm: Algorithm) -> Result<Option<Figures>, CollectiveError> {
-    let gamma = sum_seconds_per_byte();
-    let with_gamma = CostModel { gamma, ..auto.model };
-    let (placement, transport) = (auto.placement, comm.transport());
-    let figures = |net: LinkCost, shm: Option<LinkCost>| Figures {
-        network_latency_s: net.alpha as f32,
-        network_s_per_byte: net.beta as f32,
-        sum_s_per_byte: gamma as f32,
-        shared_memory_latency_s: shm.map(|l| l.alpha as f32),
-        shared_memory_s_per_byte: shm.map(|l| l.beta as f32),
-    };
-    if !transport.routed() {
-        let times = probe_times(comm.as_dyn())?;
-        return Ok(with_gamma.fitted(algorithm, placement, PROBE_BYTES, times).map(|l| figures(l, None)));
+/// This rank's timings of `algorithm` alone (a choice with a single candidate picks it at
+/// every size), or `None` when it is not among the candidates `comm` was connected for.
+fn time_algorithm(
+    comm: &mut Collective,
+    choice: &SizeChoice,
+    algorithm: Algorithm,
+) -> Result<Option<(f64, f64)>, CollectiveError> {
+    if !choice.candidates.contains(&algorithm) {
+        return Ok(None);
     }
-    // One algorithm at a time: a choice with a single candidate picks it at every size.
-    let mut timed = |a: Algorithm| {
-        comm.choose_by_size(SizeChoice { candidates: vec![a], ..SizeChoice::over(auto.model, transport, placement) })?;
-        probe_times(comm.as_dyn())
+    comm.choose_by_size(SizeChoice { candidates: vec![algorithm], ..choice.clone() })?;
+    probe_times(comm, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
+}
+
+/// This rank's timings of `part` of `hierarchical` alone, or `None` where it sends nothing
+/// (one rank a host, or one host) or `hierarchical` is not a candidate. Timed alone, the
+/// leaders' step read 150 µs a message between 2 hosts where the whole measured about 125, so
+/// the probe times the inside part alone (small and steady) and the leaders within the whole.
+fn time_part(
+    comm: &mut Collective,
+    choice: &SizeChoice,
+    part: HierarchicalPart,
+) -> Result<Option<(f64, f64)>, CollectiveError> {
+    let ranks = match part {
+        HierarchicalPart::InsideHosts => choice.placement.per_host,
+        HierarchicalPart::AmongLeaders => choice.placement.hosts,
     };
-    let flat = timed(Algorithm::HalvingDoubling)?;
-    let inside = if placement.per_host > 1 { Some(timed(Algorithm::Hierarchical)?) } else { None };
-    let Some(network) = with_gamma.fitted(Algorithm::HalvingDoubling, placement, PROBE_BYTES, flat) else {
+    if ranks < 2 || !choice.candidates.contains(&Algorithm::Hierarchical) {
+        return Ok(None);
+    }
+    probe_times(comm, |c, data| c.all_reduce_part(part, data)).map(Some)
+}
+
+/// This rank's measurement: γ, then a link fitted to its own timings of each candidate at the
+/// two probe sizes ([`Measured`]), `hierarchical`'s among the leaders from its whole time less
+/// its steps inside the hosts, timed alone. Every rank runs the same probes in the same order. A part
+/// that sends nothing (or an algorithm that is not a candidate) takes the nearest measured
+/// link: its terms are zero, or it is never chosen. `None` when neither flat algorithm could
+/// be fitted: the defaults stand.
+///
+/// Each algorithm its own link, because one network figure cannot price them all: fitted to
+/// the ring (16 ranks as 8 hosts × 2 on the scale harness's link), the model found
+/// halving-doubling cheapest where it was 1.5–2× slower than `hierarchical`; fitted to
+/// halving-doubling, it priced the ring's bytes out at 16 MB where the ring was fastest, and
+/// shared memory, fitted to what `hierarchical`'s time left after the network's estimate,
+/// came out at zero latency and unbounded bandwidth (`docs/cost-model.md`).
+fn measure(comm: &mut Collective, auto: &AutoBySize) -> Result<Option<Figures>, CollectiveError> {
+    let gamma = sum_seconds_per_byte();
+    let model = CostModel { gamma, measured: None, ..auto.model };
+    let (placement, transport) = (auto.placement, comm.transport());
+    let choice = SizeChoice::over(auto.model, transport, placement);
+    let ring = time_algorithm(comm, &choice, Algorithm::Ring)?;
+    let hd = time_algorithm(comm, &choice, Algorithm::HalvingDoubling)?;
+    let inside = time_part(comm, &choice, HierarchicalPart::InsideHosts)?;
+    let whole = match placement.hosts > 1 {
+        true => time_algorithm(comm, &choice, Algorithm::Hierarchical)?,
+        false => None,
+    };
+    let flat = |a: Algorithm, t: Option<(f64, f64)>| t.and_then(|t| model.fitted(a, placement, PROBE_BYTES, t));
+    let (ring, hd) = (flat(Algorithm::Ring, ring), flat(Algorithm::HalvingDoubling, hd));
+    let Some(network) = ring.or(hd) else {
         return Ok(None);
     };
-    let with_network = CostModel { network, ..with_gamma };
-    let shm = inside.and_then(|times| with_network.fitted_inside(placement, PROBE_BYTES, times));
-    Ok(Some(figures(network, shm)))
+    let hd = hd.unwrap_or(network);
+    let inside_default = if transport.routed() { model.shared_memory } else { network };
+    let inside = inside.and_then(|t| model.fitted_part(HierarchicalPart::InsideHosts, placement, PROBE_BYTES, t));
+    let inside = inside.unwrap_or(inside_default);
+    let among = whole.and_then(|t| model.fitted_among_leaders(placement, PROBE_BYTES, t, inside));
+    let measured = Measured {
+        ring: ring.unwrap_or(hd),
+        halving_doubling: hd,
+        inside_hosts: inside,
+        among_leaders: among.unwrap_or(hd),
+    };
+    Ok(Some(Figures::new(gamma, measured)))
 }
 
 /// The choice per size every rank of `comm` agrees on: the spec's model, or the chief's
-/// cached or measured figures (measured with `algorithm` over `transport`), broadcast.
+/// cached or measured figures ([`measure`]), broadcast.
 /// Every rank calls it at the same point; the chief keeps new figures in `cache`.
 pub fn agree(
     comm: &mut Collective,
     auto: &AutoBySize,
-    algorithm: Algorithm,
     cache: Option<&Path>,
 ) -> Result<(SizeChoice, ModelSource), CollectiveError> {
     let transport = comm.transport();
@@ -213,20 +285,20 @@ pub fn agree(
     }
     let chief = comm.rank() == 0;
     let cached = if chief { cache.and_then(read_cache) } else { None };
-    let mut head = cached.map_or([0.0; 7], |f| f.as_message(true));
+    let mut head = cached.map_or([0.0; 10], |f| f.as_message(true));
     comm.broadcast(&mut head, 0)?;
     if let Some(f) = Figures::from_message(head) {
         let source = ModelSource::Cache(cache.map(Path::to_path_buf));
         return Ok((SizeChoice::over(f.apply(auto.model), transport, auto.placement), source));
     }
-    let mine = measure(comm, auto, algorithm)?;
+    let mine = measure(comm, auto)?;
     let mut agreed = match mine {
         Some(f) if chief => f.as_message(true),
-        Some(_) | None => [0.0; 7],
+        Some(_) | None => [0.0; 10],
     };
     comm.broadcast(&mut agreed, 0)?;
     let Some(figures) = Figures::from_message(agreed) else {
-        // The job's algorithm sends no messages to fit: the defaults stand.
+        // Nothing sent messages to fit: the defaults stand.
         return Ok((SizeChoice::over(auto.model, transport, auto.placement), ModelSource::Spec));
     };
     let kept = match cache {
@@ -259,17 +331,67 @@ pub fn describe(choice: &SizeChoice, source: &ModelSource, packs: &[usize]) -> S
         _ => format!("{:.1} MiB", b as f64 / 1_048_576.0),
     };
     let picks: Vec<String> = packs.iter().map(|&b| format!("{} → {}", size(b), choice.pick(b).name())).collect();
-    let inside = match choice.transport.routed() {
-        true => {
-            format!("; shared memory α {:.1} µs, {:.2} GB/s", m.shared_memory.alpha * 1e6, 1e-9 / m.shared_memory.beta)
+    let link = |l: LinkCost| format!("α {:.1} µs, {:.2} GB/s", l.alpha * 1e6, 1e-9 / l.beta);
+    let links = match (&m.measured, choice.transport.routed()) {
+        (Some(x), routed) => {
+            let inside = if routed { "shared memory" } else { "network" };
+            format!(
+                "ring {}; halving_doubling {}; hierarchical inside hosts ({inside}) {}, among leaders {}",
+                link(x.ring),
+                link(x.halving_doubling),
+                link(x.inside_hosts),
+                link(x.among_leaders)
+            )
         }
-        false => String::new(),
+        (None, true) => format!("network {}; shared memory {}", link(m.network), link(m.shared_memory)),
+        (None, false) => format!("network {}", link(m.network)),
     };
     format!(
-        "all-reduce cost model {from}: network α {:.1} µs, {:.2} GB/s{inside}; sums {:.2} GB/s; by pack size: {}",
-        m.network.alpha * 1e6,
-        1e-9 / m.network.beta,
+        "all-reduce cost model {from}: {links}; sums {:.2} GB/s; by pack size: {}",
         1e-9 / m.gamma,
         picks.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures() -> Figures {
+        let link = |a: f64, gb: f64| LinkCost { alpha: a * 1e-6, beta: 1.0 / (gb * 1e9) };
+        let measured = Measured {
+            ring: link(101.0, 0.12),
+            halving_doubling: link(170.0, 0.06),
+            inside_hosts: link(7.5, 1.3),
+            among_leaders: link(160.0, 0.13),
+        };
+        Figures::new(1.0 / 16e9, measured)
+    }
+
+    #[test]
+    fn the_broadcast_and_the_cache_carry_every_link_bit_for_bit() {
+        let f = figures();
+        assert_eq!(Figures::from_message(f.as_message(true)), Some(f));
+        assert_eq!(Figures::from_message(f.as_message(false)), None, "not found: measure");
+        let model = f.apply(CostModel::default());
+        let m = model.measured.expect("measured links");
+        assert_eq!(m.ring.alpha, f64::from(f.ring[0]));
+        assert_eq!(m.among_leaders.beta, f64::from(f.among_leaders[1]));
+        // Each algorithm priced at its own link.
+        let shape = Placement { ranks: 16, hosts: 8, per_host: 2 };
+        let hd = model.estimate(Algorithm::HalvingDoubling, TransportKind::SharedMemoryAndTcp, shape, 1 << 20);
+        assert_eq!(hd, Some(model.halving_doubling(m.halving_doubling, 16, f64::from(1 << 20))));
+    }
+
+    #[test]
+    fn a_cache_file_of_the_older_layout_is_measured_again() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let old = dir.path().join("old.json");
+        std::fs::write(&old, r#"{"network_latency_s": 4e-5, "network_s_per_byte": 4e-10, "sum_s_per_byte": 2.5e-10}"#)
+            .expect("written");
+        assert_eq!(read_cache(&old), None);
+        let new = dir.path().join("new.json");
+        write_cache(&new, figures()).expect("written");
+        assert_eq!(read_cache(&new), Some(figures()));
+    }
 }

@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use train::{TaskLayout, TrainSettings, percentile};
 
-/// Steps each job trains; the first is left out of the step times.
-const STEPS: u64 = 40;
+/// Steps each job trains; the first is left out of the step times. Enough that p99 is not
+/// simply the slowest step.
+const STEPS: u64 = 100;
 /// Examples per replica and step.
 const BATCH: usize = 16;
 /// The worlds where the torch reference runs (the target's).
@@ -52,13 +53,14 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
     crate::signals::supervise();
     let worlds: &[usize] = if full { &[2, 4, 8, 16, 32, 64] } else { &[2, 4, 8] };
     let torch = gloo::TorchReference::find(python);
-    let mut verdicts = Vec::new();
+    let mut summary = Vec::new();
     println!(
         "\n== scale: N worker tasks as hosts × tasks (network namespaces with their own addresses; each cluster's \
          link, netem or the userspace emulator, printed with it), MLP 784-32-10 on synthetic images, \
          batch {BATCH} per task, 1 thread a task, {STEPS} steps"
     );
     for profile in Profile::ALL {
+        let mut verdicts = Vec::new();
         for &n in worlds {
             if stop.load(Ordering::SeqCst) {
                 return Err(stopped(stop, String::new()));
@@ -77,16 +79,32 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
             let text = measure(exe, &cluster, p, torch, stop, &mut verdicts).map_err(|e| stopped(stop, e))?;
             print!("{text}");
         }
+        summary.push(verdict_line(profile, &verdicts));
     }
-    let within = verdicts.iter().filter(|v| v.within()).count();
-    println!(
-        "\nauto within 10 % of the fastest measured all-reduce in {within} of {} cells (N, size, link) (target: ≥ 90 %)",
-        verdicts.len()
-    );
+    println!();
+    for line in summary {
+        println!("{line}");
+    }
     if let Err(why) = torch {
         println!("\ntorch reference skipped: {why}");
     }
     Ok(())
+}
+
+/// How `auto` did on one link profile: the cells within 10 % of the fastest, and of the
+/// misses, how many its pick explains and how many the spread between process groups.
+pub fn verdict_line(profile: Profile, verdicts: &[allreduce::AutoVerdict]) -> String {
+    let count = |k: allreduce::Verdict| verdicts.iter().filter(|v| v.verdict() == k).count();
+    format!(
+        "{}, {} µs: auto within 10 % of the fastest measured all-reduce in {} of {} cells (N, size) (target: ≥ 90 %); \
+         missed by the spread between process groups (its pick within 10 % as a named row): {}; by the pick: {}",
+        profile.name,
+        profile.delay_us,
+        count(allreduce::Verdict::Within),
+        verdicts.len(),
+        count(allreduce::Verdict::MissedBySpread),
+        count(allreduce::Verdict::MissedByPick)
+    )
 }
 
 /// `e`, or that the bench was stopped, which explains it.
@@ -109,8 +127,8 @@ fn measure(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<18} {:>10} {:>14} {:>12} {:>10}",
-        "implementation", "transport", "rendezvous s", "step ms p50", "p90"
+        "{:<18} {:>22} {:>14} {:>12} {:>10} {:>10}",
+        "implementation", "transport", "rendezvous s", "step ms p50", "p90", "p99"
     );
     let mut ours = Vec::new();
     for implementation in implementations() {
@@ -119,12 +137,13 @@ fn measure(
         let r = train::train(exe, cluster, p, &settings, stop).map_err(|e| e.to_string())?;
         let _ = writeln!(
             out,
-            "{:<18} {:>10} {:>14.3} {:>12.3} {:>10.3}",
+            "{:<18} {:>22} {:>14.3} {:>12.3} {:>10.3} {:>10.3}",
             settings.implementation,
             r.transport,
             r.rendezvous_s,
             r.step_median_ms(),
-            r.step_p90_ms()
+            r.step_p90_ms(),
+            r.step_p99_ms()
         );
         ours.push(r.step_median_ms());
     }

@@ -73,6 +73,9 @@ impl TrainResult {
     pub fn step_p90_ms(&self) -> f64 {
         percentile(&self.step_ms, 0.9)
     }
+    pub fn step_p99_ms(&self) -> f64 {
+        percentile(&self.step_ms, 0.99)
+    }
 }
 
 /// The `q` quantile (nearest rank) of `v`; NaN for none.

@@ -17,6 +17,16 @@ use super::super::transport::{Combine, HostRoute, Wiring, internal};
 use super::halving_doubling::HalvingDoubling;
 use super::{Exchanges, Group, PointToPointAlgorithm};
 
+/// One of `hierarchical`'s steps, which the start-up probe times alone (an all-reduce among
+/// one host's ranks, or among the hosts' leaders) to price each kind of link by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HierarchicalPart {
+    /// Halving-doubling among each host's ranks, every host at once.
+    InsideHosts,
+    /// Halving-doubling among one leader per host; the other ranks take no part.
+    AmongLeaders,
+}
+
 /// The hierarchical all-reduce over hosts; see the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Hierarchical {
@@ -46,6 +56,27 @@ impl Hierarchical {
 
     fn layout(&self, g: &Group) -> HostRanks {
         self.layout_of(g, g.rank())
+    }
+
+    /// `part` of the all-reduce alone, over the same subgroups and route as the whole; a rank
+    /// outside the part's subgroup (not a leader) returns at once.
+    pub(crate) fn all_reduce_part(
+        &self,
+        x: &mut Exchanges<'_>,
+        data: &mut [u8],
+        sum: Combine,
+        part: HierarchicalPart,
+    ) -> Result<(), CollectiveError> {
+        let g = x.group().clone();
+        let l = self.layout(&g);
+        let ranks = match part {
+            HierarchicalPart::InsideHosts => l.local,
+            HierarchicalPart::AmongLeaders => l.leaders,
+        };
+        match g.subgroup(&ranks) {
+            Some(sub) => HalvingDoubling.all_reduce(&mut x.among(&sub), data, sum),
+            None => Ok(()),
+        }
     }
 }
 

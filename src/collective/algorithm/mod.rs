@@ -24,6 +24,7 @@ mod hierarchical;
 mod ring;
 
 pub use direct::{ArenaReducer, ShmCommunicator};
+pub use hierarchical::HierarchicalPart;
 
 use super::choice::SizeChoice;
 use super::error::{ALL_REDUCE, BARRIER, BROADCAST, CollectiveError, F64, OpDesc};
@@ -316,6 +317,18 @@ impl Scheduled {
         self.run_with(pick, kind, (len, 0), f)
     }
 
+    /// `part` of `hierarchical` alone among this communicator's hosts (the start-up probe's
+    /// timing of one kind of link). Every rank calls it at the same point, leaders or not.
+    pub(crate) fn all_reduce_part(&mut self, part: HierarchicalPart, data: &mut [f32]) -> Result<(), CollectiveError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let steps = hierarchical::Hierarchical { hosts: self.transport.peers().hosts().to_vec() };
+        self.run_steps(&steps, ALL_REDUCE, (data.len() as u64, 0), |x| {
+            steps.all_reduce_part(x, bytemuck::cast_slice_mut(data), Combine::SumF32, part)
+        })
+    }
+
     /// Runs one collective with `pick` (one of the choice per size's candidates), or
     /// `algorithm`.
     fn run_with(
@@ -338,6 +351,34 @@ impl Scheduled {
         let route = steps.route();
         let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq, route };
         let r = f(&**steps, &mut x);
+        self.keep(r)
+    }
+
+    /// Runs one collective with `steps`, which this communicator does not hold.
+    fn run_steps(
+        &mut self,
+        steps: &dyn PointToPointAlgorithm,
+        kind: u64,
+        (len, aux): (u64, u64),
+        f: impl FnOnce(&mut Exchanges<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        if let Some(why) = &self.broken {
+            return Err(CollectiveError::Broken(why.clone()));
+        }
+        if self.group.size() == 1 {
+            return Ok(());
+        }
+        self.seq += 1;
+        let desc = OpDesc { kind, len, aux };
+        let route = steps.route();
+        let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq, route };
+        let r = f(&mut x);
+        self.keep(r)
+    }
+
+    /// `r`, after breaking the communicator (and telling the peers) if its error leaves them
+    /// out of step.
+    fn keep(&mut self, r: Result<(), CollectiveError>) -> Result<(), CollectiveError> {
         if let Err(e) = &r
             && e.breaks()
         {
