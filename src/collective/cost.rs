@@ -3,7 +3,7 @@
 //! n·γ. Links come in two kinds, shared memory inside a host and the network across hosts,
 //! each with its own α and β. `implementation = "auto"` picks the algorithm with the lowest
 //! estimate for the job's pack size; `trainrun check` prints the estimates. Measured at
-//! start-up, the network is priced per algorithm ([`Measured`]): the same wire costs a
+//! start-up, the network is priced per algorithm ([`AlgorithmLinks`]): the same wire costs a
 //! halving-doubling step, where every rank sends at once, more than a ring step, whose
 //! neighbours take turns, wherever ranks share cores or links.
 //! `docs/cost-model.md` derives the formulas and compares them with measurements.
@@ -30,7 +30,7 @@ pub struct CostModel {
     pub gamma: f64,
     /// The links as each algorithm's own steps met them, where the start-up probe timed each
     /// (`None`: the spec's or the default figures, one network for every algorithm).
-    pub measured: Option<Measured>,
+    pub measured: Option<AlgorithmLinks>,
 }
 
 /// The links each algorithm's steps were measured at, at the job's own ranks, hosts and cores.
@@ -40,7 +40,7 @@ pub struct CostModel {
 /// cores a halving-doubling message measured 4× a ring message. Fitted per algorithm, that
 /// contention (the "cores per rank" term the fixed figures lack) is in each algorithm's α and β.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Measured {
+pub struct AlgorithmLinks {
     /// The ring over the network (every exchange over TCP where the transport routes by host).
     pub ring: LinkCost,
     /// Halving-doubling over the network.
@@ -270,7 +270,7 @@ impl CostModel {
         let (s, n) = (bytes as f64, shape.ranks);
         let link = self.flat_link(transport);
         let measured =
-            |pick: fn(&Measured) -> LinkCost, otherwise: LinkCost| self.measured.as_ref().map_or(otherwise, pick);
+            |pick: fn(&AlgorithmLinks) -> LinkCost, otherwise: LinkCost| self.measured.as_ref().map_or(otherwise, pick);
         Some(match algorithm {
             Algorithm::Direct => self.direct(n, s),
             Algorithm::Ring => self.ring(measured(|m| m.ring, link), n, s),
@@ -341,7 +341,7 @@ mod tests {
 
     #[test]
     fn each_part_of_hierarchical_fits_its_own_link_and_prices_the_whole() {
-        let truth = Measured {
+        let truth = AlgorithmLinks {
             ring: LinkCost { alpha: 90e-6, beta: 1.0 / 1.1e9 },
             halving_doubling: LinkCost { alpha: 300e-6, beta: 1.0 / 0.2e9 },
             inside_hosts: LinkCost { alpha: 11e-6, beta: 1.0 / 6e9 },
@@ -369,7 +369,7 @@ mod tests {
             let from_whole = from_whole.unwrap_or_else(|| panic!("{shape:?}: no fit"));
             assert!((from_whole.alpha / truth.among_leaders.alpha - 1.0).abs() < 1e-6, "{shape:?}: {from_whole:?}");
             assert!((from_whole.beta / truth.among_leaders.beta - 1.0).abs() < 1e-6, "{shape:?}: {from_whole:?}");
-            let fitted = CostModel { measured: Some(Measured { inside_hosts, among_leaders, ..truth }), ..base };
+            let fitted = CostModel { measured: Some(AlgorithmLinks { inside_hosts, among_leaders, ..truth }), ..base };
             // The whole: both parts at their own links, plus the broadcast inside the host.
             let [within, among] = Terms::hierarchical(shape, 4e6);
             let whole = within.seconds(truth.inside_hosts, base.gamma) + among.seconds(truth.among_leaders, base.gamma);
@@ -397,7 +397,7 @@ mod tests {
         // measured far dearer per message and byte than the ring's, so the ring wins at 16 MB
         // although one network figure (halving-doubling's) would price its bytes out.
         let hd = LinkCost { alpha: 200e-6, beta: 1.0 / 0.07e9 };
-        let measured = Measured {
+        let measured = AlgorithmLinks {
             ring: LinkCost { alpha: 100e-6, beta: 1.0 / 0.6e9 },
             halving_doubling: hd,
             inside_hosts: LinkCost { alpha: 30e-6, beta: 1.0 / 1.0e9 },

@@ -7,7 +7,7 @@
 //! each ([`CostModel::fitted`], [`CostModel::fitted_part`]): the network as the ring meets it,
 //! as halving-doubling meets it (every rank sending at once), inside the hosts, and among the
 //! leaders from the whole less the inside part at its own link
-//! ([`CostModel::fitted_among_leaders`]; [`Measured`]). The chief broadcasts its
+//! ([`CostModel::fitted_among_leaders`]; [`AlgorithmLinks`]). The chief broadcasts its
 //! figures, so every rank chooses with the same model. The chief keeps them in a file per job
 //! shape on its host (the cache), and a later run of the same shape takes them from there
 //! instead of measuring again: the same figures, the same choice per size, the same summation
@@ -15,7 +15,7 @@
 //! A spec that gives `[strategy.communication.cost_model]` is taken as it is, unmeasured.
 
 use super::choice::SizeChoice;
-use super::cost::{CostModel, LinkCost, Measured, Placement};
+use super::cost::{AlgorithmLinks, CostModel, LinkCost, Placement};
 use super::reduce::add_assign_f32;
 use super::{Algorithm, Collective, CollectiveError, Communicator, HierarchicalPart, TransportKind};
 use std::path::{Path, PathBuf};
@@ -57,7 +57,7 @@ pub fn cache_file(dir: &Path, transport: TransportKind, placement: Placement) ->
 }
 
 /// The figures as the cache holds them: γ, and each measured link's α (s) and β (s a byte)
-/// ([`Measured`]), each an f32 (what the broadcast carries) so that a cached model is bit for
+/// ([`AlgorithmLinks`]), each an f32 (what the broadcast carries) so that a cached model is bit for
 /// bit the one first agreed on. A file of an older layout does not parse and is measured again.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Figures {
@@ -73,7 +73,7 @@ struct Figures {
 type ProbeMessage = [f32; 10];
 
 impl Figures {
-    fn new(gamma: f64, m: Measured) -> Figures {
+    fn new(gamma: f64, m: AlgorithmLinks) -> Figures {
         let pair = |l: LinkCost| [l.alpha as f32, l.beta as f32];
         Figures {
             sum_s_per_byte: gamma as f32,
@@ -112,7 +112,7 @@ impl Figures {
         let link = |[a, b]: [f32; 2]| LinkCost { alpha: f64::from(a), beta: f64::from(b) };
         CostModel {
             gamma: f64::from(self.sum_s_per_byte),
-            measured: Some(Measured {
+            measured: Some(AlgorithmLinks {
                 ring: link(self.ring),
                 halving_doubling: link(self.halving_doubling),
                 inside_hosts: link(self.inside_hosts),
@@ -228,7 +228,7 @@ fn time_part(
 }
 
 /// This rank's measurement: γ, then a link fitted to its own timings of each candidate at the
-/// two probe sizes ([`Measured`]), `hierarchical`'s among the leaders from its whole time less
+/// two probe sizes ([`AlgorithmLinks`]), `hierarchical`'s among the leaders from its whole time less
 /// its steps inside the hosts, timed alone. Every rank runs the same probes in the same order. A part
 /// that sends nothing (or an algorithm that is not a candidate) takes the nearest measured
 /// link: its terms are zero, or it is never chosen. `None` when neither flat algorithm could
@@ -262,7 +262,7 @@ fn measure(comm: &mut Collective, auto: &AutoBySize) -> Result<Option<Figures>, 
     let inside = inside.and_then(|t| model.fitted_part(HierarchicalPart::InsideHosts, placement, PROBE_BYTES, t));
     let inside = inside.unwrap_or(inside_default);
     let among = whole.and_then(|t| model.fitted_among_leaders(placement, PROBE_BYTES, t, inside));
-    let measured = Measured {
+    let measured = AlgorithmLinks {
         ring: ring.unwrap_or(hd),
         halving_doubling: hd,
         inside_hosts: inside,
@@ -359,7 +359,7 @@ mod tests {
 
     fn figures() -> Figures {
         let link = |a: f64, gb: f64| LinkCost { alpha: a * 1e-6, beta: 1.0 / (gb * 1e9) };
-        let measured = Measured {
+        let measured = AlgorithmLinks {
             ring: link(101.0, 0.12),
             halving_doubling: link(170.0, 0.06),
             inside_hosts: link(7.5, 1.3),

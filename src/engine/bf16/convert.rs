@@ -120,11 +120,12 @@ mod x86 {
         }
         idx
     }
-    const SWAPS: [[[i32; 16]; 2]; 4] =
-        [[swap(8, false), swap(8, true)], [swap(4, false), swap(4, true)], [swap(2, false), swap(2, true)], [
-            swap(1, false),
-            swap(1, true),
-        ]];
+    const SWAPS: [[[i32; 16]; 2]; 4] = [
+        [swap(8, false), swap(8, true)],
+        [swap(4, false), swap(4, true)],
+        [swap(2, false), swap(2, true)],
+        [swap(1, false), swap(1, true)],
+    ];
 
     /// Transposes 16 rows of 16 words in place: the off-diagonal blocks of 8, then of 4, 2
     /// and 1 trade places.
@@ -137,10 +138,7 @@ mod x86 {
         for (step, b) in [8usize, 4, 2, 1].into_iter().enumerate() {
             // SAFETY: 64 bytes of an index table each.
             let (lo, hi) = unsafe {
-                (
-                    _mm512_loadu_si512(SWAPS[step][0].as_ptr().cast()),
-                    _mm512_loadu_si512(SWAPS[step][1].as_ptr().cast()),
-                )
+                (_mm512_loadu_si512(SWAPS[step][0].as_ptr().cast()), _mm512_loadu_si512(SWAPS[step][1].as_ptr().cast()))
             };
             for i in (0..16).filter(|i| i & b == 0) {
                 let (a, c) = (v[i], v[i + b]);
@@ -254,7 +252,8 @@ mod tests {
     fn transposed_tiles_give_the_software_bits_in_the_tile_layout() {
         let vals = values();
         let (m, k, blocks) = (45, 37, 2);
-        let cols: Vec<Vec<f32>> = (0..k).map(|j| (0..m).map(|i| vals[(j * m + i) * 7 % vals.len()]).collect()).collect();
+        let cols: Vec<Vec<f32>> =
+            (0..k).map(|j| (0..m).map(|i| vals[(j * m + i) * 7 % vals.len()]).collect()).collect();
         let cols: Vec<&[f32]> = cols.iter().map(|c| &c[..]).collect();
         let rows = 3..40;
         let mut got = vec![7u32; rows.len().div_ceil(16) * blocks * 256];
