@@ -112,7 +112,10 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     // the start-up model predicts; the chief logs the figures and the pick.
     let choice = result.all_reduce_choice.unwrap_or_else(|| panic!("the chief logged no choice"));
     // Measured now, or by an earlier run of this shape (the chief's cache).
-    assert!(choice.contains("all-reduce cost model measured") && choice.contains("inside hosts (shared memory) α"), "{choice}");
+    assert!(
+        choice.contains("all-reduce cost model measured") && choice.contains("inside hosts (shared memory) α"),
+        "{choice}"
+    );
     assert!(choice.contains("by pack size: 99.4 KiB → hierarchical"), "{choice}");
 }
 
