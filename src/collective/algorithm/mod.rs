@@ -329,6 +329,19 @@ impl Scheduled {
         })
     }
 
+    /// Starts one collective: an error if the communicator is broken, false when there is
+    /// nobody to exchange with (one rank), else its sequence number advanced.
+    fn begin(&mut self) -> Result<bool, CollectiveError> {
+        if let Some(why) = &self.broken {
+            return Err(CollectiveError::Broken(why.clone()));
+        }
+        if self.group.size() == 1 {
+            return Ok(false);
+        }
+        self.seq += 1;
+        Ok(true)
+    }
+
     /// Runs one collective with `pick` (one of the choice per size's candidates), or
     /// `algorithm`.
     fn run_with(
@@ -338,13 +351,9 @@ impl Scheduled {
         (len, aux): (u64, u64),
         f: impl FnOnce(&dyn PointToPointAlgorithm, &mut Exchanges<'_>) -> Result<(), CollectiveError>,
     ) -> Result<(), CollectiveError> {
-        if let Some(why) = &self.broken {
-            return Err(CollectiveError::Broken(why.clone()));
-        }
-        if self.group.size() == 1 {
+        if !self.begin()? {
             return Ok(());
         }
-        self.seq += 1;
         let desc = OpDesc { kind, len, aux };
         let chosen = self.by_size.as_ref().and_then(|(_, all)| all.iter().find(|(a, _)| Some(*a) == pick));
         let steps = chosen.map_or(&self.algorithm, |(_, s)| s);
@@ -362,13 +371,9 @@ impl Scheduled {
         (len, aux): (u64, u64),
         f: impl FnOnce(&mut Exchanges<'_>) -> Result<(), CollectiveError>,
     ) -> Result<(), CollectiveError> {
-        if let Some(why) = &self.broken {
-            return Err(CollectiveError::Broken(why.clone()));
-        }
-        if self.group.size() == 1 {
+        if !self.begin()? {
             return Ok(());
         }
-        self.seq += 1;
         let desc = OpDesc { kind, len, aux };
         let route = steps.route();
         let mut x = Exchanges { transport: &mut *self.transport, group: &self.group, desc, seq: self.seq, route };
