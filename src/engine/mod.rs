@@ -11,6 +11,7 @@ pub mod bf16;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fastmath;
+pub mod gemm_split;
 pub mod init;
 pub mod kernels;
 pub mod layer;

@@ -2,7 +2,9 @@
 //! matrix product: a row-major operand is `MatRef::rows`, its transpose `.t()` (no copy), and
 //! attention multiplies one head's columns of a `[T, 3·D]` buffer without copying them out.
 
+use super::gemm_split::{self, Axis};
 use gemm::Parallelism;
+use rayon::prelude::*;
 use std::ops::Range;
 
 /// A read-only matrix whose element `(i, j)` sits at `data[i·rs + j·cs]`.
@@ -160,6 +162,7 @@ pub fn gemm_scaled(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32
 }
 
 /// A destination gemm writes through a raw pointer.
+#[derive(Clone, Copy)]
 struct GemmTarget {
     ptr: *mut f32,
     rows: usize,
@@ -197,16 +200,65 @@ unsafe fn gemm_raw(c: GemmTarget, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32
         }
         return;
     }
-    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
     tune_packing();
+    let Some((axis, ranges)) = gemm_split::blocks(m, n, k, threads) else {
+        // Whole: on one thread, or where no cut keeps the bits, with gemm's own threads.
+        let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+        // SAFETY: as this function's.
+        return unsafe { gemm_call(&c, a, b, keep, scale, parallelism) };
+    };
+    let c = Shared(c);
+    ranges.into_par_iter().with_max_len(1).for_each(|r| {
+        let c = c.target();
+        let (target, a, b) = match axis {
+            Axis::Rows => {
+                // SAFETY: `r` lies inside `c`'s rows, so the offset stays in its allocation.
+                let ptr = unsafe { c.ptr.add(r.start * c.rs) };
+                (GemmTarget { ptr, rows: r.len(), ..*c }, a.block(r, 0..a.cols), b)
+            }
+            Axis::Cols => {
+                // SAFETY: as above, for `c`'s columns.
+                let ptr = unsafe { c.ptr.add(r.start * c.cs) };
+                (GemmTarget { ptr, cols: r.len(), ..*c }, a, b.block(0..b.rows, r))
+            }
+        };
+        // SAFETY: each block is a distinct part of `c` (the ranges are disjoint), so no two
+        // threads write one element; the rest is this function's contract.
+        unsafe { gemm_call(&target, a, b, keep, scale, Parallelism::None) }
+    });
+}
+
+/// A destination shared by the threads that each write their own block of it.
+struct Shared(GemmTarget);
+
+// SAFETY: the threads given a `Shared` write disjoint blocks of it (`gemm_raw`).
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The whole destination (a method, so closures capture the `Sync` wrapper, not the field).
+    fn target(&self) -> &GemmTarget {
+        &self.0
+    }
+}
+
+/// # Safety
+/// As [`gemm_raw`]'s, with `a` and `b` checked to lie in their slices and the shapes agreeing.
+unsafe fn gemm_call(
+    c: &GemmTarget,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    keep: Option<f32>,
+    scale: f32,
+    parallelism: Parallelism,
+) {
     let s = |v: usize| v as isize;
-    // SAFETY: `a` and `b` are checked above, `c` by the contract; its elements are distinct,
-    // so threads never write one place twice.
+    // SAFETY: `a` and `b` are checked by the caller, `c` by the contract; its elements are
+    // distinct, so threads never write one place twice.
     unsafe {
         gemm::gemm(
-            m,
-            n,
-            k,
+            c.rows,
+            c.cols,
+            a.cols,
             c.ptr,
             s(c.cs),
             s(c.rs),
@@ -317,6 +369,56 @@ impl ColumnBlock<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Cutting a product among threads (`gemm_split`) gives one thread's bits, at the
+    /// regimes' edges (64, 256 outputs, depth 512), for transposed operands, accumulation and
+    /// scaling, on 2–4 threads.
+    #[test]
+    fn products_cut_among_threads_are_one_threads_bits() {
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        let shapes = [
+            (64, 128, 21_632),
+            (128, 64, 700),
+            (65, 64, 600),
+            (64, 65, 513),
+            (200, 48, 1100),
+            (33, 300, 257),
+            (17, 17, 5000),
+            (300, 300, 96),
+        ];
+        for (m, n, k) in shapes {
+            let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
+            let start: Vec<f32> = (0..m * n).map(|_| next()).collect();
+            for (transposed, keep, scale) in [(false, None, 1.0), (true, Some(0.5), -0.25)] {
+                let (a, b) = if transposed {
+                    (MatRef::rows(&a, k, m).t(), MatRef::rows(&b, n, k).t())
+                } else {
+                    (MatRef::rows(&a, m, k), MatRef::rows(&b, k, n))
+                };
+                let product = |threads| {
+                    let mut c = start.clone();
+                    gemm_scaled(MatMut::rows(&mut c, m, n), a, b, keep, scale, threads);
+                    c
+                };
+                let one = product(1);
+                for threads in 2..=4 {
+                    let got = product(threads);
+                    let same = one.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{m}×{k}·{k}×{n} on {threads} threads (transposed {transposed}) differs from one thread"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn strided_views_multiply_like_copies() {
