@@ -30,8 +30,11 @@ struct Mixture {
     kernels: usize,
 }
 
+/// A numeric parameter's space for the estimator: its ends and the map into it.
+type Space = (f64, f64, fn(f64) -> f64);
+
 /// Where a parameter's values live for the estimator: its space and the map into it.
-fn space(dist: &SweepDistribution) -> Option<(f64, f64, fn(f64) -> f64)> {
+fn space(dist: &SweepDistribution) -> Option<Space> {
     match dist {
         SweepDistribution::Uniform { low, high } => Some((*low, *high, |x| x)),
         SweepDistribution::LogUniform { low, high } => Some((low.ln(), high.ln(), f64::ln)),
