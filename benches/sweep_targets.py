@@ -11,7 +11,9 @@ the training files) or that spec with its `[sweep]` changed, written under `--ou
   and ASHA's scheduler overhead: the time its trials spent pausing and resuming (each trial's
   time outside its training steps beyond what one uninterrupted launch of it spends there:
   starting, restoring the backup, the rung's evaluation, writing the backup) plus the
-  driver's time between trials (deciding, launching), as a share of the sweep's wall time.
+  driver's time between trials (deciding, launching), as a share of the sweep's wall time;
+  and that share without the evaluations at the rungs (`rung_evaluation_s`: the decisions'
+  inputs, which any scheduler pays), both reported.
 - `sync`: the grid under synchronous successive halving (`kind = "successive_halving"`), run
   twice into two folders: whether the two `results.csv` are byte-identical, and whether they
   are once any timing columns (`wall_s`, `steady_examples_per_s`) are left out (results.csv
@@ -150,6 +152,25 @@ def overhead(folder, wall):
     return pause_resume, max(wall - launched, 0.0)
 
 
+def rung_evaluations(folder):
+    """Of `overhead`'s pause and resume time in `folder`, the seconds spent evaluating at the
+    rungs: each launch's evaluation (its `evaluation` event's `wall_s` less the event's before
+    it in `metrics.jsonl`), summed per trial less the trial's shortest, as `overhead` counts
+    each trial's outside time beyond its least. These are the decision's inputs, which every
+    scheduler pays (Optuna's median pruner reads the same value at each rung)."""
+    extra = 0.0
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name, "metrics.jsonl")
+        if not os.path.exists(path):
+            continue
+        events = [json.loads(line) for line in open(path) if line.strip()]
+        took = [e["wall_s"] - events[i - 1]["wall_s"] for i, e in enumerate(events)
+                if i > 0 and e.get("event") == "evaluation"]
+        if took:
+            extra += sum(took) - min(took)
+    return extra
+
+
 def part_grid(a):
     results = []
     for seed in a.seeds:
@@ -160,6 +181,7 @@ def part_grid(a):
         asha_wall = sweep(a.trainrun, ASHA, asha_dir, seed)
         full, asha = rows(full_dir), rows(asha_dir)
         pr, driver = overhead(asha_dir, asha_wall)
+        evals = rung_evaluations(asha_dir)
         prune(full_dir)
         prune(asha_dir)
         r = {
@@ -170,6 +192,8 @@ def part_grid(a):
             "grid_wall_s": round(full_wall, 1), "asha_wall_s": round(asha_wall, 1),
             "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
             "overhead_pct": round(100 * (pr + driver) / asha_wall, 2),
+            "rung_evaluation_s": round(evals, 2),
+            "overhead_without_rung_evaluation_pct": round(100 * (pr - evals + driver) / asha_wall, 2),
         }
         print(json.dumps(r), flush=True)
         results.append(r)
@@ -188,6 +212,7 @@ def part_overhead(a):
         wall = sweep(a.trainrun, ASHA, folder, seed, a.steps_per_epoch)
         ours = rows(folder)
         pr, driver = overhead(folder, wall)
+        evals = rung_evaluations(folder)
         prune(folder)
         r = {
             "part": "overhead", "seed": seed, "steps_per_epoch": a.steps_per_epoch,
@@ -195,6 +220,8 @@ def part_overhead(a):
             "promotions": sum(1 for d in open(os.path.join(folder, "decisions.jsonl")) if '"promote"' in d),
             "asha_wall_s": round(wall, 1), "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
             "overhead_pct": round(100 * (pr + driver) / wall, 2),
+            "rung_evaluation_s": round(evals, 2),
+            "overhead_without_rung_evaluation_pct": round(100 * (pr - evals + driver) / wall, 2),
         }
         print(json.dumps(r), flush=True)
         results.append(r)

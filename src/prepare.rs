@@ -61,6 +61,7 @@ pub fn data_dirs(env: &[(String, String)]) -> DataDirs {
         xdg_cache_home: var("XDG_CACHE_HOME"),
         home: var("HOME"),
         token_cache: var("TRAINRUN_TOKEN_CACHE"),
+        data_cache: var("TRAINRUN_DATA_CACHE"),
     }
 }
 

@@ -472,3 +472,54 @@ fn bad_scheduler_input_is_named_with_its_fix() {
     assert_exit(&out, 2);
     assert!(text(&out).1.contains("keeps no backup"), "{}", text(&out).1);
 }
+
+/// The trials of a sweep inflate MNIST's gzip files once into the sweep's `.data-cache` and
+/// read them from there after; a run reads the same bits either way, a cache that cannot be
+/// written is a warning with the same results, and a corrupt entry is not trusted.
+#[test]
+fn trials_share_the_inflated_data_and_get_the_same_results_without_it() {
+    const VALIDATION: &str = "tests/fixtures/sweeps/mnist_validation.toml";
+    let (cached, blocked, repaired) = (tempdir(), tempdir(), tempdir());
+    let sweep_into = |out: &Path, cache: Option<&Path>| {
+        let o = format!("run.out_dir={}", out.display());
+        let mut cmd = common::trainrun();
+        cmd.args(["sweep", VALIDATION, "-q", "--set", &o]).env_remove("TRAINRUN_DATA_CACHE");
+        if let Some(c) = cache {
+            cmd.env("TRAINRUN_DATA_CACHE", c);
+        }
+        let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
+        assert_exit(&out, 0);
+    };
+    sweep_into(cached.path(), None);
+    let cache = cached.path().join(".data-cache");
+    let entries = |dir: &Path| -> Vec<std::path::PathBuf> {
+        let mut e: Vec<_> =
+            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{e}")).map(|e| e.unwrap().path()).collect();
+        e.sort();
+        e
+    };
+    let written = entries(&cache);
+    // The training images and labels, and no temporary left behind.
+    assert_eq!(written.len(), 2, "{written:?}");
+    assert!(written.iter().all(|p| p.extension().is_some_and(|e| e == "idx")), "{written:?}");
+
+    // A file where the cache folder should be: every trial warns and inflates, same results.
+    let file = blocked.path().join("not-a-folder");
+    std::fs::write(&file, b"").unwrap_or_else(|e| panic!("{e}"));
+    sweep_into(&blocked.path().join("sweep"), Some(&file));
+    assert_eq!(results_bytes(&blocked.path().join("sweep")), results_bytes(cached.path()));
+    let logs: String = std::fs::read_dir(blocked.path().join("sweep"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("train.log")).ok())
+        .collect();
+    assert!(logs.contains("warning: cannot use the data cache"), "{logs}");
+
+    // A truncated entry is inflated again and rewritten whole; the results do not move.
+    let images = written.iter().max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).unwrap();
+    let whole = std::fs::read(images).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(images, &whole[..whole.len() / 2]).unwrap_or_else(|e| panic!("{e}"));
+    sweep_into(repaired.path(), Some(&cache));
+    assert_eq!(results_bytes(repaired.path()), results_bytes(cached.path()));
+    assert_eq!(std::fs::read(images).unwrap_or_else(|e| panic!("{e}")), whole);
+    assert!(!repaired.path().join(".data-cache").exists(), "the cache the user named is used");
+}

@@ -3,7 +3,8 @@
 //! `--replay` makes exactly those decisions again (same `results.csv`), a promoted trial ends
 //! bit-identical to one trained without pause, and a replay that cannot follow its record, or
 //! one of a synchronous sweep, is refused with the fix. TPE under ASHA draws its trials from
-//! finished and stopped trials, the same every time with one slot and on replay.
+//! finished and stopped trials, promoting before it starts one, the same every time with one
+//! slot and on replay.
 
 mod common;
 
@@ -107,6 +108,11 @@ fn tpe_under_asha_draws_the_same_trials_with_one_slot_and_on_replay() {
     let drawn: Vec<&Value> = recorded.iter().filter(|d| d["values"].is_object()).collect();
     assert_eq!(drawn.len(), 3, "{recorded:?}");
     assert!(drawn.iter().all(|d| d["values"]["optimizer.learning_rate"].is_number()), "{drawn:?}");
+    // Under TPE a slot promotes before it starts a trial, so the drawn trials learn from values
+    // above the first rung.
+    let first_promotion = recorded.iter().position(|d| d["decision"] == "promote");
+    let last_start = recorded.iter().rposition(|d| d["decision"] == "start");
+    assert!(first_promotion.is_some_and(|p| Some(p) < last_start), "{recorded:?}");
     let rows = results(a.path());
     assert_eq!(rows.len(), 7, "{rows:?}");
     let status = rows[0].iter().position(|h| h == "status").unwrap_or(usize::MAX);

@@ -14,10 +14,14 @@ pub struct DataDirs {
     /// `TRAINRUN_TOKEN_CACHE`: the token cache's folder, for every dataset (else each data
     /// folder's `.trainrun-tokens`).
     pub token_cache: Option<PathBuf>,
+    /// `TRAINRUN_DATA_CACHE`: where gzip IDX files (MNIST's) are kept inflated, so runs after
+    /// the first skip inflating them; a sweep's driver points its trials at a folder of the
+    /// sweep. Unset: every run inflates them.
+    pub data_cache: Option<PathBuf>,
 }
 
 impl DataDirs {
-    /// Reads the three variables from the process environment (empty counts as unset).
+    /// Reads the variables from the process environment (empty counts as unset).
     pub fn from_process_env() -> Self {
         let var = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
         Self {
@@ -25,6 +29,7 @@ impl DataDirs {
             xdg_cache_home: var("XDG_CACHE_HOME"),
             home: var("HOME"),
             token_cache: var("TRAINRUN_TOKEN_CACHE"),
+            data_cache: var("TRAINRUN_DATA_CACHE"),
         }
     }
 
@@ -60,6 +65,7 @@ mod tests {
             xdg_cache_home: xdg.map(PathBuf::from),
             home: home.map(PathBuf::from),
             token_cache: None,
+            data_cache: None,
         }
     }
 

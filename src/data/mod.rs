@@ -12,7 +12,7 @@
 //! # use trainrun::data::*;
 //! # fn main() -> Result<(), DataError> {
 //! let dir = DataDirs::from_process_env().resolve(None, "mnist").ok_or(DataError::NoDataDir { dataset: "mnist" })?;
-//! let source = MnistSource { preset: Preset::mnist(), dir };
+//! let source = MnistSource { preset: Preset::mnist(), dir, cache: None };
 //! source.fetch_missing(&Fetcher::default())?;
 //! let data = std::sync::Arc::new(source.load()?);
 //! # Ok(()) }

@@ -65,10 +65,14 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
         table.clone().ok_or(DataError::MissingSection { dataset, section, example })
     }
     Ok(match spec.dataset {
-        DatasetKind::Mnist => AnySource::new(MnistSource { dir: dir("mnist")?, preset: Preset::mnist() }),
-        DatasetKind::FashionMnist => {
-            AnySource::new(MnistSource { dir: dir("fashion_mnist")?, preset: Preset::fashion_mnist() })
+        DatasetKind::Mnist => {
+            AnySource::new(MnistSource { dir: dir("mnist")?, preset: Preset::mnist(), cache: dirs.data_cache.clone() })
         }
+        DatasetKind::FashionMnist => AnySource::new(MnistSource {
+            dir: dir("fashion_mnist")?,
+            preset: Preset::fashion_mnist(),
+            cache: dirs.data_cache.clone(),
+        }),
         DatasetKind::Idx => AnySource::new(IdxSource {
             files: needs(
                 &spec.files,
@@ -78,6 +82,7 @@ pub fn source(spec: &DataSpec, dirs: &DataDirs, seed: u64) -> Result<AnySource, 
                  train_labels = \"train-labels-idx1-ubyte.gz\"",
             )?,
             dir: dir("idx")?,
+            cache: dirs.data_cache.clone(),
         }),
         DatasetKind::Synthetic => {
             AnySource::new(SyntheticSource { config: spec.synthetic.clone().unwrap_or_default(), seed })

@@ -32,8 +32,10 @@ const PREFIX: &str = "TRAINRUN_";
 /// The variables trainrun reads besides spec overrides (docs/specs.md, "Layering", and docs/reliability.md
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
-pub(crate) const KNOWN_VARIABLES: [&str; 11] = [
+pub(crate) const KNOWN_VARIABLES: [&str; 12] = [
     "TRAINRUN_DATA_DIR",
+    // The inflated-file cache's folder (`DataDirs::data_cache`), which a sweep sets for its trials.
+    "TRAINRUN_DATA_CACHE",
     // The token cache's folder (`DataDirs::token_cache`).
     "TRAINRUN_TOKEN_CACHE",
     // The memory to plan for instead of the machine's (`machine_memory::LIMIT_VAR`).

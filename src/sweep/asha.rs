@@ -18,6 +18,13 @@
 //! grid's steps). Starting first and promoting from the lowest rung up decides each rung with
 //! as many of its results as the slots allow: with one slot it is synchronous successive
 //! halving; with more, the slots still never wait for a rung to fill.
+//!
+//! Under TPE ([`Ladder::promoting_first`]) the paper's order comes back: the trials are not
+//! fixed up front but drawn one by one from the results so far, a stream like the paper's.
+//! Starting every trial first would leave TPE nothing but first-rung values to draw from (it
+//! would search for what trains fastest in a rung's few steps, not for what ends best), so a
+//! free slot promotes first, from the highest rung down, and starts a trial when none can go
+//! on, as Optuna's TPE learns from each trial trained or pruned before it draws the next.
 
 use serde_json::{Value as Json, json};
 use std::collections::BTreeSet;
@@ -48,6 +55,8 @@ pub(super) struct Ladder {
     results: Vec<Vec<(usize, f64)>>,
     /// Each rung's trials promoted from it.
     promoted: Vec<BTreeSet<usize>>,
+    /// Promote before starting, from the highest rung down (the paper's order).
+    promote_first: bool,
 }
 
 impl Ladder {
@@ -62,7 +71,14 @@ impl Ladder {
             started: 0,
             results: vec![Vec::new(); n],
             promoted: vec![BTreeSet::new(); n],
+            promote_first: false,
         }
+    }
+
+    /// The ladder that promotes before it starts a trial, from the highest rung down: for
+    /// trials drawn one by one from the results so far (TPE).
+    pub(super) fn promoting_first(self) -> Ladder {
+        Ladder { promote_first: true, ..self }
     }
 
     /// The rungs, in the scheduler's unit.
@@ -97,13 +113,26 @@ impl Ladder {
     /// The next job and its record (the values it saw), or `None` when no trial can go on and
     /// every trial has started: the slot waits for a result, or the sweep is over.
     pub(super) fn decide(&mut self) -> Option<(AshaJob, Json)> {
+        if self.promote_first {
+            return self.promotion((0..self.rungs.len().saturating_sub(1)).rev()).or_else(|| self.start());
+        }
+        self.start().or_else(|| self.promotion(0..self.rungs.len().saturating_sub(1)))
+    }
+
+    /// The next trial's start, while any has not started.
+    fn start(&mut self) -> Option<(AshaJob, Json)> {
         if self.started < self.trials {
             self.started += 1;
             let trial = self.started;
             let record = json!({ "decision": "start", "trial": trial, "rung": 1, "to": self.rungs[0] });
             return Some((AshaJob { trial, rung: 0 }, record));
         }
-        for rung in 0..self.rungs.len().saturating_sub(1) {
+        None
+    }
+
+    /// The first promotion that `rungs`, in that order, allow.
+    fn promotion(&mut self, rungs: impl Iterator<Item = usize>) -> Option<(AshaJob, Json)> {
+        for rung in rungs {
             let ranked = self.ranked(rung);
             let top = ranked.len() / self.eta;
             let best = ranked[..top].iter().find(|(t, _)| !self.promoted[rung].contains(t));
@@ -185,6 +214,33 @@ mod tests {
 
     fn jobs(ladder: &mut Ladder) -> Vec<(usize, usize)> {
         std::iter::from_fn(|| ladder.decide()).map(|(j, _)| (j.trial, j.rung)).collect()
+    }
+
+    #[test]
+    fn promoting_first_goes_on_from_the_highest_rung_before_starting_a_trial() {
+        let mut l = Ladder::new(vec![1, 3, 9], 3, true, 9).promoting_first();
+        assert_eq!(jobs(&mut l), (1..=9).map(|t| (t, 0)).collect::<Vec<_>>(), "nothing to promote yet");
+        let mut l = Ladder::new(vec![1, 3, 9], 3, true, 9).promoting_first();
+        for t in 1..=3 {
+            assert_eq!(l.decide().map(|(j, _)| (j.trial, j.rung)), Some((t, 0)));
+            l.report(t, 0, t as f64 / 10.0);
+        }
+        // Trial 3 is the best third of three results: it goes on before trial 4 starts.
+        assert_eq!(l.decide().map(|(j, _)| (j.trial, j.rung)), Some((3, 1)));
+        assert_eq!(l.decide().map(|(j, _)| (j.trial, j.rung)), Some((4, 0)));
+        for t in 4..=9 {
+            l.report(t, 0, 0.05);
+        }
+        l.report(3, 1, 0.9);
+        l.started = 9;
+        // Trial 2 is in the best third of nine at the first rung now; trial 3 is the only
+        // result of the second, so nothing goes on from there: trial 2 does.
+        assert_eq!(l.decide().map(|(j, _)| (j.trial, j.rung)), Some((2, 1)));
+        l.report(2, 1, 0.8);
+        l.report(1, 1, 0.7);
+        l.promoted[0].insert(1);
+        // Three results at the second rung: the highest rung goes first.
+        assert_eq!(l.decide().map(|(j, _)| (j.trial, j.rung)), Some((3, 2)));
     }
 
     #[test]

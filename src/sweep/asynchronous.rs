@@ -53,6 +53,8 @@ pub(super) fn run(
         std::fs::File::create(&path).map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))?;
     let trials = sweep.tpe.as_ref().map_or(sweep.trials.len(), |s| s.trials);
     let ladder = Ladder::new(group.rungs.clone(), reduction_factor, sweep.higher_is_better, trials);
+    // TPE draws each trial from the results so far: it needs results above the first rung.
+    let ladder = if sweep.tpe.is_some() { ladder.promoting_first() } else { ladder };
     let mut state = Asha {
         inv,
         sweep,

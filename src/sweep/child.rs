@@ -101,8 +101,11 @@ pub fn run_dispatched(parallel: usize, stop: &AtomicBool, dispatch: &mut dyn Dis
     });
 }
 
-/// How often a running trial is looked at: a stop reaches it within this.
-const POLL: Duration = Duration::from_millis(10);
+/// How often a running trial is looked at: a stop reaches it within this, and the next job
+/// starts this long after a trial ends at worst. A paused trial relaunches at every rung, so
+/// at 10 ms this wait was about 5 ms a launch of the sweep's wall time (benches/sweep_targets.py
+/// `--part overhead`); a look costs microseconds.
+const POLL: Duration = Duration::from_millis(2);
 
 fn run_one(job: &TrialProcess, stop: &AtomicBool) -> Result<ExitStatus, String> {
     std::fs::create_dir_all(&job.dir).map_err(|e| format!("cannot create {}: {e}", job.dir.display()))?;

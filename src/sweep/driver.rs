@@ -440,6 +440,11 @@ fn merged(list: &[(String, Vec<usize>)], sweep: &Sweep) -> String {
     out
 }
 
+/// The variable naming the inflated-file cache ([`crate::data::DataDirs::data_cache`]).
+const DATA_CACHE_VAR: &str = "TRAINRUN_DATA_CACHE";
+/// The folder of a sweep that its trials' inflated-file cache is in.
+pub const DATA_CACHE_FOLDER: &str = ".data-cache";
+
 /// The child process that runs `trial`.
 pub(super) fn job(
     inv: &Invocation,
@@ -462,6 +467,11 @@ pub(super) fn job(
     let mut env = vec![(TRIAL_VAR.to_string(), format!("{}:{}", trial.index, checked.sha256))];
     // A tracked sweep's run, which the trial logs under ([`super::tracked`]).
     env.extend(inv.env.iter().filter(|(k, _)| k == crate::tracking::PARENT_VAR).cloned());
+    // Every launch of every trial reads the same data files: MNIST's gzip files are inflated
+    // once into the sweep's folder and read from there after (a data cache the user set wins).
+    if !inv.env.iter().any(|(k, v)| k == DATA_CACHE_VAR && !v.is_empty()) {
+        env.push((DATA_CACHE_VAR.to_string(), sweep.dir.join(DATA_CACHE_FOLDER).display().to_string()));
+    }
     TrialProcess { index: trial.index, dir: sweep.trial_dir(trial), exe: exe.to_path_buf(), args, env }
 }
 

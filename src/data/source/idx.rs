@@ -16,6 +16,9 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
+mod inflated;
+pub use inflated::{Inflated, read_idx_cached};
+
 /// `[data.files]`: IDX file names, relative to `data.dir`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +40,8 @@ pub struct IdxFiles {
 pub struct IdxSource {
     pub dir: PathBuf,
     pub files: IdxFiles,
+    /// Where gzip files are kept inflated (`TRAINRUN_DATA_CACHE`), if anywhere.
+    pub cache: Option<PathBuf>,
 }
 
 impl DataSource for IdxSource {
@@ -74,9 +79,10 @@ impl DataSource for IdxSource {
         let (dir, files) = (&self.dir, &self.files);
         require(self.name(), dir, self.missing_files())?;
         let test = test_paths(files)?;
+        let cache = self.cache.as_deref();
         let (train, test) = both(
-            || load_split(&dir.join(&files.train_images), &dir.join(&files.train_labels)),
-            || test.map(|(i, l)| load_split(&dir.join(i), &dir.join(l))).transpose(),
+            || load_split(&dir.join(&files.train_images), &dir.join(&files.train_labels), cache),
+            || test.map(|(i, l)| load_split(&dir.join(i), &dir.join(l), cache)).transpose(),
         );
         let (train, test) = (train?, test?);
         let classes = max_label(&train.1, test.as_ref().map(|t| &t.1));
@@ -162,10 +168,15 @@ pub(super) fn image_split((images, labels, shape): ImageArrays) -> Split {
     Split::new(images, labels, shape)
 }
 
-pub(super) fn load_split(images_path: &Path, labels_path: &Path) -> Result<ImageArrays, DataError> {
-    let images = read_idx(images_path)?;
+/// Reads and checks a split's two files, through the inflated-file cache `cache` if any.
+pub(super) fn load_split(
+    images_path: &Path,
+    labels_path: &Path,
+    cache: Option<&Path>,
+) -> Result<ImageArrays, DataError> {
+    let (images, _) = read_idx_cached(images_path, cache)?;
     let (n, shape) = image_shape(images_path, images.dims())?;
-    let labels = read_idx(labels_path)?;
+    let (labels, _) = read_idx_cached(labels_path, cache)?;
     let labels_n = check_label_dims(labels_path, labels.dims())?;
     if n != labels_n {
         return Err(DataError::CountMismatch {
@@ -240,8 +251,13 @@ pub fn read_idx(path: &Path) -> Result<IdxArray, DataError> {
 
 /// Decodes the bytes of the IDX file at `path` (gzip or not), as [`read_idx`] does.
 pub fn decode_idx(raw: Vec<u8>, path: &Path) -> Result<IdxArray, DataError> {
-    let bytes = if raw.starts_with(&GZIP_MAGIC) { inflate(&raw, path)? } else { raw };
+    let bytes = if is_gzip(&raw) { inflate(&raw, path)? } else { raw };
     parse_idx(bytes, path)
+}
+
+/// Whether `raw` starts as a gzip file does.
+fn is_gzip(raw: &[u8]) -> bool {
+    raw.starts_with(&GZIP_MAGIC)
 }
 
 /// Reads only the dimensions of an IDX file; for gzip, only the first compressed block is
@@ -306,21 +322,28 @@ fn inflate(gz: &[u8], path: &Path) -> Result<Vec<u8>, DataError> {
 
 /// Checks a decompressed IDX file and wraps it without copying.
 pub(crate) fn parse_idx(bytes: Vec<u8>, path: &Path) -> Result<IdxArray, DataError> {
-    let (dims, header_len) = parse_header(&bytes, path)?;
+    parse_idx_after(bytes, 0, path)
+}
+
+/// [`parse_idx`] of the IDX file that starts at `offset` of `bytes` (after a cache entry's
+/// header), also without copying.
+fn parse_idx_after(bytes: Vec<u8>, offset: usize, path: &Path) -> Result<IdxArray, DataError> {
+    let idx = bytes.get(offset..).unwrap_or_default();
+    let (dims, header_len) = parse_header(idx, path)?;
     let expected =
         element_count(&dims).and_then(|n| n.checked_add(header_len as u64)).ok_or_else(|| DataError::BadDims {
             path: path.to_path_buf(),
             dims: dims.clone(),
             expected: "their product is too large for any file".into(),
         })?;
-    let found = bytes.len() as u64;
+    let found = idx.len() as u64;
     if found < expected {
         return Err(DataError::Truncated { path: path.to_path_buf(), expected, found, downloaded: false });
     }
     if found > expected {
         return Err(DataError::TrailingBytes { path: path.to_path_buf(), expected, found });
     }
-    Ok(IdxArray { dims, buf: bytes, start: header_len })
+    Ok(IdxArray { dims, buf: bytes, start: offset + header_len })
 }
 
 fn element_count(dims: &[usize]) -> Option<u64> {

@@ -134,6 +134,8 @@ fn locate(dir: &Path, name: &str) -> Option<PathBuf> {
 pub struct MnistSource {
     pub preset: Preset,
     pub dir: PathBuf,
+    /// Where gzip files are kept inflated (`TRAINRUN_DATA_CACHE`), if anywhere.
+    pub cache: Option<PathBuf>,
 }
 
 impl MnistSource {
@@ -178,7 +180,8 @@ impl DataSource for MnistSource {
         let (preset, dir) = (&self.preset, &self.dir);
         let path = |f: &RemoteFile| locate(dir, &f.name).unwrap_or_else(|| dir.join(&f.name));
         let [ti, tl, vi, vl] = preset.files().map(path);
-        let (train, test) = both(|| load_split(&ti, &tl), || load_split(&vi, &vl));
+        let cache = self.cache.as_deref();
+        let (train, test) = both(|| load_split(&ti, &tl, cache), || load_split(&vi, &vl, cache));
         let (train, test) = (train.map_err(DataError::downloaded)?, test.map_err(DataError::downloaded)?);
         let dims = preset.expected_dims();
         check_dims(preset, &ti, train.0.dims().to_vec(), &dims[0])?;
@@ -240,7 +243,7 @@ mod tests {
     #[test]
     fn missing_preset_files_are_all_named_with_the_fix() {
         let dir = tempfile::tempdir().unwrap();
-        let source = MnistSource { preset: Preset::mnist(), dir: dir.path().to_path_buf() };
+        let source = MnistSource { preset: Preset::mnist(), dir: dir.path().to_path_buf(), cache: None };
         let err = source.load().unwrap_err().to_string();
         assert_eq!(
             err,
@@ -293,7 +296,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (preset, served) = tiny_preset();
         let addr = serve(served, 4);
-        let source = MnistSource { preset, dir: dir.path().join("sub") };
+        let source = MnistSource { preset, dir: dir.path().join("sub"), cache: None };
         let fetcher = Fetcher::with_mirrors(vec![unreachable(), format!("http://{addr}")]);
         assert_eq!(source.fetch_missing(&fetcher).unwrap().len(), 4);
         assert!(source.missing_files().is_empty());
@@ -315,7 +318,7 @@ mod tests {
         for (name, bytes) in &served {
             std::fs::write(dir.path().join(name), bytes).unwrap();
         }
-        let source = MnistSource { preset: preset.clone(), dir: dir.path().to_path_buf() };
+        let source = MnistSource { preset: preset.clone(), dir: dir.path().to_path_buf(), cache: None };
         let want = "tr-i.gz: the header gives dimensions [6, 3, 2]; mnist needs [6, 2, 2]; \
                     delete the file so it is downloaded again";
         assert!(source.facts().unwrap_err().to_string().ends_with(want));

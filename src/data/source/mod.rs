@@ -326,7 +326,7 @@ mod tests {
         assert_eq!(a, synthetic(&config, 1));
         assert_ne!(a, synthetic(&config, 2));
         assert_ne!(a, synthetic(&SyntheticConfig { train_examples: NonZeroUsize::MIN, ..config.clone() }, 1));
-        let mnist = AnySource::new(MnistSource { preset: Preset::mnist(), dir: "/d".into() });
+        let mnist = AnySource::new(MnistSource { preset: Preset::mnist(), dir: "/d".into(), cache: None });
         assert_ne!(a, mnist);
         assert_eq!(mnist, mnist.clone());
         assert_eq!((a.name(), mnist.name()), ("synthetic", "mnist"));

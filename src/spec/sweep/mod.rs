@@ -245,7 +245,11 @@ impl Sweep {
                 parameters: random.parameters.clone(),
                 trials: random.samples.get() as usize,
                 startup: (t.n_startup_trials.get() as usize).min(random.samples.get() as usize),
-                settings: tpe::TpeSettings { gamma: t.gamma, n_candidates: t.n_candidates.get() as usize },
+                settings: tpe::TpeSettings {
+                    gamma: t.gamma,
+                    n_candidates: t.n_candidates.get() as usize,
+                    multivariate: t.multivariate,
+                },
             }),
             (Some(_), None) | (None, _) => None,
         };

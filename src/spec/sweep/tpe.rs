@@ -11,6 +11,16 @@
 //! Under a scheduler the trials it stopped count too, as Optuna's TPE counts pruned trials
 //! (`_split_trials`): the good part takes the trials trained to the end first, by loss, then
 //! the stopped ones, the furthest trained first, each by its value where it stopped.
+//!
+//! `multivariate = true` (the default, as Optuna 5's `TPESampler`; Falkner et al., "BOHB",
+//! ICML 2018) estimates the parameters jointly instead: every kernel is one trial, with a
+//! component per parameter, and a candidate takes all its values from one kernel, so values
+//! that worked together (a high learning rate with low momentum, a low one with a large batch)
+//! are drawn together. Its kernels follow Optuna's `_ParzenEstimator`: one per trial plus a
+//! prior over the whole space, equally weighted; each width the larger gap to the neighbouring
+//! trials (at either end, the gap to the one next to it), clipped to at least the span over
+//! `min(100, 2 + trials)`; a choice's kernel puts the trial's value's weight 1 on top of a
+//! prior weight shared by all values.
 
 use super::expand::{quote, real};
 use super::{SweepDistribution, SweepSpec};
@@ -41,6 +51,16 @@ pub struct TpeSpec {
     /// Example: `n_candidates = 48`.
     #[serde(default = "twenty_four")]
     pub n_candidates: NonZeroU32,
+    /// Estimate the parameters jointly (each candidate drawn whole from one good trial's
+    /// kernel, scored by the joint densities), as Optuna 5 does by default; `false` estimates
+    /// each parameter on its own (Optuna's independent TPE, Hyperopt's). Default: `true`.
+    /// Example: `multivariate = false`.
+    #[serde(default = "yes")]
+    pub multivariate: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn ten() -> NonZeroU32 {
@@ -116,6 +136,8 @@ pub struct TpeSettings {
     pub gamma: f64,
     /// Values drawn from the good trials' estimator, of which the best ratio wins.
     pub n_candidates: usize,
+    /// Estimate the parameters jointly rather than each on its own.
+    pub multivariate: bool,
 }
 
 /// One finished trial: its values by key and its loss (lower is better).
@@ -156,6 +178,9 @@ pub fn suggest(
     let n_below =
         ((settings.gamma * order.len() as f64).ceil() as usize).clamp(usize::from(!order.is_empty()), order.len());
     let (below, above) = order.split_at(n_below);
+    if settings.multivariate {
+        return joint::suggest(params, below, above, settings, rng);
+    }
     let mut out = BTreeMap::new();
     for (key, dist) in params {
         let of =
@@ -182,7 +207,7 @@ pub fn suggest(
 }
 
 /// A uniform number in [0, 1) from 53 random bits, the same on every platform.
-fn unit(rng: &mut ChaCha8Rng) -> f64 {
+pub(super) fn unit(rng: &mut ChaCha8Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -248,7 +273,7 @@ impl Parzen {
 }
 
 /// The standard normal's cumulative distribution.
-fn phi(z: f64) -> f64 {
+pub(super) fn phi(z: f64) -> f64 {
     0.5 * (1.0 + erf(z / std::f64::consts::SQRT_2))
 }
 
@@ -300,6 +325,9 @@ fn categorical(values: &[Json], below: &[Json], above: &[Json], s: TpeSettings, 
     }
     values.get(best.1).cloned().unwrap_or(Json::Null)
 }
+
+#[path = "tpe_joint.rs"]
+mod joint;
 
 #[cfg(test)]
 #[path = "tpe_tests.rs"]

@@ -30,17 +30,28 @@ fn random_draw(params: &BTreeMap<String, SweepDistribution>, g: &mut ChaCha8Rng)
     params.iter().map(|(k, d)| (k.clone(), draw(d, g.next_u64()))).collect()
 }
 
-const SETTINGS: TpeSettings = TpeSettings { gamma: 0.25, n_candidates: 24 };
+const SETTINGS: TpeSettings = TpeSettings { gamma: 0.25, n_candidates: 24, multivariate: false };
 
 /// The best objective of `trials` trials: random, or TPE after `startup` random ones.
 fn best(seed: u64, trials: usize, startup: Option<usize>) -> f64 {
-    let params = params();
+    best_of(&params(), objective, SETTINGS, seed, trials, startup)
+}
+
+/// [`best`] of any parameters, objective and settings.
+fn best_of(
+    params: &BTreeMap<String, SweepDistribution>,
+    objective: fn(&BTreeMap<String, Json>) -> f64,
+    settings: TpeSettings,
+    seed: u64,
+    trials: usize,
+    startup: Option<usize>,
+) -> f64 {
     let mut g = rng(&[seed, 1]);
     let mut history: Vec<Observation> = Vec::new();
     for t in 0..trials {
         let values = match startup {
-            Some(s) if t >= s => suggest(&params, &history, SETTINGS, &mut rng(&[seed, 2, t as u64])),
-            _ => random_draw(&params, &mut g),
+            Some(s) if t >= s => suggest(params, &history, settings, &mut rng(&[seed, 2, t as u64])),
+            _ => random_draw(params, &mut g),
         };
         let loss = objective(&values);
         history.push(Observation { values, loss, stopped_at: None });
@@ -50,10 +61,50 @@ fn best(seed: u64, trials: usize, startup: Option<usize>) -> f64 {
 
 #[test]
 fn tpe_beats_random_search_on_most_seeds() {
+    tpe_beats_random_search(SETTINGS);
+}
+
+#[test]
+fn multivariate_tpe_beats_random_search_on_most_seeds() {
+    tpe_beats_random_search(TpeSettings { multivariate: true, ..SETTINGS });
+}
+
+/// Two good regions that share no coordinate: a high x with a low y, or a low x with a high
+/// y. Each parameter's values among the good trials spread over both, so an estimator of each
+/// on its own draws the bad mixtures (both high, both low) as often as the good ones.
+fn two_modes(v: &BTreeMap<String, Json>) -> f64 {
+    let f = |k: &str| v.get(k).and_then(Json::as_f64).unwrap_or(f64::NAN);
+    let (x, y) = (f("x"), f("y"));
+    ((x - 0.8).powi(2) + (y - 0.2).powi(2)).min((x - 0.2).powi(2) + (y - 0.8).powi(2))
+}
+
+#[test]
+fn multivariate_tpe_draws_values_that_worked_together() {
+    let params = BTreeMap::from([
+        ("x".to_string(), SweepDistribution::Uniform { low: 0.0, high: 1.0 }),
+        ("y".to_string(), SweepDistribution::Uniform { low: 0.0, high: 1.0 }),
+    ]);
+    let joint = TpeSettings { multivariate: true, ..SETTINGS };
+    let seeds = 40;
+    let (mut wins, mut joint_sum, mut independent_sum) = (0, 0.0, 0.0);
+    for seed in 0..seeds {
+        let j = best_of(&params, two_modes, joint, seed, 30, Some(10));
+        let i = best_of(&params, two_modes, SETTINGS, seed, 30, Some(10));
+        wins += usize::from(j < i);
+        joint_sum += j;
+        independent_sum += i;
+    }
+    println!("joint beat independent on {wins} of {seeds} seeds; mean best {joint_sum:.5} vs {independent_sum:.5}");
+    assert!(wins * 10 >= seeds as usize * 6, "joint won {wins} of {seeds}");
+    assert!(joint_sum < 0.75 * independent_sum, "mean best {joint_sum} vs {independent_sum}");
+}
+
+fn tpe_beats_random_search(settings: TpeSettings) {
     let seeds = 40;
     let (mut wins, mut tpe_sum, mut random_sum) = (0, 0.0, 0.0);
     for seed in 0..seeds {
-        let (tpe, random) = (best(seed, 40, Some(10)), best(seed, 40, None));
+        let tpe = best_of(&params(), objective, settings, seed, 40, Some(10));
+        let random = best(seed, 40, None);
         wins += usize::from(tpe < random);
         tpe_sum += tpe;
         random_sum += random;
@@ -66,6 +117,12 @@ fn tpe_beats_random_search_on_most_seeds() {
 
 #[test]
 fn a_suggestion_depends_only_on_the_seed_and_the_results_and_stays_in_range() {
+    for settings in [SETTINGS, TpeSettings { multivariate: true, ..SETTINGS }] {
+        in_range(settings);
+    }
+}
+
+fn in_range(settings: TpeSettings) {
     let params = params();
     let mut g = rng(&[7, 1]);
     let history: Vec<Observation> = (0..12)
@@ -74,17 +131,17 @@ fn a_suggestion_depends_only_on_the_seed_and_the_results_and_stays_in_range() {
             Observation { loss: objective(&values), values, stopped_at: None }
         })
         .collect();
-    let a = suggest(&params, &history, SETTINGS, &mut rng(&[7, 2]));
-    assert_eq!(a, suggest(&params, &history, SETTINGS, &mut rng(&[7, 2])));
+    let a = suggest(&params, &history, settings, &mut rng(&[7, 2]));
+    assert_eq!(a, suggest(&params, &history, settings, &mut rng(&[7, 2])));
     for seed in 0..50 {
-        let v = suggest(&params, &history, SETTINGS, &mut rng(&[seed, 3]));
+        let v = suggest(&params, &history, settings, &mut rng(&[seed, 3]));
         let lr = v.get("lr").and_then(Json::as_f64).unwrap_or(-1.0);
         let layers = v.get("layers").and_then(Json::as_i64).unwrap_or(-1);
         assert!((1e-5..=1.0).contains(&lr) && (1..=8).contains(&layers), "{v:?}");
         assert!(["relu", "tanh", "sigmoid"].map(|s| json!(s)).contains(&v["activation"]), "{v:?}");
     }
     // No history: the priors alone, still in range.
-    let v = suggest(&params, &[], SETTINGS, &mut rng(&[1, 2]));
+    let v = suggest(&params, &[], settings, &mut rng(&[1, 2]));
     assert!(v.get("momentum").and_then(Json::as_f64).is_some_and(|m| (0.0..=1.0).contains(&m)), "{v:?}");
 }
 

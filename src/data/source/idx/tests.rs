@@ -100,6 +100,7 @@ fn idx_source(dir: &Path, test: bool) -> IdxSource {
             test_images: test.then(|| "c".into()),
             test_labels: test.then(|| "d".into()),
         },
+        cache: None,
     }
 }
 
