@@ -166,7 +166,7 @@ fn sum_seconds_per_byte() -> f64 {
 /// How many timings one probe size takes ([`probe_times`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reps {
-    /// Timings before the chief may call the median settled and stop.
+    /// Timings at least: the chief may stop the probe once this many have settled.
     least: usize,
     /// Timings at most, settled or not.
     most: usize,
@@ -175,15 +175,15 @@ struct Reps {
 /// 1 KB, then 512 KB. Before, a fixed 15 and 5 took about 2.4 s of a 64-task rendezvous on
 /// 2 cores (4.4 s against 2.0 for a named algorithm, target ≤ 3 s); the 512 KB timings of the
 /// slowest algorithm there take about 90 ms each. Where the timings agree, 4 and 3 give the
-/// same median; where they do not, the probe goes on to the old count.
+/// median; where they do not, the probe goes on, to 9 and 5 at most.
 const REPS: (Reps, Reps) = (Reps { least: 4, most: 9 }, Reps { least: 3, most: 5 });
 
 /// How close the timings around the median must lie, as a fraction of it, to call the median
 /// settled.
 const SETTLED: f64 = 0.1;
 
-/// Whether the timings `t` so far pin their median down: all of them within [`SETTLED`] of it,
-/// from 4 timings on all but the fastest and the slowest, so that one outlier at either end (a
+/// Whether the timings `t` so far pin their median down: the slowest less the fastest within
+/// [`SETTLED`] of the median, from 4 timings on leaving out the fastest and the slowest, so that one outlier at either end (a
 /// rank descheduled once) does not keep the probe going.
 fn settled(t: &[f64]) -> bool {
     if t.len() < 2 {
