@@ -9,7 +9,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -81,11 +81,12 @@ fn exe() -> &'static Path {
 }
 
 /// `tasks` tasks on their hosts train `steps` steps to completion, within `limit`; the
-/// cluster's settings and what the job measured, after checking the cluster left nothing.
-fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(String, TrainResult)> {
+/// cluster's settings, what the job measured and the cluster's folder (gone by then), after
+/// checking the cluster left nothing.
+fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(String, TrainResult, PathBuf)> {
     let p = TaskLayout::for_tasks(tasks);
     let cluster = cluster(p)?;
-    let tag = cluster.tag.clone();
+    let (tag, work) = (cluster.tag.clone(), cluster.work().to_path_buf());
     let settings = TrainSettings { steps, per_replica_batch: 16, implementation: "auto".into(), deadline: limit };
     let result = train(exe(), &cluster, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(result.steps, steps);
@@ -96,14 +97,14 @@ fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(Stri
     let settings = cluster.settings();
     drop(cluster);
     assert_nothing_left(&tag, std::process::id());
-    Some((settings, result))
+    Some((settings, result, work))
 }
 
 #[test]
 fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     let p = TaskLayout::for_tasks(4);
     assert_eq!((p.hosts, p.per_host()), (2, 2));
-    let Some((_, result)) = train_and_clean_up(4, 20, Duration::from_secs(60)) else {
+    let Some((_, result, work)) = train_and_clean_up(4, 20, Duration::from_secs(60)) else {
         return;
     };
     assert!(result.rendezvous_s > 0.0 && result.rendezvous_s < 30.0, "{result:?}");
@@ -111,11 +112,12 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     // network twice under `hierarchical` and four or six times under the flat algorithms, as
     // the start-up model predicts; the chief logs the figures and the pick.
     let choice = result.all_reduce_choice.unwrap_or_else(|| panic!("the chief logged no choice"));
-    // Measured now, or by an earlier run of this shape (the chief's cache).
-    assert!(
-        choice.contains("all-reduce cost model measured") && choice.contains("inside hosts (shared memory) α"),
-        "{choice}"
-    );
+    // Measured now, and kept in the job's own cache folder inside the cluster's (removed with
+    // it: checked above), never in the user's ~/.cache.
+    assert!(choice.contains("all-reduce cost model measured at start-up ("), "{choice}");
+    assert!(choice.contains(&format!("kept in {}/", work.display())), "{choice}");
+    assert!(!work.exists(), "{} is left", work.display());
+    assert!(choice.contains("inside hosts (shared memory) α"), "{choice}");
     assert!(choice.contains("by pack size: 99.4 KiB → hierarchical"), "{choice}");
 }
 
@@ -289,6 +291,45 @@ fn allreduce_table() {
     }
 }
 
+/// The rendezvous of a first `auto` job (a fresh cache folder: the start-up probe measures)
+/// for the worlds in `BENCH_WORLDS` (default 16, 32, 64), 10 Gbit/s and 50 µs links, 5 steps;
+/// the tasks are each binary of `BENCH_EXES` (comma-separated paths; default this build's) in
+/// turn, `BENCH_ROUNDS` times (default 1), to compare two builds alternately in one sitting:
+/// `cargo test --release --test scale -- --ignored --nocapture auto_rendezvous_table`.
+#[test]
+#[ignore = "up to 64 processes, a job a world and binary"]
+fn auto_rendezvous_table() {
+    let worlds = std::env::var("BENCH_WORLDS")
+        .map_or(vec![16, 32, 64], |v| v.split(',').map(|x| x.trim().parse().expect("a number")).collect());
+    let exes: Vec<PathBuf> = std::env::var("BENCH_EXES")
+        .map_or(vec![exe().to_path_buf()], |v| v.split(',').map(|x| PathBuf::from(x.trim())).collect());
+    let rounds = std::env::var("BENCH_ROUNDS").map_or(1, |v| v.parse().expect("a count"));
+    for n in worlds {
+        let p = TaskLayout::for_tasks(n);
+        let Some(c) = cluster(p) else { return };
+        println!("\nN = {n} ({} × {}), {}", p.hosts, p.per_host(), c.settings());
+        for round in 1..=rounds {
+            for exe in &exes {
+                let settings = TrainSettings {
+                    steps: 5,
+                    per_replica_batch: 16,
+                    implementation: "auto".into(),
+                    deadline: scale::deadline(n),
+                };
+                // Each job its own folder, so its own empty cache (`train`).
+                let r = train(exe, &c, p, &settings, &NEVER).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(r.steps, 5);
+                println!(
+                    "round {round} {}: rendezvous {:.3} s\n    {}",
+                    exe.display(),
+                    r.rendezvous_s,
+                    r.all_reduce_choice.unwrap_or_default()
+                );
+            }
+        }
+    }
+}
+
 /// The training part of `trainrun bench --only scale-full` for the worlds in `BENCH_WORLDS`
 /// (default 16, 32, 64) on the 10 Gbit/s, 50 µs links: the tiny MLP, 100 steps, with `auto`
 /// and every algorithm; per job the rendezvous and step time p50 / p90 / p99. Every job must
@@ -392,7 +433,7 @@ fn what_a_harness_killed_by_sigkill_left_the_next_one_removes() {
 fn sixty_four_tasks_on_eight_hosts_train_to_completion() {
     let p = TaskLayout::for_tasks(64);
     assert_eq!((p.hosts, p.per_host()), (8, 8));
-    let Some((settings, result)) = train_and_clean_up(64, 40, Duration::from_secs(300)) else {
+    let Some((settings, result, _)) = train_and_clean_up(64, 40, Duration::from_secs(300)) else {
         return;
     };
     println!(

@@ -19,7 +19,7 @@ use super::cost::{AlgorithmLinks, CostModel, LinkCost, Placement};
 use super::reduce::add_assign_f32;
 use super::{Algorithm, Collective, CollectiveError, Communicator, HierarchicalPart, TransportKind};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What `implementation = "auto"` needs at run time to choose per pack size.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +39,8 @@ pub struct AutoBySize {
 pub enum ModelSource {
     /// `[strategy.communication.cost_model]`.
     Spec,
-    /// Measured now (and kept in the file, when there is one).
-    Measured(Option<PathBuf>),
+    /// Measured now (and kept in the file, when there is one), in `took`.
+    Measured { kept: Option<PathBuf>, took: Duration },
     /// The chief's file, which an earlier run of the same shape measured (its path on the
     /// chief).
     Cache(Option<PathBuf>),
@@ -155,7 +155,7 @@ fn median_secs(reps: usize, mut f: impl FnMut() -> Result<(), CollectiveError>) 
 /// Seconds per byte summed by the kernel the algorithms use.
 fn sum_seconds_per_byte() -> f64 {
     let (mut dst, src) = (vec![1.0f32; 262_144], vec![0.5f32; 262_144]);
-    let secs = median_secs(9, || {
+    let secs = median_secs(5, || {
         add_assign_f32(&mut dst, std::hint::black_box(&src));
         Ok(())
     })
@@ -163,32 +163,101 @@ fn sum_seconds_per_byte() -> f64 {
     (secs / (dst.len() * 4) as f64).max(1e-13)
 }
 
-/// This rank's timings of `all_reduce` at the two probe sizes.
+/// How many timings one probe size takes ([`probe_times`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reps {
+    /// Timings at least: the chief may stop the probe once this many have settled.
+    least: usize,
+    /// Timings at most, settled or not.
+    most: usize,
+}
+
+/// 1 KB, then 512 KB. Before, a fixed 15 and 5 took about 2.4 s of a 64-task rendezvous on
+/// 2 cores (4.4 s against 2.0 for a named algorithm, target ≤ 3 s); the 512 KB timings of the
+/// slowest algorithm there take about 90 ms each. Where the timings agree, 4 and 3 give the
+/// median; where they do not, the probe goes on, to 9 and 5 at most.
+const REPS: (Reps, Reps) = (Reps { least: 4, most: 9 }, Reps { least: 3, most: 5 });
+
+/// How close the timings around the median must lie, as a fraction of it, to call the median
+/// settled.
+const SETTLED: f64 = 0.1;
+
+/// Whether the timings `t` so far pin their median down: the slowest less the fastest within
+/// [`SETTLED`] of the median, from 4 timings on leaving out the fastest and the slowest, so that one outlier at either end (a
+/// rank descheduled once) does not keep the probe going.
+fn settled(t: &[f64]) -> bool {
+    if t.len() < 2 {
+        return false;
+    }
+    let mut s = t.to_vec();
+    s.sort_by(f64::total_cmp);
+    let median = s[s.len() / 2];
+    let trim = usize::from(s.len() >= 4);
+    let kept = &s[trim..s.len() - trim];
+    kept[kept.len() - 1] - kept[0] <= SETTLED * median
+}
+
+/// Whether every rank's all-reduce reads every rank's data, which lets the chief's verdict
+/// ride in the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    Everyone,
+    /// A part of `hierarchical` sums among some ranks only (each host's, or the leaders): it
+    /// runs the least count, the same on every rank.
+    Part,
+}
+
+/// This rank's timings of `all_reduce` at the two probe sizes: the median of each.
 ///
 /// Each timing starts from a barrier (untimed), so it is one all-reduce from a common start,
 /// as a step's pack after the backward pass and the bench's rows see it. Back to back, the
 /// ranks' successive all-reduces overlap, and differently per algorithm: 4 ranks as 2 hosts ×
 /// 2 timed `hierarchical` at 1 KB slower than halving-doubling (about 0.36 against 0.30 ms)
 /// where from a barrier it was faster (0.28 against 0.36).
+///
+/// Every rank must run as many as the chief: the first float of each all-reduce carries the
+/// chief's verdict on its timings before it (1: settled, this call is the last; the other ranks
+/// add 0), so every rank reads the same verdict from the sum, at no extra message. Only the
+/// chief's timings are fitted ([`agree`] broadcasts its figures).
 fn probe_times(
     comm: &mut Collective,
+    reach: Reach,
     mut all_reduce: impl FnMut(&mut Collective, &mut [f32]) -> Result<(), CollectiveError>,
 ) -> Result<(f64, f64), CollectiveError> {
+    let chief = comm.rank() == 0;
     let (mut small, mut large) = (vec![1.0f32; PROBE_FLOATS.0], vec![1.0f32; PROBE_FLOATS.1]);
-    let mut timed = |data: &mut [f32]| {
-        comm.as_dyn().barrier()?;
-        let start = Instant::now();
-        all_reduce(comm, data)?;
-        Ok(start.elapsed().as_secs_f64())
-    };
-    let mut median = |reps: usize, data: &mut [f32]| -> Result<f64, CollectiveError> {
-        timed(data)?;
-        let mut t = (0..reps).map(|_| timed(data)).collect::<Result<Vec<f64>, CollectiveError>>()?;
+    let mut median = |reps: Reps, warm_up: bool, data: &mut [f32]| -> Result<f64, CollectiveError> {
+        let most = match reach {
+            Reach::Everyone => reps.most,
+            Reach::Part => reps.least,
+        };
+        let mut t: Vec<f64> = Vec::with_capacity(most);
+        let mut warm = !warm_up;
+        loop {
+            let last = warm && t.len() + 1 >= most;
+            let early = reach == Reach::Everyone && chief && t.len() + 1 >= reps.least && settled(&t);
+            data[0] = f32::from(u8::from(early));
+            comm.as_dyn().barrier()?;
+            let start = Instant::now();
+            all_reduce(comm, data)?;
+            let took = start.elapsed().as_secs_f64();
+            if !warm {
+                warm = true;
+                continue;
+            }
+            t.push(took);
+            if last || (reach == Reach::Everyone && data[0] >= 0.5) {
+                break;
+            }
+        }
         t.sort_by(f64::total_cmp);
         Ok(t[t.len() / 2])
     };
-    let t_small = median(15, &mut small)?;
-    let t_large = median(5, &mut large)?;
+    // One untimed call at 1 KB first: the first collective of an algorithm sets up its
+    // connections and buffers. The 512 KB timings need none (the median sets a slow first one
+    // aside), and each costs up to 90 ms at 64 tasks on 2 cores.
+    let t_small = median(REPS.0, true, &mut small)?;
+    let t_large = median(REPS.1, false, &mut large)?;
     Ok((t_small, t_large))
 }
 
@@ -205,7 +274,7 @@ fn time_algorithm(
         return Ok(None);
     }
     comm.choose_by_size(SizeChoice { candidates: vec![algorithm], ..choice.clone() })?;
-    probe_times(comm, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
+    probe_times(comm, Reach::Everyone, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
 }
 
 /// This rank's timings of `part` of `hierarchical` alone, or `None` where it sends nothing
@@ -224,7 +293,7 @@ fn time_part(
     if ranks < 2 || !choice.candidates.contains(&Algorithm::Hierarchical) {
         return Ok(None);
     }
-    probe_times(comm, |c, data| c.all_reduce_part(part, data)).map(Some)
+    probe_times(comm, Reach::Part, |c, data| c.all_reduce_part(part, data)).map(Some)
 }
 
 /// This rank's measurement: γ, then a link fitted to its own timings of each candidate at the
@@ -291,6 +360,7 @@ pub fn agree(
         let source = ModelSource::Cache(cache.map(Path::to_path_buf));
         return Ok((SizeChoice::over(f.apply(auto.model), transport, auto.placement), source));
     }
+    let start = Instant::now();
     let mine = measure(comm, auto)?;
     let mut agreed = match mine {
         Some(f) if chief => f.as_message(true),
@@ -311,7 +381,10 @@ pub fn agree(
         },
         Some(_) | None => None,
     };
-    Ok((SizeChoice::over(figures.apply(auto.model), transport, auto.placement), ModelSource::Measured(kept)))
+    Ok((
+        SizeChoice::over(figures.apply(auto.model), transport, auto.placement),
+        ModelSource::Measured { kept, took: start.elapsed() },
+    ))
 }
 
 /// One line for the chief's log: where the model came from, its figures, and the algorithm
@@ -320,8 +393,10 @@ pub fn describe(choice: &SizeChoice, source: &ModelSource, packs: &[usize]) -> S
     let m = &choice.model;
     let from = match source {
         ModelSource::Spec => "from the spec".to_string(),
-        ModelSource::Measured(Some(p)) => format!("measured at start-up, kept in {}", p.display()),
-        ModelSource::Measured(None) => "measured at start-up".to_string(),
+        ModelSource::Measured { kept: Some(p), took } => {
+            format!("measured at start-up ({:.2} s), kept in {}", took.as_secs_f64(), p.display())
+        }
+        ModelSource::Measured { kept: None, took } => format!("measured at start-up ({:.2} s)", took.as_secs_f64()),
         ModelSource::Cache(Some(p)) => format!("measured by an earlier run, from {}", p.display()),
         ModelSource::Cache(None) => "measured by an earlier run".to_string(),
     };
@@ -381,6 +456,18 @@ mod tests {
         let shape = Placement { ranks: 16, hosts: 8, per_host: 2 };
         let hd = model.estimate(Algorithm::HalvingDoubling, TransportKind::SharedMemoryAndTcp, shape, 1 << 20);
         assert_eq!(hd, Some(model.halving_doubling(m.halving_doubling, 16, f64::from(1 << 20))));
+    }
+
+    #[test]
+    fn the_median_is_settled_when_the_timings_agree_but_for_one_outlier_at_each_end() {
+        assert!(!settled(&[]) && !settled(&[1.0]), "one timing settles nothing");
+        assert!(settled(&[1.0, 1.05]) && !settled(&[1.0, 1.2]));
+        assert!(settled(&[1.0, 1.02, 0.98]));
+        assert!(!settled(&[1.0, 1.02, 3.0]), "three timings, one far off: go on");
+        assert!(settled(&[1.0, 1.02, 3.0, 0.99]), "four: the slowest is set aside");
+        assert!(settled(&[0.2, 1.0, 1.02, 3.0, 0.99]), "five: one outlier at each end");
+        assert!(!settled(&[1.0, 1.02, 3.0, 3.1]), "two far off");
+        assert!(!settled(&[1.0, 1.5, 2.0, 2.5, 3.0]), "spread out: go on to the most");
     }
 
     #[test]

@@ -139,13 +139,21 @@ pub fn train(
     s: &TrainSettings,
     stop: &AtomicBool,
 ) -> Result<TrainResult, ScaleJobError> {
-    let dir = cluster.work().join(format!("train-{}-{}", p.tasks, s.implementation));
+    // A folder of its own for each job, the cluster's later jobs of the same kind too.
+    let dir = (1..)
+        .map(|k| cluster.work().join(format!("train-{}-{}-{k}", p.tasks, s.implementation)))
+        .find(|d| !d.exists())
+        .unwrap_or_else(|| cluster.work().join("train"));
     std::fs::create_dir_all(&dir).map_err(ProcsError::from)?;
     let spec_path = dir.join("scale.toml");
     std::fs::write(&spec_path, spec(p, s, &dir.join("run"))).map_err(ProcsError::from)?;
     let workers: Vec<String> = (0..p.tasks).map(|i| format!("\"{}\"", task_address(p, i))).collect();
     let workers = workers.join(",");
     let token = format!("scale-harness-{}-0123456789abcdef", cluster.tag);
+    // The chief keeps `auto`'s measured cost model under `$XDG_CACHE_HOME/trainrun`: a folder
+    // of this job's, so that every job measures afresh (a bench's `auto` rendezvous is a first
+    // run's) and nothing lands in the user's own cache; the cluster's folder goes with it.
+    let cache = dir.join("cache");
     let mut procs = Procs::default();
     // The chief first: its launch is where the rendezvous time starts.
     for i in 0..p.tasks {
@@ -157,7 +165,11 @@ pub fn train(
                 host: p.host_of(i),
                 program: exe,
                 args: vec![spec_path.display().to_string(), "--quiet".into()],
-                env: vec![("TF_CONFIG".into(), tf_config), ("TRAINRUN_JOB_TOKEN".into(), token.clone())],
+                env: vec![
+                    ("TF_CONFIG".into(), tf_config),
+                    ("TRAINRUN_JOB_TOKEN".into(), token.clone()),
+                    ("XDG_CACHE_HOME".into(), cache.display().to_string()),
+                ],
             },
         )?;
     }
