@@ -24,9 +24,9 @@ const MIN_WORK: usize = 1 << 20;
 /// so no block but the last ends in a partial micro-tile.
 const ALIGN: usize = 16;
 
-/// Which way a product is cut.
+/// Which way a product is cut among threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Axis {
+pub enum Cut {
     /// Blocks of the destination's (and the left operand's) rows.
     Rows,
     /// Blocks of the destination's (and the right operand's) columns.
@@ -55,7 +55,7 @@ fn regime(m: usize, n: usize, k: usize) -> Regime {
 
 /// The blocks an `m × n` product over depth `k` is cut into for `threads` threads, or `None`
 /// when it runs whole: one thread, too little work, or no cut that keeps the bits.
-pub fn blocks(m: usize, n: usize, k: usize, threads: usize) -> Option<(Axis, Vec<Range<usize>>)> {
+pub fn blocks(m: usize, n: usize, k: usize, threads: usize) -> Option<(Cut, Vec<Range<usize>>)> {
     if threads < 2 || m.saturating_mul(n).saturating_mul(k) < MIN_WORK {
         return None;
     }
@@ -65,12 +65,12 @@ pub fn blocks(m: usize, n: usize, k: usize, threads: usize) -> Option<(Axis, Vec
     }
     // The longer side first: its blocks are the larger and the shorter side's operand is
     // shared whole.
-    let order = if m >= n { [Axis::Rows, Axis::Cols] } else { [Axis::Cols, Axis::Rows] };
+    let order = if m >= n { [Cut::Rows, Cut::Cols] } else { [Cut::Cols, Cut::Rows] };
     order.into_iter().find_map(|axis| {
-        let len = if axis == Axis::Rows { m } else { n };
+        let len = if axis == Cut::Rows { m } else { n };
         let ranges = even(len, threads);
         let keeps = ranges.iter().all(|r| {
-            let (bm, bn) = if axis == Axis::Rows { (r.len(), n) } else { (m, r.len()) };
+            let (bm, bn) = if axis == Cut::Rows { (r.len(), n) } else { (m, r.len()) };
             regime(bm, bn, k) == whole
         });
         (ranges.len() >= 2 && keeps).then_some((axis, ranges))
@@ -91,9 +91,9 @@ mod tests {
     fn the_tutorials_dense_layer_is_cut_into_row_blocks_that_stay_large() {
         // 64 × 128: cutting the 128 columns would make two 64 × 64 blocks, which gemm sums in
         // other chunks; cutting the rows keeps 128 columns.
-        assert_eq!(blocks(64, 128, 21_632, 2), Some((Axis::Rows, vec![0..32, 32..64])));
-        assert_eq!(blocks(128, 64, 21_632, 2), Some((Axis::Cols, vec![0..32, 32..64])));
-        assert_eq!(blocks(256, 512, 384, 2), Some((Axis::Cols, vec![0..256, 256..512])));
+        assert_eq!(blocks(64, 128, 21_632, 2), Some((Cut::Rows, vec![0..32, 32..64])));
+        assert_eq!(blocks(128, 64, 21_632, 2), Some((Cut::Cols, vec![0..32, 32..64])));
+        assert_eq!(blocks(256, 512, 384, 2), Some((Cut::Cols, vec![0..256, 256..512])));
     }
 
     #[test]

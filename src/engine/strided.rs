@@ -2,7 +2,7 @@
 //! matrix product: a row-major operand is `MatRef::rows`, its transpose `.t()` (no copy), and
 //! attention multiplies one head's columns of a `[T, 3·D]` buffer without copying them out.
 
-use super::gemm_split::{self, Axis};
+use super::gemm_split::{self, Cut};
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -207,16 +207,16 @@ unsafe fn gemm_raw(c: GemmTarget, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32
         // SAFETY: as this function's.
         return unsafe { gemm_call(&c, a, b, keep, scale, parallelism) };
     };
-    let c = Shared(c);
+    let c = SharedTarget(c);
     ranges.into_par_iter().with_max_len(1).for_each(|r| {
         let c = c.target();
         let (target, a, b) = match axis {
-            Axis::Rows => {
+            Cut::Rows => {
                 // SAFETY: `r` lies inside `c`'s rows, so the offset stays in its allocation.
                 let ptr = unsafe { c.ptr.add(r.start * c.rs) };
                 (GemmTarget { ptr, rows: r.len(), ..*c }, a.block(r, 0..a.cols), b)
             }
-            Axis::Cols => {
+            Cut::Cols => {
                 // SAFETY: as above, for `c`'s columns.
                 let ptr = unsafe { c.ptr.add(r.start * c.cs) };
                 (GemmTarget { ptr, cols: r.len(), ..*c }, a, b.block(0..b.rows, r))
@@ -229,12 +229,12 @@ unsafe fn gemm_raw(c: GemmTarget, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32
 }
 
 /// A destination shared by the threads that each write their own block of it.
-struct Shared(GemmTarget);
+struct SharedTarget(GemmTarget);
 
-// SAFETY: the threads given a `Shared` write disjoint blocks of it (`gemm_raw`).
-unsafe impl Sync for Shared {}
+// SAFETY: the threads given a `SharedTarget` write disjoint blocks of it (`gemm_raw`).
+unsafe impl Sync for SharedTarget {}
 
-impl Shared {
+impl SharedTarget {
     /// The whole destination (a method, so closures capture the `Sync` wrapper, not the field).
     fn target(&self) -> &GemmTarget {
         &self.0
