@@ -315,15 +315,18 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     // From here a stop waits for the step boundary and saves a backup first.
     crate::signals::training_started(plan.callbacks.backs_up());
+    if chief {
+        // A panic ends the process from the panicking thread: `run.json` says so, not
+        // `running`. Set before the record is first written (it was set after, and a panic in
+        // between, as `tests/panic_report.rs` makes one, left `running`).
+        let (crashed, bug) = (p.plan.out_dir.clone(), crate::exit::Exit::Bug as u8);
+        crate::crash::on_panic(move |report| crate::train::run_json::mark_panicked(&crashed, bug, report));
+    }
     let mut record =
         if chief { Some(RunFolder::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
-        let crashed = dir.clone();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
-        // A panic ends the process from the panicking thread: `run.json` says so, not `running`.
-        let bug = crate::exit::Exit::Bug as u8;
-        crate::crash::on_panic(move |report| crate::train::run_json::mark_failed(&crashed, bug, report));
     }
     if chief {
         if let Some(vocabulary) = vocabulary {

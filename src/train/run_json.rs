@@ -132,8 +132,7 @@ impl RunRecord {
 }
 
 /// Marks the `run.json` in `dir` failed when it still says `running`: the launcher's word
-/// for a chief task that was killed before it could write it, and the panic hook's
-/// (`crate::crash`, exit code 70) for a run that panicked.
+/// for a chief task that was killed before it could write it.
 pub fn mark_failed(dir: &Path, code: u8, error: &str) {
     mark(dir, &["running"], RunStatus::Failed, code, error);
 }
@@ -154,12 +153,26 @@ pub fn mark_stopped(dir: &Path, stop: crate::signals::Stop, error: &str) {
     mark(dir, &["running"], status, stop.exit_code(), error);
 }
 
+/// Marks the `run.json` in `dir` failed when it still says `running` and this process wrote
+/// it: the panic hook's word (`crate::crash`, exit code 70). The hook is set before the record
+/// is first written, so a panic in between cannot leave it `running`; a stale record of an
+/// earlier process in the folder is not this panic's to mark.
+pub fn mark_panicked(dir: &Path, code: u8, error: &str) {
+    let ours = |record: &Json| record["host"]["pid"] == std::process::id();
+    mark_when(dir, &["running"], ours, RunStatus::Failed, code, error);
+}
+
 /// Rewrites the status of the `run.json` in `dir` when it is one of `from`.
 fn mark(dir: &Path, from: &[&str], status: RunStatus, code: u8, error: &str) {
+    mark_when(dir, from, |_| true, status, code, error);
+}
+
+/// [`mark`], only for a record `also` accepts.
+fn mark_when(dir: &Path, from: &[&str], also: impl Fn(&Json) -> bool, status: RunStatus, code: u8, error: &str) {
     let path = dir.join("run.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return };
     let Ok(mut record) = serde_json::from_str::<Json>(&text) else { return };
-    if !from.iter().any(|f| record["status"] == *f) {
+    if !from.iter().any(|f| record["status"] == *f) || !also(&record) {
         return;
     }
     record["status"] = serde_json::to_value(status).unwrap_or(Json::Null);
