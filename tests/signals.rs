@@ -298,12 +298,13 @@ fn a_stop_during_a_step_slower_than_a_second_ends_the_task_within_a_second() {
 fn a_stop_during_the_final_evaluation_ends_the_task_within_a_second() {
     let _serial = serial();
     let dir = tempdir();
-    // 250 threads on a few cores make the evaluation of the 10,000 test images take seconds:
+    // 400 threads on a few cores make the evaluation of the 10,000 test images take seconds
+    // (250 no longer did reliably once gemm stopped forking per depth chunk, engine/gemm_split.rs):
     // rayon's idle workers walk every thread's epoch record (`crossbeam_epoch`'s
     // `try_advance`, two thirds of the time in `perf`), so the cost grows with the square of
     // the threads. At 1,000 the run took anywhere from seconds to over two minutes on the
     // 2-core machine, and the test then waited out its limit for the backup.
-    let args = slow_run(dir.path(), 64, 250, 1);
+    let args = slow_run(dir.path(), 64, 400, 1);
     let mut child = common::spawn(&refs(&args));
     // The last step's backup is queued right before the final evaluation begins.
     wait_for_file(&backup(dir.path(), 1), LIMIT, &mut [&mut child]);
