@@ -375,13 +375,9 @@ mod tests {
     /// scaling, on 2–4 threads.
     #[test]
     fn products_cut_among_threads_are_one_threads_bits() {
-        let mut seed = 0x9e37_79b9_u32;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
-        };
+        use rand::RngExt;
+        let mut r = crate::engine::init::rng(&[7]);
+        let mut next = || r.random_range(-0.5f32..0.5);
         let shapes = [
             (64, 128, 21_632),
             (128, 64, 700),
