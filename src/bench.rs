@@ -39,8 +39,8 @@ pub enum BenchPart {
     Mirrored,
     /// All-reduce between worker processes: every algorithm over every transport it runs on.
     Collective,
-    /// Time to 98 % in one process and `mnist_fast` to 98.5 %, with TensorFlow's time to 98 %
-    /// alongside (needs the MNIST files).
+    /// Time to 98 % in one process (float32 and mixed_bfloat16) and `mnist_fast` to 98.5 %, with
+    /// TensorFlow's time to 98 % alongside (needs the MNIST files).
     Tta,
     /// Time to 98 % under `parameter_server` against `multi_worker_mirrored`, seed by seed.
     ParameterServer,
@@ -245,6 +245,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
     let steps = if quick { 20 } else { 100 };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the trainrun binary: {e}"))?;
     let python = std::env::var("TRAINRUN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    println!("{}", machine());
     match only {
         Some(BenchPart::Engine) => return engine(steps),
         Some(BenchPart::Peers) => return peers(steps),
@@ -279,6 +280,23 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
     tta::one_process(&exe, &python)?;
     tta::parameter_server(&exe)?;
     tls::run(&exe, 8)
+}
+
+/// The line every table is read beside: the CPU (thresholds and product paths were measured per
+/// CPU, and the same code ran up to 3× apart on two hosts of one machine kind), its threads and
+/// the path each precision's products take here.
+fn machine() -> String {
+    let bf16 = crate::engine::bf16::Bf16Support::detect();
+    let mixed = match bf16.mixed_path() {
+        Some(path) => format!("{} for layers {} wide or more, fp32 below", path.name(), path.pays_from()),
+        None => "fp32 (no bf16 instructions here)".into(),
+    };
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    format!(
+        "== machine: {} ({threads} hardware threads; bf16: {}); products: float32 on gemm, mixed_bfloat16 on {mixed}",
+        products::cpu_model(),
+        bf16.name()
+    )
 }
 
 /// The all-reduce table: every algorithm over every transport it runs on, 2 and 4 processes.

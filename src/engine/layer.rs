@@ -170,10 +170,13 @@ pub trait Layer: Send {
     fn dy_masked(&mut self, _on: bool) {}
 
     /// Runs this layer's matrix products on `path` from now on (the model applies the
-    /// precision policy once, when built). Layers without products have nothing to change;
+    /// precision policy once, when built), and says whether any of them now takes a bf16 path
+    /// (`check` warns when no layer does). Layers without products have nothing to change;
     /// `dense` (flattening) and `conv2d` keep fp32 products for now, as the GPT's layers
     /// (attention, per-position dense, LM head) were the policy's first target.
-    fn use_products(&mut self, _path: ProductPath) {}
+    fn use_products(&mut self, _path: ProductPath) -> bool {
+        false
+    }
 
     /// Computes `y` (n × output_shape) from `cx.x` (n × input_shape).
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]);

@@ -256,9 +256,10 @@ impl Sequential {
         })
     }
 
-    /// Runs every layer's matrix products on `path` (the precision policy).
-    pub fn use_products(&mut self, path: super::bf16::ProductPath) {
-        self.layers.iter_mut().for_each(|layer| layer.use_products(path));
+    /// Runs every layer's matrix products on `path` (the precision policy), and returns how
+    /// many layers now take a bf16 path for some product.
+    pub fn use_products(&mut self, path: super::bf16::ProductPath) -> usize {
+        self.layers.iter_mut().map(|layer| usize::from(layer.use_products(path))).sum()
     }
 
     /// Shape of one input example.

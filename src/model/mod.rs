@@ -84,6 +84,12 @@ impl ModelPlan {
         }
     }
 
+    /// How many layers take a bf16 path for some product under [`ModelPlan::products`] (0
+    /// under float32, and for models whose layers have no bf16 path yet or are too narrow).
+    pub fn layers_on_bf16(&self) -> Result<usize, BuildError> {
+        Ok(self.build()?.use_products(self.products))
+    }
+
     /// The model predicts at every position of its input (a `[T, classes]` output).
     pub fn per_position(&self) -> bool {
         per_position(&self.input, &self.output)

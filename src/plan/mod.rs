@@ -220,6 +220,9 @@ impl Plan {
                 .ok()
                 .map(|model| ModelPlan { products: precision.products, ..model }),
         };
+        if let Some(model) = &model {
+            precision::check_model(&precision, model, &mut diags);
+        }
         let train = train::resolve(spec, model.as_ref(), &data.facts, global, &mut diags);
         let parameter_server = parameter_server::resolve(
             spec,

@@ -3,6 +3,7 @@
 
 use crate::engine::ProductPath;
 use crate::engine::bf16::Bf16Support;
+use crate::model::ModelPlan;
 use crate::spec::{Diagnostic, PrecisionPolicy, Spec};
 use serde::Serialize;
 
@@ -40,6 +41,29 @@ impl PrecisionPlan {
             ),
         }
     }
+}
+
+/// A warning where `mixed_bfloat16` would change nothing in `model`: no layer of it has a bf16
+/// path (`dense` on flat inputs and `conv2d` keep fp32 products for now) or none is
+/// [`ProductPath::pays_from`] wide, so the run would be float32's, bit for bit, under a name that
+/// says otherwise.
+pub fn check_model(plan: &PrecisionPlan, model: &ModelPlan, diags: &mut Vec<Diagnostic>) {
+    if plan.products.is_float32() || model.layers_on_bf16().map_or(true, |layers| layers > 0) {
+        return;
+    }
+    diags.push(
+        Diagnostic::warning(
+            "train.precision",
+            format!(
+                "mixed_bfloat16 changes nothing in this model: no layer of it takes the bf16 path ({}); only the \
+                 GPT's layers (attention, per-position dense, LM head) {} wide or more do so far, while dense layers \
+                 on flat inputs and conv2d run fp32",
+                plan.products.name(),
+                plan.products.pays_from()
+            ),
+        )
+        .help("the run gives float32's results; set train.precision = \"float32\" so the spec says what runs"),
+    );
 }
 
 /// The plan for `spec.train.precision` on a CPU with `cpu`; a policy this CPU cannot run

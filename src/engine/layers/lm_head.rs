@@ -81,12 +81,13 @@ impl Layer for LmHead {
         }
     }
 
-    fn use_products(&mut self, path: ProductPath) {
+    fn use_products(&mut self, path: ProductPath) -> bool {
         self.products = path.for_dims(self.dim, self.vocab);
-        match &mut self.weights {
+        let own = match &mut self.weights {
             Weights::Own(dense) => dense.use_products(path),
-            Weights::Tied(_) => {}
-        }
+            Weights::Tied(_) => false,
+        };
+        own || !self.products.is_float32()
     }
 
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], state: &mut [f32], y: &mut [f32]) {

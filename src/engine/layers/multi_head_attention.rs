@@ -449,11 +449,12 @@ impl Layer for MultiHeadAttention {
         self.forward_residual(cx, params, y, None);
     }
 
-    fn use_products(&mut self, path: ProductPath) {
+    fn use_products(&mut self, path: ProductPath) -> bool {
         self.geo.projections = path.for_dims(self.geo.d, self.geo.d);
         self.geo.heads_path = path.for_dims(self.geo.hd, self.geo.t);
         self.qkv = Kept::for_products(self.geo.heads_path);
         self.merged = Kept::for_products(self.geo.projections);
+        !(self.geo.projections.is_float32() && self.geo.heads_path.is_float32())
     }
 
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {

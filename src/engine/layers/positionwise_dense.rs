@@ -85,8 +85,9 @@ impl Layer for PositionwiseDense {
         p
     }
 
-    fn use_products(&mut self, path: ProductPath) {
+    fn use_products(&mut self, path: ProductPath) -> bool {
         self.products = path.for_dims(self.inputs, self.units);
+        !self.products.is_float32()
     }
 
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {

@@ -144,10 +144,11 @@ impl Layer for TransformerBlock {
         prefixed(self.children(), |l| l.params())
     }
 
-    fn use_products(&mut self, path: ProductPath) {
-        self.attention.use_products(path);
-        self.mlp_fc.use_products(path);
-        self.mlp_proj.use_products(path);
+    fn use_products(&mut self, path: ProductPath) -> bool {
+        // Every child is told, so no `||` that would stop at the first.
+        let taken =
+            [self.attention.use_products(path), self.mlp_fc.use_products(path), self.mlp_proj.use_products(path)];
+        taken.contains(&true)
     }
 
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
