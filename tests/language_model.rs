@@ -283,11 +283,16 @@ fn mixed_bfloat16_is_the_same_on_any_thread_count_and_replicas_agree() {
     let line = checked.lines().find(|l| l.trim_start().starts_with("precision")).unwrap_or_default().to_string();
     assert!(line.contains("mixed_bfloat16"), "check printed no precision line:\n{checked}");
     let in_fp32 = line.contains("runs in fp32");
-    // The GPT's layers take the policy; the tutorial CNN's do not yet (flat dense, conv2d), and
-    // `check` says so rather than let "mixed_bfloat16" name a float32 run.
+    // The GPT's layers and the tutorial CNN's 5,408 × 128 dense kernel take the policy;
+    // ResNet-20's do not (conv2d keeps fp32, its dense is 64 × 10), and `check` says so rather
+    // than let "mixed_bfloat16" name a float32 run.
     const NOTHING: &str = "mixed_bfloat16 changes nothing in this model";
-    let (cnn, cnn_err) = text(&run(&["check", "specs/mnist_single.toml", "--set", MIXED]));
-    assert_eq!(cnn.contains(NOTHING) || cnn_err.contains(NOTHING), !in_fp32, "{cnn}{cnn_err}");
+    let said = |spec: &str| {
+        let (out, err) = text(&run(&["check", spec, "--set", MIXED]));
+        out.contains(NOTHING) || err.contains(NOTHING)
+    };
+    assert_eq!(said("specs/cifar10_resnet20.toml"), !in_fp32, "ResNet-20's layers take no bf16 path");
+    assert!(!said("specs/mnist_single.toml"), "the tutorial's dense kernel takes the bf16 path");
     assert!(!checked.contains(NOTHING) && !checked_err.contains(NOTHING), "{checked}{checked_err}");
     let dir = tempdir();
     let [one, two, fp32, mirrored] = ["one", "two", "fp32", "mirrored"].map(|n| dir.path().join(n));

@@ -172,8 +172,7 @@ pub trait Layer: Send {
     /// Runs this layer's matrix products on `path` from now on (the model applies the
     /// precision policy once, when built), and says whether any of them now takes a bf16 path
     /// (`check` warns when no layer does). Layers without products have nothing to change;
-    /// `dense` (flattening) and `conv2d` keep fp32 products for now, as the GPT's layers
-    /// (attention, per-position dense, LM head) were the policy's first target.
+    /// `dense` takes it on the products of its kernel; `conv2d` keeps fp32 products for now.
     fn use_products(&mut self, _path: ProductPath) -> bool {
         false
     }
@@ -191,6 +190,12 @@ pub trait Layer: Send {
     /// update the kernel once from all their products (`engine::meet`).
     fn kernel_product(&self) -> Option<(usize, usize)> {
         None
+    }
+
+    /// The path [`Layer::kernel_product`]'s products run on, which replicas meeting at the
+    /// layer take too.
+    fn kernel_products(&self) -> ProductPath {
+        ProductPath::Float32
     }
 
     /// [`Layer::backward`] short of the kernel, for a layer with a [`Layer::kernel_product`]:

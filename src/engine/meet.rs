@@ -12,12 +12,18 @@
 //! weights are the same bits.
 
 use super::activation::relu_mask;
+use super::bf16::{self, ProductPath};
 use super::kernels::{partition, split_rows};
 use super::optimizer::SliceStep;
 use super::sparse::{self, Columns};
-use super::strided::{ColumnBlock, MatMut, MatRef, gemm_scaled};
+use super::strided::{ColumnBlock, MatMut, MatRef};
 use rayon::prelude::*;
 use std::ops::Range;
+
+thread_local! {
+    /// Each thread's block of `dx` columns for a bf16 product ([`RowBlock::dx`]).
+    static DX_BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Kernel rows per block: with 128 units a block of the kernel, its velocity and each
 /// replica's gradient product are 128 KiB each, in L2 beside the block's columns of `x`.
@@ -42,6 +48,8 @@ pub struct Meeting<'a> {
     pub inputs: usize,
     /// The kernel's columns.
     pub units: usize,
+    /// How the layer's dense products run (the precision policy).
+    pub products: ProductPath,
 }
 
 /// `dx = dz · kernelᵀ` for every replica and the kernel's update from the sum of their
@@ -56,9 +64,10 @@ pub fn update_kernel(
     scratch: &mut Vec<f32>,
 ) {
     let Some(first) = meetings.first() else { return };
-    let (inputs, units) = (first.inputs, first.units);
+    let (inputs, units, products) = (first.inputs, first.units, first.products);
     assert!(
-        meetings.iter().all(|m| (m.inputs, m.units) == (inputs, units)) && kernel.len() == inputs * units,
+        meetings.iter().all(|m| (m.inputs, m.units, m.products) == (inputs, units, products))
+            && kernel.len() == inputs * units,
         "replicas met at layers of different shapes"
     );
     let runs = runs(inputs, parts);
@@ -89,7 +98,8 @@ pub fn update_kernel(
             let w = &mut w[local.start * units..local.end * units];
             let len = rows.len() * units;
             for ((sum, dx), &(x, dz, n, mask)) in sums.chunks_mut(block_len).zip(&mut dxs).zip(&replicas) {
-                let block = RowBlock { x, dz, n, inputs, units, rows: rows.clone(), local: local.clone(), mask };
+                let block =
+                    RowBlock { x, dz, n, inputs, units, rows: rows.clone(), local: local.clone(), mask, products };
                 let sparse = block.dx(&mut columns, dx.as_mut(), w);
                 block.product(&columns, sparse, &mut sum[..len], None, 1.0);
             }
@@ -121,6 +131,7 @@ pub struct RowBlock<'a> {
     pub rows: Range<usize>,
     pub local: Range<usize>,
     pub mask: bool,
+    pub products: ProductPath,
 }
 
 impl RowBlock<'_> {
@@ -143,7 +154,18 @@ impl RowBlock<'_> {
             return true;
         }
         if let Some(dx) = dx {
-            dx.gemm(self.local.clone(), MatRef::rows(dz, n, units), MatRef::rows(w, rows.len(), units).t(), 1.0);
+            let (dz, w) = (MatRef::rows(dz, n, units), MatRef::rows(w, rows.len(), units).t());
+            match self.products {
+                ProductPath::Float32 => dx.gemm(self.local.clone(), dz, w, 1.0),
+                // The bf16 kernels store whole rows, not a block's columns of `dx`'s: into a
+                // dense block first, then copied (n × 256 values, from cache).
+                path => DX_BLOCK.with_borrow_mut(|block| {
+                    let cols = rows.len();
+                    block.resize(n * cols, 0.0);
+                    bf16::gemm(path, MatMut::rows(block, n, cols), dz, w, false, 1.0, 1);
+                    dx.for_each_row(self.local.clone(), |i, d| d.copy_from_slice(&block[i * cols..][..cols]));
+                }),
+            }
             if self.mask {
                 dx.for_each_row(self.local.clone(), |i, d| relu_mask(&x[i * inputs + rows.start..][..d.len()], d));
             }
@@ -161,6 +183,6 @@ impl RowBlock<'_> {
         }
         let xt = MatRef::rows(self.x, n, self.inputs).block(0..n, self.rows.clone()).t();
         let target = MatMut::rows(target, self.rows.len(), units);
-        gemm_scaled(target, xt, MatRef::rows(self.dz, n, units), keep, scale, 1);
+        bf16::product(self.products, target, xt, MatRef::rows(self.dz, n, units), keep, scale, 1);
     }
 }

@@ -458,6 +458,7 @@ impl Sequential {
         let m = self.meeting?;
         let walk = self.walk.filter(|w| w.end == m + 1)?;
         let (inputs, units) = self.layers[m].kernel_product()?;
+        let products = self.layers[m].kernel_products();
         let slot = &self.slots[m];
         let Activations::Own(out) = slot.output else { return None };
         let need_dx = slot.input != Activations::Input;
@@ -471,7 +472,8 @@ impl Sequential {
         let cx = Backward { pass, x, y: &self.acts[out], dy, n };
         let dz = self.layers[m].backward_dz(cx, &mut grads[slot.params.clone()]);
         let mask = self.masks_dx[m];
-        Some(Meeting { x: &x[..n * inputs], dz, dx: need_dx.then_some(&mut dx[..n * inputs]), mask, n, inputs, units })
+        let dx = need_dx.then_some(&mut dx[..n * inputs]);
+        Some(Meeting { x: &x[..n * inputs], dz, dx, mask, n, inputs, units, products })
     }
 
     /// Whether a backward walk paused just after the meeting layer

@@ -1,6 +1,10 @@
-//! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm`.
+//! `dense`: `activation(x · kernel + bias)`, Keras's `Dense`, on `gemm` (or, under
+//! `mixed_bfloat16`, on the bf16 path for layers wide enough: `engine::bf16`). Where `x` is
+//! mostly zeros (a ReLU's output) the products walk its nonzeros instead, in fp32 under either
+//! policy: the walk skips the work any dense product, bf16 or not, would do on the zeros.
 
 use crate::engine::activation;
+use crate::engine::bf16::{self, ProductPath};
 use crate::engine::kernels::{add_bias, add_rows, par_rows, split_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::meet::{self, BLOCK_ROWS, RowBlock};
@@ -8,7 +12,7 @@ use crate::engine::op::Op;
 use crate::engine::optimizer::SliceStep;
 use crate::engine::shape::Shape;
 use crate::engine::sparse;
-use crate::engine::strided::{ColumnBlock, MatMut, MatRef, gemm, gemm_scaled};
+use crate::engine::strided::{ColumnBlock, MatMut, MatRef};
 use crate::vocab::Activation;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -31,6 +35,8 @@ pub struct Dense {
     mask_dx: bool,
     /// `dy` comes through this layer's ReLU's derivative already ([`Layer::dy_masked`]).
     dy_masked: bool,
+    /// How the kernel's dense products run (the precision policy).
+    products: ProductPath,
 }
 
 impl Dense {
@@ -45,6 +51,7 @@ impl Dense {
             dz: Vec::new(),
             mask_dx: false,
             dy_masked: false,
+            products: ProductPath::Float32,
         }
     }
 }
@@ -76,6 +83,11 @@ impl Layer for Dense {
         self.dy_masked = on;
     }
 
+    fn use_products(&mut self, path: ProductPath) -> bool {
+        self.products = path.for_dims(self.inputs, self.units);
+        !self.products.is_float32()
+    }
+
     fn params(&self) -> Vec<ParamSpec> {
         let mut p = vec![ParamSpec::new(
             "kernel",
@@ -95,7 +107,8 @@ impl Layer for Dense {
         let x = &x[..n * inputs];
         let sparse = sparse::forward_pays(sparse::count_nonzeros(x), x.len());
         if !sparse {
-            gemm(
+            bf16::gemm(
+                self.products,
                 MatMut::rows(y, n, units),
                 MatRef::rows(x, n, inputs),
                 MatRef::rows(kernel, inputs, units),
@@ -118,8 +131,8 @@ impl Layer for Dense {
 
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
         let Backward { pass, x, y, dy, n } = cx;
-        let (inputs, units, threads, use_bias, mask) =
-            (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx);
+        let (inputs, units, threads, use_bias, mask, products) =
+            (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx, self.products);
         let dz = self.dz(y, dy, n);
         let kernel = &params[..inputs * units];
         let (g_kernel, g_bias) = grads.split_at_mut(inputs * units);
@@ -136,14 +149,14 @@ impl Layer for Dense {
         if mask || (dx.is_none() && sparse::backward_pays(sparse::count_nonzeros(x), x.len())) {
             let sink = Sink::Grads { kernel, grads: g_kernel, accumulate: pass.accumulate };
             let dx = dx.map(|dx| MatMut::rows(dx, n, inputs));
-            kernel_blocks(sink, dx, x, dz, (n, inputs, units), mask, threads);
+            kernel_blocks(sink, dx, x, dz, (n, inputs, units), (mask, products), threads);
             return;
         }
         let (x_m, dz_m, kernel_m) =
             (MatRef::rows(x, n, inputs), MatRef::rows(dz, n, units), MatRef::rows(kernel, inputs, units));
-        gemm(MatMut::rows(g_kernel, inputs, units), x_m.t(), dz_m, pass.accumulate, 1.0, threads);
+        bf16::gemm(products, MatMut::rows(g_kernel, inputs, units), x_m.t(), dz_m, pass.accumulate, 1.0, threads);
         if let Some(dx) = dx {
-            gemm(MatMut::rows(dx, n, inputs), dz_m, kernel_m.t(), false, 1.0, threads);
+            bf16::gemm(products, MatMut::rows(dx, n, inputs), dz_m, kernel_m.t(), false, 1.0, threads);
             if mask {
                 activation::relu_mask(x, &mut dx[..n * inputs]);
             }
@@ -152,6 +165,10 @@ impl Layer for Dense {
 
     fn kernel_product(&self) -> Option<(usize, usize)> {
         Some((self.inputs, self.units))
+    }
+
+    fn kernel_products(&self) -> ProductPath {
+        self.products
     }
 
     fn backward_dz(&mut self, cx: Backward<'_>, grads: &mut [f32]) -> &[f32] {
@@ -189,8 +206,8 @@ impl Layer for Dense {
         dx: Option<&mut [f32]>,
     ) {
         let Backward { pass, x, y, dy, n } = cx;
-        let (inputs, units, threads, use_bias, mask) =
-            (self.inputs, self.units, pass.threads, self.use_bias, self.mask_dx);
+        let (inputs, units, threads, use_bias) = (self.inputs, self.units, pass.threads, self.use_bias);
+        let how = (self.mask_dx, self.products);
         let dz = self.dz(y, dy, n);
         let k_len = inputs * units;
         let (kernel, bias) = params.split_at_mut(k_len);
@@ -213,16 +230,16 @@ impl Layer for Dense {
                     x_rows,
                     dz_rows,
                     (n, inputs, units),
-                    mask,
+                    how,
                     threads,
                 )
             }
             None if sparse::backward_pays(sparse::count_nonzeros(x_rows), x_rows.len()) => {
                 let sink = Sink::Step { kernel, step: kernel_update };
-                kernel_blocks(sink, None, x_rows, dz_rows, (n, inputs, units), mask, threads)
+                kernel_blocks(sink, None, x_rows, dz_rows, (n, inputs, units), how, threads)
             }
             None => kernel_update.apply_product(kernel, |target, keep, scale| {
-                gemm_scaled(MatMut::rows(target, inputs, units), x.t(), dz, keep, scale, threads)
+                bf16::product(how.1, MatMut::rows(target, inputs, units), x.t(), dz, keep, scale, threads)
             }),
         }
     }
@@ -291,14 +308,15 @@ impl RunSink<'_> {
 /// so every product has the same shape, and the same bits, on any number of threads. With
 /// `mask` (`x` is the ReLU output of the layer below), each block's `dx` also goes through
 /// ReLU's derivative while in cache, beside the `x` columns the gradient reads; then a block
-/// whose columns of `x` are mostly zero skips them ([`sparse`]).
+/// whose columns of `x` are mostly zero skips them ([`sparse`]). The dense products run on
+/// `products`.
 fn kernel_blocks(
     sink: Sink<'_, '_>,
     dx: Option<MatMut<'_>>,
     x: &[f32],
     dz: &[f32],
     (n, inputs, units): (usize, usize, usize),
-    mask: bool,
+    (mask, products): (bool, ProductPath),
     threads: usize,
 ) {
     let runs = meet::runs(inputs, threads);
@@ -312,7 +330,7 @@ fn kernel_blocks(
         for start in run.clone().step_by(BLOCK_ROWS) {
             let rows = start..(start + BLOCK_ROWS).min(run.end);
             let local = rows.start - run.start..rows.end - run.start;
-            let block = RowBlock { x, dz, n, inputs, units, rows, local: local.clone(), mask };
+            let block = RowBlock { x, dz, n, inputs, units, rows, local: local.clone(), mask, products };
             let sparse = block.dx(&mut columns, dx.as_mut(), sink.kernel(local.clone(), units));
             sink.take(local, units, |target, keep, scale| block.product(&columns, sparse, target, keep, scale));
         }
@@ -355,7 +373,11 @@ mod tests {
         }
 
         fn with_inputs(inputs: usize) -> Self {
-            let (units, n) = (20, 5);
+            Self::with_shape(inputs, 20)
+        }
+
+        fn with_shape(inputs: usize, units: usize) -> Self {
+            let n = 5;
             let x = (0..n * inputs).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
             let dy = (0..n * units).map(|i| ((i * 53) % 89) as f32 / 89.0 - 0.5).collect();
             let params = (0..inputs * units + units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
@@ -475,19 +497,45 @@ mod tests {
     #[test]
     fn blocked_kernel_update_matches_the_unfused_step_on_any_thread_count() {
         for (fixture, mask) in [(Fixture::new(), false), (Fixture::relu_output(), true)] {
-            blocked_update_matches(fixture, mask);
+            blocked_update_matches(fixture, mask, ProductPath::Float32);
         }
     }
 
+    /// Under `mixed_bfloat16` the kernel's products take every bf16 path this CPU has (the
+    /// portable emulation everywhere, AMX or `vdpbf16ps` where present): forward, the blocked
+    /// `dx` and fused update match backward + the optimizer pass, the same bits on any number
+    /// of threads, within bf16's rounding of float32's weights and not equal to them.
+    #[test]
+    fn bf16_products_match_the_unfused_step_on_any_thread_count() {
+        // 256 units: wide enough for every path ([`ProductPath::pays_from`]).
+        let (inputs, units) = (2 * BLOCK_ROWS + 88, 256);
+        let fp32 = blocked_update_matches(Fixture::with_shape(inputs, units), false, ProductPath::Float32);
+        let paths = bf16::paths_here().into_iter().filter(|p| !p.is_float32()).collect::<Vec<_>>();
+        if !paths.contains(&ProductPath::Amx) {
+            eprintln!("this CPU has no AMX: its path is not tested here (the emulated one is)");
+        }
+        for path in paths {
+            let mut layer = Dense::new(inputs, units, Activation::Relu, true);
+            assert!(layer.use_products(path), "{path:?} not taken by a {inputs} × {units} kernel");
+            assert_eq!(layer.kernel_products(), path);
+            let weights = blocked_update_matches(Fixture::with_shape(inputs, units), false, path);
+            let apart = weights.iter().zip(&fp32).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(apart > 0.0 && apart < 2e-2, "{path:?}: {apart} from float32's weights");
+        }
+        assert!(!Dense::new(inputs, 20, Activation::Relu, true).use_products(ProductPath::Amx), "too narrow for AMX");
+    }
+
     /// [`blocked_kernel_update_matches_the_unfused_step_on_any_thread_count`] for one input,
-    /// `dx` masked or not.
-    fn blocked_update_matches(fixture: Fixture, mask: bool) {
+    /// `dx` masked or not, products on `path`; returns the weights after two steps.
+    fn blocked_update_matches(fixture: Fixture, mask: bool, path: ProductPath) -> Vec<f32> {
         let Fixture { inputs, units, n, x, dy, params } = fixture;
         let layer = || {
             let mut layer = Dense::new(inputs, units, Activation::Relu, true);
             assert!(layer.mask_dx(mask) || !mask);
+            layer.use_products(path);
             layer
         };
+        let mut last = Vec::new();
         for momentum in [0.0, 0.9] {
             let run_fused = |threads: usize| {
                 let pass = Pass { training: true, seed: 0, accumulate: false, threads };
@@ -532,6 +580,8 @@ mod tests {
             for threads in [2, 3] {
                 assert!(run_fused(threads) == (got.clone(), got_dx.clone()), "{threads} threads changed the bits");
             }
+            last = got;
         }
+        last
     }
 }
