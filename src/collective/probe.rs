@@ -501,15 +501,15 @@ mod tests {
         let auto =
             |packs: Vec<usize>| AutoBySize { model: CostModel::default(), measure: true, placement: shape, packs };
         // The scale harness's MLP: one pack of 99.4 KiB.
-        assert_eq!(auto(vec![101_784]).probe_floats(), (256, 25_446));
+        assert_eq!(auto(vec![101_800]).probe_floats(), (256, 25_450));
         assert_eq!(auto(vec![4 << 20, 1_000_000]).probe_floats(), (256, 1 << 20), "the largest pack");
         assert_eq!(auto(vec![64 << 20]).probe_floats(), (256, 1 << 20), "at most 4 MiB");
         assert_eq!(auto(vec![1024]).probe_floats(), (256, 16_384), "at least 64 KiB");
         assert_eq!(auto(Vec::new()).probe_floats(), (256, 131_072), "no packs: 512 KB");
         // Figures fitted at one size are not taken for another.
         let routed = TransportKind::SharedMemoryAndTcp;
-        let file = cache_file(Path::new("/c"), routed, &auto(vec![101_784]));
-        assert_eq!(file, Path::new("/c/cost-model/shared_memory_and_tcp-16-ranks-8-hosts-2-a-host-101784-bytes.json"));
+        let file = cache_file(Path::new("/c"), routed, &auto(vec![101_800]));
+        assert_eq!(file, Path::new("/c/cost-model/shared_memory_and_tcp-16-ranks-8-hosts-2-a-host-101800-bytes.json"));
         assert_ne!(cache_file(Path::new("/c"), routed, &auto(vec![4 << 20])), file);
     }
 
