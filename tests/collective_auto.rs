@@ -45,7 +45,8 @@ fn auto_measures_once_keeps_the_figures_and_repeats_the_bits() {
     let (first, log) = train(a.path(), cache.path(), &[]);
     assert!(log.contains("all-reduce cost model measured at start-up ("), "{log}");
     assert!(log.contains("by pack size: 16.0 KiB → "), "{log}");
-    let kept = cache.path().join("trainrun/cost-model/tcp-4-ranks-1-hosts-4-a-host.json");
+    // Packs of 16 KiB: the probe's large size is its least, 64 KiB.
+    let kept = cache.path().join("trainrun/cost-model/tcp-4-ranks-1-hosts-4-a-host-65536-bytes.json");
     let figures = json(&kept);
     assert!(figures["sum_s_per_byte"].as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{figures}");
     // Each algorithm's own link, α and β: one network figure cannot price them all.

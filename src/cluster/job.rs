@@ -276,7 +276,7 @@ pub fn join(mut config: JobConfig) -> Result<Job, JoinError> {
     let also = choosing.map(|a| SizeChoice::over(a.model, kind, a.placement).candidates).unwrap_or_default();
     let mut comm = Collective::build_among(peers, algorithm, &also, transport, timeouts)?;
     if let Some(auto) = choosing {
-        let cache = cost_model_dir().map(|d| probe::cache_file(&d, kind, auto.placement));
+        let cache = cost_model_dir().map(|d| probe::cache_file(&d, kind, auto));
         let (choice, source) = probe::agree(&mut comm, auto, cache.as_deref())?;
         if task == chief {
             eprintln!("trainrun: {}", probe::describe(&choice, &source, &auto.packs));

@@ -1,6 +1,7 @@
 //! The cost model measured at start-up, for `implementation = "auto"` per pack size
-//! ([`SizeChoice`]). Every rank times the sum kernel (γ) and, at 1 KB and 512 KB, each
-//! algorithm it may choose on its own terms: the ring and halving-doubling (every step over
+//! ([`SizeChoice`]). Every rank times the sum kernel (γ) and, at 1 KB and at the job's
+//! largest pack (within 64 KiB … 4 MiB: [`AutoBySize::probe_floats`]), each algorithm it may
+//! choose on its own terms: the ring and halving-doubling (every step over
 //! the network), `hierarchical`'s steps inside the hosts alone (an all-reduce among each
 //! host's ranks, over shared memory where the transport routes by host:
 //! [`HierarchicalPart::InsideHosts`]), then the whole `hierarchical`. The chief fits a link to
@@ -46,14 +47,35 @@ pub enum ModelSource {
     Cache(Option<PathBuf>),
 }
 
-/// Floats of the two probe sizes: 1 KB (latency) and 512 KB (bandwidth).
-const PROBE_FLOATS: (usize, usize) = (256, 131_072);
+/// Floats of the small probe size, 1 KB: the latency.
+const SMALL_FLOATS: usize = 256;
 
-/// The cache file for a job of `placement` over `transport`, in `dir` (the chief's
-/// `$XDG_CACHE_HOME/trainrun`).
-pub fn cache_file(dir: &Path, transport: TransportKind, placement: Placement) -> PathBuf {
-    let Placement { ranks, hosts, per_host } = placement;
-    dir.join("cost-model").join(format!("{}-{ranks}-ranks-{hosts}-hosts-{per_host}-a-host.json", transport.name()))
+/// The large probe size's bounds in floats, 64 KiB and 4 MiB (the default pack): below, β
+/// would rest on too few bytes; above, one timing of halving-doubling among 64 processes on
+/// 2 cores takes most of a second.
+const LARGE_FLOATS: (usize, usize) = (16_384, 1_048_576);
+
+impl AutoBySize {
+    /// The probe's two sizes in floats: 1 KB, and the largest pack within [`LARGE_FLOATS`]
+    /// (512 KB when there are no packs). At the size it chooses for, the fitted model gives
+    /// back what was timed; from a fixed 512 KB it extrapolated, and on the scale harness every
+    /// algorithm's time grows faster than its bytes past that: 16 MB took 1.3–2.2× what the
+    /// fit at 1 KB and 512 KB predicted, by a different factor per algorithm, enough to turn
+    /// the choice (`docs/cost-model.md`).
+    pub fn probe_floats(&self) -> (usize, usize) {
+        let largest = self.packs.iter().max().map_or(131_072, |b| b / 4);
+        (SMALL_FLOATS, largest.clamp(LARGE_FLOATS.0, LARGE_FLOATS.1))
+    }
+}
+
+/// The cache file for a job of `auto`'s placement over `transport`, in `dir` (the chief's
+/// `$XDG_CACHE_HOME/trainrun`): one per shape and large probe size, since the figures are
+/// fitted at that size.
+pub fn cache_file(dir: &Path, transport: TransportKind, auto: &AutoBySize) -> PathBuf {
+    let Placement { ranks, hosts, per_host } = auto.placement;
+    let bytes = auto.probe_floats().1 * 4;
+    let name = format!("{}-{ranks}-ranks-{hosts}-hosts-{per_host}-a-host-{bytes}-bytes.json", transport.name());
+    dir.join("cost-model").join(name)
 }
 
 /// The figures as the cache holds them: γ, and each measured link's α (s) and β (s a byte)
@@ -172,7 +194,7 @@ struct Reps {
     most: usize,
 }
 
-/// 1 KB, then 512 KB. Before, a fixed 15 and 5 took about 2.4 s of a 64-task rendezvous on
+/// 1 KB, then the large size. Before, a fixed 15 and 5 took about 2.4 s of a 64-task rendezvous on
 /// 2 cores (4.4 s against 2.0 for a named algorithm, target ≤ 3 s); the 512 KB timings of the
 /// slowest algorithm there take about 90 ms each. Where the timings agree, 4 and 3 give the
 /// median; where they do not, the probe goes on, to 9 and 5 at most.
@@ -221,11 +243,12 @@ enum Reach {
 /// chief's timings are fitted ([`agree`] broadcasts its figures).
 fn probe_times(
     comm: &mut Collective,
+    floats: (usize, usize),
     reach: Reach,
     mut all_reduce: impl FnMut(&mut Collective, &mut [f32]) -> Result<(), CollectiveError>,
 ) -> Result<(f64, f64), CollectiveError> {
     let chief = comm.rank() == 0;
-    let (mut small, mut large) = (vec![1.0f32; PROBE_FLOATS.0], vec![1.0f32; PROBE_FLOATS.1]);
+    let (mut small, mut large) = (vec![1.0f32; floats.0], vec![1.0f32; floats.1]);
     let mut median = |reps: Reps, warm_up: bool, data: &mut [f32]| -> Result<f64, CollectiveError> {
         let most = match reach {
             Reach::Everyone => reps.most,
@@ -254,27 +277,26 @@ fn probe_times(
         Ok(t[t.len() / 2])
     };
     // One untimed call at 1 KB first: the first collective of an algorithm sets up its
-    // connections and buffers. The 512 KB timings need none (the median sets a slow first one
-    // aside), and each costs up to 90 ms at 64 tasks on 2 cores.
+    // connections and buffers. The large timings need none (the median sets a slow first one
+    // aside), and each costs up to 90 ms at 64 tasks on 2 cores at 512 KB.
     let t_small = median(REPS.0, true, &mut small)?;
     let t_large = median(REPS.1, false, &mut large)?;
     Ok((t_small, t_large))
 }
-
-const PROBE_BYTES: (usize, usize) = (PROBE_FLOATS.0 * 4, PROBE_FLOATS.1 * 4);
 
 /// This rank's timings of `algorithm` alone (a choice with a single candidate picks it at
 /// every size), or `None` when it is not among the candidates `comm` was connected for.
 fn time_algorithm(
     comm: &mut Collective,
     choice: &SizeChoice,
+    floats: (usize, usize),
     algorithm: Algorithm,
 ) -> Result<Option<(f64, f64)>, CollectiveError> {
     if !choice.candidates.contains(&algorithm) {
         return Ok(None);
     }
     comm.choose_by_size(SizeChoice { candidates: vec![algorithm], ..choice.clone() })?;
-    probe_times(comm, Reach::Everyone, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
+    probe_times(comm, floats, Reach::Everyone, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
 }
 
 /// This rank's timings of `part` of `hierarchical` alone, or `None` where it sends nothing
@@ -284,6 +306,7 @@ fn time_algorithm(
 fn time_part(
     comm: &mut Collective,
     choice: &SizeChoice,
+    floats: (usize, usize),
     part: HierarchicalPart,
 ) -> Result<Option<(f64, f64)>, CollectiveError> {
     let ranks = match part {
@@ -293,7 +316,7 @@ fn time_part(
     if ranks < 2 || !choice.candidates.contains(&Algorithm::Hierarchical) {
         return Ok(None);
     }
-    probe_times(comm, Reach::Part, |c, data| c.all_reduce_part(part, data)).map(Some)
+    probe_times(comm, floats, Reach::Part, |c, data| c.all_reduce_part(part, data)).map(Some)
 }
 
 /// This rank's measurement: γ, then a link fitted to its own timings of each candidate at the
@@ -314,23 +337,25 @@ fn measure(comm: &mut Collective, auto: &AutoBySize) -> Result<Option<Figures>, 
     let model = CostModel { gamma, measured: None, ..auto.model };
     let (placement, transport) = (auto.placement, comm.transport());
     let choice = SizeChoice::over(auto.model, transport, placement);
-    let ring = time_algorithm(comm, &choice, Algorithm::Ring)?;
-    let hd = time_algorithm(comm, &choice, Algorithm::HalvingDoubling)?;
-    let inside = time_part(comm, &choice, HierarchicalPart::InsideHosts)?;
+    let floats = auto.probe_floats();
+    let bytes = (floats.0 * 4, floats.1 * 4);
+    let ring = time_algorithm(comm, &choice, floats, Algorithm::Ring)?;
+    let hd = time_algorithm(comm, &choice, floats, Algorithm::HalvingDoubling)?;
+    let inside = time_part(comm, &choice, floats, HierarchicalPart::InsideHosts)?;
     let whole = match placement.hosts > 1 {
-        true => time_algorithm(comm, &choice, Algorithm::Hierarchical)?,
+        true => time_algorithm(comm, &choice, floats, Algorithm::Hierarchical)?,
         false => None,
     };
-    let flat = |a: Algorithm, t: Option<(f64, f64)>| t.and_then(|t| model.fitted(a, placement, PROBE_BYTES, t));
+    let flat = |a: Algorithm, t: Option<(f64, f64)>| t.and_then(|t| model.fitted(a, placement, bytes, t));
     let (ring, hd) = (flat(Algorithm::Ring, ring), flat(Algorithm::HalvingDoubling, hd));
     let Some(network) = ring.or(hd) else {
         return Ok(None);
     };
     let hd = hd.unwrap_or(network);
     let inside_default = if transport.routed() { model.shared_memory } else { network };
-    let inside = inside.and_then(|t| model.fitted_part(HierarchicalPart::InsideHosts, placement, PROBE_BYTES, t));
+    let inside = inside.and_then(|t| model.fitted_part(HierarchicalPart::InsideHosts, placement, bytes, t));
     let inside = inside.unwrap_or(inside_default);
-    let among = whole.and_then(|t| model.fitted_among_leaders(placement, PROBE_BYTES, t, inside));
+    let among = whole.and_then(|t| model.fitted_among_leaders(placement, bytes, t, inside));
     let measured = AlgorithmLinks {
         ring: ring.unwrap_or(hd),
         halving_doubling: hd,
@@ -468,6 +493,24 @@ mod tests {
         assert!(settled(&[0.2, 1.0, 1.02, 3.0, 0.99]), "five: one outlier at each end");
         assert!(!settled(&[1.0, 1.02, 3.0, 3.1]), "two far off");
         assert!(!settled(&[1.0, 1.5, 2.0, 2.5, 3.0]), "spread out: go on to the most");
+    }
+
+    #[test]
+    fn the_large_probe_is_the_largest_pack_within_its_bounds_and_names_the_cache_file() {
+        let shape = Placement { ranks: 16, hosts: 8, per_host: 2 };
+        let auto =
+            |packs: Vec<usize>| AutoBySize { model: CostModel::default(), measure: true, placement: shape, packs };
+        // The scale harness's MLP: one pack of 99.4 KiB.
+        assert_eq!(auto(vec![101_800]).probe_floats(), (256, 25_450));
+        assert_eq!(auto(vec![4 << 20, 1_000_000]).probe_floats(), (256, 1 << 20), "the largest pack");
+        assert_eq!(auto(vec![64 << 20]).probe_floats(), (256, 1 << 20), "at most 4 MiB");
+        assert_eq!(auto(vec![1024]).probe_floats(), (256, 16_384), "at least 64 KiB");
+        assert_eq!(auto(Vec::new()).probe_floats(), (256, 131_072), "no packs: 512 KB");
+        // Figures fitted at one size are not taken for another.
+        let routed = TransportKind::SharedMemoryAndTcp;
+        let file = cache_file(Path::new("/c"), routed, &auto(vec![101_800]));
+        assert_eq!(file, Path::new("/c/cost-model/shared_memory_and_tcp-16-ranks-8-hosts-2-a-host-101800-bytes.json"));
+        assert_ne!(cache_file(Path::new("/c"), routed, &auto(vec![4 << 20])), file);
     }
 
     #[test]
