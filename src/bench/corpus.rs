@@ -77,13 +77,13 @@ struct Sitting<'a> {
 }
 
 /// The plays repeated, written where the peer reads them.
-struct Corpus {
+struct PlaysCopies {
     text: String,
     path: PathBuf,
     copies: usize,
 }
 
-impl Corpus {
+impl PlaysCopies {
     /// The documents, cut as the peer cuts them (`str.split("\n\n")`).
     fn documents(&self) -> Vec<&str> {
         self.text.split("\n\n").collect()
@@ -92,15 +92,19 @@ impl Corpus {
 
 impl Sitting<'_> {
     /// `copies` of the plays in `name`.
-    fn corpus(&self, name: &str, copies: usize) -> Result<Corpus, String> {
+    fn corpus(&self, name: &str, copies: usize) -> Result<PlaysCopies, String> {
         let (text, path) = (self.plays.repeat(copies), self.dir.join(name));
         std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Corpus { text, path, copies })
+        Ok(PlaysCopies { text, path, copies })
     }
 
     /// A corpus on which `encode` (tokens of one document) takes at least [`MIN_SECONDS`] on
     /// [`THREADS`] threads (the plays once with `quick`).
-    fn sized(&self, name: &str, encode: &(dyn Fn(&str) -> Result<usize, String> + Sync)) -> Result<Corpus, String> {
+    fn sized(
+        &self,
+        name: &str,
+        encode: &(dyn Fn(&str) -> Result<usize, String> + Sync),
+    ) -> Result<PlaysCopies, String> {
         if self.quick {
             return self.corpus(name, 1);
         }
@@ -163,9 +167,9 @@ impl Sitting<'_> {
     fn tokenizer_row(
         &self,
         title: &str,
-        corpus: &Corpus,
+        corpus: &PlaysCopies,
         encode: &(dyn Fn(&str) -> Result<usize, String> + Sync),
-        figure: &dyn Fn(&serde_json::Value) -> Result<(usize, f64), String>,
+        figure: &PeerFigure,
         (args, also): (&[&str], Option<&str>),
     ) -> Result<(), String> {
         println!("\n{title}");
@@ -312,6 +316,9 @@ impl Sitting<'_> {
     }
 }
 
+/// Reads tokens and seconds from a peer's line.
+type PeerFigure = dyn Fn(&serde_json::Value) -> Result<(usize, f64), String>;
+
 /// Tokens and seconds from a peer's line: at `key` when given, else the line itself.
 fn peer_figure(out: &serde_json::Value, key: &[&str]) -> Result<(usize, f64), String> {
     let row = key.iter().fold(out, |v, k| &v[k]);
@@ -343,6 +350,6 @@ fn millions(per_s: f64) -> String {
     format!("{:.2} M", per_s / 1e6)
 }
 
-fn size(corpus: &Corpus) -> String {
+fn size(corpus: &PlaysCopies) -> String {
     format!("the plays × {} ({:.0} MB)", corpus.copies, corpus.text.len() as f64 / 1e6)
 }

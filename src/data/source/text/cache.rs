@@ -122,7 +122,7 @@ pub fn tokens(dir: &Path, key: &CacheKey<'_>, tokenize: impl Tokenize) -> Result
     let written = write(&path, &digest, key.dtype, &tokenize)?;
     drop(lock);
     // Its checksum was made as it was written: only the header and length are checked again.
-    match written.ok().and_then(|()| open_checked(&path, &digest, key.dtype, Checksum::Written)) {
+    match written.ok().and_then(|()| open_checked(&path, &digest, key.dtype, Recheck::Written)) {
         Some(tokens) => Ok((tokens, Cached::Built(path))),
         None => {
             // The ids were not kept while they were written: made again, in memory.
@@ -148,12 +148,12 @@ fn warn(dir: &Path, why: &str) {
 /// The ids of the cache file at `path` when its header (version and width included), digest,
 /// length and checksum hold.
 fn open_valid(path: &Path, digest: &[u8; 32], dtype: TokenDtype) -> Option<Tokens> {
-    open_checked(path, digest, dtype, Checksum::Read)
+    open_checked(path, digest, dtype, Recheck::Read)
 }
 
 /// Whether [`open_checked`] reads a cache file's ids for their checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Checksum {
+enum Recheck {
     /// Read and compared with the header's: a file this process did not just write.
     Read,
     /// Not read again: this process computed it while writing the file, under the lock.
@@ -161,7 +161,7 @@ enum Checksum {
 }
 
 /// [`open_valid`], reading the ids for their checksum only when `checksum` says so.
-fn open_checked(path: &Path, digest: &[u8; 32], dtype: TokenDtype, checksum: Checksum) -> Option<Tokens> {
+fn open_checked(path: &Path, digest: &[u8; 32], dtype: TokenDtype, checksum: Recheck) -> Option<Tokens> {
     let mut file = File::open(path).ok()?;
     let mut header = [0u8; HEADER];
     file.read_exact(&mut header).ok()?;
@@ -176,7 +176,7 @@ fn open_checked(path: &Path, digest: &[u8; 32], dtype: TokenDtype, checksum: Che
     if count == 0 {
         return Some(Tokens::Owned(vec![]));
     }
-    if checksum == Checksum::Read {
+    if checksum == Recheck::Read {
         // Read, not mapped, for the checksum: a mapping's pages would all stay resident.
         let (mut crc, mut buffer) = (0, vec![0u8; CHECK_BUFFER]);
         loop {
