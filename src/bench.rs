@@ -6,10 +6,12 @@
 //! the MNIST files. Where a peer applies it is measured alongside, from `benches/`: JAX's
 //! jitted step (throughput pairs) and TensorFlow's time to 98%, each skipped with a reason when
 //! its Python package is missing (`TRAINRUN_BENCH_PYTHON` names the interpreter). The GPT of
-//! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`); what a worker's
+//! `specs/shakespeare_char.toml` is held against PyTorch eager (`gpt.rs`), the tokenizers and
+//! Parquet text reading against `tiktoken`, `tokenizers` and pyarrow (`corpus.rs`); what a worker's
 //! `kill -9` costs under `parameter_server` is `kill.rs`; the times to 98 % are `tta.rs`.
 
 pub mod augment;
+mod corpus;
 mod gpt;
 mod kill;
 mod predict;
@@ -57,6 +59,9 @@ pub enum BenchPart {
     /// Inference throughput of the tutorial model on the MNIST test split against Keras's
     /// `model.predict` and PyTorch eager, alternating (needs the MNIST files).
     Predict,
+    /// tiktoken's GPT-2 encoding, a `tokenizer.json` and a Parquet text column against Python
+    /// `tiktoken`, `tokenizers` and pyarrow, alternating.
+    Corpus,
 }
 
 /// One measurement.
@@ -258,6 +263,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
         Some(BenchPart::Products) => return products::run(if quick { 5 } else { 21 }),
         Some(BenchPart::Predict) => return predict::run(&exe, &python),
+        Some(BenchPart::Corpus) => return corpus::run(&exe, &python, quick),
         None => {}
     }
     engine(steps)?;
@@ -268,6 +274,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
 
     // Before the MNIST jobs, which end the bench early without the MNIST files.
     gpt::run(&exe, &python, quick)?;
+    corpus::run(&exe, &python, quick)?;
     if !jobs(&exe, quick)? {
         return Ok(());
     }

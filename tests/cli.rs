@@ -303,3 +303,34 @@ fn bench_only_prints_the_one_table_asked_for() {
         assert!(!stdout.contains(other), "`--only engine` printed {other}:\n{stdout}");
     }
 }
+
+/// `bench --quick --only corpus` prints its three rows (tiktoken, a `tokenizer.json`, a Parquet
+/// text column), each ending in its median ratio against the target or in why it has none
+/// (a Python without tiktoken, tokenizers or pyarrow), with trainrun's figure in every pair.
+#[test]
+fn bench_only_corpus_prints_each_row_against_its_target_or_why_not() {
+    let out = run(&["bench", "--quick", "--only", "corpus"]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("== corpus: tokenizers and a Parquet text column") && stdout.contains("CPU: "), "{stdout}");
+    let titles =
+        ["tiktoken gpt2 vs Python tiktoken", "shakespeare_bpe.json vs Python tokenizers", "Parquet text column"];
+    let mut rest = stdout.as_str();
+    for title in titles {
+        let at = rest.find(title).unwrap_or_else(|| panic!("no row {title:?}:\n{stdout}\n{stderr}"));
+        rest = &rest[at..];
+        let end = rest.lines().position(|l| l.starts_with("median") || l.starts_with("parquet SKIPPED"));
+        let lines: Vec<&str> = rest.lines().take(end.map_or(0, |e| e + 1)).collect();
+        let last = lines.last().unwrap_or_else(|| panic!("{title}: no verdict:\n{stdout}"));
+        if last.starts_with("median ratio") {
+            assert!(last.contains("(target ≥ ") && (last.ends_with(": met") || last.ends_with(": NOT met")), "{last}");
+            // Both pairs, each with trainrun's and the peer's figures and their ratio.
+            let pairs = lines.iter().filter(|l| l.starts_with("    1 ") || l.starts_with("    2 ")).count();
+            assert_eq!(pairs, 2, "{title}:\n{}", lines.join("\n"));
+            assert!(lines.iter().filter(|l| l.contains('×')).count() >= 3, "{}", lines.join("\n"));
+        } else {
+            // Skipped: said on a line of its own, with the reason.
+            assert!(lines.iter().any(|l| l.contains("no Python figure (")), "{title}:\n{}", lines.join("\n"));
+        }
+    }
+}

@@ -158,18 +158,39 @@ datasets.DatasetDict(splits).save_to_disk(os.path.join(d, "saved"))
 const BLOCK: usize = 16;
 
 #[test]
-fn a_text_column_trains_a_character_model() {
-    let dir = tempdir();
+fn a_text_column_trains_a_character_model_under_every_strategy() {
     let plays = common::sources::plays();
     let script = format!("import sys; sys.argv.append({:?})\n{DOCUMENTS}", plays.display().to_string());
-    if !with_python("datasets", &script, dir.path()) {
-        return;
-    }
     let data = format!(
         "dataset = \"hf_datasets\"\n\n[data.hf_datasets]\nvalidation = \"validation\"\n\
          text = {{ block_size = {BLOCK}, end_of_text = \"\\n\\n\", vocabulary = \"train_and_validation\" }}"
     );
-    common::sources::trains_a_character_model(&spec(dir.path(), &data, "", ""), BLOCK);
+    // Written once (importing `datasets` takes seconds), copied for each strategy.
+    let written = tempdir();
+    if !with_python("datasets", &script, written.path()) {
+        return;
+    }
+    // The multi-process strategies' tasks (workers, a chief) each open the one token cache.
+    for (name, strategy) in STRATEGIES {
+        let dir = tempdir();
+        copy_folder(&written.path().join("saved"), &dir.path().join("saved"));
+        eprintln!("strategy {name}");
+        common::sources::trains_a_character_model(&spec(dir.path(), &data, strategy, ""), BLOCK);
+    }
+}
+
+/// Copies the folder `from` (files and folders) to `to`.
+fn copy_folder(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_folder(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
 
 #[test]

@@ -7,7 +7,10 @@
 //! weights. A TFRecord run whose images are augmented as they stream resumes the same way. A
 //! Parquet table pyarrow wrote (row groups of 128 rows) resumes the same ways: killed, through
 //! a shuffle buffer, and preempted with two workers each reading their own row groups; so does
-//! a table Hugging Face `datasets` saved (8 shards of one record batch each).
+//! a table Hugging Face `datasets` saved (8 shards of one record batch each). A language
+//! model's windows of the plays' characters, read as documents from JSON Lines, a Parquet text
+//! column and a `datasets` text column (each through the token cache), resume killed the same
+//! way.
 
 mod common;
 
@@ -59,6 +62,16 @@ fn spec(dir: &Path, data: &str) -> PathBuf {
 }
 
 fn spec_with(dir: &Path, data: &str, strategy: &str) -> PathBuf {
+    spec_of(dir, data, strategy, CLASSIFIER, "")
+}
+
+/// The table sources' model: big enough that a run takes seconds.
+const CLASSIFIER: &str = "[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\ntype = \"dense\"\nunits = 512\n\
+    activation = \"relu\"\n[[model.layers]]\ntype = \"dense\"\nunits = 512\nactivation = \"relu\"\n\
+    [[model.layers]]\ntype = \"dense\"\nunits = 4";
+
+/// `spec_with`'s job with `model`'s layers and `train` (more lines of `[train]`).
+fn spec_of(dir: &Path, data: &str, strategy: &str, model: &str, train: &str) -> PathBuf {
     let text = format!(
         r#"
 [run]
@@ -82,22 +95,11 @@ learning_rate = 0.05
 momentum = 0.9
 
 [model]
-[[model.layers]]
-type = "flatten"
-[[model.layers]]
-type = "dense"
-units = 512
-activation = "relu"
-[[model.layers]]
-type = "dense"
-units = 512
-activation = "relu"
-[[model.layers]]
-type = "dense"
-units = 4
+{model}
 
 [train]
 epochs = 30
+{train}
 loss = "sparse_categorical_crossentropy"
 from_logits = true
 
@@ -120,16 +122,21 @@ fn summary(spec: &Path) -> serde_json::Value {
 /// Runs `spec` uninterrupted in one folder, and killed after its first backup then started
 /// again in another; the two must end with the same weights.
 fn killed_and_resumed_ends_bit_identical(write: fn(&Path), data: &str) {
+    killed_and_resumed_with(write, &|dir| spec(dir, data));
+}
+
+/// As [`killed_and_resumed_ends_bit_identical`], with the spec `spec` writes into a folder.
+fn killed_and_resumed_with(write: fn(&Path), spec: &dyn Fn(&Path) -> PathBuf) {
     let (reference, killed) = (tempdir(), tempdir());
     for dir in [&reference, &killed] {
         write(dir.path());
     }
-    let reference = spec(reference.path(), data);
+    let reference = spec(reference.path());
     assert_exit(&wait_within(common::spawn(&[reference.to_str().unwrap(), "-q"]), LIMIT).0, 0);
     let expected = summary(&reference);
     assert_eq!(expected["steps"], 480, "{expected}");
 
-    let spec = spec(killed.path(), data);
+    let spec = spec(killed.path());
     let args = [spec.to_str().unwrap(), "-q"];
     let mut child = common::spawn(&args);
     common::wait_for_any_backup(&killed.path().join("run/backup"), LIMIT, &mut child);
@@ -317,5 +324,78 @@ fn preempted_workers_resume_bit_identical(write: fn(&Path), data: &str) {
     assert!((10..480).contains(&from), "{s}");
     for key in ["weights_sha256", "train_loss", "steps", "examples"] {
         assert_eq!(s[key], expected[key], "{key}: {s}");
+    }
+}
+
+/// A language model on windows of the plays' characters: each position's token embedded, through
+/// a hidden layer, to logits over the vocabulary; 16 steps an epoch (an epoch of windows would
+/// be a million), so the kill lands inside one.
+fn text_spec(dir: &Path, data: &str) -> PathBuf {
+    let model = "[[model.layers]]\ntype = \"embedding\"\noutput_dim = 64\n\n[[model.layers]]\n\
+                 type = \"positionwise_dense\"\nunits = 256\n\n[[model.layers]]\ntype = \"gelu\"\n\n\
+                 [[model.layers]]\ntype = \"lm_head\"";
+    spec_of(dir, data, "", model, "steps_per_epoch = 16")
+}
+
+/// The plays' training paragraphs, one document each, as `sys.argv[2]` names them.
+const PLAYS: &str = r#"
+import os, sys
+here = sys.argv[2]
+text = open(os.path.join(here, "train.txt"), encoding="utf-8").read()
+paragraphs = [p for p in text.split("\n\n") if p.strip()]
+"#;
+
+/// Runs the writer `script` (after [`PLAYS`]) with `module`, or says loudly that it skips.
+fn write_documents(dir: &Path, module: &str, script: &str) -> bool {
+    let plays = common::sources::plays();
+    let script = format!("import sys; sys.argv.append({:?})\n{PLAYS}\n{script}", plays.display().to_string());
+    common::with_python(module, &script, dir)
+}
+
+/// Windows of 32 characters with a seeded shuffle of every epoch (the bijection), resumed by
+/// the cursor; the documents joined by a blank line.
+const TEXT: &str = "text = { block_size = 32, end_of_text = \"\\n\\n\" }";
+
+/// The paragraphs as JSON Lines, written by Python's `json`.
+fn write_jsonl_documents(dir: &Path) {
+    let script = "import json\nwith open(os.path.join(sys.argv[1], 'train.jsonl'), 'w', encoding='utf-8') as f:\n\
+                  \x20   f.writelines(json.dumps({'text': p}) + '\\n' for p in paragraphs)";
+    assert!(write_documents(dir, "json", script));
+}
+
+#[test]
+fn a_jsonl_text_run_killed_mid_epoch_resumes_bit_identical() {
+    let data = format!("dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"train.jsonl\"]\n{TEXT}");
+    killed_and_resumed_with(write_jsonl_documents, &|dir| text_spec(dir, &data));
+}
+
+/// The paragraphs as a Parquet text column of row groups of 500, written by pyarrow.
+fn write_parquet_documents(dir: &Path) {
+    let script = "import pyarrow as pa, pyarrow.parquet as pq\n\
+                  pq.write_table(pa.table({'text': paragraphs}), os.path.join(sys.argv[1], 'train.parquet'), \
+                  row_group_size=500)";
+    assert!(write_documents(dir, "pyarrow", script));
+}
+
+#[test]
+fn a_parquet_text_run_killed_mid_epoch_resumes_bit_identical() {
+    if pyarrow() {
+        let data = format!("dataset = \"parquet\"\n\n[data.parquet]\ntrain = [\"train.parquet\"]\n{TEXT}");
+        killed_and_resumed_with(write_parquet_documents, &|dir| text_spec(dir, &data));
+    }
+}
+
+/// The paragraphs as a `Dataset`'s text column that `datasets` saved in 3 shards.
+fn write_hf_datasets_documents(dir: &Path) {
+    let script = "import datasets\n\
+                  datasets.Dataset.from_dict({'text': paragraphs}).save_to_disk(sys.argv[1], num_shards=3)";
+    assert!(write_documents(dir, "datasets", script));
+}
+
+#[test]
+fn a_hf_datasets_text_run_killed_mid_epoch_resumes_bit_identical() {
+    if hf_datasets() {
+        let data = format!("dataset = \"hf_datasets\"\n\n[data.hf_datasets]\n{TEXT}");
+        killed_and_resumed_with(write_hf_datasets_documents, &|dir| text_spec(dir, &data));
     }
 }

@@ -82,9 +82,7 @@ print(json.dumps(out))
 #[test]
 fn ids_equal_python_tiktoken_for_every_encoding() {
     let Some(assets) = assets() else {
-        eprintln!(
-            "\n*** skipped: the tiktoken-rs crate's source (assets/) is not in the cargo registry; not cross-checked ***\n"
-        );
+        skipped("the tiktoken-rs crate's source (assets/) is not in the cargo registry");
         return;
     };
     let dir = tempdir();
@@ -105,13 +103,17 @@ fn ids_equal_python_tiktoken_for_every_encoding() {
     }
 }
 
+/// Says loudly, on stdout and stderr, that a test skips its cross-check and why.
+fn skipped(why: &str) {
+    println!("skipped: {why}; not cross-checked");
+    eprintln!("\n*** skipped: {why}; not cross-checked ***\n");
+}
+
 /// `python3 -c script dir`'s stdout, or `None` (said loudly) when `module` does not import.
 fn python_out(module: &str, script: &str, dir: &Path) -> Option<String> {
     let probe = std::process::Command::new("python3").args(["-c", &format!("import {module}")]).output();
     if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!(
-            "\n*** skipped: python3 cannot import {module} (python3 -m pip install {module}); not cross-checked ***\n"
-        );
+        skipped(&format!("python3 cannot import {module} (python3 -m pip install {module})"));
         return None;
     }
     let out = std::process::Command::new("python3").args(["-c", script, dir.to_str().unwrap()]).output().unwrap();
@@ -171,7 +173,10 @@ fn jsonl_documents_end_with_the_end_of_text_token() {
 #[ignore]
 fn throughput_against_python_tiktoken() {
     use rayon::prelude::*;
-    let Some(assets) = assets() else { return };
+    let Some(assets) = assets() else {
+        skipped("the tiktoken-rs crate's source (assets/) is not in the cargo registry");
+        return;
+    };
     let plays = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/shakespeare/train.txt");
     let text = std::fs::read_to_string(&plays).unwrap();
     let documents: Vec<&str> = text.split("\n\n").collect();
