@@ -3,7 +3,7 @@
 //! TensorFlow's (then `mnist_fast` to 98.5 %), and under `parameter_server` against
 //! `multi_worker_mirrored`.
 
-use super::{f, job, median};
+use super::{JobMeasure, f, job, median};
 use std::path::Path;
 
 /// The seeds of every time-to-98 % pairing: the specs' own, then seven more. How many steps a
@@ -31,15 +31,7 @@ pub fn one_process(exe: &Path, python: &str) -> Result<(), String> {
         let seed_set = format!("run.seed={seed}");
         let fp32 = job(exe, "specs/bench/tta_single.toml", &[&seed_set])?;
         let mixed = job(exe, "specs/bench/tta_single.toml", &[&seed_set, "train.precision=mixed_bfloat16"])?;
-        let ours = format!(
-            "{:>8.2} {:>6} {:>8.4} {:>9.2} {:>6} {:>8.4}",
-            fp32.wall_s,
-            f(&fp32.summary, "steps"),
-            f(&fp32.summary, "test_accuracy"),
-            mixed.wall_s,
-            f(&mixed.summary, "steps"),
-            f(&mixed.summary, "test_accuracy")
-        );
+        let ours = format!("{} {}", cells(&fp32, [8, 6, 8]), cells(&mixed, [9, 6, 8]));
         mixed_fp32.push(mixed.wall_s / fp32.wall_s);
         let tf = match skipped {
             None => tensorflow_tta(python, seed).map_err(|why| skipped = Some(why)).ok(),
@@ -120,15 +112,7 @@ pub fn parameter_server(exe: &Path) -> Result<(), String> {
         let ring = job(exe, "specs/bench/tta_multiworker.toml", &[&seed_set])?;
         let ps = job(exe, "specs/bench/tta_parameter_server.toml", &[&seed_set])?;
         let ratio = ps.wall_s / ring.wall_s;
-        println!(
-            "{seed:>6} {:>9.2} {:>7} {:>9.4} {:>9.2} {:>7} {:>9.4} {ratio:>6.2}×",
-            ring.wall_s,
-            f(&ring.summary, "steps"),
-            f(&ring.summary, "test_accuracy"),
-            ps.wall_s,
-            f(&ps.summary, "steps"),
-            f(&ps.summary, "test_accuracy"),
-        );
+        println!("{seed:>6} {} {} {ratio:>6.2}×", cells(&ring, [9, 7, 9]), cells(&ps, [9, 7, 9]));
         ratios.push(ratio);
     }
     println!(
@@ -137,6 +121,12 @@ pub fn parameter_server(exe: &Path) -> Result<(), String> {
         SEEDS.len()
     );
     Ok(())
+}
+
+/// A job's wall time, steps and test accuracy as table cells of `widths`.
+fn cells(j: &JobMeasure, [wall, steps, accuracy]: [usize; 3]) -> String {
+    let (s, a) = (f(&j.summary, "steps"), f(&j.summary, "test_accuracy"));
+    format!("{:>wall$.2} {s:>steps$} {a:>accuracy$.4}", j.wall_s)
 }
 
 /// TensorFlow's launch-to-98% row from `benches/tf_tta.py` run with `python` and `seed`:
