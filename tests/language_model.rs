@@ -279,26 +279,35 @@ fn a_small_gpt_trains_alike_on_two_replicas_two_workers_and_one_process() {
 fn mixed_bfloat16_is_the_same_on_any_thread_count_and_replicas_agree() {
     const ONE: &str = r#"strategy={ kind = "mirrored", devices = ["cpu:0"] }"#;
     const MIXED: &str = r#"train.precision="mixed_bfloat16""#;
-    let (checked, checked_err) = text(&run(&["check", "specs/shakespeare_char.toml", "--set", MIXED]));
+    let (checked, _) = text(&run(&["check", "specs/shakespeare_char.toml", "--set", MIXED]));
     let line = checked.lines().find(|l| l.trim_start().starts_with("precision")).unwrap_or_default().to_string();
     assert!(line.contains("mixed_bfloat16"), "check printed no precision line:\n{checked}");
     let in_fp32 = line.contains("runs in fp32");
-    // The GPT's layers and the tutorial CNN's 5,408 × 128 dense kernel take the policy;
+    // The GPT's layers and (on AMX) the tutorial CNN's 5,408 × 128 dense kernel take the policy;
     // ResNet-20's do not (conv2d keeps fp32, its dense is 64 × 10), and `check` says so rather
     // than let "mixed_bfloat16" name a float32 run.
     const NOTHING: &str = "mixed_bfloat16 changes nothing in this model";
-    let said = |spec: &str| {
-        let (out, err) = text(&run(&["check", spec, "--set", MIXED]));
+    // Width 256: the bf16 products pay from there on every bf16 path (smaller layers stay
+    // fp32 where `vdpbf16ps` is the path, which would test nothing).
+    const WIDE: &str = "model.gpt.n_embd=256";
+    let said = |spec: &str, set: &str| {
+        let (out, err) = text(&run(&["check", spec, "--set", MIXED, "--set", set]));
         out.contains(NOTHING) || err.contains(NOTHING)
     };
-    assert_eq!(said("specs/cifar10_resnet20.toml"), !in_fp32, "ResNet-20's layers take no bf16 path");
-    assert!(!said("specs/mnist_single.toml"), "the tutorial's dense kernel takes the bf16 path");
-    assert!(!checked.contains(NOTHING) && !checked_err.contains(NOTHING), "{checked}{checked_err}");
+    assert_eq!(said("specs/cifar10_resnet20.toml", "run.seed=1"), !in_fp32, "ResNet-20's layers take no bf16 path");
+    // AMX pays from 64 wide, so the tutorial's 128 units take it; `vdpbf16ps` alone pays from
+    // 256, so there the kernel stays fp32 and `check` warns.
+    let cnn_warned = said("specs/mnist_single.toml", "run.seed=1");
+    if line.contains("on amx_bf16") {
+        assert!(!cnn_warned, "the tutorial's dense kernel takes AMX");
+    } else {
+        assert_eq!(cnn_warned, !in_fp32, "the tutorial's 128-unit kernel is too narrow for {line}");
+    }
+    // At 256 wide the GPT's layers take every bf16 path (the spec's own 128 is below
+    // `vdpbf16ps`'s 256).
+    assert!(!said("specs/shakespeare_char.toml", WIDE), "a 256-wide GPT takes the bf16 path ({line})");
     let dir = tempdir();
     let [one, two, fp32, mirrored] = ["one", "two", "fp32", "mirrored"].map(|n| dir.path().join(n));
-    // Width 256: the bf16 products pay from there on this project's CPU (smaller layers
-    // stay fp32, which would test nothing).
-    const WIDE: &str = "model.gpt.n_embd=256";
     let s = train_small(&one, &[ONE, MIXED, WIDE, "run.threads=1"]);
     assert!(s["test_loss"].as_f64().unwrap_or(f64::NAN) < UNIFORM_LOSS - 0.3, "{s}");
     train_small(&two, &[ONE, MIXED, WIDE, "run.threads=2"]);
