@@ -401,6 +401,10 @@ fn incarnation(launch: &Launch, after_failure: Option<(Instant, TaskId)>) -> Res
                     chief_runs |= Some(*task) == launch.cluster.chief();
                 }
                 Ok(Some(status)) if matches!(status.code(), Some(PREEMPTED | INTERRUPTED)) => preempted = true,
+                // A task the stop reached before it had set up its own handlers (just
+                // started, still decoding its data) dies of the signal itself: it had nothing
+                // to save, so it stopped as asked and did not fail.
+                Ok(Some(status)) if stopped_by(launch, status) => preempted = true,
                 Ok(Some(status)) if !status.success() => failed.push((*task, status)),
                 _ => {}
             }
@@ -509,6 +513,15 @@ fn keep(tails: &mut BTreeMap<TaskId, VecDeque<String>>, task: TaskId, text: Stri
     if tail.len() > TAIL {
         tail.pop_front();
     }
+}
+
+/// Whether a task that ended with `status` was killed by the stop the launcher itself was
+/// asked for: SIGTERM forwarded by the launcher, or SIGTERM / SIGINT sent to the whole process
+/// group (a terminal's Ctrl-C, a scheduler's preemption). Once a task has its handlers, these
+/// signals end it with [`PREEMPTED`] or [`INTERRUPTED`] instead.
+fn stopped_by(launch: &Launch, status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    launch.stop.load(Ordering::SeqCst) && matches!(status.signal(), Some(libc::SIGTERM | libc::SIGINT))
 }
 
 /// Whether the chief's `event` shows training under way: from its first epoch on, a stop is
