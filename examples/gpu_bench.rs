@@ -1,10 +1,10 @@
-//! The GPU figures of issue 5 (`--features cuda`): numerics of the GPU engine against the CPU
+//! The GPU figures of issue 5 (the default `cuda` feature): numerics of the GPU engine against the CPU
 //! engine (same spec, seed and batch, a few SGD steps; relative difference ≤ 1e-4), then
 //! training throughput of the tutorial model (batch 1024) and of ResNet-20 on synthetic
 //! CIFAR-shaped data (32×32×3, 10 classes).
 //!
 //! ```text
-//! cargo build --release --features cuda --example gpu_bench
+//! cargo build --release --example gpu_bench
 //! target/release/examples/gpu_bench [GPU_INDEX]
 //! ```
 //!
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
 
 /// Runs every check and measurement; false when a numerics check fails.
 fn run(index: usize) -> Result<bool, CudaError> {
-    let zoo = |m| ModelSpec { zoo: Some(m), layers: Vec::new(), gpt: None };
+    let zoo = |m| ModelSpec { zoo: Some(m), ..ModelSpec::default() };
     let (mnist, cifar) = (Shape(vec![28, 28, 1]), Shape(vec![32, 32, 3]));
     let sgd = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
     let mut ok = true;

@@ -1,4 +1,4 @@
-//! The CUDA backend (`--features cuda`). What needs no GPU runs everywhere: the clear error
+//! The CUDA backend (the default `cuda` feature). What needs no GPU runs everywhere: the clear error
 //! (and exit code 3) when the driver is missing, and NVRTC compiling every kernel (CI installs
 //! NVRTC from PyPI). What needs a GPU prints `skipped: no GPU (…)` and returns without one:
 //! numerics against the CPU engine, a one-device run end to end, NCCL with one rank.

@@ -1,4 +1,4 @@
-//! `one_device` on a GPU and `mirrored` over GPUs (`--features cuda`): one replica per GPU,
+//! `one_device` on a GPU and `mirrored` over GPUs (the default `cuda` feature): one replica per GPU,
 //! each driven by its own thread, gradients summed with NCCL, the SGD update applied on every
 //! GPU alike.
 //!

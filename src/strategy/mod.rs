@@ -332,7 +332,7 @@ fn gpus(plan: &Plan, _models: Vec<Sequential>) -> Result<Box<dyn Synchronous>, S
 /// Strategies whose replicas run on CPUs only refuse GPU devices, saying what would run them.
 fn cpus_only(devices: &[Device]) -> Result<(), StrategyError> {
     #[cfg(not(feature = "cuda"))]
-    let why = "which needs a GPU build of trainrun (cargo build --release --features cuda); this one runs on CPUs only";
+    let why = "which needs a GPU build of trainrun (cargo build --release, without --no-default-features); this one runs on CPUs only";
     #[cfg(feature = "cuda")]
     let why = "but this strategy runs on CPUs only; use strategy.kind = \"mirrored\" or \"one_device\" for GPUs";
     match devices.iter().find(|d| d.kind == DeviceKind::Gpu) {

@@ -1,4 +1,4 @@
-//! The CUDA engine (`--features cuda`): the CPU engine's layers on a GPU, loaded at run time.
+//! The CUDA engine (the default `cuda` feature): the CPU engine's layers on a GPU, loaded at run time.
 //!
 //! cudarc loads the driver, NVRTC, cuBLAS and NCCL dynamically, so building needs no CUDA;
 //! [`probe`] checks each library before first use, since cudarc panics on a missing one.
