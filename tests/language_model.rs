@@ -283,9 +283,10 @@ fn mixed_bfloat16_is_the_same_on_any_thread_count_and_replicas_agree() {
     let line = checked.lines().find(|l| l.trim_start().starts_with("precision")).unwrap_or_default().to_string();
     assert!(line.contains("mixed_bfloat16"), "check printed no precision line:\n{checked}");
     let in_fp32 = line.contains("runs in fp32");
-    // The GPT's layers and (on AMX) the tutorial CNN's 5,408 × 128 dense kernel take the policy;
-    // ResNet-20's do not (conv2d keeps fp32, its dense is 64 × 10), and `check` says so rather
-    // than let "mixed_bfloat16" name a float32 run.
+    // The GPT's layers and (on AMX) the tutorial CNN's 5,408 × 128 dense kernel and ResNet-20's
+    // 64-filter convolutions (patches of 576) take the policy. Where a model has no layer wide
+    // enough for the CPU's path, `check` says so rather than let "mixed_bfloat16" name a
+    // float32 run.
     const NOTHING: &str = "mixed_bfloat16 changes nothing in this model";
     // Width 256: the bf16 products pay from there on every bf16 path (smaller layers stay
     // fp32 where `vdpbf16ps` is the path, which would test nothing).
@@ -294,14 +295,16 @@ fn mixed_bfloat16_is_the_same_on_any_thread_count_and_replicas_agree() {
         let (out, err) = text(&run(&["check", spec, "--set", MIXED, "--set", set]));
         out.contains(NOTHING) || err.contains(NOTHING)
     };
-    assert_eq!(said("specs/cifar10_resnet20.toml", "run.seed=1"), !in_fp32, "ResNet-20's layers take no bf16 path");
-    // AMX pays from 64 wide, so the tutorial's 128 units take it; `vdpbf16ps` alone pays from
-    // 256, so there the kernel stays fp32 and `check` warns.
+    // AMX pays from 64 wide, so the tutorial's 128 units and ResNet-20's 64 filters take it;
+    // `vdpbf16ps` alone pays from 256, so there both stay fp32 and `check` warns.
     let cnn_warned = said("specs/mnist_single.toml", "run.seed=1");
+    let resnet_warned = said("specs/cifar10_resnet20.toml", "run.seed=1");
     if line.contains("on amx_bf16") {
         assert!(!cnn_warned, "the tutorial's dense kernel takes AMX");
+        assert!(!resnet_warned, "ResNet-20's 64-filter convolutions take AMX");
     } else {
         assert_eq!(cnn_warned, !in_fp32, "the tutorial's 128-unit kernel is too narrow for {line}");
+        assert_eq!(resnet_warned, !in_fp32, "ResNet-20's layers are too narrow for {line}");
     }
     // At 256 wide the GPT's layers take every bf16 path (the spec's own 128 is below
     // `vdpbf16ps`'s 256).

@@ -172,7 +172,7 @@ pub trait Layer: Send {
     /// Runs this layer's matrix products on `path` from now on (the model applies the
     /// precision policy once, when built), and says whether any of them now takes a bf16 path
     /// (`check` warns when no layer does). Layers without products have nothing to change;
-    /// `dense` takes it on the products of its kernel; `conv2d` keeps fp32 products for now.
+    /// `dense` takes it on the products of its kernel, `conv2d` on its im2col products.
     fn use_products(&mut self, _path: ProductPath) -> bool {
         false
     }

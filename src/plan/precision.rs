@@ -34,7 +34,7 @@ impl PrecisionPlan {
             }
             (PrecisionPolicy::MixedBfloat16, path) => format!(
                 "mixed_bfloat16: bf16 inputs and fp32 sums on {} for products of layers {} wide or more \
-                 (dense kernels, attention projections, MLP, LM head; conv2d stays fp32); smaller ones measured faster in fp32 here (this CPU: {})",
+                 (dense kernels, conv2d im2col products, attention projections, MLP, LM head); smaller ones measured faster in fp32 here (this CPU: {})",
                 path.name(),
                 path.pays_from(),
                 self.cpu.name()
@@ -44,8 +44,8 @@ impl PrecisionPlan {
 }
 
 /// A warning where `mixed_bfloat16` would change nothing in `model`: no layer of it has a bf16
-/// path (`conv2d` keeps fp32 products for now) or none is [`ProductPath::pays_from`] wide on
-/// both sides, so the run would be float32's, bit for bit, under a name that says otherwise.
+/// path or none is [`ProductPath::pays_from`] wide on both sides (a convolution's patch length
+/// and filters), so the run would be float32's, bit for bit, under a name that says otherwise.
 pub fn check_model(plan: &PrecisionPlan, model: &ModelPlan, diags: &mut Vec<Diagnostic>) {
     if plan.products.is_float32() || model.layers_on_bf16().map_or(true, |layers| layers > 0) {
         return;
@@ -55,8 +55,8 @@ pub fn check_model(plan: &PrecisionPlan, model: &ModelPlan, diags: &mut Vec<Diag
             "train.precision",
             format!(
                 "mixed_bfloat16 changes nothing in this model: no layer of it takes the bf16 path ({}), which dense, \
-                 attention and LM-head products {} wide or more on both sides take; conv2d keeps fp32 products \
-                 for now",
+                 conv2d (patch length × filters), attention and LM-head products {} wide or more on both sides \
+                 take",
                 plan.products.name(),
                 plan.products.pays_from()
             ),

@@ -1,5 +1,8 @@
 //! `conv2d`: Keras's `Conv2D` (channels last) as im2col + `gemm`, split over threads by image;
 //! one-channel 3 × 3 layers (MNIST's first) run direct kernels instead (`conv2d_direct`).
+//! Under `mixed_bfloat16` the im2col products take the bf16 path where the layer is wide
+//! enough for it to pay (patch length and filters, as `dense` decides on its inputs and
+//! units); the direct kernels stay fp32, since a 9-long patch gives a tile nothing to do.
 //!
 //! The batch is split into a fixed number of parts ([`SUM_PARTS`]), each worked through in
 //! chunks small enough to stay in cache with its own partial weight gradient; the partials are
@@ -7,11 +10,12 @@
 
 use super::conv2d_direct;
 use crate::engine::activation;
+use crate::engine::bf16::{self, ProductPath};
 use crate::engine::kernels::{SUM_PARTS, Window, add_bias, add_rows, partition, split_rows};
 use crate::engine::layer::{Backward, Forward, Init, Layer, ParamSpec};
 use crate::engine::op::{ConvOp, Op};
 use crate::engine::shape::Shape;
-use crate::engine::strided::{MatMut, MatRef, gemm};
+use crate::engine::strided::{MatMut, MatRef};
 use crate::vocab::Activation;
 use rayon::prelude::*;
 
@@ -60,6 +64,8 @@ pub struct Conv2d {
     kept: Option<usize>,
     /// Backward's `dy` comes through the ReLU's derivative already ([`Layer::dy_masked`]).
     dy_masked: bool,
+    /// How the im2col products run (the precision policy).
+    products: ProductPath,
 }
 
 impl Conv2d {
@@ -76,6 +82,7 @@ impl Conv2d {
             parts: Vec::new(),
             kept: None,
             dy_masked: false,
+            products: ProductPath::Float32,
         }
     }
 
@@ -124,6 +131,15 @@ impl Layer for Conv2d {
         self.dy_masked = on;
     }
 
+    fn use_products(&mut self, path: ProductPath) -> bool {
+        self.products = if conv2d_direct::applies(&self.win, self.filters) {
+            ProductPath::Float32
+        } else {
+            path.for_dims(self.win.patch_len(), self.filters)
+        };
+        !self.products.is_float32()
+    }
+
     fn params(&self) -> Vec<ParamSpec> {
         let w = &self.win;
         let fan_in = w.kh * w.kw * w.c;
@@ -140,7 +156,8 @@ impl Layer for Conv2d {
 
     fn forward(&mut self, cx: Forward<'_>, params: &[f32], _: &mut [f32], y: &mut [f32]) {
         let Forward { pass, x, n } = cx;
-        let (win, filters, act, use_bias) = (self.win, self.filters, self.activation, self.use_bias);
+        let (win, filters, act, use_bias, products) =
+            (self.win, self.filters, self.activation, self.use_bias, self.products);
         let chunk = self.images_per_chunk();
         let (kernel, bias) = params.split_at(self.kernel_len());
         let ranges = partition(n, SUM_PARTS);
@@ -167,7 +184,7 @@ impl Layer for Conv2d {
                 let y = &mut y[start * out_len..(start + imgs) * out_len];
                 let (rows, pl) = (imgs * win.positions(), win.patch_len());
                 let (patches, kernel) = (MatRef::rows(patches, rows, pl), MatRef::rows(kernel, pl, filters));
-                gemm(MatMut::rows(y, rows, filters), patches, kernel, false, 1.0, 1);
+                bf16::gemm(products, MatMut::rows(y, rows, filters), patches, kernel, false, 1.0, 1);
                 if use_bias {
                     add_bias(y, &bias[..filters]);
                 }
@@ -178,7 +195,7 @@ impl Layer for Conv2d {
 
     fn backward(&mut self, cx: Backward<'_>, params: &[f32], grads: &mut [f32], dx: Option<&mut [f32]>) {
         let Backward { pass, x, y, dy, n } = cx;
-        let (win, filters) = (self.win, self.filters);
+        let (win, filters, products) = (self.win, self.filters, self.products);
         let act = if self.dy_masked { Activation::Linear } else { self.activation };
         let chunk = self.images_per_chunk();
         let (kernel_len, pl) = (self.kernel_len(), win.patch_len());
@@ -226,12 +243,12 @@ impl Layer for Conv2d {
                     part_patches
                 };
                 let (patches_m, dz_m) = (MatRef::rows(patches, rows, pl), MatRef::rows(dz, rows, filters));
-                gemm(MatMut::rows(d_kernel, pl, filters), patches_m.t(), dz_m, start > 0, 1.0, 1);
+                bf16::gemm(products, MatMut::rows(d_kernel, pl, filters), patches_m.t(), dz_m, start > 0, 1.0, 1);
                 add_rows(d_bias, dz);
                 if let Some(dx) = dx.as_deref_mut() {
                     d_patches.resize(rows * pl, 0.0);
                     let kernel = MatRef::rows(kernel, pl, filters);
-                    gemm(MatMut::rows(d_patches, rows, pl), dz_m, kernel.t(), false, 1.0, 1);
+                    bf16::gemm(products, MatMut::rows(d_patches, rows, pl), dz_m, kernel.t(), false, 1.0, 1);
                     let dx = &mut dx[start * in_len..(start + imgs) * in_len];
                     dx.fill(0.0);
                     win.col2im(d_patches, imgs, dx);

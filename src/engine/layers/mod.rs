@@ -365,30 +365,76 @@ mod thread_invariance {
     use crate::engine::layers::{BatchNorm, Conv2d};
     use crate::vocab::Activation;
 
-    /// Forward output and parameter gradients of `make()` on 1 and 3 threads must be equal bits.
-    fn same_bits_on_any_thread_count(make: &(dyn Fn() -> Box<dyn Layer> + Sync), input: &Shape, n: usize) {
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| {
-                let mut layer = make();
-                let params: Vec<f32> = (0..layer.params().iter().map(|p| p.len()).sum::<usize>())
-                    .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
-                    .collect();
-                let mut state = vec![0.0; layer.state().iter().map(|p| p.len()).sum::<usize>()];
-                let x: Vec<f32> = (0..n * input.numel()).map(|i| ((i * 7) % 23) as f32 / 23.0).collect();
-                let out = n * layer.output_shape().numel();
-                let (mut y, dy) =
-                    (vec![0.0; out], (0..out).map(|i| ((i * 13) % 29) as f32 / 29.0 - 0.5).collect::<Vec<_>>());
-                let pass = Pass { training: true, seed: 1, accumulate: false, threads };
-                layer.forward(Forward { pass, x: &x, n }, &params, &mut state, &mut y);
-                let mut grads = vec![0.0; params.len()];
-                let mut dx = vec![0.0; x.len()];
-                layer.backward(Backward { pass, x: &x, y: &y, dy: &dy, n }, &params, &mut grads, Some(&mut dx));
-                (y, grads, dx, state)
-            })
+    /// Forward output, parameter gradients, input gradient and state of `make()` on `threads`.
+    type Results = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn on_threads(make: &(dyn Fn() -> Box<dyn Layer> + Sync), input: &Shape, n: usize, threads: usize) -> Results {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut layer = make();
+            let params: Vec<f32> = (0..layer.params().iter().map(|p| p.len()).sum::<usize>())
+                .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+                .collect();
+            let mut state = vec![0.0; layer.state().iter().map(|p| p.len()).sum::<usize>()];
+            let x: Vec<f32> = (0..n * input.numel()).map(|i| ((i * 7) % 23) as f32 / 23.0).collect();
+            let out = n * layer.output_shape().numel();
+            let (mut y, dy) =
+                (vec![0.0; out], (0..out).map(|i| ((i * 13) % 29) as f32 / 29.0 - 0.5).collect::<Vec<_>>());
+            let pass = Pass { training: true, seed: 1, accumulate: false, threads };
+            layer.forward(Forward { pass, x: &x, n }, &params, &mut state, &mut y);
+            let mut grads = vec![0.0; params.len()];
+            let mut dx = vec![0.0; x.len()];
+            layer.backward(Backward { pass, x: &x, y: &y, dy: &dy, n }, &params, &mut grads, Some(&mut dx));
+            (y, grads, dx, state)
+        })
+    }
+
+    /// Forward output and parameter gradients of `make()` on 1 and 3 threads must be equal
+    /// bits; returns them.
+    fn same_bits_on_any_thread_count(make: &(dyn Fn() -> Box<dyn Layer> + Sync), input: &Shape, n: usize) -> Results {
+        let one = on_threads(make, input, n, 1);
+        assert!(on_threads(make, input, n, 3) == one, "results differ between 1 and 3 threads");
+        one
+    }
+
+    /// Under `mixed_bfloat16` a convolution wide enough for every bf16 path (patches of 576,
+    /// 256 filters) takes each path this CPU has, and gives the same bits on any thread count,
+    /// within bf16's rounding of float32's output and gradients and not equal to them. The
+    /// one-channel 3 × 3 layer of MNIST (direct kernels) and narrow layers stay fp32.
+    #[test]
+    fn conv_takes_every_bf16_path_here_on_any_thread_count() {
+        use crate::engine::bf16::{self, ProductPath};
+        let input = Shape(vec![6, 6, 64]);
+        let win = Window::new((6, 6, 64), (3, 3), (1, 1), true).unwrap();
+        let layer = |path: ProductPath| {
+            move || -> Box<dyn Layer> {
+                // Linear: this fixture's sums are mostly negative, which a ReLU would zero.
+                let mut conv = Conv2d::new(win, 256, Activation::Linear, true);
+                assert_eq!(conv.use_products(path), !path.is_float32(), "{path:?} not taken");
+                Box::new(conv)
+            }
         };
-        let one = run(1);
-        assert!(run(3) == one, "results differ between 1 and 3 threads");
+        let fp32 = same_bits_on_any_thread_count(&layer(ProductPath::Float32), &input, 3);
+        let paths = bf16::paths_here().into_iter().filter(|p| !p.is_float32()).collect::<Vec<_>>();
+        if !paths.contains(&ProductPath::Amx) {
+            eprintln!("this CPU has no AMX: its path is not tested here (the emulated one is)");
+        }
+        for path in paths {
+            let got = same_bits_on_any_thread_count(&layer(path), &input, 3);
+            for (name, a, b) in
+                [("y", &got.0, &fp32.0), ("kernel and bias gradients", &got.1, &fp32.1), ("dx", &got.2, &fp32.2)]
+            {
+                let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let apart = a.iter().zip(b).fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+                assert!(
+                    apart > 0.0 && apart <= 1e-2 * scale,
+                    "{path:?}: {name} {apart} from float32's (largest {scale})"
+                );
+            }
+        }
+        let mnist = Window::new((28, 28, 1), (3, 3), (1, 1), false).unwrap();
+        assert!(!Conv2d::new(mnist, 32, Activation::Relu, true).use_products(ProductPath::Amx), "direct kernels");
+        assert!(!Conv2d::new(win, 16, Activation::Relu, true).use_products(ProductPath::Amx), "16 filters");
     }
 
     #[test]

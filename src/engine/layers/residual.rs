@@ -10,6 +10,7 @@ use super::batch_norm::BatchNorm;
 use super::composite::{add, prefixed, ranges, sized, total};
 use super::conv2d::{Conv2d, KernelInit};
 use crate::engine::activation;
+use crate::engine::bf16::ProductPath;
 use crate::engine::kernels::{Window, par_rows};
 use crate::engine::layer::{Backward, Forward, Layer, ParamSpec};
 use crate::engine::op::{BatchNormOp, ConvOp, Op, ResidualOp};
@@ -170,6 +171,13 @@ impl Layer for Residual {
 
     fn output_shape(&self) -> &Shape {
         &self.output
+    }
+
+    fn use_products(&mut self, path: ProductPath) -> bool {
+        // Every convolution is told, so no `||` that would stop at the first.
+        let mut taken = vec![self.conv1.use_products(path), self.conv2.use_products(path)];
+        taken.extend(self.shortcut.as_mut().map(|sc| sc.conv.use_products(path)));
+        taken.contains(&true)
     }
 
     fn params(&self) -> Vec<ParamSpec> {
