@@ -94,16 +94,19 @@ fn plain_gzip_and_zstd_copies_train_to_the_same_weights() {
     assert!(weights.iter().all(|w| w == &weights[0] && w.is_string()), "{names:?}: {weights:?}");
 }
 
-/// The plays, one document per paragraph, gzip-compressed by Python.
+/// The plays, one document per paragraph, by Python's `json`: gzip-compressed
+/// (`{train,val}.jsonl.gz`) and plain (`train.jsonl`).
 const DOCUMENTS: &str = r#"
 import gzip, json, os, sys
 d, here = sys.argv[1], sys.argv[2]
 for split in ["train", "val"]:
     text = open(os.path.join(here, split + ".txt"), encoding="utf-8").read()
+    lines = [json.dumps({"text": p}) + "\n" for p in text.split("\n\n") if p.strip()]
     with gzip.open(os.path.join(d, split + ".jsonl.gz"), "wt", encoding="utf-8") as f:
-        for paragraph in text.split("\n\n"):
-            if paragraph.strip():
-                f.write(json.dumps({"text": paragraph}) + "\n")
+        f.writelines(lines)
+    if split == "train":
+        with open(os.path.join(d, "train.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(lines)
 "#;
 
 const BLOCK: usize = 16;
@@ -137,6 +140,16 @@ fn documents_train_a_character_model_and_write_its_vocabulary() {
     let written = json(&dir.path().join("run/vocab.json"));
     assert_eq!(written["tokenization"], "char");
     assert_eq!(written["tokens"].as_array().map(Vec::len), Some(vocab));
+}
+
+/// Documents as a text field, plain training and gzip validation files, under every strategy.
+#[test]
+fn a_text_field_trains_a_character_model_under_every_strategy() {
+    let data = format!(
+        "dataset = \"jsonl\"\n\n[data.jsonl]\ntrain = [\"train.jsonl\"]\nvalidation = [\"val.jsonl.gz\"]\n\
+         text = {{ block_size = {BLOCK}, end_of_text = \"\\n\\n\", vocabulary = \"train_and_validation\" }}"
+    );
+    common::sources::trains_a_character_model_under_every_strategy("jsonl", "json", DOCUMENTS, &data, BLOCK);
 }
 
 #[test]

@@ -126,21 +126,11 @@ const BLOCK: usize = 16;
 
 #[test]
 fn a_text_column_trains_a_character_model_under_every_strategy() {
-    let plays = common::sources::plays();
-    let script = format!("import sys; sys.argv.append({:?})\n{DOCUMENTS}", plays.display().to_string());
     let data = format!(
         "dataset = \"parquet\"\n\n[data.parquet]\ntrain = [\"train.parquet\"]\nvalidation = [\"val.parquet\"]\n\
          text = {{ block_size = {BLOCK}, end_of_text = \"\\n\\n\", vocabulary = \"train_and_validation\" }}"
     );
-    // The multi-process strategies' tasks (workers, a chief) each open the one token cache.
-    for (name, strategy) in STRATEGIES {
-        let dir = tempdir();
-        if !with_python("pyarrow", &script, dir.path()) {
-            return;
-        }
-        eprintln!("strategy {name}");
-        common::sources::trains_a_character_model(&spec(dir.path(), &data, strategy, ""), BLOCK);
-    }
+    common::sources::trains_a_character_model_under_every_strategy("parquet", "pyarrow", DOCUMENTS, &data, BLOCK);
 }
 
 /// Overwrites the first page header of column `pixels` in the second row group of the first

@@ -117,3 +117,21 @@ pub fn trains_a_character_model(spec: &Path, block: usize) {
     let unigram = unigram_entropy();
     assert!(s["test_loss"].as_f64().unwrap_or(9.0) < unigram, "unigram entropy {unigram:.3}: {s}");
 }
+
+/// Trains the [`character_model`] on the plays' paragraphs under each of the [`STRATEGIES`]
+/// ([`trains_a_character_model`]): `script` (Python, `module` importable, the plays' folder its
+/// second argument) writes the files into a fresh data folder for each strategy, which `data`
+/// (the `[data]` sections, windows of `block` tokens) reads, in a run called `name`. Skipped, loudly, when `module`
+/// does not import. The multi-process strategies' tasks (workers, a chief) each open the one
+/// token cache.
+pub fn trains_a_character_model_under_every_strategy(name: &str, module: &str, script: &str, data: &str, block: usize) {
+    let script = format!("import sys; sys.argv.append({:?})\n{script}", plays().display().to_string());
+    for (strategy_name, strategy) in STRATEGIES {
+        let dir = super::tempdir();
+        if !super::with_python(module, &script, dir.path()) {
+            return;
+        }
+        eprintln!("strategy {strategy_name}");
+        trains_a_character_model(&spec(dir.path(), name, data, strategy, ""), block);
+    }
+}

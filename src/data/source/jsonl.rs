@@ -21,7 +21,7 @@ mod lines;
 mod stream;
 mod table;
 
-use super::text::{DOCUMENTS_A_BATCH, DocumentReader, Joining, TextFile, Texts, Tokenizing};
+use super::text::{DOCUMENTS_A_BATCH, DocumentReader, EachBatch, Joining, TextFile, Texts, Tokenizing, borrowed};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, missing_in, require};
 use crate::data::error::DataError;
 use crate::data::examples::Split;
@@ -287,7 +287,7 @@ struct JsonlDocuments {
 }
 
 impl DocumentReader for JsonlDocuments {
-    fn each_batch(&self, each: &mut dyn FnMut(&[String]) -> Result<(), DataError>) -> Result<(), DataError> {
+    fn each_batch(&self, each: &mut EachBatch<'_>) -> Result<(), DataError> {
         let (path, field) = (&self.path, &self.field);
         let mut lines = Lines::open(path)?;
         let mut documents = Vec::with_capacity(DOCUMENTS_A_BATCH);
@@ -298,13 +298,13 @@ impl DocumentReader for JsonlDocuments {
                 None => return Err(table::missing_field(path, &line, field)),
             }
             if documents.len() == DOCUMENTS_A_BATCH {
-                each(&documents)?;
+                each(&borrowed(&documents))?;
                 documents.clear();
             }
         }
         match documents.is_empty() {
             true => Ok(()),
-            false => each(&documents),
+            false => each(&borrowed(&documents)),
         }
     }
 }

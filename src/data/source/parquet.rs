@@ -27,7 +27,7 @@ use super::columnar::columns::TableColumns;
 use super::columnar::split::ColumnarSplit;
 use super::columnar::{self, Columnar, ColumnarFile, documents};
 use super::csv::CsvLabels;
-use super::text::Texts;
+use super::text::{EachBatch, Texts};
 use super::{DataSource, RawValues, ReadAs, TextOrTable, expand, is_pattern, require};
 use crate::data::error::DataError;
 use crate::data::examples::{Split, StreamSplit as _};
@@ -242,6 +242,16 @@ impl ParquetSource {
     pub fn vocabulary(&self) -> Result<Vocabulary, DataError> {
         let (train, validation) = self.opened()?;
         documents::vocabulary(Columnar::Parquet, (&train, &validation), self.text_config()?, &self.cache)
+    }
+
+    /// Every document of the training files' text column, a batch at a time, read as a run's
+    /// tokenizing pass reads them (`bench --only corpus` times it): nothing is tokenized.
+    pub(crate) fn read_training_documents(&self, each: &mut EachBatch<'_>) -> Result<(), DataError> {
+        let text = self.text_config()?;
+        for file in &self.opened()?.0 {
+            documents::documents(Columnar::Parquet, file, &text.column)?.each_batch(each)?;
+        }
+        Ok(())
     }
 
     fn text_config(&self) -> Result<&ParquetText, DataError> {

@@ -14,7 +14,7 @@ mod texts;
 mod tiktoken;
 mod tokenizer_json;
 
-pub(crate) use documents::{DOCUMENTS_A_BATCH, DocumentReader, TextFile};
+pub(crate) use documents::{DOCUMENTS_A_BATCH, DocumentReader, EachBatch, TextFile, borrowed};
 pub(crate) use texts::{Joining, Tokenizing};
 pub use texts::{Texts, TokenizedFile, pieces};
 pub use tiktoken::Encoding;

@@ -1,13 +1,19 @@
 //! A columnar text column as a language model's documents: each file's string column streamed
 //! unit by unit (only that column, a record batch at a time, never the file whole), its
 //! documents tokenized and windowed as the `text` and `jsonl` sources' are ([`Texts`]).
+//!
+//! A second thread reads (decompresses and decodes) the next record batches while the caller
+//! works on the current one, a few batches ahead at most and in order, so the documents, their
+//! ids and the token cache are the same as read on one thread. The documents are handed out as
+//! slices of the Arrow string array, whose UTF-8 the `parquet` and `arrow` readers have checked:
+//! nothing is copied or checked again.
 
 use super::columns::{column, strings, wrong_type};
 use super::{Columnar, ColumnarFile};
 use crate::data::Vocabulary;
 use crate::data::error::DataError;
 use crate::data::source::parquet::ParquetText;
-use crate::data::source::text::{DOCUMENTS_A_BATCH, DocumentReader, Joining, TextFile, Texts, Tokenizing};
+use crate::data::source::text::{DOCUMENTS_A_BATCH, DocumentReader, EachBatch, Joining, TextFile, Texts, Tokenizing};
 use arrow_array::Array as _;
 use std::path::Path;
 
@@ -88,26 +94,41 @@ struct ColumnDocuments {
     name: String,
 }
 
+/// Record batches read ahead of the one handed out: enough to cover a page's decompression
+/// (a batch is about [`DOCUMENTS_A_BATCH`] documents), few enough that the documents in memory
+/// stay a handful of batches whatever the file's size.
+const READ_AHEAD: usize = 4;
+
 impl DocumentReader for ColumnDocuments {
-    fn each_batch(&self, each: &mut dyn FnMut(&[String]) -> Result<(), DataError>) -> Result<(), DataError> {
+    fn each_batch(&self, each: &mut EachBatch<'_>) -> Result<(), DataError> {
         let (format, path, name) = (self.format, self.file.path(), &self.name);
-        let mut documents = Vec::with_capacity(DOCUMENTS_A_BATCH);
-        for batch in self.file.read_all(&[self.index], DOCUMENTS_A_BATCH) {
-            let batch = batch?;
-            let array = batch.column(0);
-            if array.null_count() > 0 {
-                return Err(format.bad(format!(
-                    "{}: column `{name}` has {} null documents; every row needs a string",
-                    path.display(),
-                    array.null_count()
-                )));
+        std::thread::scope(|scope| {
+            let (sender, batches) = std::sync::mpsc::sync_channel(READ_AHEAD);
+            scope.spawn(move || {
+                for batch in self.file.read_all(&[self.index], DOCUMENTS_A_BATCH) {
+                    let failed = batch.is_err();
+                    // The receiver is gone when the caller stopped (on an error): read no further.
+                    if sender.send(batch).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            // Returning drops `batches`, which ends the reading thread before the scope joins it.
+            for batch in batches {
+                let batch = batch?;
+                let array = batch.column(0);
+                if array.null_count() > 0 {
+                    return Err(format.bad(format!(
+                        "{}: column `{name}` has {} null documents; every row needs a string",
+                        path.display(),
+                        array.null_count()
+                    )));
+                }
+                let documents = strings(array.as_ref())
+                    .ok_or_else(|| wrong_type(format, path, name, array.data_type(), "strings"))?;
+                each(&documents)?;
             }
-            let values =
-                strings(array.as_ref()).ok_or_else(|| wrong_type(format, path, name, array.data_type(), "strings"))?;
-            documents.clear();
-            documents.extend(values.into_iter().map(str::to_owned));
-            each(&documents)?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }

@@ -92,6 +92,46 @@ fn a_text_column_is_documents() {
     assert_eq!(facts.labels.classes(), Some(15), "d o c space 0-9 newline");
 }
 
+/// Documents are read ahead on a second thread: in order across row groups, a bad page's error
+/// comes after the documents before it, and a caller that stops stops the reading.
+#[test]
+fn a_text_column_read_ahead_keeps_order_and_stops_on_an_error() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.parquet");
+    // A row group a row: 40 record batches, many more than are read ahead.
+    write(&path, 0, 40, 1);
+    let read = || documents::documents(Columnar::Parquet, &Columnar::Parquet.open(&path).unwrap(), "text").unwrap();
+    let every: Vec<String> = (0..40).map(|i| format!("doc {i}")).collect();
+    assert_eq!(read().all().unwrap(), every);
+
+    // The caller stops at its third batch: its error comes back, and no more batches.
+    let mut seen = vec![];
+    let stopped = read().each_batch(&mut |batch| {
+        seen.extend(batch.iter().map(|d| d.to_string()));
+        match seen.len() {
+            3 => Err(DataError::BadParquet { problem: "enough".into() }),
+            _ => Ok(()),
+        }
+    });
+    assert_eq!((stopped.unwrap_err().to_string(), seen), ("data.parquet: enough".to_string(), every[..3].to_vec()));
+
+    // The text column's page in row group 30 overwritten: the 30 documents before it, then the error.
+    let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+    let offset = reader.metadata().row_group(30).column(3).data_page_offset() as usize;
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[offset..offset + 24].fill(0xff);
+    std::fs::write(&path, bytes).unwrap();
+    let mut seen = vec![];
+    let failed = read().each_batch(&mut |batch| {
+        seen.extend(batch.iter().map(|d| d.to_string()));
+        Ok(())
+    });
+    let failed = failed.unwrap_err().to_string();
+    assert!(failed.contains("t.parquet: not a readable Parquet file"), "{failed}");
+    assert_eq!(seen, every[..30]);
+}
+
 #[test]
 fn errors_name_the_file_the_column_its_type_and_the_columns_there() {
     let dir = setup();

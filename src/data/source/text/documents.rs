@@ -11,10 +11,19 @@ use std::path::PathBuf;
 /// hands over a record batch).
 pub(crate) const DOCUMENTS_A_BATCH: usize = 8192;
 
+/// What a [`DocumentReader`] hands each batch of documents to: borrowed text (a columnar
+/// file's slices of its Arrow string array), so no document is copied to be read.
+pub(crate) type EachBatch<'a> = dyn FnMut(&[&str]) -> Result<(), DataError> + 'a;
+
+/// `documents` as the borrowed text an [`EachBatch`] takes.
+pub(crate) fn borrowed(documents: &[String]) -> Vec<&str> {
+    documents.iter().map(String::as_str).collect()
+}
+
 /// Reads a file's documents, in order, a batch at a time.
 pub(crate) trait DocumentReader: Send + Sync {
     /// Calls `each` with every batch of the file's documents, in order; stops at its first error.
-    fn each_batch(&self, each: &mut dyn FnMut(&[String]) -> Result<(), DataError>) -> Result<(), DataError>;
+    fn each_batch(&self, each: &mut EachBatch<'_>) -> Result<(), DataError>;
 }
 
 /// Where a file's documents are.
@@ -43,9 +52,9 @@ impl TextFile {
     }
 
     /// Calls `each` with the documents, a batch at a time (held ones in one batch).
-    pub(crate) fn each_batch(&self, each: &mut dyn FnMut(&[String]) -> Result<(), DataError>) -> Result<(), DataError> {
+    pub(crate) fn each_batch(&self, each: &mut EachBatch<'_>) -> Result<(), DataError> {
         match &self.documents {
-            Documents::Held(documents) => each(documents),
+            Documents::Held(documents) => each(&borrowed(documents)),
             Documents::Streamed(reader) => reader.each_batch(each),
         }
     }
@@ -55,7 +64,7 @@ impl TextFile {
     pub(crate) fn all(&self) -> Result<Vec<String>, DataError> {
         let mut all = vec![];
         self.each_batch(&mut |batch| {
-            all.extend_from_slice(batch);
+            all.extend(batch.iter().map(|d| d.to_string()));
             Ok(())
         })?;
         Ok(all)
