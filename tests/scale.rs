@@ -20,6 +20,14 @@ use trainrun::bench::scale::{self, allreduce};
 static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// A cluster for `p`, or `None` after saying loudly why the test cannot run here.
+/// One test of this file at a time: two measure (the start-up cost model's pick, the link
+/// emulator's delay), and a sibling's cluster on the same 2 cores skews what they measure (a
+/// probe once read shared memory at 0.31 GB/s and picked halving-doubling over hierarchical).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn cluster(p: TaskLayout) -> Option<NamespaceHosts> {
     match NamespaceHosts::new(p.hosts, Profile::FAST, &NEVER) {
         Ok(c) => Some(c),
@@ -102,6 +110,7 @@ fn train_and_clean_up(tasks: usize, steps: u64, limit: Duration) -> Option<(Stri
 
 #[test]
 fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
+    let _serial = serial();
     let p = TaskLayout::for_tasks(4);
     assert_eq!((p.hosts, p.per_host()), (2, 2));
     let Some((_, result, work)) = train_and_clean_up(4, 20, Duration::from_secs(60)) else {
@@ -127,6 +136,7 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
 /// bit; nothing is left behind.
 #[test]
 fn hierarchical_between_namespace_hosts_trains_with_the_same_bits_run_after_run() {
+    let _serial = serial();
     let p = TaskLayout { tasks: 6, hosts: 3 };
     let mut hashes = Vec::new();
     for _ in 0..2 {
@@ -158,6 +168,7 @@ fn hierarchical_between_namespace_hosts_trains_with_the_same_bits_run_after_run(
 /// 2 × 50 µs they once made the added delay look 20 % short (+80 µs for 100).
 #[test]
 fn the_link_emulator_adds_its_delay_between_two_hosts_and_leaves_nothing() {
+    let _serial = serial();
     let profile = Profile::SLOW;
     let c = match NamespaceHosts::shaped(2, profile, Shaping::Emulator, &NEVER) {
         Ok(c) => c,
@@ -407,17 +418,20 @@ fn stopped_mid_run(signal: libc::c_int) {
 
 #[test]
 fn a_harness_stopped_by_sigterm_leaves_nothing() {
+    let _serial = serial();
     stopped_mid_run(libc::SIGTERM);
 }
 
 #[test]
 fn a_harness_stopped_by_ctrl_c_leaves_nothing() {
+    let _serial = serial();
     stopped_mid_run(libc::SIGINT);
 }
 
 /// SIGKILL gives the bench no chance to clean up: the next cluster removes what it left.
 #[test]
 fn what_a_harness_killed_by_sigkill_left_the_next_one_removes() {
+    let _serial = serial();
     let Some((mut bench, tag)) = bench_with_a_cluster() else {
         return;
     };
