@@ -118,8 +118,9 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     };
     assert!(result.rendezvous_s > 0.0 && result.rendezvous_s < 30.0, "{result:?}");
     // `auto` across transports: the gradient's one small pack (25,450 floats) crosses the
-    // network twice under `hierarchical` and four or six times under the flat algorithms, as
-    // the start-up model predicts; the chief logs the figures and the pick.
+    // network twice under `hierarchical` and four or six times under the flat algorithms, which
+    // the start-up model weighs against its measured links; the chief logs the figures and the
+    // pick.
     let choice = result.all_reduce_choice.unwrap_or_else(|| panic!("the chief logged no choice"));
     // Measured now, and kept in the job's own cache folder inside the cluster's (removed with
     // it: checked above), never in the user's ~/.cache.
@@ -127,7 +128,17 @@ fn four_tasks_on_two_hosts_train_to_completion_and_leave_nothing() {
     assert!(choice.contains(&format!("kept in {}/", work.display())), "{choice}");
     assert!(!work.exists(), "{} is left", work.display());
     assert!(choice.contains("inside hosts (shared memory) α"), "{choice}");
-    assert!(choice.contains("by pack size: 99.4 KiB → hierarchical"), "{choice}");
+    // Which algorithm the measured model picks for this pack is not asserted: on 2 cores shared
+    // by 4 tasks the probe's figures vary from run to run, and 20 runs of this test alone picked
+    // hierarchical mostly, but also halving-doubling (its "among leaders" link, the whole less
+    // the inside part, read at 0.37 GB/s) and once the ring. What the model picks from given
+    // figures is checked by `collective_topology`'s `check` snapshot; here, that it measured,
+    // logged its figures and picked for the job's pack.
+    let pick = choice.split("by pack size: 99.4 KiB → ").nth(1).unwrap_or_default();
+    assert!(
+        ["ring", "halving_doubling", "hierarchical"].iter().any(|a| pick.starts_with(a)),
+        "no pick for the 99.4 KiB pack: {choice}"
+    );
 }
 
 /// Item 2 of the scale-out: `hierarchical` between namespace hosts, end to end: 6 tasks as
