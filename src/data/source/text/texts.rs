@@ -267,26 +267,28 @@ pub fn pieces(vocabulary: &Vocabulary, text: &str) -> Result<Vec<(u32, String)>,
 /// batch of [`DOCUMENTS_A_BATCH`](super::DOCUMENTS_A_BATCH) keeps every thread busy.
 const DOCUMENTS_A_TASK: usize = 64;
 
+/// The token ids of `text` (at `path`, for errors).
+fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, DataError> {
+    let mut ids = Vec::new();
+    encode_into(path, text, vocabulary, &mut ids)?;
+    Ok(ids)
+}
+
 /// Appends the token ids of `text` (at `path`, for errors) to `ids`.
 fn encode_into(path: &Path, text: &str, vocabulary: &Vocabulary, ids: &mut Vec<u32>) -> Result<(), DataError> {
     match vocabulary {
         Vocabulary::Byte { .. } => ids.extend(text.bytes().map(u32::from)),
-        Vocabulary::Char { .. } | Vocabulary::Tiktoken { .. } | Vocabulary::TokenizerJson { .. } => {
-            ids.extend(encode(path, text, vocabulary)?);
-        }
+        Vocabulary::Tiktoken { encoding, .. } => ids.extend(encoding.encode(text)),
+        Vocabulary::TokenizerJson { tokenizer, .. } => ids.extend(tokenizer.encode(path, text)?),
+        Vocabulary::Char { tokens } => encode_chars(path, text, tokens, ids)?,
     }
     Ok(())
 }
 
-/// The token ids of `text` (at `path`, for errors).
-fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, DataError> {
-    let tokens = match vocabulary {
-        Vocabulary::Byte { .. } => return Ok(text.bytes().map(u32::from).collect()),
-        Vocabulary::Tiktoken { encoding, .. } => return Ok(encoding.encode(text)),
-        Vocabulary::TokenizerJson { tokenizer, .. } => return tokenizer.encode(path, text),
-        Vocabulary::Char { tokens } => tokens,
-    };
-    let mut ids = Vec::with_capacity(text.len());
+/// Appends the ids of `text`'s characters in the sorted character vocabulary `tokens` to `ids`;
+/// a character outside it is an error naming its line and column.
+fn encode_chars(path: &Path, text: &str, tokens: &[String], ids: &mut Vec<u32>) -> Result<(), DataError> {
+    ids.reserve(text.len());
     let (mut line, mut column) = (1u64, 0usize);
     let mut buf = [0u8; 4];
     for c in text.chars() {
@@ -310,5 +312,5 @@ fn encode(path: &Path, text: &str, vocabulary: &Vocabulary) -> Result<Vec<u32>, 
             (line, column) = (line + 1, 0);
         }
     }
-    Ok(ids)
+    Ok(())
 }
