@@ -17,6 +17,7 @@ mod kill;
 mod predict;
 mod products;
 pub mod scale;
+mod sparse;
 mod tls;
 mod tta;
 
@@ -56,6 +57,9 @@ pub enum BenchPart {
     ScaleFull,
     /// GFLOP/s of each matrix-product path (fp32, bf16) at the GPT's product shapes.
     Products,
+    /// The dense layer's walk over a ReLU's nonzeros against gemm, density by density, beside
+    /// the thresholds this CPU family's row uses.
+    Sparse,
     /// Inference throughput of the tutorial model on the MNIST test split against Keras's
     /// `model.predict` and PyTorch eager, alternating (needs the MNIST files).
     Predict,
@@ -262,12 +266,14 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::Scale) => return scale::run(&exe, &python, false),
         Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
         Some(BenchPart::Products) => return products::run(if quick { 5 } else { 21 }),
+        Some(BenchPart::Sparse) => return sparse::run(if quick { 3 } else { 10 }),
         Some(BenchPart::Predict) => return predict::run(&exe, &python),
         Some(BenchPart::Corpus) => return corpus::run(&exe, &python, quick),
         None => {}
     }
     engine(steps)?;
     products::run(if quick { 5 } else { 21 })?;
+    sparse::run(if quick { 3 } else { 10 })?;
     peers(steps)?;
 
     collective()?;
@@ -296,13 +302,14 @@ fn machine() -> String {
     let bf16 = crate::engine::bf16::Bf16Support::detect();
     let mixed = match bf16.mixed_path() {
         Some(path) => format!("{} for layers {} wide or more, fp32 below", path.name(), path.pays_from()),
-        None => "fp32 (no bf16 instructions here)".into(),
+        None => format!("fp32 ({})", bf16.why_fp32()),
     };
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     format!(
-        "== machine: {} ({threads} hardware threads; bf16: {}); products: float32 on gemm, mixed_bfloat16 on {mixed}",
+        "== machine: {} ({threads} hardware threads; bf16: {}); products: float32 on gemm, mixed_bfloat16 on {mixed}\n   {}",
         products::cpu_model(),
-        bf16.name()
+        bf16.name(),
+        crate::engine::tuning::Tuning::here().describe()
     )
 }
 

@@ -120,6 +120,8 @@ fn prepared(inv: &Invocation, trains: bool) -> Result<Result<Prepared, Box<TooBi
 /// Plans a loaded spec: gathers the facts (data sizes, cores, cluster) and calls the pure
 /// planner.
 pub fn plan(loaded: &Loaded, inv: &Invocation) -> Result<Plan, Unplanned> {
+    // Before anything plans a layer or runs one: the row decides paths and sums' order.
+    crate::engine::tuning::pin(loaded.spec.run.cpu_tuning);
     let source = crate::plan::source(&loaded.spec.data, &data_dirs(&inv.env), loaded.spec.run.seed)
         .map_err(|e| Unplanned::Run(e.into()))?;
     let multi_process = StrategyKind::of(&loaded.spec.strategy).multi_process();

@@ -61,6 +61,10 @@ pub struct Host {
     pub arch: &'static str,
     /// CPU model.
     pub cpu: Option<String>,
+    /// The CPU family whose row of speed thresholds the engine used (`engine::tuning`: this
+    /// CPU's, or the one `run.cpu_tuning` pinned): the same spec and seed give the same bits
+    /// on one row, and may differ in the last bits between rows.
+    pub cpu_family: crate::engine::tuning::CpuFamily,
     /// Cores this process may use.
     pub cores: usize,
     /// Total memory, MB.
@@ -80,6 +84,7 @@ impl Host {
             kernel: kernel(),
             arch: std::env::consts::ARCH,
             cpu: field(&cpuinfo, "model name").map(str::to_string),
+            cpu_family: crate::engine::tuning::Tuning::here().family,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_mb: field(&meminfo, "MemTotal")
                 .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())

@@ -25,6 +25,7 @@ pub mod shape;
 pub mod simd;
 pub mod sparse;
 pub mod strided;
+pub mod tuning;
 
 #[cfg(test)]
 pub(crate) mod gradcheck;

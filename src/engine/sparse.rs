@@ -15,9 +15,11 @@
 //! would not (`0 · w` is `0` for every finite `w`), so the results are gemm's up to rounding
 //! order. A `0 · inf` that gemm would turn into NaN is skipped, but a weight that is not finite
 //! reaches the loss through the examples that use it, and the step loop stops there. Whether a
-//! product goes sparse depends only on the data ([`forward_pays`], [`backward_pays`]), so runs
-//! stay reproducible.
+//! product goes sparse depends only on the data and on the CPU family's thresholds
+//! ([`forward_pays`], [`backward_pays`], [`super::tuning`]), so runs stay reproducible on a
+//! CPU of one family.
 
+use super::tuning::Tuning;
 use std::ops::Range;
 
 /// Compiles `fn name(args) body` three times, for AVX-512, for AVX2 with FMA, and plain, and
@@ -56,20 +58,18 @@ macro_rules! multiversion {
 }
 
 /// Whether forward's `x · kernel` should walk `x`'s nonzeros (`nonzeros` of `total` values)
-/// rather than call gemm: at a density of at most 1/5. Measured on one thread on the
-/// tutorial's dense layer (64 × 21,632 · 21,632 × 128, AVX-512, zeros spread evenly, which is
-/// the walk's worst case), the walk takes 0.44× gemm's time at a density of 5 %, 0.74× at
-/// 13 %, 0.93× at 20 % and 1.14× at 30 % (`sparse_speed`, an ignored test, prints these).
+/// rather than call gemm: at or below the density this CPU family's row gives
+/// ([`Tuning::sparse_forward`]; 1/5 on a Zen 4, where the walk took 0.93× gemm's time at 20 %,
+/// and 1/6 on an AMX Xeon, where it took 1.00× there).
 pub fn forward_pays(nonzeros: usize, total: usize) -> bool {
-    nonzeros * 5 <= total
+    Tuning::here().sparse_forward.admits(nonzeros, total)
 }
 
 /// Whether backward's products for a block of kernel rows should walk the nonzeros of the
-/// block's columns of `x`: at a density of at most 1/3. The kernel's gradient (gathering
-/// included) takes 0.49×, 0.59×, 0.76×, 0.92× and 1.14× gemm's time at 5, 13, 20, 30 and
-/// 40 %, the masked `dx` 0.46×, 0.54×, 0.73×, 0.86× and 0.98× (measured as above).
+/// block's columns of `x`: at or below the density of this CPU family's row
+/// ([`Tuning::sparse_backward`]).
 pub fn backward_pays(nonzeros: usize, total: usize) -> bool {
-    nonzeros * 3 <= total
+    Tuning::here().sparse_backward.admits(nonzeros, total)
 }
 
 /// How many of `x`'s values are not zero (a NaN counts as not zero).
@@ -81,18 +81,21 @@ pub fn count_nonzeros(x: &[f32]) -> usize {
 /// width changes, not the order of any sum.
 const LANES: usize = 16;
 
-/// Kernel rows per block of the forward walk: 128 KiB of a 128-unit kernel, in L2 while every
-/// row of `x` takes its nonzeros in the block. Walking a whole row of `x` at a time instead
-/// read the kernel rows it needs from all over the 11 MB kernel, once per example.
-const FORWARD_BLOCK: usize = 256;
+/// [`forward_rows_in`] in blocks of this CPU family's [`Tuning::forward_block`] rows.
+pub fn forward_rows(x: &[f32], inputs: usize, w: &[f32], units: usize, y: &mut [f32], list: &mut Nonzeros) {
+    forward_rows_in(x, inputs, w, units, y, list, Tuning::here().forward_block);
+}
 
 multiversion! {
     /// `y = x · w` for the rows of `x` (`rows × inputs`, row-major) into `y` (`rows × units`),
-    /// over `x`'s nonzeros, each row's sum in column order; `list` is scratch.
-    pub fn forward_rows(x: &[f32], inputs: usize, w: &[f32], units: usize, y: &mut [f32], list: &mut Nonzeros) {
+    /// over `x`'s nonzeros, each row's sum in column order; `list` is scratch. The kernel is
+    /// taken `block` rows at a time (in L2 while every row of `x` takes its nonzeros in the
+    /// block: walking a whole row of `x` at a time read the kernel rows it needs from all over
+    /// the 11 MB kernel, once per example); the block does not change any sum's order.
+    pub fn forward_rows_in(x: &[f32], inputs: usize, w: &[f32], units: usize, y: &mut [f32], list: &mut Nonzeros, block: usize) {
         y.fill(0.0);
-        for start in (0..inputs).step_by(FORWARD_BLOCK) {
-            let end = (start + FORWARD_BLOCK).min(inputs);
+        for start in (0..inputs).step_by(block.max(1)) {
+            let end = (start + block.max(1)).min(inputs);
             let w = &w[start * units..end * units];
             for (x, y) in x.chunks_exact(inputs).zip(y.chunks_exact_mut(units)) {
                 let (idx, val) = list.of(&x[start..end]);
@@ -464,6 +467,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     s0[0]
 }
+
+#[path = "sparse_timing.rs"]
+pub mod timing;
 
 #[cfg(test)]
 #[path = "sparse_tests.rs"]

@@ -77,99 +77,20 @@ fn dot_sums_every_term() {
     assert_eq!(dot(&a, &b), (0..133).sum::<i32>() as f32);
 }
 
-/// Prints the time of each sparse product on the tutorial's dense layer (one thread).
-/// The fastest of `reps` runs of `f`.
-fn best(reps: usize, mut f: impl FnMut()) -> std::time::Duration {
-    (0..reps)
-        .map(|_| {
-            let t = std::time::Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap_or_default()
-}
-
-/// Prints the time of each sparse product on the tutorial's dense layer (one thread).
+/// The forward walk's block is a matter of speed only: every block size gives the same bits.
 #[test]
-#[ignore = "prints timings"]
-fn sparse_speed() {
-    let (n, inputs, units) = (64usize, 21632usize, 128usize);
-    for density in [0.05f64, 0.13, 0.2, 0.3, 0.4, 0.5] {
-        let x: Vec<f32> = (0..n * inputs)
-            .map(|i| {
-                let h = (i as u64).wrapping_mul(0x9E3779B97F4A7C15) >> 40;
-                if (h as f64 / (1u64 << 24) as f64) < density { 0.5 } else { 0.0 }
-            })
-            .collect();
-        let w: Vec<f32> = (0..inputs * units).map(|i| (i % 7) as f32 * 0.01).collect();
-        let dz: Vec<f32> = (0..n * units).map(|i| (i % 5) as f32 * 0.1).collect();
-        let (mut y, mut list, mut cols) = (vec![0.0; n * units], Nonzeros::default(), Columns::default());
-        let (mut g, mut dx) = (vec![0.0; inputs * units], vec![0.0; n * inputs]);
-        let fwd = best(10, || forward_rows(&x, inputs, &w, units, &mut y, &mut list));
-        let blocks = |f: &mut dyn FnMut(std::ops::Range<usize>)| {
-            for start in (0..inputs).step_by(256) {
-                f(start..(start + 256).min(inputs));
-            }
-        };
-        let gather = best(10, || {
-            blocks(&mut |r| {
-                cols.count(&x, n, inputs, r.clone());
-                cols.fill(&x, n, inputs, r, |_, _, _| {});
-            })
-        });
-        let product = best(10, || {
-            blocks(&mut |r| {
-                cols.count(&x, n, inputs, r.clone());
-                cols.fill(&x, n, inputs, r.clone(), |_, _, _| {});
-                cols.product(&mut g[r.start * units..r.end * units], &dz, units, Some(0.9), -0.1);
-            })
-        });
-        let dxt = best(10, || {
-            blocks(&mut |r| {
-                let w = &w[r.start * units..r.end * units];
-                for (b, d) in dx.chunks_exact_mut(inputs).enumerate() {
-                    let (idx, val) = list.of(&x[b * inputs + r.start..b * inputs + r.end]);
-                    masked_dx_row(&mut d[r.clone()], idx, val, &dz[b * units..][..units], w, units);
-                }
-            })
-        });
-        use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
-        let gemm_fwd = best(10, || {
-            gemm_scaled(
-                MatMut::rows(&mut y, n, units),
-                MatRef::rows(&x, n, inputs),
-                MatRef::rows(&w, inputs, units),
-                None,
-                1.0,
-                1,
-            )
-        });
-        let gemm_product = best(10, || {
-            blocks(&mut |r| {
-                let xt = MatRef::rows(&x, n, inputs).block(0..n, r.clone()).t();
-                let t = MatMut::rows(&mut g[r.start * units..r.end * units], r.len(), units);
-                gemm_scaled(t, xt, MatRef::rows(&dz, n, units), Some(0.9), -0.1, 1);
-            })
-        });
-        let gemm_dx = best(10, || {
-            gemm_scaled(
-                MatMut::rows(&mut dx, n, inputs),
-                MatRef::rows(&dz, n, units),
-                MatRef::rows(&w, inputs, units).t(),
-                None,
-                1.0,
-                1,
-            );
-            crate::engine::activation::relu_mask(&x, &mut dx);
-        });
-        let r = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
-        eprintln!(
-            "density {density}: sparse/gemm forward {:.2} ({fwd:?}), product {:.2} ({product:?}), dx {:.2} ({dxt:?}); gather {gather:?}",
-            r(fwd, gemm_fwd),
-            r(product, gemm_product),
-            r(dxt, gemm_dx)
-        );
+fn the_forward_block_does_not_change_the_sums() {
+    let (n, inputs, units) = (6, 1000, 128);
+    let x = relu_like(n, inputs, 5);
+    let w: Vec<f32> = (0..inputs * units).map(|i| ((i * 29) % 97) as f32 / 97.0 - 0.5).collect();
+    let bits = |block| {
+        let mut y = vec![f32::NAN; n * units];
+        forward_rows_in(&x, inputs, &w, units, &mut y, &mut Nonzeros::default(), block);
+        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    let want = bits(inputs);
+    for block in [1, 16, 100, 256, 999] {
+        assert_eq!(bits(block), want, "block {block}");
     }
 }
 
@@ -207,4 +128,14 @@ fn the_product_takes_keep_and_scale() {
             }
         }
     }
+}
+
+#[test]
+fn the_crossover_is_where_the_ratio_reaches_one() {
+    use super::timing::crossover;
+    assert_eq!(crossover(&[]), None);
+    assert_eq!(crossover(&[(0.1, 0.5), (0.2, 0.9)]), None);
+    assert_eq!(crossover(&[(0.1, 1.2)]), Some(0.1));
+    let at = crossover(&[(0.1, 0.5), (0.2, 0.8), (0.3, 1.2)]).unwrap_or_default();
+    assert!((at - 0.25).abs() < 1e-12, "{at}");
 }

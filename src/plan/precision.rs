@@ -30,7 +30,7 @@ impl PrecisionPlan {
         match (self.policy, self.products) {
             (PrecisionPolicy::Float32, _) => "float32".to_string(),
             (PrecisionPolicy::MixedBfloat16, ProductPath::Float32) => {
-                "mixed_bfloat16: runs in fp32 (this CPU has no bf16 instructions)".to_string()
+                format!("mixed_bfloat16: runs in fp32 ({})", self.cpu.why_fp32())
             }
             (PrecisionPolicy::MixedBfloat16, path) => format!(
                 "mixed_bfloat16: bf16 inputs and fp32 sums on {} for products of layers {} wide or more \
@@ -73,11 +73,8 @@ pub fn resolve(spec: &Spec, cpu: Bf16Support, diags: &mut Vec<Diagnostic>) -> Pr
         PrecisionPolicy::Float32 => ProductPath::Float32,
         PrecisionPolicy::MixedBfloat16 => cpu.mixed_path().unwrap_or_else(|| {
             diags.push(
-                Diagnostic::warning(
-                    "train.precision",
-                    "mixed_bfloat16 runs in fp32 here: this CPU has neither AVX512-BF16 nor AMX",
-                )
-                .help("the results will be float32's; a CPU with bf16 instructions runs the policy"),
+                Diagnostic::warning("train.precision", format!("mixed_bfloat16 runs in fp32 here: {}", cpu.why_fp32()))
+                    .help("the results will be float32's; a CPU with bf16 instructions runs the policy"),
             );
             ProductPath::Float32
         }),

@@ -65,6 +65,7 @@ pub fn text(plan: &Plan) -> String {
         rows.push(("precision", plan.precision.summary()));
     }
     rows.push(("threads", format!("{} per task", plan.threads)));
+    rows.push(("cpu", crate::engine::tuning::Tuning::here().describe()));
     rows.push(("output", plan.out_dir.display().to_string()));
 
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);

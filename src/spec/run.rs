@@ -38,6 +38,16 @@ pub struct RunSpec {
     #[serde(default = "default_log_every_steps")]
     pub log_every_steps: NonZeroU64,
 
+    /// Which CPU family's speed thresholds the engine takes (where the dense layer walks a
+    /// ReLU's nonzeros instead of calling gemm, and whether `vdpbf16ps` is used): `intel_amx`,
+    /// `intel_avx512`, `amd_zen4`, `amd_zen5` or `other`. They decide the order of some sums,
+    /// so the same spec and seed give the same bits on CPUs of one family and may differ in
+    /// the last bits between families; pin one to get the same bits on a mixed fleet (at the
+    /// pinned family's speed). `trainrun check` prints the row a run takes. Default: this
+    /// CPU's family. Example: `cpu_tuning = "amd_zen4"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_tuning: Option<crate::engine::tuning::CpuFamily>,
+
     /// Where the chief also logs the run: an MLflow tracking server (`[run.tracking]`).
     /// Default: none, unless `MLFLOW_TRACKING_URI` is set. Example:
     /// `tracking = { mlflow = "http://127.0.0.1:5000" }`.
@@ -61,6 +71,7 @@ impl Default for RunSpec {
             out_dir: None,
             threads: None,
             log_every_steps: default_log_every_steps(),
+            cpu_tuning: None,
             tracking: None,
         }
     }

@@ -22,6 +22,7 @@ pub mod round;
 mod scratch;
 
 use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
+use crate::engine::tuning::Tuning;
 use serde::Serialize;
 
 /// How a layer's matrix products run.
@@ -114,11 +115,30 @@ impl Bf16Support {
     /// 146–183 (half the fp32 rate on this CPU, as DEPENDENCIES.md says), 206–446 against
     /// 74–288 at the Shakespeare spec's 128-wide layers; one head's 64-wide products were
     /// level with fp32 (124–136 against 122–133), so AMX pays from 64 ([`amx::PAYS_FROM`]).
+    ///
+    /// Whether `vdpbf16ps` pays at all is the CPU family's ([`Tuning::vdpbf16ps`]): on an Intel
+    /// core it runs at half the fp32 rate, so there `mixed_bfloat16` without AMX stays fp32.
     pub fn mixed_path(self) -> Option<ProductPath> {
+        self.mixed_path_on(&Tuning::here())
+    }
+
+    /// [`Bf16Support::mixed_path`] on a CPU of `tuning`'s family.
+    pub fn mixed_path_on(self, tuning: &Tuning) -> Option<ProductPath> {
         match self {
             Self::Amx => Some(ProductPath::Amx),
-            Self::Avx512Bf16 => Some(ProductPath::Avx512Bf16),
-            Self::None => None,
+            Self::Avx512Bf16 if tuning.vdpbf16ps => Some(ProductPath::Avx512Bf16),
+            Self::Avx512Bf16 | Self::None => None,
+        }
+    }
+
+    /// Why [`Bf16Support::mixed_path`] is `None` here, for the warning that says so.
+    pub fn why_fp32(self) -> String {
+        match self {
+            Self::None => "this CPU has neither AVX512-BF16 nor AMX".into(),
+            Self::Amx | Self::Avx512Bf16 => format!(
+                "this CPU has AVX512-BF16 but no AMX, and on its family ({}) `vdpbf16ps` is slower than the fp32 kernel",
+                Tuning::here().family.name()
+            ),
         }
     }
 

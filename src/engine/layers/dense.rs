@@ -385,14 +385,15 @@ mod tests {
         }
 
         /// Four row blocks (the last short) with `x` a ReLU's output: in the first block of
-        /// kernel rows 40 % of `x` nonzero (gemm's path), in the others about one value in
-        /// eleven (the sparse path), and the whole sparse enough for forward to walk it.
+        /// kernel rows 40 % of `x` nonzero (gemm's path on every CPU family's row), in the others
+        /// about one value in 23 (the sparse path), and the whole (15 %) sparse enough for
+        /// forward to walk it on every row (`engine::tuning`).
         fn relu_output() -> Self {
             let mut f = Self::with_inputs(3 * BLOCK_ROWS + 88);
             let inputs = f.inputs;
             for (i, v) in f.x.iter_mut().enumerate() {
                 let dense = i % inputs < BLOCK_ROWS;
-                *v = if (dense && i % 5 < 2) || (!dense && (i * 7919) % 11 == 0) { v.abs() + 0.01 } else { 0.0 };
+                *v = if (dense && i % 5 < 2) || (!dense && (i * 7919) % 23 == 0) { v.abs() + 0.01 } else { 0.0 };
             }
             let (n, rows) = (f.n, BLOCK_ROWS);
             let block = |b: usize| {
