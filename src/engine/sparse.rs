@@ -72,6 +72,28 @@ pub fn backward_pays(nonzeros: usize, total: usize) -> bool {
     Tuning::here().sparse_backward.admits(nonzeros, total)
 }
 
+/// Values counted between checks in [`pays_for`]: 256 KiB, small against the tutorial's
+/// 5.5 MB dense input at batch 64, large against the cost of a check.
+const CHECK_EVERY: usize = 1 << 16;
+
+/// Whether `pays(nonzeros, x.len())` holds for `x`'s nonzeros, as with [`count_nonzeros`], but
+/// counting stops as soon as the nonzeros so far already fail it: `pays` ([`forward_pays`],
+/// [`backward_pays`]) must allow fewer nonzeros only, never more, so more cannot make it hold
+/// again. A dense input answers after a fraction of it: at the tutorial's 72 % nonzero, a
+/// fifth of a batch 64's 1.4 million values instead of all of them, which took 0.21 ms of a
+/// 2.2 ms forward pass on 2 threads (measured on the tutorial model, AVX-512). The answer is
+/// the whole count's, so which product runs, and so the bits, do not change.
+pub fn pays_for(x: &[f32], pays: fn(usize, usize) -> bool) -> bool {
+    let mut nonzeros = 0;
+    for part in x.chunks(CHECK_EVERY) {
+        nonzeros += count_nonzeros(part);
+        if !pays(nonzeros, x.len()) {
+            return false;
+        }
+    }
+    pays(nonzeros, x.len())
+}
+
 /// How many of `x`'s values are not zero (a NaN counts as not zero).
 pub fn count_nonzeros(x: &[f32]) -> usize {
     super::simd::vectorized(|| x.chunks(4096).map(|c| c.iter().filter(|v| **v != 0.0).count()).sum())

@@ -139,3 +139,38 @@ fn the_crossover_is_where_the_ratio_reaches_one() {
     let at = crossover(&[(0.1, 0.5), (0.2, 0.8), (0.3, 1.2)]).unwrap_or_default();
     assert!((at - 0.25).abs() < 1e-12, "{at}");
 }
+
+#[test]
+fn pays_for_answers_as_the_whole_count_does() {
+    // Nonzeros at the front, at the back, spread, and exactly at each CPU family's thresholds'
+    // edges (`engine::tuning`), over lengths below, at and above a check's stretch.
+    for len in [0, 1, 999, CHECK_EVERY, 3 * CHECK_EVERY + 17] {
+        for nonzeros in
+            [0, len / 6, len / 6 + 1, len / 5, len / 5 + 1, len / 4, len / 4 + 1, len / 3, len / 3 + 1, len / 2, len]
+        {
+            let front: Vec<f32> = (0..len).map(|i| if i < nonzeros { 1.0 } else { 0.0 }).collect();
+            let back: Vec<f32> = front.iter().rev().copied().collect();
+            let spread: Vec<f32> = (0..len).map(|i| if (i * nonzeros) % len < nonzeros { 1.0 } else { 0.0 }).collect();
+            for x in [&front, &back, &spread] {
+                let count = count_nonzeros(x);
+                for pays in [forward_pays as fn(usize, usize) -> bool, backward_pays] {
+                    assert_eq!(pays_for(x, pays), pays(count, x.len()), "{len} values, {count} nonzero");
+                }
+            }
+        }
+    }
+}
+
+static CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn at_most_ten_counted(nonzeros: usize, _: usize) -> bool {
+    CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    nonzeros <= 10
+}
+
+#[test]
+fn pays_for_stops_counting_once_the_answer_is_no() {
+    let dense = vec![1.0f32; 20 * CHECK_EVERY];
+    assert!(!pays_for(&dense, at_most_ten_counted));
+    assert_eq!(CHECKS.load(std::sync::atomic::Ordering::Relaxed), 1, "one stretch decides");
+}

@@ -105,7 +105,7 @@ impl Layer for Dense {
         let (kernel, bias) = params.split_at(self.inputs * self.units);
         let (inputs, units, act, use_bias) = (self.inputs, self.units, self.activation, self.use_bias);
         let x = &x[..n * inputs];
-        let sparse = sparse::forward_pays(sparse::count_nonzeros(x), x.len());
+        let sparse = sparse::pays_for(x, sparse::forward_pays);
         if !sparse {
             bf16::gemm(
                 self.products,
@@ -146,7 +146,7 @@ impl Layer for Dense {
         // Above a ReLU, every block of kernel rows chooses between gemm and the walk over the
         // ReLU's nonzeros, as the fused update and replicas meeting do, so all three take the
         // same products; the walk computes `dx` only where ReLU lets it through.
-        if mask || (dx.is_none() && sparse::backward_pays(sparse::count_nonzeros(x), x.len())) {
+        if mask || (dx.is_none() && sparse::pays_for(x, sparse::backward_pays)) {
             let sink = Sink::Grads { kernel, grads: g_kernel, accumulate: pass.accumulate };
             let dx = dx.map(|dx| MatMut::rows(dx, n, inputs));
             kernel_blocks(sink, dx, x, dz, (n, inputs, units), (mask, products), threads);
@@ -234,7 +234,7 @@ impl Layer for Dense {
                     threads,
                 )
             }
-            None if sparse::backward_pays(sparse::count_nonzeros(x_rows), x_rows.len()) => {
+            None if sparse::pays_for(x_rows, sparse::backward_pays) => {
                 let sink = Sink::Step { kernel, step: kernel_update };
                 kernel_blocks(sink, None, x_rows, dz_rows, (n, inputs, units), how, threads)
             }
