@@ -19,6 +19,7 @@ mod child;
 pub mod driver;
 mod halving;
 mod median_stopping;
+pub mod resident;
 pub mod results;
 mod rungs;
 pub mod selection;
