@@ -25,7 +25,7 @@ use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
 use crate::collective::{Algorithm, TransportKind};
 use crate::data::{Dataset, Fetcher, Normalization};
-use crate::sweep::resident::Order;
+use crate::sweep::resident::DriverOrder;
 use crate::exit::RunError;
 use crate::plan::{Distribution, Part, Plan, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare_to_train};
@@ -299,30 +299,30 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     let stop = crate::signals::stop_requested();
     let prefix = watch_stops(inv, &p.plan);
     let control = match p.plan.cluster.part {
-        Part::Single => crate::sweep::resident::Control::from_env(&inv.env),
+        Part::Single => crate::sweep::resident::TrialControl::from_env(&inv.env),
         Part::Launcher | Part::Task(_) => None,
     };
     let mut kept = None;
     let command: Vec<String> = std::env::args().collect();
-    let result = segment(inv, p, &Segment { prefix: &prefix, stop, command: &command, first: true }, &mut kept);
+    let result = segment(inv, p, &SegmentOptions { prefix: &prefix, stop, command: &command, first: true }, &mut kept);
     let Some(mut control) = control else { return result };
     result?;
     loop {
         crate::signals::training_paused();
-        let Order::Continue { sets, env, command } = control.pause() else { return Ok(()) };
+        let DriverOrder::Continue { sets, env, command } = control.pause() else { return Ok(()) };
         let inv = Invocation { sets, env, launched: std::time::Instant::now(), ..inv.clone() };
         let next = prepare_to_train(&inv)?;
         // Only a later rung of the same trial trains on what this process holds.
-        if !kept.as_ref().is_some_and(|k: &Kept| k.fits(p, &next)) {
+        if !kept.as_ref().is_some_and(|k: &ResidentState| k.fits(p, &next)) {
             kept = None;
         }
-        segment(&inv, &next, &Segment { prefix: &prefix, stop, command: &command, first: false }, &mut kept)?;
+        segment(&inv, &next, &SegmentOptions { prefix: &prefix, stop, command: &command, first: false }, &mut kept)?;
     }
 }
 
 /// What a resident trial keeps between its rungs: the data as loaded, and the session (the
 /// models and strategy, with their buffers) where one process trains alone on the CPU.
-struct Kept {
+struct ResidentState {
     dataset: Arc<Dataset>,
     normalization: Option<Normalization>,
     session: Option<train::Session>,
@@ -330,7 +330,7 @@ struct Kept {
     pool: Option<Arc<rayon::ThreadPool>>,
 }
 
-impl Kept {
+impl ResidentState {
     /// Whether `next` trains what `first` did, only for another number of epochs (what a later
     /// rung changes): the same resolved spec but for `train.epochs`, the same threads.
     fn fits(&self, first: &Prepared, next: &Prepared) -> bool {
@@ -348,7 +348,7 @@ impl Kept {
 }
 
 /// How one segment of a run in this process goes.
-struct Segment<'a> {
+struct SegmentOptions<'a> {
     prefix: &'a str,
     stop: &'static std::sync::atomic::AtomicBool,
     /// The command line `run.json` records.
@@ -359,8 +359,8 @@ struct Segment<'a> {
 
 /// Trains `p` in this process, reusing what `kept` holds and leaving there what a later rung
 /// may reuse.
-fn segment(inv: &Invocation, p: &Prepared, how: &Segment, kept: &mut Option<Kept>) -> Result<(), RunError> {
-    let Segment { prefix, stop, command, first } = *how;
+fn segment(inv: &Invocation, p: &Prepared, how: &SegmentOptions, kept: &mut Option<ResidentState>) -> Result<(), RunError> {
+    let SegmentOptions { prefix, stop, command, first } = *how;
     let plan = &p.plan;
     let progress = progress_mode(inv);
     let (dataset, normalization, held, threads) = match kept.take() {
@@ -439,7 +439,7 @@ fn segment(inv: &Invocation, p: &Prepared, how: &Segment, kept: &mut Option<Kept
     // and a job's peers are not kept.
     let on_cpu = plan.strategy.devices.iter().all(|d| d.kind == crate::vocab::DeviceKind::Cpu);
     let keeps = matches!(plan.cluster.part, Part::Single) && on_cpu;
-    *kept = Some(Kept { dataset, normalization, session: keeps.then_some(session), pool: threads });
+    *kept = Some(ResidentState { dataset, normalization, session: keeps.then_some(session), pool: threads });
     if let Some(r) = record {
         let recorded = r.finish(inv, result.as_ref().map(|_| ()));
         // On a full disk `run.json` may not fit either: the failure to report is training's.

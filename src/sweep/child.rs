@@ -11,7 +11,7 @@
 //! sweep's metric at their rung) told to exit first; a trial that exited or died while paused is
 //! started anew, resuming from its backup, as every trial did before.
 
-use super::resident::{CONTROL_VAR, Order, PAUSED};
+use super::resident::{CONTROL_VAR, DriverOrder, PAUSED};
 use super::selection::Evaluated;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
@@ -116,7 +116,7 @@ pub fn run_resident(parallel: usize, stop: &AtomicBool, dispatch: &mut dyn Dispa
                 scope.spawn(move || {
                     let outcome = match live {
                         Ok(live) => wait(live, job.index, stop),
-                        Err(e) => Outcome::Exited(Err(e)),
+                        Err(e) => JobOutcome::Exited(Err(e)),
                     };
                     let _ = tx.send((job, started.elapsed(), outcome));
                 });
@@ -127,12 +127,12 @@ pub fn run_resident(parallel: usize, stop: &AtomicBool, dispatch: &mut dyn Dispa
             let Ok((job, took, outcome)) = rx.recv() else { break };
             running -= 1;
             let (code, error) = match outcome {
-                Outcome::Paused(live) => {
+                JobOutcome::Paused(live) => {
                     residents.pause(&job, live);
                     (0, None)
                 }
-                Outcome::Exited(Ok(status)) => (exit_code(status), None),
-                Outcome::Exited(Err(e)) => (1, Some(e)),
+                JobOutcome::Exited(Ok(status)) => (exit_code(status), None),
+                JobOutcome::Exited(Err(e)) => (1, Some(e)),
             };
             dispatch.event(TrialEvent::Ended { index: job.index, code, took, error });
             residents.trim();
@@ -147,7 +147,7 @@ pub struct Live {
 }
 
 /// How a job ended: its trial exited (or could not start), or paused resident.
-enum Outcome {
+enum JobOutcome {
     Exited(Result<ExitStatus, String>),
     Paused(Live),
 }
@@ -166,7 +166,7 @@ impl Paused {
         let mut env: BTreeMap<String, String> = std::env::vars().collect();
         env.extend(job.env.iter().cloned());
         let command = std::iter::once(job.exe.display().to_string()).chain(job.args.iter().cloned()).collect();
-        let order = Order::Continue { sets: job.sets.clone(), env: env.into_iter().collect(), command };
+        let order = DriverOrder::Continue { sets: job.sets.clone(), env: env.into_iter().collect(), command };
         let alive = matches!(self.live.child.try_wait(), Ok(None));
         let sent = alive
             && self.live.control.as_mut().is_some_and(|c| c.get_mut().write_all(order.line().as_bytes()).is_ok());
@@ -181,7 +181,7 @@ impl Paused {
 /// Tells a paused trial to exit and reaps it.
 fn leave(mut live: Live) {
     if let Some(c) = live.control.as_mut() {
-        let _ = c.get_mut().write_all(Order::Stop.line().as_bytes());
+        let _ = c.get_mut().write_all(DriverOrder::Stop.line().as_bytes());
     }
     drop(live.control.take());
     // It waits on the socket alone: it exits at once, or was gone already.
@@ -338,20 +338,20 @@ fn spawn(job: &TrialProcess, resident: bool) -> Result<Live, String> {
 }
 
 /// Waits until trial `index` exits or says it paused, passing a stop on to it.
-fn wait(mut live: Live, index: usize, stop: &AtomicBool) -> Outcome {
+fn wait(mut live: Live, index: usize, stop: &AtomicBool) -> JobOutcome {
     let mut forwarded = false;
     let mut heard = String::new();
     loop {
         match live.child.try_wait() {
-            Ok(Some(status)) => return Outcome::Exited(Ok(status)),
+            Ok(Some(status)) => return JobOutcome::Exited(Ok(status)),
             Ok(None) => {}
-            Err(e) => return Outcome::Exited(Err(format!("lost trial {index}: {e}"))),
+            Err(e) => return JobOutcome::Exited(Err(format!("lost trial {index}: {e}"))),
         }
         if let Some(control) = live.control.as_mut() {
             match control.read_line(&mut heard) {
                 Ok(_) if heard.ends_with('\n') => {
                     if heard.trim() == PAUSED {
-                        return Outcome::Paused(live);
+                        return JobOutcome::Paused(live);
                     }
                     heard.clear();
                 }
