@@ -25,11 +25,11 @@ use crate::cluster::tls::TlsMaterial;
 use crate::cluster::{Address, Cluster, Role, TaskId, launch, resolve_token};
 use crate::collective::{Algorithm, TransportKind};
 use crate::data::{Dataset, Fetcher, Normalization};
-use crate::sweep::resident::DriverOrder;
 use crate::exit::RunError;
 use crate::plan::{Distribution, Part, Plan, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare_to_train};
 use crate::progress::ProgressMode;
+use crate::sweep::resident::DriverOrder;
 use crate::train::{self, FitOptions};
 use run_folder::RunFolder;
 use std::collections::BTreeMap;
@@ -359,7 +359,12 @@ struct SegmentOptions<'a> {
 
 /// Trains `p` in this process, reusing what `kept` holds and leaving there what a later rung
 /// may reuse.
-fn segment(inv: &Invocation, p: &Prepared, how: &SegmentOptions, kept: &mut Option<ResidentState>) -> Result<(), RunError> {
+fn segment(
+    inv: &Invocation,
+    p: &Prepared,
+    how: &SegmentOptions,
+    kept: &mut Option<ResidentState>,
+) -> Result<(), RunError> {
     let SegmentOptions { prefix, stop, command, first } = *how;
     let plan = &p.plan;
     let progress = progress_mode(inv);
@@ -387,7 +392,9 @@ fn segment(inv: &Invocation, p: &Prepared, how: &SegmentOptions, kept: &mut Opti
     };
     let built = match rebuilt {
         Some(built) => built,
-        None => builder::build(plan, Resources { dataset: dataset.clone(), job }, note, warn).map_err(RunError::from)?,
+        None => {
+            builder::build(plan, Resources { dataset: dataset.clone(), job }, note, warn).map_err(RunError::from)?
+        }
     };
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     // From here a stop waits for the step boundary and saves a backup first.
@@ -447,4 +454,3 @@ fn segment(inv: &Invocation, p: &Prepared, how: &SegmentOptions, kept: &mut Opti
     }
     result
 }
-

@@ -168,8 +168,8 @@ impl Paused {
         let command = std::iter::once(job.exe.display().to_string()).chain(job.args.iter().cloned()).collect();
         let order = DriverOrder::Continue { sets: job.sets.clone(), env: env.into_iter().collect(), command };
         let alive = matches!(self.live.child.try_wait(), Ok(None));
-        let sent = alive
-            && self.live.control.as_mut().is_some_and(|c| c.get_mut().write_all(order.line().as_bytes()).is_ok());
+        let sent =
+            alive && self.live.control.as_mut().is_some_and(|c| c.get_mut().write_all(order.line().as_bytes()).is_ok());
         if sent {
             return Some(self.live);
         }
@@ -255,7 +255,8 @@ impl Residents {
             if self.paused.is_empty() || (rss <= self.budget && self.paused.len() <= self.most) {
                 return;
             }
-            let worst = self.paused.iter().min_by(|a, b| self.promise(a.1).total_cmp(&self.promise(b.1))).map(|(i, _)| *i);
+            let worst =
+                self.paused.iter().min_by(|a, b| self.promise(a.1).total_cmp(&self.promise(b.1))).map(|(i, _)| *i);
             if let Some(i) = worst {
                 self.release(i);
             }

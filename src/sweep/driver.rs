@@ -473,7 +473,15 @@ pub(super) fn job(
     if !inv.env.iter().any(|(k, v)| k == DATA_CACHE_VAR && !v.is_empty()) {
         env.push((DATA_CACHE_VAR.to_string(), sweep.dir.join(DATA_CACHE_FOLDER).display().to_string()));
     }
-    TrialProcess { index: trial.index, dir: sweep.trial_dir(trial), exe: exe.to_path_buf(), args, sets, env, stays: None }
+    TrialProcess {
+        index: trial.index,
+        dir: sweep.trial_dir(trial),
+        exe: exe.to_path_buf(),
+        args,
+        sets,
+        env,
+        stays: None,
+    }
 }
 
 fn dry_run(sweep: &Sweep, checked: &[ValidTrial], done: &[bool]) -> String {

@@ -58,7 +58,8 @@ impl TrialControl {
         let (mut kind, mut len): (libc::c_int, libc::socklen_t) = (0, size_of::<libc::c_int>() as libc::socklen_t);
         // SAFETY: getsockopt writes at most `len` bytes into `kind`; on a descriptor that is
         // not a socket it fails and writes nothing.
-        let asked = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, (&raw mut kind).cast(), &raw mut len) };
+        let asked =
+            unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, (&raw mut kind).cast(), &raw mut len) };
         if asked != 0 || kind != libc::SOCK_STREAM {
             return None;
         }

@@ -12,9 +12,9 @@
 //! pauses at an epoch's end, where its backup and summary are written, so a rung that is not
 //! a whole number of a trial's epochs is refused before anything runs.
 
+use super::child::{self, Residents};
 use super::driver::{Rungs, ValidTrial, job, on_event, validate_each};
 use super::results::{self, STOPPED_EARLY, SweepRecord};
-use super::child::{self, Residents};
 use super::{Sweep, Trial, halving, median_stopping};
 use crate::exit::RunError;
 use crate::prepare::Invocation;
