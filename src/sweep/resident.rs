@@ -40,7 +40,7 @@ pub enum DriverOrder {
 impl DriverOrder {
     /// The order as the line the driver writes.
     pub fn line(&self) -> String {
-        serde_json::to_string(self).map_or_else(|_| "\"stop\"".to_string(), |s| s + "\n")
+        serde_json::to_string(self).map_or_else(|_| "\"stop\"\n".to_string(), |s| s + "\n")
     }
 }
 
