@@ -80,10 +80,14 @@ def spec_variant(out, name, sweep_tail, keep_grid=True):
     return path
 
 
+RESIDENT = []
+
+
 def sweep(trainrun, spec, folder, seed, steps_per_epoch=None):
     """Runs `trainrun sweep` one trial at a time; returns its wall seconds."""
     started = time.perf_counter()
     epoch = ["--set", f"train.steps_per_epoch={steps_per_epoch}"] if steps_per_epoch else []
+    epoch += RESIDENT
     subprocess.run(
         [trainrun, "sweep", spec, "-q", "--parallel", "1", "--set", f"run.out_dir={folder}",
          "--set", f"sweep.seed={seed}", *epoch],
@@ -290,10 +294,14 @@ def main():
     p.add_argument("--part", choices=["grid", "sync", "tpe", "overhead"], required=True)
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--steps-per-epoch", type=int, default=70, help="the rungs' epoch (for --part overhead)")
+    p.add_argument("--resident-trials", type=int, default=None,
+                   help="sets sweep.resident_trials (0: every trial exits at its rung, as before resident trials)")
     p.add_argument("--optuna-python", default=sys.executable, help="a Python with optuna (for --part tpe)")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
     a.trainrun = os.path.abspath(a.trainrun)
+    if a.resident_trials is not None:
+        RESIDENT.extend(["--set", f"sweep.resident_trials={a.resident_trials}"])
     {"grid": part_grid, "sync": part_sync, "tpe": part_tpe, "overhead": part_overhead}[a.part](a)
 
 

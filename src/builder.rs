@@ -175,3 +175,34 @@ pub fn build(
     let resume = resume::restore(plan, &mut session, chief, loaded, note)?;
     Ok(Built { session, callbacks, resume, chief })
 }
+
+/// The running job `plan` describes, again, in a process that trained it before and kept its
+/// `session` (a sweep's resident trial, [`crate::sweep::resident`]): the models and strategy
+/// stay, with their buffers already in memory; the optimizer and callbacks are made afresh and
+/// the variables and optimizer state come from the newest good backup, as in [`build`], so
+/// training goes on exactly as in a process started anew. `Err(session)` when there is no
+/// good backup: then [`build`] starts over.
+pub fn rebuild(
+    plan: &Plan,
+    session: Session,
+    note: impl FnMut(&str),
+    mut warn: impl FnMut(&str),
+) -> Result<Result<Built, Session>, BuildFailure> {
+    let layout = Layout {
+        tensors: session.tensors.clone(),
+        state_tensors: session.state_tensors.clone(),
+        params: session.vars.params.len(),
+        state: session.vars.state.len(),
+    };
+    let loaded = match plan.callbacks.backup_dir() {
+        Some(dir) => Store::new(dir).latest_good(&layout, |w| warn(&format!("warning: {w}")))?,
+        None => None,
+    };
+    let Some(loaded) = loaded else { return Ok(Err(session)) };
+    let optimizer = optimizer(&plan.optimizer, &layout.tensors, layout.params);
+    let buffers: Vec<&str> = optimizer.state().iter().map(|(n, _)| *n).collect();
+    let callbacks = callbacks::build(plan, true, layout, plan.hashes.training.clone(), &buffers)?;
+    let mut session = Session { optimizer, ..session };
+    let resume = resume::restore(plan, &mut session, true, Some(loaded), note)?;
+    Ok(Ok(Built { session, callbacks, resume, chief: true }))
+}

@@ -25,6 +25,8 @@ static SUPERVISING: AtomicBool = AtomicBool::new(false);
 static TRAINING: AtomicBool = AtomicBool::new(false);
 /// Set once the step loop has reached a step boundary and is stopping there.
 static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Set while a resident trial waits between rungs ([`training_paused`]).
+static PAUSED: AtomicBool = AtomicBool::new(false);
 /// Set with [`TRAINING`] when the spec has `backup_and_restore`: there is a backup to resume from.
 static BACKS_UP: AtomicBool = AtomicBool::new(false);
 /// What records a stop the watchdog forces (the chief's `run.json`), given the stop and why.
@@ -116,8 +118,18 @@ pub fn supervise() -> &'static AtomicBool {
 /// Marks the training loop started: a stop from now on saves a backup first, when the spec
 /// has `backup_and_restore` (`backs_up`).
 pub fn training_started(backs_up: bool) {
+    PAUSED.store(false, Ordering::SeqCst);
     BACKS_UP.store(backs_up, Ordering::SeqCst);
     TRAINING.store(true, Ordering::SeqCst);
+}
+
+/// Marks training paused between a sweep's rungs (a resident trial waiting for its next
+/// order, [`crate::sweep::resident`]): its backup and records are written, so a stop ends the
+/// process at once, as before training begins.
+pub fn training_paused() {
+    TRAINING.store(false, Ordering::SeqCst);
+    STOPPING.store(false, Ordering::SeqCst);
+    PAUSED.store(true, Ordering::SeqCst);
 }
 
 /// Marks training under way in a parameter-server job, whose stop lets the work in flight
@@ -144,6 +156,9 @@ pub fn on_forced_stop(record: impl Fn(Stop, &str) + Send + Sync + 'static) {
 /// What the watchdog does now: `None` to keep watching.
 fn verdict(noticed: &mut Option<Instant>) -> Option<(Stop, String)> {
     let stop = received()?;
+    if PAUSED.load(Ordering::SeqCst) {
+        return Some((stop, format!("stopped by {} while paused at a rung; its backup is written", stop.name())));
+    }
     if !TRAINING.load(Ordering::SeqCst) {
         return Some((stop, format!("stopped by {} before training began; nothing to save", stop.name())));
     }

@@ -29,6 +29,7 @@ use crate::exit::RunError;
 use crate::plan::{Distribution, Part, Plan, StrategyKind};
 use crate::prepare::{Invocation, Prepared, flag, prepare_to_train};
 use crate::progress::ProgressMode;
+use crate::sweep::resident::DriverOrder;
 use crate::train::{self, FitOptions};
 use run_folder::RunFolder;
 use std::collections::BTreeMap;
@@ -289,16 +290,91 @@ fn watch_stops(inv: &Invocation, plan: &Plan) -> String {
     prefix
 }
 
-/// Trains in this process: the whole run, or this task's part of a job.
+/// Trains in this process: the whole run, or this task's part of a job. A sweep's trial
+/// handed a control socket ([`crate::sweep::resident`]) pauses after its rung instead of
+/// exiting, and trains on in this process when the sweep driver promotes it.
 fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // First thing: SIGTERM or Ctrl-C from here on is a request to stop, not death; until
     // training begins there is nothing to save, so the process ends at once.
     let stop = crate::signals::stop_requested();
+    let prefix = watch_stops(inv, &p.plan);
+    let control = match p.plan.cluster.part {
+        Part::Single => crate::sweep::resident::TrialControl::from_env(&inv.env),
+        Part::Launcher | Part::Task(_) => None,
+    };
+    let mut kept = None;
+    let command: Vec<String> = std::env::args().collect();
+    let result = segment(inv, p, &SegmentOptions { prefix: &prefix, stop, command: &command, first: true }, &mut kept);
+    let Some(mut control) = control else { return result };
+    result?;
+    loop {
+        crate::signals::training_paused();
+        let DriverOrder::Continue { sets, env, command } = control.pause() else { return Ok(()) };
+        let inv = Invocation { sets, env, launched: std::time::Instant::now(), ..inv.clone() };
+        let next = prepare_to_train(&inv)?;
+        // Only a later rung of the same trial trains on what this process holds.
+        if !kept.as_ref().is_some_and(|k: &ResidentState| k.fits(p, &next)) {
+            kept = None;
+        }
+        segment(&inv, &next, &SegmentOptions { prefix: &prefix, stop, command: &command, first: false }, &mut kept)?;
+    }
+}
+
+/// What a resident trial keeps between its rungs: the data as loaded, and the session (the
+/// models and strategy, with their buffers) where one process trains alone on the CPU.
+struct ResidentState {
+    dataset: Arc<Dataset>,
+    normalization: Option<Normalization>,
+    session: Option<train::Session>,
+    /// The compute threads, with what they cached.
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl ResidentState {
+    /// Whether `next` trains what `first` did, only for another number of epochs (what a later
+    /// rung changes): the same resolved spec but for `train.epochs`, the same threads.
+    fn fits(&self, first: &Prepared, next: &Prepared) -> bool {
+        let without_epochs = |p: &Prepared| {
+            let mut spec = serde_json::to_value(&p.loaded.spec).unwrap_or_default();
+            if let Some(train) = spec.get_mut("train").and_then(serde_json::Value::as_object_mut) {
+                train.remove("epochs");
+            }
+            spec
+        };
+        first.plan.threads == next.plan.threads
+            && first.plan.out_dir == next.plan.out_dir
+            && without_epochs(first) == without_epochs(next)
+    }
+}
+
+/// How one segment of a run in this process goes.
+struct SegmentOptions<'a> {
+    prefix: &'a str,
+    stop: &'static std::sync::atomic::AtomicBool,
+    /// The command line `run.json` records.
+    command: &'a [String],
+    /// The process's first segment (a resident trial's later rungs are not).
+    first: bool,
+}
+
+/// Trains `p` in this process, reusing what `kept` holds and leaving there what a later rung
+/// may reuse.
+fn segment(
+    inv: &Invocation,
+    p: &Prepared,
+    how: &SegmentOptions,
+    kept: &mut Option<ResidentState>,
+) -> Result<(), RunError> {
+    let SegmentOptions { prefix, stop, command, first } = *how;
     let plan = &p.plan;
     let progress = progress_mode(inv);
-    let prefix = watch_stops(inv, plan);
-    let (dataset, normalization) = load_preprocessed(inv, plan)?;
-    let dataset = Arc::new(dataset);
+    let (dataset, normalization, held, threads) = match kept.take() {
+        Some(k) => (k.dataset, k.normalization, k.session, k.pool),
+        None => {
+            let (dataset, normalization) = load_preprocessed(inv, plan)?;
+            (Arc::new(dataset), normalization, None, None)
+        }
+    };
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
     let job = match plan.cluster.part {
         Part::Task(task) => Some(join(inv, plan, task, plan.model.params)?),
@@ -309,21 +385,30 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
     // one run at a time in it, and never a folder that is not a run's.
     let _lock = lock_run_folder(inv, p)?;
     let quiet = progress == ProgressMode::Quiet;
-    let built =
-        builder::build(plan, Resources { dataset, job }, |t| say(quiet, &prefix, t), |w| eprintln!("{prefix}{w}"))
-            .map_err(RunError::from)?;
+    let (note, warn) = (|t: &str| say(quiet, prefix, t), |w: &str| eprintln!("{prefix}{w}"));
+    let rebuilt = match held {
+        Some(session) => builder::rebuild(plan, session, note, warn).map_err(RunError::from)?.ok(),
+        None => None,
+    };
+    let built = match rebuilt {
+        Some(built) => built,
+        None => {
+            builder::build(plan, Resources { dataset: dataset.clone(), job }, note, warn).map_err(RunError::from)?
+        }
+    };
     let builder::Built { mut session, mut callbacks, resume, chief } = built;
     // From here a stop waits for the step boundary and saves a backup first.
     crate::signals::training_started(plan.callbacks.backs_up());
-    if chief {
+    if chief && first {
         // A panic ends the process from the panicking thread: `run.json` says so, not
         // `running`. Set before the record is first written (it was set after, and a panic in
         // between, as `tests/panic_report.rs` makes one, left `running`).
         let (crashed, bug) = (p.plan.out_dir.clone(), crate::exit::Exit::Bug as u8);
         crate::crash::on_panic(move |report| crate::train::run_json::mark_panicked(&crashed, bug, report));
     }
+    let resumed = resume.as_ref().map(|r| r.step);
     let mut record =
-        if chief { Some(RunFolder::start(inv, p, resume.as_ref().map(|r| r.step), normalization)?) } else { None };
+        if chief { Some(RunFolder::start(inv, p, resumed, normalization.clone(), command)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
@@ -336,8 +421,12 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
             write_json(&plan.out_dir.join("classes.json"), &classes)?;
         }
     }
-    let opts = FitOptions { progress, prefix, launched: inv.launched, stop };
-    let result = pool(plan.threads).and_then(|pool| {
+    let opts = FitOptions { progress, prefix: prefix.to_string(), launched: inv.launched, stop };
+    let threads = match threads {
+        Some(threads) => Ok(threads),
+        None => pool(plan.threads).map(Arc::new),
+    };
+    let fit = |pool: &rayon::ThreadPool| -> Result<(), RunError> {
         let run_dir = record.as_mut().map(RunFolder::dir);
         let summary = pool.install(|| train::fit(plan, &mut session, &mut callbacks, run_dir, &opts, resume))?;
         if let Some(r) = record.as_mut() {
@@ -347,8 +436,17 @@ fn train_here(inv: &Invocation, p: &Prepared) -> Result<(), RunError> {
             }
         }
         Ok(())
-    });
+    };
+    let (result, threads) = match threads {
+        Ok(pool) => (fit(&pool), Some(pool)),
+        Err(e) => (Err(e), None),
+    };
     let result = result.map_err(interrupted);
+    // One process training alone on the CPU keeps its session for a later rung; GPU buffers
+    // and a job's peers are not kept.
+    let on_cpu = plan.strategy.devices.iter().all(|d| d.kind == crate::vocab::DeviceKind::Cpu);
+    let keeps = matches!(plan.cluster.part, Part::Single) && on_cpu;
+    *kept = Some(ResidentState { dataset, normalization, session: keeps.then_some(session), pool: threads });
     if let Some(r) = record {
         let recorded = r.finish(inv, result.as_ref().map(|_| ()));
         // On a full disk `run.json` may not fit either: the failure to report is training's.

@@ -20,12 +20,14 @@ pub struct RunFolder {
 
 impl RunFolder {
     /// Creates (or, resuming after `resumed_step`, reopens) the run folder and writes `run.json`.
-    /// `normalization` is what `normalize = "adapt"` computed, if it did.
+    /// `normalization` is what `normalize = "adapt"` computed, if it did; `command` is the
+    /// command line that started this run (a resident trial's later rung, the one that would).
     pub fn start(
         inv: &Invocation,
         p: &Prepared,
         resumed_step: Option<u64>,
         normalization: Option<Normalization>,
+        command: &[String],
     ) -> Result<RunFolder, RunError> {
         let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
         let options = RunDirOptions {
@@ -42,7 +44,7 @@ impl RunFolder {
             Some(step) => RunDir::resume(out, options, step),
         }
         .map_err(|e| out_dir_error(p, e))?;
-        let record = RunRecord { normalization, ..run_record(inv, p) };
+        let record = RunRecord { normalization, command: command.to_vec(), ..run_record(inv, p) };
         dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
         let tracker = track(inv, p, &record, resumed_step.is_some());
         if let Some(t) = &tracker {

@@ -32,7 +32,7 @@ const PREFIX: &str = "TRAINRUN_";
 /// The variables trainrun reads besides spec overrides (docs/specs.md, "Layering", and docs/reliability.md
 /// name them). Any other `TRAINRUN_*` name without `__` is a mistake, reported like an
 /// unknown key.
-pub(crate) const KNOWN_VARIABLES: [&str; 12] = [
+pub(crate) const KNOWN_VARIABLES: [&str; 13] = [
     "TRAINRUN_DATA_DIR",
     // The inflated-file cache's folder (`DataDirs::data_cache`), which a sweep sets for its trials.
     "TRAINRUN_DATA_CACHE",
@@ -45,6 +45,8 @@ pub(crate) const KNOWN_VARIABLES: [&str; 12] = [
     "TRAINRUN_JOB_TOKEN",
     "TRAINRUN_PROGRESS",
     "TRAINRUN_SWEEP_TRIAL",
+    // The control socket a sweep hands a trial that may stay resident (`sweep::resident`).
+    "TRAINRUN_SWEEP_CONTROL",
     // A tracked sweep's MLflow run, which its trials log under (`tracking::PARENT_VAR`).
     "TRAINRUN_MLFLOW_PARENT",
     // The headless Service of a Kubernetes Indexed Job (`cluster::kubernetes::SERVICE_VAR`).

@@ -15,7 +15,7 @@
 
 use super::Sweep;
 use super::asha::{AshaJob, Ladder};
-use super::child::{self, Dispatch, TrialEvent, TrialProcess};
+use super::child::{self, Dispatch, Residents, TrialEvent, TrialProcess};
 use super::driver::{Rungs, ValidTrial, job, on_event, trial_record, write};
 use super::results::{self, SweepRecord};
 use super::rungs::{at_rung, epochs_at, epochs_set, every_rung, mark_stopped};
@@ -69,7 +69,9 @@ pub(super) fn run(
         file,
         error: None,
     };
-    child::run_dispatched(rungs.parallel, rungs.stop, &mut state);
+    let mut residents = Residents::of(state.sweep, &inv.env);
+    child::run_resident(rungs.parallel, rungs.stop, &mut state, &mut residents);
+    drop(residents);
     if let Some(e) = state.error {
         return Err(e);
     }
@@ -275,15 +277,11 @@ impl Dispatch for Asha<'_> {
             self.running.insert(next.trial, next.rung);
             let (valid, trial) = (&self.at[next.rung][next.trial - 1], &self.sweep.trials[next.trial - 1]);
             let epochs = epochs_at(self.rungs.schedule.unit, valid.steps_per_epoch, self.ladder.rungs()[next.rung]);
-            return Some(job(
-                self.inv,
-                &*self.sweep,
-                trial,
-                valid,
-                self.rungs.exe,
-                self.rungs.parallel,
-                &epochs_set(epochs),
-            ));
+            let mut process =
+                job(self.inv, &*self.sweep, trial, valid, self.rungs.exe, self.rungs.parallel, &epochs_set(epochs));
+            // A trial below the last rung may go on: it waits resident for that.
+            process.stays = (next.rung + 1 < self.ladder.rungs().len()).then_some(valid.evaluates);
+            return Some(process);
         }
     }
 

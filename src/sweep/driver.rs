@@ -455,14 +455,15 @@ pub(super) fn job(
     parallel: usize,
     rung_sets: &[String],
 ) -> TrialProcess {
-    let mut args = vec![inv.spec.display().to_string()];
-    for s in inv.sets.iter().chain(rung_sets) {
-        args.extend(["--set".to_string(), s.clone()]);
-    }
+    let mut sets: Vec<String> = inv.sets.iter().chain(rung_sets).cloned().collect();
     // Trials side by side share the cores, unless the spec says otherwise; threads do not
     // change results, so the spec's hash leaves them out.
     if parallel > 1 && !checked.threads_set {
-        args.extend(["--set".to_string(), format!("run.threads={}", (checked.threads / parallel).max(1))]);
+        sets.push(format!("run.threads={}", (checked.threads / parallel).max(1)));
+    }
+    let mut args = vec![inv.spec.display().to_string()];
+    for s in &sets {
+        args.extend(["--set".to_string(), s.clone()]);
     }
     let mut env = vec![(TRIAL_VAR.to_string(), format!("{}:{}", trial.index, checked.sha256))];
     // A tracked sweep's run, which the trial logs under ([`super::tracked`]).
@@ -472,7 +473,15 @@ pub(super) fn job(
     if !inv.env.iter().any(|(k, v)| k == DATA_CACHE_VAR && !v.is_empty()) {
         env.push((DATA_CACHE_VAR.to_string(), sweep.dir.join(DATA_CACHE_FOLDER).display().to_string()));
     }
-    TrialProcess { index: trial.index, dir: sweep.trial_dir(trial), exe: exe.to_path_buf(), args, env }
+    TrialProcess {
+        index: trial.index,
+        dir: sweep.trial_dir(trial),
+        exe: exe.to_path_buf(),
+        args,
+        sets,
+        env,
+        stays: None,
+    }
 }
 
 fn dry_run(sweep: &Sweep, checked: &[ValidTrial], done: &[bool]) -> String {

@@ -7,6 +7,8 @@
 //! `[sweep.scheduler]` it trains the trials rung by rung and stops the worst early
 //! ([`rungs`], by the rule of [`halving`] or [`median_stopping`]); under `asha` each free slot
 //! decides at once and the decisions are recorded for replay ([`asynchronous`], by [`asha`]).
+//! Between rungs a paused trial stays resident, waiting to train on in its process
+//! ([`resident`], kept by [`child::Residents`]).
 //!
 //! A child is `trainrun SPEC --set …` told its trial by `TRAINRUN_SWEEP_TRIAL=<n>:<hash>`: it
 //! loads the spec as the sweep did, applies trial `n`'s values on top and checks that the
@@ -19,6 +21,7 @@ mod child;
 pub mod driver;
 mod halving;
 mod median_stopping;
+pub mod resident;
 pub mod results;
 mod rungs;
 pub mod selection;

@@ -12,9 +12,10 @@
 //! pauses at an epoch's end, where its backup and summary are written, so a rung that is not
 //! a whole number of a trial's epochs is refused before anything runs.
 
+use super::child::{self, Residents};
 use super::driver::{Rungs, ValidTrial, job, on_event, validate_each};
 use super::results::{self, STOPPED_EARLY, SweepRecord};
-use super::{Sweep, Trial, child, halving, median_stopping};
+use super::{Sweep, Trial, halving, median_stopping};
 use crate::exit::RunError;
 use crate::prepare::Invocation;
 use crate::spec::sweep::{Rule, RungGroup, RungUnit, SweepSchedule};
@@ -58,11 +59,13 @@ pub(super) fn run(
     let each = every_rung(inv, sweep, rungs.schedule, checked)?;
     let sweeping = Sweeping { inv, sweep, rungs, checked, each: &each, record };
     let mut decisions = String::new();
+    let mut residents = Residents::of(sweep, &inv.env);
     for group in &rungs.schedule.groups {
-        if run_group(&sweeping, group, failures, &mut decisions)? {
+        if run_group(&sweeping, group, failures, &mut residents, &mut decisions)? {
             break;
         }
     }
+    drop(residents);
     let path = sweep.dir.join("decisions.jsonl");
     std::fs::write(&path, decisions).map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
 }
@@ -85,6 +88,7 @@ fn run_group(
     s: &Sweeping,
     group: &RungGroup,
     failures: &mut BTreeMap<usize, u8>,
+    residents: &mut Residents,
     decisions: &mut String,
 ) -> Result<bool, RunError> {
     let Sweeping { inv, sweep, rungs, checked, each, record } = *s;
@@ -108,10 +112,15 @@ fn run_group(
             .iter()
             .map(|i| {
                 let trial = &sweep.trials[*i - 1];
-                job(inv, sweep, trial, &at[*i - 1], rungs.exe, rungs.parallel, &epochs_set(epochs(*i, u)))
+                let mut process =
+                    job(inv, sweep, trial, &at[*i - 1], rungs.exe, rungs.parallel, &epochs_set(epochs(*i, u)));
+                // Below the last rung a trial may go on: it waits resident for that.
+                process.stays = (!last).then_some(at[*i - 1].evaluates);
+                process
             })
             .collect();
-        child::run_all(jobs, rungs.parallel, rungs.stop, |event| on_event(inv, sweep, at, record, failures, event));
+        let on = |event| on_event(inv, sweep, at, record, failures, event);
+        child::run_all_resident(jobs, rungs.parallel, rungs.stop, residents, on);
         if crate::signals::received().is_some() {
             return Ok(true);
         }
@@ -137,6 +146,7 @@ fn run_group(
             let _ = std::fs::remove_file(dir(sweep, i).join(STOPPED_EARLY));
         }
         for &i in &decision.stopped {
+            residents.release(i);
             let marker = json!({ "rung": k + 1, "epochs": epochs(i, u), unit: u, "bracket": group.bracket });
             mark_stopped(sweep, i, marker, &at[i - 1])?;
         }

@@ -24,8 +24,20 @@ impl EventWriter {
         let host = crate::provenance::hostname().unwrap_or_else(|| "localhost".to_string());
         let host: String = host.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
         let secs = crate::provenance::unix_seconds(now) as u64;
-        let path = dir.join(format!("events.out.tfevents.{secs}.{host}.{}", std::process::id()));
-        let mut writer = Self { file: BufWriter::new(File::create(&path)?), path };
+        let name = format!("events.out.tfevents.{secs}.{host}.{}", std::process::id());
+        // A resident sweep trial (one process) may start its next rung's file within the same
+        // second: it gets a suffix instead of overwriting the rung before.
+        let (mut path, mut n) = (dir.join(&name), 0);
+        let file = loop {
+            match File::options().write(true).create_new(true).open(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {
+                    n += 1;
+                    path = dir.join(format!("{name}.{n}"));
+                }
+                opened => break opened?,
+            }
+        };
+        let mut writer = Self { file: BufWriter::new(file), path };
         writer.write(&file_version_event(crate::provenance::unix_seconds(now)))?;
         Ok(writer)
     }

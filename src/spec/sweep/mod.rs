@@ -62,6 +62,14 @@ pub struct SweepSpec {
     /// of those before it. Example: `tpe = { n_startup_trials = 5 }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpe: Option<TpeSpec>,
+    /// Under a `[sweep.scheduler]`, at most this many trials paused at a rung stay resident: a
+    /// process kept in memory that trains on when promoted, instead of a new process resuming
+    /// from the backup (the same bits either way). Beyond it, or beyond a quarter of the
+    /// machine's memory, the least promising exit and resume from their backup when promoted.
+    /// `0`: every trial exits at its rung. Default: as many as that memory holds.
+    /// Example: `resident_trials = 9`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_trials: Option<u32>,
 }
 
 /// The values one grid key takes.
@@ -212,6 +220,8 @@ pub struct Sweep {
     pub scheduler: Option<SweepSchedule>,
     /// TPE's search, when the sweep draws by it: `trials` holds its random startup trials.
     pub tpe: Option<TpeSearch>,
+    /// `resident_trials`: the most paused trials kept resident, `None` as memory allows.
+    pub resident_trials: Option<usize>,
 }
 
 /// A sweep's TPE search: what it draws and how many trials in all.
@@ -275,6 +285,7 @@ impl Sweep {
             seed,
             trials,
             tpe: search,
+            resident_trials: section.resident_trials.map(|n| n as usize),
         }))
     }
 
