@@ -3,7 +3,7 @@
 //! them (one exhaustive match in `strategy::build`), the optimizer, the callbacks and, when a
 //! backup exists, the restored state. Nothing here reads the spec.
 
-use crate::checkpoint::{CheckpointError, Layout, Store, warm_start};
+use crate::checkpoint::{CheckpointError, Layout, LoadedCheckpoint, Store, warm_start};
 use crate::cluster::job::Job;
 use crate::collective::Communicator;
 use crate::data::{DataError, Dataset, Shard};
@@ -133,7 +133,7 @@ pub fn build(
     plan: &Plan,
     resources: Resources,
     mut note: impl FnMut(&str),
-    mut warn: impl FnMut(&str),
+    warn: impl FnMut(&str),
 ) -> Result<Built, BuildFailure> {
     let Resources { dataset, job } = resources;
     let chief = job.as_ref().is_none_or(|j| j.is_chief);
@@ -152,11 +152,8 @@ pub fn build(
         }
     }
     let activation_len = first.activation_len();
-    let optimizer = optimizer(&plan.optimizer, first.tensors(), params.len());
     let strategy = strategy::build(plan, models, job)?;
-    let buffers: Vec<&str> = optimizer.state().iter().map(|(n, _)| *n).collect();
-    let hash = plan.hashes.training.clone();
-    let callbacks = callbacks::build(plan, chief, layout.clone(), hash.clone(), &buffers)?;
+    let (optimizer, callbacks) = fresh_optimizer_and_callbacks(plan, chief, &layout)?;
     let Layout { tensors, state_tensors, .. } = layout.clone();
     let mut session = Session {
         vars: Variables { params, state },
@@ -168,12 +165,35 @@ pub fn build(
         state_tensors,
         activation_len,
     };
-    let loaded = match (chief, plan.callbacks.backup_dir()) {
-        (true, Some(dir)) => Store::new(dir).latest_good(&layout, |w| warn(&format!("warning: {w}")))?,
-        _ => None,
-    };
+    let loaded = if chief { latest_backup(plan, &layout, warn)? } else { None };
     let resume = resume::restore(plan, &mut session, chief, loaded, note)?;
     Ok(Built { session, callbacks, resume, chief })
+}
+
+/// The optimizer, made afresh, and the callbacks of a job whose variables are laid out as
+/// `layout`.
+fn fresh_optimizer_and_callbacks(
+    plan: &Plan,
+    chief: bool,
+    layout: &Layout,
+) -> Result<(Optimizer, Callbacks), BuildFailure> {
+    let optimizer = optimizer(&plan.optimizer, &layout.tensors, layout.params);
+    let buffers: Vec<&str> = optimizer.state().iter().map(|(n, _)| *n).collect();
+    let callbacks = callbacks::build(plan, chief, layout.clone(), plan.hashes.training.clone(), &buffers)?;
+    Ok((optimizer, callbacks))
+}
+
+/// The newest good backup of the spec's `backup_and_restore`, if it has one; damaged ones are
+/// skipped, each said through `warn`.
+fn latest_backup(
+    plan: &Plan,
+    layout: &Layout,
+    mut warn: impl FnMut(&str),
+) -> Result<Option<LoadedCheckpoint>, BuildFailure> {
+    match plan.callbacks.backup_dir() {
+        Some(dir) => Ok(Store::new(dir).latest_good(layout, |w| warn(&format!("warning: {w}")))?),
+        None => Ok(None),
+    }
 }
 
 /// The running job `plan` describes, again, in a process that trained it before and kept its
@@ -186,7 +206,7 @@ pub fn rebuild(
     plan: &Plan,
     session: Session,
     note: impl FnMut(&str),
-    mut warn: impl FnMut(&str),
+    warn: impl FnMut(&str),
 ) -> Result<Result<Built, Session>, BuildFailure> {
     let layout = Layout {
         tensors: session.tensors.clone(),
@@ -194,14 +214,8 @@ pub fn rebuild(
         params: session.vars.params.len(),
         state: session.vars.state.len(),
     };
-    let loaded = match plan.callbacks.backup_dir() {
-        Some(dir) => Store::new(dir).latest_good(&layout, |w| warn(&format!("warning: {w}")))?,
-        None => None,
-    };
-    let Some(loaded) = loaded else { return Ok(Err(session)) };
-    let optimizer = optimizer(&plan.optimizer, &layout.tensors, layout.params);
-    let buffers: Vec<&str> = optimizer.state().iter().map(|(n, _)| *n).collect();
-    let callbacks = callbacks::build(plan, true, layout, plan.hashes.training.clone(), &buffers)?;
+    let Some(loaded) = latest_backup(plan, &layout, warn)? else { return Ok(Err(session)) };
+    let (optimizer, callbacks) = fresh_optimizer_and_callbacks(plan, true, &layout)?;
     let mut session = Session { optimizer, ..session };
     let resume = resume::restore(plan, &mut session, true, Some(loaded), note)?;
     Ok(Ok(Built { session, callbacks, resume, chief: true }))

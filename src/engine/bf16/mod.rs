@@ -119,14 +119,9 @@ impl Bf16Support {
     /// Whether `vdpbf16ps` pays at all is the CPU family's ([`Tuning::vdpbf16ps`]): on an Intel
     /// core it runs at half the fp32 rate, so there `mixed_bfloat16` without AMX stays fp32.
     pub fn mixed_path(self) -> Option<ProductPath> {
-        self.mixed_path_on(&Tuning::here())
-    }
-
-    /// [`Bf16Support::mixed_path`] on a CPU of `tuning`'s family.
-    pub fn mixed_path_on(self, tuning: &Tuning) -> Option<ProductPath> {
         match self {
             Self::Amx => Some(ProductPath::Amx),
-            Self::Avx512Bf16 if tuning.vdpbf16ps => Some(ProductPath::Avx512Bf16),
+            Self::Avx512Bf16 if Tuning::here().vdpbf16ps => Some(ProductPath::Avx512Bf16),
             Self::Avx512Bf16 | Self::None => None,
         }
     }
