@@ -1,7 +1,8 @@
 //! The schedulers besides successive halving (which `tests/sweep.rs` covers), end to end on
 //! short real MNIST trials: Hyperband's brackets, the median stopping rule, rungs counted in
-//! steps; each sweep run twice decides the same and writes a byte-identical `results.csv`, and
-//! bad input is named with its fix.
+//! steps (in the middle of an epoch too, promoted trials ending bit-identical to trials never
+//! paused); each sweep run twice decides the same and writes a byte-identical `results.csv`,
+//! and bad input is named with its fix.
 
 mod common;
 
@@ -89,24 +90,98 @@ fn median_stopping_in_steps_stops_trials_below_the_median_and_decides_the_same_t
     for (_, status, steps) in &cells {
         assert!(status == "ok" && steps == "30" || status == "stopped_early" && steps != "30", "{cells:?}");
     }
-    // Rungs are kept per epoch count: 10 steps an epoch, so rung 1 is `rung-1.json`.
+    // Rungs in steps are kept per step count.
     let first = a.path().join(&rows[1][2]);
-    assert!(first.join("rung-1.json").is_file() && first.join("rung-2.json").is_file(), "{}", first.display());
+    assert!(first.join("rung-10-steps.json").is_file() && first.join("rung-20-steps.json").is_file(), "{first:?}");
 
     assert_exit(&sweep(SPEC, b.path(), &["--set", "sweep.scheduler.min_samples=2", "--parallel", "2"]), 0);
     assert_eq!(outcome(a.path()), outcome(b.path()));
+}
+
+/// The SHA-256 of `model.safetensors` in `dir`.
+fn weights_file_sha(dir: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn rungs_in_steps_pause_mid_epoch_and_promoted_trials_end_as_if_never_paused() {
+    // Epochs of 47 steps, rungs at 30 and 60 steps, the whole run 94 steps under a cosine
+    // schedule to its last step.
+    const SPEC: &str = "tests/fixtures/sweeps/mnist_mid_epoch.toml";
+    let (a, b, c) = (tempdir(), tempdir(), tempdir());
+    let out = sweep(SPEC, a.path(), &["--parallel", "1"]);
+    assert_exit(&out, 0);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("rung 1 of 3: 30 steps, 4 trials, 4 to train"), "{stdout}");
+    assert!(stdout.contains("rung 2 of 3: 60 steps, 2 trials, 2 to train"), "{stdout}");
+    let (_, rows, decisions) = outcome(a.path());
+    assert_eq!(decisions.len(), 2, "{decisions:?}");
+    let mut cells: Vec<(String, String)> = status_and_steps(&rows).into_iter().map(|(_, s, n)| (n, s)).collect();
+    cells.sort();
+    let stopped = "stopped_early".to_string();
+    let expected = [("30", &stopped), ("30", &stopped), ("60", &stopped), ("94", &"ok".to_string())];
+    assert_eq!(cells, expected.map(|(n, s)| (n.to_string(), s.clone())), "{rows:?}");
+
+    // The trials promoted past the first rung: paused in the middle of their first epoch (and
+    // the finished one in its second), resident between rungs, and each equal to its spec
+    // trained straight to the same step.
+    let col = |name: &str| rows[0].iter().position(|h| h == name).unwrap_or(usize::MAX);
+    for row in rows[1..].iter().filter(|r| r[col("steps")] != "30") {
+        let dir = a.path().join(&row[col("name")]);
+        let rung = json(&dir.join("rung-30-steps.json"));
+        assert_eq!((rung["stopped"].as_str(), rung["steps"].as_u64()), (Some("paused"), Some(30)), "{rung}");
+        let log = std::fs::read_to_string(dir.join("train.log")).unwrap_or_default();
+        assert!(log.contains("paused at step 30") && log.contains("resuming from"), "{log}");
+        let straight = tempdir();
+        let (spec, o) =
+            (dir.join("spec.toml").display().to_string(), format!("run.out_dir={}", straight.path().display()));
+        // The spec of a trial stopped at rung 2 is that rung's: it stops at step 60.
+        assert_exit(&run(&[&spec, "-q", "--set", &o]), 0);
+        assert_eq!(weights_file_sha(straight.path()), weights_file_sha(&dir), "{}", dir.display());
+    }
+
+    // Every trial exiting at its rung (resumed by a new process), and the sweep again with
+    // two slots: the same decisions, results.csv byte for byte, and the same weights.
+    assert_exit(&sweep(SPEC, b.path(), &["--parallel", "1", "--set", "sweep.resident_trials=0"]), 0);
+    assert_exit(&sweep(SPEC, c.path(), &["--parallel", "2"]), 0);
+    for other in [b.path(), c.path()] {
+        assert_eq!(outcome(other), outcome(a.path()));
+        for row in &rows[1..] {
+            let name = &row[col("name")];
+            assert_eq!(weights_file_sha(&other.join(name)), weights_file_sha(&a.path().join(name)), "{name}");
+        }
+    }
+    let log = std::fs::read_to_string(b.path().join(&rows[1][col("name")]).join("train.log")).unwrap_or_default();
+    assert!(!log.contains("paused at step 30"), "a trial that exits logs only its last launch: {log}");
 }
 
 #[test]
 fn bad_scheduler_input_is_refused_naming_the_key_the_value_and_a_fix() {
     const SPEC: &str = "tests/fixtures/sweeps/mnist_median.toml";
     let dir = tempdir();
-    // Rungs in steps that are not whole epochs of the trials.
-    let out = sweep(SPEC, dir.path(), &["--set", "sweep.scheduler.grace=15", "--dry-run"]);
+    // A whole run (max in steps) that is not whole epochs of the trials; rungs below may be.
+    let out = sweep(SPEC, dir.path(), &["--set", "sweep.scheduler.max=35", "--dry-run"]);
     assert_exit(&out, 2);
     let (_, stderr) = text(&out);
-    assert!(stderr.contains("trains 10 steps an epoch") && stderr.contains("rungs at 15 steps"), "{stderr}");
-    assert!(stderr.contains("multiples of every trial's train.steps_per_epoch"), "{stderr}");
+    assert!(stderr.contains("sweep.scheduler.max = 35 steps is not a whole number of epochs"), "{stderr}");
+    assert!(stderr.contains("trial 1 (") && stderr.contains("trains 10 steps an epoch"), "{stderr}");
+    assert!(stderr.contains("multiple of every trial's train.steps_per_epoch (e.g. 30 or 40)"), "{stderr}");
+    assert_exit(&sweep(SPEC, dir.path(), &["--set", "sweep.scheduler.grace=15", "--dry-run"]), 0);
+    // A trial that pauses by itself, and a step past the run's last.
+    let out = sweep(SPEC, dir.path(), &["--set", "train.stop_at_step=5", "--dry-run"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("train.stop_at_step = 5 in trial 1") && stderr.contains("drop train.stop_at_step"),
+        "{stderr}"
+    );
+    let out = run(&["check", "specs/mnist_single.toml", "--set", "train.stop_at_step=500"]);
+    assert_exit(&out, 2);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("train.stop_at_step = 500 is past the run's last step, 210"), "{stderr}");
+    assert!(stderr.contains("stop at step 210 or before, or train more epochs (train.epochs = 8)"), "{stderr}");
     // grace above max, in the scheduler's unit.
     let out = sweep(SPEC, dir.path(), &["--set", "sweep.scheduler.grace=40", "--dry-run"]);
     assert_exit(&out, 2);

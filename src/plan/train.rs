@@ -4,9 +4,10 @@ use crate::data::{DataFacts, LabelKind};
 use crate::engine::LossFn;
 use crate::metrics::{self, Needs};
 use crate::model::{LayerConfig, ModelPlan};
-use crate::spec::{Diagnostic, Spec};
+use crate::spec::{Diagnostic, Spec, TrainSpec};
 use crate::vocab::{LossKind, MetricKind};
 use serde::Serialize;
+use std::num::NonZeroU64;
 
 /// When the test split is evaluated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -28,6 +29,9 @@ pub struct TrainPlan {
     pub steps_per_epoch: u64,
     /// `epochs × steps_per_epoch`.
     pub total_steps: u64,
+    /// The step the run stops at before `total_steps`, with a backup there
+    /// (`train.stop_at_step`); everything else still counts `total_steps`.
+    pub stop_at_step: Option<u64>,
     /// The loss.
     pub loss: LossKind,
     /// Whether model outputs are logits.
@@ -97,6 +101,7 @@ pub fn resolve(
             0
         }
     };
+    let stop_at_step = stop_at(t, total_steps, steps_per_epoch, diags);
     if (1..t.metrics.len()).any(|i| t.metrics[..i].contains(&t.metrics[i])) {
         diags.push(
             Diagnostic::warning("train.metrics", "train.metrics lists a metric twice").help("list each metric once"),
@@ -155,12 +160,36 @@ pub fn resolve(
         epochs: t.epochs.get(),
         steps_per_epoch,
         total_steps,
+        stop_at_step,
         loss: t.loss,
         from_logits: t.from_logits,
         metrics: t.metrics.clone(),
         accuracy: !matches!(facts.labels, LabelKind::Target { .. }),
         eval,
     }
+}
+
+/// `train.stop_at_step`, which must not be past the run's last step; at the last step it
+/// changes nothing (the run completes there), so it is none.
+fn stop_at(t: &TrainSpec, total_steps: u64, steps_per_epoch: u64, diags: &mut Vec<Diagnostic>) -> Option<u64> {
+    let stop_at_step = t.stop_at_step.map(NonZeroU64::get);
+    if let Some(stop) = stop_at_step.filter(|s| *s > total_steps && total_steps > 0) {
+        diags.push(
+            Diagnostic::error(
+                "train.stop_at_step",
+                format!(
+                    "train.stop_at_step = {stop} is past the run's last step, {total_steps} (train.epochs × steps per \
+                     epoch = {} × {steps_per_epoch})",
+                    t.epochs
+                ),
+            )
+            .help(format!(
+                "stop at step {total_steps} or before, or train more epochs (train.epochs = {})",
+                stop.div_ceil(steps_per_epoch.max(1))
+            )),
+        );
+    }
+    stop_at_step.filter(|s| *s < total_steps)
 }
 
 /// Why `metric` cannot be measured for `loss` on data labelled `labels`, if it cannot.

@@ -129,7 +129,7 @@ pub fn sweep_page(record: &SweepRecord, rows: &[Row]) -> String {
             Status::Ok => "ok".to_string(),
             Status::Failed(code) => format!("<span class=\"failed\">failed (exit {code})</span>"),
             Status::Pending => "not run".to_string(),
-            Status::StoppedEarly { rung, epochs } => format!("stopped early (rung {rung}, {epochs} epochs)"),
+            Status::StoppedEarly { rung, at, unit } => format!("stopped early (rung {rung}, {at} {})", unit.as_str()),
         };
         let _ = writeln!(body, "<td>{status}</td></tr>");
     }

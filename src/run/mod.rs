@@ -331,13 +331,15 @@ struct ResidentState {
 }
 
 impl ResidentState {
-    /// Whether `next` trains what `first` did, only for another number of epochs (what a later
-    /// rung changes): the same resolved spec but for `train.epochs`, the same threads.
+    /// Whether `next` trains what `first` did, only to another step (what a later rung
+    /// changes): the same resolved spec but for `train.epochs` and `train.stop_at_step`, the
+    /// same threads.
     fn fits(&self, first: &Prepared, next: &Prepared) -> bool {
         let without_epochs = |p: &Prepared| {
             let mut spec = serde_json::to_value(&p.loaded.spec).unwrap_or_default();
             if let Some(train) = spec.get_mut("train").and_then(serde_json::Value::as_object_mut) {
                 train.remove("epochs");
+                train.remove("stop_at_step");
             }
             spec
         };

@@ -18,6 +18,16 @@ pub struct TrainSpec {
     /// Example: `steps_per_epoch = 70`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps_per_epoch: Option<NonZeroU64>,
+    /// Stop after this optimizer step of the run (counted from its start, across epochs, a
+    /// resumed run's earlier steps included), in the middle of an epoch too: the backup
+    /// (`backup_and_restore`) is written there, then the validation, the weights and the
+    /// summary (`stopped = "paused"`), as at the end of the run. Everything else still counts
+    /// the whole run of `epochs`: the learning-rate schedule and warmup, the epochs and the
+    /// checkpoints, so the same run resumed without this key ends bit-identical to one that
+    /// never stopped. A sweep's scheduler sets it to pause a trial at a rung in steps.
+    /// Default: off (every epoch runs). Example: `stop_at_step = 30`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at_step: Option<NonZeroU64>,
     /// Steps run as one unit of work, Keras's `steps_per_execution`: under `parameter_server`
     /// the coordinator schedules this many steps as one closure on a worker (fewer round trips,
     /// and a lost closure re-runs all of them); the other strategies step one at a time, which
@@ -102,6 +112,7 @@ impl Default for TrainSpec {
         Self {
             epochs: default_epochs(),
             steps_per_epoch: None,
+            stop_at_step: None,
             steps_per_execution: default_steps_per_execution(),
             loss: LossKind::default(),
             from_logits: false,

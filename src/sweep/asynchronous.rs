@@ -18,14 +18,14 @@ use super::asha::{AshaJob, Ladder};
 use super::child::{self, Dispatch, Residents, TrialEvent, TrialProcess};
 use super::driver::{Rungs, ValidTrial, job, on_event, trial_record, write};
 use super::results::{self, SweepRecord};
-use super::rungs::{at_rung, epochs_at, epochs_set, every_rung, mark_stopped};
+use super::rungs::{at_rung, every_rung, mark_stopped, rung_sets};
 use super::sequential::TPE_DOMAIN;
 use crate::engine::init::rng;
 use crate::exit::RunError;
 use crate::prepare::Invocation;
 use crate::spec::sweep::tpe::{Observation, suggest};
 use crate::spec::sweep::{Rule, SweepSchedule};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
@@ -83,13 +83,9 @@ pub(super) fn run(
     if crate::signals::received().is_some() {
         return Ok(());
     }
-    let unit = schedule.unit.as_str();
     for (trial, rung) in state.ladder.stopped() {
-        let u = group.rungs[rung];
         let valid = &state.at[rung][trial - 1];
-        let epochs = epochs_at(schedule.unit, valid.steps_per_epoch, u);
-        let marker = json!({ "rung": rung + 1, "epochs": epochs, unit: u, "bracket": Json::Null });
-        mark_stopped(state.sweep, trial, marker, valid)?;
+        mark_stopped(state.sweep, trial, (rung + 1, schedule.unit, group.rungs[rung]), None, valid)?;
     }
     Ok(())
 }
@@ -204,8 +200,7 @@ impl Asha<'_> {
         let u = self.ladder.rungs()[rung];
         let last = rung + 1 == self.ladder.rungs().len();
         let valid = &self.at[rung][trial - 1];
-        let epochs = epochs_at(self.rungs.schedule.unit, valid.steps_per_epoch, u);
-        let summary = at_rung(self.sweep, trial, epochs, valid, last)?;
+        let summary = at_rung(self.sweep, trial, (self.rungs.schedule.unit, u), valid, last)?;
         results::value_in(&summary, valid.evaluates, self.sweep.metric.as_str()).and_then(Json::as_f64)
     }
 
@@ -276,9 +271,8 @@ impl Dispatch for Asha<'_> {
             }
             self.running.insert(next.trial, next.rung);
             let (valid, trial) = (&self.at[next.rung][next.trial - 1], &self.sweep.trials[next.trial - 1]);
-            let epochs = epochs_at(self.rungs.schedule.unit, valid.steps_per_epoch, self.ladder.rungs()[next.rung]);
-            let mut process =
-                job(self.inv, &*self.sweep, trial, valid, self.rungs.exe, self.rungs.parallel, &epochs_set(epochs));
+            let sets = rung_sets(self.rungs.schedule, valid.steps_per_epoch, self.ladder.rungs()[next.rung]);
+            let mut process = job(self.inv, &*self.sweep, trial, valid, self.rungs.exe, self.rungs.parallel, &sets);
             // A trial below the last rung may go on: it waits resident for that.
             process.stays = (next.rung + 1 < self.ladder.rungs().len()).then_some(valid.evaluates);
             return Some(process);

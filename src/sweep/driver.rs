@@ -42,8 +42,10 @@ pub enum SweepPart {
 pub(super) struct ValidTrial {
     /// Hash of its resolved spec.
     pub(super) sha256: String,
-    /// Optimizer steps in each of its epochs (a scheduler's rungs in steps become epochs).
+    /// Optimizer steps in each of its epochs (a scheduler's `max` in steps becomes epochs).
     pub(super) steps_per_epoch: u64,
+    /// Where it pauses (`train.stop_at_step`), which only a scheduler's rung may set.
+    pub(super) stop_at_step: Option<u64>,
     /// Threads its plan gives each task, and whether the spec chose them.
     threads: usize,
     threads_set: bool,
@@ -323,7 +325,7 @@ pub(super) fn tail(dir: &Path, error: Option<&str>) -> String {
 /// Loads and plans every trial, reporting every problem of every trial at once; problems
 /// that several trials share are shown once.
 /// Each trial is loaded with its `rung_sets` after the invocation's `--set`s (a rung's
-/// epochs); `show` prints the warnings.
+/// epochs, or where it pauses); `show` prints the warnings.
 pub(super) fn validate_each(
     inv: &Invocation,
     sweep: &Sweep,
@@ -363,6 +365,7 @@ pub(super) fn validate_each(
                 checked.push(ValidTrial {
                     sha256: loaded.spec.results_sha256(),
                     steps_per_epoch: plan.train.steps_per_epoch,
+                    stop_at_step: plan.train.stop_at_step,
                     threads: plan.threads,
                     threads_set: loaded.spec.run.threads.is_some(),
                     evaluates,

@@ -5,7 +5,7 @@
 
 use super::selection::Evaluated;
 use crate::provenance::{Git, Host};
-use crate::spec::sweep::SWEEP_METRICS;
+use crate::spec::sweep::{RungUnit, SWEEP_METRICS};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,8 +77,8 @@ pub enum Status {
     Ok,
     /// Ended with this exit code.
     Failed(u8),
-    /// Stopped by the scheduler after rung `rung` (1-based) of `epochs` epochs.
-    StoppedEarly { rung: u64, epochs: u64 },
+    /// Stopped by the scheduler after rung `rung` (1-based), at `at` epochs or steps (`unit`).
+    StoppedEarly { rung: u64, at: u64, unit: RungUnit },
     /// Not run yet (or interrupted).
     Pending,
 }
@@ -140,13 +140,17 @@ pub fn summary_of(path: &Path, sha256: &str) -> Option<Json> {
     (summary.get("spec_sha256").and_then(Json::as_str) == Some(sha256)).then_some(summary)
 }
 
-/// The file in a trial's folder that marks it stopped early: `{ rung, epochs, summary }`.
+/// The file in a trial's folder that marks it stopped early: `{ rung, epochs or steps, summary }`.
 pub const STOPPED_EARLY: &str = "stopped_early.json";
 
 /// A trial stopped early: its status and its summary at the rung where it stopped.
 fn stopped_early(dir: &Path) -> Option<(Status, Json)> {
     let marker: Json = serde_json::from_str(&std::fs::read_to_string(dir.join(STOPPED_EARLY)).ok()?).ok()?;
-    let status = Status::StoppedEarly { rung: marker.get("rung")?.as_u64()?, epochs: marker.get("epochs")?.as_u64()? };
+    let (unit, at) = match marker.get("steps").and_then(Json::as_u64) {
+        Some(steps) => (RungUnit::Steps, steps),
+        None => (RungUnit::Epochs, marker.get("epochs")?.as_u64()?),
+    };
+    let status = Status::StoppedEarly { rung: marker.get("rung")?.as_u64()?, at, unit };
     Some((status, marker.get("summary")?.clone()))
 }
 
@@ -186,7 +190,7 @@ pub fn rows(sweep_dir: &Path, record: &SweepRecord, failures: &BTreeMap<usize, u
 pub fn rank(mut rows: Vec<Row>, metric: &str, higher_is_better: bool) -> Vec<Row> {
     let class = |r: &Row| match (r.status, r.get(metric)) {
         (Status::Ok, Some(_)) => (0, 0),
-        (Status::StoppedEarly { epochs, .. }, _) => (1, u64::MAX - epochs),
+        (Status::StoppedEarly { at, .. }, _) => (1, u64::MAX - at),
         (Status::Ok, None) => (2, 0),
         (Status::Failed(_), _) => (3, 0),
         (Status::Pending, _) => (4, 0),
@@ -324,7 +328,7 @@ pub fn table(rows: &[Row], metric: &str) -> String {
         cells.push(row.get("wall_s").map_or("-".into(), |v| format!("{v:.1}")));
         cells.push(match row.status {
             Status::Failed(code) => format!("failed (exit {code})"),
-            Status::StoppedEarly { rung, epochs } => format!("stopped_early (rung {rung}, {epochs} epochs)"),
+            Status::StoppedEarly { rung, at, unit } => format!("stopped_early (rung {rung}, {at} {})", unit.as_str()),
             other => other.word().to_string(),
         });
         lines.push(cells);

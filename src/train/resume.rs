@@ -42,9 +42,10 @@ struct ResumeHeader {
 
 /// What a resumed run may change besides what the training hash leaves out: how long it
 /// trains, how it evaluates, logs and saves, and where the data is.
-const RESUMABLE: [&str; 10] = [
+const RESUMABLE: [&str; 11] = [
     "train.epochs",
     "train.steps_per_epoch",
+    "train.stop_at_step",
     "train.steps_per_execution",
     "train.metrics",
     "train.evaluate_every_steps",
@@ -265,7 +266,9 @@ mod tests {
 
     #[test]
     fn a_resume_may_train_longer_not_another_model() {
-        for key in ["train.epochs", "callbacks", "callbacks.0.save_freq", "callbacks[1]", "data.dir"] {
+        for key in
+            ["train.epochs", "train.stop_at_step", "callbacks", "callbacks.0.save_freq", "callbacks[1]", "data.dir"]
+        {
             assert!(resumable(key), "{key}");
         }
         for key in ["run.seed", "train.epochs_x", "optimizer.learning_rate", "model.layers", "data.dirt", "train.loss"]

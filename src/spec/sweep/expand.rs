@@ -106,6 +106,11 @@ fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
                     .help("the scheduler sets each rung's epochs; sweep.scheduler.max sets the last rung's"),
             );
         }
+        if normalized == "train.stop_at_step" {
+            problems.push(Diagnostic::error(at.clone(), format!("a sweep cannot set `{key}`")).help(
+                "every trial trains to its end; to stop trials early, add [sweep.scheduler] (its rungs pause them)",
+            ));
+        }
         if RESERVED.contains(&normalized.as_str()) || normalized.starts_with("sweep") || normalized == "extends" {
             problems.push(
                 Diagnostic::error(at, format!("a sweep cannot set `{key}`"))

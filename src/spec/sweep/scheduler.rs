@@ -89,9 +89,10 @@ pub enum RungUnit {
     /// Epochs (`train.epochs`).
     #[default]
     Epochs,
-    /// Optimizer steps: a trial pauses at a rung at the end of the epoch that reaches it, so
-    /// every rung must be a whole number of each trial's epochs (`train.steps_per_epoch`).
-    /// Trials of different batch sizes then compare after the same number of updates.
+    /// Optimizer steps: a trial pauses at a rung's step, in the middle of an epoch too
+    /// (`train.stop_at_step`), and its whole run is `max` steps, which must be a whole number
+    /// of each trial's epochs (`train.steps_per_epoch`). Trials of different batch sizes then
+    /// compare after the same number of updates.
     Steps,
 }
 

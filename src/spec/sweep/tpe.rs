@@ -42,9 +42,10 @@ pub struct TpeSpec {
     /// Random trials before TPE takes over. Default: `10`. Example: `n_startup_trials = 5`.
     #[serde(default = "ten")]
     pub n_startup_trials: NonZeroU32,
-    /// The fraction of finished trials that counts as good, between 0 and 1. Default: `0.25`.
+    /// The fraction of finished trials that counts as good, between 0 and 1 (rounded up, at
+    /// most 25 trials). Default: `0.1`, Optuna's `default_gamma` (`min(ceil(0.1 n), 25)`).
     /// Example: `gamma = 0.2`.
-    #[serde(default = "quarter")]
+    #[serde(default = "tenth")]
     pub gamma: f64,
     /// Values drawn from the good trials' estimator per parameter, of which the one most
     /// likelier among the good than among the others wins. Default: `24`.
@@ -67,8 +68,8 @@ fn ten() -> NonZeroU32 {
     NonZeroU32::MIN.saturating_add(9)
 }
 
-fn quarter() -> f64 {
-    0.25
+fn tenth() -> f64 {
+    0.1
 }
 
 fn twenty_four() -> NonZeroU32 {
@@ -123,7 +124,7 @@ pub fn check(sweep: &SweepSpec) -> Vec<Diagnostic> {
     if !(tpe.gamma > 0.0 && tpe.gamma < 1.0) {
         problems.push(
             Diagnostic::error("sweep.tpe.gamma", format!("gamma = {} is not a fraction between 0 and 1", tpe.gamma))
-                .help("use e.g. 0.25 (the best quarter of the trials count as good)"),
+                .help("use e.g. 0.1 (the default: the best tenth of the trials count as good)"),
         );
     }
     problems
@@ -175,9 +176,7 @@ pub fn suggest(
 ) -> BTreeMap<String, Json> {
     let mut order: Vec<&Observation> = history.iter().filter(|o| o.loss.is_finite()).collect();
     order.sort_by(|a, b| better(a, b));
-    let n_below =
-        ((settings.gamma * order.len() as f64).ceil() as usize).clamp(usize::from(!order.is_empty()), order.len());
-    let (below, above) = order.split_at(n_below);
+    let (below, above) = order.split_at(n_below(settings.gamma, order.len()));
     if settings.multivariate {
         return joint::suggest(params, below, above, settings, rng);
     }
@@ -205,6 +204,16 @@ pub fn suggest(
     }
     out
 }
+
+/// How many of `n` finished trials count as good: `gamma` of them rounded up, at least one and
+/// at most [`MAX_BELOW`] (Optuna's `default_gamma` is this with `gamma = 0.1`).
+fn n_below(gamma: f64, n: usize) -> usize {
+    ((gamma * n as f64).ceil() as usize).min(MAX_BELOW).clamp(usize::from(n > 0), n)
+}
+
+/// The most trials the good part takes, as Optuna's `default_gamma`: past it, the good
+/// estimator would widen to mediocre trials as a sweep grows.
+const MAX_BELOW: usize = 25;
 
 /// A uniform number in [0, 1) from 53 random bits, the same on every platform.
 pub(super) fn unit(rng: &mut ChaCha8Rng) -> f64 {

@@ -32,6 +32,16 @@ fn random_draw(params: &BTreeMap<String, SweepDistribution>, g: &mut ChaCha8Rng)
 
 const SETTINGS: TpeSettings = TpeSettings { gamma: 0.25, n_candidates: 24, multivariate: false };
 
+#[test]
+fn the_good_part_is_gamma_of_the_trials_rounded_up_at_least_one_at_most_25() {
+    // Optuna's default_gamma, min(ceil(0.1 n), 25), at the default 0.1.
+    let optuna = |n: usize| ((0.1 * n as f64).ceil() as usize).min(25);
+    for n in [1, 9, 10, 11, 20, 26, 249, 250, 251, 1000] {
+        assert_eq!(n_below(0.1, n), optuna(n), "{n}");
+    }
+    assert_eq!((n_below(0.1, 0), n_below(0.25, 20), n_below(0.5, 3), n_below(0.9, 100)), (0, 5, 2, 25));
+}
+
 /// The best objective of `trials` trials: random, or TPE after `startup` random ones.
 fn best(seed: u64, trials: usize, startup: Option<usize>) -> f64 {
     best_of(&params(), objective, SETTINGS, seed, trials, startup)

@@ -1,6 +1,7 @@
 //! `backup_and_restore`: Keras's `BackupAndRestore`. Backs up the whole training state every
-//! epoch or every N steps, and when every task is asked to stop; the run resumes from the
-//! newest good backup (`train::resume`), and a completed run removes it.
+//! epoch or every N steps, when every task is asked to stop and where the run pauses
+//! (`train.stop_at_step`); the run resumes from the newest good backup (`train::resume`), and a
+//! completed run removes it.
 
 use super::{Callback, Moment};
 use crate::checkpoint::policy::Policy;
@@ -30,7 +31,7 @@ impl Callback for BackupAndRestore {
     }
 
     fn checkpoint(&mut self, at: &Moment<'_>, _notes: &mut Vec<String>) -> Option<SaveRequest> {
-        (at.preempting || self.every.due(at.step, at.epoch_end)).then(|| SaveRequest {
+        (at.preempting || at.pausing || self.every.due(at.step, at.epoch_end)).then(|| SaveRequest {
             kind: Kind::Backup,
             store: self.store.clone(),
             policy: Policy::BACKUP,

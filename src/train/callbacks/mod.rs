@@ -78,6 +78,9 @@ pub enum StopReason {
     EarlyStopping,
     /// `stop_at_target` saw its target reached.
     TargetReached,
+    /// `train.stop_at_step` was reached: the run stopped there with a backup, which a later
+    /// run resumes to train on.
+    Paused,
 }
 
 impl StopReason {
@@ -87,6 +90,7 @@ impl StopReason {
             StopReason::Completed => "completed",
             StopReason::EarlyStopping => "early_stopping",
             StopReason::TargetReached => "target_reached",
+            StopReason::Paused => "paused",
         }
     }
 }
@@ -132,6 +136,9 @@ pub struct Moment<'a> {
     pub epoch_end: bool,
     /// Every task voted to stop (SIGTERM): a backup is due regardless of its frequency.
     pub preempting: bool,
+    /// The run stops here (`train.stop_at_step`) and is resumed later: a backup is due
+    /// regardless of its frequency, and nothing else is.
+    pub pausing: bool,
     /// Metrics now (an evaluation's only if it was taken at this step).
     pub logs: &'a Logs,
 }

@@ -54,8 +54,22 @@ pub fn fit(
     let t = &plan.train;
     let mut lp = Loop::new(plan, session, callbacks, opts, resume)?;
     lp.chief = run_dir.is_some();
+    if let Some(stop) = t.stop_at_step.filter(|s| *s < lp.start) {
+        return Err(TrainError::Resume(format!(
+            "train.stop_at_step = {stop} is before step {}, where the backup this run resumes from was written; \
+             help: stop at step {} or later, or drop train.stop_at_step to train to the end",
+            lp.start, lp.start
+        )));
+    }
     let mut stopped = StopReason::Completed;
-    'epochs: for epoch in lp.first_epoch()..=t.epochs {
+    // Resumed where it pauses (a rung's run again after its backup): nothing is left to train.
+    let first_epoch = if lp.pauses_here() {
+        stopped = StopReason::Paused;
+        t.epochs + 1
+    } else {
+        lp.first_epoch()
+    };
+    'epochs: for epoch in first_epoch..=t.epochs {
         let first = lp.first_step_of(epoch);
         lp.progress.start_epoch(epoch, t.steps_per_epoch, first);
         let mut vote = false;
@@ -83,6 +97,11 @@ pub fn fit(
             if epoch_end {
                 break;
             }
+            // Pausing mid-epoch (`train.stop_at_step`): every step in hand for the backup.
+            let pausing = lp.pauses_here();
+            if pausing && lp.join(session)? {
+                return Err(lp.stop_mid_epoch(epoch, session, callbacks));
+            }
             // Mid-epoch: save what is due (where the variables are at hand), then stop
             // together if a task was asked to.
             if lp.in_hand {
@@ -90,6 +109,13 @@ pub fn fit(
             }
             if vote {
                 return Err(lp.preempt(session, callbacks));
+            }
+            if pausing {
+                // The backup holds the epoch's statistics so far; the summary shows them.
+                lp.last_epoch = lp.epoch_stats;
+                stopped = StopReason::Paused;
+                lp.progress.note(&format!("paused at step {} (train.stop_at_step)", lp.step));
+                break 'epochs;
             }
         }
         // Steps scheduled ahead (a whole epoch may be) that a stop request dropped never ran:
@@ -109,6 +135,11 @@ pub fn fit(
         }
         if vote {
             return Err(lp.preempt(session, callbacks));
+        }
+        if lp.pauses_here() {
+            stopped = StopReason::Paused;
+            lp.progress.note(&format!("paused at step {} (train.stop_at_step)", lp.step));
+            break;
         }
     }
     lp.finish(stopped, session, callbacks, run_dir)
@@ -263,12 +294,19 @@ impl<'a> Loop<'a> {
         self.step - (epoch - 1) * self.spe()
     }
 
+    /// Whether the run pauses at the step it is at (`train.stop_at_step`).
+    fn pauses_here(&self) -> bool {
+        self.plan.train.stop_at_step == Some(self.step)
+    }
+
     /// Steps the next execution takes: what the strategy allows, within the epoch, ending at
-    /// the next evaluation (so that it sees exactly the steps before it).
+    /// the next evaluation (so that it sees exactly the steps before it) and where the run
+    /// pauses.
     fn next_steps(&self, epoch: u64, strategy_steps: u64) -> u64 {
         let left = self.spe() - self.done_in(epoch);
         let every = self.plan.train.eval.and_then(|e| e.every_steps).unwrap_or(u64::MAX).max(1);
-        strategy_steps.max(1).min(left).min(every - self.step % every)
+        let to_pause = self.plan.train.stop_at_step.filter(|s| *s > self.step).map_or(u64::MAX, |s| s - self.step);
+        strategy_steps.max(1).min(left).min(every - self.step % every).min(to_pause)
     }
 
     /// One execution (step `s` of `epoch` on): one optimizer step computed and applied here,
@@ -437,7 +475,7 @@ impl<'a> Loop<'a> {
         let (epoch, train) =
             if epoch_end { (epochs_done, self.last_epoch) } else { (epochs_done + 1, self.epoch_stats) };
         let logs = self.logs(epoch, &train, self.last_eval.filter(|e| e.step == self.step));
-        let at = Moment { step: self.step, epoch_end, preempting, logs: &logs };
+        let at = Moment { step: self.step, epoch_end, preempting, pausing: self.pauses_here(), logs: &logs };
         let cursor = self.input.cursor();
         let (examples, epoch_sums, last_epoch, last_eval) =
             (self.examples, self.epoch_stats, self.last_epoch, self.last_eval);
@@ -508,7 +546,8 @@ impl<'a> Loop<'a> {
         let parameter_server = session.strategy.parameter_server_stats();
         let stragglers = session.strategy.stragglers();
         // Every checkpoint is on disk before the job ends, so the evaluator finds the last one.
-        let saves = callbacks.finish(true)?;
+        // A paused run has not completed: its backup stays for the run that resumes it.
+        let saves = callbacks.finish(stopped != StopReason::Paused)?;
         session.strategy.finish()?;
         if let Some(d) = run_dir.as_deref() {
             save_weights(&d.path().join("model.safetensors"), &session.vars, &session.tensors, &session.state_tensors)?;
