@@ -235,7 +235,7 @@ fn one_kilobyte_among_sixty_four_tasks_leaves_the_ring_behind() {
 /// The all-reduce part of `trainrun bench --only scale` for the worlds in `BENCH_WORLDS`
 /// (default 16, 32, 64) at the sizes in `BENCH_SIZES` (floats; default 1 KB, 1 MB, 16 MB) on
 /// the link profiles in `BENCH_PROFILES` (`fast`, `slow`; default `fast`): every algorithm,
-/// then `auto`, `BENCH_ROUNDS` times (default 1) in one cluster, and how close `auto` came to
+/// then `auto`, `BENCH_ROUNDS` times (default `allreduce::ROUNDS`) in one cluster, and how close `auto` came to
 /// the fastest in each round and over the rounds' medians, with each row's spread over the
 /// rounds and whether a miss was `auto`'s pick or the spread between process groups:
 /// `cargo test --release --test scale -- --ignored --nocapture allreduce_table`.
@@ -257,7 +257,7 @@ fn allreduce_table() {
             .collect(),
         Err(_) => vec![Profile::FAST],
     };
-    let rounds = std::env::var("BENCH_ROUNDS").map_or(1, |v| v.parse().expect("a count"));
+    let rounds = std::env::var("BENCH_ROUNDS").map_or(allreduce::ROUNDS, |v| v.parse().expect("a count"));
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut summary = Vec::new();
     for profile in profiles {
@@ -271,15 +271,12 @@ fn allreduce_table() {
             };
             println!("\nN = {n} ({} × {}), {}", p.hosts, p.per_host(), c.settings());
             let sizes = list("BENCH_SIZES", &allreduce::SIZES);
-            let mut all = Vec::new();
-            for (round, within) in per_round.iter_mut().enumerate() {
-                let mut rows = allreduce::measure_sizes(&peer_exe(), &c, p, &allreduce::algorithms(), &sizes).unwrap();
-                rows.extend(allreduce::measure_auto(&peer_exe(), &c, p, &sizes).unwrap());
-                for v in allreduce::verdicts(&rows) {
+            let all = allreduce::measure_rounds(&peer_exe(), &c, p, &sizes, rounds).unwrap();
+            for (round, (rows, within)) in all.iter().zip(per_round.iter_mut()).enumerate() {
+                for v in allreduce::verdicts(rows) {
                     println!("round {}: {}", round + 1, v.line());
                     *within += usize::from(v.within());
                 }
-                all.push(rows);
             }
             let rows = allreduce::combine_rounds(&all);
             for r in &rows {

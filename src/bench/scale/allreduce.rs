@@ -50,11 +50,35 @@ fn launcher(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout, choosing: Choos
     Launcher { program: "sh".into(), args: vec!["-c".into(), script.into()] }
 }
 
-/// Every algorithm, then `auto`, at every size in [`SIZES`] between `p.tasks` ranks.
-pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Result<Vec<BenchRow>, BenchError> {
-    let mut rows = measure_sizes(exe, cluster, p, &algorithms(), &SIZES)?;
-    rows.extend(measure_auto(exe, cluster, p, &SIZES)?);
-    Ok(rows)
+/// Rounds of every cell the bench measures, interleaved. One group of processes differs from
+/// the next running the same algorithm by more than the 10 % `auto` is judged by (4 ranks as
+/// 2 × 2 at 1 KB: `hierarchical` 0.26–0.38 ms over 10 launches), so a cell is the median of
+/// its rounds ([`combine_rounds`]) and the spread is printed beside it.
+pub const ROUNDS: usize = 3;
+
+/// [`ROUNDS`] rounds of every algorithm, then `auto`, at every size in [`SIZES`] between
+/// `p.tasks` ranks ([`measure_rounds`]).
+pub fn measure(exe: &Path, cluster: &NamespaceHosts, p: TaskLayout) -> Result<Vec<Vec<BenchRow>>, BenchError> {
+    measure_rounds(exe, cluster, p, &SIZES, ROUNDS)
+}
+
+/// `rounds` rounds, each every algorithm, then `auto`, at `sizes` (floats), each row a group of
+/// processes of its own: A B C … A B C …, so that what drifts over a sitting (another job on
+/// the cores) falls on every row alike.
+pub fn measure_rounds(
+    exe: &Path,
+    cluster: &NamespaceHosts,
+    p: TaskLayout,
+    sizes: &[usize],
+    rounds: usize,
+) -> Result<Vec<Vec<BenchRow>>, BenchError> {
+    (0..rounds.max(1))
+        .map(|_| {
+            let mut rows = measure_sizes(exe, cluster, p, &algorithms(), sizes)?;
+            rows.extend(measure_auto(exe, cluster, p, sizes)?);
+            Ok(rows)
+        })
+        .collect()
 }
 
 /// The transports between the hosts: TCP, and shared memory inside hosts of several tasks.
@@ -200,8 +224,9 @@ pub fn verdicts(rows: &[BenchRow]) -> Vec<AutoVerdict> {
 }
 
 /// The rows of several rounds of the same table as one: each row's median of its rounds'
-/// medians and least minimum (`auto`'s pick from the first round; it is the same in every
-/// round unless the start-up probe measured differently, which [`spread`] shows).
+/// medians and least minimum, and `auto`'s most frequent pick (the earliest of equals). Each
+/// round's `auto` is a launch of its own whose start-up probe may measure differently, which
+/// [`spread`] shows.
 pub fn combine_rounds(rounds: &[Vec<BenchRow>]) -> Vec<BenchRow> {
     let Some(first) = rounds.first() else {
         return Vec::new();
@@ -209,11 +234,15 @@ pub fn combine_rounds(rounds: &[Vec<BenchRow>]) -> Vec<BenchRow> {
     first
         .iter()
         .map(|row| {
-            let same = rounds.iter().filter_map(|r| r.iter().find(|x| same_cell(x, row)));
-            let mut medians: Vec<_> = same.clone().map(|x| x.median).collect();
+            let same: Vec<&BenchRow> = rounds.iter().filter_map(|r| r.iter().find(|x| same_cell(x, row))).collect();
+            let mut medians: Vec<_> = same.iter().map(|x| x.median).collect();
             medians.sort_unstable();
-            let min = same.map(|x| x.min).min().unwrap_or(row.min);
-            BenchRow { median: medians[medians.len() / 2], min, ..row.clone() }
+            let min = same.iter().map(|x| x.min).min().unwrap_or(row.min);
+            let picks: Vec<Option<Algorithm>> = same.iter().map(|x| x.picked).collect();
+            let count = |a: &Option<Algorithm>| picks.iter().filter(|b| *b == a).count();
+            let picked =
+                picks.iter().copied().fold(row.picked, |best, a| if count(&a) > count(&best) { a } else { best });
+            BenchRow { median: medians[medians.len() / 2], min, picked, ..row.clone() }
         })
         .collect()
 }
@@ -345,5 +374,15 @@ mod tests {
         let (least, most, picks) = spread(&rounds, &combined[1]);
         assert_eq!((least, most), (Duration::from_millis(11), Duration::from_millis(15)));
         assert_eq!(picks, [Some(Algorithm::Ring); 3]);
+    }
+
+    #[test]
+    fn rounds_combine_into_autos_most_frequent_pick() {
+        let picks = [Algorithm::HalvingDoubling, Algorithm::Hierarchical, Algorithm::Hierarchical];
+        let rounds: Vec<Vec<BenchRow>> =
+            picks.into_iter().map(|a| vec![row(Algorithm::Hierarchical, Wire::Routed, 10, Some(a))]).collect();
+        assert_eq!(combine_rounds(&rounds)[0].picked, Some(Algorithm::Hierarchical));
+        // A tie goes to the earliest round's.
+        assert_eq!(combine_rounds(&rounds[..2])[0].picked, Some(Algorithm::HalvingDoubling));
     }
 }

@@ -147,16 +147,31 @@ fn measure(
         );
         ours.push(r.step_median_ms());
     }
-    let rows = allreduce::measure(exe, cluster, p).map_err(|e| e.to_string())?;
-    let _ = writeln!(out, "{:<40} {:>10} {:>12} {:>10}", "all-reduce", "size", "median ms", "min ms");
+    let rounds = allreduce::measure(exe, cluster, p).map_err(|e| e.to_string())?;
+    let rows = allreduce::combine_rounds(&rounds);
+    let _ = writeln!(
+        out,
+        "{:<40} {:>10} {:>12} {:>19} {:>10}  (median of {} interleaved rounds; each round's median)",
+        "all-reduce",
+        "size",
+        "median ms",
+        "rounds ms",
+        "min ms",
+        rounds.len()
+    );
     for r in &rows {
+        let (least, most, picks) = allreduce::spread(&rounds, r);
+        let picks: Vec<&str> = picks.iter().map(|a| a.map_or("-", |a| a.name())).collect();
         let _ = writeln!(
             out,
-            "{:<40} {:>10} {:>12.3} {:>10.3}",
+            "{:<40} {:>10} {:>12.3} {:>9.3}–{:<9.3} {:>10.3}{}",
             r.label(),
             size(r.bytes),
             r.median.as_secs_f64() * 1e3,
-            r.min.as_secs_f64() * 1e3
+            least.as_secs_f64() * 1e3,
+            most.as_secs_f64() * 1e3,
+            r.min.as_secs_f64() * 1e3,
+            if r.picked.is_some() { format!("  picks {}", picks.join(", ")) } else { String::new() }
         );
     }
     for v in allreduce::verdicts(&rows) {
