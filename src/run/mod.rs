@@ -273,7 +273,7 @@ pub(super) fn interrupted(e: RunError) -> RunError {
 /// text model's token ids) or `classes.json` (class names).
 fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), RunError> {
     let json = serde_json::to_string_pretty(value).map_err(|e| RunError::Failure(e.to_string()))?;
-    std::fs::write(&path, json + "\n").map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
+    std::fs::write(path, json + "\n").map_err(|e| RunError::Failure(format!("cannot write {}: {e}", path.display())))
 }
 
 /// Starts the stop watchdog: until training begins a stop ends the process at once (loading

@@ -165,7 +165,7 @@ fn the_error_function_matches_known_values() {
 #[test]
 fn stopped_trials_count_after_finished_ones_the_furthest_first_as_optuna_splits_them() {
     let o = |loss: f64, stopped_at: Option<u64>| Observation { values: Default::default(), loss, stopped_at };
-    let mut list = vec![o(0.1, Some(1)), o(0.5, None), o(0.3, Some(3)), o(0.2, Some(3)), o(0.9, None)];
+    let mut list = [o(0.1, Some(1)), o(0.5, None), o(0.3, Some(3)), o(0.2, Some(3)), o(0.9, None)];
     list.sort_by(better);
     let order: Vec<(f64, Option<u64>)> = list.iter().map(|o| (o.loss, o.stopped_at)).collect();
     assert_eq!(order, [(0.5, None), (0.9, None), (0.2, Some(3)), (0.3, Some(3)), (0.1, Some(1))]);
