@@ -182,6 +182,13 @@ fn bad_scheduler_input_is_refused_naming_the_key_the_value_and_a_fix() {
     let (_, stderr) = text(&out);
     assert!(stderr.contains("train.stop_at_step = 500 is past the run's last step, 210"), "{stderr}");
     assert!(stderr.contains("stop at step 210 or before, or train more epochs (train.epochs = 8)"), "{stderr}");
+    // Stopping a run that keeps no backup is allowed, with a warning that it cannot go on.
+    let out = run(&["check", "specs/mnist_single.toml", "--set", "train.stop_at_step=100"]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    let both = format!("{stdout}{stderr}");
+    assert!(both.contains("train.stop_at_step = 100 stops the run without a backup"), "{both}");
+    assert!(both.contains("kind = \"backup_and_restore\" to go on from the step it stops at"), "{both}");
     // grace above max, in the scheduler's unit.
     let out = sweep(SPEC, dir.path(), &["--set", "sweep.scheduler.grace=40", "--dry-run"]);
     assert_exit(&out, 2);

@@ -4,7 +4,7 @@ use crate::data::{DataFacts, LabelKind};
 use crate::engine::LossFn;
 use crate::metrics::{self, Needs};
 use crate::model::{LayerConfig, ModelPlan};
-use crate::spec::{Diagnostic, Spec, TrainSpec};
+use crate::spec::{CallbackSpec, Diagnostic, Spec};
 use crate::vocab::{LossKind, MetricKind};
 use serde::Serialize;
 use std::num::NonZeroU64;
@@ -101,7 +101,7 @@ pub fn resolve(
             0
         }
     };
-    let stop_at_step = stop_at(t, total_steps, steps_per_epoch, diags);
+    let stop_at_step = stop_at(spec, total_steps, steps_per_epoch, diags);
     if (1..t.metrics.len()).any(|i| t.metrics[..i].contains(&t.metrics[i])) {
         diags.push(
             Diagnostic::warning("train.metrics", "train.metrics lists a metric twice").help("list each metric once"),
@@ -170,9 +170,25 @@ pub fn resolve(
 }
 
 /// `train.stop_at_step`, which must not be past the run's last step; at the last step it
-/// changes nothing (the run completes there), so it is none.
-fn stop_at(t: &TrainSpec, total_steps: u64, steps_per_epoch: u64, diags: &mut Vec<Diagnostic>) -> Option<u64> {
+/// changes nothing (the run completes there), so it is none. Without `backup_and_restore`
+/// nothing is kept to go on from, so the same command would train again from the start: said
+/// as a warning, since stopping early may be all the user wants.
+fn stop_at(spec: &Spec, total_steps: u64, steps_per_epoch: u64, diags: &mut Vec<Diagnostic>) -> Option<u64> {
+    let t = &spec.train;
     let stop_at_step = t.stop_at_step.map(NonZeroU64::get);
+    let backs_up = spec.callbacks.iter().any(|c| matches!(c, CallbackSpec::BackupAndRestore { .. }));
+    if let Some(stop) = stop_at_step.filter(|s| *s < total_steps && !backs_up) {
+        diags.push(
+            Diagnostic::warning(
+                "train.stop_at_step",
+                format!(
+                    "train.stop_at_step = {stop} stops the run without a backup (no backup_and_restore callback), so \
+                     running it again trains from step 0 rather than going on from step {stop}"
+                ),
+            )
+            .help("add [[callbacks]] with kind = \"backup_and_restore\" to go on from the step it stops at"),
+        );
+    }
     if let Some(stop) = stop_at_step.filter(|s| *s > total_steps && total_steps > 0) {
         diags.push(
             Diagnostic::error(
