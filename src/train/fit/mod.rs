@@ -113,8 +113,7 @@ pub fn fit(
             if pausing {
                 // The backup holds the epoch's statistics so far; the summary shows them.
                 lp.last_epoch = lp.epoch_stats;
-                stopped = StopReason::Paused;
-                lp.progress.note(&format!("paused at step {} (train.stop_at_step)", lp.step));
+                stopped = lp.pause();
                 break 'epochs;
             }
         }
@@ -137,8 +136,7 @@ pub fn fit(
             return Err(lp.preempt(session, callbacks));
         }
         if lp.pauses_here() {
-            stopped = StopReason::Paused;
-            lp.progress.note(&format!("paused at step {} (train.stop_at_step)", lp.step));
+            stopped = lp.pause();
             break;
         }
     }
@@ -297,6 +295,12 @@ impl<'a> Loop<'a> {
     /// Whether the run pauses at the step it is at (`train.stop_at_step`).
     fn pauses_here(&self) -> bool {
         self.plan.train.stop_at_step == Some(self.step)
+    }
+
+    /// Says the run pauses here, and why it stops.
+    fn pause(&mut self) -> StopReason {
+        self.progress.note(&format!("paused at step {} (train.stop_at_step)", self.step));
+        StopReason::Paused
     }
 
     /// Steps the next execution takes: what the strategy allows, within the epoch, ending at
