@@ -7,7 +7,7 @@ use super::keypath::{self, Seg};
 use super::origins::{self, LayerKind, Origins, SpecLayer, SweepAt};
 use super::overrides::{self, BadOverride, Override};
 use super::render::{Finding, Place, render_findings, render_parts};
-use super::{Spec, schema_value, validate};
+use super::{Spec, validate};
 use crate::diagnostic::{Diagnostic, Severity};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
@@ -178,8 +178,7 @@ fn load_layers(
 
     let files: Vec<(usize, &str)> = chain.iter().rev().enumerate().map(|(i, f)| (i, f.source.as_str())).collect();
     let mut findings = Vec::new();
-    let schema = schema_value();
-    let parsed = overrides::from_env(env, &validate::homes(&schema))
+    let parsed = overrides::from_env(env, validate::homes())
         .into_iter()
         .chain(sets.iter().map(|s| overrides::from_set(s)))
         .map(|p| (p, None))
@@ -215,7 +214,7 @@ fn load_layers(
     }
 
     let origins = Origins::merged(layers, merged(&figment), &figment);
-    findings.extend(validate::validate(origins.value(), &schema));
+    findings.extend(validate::validate(origins.value()));
     if findings.iter().any(|f| f.diag.severity == Severity::Error) {
         return Err(LoadError::invalid(findings, &origins));
     }

@@ -303,8 +303,8 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
-    fn homes() -> BTreeMap<String, Vec<String>> {
-        crate::spec::validate::homes(&crate::spec::schema_value())
+    fn homes() -> &'static BTreeMap<String, Vec<String>> {
+        crate::spec::validate::homes()
     }
 
     #[test]
@@ -318,7 +318,7 @@ mod tests {
                 ("TRAINRUN_JOB_TOKEN", "secret"),
                 ("PATH", "/bin"),
             ]),
-            &homes(),
+            homes(),
         );
         assert_eq!(found.len(), 2);
         let Some(Ok(lr)) = found.first() else { panic!("the learning rate override parses: {found:?}") };
@@ -327,12 +327,12 @@ mod tests {
         assert_eq!(lr.name, "environment variable TRAINRUN_OPTIMIZER__LEARNING_RATE");
         let Some(Ok(epochs)) = found.get(1) else { panic!("lower-case names are overrides too") };
         assert_eq!(epochs.segs, vec![key("train"), key("epochs")]);
-        assert!(from_env(&env(&[("TRAINRUN_OPTIMIZER__", "1")]), &homes())[0].is_err());
+        assert!(from_env(&env(&[("TRAINRUN_OPTIMIZER__", "1")]), homes())[0].is_err());
     }
 
     #[test]
     fn unknown_variables_get_a_did_you_mean() {
-        let help = |name: &str| match from_env(&env(&[(name, "1")]), &homes()).pop() {
+        let help = |name: &str| match from_env(&env(&[(name, "1")]), homes()).pop() {
             Some(Err(bad)) => bad.help,
             other => panic!("{name} should be refused: {other:?}"),
         };
@@ -347,7 +347,7 @@ mod tests {
         assert!(help("TRAINRUN_XYZZY").contains("TRAINRUN_DATA_DIR"));
         let known =
             env(&[("TRAINRUN_SWEEP_TRIAL", "2"), ("TRAINRUN_COLLECTIVE_RANK", "1"), ("TRAINRUN_PROGRESS", "events")]);
-        assert!(from_env(&known, &homes()).is_empty());
+        assert!(from_env(&known, homes()).is_empty());
     }
 
     #[test]
@@ -393,7 +393,7 @@ mod tests {
         let Ok(far) = from_set("model.layers[5].units=64") else { panic!("parses") };
         let Err(bad) = layer_data(&far, &below) else { panic!("index 5 is past the end") };
         assert!(bad.message.contains("has 2 items"), "{}", bad.message);
-        let Ok(env) = from_env(&env(&[("TRAINRUN_MODEL__LAYERS__0__UNITS", "8")]), &homes()).remove(0) else {
+        let Ok(env) = from_env(&env(&[("TRAINRUN_MODEL__LAYERS__0__UNITS", "8")]), homes()).remove(0) else {
             panic!("parses")
         };
         let Ok(data) = layer_data(&env, &below) else { panic!("numeric keys index arrays") };

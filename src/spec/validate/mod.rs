@@ -17,21 +17,24 @@ use figment::value::Value;
 use regex_lite::Regex;
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
 
-/// Every problem of `value` against `schema` (the spec's root schema).
-pub(crate) fn validate(value: &Value, schema: &Json) -> Vec<Finding> {
-    let mut walker =
-        Walker { root: schema, findings: Vec::new(), homes: tables::homes(schema), patterns: HashMap::new() };
+/// Every problem of `value` against the spec's JSON Schema.
+pub(crate) fn validate(value: &Value) -> Vec<Finding> {
+    let schema = super::schema_value();
+    let mut walker = Walker { root: schema, findings: Vec::new(), homes: homes(), patterns: HashMap::new() };
     walker.check(value, schema, schema, &mut Vec::new());
     let mut findings = walker.findings;
     findings.extend(rules::check(value));
     findings
 }
 
-/// For each key, the sections where it is valid (`learning_rate` → `optimizer`), to suggest
-/// where a misplaced key or environment variable belongs.
-pub(crate) fn homes(schema: &Json) -> BTreeMap<String, Vec<String>> {
-    tables::homes(schema)
+/// For each key, the sections of the spec where it is valid (`learning_rate` → `optimizer`), to
+/// suggest where a misplaced key or environment variable belongs. Walked once per process, as
+/// the schema is built once: a load asks twice (its environment variables, then validation).
+pub(crate) fn homes() -> &'static BTreeMap<String, Vec<String>> {
+    static HOMES: OnceLock<BTreeMap<String, Vec<String>>> = OnceLock::new();
+    HOMES.get_or_init(|| tables::homes(super::schema_value()))
 }
 
 /// The variant an internally tagged table was matched to, for messages.
@@ -49,7 +52,7 @@ struct Walker<'s> {
     root: &'s Json,
     findings: Vec<Finding>,
     /// For each key, the sections where it is valid: `learning_rate` → `optimizer`.
-    homes: BTreeMap<String, Vec<String>>,
+    homes: &'static BTreeMap<String, Vec<String>>,
     patterns: HashMap<String, Option<Regex>>,
 }
 
@@ -383,7 +386,6 @@ fn discriminator<'s>(root: &Json, branches: &[&'s Json]) -> Option<&'s str> {
 mod tests {
     use super::*;
     use crate::spec::files::table_to_dict;
-    use crate::spec::schema_value;
     use figment::value::Tag;
     use toml::de::DeTable;
 
@@ -391,7 +393,7 @@ mod tests {
     fn problems(doc: &str) -> Vec<(String, String)> {
         let Ok(table) = DeTable::parse(doc) else { panic!("test TOML parses: {doc}") };
         let value = Value::Dict(Tag::Default, table_to_dict(table.get_ref()));
-        validate(&value, &schema_value()).into_iter().map(|f| (f.diag.key, f.diag.message)).collect()
+        validate(&value).into_iter().map(|f| (f.diag.key, f.diag.message)).collect()
     }
 
     #[test]
