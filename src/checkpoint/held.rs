@@ -52,20 +52,7 @@ impl HeldBackup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::store::tests::manifest;
-    use crate::engine::TensorInfo;
-
-    fn layout() -> Layout {
-        Layout {
-            tensors: vec![
-                TensorInfo { name: "dense/kernel".into(), shape: vec![2, 2], offset: 1 },
-                TensorInfo { name: "dense/bias".into(), shape: vec![1], offset: 0 },
-            ],
-            state_tensors: vec![TensorInfo { name: "bn/moving_mean".into(), shape: vec![2], offset: 0 }],
-            params: 5,
-            state: 2,
-        }
-    }
+    use crate::checkpoint::store::tests::{layout, manifest};
 
     /// Values whose bits a lossy round trip would change: signed zero, a subnormal, the
     /// extremes.
