@@ -139,7 +139,18 @@ def segments(trial_dir):
     return out
 
 
-def overhead(folder, wall):
+def beyond(values, as_before):
+    """What a trial's launches spent beyond what one launch trained straight through spends:
+    beyond its first launch (which starts the process, loads the data, builds the model, and
+    evaluates and writes once, as a trial without a scheduler does), or, `as_before`, beyond
+    its cheapest launch. The two agree when every launch is a new process; with resident
+    trials a later launch skips the start, so the cheapest one is a later launch and
+    `as_before` counts each promoted trial's start as overhead (how figures before 2026-11-30
+    were taken)."""
+    return sum(values) - (min(values) if as_before else values[0])
+
+
+def overhead(folder, wall, as_before=False):
     """ASHA's scheduler overhead in `folder`: pause and resume time, and the driver's time
     between launches, in seconds."""
     pause_resume, launched = 0.0, 0.0
@@ -151,16 +162,15 @@ def overhead(folder, wall):
         if not seg:
             continue
         launched += sum(w for w, _ in seg)
-        outside = [o for _, o in seg]
-        pause_resume += sum(outside) - min(outside)
+        pause_resume += beyond([o for _, o in seg], as_before)
     return pause_resume, max(wall - launched, 0.0)
 
 
-def rung_evaluations(folder):
+def rung_evaluations(folder, as_before=False):
     """Of `overhead`'s pause and resume time in `folder`, the seconds spent evaluating at the
     rungs: each launch's evaluation (its `evaluation` event's `wall_s` less the event's before
-    it in `metrics.jsonl`), summed per trial less the trial's shortest, as `overhead` counts
-    each trial's outside time beyond its least. These are the decision's inputs, which every
+    it in `metrics.jsonl`), summed per trial beyond its first (`as_before`: its shortest), as
+    `overhead` counts each trial's outside time. These are the decision's inputs, which every
     scheduler pays (Optuna's median pruner reads the same value at each rung)."""
     extra = 0.0
     for name in os.listdir(folder):
@@ -171,8 +181,23 @@ def rung_evaluations(folder):
         took = [e["wall_s"] - events[i - 1]["wall_s"] for i, e in enumerate(events)
                 if i > 0 and e.get("event") == "evaluation"]
         if took:
-            extra += sum(took) - min(took)
+            extra += beyond(took, as_before)
     return extra
+
+
+def resumes(folder):
+    """Each promotion's resume, in seconds: from the launch (a resident trial's order) to its
+    first step, as the launch's summary records it (`first_step_s`), for every launch that
+    resumed from a backup."""
+    out = []
+    for name in sorted(os.listdir(folder)):
+        d = os.path.join(folder, name)
+        if not os.path.isdir(d):
+            continue
+        files = [f for f in os.listdir(d) if re.fullmatch(r"rung-\d+\.json", f) or f == "summary.json"]
+        out += [s["first_step_s"] for s in (json.load(open(os.path.join(d, f))) for f in files)
+                if s.get("resumed_from_step")]
+    return out
 
 
 def part_grid(a):
@@ -217,6 +242,9 @@ def part_overhead(a):
         ours = rows(folder)
         pr, driver = overhead(folder, wall)
         evals = rung_evaluations(folder)
+        pr_before, _ = overhead(folder, wall, as_before=True)
+        evals_before = rung_evaluations(folder, as_before=True)
+        resumed = sorted(resumes(folder))
         prune(folder)
         r = {
             "part": "overhead", "seed": seed, "steps_per_epoch": a.steps_per_epoch,
@@ -226,6 +254,10 @@ def part_overhead(a):
             "overhead_pct": round(100 * (pr + driver) / wall, 2),
             "rung_evaluation_s": round(evals, 2),
             "overhead_without_rung_evaluation_pct": round(100 * (pr - evals + driver) / wall, 2),
+            "overhead_pct_as_before": round(100 * (pr_before + driver) / wall, 2),
+            "overhead_without_rung_evaluation_pct_as_before":
+                round(100 * (pr_before - evals_before + driver) / wall, 2),
+            "resume_ms_median": round(1000 * resumed[len(resumed) // 2], 1) if resumed else None,
         }
         print(json.dumps(r), flush=True)
         results.append(r)

@@ -3,7 +3,7 @@
 //! them (one exhaustive match in `strategy::build`), the optimizer, the callbacks and, when a
 //! backup exists, the restored state. Nothing here reads the spec.
 
-use crate::checkpoint::{CheckpointError, Layout, LoadedCheckpoint, Store, warm_start};
+use crate::checkpoint::{CheckpointError, HeldBackup, Layout, LoadedCheckpoint, Store, warm_start};
 use crate::cluster::job::Job;
 use crate::collective::Communicator;
 use crate::data::{DataError, Dataset, Shard};
@@ -200,12 +200,15 @@ fn latest_backup(
 /// `session` (a sweep's resident trial, [`crate::sweep::resident`]): the models and strategy
 /// stay, with their buffers already in memory; the optimizer and callbacks are made afresh and
 /// the variables and optimizer state come from the newest good backup, as in [`build`], so
-/// training goes on exactly as in a process started anew. `Err(session)` when there is no
-/// good backup: then [`build`] starts over.
+/// training goes on exactly as in a process started anew. When that backup is `held`, the one
+/// this process wrote last, its tensors come from memory instead of being read back
+/// ([`crate::checkpoint::held`]). `Err(session)` when there is no good backup: then [`build`]
+/// starts over.
 pub fn rebuild(
     plan: &Plan,
     session: Session,
-    note: impl FnMut(&str),
+    held: Option<HeldBackup>,
+    mut note: impl FnMut(&str),
     warn: impl FnMut(&str),
 ) -> Result<Result<Built, Session>, BuildFailure> {
     let layout = Layout {
@@ -214,7 +217,19 @@ pub fn rebuild(
         params: session.vars.params.len(),
         state: session.vars.state.len(),
     };
-    let Some(loaded) = latest_backup(plan, &layout, warn)? else { return Ok(Err(session)) };
+    let store = plan.callbacks.backup_dir().map(Store::new);
+    let from_memory = held.zip(store.as_ref()).and_then(|(held, store)| held.load_if_newest(store, &layout));
+    let loaded = match from_memory {
+        Some(loaded) => {
+            note(&format!(
+                "the backup {} is the one this process wrote last: its tensors are taken from memory",
+                loaded.path.display()
+            ));
+            Some(loaded)
+        }
+        None => latest_backup(plan, &layout, warn)?,
+    };
+    let Some(loaded) = loaded else { return Ok(Err(session)) };
     let (optimizer, callbacks) = fresh_optimizer_and_callbacks(plan, true, &layout)?;
     let mut session = Session { optimizer, ..session };
     let resume = resume::restore(plan, &mut session, true, Some(loaded), note)?;

@@ -65,6 +65,14 @@ fn resident_trials_train_on_to_the_same_results_as_trials_that_exit_and_a_killed
     };
     assert!(promoted(&a) >= 2, "{a:?}");
     assert_eq!(promoted(&b), 0, "{b:?}");
+    // Each promotion in place took the backup's tensors from memory (the backup it had just
+    // written), not read back from disk; the equal weights above are that path's.
+    let from_memory = "its tensors are taken from memory";
+    let in_place = |log: &str| log.matches("resuming from").count();
+    for (name, _, log) in &a {
+        assert_eq!(log.matches(from_memory).count(), in_place(log), "{name}: {log}");
+    }
+    assert!(b.iter().all(|(_, _, log)| !log.contains(from_memory)), "{b:?}");
 
     // Killed once a trial waits resident (two children: the paused one and the one training).
     let o = format!("run.out_dir={}", killed.path().display());

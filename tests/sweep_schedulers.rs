@@ -134,6 +134,8 @@ fn rungs_in_steps_pause_mid_epoch_and_promoted_trials_end_as_if_never_paused() {
         assert_eq!((rung["stopped"].as_str(), rung["steps"].as_u64()), (Some("paused"), Some(30)), "{rung}");
         let log = std::fs::read_to_string(dir.join("train.log")).unwrap_or_default();
         assert!(log.contains("paused at step 30") && log.contains("resuming from"), "{log}");
+        // Promoted in place from the mid-epoch backup it had just written, held in memory.
+        assert!(log.contains("its tensors are taken from memory"), "{log}");
         let straight = tempdir();
         let (spec, o) =
             (dir.join("spec.toml").display().to_string(), format!("run.out_dir={}", straight.path().display()));
@@ -155,6 +157,7 @@ fn rungs_in_steps_pause_mid_epoch_and_promoted_trials_end_as_if_never_paused() {
     }
     let log = std::fs::read_to_string(b.path().join(&rows[1][col("name")]).join("train.log")).unwrap_or_default();
     assert!(!log.contains("paused at step 30"), "a trial that exits logs only its last launch: {log}");
+    assert!(!log.contains("taken from memory"), "a new process reads the backup from disk: {log}");
 }
 
 #[test]

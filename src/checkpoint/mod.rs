@@ -1,6 +1,7 @@
 //! Checkpoints: the format ([`manifest`], [`tensors`]), the atomic [`store`], the retention
 //! [`policy`] (which decides, purely) and the background [`writer`] (which acts), so that a save
-//! costs the step loop one memcpy of the buffers.
+//! costs the step loop one memcpy of the buffers. A run keeps the backup of its last step in
+//! memory for the same process to train on from ([`held`]).
 //!
 //! A checkpoint is a folder `ckpt-<step>` holding `model.safetensors` (weights named by Keras
 //! weight path, loadable by any safetensors reader), `optimizer.safetensors` (each state buffer
@@ -8,6 +9,7 @@
 //! weights, and `manifest.json` (step, epoch, data cursor, RNG state, spec hash, topology,
 //! loop and callback state, and every file's SHA-256), written last as the commit marker.
 
+pub mod held;
 pub mod hf_gpt2;
 pub mod manifest;
 pub mod policy;
@@ -16,6 +18,7 @@ pub mod tensors;
 pub mod warm_start;
 pub mod writer;
 
+pub use held::HeldBackup;
 pub use manifest::{Kind, Manifest};
 pub use policy::{Admit, Policy};
 pub use store::{Listed, LoadedCheckpoint, Store};

@@ -9,7 +9,7 @@ use crate::data::Cursor;
 use crate::engine::TensorInfo;
 use crate::metrics::{Sums, accuracy, loss};
 
-fn layout() -> Layout {
+pub(crate) fn layout() -> Layout {
     Layout {
         tensors: vec![
             TensorInfo { name: "dense/kernel".into(), shape: vec![2, 2], offset: 1 },

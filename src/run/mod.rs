@@ -326,6 +326,10 @@ struct ResidentState {
     dataset: Arc<Dataset>,
     normalization: Option<Normalization>,
     session: Option<train::Session>,
+    /// The backup of the segment's last step, as this process wrote it.
+    last_backup: Option<crate::checkpoint::HeldBackup>,
+    /// The spec folder's git state, as `run.json` recorded it.
+    git: Option<crate::provenance::Git>,
     /// The compute threads, with what they cached.
     pool: Option<Arc<rayon::ThreadPool>>,
 }
@@ -370,11 +374,11 @@ fn segment(
     let SegmentOptions { prefix, stop, command, first } = *how;
     let plan = &p.plan;
     let progress = progress_mode(inv);
-    let (dataset, normalization, held, threads) = match kept.take() {
-        Some(k) => (k.dataset, k.normalization, k.session, k.pool),
+    let (dataset, normalization, held, last_backup, git, threads) = match kept.take() {
+        Some(k) => (k.dataset, k.normalization, k.session, k.last_backup, k.git, k.pool),
         None => {
             let (dataset, normalization) = load_preprocessed(inv, plan)?;
-            (Arc::new(dataset), normalization, None, None)
+            (Arc::new(dataset), normalization, None, None, None, None)
         }
     };
     let (vocabulary, classes) = (dataset.vocabulary.clone(), dataset.classes.clone());
@@ -389,7 +393,7 @@ fn segment(
     let quiet = progress == ProgressMode::Quiet;
     let (note, warn) = (|t: &str| say(quiet, prefix, t), |w: &str| eprintln!("{prefix}{w}"));
     let rebuilt = match held {
-        Some(session) => builder::rebuild(plan, session, note, warn).map_err(RunError::from)?.ok(),
+        Some(session) => builder::rebuild(plan, session, last_backup, note, warn).map_err(RunError::from)?.ok(),
         None => None,
     };
     let built = match rebuilt {
@@ -410,7 +414,7 @@ fn segment(
     }
     let resumed = resume.as_ref().map(|r| r.step);
     let mut record =
-        if chief { Some(RunFolder::start(inv, p, resumed, normalization.clone(), command)?) } else { None };
+        if chief { Some(RunFolder::start(inv, p, resumed, normalization.clone(), command, git)?) } else { None };
     if let Some(r) = record.as_mut() {
         let dir = r.dir().path().to_path_buf();
         crate::signals::on_forced_stop(move |stop, why| crate::train::run_json::mark_stopped(&dir, stop, why));
@@ -448,7 +452,16 @@ fn segment(
     // and a job's peers are not kept.
     let on_cpu = plan.strategy.devices.iter().all(|d| d.kind == crate::vocab::DeviceKind::Cpu);
     let keeps = matches!(plan.cluster.part, Part::Single) && on_cpu;
-    *kept = Some(ResidentState { dataset, normalization, session: keeps.then_some(session), pool: threads });
+    let last_backup = if keeps && result.is_ok() { callbacks.take_last_backup() } else { None };
+    let git = record.as_ref().map(RunFolder::git);
+    *kept = Some(ResidentState {
+        dataset,
+        normalization,
+        session: keeps.then_some(session),
+        last_backup,
+        git,
+        pool: threads,
+    });
     if let Some(r) = record {
         let recorded = r.finish(inv, result.as_ref().map(|_| ()));
         // On a full disk `run.json` may not fit either: the failure to report is training's.

@@ -22,12 +22,16 @@ impl RunFolder {
     /// Creates (or, resuming after `resumed_step`, reopens) the run folder and writes `run.json`.
     /// `normalization` is what `normalize = "adapt"` computed, if it did; `command` is the
     /// command line that started this run (a resident trial's later rung, the one that would).
+    /// `git` is the spec folder's git state when this process has read it already (a resident
+    /// trial's later rung: four `git` commands, up to 50 ms in a large work tree, at every
+    /// promotion otherwise); `None` asks git.
     pub fn start(
         inv: &Invocation,
         p: &Prepared,
         resumed_step: Option<u64>,
         normalization: Option<Normalization>,
         command: &[String],
+        git: Option<Git>,
     ) -> Result<RunFolder, RunError> {
         let resolved = toml::to_string_pretty(&p.loaded.spec).map_err(|e| RunError::Failure(e.to_string()))?;
         let options = RunDirOptions {
@@ -44,13 +48,18 @@ impl RunFolder {
             Some(step) => RunDir::resume(out, options, step),
         }
         .map_err(|e| out_dir_error(p, e))?;
-        let record = RunRecord { normalization, command: command.to_vec(), ..run_record(inv, p) };
+        let record = RunRecord { normalization, command: command.to_vec(), ..run_record(inv, p, git) };
         dir.record(&record).map_err(|e| RunError::Train(e.into()))?;
         let tracker = track(inv, p, &record, resumed_step.is_some());
         if let Some(t) = &tracker {
             dir.also_to(t.lines());
         }
         Ok(RunFolder { dir, record, tracker })
+    }
+
+    /// The git state `run.json` records, for a later rung of this process.
+    pub fn git(&self) -> Git {
+        self.record.git.clone()
     }
 
     /// The folder, for the training loop.
@@ -133,7 +142,7 @@ fn out_dir_error(p: &Prepared, e: RecordError) -> RunError {
 }
 
 /// `run.json` as training starts.
-fn run_record(inv: &Invocation, p: &Prepared) -> RunRecord {
+fn run_record(inv: &Invocation, p: &Prepared, git: Option<Git>) -> RunRecord {
     let folder = inv.spec.parent().unwrap_or(std::path::Path::new("."));
     let mut env_overrides: Vec<String> = inv
         .env
@@ -176,7 +185,7 @@ fn run_record(inv: &Invocation, p: &Prepared) -> RunRecord {
         },
         seeds: Seeds { run: p.plan.seed, sweep: p.trial.as_ref().map(|t| t.sweep_seed) },
         sweep: p.trial.as_ref().map(|t| t.origin.clone()),
-        git: Git::of(folder),
+        git: git.unwrap_or_else(|| Git::of(folder)),
         cluster: Topology {
             strategy: p.plan.strategy.kind(),
             source: c.source,

@@ -8,7 +8,7 @@ use crate::checkpoint::manifest::{
 };
 use crate::checkpoint::policy::Policy;
 use crate::checkpoint::writer::SaveJob;
-use crate::checkpoint::{CheckpointError, Kind, Layout, Manifest, SaveStats, Store, Writer, copy_into};
+use crate::checkpoint::{CheckpointError, HeldBackup, Kind, Layout, Manifest, SaveStats, Store, Writer, copy_into};
 use crate::data::Cursor;
 use crate::engine::Optimizer;
 use crate::plan::Plan;
@@ -71,6 +71,10 @@ pub struct Checkpointer {
     seed: u64,
     /// The backup store and step of the last backup queued.
     last_backup: Option<(Store, u64)>,
+    /// The backup written at the run's last step (its end or its pause), as it went to disk.
+    last_held: Option<HeldBackup>,
+    /// The run's last step (`train.total_steps`).
+    total_steps: u64,
     backs_up: bool,
 }
 
@@ -88,6 +92,8 @@ impl Checkpointer {
             topology: topology(plan),
             seed: plan.seed,
             last_backup: None,
+            last_held: None,
+            total_steps: plan.train.total_steps,
             backs_up: plan.callbacks.backs_up(),
         })
     }
@@ -131,6 +137,12 @@ impl Checkpointer {
             (None, slot) => *slot = None,
         }
         let snapshot = Arc::new(snap);
+        if let Some(r) = requests.iter().find(|r| r.kind == Kind::Backup) {
+            // Kept only at the run's last step: holding a snapshot while training goes on would
+            // keep the writer from reusing its buffers.
+            let last = at.pausing || at.step == self.total_steps;
+            self.last_held = last.then(|| HeldBackup::new(&r.store, at.step, snapshot.clone()));
+        }
         let logs = at.logs;
         let manifest = |kind| Manifest {
             format: FORMAT,
@@ -184,8 +196,9 @@ impl Checkpointer {
         Ok(self.last_backup.as_ref().map(|(store, step)| store.root().join(crate::checkpoint::store::name(*step))))
     }
 
-    /// Finishes writing.
-    pub fn finish(self) -> Result<SaveStats, CheckpointError> {
-        self.writer.finish()
+    /// Finishes writing; with the backup of the run's last step, once it is on disk.
+    pub fn finish(mut self) -> Result<(SaveStats, Option<HeldBackup>), CheckpointError> {
+        let last = self.last_held.take();
+        Ok((self.writer.finish()?, last))
     }
 }

@@ -14,7 +14,7 @@ mod stop_at_target;
 
 use super::checkpointer::{Checkpointer, SavePoint, SaveRequest};
 use crate::checkpoint::manifest::CallbacksState;
-use crate::checkpoint::{CheckpointError, Layout, SaveStats};
+use crate::checkpoint::{CheckpointError, HeldBackup, Layout, SaveStats};
 use crate::plan::{CallbackKind, Plan};
 use crate::strategy::Variables;
 use crate::vocab::{Direction, Monitor};
@@ -195,6 +195,9 @@ pub trait Callback: Send {
 pub struct Callbacks {
     items: Vec<Box<dyn Callback>>,
     checkpointer: Option<Checkpointer>,
+    /// The backup of the run's last step (its end or its pause), once [`Callbacks::finish`]
+    /// has it on disk.
+    last_backup: Option<HeldBackup>,
 }
 
 /// Builds `plan`'s callbacks for this task: the chief (`writes`) gets the ones that write
@@ -240,13 +243,13 @@ pub fn build(
         items.push(item);
     }
     let checkpointer = if saves { Some(Checkpointer::new(plan, layout, spec_hash, optimizer)?) } else { None };
-    Ok(Callbacks { items, checkpointer })
+    Ok(Callbacks { items, checkpointer, last_backup: None })
 }
 
 impl Callbacks {
     /// Callbacks that are only these, with no checkpoint writer (for tests and tools).
     pub fn of(items: Vec<Box<dyn Callback>>) -> Self {
-        Self { items, checkpointer: None }
+        Self { items, checkpointer: None, last_backup: None }
     }
 
     /// Whether a backup would be written when every task stops (so a preemption can resume).
@@ -313,7 +316,7 @@ impl Callbacks {
         point: impl FnOnce(CallbacksState) -> Result<SavePoint<'p>, E>,
     ) -> Result<Vec<String>, E> {
         let mut notes = Vec::new();
-        let Callbacks { items, checkpointer } = self;
+        let Callbacks { items, checkpointer, .. } = self;
         let Some(ck) = checkpointer else { return Ok(notes) };
         let requests: Vec<SaveRequest> = items.iter_mut().filter_map(|c| c.checkpoint(at, &mut notes)).collect();
         if requests.is_empty() {
@@ -333,9 +336,19 @@ impl Callbacks {
         }
     }
 
+    /// The backup of the run's last step, after [`Callbacks::finish`]: a sweep's resident trial
+    /// restores from it when promoted ([`crate::checkpoint::held`]).
+    pub fn take_last_backup(&mut self) -> Option<HeldBackup> {
+        self.last_backup.take()
+    }
+
     /// Ends saving (every checkpoint on disk) and tells each callback how training ended.
     pub fn finish(&mut self, completed: bool) -> Result<Option<SaveStats>, CheckpointError> {
-        let stats = self.checkpointer.take().map(Checkpointer::finish).transpose()?;
+        let finished = self.checkpointer.take().map(Checkpointer::finish).transpose()?;
+        let stats = finished.map(|(stats, last)| {
+            self.last_backup = last;
+            stats
+        });
         for c in &mut self.items {
             c.on_train_end(completed)?;
         }
