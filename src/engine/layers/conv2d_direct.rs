@@ -102,6 +102,9 @@ mod avx512 {
     /// pixel at a time waited on the FMA's latency; `P × V` = 8 independent chains keep both
     /// FMA pipes busy. Pixels whose window leaves the image (padding) go one at a time. Each
     /// pixel's sum is the same either way: its taps in order, from zero, then the bias.
+    // The indices name registers across parallel arrays (taps, offsets, kernel, accumulators),
+    // as the intrinsics' lanes do; zipped iterators over four arrays read worse.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn forward<const V: usize, const P: usize>(
         win: &Window,
