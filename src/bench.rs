@@ -267,7 +267,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
         Some(BenchPart::Products) => return products::run(if quick { 5 } else { 21 }),
         Some(BenchPart::Sparse) => return sparse::run(if quick { 3 } else { 10 }),
-        Some(BenchPart::Predict) => return predict::run(&exe, &python),
+        Some(BenchPart::Predict) => return predict::run(&exe, &python, quick),
         Some(BenchPart::Corpus) => return corpus::run(&exe, &python, quick),
         None => {}
     }
@@ -289,7 +289,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
     if quick {
         return Ok(());
     }
-    predict::run(&exe, &python)?;
+    predict::run(&exe, &python, false)?;
     tta::one_process(&exe, &python)?;
     tta::parameter_server(&exe)?;
     tls::run(&exe, 8)

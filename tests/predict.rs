@@ -2,7 +2,8 @@
 //! predicts the test split into `.csv`, `.jsonl` and `.npy` files that agree with each other,
 //! with NumPy's reader and with the run's own test accuracy; one process, `mirrored` (two
 //! replicas) and `multi_worker_mirrored` (two worker processes) write the same bytes in every
-//! format, and a worker killed mid-way fails the job naming it; existing files, unknown formats, language models and non-finite weights are refused;
+//! format, as do 1, 2 and 3 threads, and a worker killed mid-way fails the job naming it;
+//! existing files, unknown formats, language models and non-finite weights are refused;
 //! a stop leaves no file behind; a regression writes its values.
 
 mod common;
@@ -149,6 +150,23 @@ fn every_strategy_writes_the_same_bytes_in_every_format() {
     let mut left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     left.sort();
     assert_eq!(left.len(), 12, "{left:?}");
+}
+
+#[test]
+fn any_thread_count_writes_the_same_bytes() {
+    // Alone, predict runs one model copy per thread, each on whole batches: 1, 2 and 3
+    // threads (3 on a 2-core host take turns, with a warning) must give the same bits.
+    let tmp = tempdir();
+    let mut files = Vec::new();
+    for threads in [1, 2, 3] {
+        let path = tmp.path().join(format!("t{threads}.npy"));
+        let out = predict("specs/mnist_single.toml", &path, &["--set", &format!("run.threads={threads}")]);
+        assert_exit(&out, 0);
+        files.push(std::fs::read(&path).unwrap());
+    }
+    assert!(files[0].len() > 10_000 * 10 * 4, "{} bytes", files[0].len());
+    assert!(files[1] == files[0], "2 threads differ from 1");
+    assert!(files[2] == files[0], "3 threads differ from 1");
 }
 
 #[test]

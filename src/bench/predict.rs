@@ -1,10 +1,11 @@
 //! `trainrun bench --only predict`: inference throughput of the tutorial model
 //! (`specs/mnist_single.toml`) on the 10,000 MNIST test images, in process and warm, as
 //! `trainrun predict` runs it (batches assembled from the split, the model in inference mode,
-//! softmax over each row), held against Keras's `model.predict` (`benches/predict_keras.py`)
-//! and PyTorch eager under `torch.inference_mode()` (`benches/predict_torch.py`): the same
-//! architecture, batch and 2 threads, run alternately T K P T K P T K P so all three see the
-//! same machine. Each side times one warm-up pass and keeps its best of [`ROUNDS`] passes.
+//! one model copy per thread each predicting whole batches, softmax over each row), held
+//! against Keras's `model.predict` (`benches/predict_keras.py`) and PyTorch eager under
+//! `torch.inference_mode()` (`benches/predict_torch.py`): the same architecture, batch and 2
+//! threads, run alternately T K P T K P T K P so all three see the same machine. Each side
+//! times one warm-up pass and keeps its best of [`ROUNDS`] passes.
 //!
 //! trainrun's dense layer walks the nonzeros of the convolution's ReLU output instead of
 //! calling gemm when at most a fifth are nonzero (`engine::sparse`), so its speed depends on
@@ -26,6 +27,7 @@
 use crate::data::{EvalBatches, Shard, Split};
 use crate::engine::{Pass, Sequential};
 use crate::prepare::{Invocation, prepare};
+use crate::run::predict::rounds::{ModelCopy, Rounds, Sharding, copies};
 use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Instant;
@@ -47,15 +49,26 @@ const SPEC: &str = "specs/mnist_single.toml";
 /// weights.
 const TO_98: &str = "specs/bench/tta_single.toml";
 
-/// A model with its weights, ready to predict.
+/// A model with its weights, ready to predict: as `trainrun predict` alone runs it, one copy
+/// per thread, each predicting whole batches ([`copies`]).
 struct PredictModel {
-    model: Sequential,
+    copies: Vec<ModelCopy>,
     params: Vec<f32>,
-    state: Vec<f32>,
 }
 
-/// Prints the table.
-pub fn run(exe: &Path, python: &str) -> Result<(), String> {
+impl PredictModel {
+    /// `model` with `params` and `state`, copied for the plan's threads.
+    fn new(plan: &crate::plan::Plan, model: Sequential, params: Vec<f32>, state: Vec<f32>) -> Result<Self, String> {
+        let mut all = vec![ModelCopy { model, state: state.clone() }];
+        for _ in 1..copies(1, plan.threads) {
+            all.push(ModelCopy { model: plan.model.build().map_err(|e| e.to_string())?, state: state.clone() });
+        }
+        Ok(Self { copies: all, params })
+    }
+}
+
+/// Prints the table; `quick` leaves out the other models' rows ([`zoo_rows`]).
+pub fn run(exe: &Path, python: &str, quick: bool) -> Result<(), String> {
     let plan = plan_of(SPEC)?;
     println!(
         "\n== predict: tutorial model ({SPEC}) on the MNIST test split, examples/s of a warm pass (best of {ROUNDS}), \
@@ -77,10 +90,10 @@ pub fn run(exe: &Path, python: &str) -> Result<(), String> {
     let mut models = vec![
         ("to 98 %", train(exe, &plan, TO_98)?),
         ("tutorial", train(exe, &plan, SPEC)?),
-        ("initial", PredictModel { model, params, state }),
+        ("initial", PredictModel::new(&plan, model, params, state)?),
     ];
     let threads = plan.threads;
-    let spec_batch = crate::run::predict_batch_size(models[0].1.model.activation_len());
+    let spec_batch = crate::run::predict_batch_size(models[0].1.copies[0].model.activation_len());
     println!(
         "trainrun's weights: \"to 98 %\" trained by {TO_98} (stops at 98 % test accuracy), \"tutorial\" by {SPEC} \
          (3 epochs × 70 steps of SGD 0.001), \"initial\" as initialized; the peers' weights are random"
@@ -132,10 +145,14 @@ pub fn run(exe: &Path, python: &str) -> Result<(), String> {
              trainrun/PyTorch eager {t98p} (to 98 %), {ttp} (tutorial) (target ≥ 1.5×)"
         );
     }
-    for (model, spec) in
-        [(PeerModel::MnistFast, "specs/mnist_fast.toml"), (PeerModel::Resnet20, "specs/cifar10_resnet20.toml")]
-    {
-        zoo_rows((model, spec), test, (python, &mut keras, &mut torch), threads)?;
+    if quick {
+        println!("(--quick: the rows of mnist_fast and ResNet-20 are left out)");
+    } else {
+        for (model, spec) in
+            [(PeerModel::MnistFast, "specs/mnist_fast.toml"), (PeerModel::Resnet20, "specs/cifar10_resnet20.toml")]
+        {
+            zoo_rows((model, spec), test, (python, &mut keras, &mut torch), threads)?;
+        }
     }
     for p in [&keras, &torch] {
         if let Some(why) = &p.skipped {
@@ -183,7 +200,7 @@ fn zoo_rows(
     let plan = plan_of(spec)?;
     let built = plan.model.build().map_err(|e| e.to_string())?;
     let (params, state) = built.init(plan.seed);
-    let mut m = PredictModel { model: built, params, state };
+    let mut m = PredictModel::new(&plan, built, params, state)?;
     let random;
     let (inputs, what) = match model {
         PeerModel::Resnet20 => {
@@ -201,7 +218,7 @@ fn zoo_rows(
         }
         PeerModel::Tutorial | PeerModel::MnistFast => (mnist, "the MNIST test split".to_string()),
     };
-    let spec_batch = crate::run::predict_batch_size(m.model.activation_len());
+    let spec_batch = crate::run::predict_batch_size(m.copies[0].model.activation_len());
     println!(
         "\n{} ({spec}), initial weights (dense products: speed does not depend on them), on {what}, 2 threads",
         model.name()
@@ -299,26 +316,27 @@ fn train(exe: &Path, plan: &crate::plan::Plan, spec: &str) -> Result<PredictMode
     let (mut params, mut state) = (vec![0.0; layout.params], vec![0.0; layout.state]);
     reader.fill("", &layout.tensors, &mut params).map_err(|e| e.to_string())?;
     reader.fill("", &layout.state_tensors, &mut state).map_err(|e| e.to_string())?;
-    Ok(PredictModel { model, params, state })
+    PredictModel::new(plan, model, params, state)
 }
 
-/// One pass over `test` in batches of `batch`, as predict makes them, with each output row
-/// through softmax; returns the examples.
-fn pass(m: &mut PredictModel, test: &Split, batch: usize, threads: usize) -> Result<usize, String> {
-    let pass = Pass { training: false, seed: 0, accumulate: false, threads };
-    let batch = NonZeroUsize::new(batch).ok_or("batch 0")?;
-    let classes = m.model.output_shape().numel().max(1);
-    let mut batches = EvalBatches::new(test, batch, Shard::WHOLE);
+/// One pass over `test` in batches of `batch`, as `trainrun predict` alone runs it (its
+/// rounds: one batch per model copy, each on its own thread), with each output row through
+/// softmax; returns the examples.
+fn pass(m: &mut PredictModel, test: &Split, batch: usize) -> Result<usize, String> {
+    let width = m.copies[0].model.output_shape().numel().max(1);
+    let sharding = Sharding { copies: m.copies.len(), workers: 1, rank: 0 };
+    let rounds = Rounds { split: test, batch, width, params: &m.params, sharding, threads: 1 };
+    let mut buffer = vec![0.0; sharding.per_round() * rounds.slot_len()];
     let mut rows = Vec::new();
     let mut examples = 0;
-    for b in batches.by_ref() {
-        let out = m.model.forward(pass, &m.params, &mut m.state, &b.x, b.n);
-        rows.clear();
-        rows.extend_from_slice(out);
-        rows.chunks_exact_mut(classes).for_each(crate::engine::activation::softmax_row);
-        examples += b.n;
+    for r in 0..rounds.count() {
+        for (out, n) in rounds.run(r, &mut m.copies, &mut buffer, None).map_err(|e| e.to_string())? {
+            rows.clear();
+            rows.extend_from_slice(&out[..n * width]);
+            rows.chunks_exact_mut(width).for_each(crate::engine::activation::softmax_row);
+            examples += n;
+        }
     }
-    batches.finish().map_err(|e| e.to_string())?;
     Ok(examples)
 }
 
@@ -326,11 +344,11 @@ fn pass(m: &mut PredictModel, test: &Split, batch: usize, threads: usize) -> Res
 fn throughput(m: &mut PredictModel, test: &Split, batch: usize, threads: usize) -> Result<f64, String> {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
     pool.install(|| {
-        pass(m, test, batch, threads)?;
+        pass(m, test, batch)?;
         let mut best = 0.0f64;
         for _ in 0..ROUNDS {
             let t = Instant::now();
-            let examples = pass(m, test, batch, threads)?;
+            let examples = pass(m, test, batch)?;
             best = best.max(examples as f64 / t.elapsed().as_secs_f64().max(1e-9));
         }
         Ok(best)
@@ -344,8 +362,9 @@ fn density(m: &mut PredictModel, test: &Split, threads: usize) -> f64 {
         return 0.0;
     };
     let pass = Pass { training: false, seed: 0, accumulate: false, threads };
-    m.model.forward(pass, &m.params, &mut m.state, &b.x, b.n);
-    let Some(x) = m.model.layer_output("conv2d", b.n) else {
+    let copy = &mut m.copies[0];
+    copy.model.forward(pass, &m.params, &mut copy.state, &b.x, b.n);
+    let Some(x) = copy.model.layer_output("conv2d", b.n) else {
         return 0.0;
     };
     crate::engine::sparse::count_nonzeros(x) as f64 / x.len().max(1) as f64

@@ -7,7 +7,7 @@ mod eval;
 mod export;
 mod lock;
 mod parameter_server;
-mod predict;
+pub(crate) mod predict;
 mod run_folder;
 mod sample;
 mod tokenize;

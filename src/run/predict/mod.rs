@@ -11,7 +11,9 @@
 //! copies on this process's threads) and the workers (processes of the job, started by the
 //! launcher for a local cluster: `tasks.rs`), and the chief writes every worker's rows in
 //! input order (`rounds.rs`); each replica predicts whole batches of the size one process
-//! uses, so one process, `mirrored` and `multi_worker_mirrored` write the same bytes. A worker
+//! uses, so one process, `mirrored` and `multi_worker_mirrored` write the same bytes. A
+//! process that predicts alone runs one model copy per thread, each on whole batches
+//! (`rounds::copies`), for the same bytes on any number of threads. A worker
 //! that dies fails the job naming it, within `cluster.timeout`. The output is written whole
 //! under a temporary name beside it and renamed into place, so a stop (SIGTERM, Ctrl-C) or an
 //! error never leaves a half-written file under its name, and a file that exists is refused
@@ -19,7 +21,7 @@
 
 mod inputs;
 mod output;
-mod rounds;
+pub(crate) mod rounds;
 mod tasks;
 
 use super::{interrupted, join, load_data, load_raw, pool};
@@ -87,9 +89,11 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
         PredictPart::Task(task) => Some(task),
         PredictPart::Alone => None,
     };
-    // One model copy per replica of this process, each with its own buffers.
+    // Alone, one model copy per thread (at least one per replica); a worker, one per replica.
+    // Each has its own buffers and predicts whole batches.
     let replicas = plan.strategy.devices.len().max(1);
-    let models = (0..replicas).map(|_| plan.model.build()).collect::<Result<Vec<_>, _>>();
+    let copy_count = if task.is_some() { replicas } else { rounds::copies(replicas, plan.threads) };
+    let models = (0..copy_count).map(|_| plan.model.build()).collect::<Result<Vec<_>, _>>();
     let models = models.map_err(|e| RunError::Failure(e.to_string()))?;
     let layout = crate::builder::layout(&models[0]);
     let (params, state) = super::sample::weights(checkpoint, &layout)?;
@@ -107,16 +111,16 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
     let width = predicted.width();
     let workers = plan.strategy.num_workers.max(1);
     let slot_len = batch * width;
-    let mut job = task.map(|t| join(inv, plan, t, replicas * workers * slot_len)).transpose()?;
+    let mut job = task.map(|t| join(inv, plan, t, copy_count * workers * slot_len)).transpose()?;
     let chief = job.as_ref().is_none_or(|j| j.is_chief);
     let mut comm = job.as_mut().and_then(|j| j.comm.as_deref_mut());
     let sharding = Sharding {
-        replicas,
+        copies: copy_count,
         workers: comm.as_ref().map_or(1, |c| c.world()),
         rank: comm.as_ref().map_or(0, |c| c.rank()),
     };
     let rounds =
-        Rounds { split: test, batch, width, params: &params, sharding, threads: (plan.threads / replicas).max(1) };
+        Rounds { split: test, batch, width, params: &params, sharding, threads: (plan.threads / copy_count).max(1) };
     let mut copies: Vec<ModelCopy> =
         models.into_iter().map(|model| ModelCopy { model, state: state.clone() }).collect();
     let examples = test.len();
@@ -160,7 +164,7 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
         return Err(e);
     }
     let secs = started.elapsed().as_secs_f64();
-    move_into_place(&partial, o, format, (examples, secs, sharding), inv.quiet)
+    move_into_place(&partial, o, format, (examples, secs, (sharding.workers, replicas)), inv.quiet)
 }
 
 /// Where this process predicts.
@@ -205,12 +209,12 @@ fn predict_part(plan: &Plan) -> Result<PredictPart, RunError> {
 }
 
 /// Renames the finished file into place and says what was predicted (`examples` in `secs`,
-/// sharded so), unless quiet.
+/// sharded over `(workers, replicas)`), unless quiet.
 fn move_into_place(
     partial: &Path,
     o: &PredictOptions,
     format: PredictionFormat,
-    (examples, secs, sharding): (usize, f64, Sharding),
+    (examples, secs, (workers, replicas)): (usize, f64, (usize, usize)),
     quiet: bool,
 ) -> Result<(), RunError> {
     std::fs::rename(partial, &o.output).map_err(|e| {
@@ -218,7 +222,7 @@ fn move_into_place(
         RunError::Failure(format!("cannot move the predictions into place at {}: {e}", o.output.display()))
     })?;
     if !quiet {
-        let shards = match (sharding.workers, sharding.replicas) {
+        let shards = match (workers, replicas) {
             (1, 1) => String::new(),
             (w, r) => format!(", sharded over {w} worker(s) × {r} replica(s)"),
         };

@@ -17,9 +17,10 @@ use std::ops::Range;
 
 /// Who predicts which batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Sharding {
-    /// Model copies in this process.
-    pub replicas: usize,
+pub(crate) struct Sharding {
+    /// Model copies in this process, each predicting whole batches on its own thread
+    /// ([`copies`]).
+    pub copies: usize,
     /// Processes predicting together.
     pub workers: usize,
     /// This process's place among them.
@@ -29,23 +30,39 @@ pub(super) struct Sharding {
 impl Sharding {
     /// Batches predicted per round, by every replica of every worker.
     pub fn per_round(self) -> usize {
-        self.replicas * self.workers
+        self.copies * self.workers
     }
 
     /// This worker's slots of a round.
     pub fn mine(self) -> Range<usize> {
-        self.rank * self.replicas..(self.rank + 1) * self.replicas
+        self.rank * self.copies..(self.rank + 1) * self.copies
     }
 }
 
+/// Model copies a process that predicts alone uses, for `replicas` replicas on `threads`
+/// threads: one per thread, each predicting whole batches on that thread, at least one per
+/// replica. (A worker of `multi_worker_mirrored` keeps one per replica: every worker must
+/// deal the same rounds, and workers on other hosts may have other thread counts.)
+///
+/// Why not every thread on each batch: a batch's layers hand work between threads several
+/// times (the convolution's parts, the dense product's blocks), and on a VM a sleeping thread
+/// takes tens of µs to wake, while a thread with its own batch never waits. Measured on the
+/// tutorial model (2 threads, the spec's own weights): 27,300 → 32,900–35,300 examples/s at
+/// batch 64 and 20,600–21,800 → 28,200–29,400 at 32 (medians of 8 passes, two sittings).
+/// Each batch's rows are the same bits either way: no layer's arithmetic depends on the
+/// thread count.
+pub(crate) fn copies(replicas: usize, threads: usize) -> usize {
+    threads.max(replicas).max(1)
+}
+
 /// One model copy and its own buffers.
-pub(super) struct ModelCopy {
+pub(crate) struct ModelCopy {
     pub model: Sequential,
     pub state: Vec<f32>,
 }
 
 /// What every round reads.
-pub(super) struct Rounds<'a> {
+pub(crate) struct Rounds<'a> {
     pub split: &'a Split,
     /// Examples per batch.
     pub batch: usize,
@@ -81,7 +98,7 @@ impl Rounds<'_> {
     /// Predicts round `r`'s batches of this worker's replicas into `buffer` (every other slot
     /// −0.0), then gathers every worker's into it over `comm`. Returns each batch of the round,
     /// in order, as its examples' outputs.
-    pub fn run<'b>(
+    pub(crate) fn run<'b>(
         &self,
         r: usize,
         replicas: &mut [ModelCopy],
@@ -145,8 +162,16 @@ mod tests {
     }
 
     #[test]
+    fn a_process_alone_predicts_with_a_copy_per_thread_and_at_least_one_per_replica() {
+        assert_eq!(
+            [copies(1, 1), copies(1, 2), copies(1, 3), copies(2, 2), copies(2, 1), copies(1, 0)],
+            [1, 2, 3, 2, 2, 1]
+        );
+    }
+
+    #[test]
     fn a_round_deals_consecutive_slots_to_each_workers_replicas() {
-        let s = Sharding { replicas: 2, workers: 3, rank: 1 };
+        let s = Sharding { copies: 2, workers: 3, rank: 1 };
         assert_eq!((s.per_round(), s.mine()), (6, 2..4));
     }
 }
