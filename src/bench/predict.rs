@@ -27,7 +27,7 @@
 use crate::data::{EvalBatches, Shard, Split};
 use crate::engine::{Pass, Sequential};
 use crate::prepare::{Invocation, prepare};
-use crate::run::predict::rounds::{ModelCopy, Rounds, Sharding, copies};
+use crate::run::predict::rounds::{ModelCopy, Rounds, Sharding, copies_alone};
 use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Instant;
@@ -50,7 +50,7 @@ const SPEC: &str = "specs/mnist_single.toml";
 const TO_98: &str = "specs/bench/tta_single.toml";
 
 /// A model with its weights, ready to predict: as `trainrun predict` alone runs it, one copy
-/// per thread, each predicting whole batches ([`copies`]).
+/// per thread, each predicting whole batches ([`copies_alone`]).
 struct PredictModel {
     copies: Vec<ModelCopy>,
     params: Vec<f32>,
@@ -60,7 +60,7 @@ impl PredictModel {
     /// `model` with `params` and `state`, copied for the plan's threads.
     fn new(plan: &crate::plan::Plan, model: Sequential, params: Vec<f32>, state: Vec<f32>) -> Result<Self, String> {
         let mut all = vec![ModelCopy { model, state: state.clone() }];
-        for _ in 1..copies(1, plan.threads) {
+        for _ in 1..copies_alone(plan, &[]) {
             all.push(ModelCopy { model: plan.model.build().map_err(|e| e.to_string())?, state: state.clone() });
         }
         Ok(Self { copies: all, params })

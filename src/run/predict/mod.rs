@@ -92,7 +92,7 @@ pub fn predict(inv: &Invocation, checkpoint: &Path, o: &PredictOptions) -> Resul
     // Alone, one model copy per thread (at least one per replica); a worker, one per replica.
     // Each has its own buffers and predicts whole batches.
     let replicas = plan.strategy.devices.len().max(1);
-    let copy_count = if task.is_some() { replicas } else { rounds::copies(replicas, plan.threads) };
+    let copy_count = if task.is_some() { replicas } else { rounds::copies_alone(plan, &inv.env) };
     let models = (0..copy_count).map(|_| plan.model.build()).collect::<Result<Vec<_>, _>>();
     let models = models.map_err(|e| RunError::Failure(e.to_string()))?;
     let layout = crate::builder::layout(&models[0]);

@@ -40,7 +40,8 @@ impl Sharding {
 }
 
 /// Model copies a process that predicts alone uses, for `replicas` replicas on `threads`
-/// threads: one per thread, each predicting whole batches on that thread, at least one per
+/// threads: one per thread, each predicting whole batches on that thread, but no more than
+/// `fit` (the copies whose activations fit in memory, [`fit`]), and at least one per
 /// replica. (A worker of `multi_worker_mirrored` keeps one per replica: every worker must
 /// deal the same rounds, and workers on other hosts may have other thread counts.)
 ///
@@ -51,8 +52,27 @@ impl Sharding {
 /// batch 64 and 20,600–21,800 → 28,200–29,400 at 32 (medians of 8 passes, two sittings).
 /// Each batch's rows are the same bits either way: no layer's arithmetic depends on the
 /// thread count.
-pub(crate) fn copies(replicas: usize, threads: usize) -> usize {
-    threads.max(replicas).max(1)
+pub(crate) fn copies(replicas: usize, threads: usize, fit: usize) -> usize {
+    threads.min(fit).max(replicas).max(1)
+}
+
+/// The model copies a process predicting alone under `plan` uses on this machine (`env` may
+/// set `TRAINRUN_MEMORY_LIMIT`).
+pub(crate) fn copies_alone(plan: &crate::plan::Plan, env: &[(String, String)]) -> usize {
+    let machine = crate::machine_memory::read(env).map_or(crate::plan::ADDRESS_SPACE, |m| m.bytes);
+    let replicas = plan.strategy.devices.len().max(1);
+    copies(replicas, plan.threads, fit(plan.memory.as_ref().map(|m| m.activations), machine))
+}
+
+/// How many model copies' activations fit in a quarter of the memory the machine gives
+/// (`machine`, bytes), from the plan's estimate of a batch's `activations` (bytes), which
+/// counts each value twice (kept for backward, and its gradient) where predicting keeps it
+/// once. Without this bound the copies of a large model on a machine of many cores (a GPT on
+/// 64 threads) would need tens of gigabytes that one copy per replica does not. No estimate:
+/// no bound.
+pub(crate) fn fit(activations: Option<u64>, machine: u64) -> usize {
+    let Some(activations) = activations else { return usize::MAX };
+    usize::try_from(machine / 4 / (activations / 2).max(1)).unwrap_or(usize::MAX)
 }
 
 /// One model copy and its own buffers.
@@ -164,8 +184,16 @@ mod tests {
     #[test]
     fn a_process_alone_predicts_with_a_copy_per_thread_and_at_least_one_per_replica() {
         assert_eq!(
-            [copies(1, 1), copies(1, 2), copies(1, 3), copies(2, 2), copies(2, 1), copies(1, 0)],
+            [copies(1, 1, 9), copies(1, 2, 9), copies(1, 3, 9), copies(2, 2, 9), copies(2, 1, 9), copies(1, 0, 9)],
             [1, 2, 3, 2, 2, 1]
+        );
+        // As many as fit, and still one per replica when fewer fit.
+        assert_eq!([copies(1, 64, 3), copies(1, 64, 0), copies(2, 64, 1)], [3, 1, 2]);
+        // A batch's activations of 1 GiB (2 GiB as the estimate counts them) on 16 GiB: 4 fit.
+        let gib = 1u64 << 30;
+        assert_eq!(
+            [fit(Some(2 * gib), 16 * gib), fit(Some(2 * gib), gib), fit(None, gib), fit(Some(0), 8)],
+            [4, 0, usize::MAX, 2]
         );
     }
 
