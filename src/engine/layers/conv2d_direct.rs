@@ -140,19 +140,14 @@ mod avx512 {
                 let img = x.as_ptr().add(e * image_len);
                 for oy in 0..win.oh {
                     let out = y.as_mut_ptr().add((e * positions + oy * win.ow) * f);
-                    let rows_inside = win.source_row(oy, 0).is_some() && win.source_row(oy, 2).is_some();
+                    // The window's top input row, when its three rows lie inside the image.
+                    let top = win.source_row(oy, 0).filter(|_| win.source_row(oy, 2).is_some());
                     let mut ox = 0;
                     while ox < win.ow {
                         // The group's first window's top-left value, when every window of
                         // the group lies inside the image.
-                        let first = match (win.source_row(oy, 0), win.source_col(ox, 0)) {
-                            (Some(iy), Some(ix))
-                                if rows_inside && ox + P <= win.ow && win.source_col(ox + P - 1, 2).is_some() =>
-                            {
-                                Some(iy * win.w + ix)
-                            }
-                            _ => None,
-                        };
+                        let inside = ox + P <= win.ow && win.source_col(ox + P - 1, 2).is_some();
+                        let first = top.zip(win.source_col(ox, 0)).filter(|_| inside).map(|(iy, ix)| iy * win.w + ix);
                         if let Some(first) = first {
                             let at = img.add(first);
                             let mut acc = [[zero; V]; P];

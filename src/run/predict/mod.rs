@@ -13,7 +13,7 @@
 //! input order (`rounds.rs`); each replica predicts whole batches of the size one process
 //! uses, so one process, `mirrored` and `multi_worker_mirrored` write the same bytes. A
 //! process that predicts alone runs one model copy per thread, each on whole batches
-//! (`rounds::copies`), for the same bytes on any number of threads. A worker
+//! (`rounds::copies_alone`), for the same bytes on any number of threads. A worker
 //! that dies fails the job naming it, within `cluster.timeout`. The output is written whole
 //! under a temporary name beside it and renamed into place, so a stop (SIGTERM, Ctrl-C) or an
 //! error never leaves a half-written file under its name, and a file that exists is refused
