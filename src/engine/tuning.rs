@@ -164,14 +164,19 @@ impl Tuning {
             },
             // The walk against gemm on one thread, as above, on a Zen 4 (2026-11-25): forward
             // 0.44, 0.74, 0.93, 1.14 at 5, 13, 20, 30 %; the kernel's gradient 0.49, 0.59, 0.76,
-            // 0.92, 1.14 and dx 0.46, 0.54, 0.73, 0.86, 0.98 at 5, 13, 20, 30, 40 %.
+            // 0.92, 1.14 and dx 0.46, 0.54, 0.73, 0.86, 0.98 at 5, 13, 20, 30, 40 %. Again on a
+            // Zen 4 (AMD EPYC, 2026-11-30): forward 0.94, 1.00, 1.17 at 20, 25, 30 %, both
+            // backward products 0.88, 0.95, 0.99, 1.10 at 20, 25, 30, 35 %, so the row stands.
+            // `vdpbf16ps` on that Zen 4, 2 threads (`bench --only products`): 167–238 GFLOP/s
+            // against gemm's fp32 100–166 at nanoGPT's widths (384 and more), but 57–117 against
+            // 110–187 where a side is 128 or less, which `dot::PAYS_FROM` leaves to fp32.
             CpuFamily::AmdZen4 => Tuning {
                 family,
                 sparse_forward: Density { nonzeros: 1, per: 5 },
                 sparse_backward: Density { nonzeros: 1, per: 3 },
                 forward_block: 256,
                 vdpbf16ps: true,
-                measured: "measured on an AMD Zen 4, 2026-11-25; vdpbf16ps on a Zen 5",
+                measured: "measured on an AMD Zen 4, 2026-11-25 and 2026-11-30",
             },
             // `bench --only products`, 2 threads, AMD EPYC family 26 (2026-11-29): `vdpbf16ps`
             // 655–700 GFLOP/s against gemm's fp32 440–458 where the output is 1,152–1,536 wide,
