@@ -144,13 +144,17 @@ pub fn pack_a(a: MatRef<'_>, rows: Range<usize>, out: &mut Vec<u32>) {
     out.resize(rows.len().div_ceil(MR) * kp * MR, 0);
     vectorized(|| {
         if a.contiguous_col(0).is_some() {
-            // Read transposed (a weight gradient's `xᵀ`): rows of a group lie side by side.
-            for (g, group) in out.chunks_exact_mut(kp * MR).enumerate() {
-                let live = (rows.start + g * MR)..(rows.start + (g + 1) * MR).min(rows.end);
-                for p in 0..kp {
-                    let lo = &a.contiguous_col(2 * p).unwrap_or_default()[live.clone()];
-                    let hi = a.contiguous_col(2 * p + 1).map(|h| &h[live.clone()]);
-                    pair_lanes(&mut group[p * MR..p * MR + live.len()], lo, hi);
+            // Read transposed (a weight gradient's `xᵀ`): a pair's values for every row of
+            // the range lie side by side in two columns, interleaved whole, then dealt out a
+            // group's MR words at a time. Group by group, each call interleaved 8 values and
+            // read a column's cache lines once per group (`perf`, Zen 4, 2026-11-30).
+            let mut words = vec![0u32; rows.len()];
+            for p in 0..kp {
+                let lo = &a.contiguous_col(2 * p).unwrap_or_default()[rows.clone()];
+                let hi = a.contiguous_col(2 * p + 1).map(|h| &h[rows.clone()]);
+                pair_lanes(&mut words, lo, hi);
+                for (g, chunk) in words.chunks(MR).enumerate() {
+                    out[g * kp * MR + p * MR..][..chunk.len()].copy_from_slice(chunk);
                 }
             }
         } else {
