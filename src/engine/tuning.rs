@@ -169,7 +169,8 @@ impl Tuning {
             // backward products 0.88, 0.95, 0.99, 1.10 at 20, 25, 30, 35 %, so the row stands.
             // `vdpbf16ps` on that Zen 4, 2 threads (`bench --only products`): 167–238 GFLOP/s
             // against gemm's fp32 100–166 at nanoGPT's widths (384 and more), but 57–117 against
-            // 110–187 where a side is 128 or less, which `dot::PAYS_FROM` leaves to fp32.
+            // 110–187 where the output is 65 or 128 wide; 128 inputs to 384 or 512 outputs ran
+            // 1.07–1.25×, too little to move `dot::PAYS_FROM` (both sides 256 or more).
             CpuFamily::AmdZen4 => Tuning {
                 family,
                 sparse_forward: Density { nonzeros: 1, per: 5 },
