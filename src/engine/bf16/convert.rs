@@ -209,10 +209,10 @@ mod x86 {
                 _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
             }
         }
-        // The last values under a mask, not one by one: packing a weight gradient's `xᵀ`
-        // interleaves 8 values per call (one group of rows), all of them a tail, and those
+        // The last values under a mask, not one by one: when packing a weight gradient's
+        // `xᵀ` interleaved 8 values a call (one group of rows), all of them this tail, those
         // software conversions were a seventh of a `mixed_bfloat16` GPT step on a Zen 4
-        // (`perf`, 2026-11-30).
+        // (`perf`, 2026-11-30); short rows and ragged blocks still end here.
         let rest = lo.len() - whole;
         if rest > 0 {
             let mask: __mmask16 = super::super::dot::lanes(rest);
