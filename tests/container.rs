@@ -10,7 +10,9 @@
 //! `target/x86_64-unknown-linux-musl`, which holds a user's real image binary, and the image
 //! is built from a context folder laid out as the Containerfile expects. A static binary cannot
 //! load the CUDA libraries, so the image is the CPU-only build (`--no-default-features`), and
-//! this test is also what compiles that build in CI.
+//! this test is also what compiles that build in CI. `.ci/run` starts this same build (same
+//! command and variables, so the fingerprints match) at idle priority before the suite, so
+//! here it is usually done; keep the two in step.
 
 mod common;
 
