@@ -275,7 +275,8 @@ impl Segment {
         let (word, sleepers) = self.bell_words(bell);
         sleepers.fetch_add(1, Ordering::SeqCst);
         let ts = libc::timespec {
-            tv_sec: limit.as_secs().min(i32::MAX as u64) as libc::time_t,
+            // `as _`: the field's own type (`libc::time_t` is deprecated on musl, whose width changes).
+            tv_sec: limit.as_secs().min(i32::MAX as u64) as _,
             tv_nsec: limit.subsec_nanos() as libc::c_long,
         };
         // SAFETY: as in ring; FUTEX_WAIT only reads the word, and ts outlives the call.

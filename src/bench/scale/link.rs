@@ -181,7 +181,8 @@ impl Switch {
             let wait = next.map_or(Duration::from_millis(50), |t| t.saturating_duration_since(Instant::now()));
             let wait = wait.min(Duration::from_millis(50));
             let sleep = if wait <= SPIN { Duration::ZERO } else { wait - SPIN };
-            let ts = libc::timespec { tv_sec: sleep.as_secs() as libc::time_t, tv_nsec: sleep.subsec_nanos().into() };
+            // `as _`: the field's own type, as `libc::time_t` is deprecated on musl (its width changes).
+            let ts = libc::timespec { tv_sec: sleep.as_secs() as _, tv_nsec: sleep.subsec_nanos().into() };
             // SAFETY: ppoll(2) over `fds`, which lives across the call, with a valid timeout.
             let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
             if ready > 0 {
