@@ -11,8 +11,10 @@
 //! is built from a context folder laid out as the Containerfile expects. A static binary cannot
 //! load the CUDA libraries, so the image is the CPU-only build (`--no-default-features`), and
 //! this test is also what compiles that build in CI. `.ci/run` starts this same build (same
-//! command and variables, so the fingerprints match) at idle priority before the suite, so
-//! here it is usually done; keep the two in step.
+//! command and variables, so the fingerprints match: keep the two in step) at idle priority,
+//! where it runs on what the suite leaves of the cores; the `zz_` in this file's name makes
+//! cargo, which runs test binaries in name order, run this one last, when that build is
+//! mostly or wholly done (placed among the c's, it waited 3.5 minutes for it in CI-like runs).
 
 mod common;
 
