@@ -49,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ASHA = os.path.join(ROOT, "specs", "mnist_asha.toml")
 
-SCHEDULER = '\n[sweep.scheduler]\nkind = "{kind}"\ngrace = 1\nreduction_factor = 3\n'
+SCHEDULER = '\n[sweep.scheduler]\nkind = "{kind}"\ngrace = 1\nreduction_factor = {eta}\n'
 TPE = """
 [sweep.random]
 samples = 27
@@ -272,7 +272,7 @@ def without_timing(path):
 
 
 def part_sync(a):
-    spec = spec_variant(a.out, "grid_halving", SCHEDULER.format(kind="successive_halving"))
+    spec = spec_variant(a.out, "grid_halving", SCHEDULER.format(kind="successive_halving", eta=a.reduction_factor))
     seed = a.seeds[0]
     first, second = os.path.join(a.out, "sync-a"), os.path.join(a.out, "sync-b")
     walls = [sweep(a.trainrun, spec, d, seed) for d in (first, second)]
@@ -287,7 +287,7 @@ def part_sync(a):
 
 
 def part_tpe(a):
-    spec = spec_variant(a.out, "tpe_asha", TPE + SCHEDULER.format(kind="asha"), keep_grid=False)
+    spec = spec_variant(a.out, "tpe_asha", TPE + SCHEDULER.format(kind="asha", eta=a.reduction_factor), keep_grid=False)
     results = []
     for seed in a.seeds:
         folder = os.path.join(a.out, f"tpe-asha-{seed}")
@@ -328,6 +328,8 @@ def main():
     p.add_argument("--steps-per-epoch", type=int, default=70, help="the rungs' epoch (for --part overhead)")
     p.add_argument("--resident-trials", type=int, default=None,
                    help="sets sweep.resident_trials (0: every trial exits at its rung, as before resident trials)")
+    p.add_argument("--reduction-factor", type=int, default=3,
+                   help="ASHA's and successive halving's η for --part tpe and sync (the spec's grid keeps its own)")
     p.add_argument("--optuna-python", default=sys.executable, help="a Python with optuna (for --part tpe)")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
