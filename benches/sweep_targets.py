@@ -49,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ASHA = os.path.join(ROOT, "specs", "mnist_asha.toml")
 
-SCHEDULER = '\n[sweep.scheduler]\nkind = "{kind}"\ngrace = 1\nreduction_factor = {eta}\n'
+SCHEDULER = '\n[sweep.scheduler]\nkind = "{kind}"\ngrace = {grace}\nreduction_factor = {eta}\n'
 TPE = """
 [sweep.random]
 samples = 27
@@ -272,7 +272,7 @@ def without_timing(path):
 
 
 def part_sync(a):
-    spec = spec_variant(a.out, "grid_halving", SCHEDULER.format(kind="successive_halving", eta=a.reduction_factor))
+    spec = spec_variant(a.out, "grid_halving", SCHEDULER.format(kind="successive_halving", eta=a.reduction_factor, grace=a.grace))
     seed = a.seeds[0]
     first, second = os.path.join(a.out, "sync-a"), os.path.join(a.out, "sync-b")
     walls = [sweep(a.trainrun, spec, d, seed) for d in (first, second)]
@@ -287,7 +287,8 @@ def part_sync(a):
 
 
 def part_tpe(a):
-    spec = spec_variant(a.out, "tpe_asha", TPE + SCHEDULER.format(kind="asha", eta=a.reduction_factor), keep_grid=False)
+    scheduler = SCHEDULER.format(kind="asha", eta=a.reduction_factor, grace=a.grace)
+    spec = spec_variant(a.out, "tpe_asha", TPE + scheduler, keep_grid=False)
     results = []
     for seed in a.seeds:
         folder = os.path.join(a.out, f"tpe-asha-{seed}")
@@ -295,27 +296,30 @@ def part_tpe(a):
         ours = rows(folder)
         prune(folder)
         started = time.perf_counter()
-        optuna = subprocess.run(
-            [a.optuna_python, os.path.join(HERE, "optuna_sweep.py"), "--trainrun", a.trainrun,
-             "--out", os.path.join(a.out, f"optuna-{seed}"), "--seed", str(seed)],
-            check=True, capture_output=True, text=True)
-        theirs = json.loads(optuna.stdout.strip().splitlines()[-1])
-        prune(os.path.join(a.out, f"optuna-{seed}"))
+        theirs = {"best_val_accuracy": None, "total_steps": None, "pruned": None}
+        if not a.no_optuna:
+            optuna = subprocess.run(
+                [a.optuna_python, os.path.join(HERE, "optuna_sweep.py"), "--trainrun", a.trainrun,
+                 "--out", os.path.join(a.out, f"optuna-{seed}"), "--seed", str(seed)],
+                check=True, capture_output=True, text=True)
+            theirs = json.loads(optuna.stdout.strip().splitlines()[-1])
+            prune(os.path.join(a.out, f"optuna-{seed}"))
         r = {
             "part": "tpe", "seed": seed,
             "trainrun_best_val_accuracy": best(ours), "optuna_best_val_accuracy": theirs["best_val_accuracy"],
             "trainrun_steps": steps(ours), "optuna_steps": theirs["total_steps"],
-            "trainrun_wall_s": round(wall, 1), "optuna_wall_s": round(time.perf_counter() - started, 1),
+            "trainrun_wall_s": round(wall, 1), "optuna_wall_s": None if a.no_optuna else round(time.perf_counter() - started, 1),
             "optuna_pruned": theirs["pruned"],
         }
         print(json.dumps(r), flush=True)
         results.append(r)
     print(json.dumps({
         "part": "tpe", "seeds": len(results),
-        "trainrun_equal_or_better": sum(r["trainrun_best_val_accuracy"] >= r["optuna_best_val_accuracy"]
+        "trainrun_equal_or_better": sum(r["optuna_best_val_accuracy"] is not None
+                                        and r["trainrun_best_val_accuracy"] >= r["optuna_best_val_accuracy"]
                                         for r in results),
         "trainrun_steps": sum(r["trainrun_steps"] for r in results),
-        "optuna_steps": sum(r["optuna_steps"] for r in results),
+        "optuna_steps": sum(r["optuna_steps"] or 0 for r in results),
     }), flush=True)
 
 
@@ -330,6 +334,9 @@ def main():
                    help="sets sweep.resident_trials (0: every trial exits at its rung, as before resident trials)")
     p.add_argument("--reduction-factor", type=int, default=3,
                    help="ASHA's and successive halving's η for --part tpe and sync (the spec's grid keeps its own)")
+    p.add_argument("--grace", type=int, default=1, help="the first rung, in epochs, for --part tpe and sync")
+    p.add_argument("--no-optuna", action="store_true",
+                   help="--part tpe: trainrun's side only (Optuna's figures are the same every run of the same trainrun)")
     p.add_argument("--optuna-python", default=sys.executable, help="a Python with optuna (for --part tpe)")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
