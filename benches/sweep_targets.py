@@ -28,11 +28,13 @@ the training files) or that spec with its `[sweep]` changed, written under `--ou
 
 Trials run one at a time (`--parallel 1`), so decisions do not depend on timing and each
 trial has the machine's cores. Prints one JSON line per measurement and a summary line per
-part:
+part. The trials read MNIST from `TRAINRUN_DATA_DIR` (or trainrun's cache), as any run does:
 
+    export TRAINRUN_DATA_DIR=../shared/data/mnist TRAINRUN_OFFLINE=1
     python3 benches/sweep_targets.py --trainrun target/release/trainrun --out /tmp/targets \\
         --part grid --seeds 0,1,2,3,4
     python3 benches/sweep_targets.py ... --part tpe --optuna-python /path/to/python-with-optuna
+    python3 benches/sweep_targets.py ... --part tpe --grace 3 --no-optuna   # trainrun's side alone
 """
 
 import argparse
