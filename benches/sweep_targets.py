@@ -66,6 +66,11 @@ n_startup_trials = 9
 """
 
 
+def scheduler(a, kind):
+    """The `[sweep.scheduler]` table of `kind` with the command line's grace and η."""
+    return SCHEDULER.format(kind=kind, eta=a.reduction_factor, grace=a.grace)
+
+
 def spec_variant(out, name, sweep_tail, keep_grid=True):
     """`specs/mnist_asha.toml` with its `[sweep.scheduler]` (and, unless `keep_grid`, its grid)
     replaced by `sweep_tail`, written as `out/name.toml`."""
@@ -274,7 +279,7 @@ def without_timing(path):
 
 
 def part_sync(a):
-    spec = spec_variant(a.out, "grid_halving", SCHEDULER.format(kind="successive_halving", eta=a.reduction_factor, grace=a.grace))
+    spec = spec_variant(a.out, "grid_halving", scheduler(a, "successive_halving"))
     seed = a.seeds[0]
     first, second = os.path.join(a.out, "sync-a"), os.path.join(a.out, "sync-b")
     walls = [sweep(a.trainrun, spec, d, seed) for d in (first, second)]
@@ -289,8 +294,7 @@ def part_sync(a):
 
 
 def part_tpe(a):
-    scheduler = SCHEDULER.format(kind="asha", eta=a.reduction_factor, grace=a.grace)
-    spec = spec_variant(a.out, "tpe_asha", TPE + scheduler, keep_grid=False)
+    spec = spec_variant(a.out, "tpe_asha", TPE + scheduler(a, "asha"), keep_grid=False)
     results = []
     for seed in a.seeds:
         folder = os.path.join(a.out, f"tpe-asha-{seed}")
@@ -310,7 +314,8 @@ def part_tpe(a):
             "part": "tpe", "seed": seed,
             "trainrun_best_val_accuracy": best(ours), "optuna_best_val_accuracy": theirs["best_val_accuracy"],
             "trainrun_steps": steps(ours), "optuna_steps": theirs["total_steps"],
-            "trainrun_wall_s": round(wall, 1), "optuna_wall_s": None if a.no_optuna else round(time.perf_counter() - started, 1),
+            "trainrun_wall_s": round(wall, 1),
+            "optuna_wall_s": None if a.no_optuna else round(time.perf_counter() - started, 1),
             "optuna_pruned": theirs["pruned"],
         }
         print(json.dumps(r), flush=True)
@@ -321,7 +326,7 @@ def part_tpe(a):
                                         and r["trainrun_best_val_accuracy"] >= r["optuna_best_val_accuracy"]
                                         for r in results),
         "trainrun_steps": sum(r["trainrun_steps"] for r in results),
-        "optuna_steps": sum(r["optuna_steps"] or 0 for r in results),
+        "optuna_steps": None if a.no_optuna else sum(r["optuna_steps"] for r in results),
     }), flush=True)
 
 
@@ -335,10 +340,12 @@ def main():
     p.add_argument("--resident-trials", type=int, default=None,
                    help="sets sweep.resident_trials (0: every trial exits at its rung, as before resident trials)")
     p.add_argument("--reduction-factor", type=int, default=3,
-                   help="ASHA's and successive halving's η for --part tpe and sync (the spec's grid keeps its own)")
+                   help="ASHA's and successive halving's η for --part tpe and sync "
+                        "(--part grid keeps the spec's own)")
     p.add_argument("--grace", type=int, default=1, help="the first rung, in epochs, for --part tpe and sync")
     p.add_argument("--no-optuna", action="store_true",
-                   help="--part tpe: trainrun's side only (Optuna's figures are the same every run of the same trainrun)")
+                   help="--part tpe: trainrun's side only "
+                        "(Optuna's figures are the same every run of the same trainrun)")
     p.add_argument("--optuna-python", default=sys.executable, help="a Python with optuna (for --part tpe)")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
