@@ -13,14 +13,17 @@ the training files) or that spec with its `[sweep]` changed, written under `--ou
   starting, restoring the backup, the rung's evaluation, writing the backup) plus the
   driver's time between trials (deciding, launching), as a share of the sweep's wall time;
   and that share without the evaluations at the rungs (`rung_evaluation_s`: the decisions'
-  inputs, which any scheduler pays), both reported.
+  inputs, which any scheduler pays); and the mechanism alone, pausing, resuming and deciding
+  (`pause_resume_decision_pct`): that less the driver's cost of starting each trial, which
+  the grid's sweep without a scheduler measures in the same sitting (`trial_start_ms`).
 - `sync`: the grid under synchronous successive halving (`kind = "successive_halving"`), run
   twice into two folders: whether the two `results.csv` are byte-identical, and whether they
   are once any timing columns (`wall_s`, `steady_examples_per_s`) are left out (results.csv
   written before those moved to `timings.csv` held them).
 - `overhead`: for each seed, only the ASHA sweep, with `--steps-per-epoch N` making every rung
   N steps an epoch (the tutorial's epoch is 70 steps; the spec's 20): its scheduler overhead as
-  in `grid`, to see the same fixed costs against rungs of a realistic size.
+  in `grid`, to see the same fixed costs against rungs of a realistic size; the cost of a
+  trial's start comes from the same 27 trials run one epoch each without a scheduler first.
 - `tpe`: for each seed, trainrun's TPE (9 random startup trials of 27) under ASHA over the
   same ranges as `benches/optuna_sweep.py` (learning rate log-uniform 0.003..0.03, batch 32,
   64 or 128, momentum uniform 0..0.9), and that script with `--seed`: best validation accuracy,
@@ -90,11 +93,11 @@ def spec_variant(out, name, sweep_tail, keep_grid=True):
 RESIDENT = []
 
 
-def sweep(trainrun, spec, folder, seed, steps_per_epoch=None):
+def sweep(trainrun, spec, folder, seed, steps_per_epoch=None, sets=()):
     """Runs `trainrun sweep` one trial at a time; returns its wall seconds."""
     started = time.perf_counter()
     epoch = ["--set", f"train.steps_per_epoch={steps_per_epoch}"] if steps_per_epoch else []
-    epoch += RESIDENT
+    epoch += RESIDENT + list(sets)
     subprocess.run(
         [trainrun, "sweep", spec, "-q", "--parallel", "1", "--set", f"run.out_dir={folder}",
          "--set", f"sweep.seed={seed}", *epoch],
@@ -173,6 +176,43 @@ def overhead(folder, wall, as_before=False):
     return pause_resume, max(wall - launched, 0.0)
 
 
+def starts(folder, wall):
+    """A sweep without a scheduler in `folder`, which launches each trial once: the seconds its
+    driver spent per trial outside the trials' own launches (starting and reaping each trial
+    process, rewriting `results.csv`). A scheduled sweep pays this once per trial too, so
+    `overhead`'s driver time less it is what the scheduler added."""
+    trials, launched = 0, 0.0
+    for name in os.listdir(folder):
+        d = os.path.join(folder, name)
+        seg = segments(d) if os.path.isdir(d) else []
+        if seg:
+            trials += 1
+            launched += sum(w for w, _ in seg)
+    return max(wall - launched, 0.0) / trials if trials else 0.0
+
+
+def trials(folder):
+    return sum(1 for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name)) and
+               segments(os.path.join(folder, name)))
+
+
+def shares(pr, evals, driver, per_start, launched_trials, wall):
+    """The overhead figures of one scheduled sweep: the share of its wall time that its pauses,
+    resumes and the driver took (`overhead_pct`), that less the evaluations at the rungs, and
+    the mechanism alone (`pause_resume_decision_pct`): pausing, resuming and deciding, without
+    the evaluations at the rungs and without the trial starts a sweep with no scheduler pays
+    too (`per_start` a trial, measured on such a sweep in the same sitting)."""
+    decision = max(driver - per_start * launched_trials, 0.0)
+    return {
+        "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
+        "overhead_pct": round(100 * (pr + driver) / wall, 2),
+        "rung_evaluation_s": round(evals, 2),
+        "overhead_without_rung_evaluation_pct": round(100 * (pr - evals + driver) / wall, 2),
+        "trial_start_ms": round(1000 * per_start, 1), "decision_s": round(decision, 2),
+        "pause_resume_decision_pct": round(100 * (pr - evals + decision) / wall, 2),
+    }
+
+
 def rung_evaluations(folder, as_before=False):
     """Of `overhead`'s pause and resume time in `folder`, the seconds spent evaluating at the
     rungs: each launch's evaluation (its `evaluation` event's `wall_s` less the event's before
@@ -218,6 +258,7 @@ def part_grid(a):
         full, asha = rows(full_dir), rows(asha_dir)
         pr, driver = overhead(asha_dir, asha_wall)
         evals = rung_evaluations(asha_dir)
+        cost = shares(pr, evals, driver, starts(full_dir, full_wall), trials(asha_dir), asha_wall)
         prune(full_dir)
         prune(asha_dir)
         r = {
@@ -225,11 +266,7 @@ def part_grid(a):
             "grid_best_val_accuracy": best(full), "asha_best_val_accuracy": best(asha),
             "gap": best(full) - best(asha),
             "grid_steps": steps(full), "asha_steps": steps(asha), "asha_step_fraction": steps(asha) / steps(full),
-            "grid_wall_s": round(full_wall, 1), "asha_wall_s": round(asha_wall, 1),
-            "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
-            "overhead_pct": round(100 * (pr + driver) / asha_wall, 2),
-            "rung_evaluation_s": round(evals, 2),
-            "overhead_without_rung_evaluation_pct": round(100 * (pr - evals + driver) / asha_wall, 2),
+            "grid_wall_s": round(full_wall, 1), "asha_wall_s": round(asha_wall, 1), **cost,
         }
         print(json.dumps(r), flush=True)
         results.append(r)
@@ -238,12 +275,20 @@ def part_grid(a):
         "part": "grid", "seeds": len(results), "within_0.5pct": within,
         "max_step_fraction": max(r["asha_step_fraction"] for r in results),
         "max_overhead_pct": max(r["overhead_pct"] for r in results),
+        "max_pause_resume_decision_pct": max(r["pause_resume_decision_pct"] for r in results),
     }), flush=True)
 
 
 def part_overhead(a):
     results = []
+    plain_spec = spec_variant(a.out, "plain", "")
     for seed in a.seeds:
+        # The same 27 trials without a scheduler, one epoch each: what starting a trial costs
+        # the driver of any sweep (independent of the steps), in the same sitting.
+        plain = os.path.join(a.out, f"overhead-plain-{seed}")
+        plain_wall = sweep(a.trainrun, plain_spec, plain, seed, a.steps_per_epoch, ["--set", "train.epochs=1"])
+        per_start = starts(plain, plain_wall)
+        prune(plain)
         folder = os.path.join(a.out, f"overhead-{a.steps_per_epoch}-{seed}")
         wall = sweep(a.trainrun, ASHA, folder, seed, a.steps_per_epoch)
         ours = rows(folder)
@@ -257,10 +302,7 @@ def part_overhead(a):
             "part": "overhead", "seed": seed, "steps_per_epoch": a.steps_per_epoch,
             "asha_best_val_accuracy": best(ours), "asha_steps": steps(ours),
             "promotions": sum(1 for d in open(os.path.join(folder, "decisions.jsonl")) if '"promote"' in d),
-            "asha_wall_s": round(wall, 1), "pause_resume_s": round(pr, 2), "driver_s": round(driver, 2),
-            "overhead_pct": round(100 * (pr + driver) / wall, 2),
-            "rung_evaluation_s": round(evals, 2),
-            "overhead_without_rung_evaluation_pct": round(100 * (pr - evals + driver) / wall, 2),
+            "asha_wall_s": round(wall, 1), **shares(pr, evals, driver, per_start, trials(folder), wall),
             "overhead_pct_as_before": round(100 * (pr_before + driver) / wall, 2),
             "overhead_without_rung_evaluation_pct_as_before":
                 round(100 * (pr_before - evals_before + driver) / wall, 2),
