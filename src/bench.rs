@@ -14,6 +14,7 @@ pub mod augment;
 mod corpus;
 mod gpt;
 mod kill;
+mod precision;
 mod predict;
 mod products;
 pub mod scale;
@@ -57,6 +58,9 @@ pub enum BenchPart {
     ScaleFull,
     /// GFLOP/s of each matrix-product path (fp32, bf16) at the GPT's product shapes.
     Products,
+    /// The GPT under mixed_bfloat16 against its float32 and PyTorch's fp32 and bf16 autocast, at
+    /// the Shakespeare size and nanoGPT's, in turn (needs a Python with torch).
+    Precision,
     /// The dense layer's walk over a ReLU's nonzeros against gemm, density by density, beside
     /// the thresholds this CPU family's row uses.
     Sparse,
@@ -266,6 +270,7 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
         Some(BenchPart::Scale) => return scale::run(&exe, &python, false),
         Some(BenchPart::ScaleFull) => return scale::run(&exe, &python, true),
         Some(BenchPart::Products) => return products::run(if quick { 5 } else { 21 }),
+        Some(BenchPart::Precision) => return precision::run(&exe, &python, quick),
         Some(BenchPart::Sparse) => return sparse::run(if quick { 3 } else { 10 }),
         Some(BenchPart::Predict) => return predict::run(&exe, &python, quick),
         Some(BenchPart::Corpus) => return corpus::run(&exe, &python, quick),
@@ -280,6 +285,9 @@ pub fn run(quick: bool, only: Option<BenchPart>) -> Result<(), String> {
 
     // Before the MNIST jobs, which end the bench early without the MNIST files.
     gpt::run(&exe, &python, quick)?;
+    if !quick {
+        precision::run(&exe, &python, false)?;
+    }
     corpus::run(&exe, &python, quick)?;
     if !jobs(&exe, quick)? {
         return Ok(());

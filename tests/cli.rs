@@ -304,6 +304,27 @@ fn bench_only_prints_the_one_table_asked_for() {
     }
 }
 
+/// `bench --quick --only precision` prints the GPT's table of `mixed_bfloat16` against float32
+/// and PyTorch: a row per size with every ratio and a verdict line against the targets, or,
+/// with a Python without torch, why not.
+#[test]
+fn bench_only_precision_prints_each_size_against_its_targets_or_why_not() {
+    let out = run(&["bench", "--quick", "--only", "precision"]);
+    assert_exit(&out, 0);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("== GPT under mixed_bfloat16") && stdout.contains("== machine: "), "{stdout}\n{stderr}");
+    if let Some(skipped) = stdout.lines().find(|l| l.starts_with("skipped: ")) {
+        assert!(skipped.contains("no PyTorch figure (") && skipped.contains("TRAINRUN_BENCH_PYTHON"), "{skipped}");
+        return;
+    }
+    for size in ["shakespeare", "nanogpt"] {
+        let row = stdout.lines().find(|l| l.trim_start().starts_with(&format!("{size} "))).unwrap_or("");
+        assert_eq!(row.matches('×').count(), 2, "{size}: no row with both ratios:\n{stdout}");
+        let verdict = stdout.lines().find(|l| l.starts_with(&format!("{size}: mixed_bfloat16 median"))).unwrap_or("");
+        assert!(verdict.contains("(target ≥ 1.5×)"), "{size}: no verdict:\n{stdout}");
+    }
+}
+
 /// `bench --quick --only corpus` prints its three rows (tiktoken, a `tokenizer.json`, a Parquet
 /// text column), each ending in its median ratio against the target or in why it has none
 /// (a Python without tiktoken, tokenizers or pyarrow), with trainrun's figure in every pair.

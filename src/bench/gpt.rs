@@ -16,15 +16,15 @@ use std::path::Path;
 const EVAL_EVERY: u32 = 200;
 
 /// What one run of `benches/gpt_torch.py` measured.
-struct Torch {
-    tokens_per_s: f64,
+pub(super) struct Torch {
+    pub(super) tokens_per_s: f64,
     val_loss: Option<f64>,
     wall_s: f64,
-    peak_rss_mb: f64,
+    pub(super) peak_rss_mb: f64,
 }
 
 /// Runs `benches/gpt_torch.py` with `python` and `args`, from the repository root.
-fn torch(python: &str, args: &[&str]) -> Result<Torch, String> {
+pub(super) fn torch(python: &str, args: &[&str]) -> Result<Torch, String> {
     let out = std::process::Command::new(python)
         .arg("benches/gpt_torch.py")
         .args(args)

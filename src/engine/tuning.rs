@@ -105,6 +105,17 @@ impl Density {
     }
 }
 
+/// How `vdpbf16ps` compares with gemm's fp32 kernel on a CPU family, by layer width (the
+/// smaller of a layer's two model dimensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Vdpbf16ps {
+    /// Slower at every width measured: `mixed_bfloat16` without AMX keeps fp32 products.
+    Slower,
+    /// Faster for layers at least this wide; narrower ones keep fp32 products.
+    PaysFrom(usize),
+}
+
 /// The thresholds of one CPU family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Tuning {
@@ -118,10 +129,10 @@ pub struct Tuning {
     /// Kernel rows per block of the forward walk (a block stays in L2 while every row of the
     /// batch takes its nonzeros in it). It does not change any sum's order.
     pub forward_block: usize,
-    /// Whether `vdpbf16ps` beats gemm's fp32 kernel (on layers wide enough:
-    /// [`super::bf16::ProductPath::pays_from`]); where it does not, `mixed_bfloat16` keeps
+    /// Whether, and from what layer width, `vdpbf16ps` beats gemm's fp32 kernel
+    /// ([`super::bf16::ProductPath::pays_from`]); where it never does, `mixed_bfloat16` keeps
     /// fp32 products on a CPU without AMX.
-    pub vdpbf16ps: bool,
+    pub vdpbf16ps: Vdpbf16ps,
     /// Where the row's figures come from.
     pub measured: &'static str,
 }
@@ -153,7 +164,7 @@ impl Tuning {
                 sparse_forward: Density { nonzeros: 1, per: 6 },
                 sparse_backward: Density { nonzeros: 1, per: 4 },
                 forward_block: 256,
-                vdpbf16ps: false,
+                vdpbf16ps: Vdpbf16ps::Slower,
                 measured: "measured on an Intel Xeon with AMX, 2026-11-30",
             },
             // Not measured on one: the AMX Xeon's row, whose cores are the same design lineage.
@@ -167,23 +178,27 @@ impl Tuning {
             // 0.92, 1.14 and dx 0.46, 0.54, 0.73, 0.86, 0.98 at 5, 13, 20, 30, 40 %. Again on a
             // Zen 4 (AMD EPYC, 2026-11-30): forward 0.94, 1.00, 1.17 at 20, 25, 30 %, both
             // backward products 0.88, 0.95, 0.99, 1.10 at 20, 25, 30, 35 %, so the row stands.
-            // `vdpbf16ps` on that Zen 4, 2 threads (`bench --only products`): 167–238 GFLOP/s
-            // against gemm's fp32 100–166 at nanoGPT's widths (384 and more), but 57–117 against
-            // 110–187 where the output is 65 or 128 wide; 128 inputs to 384 or 512 outputs ran
-            // 1.07–1.25×, too little to move `dot::PAYS_FROM` (both sides 256 or more).
+            // `vdpbf16ps` on that Zen 4, 2 threads (`bench --only products`), once its operands
+            // were converted a row at a time (a6e7c6d): 1.5–1.8× gemm's fp32 at nanoGPT's
+            // widths (384 and more); at the Shakespeare GPT's 128-wide layers 1.36–1.85× (three
+            // runs, 2026-11-30 19:59–20:01 UTC: 170–369 GFLOP/s against 104–224), 65-wide LM
+            // heads 1.14–1.35×, one 64-wide head's products 0.68–1.35×, so 128. Before that
+            // change, converting value by value, 128-wide layers ran at 0.63–0.66×: 256 until then.
             CpuFamily::AmdZen4 => Tuning {
                 family,
                 sparse_forward: Density { nonzeros: 1, per: 5 },
                 sparse_backward: Density { nonzeros: 1, per: 3 },
                 forward_block: 256,
-                vdpbf16ps: true,
+                vdpbf16ps: Vdpbf16ps::PaysFrom(128),
                 measured: "measured on an AMD Zen 4, 2026-11-25 and 2026-11-30",
             },
             // `bench --only products`, 2 threads, AMD EPYC family 26 (2026-11-29): `vdpbf16ps`
             // 655–700 GFLOP/s against gemm's fp32 440–458 where the output is 1,152–1,536 wide,
-            // 475–490 against 443–454 at 384; fp32 faster (up to 2×) at 128 and below.
+            // 475–490 against 443–454 at 384; fp32 faster (up to 2×) at 128 and below (with the
+            // value-by-value conversion the Zen 4 has since dropped: not measured again).
             CpuFamily::AmdZen5 => Tuning {
                 family,
+                vdpbf16ps: Vdpbf16ps::PaysFrom(256),
                 measured: "measured on an AMD Zen 5, 2026-11-29; sparse walk: the Zen 4 row",
                 ..Tuning::of(CpuFamily::AmdZen4)
             },
@@ -191,7 +206,7 @@ impl Tuning {
             // are the most conservative of the measured rows for the backward walk.
             CpuFamily::Other => Tuning {
                 family,
-                vdpbf16ps: false,
+                vdpbf16ps: Vdpbf16ps::Slower,
                 measured: "not measured: the Zen 4's sparse thresholds",
                 ..Tuning::of(CpuFamily::AmdZen4)
             },
@@ -200,7 +215,10 @@ impl Tuning {
 
     /// One line for `check` and `bench`.
     pub fn describe(&self) -> String {
-        let bf16 = if self.vdpbf16ps { "vdpbf16ps where wide enough" } else { "no vdpbf16ps (fp32 is faster)" };
+        let bf16 = match self.vdpbf16ps {
+            Vdpbf16ps::PaysFrom(width) => format!("vdpbf16ps for layers {width} wide or more"),
+            Vdpbf16ps::Slower => "no vdpbf16ps (fp32 is faster)".to_string(),
+        };
         let pinned = if PINNED.load(Ordering::Relaxed) != 0 { ", pinned by run.cpu_tuning" } else { "" };
         format!(
             "CPU family {}{pinned}: sparse walk forward at density ≤ {}/{}, backward ≤ {}/{}, forward block {} rows; {bf16} ({})",

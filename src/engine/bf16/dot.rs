@@ -15,10 +15,6 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// The smallest model dimension (inputs and units of a layer) at which this kernel beat
-/// `gemm`'s fp32 kernel on the CPU it was measured on ([`super::Bf16Support::mixed_path`]).
-pub const PAYS_FROM: usize = 256;
-
 /// Rows of the left operand one task packs and multiplies (its pairs stay in L2).
 const MC: usize = 64;
 

@@ -22,7 +22,7 @@ pub mod round;
 mod scratch;
 
 use crate::engine::strided::{MatMut, MatRef, gemm_scaled};
-use crate::engine::tuning::Tuning;
+use crate::engine::tuning::{Tuning, Vdpbf16ps};
 use serde::Serialize;
 
 /// How a layer's matrix products run.
@@ -56,7 +56,12 @@ impl ProductPath {
     pub fn pays_from(self) -> usize {
         match self {
             Self::Float32 | Self::EmulatedBfloat16 => 0,
-            Self::Avx512Bf16 => dot::PAYS_FROM,
+            // Per CPU family: the conversion while packing costs more or less against the
+            // core's fp32 rate. Only planned where the family's row has a width.
+            Self::Avx512Bf16 => match Tuning::here().vdpbf16ps {
+                Vdpbf16ps::PaysFrom(width) => width,
+                Vdpbf16ps::Slower => usize::MAX,
+            },
             Self::Amx => amx::PAYS_FROM,
         }
     }
@@ -106,7 +111,9 @@ impl Bf16Support {
     /// GFLOP/s against `gemm`'s fp32 440–458 where the output is 1,152–1,536 wide, 475–490
     /// against 443–454 at 384 wide, and 461 against 384 for a weight gradient; at width 128
     /// and below (the Shakespeare spec, one head's attention, a 65-token LM head) fp32 was
-    /// faster (up to 2×), so those stay fp32. The fp32-emulated path (bf16 values at fp32's
+    /// faster (up to 2×), so those stay fp32 there; on a Zen 4, whose fp32 rate is half a
+    /// Zen 5's, `vdpbf16ps` pays from 128 (the width is the family's: [`Tuning::vdpbf16ps`]).
+    /// The fp32-emulated path (bf16 values at fp32's
     /// speed) was slower than both everywhere (its copies cost more than they save), so it is
     /// never planned; it remains the portable check.
     ///
@@ -116,12 +123,15 @@ impl Bf16Support {
     /// 74–288 at the Shakespeare spec's 128-wide layers; one head's 64-wide products were
     /// level with fp32 (124–136 against 122–133), so AMX pays from 64 ([`amx::PAYS_FROM`]).
     ///
-    /// Whether `vdpbf16ps` pays at all is the CPU family's ([`Tuning::vdpbf16ps`]): on an Intel
-    /// core it runs at half the fp32 rate, so there `mixed_bfloat16` without AMX stays fp32.
+    /// Whether `vdpbf16ps` pays at all, and from what width, is the CPU family's
+    /// ([`Tuning::vdpbf16ps`]): on an Intel core it runs at half the fp32 rate, so there
+    /// `mixed_bfloat16` without AMX stays fp32.
     pub fn mixed_path(self) -> Option<ProductPath> {
         match self {
             Self::Amx => Some(ProductPath::Amx),
-            Self::Avx512Bf16 if Tuning::here().vdpbf16ps => Some(ProductPath::Avx512Bf16),
+            Self::Avx512Bf16 if matches!(Tuning::here().vdpbf16ps, Vdpbf16ps::PaysFrom(_)) => {
+                Some(ProductPath::Avx512Bf16)
+            }
             Self::Avx512Bf16 | Self::None => None,
         }
     }
