@@ -2,9 +2,10 @@
 //! against PyTorch's fp32 eager and bf16 autocast (`benches/gpt_torch.py [--bf16]`, 2 threads),
 //! at the checked-in Shakespeare size (`specs/shakespeare_char.toml`) and at nanoGPT's
 //! (`specs/shakespeare_gpt_nano.toml`: 6 layers, `n_embd` 384, block 256), batch 12 both. The
-//! four runs (PyTorch's two, then trainrun's) take turns round by round, so a busy moment of the machine hits each alike, and
-//! each round prints its own ratios: the targets are ratios within one sitting. Skipped, saying
-//! why, when the Python of `TRAINRUN_BENCH_PYTHON` has no torch.
+//! four runs (PyTorch's two, then trainrun's) take turns round by round, so a busy moment of
+//! the machine hits each alike, and each round prints its own ratios: the targets are ratios
+//! within one sitting. Skipped, saying why, when the Python of `TRAINRUN_BENCH_PYTHON` has no
+//! torch.
 
 use super::gpt::torch;
 use super::{f, job, median};

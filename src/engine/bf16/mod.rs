@@ -113,9 +113,9 @@ impl Bf16Support {
     /// and below (the Shakespeare spec, one head's attention, a 65-token LM head) fp32 was
     /// faster (up to 2×), so those stay fp32 there; on a Zen 4, whose fp32 rate is half a
     /// Zen 5's, `vdpbf16ps` pays from 128 (the width is the family's: [`Tuning::vdpbf16ps`]).
-    /// The fp32-emulated path (bf16 values at fp32's
-    /// speed) was slower than both everywhere (its copies cost more than they save), so it is
-    /// never planned; it remains the portable check.
+    /// The fp32-emulated path (bf16 values at fp32's speed) was slower than both everywhere
+    /// (its copies cost more than they save), so it is never planned; it remains the portable
+    /// check.
     ///
     /// With AMX, `tdpbf16ps` (Intel Xeon with AMX-BF16, 2 threads, 2026-11-29): 612–757
     /// GFLOP/s at nanoGPT's layer shapes against `gemm`'s fp32 301–345 and `vdpbf16ps`'s
