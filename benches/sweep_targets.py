@@ -160,19 +160,18 @@ def beyond(values, as_before):
     return sum(values) - (min(values) if as_before else values[0])
 
 
+def launches(folder):
+    """Each launched trial's `segments` in `folder` (trials never launched left out)."""
+    dirs = (os.path.join(folder, name) for name in sorted(os.listdir(folder)))
+    return [seg for seg in (segments(d) for d in dirs if os.path.isdir(d)) if seg]
+
+
 def overhead(folder, wall, as_before=False):
     """ASHA's scheduler overhead in `folder`: pause and resume time, and the driver's time
     between launches, in seconds."""
-    pause_resume, launched = 0.0, 0.0
-    for name in os.listdir(folder):
-        d = os.path.join(folder, name)
-        if not os.path.isdir(d):
-            continue
-        seg = segments(d)
-        if not seg:
-            continue
-        launched += sum(w for w, _ in seg)
-        pause_resume += beyond([o for _, o in seg], as_before)
+    trials_ = launches(folder)
+    launched = sum(w for seg in trials_ for w, _ in seg)
+    pause_resume = sum(beyond([o for _, o in seg], as_before) for seg in trials_)
     return pause_resume, max(wall - launched, 0.0)
 
 
@@ -181,19 +180,9 @@ def starts(folder, wall):
     driver spent per trial outside the trials' own launches (starting and reaping each trial
     process, rewriting `results.csv`). A scheduled sweep pays this once per trial too, so
     `overhead`'s driver time less it is what the scheduler added."""
-    trials, launched = 0, 0.0
-    for name in os.listdir(folder):
-        d = os.path.join(folder, name)
-        seg = segments(d) if os.path.isdir(d) else []
-        if seg:
-            trials += 1
-            launched += sum(w for w, _ in seg)
-    return max(wall - launched, 0.0) / trials if trials else 0.0
-
-
-def trials(folder):
-    return sum(1 for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name)) and
-               segments(os.path.join(folder, name)))
+    trials_ = launches(folder)
+    launched = sum(w for seg in trials_ for w, _ in seg)
+    return max(wall - launched, 0.0) / len(trials_) if trials_ else 0.0
 
 
 def shares(pr, evals, driver, per_start, launched_trials, wall):
@@ -258,7 +247,7 @@ def part_grid(a):
         full, asha = rows(full_dir), rows(asha_dir)
         pr, driver = overhead(asha_dir, asha_wall)
         evals = rung_evaluations(asha_dir)
-        cost = shares(pr, evals, driver, starts(full_dir, full_wall), trials(asha_dir), asha_wall)
+        cost = shares(pr, evals, driver, starts(full_dir, full_wall), len(launches(asha_dir)), asha_wall)
         prune(full_dir)
         prune(asha_dir)
         r = {
@@ -302,7 +291,7 @@ def part_overhead(a):
             "part": "overhead", "seed": seed, "steps_per_epoch": a.steps_per_epoch,
             "asha_best_val_accuracy": best(ours), "asha_steps": steps(ours),
             "promotions": sum(1 for d in open(os.path.join(folder, "decisions.jsonl")) if '"promote"' in d),
-            "asha_wall_s": round(wall, 1), **shares(pr, evals, driver, per_start, trials(folder), wall),
+            "asha_wall_s": round(wall, 1), **shares(pr, evals, driver, per_start, len(launches(folder)), wall),
             "overhead_pct_as_before": round(100 * (pr_before + driver) / wall, 2),
             "overhead_without_rung_evaluation_pct_as_before":
                 round(100 * (pr_before - evals_before + driver) / wall, 2),
