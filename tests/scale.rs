@@ -19,15 +19,12 @@ use trainrun::bench::scale::{self, allreduce};
 
 static NEVER: AtomicBool = AtomicBool::new(false);
 
-/// A cluster for `p`, or `None` after saying loudly why the test cannot run here.
-/// One test of this file at a time: two measure (the start-up cost model's pick, the link
-/// emulator's delay), and a sibling's cluster on the same 2 cores skews what they measure (a
-/// probe once read shared memory at 0.31 GB/s and picked halving-doubling over hierarchical).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+// One test of this file at a time: two measure (the start-up cost model's pick, the link
+// emulator's delay), and a sibling's cluster on the same 2 cores skews what they measure (a
+// probe once read shared memory at 0.31 GB/s and picked halving-doubling over hierarchical).
+use common::serial;
 
+/// A cluster for `p`, or `None` after saying loudly why the test cannot run here.
 fn cluster(p: TaskLayout) -> Option<NamespaceHosts> {
     match NamespaceHosts::new(p.hosts, Profile::FAST, &NEVER) {
         Ok(c) => Some(c),

@@ -17,12 +17,9 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// A stop before training has nothing to save: the process ends this soon.
 const PROMPT: Duration = Duration::from_secs(1);
 
-/// Every test here times a stop to within a second; run side by side (one of them runs 250
-/// threads) they would measure each other's load, so they take turns.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// Every test here times a stop to within a second; run side by side (one of them runs 250
+// threads) they would measure each other's load, so they take turns.
+use common::serial;
 
 fn backup(dir: &Path, step: u64) -> PathBuf {
     dir.join("backup").join(format!("ckpt-{step:010}")).join("manifest.json")

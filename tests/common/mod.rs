@@ -14,6 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::OnceLock;
 
+/// One test of the calling binary at a time, for tests that measure time or load: run side by
+/// side on 2 cores, a sibling's processes skew what they measure. A panicked holder does not
+/// stop the rest.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The MNIST folder, resolved once and absolute: `TRAINRUN_DATA_DIR` when set (the README's
 /// test command sets `../shared/data/mnist`, relative to the package root, where cargo runs
 /// tests), else the shared copy next to the checkout. Absolute, so tasks a test starts in
