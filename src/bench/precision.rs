@@ -76,16 +76,15 @@ pub fn run(exe: &Path, python: &str, quick: bool) -> Result<(), String> {
             let peak = f(&ours[1], "peak_rss_mb");
             let (torch_low, torch_high) =
                 (fp32.peak_rss_mb.min(bf16.peak_rss_mb), fp32.peak_rss_mb.max(bf16.peak_rss_mb));
-            own.push(mixed / float32);
-            peer.push(mixed / faster);
+            let (over_own, over_peer) = (mixed / float32, mixed / faster);
+            own.push(over_own);
+            peer.push(over_peer);
             memory.push(peak / torch_low);
             println!(
-                "{:>12} {round:>6} {float32:>10.0} {mixed:>10.0} {:>10.0} {:>10.0} {:>11.2}× {:>14.2}× {:>22}",
+                "{:>12} {round:>6} {float32:>10.0} {mixed:>10.0} {:>10.0} {:>10.0} {over_own:>11.2}× {over_peer:>14.2}× {:>22}",
                 size.name,
                 fp32.tokens_per_s,
                 bf16.tokens_per_s,
-                own[own.len() - 1],
-                peer[peer.len() - 1],
                 format!("{peak:.0}, {torch_low:.0}–{torch_high:.0}")
             );
         }
