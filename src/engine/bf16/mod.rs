@@ -14,6 +14,7 @@
 //! Every path splits output rows, never a sum, across threads, so one path gives the same
 //! bits on any thread count; different paths differ in the last bits of their sums.
 
+mod aligned;
 mod amx;
 mod convert;
 mod dot;

@@ -4,6 +4,7 @@
 //! `vdpbf16ps` and AMX's `tdpbf16ps` multiply. An odd `k` and ragged edges pad with zeros,
 //! which add nothing to any sum.
 
+use super::aligned::Aligned;
 use super::convert;
 use super::round::{round, to_bf16};
 use crate::engine::simd::vectorized;
@@ -43,7 +44,7 @@ fn pair_lanes(dst: &mut [u32], lo: &[f32], hi: Option<&[f32]>) {
 /// (≥ [`pairs`]`(k)`) pairs `p`, the words `(b[2p][j], b[2p+1][j])` of its columns `j` in
 /// order (zero past `n` and past `k`). Panels are packed on up to `threads` threads (each
 /// word is written once, so the result does not depend on them). `out` is reused.
-pub fn pack_b(b: MatRef<'_>, kp: usize, threads: usize, out: &mut Vec<u32>) {
+pub fn pack_b(b: MatRef<'_>, kp: usize, threads: usize, out: &mut Aligned<u32>) {
     let (k, n) = b.shape();
     debug_assert!(kp >= pairs(k));
     out.clear();
@@ -137,7 +138,7 @@ fn pack_panel(b: MatRef<'_>, q: usize, dst: &mut [u32]) {
 /// Packs rows `rows` of `a` (`m × k`) into groups of [`MR`] rows: group `g` holds, for each
 /// pair `p`, the words `(a[i][2p], a[i][2p+1])` of its rows `i` in order (zero past the
 /// range). `out` is reused.
-pub fn pack_a(a: MatRef<'_>, rows: Range<usize>, out: &mut Vec<u32>) {
+pub fn pack_a(a: MatRef<'_>, rows: Range<usize>, out: &mut Aligned<u32>) {
     let k = a.shape().1;
     let kp = pairs(k);
     out.clear();
@@ -187,7 +188,7 @@ pub fn pack_a(a: MatRef<'_>, rows: Range<usize>, out: &mut Vec<u32>) {
 /// of 16 rows × 16 pairs along `k` (64-byte rows), row `r` of the range and pair `p` at word
 /// `((r/16 · blocks + p/16) · 16 + r%16) · 16 + p%16`; zero past the range and past `k`.
 /// `out` is reused.
-pub fn pack_a_tiles(a: MatRef<'_>, rows: Range<usize>, blocks: usize, out: &mut Vec<u32>) {
+pub fn pack_a_tiles(a: MatRef<'_>, rows: Range<usize>, blocks: usize, out: &mut Aligned<u32>) {
     const T: usize = super::amx::TILE;
     let k = a.shape().1;
     let kp = pairs(k);
@@ -292,7 +293,7 @@ mod tests {
         let v: Vec<f32> = (0..k * n).map(|i| i as f32).collect();
         let vt: Vec<f32> = (0..k * n).map(|i| v[(i % k) * n + i / k]).collect();
         for b in [MatRef::rows(&v, k, n), MatRef::rows(&vt, n, k).t()] {
-            let mut out = Vec::new();
+            let mut out = Aligned::new();
             pack_b(b, pairs(k), 2, &mut out);
             assert_eq!(out.len(), 2 * 2 * NR);
             for q in 0..2 {
@@ -316,7 +317,7 @@ mod tests {
         // The same matrix held by columns (a weight gradient's `xᵀ`).
         let vt: Vec<f32> = (0..m * k).map(|x| v[(x % m) * k + x / m]).collect();
         for a in [MatRef::rows(&v, m, k), MatRef::rows(&vt, k, m).t()] {
-            let mut out = Vec::new();
+            let mut out = Aligned::new();
             pack_a(a, 2..11, &mut out);
             assert_eq!(out.len(), 2 * 3 * MR);
             for r in 0..2 * MR {
@@ -339,7 +340,8 @@ mod tests {
         let vt: Vec<f32> = (0..m * k).map(|i| v[(i % m) * k + i / m]).collect();
         for a in [MatRef::rows(&v, m, k), MatRef::rows(&vt, k, m).t()] {
             // A reused buffer's old words must not show through anywhere.
-            let mut out = vec![0xdead_beef; 5000];
+            let mut out = Aligned::new();
+            out.resize(5000, 0xdead_beef);
             pack_a_tiles(a, 2..21, blocks, &mut out);
             assert_eq!(out.len(), 2 * blocks * 16 * 16);
             for r in 0..32 {
