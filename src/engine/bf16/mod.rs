@@ -195,6 +195,19 @@ pub fn paths_here() -> Vec<ProductPath> {
     paths
 }
 
+/// The bf16 paths a layer's tests should see taken on this CPU: [`paths_here`] but fp32 and
+/// those its family never plans (`vdpbf16ps` on an Intel core, slower than fp32 there),
+/// saying which are left out.
+#[cfg(test)]
+pub(crate) fn bf16_paths_to_test() -> Vec<ProductPath> {
+    let (planned, slower): (Vec<_>, Vec<_>) =
+        paths_here().into_iter().filter(|p| !p.is_float32()).partition(|p| p.pays_from() < usize::MAX);
+    for path in slower {
+        eprintln!("{} is never planned on this CPU family (slower than fp32 here): not tested", path.name());
+    }
+    planned
+}
+
 /// `c = (accumulate ? c : 0) + scale · a · b` on `path` (see [`crate::engine::strided::gemm`]).
 pub fn gemm(
     path: ProductPath,

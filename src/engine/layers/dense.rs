@@ -511,7 +511,7 @@ mod tests {
         // 256 units: wide enough for every path ([`ProductPath::pays_from`]).
         let (inputs, units) = (2 * BLOCK_ROWS + 88, 256);
         let fp32 = blocked_update_matches(Fixture::with_shape(inputs, units), false, ProductPath::Float32);
-        let paths = bf16::paths_here().into_iter().filter(|p| !p.is_float32()).collect::<Vec<_>>();
+        let paths = bf16::bf16_paths_to_test();
         if !paths.contains(&ProductPath::Amx) {
             eprintln!("this CPU has no AMX: its path is not tested here (the emulated one is)");
         }
