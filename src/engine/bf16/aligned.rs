@@ -12,17 +12,17 @@ use std::ops::{Deref, DerefMut};
 /// One cache line of storage.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u32; 16]);
+struct CacheLine([u32; 16]);
 
 // SAFETY: 64 bytes of `u32`s with the alignment equal to the size: no padding, and any bits
 // are a valid value.
-unsafe impl Zeroable for Line {}
-// SAFETY: as above; `Line` is `Copy` and `'static`.
-unsafe impl Pod for Line {}
+unsafe impl Zeroable for CacheLine {}
+// SAFETY: as above; `CacheLine` is `Copy` and `'static`.
+unsafe impl Pod for CacheLine {}
 
 /// `len` values of `T` (4-byte plain data: `u32` or `f32`) in whole cache lines.
 pub struct Aligned<T> {
-    lines: Vec<Line>,
+    lines: Vec<CacheLine>,
     len: usize,
     kind: PhantomData<T>,
 }
@@ -55,7 +55,7 @@ impl<T: Pod> Aligned<T> {
     pub fn resize(&mut self, len: usize, value: T) {
         let lines = len.div_ceil(Self::PER_LINE);
         if lines > self.lines.len() {
-            self.lines.resize(lines, Line([0; 16]));
+            self.lines.resize(lines, CacheLine([0; 16]));
         }
         let old = self.len.min(len);
         self.len = len;

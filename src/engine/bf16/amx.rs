@@ -36,10 +36,10 @@ const BLOCK: usize = 2 * TILE;
 /// take turns over it. Between calls the sums wait in a buffer, exactly (fp32 stored and
 /// loaded), so the bits do not depend on this.
 const KC: usize = 8;
-/// Tiles of `k` up to which [`Order::RowPairs`] holds a row pair's left operand (two groups
+/// Tiles of `k` up to which [`TileOrder::RowPairs`] holds a row pair's left operand (two groups
 /// of this many 1 KB tiles: 24 KB, half of L1) over all of `k`: `k` ≤ 384.
 const ROW_PAIR_BLOCKS: usize = 12;
-/// Bytes of packed right operand up to which [`Order::RowPairs`] streams it from L2 (2 MB a
+/// Bytes of packed right operand up to which [`TileOrder::RowPairs`] streams it from L2 (2 MB a
 /// core on the Xeons with AMX).
 const ROW_PAIR_RIGHT_BYTES: usize = 3 << 19;
 const _: () = assert!(NR == BLOCK && MC.is_multiple_of(2 * BLOCK));
@@ -109,9 +109,9 @@ pub fn product(c: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, keep: Option<f32>, s
     product_in(None, c, a, b, keep, scale, threads);
 }
 
-/// [`product`] with the tasks' loops in `order`, or as [`Order::for_operands`] picks.
+/// [`product`] with the tasks' loops in `order`, or as [`TileOrder::for_operands`] picks.
 fn product_in(
-    order: Option<Order>,
+    order: Option<TileOrder>,
     c: MatMut<'_>,
     a: MatRef<'_>,
     b: MatRef<'_>,
@@ -125,7 +125,7 @@ fn product_in(
     let blocks = pairs(k).div_ceil(TILE).max(1);
     scratch::with_words(1, |packed_b| {
         pack::pack_b(b, blocks * TILE, threads, packed_b);
-        let order = order.unwrap_or_else(|| Order::for_operands(blocks, packed_b.len()));
+        let order = order.unwrap_or_else(|| TileOrder::for_operands(blocks, packed_b.len()));
         let job = TileJob { a, packed_b, m, n, blocks, threads, order };
         super::into_rows(c, keep, scale, |data, rs, keep, scale| job.run(data, rs, keep, scale));
     });
@@ -140,7 +140,7 @@ struct TileJob<'a> {
     /// Tiles along `k` (16 pairs each).
     blocks: usize,
     threads: usize,
-    order: Order,
+    order: TileOrder,
 }
 
 impl TileJob<'_> {
@@ -182,7 +182,7 @@ impl TileJob<'_> {
             // so the buffer's old contents never count.
             let mut sums = scratch::take_floats();
             match self.order {
-                Order::RowPairs => {
+                TileOrder::RowPairs => {
                     sums.resize(BLOCK * BLOCK, 0.0);
                     for g in 0..pairs_of_rows {
                         let rows_here = (live_rows - g * BLOCK).min(BLOCK);
@@ -197,7 +197,7 @@ impl TileJob<'_> {
                         }
                     }
                 }
-                Order::Panels => {
+                TileOrder::Panels => {
                     let chunks = blocks.div_ceil(KC);
                     let chunk = blocks.div_ceil(chunks);
                     sums.resize(pairs_of_rows * BLOCK * BLOCK, 0.0);
@@ -222,7 +222,7 @@ impl TileJob<'_> {
 /// sum over all of `k` in `k`'s order (sums stored between chunks are fp32, exactly), so the
 /// bits do not depend on the order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Order {
+enum TileOrder {
     /// Row pair by row pair, each over every panel with all of `k` in one call: the pair's
     /// left tiles stay in L1 while the right operand streams from L2, and whole 32 × 32
     /// blocks of a plain product store their sums straight into the destination.
@@ -233,11 +233,11 @@ enum Order {
     Panels,
 }
 
-impl Order {
+impl TileOrder {
     /// How the tasks of a product of `blocks` tiles of `k` and a right operand packed into
-    /// `packed_b_words` walk their blocks: [`Order::RowPairs`] where a row pair's
+    /// `packed_b_words` walk their blocks: [`TileOrder::RowPairs`] where a row pair's
     /// left tiles fit in half of L1 and the packed right operand in a core's L2, else
-    /// [`Order::Panels`]. Measured on the GPT at nanoGPT's size (2 threads, 2026-12-01,
+    /// [`TileOrder::Panels`]. Measured on the GPT at nanoGPT's size (2 threads, 2026-12-01,
     /// Intel Xeon with AMX, 4 rounds in turn, steady tokens/s): 5,832 with row pairs where
     /// they fit against 5,091 with panels everywhere (medians; 4,266 before the packing
     /// buffers were aligned); in the products' own table the MLP projection (`k` = 1,536)
@@ -445,7 +445,7 @@ mod tests {
                     product_in(Some(order), MatMut::rows(&mut c, m, n), a, b, keep, scale, 2);
                     c
                 };
-                assert_eq!(run(Order::RowPairs), run(Order::Panels), "{m}×{n}×{k}, {keep:?}, {scale}");
+                assert_eq!(run(TileOrder::RowPairs), run(TileOrder::Panels), "{m}×{n}×{k}, {keep:?}, {scale}");
             }
         }
     }
