@@ -218,9 +218,9 @@ impl TileJob<'_> {
     }
 }
 
-/// The loops of one task ([`TileJob::order`]). Either way each output value is one tile's
-/// sum over all of `k` in `k`'s order (sums stored between chunks are fp32, exactly), so the
-/// bits do not depend on the order.
+/// The loops of one task ([`TileOrder::for_operands`] picks them). Either way each output
+/// value is one tile's sum over all of `k` in `k`'s order (sums stored between chunks are
+/// fp32, exactly), so the bits do not depend on the order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TileOrder {
     /// Row pair by row pair, each over every panel with all of `k` in one call: the pair's
