@@ -170,13 +170,13 @@ impl TileJob<'_> {
             let group = blocks * TILE * TILE;
             packed_a.resize(pairs_of_rows * 2 * group, 0);
             let panels = self.n.div_ceil(NR);
-            let panel = |q: usize| &self.packed_b[q * blocks * TILE * NR..(q + 1) * blocks * TILE * NR];
-            // Tiles `ks` of `k` of row pair `g` times those of a panel's `b`, into `sums`
-            // (added to them where `add`).
-            let multiply = |g: usize, ks: std::ops::Range<usize>, b: &[u32], add: bool, sums: TileSums<'_>| {
+            // Tiles `ks` of `k` of row pair `g` times those of panel `q`, into `sums` (added to
+            // them where `add`).
+            let multiply = |g: usize, q: usize, ks: std::ops::Range<usize>, add: bool, sums: TileSums<'_>| {
                 let a = &packed_a[2 * g * group..2 * (g + 1) * group];
                 let a = [&a[ks.start * TILE * TILE..], &a[group + ks.start * TILE * TILE..]];
-                tiles.multiply(ks.len(), a, &b[ks.start * TILE * NR..ks.end * TILE * NR], add, sums);
+                let b = &self.packed_b[(q * blocks + ks.start) * TILE * NR..(q * blocks + ks.end) * TILE * NR];
+                tiles.multiply(ks.len(), a, b, add, sums);
             };
             // Every call starts from zeroed tiles or from sums a call of this block stored,
             // so the buffer's old contents never count.
@@ -189,9 +189,9 @@ impl TileJob<'_> {
                         for q in 0..panels {
                             let (cols, at) = ((self.n - q * NR).min(NR), g * BLOCK * rs + q * NR);
                             if keep.is_none() && scale == 1.0 && rows_here == BLOCK && cols == NR {
-                                multiply(g, 0..blocks, panel(q), false, TileSums { at: &mut out[at..], rs });
+                                multiply(g, q, 0..blocks, false, TileSums { at: &mut out[at..], rs });
                             } else {
-                                multiply(g, 0..blocks, panel(q), false, TileSums { at: &mut sums, rs: BLOCK });
+                                multiply(g, q, 0..blocks, false, TileSums { at: &mut sums, rs: BLOCK });
                                 Epilogue { rows: rows_here, cols, rs, keep, scale }.write(&sums, &mut out[at..]);
                             }
                         }
@@ -205,7 +205,7 @@ impl TileJob<'_> {
                         for c in 0..chunks {
                             let ks = c * chunk..((c + 1) * chunk).min(blocks);
                             for (g, sums) in sums.chunks_exact_mut(BLOCK * BLOCK).enumerate() {
-                                multiply(g, ks.clone(), panel(q), c > 0, TileSums { at: sums, rs: BLOCK });
+                                multiply(g, q, ks.clone(), c > 0, TileSums { at: sums, rs: BLOCK });
                             }
                         }
                         let cols = (self.n - q * NR).min(NR);
