@@ -28,6 +28,8 @@ pub struct BenchOptions {
     /// Ranks per "host": rank r is on host r / per_host (what `hierarchical` groups by and
     /// [`Wire::Routed`] connects with shared memory).
     pub per_host: usize,
+    /// Timed rounds per size at least; otherwise about a second of work ([`rounds`]).
+    pub least_rounds: usize,
 }
 
 impl BenchOptions {
@@ -41,6 +43,7 @@ impl BenchOptions {
             worlds: vec![2, 4],
             sizes: vec![250_000, 2_770_000, 16_000_000],
             per_host: 1,
+            least_rounds: LEAST_ROUNDS,
         }
     }
 
@@ -54,6 +57,7 @@ impl BenchOptions {
             worlds: vec![2, 4, 8],
             sizes: vec![256, 250_000],
             per_host: 2,
+            least_rounds: LEAST_ROUNDS,
         }
     }
 }
@@ -71,6 +75,17 @@ pub struct BenchRow {
     /// Peers run as `auto` (`ENV_AUTO`): the algorithm it picked for this size, which then ran
     /// (`algorithm` is the one the peers were started with).
     pub picked: Option<Algorithm>,
+    pub timed: Timed,
+}
+
+/// Which group of processes timed a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timed {
+    /// A group started for this row alone.
+    Alone,
+    /// `auto`'s group, in turn with `auto` every round ([`PeerMode::Bench`]): same processes,
+    /// same links, so it differs from `auto`'s row by the choice alone.
+    BesideAuto,
 }
 
 impl BenchRow {
@@ -91,10 +106,14 @@ pub enum BenchError {
     NoResult { wire: String, world: usize, bytes: usize },
 }
 
-/// Rounds to time: enough for a stable median, about a second of work per size.
-fn rounds(floats: usize) -> usize {
-    (50_000_000 / floats.max(1)).clamp(10, 100)
+/// Rounds to time: enough for a stable median, about a second of work per size, and at least
+/// `least` ([`LEAST_ROUNDS`] unless a table needs more).
+fn rounds(floats: usize, least: usize) -> usize {
+    (50_000_000 / floats.max(1)).clamp(10, 100).max(least)
 }
+
+/// The least timed rounds of a size.
+pub const LEAST_ROUNDS: usize = 10;
 
 /// Runs every configuration, one process group per algorithm, transport, world and size.
 pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
@@ -104,7 +123,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<BenchRow>, BenchError> {
             for &world in &opts.worlds {
                 for &floats in &opts.sizes {
                     let hosts: Vec<usize> = (0..world).map(|r| r / opts.per_host.max(1)).collect();
-                    rows.push(run_one(&opts.launcher, algorithm, wire, &hosts, floats)?);
+                    rows.extend(run_one(opts, algorithm, wire, &hosts, floats)?);
                 }
             }
         }
@@ -120,20 +139,22 @@ fn label(algorithm: Algorithm, wire: Wire) -> String {
 impl BenchRow {
     /// What ran, as the tables label it: `auto (halving_doubling) over tcp` under `auto`.
     pub fn label(&self) -> String {
-        match self.picked {
-            Some(a) => format!("auto ({}) over {}", a.name(), self.wire.as_str()),
-            None => label(self.algorithm, self.wire),
+        match (self.picked, self.timed) {
+            (Some(a), _) => format!("auto ({}) over {}", a.name(), self.wire.as_str()),
+            (None, Timed::Alone) => label(self.algorithm, self.wire),
+            (None, Timed::BesideAuto) => format!("{} beside auto", label(self.algorithm, self.wire)),
         }
     }
 }
 
+/// One group's row, and under `auto` the rows of the candidates it timed beside it.
 fn run_one(
-    launcher: &Launcher,
+    opts: &BenchOptions,
     algorithm: Algorithm,
     wire: Wire,
     hosts: &[usize],
     floats: usize,
-) -> Result<BenchRow, BenchError> {
+) -> Result<Vec<BenchRow>, BenchError> {
     let world = hosts.len();
     let spec = PeerSpec {
         label: format!("bench-{}-{}-{world}-{floats}", algorithm.name(), wire.as_str().replace('+', "-")),
@@ -141,10 +162,10 @@ fn run_one(
         wire,
         world,
         sizes: vec![floats],
-        iters: rounds(floats),
+        iters: rounds(floats, opts.least_rounds),
         timeouts: CollectiveTimeouts { connect: Duration::from_secs(30), op: Duration::from_secs(30) },
     };
-    let outcomes = PeerGroup::spawn_on_hosts(launcher, &spec, algorithm, hosts)?.finish(Duration::from_secs(300));
+    let outcomes = PeerGroup::spawn_on_hosts(&opts.launcher, &spec, algorithm, hosts)?.finish(Duration::from_secs(300));
     check(&outcomes, &label(algorithm, wire), world)?;
     let bytes = floats * 4;
     let lines = outcomes.first().map(|o| o.lines.as_slice()).unwrap_or_default();
@@ -161,7 +182,11 @@ fn run_one(
         .find_map(|l| parse_result(l))
         .filter(|r| r.0 == bytes)
         .ok_or_else(|| BenchError::NoResult { wire: label(algorithm, wire), world, bytes })?;
-    Ok(BenchRow { algorithm, wire, world, bytes, median: result.1, min: result.2, picked })
+    let row = BenchRow { algorithm, wire, world, bytes, median: result.1, min: result.2, picked, timed: Timed::Alone };
+    let beside = lines.iter().filter_map(|l| parse_beside(l)).filter(|b| b.1 == bytes).map(|(a, _, median, min)| {
+        BenchRow { algorithm: a, median, min, picked: None, timed: Timed::BesideAuto, ..row.clone() }
+    });
+    Ok(std::iter::once(row.clone()).chain(beside).collect())
 }
 
 /// Every peer exited cleanly, or the first that did not.
@@ -184,6 +209,13 @@ fn parse_result(line: &str) -> Option<(usize, Duration, Duration)> {
     let median: f64 = it.next()?.parse().ok()?;
     let min: f64 = it.next()?.parse().ok()?;
     Some((bytes, Duration::try_from_secs_f64(median).ok()?, Duration::try_from_secs_f64(min).ok()?))
+}
+
+/// `TRAINRUN-BESIDE <algorithm> <bytes> <median s> <min s>`.
+fn parse_beside(line: &str) -> Option<(Algorithm, usize, Duration, Duration)> {
+    let (name, rest) = line.strip_prefix("TRAINRUN-BESIDE ")?.split_once(' ')?;
+    let (bytes, median, min) = parse_result(&format!("TRAINRUN-RESULT {rest}"))?;
+    Some((Algorithm::from_name(name)?, bytes, median, min))
 }
 
 /// Runs the overlap measurement ([`PeerMode::Overlap`]) for each transport and world over an
@@ -259,11 +291,17 @@ mod tests {
             median: Duration::from_secs(1),
             min: Duration::from_secs(1),
             picked: None,
+            timed: Timed::Alone,
         };
         assert!((r.bus_gb_per_s() - 1.5).abs() < 1e-12);
         assert_eq!(
             parse_result("TRAINRUN-RESULT 44 1.5e-3 1e-3"),
             Some((44, Duration::from_micros(1500), Duration::from_millis(1)))
         );
+        assert_eq!(
+            parse_beside("TRAINRUN-BESIDE halving_doubling 1024 2e-3 1e-3"),
+            Some((Algorithm::HalvingDoubling, 1024, Duration::from_millis(2), Duration::from_millis(1)))
+        );
+        assert_eq!(parse_beside("TRAINRUN-BESIDE nothing 1024 2e-3 1e-3"), None);
     }
 }

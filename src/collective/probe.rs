@@ -197,8 +197,27 @@ struct Reps {
 /// 1 KB, then the large size. Before, a fixed 15 and 5 took about 2.4 s of a 64-task rendezvous on
 /// 2 cores (4.4 s against 2.0 for a named algorithm, target ≤ 3 s); the 512 KB timings of the
 /// slowest algorithm there take about 90 ms each. Where the timings agree, 4 and 3 give the
-/// median; where they do not, the probe goes on, to 9 and 5 at most.
+/// median; where they do not, the probe goes on, to 9 and 5 at most. Where timings are cheap it
+/// takes more ([`chief_stops`]).
 const REPS: (Reps, Reps) = (Reps { least: 4, most: 9 }, Reps { least: 3, most: 5 });
+
+/// Seconds of timings one size takes at least before a settled median ends it, and before an
+/// unsettled one may end at [`Reps::most`]. Where a timing is cheap, a handful of them left the
+/// pick to chance: 4 ranks as 2 × 2 at 1 KB, 0.2 ms a timing, picked halving-doubling in 4 of 10
+/// launches where `hierarchical` ran 15 % faster beside it. At 64 tasks these budgets are spent
+/// by the least count already, so the rendezvous there costs what it did.
+const SETTLE_AFTER_S: f64 = 0.010;
+const UNSETTLED_BUDGET_S: f64 = 0.040;
+
+/// Timings of one size at most, whatever they cost.
+const CAP: usize = 200;
+
+/// Whether the chief ends a size's timings with the next call, having taken `t`.
+fn chief_stops(t: &[f64], reps: Reps) -> bool {
+    let (next, spent) = (t.len() + 1, t.iter().sum::<f64>());
+    next >= reps.least
+        && ((settled(t) && spent >= SETTLE_AFTER_S) || (next >= reps.most && spent >= UNSETTLED_BUDGET_S))
+}
 
 /// How close the timings around the median must lie, as a fraction of it, to call the median
 /// settled.
@@ -251,14 +270,14 @@ fn probe_times(
     let (mut small, mut large) = (vec![1.0f32; floats.0], vec![1.0f32; floats.1]);
     let mut median = |reps: Reps, warm_up: bool, data: &mut [f32]| -> Result<f64, CollectiveError> {
         let most = match reach {
-            Reach::Everyone => reps.most,
+            Reach::Everyone => CAP,
             Reach::Part => reps.least,
         };
         let mut t: Vec<f64> = Vec::with_capacity(most);
         let mut warm = !warm_up;
         loop {
             let last = warm && t.len() + 1 >= most;
-            let early = reach == Reach::Everyone && chief && t.len() + 1 >= reps.least && settled(&t);
+            let early = reach == Reach::Everyone && chief && chief_stops(&t, reps);
             data[0] = f32::from(u8::from(early));
             comm.as_dyn().barrier()?;
             let start = Instant::now();
@@ -493,6 +512,19 @@ mod tests {
         assert!(settled(&[0.2, 1.0, 1.02, 3.0, 0.99]), "five: one outlier at each end");
         assert!(!settled(&[1.0, 1.02, 3.0, 3.1]), "two far off");
         assert!(!settled(&[1.0, 1.5, 2.0, 2.5, 3.0]), "spread out: go on to the most");
+    }
+
+    #[test]
+    fn cheap_timings_go_on_until_their_budget_and_dear_ones_stop_as_before() {
+        let small = REPS.0;
+        // 64 tasks at 1 KB, about 5 ms a timing: settled after the least, unsettled at the most.
+        assert!(!chief_stops(&[5e-3; 3][..2], small) && chief_stops(&[5e-3; 3], small));
+        let spread = [4e-3, 6e-3, 8e-3, 5e-3, 9e-3, 4e-3, 7e-3, 8e-3];
+        assert!(!chief_stops(&spread[..7], small) && chief_stops(&spread, small));
+        // 4 ranks at 1 KB, 0.2 ms a timing: settled only once 10 ms are spent.
+        assert!(!chief_stops(&[2e-4; 48], small) && chief_stops(&[2e-4; 60], small));
+        let cheap_spread: Vec<f64> = (0..120).map(|i| [1e-4, 6e-4][i % 2]).collect();
+        assert!(!chief_stops(&cheap_spread[..100], small) && chief_stops(&cheap_spread, small));
     }
 
     #[test]

@@ -91,19 +91,22 @@ pub fn run(exe: &Path, python: &str, full: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// How `auto` did on one link profile: the cells within 10 % of the fastest, and of the
-/// misses, how many its pick explains and how many the spread between process groups.
+/// How `auto` did on one link profile: the cells within 10 % of the fastest candidate timed
+/// beside it, of the misses how many its pick explains and how many noise; and the cells
+/// within 10 % of the fastest row of any group and transport.
 pub fn verdict_line(profile: Profile, verdicts: &[allreduce::AutoVerdict]) -> String {
     let count = |k: allreduce::Verdict| verdicts.iter().filter(|v| v.verdict() == k).count();
     format!(
-        "{}, {} µs: auto within 10 % of the fastest measured all-reduce in {} of {} cells (N, size) (target: ≥ 90 %); \
-         missed by the spread between process groups (its pick within 10 % as a named row): {}; by the pick: {}",
+        "{}, {} µs: auto within 10 % of the fastest all-reduce timed beside it in {} of {} cells (N, size) \
+         (target: ≥ 90 %); missed by noise (its pick's row within 10 %): {}; by the pick: {}; \
+         within 10 % of the fastest row of any group and transport: {}",
         profile.name,
         profile.delay_us,
         count(allreduce::Verdict::Within),
         verdicts.len(),
         count(allreduce::Verdict::MissedBySpread),
-        count(allreduce::Verdict::MissedByPick)
+        count(allreduce::Verdict::MissedByPick),
+        verdicts.iter().filter(|v| v.anywhere_ratio() <= 1.10).count()
     )
 }
 
