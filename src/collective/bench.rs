@@ -83,8 +83,8 @@ pub struct BenchRow {
 pub enum Timed {
     /// A group started for this row alone.
     Alone,
-    /// `auto`'s group, in turn with `auto` every round ([`PeerMode::Bench`]): same processes,
-    /// same links, so it differs from `auto`'s row by the choice alone.
+    /// `auto`'s group, taking turns with `auto` in blocks of calls ([`PeerMode::Bench`]): same
+    /// processes, same links, so it differs from `auto`'s row by the choice alone.
     BesideAuto,
 }
 

@@ -69,8 +69,8 @@ pub const EXIT_WRONG_SUM: u8 = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerMode {
     /// Times all-reduces of each size; rank 0 prints `TRAINRUN-RESULT <bytes> <median s> <min s>`.
-    /// Under `auto` ([`ENV_AUTO`]) each timed round also runs every candidate algorithm, in an
-    /// order that turns by one each round, and rank 0 prints each as
+    /// Under `auto` ([`ENV_AUTO`]) it also times every candidate algorithm, the turns taking
+    /// blocks of calls in a rotating order ([`schedule`]), and rank 0 prints each as
     /// `TRAINRUN-BESIDE <algorithm> <bytes> <median s> <min s>`: the same processes and links as
     /// `auto`'s row, so the two differ by the choice alone.
     Bench,
