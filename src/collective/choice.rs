@@ -39,6 +39,12 @@ impl SizeChoice {
         }
     }
 
+    /// The same choice with `algorithm` its one candidate: it picks that at every size (how the
+    /// start-up probe and the bench time one algorithm alone).
+    pub fn only(&self, algorithm: Algorithm) -> SizeChoice {
+        SizeChoice { candidates: vec![algorithm], ..self.clone() }
+    }
+
     /// The algorithm for an all-reduce of `bytes`: the cheapest by the model, the first
     /// candidate on a tie.
     pub fn pick(&self, bytes: usize) -> Algorithm {

@@ -382,7 +382,7 @@ fn connect(env: &PeerEnv, arena_floats: usize) -> Result<(Collective, Option<Aut
         let c = Collective::build_among(peers, env.algorithm, &choice.candidates, transport, env.timeouts)
             .map_err(collective)?;
         let beside = choice.candidates.clone();
-        return Ok((c, Some(AutoRun { runs: SizeChoice { candidates: vec![env.algorithm], ..choice }, beside })));
+        return Ok((c, Some(AutoRun { runs: choice.only(env.algorithm), beside })));
     }
     let mut c = Collective::build_among(peers, env.algorithm, &choice.candidates, transport, env.timeouts)
         .map_err(collective)?;

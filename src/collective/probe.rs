@@ -314,7 +314,7 @@ fn time_algorithm(
     if !choice.candidates.contains(&algorithm) {
         return Ok(None);
     }
-    comm.choose_by_size(SizeChoice { candidates: vec![algorithm], ..choice.clone() })?;
+    comm.choose_by_size(choice.only(algorithm))?;
     probe_times(comm, floats, Reach::Everyone, |c, data| c.as_dyn().all_reduce_sum(data)).map(Some)
 }
 

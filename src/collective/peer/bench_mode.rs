@@ -3,7 +3,6 @@
 //! processes, the turns taking blocks of calls in a rotating order.
 
 use super::{AutoRun, PeerEnv, PeerFailure, Wire, collective, say};
-use crate::collective::choice::SizeChoice;
 use crate::collective::{Algorithm, Collective, Communicator};
 use std::time::Instant;
 
@@ -65,9 +64,9 @@ pub(super) fn bench(env: &PeerEnv, c: &mut Collective, auto: Option<&AutoRun>) -
         let mut current = None;
         for (turn, slot) in schedule(turns.len(), env.iters) {
             if let (Some(auto), true) = (auto, current != Some(turn)) {
-                // A choice with one candidate picks it at every size (as the probe times one).
+                // One candidate alone, or as `auto` runs.
                 let choice = match turns[turn] {
-                    BenchTurn::Alone(a) => SizeChoice { candidates: vec![a], ..auto.runs.clone() },
+                    BenchTurn::Alone(a) => auto.runs.only(a),
                     BenchTurn::AsConnected => auto.runs.clone(),
                 };
                 c.choose_by_size(choice).map_err(collective)?;
